@@ -1,0 +1,593 @@
+"""The :class:`Adapter` contract every provider implements, and what the base gives them for free.
+
+Every adapter offers the same four entry points with the same keywords::
+
+    adapter.chat(messages, system=..., tools=..., stream=False, on_delta=None, max_tokens=None,
+                 temperature=None, timeout=None, cancel=None, **options) -> Response
+    adapter.stream(messages, **same) -> ResponseStream          # iterate for StreamDelta
+    await adapter.achat(...) / adapter.astream(...)             # the async twins
+
+A subclass supplies one attempt of a call (``_stream_once`` / ``_complete_once`` and their async
+twins) that drives an :class:`~dispatch_nb.stream.Accumulator`. The base adds the rest so every
+adapter behaves alike: argument normalization, the total ``timeout`` deadline, ``cancel`` tokens,
+retries with backoff (never after output reached the caller), ``partial`` on every error, and one log
+line per request on the ``dispatch_nb`` logger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .call_control import CallControl
+from .cancel import CancelToken
+from .errors import (
+    APIConnectionError,
+    DispatchError,
+    RateLimitError,
+    RequestError,
+)
+from .stream import Accumulator, AsyncResponseStream, ResponseStream
+from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
+
+__all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
+
+logger = logging.getLogger("dispatch_nb")
+
+#: options every adapter understands (providers add their own)
+COMMON_OPTIONS = frozenset({"tool_choice", "stop", "top_p", "extra_body", "extra_headers", "max_retries"})
+
+RETRY_AFTER_CAP = 60.0
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 8.0
+
+
+@dataclass
+class ChatRequest:
+    """One call, normalized: what a provider module turns into its wire format."""
+
+    messages: list[Message]
+    system: str | None = None
+    tools: list[ToolDefinition | dict[str, Any]] = field(default_factory=list)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    stream: bool = True
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def function_tools(self) -> list[ToolDefinition]:
+        """Tools defined by name/description/parameters."""
+        return [t for t in self.tools if isinstance(t, ToolDefinition)]
+
+    @property
+    def native_tools(self) -> list[dict[str, Any]]:
+        """Provider built-in tools passed as raw dicts (e.g. ``{"type": "web_search"}``)."""
+        return [t for t in self.tools if isinstance(t, dict)]
+
+
+@dataclass
+class ValidationResult:
+    """What :meth:`Adapter.validate` found; truthy when the provider is usable."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[str, Any]]:
+    """Accept ToolDefinition, ``{"name", "description", "parameters"}`` dicts, ``@tool`` objects
+    and plain typed functions; dicts without ``name`` (e.g. ``{"type": "web_search"}``) are
+    provider built-in tools and pass through untouched."""
+    if not tools:
+        return []
+    out: list[ToolDefinition | dict[str, Any]] = []
+    for t in tools:
+        if isinstance(t, ToolDefinition):
+            out.append(t)
+        elif isinstance(t, dict):
+            if "name" in t and "type" not in t:
+                out.append(ToolDefinition.model_validate(t))
+            elif "name" in t and t.get("type") == "function" and "parameters" in t:
+                out.append(
+                    ToolDefinition(
+                        name=t["name"],
+                        description=t.get("description", ""),
+                        parameters=t["parameters"],
+                    )
+                )
+            else:
+                out.append(dict(t))
+        elif isinstance(getattr(t, "definition", None), ToolDefinition):
+            out.append(t.definition)
+        elif callable(t):
+            from .session import tool as make_tool
+
+            out.append(make_tool(t).definition)
+        else:
+            raise TypeError(
+                f"a tool must be a ToolDefinition, a dict with name/description/parameters, "
+                f"an @tool function or a typed function, not {type(t).__name__}"
+            )
+    names = [t.name for t in out if isinstance(t, ToolDefinition)]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"tool names must be unique; repeated: {', '.join(dupes)}")
+    return out
+
+
+def backoff_delay(attempt: int, retry_after: float | None) -> float | None:
+    """Seconds before retry ``attempt`` (0-based): the server's ``retry-after`` when it is sane
+    (0 < value ≤ cap), else exponential backoff 0.5·2ⁿ s capped at 8 s with up to 25 % jitter.
+    None when the server asks for longer than the cap (then we do not retry)."""
+    if retry_after is not None:
+        if retry_after > RETRY_AFTER_CAP:
+            return None
+        if retry_after > 0:
+            return retry_after
+    delay: float = min(BACKOFF_BASE * (2**attempt), BACKOFF_CAP)
+    return float(delay * (1 - 0.25 * random.random()))
+
+
+class Adapter:
+    """Base class of every provider adapter. See the module docstring for the contract.
+
+    Subclasses must supply ``model_name`` and one attempt of a call: ``_stream_once`` (and
+    optionally ``_complete_once``, ``_astream_once``, ``_acomplete_once``).
+    """
+
+    #: extra ``**options`` this provider accepts besides :data:`COMMON_OPTIONS`
+    provider_options: frozenset[str] = frozenset()
+    #: e.g. "official" / "compatible"; appears in the request log line
+    backend_mode: str | None = None
+
+    def __init__(
+        self,
+        *,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        max_retries: int = 2,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be 0 or more")
+        #: the per-call default for ``max_tokens``
+        self.default_max_tokens = max_tokens
+        #: the per-call default total deadline in seconds (None: no deadline)
+        self.default_timeout = timeout
+        self.max_retries = max_retries
+
+    # -- identity ------------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        """The model this adapter talks to."""
+        raise NotImplementedError(f"{type(self).__name__} must define model_name")
+
+    @property
+    def provider_name(self) -> str:
+        """The provider's registry name (``openai``, ``copilot``...)."""
+        return type(self).__name__
+
+    @property
+    def display_name(self) -> str:
+        """A human name for the provider, e.g. "GitHub Copilot"."""
+        return self.provider_name
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        """The model's context window in tokens, when known."""
+        return None
+
+    def list_models(self) -> list[ModelInfo]:
+        """The models this provider offers."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list models")
+
+    async def alist_models(self) -> list[ModelInfo]:
+        """The async twin of :meth:`list_models`."""
+        return await asyncio.to_thread(self.list_models)
+
+    def count_tokens(
+        self,
+        messages: Any,
+        system: str | None = None,
+        tools: Iterable[Any] | None = None,
+    ) -> int:
+        """Tokens the prompt would use, or ``-1`` where the provider cannot count."""
+        return -1
+
+    def validate(self) -> ValidationResult:
+        """One cheap authenticated call: is the provider configured and are credentials accepted?"""
+        try:
+            self.list_models()
+        except NotImplementedError:
+            return ValidationResult(True, "configured (this provider cannot be checked remotely)")
+        except DispatchError as exc:
+            return ValidationResult(False, exc.message)
+        return ValidationResult(True, f"{self.display_name} accepted the credentials")
+
+    def close(self) -> None:
+        """Release connections. The adapter stays usable (clients are recreated on demand)."""
+
+    def __enter__(self) -> Adapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        try:
+            model = self.model_name
+        except NotImplementedError:
+            model = "?"
+        return f"{type(self).__name__}(model={model!r})"
+
+    # -- what subclasses supply ---------------------------------------------------------------
+    def _stream_once(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> Iterator[StreamDelta]:
+        """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _stream_once")
+
+    def _complete_once(self, request: ChatRequest, acc: Accumulator, control: CallControl) -> None:
+        """One non-streaming attempt; the default consumes a streaming attempt silently."""
+        for _ in self._stream_once(request, acc, control):
+            pass
+
+    def _astream_once(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> AsyncIterator[StreamDelta]:
+        """The async attempt; the default runs :meth:`_stream_once` on a worker thread."""
+        return _thread_bridge(lambda: self._stream_once(request, acc, control), control)
+
+    async def _acomplete_once(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> None:
+        async for _ in self._astream_once(request, acc, control):
+            pass
+
+    def _should_retry_now(self, error: DispatchError) -> bool:
+        """Hook: return True to retry at once, outside the retry budget (e.g. after refreshing an
+        expired token)."""
+        return False
+
+    # -- normalization ---------------------------------------------------------------------------
+    def _request(
+        self,
+        messages: Any,
+        *,
+        system: str | None,
+        tools: Iterable[Any] | None,
+        stream: bool,
+        max_tokens: int | None,
+        temperature: float | None,
+        options: dict[str, Any],
+    ) -> ChatRequest:
+        unknown = set(options) - COMMON_OPTIONS - self.provider_options
+        if unknown:
+            supported = sorted(COMMON_OPTIONS | self.provider_options)
+            raise TypeError(
+                f"{self.display_name} does not understand option(s) {', '.join(sorted(unknown))}; "
+                f"supported: {', '.join(supported)}"
+            )
+        msgs = as_messages(messages)
+        if not msgs:
+            raise RequestError(
+                "there is nothing to send: pass at least one message", provider=self.provider_name
+            )
+        if max_tokens is not None and max_tokens <= 0:
+            raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
+        if temperature is not None and not 0 <= temperature <= 2:
+            raise ValueError(f"temperature must be between 0 and 2, not {temperature!r}")
+        return ChatRequest(
+            messages=msgs,
+            system=system,
+            tools=normalize_tools(tools),
+            max_tokens=max_tokens if max_tokens is not None else self.default_max_tokens,
+            temperature=temperature,
+            stream=stream,
+            options=dict(options),
+        )
+
+    def _control(self, timeout: float | None, cancel: CancelToken | None) -> CallControl:
+        return CallControl(
+            timeout=timeout if timeout is not None else self.default_timeout,
+            cancel=cancel,
+            provider=self.provider_name,
+        )
+
+    # -- the retry loop --------------------------------------------------------------------------
+    def _retry_decision(
+        self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
+    ) -> float | None:
+        """Seconds to wait before retrying, or None to give up and raise."""
+        if acc.started or control.reason is not None:
+            return None
+        if self._should_retry_now(exc):
+            return 0.0
+        if attempt >= retries or not exc.retryable:
+            return None
+        retry_after = exc.retry_after if isinstance(exc, RateLimitError) else None
+        delay = backoff_delay(attempt, retry_after)
+        remaining = control.remaining()
+        if delay is None or (remaining is not None and delay >= remaining):
+            return None
+        return delay
+
+    def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
+        logger.warning(
+            "retrying %s %s after %s (attempt %d, waiting %.2fs)",
+            self.provider_name,
+            self.model_name,
+            f"{type(exc).__name__}: {exc.message}"
+            + (f" [HTTP {exc.status_code}]" if exc.status_code else ""),
+            attempt + 1,
+            delay,
+        )
+
+    def _log_request(
+        self,
+        request: ChatRequest,
+        acc: Accumulator,
+        control: CallControl,
+        retries: int,
+        error: BaseException | None,
+    ) -> None:
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        status = "ok" if error is None else type(error).__name__
+        code = getattr(error, "status_code", None)
+        logger.info(
+            "request provider=%s backend=%s model=%s stream=%s status=%s%s latency=%.3fs "
+            "retries=%d input_tokens=%d output_tokens=%d cache_read_tokens=%d",
+            self.provider_name,
+            self.backend_mode or "-",
+            self.model_name,
+            request.stream,
+            status,
+            f"/{code}" if code else "",
+            control.elapsed(),
+            retries,
+            acc.usage.input_tokens,
+            acc.usage.output_tokens,
+            acc.usage.cache_read_tokens,
+        )
+
+    def _deltas(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> Iterator[StreamDelta]:
+        retries = int(request.options.get("max_retries", self.max_retries))
+        attempt = 0
+        error: BaseException | None = None
+        control.start()
+        try:
+            while True:
+                control.check()
+                try:
+                    if request.stream:
+                        yield from self._stream_once(request, acc, control)
+                    else:
+                        self._complete_once(request, acc, control)
+                    return
+                except DispatchError as exc:
+                    if control.reason is not None and not isinstance(exc, type(control.error())):
+                        raise control.error() from exc
+                    delay = self._retry_decision(exc, acc, attempt, retries, control)
+                    if delay is None:
+                        raise
+                    self._log_retry(exc, attempt, delay)
+                    acc.reset()
+                    control.sleep(delay)
+                    attempt += 1
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            control.stop()
+            self._log_request(request, acc, control, attempt, error)
+
+    async def _adeltas(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> AsyncIterator[StreamDelta]:
+        retries = int(request.options.get("max_retries", self.max_retries))
+        attempt = 0
+        error: BaseException | None = None
+        control.start_async(asyncio.get_running_loop())
+        try:
+            while True:
+                control.check()
+                try:
+                    if request.stream:
+                        async for delta in self._astream_once(request, acc, control):
+                            yield delta
+                    else:
+                        await self._acomplete_once(request, acc, control)
+                    return
+                except DispatchError as exc:
+                    if control.reason is not None and not isinstance(exc, type(control.error())):
+                        raise control.error() from exc
+                    delay = self._retry_decision(exc, acc, attempt, retries, control)
+                    if delay is None:
+                        raise
+                    self._log_retry(exc, attempt, delay)
+                    acc.reset()
+                    await control.asleep(delay)
+                    attempt += 1
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            control.stop()
+            self._log_request(request, acc, control, attempt, error)
+
+    # -- public entry points ---------------------------------------------------------------------
+    def stream(
+        self,
+        messages: Any,
+        *,
+        system: str | None = None,
+        tools: Iterable[Any] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        cancel: CancelToken | None = None,
+        **options: Any,
+    ) -> ResponseStream:
+        """Start a streaming call: iterate the result for deltas, then read ``.response``."""
+        options.pop("stream", None)
+        options.pop("on_delta", None)
+        request = self._request(
+            messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
+            temperature=temperature, options=options,
+        )
+        acc = Accumulator(self.model_name)
+        control = self._control(timeout, cancel)
+        return ResponseStream(self._deltas(request, acc, control), acc)
+
+    def chat(
+        self,
+        messages: Any,
+        *,
+        system: str | None = None,
+        tools: Iterable[Any] | None = None,
+        stream: bool = False,
+        on_delta: Callable[[StreamDelta], Any] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        cancel: CancelToken | None = None,
+        **options: Any,
+    ) -> Response:
+        """Send ``messages`` and return the :class:`Response`.
+
+        With ``stream=True`` the answer is streamed and ``on_delta`` sees every delta.
+        """
+        request = self._request(
+            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
+            temperature=temperature, options=options,
+        )
+        acc = Accumulator(self.model_name)
+        control = self._control(timeout, cancel)
+        with ResponseStream(self._deltas(request, acc, control), acc) as deltas:
+            for delta in deltas:
+                if on_delta is not None:
+                    on_delta(delta)
+            return deltas.response
+
+    def astream(
+        self,
+        messages: Any,
+        *,
+        system: str | None = None,
+        tools: Iterable[Any] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        cancel: CancelToken | None = None,
+        **options: Any,
+    ) -> AsyncResponseStream:
+        """The async twin of :meth:`stream` (``async for delta in adapter.astream(...)``)."""
+        options.pop("stream", None)
+        options.pop("on_delta", None)
+        request = self._request(
+            messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
+            temperature=temperature, options=options,
+        )
+        acc = Accumulator(self.model_name)
+        control = self._control(timeout, cancel)
+        return AsyncResponseStream(self._adeltas(request, acc, control), acc)
+
+    async def achat(
+        self,
+        messages: Any,
+        *,
+        system: str | None = None,
+        tools: Iterable[Any] | None = None,
+        stream: bool = False,
+        on_delta: Callable[[StreamDelta], Any] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        cancel: CancelToken | None = None,
+        **options: Any,
+    ) -> Response:
+        """The async twin of :meth:`chat`. ``on_delta`` may be a plain or an async function."""
+        request = self._request(
+            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
+            temperature=temperature, options=options,
+        )
+        acc = Accumulator(self.model_name)
+        control = self._control(timeout, cancel)
+        deltas = AsyncResponseStream(self._adeltas(request, acc, control), acc)
+        async with deltas:
+            async for delta in deltas:
+                if on_delta is not None:
+                    result = on_delta(delta)
+                    if asyncio.iscoroutine(result):
+                        await result
+            return deltas.response
+
+
+def _thread_bridge(
+    make: Callable[[], Iterator[StreamDelta]], control: CallControl
+) -> AsyncIterator[StreamDelta]:
+    """Run a sync delta iterator on a worker thread and yield its items on the event loop."""
+
+    async def run() -> AsyncIterator[StreamDelta]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        stop = threading.Event()
+
+        def worker() -> None:
+            try:
+                for item in make():
+                    loop.call_soon_threadsafe(queue.put_nowait, ("item", item))
+                    if stop.is_set():
+                        break
+                loop.call_soon_threadsafe(queue.put_nowait, ("done", None))
+            except BaseException as exc:
+                loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
+
+        thread = threading.Thread(target=worker, name="dispatch_nb-bridge", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "item":
+                    yield value
+                elif kind == "done":
+                    return
+                else:
+                    raise value
+        finally:
+            stop.set()
+            if thread.is_alive():
+                control.abort("cancel")
+                await asyncio.to_thread(thread.join, 5)
+
+    return run()
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether an httpx exception means the network failed (as opposed to a protocol error)."""
+    return isinstance(exc, (httpx.TransportError, OSError))
+
+
+def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:
+    """An httpx/OS error as the matching :class:`DispatchError` (timeouts → APITimeoutError)."""
+    from .errors import APITimeoutError
+
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeoutError(
+            f"the server did not answer in time ({type(exc).__name__})", provider=provider
+        )
+    text = str(exc) or type(exc).__name__
+    return APIConnectionError(f"could not reach the server or the connection broke: {text}",
+                              provider=provider)
+

@@ -1,0 +1,76 @@
+"""Cancellation that works across threads and event loops.
+
+``token = CancelToken()``; pass ``cancel=token`` to any call; ``token.cancel()`` from any thread (or
+task) stops the call within milliseconds, closes its HTTP stream and raises
+:class:`~dispatch_nb.errors.RequestCancelled` carrying what arrived so far in ``partial``.
+A token can be shared by several calls; once cancelled it stays cancelled.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from .errors import RequestCancelled
+
+__all__ = ["CancelToken"]
+
+
+class CancelToken:
+    """A one-way switch: ``cancel()`` once, observed by every call that holds it."""
+
+    __slots__ = ("_callbacks", "_event", "_lock", "reason")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self.reason: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` has been called."""
+        return self._event.is_set()
+
+    def cancel(self, reason: str | None = None) -> None:
+        """Cancel every call holding this token. Safe from any thread; idempotent."""
+        with self._lock:
+            if self._event.is_set():
+                return
+            self.reason = reason
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a broken callback must not stop the others
+                pass
+
+    def add_callback(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` on cancel (now, if already cancelled). Returns a function to remove it."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+
+                def remove() -> None:
+                    with self._lock:
+                        try:
+                            self._callbacks.remove(callback)
+                        except ValueError:
+                            pass
+
+                return remove
+        callback()
+        return lambda: None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until cancelled or ``timeout`` seconds pass; True if cancelled."""
+        return self._event.wait(timeout)
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`RequestCancelled` if the token has been cancelled."""
+        if self._event.is_set():
+            raise RequestCancelled(self.reason or "the request was cancelled")
+
+    def __repr__(self) -> str:
+        return f"CancelToken(cancelled={self.cancelled})"

@@ -1,0 +1,332 @@
+"""The error tree, and the one table that maps HTTP statuses (and provider error types) onto it.
+
+::
+
+    DispatchError                      message, status_code, provider, code, partial
+    ├── AuthenticationError            401, 403: bad or missing credentials
+    ├── RateLimitError                 429 (and quota/spend limits): retry_after seconds
+    ├── ServerError                    5xx, 529: the provider failed
+    ├── RequestError                   400, 404, 413, 422: the request itself is wrong
+    │   ├── ContextLengthError         the prompt does not fit the model's context
+    │   └── ModelUnavailableError      unknown model, or not enabled for this account
+    ├── APIConnectionError             (also ConnectionError) the server could not be reached
+    │   └── APITimeoutError            (also TimeoutError) no complete answer before the deadline
+    └── RequestCancelled               a CancelToken (or Ctrl-C) stopped the call
+
+``partial`` is the :class:`~dispatch_nb.types.Response` assembled before a failure mid-stream, so
+nothing that arrived is lost. ``code`` is provider-neutral: ``authentication_failed``,
+``rate_limited``, ``quota_exceeded``, ``context_length_exceeded``, ``invalid_request``,
+``model_unavailable``, ``server_error``, ``network_error``, ``timeout``, ``cancelled``, ``unknown``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .types import Response
+
+__all__ = [
+    "APIConnectionError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "ContextLengthError",
+    "DispatchError",
+    "ModelUnavailableError",
+    "RateLimitError",
+    "RequestCancelled",
+    "RequestError",
+    "ServerError",
+    "error_for_status",
+    "parse_retry_after",
+]
+
+
+class DispatchError(Exception):
+    """Base of every error an adapter raises."""
+
+    default_code = "unknown"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        provider: str | None = None,
+        code: str | None = None,
+        partial: Response | None = None,
+        retryable: bool | None = None,
+        request_id: str | None = None,
+        provider_code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.provider = provider
+        self.code = code or self.default_code
+        self.partial = partial
+        self.request_id = request_id
+        #: the provider's own error type/code (e.g. ``overloaded_error``), for diagnostics
+        self.provider_code = provider_code
+        self._retryable = retryable
+
+    @property
+    def retryable(self) -> bool:
+        """Whether sending the same request again may succeed."""
+        if self._retryable is not None:
+            return self._retryable
+        return False
+
+    def __str__(self) -> str:
+        where = f"{self.provider}: " if self.provider else ""
+        status = f" (HTTP {self.status_code})" if self.status_code else ""
+        return f"{where}{self.message}{status}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(message={self.message!r}, status_code={self.status_code!r}, "
+            f"provider={self.provider!r}, code={self.code!r})"
+        )
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), self.message, self.__dict__))
+
+
+def _rebuild(cls: type[DispatchError], message: str, state: dict[str, Any]) -> DispatchError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class AuthenticationError(DispatchError):
+    """Credentials are missing, wrong or expired (401/403). Log in again or fix the key."""
+
+    default_code = "authentication_failed"
+
+
+class RateLimitError(DispatchError):
+    """Too many requests, or a quota/spend limit (429, Copilot 402)."""
+
+    default_code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        #: seconds the provider asked us to wait, if it said
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        if self._retryable is not None:
+            return self._retryable
+        return self.code == "rate_limited"
+
+
+class ServerError(DispatchError):
+    """The provider failed (5xx, 529 overloaded). Usually worth retrying."""
+
+    default_code = "server_error"
+
+    @property
+    def retryable(self) -> bool:
+        return True if self._retryable is None else self._retryable
+
+
+class RequestError(DispatchError):
+    """The request is wrong (400/404/413/422): retrying the same request will not help."""
+
+    default_code = "invalid_request"
+
+
+class ContextLengthError(RequestError):
+    """The prompt (plus max_tokens) does not fit in the model's context window."""
+
+    default_code = "context_length_exceeded"
+
+
+class ModelUnavailableError(RequestError):
+    """The model does not exist or is not enabled for this account."""
+
+    default_code = "model_unavailable"
+
+    def __init__(self, message: str, *, available: list[str] | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        #: model ids the provider does offer, when known
+        self.available = available or []
+
+
+class APIConnectionError(DispatchError, ConnectionError):
+    """The server could not be reached, or the connection broke."""
+
+    default_code = "network_error"
+
+    @property
+    def retryable(self) -> bool:
+        return True if self._retryable is None else self._retryable
+
+
+class APITimeoutError(APIConnectionError, TimeoutError):
+    """No complete answer before the deadline."""
+
+    default_code = "timeout"
+
+
+class RequestCancelled(DispatchError):
+    """The call was cancelled (``CancelToken.cancel()`` or a keyboard interrupt)."""
+
+    default_code = "cancelled"
+
+
+# ---------------------------------------------------------------------------------------------
+# The table: HTTP status → error class. Provider error types refine it (see error_for_status).
+
+STATUS_TABLE: dict[int, type[DispatchError]] = {
+    400: RequestError,
+    401: AuthenticationError,
+    402: RateLimitError,  # Copilot quota / Anthropic billing: not retryable (code quota_exceeded)
+    403: AuthenticationError,
+    404: RequestError,
+    408: ServerError,
+    409: ServerError,
+    413: RequestError,
+    422: RequestError,
+    429: RateLimitError,
+}
+
+#: provider error type/code → (class, neutral code). Checked before the status table.
+TYPE_TABLE: dict[str, tuple[type[DispatchError], str]] = {
+    "context_length_exceeded": (ContextLengthError, "context_length_exceeded"),
+    "exceed_context_size_error": (ContextLengthError, "context_length_exceeded"),
+    "string_above_max_length": (ContextLengthError, "context_length_exceeded"),
+    "model_not_found": (ModelUnavailableError, "model_unavailable"),
+    "model_not_supported": (ModelUnavailableError, "model_unavailable"),
+    "unsupported_model": (ModelUnavailableError, "model_unavailable"),
+    "insufficient_quota": (RateLimitError, "quota_exceeded"),
+    "quota_exceeded": (RateLimitError, "quota_exceeded"),
+    "free_quota_exceeded": (RateLimitError, "quota_exceeded"),
+    "overage_limit_reached": (RateLimitError, "quota_exceeded"),
+    "billing_error": (RateLimitError, "quota_exceeded"),
+    "enforced_spend_limit_reached": (RateLimitError, "quota_exceeded"),
+    "rate_limit_error": (RateLimitError, "rate_limited"),
+    "rate_limit_exceeded": (RateLimitError, "rate_limited"),
+    "overloaded_error": (ServerError, "server_error"),
+    "api_error": (ServerError, "server_error"),
+    "server_error": (ServerError, "server_error"),
+    "timeout_error": (ServerError, "server_error"),
+    "unavailable_error": (ServerError, "server_error"),
+    "authentication_error": (AuthenticationError, "authentication_failed"),
+    "permission_error": (AuthenticationError, "authentication_failed"),
+    "invalid_api_key": (AuthenticationError, "authentication_failed"),
+    "request_too_large": (RequestError, "invalid_request"),
+}
+
+_CONTEXT_PHRASES = (
+    "context length",
+    "context_length",
+    "context window",
+    "maximum context",
+    "too many tokens",
+    "prompt is too long",
+    "exceeds the context",
+)
+
+
+def error_class_for_status(status: int) -> type[DispatchError]:
+    """The error class for an HTTP status (5xx and 529 → ServerError)."""
+    if status in STATUS_TABLE:
+        return STATUS_TABLE[status]
+    if status >= 500:
+        return ServerError
+    if 400 <= status < 500:
+        return RequestError
+    return DispatchError
+
+
+def error_for_status(
+    status: int,
+    message: str,
+    *,
+    provider: str | None = None,
+    error_type: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    partial: Response | None = None,
+    request_id: str | None = None,
+) -> DispatchError:
+    """Build the right :class:`DispatchError` for an HTTP error (or an in-stream error event).
+
+    ``error_type`` is the provider's own type/code (``rate_limit_error``, ``insufficient_quota``,
+    ``context_length_exceeded``...); it refines the class the status alone would give.
+    ``headers`` supply ``retry-after`` / ``retry-after-ms`` and ``x-should-retry``.
+    """
+    cls: type[DispatchError] = error_class_for_status(status) if status else ServerError
+    code: str | None = None
+    if error_type and error_type in TYPE_TABLE:
+        cls, code = TYPE_TABLE[error_type]
+        # A type table hit never turns a 5xx into a client error or vice versa, except quota.
+        if status >= 500 and not issubclass(cls, ServerError):
+            cls, code = ServerError, None
+    lowered = message.lower()
+    if issubclass(cls, RequestError) and cls is RequestError:
+        if any(p in lowered for p in _CONTEXT_PHRASES):
+            cls, code = ContextLengthError, "context_length_exceeded"
+        elif status == 404 and "model" in lowered:
+            cls, code = ModelUnavailableError, "model_unavailable"
+    if status == 402 and code is None:
+        code = "quota_exceeded"
+
+    retryable: bool | None = None
+    if headers is not None:
+        should = _header(headers, "x-should-retry")
+        if should == "true":
+            retryable = True
+        elif should == "false":
+            retryable = False
+    kw: dict[str, Any] = {
+        "status_code": status or None,
+        "provider": provider,
+        "code": code,
+        "partial": partial,
+        "retryable": retryable,
+        "request_id": request_id,
+        "provider_code": error_type,
+    }
+    if cls is RateLimitError:
+        retry_after = parse_retry_after(headers) if headers is not None else None
+        return RateLimitError(message, retry_after=retry_after, **kw)
+    return cls(message, **kw)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        value = headers.get(name.title())
+    return value.strip().lower() if isinstance(value, str) else None
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait, from ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date)."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if parsed is None:
+        return None
+    now = time.time() if now is None else now
+    return max(0.0, parsed.timestamp() - now)

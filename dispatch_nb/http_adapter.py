@@ -1,0 +1,397 @@
+"""The shared HTTP transport for adapters whose provider speaks HTTP + SSE.
+
+A provider module subclasses :class:`HTTPAdapter` and stays sans-I/O: it builds a
+:class:`WireRequest` from a :class:`~dispatch_nb.adapter.ChatRequest`, turns SSE events into deltas
+with a :class:`StreamParser`, parses a non-streamed JSON body, and maps error bodies. This module owns
+all I/O, sync and async alike: sending, status handling, reading raw byte chunks into the SSE
+decoder, closing the connection on cancel or deadline, and connection-error mapping.
+
+Tests inject an ``httpx`` transport or point ``base_url`` at a loopback server; nothing is patched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import weakref
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from .adapter import Adapter, ChatRequest, wrap_transport_error
+from .call_control import CallControl
+from .errors import APIConnectionError, DispatchError, error_for_status
+from .sse import ServerSentEvent, SSEDecoder
+from .stream import Accumulator
+from .types import StreamDelta
+
+__all__ = ["HTTPAdapter", "StreamParser", "WireRequest", "error_details"]
+
+USER_AGENT = "dispatch-nb/0.1"
+
+
+@dataclass
+class WireRequest:
+    """An HTTP request a provider module wants sent: ``url`` is absolute or relative to base_url."""
+
+    method: str
+    url: str
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class StreamParser(Protocol):
+    """Turns one provider's SSE events into deltas (through the accumulator it was given).
+
+    ``complete`` becomes True at the provider's terminal event; reading stops there.
+    ``feed`` raises a :class:`DispatchError` for an in-stream error event.
+    """
+
+    complete: bool
+
+    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]: ...
+
+    def end(self) -> Iterable[StreamDelta]: ...
+
+
+def error_details(body: bytes) -> tuple[str, str | None]:
+    """``(message, provider error type/code)`` from an error body of any common shape."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            message = err.get("message") or data.get("message") or text
+            etype = None
+            details = err.get("details")
+            if isinstance(details, dict) and isinstance(details.get("error_code"), str):
+                etype = details["error_code"]
+            code = err.get("code")
+            if etype is None and isinstance(code, str) and code:
+                etype = code
+            if etype is None and isinstance(err.get("type"), str):
+                etype = err["type"]
+            return str(message)[:2000], etype
+        if isinstance(err, str):
+            return err[:2000], None
+    return (text[:2000] or "the server returned an error with no message"), None
+
+
+def _shutdown_stream(network_stream: Any) -> None:
+    sock = network_stream.get_extra_info("socket") if network_stream is not None else None
+    if isinstance(sock, socket.socket):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class HTTPAdapter(Adapter):
+    """Base for HTTP providers. Subclasses implement :meth:`build_request`,
+    :meth:`stream_parser` and :meth:`parse_body`; may override :meth:`parse_error`,
+    :meth:`auth_headers` / :meth:`aauth_headers` and :attr:`base_url`."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        headers: Mapping[str, str] | None = None,
+        http_client: httpx.Client | None = None,
+        async_http_client: httpx.AsyncClient | None = None,
+        connect_timeout: float = 15.0,
+        read_timeout: float = 300.0,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        max_retries: int = 2,
+    ) -> None:
+        super().__init__(max_tokens=max_tokens, timeout=timeout, max_retries=max_retries)
+        self._base_url = base_url.rstrip("/")
+        self._extra_headers = dict(headers or {})
+        self._http = http_client
+        self._owns_http = http_client is None
+        self._async_http_given = async_http_client
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._async_clients = weakref.WeakKeyDictionary()
+        self._client_lock = threading.Lock()
+        self._http_timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
+
+    # -- hooks -----------------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        """Where requests go (without a trailing slash)."""
+        return self._base_url
+
+    def build_request(self, request: ChatRequest) -> WireRequest:
+        """The wire request for a call (sans-I/O)."""
+        raise NotImplementedError
+
+    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
+        """A fresh parser for one streamed answer."""
+        raise NotImplementedError
+
+    def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
+        """Fill ``acc`` from a non-streamed JSON answer."""
+        raise NotImplementedError
+
+    def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
+        """The error for an HTTP error response."""
+        message, etype = error_details(body)
+        return error_for_status(
+            status,
+            message,
+            provider=self.provider_name,
+            error_type=etype,
+            headers=headers,
+            request_id=headers.get("x-request-id") or headers.get("request-id"),
+        )
+
+    def auth_headers(self) -> dict[str, str]:
+        """Headers that authenticate a request (may refresh a token)."""
+        return {}
+
+    async def aauth_headers(self) -> dict[str, str]:
+        """The async twin of :meth:`auth_headers`."""
+        return self.auth_headers()
+
+    # -- clients ---------------------------------------------------------------------------------
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            with self._client_lock:
+                if self._http is None:
+                    self._http = httpx.Client(timeout=self._http_timeout)
+        return self._http
+
+    def _aclient(self) -> httpx.AsyncClient:
+        if self._async_http_given is not None:
+            return self._async_http_given
+        loop = asyncio.get_running_loop()
+        client = self._async_clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(timeout=self._http_timeout)
+            self._async_clients[loop] = client
+        return client
+
+    def close(self) -> None:
+        """Close the sync connection pool (async pools close with their event loop)."""
+        with self._client_lock:
+            if self._http is not None and self._owns_http:
+                self._http.close()
+                self._http = None
+
+    async def aclose(self) -> None:
+        """Close the connection pools, sync and this loop's async one."""
+        self.close()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        client = self._async_clients.pop(loop, None)
+        if client is not None:
+            await client.aclose()
+
+    def _url(self, url: str) -> str:
+        if url.startswith(("http://", "https://")):
+            return url
+        return f"{self.base_url}/{url.lstrip('/')}"
+
+    def _headers(self, wire: WireRequest, auth: Mapping[str, str], request: ChatRequest) -> dict[str, str]:
+        headers = {"user-agent": USER_AGENT, "accept": "application/json"}
+        if wire.json is not None:
+            headers["content-type"] = "application/json"
+        headers.update(self._extra_headers)
+        headers.update(auth)
+        headers.update(wire.headers)
+        extra = request.options.get("extra_headers")
+        if extra:
+            headers.update(extra)
+        return headers
+
+    @staticmethod
+    def _body(wire: WireRequest, request: ChatRequest) -> bytes | None:
+        if wire.json is None:
+            return None
+        body = wire.json
+        extra = request.options.get("extra_body")
+        if extra:
+            body = {**body, **extra}
+        return orjson.dumps(body)
+
+    # -- one attempt, sync -----------------------------------------------------------------------
+    def _stream_once(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> Iterator[StreamDelta]:
+        wire = self.build_request(request)
+        client = self._client()
+        connected: list[Any] = []
+
+        def trace(name: str, info: Mapping[str, Any]) -> None:
+            if name == "connection.connect_tcp.complete":
+                stream = info.get("return_value")
+                connected.append(control.on_abort(lambda: _shutdown_stream(stream)))
+
+        try:
+            headers = self._headers(wire, self.auth_headers(), request)
+            http_request = client.build_request(
+                wire.method,
+                self._url(wire.url),
+                headers=headers,
+                content=self._body(wire, request),
+                extensions={"trace": trace},
+            )
+            response = client.send(http_request, stream=True)
+        except httpx.HTTPError as exc:
+            control.check()
+            raise wrap_transport_error(exc, self.provider_name) from None
+        finally:
+            for remove in connected:
+                remove()
+        network_stream = response.extensions.get("network_stream")
+        remove_hook = control.on_abort(lambda: _shutdown_stream(network_stream))
+        try:
+            control.check()
+            if response.status_code >= 400:
+                raise self.parse_error(response.status_code, response.read(), response.headers)
+            content_type = response.headers.get("content-type", "")
+            if request.stream and "text/event-stream" in content_type:
+                parser = self.stream_parser(request, acc)
+                decoder = SSEDecoder()
+                for chunk in response.iter_raw():
+                    for event in decoder.feed(chunk):
+                        yield from parser.feed(event)
+                        if parser.complete:
+                            return
+                    if control.reason is not None:
+                        control.check()
+                for event in decoder.end():
+                    yield from parser.feed(event)
+                control.check()
+                yield from parser.end()
+            else:
+                body = response.read()
+                self.parse_body(request, self._json(body), acc)
+        except (httpx.HTTPError, OSError) as exc:
+            control.check()
+            raise wrap_transport_error(exc, self.provider_name) from None
+        finally:
+            remove_hook()
+            response.close()
+
+    # -- one attempt, async ----------------------------------------------------------------------
+    async def _astream_once(  # type: ignore[override]
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> AsyncIterator[StreamDelta]:
+        wire = self.build_request(request)
+        client = self._aclient()
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        reading = [False]
+
+        def cancel_read() -> None:
+            if reading[0] and task is not None:
+                task.cancel()
+
+        remove_hook = control.on_abort(lambda: loop.call_soon_threadsafe(cancel_read))
+        response: httpx.Response | None = None
+        try:
+            headers = self._headers(wire, await self.aauth_headers(), request)
+            http_request = client.build_request(
+                wire.method, self._url(wire.url), headers=headers, content=self._body(wire, request)
+            )
+            reading[0] = True
+            response = await client.send(http_request, stream=True)
+            reading[0] = False
+            control.check()
+            if response.status_code >= 400:
+                reading[0] = True
+                body = await response.aread()
+                reading[0] = False
+                raise self.parse_error(response.status_code, body, response.headers)
+            content_type = response.headers.get("content-type", "")
+            if request.stream and "text/event-stream" in content_type:
+                parser = self.stream_parser(request, acc)
+                decoder = SSEDecoder()
+                raw = response.aiter_raw()
+                while True:
+                    reading[0] = True
+                    try:
+                        chunk = await raw.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        reading[0] = False
+                    for event in decoder.feed(chunk):
+                        for delta in parser.feed(event):
+                            yield delta
+                        if parser.complete:
+                            return
+                    control.check()
+                for event in decoder.end():
+                    for delta in parser.feed(event):
+                        yield delta
+                control.check()
+                for delta in parser.end():
+                    yield delta
+            else:
+                reading[0] = True
+                body = await response.aread()
+                reading[0] = False
+                self.parse_body(request, self._json(body), acc)
+        except asyncio.CancelledError:
+            if control.reason is None:
+                raise
+            if task is not None and hasattr(task, "uncancel"):
+                task.uncancel()
+            raise control.error() from None
+        except (httpx.HTTPError, OSError) as exc:
+            control.check()
+            raise wrap_transport_error(exc, self.provider_name) from None
+        finally:
+            reading[0] = False
+            remove_hook()
+            if response is not None:
+                await response.aclose()
+
+    def _json(self, body: bytes) -> Any:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise APIConnectionError(
+                f"the server answered with something that is not JSON: {body[:200]!r}",
+                provider=self.provider_name,
+            ) from None
+
+    # -- plain JSON requests (models, tokens) ----------------------------------------------------
+    def get_json(self, url: str, *, headers: Mapping[str, str] | None = None) -> Any:
+        """GET a JSON document with this adapter's auth; HTTP errors become DispatchErrors."""
+        try:
+            response = self._client().get(
+                self._url(url),
+                headers={"user-agent": USER_AGENT, "accept": "application/json",
+                         **self._extra_headers, **self.auth_headers(), **(headers or {})},
+            )
+        except httpx.HTTPError as exc:
+            raise wrap_transport_error(exc, self.provider_name) from None
+        if response.status_code >= 400:
+            raise self.parse_error(response.status_code, response.content, response.headers)
+        return self._json(response.content)
+
+    async def aget_json(self, url: str, *, headers: Mapping[str, str] | None = None) -> Any:
+        """The async twin of :meth:`get_json`."""
+        try:
+            response = await self._aclient().get(
+                self._url(url),
+                headers={"user-agent": USER_AGENT, "accept": "application/json",
+                         **self._extra_headers, **(await self.aauth_headers()), **(headers or {})},
+            )
+        except httpx.HTTPError as exc:
+            raise wrap_transport_error(exc, self.provider_name) from None
+        if response.status_code >= 400:
+            raise self.parse_error(response.status_code, response.content, response.headers)
+        return self._json(response.content)

@@ -1,0 +1,182 @@
+"""Incremental Server-Sent Events decoding, straight from raw byte chunks.
+
+Follows the WHATWG event-stream rules: lines end in CR, LF or CRLF (also across chunk boundaries);
+``field: value`` drops one leading space; several ``data:`` lines join with ``\\n``; ``:`` starts a
+comment; ``event``, ``data``, ``id`` and ``retry`` are the fields, anything else is ignored; a blank
+line dispatches the event. Two deliberate leniencies keep what arrived: a final event that is not
+followed by a blank line is still dispatched at the end of the stream, and invalid UTF-8 is replaced,
+never fatal.
+
+Data stays ``bytes`` until someone asks (:attr:`ServerSentEvent.data`), so JSON payloads go to the
+parser without a decode/encode round trip::
+
+    decoder = SSEDecoder()
+    for chunk in response.iter_raw():
+        for event in decoder.feed(chunk):
+            ...
+    for event in decoder.end():
+        ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from typing import Any
+
+import orjson
+
+__all__ = ["SSEDecoder", "ServerSentEvent", "aiter_sse", "iter_sse"]
+
+
+class ServerSentEvent:
+    """One dispatched event. ``data`` is text; ``raw`` the undecoded bytes."""
+
+    __slots__ = ("event", "id", "raw", "retry")
+
+    def __init__(
+        self, raw: bytes, event: str | None = None, id: str | None = None, retry: int | None = None
+    ) -> None:
+        self.raw = raw
+        self.event = event
+        self.id = id
+        self.retry = retry
+
+    @property
+    def data(self) -> str:
+        """The data lines joined with ``\\n``, decoded as UTF-8 (invalid bytes replaced)."""
+        return self.raw.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The data parsed as JSON (raises ``ValueError`` when it is not JSON)."""
+        try:
+            return orjson.loads(self.raw)
+        except orjson.JSONDecodeError:
+            # Invalid UTF-8 inside an otherwise valid payload: replace and retry once.
+            return orjson.loads(self.raw.decode("utf-8", "replace"))
+
+    def __repr__(self) -> str:
+        return f"ServerSentEvent(event={self.event!r}, data={self.data!r}, id={self.id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ServerSentEvent):
+            return NotImplemented
+        return (self.raw, self.event, self.id, self.retry) == (
+            other.raw,
+            other.event,
+            other.id,
+            other.retry,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class SSEDecoder:
+    """A pure state machine: ``feed(bytes)`` → events; ``end()`` flushes at end of stream."""
+
+    __slots__ = ("_buf", "_data", "_event", "_has_data", "_last_id", "_retry", "_skip_lf")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._skip_lf = False
+        self._data: list[bytes] = []
+        self._has_data = False
+        self._event: str | None = None
+        self._last_id: str | None = None
+        self._retry: int | None = None
+
+    @property
+    def last_event_id(self) -> str | None:
+        """The last ``id:`` seen (the value to send as ``Last-Event-ID`` on reconnect)."""
+        return self._last_id
+
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        """Decode a chunk of any size; returns the events it completed (often none or one)."""
+        if not chunk:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+                if not chunk:
+                    return []
+        buf = self._buf + chunk if self._buf else chunk
+        lines = buf.splitlines(keepends=True)
+        last = lines[-1]
+        if last[-1:] in (b"\n", b"\r"):
+            self._buf = b""
+            if last[-1:] == b"\r":
+                self._skip_lf = True
+        else:
+            self._buf = last
+            lines.pop()
+        events: list[ServerSentEvent] = []
+        for line in lines:
+            event = self._line(line.rstrip(b"\r\n"))
+            if event is not None:
+                events.append(event)
+        return events
+
+    def end(self) -> list[ServerSentEvent]:
+        """The end of the stream: process an unterminated last line and a pending event."""
+        events: list[ServerSentEvent] = []
+        if self._buf:
+            line, self._buf = self._buf, b""
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        event = self._line(b"")
+        if event is not None:
+            events.append(event)
+        self._skip_lf = False
+        return events
+
+    def _line(self, line: bytes) -> ServerSentEvent | None:
+        if not line:
+            if not self._has_data:
+                # WHATWG: an event with an empty data buffer is not dispatched.
+                self._event = None
+                self._retry = None
+                return None
+            event = ServerSentEvent(
+                b"\n".join(self._data), self._event, self._last_id, self._retry
+            )
+            self._data = []
+            self._has_data = False
+            self._event = None
+            self._retry = None
+            return event
+        if line[:1] == b":":
+            return None
+        name, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+            self._has_data = True
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif name == b"id":
+            if b"\0" not in value:
+                self._last_id = value.decode("utf-8", "replace")
+        elif name == b"retry":
+            if value.isdigit():
+                self._retry = int(value)
+        return None
+
+
+def iter_sse(chunks: Iterable[bytes]) -> Iterator[ServerSentEvent]:
+    """Events from an iterable of byte chunks (e.g. ``response.iter_raw()``)."""
+    decoder = SSEDecoder()
+    for chunk in chunks:
+        yield from decoder.feed(chunk)
+    yield from decoder.end()
+
+
+async def aiter_sse(chunks: AsyncIterable[bytes]) -> AsyncIterator[ServerSentEvent]:
+    """Events from an async iterable of byte chunks (e.g. ``response.aiter_raw()``)."""
+    decoder = SSEDecoder()
+    async for chunk in chunks:
+        for event in decoder.feed(chunk):
+            yield event
+    for event in decoder.end():
+        yield event

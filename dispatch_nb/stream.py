@@ -1,0 +1,505 @@
+"""Streams of deltas, and the one accumulator that turns deltas into the final :class:`Response`.
+
+Provider modules drive an :class:`Accumulator` (``acc.text("Hel")``, ``acc.tool_start(...)``); each
+call returns the :class:`StreamDelta` to hand to the caller and records the same increment, so a
+streamed and a non-streamed call end in the same ``Response``. The accumulator keeps text as a list of
+fragments and never re-validates the growing response: memory is the text itself plus a constant.
+
+:class:`ResponseStream` / :class:`AsyncResponseStream` are what ``adapter.stream()`` /
+``adapter.astream()`` return: iterate for deltas, then read ``.response``; ``close()`` ends the HTTP
+stream; ``.partial`` is what arrived so far at any moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from typing import Any
+
+import orjson
+
+from .errors import DispatchError, RequestCancelled
+from .types import (
+    RedactedThinkingBlock,
+    Response,
+    StopReason,
+    StreamDelta,
+    TextBlock,
+    ThinkingBlock,
+    ToolUseBlock,
+    Usage,
+)
+
+__all__ = ["Accumulator", "AsyncResponseStream", "ResponseStream", "parse_tool_arguments"]
+
+
+def parse_tool_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
+    """Parse streamed tool arguments: ``({...}, None)``, or ``({}, "what is wrong")``.
+
+    An empty string means no arguments (``{}``).
+    """
+    if not raw.strip():
+        return {}, None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return {}, f"the model's tool arguments are not valid JSON ({exc}): {raw[:200]!r}"
+    if not isinstance(value, dict):
+        return {}, f"the model's tool arguments must be a JSON object, got {type(value).__name__}"
+    return value, None
+
+
+class _Text:
+    __slots__ = ("key", "parts", "provider_data")
+
+    def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
+        self.key = key
+        self.parts: list[str] = []
+        self.provider_data = provider_data
+
+    def build(self) -> TextBlock:
+        return TextBlock(text="".join(self.parts), provider_data=self.provider_data)
+
+
+class _Thinking:
+    __slots__ = ("key", "parts", "provider_data", "signature")
+
+    def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
+        self.key = key
+        self.parts: list[str] = []
+        self.signature: list[str] | None = None
+        self.provider_data = provider_data
+
+    def build(self) -> ThinkingBlock:
+        sig = "".join(self.signature) if self.signature is not None else None
+        return ThinkingBlock(
+            thinking="".join(self.parts), signature=sig, provider_data=self.provider_data
+        )
+
+
+class _Tool:
+    __slots__ = ("arguments", "done", "id", "key", "name", "parts", "provider_data")
+
+    def __init__(
+        self, key: Hashable, id: str, name: str, provider_data: dict[str, Any] | None
+    ) -> None:
+        self.key = key
+        self.id = id
+        self.name = name
+        self.parts: list[str] = []
+        self.provider_data = provider_data
+        self.done = False
+        self.arguments: dict[str, Any] | None = None
+
+    def build(self) -> ToolUseBlock:
+        raw = "".join(self.parts)
+        if self.arguments is not None:
+            return ToolUseBlock(
+                id=self.id, name=self.name, arguments=self.arguments,
+                provider_data=self.provider_data,
+            )
+        args, error = parse_tool_arguments(raw)
+        return ToolUseBlock(
+            id=self.id,
+            name=self.name,
+            arguments=args,
+            raw_arguments=raw if error else None,
+            arguments_error=error,
+            provider_data=self.provider_data,
+        )
+
+
+_Builder = Any  # _Text | _Thinking | _Tool | a finished block
+
+
+class Accumulator:
+    """Collects one answer as it streams; :meth:`snapshot` / :meth:`finish` give the ``Response``.
+
+    ``key`` arguments let a provider address several open blocks at once (an output index, an item
+    id, a content-block index); a text or thinking delta with a new key starts a new block.
+    """
+
+    __slots__ = (
+        "_items",
+        "_last",
+        "_tools",
+        "model",
+        "provider_data",
+        "started",
+        "stop_reason",
+        "usage",
+    )
+
+    def __init__(self, model: str = "") -> None:
+        self.reset(model)
+
+    def reset(self, model: str | None = None) -> None:
+        """Forget everything (before a retry)."""
+        if model is not None:
+            self.model = model
+        self._items: list[_Builder] = []
+        self._tools: dict[Hashable, _Tool] = {}
+        self._last: _Builder = None
+        self.usage = Usage()
+        self.stop_reason: StopReason | None = None
+        self.provider_data: dict[str, Any] | None = None
+        #: True once any delta has been produced (then a failure must not be retried)
+        self.started = False
+
+    # -- text and thinking -------------------------------------------------------------------
+    def text(
+        self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
+    ) -> StreamDelta:
+        """Append text (to the open text block with this key, else a new one)."""
+        last = self._last
+        if not (type(last) is _Text and last.key == key):
+            last = _Text(key, provider_data)
+            self._items.append(last)
+            self._last = last
+        elif provider_data is not None:
+            last.provider_data = provider_data
+        last.parts.append(text)
+        self.started = True
+        return StreamDelta(type="text_delta", text=text)
+
+    def thinking(
+        self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
+    ) -> StreamDelta:
+        """Append visible reasoning (to the open thinking block with this key, else a new one)."""
+        block = self._thinking_block(key, provider_data)
+        block.parts.append(text)
+        self.started = True
+        return StreamDelta(type="thinking_delta", text=text)
+
+    def signature(
+        self, signature: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
+    ) -> None:
+        """Append to the signature of the open thinking block (opening an empty one if needed)."""
+        block = self._thinking_block(key, provider_data)
+        if block.signature is None:
+            block.signature = []
+        block.signature.append(signature)
+
+    def thinking_provider_data(self, provider_data: dict[str, Any], *, key: Hashable = None) -> None:
+        """Attach opaque provider data to the open thinking block with this key."""
+        self._thinking_block(key, None).provider_data = provider_data
+
+    def _thinking_block(self, key: Hashable, provider_data: dict[str, Any] | None) -> _Thinking:
+        last = self._last
+        if type(last) is _Thinking and last.key == key:
+            if provider_data is not None:
+                last.provider_data = provider_data
+            return last
+        for item in reversed(self._items):
+            if type(item) is _Thinking and item.key == key and key is not None:
+                if provider_data is not None:
+                    item.provider_data = provider_data
+                return item
+        block = _Thinking(key, provider_data)
+        self._items.append(block)
+        self._last = block
+        return block
+
+    def text_provider_data(self, provider_data: dict[str, Any], *, key: Hashable = None) -> None:
+        """Attach opaque provider data to the text block with this key (e.g. a message id)."""
+        for item in reversed(self._items):
+            if type(item) is _Text and item.key == key:
+                item.provider_data = provider_data
+                return
+
+    def redacted_thinking(
+        self, data: str, *, provider_data: dict[str, Any] | None = None
+    ) -> None:
+        """Record an encrypted reasoning block (no delta: there is nothing to show)."""
+        self.add_block(RedactedThinkingBlock(data=data, provider_data=provider_data))
+
+    def add_block(self, block: Any) -> None:
+        """Append a finished block as is."""
+        self._items.append(block)
+        self._last = block
+        self.started = True
+
+    # -- tools ---------------------------------------------------------------------------------
+    def tool_start(
+        self,
+        key: Hashable,
+        id: str,
+        name: str,
+        *,
+        provider_data: dict[str, Any] | None = None,
+    ) -> StreamDelta:
+        """A tool call begins. ``key`` addresses it in later :meth:`tool_delta` / :meth:`tool_end`."""
+        tool = _Tool(key, id, name, provider_data)
+        self._tools[key] = tool
+        self._items.append(tool)
+        self._last = tool
+        self.started = True
+        return StreamDelta(type="tool_use_start", tool_call_id=id, tool_name=name)
+
+    def has_tool(self, key: Hashable) -> bool:
+        """Whether a tool call with this key is open."""
+        tool = self._tools.get(key)
+        return tool is not None and not tool.done
+
+    def tool(self, key: Hashable) -> _Tool | None:
+        """The tool call with this key (open or finished), if any."""
+        return self._tools.get(key)
+
+    def tool_delta(self, key: Hashable, fragment: str) -> StreamDelta:
+        """The next fragment of a tool call's JSON arguments."""
+        tool = self._tools[key]
+        tool.parts.append(fragment)
+        return StreamDelta(
+            type="tool_use_delta", tool_call_id=tool.id, tool_name=tool.name, argument_delta=fragment
+        )
+
+    def tool_end(
+        self,
+        key: Hashable,
+        *,
+        arguments: dict[str, Any] | None = None,
+        raw_arguments: str | None = None,
+    ) -> StreamDelta:
+        """A tool call is complete: its arguments are parsed now (or given)."""
+        tool = self._tools[key]
+        if raw_arguments is not None:
+            tool.parts = [raw_arguments]
+        if arguments is not None:
+            tool.arguments = arguments
+        tool.done = True
+        built = tool.build()
+        tool.arguments = built.arguments
+        return StreamDelta(
+            type="tool_use_end",
+            tool_call_id=tool.id,
+            tool_name=tool.name,
+            arguments=built.arguments,
+        )
+
+    def end_open_tools(self) -> list[StreamDelta]:
+        """Finish every tool call still open (providers that never say a call ended)."""
+        return [self.tool_end(t.key) for t in list(self._tools.values()) if not t.done]
+
+    @property
+    def tool_count(self) -> int:
+        """How many tool calls have started."""
+        return len(self._tools)
+
+    # -- results -------------------------------------------------------------------------------
+    def _blocks(self) -> list[Any]:
+        blocks: list[Any] = []
+        for item in self._items:
+            if isinstance(item, (_Text, _Thinking, _Tool)):
+                blocks.append(item.build())
+            else:
+                blocks.append(item)
+        return blocks
+
+    def snapshot(self) -> Response:
+        """The answer so far (open tool calls included with what arrived of their arguments)."""
+        blocks = self._blocks()
+        return Response(
+            content=blocks,
+            tool_calls=[b for b in blocks if isinstance(b, ToolUseBlock)],
+            model=self.model,
+            stop_reason=self.stop_reason,
+            usage=self.usage,
+            provider_data=self.provider_data,
+        )
+
+    def finish(self) -> Response:
+        """The final answer; an unset stop reason becomes ``tool_use`` or ``end_turn``."""
+        self.end_open_tools()
+        if self.stop_reason is None:
+            self.stop_reason = "tool_use" if self._tools else "end_turn"
+        elif self.stop_reason == "end_turn" and self._tools:
+            self.stop_reason = "tool_use"
+        return self.snapshot()
+
+
+def _attach_partial(exc: BaseException, acc: Accumulator) -> None:
+    if isinstance(exc, DispatchError):
+        if exc.partial is None:
+            exc.partial = acc.snapshot()
+    else:
+        try:
+            exc.partial = acc.snapshot()  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
+
+class ResponseStream:
+    """Iterate for :class:`StreamDelta` s; ``.response`` is the final :class:`Response`.
+
+    A context manager: leaving the ``with`` block (or :meth:`close`) ends the HTTP stream. An error
+    raised while iterating carries ``partial``; so does a ``KeyboardInterrupt``.
+    """
+
+    def __init__(
+        self,
+        deltas: Iterator[StreamDelta],
+        accumulator: Accumulator,
+        *,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self._deltas = deltas
+        self._acc = accumulator
+        self._response: Response | None = None
+        self._error: BaseException | None = None
+        self._on_close = on_close
+        self._closed = False
+
+    def __iter__(self) -> ResponseStream:
+        return self
+
+    def __next__(self) -> StreamDelta:
+        if self._response is not None or self._closed:
+            raise StopIteration
+        try:
+            return next(self._deltas)
+        except StopIteration:
+            self._response = self._acc.finish()
+            self._finish()
+            raise
+        except BaseException as exc:
+            self._error = exc
+            _attach_partial(exc, self._acc)
+            self.close()
+            raise
+
+    def until_done(self) -> Response:
+        """Consume what is left and return the final response."""
+        for _ in self:
+            pass
+        return self.response
+
+    @property
+    def response(self) -> Response:
+        """The final response; reading it consumes any deltas not yet iterated."""
+        if self._response is None:
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise RequestCancelled(
+                    "the stream was closed before it finished", partial=self._acc.snapshot()
+                )
+            return self.until_done()
+        return self._response
+
+    @property
+    def partial(self) -> Response:
+        """What has arrived so far (the final response once finished)."""
+        return self._response if self._response is not None else self._acc.snapshot()
+
+    @property
+    def text_stream(self) -> Iterator[str]:
+        """Just the answer's text, piece by piece."""
+        for delta in self:
+            if delta.type == "text_delta" and delta.text:
+                yield delta.text
+
+    def _finish(self) -> None:
+        if self._on_close is not None:
+            callback, self._on_close = self._on_close, None
+            callback()
+
+    def close(self) -> None:
+        """End the stream and release the connection (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        close = getattr(self._deltas, "close", None)
+        if close is not None:
+            close()
+        self._finish()
+
+    def __enter__(self) -> ResponseStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed and self._response is None:
+                self.close()
+        except Exception:
+            pass
+
+
+class AsyncResponseStream:
+    """The async twin of :class:`ResponseStream` (``async for``, ``async with``, ``aclose``)."""
+
+    def __init__(
+        self,
+        deltas: AsyncIterator[StreamDelta],
+        accumulator: Accumulator,
+        *,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self._deltas = deltas
+        self._acc = accumulator
+        self._response: Response | None = None
+        self._error: BaseException | None = None
+        self._on_close = on_close
+        self._closed = False
+
+    def __aiter__(self) -> AsyncResponseStream:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        if self._response is not None or self._closed:
+            raise StopAsyncIteration
+        try:
+            return await self._deltas.__anext__()
+        except StopAsyncIteration:
+            self._response = self._acc.finish()
+            self._finish()
+            raise
+        except BaseException as exc:
+            self._error = exc
+            _attach_partial(exc, self._acc)
+            await self.aclose()
+            raise
+
+    async def until_done(self) -> Response:
+        """Consume what is left and return the final response."""
+        async for _ in self:
+            pass
+        return self.response
+
+    @property
+    def response(self) -> Response:
+        """The final response (iterate to the end first, or use :meth:`until_done`)."""
+        if self._response is None:
+            if self._error is not None:
+                raise self._error
+            raise RuntimeError(
+                "the stream has not finished: iterate it to the end or await until_done()"
+            )
+        return self._response
+
+    @property
+    def partial(self) -> Response:
+        """What has arrived so far (the final response once finished)."""
+        return self._response if self._response is not None else self._acc.snapshot()
+
+    def _finish(self) -> None:
+        if self._on_close is not None:
+            callback, self._on_close = self._on_close, None
+            callback()
+
+    async def aclose(self) -> None:
+        """End the stream and release the connection (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        aclose = getattr(self._deltas, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        self._finish()
+
+    async def __aenter__(self) -> AsyncResponseStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,41 @@
+"""The adapters the contract suite runs against.
+
+Each provider adds one :class:`Target`: how to start its wire-protocol fake and how to build its
+adapter pointed at that fake. Every test in ``test_contract.py`` then runs for every target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dispatch_nb.adapter import Adapter
+
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import ProviderFake
+
+
+@dataclass
+class Target:
+    name: str
+    make_fake: Callable[[], ProviderFake]
+    #: build the adapter for a running fake; kwargs: max_tokens, max_retries, timeout
+    make_adapter: Callable[..., Adapter]
+    #: the model can return visible thinking with a signature that must round-trip
+    supports_thinking: bool = False
+    #: the provider always reports usage (llama.cpp-style servers may not)
+    reports_usage: bool = True
+    #: why this target cannot run here (None: it can)
+    skip: Callable[[], str | None] = lambda: None
+
+
+def _fake_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
+    from dispatch_nb.providers.fake import FakeAdapter
+
+    return FakeAdapter("echo", base_url=fake.base_url, **kw)
+
+
+TARGETS: list[Target] = [
+    Target("fake", CanonicalFake, _fake_adapter, supports_thinking=True),
+]

@@ -1,0 +1,119 @@
+"""A fake server for dispatch_nb's canonical protocol (the ``fake`` provider)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .provider import Fail, ProviderFake, Turn, sse_event
+from .server import RecordedRequest, Reply
+
+
+class CanonicalFake(ProviderFake):
+    name = "fake"
+
+    models = [{"id": "echo", "name": "Echo", "max_context_tokens": 4096, "supports_tool_use": True}]
+
+    def is_chat(self, request: RecordedRequest) -> bool:
+        return request.method == "POST" and request.path == "/chat"
+
+    def route_other(self, request: RecordedRequest) -> Reply:
+        if request.path == "/models":
+            return Reply.json({"data": self.models})
+        return super().route_other(request)
+
+    def validate(self, request: RecordedRequest) -> Fail | None:
+        body = request.json or {}
+        # Every tool result must answer a tool_use of the assistant turn before it.
+        seen: set[str] = set()
+        for message in body.get("messages", []):
+            content = message.get("content")
+            if not isinstance(content, list):
+                continue
+            for block in content:
+                if block.get("type") == "tool_use":
+                    seen.add(block["id"])
+                if block.get("type") == "tool_result" and block["tool_use_id"] not in seen:
+                    return Fail(400, f"tool_result {block['tool_use_id']!r} answers no tool_use",
+                                "invalid_request_error")
+        return None
+
+    def _usage(self, turn: Turn) -> dict[str, int]:
+        return {
+            "input_tokens": turn.input_tokens,
+            "output_tokens": turn.output_tokens,
+            "cache_read_tokens": turn.cache_read_tokens,
+            "cache_creation_tokens": turn.cache_creation_tokens,
+        }
+
+    def render_events(self, turn: Turn, request: RecordedRequest) -> list[bytes]:
+        events: list[bytes] = []
+        if turn.thinking is not None:
+            events.append(sse_event({"type": "thinking", "text": turn.thinking}))
+            if turn.signature is not None:
+                events.append(sse_event({"type": "signature", "signature": turn.signature}))
+        for data in turn.redacted_thinking:
+            events.append(sse_event({"type": "block",
+                                     "block": {"type": "redacted_thinking", "data": data}}))
+        for piece in turn.text_pieces():
+            events.append(sse_event({"type": "text", "text": piece}))
+        for call in turn.tool_calls:
+            events.append(sse_event({"type": "tool_start", "id": call.id, "name": call.name}))
+            raw = call.arguments_json
+            for i in range(0, len(raw), 5):
+                events.append(sse_event({"type": "tool_delta", "id": call.id,
+                                         "fragment": raw[i : i + 5]}))
+            events.append(sse_event({"type": "tool_end", "id": call.id}))
+        events.append(sse_event({"type": "done", "stop_reason": turn.canonical_stop,
+                                 "usage": self._usage(turn),
+                                 "model": turn.model or (request.json or {}).get("model")}))
+        return events
+
+    def render_json(self, turn: Turn, request: RecordedRequest) -> Any:
+        content: list[dict[str, Any]] = []
+        if turn.thinking is not None:
+            content.append({"type": "thinking", "thinking": turn.thinking,
+                            "signature": turn.signature})
+        content += [{"type": "redacted_thinking", "data": d} for d in turn.redacted_thinking]
+        if turn.text:
+            content.append({"type": "text", "text": turn.text})
+        calls = [{"type": "tool_use", "id": c.id, "name": c.name,
+                  "arguments": c.arguments if isinstance(c.arguments, dict) else {}}
+                 for c in turn.tool_calls]
+        content += calls
+        return {"content": content, "tool_calls": calls, "stop_reason": turn.canonical_stop,
+                "usage": self._usage(turn),
+                "model": turn.model or (request.json or {}).get("model")}
+
+    def render_stream_error(self, fail: Fail) -> bytes:
+        return sse_event({"type": "error", "status": fail.status, "message": fail.message,
+                          "error_type": fail.error_type})
+
+    # -- inspectors ------------------------------------------------------------------------------
+    def last_user_text(self, request: RecordedRequest) -> str:
+        for message in reversed((request.json or {}).get("messages", [])):
+            if message["role"] != "user":
+                continue
+            content = message["content"]
+            if isinstance(content, str):
+                return content
+            texts = [b["text"] for b in content if b.get("type") == "text"]
+            if texts:
+                return "".join(texts)
+        return ""
+
+    def system_of(self, request: RecordedRequest) -> str | None:
+        return (request.json or {}).get("system")
+
+    def max_tokens_of(self, request: RecordedRequest) -> int | None:
+        return (request.json or {}).get("max_tokens")
+
+    def tool_names_of(self, request: RecordedRequest) -> list[str]:
+        return [t["name"] for t in (request.json or {}).get("tools", []) if "name" in t]
+
+    def tool_result_ids_of(self, request: RecordedRequest) -> list[str]:
+        ids = []
+        for message in (request.json or {}).get("messages", []):
+            content = message.get("content")
+            if isinstance(content, list):
+                ids += [b["tool_use_id"] for b in content if b.get("type") == "tool_result"]
+        return ids

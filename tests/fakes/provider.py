@@ -1,0 +1,242 @@
+"""Scripted provider fakes: canonical scenarios rendered in each provider's real wire protocol.
+
+A test scripts what the "model" does in provider-neutral terms — :class:`Turn` (text, thinking,
+tool calls, usage, stop reason, streaming pace and faults), :class:`Fail` (an HTTP error),
+:class:`Drop` (connection reset before any answer), :class:`Stall` (no answer for a while) — and a
+:class:`ProviderFake` subclass renders it in its protocol (OpenAI chat.completions, Responses,
+Anthropic Messages, Copilot, dispatch_nb's canonical one). With nothing scripted, the fake echoes
+the last user message, which is what notebook tests want.
+
+A subclass implements the ``render_*`` methods and the request inspectors (``system_of``,
+``max_tokens_of``...) that the contract suite uses to check where things landed on the wire.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from .server import LoopbackServer, RecordedRequest, Reply
+
+__all__ = ["Drop", "Fail", "ProviderFake", "Stall", "ToolCall", "Turn"]
+
+
+@dataclass
+class ToolCall:
+    """A tool call the model makes. ``arguments`` as a str is sent raw (may be invalid JSON)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+
+    @property
+    def arguments_json(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
+
+
+@dataclass
+class Fail:
+    """An HTTP error reply (or, as ``Turn.error``, an error event inside a stream)."""
+
+    status: int
+    message: str = "something went wrong"
+    error_type: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Drop:
+    """Reset the connection before sending anything."""
+
+
+@dataclass
+class Stall:
+    """Send nothing for ``seconds`` (then a normal echo answer)."""
+
+    seconds: float
+
+
+@dataclass
+class Turn:
+    """One scripted model answer, with optional streaming pace and faults."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    thinking: str | None = None
+    signature: str | None = None
+    redacted_thinking: list[str] = field(default_factory=list)
+    stop_reason: str | None = None  # canonical; None → tool_use if tool calls else end_turn
+    input_tokens: int = 12
+    output_tokens: int = 7
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
+    model: str | None = None
+    chunk: int = 4  # characters per text delta when streaming
+    delay: float = 0.0  # seconds between streamed events
+    reset_after: int | None = None  # drop the connection after this many events
+    stall_after: int | None = None  # stall this many events in ...
+    stall: float = 0.0  # ... for this long
+    error_after: int | None = None  # replace the rest of the stream with an error event ...
+    error: Fail | None = None  # ... this one
+
+    @property
+    def canonical_stop(self) -> str:
+        if self.stop_reason:
+            return self.stop_reason
+        return "tool_use" if self.tool_calls else "end_turn"
+
+    def text_pieces(self) -> list[str]:
+        n = max(1, self.chunk)
+        return [self.text[i : i + n] for i in range(0, len(self.text), n)]
+
+
+ScriptItem = Union[Turn, Fail, Drop, Stall]
+
+
+class ProviderFake:
+    """Base of every provider fake: scripting, request capture, echo default, fault rendering."""
+
+    #: name used in test ids
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.script: collections.deque[ScriptItem] = collections.deque()
+        self.chat_requests: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self.server = LoopbackServer(self._dispatch)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> ProviderFake:
+        self.server.start()
+        return self
+
+    def close(self) -> None:
+        self.server.close()
+
+    def __enter__(self) -> ProviderFake:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as the adapter's ``base_url``."""
+        return self.server.url
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        return self.server.requests
+
+    @property
+    def last_request(self) -> RecordedRequest:
+        return self.chat_requests[-1]
+
+    def push(self, *items: ScriptItem) -> ProviderFake:
+        """Queue scripted answers, consumed one per chat request."""
+        with self._lock:
+            self.script.extend(items)
+        return self
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def _dispatch(self, request: RecordedRequest) -> Reply:
+        if not self.is_chat(request):
+            return self.route_other(request)
+        with self._lock:
+            self.chat_requests.append(request)
+            item: ScriptItem | None = self.script.popleft() if self.script else None
+        problem = self.validate(request)
+        if problem is not None:
+            return self.render_error(problem)
+        if item is None:
+            item = self.default_turn(request)
+        return self.render(item, request)
+
+    def default_turn(self, request: RecordedRequest) -> Turn:
+        return Turn(text=f"echo: {self.last_user_text(request)}")
+
+    def render(self, item: ScriptItem, request: RecordedRequest) -> Reply:
+        if isinstance(item, Fail):
+            return self.render_error(item)
+        if isinstance(item, Drop):
+            return Reply(reset_before_headers=True)
+        if isinstance(item, Stall):
+            reply = self.render(self.default_turn(request), request)
+            reply.stall = item.seconds
+            reply.stall_after = None
+            return reply
+        if not self.wants_stream(request):
+            return Reply.json(self.render_json(item, request))
+        events = self.render_events(item, request)
+        if item.error is not None:
+            cut = item.error_after if item.error_after is not None else len(events)
+            events = [*events[:cut], self.render_stream_error(item.error)]
+        return Reply.sse(
+            events,
+            delay=item.delay,
+            reset_after=item.reset_after,
+            stall_after=item.stall_after,
+            stall=item.stall,
+        )
+
+    # -- what a protocol supplies ----------------------------------------------------------------
+    def is_chat(self, request: RecordedRequest) -> bool:
+        raise NotImplementedError
+
+    def route_other(self, request: RecordedRequest) -> Reply:
+        return Reply.json({"error": {"message": f"no route {request.method} {request.path}"}}, 404)
+
+    def wants_stream(self, request: RecordedRequest) -> bool:
+        return bool((request.json or {}).get("stream"))
+
+    def validate(self, request: RecordedRequest) -> Fail | None:
+        """Reject a malformed request the way the real API would (400)."""
+        return None
+
+    def render_events(self, turn: Turn, request: RecordedRequest) -> list[bytes]:
+        """The SSE events (one bytes item each) of a streamed answer."""
+        raise NotImplementedError
+
+    def render_json(self, turn: Turn, request: RecordedRequest) -> Any:
+        raise NotImplementedError
+
+    def render_error(self, fail: Fail) -> Reply:
+        return Reply.json(
+            {"error": {"message": fail.message, "type": fail.error_type or "error"}},
+            status=fail.status,
+            headers=fail.headers,
+        )
+
+    def render_stream_error(self, fail: Fail) -> bytes:
+        raise NotImplementedError
+
+    # -- request inspectors (used by the contract suite) -------------------------------------
+    def last_user_text(self, request: RecordedRequest) -> str:
+        raise NotImplementedError
+
+    def system_of(self, request: RecordedRequest) -> str | None:
+        raise NotImplementedError
+
+    def max_tokens_of(self, request: RecordedRequest) -> int | None:
+        raise NotImplementedError
+
+    def tool_names_of(self, request: RecordedRequest) -> list[str]:
+        raise NotImplementedError
+
+    def tool_result_ids_of(self, request: RecordedRequest) -> list[str]:
+        """Ids of the tool results the request sends back."""
+        raise NotImplementedError
+
+
+def sse_event(data: Any, event: str | None = None) -> bytes:
+    """One SSE frame."""
+    payload = data if isinstance(data, str) else json.dumps(data)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
