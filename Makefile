@@ -1,0 +1,43 @@
+# dispatch_nb — every command creates/uses the project's own virtualenv in .venv.
+# On a fresh machine you need only python3 (with venv and pip) and make.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+EXTRAS ?= test,notebook,local,e2e,dev
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+export PIP_DISABLE_PIP_VERSION_CHECK = 1
+
+.PHONY: demo test test-fast lint e2e bench clean
+
+$(VENV)/.installed-$(EXTRAS): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@echo "Installing dispatch_nb[$(EXTRAS)] (the first time builds llama-cpp-python from source: ~10 min on 2 cores)"
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+## demo: run the quickstart notebook's %%chat cells (embedded local model when no credentials exist)
+demo:
+	$(MAKE) --no-print-directory EXTRAS=notebook,local $(VENV)/.installed-notebook,local
+	$(PY) -m dispatch_nb demo
+
+## test: the whole test suite (what CI runs)
+test: $(VENV)/.installed-$(EXTRAS)
+	$(PY) -m pytest
+
+## test-fast: everything but the real-browser, real-kernel and llama.cpp tests
+test-fast: $(VENV)/.installed-$(EXTRAS)
+	$(PY) -m pytest -m "not e2e and not kernel and not llama and not local"
+
+## lint: ruff and mypy
+lint: $(VENV)/.installed-$(EXTRAS)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+## bench: speed and memory comparisons against peer libraries
+bench: $(VENV)/.installed-$(EXTRAS)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info test-artifacts
