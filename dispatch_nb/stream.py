@@ -91,12 +91,12 @@ class _Tool:
         self.arguments: dict[str, Any] | None = None
 
     def build(self) -> ToolUseBlock:
-        raw = "".join(self.parts)
         if self.arguments is not None:
             return ToolUseBlock(
                 id=self.id, name=self.name, arguments=self.arguments,
                 provider_data=self.provider_data,
             )
+        raw = "".join(self.parts)
         args, error = parse_tool_arguments(raw)
         return ToolUseBlock(
             id=self.id,
@@ -267,7 +267,8 @@ class Accumulator:
             tool.arguments = arguments
         tool.done = True
         built = tool.build()
-        tool.arguments = built.arguments
+        if built.arguments_error is None:
+            tool.arguments = built.arguments  # parsed once; later snapshots reuse it
         return StreamDelta(
             type="tool_use_end",
             tool_call_id=tool.id,
