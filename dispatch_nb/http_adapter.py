@@ -284,7 +284,7 @@ class HTTPAdapter(Adapter):
             response.close()
 
     # -- one attempt, async ----------------------------------------------------------------------
-    async def _astream_once(  # type: ignore[override]
+    async def _astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
         wire = self.build_request(request)
@@ -297,7 +297,10 @@ class HTTPAdapter(Adapter):
             if reading[0] and task is not None:
                 task.cancel()
 
-        remove_hook = control.on_abort(lambda: loop.call_soon_threadsafe(cancel_read))
+        def on_abort() -> None:
+            loop.call_soon_threadsafe(cancel_read)
+
+        remove_hook = control.on_abort(on_abort)
         response: httpx.Response | None = None
         try:
             headers = self._headers(wire, await self.aauth_headers(), request)

@@ -17,7 +17,7 @@ import importlib
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 from .adapter import Adapter
 from .errors import RequestError
@@ -36,7 +36,7 @@ __all__ = [
 DEFAULT_MODEL = "copilot:gpt-4.1"
 
 ProviderFactory = Callable[..., Adapter]
-_Entry = Union[ProviderFactory, str]
+_Entry = ProviderFactory | str
 
 _lock = threading.Lock()
 _providers: dict[str, _Entry] = {

@@ -158,9 +158,8 @@ class SSEDecoder:
         elif name == b"id":
             if b"\0" not in value:
                 self._last_id = value.decode("utf-8", "replace")
-        elif name == b"retry":
-            if value.isdigit():
-                self._retry = int(value)
+        elif name == b"retry" and value.isdigit():
+            self._retry = int(value)
         return None
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -55,7 +55,7 @@ StopReason = Literal[
 ]
 STOP_REASONS: tuple[str, ...] = StopReason.__args__  # type: ignore[attr-defined]
 
-ProviderData = Union[dict[str, Any], None]
+ProviderData = dict[str, Any] | None
 
 
 class _Model(BaseModel):
@@ -163,7 +163,7 @@ class RedactedThinkingBlock(_Model):
 
 
 Block = Annotated[
-    Union[TextBlock, ImageBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
 ContentBlock = Block
@@ -363,7 +363,7 @@ class ErrorEvent(_Model):
     error: BaseException
 
 
-StreamEvent = Union[StreamDelta, ToolResultEvent, MessageDoneEvent, ErrorEvent]
+StreamEvent = StreamDelta | ToolResultEvent | MessageDoneEvent | ErrorEvent
 
 
 def as_messages(messages: str | Message | dict[str, Any] | Iterable[Any]) -> list[Message]:

@@ -101,7 +101,10 @@ def test_iterators_sync_and_async() -> None:
 
 
 _line = st.one_of(
-    st.builds(lambda v: b"data: " + v, st.binary(max_size=12).filter(lambda b: b"\r" not in b and b"\n" not in b)),
+    st.builds(
+        lambda v: b"data: " + v,
+        st.binary(max_size=12).filter(lambda b: b"\r" not in b and b"\n" not in b),
+    ),
     st.builds(lambda v: b"event: " + v, st.sampled_from([b"a", b"message_stop", b"\xff\xfe"])),
     st.just(b": ping"),
     st.just(b"id: 7"),

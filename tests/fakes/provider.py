@@ -17,7 +17,7 @@ import collections
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from .server import LoopbackServer, RecordedRequest, Reply
 
@@ -93,7 +93,7 @@ class Turn:
         return [self.text[i : i + n] for i in range(0, len(self.text), n)]
 
 
-ScriptItem = Union[Turn, Fail, Drop, Stall]
+ScriptItem = Turn | Fail | Drop | Stall
 
 
 class ProviderFake:

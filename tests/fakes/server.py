@@ -178,9 +178,12 @@ class LoopbackServer:
                         if reply.reset_after is not None and i >= reply.reset_after:
                             self._reset()
                             return
-                        if reply.stall_after is not None and i == reply.stall_after:
-                            if self._wait(reply.stall):
-                                return
+                        if (
+                            reply.stall_after is not None
+                            and i == reply.stall_after
+                            and self._wait(reply.stall)
+                        ):
+                            return
                         if i and reply.delay and self._wait(reply.delay):
                             return
                         if chunk:
