@@ -1,0 +1,1 @@
+"""Real-browser end-to-end tests: JupyterLab and Notebook 7 driven by Debian's chromium."""
