@@ -12,6 +12,7 @@ from typing import Any
 
 from dispatch_nb.adapter import Adapter
 
+from ..fakes.anthropic import AnthropicFake
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import ProviderFake
 
@@ -36,6 +37,14 @@ def _fake_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
     return FakeAdapter("echo", base_url=fake.base_url, **kw)
 
 
+def _anthropic_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
+    from dispatch_nb.providers.anthropic import AnthropicAdapter
+
+    key = getattr(fake, "api_key", None) or "sk-ant-test"
+    return AnthropicAdapter("claude-sonnet-4-5", api_key=key, base_url=fake.base_url, **kw)
+
+
 TARGETS: list[Target] = [
     Target("fake", CanonicalFake, _fake_adapter, supports_thinking=True),
+    Target("anthropic", AnthropicFake, _anthropic_adapter, supports_thinking=True),
 ]

@@ -69,6 +69,8 @@ class Turn:
     signature: str | None = None
     redacted_thinking: list[str] = field(default_factory=list)
     stop_reason: str | None = None  # canonical; None → tool_use if tool calls else end_turn
+    # Canonical usage, as in dispatch_nb.Usage: input_tokens EXCLUDES cache reads/writes. A fake
+    # renders its wire totals from these (OpenAI: prompt_tokens = input_tokens + cache_read_tokens).
     input_tokens: int = 12
     output_tokens: int = 7
     cache_read_tokens: int = 0
@@ -233,6 +235,26 @@ class ProviderFake:
     def tool_result_ids_of(self, request: RecordedRequest) -> list[str]:
         """Ids of the tool results the request sends back."""
         raise NotImplementedError
+
+    def thinking_signatures_of(self, request: RecordedRequest) -> list[str]:
+        """Thinking signatures the request sends back, in order. The default collects every
+        ``"signature"`` string anywhere in the JSON body; override it when a protocol carries
+        them under another name (e.g. encrypted reasoning)."""
+        found: list[str] = []
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    if key == "signature" and isinstance(value, str):
+                        found.append(value)
+                    else:
+                        walk(value)
+            elif isinstance(node, list):
+                for item in node:
+                    walk(item)
+
+        walk(request.json)
+        return found
 
 
 def sse_event(data: Any, event: str | None = None) -> bytes:

@@ -1,0 +1,644 @@
+"""``anthropic``: Claude through Anthropic's Messages API (``POST {base}/v1/messages``).
+
+Sans-I/O like every provider module: :meth:`AnthropicAdapter.build_request` turns a
+:class:`~dispatch_nb.adapter.ChatRequest` into the wire body, :class:`_MessageParser` turns the SSE
+events (``message_start`` … ``message_stop``) into deltas through the shared
+:class:`~dispatch_nb.stream.Accumulator`, and a non-streamed body is replayed through the same
+parser, so both paths build the same :class:`~dispatch_nb.types.Response`.
+
+Wire rules this module owns (PROTOCOLS.md §6):
+
+* ``system`` is top level; ``max_tokens`` is always sent; consecutive messages with the same role are
+  merged and empty ones dropped (the API wants alternating, non-empty turns); in a user turn the
+  ``tool_result`` blocks come first.
+* Thinking round trip: ``thinking`` blocks go back with their ``signature`` byte-for-byte and
+  ``redacted_thinking`` with its ``data``, in the order the model produced them and in the same
+  assistant turn as the ``tool_use``. A :class:`~dispatch_nb.types.ThinkingBlock` without a signature
+  (reasoning from another provider) cannot be verified by Anthropic and is left out.
+* Blocks the canonical types have no name for (``server_tool_use``, ``web_search_tool_result``…)
+  become an empty :class:`~dispatch_nb.types.TextBlock` whose ``provider_data["anthropic_block"]``
+  holds the raw block; it is sent back verbatim, so ``pause_turn`` continuations work. Any outgoing
+  block may carry ``provider_data["cache_control"]`` for prompt caching.
+* Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
+  ``input_tokens`` excludes cache reads and writes, exactly like :class:`~dispatch_nb.types.Usage`.
+* ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
+  the raw value stays in ``response.provider_data["stop_reason"]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import httpx
+import orjson
+
+from ..adapter import ChatRequest, ValidationResult, normalize_tools
+from ..errors import (
+    APIConnectionError,
+    AuthenticationError,
+    DispatchError,
+    ModelUnavailableError,
+    RequestError,
+    error_for_status,
+)
+from ..http_adapter import USER_AGENT, HTTPAdapter, WireRequest, error_details
+from ..sse import ServerSentEvent
+from ..stream import Accumulator
+from ..types import (
+    ImageBlock,
+    Message,
+    ModelInfo,
+    RedactedThinkingBlock,
+    StopReason,
+    StreamDelta,
+    TextBlock,
+    ThinkingBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+    as_messages,
+)
+
+__all__ = ["AnthropicAdapter"]
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+DEFAULT_MAX_TOKENS = 4096
+#: context window of every current Claude model (without the 1M-context beta)
+CLAUDE_CONTEXT_TOKENS = 200_000
+#: provider_data key of a block the canonical types have no name for
+RAW_BLOCK_KEY = "anthropic_block"
+
+_STOP_REASONS: dict[str, StopReason] = {
+    "end_turn": "end_turn",
+    "max_tokens": "max_tokens",
+    "stop_sequence": "stop_sequence",
+    "tool_use": "tool_use",
+    "pause_turn": "pause_turn",
+    "refusal": "refusal",
+    "model_context_window_exceeded": "max_tokens",
+}
+
+#: the HTTP status each Anthropic error type stands for (for in-stream ``error`` events)
+_ERROR_STATUS: dict[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+_PASS_THROUGH_OPTIONS = ("top_k", "metadata", "service_tier")
+
+
+def _usage(wire: Mapping[str, Any]) -> Usage:
+    return Usage(
+        input_tokens=int(wire.get("input_tokens") or 0),
+        output_tokens=int(wire.get("output_tokens") or 0),
+        cache_read_tokens=int(wire.get("cache_read_input_tokens") or 0),
+        cache_creation_tokens=int(wire.get("cache_creation_input_tokens") or 0),
+    )
+
+
+class _MessageParser:
+    """Turns Messages API stream events into deltas; also replays a non-streamed message."""
+
+    __slots__ = ("_kinds", "_raw", "_wire_usage", "acc", "complete")
+
+    def __init__(self, acc: Accumulator) -> None:
+        self.acc = acc
+        self.complete = False
+        self._kinds: dict[int, str] = {}  # block index → text | thinking | tool | raw | ignored
+        self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        self._wire_usage: dict[str, Any] = {}
+
+    # -- SSE entry points ----------------------------------------------------------------------
+    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
+        if not event.raw.strip():
+            return ()
+        try:
+            data = event.json()
+        except ValueError:
+            return ()  # not JSON: nothing we can use (robust parsing, PROTOCOLS §0)
+        if not isinstance(data, dict):
+            return ()
+        return self.handle(data, event.event)
+
+    def end(self) -> Iterable[StreamDelta]:
+        if not self.complete:
+            raise APIConnectionError(
+                "the Anthropic stream ended before message_stop: the answer is incomplete",
+                provider="anthropic",
+            )
+        return ()
+
+    # -- events ------------------------------------------------------------------------------------
+    def handle(self, data: dict[str, Any], event_name: str | None = None) -> Iterable[StreamDelta]:
+        """Process one event payload; returns the deltas it produced."""
+        kind = data.get("type") or event_name
+        if kind == "content_block_delta":
+            return self._delta(int(data.get("index", 0)), data.get("delta") or {})
+        if kind == "content_block_start":
+            return self._start(int(data.get("index", 0)), data.get("content_block") or {})
+        if kind == "content_block_stop":
+            return self._stop(int(data.get("index", 0)))
+        if kind == "message_start":
+            self._message(data.get("message") or {})
+        elif kind == "message_delta":
+            delta = data.get("delta") or {}
+            self._stop_reason(delta.get("stop_reason"), delta.get("stop_sequence"))
+            self._update_usage(data.get("usage"))
+        elif kind == "message_stop":
+            self.complete = True
+        elif kind == "error":
+            raise self._error(data.get("error") or {})
+        # ping and event types added later are ignored (the docs say new ones may appear)
+        return ()
+
+    def _message(self, message: Mapping[str, Any]) -> None:
+        acc = self.acc
+        if message.get("model"):
+            acc.model = str(message["model"])
+        if message.get("id"):
+            acc.provider_data = {**(acc.provider_data or {}), "id": message["id"]}
+        self._update_usage(message.get("usage"))
+        if message.get("stop_reason"):
+            self._stop_reason(message["stop_reason"], message.get("stop_sequence"))
+
+    def _update_usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        # Cumulative: a later value replaces an earlier one; nothing is added up.
+        self._wire_usage.update({k: v for k, v in usage.items() if isinstance(v, int)})
+        self.acc.usage = _usage(self._wire_usage)
+
+    def _stop_reason(self, reason: Any, stop_sequence: Any) -> None:
+        if not reason:
+            return
+        acc = self.acc
+        acc.stop_reason = _STOP_REASONS.get(str(reason))
+        extra: dict[str, Any] = {}
+        if acc.stop_reason != reason:
+            extra["stop_reason"] = reason
+        if stop_sequence is not None:
+            extra["stop_sequence"] = stop_sequence
+        if extra:
+            acc.provider_data = {**(acc.provider_data or {}), **extra}
+
+    def _error(self, error: Mapping[str, Any]) -> DispatchError:
+        etype = str(error.get("type") or "api_error")
+        details = error.get("details")
+        if isinstance(details, dict) and isinstance(details.get("error_code"), str):
+            etype = details["error_code"]
+        message = str(error.get("message") or etype)
+        status = _ERROR_STATUS.get(str(error.get("type")), 500)
+        return error_for_status(status, message, provider="anthropic", error_type=etype)
+
+    # -- content blocks ----------------------------------------------------------------------------
+    def _start(self, index: int, block: dict[str, Any]) -> Iterable[StreamDelta]:
+        acc = self.acc
+        btype = block.get("type")
+        if btype == "text":
+            self._kinds[index] = "text"
+            text = block.get("text") or ""
+            return (acc.text(text, key=index),) if text else ()
+        if btype == "thinking":
+            self._kinds[index] = "thinking"
+            out: list[StreamDelta] = []
+            if block.get("thinking"):
+                out.append(acc.thinking(block["thinking"], key=index))
+            if block.get("signature"):
+                acc.signature(block["signature"], key=index)
+            return out
+        if btype == "redacted_thinking":
+            self._kinds[index] = "ignored"
+            acc.redacted_thinking(str(block.get("data", "")))
+            return ()
+        if btype == "tool_use":
+            self._kinds[index] = "tool"
+            start = acc.tool_start(index, str(block.get("id", "")), str(block.get("name", "")))
+            given = block.get("input")
+            if isinstance(given, dict) and given:
+                self._raw[index] = (given, [])  # a non-streamed body: arguments arrive whole
+            return (start,)
+        self._kinds[index] = "raw"
+        self._raw[index] = (dict(block), [])
+        return ()
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> Iterable[StreamDelta]:
+        acc = self.acc
+        dtype = delta.get("type")
+        kind = self._kinds.get(index)
+        if dtype == "text_delta":
+            return (acc.text(str(delta.get("text", "")), key=index),)
+        if dtype == "thinking_delta":
+            return (acc.thinking(str(delta.get("thinking", "")), key=index),)
+        if dtype == "signature_delta":
+            acc.signature(str(delta.get("signature", "")), key=index)
+            return ()
+        if dtype == "input_json_delta":
+            fragment = str(delta.get("partial_json", ""))
+            if kind == "tool":
+                return (acc.tool_delta(index, fragment),) if fragment else ()
+            if kind == "raw":
+                self._raw[index][1].append(fragment)
+        # citations_delta and unknown delta types: nothing to show
+        return ()
+
+    def _stop(self, index: int) -> Iterable[StreamDelta]:
+        kind = self._kinds.pop(index, None)
+        if kind == "tool":
+            given = self._raw.pop(index, None)
+            tool = self.acc.tool(index)
+            if given is not None and tool is not None and not tool.parts:
+                return (self.acc.tool_end(index, arguments=given[0]),)
+            return (self.acc.tool_end(index),)  # "" parses as {}
+        if kind == "raw":
+            block, parts = self._raw.pop(index)
+            if parts:
+                raw = "".join(parts)
+                try:
+                    block["input"] = orjson.loads(raw) if raw.strip() else {}
+                except orjson.JSONDecodeError:
+                    block["input"] = {}
+            self.acc.add_block(TextBlock(text="", provider_data={RAW_BLOCK_KEY: block}))
+        return ()
+
+    # -- a whole (non-streamed) message -------------------------------------------------------
+    def replay(self, message: Mapping[str, Any]) -> None:
+        """Fill the accumulator from a complete ``message`` object, as if it had streamed."""
+        if message.get("type") == "error":
+            raise self._error(message.get("error") or {})
+        self._message({k: v for k, v in message.items() if k not in ("content", "stop_reason")})
+        for index, block in enumerate(message.get("content") or []):
+            if not isinstance(block, dict):
+                continue
+            self._start(index, block)
+            self._stop(index)
+        self._stop_reason(message.get("stop_reason"), message.get("stop_sequence"))
+        self.complete = True
+
+
+class AnthropicAdapter(HTTPAdapter):
+    """Claude models through Anthropic's Messages API.
+
+    ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (read at call time, so setting it later works);
+    ``base_url`` to ``ANTHROPIC_BASE_URL``, else ``https://api.anthropic.com``. ``max_tokens`` is
+    always sent (the API requires it). ``betas`` become the ``anthropic-beta`` header.
+
+    Extra chat options: ``thinking`` (``{"type": "enabled", "budget_tokens": N}``,
+    ``{"type": "adaptive"}``, or just the budget as an int), ``stop_sequences`` (``stop`` works
+    too), ``top_k``, ``metadata``, ``service_tier`` and per-call ``betas``.
+    """
+
+    provider_options = frozenset({"thinking", "stop_sequences", "betas", *_PASS_THROUGH_OPTIONS})
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        timeout: float | None = None,
+        max_retries: int = 2,
+        http_client: httpx.Client | None = None,
+        async_http_client: httpx.AsyncClient | None = None,
+        headers: Mapping[str, str] | None = None,
+        anthropic_version: str = "2023-06-01",
+        betas: Sequence[str] | None = None,
+    ) -> None:
+        if not model:
+            raise ValueError("AnthropicAdapter needs a model name, e.g. 'claude-sonnet-4-5'")
+        url = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        if url.endswith("/v1"):
+            url = url[: -len("/v1")]  # paths below already start with v1/
+        extra = {"anthropic-version": anthropic_version}
+        extra.update({k.lower(): v for k, v in (headers or {}).items()})
+        super().__init__(
+            base_url=url,
+            headers=extra,
+            http_client=http_client,
+            async_http_client=async_http_client,
+            max_tokens=max_tokens,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+        self._model = model
+        self._api_key = api_key
+        self._betas = list(betas or [])
+
+    # -- identity ------------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    @property
+    def provider_name(self) -> str:
+        return "anthropic"
+
+    @property
+    def display_name(self) -> str:
+        return "Anthropic"
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        """200 000 for Claude models (the standard window), else unknown."""
+        return CLAUDE_CONTEXT_TOKENS if self._model.startswith("claude") else None
+
+    # -- auth ----------------------------------------------------------------------------------
+    def auth_headers(self) -> dict[str, str]:
+        """``x-api-key``; raises :class:`AuthenticationError` when there is no key at all."""
+        if "x-api-key" in self._extra_headers or "authorization" in self._extra_headers:
+            return {}
+        key = self._api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise AuthenticationError(
+                "no Anthropic API key: set ANTHROPIC_API_KEY or pass "
+                "AnthropicAdapter(..., api_key=...)",
+                provider=self.provider_name,
+            )
+        return {"x-api-key": key}
+
+    def _beta_header(self, extra: Any = None) -> dict[str, str]:
+        betas = list(self._betas)
+        if extra:
+            betas += [extra] if isinstance(extra, str) else list(extra)
+        betas = list(dict.fromkeys(b for b in betas if b))
+        return {"anthropic-beta": ",".join(betas)} if betas else {}
+
+    # -- request -------------------------------------------------------------------------------
+    def build_request(self, request: ChatRequest) -> WireRequest:
+        options = request.options
+        body: dict[str, Any] = {
+            "model": self._model,
+            "max_tokens": request.max_tokens or self.default_max_tokens or DEFAULT_MAX_TOKENS,
+            "messages": wire_messages(request.messages),
+        }
+        body.update(self._prompt_fields(request.system, request.tools, options))
+        if request.stream:
+            body["stream"] = True
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if options.get("top_p") is not None:
+            body["top_p"] = options["top_p"]
+        stops = options.get("stop_sequences", options.get("stop"))
+        if stops:
+            body["stop_sequences"] = [stops] if isinstance(stops, str) else list(stops)
+        for name in _PASS_THROUGH_OPTIONS:
+            if options.get(name) is not None:
+                body[name] = options[name]
+        return WireRequest(
+            "POST", "v1/messages", json=body, headers=self._beta_header(options.get("betas"))
+        )
+
+    def _prompt_fields(
+        self, system: str | None, tools: Sequence[Any], options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """``system``, ``tools``, ``tool_choice`` and ``thinking``: shared with count_tokens."""
+        out: dict[str, Any] = {}
+        if system:
+            out["system"] = system
+        if tools:
+            out["tools"] = [wire_tool(t) for t in tools]
+        choice = options.get("tool_choice")
+        if choice is not None:
+            out["tool_choice"] = wire_tool_choice(choice)
+        thinking = options.get("thinking")
+        if thinking is not None and thinking is not False:
+            if isinstance(thinking, bool) or not isinstance(thinking, (int, dict)):
+                raise TypeError(
+                    "thinking must be a dict such as {'type': 'enabled', 'budget_tokens': 2048} "
+                    f"or a budget in tokens, not {thinking!r}"
+                )
+            out["thinking"] = (
+                {"type": "enabled", "budget_tokens": thinking}
+                if isinstance(thinking, int)
+                else thinking
+            )
+        return out
+
+    # -- answers -------------------------------------------------------------------------------
+    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> _MessageParser:
+        return _MessageParser(acc)
+
+    def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
+        if not isinstance(body, dict):
+            raise APIConnectionError(
+                f"Anthropic answered with something that is not a message: {str(body)[:200]!r}",
+                provider=self.provider_name,
+            )
+        _MessageParser(acc).replay(body)
+
+    def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
+        message, etype = error_details(body)
+        request_id = headers.get("request-id") or headers.get("x-request-id")
+        if request_id is None:
+            try:
+                data = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                data = None
+            if isinstance(data, dict) and isinstance(data.get("request_id"), str):
+                request_id = data["request_id"]
+        return error_for_status(
+            status,
+            message,
+            provider=self.provider_name,
+            error_type=etype,
+            headers=headers,
+            request_id=request_id,
+        )
+
+    # -- models, tokens, validation ------------------------------------------------------------
+    def list_models(self) -> list[ModelInfo]:
+        """Every model the key can use (``GET /v1/models``, all pages)."""
+        models: list[ModelInfo] = []
+        after: str | None = None
+        for _ in range(100):  # a page holds up to 1000 models; 100 pages is a safety bound
+            url = "v1/models?limit=1000" + (f"&after_id={after}" if after else "")
+            page = self.get_json(url, headers=self._beta_header())
+            data = page.get("data", []) if isinstance(page, dict) else []
+            models += [_model_info(m) for m in data if isinstance(m, dict) and m.get("id")]
+            after = page.get("last_id") if isinstance(page, dict) else None
+            if not (isinstance(page, dict) and page.get("has_more") and after):
+                break
+        return models
+
+    def count_tokens(
+        self,
+        messages: Any,
+        system: str | None = None,
+        tools: Iterable[Any] | None = None,
+    ) -> int:
+        """Input tokens the prompt would use (``POST /v1/messages/count_tokens``).
+
+        Raises :class:`AuthenticationError` (no or rejected key), :class:`ModelUnavailableError`
+        (unknown model) and :class:`RequestError` for a prompt the API rejects (400). Returns
+        ``-1`` when the server cannot count: no such endpoint (a proxy), rate limits, server or
+        network failures.
+        """
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": wire_messages(as_messages(messages)),
+        }
+        body.update(self._prompt_fields(system, normalize_tools(tools), {}))
+        headers = {
+            "user-agent": USER_AGENT,
+            "accept": "application/json",
+            "content-type": "application/json",
+            **self._extra_headers,
+            **self.auth_headers(),
+            **self._beta_header(),
+        }
+        try:
+            response = self._client().post(
+                self._url("v1/messages/count_tokens"), headers=headers, content=orjson.dumps(body)
+            )
+        except httpx.HTTPError:
+            return -1
+        if response.status_code >= 400:
+            error = self.parse_error(response.status_code, response.content, response.headers)
+            if isinstance(error, (AuthenticationError, ModelUnavailableError)):
+                raise error
+            if isinstance(error, RequestError) and response.status_code not in (404, 405):
+                raise error
+            return -1
+        try:
+            count = orjson.loads(response.content).get("input_tokens")
+        except (orjson.JSONDecodeError, AttributeError):
+            return -1
+        return int(count) if isinstance(count, int) else -1
+
+    def validate(self) -> ValidationResult:
+        """Checks the key with one ``GET /v1/models`` (no tokens spent)."""
+        try:
+            models = self.list_models()
+        except DispatchError as exc:
+            return ValidationResult(False, exc.message)
+        return ValidationResult(
+            True, f"Anthropic accepted the API key ({len(models)} models available)"
+        )
+
+
+def _model_info(data: Mapping[str, Any]) -> ModelInfo:
+    extra: dict[str, Any] = {}
+    if data.get("created_at"):
+        extra["created_at"] = data["created_at"]
+    return ModelInfo(
+        id=str(data["id"]),
+        name=str(data.get("display_name") or data["id"]),
+        vendor="anthropic",
+        supports_tool_use=True,
+        supports_vision=True,
+        supports_streaming=True,
+        max_context_tokens=data.get("max_input_tokens") or CLAUDE_CONTEXT_TOKENS,
+        max_output_tokens=data.get("max_tokens"),
+        **extra,
+    )
+
+
+# -- canonical → wire ------------------------------------------------------------------------------
+def wire_tool(tool: ToolDefinition | dict[str, Any]) -> dict[str, Any]:
+    """A tool definition in Anthropic's shape; raw dicts (built-in tools) pass through."""
+    if isinstance(tool, dict):
+        return tool
+    out: dict[str, Any] = {"name": tool.name, "input_schema": tool.parameters}
+    if tool.description:
+        out["description"] = tool.description
+    return out
+
+
+def wire_tool_choice(choice: Any) -> dict[str, Any]:
+    """Neutral ``tool_choice`` → Anthropic's: ``auto``, ``none``, ``required`` (``any``) or a
+    tool name; dicts in Anthropic's own shape (or OpenAI's function shape) are accepted too."""
+    if isinstance(choice, dict):
+        if choice.get("type") == "function":
+            name = (choice.get("function") or {}).get("name") or choice.get("name")
+            return {"type": "tool", "name": name}
+        return choice
+    if not isinstance(choice, str) or not choice:
+        raise TypeError(f"tool_choice must be a string or a dict, not {choice!r}")
+    if choice in ("auto", "none", "any"):
+        return {"type": choice}
+    if choice == "required":
+        return {"type": "any"}
+    return {"type": "tool", "name": choice}
+
+
+def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
+    data = block.provider_data
+    if data and "cache_control" in data:
+        out["cache_control"] = data["cache_control"]
+    return out
+
+
+def wire_block(block: Any) -> dict[str, Any] | None:
+    """One canonical block in Anthropic's shape, or None when it must not be sent."""
+    data = block.provider_data
+    if data and RAW_BLOCK_KEY in data:
+        return dict(data[RAW_BLOCK_KEY])
+    if isinstance(block, TextBlock):
+        if not block.text:
+            return None  # the API rejects empty text blocks
+        return _with_cache_control({"type": "text", "text": block.text}, block)
+    if isinstance(block, ThinkingBlock):
+        if not block.signature:
+            return None  # unsigned reasoning (another provider's) cannot be verified by Anthropic
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if isinstance(block, RedactedThinkingBlock):
+        return {"type": "redacted_thinking", "data": block.data}
+    if isinstance(block, ToolUseBlock):
+        return _with_cache_control(
+            {"type": "tool_use", "id": block.id, "name": block.name, "input": block.arguments},
+            block,
+        )
+    if isinstance(block, ToolResultBlock):
+        content: str | list[dict[str, Any]]
+        if isinstance(block.content, str):
+            content = block.content
+        else:
+            content = [{"type": "text", "text": b.text} for b in block.content if b.text]
+        out: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": block.tool_use_id,
+            "content": content,
+        }
+        if block.is_error:
+            out["is_error"] = True
+        return _with_cache_control(out, block)
+    if isinstance(block, ImageBlock):
+        if block.is_url:
+            source: dict[str, Any] = {"type": "url", "url": block.source}
+        else:
+            media_type, payload = block.as_base64()
+            source = {"type": "base64", "media_type": media_type, "data": payload}
+        return _with_cache_control({"type": "image", "source": source}, block)
+    raise TypeError(f"Anthropic cannot send a {type(block).__name__}")
+
+
+def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Canonical history → Anthropic ``messages``: blocks converted, empty turns dropped,
+    consecutive same-role turns merged, tool results first in each user turn."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        blocks = [w for w in (wire_block(b) for b in message.blocks) if w is not None]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == message.role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": message.role, "content": blocks})
+    for turn in out:
+        if turn["role"] == "user":
+            content = turn["content"]
+            turn["content"] = [b for b in content if b.get("type") == "tool_result"] + [
+                b for b in content if b.get("type") != "tool_result"
+            ]
+    return out
