@@ -30,6 +30,10 @@ test: $(VENV)/.installed-$(EXTRAS)
 test-fast: $(VENV)/.installed-$(EXTRAS)
 	$(PY) -m pytest -m "not e2e and not kernel and not llama and not local"
 
+## e2e: only the real-browser tests (JupyterLab and Notebook 7 in Debian's headless chromium)
+e2e: $(VENV)/.installed-$(EXTRAS)
+	$(PY) -m pytest -m e2e tests/e2e
+
 ## lint: ruff and mypy
 lint: $(VENV)/.installed-$(EXTRAS)
 	$(PY) -m ruff check .
