@@ -44,7 +44,42 @@ def _anthropic_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
     return AnthropicAdapter("claude-sonnet-4-5", api_key=key, base_url=fake.base_url, **kw)
 
 
+def _openai_adapter(backend: str) -> Callable[..., Adapter]:
+    def make(fake: ProviderFake, **kw: Any) -> Adapter:
+        from dispatch_nb.providers.openai import OpenAIAdapter
+
+        model = "gpt-5" if backend == "official" else "smollm2"
+        key = getattr(fake, "api_key", None)
+        return OpenAIAdapter(model, backend=backend, base_url=fake.base_url, api_key=key, **kw)
+
+    return make
+
+
+def _openai_responses_fake() -> ProviderFake:
+    from ..fakes.openai_responses import OpenAIResponsesFake
+
+    return OpenAIResponsesFake(api_key="sk-test")
+
+
+def _openai_chat_fake() -> ProviderFake:
+    from ..fakes.openai_chat import OpenAIChatFake
+
+    return OpenAIChatFake(api_key="sk-test")
+
+
+def _llama_chat_fake() -> ProviderFake:
+    from ..fakes.openai_chat import OpenAIChatFake
+
+    return OpenAIChatFake.llama()
+
+
 TARGETS: list[Target] = [
     Target("fake", CanonicalFake, _fake_adapter, supports_thinking=True),
     Target("anthropic", AnthropicFake, _anthropic_adapter, supports_thinking=True),
+    Target("openai-responses", _openai_responses_fake, _openai_adapter("official"),
+           supports_thinking=True),
+    Target("openai-compatible", _openai_chat_fake, _openai_adapter("compatible")),
+    # llama-cpp-python's quirks: repeated tool ids, no usage, pings, strict templates, no key
+    Target("openai-compatible-llama", _llama_chat_fake, _openai_adapter("compatible"),
+           reports_usage=False),
 ]

@@ -1,0 +1,202 @@
+"""OpenAI: the official Responses API, or any OpenAI-compatible chat.completions server.
+
+One adapter, two explicit execution paths (no silent fallback from one to the other)::
+
+    OpenAIAdapter("gpt-4.1")                                  # backend="official": POST /responses
+    OpenAIAdapter("llama3", backend="compatible",
+                  base_url="http://127.0.0.1:11434/v1")       # POST /chat/completions
+    connect("openai:gpt-4.1"); connect("compatible:llama3", base_url=...)
+
+Backend: the ``backend`` argument, else ``OPENAI_BACKEND``, else ``"official"``; an unknown value is
+an error. ``base_url`` / ``OPENAI_BASE_URL`` only say where requests go and never switch the backend
+(default ``https://api.openai.com/v1``; for ``compatible`` ``http://127.0.0.1:8080/v1``). API key:
+``api_key``, else ``OPENAI_API_KEY``; the official backend without one fails at call time with an
+:class:`~dispatch_nb.errors.AuthenticationError`, a compatible server gets it only when there is one.
+
+Per-call options (``adapter.chat(..., **options)``): ``tool_choice`` (``"auto"``, ``"none"``,
+``"required"`` or a tool name), ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort such as
+``"low"`` or a Responses ``reasoning`` dict), ``response_format`` (chat.completions shape; converted
+to ``text.format`` for Responses), ``text`` (Responses only), ``stop`` (chat.completions only: the
+Responses API has none), plus ``extra_body`` / ``extra_headers`` / ``max_retries``.
+
+Wire formats live in :mod:`.openai_responses` and :mod:`.openai_chat`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import httpx
+
+from ..adapter import ChatRequest
+from ..errors import AuthenticationError
+from ..http_adapter import HTTPAdapter, StreamParser, WireRequest
+from ..stream import Accumulator
+from ..types import ModelInfo
+from .openai_chat import (
+    CHAT_OPTIONS,
+    ChatStreamParser,
+    build_chat_body,
+    parse_chat_completion,
+    parse_model_list,
+)
+from .openai_responses import (
+    RESPONSES_OPTIONS,
+    ResponsesStreamParser,
+    build_responses_body,
+    parse_response_object,
+)
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_COMPATIBLE_URL",
+    "DEFAULT_OFFICIAL_URL",
+    "OpenAIAdapter",
+    "connect_compatible",
+    "connect_official",
+]
+
+Backend = Literal["official", "compatible"]
+BACKENDS: tuple[str, ...] = ("official", "compatible")
+DEFAULT_OFFICIAL_URL = "https://api.openai.com/v1"
+DEFAULT_COMPATIBLE_URL = "http://127.0.0.1:8080/v1"
+
+
+def _resolve_backend(backend: str | None) -> Backend:
+    source = "backend="
+    if backend is None:
+        env = os.environ.get("OPENAI_BACKEND", "").strip()
+        if env:
+            backend, source = env, "OPENAI_BACKEND="
+        else:
+            backend = "official"
+    value = backend.strip().lower()
+    if value == "official":
+        return "official"
+    if value == "compatible":
+        return "compatible"
+    raise ValueError(
+        f"unknown OpenAI backend {source}{backend!r}: use 'official' (the OpenAI Responses API) "
+        "or 'compatible' (any chat.completions server: llama.cpp, vLLM, Ollama, LM Studio)"
+    )
+
+
+class OpenAIAdapter(HTTPAdapter):
+    """OpenAI's Responses API (``backend="official"``) or a chat.completions server
+    (``backend="compatible"``). See the module docstring for the selection rules and options."""
+
+    provider_options: frozenset[str] = frozenset(CHAT_OPTIONS | RESPONSES_OPTIONS)
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        backend: str | None = None,
+        max_tokens: int | None = 4096,
+        timeout: float | None = None,
+        max_retries: int = 2,
+        http_client: httpx.Client | None = None,
+        async_http_client: httpx.AsyncClient | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if not model or not isinstance(model, str):
+            raise ValueError("model must be a non-empty string, e.g. 'gpt-4.1'")
+        mode = _resolve_backend(backend)
+        default_url = DEFAULT_OFFICIAL_URL if mode == "official" else DEFAULT_COMPATIBLE_URL
+        url = base_url or os.environ.get("OPENAI_BASE_URL", "").strip() or default_url
+        super().__init__(
+            base_url=url,
+            headers=headers,
+            http_client=http_client,
+            async_http_client=async_http_client,
+            max_tokens=max_tokens,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+        self._model = model
+        self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "").strip() or None
+        #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
+        self.backend_mode: Backend = mode
+        #: the per-call options this backend understands (others raise ``TypeError``)
+        self.provider_options = RESPONSES_OPTIONS if mode == "official" else CHAT_OPTIONS
+
+    # -- identity --------------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    @property
+    def provider_name(self) -> str:
+        return "openai" if self.backend_mode == "official" else "compatible"
+
+    @property
+    def display_name(self) -> str:
+        return "OpenAI" if self.backend_mode == "official" else "OpenAI-compatible server"
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIAdapter(model={self._model!r}, backend={self.backend_mode!r}, "
+            f"base_url={self.base_url!r})"
+        )
+
+    # -- HTTP hooks ------------------------------------------------------------------------------
+    def auth_headers(self) -> dict[str, str]:
+        if self._api_key:
+            return {"authorization": f"Bearer {self._api_key}"}
+        if self.backend_mode == "official":
+            raise AuthenticationError(
+                "no OpenAI API key: set the OPENAI_API_KEY environment variable or pass api_key=",
+                provider=self.provider_name,
+            )
+        return {}
+
+    def build_request(self, request: ChatRequest) -> WireRequest:
+        if self.backend_mode == "official":
+            body = build_responses_body(request, self._model, provider=self.provider_name)
+            return WireRequest("POST", "responses", json=body)
+        body = build_chat_body(request, self._model, provider=self.provider_name)
+        return WireRequest("POST", "chat/completions", json=body)
+
+    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
+        if self.backend_mode == "official":
+            return ResponsesStreamParser(acc, provider=self.provider_name)
+        return ChatStreamParser(acc, provider=self.provider_name)
+
+    def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
+        if self.backend_mode == "official":
+            parse_response_object(body, acc, provider=self.provider_name)
+        else:
+            parse_chat_completion(body, acc, provider=self.provider_name)
+
+    # -- models ----------------------------------------------------------------------------------
+    def list_models(self) -> list[ModelInfo]:
+        """The models ``GET {base_url}/models`` lists."""
+        return parse_model_list(self.get_json("models"))
+
+    async def alist_models(self) -> list[ModelInfo]:
+        return parse_model_list(await self.aget_json("models"))
+
+
+def _with_backend(backend: Backend, options: dict[str, Any]) -> dict[str, Any]:
+    given = options.pop("backend", None)
+    if given is not None and _resolve_backend(given) != backend:
+        raise ValueError(
+            f"backend={given!r} contradicts the provider: use 'openai:MODEL' for the official "
+            "Responses API and 'compatible:MODEL' for a chat.completions server"
+        )
+    return options
+
+
+def connect_official(model: str, **options: Any) -> OpenAIAdapter:
+    """The ``openai`` provider: ``OpenAIAdapter(model, **options)`` with the usual backend rules
+    (``backend=``, else ``OPENAI_BACKEND``, else ``official``)."""
+    return OpenAIAdapter(model, **options)
+
+
+def connect_compatible(model: str, **options: Any) -> OpenAIAdapter:
+    """The ``compatible`` provider: a chat.completions server at ``base_url`` (default
+    ``OPENAI_BASE_URL``, else ``http://127.0.0.1:8080/v1``); an API key is optional."""
+    return OpenAIAdapter(model, backend="compatible", **_with_backend("compatible", options))

@@ -1,0 +1,593 @@
+"""The OpenAI Responses API, sans-I/O: canonical request → ``POST /responses`` body, events → deltas.
+
+Used by the ``official`` backend of :class:`~dispatch_nb.providers.openai.OpenAIAdapter` (and
+reusable by Copilot's ``/responses``), so everything takes plain parameters::
+
+    body = build_responses_body(request, "gpt-5", provider="openai")
+    parser = ResponsesStreamParser(acc, provider="openai")    # feed(ServerSentEvent) -> deltas
+    parse_response_object(json_body, acc, provider="openai")
+
+Requests are stateless (``store: false``): the whole conversation goes in ``input`` every turn.
+The system prompt is ``instructions``; user text and images are ``input_text`` / ``input_image``
+parts; assistant text is an ``output_text`` message; ``ToolUseBlock`` → ``function_call`` and
+``ToolResultBlock`` → ``function_call_output`` (matched by ``call_id``); tools are flat
+``{"type": "function", "name", ...}``; built-in tools (dicts without ``name``, e.g.
+``{"type": "web_search"}``) pass through unchanged.
+
+Reasoning: for reasoning models the request adds ``include: ["reasoning.encrypted_content"]``
+(non-reasoning models such as ``gpt-4.1`` reject it, see :func:`is_reasoning_model`). Each
+``reasoning`` output item becomes a :class:`ThinkingBlock` — summary text as ``thinking``,
+``encrypted_content`` as ``signature``, the complete item in ``provider_data["openai_responses"]
+["item"]`` — and is sent back verbatim next turn. The API pairs a reasoning item with the item that
+follows it by id, so the ``fc_`` / ``msg_`` ids of that turn's items are sent too, and only then
+(an id without its reasoning item is rejected as well).
+
+Stop reasons: ``completed`` → ``end_turn`` (``tool_use`` with function calls); ``incomplete`` →
+``max_tokens`` / ``content_filter`` per ``incomplete_details.reason``; a refusal (``refusal`` content
+/ ``response.refusal.delta``) becomes a text block and stop reason ``refusal``; ``response.failed``
+and a bare ``error`` event raise the mapped :class:`DispatchError`. Usage: ``input_tokens`` excludes
+``input_tokens_details.cached_tokens``, which become ``cache_read_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..adapter import ChatRequest
+from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
+from ..sse import ServerSentEvent
+from ..stream import Accumulator
+from ..types import (
+    ImageBlock,
+    Message,
+    StopReason,
+    StreamDelta,
+    TextBlock,
+    ThinkingBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+from .openai_chat import status_for_error_code, tool_result_text
+
+__all__ = [
+    "PROVIDER_DATA_KEY",
+    "RESPONSES_OPTIONS",
+    "ResponsesStreamParser",
+    "build_responses_body",
+    "is_reasoning_model",
+    "parse_response_object",
+    "responses_error",
+    "responses_input",
+    "responses_text_format",
+    "responses_tool_choice",
+    "responses_tools",
+    "responses_usage",
+]
+
+#: the key of this wire format's entry in a block's ``provider_data``
+PROVIDER_DATA_KEY = "openai_responses"
+
+#: options :func:`build_responses_body` understands (besides the common transport ones)
+RESPONSES_OPTIONS = frozenset(
+    {"tool_choice", "top_p", "parallel_tool_calls", "reasoning", "response_format", "text"}
+)
+
+_NON_REASONING_PREFIXES = (
+    "gpt-4",
+    "gpt-3.5",
+    "chatgpt-",
+    "gpt-5-chat",
+    "ft:gpt-4",
+    "ft:gpt-3.5",
+    "davinci",
+    "babbage",
+)
+
+
+def is_reasoning_model(model: str) -> bool:
+    """Whether ``model`` produces reasoning items (and accepts ``reasoning.encrypted_content``).
+
+    Known non-reasoning families (``gpt-4*``, ``gpt-3.5*``, ``chatgpt-*``, ``gpt-5-chat*``) say no;
+    everything else (o-series, ``gpt-5*``, ``codex*``, ``gpt-oss*``, future models) says yes.
+    """
+    name = model.lower().rsplit("/", 1)[-1]
+    return not name.startswith(_NON_REASONING_PREFIXES)
+
+
+# -- request ---------------------------------------------------------------------------------------
+def _our_data(block: Any) -> dict[str, Any]:
+    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
+    return data if isinstance(data, dict) else {}
+
+
+def _arguments(block: ToolUseBlock) -> str:
+    if block.arguments_error and block.raw_arguments is not None:
+        return block.raw_arguments
+    return orjson.dumps(block.arguments).decode()
+
+
+def _assistant_items(blocks: Sequence[Any], include_reasoning: bool) -> list[dict[str, Any]]:
+    """One assistant turn → output items, in order: reasoning, messages, function calls."""
+    items: list[dict[str, Any]] = []
+    texts: list[TextBlock] = []
+    paired = False  # a reasoning item was sent: this turn's items carry their ids
+
+    def flush() -> None:
+        if not texts:
+            return
+        data = _our_data(texts[0])
+        item: dict[str, Any] = {
+            "type": "message",
+            "role": "assistant",
+            "content": [
+                {"type": "output_text", "text": "".join(t.text for t in texts), "annotations": []}
+            ],
+        }
+        if paired and data.get("id"):
+            item["id"] = data["id"]
+            item["status"] = "completed"
+        if data.get("phase"):
+            item["phase"] = data["phase"]
+        items.append(item)
+        texts.clear()
+
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            if texts and _our_data(texts[0]).get("id") != _our_data(block).get("id"):
+                flush()
+            texts.append(block)
+        elif isinstance(block, ThinkingBlock):
+            reasoning = _our_data(block).get("item")
+            if include_reasoning and isinstance(reasoning, dict) and reasoning.get("id"):
+                flush()
+                items.append(dict(reasoning))
+                paired = True
+        elif isinstance(block, ToolUseBlock):
+            flush()
+            item = {
+                "type": "function_call",
+                "call_id": block.id,
+                "name": block.name,
+                "arguments": _arguments(block),
+            }
+            fc_id = _our_data(block).get("id")
+            if paired and fc_id:
+                item["id"] = fc_id
+            items.append(item)
+    flush()
+    # A reasoning item must be followed by the item it produced: drop one left dangling.
+    while items and items[-1].get("type") == "reasoning":
+        items.pop()
+    return items
+
+
+def responses_input(
+    messages: Sequence[Message], *, include_reasoning: bool = True
+) -> list[dict[str, Any]]:
+    """The ``input`` items for a conversation (see the module docstring)."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        blocks = message.blocks
+        if message.role == "assistant":
+            items.extend(_assistant_items(blocks, include_reasoning))
+            continue
+        parts: list[dict[str, Any]] = []
+        for block in blocks:
+            if isinstance(block, ToolResultBlock):
+                items.append(
+                    {
+                        "type": "function_call_output",
+                        "call_id": block.tool_use_id,
+                        "output": tool_result_text(block),
+                    }
+                )
+            elif isinstance(block, TextBlock):
+                parts.append({"type": "input_text", "text": block.text})
+            elif isinstance(block, ImageBlock):
+                detail = (block.provider_data or {}).get("detail", "auto")
+                parts.append(
+                    {"type": "input_image", "image_url": block.as_data_url(), "detail": detail}
+                )
+        if parts:
+            items.append({"type": "message", "role": "user", "content": parts})
+    return items
+
+
+def responses_tools(tools: Sequence[ToolDefinition | dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flat function tools; built-in tool dicts (``{"type": "web_search"}``) pass through."""
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if isinstance(tool, ToolDefinition):
+            item: dict[str, Any] = {
+                "type": "function",
+                "name": tool.name,
+                "parameters": tool.parameters,
+                "strict": False,
+            }
+            if tool.description:
+                item["description"] = tool.description
+            out.append(item)
+        elif tool.get("type") == "function" and isinstance(tool.get("function"), dict):
+            fn = tool["function"]  # chat.completions shape → flat
+            out.append(
+                {
+                    "type": "function",
+                    "name": fn["name"],
+                    "description": fn.get("description"),
+                    "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
+                    "strict": bool(fn.get("strict", False)),
+                }
+            )
+        else:
+            out.append(dict(tool))
+    return out
+
+
+def responses_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -> Any:
+    """Neutral ``tool_choice`` → Responses: a tool name becomes ``{"type": "function", "name"}``;
+    ``"auto"`` / ``"none"`` / ``"required"`` and dicts pass through; ``None`` means "do not send"."""
+    if choice is None or isinstance(choice, dict):
+        return choice
+    if choice in ("auto", "none", "required"):
+        return choice
+    if choice == "any":
+        return "required"
+    if isinstance(choice, str):
+        if choice not in tool_names:
+            raise RequestError(
+                f"tool_choice={choice!r} names no tool of this call; tools: "
+                f"{', '.join(tool_names) or '(none)'}",
+                provider=provider,
+            )
+        return {"type": "function", "name": choice}
+    raise TypeError(
+        "tool_choice must be 'auto', 'none', 'required', a tool name or a dict, "
+        f"not {type(choice).__name__}"
+    )
+
+
+def responses_text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat.completions ``response_format`` → the Responses ``text.format``."""
+    kind = response_format.get("type")
+    if kind == "json_schema" and isinstance(response_format.get("json_schema"), dict):
+        schema = response_format["json_schema"]
+        out = {"type": "json_schema", "name": schema.get("name", "response")}
+        for key in ("schema", "strict", "description"):
+            if key in schema:
+                out[key] = schema[key]
+        return out
+    return dict(response_format)
+
+
+def build_responses_body(
+    request: ChatRequest,
+    model: str,
+    *,
+    provider: str,
+    encrypted_reasoning: bool | None = None,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /responses`` for a call.
+
+    ``encrypted_reasoning``: ask for (and send back) encrypted reasoning items; ``None`` decides
+    by :func:`is_reasoning_model` (always on when the ``reasoning`` option is given). Options read
+    from ``request.options``: ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning``
+    (an effort string or a dict such as ``{"effort": "low", "summary": "auto"}``),
+    ``response_format`` (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not
+    exist in this API and raises a :class:`RequestError`.
+    """
+    options = request.options
+    if options.get("stop") is not None:
+        raise RequestError(
+            "the OpenAI Responses API has no stop sequences; drop stop= or use a chat.completions "
+            "server (backend='compatible')",
+            provider=provider,
+        )
+    reasoning = options.get("reasoning")
+    if encrypted_reasoning is None:
+        encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
+    body: dict[str, Any] = {
+        "model": model,
+        "input": responses_input(request.messages, include_reasoning=encrypted_reasoning),
+        "stream": request.stream,
+        "store": False,
+    }
+    if encrypted_reasoning:
+        body["include"] = ["reasoning.encrypted_content"]
+    if request.system:
+        body["instructions"] = request.system
+    if request.max_tokens is not None:
+        body["max_output_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if options.get("top_p") is not None:
+        body["top_p"] = options["top_p"]
+    tools = responses_tools(request.tools)
+    names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
+    choice = options.get("tool_choice")
+    if tools:
+        body["tools"] = tools
+        wire_choice = responses_tool_choice(choice, names, provider=provider)
+        if wire_choice is not None:
+            body["tool_choice"] = wire_choice
+        if options.get("parallel_tool_calls") is not None:
+            body["parallel_tool_calls"] = bool(options["parallel_tool_calls"])
+    elif choice not in (None, "auto", "none"):
+        raise RequestError(
+            f"tool_choice={choice!r} needs tools=; this call defines none", provider=provider
+        )
+    if isinstance(reasoning, str):
+        body["reasoning"] = {"effort": reasoning}
+    elif isinstance(reasoning, dict):
+        body["reasoning"] = dict(reasoning)
+    text = dict(options.get("text") or {})
+    if options.get("response_format") is not None:
+        text["format"] = responses_text_format(options["response_format"])
+    if text:
+        body["text"] = text
+    return body
+
+
+# -- responses -------------------------------------------------------------------------------------
+def responses_usage(usage: Mapping[str, Any]) -> Usage:
+    """Responses usage → :class:`Usage` (cached input tokens → ``cache_read_tokens``, excluded
+    from ``input_tokens``)."""
+    total_in = int(usage.get("input_tokens") or 0)
+    details = usage.get("input_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    written = int(details.get("cache_write_tokens") or 0) if isinstance(details, dict) else 0
+    return Usage(
+        input_tokens=max(0, total_in - cached - written),
+        output_tokens=int(usage.get("output_tokens") or 0),
+        cache_read_tokens=cached,
+        cache_creation_tokens=written,
+    )
+
+
+def responses_error(error: Any, *, provider: str, default_status: int = 500) -> DispatchError:
+    """The :class:`DispatchError` for ``response.error`` or a bare ``error`` event."""
+    if not isinstance(error, dict):
+        return error_for_status(default_status, str(error or "the response failed"),
+                                provider=provider)
+    if isinstance(error.get("error"), dict):  # {"type": "error", "error": {...}}
+        error = error["error"]
+    message = str(error.get("message") or "the response failed")
+    code = error.get("code") or error.get("type")
+    status = status_for_error_code(code) if code else default_status
+    return error_for_status(
+        status, message, provider=provider, error_type=code if isinstance(code, str) else None
+    )
+
+
+class ResponsesStreamParser:
+    """Turns Responses API SSE events into deltas through ``acc`` (see the module docstring)."""
+
+    __slots__ = (
+        "_args",
+        "_items_seen",
+        "_other_items",
+        "_reasoning_seen",
+        "_refused",
+        "_summary_index",
+        "_text_seen",
+        "_thinking_seen",
+        "acc",
+        "complete",
+        "provider",
+    )
+
+    def __init__(self, acc: Accumulator, *, provider: str) -> None:
+        self.acc = acc
+        self.provider = provider
+        #: True once a terminal event (completed / incomplete) arrived
+        self.complete = False
+        self._text_seen: set[str] = set()
+        self._thinking_seen: set[str] = set()
+        self._summary_index: dict[str, tuple[str, int]] = {}
+        self._args: dict[str, list[str]] = {}
+        self._refused = False
+        self._reasoning_seen = False  # later items of this response carry their ids
+        self._items_seen = 0
+        self._other_items: list[dict[str, Any]] = []
+
+    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
+        """Deltas for one SSE event; raises :class:`DispatchError` for a failure event."""
+        raw = event.raw
+        if not raw or raw == b"[DONE]":
+            return ()
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return ()
+        if not isinstance(data, dict):
+            return ()
+        return self.feed_event(data)
+
+    def feed_event(self, data: dict[str, Any]) -> Iterable[StreamDelta]:
+        """Deltas for one decoded event payload."""
+        kind = data.get("type")
+        acc = self.acc
+        if kind == "response.output_text.delta":
+            item_id = data.get("item_id", "")
+            self._text_seen.add(item_id)
+            return (acc.text(data.get("delta", ""), key=item_id),)
+        if kind == "response.function_call_arguments.delta":
+            key = self._tool_key(data)
+            if acc.has_tool(key):
+                return (acc.tool_delta(key, data.get("delta", "")),)
+            self._args.setdefault(key, []).append(data.get("delta", ""))
+            return ()
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            return self._thinking(data, kind)
+        if kind == "response.refusal.delta":
+            item_id = data.get("item_id", "")
+            self._refused = True
+            self._text_seen.add(item_id)
+            return (acc.text(data.get("delta", ""), key=item_id),)
+        if kind == "response.output_item.added":
+            return self._item_added(data.get("item") or {}, data)
+        if kind == "response.output_item.done":
+            return self.item_done(data.get("item") or {}, data)
+        if kind == "response.function_call_arguments.done":
+            key = self._tool_key(data)
+            if acc.has_tool(key) and isinstance(data.get("arguments"), str):
+                return (acc.tool_end(key, raw_arguments=data["arguments"]),)
+            return ()
+        if kind in ("response.created", "response.in_progress", "response.queued"):
+            self._response_meta(data.get("response") or {})
+            return ()
+        if kind in ("response.completed", "response.incomplete"):
+            self.complete = True
+            return self.finalize(data.get("response") or {})
+        if kind == "response.failed":
+            response = data.get("response") or {}
+            raise responses_error(response.get("error"), provider=self.provider)
+        if kind == "error":
+            raise responses_error(data, provider=self.provider)
+        return ()  # content_part / annotation / built-in tool progress events: nothing to show
+
+    # -- pieces ----------------------------------------------------------------------------------
+    @staticmethod
+    def _tool_key(data: Mapping[str, Any]) -> str:
+        item_id = data.get("item_id")
+        return str(item_id) if item_id else f"output{data.get('output_index', 0)}"
+
+    def _response_meta(self, response: Mapping[str, Any]) -> None:
+        if response.get("model"):
+            self.acc.model = response["model"]
+        if response.get("id"):
+            self.acc.provider_data = {PROVIDER_DATA_KEY: {"id": response["id"]}}
+
+    def _thinking(self, data: Mapping[str, Any], kind: str) -> tuple[StreamDelta, ...]:
+        item_id = str(data.get("item_id", ""))
+        delta = data.get("delta", "")
+        index = data.get("summary_index", data.get("content_index", 0))
+        last = self._summary_index.get(item_id)
+        self._summary_index[item_id] = (kind, index)
+        if last is not None and last != (kind, index):
+            delta = "\n\n" + delta  # a new summary part
+        self._thinking_seen.add(item_id)
+        return (self.acc.thinking(delta, key=item_id),)
+
+    def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
+        if item.get("type") != "function_call":
+            return []
+        key = str(item.get("id") or f"output{data.get('output_index', 0)}")
+        return self._start_call(key, item)
+
+    def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
+        acc = self.acc
+        if acc.tool(key) is not None:
+            return []
+        paired = self._reasoning_seen and item.get("id")
+        data = {PROVIDER_DATA_KEY: {"id": item["id"]}} if paired else None
+        call_id = str(item.get("call_id") or item.get("id") or key)
+        out = [acc.tool_start(key, call_id, str(item.get("name") or ""), provider_data=data)]
+        for fragment in self._args.pop(key, []):
+            out.append(acc.tool_delta(key, fragment))
+        return out
+
+    def item_done(
+        self, item: Mapping[str, Any], data: Mapping[str, Any] | None = None
+    ) -> list[StreamDelta]:
+        """Record one complete output item (streamed ``output_item.done`` or a body's output)."""
+        acc = self.acc
+        self._items_seen += 1
+        kind = item.get("type")
+        item_id = str(item.get("id") or "")
+        out: list[StreamDelta] = []
+        if kind == "message":
+            our: dict[str, Any] = {"id": item_id} if item_id and self._reasoning_seen else {}
+            if item.get("phase"):
+                our["phase"] = item["phase"]
+            if item_id not in self._text_seen:
+                for part in item.get("content") or []:
+                    if part.get("type") == "output_text" and part.get("text"):
+                        out.append(acc.text(part["text"], key=item_id))
+                    elif part.get("type") == "refusal" and part.get("refusal"):
+                        self._refused = True
+                        out.append(acc.text(part["refusal"], key=item_id))
+            elif any(p.get("type") == "refusal" for p in item.get("content") or []):
+                self._refused = True
+            if our:
+                acc.text_provider_data({PROVIDER_DATA_KEY: our}, key=item_id)
+        elif kind == "reasoning":
+            if item_id not in self._thinking_seen:
+                texts = [s.get("text", "") for s in item.get("summary") or []]
+                texts += [c.get("text", "") for c in item.get("content") or []]
+                text = "\n\n".join(t for t in texts if t)
+                if text:
+                    out.append(acc.thinking(text, key=item_id))
+            if item.get("encrypted_content"):
+                acc.signature(str(item["encrypted_content"]), key=item_id)
+            acc.thinking_provider_data({PROVIDER_DATA_KEY: {"item": dict(item)}}, key=item_id)
+            self._reasoning_seen = True
+        elif kind == "function_call":
+            key = item_id or f"output{(data or {}).get('output_index', 0)}"
+            out.extend(self._start_call(key, item))
+            if acc.has_tool(key):
+                arguments = item.get("arguments")
+                out.append(
+                    acc.tool_end(key, raw_arguments=arguments if isinstance(arguments, str) else None)
+                )
+        else:
+            self._other_items.append(dict(item))
+        return out
+
+    def finalize(self, response: Mapping[str, Any]) -> list[StreamDelta]:
+        """The terminal response object: usage, stop reason, anything the stream left out."""
+        acc = self.acc
+        self._response_meta(response)
+        out: list[StreamDelta] = []
+        if self._items_seen == 0:  # a server that sent no item events: read the output
+            for item in response.get("output") or []:
+                out.extend(self.item_done(item))
+        out.extend(acc.end_open_tools())
+        usage = response.get("usage")
+        if usage:
+            acc.usage = responses_usage(usage)
+        if response.get("status") == "failed":
+            raise responses_error(response.get("error"), provider=self.provider)
+        stop: StopReason
+        if response.get("status") == "incomplete":
+            reason = (response.get("incomplete_details") or {}).get("reason")
+            stop = "content_filter" if reason == "content_filter" else "max_tokens"
+        elif self._refused:
+            stop = "refusal"
+        else:
+            stop = "tool_use" if acc.tool_count else "end_turn"
+        acc.stop_reason = stop
+        if self._other_items:
+            data = dict(acc.provider_data or {})
+            ours = dict(data.get(PROVIDER_DATA_KEY) or {})
+            ours["output_items"] = self._other_items
+            data[PROVIDER_DATA_KEY] = ours
+            acc.provider_data = data
+        return out
+
+    def end(self) -> Iterable[StreamDelta]:
+        """The stream closed without ``response.completed``: the answer is incomplete."""
+        if not self.complete:
+            raise APIConnectionError(
+                "the stream ended before the response was complete", provider=self.provider
+            )
+        return ()
+
+
+def parse_response_object(body: Any, acc: Accumulator, *, provider: str) -> None:
+    """Fill ``acc`` from a non-streamed Response object."""
+    if not isinstance(body, dict):
+        raise APIConnectionError(
+            f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
+        )
+    if body.get("error") and body.get("status") in (None, "failed"):
+        raise responses_error(body["error"], provider=provider)
+    parser = ResponsesStreamParser(acc, provider=provider)
+    for item in body.get("output") or []:
+        parser.item_done(item)
+    parser._items_seen = max(parser._items_seen, 1)
+    parser.finalize(body)
