@@ -15,10 +15,14 @@ Wire rules this module owns (PROTOCOLS.md §6):
   ``redacted_thinking`` with its ``data``, in the order the model produced them and in the same
   assistant turn as the ``tool_use``. A :class:`~dispatch_nb.types.ThinkingBlock` without a signature
   (reasoning from another provider) cannot be verified by Anthropic and is left out.
-* Blocks the canonical types have no name for (``server_tool_use``, ``web_search_tool_result``…)
-  become an empty :class:`~dispatch_nb.types.TextBlock` whose ``provider_data["anthropic_block"]``
-  holds the raw block; it is sent back verbatim, so ``pause_turn`` continuations work. Any outgoing
-  block may carry ``provider_data["cache_control"]`` for prompt caching.
+  Thinking that carries another wire format's ``provider_data`` (OpenAI's encrypted reasoning in
+  ``signature``, Copilot's ``reasoning_opaque``) is left out for the same reason.
+* Opaque data rides in ``provider_data["anthropic"]``. Blocks the canonical types have no name for
+  (``server_tool_use``, ``web_search_tool_result``…) become an empty
+  :class:`~dispatch_nb.types.TextBlock` with the raw block in ``provider_data["anthropic"]["block"]``;
+  it is sent back verbatim, so ``pause_turn`` continuations work. An outgoing block with
+  ``provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}}`` is a prompt-cache
+  breakpoint.
 * Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
   ``input_tokens`` excludes cache reads and writes, exactly like :class:`~dispatch_nb.types.Usage`.
 * ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
@@ -30,6 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -68,8 +73,8 @@ DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_MAX_TOKENS = 4096
 #: context window of every current Claude model (without the 1M-context beta)
 CLAUDE_CONTEXT_TOKENS = 200_000
-#: provider_data key of a block the canonical types have no name for
-RAW_BLOCK_KEY = "anthropic_block"
+#: the key of this wire format's entry in a block's ``provider_data``
+PROVIDER_DATA_KEY = "anthropic"
 
 _STOP_REASONS: dict[str, StopReason] = {
     "end_turn": "end_turn",
@@ -268,7 +273,9 @@ class _MessageParser:
                     block["input"] = orjson.loads(raw) if raw.strip() else {}
                 except orjson.JSONDecodeError:
                     block["input"] = {}
-            self.acc.add_block(TextBlock(text="", provider_data={RAW_BLOCK_KEY: block}))
+            self.acc.add_block(
+                TextBlock(text="", provider_data={PROVIDER_DATA_KEY: {"block": block}})
+            )
         return ()
 
     # -- a whole (non-streamed) message -------------------------------------------------------
@@ -462,7 +469,7 @@ class AnthropicAdapter(HTTPAdapter):
         models: list[ModelInfo] = []
         after: str | None = None
         for _ in range(100):  # a page holds up to 1000 models; 100 pages is a safety bound
-            url = "v1/models?limit=1000" + (f"&after_id={after}" if after else "")
+            url = "v1/models?limit=1000" + (f"&after_id={quote(after)}" if after else "")
             page = self.get_json(url, headers=self._beta_header())
             data = page.get("data", []) if isinstance(page, dict) else []
             models += [_model_info(m) for m in data if isinstance(m, dict) and m.get("id")]
@@ -572,27 +579,40 @@ def wire_tool_choice(choice: Any) -> dict[str, Any]:
     return {"type": "tool", "name": choice}
 
 
-def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
+def _our_data(block: Any) -> dict[str, Any]:
+    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
+    return data if isinstance(data, dict) else {}
+
+
+def _foreign(block: Any) -> bool:
+    """Whether the block carries another wire format's opaque data (and none of ours)."""
     data = block.provider_data
-    if data and "cache_control" in data:
-        out["cache_control"] = data["cache_control"]
+    return bool(data) and PROVIDER_DATA_KEY not in data
+
+
+def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
+    cache_control = _our_data(block).get("cache_control")
+    if cache_control is not None:
+        out["cache_control"] = cache_control
     return out
 
 
 def wire_block(block: Any) -> dict[str, Any] | None:
     """One canonical block in Anthropic's shape, or None when it must not be sent."""
-    data = block.provider_data
-    if data and RAW_BLOCK_KEY in data:
-        return dict(data[RAW_BLOCK_KEY])
+    raw = _our_data(block).get("block")
+    if isinstance(raw, dict):
+        return dict(raw)
     if isinstance(block, TextBlock):
         if not block.text:
             return None  # the API rejects empty text blocks
         return _with_cache_control({"type": "text", "text": block.text}, block)
     if isinstance(block, ThinkingBlock):
-        if not block.signature:
-            return None  # unsigned reasoning (another provider's) cannot be verified by Anthropic
+        if not block.signature or _foreign(block):
+            return None  # reasoning Anthropic did not sign cannot be verified: leave it out
         return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
     if isinstance(block, RedactedThinkingBlock):
+        if _foreign(block):
+            return None
         return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
         return _with_cache_control(

@@ -236,7 +236,8 @@ def test_messages_merged_ordered_and_converted(claude: AnthropicAdapter,
 
 
 def test_cache_control_from_provider_data(claude: AnthropicAdapter, fake: AnthropicFake) -> None:
-    doc = TextBlock("a long document", provider_data={"cache_control": {"type": "ephemeral"}})
+    doc = TextBlock("a long document",
+                    provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}})
     claude.chat([Message("user", [doc, TextBlock("Summarize it.")])])
     content = fake.last_request.json["messages"][0]["content"]
     assert content[0] == {"type": "text", "text": "a long document",
@@ -598,10 +599,15 @@ def test_strict_fake_rejects_a_changed_thinking_turn(claude: AnthropicAdapter,
     assert len(fake.rejections) == 1
 
 
-def test_unsigned_thinking_is_left_out(claude: AnthropicAdapter, fake: AnthropicFake) -> None:
-    # Reasoning from another provider has no Anthropic signature: sending it would be rejected.
+def test_foreign_thinking_is_left_out(claude: AnthropicAdapter, fake: AnthropicFake) -> None:
+    # Reasoning Anthropic did not sign would be rejected: unsigned thinking, and thinking whose
+    # signature is another provider's (OpenAI encrypted reasoning, Copilot reasoning_opaque).
+    openai = ThinkingBlock(thinking="o-series summary", signature="gAAAAencrypted",
+                           provider_data={"openai_responses": {"item": {"id": "rs_1"}}})
+    copilot = RedactedThinkingBlock(data="opaque", provider_data={"openai_chat": {}})
     history = [Message("user", "Hi"),
-               Message("assistant", [ThinkingBlock(thinking="from elsewhere"), TextBlock("Hello")]),
+               Message("assistant", [ThinkingBlock(thinking="from elsewhere"), openai, copilot,
+                                     TextBlock("Hello")]),
                Message("user", "Again")]
     claude.chat(history)
     assert fake.last_request.json["messages"][1]["content"] == [{"type": "text", "text": "Hello"}]
