@@ -81,7 +81,10 @@ class Frontend:
 
     def notebook_path_url(self, path: str) -> str:
         if self.name == "lab":
-            return f"/lab/tree/{quote(path)}"
+            # a workspace of its own: JupyterLab would otherwise reopen (and start kernels for)
+            # every notebook an earlier test opened
+            workspace = re.sub(r"[^A-Za-z0-9-]", "-", path.rsplit(".", 1)[0])
+            return f"/lab/workspaces/{workspace}/tree/{quote(path)}"
         return f"/notebooks/{quote(path)}"
 
 
@@ -344,19 +347,25 @@ def launch_browser(user_data_dir: Path) -> Iterator[Any]:
             context.close()
 
 
+#: the notebook on screen (hidden tabs keep their DOM)
+_NOTEBOOK = ".jp-Notebook:visible"
 _PROMPT_DONE = re.compile(r"\[\s*(\d+)\s*\]")
 
-#: In-page sampler: every ``interval`` ms, record (time, length of the cell's output text).
+#: In-page sampler: every ``interval`` ms, record (time, output text length, cell still running).
 _SAMPLER_JS = """
 ([index, interval]) => {
   window.__dnbSamples = [];
   const started = performance.now();
   window.__dnbSampler = setInterval(() => {
-    const cells = document.querySelectorAll('.jp-Notebook .jp-Cell');
+    const notebook = [...document.querySelectorAll('.jp-Notebook')]
+      .find((el) => el.offsetParent !== null);
+    const cells = notebook ? notebook.querySelectorAll('.jp-Cell') : [];
     const cell = cells[index];
     const out = cell ? cell.querySelector('.jp-OutputArea') : null;
+    const prompt = cell ? cell.querySelector('.jp-InputPrompt') : null;
     const text = out ? out.innerText : '';
-    window.__dnbSamples.push([performance.now() - started, text.length]);
+    const running = prompt ? prompt.innerText.includes('*') : false;
+    window.__dnbSamples.push([performance.now() - started, text.length, running]);
   }, interval);
 }
 """
@@ -376,18 +385,18 @@ class NotebookPage:
 
     def open(self, timeout: float = 60.0) -> NotebookPage:
         self.page.goto(self.server.url(self.server.frontend.notebook_path_url(self.path)))
-        self.page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=timeout * 1000)
+        self.page.locator(f"{_NOTEBOOK} .jp-Cell").first.wait_for(timeout=timeout * 1000)
         self.server.wait_kernel_idle(self.path, timeout)
         return self
 
     def reload(self, timeout: float = 60.0) -> NotebookPage:
         self.page.reload()
-        self.page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=timeout * 1000)
+        self.page.locator(f"{_NOTEBOOK} .jp-Cell").first.wait_for(timeout=timeout * 1000)
         return self
 
     # -- cells -----------------------------------------------------------------------------------
     def cell(self, index: int) -> Any:
-        return self.page.locator(".jp-Notebook .jp-Cell").nth(index)
+        return self.page.locator(f"{_NOTEBOOK} .jp-Cell").nth(index)
 
     def prompt(self, index: int) -> str:
         text: str = self.cell(index).locator(".jp-InputPrompt").first.inner_text()
@@ -457,12 +466,12 @@ class NotebookPage:
         """Sample the cell's output text length in the page every ``interval_ms``."""
         self.page.evaluate(_SAMPLER_JS, [index, interval_ms])
 
-    def stop_sampling(self) -> list[tuple[float, int]]:
-        """Stop sampling; returns ``(milliseconds since start, output text length)`` pairs."""
-        samples: list[list[float]] = self.page.evaluate(
+    def stop_sampling(self) -> list[tuple[float, int, bool]]:
+        """Stop sampling; returns ``(ms since start, output text length, cell running)``."""
+        samples: list[list[Any]] = self.page.evaluate(
             "() => { clearInterval(window.__dnbSampler); return window.__dnbSamples; }"
         )
-        return [(float(t), int(n)) for t, n in samples]
+        return [(float(t), int(n), bool(r)) for t, n, r in samples]
 
     # -- files and pictures ----------------------------------------------------------------------
     def save(self, timeout: float = 20.0) -> dict[str, Any]:
