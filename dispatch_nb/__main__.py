@@ -1,0 +1,281 @@
+"""``python -m dispatch_nb COMMAND`` (also installed as ``dispatch-nb``).
+
+::
+
+    login  [--force] [--github-url URL] [--token-path P]   GitHub device-flow login for Copilot
+    logout [--token-path P]                               remove the saved GitHub token
+    status [--github-url URL] [--token-path P]            which token is used; does Copilot work?
+
+A command is one function registered with :func:`command`; its options come from an optional
+``arguments(parser)`` function::
+
+    @command("hello", help="Say hello.", arguments=lambda p: p.add_argument("name"))
+    def _hello(args: argparse.Namespace) -> int:
+        print(f"hello {args.name}")
+        return 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .auth import (
+    CopilotTokenManager,
+    DeviceCode,
+    DeviceFlow,
+    DeviceFlowState,
+    TokenStore,
+    TokenStoreError,
+    copilot_config_dir,
+    default_github_api_url,
+    default_github_url,
+    fetch_github_user,
+    find_github_token,
+    mask_token,
+)
+from .auth.token_store import GITHUB_TOKEN_ENV
+from .errors import DispatchError
+
+__all__ = ["COMMANDS", "Command", "build_parser", "command", "main"]
+
+#: runs a command; returns the exit status
+Handler = Callable[[argparse.Namespace], int]
+#: adds a command's options to its parser
+Arguments = Callable[[argparse.ArgumentParser], Any]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its name, one-line help, handler and option builder."""
+
+    name: str
+    help: str
+    run: Handler
+    arguments: Arguments | None = None
+
+
+#: every subcommand, in the order ``--help`` lists them
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, *, help: str, arguments: Arguments | None = None) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the subcommand ``name``."""
+
+    def register(run: Handler) -> Handler:
+        COMMANDS[name] = Command(name, help, run, arguments)
+        return run
+
+    return register
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every registered command."""
+    parser = argparse.ArgumentParser(
+        prog=_prog(),
+        description="dispatch_nb: large language models from Jupyter. Log in to GitHub Copilot "
+        "and check the setup from a terminal.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages (never secrets)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        sub = commands.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        if cmd.arguments is not None:
+            cmd.arguments(sub)
+        sub.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command line; returns the exit status (130 after Ctrl-C)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Handler | None = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if args.verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("\nInterrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _prog() -> str:
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not argv0 or argv0 in ("__main__.py", "-c", "-m"):
+        return "python -m dispatch_nb"
+    return argv0
+
+
+# -- shared options --------------------------------------------------------------------------------
+def _github_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--github-url",
+        metavar="URL",
+        help="GitHub's web URL (default: $DISPATCH_NB_GITHUB_URL, else https://github.com)",
+    )
+    parser.add_argument(
+        "--github-api-url",
+        metavar="URL",
+        help="GitHub's API URL (default: $DISPATCH_NB_GITHUB_API_URL, else derived from the GitHub URL)",
+    )
+    _token_path_argument(parser)
+
+
+def _token_path_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token-path",
+        metavar="PATH",
+        help="the token file (default: $DISPATCH_NB_HOME/github_token.json)",
+    )
+
+
+def _urls(args: argparse.Namespace) -> tuple[str, str]:
+    github_url = (args.github_url or default_github_url()).rstrip("/")
+    api_url = (args.github_api_url or default_github_api_url(github_url)).rstrip("/")
+    return github_url, api_url
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+# -- login -----------------------------------------------------------------------------------------
+def _login_arguments(parser: argparse.ArgumentParser) -> None:
+    _github_arguments(parser)
+    parser.add_argument(
+        "--force", action="store_true", help="log in even if a GitHub token is already available"
+    )
+
+
+def _show_code(code: DeviceCode) -> None:
+    minutes = max(1, round(code.expires_in / 60))
+    print("To log in to GitHub Copilot, open this page in a browser:")
+    print(f"    {code.verification_uri}")
+    print(f"and enter the code:  {code.user_code}")
+    print(f"(the code is valid for {minutes} minutes)")
+    print("Waiting for approval... (Ctrl-C to cancel)", flush=True)
+
+
+def _show_state(state: DeviceFlowState, info: Any) -> None:
+    if state is DeviceFlowState.SLOW_DOWN:
+        print(f"GitHub asked us to check less often (every {info['interval']:g} s).", flush=True)
+
+
+@command("login", help="Log in to GitHub Copilot with GitHub's device flow.", arguments=_login_arguments)
+def _login(args: argparse.Namespace) -> int:
+    github_url, api_url = _urls(args)
+    store = TokenStore(args.token_path)
+    if not args.force:
+        try:
+            found = find_github_token(token_path=store.path, github_url=github_url)
+        except TokenStoreError as exc:
+            return _fail(f"{exc.message}\nOr run `login --force` to replace it.")
+        if found is not None:
+            print(f"Already logged in: the GitHub token comes from {found.source}.")
+            print("Run `python -m dispatch_nb login --force` to log in again.")
+            return EXIT_OK
+    flow = DeviceFlow(github_url=github_url)
+    saved = False
+    try:
+        code = flow.start()
+        _show_code(code)
+        token = flow.poll(code, on_state=_show_state)
+        user = fetch_github_user(token, api_url)
+        path = store.save(token, user=user, github_url=github_url)
+        saved = True
+    except KeyboardInterrupt:
+        if saved:
+            raise
+        print("\nLogin cancelled; nothing was stored.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except DispatchError as exc:
+        return _fail(f"login failed: {exc.message}")
+    except OSError as exc:
+        return _fail(f"could not save the token to {store.path}: {exc.strerror or exc}")
+    print(f"Logged in as {user}." if user else "Logged in.")
+    print(f"The GitHub token is saved in {path} (readable only by you).")
+    if os.environ.get(GITHUB_TOKEN_ENV):
+        print(f"Note: {GITHUB_TOKEN_ENV} is set, and it takes precedence over the saved token.")
+    return EXIT_OK
+
+
+# -- logout ----------------------------------------------------------------------------------------
+def _logout_arguments(parser: argparse.ArgumentParser) -> None:
+    _token_path_argument(parser)
+    parser.add_argument("--github-url", metavar="URL", help=argparse.SUPPRESS)
+
+
+@command("logout", help="Remove the GitHub token saved by `login`.", arguments=_logout_arguments)
+def _logout(args: argparse.Namespace) -> int:
+    store = TokenStore(args.token_path)
+    try:
+        removed = store.delete()
+    except OSError as exc:
+        return _fail(f"could not remove {store.path}: {exc.strerror or exc}")
+    if removed:
+        print(f"Removed the GitHub token saved in {store.path}.")
+    else:
+        print(f"No GitHub token is saved in {store.path}; nothing to remove.")
+    print(f"Copilot editor logins ({copilot_config_dir()}) are not touched.")
+    github_url = (args.github_url or default_github_url()).rstrip("/")
+    try:
+        remaining = find_github_token(token_path=store.path, github_url=github_url)
+    except TokenStoreError:
+        remaining = None
+    if remaining is not None:
+        print(f"dispatch_nb will still use the GitHub token from {remaining.source}.")
+    return EXIT_OK
+
+
+# -- status ----------------------------------------------------------------------------------------
+@command(
+    "status",
+    help="Show which GitHub token is used and whether Copilot accepts it.",
+    arguments=_github_arguments,
+)
+def _status(args: argparse.Namespace) -> int:
+    github_url, api_url = _urls(args)
+    print(f"GitHub:         {github_url} (API {api_url})")
+    try:
+        found = find_github_token(token_path=args.token_path, github_url=github_url)
+    except TokenStoreError as exc:
+        return _fail(exc.message)
+    if found is None:
+        print("GitHub token:   none. Log in with `python -m dispatch_nb login`.")
+        return EXIT_FAILED
+    print(f"GitHub token:   {mask_token(found.token)}, from {found.source}")
+    user = fetch_github_user(found.token, api_url)
+    print(f"GitHub user:    {user or 'unknown (GET /user failed)'}")
+    manager = CopilotTokenManager(found.token, github_api_url=api_url)
+    try:
+        copilot = manager.get()
+    except DispatchError as exc:
+        print(f"Copilot:        not available. {exc.message}")
+        return EXIT_FAILED
+    expiry = _dt.datetime.fromtimestamp(copilot.expires_at).astimezone()
+    minutes = max(0, round(copilot.expires_in() / 60))
+    plan = f" (plan {copilot.sku})" if copilot.sku else ""
+    print(f"Copilot:        OK{plan}")
+    print(f"Copilot API:    {copilot.endpoints_api}")
+    print(f"Copilot token:  expires {expiry:%Y-%m-%d %H:%M %Z} (in {minutes} min)")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,504 @@
+"""The Copilot token: a short-lived key for the Copilot API, exchanged for a GitHub token.
+
+::
+
+    manager = CopilotTokenManager(lambda: find_github_token().token)
+    copilot = manager.get()          # GET {github_api_url}/copilot_internal/v2/token, cached
+    copilot.endpoints_api            # the base URL for /models, /chat/completions, /responses
+    headers = {"Authorization": f"Bearer {copilot.token}", **EDITOR_HEADERS}
+    ...
+    manager.invalidate(copilot)      # after a 401/403 from the Copilot API: get() refreshes
+
+**Refresh policy.** A token is refreshed ``refresh_in − 60`` seconds after it was fetched when the
+server sent ``refresh_in`` (that measure uses only our clock, so a wrong system clock cannot make a
+fresh token look expired), else 5 minutes before ``expires_at``; and never sooner than 30 seconds
+after it was fetched, so a skewed clock cannot cause a storm of exchanges.
+
+**Single flight.** However many threads and event loops share a manager, one exchange runs at a
+time and everyone waiting gets its result: a ``threading.Lock`` with a double check for threads, an
+``asyncio.Lock`` per event loop for tasks, and an async refresh holds the thread lock too.
+
+**Errors** from the token endpoint::
+
+    401                                   AuthenticationError: the GitHub token was rejected; log in
+    403 + error_details.notification_id   AuthenticationError, code = the notification_id
+                                          (no_copilot_access, not_signed_up, ...), with what to do
+    403 "API rate limit exceeded", 429    RateLimitError (retry_after from the headers)
+    5xx                                   ServerError
+    no connection / timeout               APIConnectionError / APITimeoutError
+
+This is GitHub's undocumented editor API, used the way the Copilot editor plugins use it; it can
+change without notice (see ``docs/copilot-login.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import httpx
+
+from ..errors import (
+    APIConnectionError,
+    APITimeoutError,
+    AuthenticationError,
+    DispatchError,
+    RateLimitError,
+    ServerError,
+    error_for_status,
+    parse_retry_after,
+)
+from ._http import async_client, sync_client
+from .endpoints import default_github_api_url
+
+__all__ = [
+    "DEFAULT_COPILOT_API_URL",
+    "EDITOR_HEADERS",
+    "GITHUB_API_VERSION",
+    "CopilotToken",
+    "CopilotTokenManager",
+    "GitHubTokenProvider",
+]
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "copilot"
+
+#: Where the Copilot API lives when the token names no ``endpoints.api``.
+DEFAULT_COPILOT_API_URL = "https://api.githubcopilot.com"
+
+#: The editor identity sent with the token exchange. The Copilot API *requires* ``Editor-Version``
+#: (400 without it), so the chat adapter sends these too.
+EDITOR_HEADERS: Mapping[str, str] = MappingProxyType(
+    {
+        "Editor-Version": "vscode/1.104.3",
+        "Editor-Plugin-Version": "copilot-chat/0.26.7",
+        "User-Agent": "GitHubCopilotChat/0.26.7",
+    }
+)
+
+#: ``X-GitHub-Api-Version`` for the token exchange.
+GITHUB_API_VERSION = "2025-04-01"
+
+#: Returns the GitHub token to exchange (called on each exchange; it should not do network I/O).
+GitHubTokenProvider = Callable[[], str]
+
+#: refresh this many seconds before ``expires_at`` (when there is no ``refresh_in``)
+REFRESH_MARGIN = 300.0
+#: refresh this many seconds before the server's ``refresh_in`` has elapsed
+REFRESH_IN_MARGIN = 60.0
+#: never refresh a token younger than this
+MIN_TOKEN_AGE = 30.0
+
+_LOGIN_HINT = "`python -m dispatch_nb login --force` (or `%chat login` in a notebook)"
+
+#: notification_id → what the user must do
+_NOTIFICATIONS: dict[str, str] = {
+    "no_copilot_access": (
+        "This GitHub account has no GitHub Copilot access. Sign up at "
+        "https://github.com/features/copilot (Copilot Free works), or ask your organization's "
+        "admin for a Copilot seat."
+    ),
+    "not_signed_up": (
+        "This GitHub account has not signed up for GitHub Copilot. Sign up at "
+        "https://github.com/features/copilot (Copilot Free works), then try again."
+    ),
+    "subscription_ended": (
+        "Your GitHub Copilot subscription has ended. Renew it at "
+        "https://github.com/settings/copilot, or ask your organization's admin for a seat."
+    ),
+    "enterprise_managed_user_account": (
+        "This is an Enterprise Managed User account: only your enterprise can give it Copilot. "
+        "Ask your enterprise admin to assign you a Copilot seat (and check the org's Copilot "
+        "policy)."
+    ),
+    "feature_flag_blocked": (
+        "Copilot is turned off for this account by a policy. Check your organization's Copilot "
+        "policy, or ask its admin."
+    ),
+    "spammy_user": (
+        "GitHub has restricted this account, so it cannot use Copilot. Contact GitHub Support "
+        "(https://support.github.com)."
+    ),
+    "billing_locked": (
+        "Copilot is locked because of a billing problem on this account. Fix it at "
+        "https://github.com/settings/billing."
+    ),
+    "trade_restricted": (
+        "Copilot is not available to this account because of trade restrictions. See "
+        "https://docs.github.com/site-policy/other-site-policies/github-and-trade-controls."
+    ),
+    "trade_restricted_country": (
+        "Copilot is not available in your country or region because of trade restrictions. See "
+        "https://docs.github.com/site-policy/other-site-policies/github-and-trade-controls."
+    ),
+    "codespaces_demo_inactive": (
+        "Copilot is not active for this Codespaces demo account. Sign in with your own GitHub account."
+    ),
+    "snippy_not_configured": (
+        "Your organization has not yet set its policy on suggestions that match public code. "
+        "Ask an organization admin to configure Copilot's policies."
+    ),
+    "expired_coupon": (
+        "The coupon that paid for this account's Copilot has expired. Renew at "
+        "https://github.com/settings/copilot."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class CopilotToken:
+    """A Copilot API token and what came with it. The repr hides ``token`` and ``details``.
+
+    ``expires_at``, ``fetched_at`` and ``refresh_at`` are Unix seconds (``fetched_at`` and
+    ``refresh_at`` by the manager's clock). ``endpoints_api`` has no trailing slash.
+    """
+
+    token: str = field(repr=False)
+    expires_at: float
+    refresh_in: float | None
+    endpoints_api: str
+    sku: str | None
+    fetched_at: float
+    refresh_at: float
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+    #: the rest of GitHub's answer (everything except ``token``)
+    details: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_response(cls, data: Mapping[str, Any], *, fetched_at: float) -> CopilotToken:
+        """Build from the token endpoint's JSON. Raises ``ValueError`` without a ``token``."""
+        token = data.get("token")
+        if not isinstance(token, str) or not token:
+            raise ValueError("the answer has no token")
+        refresh_in = _positive(data.get("refresh_in"))
+        expires_at = _positive(data.get("expires_at"))
+        if expires_at is None:
+            expires_at = fetched_at + (refresh_in or 1500.0)
+        raw_endpoints = data.get("endpoints")
+        endpoints = (
+            {k: v.rstrip("/") for k, v in raw_endpoints.items() if isinstance(v, str)}
+            if isinstance(raw_endpoints, dict)
+            else {}
+        )
+        api = endpoints.get("api", "")
+        if not api.startswith(("https://", "http://")):
+            api = DEFAULT_COPILOT_API_URL
+        if refresh_in is not None:
+            refresh_at = fetched_at + refresh_in - REFRESH_IN_MARGIN
+        else:
+            refresh_at = expires_at - REFRESH_MARGIN
+        refresh_at = max(refresh_at, fetched_at + MIN_TOKEN_AGE)
+        sku = data.get("sku")
+        return cls(
+            token=token,
+            expires_at=expires_at,
+            refresh_in=refresh_in,
+            endpoints_api=api,
+            sku=sku if isinstance(sku, str) else None,
+            fetched_at=fetched_at,
+            refresh_at=refresh_at,
+            endpoints=MappingProxyType(endpoints),
+            details=MappingProxyType({k: v for k, v in data.items() if k != "token"}),
+        )
+
+    def needs_refresh(self, now: float) -> bool:
+        """True once ``now`` (by the manager's clock) has reached ``refresh_at``."""
+        return now >= self.refresh_at
+
+    def expires_in(self, now: float | None = None) -> float:
+        """Seconds until ``expires_at`` (by the wall clock unless ``now`` is given)."""
+        return self.expires_at - (time.time() if now is None else now)
+
+
+class CopilotTokenManager:
+    """Gets, caches and refreshes the Copilot token for one GitHub token; thread- and task-safe.
+
+    ``github_token_provider`` is the GitHub token itself or a function returning it (called on
+    each exchange, so a new login is picked up). ``github_api_url`` defaults to
+    ``$DISPATCH_NB_GITHUB_API_URL``, else ``https://api.github.com``. ``clock`` decides when to
+    refresh (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        github_token_provider: str | GitHubTokenProvider,
+        *,
+        github_api_url: str | None = None,
+        http_client: httpx.Client | None = None,
+        async_http_client: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.time,
+        timeout: float = 30.0,
+    ) -> None:
+        if isinstance(github_token_provider, str):
+            fixed = github_token_provider
+
+            def provide() -> str:
+                return fixed
+
+            self._provider: GitHubTokenProvider = provide
+        else:
+            self._provider = github_token_provider
+        self.github_api_url = (github_api_url or default_github_api_url()).rstrip("/")
+        self._http = http_client
+        self._async_http = async_http_client
+        self._clock = clock
+        self._timeout = timeout
+        self._token: CopilotToken | None = None
+        self._lock = threading.Lock()
+        self._async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]
+        self._async_locks = weakref.WeakKeyDictionary()
+        self._async_locks_guard = threading.Lock()
+        # the thread whose event loop runs an async exchange holding self._lock
+        self._async_holder: int | None = None
+        #: how many exchanges this manager has made (diagnostics)
+        self.exchanges = 0
+
+    def __repr__(self) -> str:
+        token = self._token
+        state = "none" if token is None else f"expires_at={token.expires_at:.0f}"
+        return f"CopilotTokenManager(github_api_url={self.github_api_url!r}, token={state})"
+
+    @property
+    def token_url(self) -> str:
+        """``{github_api_url}/copilot_internal/v2/token``."""
+        return f"{self.github_api_url}/copilot_internal/v2/token"
+
+    @property
+    def cached(self) -> CopilotToken | None:
+        """The last token fetched, fresh or not (no I/O)."""
+        return self._token
+
+    def _fresh(self) -> CopilotToken | None:
+        token = self._token
+        if token is not None and not token.needs_refresh(self._clock()):
+            return token
+        return None
+
+    def invalidate(self, token: CopilotToken | None = None) -> None:
+        """Forget the cached token so the next :meth:`get` exchanges again.
+
+        Pass the token that was rejected: if another caller already replaced it, nothing happens,
+        so many concurrent 401s cause one refresh, not many.
+        """
+        if token is None or self._token is token:
+            self._token = None
+
+    # -- sync ------------------------------------------------------------------------------------
+    def get(self) -> CopilotToken:
+        """A valid Copilot token, exchanging (once, for all threads) when needed."""
+        token = self._fresh()
+        if token is not None:
+            return token
+        if self._async_holder == threading.get_ident():
+            # An async exchange on this thread's own event loop holds the lock and cannot finish
+            # while we block it; waiting would deadlock, so exchange on our own.
+            return self._store(self._exchange())
+        with self._lock:
+            token = self._fresh()
+            if token is not None:
+                return token
+            return self._store(self._exchange())
+
+    def _exchange(self) -> CopilotToken:
+        github_token = self._provider()
+        headers = self._headers(github_token)
+        try:
+            if self._http is not None:
+                response = self._http.get(self.token_url, headers=headers, timeout=self._timeout)
+            else:
+                with sync_client(self._timeout) as client:
+                    response = client.get(self.token_url, headers=headers)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc) from None
+        return self._parse(response, pat=_is_personal_access_token(github_token))
+
+    # -- async -----------------------------------------------------------------------------------
+    def _async_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        with self._async_locks_guard:
+            lock = self._async_locks.get(loop)
+            if lock is None:
+                lock = self._async_locks[loop] = asyncio.Lock()
+            return lock
+
+    async def aget(self) -> CopilotToken:
+        """The async twin of :meth:`get` (one exchange at a time across tasks and threads)."""
+        token = self._fresh()
+        if token is not None:
+            return token
+        async with self._async_lock():
+            token = self._fresh()
+            if token is not None:
+                return token
+            # Also exclude sync callers in other threads, without blocking the event loop. A
+            # threading.Lock has nothing to await, and a helper thread blocked in acquire() would
+            # leak the lock if this task were cancelled, so poll (only while a sync refresh runs).
+            while not self._lock.acquire(blocking=False):  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+            self._async_holder = threading.get_ident()
+            try:
+                token = self._fresh()
+                if token is not None:
+                    return token
+                return self._store(await self._aexchange())
+            finally:
+                self._async_holder = None
+                self._lock.release()
+
+    async def _aexchange(self) -> CopilotToken:
+        github_token = self._provider()
+        headers = self._headers(github_token)
+        try:
+            if self._async_http is not None:
+                response = await self._async_http.get(self.token_url, headers=headers, timeout=self._timeout)
+            else:
+                async with async_client(self._timeout) as client:
+                    response = await client.get(self.token_url, headers=headers)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc) from None
+        return self._parse(response, pat=_is_personal_access_token(github_token))
+
+    # -- shared ----------------------------------------------------------------------------------
+    def _store(self, token: CopilotToken) -> CopilotToken:
+        self._token = token
+        self.exchanges += 1
+        log.debug(
+            "got a Copilot token for %s (expires in %.0f s, refresh in %.0f s)",
+            token.endpoints_api,
+            token.expires_at - token.fetched_at,
+            token.refresh_at - token.fetched_at,
+        )
+        return token
+
+    def _headers(self, github_token: str) -> dict[str, str]:
+        if not github_token:
+            raise AuthenticationError(
+                f"There is no GitHub token to exchange for a Copilot token. Log in: {_LOGIN_HINT}.",
+                provider=PROVIDER,
+            )
+        return {
+            "Authorization": f"token {github_token}",
+            "Accept": "application/json",
+            "X-GitHub-Api-Version": GITHUB_API_VERSION,
+            **EDITOR_HEADERS,
+        }
+
+    def _transport_error(self, exc: httpx.TransportError) -> DispatchError:
+        if isinstance(exc, httpx.TimeoutException):
+            return APITimeoutError(
+                f"{self.github_api_url} did not answer the Copilot token request in time",
+                provider=PROVIDER,
+            )
+        return APIConnectionError(
+            f"could not reach {self.github_api_url} for a Copilot token ({type(exc).__name__}: {exc})",
+            provider=PROVIDER,
+        )
+
+    def _parse(self, response: httpx.Response, *, pat: bool) -> CopilotToken:
+        status = response.status_code
+        data = _json_object(response.content)
+        if status == 200:
+            try:
+                return CopilotToken.from_response(data, fetched_at=self._clock())
+            except ValueError:
+                raise ServerError(
+                    "GitHub's answer to the Copilot token request holds no token",
+                    status_code=status,
+                    provider=PROVIDER,
+                ) from None
+        raise self._error(response, data, pat=pat)
+
+    def _error(self, response: httpx.Response, data: Mapping[str, Any], *, pat: bool) -> DispatchError:
+        status = response.status_code
+        said_message = data.get("message")
+        message = said_message if isinstance(said_message, str) else ""
+        details = data.get("error_details")
+        details = details if isinstance(details, dict) else {}
+        notification = details.get("notification_id")
+        kw: dict[str, Any] = {"status_code": status, "provider": PROVIDER}
+        if status == 401:
+            text = (
+                "GitHub rejected your GitHub token when asked for a Copilot token. "
+                f"Log in again: {_LOGIN_HINT}."
+            )
+            if pat:
+                text += (
+                    " Personal access tokens (ghp_…, github_pat_…) do not work with Copilot: "
+                    "use the device-flow login instead."
+                )
+            return AuthenticationError(text, **kw)
+        if isinstance(notification, str) and notification:
+            text = _NOTIFICATIONS.get(
+                notification, f"GitHub refused a Copilot token for this account ({notification})."
+            )
+            said = details.get("message") or message
+            if isinstance(said, str) and said:
+                text += f" GitHub says: {said}"
+            url = details.get("url")
+            if isinstance(url, str) and url:
+                text += f" ({url})"
+            return AuthenticationError(text, code=notification, provider_code=notification, **kw)
+        rate_limited = status == 429 or (
+            status == 403
+            and ("rate limit" in message.lower() or response.headers.get("x-ratelimit-remaining") == "0")
+        )
+        if rate_limited:
+            retry_after = parse_retry_after(response.headers)
+            reset = response.headers.get("x-ratelimit-reset")
+            if retry_after is None and reset and reset.isdigit():
+                retry_after = max(0.0, float(reset) - time.time())
+            return RateLimitError(
+                f"GitHub's API rate limit stopped the Copilot token request: "
+                f"{message or 'rate limit exceeded'}",
+                retry_after=retry_after,
+                **kw,
+            )
+        if status == 403:
+            return AuthenticationError(
+                "GitHub refused a Copilot token for this GitHub token"
+                + (f": {message}" if message else "")
+                + ". Check that the account has Copilot; to log in as someone else: "
+                + f"{_LOGIN_HINT}.",
+                **kw,
+            )
+        if status == 404:
+            return AuthenticationError(
+                f"{self.token_url} was not found (HTTP 404): the GitHub token may not belong to a "
+                "Copilot app, or DISPATCH_NB_GITHUB_API_URL points to the wrong server. "
+                f"Log in with the device flow: {_LOGIN_HINT}.",
+                **kw,
+            )
+        text = message or response.text[:500] or "no message"
+        return error_for_status(
+            status,
+            f"the Copilot token request failed: {text}",
+            provider=PROVIDER,
+            headers=response.headers,
+        )
+
+
+def _is_personal_access_token(token: str) -> bool:
+    return token.startswith(("ghp_", "github_pat_"))
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body) if body else {}
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if value > 0 else None

@@ -1,0 +1,721 @@
+"""GitHub's OAuth device flow (RFC 8628): how a terminal or a notebook gets a GitHub token.
+
+::
+
+    flow = DeviceFlow()                       # GitHub's Copilot editor app, scope read:user
+    code = flow.start()                       # POST {github_url}/login/device/code
+    print(f"Open {code.verification_uri} and enter {code.user_code}")
+    token = flow.poll(code, cancel=token)     # POST {github_url}/login/oauth/access_token
+
+``poll`` waits ``interval`` seconds between requests, obeys ``slow_down``, stops when the code
+expires, and reports every change of :class:`DeviceFlowState` through ``flow.state`` and the
+``on_state(state, info)`` callback, so a notebook widget and a terminal prompt can drive the same
+flow. A :class:`~dispatch_nb.cancel.CancelToken` stops the wait at once and raises
+:class:`~dispatch_nb.errors.RequestCancelled`. ``astart`` / ``apoll`` are the async twins.
+
+GitHub answers the token endpoint with HTTP 200 and an ``error`` field until the user approves, so
+the body decides, never the status. The outcomes::
+
+    authorization_pending          keep polling                        state pending
+    slow_down                      poll less often (body interval,     state slow_down
+                                   else old + 5 s), from now on
+    access_token                   done                                state approved
+    expired_token / token_expired  DeviceCodeExpired: start again      state expired
+    access_denied                  DeviceFlowDenied                    state denied
+    incorrect_device_code,         DeviceFlowError (configuration      state error
+    incorrect_client_credentials,  or bug; the message says which)
+    unsupported_grant_type,
+    device_flow_disabled
+
+Neither the device code nor the token ever appears in a repr, a log record or an error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
+
+import httpx
+
+from ..cancel import CancelToken
+from ..errors import (
+    APIConnectionError,
+    APITimeoutError,
+    AuthenticationError,
+    DispatchError,
+    RateLimitError,
+    RequestCancelled,
+    ServerError,
+    parse_retry_after,
+)
+from ._http import async_client, sync_client
+from .endpoints import COPILOT_CLIENT_ID, default_github_api_url, default_github_url
+
+__all__ = [
+    "DeviceCode",
+    "DeviceCodeExpired",
+    "DeviceFlow",
+    "DeviceFlowDenied",
+    "DeviceFlowError",
+    "DeviceFlowState",
+    "DeviceFlowUnsupported",
+    "StateCallback",
+    "afetch_github_user",
+    "fetch_github_user",
+]
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "github"
+USER_AGENT = "dispatch-nb/0.1"
+GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
+_T = TypeVar("_T")
+
+
+class DeviceFlowState(str, Enum):
+    """Where a device-flow login stands. Compares equal to its string value."""
+
+    PENDING = "pending"
+    SLOW_DOWN = "slow_down"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def finished(self) -> bool:
+        """True for the states a login ends in."""
+        return self not in (DeviceFlowState.PENDING, DeviceFlowState.SLOW_DOWN)
+
+
+#: ``on_state(state, info)``; ``info`` holds ``interval``, ``expires_at``, ``message``, ``error``
+#: and ``user_code`` where they apply (never a secret).
+StateCallback = Callable[[DeviceFlowState, Mapping[str, Any]], None]
+
+
+class DeviceFlowError(AuthenticationError):
+    """The device flow failed; ``provider_code`` holds GitHub's ``error`` value, if any."""
+
+    default_code = "device_flow_error"
+
+
+class DeviceFlowUnsupported(DeviceFlowError):
+    """This GitHub (or this client id) does not offer the device flow."""
+
+    default_code = "device_flow_unsupported"
+
+
+class DeviceCodeExpired(DeviceFlowError):
+    """The code expired before anyone approved it. Start the login again."""
+
+    default_code = "device_code_expired"
+
+
+class DeviceFlowDenied(DeviceFlowError):
+    """The user pressed Cancel on GitHub's page. Start the login again to retry."""
+
+    default_code = "access_denied"
+
+
+@dataclass(frozen=True)
+class DeviceCode:
+    """What GitHub answered to a device-code request. Show ``user_code`` and ``verification_uri``.
+
+    ``device_code`` is the secret half: it is left out of the repr. ``expires_at`` is Unix seconds.
+    """
+
+    device_code: str = field(repr=False)
+    user_code: str
+    verification_uri: str
+    expires_in: int
+    interval: float
+    expires_at: float
+    verification_uri_complete: str | None = None
+
+    def seconds_left(self, now: float | None = None) -> float:
+        """Seconds until the code expires (negative once it has)."""
+        return self.expires_at - (time.time() if now is None else now)
+
+    @property
+    def expired(self) -> bool:
+        """True once ``expires_at`` has passed."""
+        return self.seconds_left() <= 0
+
+
+class DeviceFlow:
+    """One GitHub device-flow login (RFC 8628); reusable for several attempts.
+
+    ``min_interval`` is the floor for the polling interval (GitHub's ``interval`` is used when it
+    is larger); ``slow_down_step`` is what ``slow_down`` adds when GitHub gives no new interval.
+    Tests set both small. Transient failures (5xx, network) are retried, up to
+    ``max_transient_errors`` in a row, as long as the code is valid.
+    """
+
+    def __init__(
+        self,
+        client_id: str = COPILOT_CLIENT_ID,
+        *,
+        github_url: str | None = None,
+        scope: str = "read:user",
+        http_client: httpx.Client | None = None,
+        async_http_client: httpx.AsyncClient | None = None,
+        min_interval: float = 1.0,
+        slow_down_step: float = 5.0,
+        timeout: float = 30.0,
+        max_transient_errors: int = 3,
+    ) -> None:
+        if min_interval < 0 or slow_down_step < 0:
+            raise ValueError("min_interval and slow_down_step must not be negative")
+        self.client_id = client_id
+        self.github_url = (github_url or default_github_url()).rstrip("/")
+        self.scope = scope
+        self.min_interval = min_interval
+        self.slow_down_step = slow_down_step
+        self.timeout = timeout
+        self.max_transient_errors = max_transient_errors
+        self._http = http_client
+        self._async_http = async_http_client
+        #: the current state; ``None`` until :meth:`poll` starts
+        self.state: DeviceFlowState | None = None
+        #: the polling interval in force (seconds); ``None`` until :meth:`poll` starts
+        self.interval: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceFlow(github_url={self.github_url!r}, client_id={self.client_id!r}, "
+            f"state={self.state.value if self.state else None!r})"
+        )
+
+    # -- URLs and bodies (sans-I/O) --------------------------------------------------------------
+    @property
+    def device_code_url(self) -> str:
+        """``{github_url}/login/device/code``."""
+        return f"{self.github_url}/login/device/code"
+
+    @property
+    def access_token_url(self) -> str:
+        """``{github_url}/login/oauth/access_token``."""
+        return f"{self.github_url}/login/oauth/access_token"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Accept": "application/json", "User-Agent": USER_AGENT}
+
+    def _device_code_body(self) -> dict[str, str]:
+        return {"client_id": self.client_id, "scope": self.scope}
+
+    def _token_body(self, code: DeviceCode) -> dict[str, str]:
+        return {
+            "client_id": self.client_id,
+            "device_code": code.device_code,
+            "grant_type": GRANT_TYPE,
+        }
+
+    def _unsupported(self, detail: str, status: int | None, error: str | None) -> DeviceFlowError:
+        return DeviceFlowUnsupported(
+            f"GitHub at {self.github_url} does not offer the device flow for client id "
+            f"{self.client_id} ({detail}). For GitHub Enterprise set DISPATCH_NB_GITHUB_URL to "
+            "your server's URL; or set DISPATCH_NB_GITHUB_TOKEN to a GitHub token you already "
+            "have.",
+            status_code=status,
+            provider=PROVIDER,
+            provider_code=error,
+        )
+
+    def _parse_device_code(self, response: httpx.Response) -> DeviceCode:
+        status = response.status_code
+        data = _body_fields(response.content)
+        error = _str(data.get("error"))
+        if error in ("unauthorized_client", "device_flow_disabled"):
+            raise self._unsupported(f"GitHub says {error}", status, error)
+        if status in (401, 403, 404, 422):
+            raise self._unsupported(f"HTTP {status}", status, error)
+        if status != 200 or error:
+            raise _http_error(response, data, "requesting a device code")
+        verification_uri = _str(data.get("verification_uri"))
+        if not verification_uri:
+            raise self._unsupported("the answer has no verification_uri", status, None)
+        device_code = _str(data.get("device_code"))
+        user_code = _str(data.get("user_code"))
+        if not device_code or not user_code:
+            raise DeviceFlowError(
+                "GitHub's device-code answer lacks device_code or user_code",
+                status_code=status,
+                provider=PROVIDER,
+            )
+        expires_in = int(_number(data.get("expires_in"), 900.0))
+        interval = _number(data.get("interval"), 5.0)
+        return DeviceCode(
+            device_code=device_code,
+            user_code=user_code,
+            verification_uri=verification_uri,
+            expires_in=expires_in,
+            interval=interval,
+            expires_at=time.time() + expires_in,
+            verification_uri_complete=_str(data.get("verification_uri_complete")),
+        )
+
+    # -- start -----------------------------------------------------------------------------------
+    def start(self) -> DeviceCode:
+        """Ask GitHub for a device code and a user code. Raises :class:`DeviceFlowUnsupported`
+        when this GitHub or client id has no device flow."""
+        with self._client() as client:
+            try:
+                response = client.post(
+                    self.device_code_url, json=self._device_code_body(), headers=self._headers()
+                )
+            except httpx.TransportError as exc:
+                raise _transport_error(exc, self.github_url) from None
+        return self._parse_device_code(response)
+
+    async def astart(self) -> DeviceCode:
+        """The async twin of :meth:`start`."""
+        async with self._aclient() as client:
+            try:
+                response = await client.post(
+                    self.device_code_url, json=self._device_code_body(), headers=self._headers()
+                )
+            except httpx.TransportError as exc:
+                raise _transport_error(exc, self.github_url) from None
+        return self._parse_device_code(response)
+
+    # -- poll ------------------------------------------------------------------------------------
+    def poll(
+        self,
+        code: DeviceCode,
+        *,
+        cancel: CancelToken | None = None,
+        on_state: StateCallback | None = None,
+    ) -> str:
+        """Wait until the user approves ``code`` and return the GitHub token.
+
+        Raises :class:`DeviceCodeExpired`, :class:`DeviceFlowDenied`, :class:`DeviceFlowError`,
+        or :class:`~dispatch_nb.errors.RequestCancelled` (within milliseconds of
+        ``cancel.cancel()``; a request already on the wire finishes first).
+        """
+        run = _PollRun(self, code, cancel, on_state)
+        try:
+            run.begin()
+            with self._client() as client:
+                while True:
+                    delay = run.next_delay()
+                    if cancel is not None:
+                        if cancel.wait(delay):
+                            raise run.cancelled()
+                    elif delay > 0:
+                        time.sleep(delay)
+                    run.check()
+                    try:
+                        response = client.post(
+                            self.access_token_url,
+                            json=self._token_body(code),
+                            headers=self._headers(),
+                        )
+                    except httpx.TransportError as exc:
+                        run.transient(_transport_error(exc, self.github_url))
+                        continue
+                    token = run.handle(response)
+                    if token is not None:
+                        return token
+        except KeyboardInterrupt:
+            run.interrupted()
+            raise
+
+    async def apoll(
+        self,
+        code: DeviceCode,
+        *,
+        cancel: CancelToken | None = None,
+        on_state: StateCallback | None = None,
+    ) -> str:
+        """The async twin of :meth:`poll`; ``cancel`` also aborts a request on the wire."""
+        run = _PollRun(self, code, cancel, on_state)
+        try:
+            run.begin()
+            async with self._aclient() as client:
+                while True:
+                    delay = run.next_delay()
+                    if await _sleep_or_cancel(delay, cancel):
+                        raise run.cancelled()
+                    run.check()
+                    try:
+                        response = await _race_cancel(
+                            client.post(
+                                self.access_token_url,
+                                json=self._token_body(code),
+                                headers=self._headers(),
+                            ),
+                            cancel,
+                        )
+                    except _Cancelled:
+                        raise run.cancelled() from None
+                    except httpx.TransportError as exc:
+                        run.transient(_transport_error(exc, self.github_url))
+                        continue
+                    token = run.handle(response)
+                    if token is not None:
+                        return token
+        except asyncio.CancelledError:
+            run.interrupted()
+            raise
+
+    # -- clients ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _client(self) -> Iterator[httpx.Client]:
+        if self._http is not None:
+            yield self._http
+            return
+        with sync_client(self.timeout) as client:
+            yield client
+
+    @contextlib.asynccontextmanager
+    async def _aclient(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self._async_http is not None:
+            yield self._async_http
+            return
+        async with async_client(self.timeout) as client:
+            yield client
+
+
+class _PollRun:
+    """The state machine of one :meth:`DeviceFlow.poll` call, shared by the sync and async loops."""
+
+    def __init__(
+        self,
+        flow: DeviceFlow,
+        code: DeviceCode,
+        cancel: CancelToken | None,
+        on_state: StateCallback | None,
+    ) -> None:
+        self.flow = flow
+        self.code = code
+        self.cancel = cancel
+        self.on_state = on_state
+        self.interval = max(code.interval, flow.min_interval)
+        self.failures = 0
+
+    def emit(self, state: DeviceFlowState, **info: Any) -> None:
+        flow = self.flow
+        flow.state = state
+        flow.interval = self.interval
+        log.debug("device flow: %s", state.value)
+        if self.on_state is None:
+            return
+        payload = {"interval": self.interval, "expires_at": self.code.expires_at, **info}
+        try:
+            self.on_state(state, MappingProxyType(payload))
+        except Exception:  # a broken display must not break the login
+            log.exception("device flow: the on_state callback failed")
+
+    def begin(self) -> None:
+        self.emit(DeviceFlowState.PENDING, user_code=self.code.user_code)
+        self.check()
+
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel.cancelled:
+            raise self.cancelled()
+        if self.code.expired:
+            raise self.fail(
+                DeviceFlowState.EXPIRED,
+                DeviceCodeExpired(
+                    "The login code expired before it was approved. Start the login again "
+                    "(`python -m dispatch_nb login` or `%chat login`).",
+                    provider=PROVIDER,
+                ),
+            )
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next request (cut short when the code expires sooner)."""
+        self.check()
+        return max(0.0, min(self.interval, self.code.seconds_left()))
+
+    def fail(self, state: DeviceFlowState, error: DispatchError) -> DispatchError:
+        self.emit(state, message=error.message, error=error.provider_code or error.code)
+        return error
+
+    def cancelled(self) -> RequestCancelled:
+        reason = self.cancel.reason if self.cancel is not None else None
+        error = RequestCancelled(reason or "the login was cancelled", provider=PROVIDER)
+        self.emit(DeviceFlowState.CANCELLED, message=error.message)
+        return error
+
+    def interrupted(self) -> None:
+        if self.flow.state is None or not self.flow.state.finished:
+            self.emit(DeviceFlowState.CANCELLED, message="the login was interrupted")
+
+    def transient(self, error: DispatchError) -> None:
+        """A 5xx, 429 or network failure: try again while the code is valid, a few times."""
+        self.failures += 1
+        log.debug("device flow: transient failure %d: %s", self.failures, error.message)
+        if self.failures > self.flow.max_transient_errors:
+            raise self.fail(DeviceFlowState.ERROR, error)
+        if isinstance(error, RateLimitError) and error.retry_after:
+            self.interval = max(self.interval, min(error.retry_after, 60.0))
+
+    def handle(self, response: httpx.Response) -> str | None:
+        """The token, or None to keep polling; raises for the final failures."""
+        status = response.status_code
+        data = _body_fields(response.content)
+        error = _str(data.get("error"))
+        if not error:
+            if status >= 500 or status == 429:
+                self.transient(_http_error(response, data, "polling for the token"))
+                return None
+            token = _str(data.get("access_token"))
+            if status == 200 and token:
+                self.emit(DeviceFlowState.APPROVED, scope=_str(data.get("scope")) or "")
+                return token
+            raise self.fail(
+                DeviceFlowState.ERROR,
+                _http_error(response, data, "polling for the token")
+                if status != 200
+                else DeviceFlowError(
+                    "GitHub's answer to the token poll has neither access_token nor error",
+                    status_code=status,
+                    provider=PROVIDER,
+                ),
+            )
+        self.failures = 0
+        if error == "authorization_pending":
+            if self.flow.state is not DeviceFlowState.PENDING:
+                self.emit(DeviceFlowState.PENDING)
+            return None
+        if error == "slow_down":
+            given = data.get("interval")
+            new = _number(given, self.interval + self.flow.slow_down_step)
+            self.interval = max(new, self.flow.min_interval)
+            self.emit(DeviceFlowState.SLOW_DOWN)
+            return None
+        raise self._final_error(error, status, _str(data.get("error_description")))
+
+    def _final_error(self, error: str, status: int, description: str | None) -> DispatchError:
+        flow = self.flow
+        kw: dict[str, Any] = {"provider": PROVIDER, "provider_code": error}
+        if error in ("expired_token", "token_expired"):
+            return self.fail(
+                DeviceFlowState.EXPIRED,
+                DeviceCodeExpired(
+                    "The login code expired before it was approved. Start the login again "
+                    "(`python -m dispatch_nb login` or `%chat login`).",
+                    **kw,
+                ),
+            )
+        if error == "access_denied":
+            return self.fail(
+                DeviceFlowState.DENIED,
+                DeviceFlowDenied(
+                    "The login was declined on GitHub (access denied). Start the login again "
+                    "if that was a mistake.",
+                    **kw,
+                ),
+            )
+        message: str
+        cls: type[DeviceFlowError] = DeviceFlowError
+        if error == "incorrect_device_code":
+            message = "GitHub does not recognise this login code. Start the login again."
+        elif error == "incorrect_client_credentials":
+            message = (
+                f"GitHub at {flow.github_url} rejected the client id {flow.client_id!r}. "
+                "Check the client_id argument (or the GitHub URL, for GitHub Enterprise)."
+            )
+        elif error == "unsupported_grant_type":
+            message = (
+                "GitHub rejected the grant type of the token request. This is a bug in "
+                "dispatch_nb; please report it."
+            )
+        elif error == "device_flow_disabled":
+            cls = DeviceFlowUnsupported
+            message = (
+                f"The device flow is disabled for client id {flow.client_id!r} at "
+                f"{flow.github_url}. Set DISPATCH_NB_GITHUB_TOKEN to a GitHub token instead."
+            )
+        else:
+            message = f"GitHub refused the login ({error})."
+        if description:
+            message = f"{message} GitHub says: {description}"
+        return self.fail(DeviceFlowState.ERROR, cls(message, status_code=status or None, **kw))
+
+
+# -- async waiting -------------------------------------------------------------------------------
+class _Cancelled(Exception):
+    """Internal: the CancelToken fired while awaiting something."""
+
+
+async def _wait_cancel(cancel: CancelToken, timeout: float | None) -> bool:
+    """Wait until ``cancel`` fires (True) or ``timeout`` passes (False); never blocks the loop."""
+    if cancel.cancelled:
+        return True
+    loop = asyncio.get_running_loop()
+    event = asyncio.Event()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop may be closed by now
+            loop.call_soon_threadsafe(event.set)
+
+    remove = cancel.add_callback(wake)
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return cancel.cancelled
+    finally:
+        remove()
+
+
+async def _sleep_or_cancel(delay: float, cancel: CancelToken | None) -> bool:
+    """Sleep ``delay`` seconds; True if ``cancel`` fired meanwhile."""
+    if cancel is None:
+        await asyncio.sleep(delay)
+        return False
+    return await _wait_cancel(cancel, delay)
+
+
+async def _race_cancel(awaitable: Awaitable[_T], cancel: CancelToken | None) -> _T:
+    """Await ``awaitable``; if ``cancel`` fires first, abandon it and raise ``_Cancelled``."""
+    if cancel is None:
+        return await awaitable
+    task = asyncio.ensure_future(awaitable)
+    waiter = asyncio.ensure_future(_wait_cancel(cancel, None))
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise _Cancelled
+    finally:
+        for pending in (task, waiter):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pending
+
+
+# -- the GitHub user -----------------------------------------------------------------------------
+def _user_request(token: str, api_url: str | None) -> tuple[str, dict[str, str]]:
+    url = f"{(api_url or default_github_api_url()).rstrip('/')}/user"
+    headers = {
+        "Authorization": f"token {token}",
+        "Accept": "application/vnd.github+json",
+        "User-Agent": USER_AGENT,
+    }
+    return url, headers
+
+
+def _login_from(response: httpx.Response) -> str | None:
+    if response.status_code != 200:
+        log.debug("GET /user answered HTTP %d", response.status_code)
+        return None
+    login = _body_fields(response.content).get("login")
+    return login if isinstance(login, str) and login else None
+
+
+def fetch_github_user(
+    token: str,
+    api_url: str | None = None,
+    *,
+    http_client: httpx.Client | None = None,
+    timeout: float = 10.0,
+) -> str | None:
+    """The login name of the token's owner (``GET {api_url}/user``), or None if that fails.
+
+    Never raises for HTTP or network trouble: it only decorates "approved as <login>".
+    ``api_url`` defaults to ``$DISPATCH_NB_GITHUB_API_URL`` else ``https://api.github.com``.
+    """
+    url, headers = _user_request(token, api_url)
+    try:
+        if http_client is not None:
+            response = http_client.get(url, headers=headers, timeout=timeout)
+        else:
+            with sync_client(timeout) as client:
+                response = client.get(url, headers=headers)
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+        log.debug("GET /user failed: %s", type(exc).__name__)
+        return None
+    return _login_from(response)
+
+
+async def afetch_github_user(
+    token: str,
+    api_url: str | None = None,
+    *,
+    http_client: httpx.AsyncClient | None = None,
+    timeout: float = 10.0,
+) -> str | None:
+    """The async twin of :func:`fetch_github_user`."""
+    url, headers = _user_request(token, api_url)
+    try:
+        if http_client is not None:
+            response = await http_client.get(url, headers=headers, timeout=timeout)
+        else:
+            async with async_client(timeout) as client:
+                response = await client.get(url, headers=headers)
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+        log.debug("GET /user failed: %s", type(exc).__name__)
+        return None
+    return _login_from(response)
+
+
+# -- small parsing helpers -----------------------------------------------------------------------
+def _body_fields(body: bytes) -> dict[str, Any]:
+    """A JSON object body, or a form-encoded one (GitHub's answer without ``Accept``); else {}."""
+    if not body:
+        return {}
+    try:
+        data = json.loads(body)
+    except ValueError:
+        try:
+            return dict(parse_qsl(body.decode("utf-8"), strict_parsing=True))
+        except (ValueError, UnicodeDecodeError):
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _number(value: Any, default: float) -> float:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return default
+    return default
+
+
+def _http_error(response: httpx.Response, data: Mapping[str, Any], doing: str) -> DispatchError:
+    status = response.status_code
+    detail = _str(data.get("error_description")) or _str(data.get("message"))
+    error = _str(data.get("error"))
+    text = f"GitHub answered HTTP {status} when {doing}"
+    if error:
+        text += f" ({error})"
+    if detail:
+        text += f": {detail}"
+    kw: dict[str, Any] = {"status_code": status, "provider": PROVIDER, "provider_code": error}
+    if status == 429:
+        return RateLimitError(text, retry_after=parse_retry_after(response.headers), **kw)
+    if status >= 500:
+        return ServerError(text, **kw)
+    return DeviceFlowError(text, **kw)
+
+
+def _transport_error(exc: httpx.TransportError, url: str) -> DispatchError:
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeoutError(f"{url} did not answer in time", provider=PROVIDER)
+    return APIConnectionError(f"could not reach {url} ({type(exc).__name__}: {exc})", provider=PROVIDER)
