@@ -1,0 +1,119 @@
+"""OpenAIAdapter configuration: explicit backend selection, base URLs, keys, registry entries."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dispatch_nb import AuthenticationError, connect
+from dispatch_nb.providers.openai import (
+    DEFAULT_COMPATIBLE_URL,
+    DEFAULT_OFFICIAL_URL,
+    OpenAIAdapter,
+    connect_compatible,
+    connect_official,
+)
+
+from ..fakes.openai_chat import OpenAIChatFake
+from ..fakes.openai_responses import OpenAIResponsesFake
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_default_backend_is_official() -> None:
+    adapter = OpenAIAdapter("gpt-4.1")
+    assert adapter.backend_mode == "official"
+    assert adapter.base_url == DEFAULT_OFFICIAL_URL
+    assert (adapter.provider_name, adapter.display_name) == ("openai", "OpenAI")
+
+
+def test_backend_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_BACKEND", "compatible")
+    adapter = OpenAIAdapter("llama3")
+    assert adapter.backend_mode == "compatible"
+    assert adapter.base_url == DEFAULT_COMPATIBLE_URL
+    assert adapter.display_name == "OpenAI-compatible server"
+    assert OpenAIAdapter("gpt-4.1", backend="official").backend_mode == "official"
+
+
+@pytest.mark.parametrize("where", ["argument", "environment"])
+def test_unknown_backend_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    if where == "environment":
+        monkeypatch.setenv("OPENAI_BACKEND", "azure")
+        make = lambda: OpenAIAdapter("gpt-4.1")  # noqa: E731
+    else:
+        make = lambda: OpenAIAdapter("gpt-4.1", backend="chat")  # noqa: E731
+    with pytest.raises(ValueError, match=r"official.*compatible") as info:
+        make()
+    assert ("OPENAI_BACKEND" in str(info.value)) == (where == "environment")
+
+
+def test_base_url_never_switches_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    local = OpenAIAdapter("llama3", base_url="http://127.0.0.1:11434/v1")
+    assert local.backend_mode == "official"
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    from_env = OpenAIAdapter("llama3")
+    assert (from_env.backend_mode, from_env.base_url) == ("official", "http://127.0.0.1:8000/v1")
+    compatible = OpenAIAdapter("llama3", backend="compatible")
+    assert compatible.base_url == "http://127.0.0.1:8000/v1"
+
+
+def test_registry_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    official = connect("openai:gpt-4.1")
+    assert isinstance(official, OpenAIAdapter) and official.backend_mode == "official"
+    assert official.model_name == "gpt-4.1"
+    local = connect("compatible:llama3:8b", base_url="http://127.0.0.1:11434/v1")
+    assert isinstance(local, OpenAIAdapter) and local.backend_mode == "compatible"
+    assert (local.model_name, local.base_url) == ("llama3:8b", "http://127.0.0.1:11434/v1")
+    assert connect_compatible("m").base_url == DEFAULT_COMPATIBLE_URL
+    assert connect_official("m", backend="compatible").backend_mode == "compatible"
+    with pytest.raises(ValueError, match="contradicts"):
+        connect_compatible("m", backend="official")
+    monkeypatch.setenv("OPENAI_BACKEND", "compatible")
+    assert connect("openai:llama3").backend_mode == "compatible"
+
+
+def test_compatible_needs_no_key_official_does() -> None:
+    with OpenAIChatFake() as chat:
+        answer = OpenAIAdapter("m", backend="compatible", base_url=chat.base_url).chat("hi")
+        assert answer.text == "echo: hi"
+        assert chat.last_request.header("authorization") is None
+    with OpenAIResponsesFake() as responses:
+        adapter = OpenAIAdapter("gpt-5", base_url=responses.base_url)
+        with pytest.raises(AuthenticationError, match="OPENAI_API_KEY"):
+            adapter.chat("hi")
+        with pytest.raises(AuthenticationError):
+            adapter.list_models()
+        assert responses.requests == []
+
+
+def test_key_from_environment_and_never_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-SECRET")
+    with OpenAIResponsesFake(api_key="sk-env-SECRET") as fake:
+        adapter = OpenAIAdapter("gpt-5", base_url=fake.base_url)
+        assert adapter.chat("hi").text == "echo: hi"
+        assert "SECRET" not in repr(adapter)
+        assert "backend='official'" in repr(adapter)
+
+
+def test_extra_headers_and_request_log(caplog: pytest.LogCaptureFixture) -> None:
+    with OpenAIChatFake() as fake:
+        adapter = OpenAIAdapter("m", backend="compatible", base_url=fake.base_url,
+                                headers={"x-team": "nb"}, api_key="k")
+        with caplog.at_level(logging.INFO, logger="dispatch_nb"):
+            adapter.chat("hi", extra_headers={"x-trace": "1"}, extra_body={"seed": 7})
+        request = fake.last_request
+        assert (request.header("x-team"), request.header("x-trace")) == ("nb", "1")
+        assert request.json["seed"] == 7
+    line = next(r.getMessage() for r in caplog.records if "request provider=" in r.getMessage())
+    assert "provider=compatible" in line and "backend=compatible" in line
+
+
+def test_invalid_model_name() -> None:
+    with pytest.raises(ValueError):
+        OpenAIAdapter("")
