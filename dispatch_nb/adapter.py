@@ -30,8 +30,8 @@ from .call_control import CallControl
 from .cancel import CancelToken
 from .errors import (
     APIConnectionError,
+    AuthenticationError,
     DispatchError,
-    RateLimitError,
     RequestError,
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
@@ -124,16 +124,19 @@ def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[s
     return out
 
 
-def backoff_delay(attempt: int, retry_after: float | None) -> float | None:
+def backoff_delay(
+    attempt: int, retry_after: float | None, base: float = BACKOFF_BASE
+) -> float | None:
     """Seconds before retry ``attempt`` (0-based): the server's ``retry-after`` when it is sane
-    (0 < value ≤ cap), else exponential backoff 0.5·2ⁿ s capped at 8 s with up to 25 % jitter.
-    None when the server asks for longer than the cap (then we do not retry)."""
+    (0 < value ≤ 60 s), else exponential backoff ``base``·2ⁿ s (0.5 s, 1 s, 2 s... by default)
+    capped at 8 s, minus up to 25 % jitter. None when the server asks for longer than the cap:
+    then we do not retry, and the error's ``retry_after`` tells the caller how long to wait."""
     if retry_after is not None:
         if retry_after > RETRY_AFTER_CAP:
             return None
         if retry_after > 0:
             return retry_after
-    delay: float = min(BACKOFF_BASE * (2**attempt), BACKOFF_CAP)
+    delay: float = min(base * (2**attempt), BACKOFF_CAP)
     return float(delay * (1 - 0.25 * random.random()))
 
 
@@ -162,7 +165,11 @@ class Adapter:
         self.default_max_tokens = max_tokens
         #: the per-call default total deadline in seconds (None: no deadline)
         self.default_timeout = timeout
+        #: retries after a retryable failure (408/409/429/5xx/529, a broken connection)
         self.max_retries = max_retries
+        #: seconds before the first retry when the server gives no ``retry-after``; doubles with
+        #: each retry (capped at 8 s), with jitter
+        self.retry_backoff = BACKOFF_BASE
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -208,8 +215,12 @@ class Adapter:
             self.list_models()
         except NotImplementedError:
             return ValidationResult(True, "configured (this provider cannot be checked remotely)")
+        except AuthenticationError as exc:
+            return ValidationResult(
+                False, f"{self.display_name} rejected the credentials: {exc.message}"
+            )
         except DispatchError as exc:
-            return ValidationResult(False, exc.message)
+            return ValidationResult(False, f"{self.display_name} could not be checked: {exc}")
         return ValidationResult(True, f"{self.display_name} accepted the credentials")
 
     def close(self) -> None:
@@ -285,6 +296,11 @@ class Adapter:
             raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
         if temperature is not None and not 0 <= temperature <= 2:
             raise ValueError(f"temperature must be between 0 and 2, not {temperature!r}")
+        retries = options.get("max_retries")
+        if retries is not None and (
+            isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
+        ):
+            raise ValueError(f"max_retries must be an integer ≥ 0, not {retries!r}")
         return ChatRequest(
             messages=msgs,
             system=system,
@@ -311,10 +327,9 @@ class Adapter:
             return None
         if self._should_retry_now(exc):
             return 0.0
-        if attempt >= retries or not exc.retryable:
+        if attempt >= retries or not exc.retryable or exc.code == "quota_exceeded":
             return None
-        retry_after = exc.retry_after if isinstance(exc, RateLimitError) else None
-        delay = backoff_delay(attempt, retry_after)
+        delay = backoff_delay(attempt, exc.retry_after, self.retry_backoff)
         remaining = control.remaining()
         if delay is None or (remaining is not None and delay >= remaining):
             return None
@@ -341,7 +356,12 @@ class Adapter:
     ) -> None:
         if not logger.isEnabledFor(logging.INFO):
             return
-        status = "ok" if error is None else type(error).__name__
+        if error is None:
+            status = "ok"
+        elif isinstance(error, GeneratorExit):
+            status = "closed"  # the caller stopped reading (close(), break, an exception)
+        else:
+            status = type(error).__name__
         code = getattr(error, "status_code", None)
         logger.info(
             "request provider=%s backend=%s model=%s stream=%s status=%s%s latency=%.3fs "
@@ -359,10 +379,14 @@ class Adapter:
             acc.usage.cache_read_tokens,
         )
 
+    def _retries(self, request: ChatRequest) -> int:
+        value = request.options.get("max_retries")
+        return self.max_retries if value is None else int(value)
+
     def _deltas(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
-        retries = int(request.options.get("max_retries", self.max_retries))
+        retries = self._retries(request)
         attempt = 0
         error: BaseException | None = None
         control.start()
@@ -395,7 +419,7 @@ class Adapter:
     async def _adeltas(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
-        retries = int(request.options.get("max_retries", self.max_retries))
+        retries = self._retries(request)
         attempt = 0
         error: BaseException | None = None
         control.start_async(asyncio.get_running_loop())
@@ -534,25 +558,47 @@ class Adapter:
             return deltas.response
 
 
+#: deltas a worker thread may run ahead of an async consumer (see _thread_bridge)
+BRIDGE_BUFFER = 64
+
+
 def _thread_bridge(
     make: Callable[[], Iterator[StreamDelta]], control: CallControl
 ) -> AsyncIterator[StreamDelta]:
-    """Run a sync delta iterator on a worker thread and yield its items on the event loop."""
+    """Run a sync delta iterator on a worker thread and yield its items on the event loop.
+
+    At most :data:`BRIDGE_BUFFER` deltas wait in between, so a slow consumer slows the worker
+    (backpressure) instead of letting the buffer grow."""
 
     async def run() -> AsyncIterator[StreamDelta]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        credit = threading.Semaphore(BRIDGE_BUFFER)
         stop = threading.Event()
 
-        def worker() -> None:
+        def put(kind: str, value: Any) -> None:
             try:
-                for item in make():
-                    loop.call_soon_threadsafe(queue.put_nowait, ("item", item))
+                loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+            except RuntimeError:  # the event loop is gone; nobody is listening
+                stop.set()
+
+        def worker() -> None:
+            items = make()
+            try:
+                for item in items:
+                    while not credit.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
                     if stop.is_set():
-                        break
-                loop.call_soon_threadsafe(queue.put_nowait, ("done", None))
+                        return
+                    put("item", item)
+                put("done", None)
             except BaseException as exc:
-                loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
+                put("error", exc)
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()
 
         thread = threading.Thread(target=worker, name="dispatch_nb-bridge", daemon=True)
         thread.start()
@@ -560,6 +606,7 @@ def _thread_bridge(
             while True:
                 kind, value = await queue.get()
                 if kind == "item":
+                    credit.release()
                     yield value
                 elif kind == "done":
                     return
@@ -567,6 +614,7 @@ def _thread_bridge(
                     raise value
         finally:
             stop.set()
+            credit.release()
             if thread.is_alive():
                 control.abort("cancel")
                 await asyncio.to_thread(thread.join, 5)

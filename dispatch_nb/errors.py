@@ -49,6 +49,8 @@ class DispatchError(Exception):
     """Base of every error an adapter raises."""
 
     default_code = "unknown"
+    #: seconds the server asked us to wait before retrying (``retry-after``), if it said
+    retry_after: float | None = None
 
     def __init__(
         self,
@@ -293,10 +295,13 @@ def error_for_status(
         "request_id": request_id,
         "provider_code": error_type,
     }
+    retry_after = parse_retry_after(headers) if headers is not None else None
     if cls is RateLimitError:
-        retry_after = parse_retry_after(headers) if headers is not None else None
         return RateLimitError(message, retry_after=retry_after, **kw)
-    return cls(message, **kw)
+    error = cls(message, **kw)
+    if retry_after is not None:
+        error.retry_after = retry_after
+    return error
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import httpcore
 import httpx
 import orjson
 
@@ -93,6 +94,84 @@ def _shutdown_stream(network_stream: Any) -> None:
             pass
 
 
+# The sync transport cannot cancel a blocked read by itself: an abort must shut the socket down
+# from another thread. New connections announce their socket through httpx's trace extension, but a
+# connection reused from the pool does not, so the clients we create use a network backend whose
+# streams tell the call that is writing on them (through this thread-local) which socket it uses.
+_writer = threading.local()
+
+
+class _WatchedStream(httpcore.NetworkStream):
+    """A network stream that reports itself to the call writing on it (see ``_writer``)."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        hook = getattr(_writer, "hook", None)
+        if hook is not None:
+            _writer.hook = None
+            hook(self)
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        return _WatchedStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _WatchedBackend(httpcore.NetworkBackend):
+    """Wraps httpcore's network backend so every stream is a :class:`_WatchedStream`."""
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        return _WatchedStream(
+            self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        )
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        return _WatchedStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _abortable_transport() -> httpx.HTTPTransport:
+    """httpx's default transport, with the watched network backend where httpx allows it."""
+    transport = httpx.HTTPTransport()
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if isinstance(backend, httpcore.NetworkBackend):
+        pool._network_backend = _WatchedBackend(backend)  # type: ignore[union-attr]
+    return transport
+
+
 class HTTPAdapter(Adapter):
     """Base for HTTP providers. Subclasses implement :meth:`build_request`,
     :meth:`stream_parser` and :meth:`parse_body`; may override :meth:`parse_error`,
@@ -165,7 +244,9 @@ class HTTPAdapter(Adapter):
         if self._http is None:
             with self._client_lock:
                 if self._http is None:
-                    self._http = httpx.Client(timeout=self._http_timeout)
+                    self._http = httpx.Client(
+                        timeout=self._http_timeout, transport=_abortable_transport()
+                    )
         return self._http
 
     def _aclient(self) -> httpx.AsyncClient:
@@ -236,6 +317,9 @@ class HTTPAdapter(Adapter):
                 stream = info.get("return_value")
                 connected.append(control.on_abort(lambda: _shutdown_stream(stream)))
 
+        def watch(stream: httpcore.NetworkStream) -> None:
+            connected.append(control.on_abort(lambda: _shutdown_stream(stream)))
+
         try:
             headers = self._headers(wire, self.auth_headers(), request)
             http_request = client.build_request(
@@ -245,11 +329,13 @@ class HTTPAdapter(Adapter):
                 content=self._body(wire, request),
                 extensions={"trace": trace},
             )
+            _writer.hook = watch
             response = client.send(http_request, stream=True)
         except httpx.HTTPError as exc:
             control.check()
             raise wrap_transport_error(exc, self.provider_name) from None
         finally:
+            _writer.hook = None
             for remove in connected:
                 remove()
         network_stream = response.extensions.get("network_stream")

@@ -321,7 +321,7 @@ def _attach_partial(exc: BaseException, acc: Accumulator) -> None:
     if isinstance(exc, DispatchError):
         if exc.partial is None:
             exc.partial = acc.snapshot()
-    else:
+    elif getattr(exc, "partial", None) is None:
         try:
             exc.partial = acc.snapshot()  # type: ignore[attr-defined]
         except Exception:
@@ -416,7 +416,10 @@ class ResponseStream:
     def __enter__(self) -> ResponseStream:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and self._response is None:
+            # e.g. Ctrl-C (KeyboardInterrupt) in the loop body: keep what arrived
+            _attach_partial(exc, self._acc)
         self.close()
 
     def __del__(self) -> None:
@@ -502,5 +505,7 @@ class AsyncResponseStream:
     async def __aenter__(self) -> AsyncResponseStream:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and self._response is None:
+            _attach_partial(exc, self._acc)
         await self.aclose()
