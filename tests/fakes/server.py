@@ -92,6 +92,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
+    request_queue_size = 128  # many clients connecting at once (concurrency tests)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # clients that hang up mid-reply are expected in fault-injection tests
@@ -213,6 +214,12 @@ class LoopbackServer:
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections the server still holds open (0 once every client hung up)."""
+        with self._lock:
+            return len(self._connections)
 
     def start(self) -> LoopbackServer:
         self._thread.start()
