@@ -1,0 +1,482 @@
+"""One ``%%chat`` execution, start to finish.
+
+1. Build the prompt (``prompt.py``) and pick the thread and the cell's turn key (``threads.py``).
+2. Get an adapter per model (cached per kernel; a Copilot model without a login first shows the
+   device-login view, ``login.py``; ``--cache`` wraps it in the response cache).
+3. Run one :class:`~dispatch_nb.notebook.runner.Job` per model on worker threads; the kernel's
+   thread feeds the live view (``live.py``).
+4. Replace the live view with one static output (``display.py``), record the turn, store ``-o``,
+   put ``-f code`` into the next cell, and raise a short :class:`ChatError` /
+   :class:`ChatInterrupted` if something went wrong — after the partial answer is shown.
+
+This module is imported on the first ``%%chat``, never by ``%load_ext``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from ..cancel import CancelToken
+from ..errors import DispatchError, RequestCancelled
+from ..types import Message, Response, StreamDelta
+from .display import (
+    ChatError,
+    ChatInterrupted,
+    CompareEntry,
+    FinalOutput,
+    compare_output,
+    explain_error,
+    final_output,
+)
+from .live import detect_mode, has_kernel, make_view
+from .prompt import PromptError, build_prompt
+from .runner import Job, JobOutcome, run_jobs
+from .threads import cell_identity, cell_key, turn_from
+
+if TYPE_CHECKING:
+    from ..adapter import Adapter
+    from .magics import ChatMagics
+
+__all__ = ["default_spec", "get_adapter", "run_chat_cell"]
+
+
+# ------------------------------------------------------------------------------------------------
+# models and adapters
+
+
+def default_spec(magics: ChatMagics) -> tuple[str, str]:
+    """The default model spec and why it was chosen."""
+    if magics.model.strip():
+        return magics.model.strip(), "ChatMagics.model"
+    try:
+        from ..defaults import resolve_default_model
+    except ImportError:
+        resolve_default_model = None
+    if resolve_default_model is not None:
+        resolved = resolve_default_model()
+        spec = getattr(resolved, "spec", None) or str(resolved)
+        reason = getattr(resolved, "reason", "") or ""
+        return spec, reason
+    from ..registry import DEFAULT_MODEL
+
+    env = os.environ.get("DISPATCH_NB_MODEL", "").strip()
+    if env:
+        return env, "DISPATCH_NB_MODEL"
+    return DEFAULT_MODEL, "the built-in default"
+
+
+def split_specs(value: str | None, magics: ChatMagics) -> list[str]:
+    """``-m a,b,c`` → ``["a", "b", "c"]``; nothing → the default model."""
+    if not value or not value.strip():
+        return [default_spec(magics)[0]]
+    specs = [s.strip() for s in value.split(",") if s.strip()]
+    if not specs:
+        raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")
+    if len(set(specs)) != len(specs):
+        raise UsageError(f"-m lists a model twice: {value}")
+    return specs
+
+
+def cache_mode(magics: ChatMagics, requested: str | None) -> str:
+    """The cache mode in force: ``--cache``, else ``ChatMagics.cache``, else the environment."""
+    mode = (requested or magics.cache or os.environ.get("DISPATCH_NB_CACHE", "") or "off").lower()
+    return mode
+
+
+def get_adapter(magics: ChatMagics, spec: str, mode: str = "off") -> Adapter:
+    """The adapter for ``spec`` (cached per kernel), wrapped in the response cache unless ``off``."""
+    key = (spec, mode)
+    adapter = magics._adapters.get(key)
+    if adapter is not None:
+        return adapter
+    from ..registry import connect, parse_model_spec
+
+    provider, _model = parse_model_spec(spec)
+    if provider == "copilot" and magics.login_on_demand:
+        ensure_copilot_login(magics)
+    adapter = connect(spec)
+    if mode != "off":
+        adapter = wrap_cache(adapter, mode)
+    magics._adapters[key] = adapter
+    return adapter
+
+
+def wrap_cache(adapter: Adapter, mode: str) -> Adapter:
+    """``adapter`` behind the response cache in ``mode``."""
+    try:
+        from ..cache import CachedAdapter
+    except ImportError:
+        raise ChatError(
+            "Cache unavailable",
+            f"--cache {mode} needs dispatch_nb.cache, which this installation lacks",
+            "Use --cache off.",
+        ) from None
+    return CachedAdapter(adapter, mode=mode)  # type: ignore[call-arg, no-any-return]
+
+
+def ensure_copilot_login(magics: ChatMagics) -> None:
+    """Show the device login when no GitHub token is available; raise ChatError if it fails."""
+    from ..auth.token_store import find_github_token
+
+    if find_github_token() is not None:
+        return
+    from .login import run_login
+
+    run_login(magics, reason="This cell uses GitHub Copilot, which needs a GitHub login.")
+
+
+# ------------------------------------------------------------------------------------------------
+# tools
+
+
+def resolve_tools(names: str | None, namespace: dict[str, Any]) -> list[Any]:
+    """``--tools f,g`` → tool objects from the namespace (``@tool`` objects or typed functions)."""
+    if not names:
+        return []
+    from ..tools import Tool, tool
+
+    out: list[Any] = []
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        if name not in namespace:
+            raise ChatError(
+                "Unknown tool", f"there is no {name!r} in the namespace", "Define the function first."
+            )
+        obj = namespace[name]
+        if isinstance(obj, Tool):
+            out.append(obj)
+        elif callable(obj):
+            try:
+                out.append(tool(obj))
+            except (TypeError, ValueError) as exc:
+                raise ChatError("Tool error", f"{name}: {exc}", "Add type hints, or use @tool.") from None
+        else:
+            raise ChatError("Tool error", f"{name} is a {type(obj).__name__}, not a function")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the work each model does (on a worker thread)
+
+
+def response_events(response: Response) -> list[StreamDelta]:
+    """The deltas a streamed call would have produced for ``response`` (for ``--no-stream``)."""
+    events: list[StreamDelta] = []
+    for block in response.content:
+        if block.type == "text":
+            events.append(StreamDelta(type="text_delta", text=block.text))
+        elif block.type == "thinking":
+            events.append(StreamDelta(type="thinking_delta", text=block.thinking))
+        elif block.type == "tool_use":
+            events.append(
+                StreamDelta(type="tool_use_start", tool_call_id=block.id, tool_name=block.name)
+            )
+            events.append(
+                StreamDelta(
+                    type="tool_use_end",
+                    tool_call_id=block.id,
+                    tool_name=block.name,
+                    arguments=block.arguments,
+                )
+            )
+    return events
+
+
+@dataclass
+class CallPlan:
+    """What one model is asked to do."""
+
+    spec: str
+    adapter: Adapter
+    history: list[Message]
+    user: Message
+    system: str | None
+    max_tokens: int | None
+    temperature: float | None
+    timeout: float | None
+    stream: bool
+    tools: list[Any]
+    max_tool_rounds: int
+
+
+@dataclass
+class CallResult:
+    """A finished call: the last response and every message produced (for the thread)."""
+
+    response: Response
+    produced: list[Message]
+
+
+def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
+    """The function a worker thread runs for ``plan``."""
+    options: dict[str, Any] = {}
+    if plan.max_tokens is not None:
+        options["max_tokens"] = plan.max_tokens
+    if plan.temperature is not None:
+        options["temperature"] = plan.temperature
+    if plan.timeout is not None:
+        options["timeout"] = plan.timeout
+
+    def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
+        messages = [*plan.history, plan.user]
+        if plan.stream:
+            stream = plan.adapter.stream(messages, system=plan.system, cancel=cancel, **options)
+            with stream:
+                for delta in stream:
+                    emit(delta)
+            response = stream.response
+        else:
+            response = plan.adapter.chat(
+                messages, system=plan.system, cancel=cancel, stream=False, **options
+            )
+            for delta in response_events(response):
+                emit(delta)
+        assert response is not None
+        return CallResult(response, [response.to_message()])
+
+    def with_tools(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
+        from ..session import Session
+
+        session = Session(
+            plan.adapter,
+            system=plan.system,
+            tools=plan.tools,
+            max_tool_rounds=plan.max_tool_rounds,
+            max_tokens=plan.max_tokens,
+            temperature=plan.temperature,
+        )
+        session.history = list(plan.history)
+        start = len(session.history)
+        last: Response | None = None
+        extra: dict[str, Any] = {"cancel": cancel}
+        if plan.timeout is not None:
+            extra["timeout"] = plan.timeout
+        for event in session.stream(plan.user.content, **extra):
+            kind = getattr(event, "type", None)
+            if kind == "error":
+                raise event.error
+            if kind == "message_done":
+                last = event.response
+            emit(event)
+        if last is None:
+            raise RequestCancelled("the session ended without an answer")
+        produced = list(session.history[start + 1 :])
+        return CallResult(last, produced)
+
+    return with_tools if plan.tools else plain
+
+
+# ------------------------------------------------------------------------------------------------
+# the cell
+
+
+def _partial_response(outcome: JobOutcome) -> Response | None:
+    error = outcome.error
+    if isinstance(error, DispatchError):
+        return error.partial
+    return None
+
+
+def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell: str) -> None:
+    """Run one ``%%chat`` cell (see the module docstring)."""
+    shell = magics.shell
+    namespace = shell.user_ns
+    fmt = args.format or magics.format
+    interpolate = magics.interpolate and not args.no_interpolate
+    try:
+        prompt = build_prompt(
+            cell,
+            namespace,
+            interpolate=interpolate,
+            max_chars=magics.max_value_chars,
+            max_rows=magics.max_rows,
+        )
+    except PromptError as exc:
+        raise explain_error(exc) from None
+    text = re.sub(r"\A(?:[ \t]*\n)+", "", prompt.text).rstrip()  # surrounding blank lines
+    if not text:
+        raise UsageError("the %%chat cell is empty: write the prompt below the %%chat line")
+
+    specs = split_specs(args.model, magics)
+    compare = len(specs) > 1
+    tools = resolve_tools(args.tools, namespace)
+    mode = cache_mode(magics, args.cache)
+    stream = magics.stream and not args.no_stream
+    system = args.system if args.system is not None else (magics.system or None)
+
+    # Conversation memory.
+    thread_name = args.thread or magics.thread
+    thread = magics.threads.get(thread_name)
+    if args.new:
+        thread.clear()
+    identity = cell_identity(magics.cell_id, f"{thread_name}\n{line}\n{cell}")
+    key = cell_key(magics.cell_id, f"{thread_name}\n{line}\n{cell}", magics.next_occurrence(identity))
+    use_history = not args.no_history
+    history = thread.history_for(key) if use_history else []
+    user = Message(role="user", content=text)
+
+    # Adapters (a Copilot model may show the login first).
+    adapters: list[Adapter] = []
+    for spec in specs:
+        try:
+            adapters.append(get_adapter(magics, spec, mode))
+        except (DispatchError, ImportError) as exc:
+            raise explain_error(exc, spec=spec) from None
+
+    plans = [
+        CallPlan(
+            spec=spec,
+            adapter=adapter,
+            history=history,
+            user=user,
+            system=system,
+            max_tokens=args.max_tokens if args.max_tokens is not None else magics.max_tokens,
+            temperature=args.temperature if args.temperature is not None else magics.temperature,
+            timeout=magics.timeout,
+            stream=stream,
+            tools=tools,
+            max_tool_rounds=magics.max_tool_rounds,
+        )
+        for spec, adapter in zip(specs, adapters, strict=True)
+    ]
+    jobs = [Job(name=plan.spec, work=make_work(plan)) for plan in plans]
+
+    live_mode = detect_mode(shell, magics.live)
+    view = make_view(live_mode, specs, rate=magics.update_rate, in_kernel=has_kernel(shell))
+    view.start(prompt.notes)
+
+    def on_done(index: int, outcome: JobOutcome) -> None:
+        transcript = view.transcripts[index]
+        result = outcome.result
+        if isinstance(result, CallResult):
+            transcript.finish(result.response)
+        else:
+            transcript.finish(_partial_response(outcome))
+        error = None
+        if outcome.error is not None:
+            error = "cancelled" if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
+        view.job_done(index, transcript.footer(outcome.latency), error)
+
+    interrupted = False
+    try:
+        try:
+            run_jobs(jobs, view.feed, tick=view.tick, on_done=on_done)
+        except KeyboardInterrupt:
+            interrupted = True
+    except BaseException:
+        view.close()
+        raise
+
+    outcomes = [job.outcome for job in jobs]
+    extra = {"thread": None if (compare or not use_history) else thread_name, "live": view.mode}
+
+    if compare:
+        entries = []
+        for spec, transcript, outcome in zip(specs, view.transcripts, outcomes, strict=True):
+            error = None
+            if outcome.error is not None:
+                if isinstance(outcome.error, RequestCancelled):
+                    error = "cancelled"
+                else:
+                    error = explain_error(outcome.error, spec=spec).message
+            entries.append(
+                CompareEntry(
+                    spec=spec,
+                    transcript=transcript,
+                    latency=outcome.latency if outcome.ended else None,
+                    ttft=outcome.time_to_first_output,
+                    error=error,
+                )
+            )
+        final = compare_output(entries, extra=extra)
+    else:
+        outcome = outcomes[0]
+        note = None
+        if interrupted or isinstance(outcome.error, RequestCancelled):
+            note = "⏹ interrupted"
+        elif outcome.error is not None:
+            note = f"⚠ {type(outcome.error).__name__}"
+        final = final_output(
+            view.transcripts[0],
+            fmt=fmt,
+            latency=outcome.latency if outcome.ended else None,
+            ttft=outcome.time_to_first_output,
+            extra=extra,
+            note=note,
+        )
+    view.finish(final)
+
+    _after(magics, args, final, plans, outcomes, thread, key, use_history, compare, fmt)
+
+    if interrupted:
+        raise ChatInterrupted("chat cancelled; the partial answer is kept above") from None
+    failures = [(spec, o.error) for spec, o in zip(specs, outcomes, strict=True) if o.error is not None]
+    if failures and not compare:
+        spec, error = failures[0]
+        assert error is not None
+        if isinstance(error, RequestCancelled):
+            raise ChatInterrupted("chat cancelled; the partial answer is kept above") from None
+        if not isinstance(error, (DispatchError, ChatError)):
+            raise error
+        raise explain_error(error, spec=spec, available=_available_models(plans[0])) from None
+    if failures and len(failures) == len(specs):
+        spec, error = failures[0]
+        assert error is not None
+        raise explain_error(error, spec=spec) from None
+
+
+def _available_models(plan: CallPlan) -> list[str]:
+    try:
+        return [m.id for m in plan.adapter.list_models()]
+    except Exception:
+        return []
+
+
+def _after(
+    magics: ChatMagics,
+    args: argparse.Namespace,
+    final: FinalOutput,
+    plans: list[CallPlan],
+    outcomes: list[JobOutcome],
+    thread: Any,
+    key: str,
+    use_history: bool,
+    compare: bool,
+    fmt: str,
+) -> None:
+    """Record the turn, store ``-o VAR`` and ``Out[n]``, send ``-f code`` to the next cell."""
+    shell = magics.shell
+    count = magics.execution_count
+    results = [o.result if isinstance(o.result, CallResult) else None for o in outcomes]
+    if compare:
+        value: Any = {
+            plan.spec: result.response
+            for plan, result in zip(plans, results, strict=True)
+            if result is not None
+        }
+        if args.output and value:
+            shell.user_ns[args.output] = value
+        return
+    result = results[0]
+    if result is None:
+        return
+    if use_history:
+        thread.record(turn_from(key, plans[0].user, result.produced, result.response, count))
+    if args.output:
+        shell.user_ns[args.output] = result.response
+    out = shell.user_ns.get("Out")
+    if isinstance(out, dict) and isinstance(count, int):
+        out[count] = result.response
+    if fmt == "code" and final.code:
+        try:
+            shell.set_next_input(final.code, replace=False)
+        except Exception:
+            pass

@@ -1,0 +1,438 @@
+"""The GitHub device login in a notebook: ``%chat login``, and any ``%%chat`` that needs one.
+
+What the user sees (widget rendering; the others print or display the same information)::
+
+    Sign in to GitHub Copilot
+    ┌────────────┐
+    │ ABCD-1234  │  [Copy]          ← the user code, large and selectable, with a copy button
+    └────────────┘
+    Open https://github.com/login/device and enter the code.
+    The code expires in 14:32.      ← a countdown
+    ⏳ Waiting for approval…        ← live status: waiting, slow down, approved as @login,
+                                       denied, expired (then a "New code" button)
+
+The flow (:class:`~dispatch_nb.auth.device_flow.DeviceFlow`) polls on a worker thread; its state
+changes come back to the kernel's thread through the runner, which also ticks the countdown.
+Interrupting the kernel cancels the poll at once. On approval the token is saved with
+:class:`~dispatch_nb.auth.token_store.TokenStore` and the live view is replaced by one static
+line (no widget state left behind); a pending ``%%chat`` then simply continues. The token never
+appears in any output.
+
+The "New code" button works once the cell has finished (a busy kernel cannot receive clicks):
+it runs a fresh flow in the background and updates the same view.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .display import ChatError, ChatInterrupted
+from .live import detect_mode, has_kernel
+
+if TYPE_CHECKING:
+    from ..auth.device_flow import DeviceCode, DeviceFlow
+    from .magics import ChatMagics
+
+__all__ = ["LoginOutcome", "LoginView", "run_login"]
+
+TITLE = "Sign in to GitHub Copilot"
+_DIM = "color: var(--jp-ui-font-color2, #777); font-size: 0.9em;"
+
+
+@dataclass
+class LoginOutcome:
+    """How a login ended: ``state`` is approved / denied / expired / cancelled / error."""
+
+    state: str
+    user: str | None = None
+    path: str | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the user approved and the token is saved."""
+        return self.state == "approved"
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _status_text(state: str, info: Mapping[str, Any]) -> str:
+    if state == "pending":
+        return "⏳ Waiting for you to approve on GitHub…"
+    if state == "slow_down":
+        return f"⏳ Waiting… (GitHub asked to check less often: every {info.get('interval', 0):.0f} s)"
+    if state == "approved":
+        return "✅ Approved"
+    if state == "denied":
+        return "❌ The request was denied on GitHub."
+    if state == "expired":
+        return "⌛ The code expired before it was approved."
+    if state == "cancelled":
+        return "⏹ Login cancelled."
+    return f"⚠ {info.get('message') or state}"
+
+
+class LoginView:
+    """Base of the three renderings; every method runs on the kernel's thread (or, after the cell
+    ended, on the "New code" background thread)."""
+
+    mode = "base"
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.reason = reason
+        self.code: DeviceCode | None = None
+        self.state = "starting"
+        self.retry: Any = None  # set by run_login: starts a fresh flow (the "New code" button)
+
+    def show_code(self, code: DeviceCode) -> None:
+        """A new user code to show."""
+        self.code = code
+        self.state = "pending"
+
+    def set_state(self, state: str, info: Mapping[str, Any]) -> None:
+        """The flow's state changed."""
+        self.state = state
+
+    def countdown(self, seconds_left: float) -> None:
+        """About once a second while waiting."""
+
+    def done(self, outcome: LoginOutcome) -> None:
+        """The login ended."""
+
+
+# -- widget -------------------------------------------------------------------------------------
+
+
+class WidgetLoginView(LoginView):
+    """ipywidgets rendering with a copy button and a "New code" button."""
+
+    mode = "widget"
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason)
+        import ipywidgets as widgets
+        from IPython.display import display
+
+        self.w = widgets
+        intro = f"<b>{TITLE}</b>" + (
+            f"<div style='{_DIM}'>{html.escape(reason)}</div>" if reason else ""
+        )
+        self.title = widgets.HTML(value=intro)
+        self.code_html = widgets.HTML(value="<i>Asking GitHub for a code…</i>")
+        self.link = widgets.HTML(value="")
+        self.clock = widgets.HTML(value="")
+        self.status = widgets.HTML(value="")
+        self.new_code = widgets.Button(
+            description="New code", icon="refresh", layout={"display": "none"}
+        )
+        self.new_code.on_click(self._on_new_code)
+        self.box = widgets.VBox(
+            [self.title, self.code_html, self.link, self.clock, self.status, self.new_code],
+            layout={"border": "1px solid var(--jp-border-color1, #ccc)", "padding": "8px 12px",
+                    "width": "fit-content"},
+        )
+        self.handle = display(self.box, display_id=True)
+        self._last_clock = ""
+
+    def show_code(self, code: DeviceCode) -> None:
+        super().show_code(code)
+        user_code = html.escape(code.user_code)
+        js_code = code.user_code.replace("\\", "\\\\").replace("'", "\\'")
+        self.code_html.value = (
+            "<div style='display:flex; align-items:center; gap:12px; margin:6px 0'>"
+            "<span style='font-size:2.2em; font-weight:bold; letter-spacing:0.12em; "
+            "font-family: var(--jp-code-font-family, monospace); user-select:all; "
+            "padding:2px 12px; border:1px solid var(--jp-border-color1, #ccc); border-radius:6px'>"
+            f"{user_code}</span>"
+            "<button style='padding:4px 10px; cursor:pointer' title='Copy the code' "
+            f"onclick=\"navigator.clipboard.writeText('{html.escape(js_code)}')"
+            ".then(() => {{ this.textContent = 'Copied ✓'; }})\">Copy</button></div>"
+        )
+        uri = html.escape(code.verification_uri)
+        self.link.value = (
+            f"Open <a href='{uri}' target='_blank' rel='noopener'><b>{uri}</b></a> "
+            "and enter the code."
+        )
+        self.new_code.layout.display = "none"
+        self.status.value = html.escape(_status_text("pending", {}))
+        self.countdown(code.seconds_left())
+
+    def set_state(self, state: str, info: Mapping[str, Any]) -> None:
+        super().set_state(state, info)
+        self.status.value = html.escape(_status_text(state, info))
+
+    def countdown(self, seconds_left: float) -> None:
+        text = f"<span style='{_DIM}'>The code expires in {_clock(seconds_left)}.</span>"
+        if text != self._last_clock:
+            self.clock.value = text
+            self._last_clock = text
+
+    def done(self, outcome: LoginOutcome) -> None:
+        self.state = outcome.state
+        if outcome.ok:
+            # Leave one static line, no widget state, in the saved notebook.
+            self.handle.update(_static_bundle(outcome), raw=True)
+            self.close()
+            return
+        self.status.value = html.escape(outcome.message or _status_text(outcome.state, {}))
+        self.clock.value = ""
+        if outcome.state in ("expired", "denied", "error") and self.retry is not None:
+            self.new_code.layout.display = ""
+
+    def _on_new_code(self, _button: Any) -> None:
+        if self.retry is None:
+            return
+        self.new_code.layout.display = "none"
+        self.status.value = "Asking GitHub for a new code…"
+        self.retry()
+
+    def close(self) -> None:
+        for widget in (self.title, self.code_html, self.link, self.clock, self.status,
+                       self.new_code, self.box):
+            try:
+                widget.close()
+            except Exception:
+                pass
+
+
+def _static_bundle(outcome: LoginOutcome) -> dict[str, str]:
+    who = f" as **@{outcome.user}**" if outcome.user else ""
+    where = f" The token is saved in `{outcome.path}`." if outcome.path else ""
+    md = f"✅ Logged in to GitHub Copilot{who}.{where}"
+    return {"text/markdown": md, "text/plain": md.replace("**", "").replace("`", "")}
+
+
+# -- display ------------------------------------------------------------------------------------
+
+
+class DisplayLoginView(LoginView):
+    """One Markdown output updated in place (kernels without ipywidgets)."""
+
+    mode = "display"
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason)
+        from IPython.display import display
+
+        self.status = "Asking GitHub for a code…"
+        self.seconds_left: float | None = None
+        self.handle = display(self._bundle(), raw=True, display_id=True)
+
+    def _bundle(self) -> dict[str, str]:
+        lines = [f"**{TITLE}**"]
+        if self.reason:
+            lines.append(f"<sub>{html.escape(self.reason)}</sub>")
+        if self.code is not None:
+            lines.append(
+                f"Open [{self.code.verification_uri}]({self.code.verification_uri}) and enter "
+                f"the code:\n\n## `{self.code.user_code}`"
+            )
+            if self.seconds_left is not None:
+                lines.append(f"<sub>The code expires in {_clock(self.seconds_left)}.</sub>")
+        lines.append(self.status)
+        md = "\n\n".join(lines)
+        return {"text/markdown": md, "text/plain": md.replace("**", "").replace("`", "")}
+
+    def show_code(self, code: DeviceCode) -> None:
+        super().show_code(code)
+        self.status = _status_text("pending", {})
+        self.seconds_left = code.seconds_left()
+        self.handle.update(self._bundle(), raw=True)
+
+    def set_state(self, state: str, info: Mapping[str, Any]) -> None:
+        super().set_state(state, info)
+        self.status = _status_text(state, info)
+        self.handle.update(self._bundle(), raw=True)
+
+    def countdown(self, seconds_left: float) -> None:
+        if self.seconds_left is None or int(seconds_left) != int(self.seconds_left):
+            self.seconds_left = seconds_left
+            self.handle.update(self._bundle(), raw=True)
+
+    def done(self, outcome: LoginOutcome) -> None:
+        self.state = outcome.state
+        if outcome.ok:
+            self.handle.update(_static_bundle(outcome), raw=True)
+            return
+        self.seconds_left = None
+        retry = " Run `%chat login` for a new code." if outcome.state != "cancelled" else ""
+        self.status = (outcome.message or _status_text(outcome.state, {})) + retry
+        self.handle.update(self._bundle(), raw=True)
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+
+class TextLoginView(LoginView):
+    """Printed lines (terminal IPython)."""
+
+    mode = "text"
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason)
+        print(TITLE + (f" — {reason}" if reason else ""), flush=True)
+
+    def show_code(self, code: DeviceCode) -> None:
+        super().show_code(code)
+        print(
+            f"Open {code.verification_uri} and enter the code:\n\n    {code.user_code}\n\n"
+            f"The code expires in {_clock(code.seconds_left())}. Waiting for approval "
+            "(interrupt to cancel)…",
+            flush=True,
+        )
+
+    def set_state(self, state: str, info: Mapping[str, Any]) -> None:
+        if state != self.state and state != "pending":
+            print(_status_text(state, info), flush=True)
+        super().set_state(state, info)
+
+    def done(self, outcome: LoginOutcome) -> None:
+        self.state = outcome.state
+        if outcome.ok:
+            print(_static_bundle(outcome)["text/plain"], flush=True)
+        else:
+            print(outcome.message or _status_text(outcome.state, {}), flush=True)
+
+
+def make_login_view(mode: str, reason: str | None = None) -> LoginView:
+    """The login view for a live mode (``widget`` / ``display`` / ``text``)."""
+    if mode == "widget":
+        return WidgetLoginView(reason)
+    if mode == "display":
+        return DisplayLoginView(reason)
+    return TextLoginView(reason)
+
+
+# -- the flow -----------------------------------------------------------------------------------
+
+
+def _complete(flow: DeviceFlow, token: str) -> LoginOutcome:
+    """Save an approved token (and who it belongs to); never shows the token."""
+    from ..auth.device_flow import fetch_github_user
+    from ..auth.endpoints import default_github_api_url
+    from ..auth.token_store import TokenStore
+
+    user = fetch_github_user(token, default_github_api_url())
+    path = TokenStore().save(token, user=user, github_url=flow.github_url)
+    return LoginOutcome("approved", user=user, path=str(path))
+
+
+def _outcome_of(error: BaseException) -> LoginOutcome:
+    from ..auth.device_flow import DeviceCodeExpired, DeviceFlowDenied
+    from ..errors import RequestCancelled
+
+    if isinstance(error, DeviceFlowDenied):
+        return LoginOutcome("denied", message=_status_text("denied", {}))
+    if isinstance(error, DeviceCodeExpired):
+        return LoginOutcome("expired", message=_status_text("expired", {}))
+    if isinstance(error, RequestCancelled):
+        return LoginOutcome("cancelled", message=_status_text("cancelled", {}))
+    return LoginOutcome("error", message=f"⚠ {error}")
+
+
+def _make_flow(magics: ChatMagics) -> DeviceFlow:
+    from ..auth.device_flow import DeviceFlow
+
+    return DeviceFlow(min_interval=magics.login_min_interval)
+
+
+def _background_retry(magics: ChatMagics, view: LoginView) -> None:
+    """The "New code" button: a fresh flow on a background thread (the cell has ended)."""
+
+    def body() -> None:
+        flow = _make_flow(magics)
+        try:
+            code = flow.start()
+            view.show_code(code)
+            token = flow.poll(code, on_state=lambda state, info: view.set_state(str(state), info))
+            outcome = _complete(flow, token)
+            magics.close_adapters()
+        except Exception as exc:
+            outcome = _outcome_of(exc)
+        view.done(outcome)
+
+    threading.Thread(target=body, name="dispatch_nb-login", daemon=True).start()
+
+
+def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = False) -> LoginOutcome:
+    """Run the device login with a live view; return on approval, else raise a short error.
+
+    ``force=False`` returns at once when a GitHub token is already available.
+    Raises :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`.
+    """
+    from ..auth.token_store import find_github_token
+    from ..errors import DispatchError
+    from .runner import Job, run_jobs
+
+    if not force:
+        try:
+            found = find_github_token()
+        except DispatchError:
+            found = None
+        if found is not None:
+            return LoginOutcome("approved", message=f"token from {found.source}")
+
+    shell = magics.shell
+    mode = detect_mode(shell, magics.live)
+    if mode == "text" and has_kernel(shell):
+        mode = "display"
+    view = make_login_view(mode, reason)
+    magics.login_view = view
+    flow = _make_flow(magics)
+    try:
+        code = flow.start()
+    except DispatchError as exc:
+        outcome = LoginOutcome("error", message=f"⚠ {exc.message}")
+        view.done(outcome)
+        raise ChatError("Login failed", exc.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
+                        original=exc) from None
+    view.show_code(code)
+    if mode == "widget":
+        view.retry = lambda: _background_retry(magics, view)
+
+    def work(emit: Any, cancel: Any) -> LoginOutcome:
+        token = flow.poll(
+            code, cancel=cancel, on_state=lambda state, info: emit((str(state), dict(info)))
+        )
+        return _complete(flow, token)
+
+    job = Job(name="login", work=work)
+    next_tick = [time.monotonic()]
+
+    def tick() -> float:
+        now = time.monotonic()
+        if now >= next_tick[0]:
+            view.countdown(code.seconds_left())
+            next_tick[0] = now + 1.0
+        return max(0.0, next_tick[0] - now)
+
+    try:
+        run_jobs([job], lambda _i, event: view.set_state(*event), tick=tick)
+    except KeyboardInterrupt:
+        outcome = LoginOutcome("cancelled", message=_status_text("cancelled", {}))
+        view.done(outcome)
+        raise ChatInterrupted("login cancelled") from None
+    if job.outcome.error is not None:
+        outcome = _outcome_of(job.outcome.error)
+        view.done(outcome)
+        fix = (
+            "Press “New code” above, or run `%chat login` again."
+            if mode == "widget"
+            else "Run `%chat login` again."
+        )
+        if outcome.state == "cancelled":
+            raise ChatInterrupted("login cancelled") from None
+        raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "), fix,
+                        original=job.outcome.error) from None
+    outcome = job.outcome.result
+    view.done(outcome)
+    magics.close_adapters()
+    return outcome  # type: ignore[no-any-return]

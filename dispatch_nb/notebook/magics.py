@@ -1,0 +1,306 @@
+"""``%%chat`` and ``%chat``: the IPython magics, configured through traitlets.
+
+``%load_ext dispatch_nb`` registers :class:`ChatMagics` and two cheap hooks. Loading imports only
+IPython and traitlets (already in memory) and two small standard-library modules of this package:
+no httpx, pydantic, ipywidgets or provider module is imported until the first ``%%chat`` runs.
+
+Settings are traits: ``%config ChatMagics.model = "openai:gpt-4.1"`` (or ``c.ChatMagics.model``
+in ``ipython_config.py``); ``%config ChatMagics`` lists them all.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from IPython.core import magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode, default
+
+from .prompt import ErrorLog
+
+__all__ = ["ChatMagics", "load_ipython_extension", "unload_ipython_extension"]
+
+FORMATS = ("markdown", "text", "code", "json")
+CACHE_MODES = ("off", "read-write", "replay", "record")
+LIVE_MODES = ("auto", "widget", "display", "text")
+SUBCOMMANDS = ("login", "logout", "status", "models", "history", "reset")
+
+
+def usage_line(parser: Any) -> str:
+    """``usage: %%chat [-m SPEC] ...`` (without the reST ``::`` IPython's formatter adds)."""
+    return "usage: " + " ".join(parser.format_usage().replace("::", "").split())
+
+
+def _usage_error(parser: Any, exc: UsageError) -> UsageError:
+    """The argparse message plus the usage line."""
+    return UsageError(f"{exc}\n{usage_line(parser)}")
+
+
+@magics_class
+class ChatMagics(Magics):
+    """The ``%%chat`` cell magic and the ``%chat`` line magic (see ``docs/notebook.md``)."""
+
+    model = Unicode(
+        "",
+        help="Default model spec ('provider:model'). Empty: $DISPATCH_NB_MODEL, else the built-in "
+        "default (see %chat status).",
+    ).tag(config=True)
+    system = Unicode("", help="Default system prompt for %%chat cells.").tag(config=True)
+    stream = Bool(True, help="Stream answers live (False: wait for the whole answer).").tag(
+        config=True
+    )
+    history_length = Int(
+        20,
+        help="The most turns a thread keeps (and sends as context); older turns are dropped. "
+        "0 keeps every turn.",
+    ).tag(config=True)
+    thread = Unicode("default", help="The thread %%chat cells use when -t is not given.").tag(
+        config=True
+    )
+    cache = CaselessStrEnum(
+        ("", *CACHE_MODES),
+        default_value="",
+        help="Response cache mode: off, read-write, replay or record. Empty: $DISPATCH_NB_CACHE, "
+        "else off.",
+    ).tag(config=True)
+    format = CaselessStrEnum(
+        FORMATS, default_value="markdown", help="Default output format (-f)."
+    ).tag(config=True)
+    live = CaselessStrEnum(
+        LIVE_MODES,
+        help="Live view: auto (widgets in a kernel that has ipywidgets, display updates in other "
+        "kernels, plain text in a terminal), widget, display or text. Default: $DISPATCH_NB_LIVE "
+        "or auto.",
+    ).tag(config=True)
+    interpolate = Bool(
+        True, help="Replace {expression} in prompts with values from the namespace."
+    ).tag(config=True)
+    max_value_chars = Int(
+        4000, help="The most characters one interpolated value may take in a prompt."
+    ).tag(config=True)
+    max_rows = Int(10, help="Rows of an interpolated DataFrame shown in a prompt.").tag(
+        config=True
+    )
+    max_tokens = Int(None, allow_none=True, help="Default --max-tokens (None: the model's).").tag(
+        config=True
+    )
+    temperature = Float(None, allow_none=True, help="Default --temperature.").tag(config=True)
+    timeout = Float(
+        None, allow_none=True, help="Total seconds one answer may take (None: no deadline)."
+    ).tag(config=True)
+    max_tool_rounds = Int(8, help="Tool-calling rounds one --tools cell may run.").tag(config=True)
+    update_rate = Float(20.0, help="The most live-view updates per second.").tag(config=True)
+    login_on_demand = Bool(
+        True,
+        help="When a %%chat cell needs a GitHub Copilot login, show the login and continue.",
+    ).tag(config=True)
+
+    login_min_interval = Float(
+        1.0,
+        help="The shortest wait between two device-login polls (GitHub's interval wins when "
+        "longer).",
+    ).tag(config=True)
+
+    @default("live")
+    def _default_live(self) -> str:
+        value = os.environ.get("DISPATCH_NB_LIVE", "").strip().lower()
+        return value if value in LIVE_MODES else "auto"
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        #: exceptions of earlier cells by execution count (``Err`` in the user namespace)
+        self.errors = ErrorLog()
+        self._threads: Any = None
+        self._adapters: dict[tuple[str, str], Any] = {}
+        self._cell_id: str | None = None
+        self._occurrences: dict[str, int] = {}
+        self._occurrence_count: int | None = None
+        self._execution_count: int | None = None
+        #: the last login view (kept so its "new code" button keeps working after the cell ends)
+        self.login_view: Any = None
+
+    # -- state shared by the cells ---------------------------------------------------------------
+    @property
+    def threads(self) -> Any:
+        """The :class:`~dispatch_nb.notebook.threads.ThreadStore` of this kernel."""
+        if self._threads is None:
+            from .threads import ThreadStore
+
+            self._threads = ThreadStore(self.history_length)
+        self._threads.max_turns = self.history_length
+        return self._threads
+
+    def next_occurrence(self, base: str) -> int:
+        """How many chat calls with identity ``base`` this execution already made."""
+        count = getattr(self.shell, "execution_count", None)
+        if count != self._occurrence_count:
+            self._occurrences = {}
+            self._occurrence_count = count
+        n = self._occurrences.get(base, 0)
+        self._occurrences[base] = n + 1
+        return n
+
+    @property
+    def execution_count(self) -> int | None:
+        """The number (``In[n]``) of the cell running now, when IPython counts it."""
+        return self._execution_count
+
+    @property
+    def cell_id(self) -> str | None:
+        """The front end's id of the cell running now (None when it sent none)."""
+        return self._cell_id
+
+    def close_adapters(self) -> None:
+        """Close every cached adapter (they are recreated on demand)."""
+        adapters, self._adapters = self._adapters, {}
+        for adapter in adapters.values():
+            try:
+                adapter.close()
+            except Exception:
+                pass
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def pre_run_cell(self, info: Any) -> None:
+        """Remember the running cell's id; a new execution restarts the occurrence count."""
+        self._cell_id = getattr(info, "cell_id", None) or None
+        self._occurrences = {}
+        self._occurrence_count = getattr(self.shell, "execution_count", None)
+        # IPython has already counted this cell: its number is one less (when it is counted).
+        counted = getattr(info, "store_history", False) and not getattr(info, "silent", False)
+        count = self._occurrence_count
+        self._execution_count = count - 1 if counted and isinstance(count, int) else None
+
+    def post_run_cell(self, result: Any) -> None:
+        """Store the cell's exception as ``Err[n]``."""
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        info = getattr(result, "info", None)
+        if getattr(info, "silent", False):
+            return
+        self.errors.record(getattr(result, "execution_count", None), error)
+
+    # -- magics ----------------------------------------------------------------------------------
+    @magic_arguments.magic_arguments(name="%chat")
+    @magic_arguments.argument(
+        "-m", "--model", metavar="SPEC",
+        help="Model spec 'provider:model' (default: ChatMagics.model). Several, comma-separated "
+        "(-m a,b,c), compare the models side by side.",
+    )
+    @magic_arguments.argument("-s", "--system", metavar="SYSTEM", help="System prompt for this cell.")
+    @magic_arguments.argument(
+        "-t", "--thread", metavar="THREAD", help="Conversation thread (default: ChatMagics.thread)."
+    )
+    @magic_arguments.argument(
+        "--new", action="store_true", help="Start the thread afresh with this cell."
+    )
+    @magic_arguments.argument("--max-tokens", type=int, metavar="N", help="Most tokens to generate.")
+    @magic_arguments.argument("--temperature", type=float, metavar="T", help="Sampling temperature.")
+    @magic_arguments.argument(
+        "--tools", metavar="NAMES",
+        help="Comma-separated functions from the namespace the model may call (@tool or typed "
+        "functions).",
+    )
+    @magic_arguments.argument(
+        "-f", "--format", choices=FORMATS, type=str.lower,
+        help="markdown (default), text, code (into the next cell) or json.",
+    )
+    @magic_arguments.argument(
+        "-o", "--output", metavar="VAR", help="Store the Response in this variable."
+    )
+    @magic_arguments.argument(
+        "--no-stream", action="store_true", help="Wait for the whole answer instead of streaming."
+    )
+    @magic_arguments.argument(
+        "--no-history", action="store_true",
+        help="Send no earlier turns, and do not record this one.",
+    )
+    @magic_arguments.argument(
+        "--no-interpolate", action="store_true", help="Send {braces} literally."
+    )
+    @magic_arguments.argument(
+        "--cache", choices=CACHE_MODES, type=str.lower, metavar="MODE",
+        help="Response cache: off, read-write, replay or record (default: ChatMagics.cache).",
+    )
+    @cell_magic("chat")
+    def chat_cell(self, line: str, cell: str) -> None:
+        """Send the cell to a language model and stream the answer.
+
+        The cell is the prompt; ``{name}`` / ``{expression}`` are replaced by values from the
+        namespace (``{{`` for a literal brace), including ``{In[3]}``, ``{Out[3]}`` and
+        ``{Err[3]}`` (the exception cell 3 raised). Re-running a cell replaces its turn in the
+        thread.
+        """
+        parser = self.chat_cell.parser
+        try:
+            args = parser.parse_argstring(line)
+        except UsageError as exc:
+            raise _usage_error(parser, exc) from None
+        from .cell import run_chat_cell
+
+        run_chat_cell(self, args, line, cell)
+
+    @magic_arguments.magic_arguments(name="chat")
+    @magic_arguments.argument("command", choices=SUBCOMMANDS, help="What to do.")
+    @magic_arguments.argument(
+        "target", nargs="?", default=None,
+        help="PROVIDER for login/models; THREAD for history/reset.",
+    )
+    @magic_arguments.argument(
+        "--all", action="store_true", help="reset: clear every thread."
+    )
+    @line_magic("chat")
+    def chat_line(self, line: str) -> None:
+        """Manage dispatch_nb: ``login [PROVIDER]``, ``logout``, ``status``, ``models [PROVIDER]``,
+        ``history [THREAD]``, ``reset [THREAD]``. Prompts go in a ``%%chat`` cell."""
+        parser = self.chat_line.parser
+        if not line.strip():
+            raise UsageError(
+                "%chat needs a command: " + ", ".join(SUBCOMMANDS) + ". Prompts go in a "
+                "%%chat cell.\n" + usage_line(parser)
+            )
+        try:
+            args = parser.parse_argstring(line)
+        except UsageError as exc:
+            raise _usage_error(parser, exc) from None
+        from . import commands
+
+        commands.run(self, args)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext dispatch_nb``: register the magics, ``Err`` and the cell hooks."""
+    existing = getattr(ipython, "_dispatch_nb_magics", None)
+    if existing is not None:
+        return
+    magics = ChatMagics(shell=ipython)
+    ipython.register_magics(magics)
+    ipython.events.register("pre_run_cell", magics.pre_run_cell)
+    ipython.events.register("post_run_cell", magics.post_run_cell)
+    ipython.user_ns.setdefault("Err", magics.errors)
+    ipython.user_ns_hidden.setdefault("Err", magics.errors)
+    ipython._dispatch_nb_magics = magics
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext dispatch_nb``: remove the hooks and magics, close connections."""
+    magics = getattr(ipython, "_dispatch_nb_magics", None)
+    if magics is None:
+        return
+    for event, callback in (
+        ("pre_run_cell", magics.pre_run_cell),
+        ("post_run_cell", magics.post_run_cell),
+    ):
+        try:
+            ipython.events.unregister(event, callback)
+        except ValueError:
+            pass
+    for kind, name in (("cell", "chat"), ("line", "chat")):
+        ipython.magics_manager.magics[kind].pop(name, None)
+    if magics in getattr(ipython, "configurables", []):
+        ipython.configurables.remove(magics)
+    if ipython.user_ns.get("Err") is magics.errors:
+        del ipython.user_ns["Err"]
+        ipython.user_ns_hidden.pop("Err", None)
+    magics.close_adapters()
+    del ipython._dispatch_nb_magics

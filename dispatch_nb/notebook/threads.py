@@ -1,0 +1,200 @@
+"""Conversation memory for ``%%chat``: named threads of turns, one turn per cell.
+
+A :class:`ChatThread` is an ordered list of :class:`Turn` s. Each turn is keyed by the identity of
+the cell that produced it (see :func:`cell_key`), so **re-running a cell replaces its turn in place**
+instead of appending a duplicate:
+
+* the re-run sees, as history, only the turns *before* its own position — the context it had the
+  first time;
+* turns *after* it are kept (they were written in reply to the old version, but deleting a
+  user's later work on a re-run surprises people more than a slightly stale context does);
+* a cell that has never run appends its turn at the end and sees the whole thread.
+
+A thread keeps at most ``max_turns`` turns (the oldest are dropped; ``0`` keeps everything).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..types import Message, Response
+
+__all__ = [
+    "DEFAULT_THREAD",
+    "ChatThread",
+    "ThreadStore",
+    "Turn",
+    "cell_identity",
+    "cell_key",
+    "turn_from",
+]
+
+DEFAULT_THREAD = "default"
+
+
+def cell_identity(cell_id: str | None, source: str) -> str:
+    """The identity of the cell running a ``%%chat``.
+
+    ``cell_id`` is the front end's cell id (JupyterLab, Notebook 7 and VS Code send it with each
+    execution), so editing and re-running a cell keeps its identity; without one (terminal IPython,
+    nbclient), the hash of the cell's source stands in, so re-running unchanged source still
+    replaces its turn.
+    """
+    if cell_id:
+        return f"cell:{cell_id}"
+    return "src:" + hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def cell_key(cell_id: str | None, source: str, occurrence: int = 0) -> str:
+    """The key of a turn: the cell's identity plus ``occurrence``, which numbers the chat calls
+    one execution makes (a loop calling ``run_cell_magic`` several times keeps every answer)."""
+    return f"{cell_identity(cell_id, source)}#{occurrence}"
+
+
+@dataclass
+class Turn:
+    """One cell's exchange: the user message and every message the model (and tools) produced."""
+
+    key: str
+    messages: list[Message]
+    model: str = ""
+    created: float = field(default_factory=time.time)
+    execution_count: int | None = None
+
+    @property
+    def prompt(self) -> str:
+        """The user's text of this turn."""
+        return self.messages[0].text if self.messages else ""
+
+    @property
+    def answer(self) -> str:
+        """The final assistant text of this turn."""
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.text
+        return ""
+
+
+class ChatThread:
+    """One named conversation (see the module docstring for the re-run rules)."""
+
+    def __init__(self, name: str, max_turns: int = 0) -> None:
+        self.name = name
+        self.max_turns = max_turns
+        self.turns: list[Turn] = []
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+    def __iter__(self) -> Iterator[Turn]:
+        return iter(self.turns)
+
+    def __repr__(self) -> str:
+        return f"ChatThread(name={self.name!r}, turns={len(self.turns)})"
+
+    def index(self, key: str) -> int | None:
+        """Position of the turn keyed ``key``, or None."""
+        for i, turn in enumerate(self.turns):
+            if turn.key == key:
+                return i
+        return None
+
+    def history_for(self, key: str) -> list[Message]:
+        """The messages to send before the prompt of the turn keyed ``key``."""
+        position = self.index(key)
+        turns = self.turns if position is None else self.turns[:position]
+        return [m for turn in turns for m in turn.messages]
+
+    def record(self, turn: Turn) -> None:
+        """Store ``turn``: replace the turn with the same key in place, else append."""
+        position = self.index(turn.key)
+        if position is None:
+            self.turns.append(turn)
+        else:
+            self.turns[position] = turn
+        if self.max_turns > 0 and len(self.turns) > self.max_turns:
+            del self.turns[: len(self.turns) - self.max_turns]
+
+    def clear(self) -> None:
+        """Forget every turn."""
+        self.turns.clear()
+
+    def to_markdown(self) -> str:
+        """The thread for ``%chat history``."""
+        if not self.turns:
+            return f"*Thread `{self.name}` is empty.*"
+        parts = [f"**Thread `{self.name}`** — {len(self.turns)} turn(s)\n"]
+        for i, turn in enumerate(self.turns, 1):
+            where = f"In [{turn.execution_count}]" if turn.execution_count else turn.key[:12]
+            model = f" · {turn.model}" if turn.model else ""
+            parts.append(f"---\n**{i}. You** <sub>{where}{model}</sub>\n\n{_quote(turn.prompt)}\n")
+            parts.append(f"**Assistant**\n\n{_quote(turn.answer) or '*(no text)*'}\n")
+        return "\n".join(parts)
+
+
+def _quote(text: str) -> str:
+    return "\n".join(f"> {line}" if line else ">" for line in text.strip().splitlines())
+
+
+class ThreadStore:
+    """Every thread of one kernel, by name."""
+
+    def __init__(self, max_turns: int = 0) -> None:
+        self.max_turns = max_turns
+        self._threads: dict[str, ChatThread] = {}
+
+    def get(self, name: str = DEFAULT_THREAD) -> ChatThread:
+        """The thread called ``name`` (created empty on first use)."""
+        thread = self._threads.get(name)
+        if thread is None:
+            thread = self._threads[name] = ChatThread(name, self.max_turns)
+        thread.max_turns = self.max_turns
+        return thread
+
+    def names(self) -> list[str]:
+        """Names of threads that exist."""
+        return list(self._threads)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._threads
+
+    def reset(self, name: str | None = None) -> list[str]:
+        """Clear thread ``name`` (every thread when None); returns the names cleared."""
+        if name is None:
+            names = list(self._threads)
+            self._threads.clear()
+            return names
+        if name in self._threads:
+            del self._threads[name]
+            return [name]
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        """``{name: number of turns}``."""
+        return {name: len(t) for name, t in self._threads.items()}
+
+
+def turn_from(
+    key: str,
+    user: Message,
+    produced: list[Message] | None,
+    response: Response | None,
+    execution_count: int | None = None,
+) -> Turn:
+    """A :class:`Turn` from the user message and what the model (and tools) produced."""
+    messages = [user]
+    if produced:
+        messages += produced
+    elif response is not None:
+        messages.append(response.to_message())
+    return Turn(
+        key=key,
+        messages=messages,
+        model=response.model if response is not None else "",
+        execution_count=execution_count,
+    )

@@ -1,0 +1,426 @@
+"""``%%chat`` / ``%chat`` through a real IPython shell against the loopback canonical fake."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import _thread
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+from dispatch_nb.notebook.display import ChatError, ChatInterrupted
+from tests.fakes.provider import Fail, ToolCall, Turn
+from tests.notebook.conftest import run
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def sent_messages(fake: Any, index: int = -1) -> list[dict[str, Any]]:
+    return fake.chat_requests[index].json["messages"]
+
+
+# -- loading and options --------------------------------------------------------------------------
+
+
+def test_load_ext_imports_no_heavy_module() -> None:
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'dispatch_nb')\n"
+        "assert ip.find_cell_magic('chat') and ip.find_line_magic('chat')\n"
+        "heavy = ['httpx', 'pydantic', 'ipywidgets', 'orjson', 'dispatch_nb.types',\n"
+        "         'dispatch_nb.registry', 'dispatch_nb.providers', 'dispatch_nb.notebook.cell',\n"
+        "         'dispatch_nb.notebook.live']\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_generated_help_lists_every_option(shell: Any) -> None:
+    doc = shell.find_cell_magic("chat").__doc__
+    for option in ("-m SPEC", "-s SYSTEM", "-t THREAD", "--new", "--max-tokens N", "--temperature T",
+                   "--tools NAMES", "-f", "-o VAR", "--no-stream", "--no-history",
+                   "--no-interpolate", "--cache MODE"):
+        assert option in doc, option
+    assert "{login,logout,status,models,history,reset}" in shell.find_line_magic("chat").__doc__
+
+
+def test_bad_options_raise_usage_error_with_the_usage_line(shell: Any, fake: Any) -> None:
+    with pytest.raises(UsageError, match=r"unrecognized arguments: --bogus\nusage: %%chat \[-m SPEC\]"):
+        shell.run_cell_magic("chat", "--bogus", "hi")
+    with pytest.raises(UsageError, match="invalid choice: 'yaml'"):
+        shell.run_cell_magic("chat", "-f yaml", "hi")
+    with pytest.raises(UsageError, match="usage: %chat"):
+        shell.run_line_magic("chat", "frobnicate")
+    with pytest.raises(UsageError, match="needs a command"):
+        shell.run_line_magic("chat", "")
+    with pytest.raises(UsageError, match="empty"):
+        shell.run_cell_magic("chat", "", "   \n")
+    assert fake.chat_requests == []
+
+
+def test_config_traits(shell: Any, fake: Any) -> None:
+    run(shell, '%config ChatMagics.system = "Be terse."')
+    run(shell, "%config ChatMagics.max_tokens = 77")
+    run(shell, '%config ChatMagics.model = "fake:configured"')
+    result = run(shell, "%%chat\nhello")
+    assert result.success
+    body = fake.chat_requests[-1].json
+    assert body["system"] == "Be terse." and body["max_tokens"] == 77 and body["model"] == "configured"
+    result = run(shell, "%%chat -s Other --max-tokens 5 --temperature 0.5 -m fake:echo\nhello again")
+    body = fake.chat_requests[-1].json
+    assert (body["system"], body["max_tokens"], body["temperature"], body["model"]) == (
+        "Other", 5, 0.5, "echo")
+
+
+# -- streaming and the final output ------------------------------------------------------------------
+
+
+def test_terminal_streams_text_then_a_footer(shell: Any, fake: Any, capsys: Any) -> None:
+    shell.user_ns["x"] = 42
+    result = run(shell, "%%chat\nWhat is {x}?")
+    assert result.success, result.error_in_exec
+    out = capsys.readouterr().out
+    assert "echo: What is 42?" in out
+    assert "[echo · 12 in / 7 out tokens" in out
+    assert sent_messages(fake)[-1]["content"] == "What is 42?"
+
+
+@pytest.mark.parametrize("live", ["display", "widget"])
+def test_one_static_output_replaces_the_live_view(shell: Any, fake: Any, live: str) -> None:
+    run(shell, f'%config ChatMagics.live = "{live}"')
+    fake.push(Turn(text="# Title\n\nSome **markdown** and $x^2$.", thinking="let me think", chunk=3,
+                   delay=0.005, input_tokens=21, output_tokens=9))
+    result = run(shell, "%%chat\nexplain")
+    assert result.success, result.error_in_exec
+    front = shell.front
+    assert len(front.outputs) == 1
+    data, metadata = front.outputs[0]["data"], front.outputs[0]["metadata"]
+    assert set(data) == {"text/markdown", "text/plain"}
+    assert "Some **markdown** and $x^2$." in data["text/markdown"]
+    assert "<details><summary>Thinking</summary>" in data["text/markdown"]
+    assert "21 in / 9 out tokens" in data["text/markdown"]
+    facts = metadata["dispatch_nb"]
+    assert facts["model"] == "echo" and facts["usage"]["input_tokens"] == 21
+    assert facts["stop_reason"] == "end_turn" and facts["latency_s"] > 0 and facts["thread"] == "default"
+    assert facts["live"] == live
+    displayed = [body["data"] for kind, body in front.messages if kind == "display"]
+    if live == "widget":
+        assert WIDGET_MIME in displayed[0]  # the live view was a widget...
+        assert all(WIDGET_MIME not in o["data"] for o in front.outputs)  # ...and is gone
+        magics = shell._dispatch_nb_magics
+        assert magics is not None
+    else:
+        assert ("clear", {"wait": True}) in front.messages
+
+
+def test_widget_view_shows_text_thinking_and_tools_then_closes_its_widgets(shell: Any, fake: Any) -> None:
+    import ipywidgets
+
+    from dispatch_nb.notebook.live import WidgetView
+
+    view = WidgetView(["fake:echo"])
+    view.start(["a note"])
+    from dispatch_nb.types import StreamDelta, ToolResultBlock, ToolResultEvent
+
+    view.feed(0, StreamDelta(type="thinking_delta", text="hmm"))
+    view.feed(0, StreamDelta(type="text_delta", text="Hello <b>"))
+    view.feed(0, StreamDelta(type="tool_use_start", tool_call_id="t1", tool_name="add"))
+    view.feed(0, StreamDelta(type="tool_use_end", tool_call_id="t1", arguments={"a": 1}))
+    view.feed(0, ToolResultEvent(result=ToolResultBlock(tool_use_id="t1", content="2"), tool_name="add"))
+    view.feed(0, StreamDelta(type="text_delta", text="done"))
+    assert view.tick() is None  # the first flush happens at once
+    column = view.columns[0]
+    kinds = [type(p).__name__ for p in column.body.children]
+    assert kinds == ["Accordion", "HTML", "HTML", "HTML"]
+    accordion = column.body.children[0]
+    assert accordion.selected_index is None  # thinking is collapsed
+    assert "Hello &lt;b&gt;" in column.body.children[1].value
+    assert "add" in column.body.children[2].value and "→ 2" in column.body.children[2].value
+    created = list(column.created)
+    from dispatch_nb.notebook.display import FinalOutput
+
+    view.finish(FinalOutput({"text/markdown": "x", "text/plain": "x"}, {}))
+    assert all(w.comm is None for w in created)
+    assert isinstance(accordion, ipywidgets.Accordion)
+
+
+def test_no_stream_waits_for_the_whole_answer(shell: Any, fake: Any) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    result = run(shell, "%%chat --no-stream\nquiet")
+    assert result.success
+    assert fake.chat_requests[-1].json["stream"] is False
+    assert "echo: quiet" in shell.front.markdown[0]
+
+
+def test_formats(shell: Any, fake: Any) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    fake.push(Turn(text="Here:\n```python\nprint('hi')\n```\nand\n```python\nx = 1\n```"))
+    run(shell, "%%chat -f code\nwrite code")
+    assert shell.front.outputs[0]["data"]["text/plain"] == "print('hi')\n\nx = 1"
+    assert shell.rl_next_input == "print('hi')\n\nx = 1"
+
+    fake.push(Turn(text='Sure!\n```json\n{"a": [1, 2], "b": null}\n```'))
+    run(shell, "%%chat -f json -o answer\ngive json")
+    data = shell.front.outputs[0]["data"]
+    assert data["application/json"] == {"a": [1, 2], "b": None}
+    assert '"a": [' in data["text/markdown"]
+    assert shell.user_ns["answer"].text.startswith("Sure!")
+
+    fake.push(Turn(text="not json at all"))
+    run(shell, "%%chat -f json\ngive json")
+    assert "not valid JSON" in shell.front.markdown[0]
+
+    fake.push(Turn(text="plain *text*"))
+    run(shell, "%%chat -f text\nplain please")
+    data = shell.front.outputs[0]["data"]
+    assert list(data) == ["text/plain"] and data["text/plain"].startswith("plain *text*")
+
+
+def test_output_variable_and_out(shell: Any, fake: Any) -> None:
+    result = run(shell, "%%chat -o r\nkeep me")
+    from dispatch_nb.types import Response
+
+    assert isinstance(shell.user_ns["r"], Response) and shell.user_ns["r"].text == "echo: keep me"
+    assert shell.user_ns["Out"][result.execution_count] is shell.user_ns["r"]
+    run(shell, f"%%chat -o r2\nWhat did you say? {{Out[{result.execution_count}]}}")
+    assert sent_messages(fake)[-1]["content"] == "What did you say? echo: keep me"
+
+
+# -- prompt references ------------------------------------------------------------------------------
+
+
+def test_in_out_err_references(shell: Any, fake: Any) -> None:
+    first = run(shell, "numbers = [1, 2, 3]\nsum(numbers)")
+    failed = run(shell, "1 / 0")
+    assert not failed.success
+    n, m = first.execution_count, failed.execution_count
+    run(shell, f"%%chat\nCode: {{In[{n}]}} gave {{Out[{n}]}}; then: {{Err[{m}]}}")
+    text = sent_messages(fake)[-1]["content"]
+    assert "Code: numbers = [1, 2, 3]\nsum(numbers) gave 6; then: Traceback" in text
+    assert text.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert "interactiveshell.py" not in text
+
+
+def test_interpolation_notes_and_no_interpolate(shell: Any, fake: Any, capsys: Any) -> None:
+    run(shell, "%%chat\nuse {undefined_thing} and {{braces}}")
+    assert sent_messages(fake)[-1]["content"] == "use {undefined_thing} and {braces}"
+    assert "{undefined_thing} was left as written" in capsys.readouterr().out
+    run(shell, "%%chat --no-interpolate\nuse {x} and {{braces}}")
+    assert sent_messages(fake)[-1]["content"] == "use {x} and {{braces}}"
+
+
+# -- memory -----------------------------------------------------------------------------------------
+
+
+def test_thread_memory_and_rerun_replaces_the_turn(shell: Any, fake: Any, magics: Any) -> None:
+    run(shell, "%%chat\nfirst")
+    run(shell, "%%chat\nsecond")
+    assert [m["content"] for m in sent_messages(fake)][0] == "first"
+    assert len(sent_messages(fake)) == 3
+    run(shell, "%%chat\nfirst")  # re-run of the first cell: sees only what came before it
+    assert [m["content"] if isinstance(m["content"], str) else "..." for m in sent_messages(fake)] == [
+        "first"]
+    thread = magics.threads.get("default")
+    assert [t.prompt for t in thread] == ["first", "second"]  # replaced in place, later turn kept
+    run(shell, "%%chat\nthird")
+    assert len(sent_messages(fake)) == 5
+
+
+def test_cell_id_identifies_a_cell_across_edits(shell: Any, fake: Any, magics: Any) -> None:
+    run(shell, "%%chat\nversion one", cell_id="cell-a")
+    run(shell, "%%chat\nanother cell", cell_id="cell-b")
+    run(shell, "%%chat\nversion two", cell_id="cell-a")
+    assert [t.prompt for t in magics.threads.get("default")] == ["version two", "another cell"]
+    assert len(sent_messages(fake)) == 1
+
+
+def test_loop_of_chat_calls_in_one_cell_keeps_every_answer(shell: Any, fake: Any, magics: Any) -> None:
+    run(shell, "for q in ['a', 'b', 'c']:\n    get_ipython().run_cell_magic('chat', '', q)",
+        cell_id="loop")
+    assert [t.prompt for t in magics.threads.get("default")] == ["a", "b", "c"]
+
+
+def test_threads_new_no_history_reset_and_history(shell: Any, fake: Any, magics: Any) -> None:
+    run(shell, "%%chat -t research\nalpha")
+    run(shell, "%%chat -t research\nbeta")
+    assert len(sent_messages(fake)) == 3
+    run(shell, "%%chat\nother thread")
+    assert len(sent_messages(fake)) == 1
+    run(shell, "%%chat -t research --no-history\none-off")
+    assert len(sent_messages(fake)) == 1
+    assert len(magics.threads.get("research")) == 2
+    run(shell, "%chat history research")
+    md = shell.front.markdown[0]
+    assert "alpha" in md and "echo: beta" in md and "one-off" not in md
+    run(shell, "%%chat -t research --new\nfresh start")
+    assert len(sent_messages(fake)) == 1
+    assert [t.prompt for t in magics.threads.get("research")] == ["fresh start"]
+    run(shell, "%chat reset research")
+    assert "research" not in magics.threads
+    run(shell, "%chat reset --all")
+    assert magics.threads.names() == []
+    run(shell, "%config ChatMagics.history_length = 2")
+    for word in ("one", "two", "three"):
+        run(shell, f"%%chat\n{word}")
+    assert [t.prompt for t in magics.threads.get("default")] == ["two", "three"]
+
+
+# -- errors and interruption ------------------------------------------------------------------------
+
+
+def test_auth_error_is_short_with_the_fix(shell: Any, fake: Any) -> None:
+    fake.push(Fail(401, "bad key", "authentication_error"))
+    result = run(shell, "%%chat\nhi")
+    error = result.error_in_exec
+    assert isinstance(error, ChatError)
+    lines = error._render_traceback_()
+    assert len(lines) == 2 and "AuthenticationError" in lines[0] and "bad key" in lines[0]
+    assert shell._dispatch_nb_magics.errors[result.execution_count] is error
+
+
+def test_rate_limit_says_how_long_to_wait(shell: Any, fake: Any) -> None:
+    for _ in range(3):
+        fake.push(Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "120"}))
+    error = run(shell, "%%chat\nhi").error_in_exec
+    assert isinstance(error, ChatError) and "Wait 120 s" in error.fix
+
+
+def test_unknown_model_lists_the_available_ones(shell: Any, fake: Any) -> None:
+    fake.push(Fail(404, "The model `nope` does not exist", "model_not_found"))
+    error = run(shell, "%%chat -m fake:nope\nhi").error_in_exec
+    assert isinstance(error, ChatError) and "Available models: echo" in error.fix
+
+
+def test_unknown_provider_is_short(shell: Any, fake: Any) -> None:
+    error = run(shell, "%%chat -m nosuch:model\nhi").error_in_exec
+    assert isinstance(error, ChatError) and "available providers" in error.message
+
+
+def test_partial_text_stays_visible_after_a_mid_stream_error(shell: Any, fake: Any) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    fake.push(Turn(text="The beginning of an answer", chunk=5, error_after=3,
+                   error=Fail(500, "overloaded", "overloaded_error")))
+    result = run(shell, "%%chat\nhi")
+    assert isinstance(result.error_in_exec, ChatError)
+    md = shell.front.markdown[0]
+    assert md.startswith("The beginning o") and "ServerError" in md and "0 in" not in md
+
+
+def test_ctrl_c_cancels_and_keeps_the_partial_answer(shell: Any, fake: Any) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    fake.push(Turn(text="word " * 400, chunk=5, delay=0.02))
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        result = run(shell, "%%chat\nlong answer please")
+    finally:
+        timer.cancel()
+    assert isinstance(result.error_in_exec, ChatInterrupted)
+    assert result.error_in_exec._render_traceback_()[0].count("\n") == 0
+    md = shell.front.markdown[0]
+    assert md.startswith("word word") and "interrupted" in md
+    assert 0 < md.count("word") < 400
+    assert len(shell._dispatch_nb_magics.threads.get("default")) == 0  # nothing half-recorded
+
+
+# -- compare and event loops --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("live", ["display", "widget", "text"])
+def test_compare_streams_several_models_and_leaves_one_table(shell: Any, fake: Any, live: str,
+                                                             capsys: Any) -> None:
+    run(shell, f'%config ChatMagics.live = "{live}"')
+    fake.push(Turn(text="slow " * 20, delay=0.01, model="echo"), Turn(text="fast", model="other"))
+    result = run(shell, "%%chat -m fake:echo,fake:other -o both\nsame prompt")
+    assert result.success, result.error_in_exec
+    assert {r.json["model"] for r in fake.chat_requests} == {"echo", "other"}
+    assert set(shell.user_ns["both"]) == {"fake:echo", "fake:other"}
+    if live == "text":
+        out = capsys.readouterr().out
+        assert "== fake:other ==" in out and "== fake:echo ==" in out
+        return
+    assert len(shell.front.outputs) == 1
+    md = shell.front.markdown[0]
+    assert "| model | tokens in / out | latency |" in md
+    assert "`fake:echo`" in md and "`fake:other`" in md
+    assert "#### fake:echo" in md and "fast" in md
+    meta = shell.front.outputs[0]["metadata"]["dispatch_nb"]["compare"]
+    assert [m["spec"] for m in meta] == ["fake:echo", "fake:other"]
+
+
+def test_compare_reports_one_failing_model_in_the_table(shell: Any, fake: Any) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    fake.push(Fail(400, "nope"), Turn(text="fine"))
+    result = run(shell, "%%chat -m fake:a,fake:b\nq")
+    assert result.success
+    assert "⚠" in shell.front.markdown[0]
+
+
+def test_works_after_await_cells_and_inside_a_running_loop(shell: Any, fake: Any) -> None:
+    assert run(shell, "import asyncio\nawait asyncio.sleep(0.01)\nx = 5").success
+    assert run(shell, "%%chat\nafter await {x}").success
+    assert sent_messages(fake)[-1]["content"] == "after await 5"
+
+    async def inside_loop() -> None:
+        shell.run_cell_magic("chat", "--no-history", "from a running loop")
+
+    asyncio.run(inside_loop())
+    assert sent_messages(fake)[-1]["content"] == "from a running loop"
+    assert run(shell, "await asyncio.sleep(0.01)\ny = 1").success
+
+
+# -- subcommands ------------------------------------------------------------------------------------
+
+
+def test_status_shows_the_default_and_no_secret(shell: Any, fake: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-value-123")
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_TOKEN", "gho_secrettoken456")
+    run(shell, "%chat status")
+    md = shell.front.markdown[0]
+    assert "`fake:echo`" in md and "DISPATCH_NB_MODEL" in md
+    assert "OPENAI_API_KEY` set" in md and "logged in" in md
+    everything = json.dumps(shell.front.messages)
+    assert "sk-secret" not in everything and "gho_secret" not in everything
+
+
+def test_models_lists_the_providers_models(shell: Any, fake: Any) -> None:
+    run(shell, "%chat models")
+    assert "`fake:echo`" in shell.front.markdown[0] and "4,096" in shell.front.markdown[0]
+    run(shell, "%chat models fake")
+    assert "`fake:echo`" in shell.front.markdown[0]
+    with pytest.raises(UsageError, match="unknown provider"):
+        shell.run_line_magic("chat", "models nosuch")
+
+
+def test_login_for_key_providers_explains_the_variable(shell: Any, fake: Any) -> None:
+    run(shell, "%chat login openai")
+    assert "OPENAI_API_KEY" in shell.front.markdown[0]
+
+
+def test_tools_run_through_the_session_loop(shell: Any, fake: Any) -> None:
+    pytest.importorskip("dispatch_nb.session")
+    run(shell, '%config ChatMagics.live = "display"')
+    run(shell, "def add(a: int, b: int) -> int:\n    '''Add two numbers.'''\n    return a + b")
+    fake.push(Turn(tool_calls=[ToolCall("c1", "add", {"a": 2, "b": 3})]), Turn(text="It is 5."))
+    result = run(shell, "%%chat --tools add\nwhat is 2+3?")
+    assert result.success, result.error_in_exec
+    assert fake.chat_requests[0].json["tools"][0]["name"] == "add"
+    md = shell.front.markdown[0]
+    assert "🔧 **add**" in md and "→ `5`" in md and "It is 5." in md and "2 rounds" in md
+    run(shell, "%%chat\nand then?")
+    roles = [m["role"] for m in sent_messages(fake)]
+    assert roles == ["user", "assistant", "user", "assistant", "user"]
+
+
+def test_unknown_tool_name(shell: Any, fake: Any) -> None:
+    pytest.importorskip("dispatch_nb.tools")
+    error = run(shell, "%%chat --tools nothing_here\nhi").error_in_exec
+    assert isinstance(error, ChatError) and "nothing_here" in error.message
