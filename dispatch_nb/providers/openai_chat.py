@@ -29,7 +29,9 @@ reasoning came in (``{"field": "reasoning_text"}``; ``reasoning_opaque`` is the 
 ``signature``), on a :class:`ToolUseBlock` a Gemini ``thought_signature``. With
 ``echo_reasoning=True`` (Copilot) thinking that arrived as ``reasoning_text`` / ``reasoning_opaque``
 is sent back on the next assistant message; ``reasoning_content`` is never echoed (DeepSeek-style
-servers reject it in requests).
+servers reject it in requests). ``reasoning_provider="copilot"`` marks the thinking a parser makes
+(``{"field": ..., "provider": "copilot"}``) and makes ``chat_messages`` echo only thinking marked so,
+never another server's signature.
 """
 
 from __future__ import annotations
@@ -157,9 +159,13 @@ def chat_messages(
     system: str | None = None,
     *,
     echo_reasoning: bool = False,
+    reasoning_provider: str | None = None,
 ) -> list[dict[str, Any]]:
     """The ``messages`` array: system first, tool results as ``role: "tool"`` right after the
-    assistant turn that asked, same-role neighbours merged, assistant content ``""`` not null."""
+    assistant turn that asked, same-role neighbours merged, assistant content ``""`` not null.
+
+    ``echo_reasoning``: send ``reasoning_text`` / ``reasoning_opaque`` back; with
+    ``reasoning_provider`` only for thinking marked with that provider."""
     out: list[dict[str, Any]] = []
     if system:
         out.append({"role": "system", "content": system})
@@ -194,7 +200,11 @@ def chat_messages(
                 calls.append(_tool_call(block))
             elif isinstance(block, ThinkingBlock) and echo_reasoning:
                 data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-                if isinstance(data, dict) and data.get("field") == ECHOED_REASONING_FIELD:
+                if (
+                    isinstance(data, dict)
+                    and data.get("field") == ECHOED_REASONING_FIELD
+                    and (reasoning_provider is None or data.get("provider") == reasoning_provider)
+                ):
                     reasoning.append(block.thinking)
                     if block.signature:
                         opaque = block.signature
@@ -270,18 +280,25 @@ def build_chat_body(
     max_tokens_field: str = "max_tokens",
     include_usage: bool = True,
     echo_reasoning: bool = False,
+    reasoning_provider: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /chat/completions`` for a call.
 
     ``max_tokens_field``: ``"max_tokens"`` (every compatible server, Copilot) or
-    ``"max_completion_tokens"`` (official OpenAI reasoning models). Options read from
+    ``"max_completion_tokens"`` (official OpenAI reasoning models). ``echo_reasoning`` /
+    ``reasoning_provider``: see :func:`chat_messages`. Options read from
     ``request.options``: ``tool_choice``, ``stop``, ``top_p``, ``parallel_tool_calls``,
     ``response_format`` and ``reasoning`` (sent as ``reasoning_effort``).
     """
     options = request.options
     body: dict[str, Any] = {
         "model": model,
-        "messages": chat_messages(request.messages, request.system, echo_reasoning=echo_reasoning),
+        "messages": chat_messages(
+            request.messages,
+            request.system,
+            echo_reasoning=echo_reasoning,
+            reasoning_provider=reasoning_provider,
+        ),
         "stream": request.stream,
     }
     if request.stream and include_usage:
@@ -394,7 +411,8 @@ class ChatStreamParser:
     """Turns chat.completions SSE events into deltas through ``acc`` (see the module docstring).
 
     ``reasoning_fields``: delta fields read as visible reasoning; ``signature_field``: the field
-    whose value becomes the thinking block's signature (Copilot's ``reasoning_opaque``).
+    whose value becomes the thinking block's signature (Copilot's ``reasoning_opaque``);
+    ``reasoning_provider``: added as ``"provider"`` to the thinking blocks' provider data.
     """
 
     __slots__ = (
@@ -409,6 +427,7 @@ class ChatStreamParser:
         "finished",
         "provider",
         "reasoning_fields",
+        "reasoning_provider",
         "signature_field",
     )
 
@@ -419,9 +438,11 @@ class ChatStreamParser:
         provider: str,
         reasoning_fields: Sequence[str] = REASONING_FIELDS,
         signature_field: str | None = "reasoning_opaque",
+        reasoning_provider: str | None = None,
     ) -> None:
         self.acc = acc
         self.provider = provider
+        self.reasoning_provider = reasoning_provider
         self.reasoning_fields = tuple(reasoning_fields)
         self.signature_field = signature_field
         #: True once ``[DONE]`` arrived
@@ -479,6 +500,12 @@ class ChatStreamParser:
                 out.extend(self._end_tools(cidx))
         return out
 
+    def _reasoning_data(self, field: str) -> dict[str, Any]:
+        data: dict[str, Any] = {"field": field}
+        if self.reasoning_provider:
+            data["provider"] = self.reasoning_provider
+        return {PROVIDER_DATA_KEY: data}
+
     def _delta(self, delta: dict[str, Any], cidx: int, out: list[StreamDelta]) -> None:
         acc = self.acc
         for field in self.reasoning_fields:
@@ -488,7 +515,7 @@ class ChatStreamParser:
                     acc.thinking(
                         text,
                         key=("reasoning", field),
-                        provider_data={PROVIDER_DATA_KEY: {"field": field}},
+                        provider_data=self._reasoning_data(field),
                     )
                 )
         if self.signature_field:
@@ -497,7 +524,7 @@ class ChatStreamParser:
                 acc.signature(
                     sig,
                     key=("reasoning", ECHOED_REASONING_FIELD),
-                    provider_data={PROVIDER_DATA_KEY: {"field": ECHOED_REASONING_FIELD}},
+                    provider_data=self._reasoning_data(ECHOED_REASONING_FIELD),
                 )
         content = delta.get("content")
         if content:
@@ -589,6 +616,7 @@ def parse_chat_completion(
     provider: str,
     reasoning_fields: Sequence[str] = REASONING_FIELDS,
     signature_field: str | None = "reasoning_opaque",
+    reasoning_provider: str | None = None,
 ) -> None:
     """Fill ``acc`` from a non-streamed ``chat.completion`` body (every choice is read)."""
     if not isinstance(body, dict):
@@ -596,7 +624,11 @@ def parse_chat_completion(
             f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
         )
     parser = ChatStreamParser(
-        acc, provider=provider, reasoning_fields=reasoning_fields, signature_field=signature_field
+        acc,
+        provider=provider,
+        reasoning_fields=reasoning_fields,
+        signature_field=signature_field,
+        reasoning_provider=reasoning_provider,
     )
     chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
     choices = []
