@@ -55,6 +55,7 @@ from ..types import (
 from .openai_chat import status_for_error_code, tool_result_text
 
 __all__ = [
+    "MIN_OUTPUT_TOKENS",
     "PROVIDER_DATA_KEY",
     "RESPONSES_OPTIONS",
     "ResponsesStreamParser",
@@ -76,6 +77,9 @@ PROVIDER_DATA_KEY = "openai_responses"
 RESPONSES_OPTIONS = frozenset(
     {"tool_choice", "top_p", "parallel_tool_calls", "reasoning", "response_format", "text"}
 )
+
+#: the smallest ``max_output_tokens`` the API accepts
+MIN_OUTPUT_TOKENS = 16
 
 _NON_REASONING_PREFIXES = (
     "gpt-4",
@@ -285,6 +289,12 @@ def build_responses_body(
         raise RequestError(
             "the OpenAI Responses API has no stop sequences; drop stop= or use a chat.completions "
             "server (backend='compatible')",
+            provider=provider,
+        )
+    if request.max_tokens is not None and request.max_tokens < MIN_OUTPUT_TOKENS:
+        raise RequestError(
+            f"the OpenAI Responses API needs max_tokens >= {MIN_OUTPUT_TOKENS} "
+            f"(max_output_tokens), not {request.max_tokens}",
             provider=provider,
         )
     reasoning = options.get("reasoning")

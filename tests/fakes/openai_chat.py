@@ -24,12 +24,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import threading
 from typing import Any
 
 from .provider import Fail, ProviderFake, ToolCall, Turn, sse_event
 from .server import RecordedRequest, Reply
 
-__all__ = ["OpenAIChatFake", "OpenAIFakeBase", "group_frames"]
+__all__ = ["RECORD_BODIES_ENV", "OpenAIChatFake", "OpenAIFakeBase", "group_frames"]
+
+#: when set to a file path, every OpenAI fake appends each chat request it receives there as one
+#: JSON line ``{"endpoint": "/chat/completions" | "/responses", "body": {...}}`` (the schema
+#: conformance test re-runs the suites with it)
+RECORD_BODIES_ENV = "DISPATCH_NB_RECORD_OPENAI_BODIES"
+_record_lock = threading.Lock()
 
 _DEFAULT_TYPE = {
     400: "invalid_request_error",
@@ -100,6 +108,14 @@ class OpenAIFakeBase(ProviderFake):
         return f"{prefix}{next(self._ids):04d}"
 
     # -- routing ---------------------------------------------------------------------------------
+    def _dispatch(self, request: RecordedRequest) -> Reply:
+        record = os.environ.get(RECORD_BODIES_ENV)
+        if record and self.is_chat(request) and request.body:
+            line = json.dumps({"endpoint": self.chat_path, "body": json.loads(request.body)})
+            with _record_lock, open(record, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        return super()._dispatch(request)
+
     def is_chat(self, request: RecordedRequest) -> bool:
         return request.method == "POST" and request.path == self.prefix + self.chat_path
 

@@ -345,7 +345,10 @@ def test_function_call_output_without_matching_call_is_rejected(
 def test_max_output_tokens_minimum_is_enforced(fake: OpenAIResponsesFake) -> None:
     with pytest.raises(RequestError) as info:
         gpt(fake).chat("x", max_tokens=8)
-    assert "max_output_tokens" in info.value.message
+    assert "16" in info.value.message
+    assert fake.chat_requests == []  # refused before sending, as the API would refuse it
+    gpt(fake).chat("x", max_tokens=16)
+    assert fake.last_request.json["max_output_tokens"] == 16
 
 
 # -- auth and models -----------------------------------------------------------------------------
