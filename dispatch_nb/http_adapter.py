@@ -362,6 +362,8 @@ class HTTPAdapter(Adapter):
             else:
                 body = response.read()
                 self.parse_body(request, self._json(body), acc)
+        except DispatchError:
+            raise  # ours already (APIConnectionError is an OSError too)
         except (httpx.HTTPError, OSError) as exc:
             control.check()
             raise wrap_transport_error(exc, self.provider_name) from None
@@ -438,6 +440,8 @@ class HTTPAdapter(Adapter):
             if task is not None and hasattr(task, "uncancel"):
                 task.uncancel()
             raise control.error() from None
+        except DispatchError:
+            raise  # ours already (APIConnectionError is an OSError too)
         except (httpx.HTTPError, OSError) as exc:
             control.check()
             raise wrap_transport_error(exc, self.provider_name) from None

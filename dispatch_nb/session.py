@@ -267,6 +267,13 @@ class Session:
         """The conversation so far (the live list: edit it between turns if you need to)."""
         return self._history
 
+    @history.setter
+    def history(self, messages: Iterable[Message | dict[str, Any]]) -> None:
+        """Replace the conversation (``Message`` s or their dicts), e.g. to resume or trim it."""
+        history = [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
+        with self._turn_lock():
+            self._history = history
+
     @property
     def usage(self) -> Usage:
         """Tokens used by every model call of this session, failed ones included."""
