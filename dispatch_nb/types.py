@@ -336,6 +336,35 @@ class StreamDelta(_Model):
     arguments: dict[str, Any] | None = None
 
 
+_object_new = object.__new__
+_object_setattr = object.__setattr__
+
+
+def text_delta(type: Literal["text_delta", "thinking_delta"], text: str) -> StreamDelta:
+    """A text or thinking :class:`StreamDelta`, built without re-validation.
+
+    The hot path of every stream: equal to ``StreamDelta(type=type, text=text)`` at a fraction of
+    the cost. Only for values the library produced itself (``text`` is a ``str``).
+    """
+    delta = _object_new(StreamDelta)
+    _object_setattr(
+        delta,
+        "__dict__",
+        {
+            "type": type,
+            "text": text,
+            "tool_call_id": None,
+            "tool_name": None,
+            "argument_delta": None,
+            "arguments": None,
+        },
+    )
+    _object_setattr(delta, "__pydantic_fields_set__", {"type", "text"})
+    _object_setattr(delta, "__pydantic_extra__", None)
+    _object_setattr(delta, "__pydantic_private__", None)
+    return delta
+
+
 class ToolResultEvent(_Model):
     """Session stream event: a tool ran (or failed) and this result goes back to the model."""
 

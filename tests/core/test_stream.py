@@ -84,3 +84,16 @@ def test_memory_is_flat_in_the_number_of_deltas() -> None:
     # one list slot per fragment (8 bytes) plus the interned 1-char string: far below 100 B/delta
     assert (now - base) / 100_000 < 20
     assert len(acc.finish().text) == 101_000
+
+
+def test_fast_text_deltas_equal_validated_ones() -> None:
+    from dispatch_nb import StreamDelta
+    from dispatch_nb.types import text_delta
+
+    fast = text_delta("text_delta", "hé")
+    slow = StreamDelta(type="text_delta", text="hé")
+    assert fast == slow
+    assert fast.model_dump() == slow.model_dump()
+    assert fast.model_dump(exclude_unset=True) == slow.model_dump(exclude_unset=True)
+    assert fast.model_dump_json() == slow.model_dump_json()
+    assert StreamDelta.model_validate(fast.model_dump()) == fast
