@@ -41,6 +41,7 @@ lint: $(VENV)/.installed-$(EXTRAS)
 
 ## bench: speed and memory comparisons against peer libraries
 bench: $(VENV)/.installed-$(EXTRAS)
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run_all.py
 
 clean:
