@@ -53,29 +53,24 @@ __all__ = ["default_spec", "get_adapter", "run_chat_cell"]
 
 def default_spec(magics: ChatMagics) -> tuple[str, str]:
     """The default model spec and why it was chosen."""
-    if magics.model.strip():
-        return magics.model.strip(), "ChatMagics.model"
-    try:
-        from ..defaults import resolve_default_model
-    except ImportError:
-        resolve_default_model = None
-    if resolve_default_model is not None:
-        resolved = resolve_default_model()
-        spec = getattr(resolved, "spec", None) or str(resolved)
-        reason = getattr(resolved, "reason", "") or ""
-        return spec, reason
-    from ..registry import DEFAULT_MODEL
+    spec, reason, _hint = resolve_default(magics)
+    return spec, reason
 
-    env = os.environ.get("DISPATCH_NB_MODEL", "").strip()
-    if env:
-        return env, "DISPATCH_NB_MODEL"
-    return DEFAULT_MODEL, "the built-in default"
+
+def resolve_default(magics: ChatMagics) -> tuple[str, str, str]:
+    """The default model spec, why it was chosen, and a hint for the user (or ``""``)."""
+    if magics.model.strip():
+        return magics.model.strip(), "%config ChatMagics.model", ""
+    from ..defaults import resolve_default_model
+
+    resolved = resolve_default_model()
+    return resolved.spec, resolved.reason, resolved.login_hint
 
 
 def split_specs(value: str | None, magics: ChatMagics) -> list[str]:
     """``-m a,b,c`` → ``["a", "b", "c"]``; nothing → the default model."""
     if not value or not value.strip():
-        return [default_spec(magics)[0]]
+        return [resolve_default(magics)[0]]
     specs = [s.strip() for s in value.split(",") if s.strip()]
     if not specs:
         raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")
@@ -85,13 +80,14 @@ def split_specs(value: str | None, magics: ChatMagics) -> list[str]:
 
 
 def cache_mode(magics: ChatMagics, requested: str | None) -> str:
-    """The cache mode in force: ``--cache``, else ``ChatMagics.cache``, else the environment."""
-    mode = (requested or magics.cache or os.environ.get("DISPATCH_NB_CACHE", "") or "off").lower()
-    return mode
+    """The cache mode in force: ``--cache``, else ``ChatMagics.cache``, else ``$DISPATCH_NB_CACHE``."""
+    from ..cache import resolve_cache_mode
+
+    return resolve_cache_mode(requested or magics.cache or None)
 
 
 def get_adapter(magics: ChatMagics, spec: str, mode: str = "off") -> Adapter:
-    """The adapter for ``spec`` (cached per kernel), wrapped in the response cache unless ``off``."""
+    """The adapter for ``spec`` (cached per kernel), behind the response cache unless ``off``."""
     key = (spec, mode)
     adapter = magics._adapters.get(key)
     if adapter is not None:
@@ -103,22 +99,21 @@ def get_adapter(magics: ChatMagics, spec: str, mode: str = "off") -> Adapter:
         ensure_copilot_login(magics)
     adapter = connect(spec)
     if mode != "off":
-        adapter = wrap_cache(adapter, mode)
+        from ..cache import CachedAdapter, ResponseCache
+
+        cache = magics._caches.get(mode)
+        if cache is None:
+            cache = magics._caches[mode] = ResponseCache(magics.cache_file or None, mode)
+        adapter = CachedAdapter(adapter, cache)
     magics._adapters[key] = adapter
     return adapter
 
 
-def wrap_cache(adapter: Adapter, mode: str) -> Adapter:
-    """``adapter`` behind the response cache in ``mode``."""
-    try:
-        from ..cache import CachedAdapter
-    except ImportError:
-        raise ChatError(
-            "Cache unavailable",
-            f"--cache {mode} needs dispatch_nb.cache, which this installation lacks",
-            "Use --cache off.",
-        ) from None
-    return CachedAdapter(adapter, mode=mode)  # type: ignore[call-arg, no-any-return]
+def labelled(adapter: Adapter, label: str) -> Adapter:
+    """A cached adapter that names ``label`` (e.g. ``In[3]``) in what it records and misses."""
+    from ..cache import CachedAdapter
+
+    return adapter.with_label(label) if isinstance(adapter, CachedAdapter) else adapter
 
 
 def ensure_copilot_login(magics: ChatMagics) -> None:
@@ -306,6 +301,10 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
         raise UsageError("the %%chat cell is empty: write the prompt below the %%chat line")
 
     specs = split_specs(args.model, magics)
+    if not args.model and not magics.model.strip():
+        hint = resolve_default(magics)[2]
+        if hint:
+            prompt.notes.append(hint)
     compare = len(specs) > 1
     tools = resolve_tools(args.tools, namespace)
     mode = cache_mode(magics, args.cache)
@@ -325,9 +324,10 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
 
     # Adapters (a Copilot model may show the login first).
     adapters: list[Adapter] = []
+    label = f"In[{magics.execution_count}]" if magics.execution_count is not None else "%%chat"
     for spec in specs:
         try:
-            adapters.append(get_adapter(magics, spec, mode))
+            adapters.append(labelled(get_adapter(magics, spec, mode), label))
         except (DispatchError, ImportError) as exc:
             raise explain_error(exc, spec=spec) from None
 

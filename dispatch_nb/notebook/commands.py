@@ -95,21 +95,11 @@ def logout(magics: ChatMagics, args: argparse.Namespace) -> None:
 
 def status(magics: ChatMagics, args: argparse.Namespace) -> None:
     """``%chat status``: default model and why, login, keys (set or not), cache, live view, threads."""
-    from .cell import cache_mode, default_spec
+    from .cell import cache_mode, resolve_default
     from .live import detect_mode
 
-    spec, reason = default_spec(magics)
-    hint = ""
-    try:
-        from ..defaults import resolve_default_model
-
-        resolved = resolve_default_model() if not magics.model.strip() else None
-        hint = getattr(resolved, "login_hint", "") or getattr(resolved, "hint", "") or ""
-    except ImportError:
-        pass
-    rows = [
-        ("default model", f"`{spec}`" + (f" — {reason}" if reason else "")),
-    ]
+    spec, reason, hint = resolve_default(magics)
+    rows = [("default model", f"`{spec}`" + (f" — {reason}" if reason else ""))]
     if hint:
         rows.append(("hint", hint))
     rows.append(("GitHub Copilot", _copilot_state()))
@@ -117,7 +107,13 @@ def status(magics: ChatMagics, args: argparse.Namespace) -> None:
         rows.append((provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}"))
     if os.environ.get("OPENAI_BASE_URL"):
         rows.append(("OpenAI base URL", f"`{os.environ['OPENAI_BASE_URL']}`"))
-    rows.append(("cache", f"`{cache_mode(magics, None)}`"))
+    mode = cache_mode(magics, None)
+    cache = f"`{mode}`"
+    if mode != "off":
+        from ..cache import ResponseCache
+
+        cache += f" — `{ResponseCache(magics.cache_file or None, mode).path}`"
+    rows.append(("cache", cache))
     rows.append(("live view", f"`{detect_mode(magics.shell, magics.live)}` (asked: `{magics.live}`)"))
     threads = magics.threads.summary()
     rows.append(

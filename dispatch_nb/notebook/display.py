@@ -493,6 +493,11 @@ def explain_error(exc: BaseException, *, spec: str = "", available: list[str] | 
         fix = "The provider failed; run the cell again in a moment."
     elif isinstance(exc, e.RequestCancelled):
         fix = ""
+    elif exc.code == "cache_miss":
+        fix = (
+            "This answer was never recorded: run the cell once with --cache read-write (or "
+            "record) where the model is reachable, or use --cache off."
+        )
     elif type(exc).__name__ == "UnknownProviderError":
         fix = "Write the model as provider:model, e.g. -m openai:gpt-4.1."
     return ChatError(title, message, fix, original=exc)

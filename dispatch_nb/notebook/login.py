@@ -91,11 +91,16 @@ class LoginView:
         self.code: DeviceCode | None = None
         self.state = "starting"
         self.retry: Any = None  # set by run_login: starts a fresh flow (the "New code" button)
+        #: the last outcome, and an event set when a login attempt ends
+        self.outcome: LoginOutcome | None = None
+        self.ended = threading.Event()
 
     def show_code(self, code: DeviceCode) -> None:
         """A new user code to show."""
         self.code = code
         self.state = "pending"
+        self.outcome = None
+        self.ended.clear()
 
     def set_state(self, state: str, info: Mapping[str, Any]) -> None:
         """The flow's state changed."""
@@ -106,6 +111,14 @@ class LoginView:
 
     def done(self, outcome: LoginOutcome) -> None:
         """The login ended."""
+
+    def end(self, outcome: LoginOutcome) -> None:
+        """Show ``outcome`` and signal :attr:`ended`."""
+        self.outcome = outcome
+        try:
+            self.done(outcome)
+        finally:
+            self.ended.set()
 
 
 # -- widget -------------------------------------------------------------------------------------
@@ -192,6 +205,8 @@ class WidgetLoginView(LoginView):
             return
         self.new_code.layout.display = "none"
         self.status.value = "Asking GitHub for a new code…"
+        self.outcome = None
+        self.ended.clear()
         self.retry()
 
     def close(self) -> None:
@@ -357,7 +372,7 @@ def _background_retry(magics: ChatMagics, view: LoginView) -> None:
             magics.close_adapters()
         except Exception as exc:
             outcome = _outcome_of(exc)
-        view.done(outcome)
+        view.end(outcome)
 
     threading.Thread(target=body, name="dispatch_nb-login", daemon=True).start()
 
@@ -391,7 +406,7 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
         code = flow.start()
     except DispatchError as exc:
         outcome = LoginOutcome("error", message=f"⚠ {exc.message}")
-        view.done(outcome)
+        view.end(outcome)
         raise ChatError("Login failed", exc.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
                         original=exc) from None
     view.show_code(code)
@@ -418,11 +433,11 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
         run_jobs([job], lambda _i, event: view.set_state(*event), tick=tick)
     except KeyboardInterrupt:
         outcome = LoginOutcome("cancelled", message=_status_text("cancelled", {}))
-        view.done(outcome)
+        view.end(outcome)
         raise ChatInterrupted("login cancelled") from None
     if job.outcome.error is not None:
         outcome = _outcome_of(job.outcome.error)
-        view.done(outcome)
+        view.end(outcome)
         fix = (
             "Press “New code” above, or run `%chat login` again."
             if mode == "widget"
@@ -433,6 +448,6 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
         raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "), fix,
                         original=job.outcome.error) from None
     outcome = job.outcome.result
-    view.done(outcome)
+    view.end(outcome)
     magics.close_adapters()
     return outcome  # type: ignore[no-any-return]

@@ -65,6 +65,11 @@ class ChatMagics(Magics):
         help="Response cache mode: off, read-write, replay or record. Empty: $DISPATCH_NB_CACHE, "
         "else off.",
     ).tag(config=True)
+    cache_file = Unicode(
+        "",
+        help="The response cache file. Empty: $DISPATCH_NB_CACHE_FILE, else "
+        "<notebook>.dispatch-cache.jsonl beside the notebook, else dispatch-cache.jsonl.",
+    ).tag(config=True)
     format = CaselessStrEnum(
         FORMATS, default_value="markdown", help="Default output format (-f)."
     ).tag(config=True)
@@ -114,6 +119,7 @@ class ChatMagics(Magics):
         self.errors = ErrorLog()
         self._threads: Any = None
         self._adapters: dict[tuple[str, str], Any] = {}
+        self._caches: dict[str, Any] = {}
         self._cell_id: str | None = None
         self._occurrences: dict[str, int] = {}
         self._occurrence_count: int | None = None
@@ -155,6 +161,7 @@ class ChatMagics(Magics):
     def close_adapters(self) -> None:
         """Close every cached adapter (they are recreated on demand)."""
         adapters, self._adapters = self._adapters, {}
+        self._caches = {}
         for adapter in adapters.values():
             try:
                 adapter.close()

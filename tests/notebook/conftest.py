@@ -84,6 +84,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[CanonicalFa
     monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("DISPATCH_NB_LIVE", raising=False)
     monkeypatch.delenv("DISPATCH_NB_CACHE", raising=False)
+    monkeypatch.setenv("DISPATCH_NB_CACHE_FILE", str(tmp_path / "answers.dispatch-cache.jsonl"))
     monkeypatch.delenv("DISPATCH_NB_GITHUB_TOKEN", raising=False)
     (tmp_path / "user").mkdir()
     monkeypatch.setenv("HOME", str(tmp_path / "user"))

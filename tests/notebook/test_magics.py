@@ -338,7 +338,7 @@ def test_ctrl_c_cancels_and_keeps_the_partial_answer(shell: Any, fake: Any) -> N
 def test_compare_streams_several_models_and_leaves_one_table(shell: Any, fake: Any, live: str,
                                                              capsys: Any) -> None:
     run(shell, f'%config ChatMagics.live = "{live}"')
-    fake.push(Turn(text="slow " * 20, delay=0.01, model="echo"), Turn(text="fast", model="other"))
+    fake.push(Turn(text="slow " * 20, delay=0.01), Turn(text="fast"))  # whichever asks first
     result = run(shell, "%%chat -m fake:echo,fake:other -o both\nsame prompt")
     assert result.success, result.error_in_exec
     assert {r.json["model"] for r in fake.chat_requests} == {"echo", "other"}
@@ -424,3 +424,20 @@ def test_unknown_tool_name(shell: Any, fake: Any) -> None:
     pytest.importorskip("dispatch_nb.tools")
     error = run(shell, "%%chat --tools nothing_here\nhi").error_in_exec
     assert isinstance(error, ChatError) and "nothing_here" in error.message
+
+
+def test_cache_records_then_replays_without_the_model(shell: Any, fake: Any, tmp_path: Any) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    fake.push(Turn(text="a recorded answer"))
+    assert run(shell, "%%chat --cache record --no-history\nremember this").success
+    assert len(fake.chat_requests) == 1
+    assert "remember this" in (tmp_path / "answers.dispatch-cache.jsonl").read_text()
+    assert run(shell, "%%chat --cache replay --no-history\nremember this").success
+    assert len(fake.chat_requests) == 1  # answered from the file
+    assert "a recorded answer" in shell.front.markdown[0]
+    error = run(shell, "%%chat --cache replay --no-history\nnever asked").error_in_exec
+    assert isinstance(error, ChatError) and "--cache read-write" in error.fix
+    assert "In[" in error.message  # the miss names the cell
+    run(shell, '%config ChatMagics.cache = "replay"')
+    run(shell, "%chat status")
+    assert "`replay` — `" in shell.front.markdown[0]

@@ -1,0 +1,168 @@
+"""``%chat login`` / ``logout`` and the device-login views, against the loopback fake GitHub."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import _thread
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch_nb.notebook.display import ChatError, ChatInterrupted
+from tests.fakes.github import FakeGitHub
+from tests.notebook.conftest import run
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture
+def github(fake: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGitHub]:
+    with FakeGitHub() as server:
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_URL", server.github_url)
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_API_URL", server.api_url)
+        yield server
+
+
+def in_background(action: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=action, daemon=True)
+    thread.start()
+    return thread
+
+
+def token_file() -> Path:
+    from dispatch_nb.auth.token_store import TokenStore
+
+    return TokenStore().path
+
+
+def all_output(shell: Any, capsys: Any) -> str:
+    return json.dumps(shell.front.messages, default=str) + capsys.readouterr().out
+
+
+@pytest.mark.parametrize("live", ["widget", "display", "text"])
+def test_login_approved_saves_the_token_and_never_shows_it(
+    shell: Any, github: FakeGitHub, live: str, capsys: Any
+) -> None:
+    run(shell, f'%config ChatMagics.live = "{live}"')
+    run(shell, "%config ChatMagics.login_min_interval = 0.05")
+    tokens: list[str] = []
+
+    def approve() -> None:
+        auth = github.wait_for_device_code()
+        github.wait_for_polls(auth.user_code, 2)
+        tokens.append(github.approve(auth.user_code))
+
+    worker = in_background(approve)
+    result = run(shell, "%chat login")
+    worker.join(5)
+    assert result.success, result.error_in_exec
+    saved = json.loads(token_file().read_text())
+    assert saved["github_token"] == tokens[0] and saved["user"] == "octocat"
+    auth = github.authorizations[-1]
+    everything = all_output(shell, capsys)
+    if live != "widget":  # (the widget shows it through widget state: see the next test)
+        assert auth.user_code in everything and "/login/device" in everything
+    assert tokens[0] not in everything and auth.device_code not in everything
+    if live != "text":
+        final = shell.front.outputs[-1]["data"]
+        assert "Logged in to GitHub Copilot as **@octocat**" in final["text/markdown"]
+        assert WIDGET_MIME not in final
+    else:
+        assert "Logged in to GitHub Copilot as @octocat" in everything
+    run(shell, "%chat status")
+    assert "logged in as @octocat" in shell.front.markdown[-1]
+    run(shell, "%chat logout")
+    assert not token_file().exists()
+    assert "Removed the saved GitHub token" in shell.front.markdown[-1]
+
+
+def test_widget_view_shows_code_copy_link_countdown_and_status(shell: Any, github: FakeGitHub) -> None:
+    run(shell, '%config ChatMagics.live = "widget"')
+    run(shell, "%config ChatMagics.login_min_interval = 0.05")
+    seen: dict[str, str] = {}
+
+    def watch_then_approve() -> None:
+        auth = github.wait_for_device_code()
+        github.respond(auth.user_code, ("slow_down", 0.1))
+        github.wait_for_polls(auth.user_code, 3)
+        view = shell._dispatch_nb_magics.login_view
+        seen["code"] = view.code_html.value
+        seen["link"] = view.link.value
+        seen["clock"] = view.clock.value
+        seen["status"] = view.status.value
+        github.approve(auth.user_code)
+
+    worker = in_background(watch_then_approve)
+    assert run(shell, "%chat login").success
+    worker.join(5)
+    user_code = github.authorizations[-1].user_code
+    assert f">{user_code}</span>" in seen["code"] and "font-size:2.2em" in seen["code"]
+    assert "navigator.clipboard.writeText" in seen["code"]
+    assert f"href='{github.github_url}/login/device'" in seen["link"]
+    assert "The code expires in 14:" in seen["clock"] or "The code expires in 15:" in seen["clock"]
+    assert "Waiting" in seen["status"]
+    view = shell._dispatch_nb_magics.login_view
+    assert view.box.comm is None  # closed: no widget state left
+
+
+def test_login_denied_is_a_short_error(shell: Any, github: FakeGitHub) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    run(shell, "%config ChatMagics.login_min_interval = 0.05")
+    worker = in_background(lambda: github.deny(github.wait_for_device_code().user_code))
+    result = run(shell, "%chat login")
+    worker.join(5)
+    assert isinstance(result.error_in_exec, ChatError)
+    assert result.error_in_exec.title == "Login denied"
+    assert "denied" in shell.front.markdown[-1] and "%chat login" in shell.front.markdown[-1]
+    assert not token_file().exists()
+
+
+def test_expired_code_offers_a_new_code_button_that_works_after_the_cell(
+    shell: Any, github: FakeGitHub
+) -> None:
+    run(shell, '%config ChatMagics.live = "widget"')
+    run(shell, "%config ChatMagics.login_min_interval = 0.05")
+    worker = in_background(lambda: github.expire(github.wait_for_device_code().user_code))
+    result = run(shell, "%chat login")
+    worker.join(5)
+    assert isinstance(result.error_in_exec, ChatError) and "New code" in result.error_in_exec.fix
+    view = shell._dispatch_nb_magics.login_view
+    assert view.state == "expired" and view.new_code.layout.display == ""
+    first = len(github.authorizations)
+    view.new_code.click()  # the kernel is idle now, so the click is handled
+    deadline = time.monotonic() + 5
+    while len(github.authorizations) == first and time.monotonic() < deadline:
+        time.sleep(0.02)
+    github.approve(github.authorizations[-1].user_code)
+    assert view.ended.wait(5)
+    assert view.outcome.ok and view.state == "approved" and token_file().exists()
+
+
+def test_interrupt_cancels_the_login_cleanly(shell: Any, github: FakeGitHub) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    run(shell, "%config ChatMagics.login_min_interval = 0.05")
+
+    def interrupt() -> None:
+        github.wait_for_polls(github.wait_for_device_code().user_code, 2)
+        _thread.interrupt_main()
+
+    worker = in_background(interrupt)
+    started = time.monotonic()
+    result = run(shell, "%chat login")
+    worker.join(5)
+    assert isinstance(result.error_in_exec, ChatInterrupted)
+    assert time.monotonic() - started < 3
+    assert "cancelled" in shell.front.markdown[-1]
+    assert not token_file().exists()
+
+
+def test_github_unreachable_is_a_short_error(shell: Any, fake: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_URL", "http://127.0.0.1:9")
+    run(shell, '%config ChatMagics.live = "text"')
+    result = run(shell, "%chat login")
+    assert isinstance(result.error_in_exec, ChatError)
+    assert result.error_in_exec.title == "Login failed"
