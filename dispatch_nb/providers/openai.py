@@ -10,8 +10,9 @@ One adapter, two explicit execution paths (no silent fallback from one to the ot
 Backend: the ``backend`` argument, else ``OPENAI_BACKEND``, else ``"official"``; an unknown value is
 an error. ``base_url`` / ``OPENAI_BASE_URL`` only say where requests go and never switch the backend
 (default ``https://api.openai.com/v1``; for ``compatible`` ``http://127.0.0.1:8080/v1``). API key:
-``api_key``, else ``OPENAI_API_KEY``; the official backend without one fails at call time with an
-:class:`~dispatch_nb.errors.AuthenticationError`, a compatible server gets it only when there is one.
+``api_key``, else ``OPENAI_API_KEY`` (read when a call is made); the official backend without one
+fails at call time with an :class:`~dispatch_nb.errors.AuthenticationError`, a compatible server
+gets it only when there is one.
 
 Per-call options (``adapter.chat(..., **options)``): ``tool_choice`` (``"auto"``, ``"none"``,
 ``"required"`` or a tool name), ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort such as
@@ -117,7 +118,7 @@ class OpenAIAdapter(HTTPAdapter):
             max_retries=max_retries,
         )
         self._model = model
-        self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "").strip() or None
+        self._api_key = api_key  # else OPENAI_API_KEY, read at call time
         #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
         self.backend_mode: Backend = mode
         #: the per-call options this backend understands (others raise ``TypeError``)
@@ -144,8 +145,9 @@ class OpenAIAdapter(HTTPAdapter):
 
     # -- HTTP hooks ------------------------------------------------------------------------------
     def auth_headers(self) -> dict[str, str]:
-        if self._api_key:
-            return {"authorization": f"Bearer {self._api_key}"}
+        key = self._api_key or os.environ.get("OPENAI_API_KEY", "").strip()
+        if key:
+            return {"authorization": f"Bearer {key}"}
         if self.backend_mode == "official":
             raise AuthenticationError(
                 "no OpenAI API key: set the OPENAI_API_KEY environment variable or pass api_key=",

@@ -99,6 +99,10 @@ def test_key_from_environment_and_never_in_repr(monkeypatch: pytest.MonkeyPatch)
         assert adapter.chat("hi").text == "echo: hi"
         assert "SECRET" not in repr(adapter)
         assert "backend='official'" in repr(adapter)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    late = OpenAIAdapter("gpt-5", base_url="http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-late")  # set after the adapter was made: still used
+    assert late.auth_headers() == {"authorization": "Bearer sk-late"}
 
 
 def test_extra_headers_and_request_log(caplog: pytest.LogCaptureFixture) -> None:
