@@ -371,6 +371,26 @@ _SAMPLER_JS = """
 """
 
 
+#: In-page watcher: on every DOM change in the notebook, record what of the cell's output text
+#: matches a pattern (catches states that are on screen for only a moment).
+_WATCH_JS = """
+([index, pattern]) => {
+  const re = new RegExp(pattern, 'i');
+  const notebook = [...document.querySelectorAll('.jp-Notebook')]
+    .find((el) => el.offsetParent !== null);
+  window.__dnbSeen = [];
+  const check = () => {
+    const cell = notebook.querySelectorAll('.jp-Cell')[index];
+    const out = cell ? cell.querySelector('.jp-OutputArea') : null;
+    const match = out ? out.innerText.match(re) : null;
+    if (match && !window.__dnbSeen.includes(match[0])) window.__dnbSeen.push(match[0]);
+  };
+  window.__dnbWatcher = new MutationObserver(check);
+  window.__dnbWatcher.observe(notebook, {subtree: true, childList: true, characterData: true});
+}
+"""
+
+
 class NotebookPage:
     """A notebook opened in a browser tab, in JupyterLab or Notebook 7."""
 
@@ -393,6 +413,10 @@ class NotebookPage:
         self.page.reload()
         self.page.locator(f"{_NOTEBOOK} .jp-Cell").first.wait_for(timeout=timeout * 1000)
         return self
+
+    def panel(self) -> Any:
+        """The notebook's panel (toolbar and cells, without the front end's side bars)."""
+        return self.page.locator(".jp-NotebookPanel:visible").first
 
     # -- cells -----------------------------------------------------------------------------------
     def cell(self, index: int) -> Any:
@@ -473,6 +497,18 @@ class NotebookPage:
         )
         return [(float(t), int(n), bool(r)) for t, n, r in samples]
 
+    def start_watching(self, index: int, pattern: str) -> None:
+        """Record every distinct match of ``pattern`` (a JS regex, case-insensitive) that
+        appears in the cell's output text, however briefly."""
+        self.page.evaluate(_WATCH_JS, [index, pattern])
+
+    def stop_watching(self) -> list[str]:
+        """Stop watching; returns the matches seen, in order."""
+        seen: list[str] = self.page.evaluate(
+            "() => { window.__dnbWatcher.disconnect(); return window.__dnbSeen; }"
+        )
+        return seen
+
     # -- files and pictures ----------------------------------------------------------------------
     def save(self, timeout: float = 20.0) -> dict[str, Any]:
         """Save with Ctrl+S and wait until the file on disk has the cells' outputs."""
@@ -486,11 +522,25 @@ class NotebookPage:
         # the contents API writes atomically, but give a second write (checkpoint) no chance to race
         return self.server.read_notebook(self.path)
 
-    def screenshot(self, scenario: str, *, element: Any = None) -> Path:
-        """Save ``test-artifacts/e2e/<scenario>-<frontend>.png``; returns its path."""
+    def screenshot(self, scenario: str, *, element: Any = None, upto_cell: int | None = None
+                   ) -> Path:
+        """Save ``test-artifacts/e2e/<scenario>-<frontend>.png``; returns its path.
+
+        The whole page by default; ``element`` alone; or, with ``upto_cell``, the notebook panel
+        from its toolbar down to the bottom of that cell.
+        """
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         target = ARTIFACTS / f"{scenario}-{self.frontend}.png"
-        (element or self.page).screenshot(path=str(target))
+        if upto_cell is not None:
+            panel = self.panel().bounding_box()
+            cell = self.cell(upto_cell).bounding_box()
+            assert panel is not None and cell is not None
+            bottom = min(cell["y"] + cell["height"] + 4, panel["y"] + panel["height"])
+            clip = {"x": panel["x"], "y": panel["y"], "width": panel["width"],
+                    "height": bottom - panel["y"]}
+            self.page.screenshot(path=str(target), clip=clip)
+        else:
+            (element or self.page).screenshot(path=str(target))
         return target
 
 

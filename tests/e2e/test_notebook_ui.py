@@ -1,0 +1,226 @@
+"""What a user sees, proven in JupyterLab and Notebook 7 (each test runs in both front ends).
+
+Every scenario runs ``%%chat`` cells in a real kernel against the loopback fakes of this test
+process (the canonical ``fake`` provider, a fake GitHub for the login) and checks the DOM of the
+output area in headless chromium. Screenshots go to ``test-artifacts/e2e/<scenario>-<frontend>.png``;
+with DISPATCH_NB_UPDATE_DOC_IMAGES=1 the live view and the login widget are copied to docs/images/.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import Fail, Turn
+from .harness import JupyterServer, NotebookPage, update_doc_image, wait_until
+
+pytestmark = pytest.mark.e2e
+
+LOAD = "%load_ext dispatch_nb"
+
+#: A long answer with every markdown feature the final output must render.
+REPORT = """# Streaming report
+
+The answer arrives a few characters at a time, and the output area grows while it does. \
+Each update carries only the new text, so a long answer costs linear bytes on the wire.
+
+## Code
+
+```python
+def greet(name: str) -> str:
+    return f"hello {name}"
+```
+
+## Table
+
+| model | tokens | latency |
+|---|---|---|
+| fake:echo | 42 | 0.3 s |
+| fake:a | 7 | 0.1 s |
+
+That is the whole report.
+"""
+
+
+def _distinct_growing_lengths(samples: list[tuple[float, int, bool]]) -> list[int]:
+    """The distinct non-zero output lengths sampled while the cell was still running."""
+    seen: list[int] = []
+    for _, length, running in samples:
+        if running and length and (not seen or length != seen[-1]):
+            seen.append(length)
+    return seen
+
+
+def _final_markdown(nb: NotebookPage, index: int) -> Any:
+    """The rendered markdown of the cell's final output (waits for it)."""
+    markdown = nb.output(index).locator(".jp-RenderedMarkdown")
+    markdown.first.wait_for(timeout=20_000)
+    return markdown.first
+
+
+def _assert_report_rendered(markdown: Any) -> None:
+    """The final output is real markdown: headings, a code block, a table."""
+    assert markdown.locator("h1").count() >= 1
+    assert "Streaming report" in markdown.locator("h1").first.inner_text()
+    assert markdown.locator("h2").count() >= 2
+    code = markdown.locator("pre code, pre")
+    assert code.count() >= 1
+    assert "def greet" in code.first.inner_text()
+    table = markdown.locator("table")
+    assert table.count() >= 1
+    assert table.first.locator("th").count() >= 3
+    assert "fake:echo" in table.first.inner_text()
+
+
+def test_streamed_text_grows_then_renders_markdown(
+    open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
+) -> None:
+    """(a) a %%chat cell's text visibly grows while it streams, then ends as rendered markdown."""
+    fake.push(Turn(text=REPORT, chunk=3, delay=0.03, input_tokens=21, output_tokens=140))
+    nb = open_notebook([LOAD, "%%chat\nWrite a short report with a heading, code and a table."])
+    nb.run(0)
+    nb.start_sampling(1, interval_ms=30)
+    before = nb.start(1)
+    # mid-stream: a good part of the text is visible while the cell is still running
+    wait_until(
+        lambda: nb.prompt(1) == "[*]:" and len(nb.output_text(1)) > 260,
+        30, 0.03, "the live view to show the first 260 characters",
+    )
+    shot = nb.screenshot("live-view", upto_cell=1)
+    if jupyter.frontend.name == "lab":
+        update_doc_image(shot, "live-view.png")
+    nb.wait_done(1, before, timeout=60)
+    samples = nb.stop_sampling()
+    lengths = _distinct_growing_lengths(samples)
+    assert len(lengths) >= 5, f"the output did not visibly grow while streaming: {lengths}"
+    assert lengths[-1] > lengths[0]
+    markdown = _final_markdown(nb, 1)
+    _assert_report_rendered(markdown)
+    # the live view was replaced by one static output: no widget is left in the cell
+    assert nb.output(1).locator(".jupyter-widgets, .widget-output").count() == 0
+    nb.screenshot("final-markdown")
+
+
+def test_login_widget_approves_and_cell_completes(
+    open_notebook: Any, github_fake: Any, jupyter: JupyterServer
+) -> None:
+    """(b) the login widget shows the code and link, turns to approved, and the cell completes."""
+    if github_fake is None:
+        pytest.fail("tests/fakes/github.py (the fake GitHub) is missing")
+    nb = open_notebook([LOAD, "%chat logout", "%chat login"])
+    nb.run(0)
+    nb.run(1)
+    issued = len(github_fake.authorizations)
+    nb.start_watching(2, r"approved|logged in[^.]*")
+    before = nb.start(2)
+    auth = wait_until(
+        lambda: len(github_fake.authorizations) > issued and github_fake.authorizations[-1],
+        30, 0.05, "the kernel to request a device code",
+    )
+    text = nb.wait_output(2, lambda t: auth.user_code in t, 20, "the user code")
+    link = nb.output(2).locator("a[href*='/login/device']")
+    assert link.count() >= 1, f"no verification link in the login widget: {text}"
+    assert link.first.get_attribute("href") == f"{github_fake.github_url}/login/device"
+    assert link.first.is_visible()
+    # the code is shown large (its own element, bigger than the surrounding text)
+    code = nb.output(2).get_by_text(auth.user_code, exact=True)
+    assert code.count() >= 1 and code.first.is_visible()
+    size = float(code.first.evaluate("el => parseFloat(getComputedStyle(el).fontSize)"))
+    body = float(link.first.evaluate("el => parseFloat(getComputedStyle(el).fontSize)"))
+    assert size > 1.5 * body, f"the user code is not large: {size}px vs {body}px"
+    nb.wait_output(2, lambda t: "expires in" in t, 10, "the countdown")
+    assert nb.prompt(2) == "[*]:", "the login cell finished before the user approved"
+    shot = nb.screenshot("login-widget", element=nb.cell(2))
+    if jupyter.frontend.name == "lab":
+        update_doc_image(shot, "login-widget.png")
+    token = github_fake.approve(auth.user_code, login="octocat")
+    nb.wait_done(2, before, timeout=30)
+    text = nb.wait_output(2, lambda t: "octocat" in t, 10, "the approved user")
+    seen = nb.stop_watching()
+    assert any("approved" in s.lower() for s in seen), f"never showed 'approved': {seen} {text}"
+    assert token not in nb.page.content(), "the GitHub token is on the page"
+    nb.screenshot("login-approved")
+
+
+def test_compare_renders_columns(open_notebook: Any, fake: CanonicalFake) -> None:
+    """(c) -m a,b streams side by side in columns, then leaves a comparison table."""
+    answer = (
+        "A measured answer that streams for a little while, so that both columns are visible "
+        "side by side and each one grows on its own, with its own usage and latency at the end."
+    )
+    fake.push(Turn(text=answer, chunk=4, delay=0.04), Turn(text=answer, chunk=4, delay=0.04))
+    nb = open_notebook([LOAD, "%%chat -m fake:a,fake:b\nCompare yourselves."])
+    nb.run(0)
+    before = nb.start(1)
+    out = nb.output(1)
+
+    def columns() -> list[Any]:
+        """The two column headers' boxes, once both columns show streamed text."""
+        if nb.prompt(1) != "[*]:" or nb.output_text(1).count("A measured") < 2:
+            return []
+        boxes = []
+        for label in ("fake:a", "fake:b"):
+            hit = out.get_by_text(label, exact=False)
+            box = hit.first.bounding_box() if hit.count() else None
+            if box is None:
+                return []
+            boxes.append(box)
+        return boxes
+
+    a, b = wait_until(columns, 30, 0.03, "both model columns to stream")
+    assert abs(a["y"] - b["y"]) < 40 and b["x"] - a["x"] > 200, (
+        f"the models are not side by side: {a} {b}"
+    )
+    nb.screenshot("compare-live")
+    nb.wait_done(1, before, timeout=60)
+    table = out.locator("table")
+    table.first.wait_for(timeout=20_000)
+    text = table.first.inner_text()
+    assert "fake:a" in text and "fake:b" in text
+    assert nb.output_text(1).count(answer) == 2, "each model's answer belongs in the final output"
+    nb.screenshot("compare")
+
+
+def test_error_is_a_short_message(open_notebook: Any, fake: CanonicalFake) -> None:
+    """(d) an expected error (401) is a short readable message with the fix, not a traceback."""
+    fake.push(Fail(401, "Bad credentials", "authentication_error"))
+    nb = open_notebook([LOAD, "%%chat\nHello?"])
+    nb.run(0)
+    text = nb.run(1).strip()
+    assert text, "the error left no message"
+    assert "Traceback" not in text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) <= 8, f"the error message is too long ({len(lines)} lines):\n{text}"
+    assert re.search(r"401|authenticat|credential|log ?in|key", text, re.I), text
+    nb.screenshot("error")
+
+
+def test_saved_notebook_reopens_with_markdown(
+    open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
+) -> None:
+    """(e) saved, kernel stopped, page reloaded: the final markdown is still there."""
+    fake.push(Turn(text=REPORT, chunk=40, delay=0.01))
+    nb = open_notebook([LOAD, "%%chat\nThe report again."])
+    nb.run(0)
+    nb.run(1)
+    _assert_report_rendered(_final_markdown(nb, 1))
+    saved = nb.save()
+    outputs = saved["cells"][1]["outputs"]
+    assert any("text/markdown" in (o.get("data") or {}) for o in outputs), outputs
+    # the saved result needs no widget state (GitHub, nbviewer and VS Code show it as is)
+    assert not any(
+        "application/vnd.jupyter.widget-view+json" in (o.get("data") or {}) for o in outputs
+    ), outputs
+    # stop the kernel that produced the output, then reopen the notebook from disk
+    old_kernel = jupyter.session_for(nb.path)["kernel"]["id"]  # type: ignore[index]
+    jupyter.shutdown_kernels()
+    wait_until(lambda: not jupyter.api("GET", "/api/kernels"), 20, 0.2, "the kernel to stop")
+    nb.reload()
+    _assert_report_rendered(_final_markdown(nb, 1))
+    assert all(k["id"] != old_kernel for k in jupyter.api("GET", "/api/kernels"))
+    text = nb.output_text(1)
+    assert "Error displaying widget" not in text and "model not found" not in text.lower()
+    nb.screenshot("reopened")
