@@ -73,6 +73,23 @@ def _llama_chat_fake() -> ProviderFake:
     return OpenAIChatFake.llama()
 
 
+def _copilot_fake() -> ProviderFake:
+    from ..fakes.copilot import CopilotFake
+
+    return CopilotFake()
+
+
+def _copilot_adapter(model: str) -> Callable[..., Adapter]:
+    def make(fake: ProviderFake, **kw: Any) -> Adapter:
+        from dispatch_nb.providers.copilot import CopilotAdapter
+
+        github = fake.github  # type: ignore[attr-defined]
+        return CopilotAdapter(model, github_token=github.github_token,
+                              github_url=github.github_url, github_api_url=github.api_url, **kw)
+
+    return make
+
+
 TARGETS: list[Target] = [
     Target("fake", CanonicalFake, _fake_adapter, supports_thinking=True),
     Target("anthropic", AnthropicFake, _anthropic_adapter, supports_thinking=True),
@@ -82,4 +99,9 @@ TARGETS: list[Target] = [
     # llama-cpp-python's quirks: repeated tool ids, no usage, pings, strict templates, no key
     Target("openai-compatible-llama", _llama_chat_fake, _openai_adapter("compatible"),
            reports_usage=False),
+    # GitHub Copilot: token exchange on a fake GitHub, Claude's stream quirks, reasoning_opaque
+    Target("copilot", _copilot_fake, _copilot_adapter("claude-sonnet-4"), supports_thinking=True),
+    # a model whose supported_endpoints list only /responses
+    Target("copilot-responses", _copilot_fake, _copilot_adapter("gpt-5-codex"),
+           supports_thinking=True),
 ]
