@@ -1,0 +1,389 @@
+"""Deadlines, cancellation and Ctrl-C: nothing hangs, the connection is closed, nothing is lost.
+
+``timeout`` is a total deadline (connect, every read, retries, and in a session every tool);
+``CancelToken.cancel()`` from another thread or task ends a call within 100 ms by shutting its
+socket; ``KeyboardInterrupt`` during a sync stream closes the connection and carries ``partial``.
+The server side checks that the connection really went away (``open_connections``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dispatch_nb import (
+    APITimeoutError,
+    CancelToken,
+    RequestCancelled,
+    ToolResultBlock,
+)
+from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.session import Session, tool
+
+from .fakes.canonical import CanonicalFake
+from .fakes.provider import Fail, Stall, ToolCall, Turn
+from .fakes.server import RecordedRequest, Reply, wait_for
+
+#: "within 100 ms" plus scheduling slack on a loaded 2-core machine
+CANCEL_BUDGET = 0.1 + 0.1
+
+
+@pytest.fixture
+def fake() -> Iterator[CanonicalFake]:
+    with CanonicalFake() as f:
+        yield f
+
+
+@pytest.fixture
+def adapter(fake: CanonicalFake) -> Iterator[FakeAdapter]:
+    a = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    yield a
+    a.close()
+
+
+def closed_by_client(fake: CanonicalFake, timeout: float = 4.0) -> bool:
+    """The server saw every client connection go away."""
+    return wait_for(lambda: fake.server.open_connections == 0, timeout=timeout)
+
+
+# -- deadlines -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("reused", [False, True], ids=["new-connection", "keep-alive"])
+def test_deadline_before_headers_sync(fake: CanonicalFake, adapter: FakeAdapter,
+                                      reused: bool) -> None:
+    if reused:
+        adapter.chat("warm up")  # a finished JSON answer leaves the connection in the pool
+        assert fake.server.open_connections == 1
+    fake.push(Stall(0.6))
+    started = time.monotonic()
+    with pytest.raises(APITimeoutError) as info:
+        adapter.chat("x", stream=True, timeout=0.3)
+    waited = time.monotonic() - started
+    assert 0.3 <= waited < 0.6
+    assert isinstance(info.value, TimeoutError)
+    assert "within the 0.3 s timeout (waited 0.3 s)" in info.value.message
+    assert closed_by_client(fake)
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["new-connection", "keep-alive"])
+def test_deadline_before_headers_async(fake: CanonicalFake, adapter: FakeAdapter,
+                                       reused: bool) -> None:
+    fake.push(Stall(0.6))
+
+    async def main() -> float:
+        if reused:
+            await adapter.achat("warm up")
+            fake.push(Stall(0.6))
+        started = time.monotonic()
+        with pytest.raises(APITimeoutError, match=r"within the 0.3 s timeout"):
+            await adapter.achat("x", stream=True, timeout=0.3)
+        return time.monotonic() - started
+
+    assert 0.3 <= asyncio.run(main()) < 0.6
+    assert closed_by_client(fake)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_deadline_mid_stream_keeps_partial(fake: CanonicalFake, adapter: FakeAdapter,
+                                           mode: str) -> None:
+    fake.push(Turn(text="abcdefghijkl", chunk=2, stall_after=3, stall=0.6))
+
+    async def run_async() -> Any:
+        return await adapter.achat("x", stream=True, timeout=0.4)
+
+    def run() -> Any:
+        if mode == "sync":
+            return adapter.chat("x", stream=True, timeout=0.4)
+        return asyncio.run(run_async())
+
+    started = time.monotonic()
+    with pytest.raises(APITimeoutError) as info:
+        run()
+    assert time.monotonic() - started < 0.7
+    assert info.value.partial is not None and info.value.partial.text == "abcdef"
+    assert "waited 0.4 s" in info.value.message
+    assert closed_by_client(fake)
+
+
+def test_adapter_default_timeout(fake: CanonicalFake) -> None:
+    adapter = FakeAdapter("echo", base_url=fake.base_url, timeout=0.3, max_retries=0)
+    fake.push(Stall(0.6))
+    with pytest.raises(APITimeoutError, match=r"0\.3 s timeout"):
+        adapter.chat("x")
+    adapter.close()
+
+
+def test_session_deadline_covers_the_whole_tool_loop(fake: CanonicalFake,
+                                                     adapter: FakeAdapter) -> None:
+    @tool
+    def slowish() -> str:
+        time.sleep(0.3)
+        return "done"
+
+    fake.push(Turn(tool_calls=[ToolCall("s1", "slowish")]), Stall(2.0))
+    session = Session(adapter, tools=[slowish])
+    started = time.monotonic()
+    with pytest.raises(APITimeoutError) as info:
+        session.send("go", timeout=0.6)
+    assert 0.6 <= time.monotonic() - started < 0.9
+    assert "within the 0.6 s timeout (waited 0.6 s)" in info.value.message
+    assert [m.role for m in session.history] == ["user", "assistant", "user"]
+
+
+def test_session_deadline_while_tools_run(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+    ran: list[str] = []
+
+    @tool
+    def sleepy(name: str) -> str:
+        time.sleep(0.4)
+        ran.append(name)
+        return name
+
+    fake.push(Turn(tool_calls=[ToolCall("a", "sleepy", {"name": "A"}),
+                               ToolCall("b", "sleepy", {"name": "B"})]))
+    session = Session(adapter, tools=[sleepy])
+    with pytest.raises(APITimeoutError, match="while running tools"):
+        session.send("go", timeout=0.2)
+    assert ran == ["A"]  # a sync tool is not interrupted, but nothing more starts
+    results = session.history[-1].blocks
+    assert [r.tool_use_id for r in results] == ["a", "b"]
+    assert isinstance(results[0], ToolResultBlock) and results[0].content == "A"
+    assert results[1].is_error and "not run" in results[1].text  # type: ignore[union-attr]
+    assert session.send("and now?").text == "echo: and now?"
+
+
+def test_async_session_deadline_cancels_async_tools(fake: CanonicalFake,
+                                                    adapter: FakeAdapter) -> None:
+    finished: list[str] = []
+
+    @tool
+    async def forever() -> str:
+        await asyncio.sleep(5)
+        finished.append("forever")
+        return "never"
+
+    fake.push(Turn(tool_calls=[ToolCall("f1", "forever")]))
+    session = Session(adapter, tools=[forever])
+
+    async def main() -> float:
+        started = time.monotonic()
+        with pytest.raises(APITimeoutError, match="while running tools"):
+            await session.asend("go", timeout=0.3)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 0.6
+    assert finished == []
+    assert "not run" in session.history[-1].blocks[0].text  # type: ignore[union-attr]
+
+
+# -- cancellation --------------------------------------------------------------------------------
+def cancel_later(token: CancelToken, after: threading.Event, delay: float,
+                 at: list[float]) -> threading.Thread:
+    def run() -> None:
+        after.wait(5)
+        time.sleep(delay)
+        at.append(time.monotonic())
+        token.cancel("stopped by the test")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_cancel_from_another_thread_mid_stream(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+    fake.push(Turn(text="abcdefghijkl", chunk=2, stall_after=3, stall=0.6))
+    token, streaming, at = CancelToken(), threading.Event(), []
+    thread = cancel_later(token, streaming, 0.15, at)
+    with pytest.raises(RequestCancelled) as info:
+        adapter.chat("x", stream=True, cancel=token, on_delta=lambda d: streaming.set())
+    reacted = time.monotonic() - at[0]
+    thread.join()
+    assert reacted < CANCEL_BUDGET, reacted
+    assert info.value.message == "stopped by the test"
+    assert info.value.partial is not None and info.value.partial.text == "abcdef"
+    assert closed_by_client(fake)
+
+
+def test_cancel_before_headers_on_a_reused_connection(fake: CanonicalFake,
+                                                      adapter: FakeAdapter) -> None:
+    adapter.chat("warm up")
+    fake.push(Stall(0.6))
+    token, now, at = CancelToken(), threading.Event(), []
+    now.set()
+    thread = cancel_later(token, now, 0.2, at)
+    with pytest.raises(RequestCancelled):
+        adapter.chat("x", stream=True, cancel=token)
+    reacted = time.monotonic() - at[0]
+    thread.join()
+    assert reacted < CANCEL_BUDGET, reacted
+    assert closed_by_client(fake)
+
+
+def test_cancel_async_from_another_task_and_thread(fake: CanonicalFake,
+                                                   adapter: FakeAdapter) -> None:
+    fake.push(Turn(text="z" * 100, chunk=1, stall_after=5, stall=0.6),
+              Turn(text="y" * 100, chunk=1, stall_after=5, stall=0.6))
+
+    async def main() -> tuple[float, float]:
+        at: list[float] = []
+        token = CancelToken()
+
+        async def canceller() -> None:
+            await asyncio.sleep(0.2)
+            at.append(time.monotonic())
+            token.cancel()
+
+        task = asyncio.create_task(canceller())
+        with pytest.raises(RequestCancelled) as info:
+            await adapter.achat("x", stream=True, cancel=token)
+        from_task = time.monotonic() - at[0]
+        await task
+        assert info.value.partial is not None and info.value.partial.text == "zzzzz"
+
+        token2, now, at2 = CancelToken(), threading.Event(), []
+        now.set()
+        cancel_later(token2, now, 0.2, at2)
+        async def consume() -> None:
+            async with adapter.astream("y", cancel=token2) as stream:
+                async for _ in stream:
+                    pass
+
+        with pytest.raises(RequestCancelled):
+            await consume()
+        return from_task, time.monotonic() - at2[0]
+
+    from_task, from_thread = asyncio.run(main())
+    assert from_task < CANCEL_BUDGET and from_thread < CANCEL_BUDGET, (from_task, from_thread)
+    assert closed_by_client(fake)
+
+
+def test_cancel_during_retry_backoff(fake: CanonicalFake) -> None:
+    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=2)
+    fake.push(Fail(503, "busy", headers={"retry-after": "5"}), Turn(text="never"))
+    token, now, at = CancelToken(), threading.Event(), []
+    now.set()
+    cancel_later(token, now, 0.2, at)
+    with pytest.raises(RequestCancelled):
+        adapter.chat("x", cancel=token)
+    assert time.monotonic() - at[0] < CANCEL_BUDGET
+    assert len(fake.chat_requests) == 1
+    adapter.close()
+
+
+def test_cancelled_token_stops_a_session_and_async_tools(fake: CanonicalFake,
+                                                          adapter: FakeAdapter) -> None:
+    finished: list[str] = []
+
+    @tool
+    async def long_job() -> str:
+        await asyncio.sleep(5)
+        finished.append("long_job")
+        return "done"
+
+    fake.push(Turn(tool_calls=[ToolCall("j1", "long_job")]))
+    session = Session(adapter, tools=[long_job])
+    token = CancelToken()
+
+    async def main() -> float:
+        asyncio.get_running_loop().call_later(0.2, token.cancel)
+        started = time.monotonic()
+        with pytest.raises(RequestCancelled):
+            await session.asend("go", cancel=token)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 0.2 + CANCEL_BUDGET
+    assert finished == []
+    (result,) = session.history[-1].blocks
+    assert isinstance(result, ToolResultBlock) and result.is_error
+    assert "RequestCancelled" in result.text
+    with pytest.raises(RequestCancelled):  # a cancelled token stays cancelled
+        session.send("again", cancel=token)
+
+
+# -- Ctrl-C --------------------------------------------------------------------------------------
+def test_keyboard_interrupt_in_on_delta(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+    fake.push(Turn(text="k" * 400, chunk=2, delay=0.01))
+    session = Session(adapter)
+    seen: list[str] = []
+
+    def on_delta(delta: Any) -> None:
+        seen.append(delta.text or "")
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        session.send("go", stream=True, on_delta=on_delta)
+    partial = info.value.partial  # type: ignore[attr-defined]
+    assert partial.text == "".join(seen) == "k" * 10
+    assert [m.role for m in session.history] == ["user"]
+    assert closed_by_client(fake)
+    assert session.send("after").text == "echo: goafter"
+
+
+def test_sigint_while_blocked_in_a_sync_stream(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("SIGINT is delivered to the main thread")
+    fake.push(Turn(text="abcdefghij", chunk=2, stall_after=3, stall=0.6))
+    session = Session(adapter)
+    streaming = threading.Event()
+    main_id = threading.main_thread().ident
+    assert main_id is not None
+
+    def interrupt() -> None:
+        streaming.wait(5)
+        time.sleep(0.15)  # the main thread is now blocked reading the stalled stream
+        signal.pthread_kill(main_id, signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    texts: list[str] = []
+
+    def consume() -> None:
+        with session.stream("go") as events:
+            for event in events:
+                if event.type == "text_delta":
+                    texts.append(event.text or "")
+                    streaming.set()
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        consume()
+    thread.join()
+    assert info.value.partial.text == "".join(texts) == "abcdef"  # type: ignore[attr-defined]
+    assert [m.role for m in session.history] == ["user"]
+    assert closed_by_client(fake)
+
+
+# -- validate() ----------------------------------------------------------------------------------
+class KeyCheckingFake(CanonicalFake):
+    """The canonical fake, but /models wants ``Authorization: Bearer good-key``."""
+
+    def route_other(self, request: RecordedRequest) -> Reply:
+        if request.path == "/models" and request.header("authorization") != "Bearer good-key":
+            return Reply.json({"error": {"message": "invalid API key",
+                                         "type": "authentication_error"}}, status=401)
+        return super().route_other(request)
+
+
+def test_validate_reports_whether_credentials_work() -> None:
+    with KeyCheckingFake() as fake:
+        good = FakeAdapter("echo", base_url=fake.base_url, api_key="good-key")
+        bad = FakeAdapter("echo", base_url=fake.base_url, api_key="bad-key")
+        result = good.validate()
+        assert result and result.ok and "accepted" in result.reason
+        result = bad.validate()
+        assert not result and not result.ok
+        assert result.reason == (
+            "Fake (canonical protocol) rejected the credentials: invalid API key")
+        assert good.display_name == "Fake (canonical protocol)"
+        url = fake.base_url
+        good.close()
+        bad.close()
+    gone = FakeAdapter("echo", base_url=url, api_key="good-key")
+    result = gone.validate()
+    assert not result.ok and "could not be checked" in result.reason
+    gone.close()
