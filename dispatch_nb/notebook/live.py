@@ -56,7 +56,9 @@ __all__ = [
 MODES = ("auto", "widget", "display", "text")
 LIVE_ENV = "DISPATCH_NB_LIVE"
 #: the most characters one live segment (widget or display output) holds
-SEGMENT_CHARS = 1000
+SEGMENT_CHARS = 600
+#: the most segments one block (a VBox) of the widget view holds
+BLOCK_SEGMENTS = 16
 DEFAULT_RATE = 20.0
 
 _TEXT_STYLE = (
@@ -64,6 +66,10 @@ _TEXT_STYLE = (
     "font-family: var(--jp-content-font-family, var(--vscode-font-family, sans-serif));"
 )
 _DIM = "color: var(--jp-ui-font-color2, #777); font-size: 0.85em;"
+#: sent once per view, so each streamed segment update carries only ``<div class=...>text</div>``
+_CSS = (
+    "<style>.dnb-text{" + _TEXT_STYLE + "}.dnb-thinking{" + _TEXT_STYLE + _DIM + "}</style>"
+)
 
 
 def default_mode() -> str:
@@ -271,15 +277,37 @@ class LiveView:
 # widget
 
 
+class _Run:
+    """A stretch of one kind of text (answer or thinking) as widgets: segments of at most
+    ``segment_chars`` characters, grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no
+    update ever re-sends more than one segment's text or one block's list of children."""
+
+    def __init__(self, kind: str, segment_chars: int, inner: Any = None) -> None:
+        self.kind = kind
+        self.segments = _Segments(segment_chars)
+        self.widgets: list[Any] = []
+        self.blocks: list[Any] = []
+        self.dirty_blocks: set[int] = set()
+        self.inner = inner  # the accordion's box for thinking; None: blocks go in the body
+        self.inner_dirty = False
+
+
 class _WidgetColumn:
     """One model's live view as ipywidgets: header, body (text / thinking / tool parts), footer."""
 
     def __init__(self, widgets: Any, title: str, segment_chars: int, width: str | None) -> None:
+        from ipywidgets.widgets.widget_string import HTMLStyle
+
         self.w = widgets
         self.title = title
         self.segment_chars = segment_chars
         self.created: list[Any] = []
-        self.header = self._make(widgets.HTML, value=_status_html(title, "waiting for the first token…"))
+        self.header = self._make(
+            widgets.HTML, value=_CSS + _status_html(title, "waiting for the first token…")
+        )
+        # Segments share one layout and one style model: one comm per segment, not three.
+        self.segment_layout = self._make(widgets.Layout, margin="0")
+        self.segment_style = self._make(HTMLStyle)
         self.body = self._make(widgets.VBox, children=())
         self.footer = self._make(widgets.HTML, value="")
         layout = {"width": width, "padding": "0 6px"} if width else {}
@@ -288,9 +316,9 @@ class _WidgetColumn:
         )
         self.parts: list[Any] = []
         self.parts_dirty = False
-        # the part currently growing: ("text" | "thinking", _Segments, container, [segment widgets])
-        self.current: tuple[str, _Segments, Any, list[Any]] | None = None
-        self.open_segments: list[tuple[_Segments, list[Any], str, Any]] = []
+        self.runs: list[_Run] = []
+        self.current: _Run | None = None
+        self.accordions: list[Any] = []
         self.tools: dict[str, tuple[Any, ToolPart]] = {}
         self.dirty_tools: set[str] = set()
         self.state = "waiting for the first token…"
@@ -306,37 +334,40 @@ class _WidgetColumn:
             self.state = state
             self.state_dirty = True
 
-    def _open(self, kind: str) -> tuple[_Segments, list[Any], Any]:
-        if self.current is not None and self.current[0] == kind:
-            return self.current[1], self.current[3], self.current[2]
-        segments = _Segments(self.segment_chars)
-        widgets_list: list[Any] = []
+    def _open(self, kind: str) -> _Run:
+        if self.current is not None and self.current.kind == kind:
+            return self.current
+        inner = None
         if kind == "thinking":
             inner = self._make(self.w.VBox, children=())
             accordion = self._make(self.w.Accordion, children=(inner,), selected_index=None)
             accordion.set_title(0, "Thinking…")
+            self.accordions.append(accordion)
             self.parts.append(accordion)
-            container = inner
-            self.open_segments.append((segments, widgets_list, kind, (accordion, inner)))
-        else:
-            container = None
-            self.open_segments.append((segments, widgets_list, kind, None))
-        self.parts_dirty = True
-        self.current = (kind, segments, container, widgets_list)
-        return segments, widgets_list, container
+            self.parts_dirty = True
+        run = _Run(kind, self.segment_chars, inner)
+        self.runs.append(run)
+        self.current = run
+        return run
 
     def add_text(self, kind: str, text: str) -> None:
-        segments, widgets_list, container = self._open(kind)
-        for _ in segments.add(text):
-            style = _TEXT_STYLE if kind == "text" else _TEXT_STYLE + _DIM
-            seg = self._make(self.w.HTML, value="", layout={"margin": "0"})
-            seg._dnb_style = style
-            widgets_list.append(seg)
-            if container is None:
-                self.parts.append(seg)
-                self.parts_dirty = True
-            else:
-                container._dnb_dirty = True
+        run = self._open(kind)
+        for _ in run.segments.add(text):
+            segment = self._make(
+                self.w.HTML, value="", layout=self.segment_layout, style=self.segment_style
+            )
+            run.widgets.append(segment)
+            if not run.blocks or len(run.blocks[-1]._dnb_children) >= BLOCK_SEGMENTS:
+                block = self._make(self.w.VBox, children=(), layout=self.segment_layout)
+                block._dnb_children = []
+                run.blocks.append(block)
+                if run.inner is None:
+                    self.parts.append(block)
+                    self.parts_dirty = True
+                else:
+                    run.inner_dirty = True
+            run.blocks[-1]._dnb_children.append(segment)
+            run.dirty_blocks.add(len(run.blocks) - 1)
 
     def tool_started(self, part: ToolPart) -> None:
         self.current = None
@@ -350,15 +381,18 @@ class _WidgetColumn:
             self.dirty_tools.add(tool_id)
 
     def flush(self) -> None:
-        for segments, widgets_list, _kind, holder in self.open_segments:
-            for i in segments.take_dirty():
-                seg = widgets_list[i]
-                seg.value = f"<div style='{seg._dnb_style}'>{html.escape(segments.text(i))}</div>"
-            if holder is not None:
-                _accordion, inner = holder
-                if getattr(inner, "_dnb_dirty", False):
-                    inner.children = tuple(widgets_list)
-                    inner._dnb_dirty = False
+        for run in self.runs:
+            css = "dnb-text" if run.kind == "text" else "dnb-thinking"
+            for i in run.segments.take_dirty():
+                text = html.escape(run.segments.text(i))
+                run.widgets[i].value = f"<div class='{css}'>{text}</div>"
+            for b in sorted(run.dirty_blocks):
+                block = run.blocks[b]
+                block.children = tuple(block._dnb_children)
+            run.dirty_blocks.clear()
+            if run.inner_dirty:
+                run.inner.children = tuple(run.blocks)
+                run.inner_dirty = False
         for tool_id in sorted(self.dirty_tools):
             line, part = self.tools[tool_id]
             line.value = _tool_html(part)
@@ -367,13 +401,12 @@ class _WidgetColumn:
             self.body.children = tuple(self.parts)
             self.parts_dirty = False
         if self.state_dirty:
-            self.header.value = _status_html(self.title, self.state)
+            self.header.value = _CSS + _status_html(self.title, self.state)
             self.state_dirty = False
 
     def done(self, footer: str, error: str | None) -> None:
-        for _segments, _widgets, _kind, holder in self.open_segments:
-            if holder is not None:
-                holder[0].set_title(0, "Thinking")
+        for accordion in self.accordions:
+            accordion.set_title(0, "Thinking")
         self.set_state("⚠ " + error if error else "done")
         self.footer.value = f"<div style='{_DIM}'>{html.escape(footer)}</div>"
 

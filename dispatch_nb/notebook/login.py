@@ -195,10 +195,19 @@ class WidgetLoginView(LoginView):
             self.handle.update(_static_bundle(outcome), raw=True)
             self.close()
             return
-        self.status.value = html.escape(outcome.message or _status_text(outcome.state, {}))
+        message = outcome.message or _status_text(outcome.state, {})
+        self.status.value = html.escape(message)
         self.clock.value = ""
-        if outcome.state in ("expired", "denied", "error") and self.retry is not None:
+        retry = outcome.state in ("expired", "denied", "error") and self.retry is not None
+        if retry:
             self.new_code.layout.display = ""
+        # The widget stays for its "New code" button; a static fallback rides along, so a saved
+        # notebook (GitHub, nbviewer, no widget state) still says what happened.
+        bundle = dict(self.box._repr_mimebundle_() or {})
+        text = f"**{TITLE}**: {message} Run `%chat login` for a new code."
+        bundle["text/markdown"] = text
+        bundle["text/plain"] = text.replace("**", "").replace("`", "")
+        self.handle.update(bundle, raw=True)
 
     def _on_new_code(self, _button: Any) -> None:
         if self.retry is None:

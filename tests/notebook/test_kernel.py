@@ -1,0 +1,296 @@
+"""Real Jupyter kernels (ipykernel) running ``%%chat`` against the loopback fakes.
+
+* a notebook executed by nbclient: final Markdown outputs, no widget state left, no secret in any
+  output, re-running a cell replaces its turn, await cells, the comparison table, short errors,
+  and the device login approved / denied;
+* a kernel driven with jupyter_client: iopub bytes for answers of 2k, 4k and 8k characters grow
+  linearly (widget and display renderings), updates stay under ~20 per second, and interrupting
+  the kernel keeps the partial answer.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import nbformat
+import pytest
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
+
+from tests.fakes.canonical import CanonicalFake
+from tests.fakes.github import FakeGitHub
+from tests.fakes.provider import Fail, Turn
+from tests.notebook.conftest import chat_env
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+SECRETS = {"OPENAI_API_KEY": "sk-test-secret-000111", "ANTHROPIC_API_KEY": "sk-ant-secret-222333"}
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[CanonicalFake, FakeGitHub]]:
+    with CanonicalFake() as fake, FakeGitHub() as github:
+        yield fake, github
+
+
+def kernel_env(fake: CanonicalFake, github: FakeGitHub, home: Any) -> dict[str, str]:
+    env = chat_env()
+    env.update(SECRETS)
+    env.update(
+        {
+            "DISPATCH_NB_FAKE_URL": fake.url,
+            "DISPATCH_NB_MODEL": "fake:echo",
+            "DISPATCH_NB_HOME": str(home / "dispatch"),
+            "DISPATCH_NB_CACHE_FILE": str(home / "cache.jsonl"),
+            "DISPATCH_NB_GITHUB_URL": github.github_url,
+            "DISPATCH_NB_GITHUB_API_URL": github.api_url,
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+        }
+    )
+    return env
+
+
+def outputs_text(nb: Any) -> str:
+    return json.dumps([cell.get("outputs", []) for cell in nb.cells])
+
+
+def test_notebook_in_a_real_kernel(servers: tuple[CanonicalFake, FakeGitHub], tmp_path: Any) -> None:
+    fake, github = servers
+    cells = [
+        "%load_ext dispatch_nb\n%config ChatMagics.login_min_interval = 0.05",
+        "name = 'Ada'",
+        "%%chat\nSay hello to {name}.",                                   # 2
+        "import asyncio\nawait asyncio.sleep(0.01)",
+        "%%chat\nAnd after an await?",                                   # 4
+        "%%chat -m fake:echo,fake:second\nCompare me.",                  # 5
+        "%%chat\nThis one fails.",                                        # 6
+        "%chat login",                                                    # 7
+        "%chat logout\n%chat login",                                      # 8 (denied)
+        "magics = get_ipython()._dispatch_nb_magics\n"
+        "[t.prompt for t in magics.threads.get('default')]",             # 9
+    ]
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    nb.cells[6].metadata["tags"] = ["raises-exception"]
+    nb.cells[8].metadata["tags"] = ["raises-exception"]
+    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=False)
+
+    def approve_then_deny() -> None:
+        first = github.wait_for_device_code(timeout=60)
+        github.wait_for_polls(first.user_code, 2, timeout=30)
+        github.approve(first.user_code)
+        deadline = time.monotonic() + 60
+        while len(github.authorizations) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        github.deny(github.authorizations[-1].user_code)
+
+    with client.setup_kernel(env=kernel_env(fake, github, tmp_path)):
+        for index in range(6):
+            client.execute_cell(nb.cells[index], index)
+        fake.push(Fail(401, "invalid api key", "authentication_error"))
+        client.execute_cell(nb.cells[6], 6)
+        worker = threading.Thread(target=approve_then_deny, daemon=True)
+        worker.start()
+        client.execute_cell(nb.cells[7], 7)
+        client.execute_cell(nb.cells[8], 8)
+        worker.join(10)
+        # Re-run the first chat cell: its turn is replaced in place, not appended.
+        requests_before = len(fake.chat_requests)
+        client.execute_cell(nb.cells[2], 2)
+        assert len(fake.chat_requests) == requests_before + 1
+        assert len(fake.chat_requests[-1].json["messages"]) == 1  # only what came before it
+        client.execute_cell(nb.cells[9], 9)
+
+    for index in (2, 4):
+        outputs = nb.cells[index].outputs
+        assert len(outputs) == 1, outputs
+        out = outputs[0]
+        assert out.output_type == "display_data" and WIDGET_MIME not in out.data
+        assert set(out.data) == {"text/markdown", "text/plain"}
+        assert "<sub>echo · 12 in / 7 out tokens" in out.data["text/markdown"]
+        assert out.metadata["dispatch_nb"]["usage"]["output_tokens"] == 7
+    assert "echo: Say hello to Ada." in nb.cells[2].outputs[0].data["text/markdown"]
+    assert "echo: And after an await?" in nb.cells[4].outputs[0].data["text/markdown"]
+
+    compare = nb.cells[5].outputs
+    assert len(compare) == 1 and "| model | tokens in / out |" in compare[0].data["text/markdown"]
+    assert "#### fake:echo" in compare[0].data["text/markdown"]
+    assert "#### fake:second" in compare[0].data["text/markdown"]
+
+    error = [o for o in nb.cells[6].outputs if o.output_type == "error"]
+    assert len(error) == 1 and len(error[0].traceback) <= 3
+    assert "AuthenticationError" in error[0].traceback[0]
+    assert "OPENAI_API_KEY" in error[0].traceback[1] or "credentials" in error[0].traceback[1]
+
+    login = nb.cells[7].outputs
+    assert "Logged in to GitHub Copilot as **@octocat**" in login[-1].data["text/markdown"]
+    denied = [o for o in nb.cells[8].outputs if o.output_type == "error"]
+    assert len(denied) == 1 and "Login denied" in denied[0].traceback[0]
+    # The failed login keeps its widget (the "New code" button) with a static fallback beside it.
+    view = [o for o in nb.cells[8].outputs if WIDGET_MIME in o.get("data", {})]
+    assert len(view) == 1 and "denied" in view[0].data["text/markdown"]
+    del nb.cells[8].outputs[:]
+
+    prompts = nb.cells[9].outputs[0].data["text/plain"]
+    assert prompts == "['Say hello to Ada.', 'And after an await?']"
+
+    text = outputs_text(nb)
+    assert WIDGET_MIME not in text
+    for secret in [*SECRETS.values(), *github.users]:
+        assert secret not in text
+    assert not nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get(
+        "state"
+    )
+    nbformat.validate(nb)
+
+
+# -- bytes on the wire ---------------------------------------------------------------------------
+
+
+class Kernel:
+    """A kernel driven with jupyter_client, collecting every iopub message of an execution."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def execute(self, code: str, *, timeout: float = 60, during: Any = None) -> list[dict[str, Any]]:
+        msg_id = self.kc.execute(code)
+        messages: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            msg["received"] = time.monotonic()
+            messages.append(msg)
+            if during is not None:
+                during(msg)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return messages
+        raise TimeoutError(code)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def wire_bytes(messages: list[dict[str, Any]]) -> int:
+    """What the kernel sent for the view: message contents (and binary buffers)."""
+    total = 0
+    for msg in messages:
+        if msg["msg_type"] in ("status", "execute_input"):
+            continue
+        total += len(json.dumps(msg["content"], default=str))
+        total += sum(len(b) for b in msg.get("buffers") or [])
+    return total
+
+
+def view_updates(messages: list[dict[str, Any]]) -> list[float]:
+    """When the view was repainted: messages less than 10 ms apart belong to one repaint."""
+    kinds = ("comm_msg", "update_display_data", "display_data", "stream")
+    times = [m["received"] for m in messages if m["msg_type"] in kinds]
+    repaints: list[float] = []
+    for t in times:
+        if not repaints or t - repaints[-1] > 0.01:
+            repaints.append(t)
+    return repaints
+
+
+@pytest.fixture(scope="module")
+def kernel(servers: tuple[CanonicalFake, FakeGitHub], tmp_path_factory: Any) -> Iterator[Kernel]:
+    fake, github = servers
+    k = Kernel(kernel_env(fake, github, tmp_path_factory.mktemp("kernel-home")))
+    try:
+        k.execute("%load_ext dispatch_nb")
+        yield k
+    finally:
+        k.close()
+
+
+@pytest.mark.parametrize("live", ["widget", "display"])
+def test_bytes_on_the_wire_grow_linearly(kernel: Kernel, servers: Any, live: str) -> None:
+    fake, _ = servers
+    kernel.execute(f'%config ChatMagics.live = "{live}"')
+    sizes = {}
+    for n in (2000, 4000, 8000):
+        # ~4 ms per 8-character delta: about 1 s per 2,000 characters, like a fast model.
+        fake.push(Turn(text=("lorem ipsum " * n)[:n], chunk=8, delay=0.004))
+        messages = kernel.execute("%%chat --no-history\nwrite a lot")
+        final = [m for m in messages if m["msg_type"] in ("display_data", "update_display_data")
+                 and "text/markdown" in m["content"]["data"]]
+        assert final, [m["msg_type"] for m in messages]
+        assert ("lorem ipsum " * n)[:n].strip() in final[-1]["content"]["data"]["text/markdown"]
+        sizes[n] = wire_bytes(messages)
+        updates = view_updates(messages)
+        duration = updates[-1] - updates[0]
+        assert len(updates) <= 20 * duration + 5, (len(updates), duration)
+    # Linear: doubling the answer about doubles the bytes (quadratic would quadruple them).
+    assert sizes[4000] / sizes[2000] < 2.6, sizes
+    assert sizes[8000] / sizes[4000] < 2.6, sizes
+    assert sizes[8000] < 8000 * 16, sizes  # a small constant factor over the text itself
+
+
+def test_interrupting_the_kernel_keeps_the_partial_answer(kernel: Kernel, servers: Any) -> None:
+    fake, _ = servers
+    kernel.execute('%config ChatMagics.live = "widget"')
+    fake.push(Turn(text="tick " * 2000, chunk=5, delay=0.01))
+    interrupted = threading.Event()
+
+    def interrupt_once(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "comm_msg" and not interrupted.is_set():
+            interrupted.set()
+            threading.Timer(0.3, kernel.km.interrupt_kernel).start()
+
+    started = time.monotonic()
+    messages = kernel.execute("%%chat --no-history\ncount forever", during=interrupt_once)
+    assert time.monotonic() - started < 10
+    errors = [m for m in messages if m["msg_type"] == "error"]
+    assert len(errors) == 1 and len(errors[0]["content"]["traceback"]) == 1
+    assert "chat cancelled" in errors[0]["content"]["traceback"][0]
+    finals = [m["content"]["data"]["text/markdown"] for m in messages
+              if m["msg_type"] in ("update_display_data", "display_data")
+              and "text/markdown" in m["content"]["data"]]
+    assert finals and finals[-1].startswith("tick tick") and "interrupted" in finals[-1]
+    # The kernel is fine afterwards.
+    after = kernel.execute("%%chat --no-history\nstill there?")
+    assert not [m for m in after if m["msg_type"] == "error"]
+
+
+def test_cell_id_from_the_front_end_identifies_the_turn(kernel: Kernel, servers: Any) -> None:
+    fake, _ = servers
+    kernel.execute("%chat reset --all")
+
+    def execute_with_cell_id(code: str, cell_id: str) -> None:
+        msg = kernel.kc.session.msg(
+            "execute_request",
+            {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+             "allow_stdin": False, "stop_on_error": True},
+            metadata={"cellId": cell_id},
+        )
+        kernel.kc.shell_channel.send(msg)
+        reply = kernel.kc.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "ok", reply["content"]
+
+    execute_with_cell_id("%%chat\nfirst version", "cell-1")
+    execute_with_cell_id("%%chat\nsecond cell", "cell-2")
+    execute_with_cell_id("%%chat\nedited first version", "cell-1")
+    assert len(fake.chat_requests[-1].json["messages"]) == 1
+    messages = kernel.execute(
+        "print([t.prompt for t in get_ipython()._dispatch_nb_magics.threads.get('default')])"
+    )
+    printed = "".join(m["content"].get("text", "") for m in messages if m["msg_type"] == "stream")
+    assert printed.strip() == "['edited first version', 'second cell']"
