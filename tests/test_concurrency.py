@@ -1,0 +1,158 @@
+"""One adapter, many threads or tasks; pull-based streams; memory flat in the number of deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import socket
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.session import Session
+
+from .fakes.canonical import CanonicalFake
+from .fakes.server import LoopbackServer, Reply
+
+SESSIONS = 64
+
+
+@pytest.fixture
+def fake() -> Iterator[CanonicalFake]:
+    with CanonicalFake() as f:
+        yield f
+
+
+def test_64_threads_share_one_adapter(fake: CanonicalFake) -> None:
+    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=30)
+    barrier = threading.Barrier(SESSIONS)
+    problems: list[str] = []
+
+    def converse(i: int) -> None:
+        try:
+            session = Session(adapter, id=f"s{i}")
+            barrier.wait(10)
+            first = session.send(f"prompt {i}", stream=i % 2 == 0)
+            with session.stream(f"follow-up {i}") as events:
+                second = events.response
+            if (first.text, second.text) != (f"echo: prompt {i}", f"echo: follow-up {i}"):
+                problems.append(f"{i}: got {first.text!r} / {second.text!r}")
+            if [m.text for m in session.history] != [
+                f"prompt {i}", f"echo: prompt {i}", f"follow-up {i}", f"echo: follow-up {i}"
+            ]:
+                problems.append(f"{i}: history mixed up")
+        except Exception as exc:  # reported below, with the session it happened in
+            problems.append(f"{i}: {exc!r}")
+
+    threads = [threading.Thread(target=converse, args=(i,)) for i in range(SESSIONS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    adapter.close()
+    assert problems == []
+    assert len(fake.chat_requests) == 2 * SESSIONS
+    # every request carried its own conversation
+    firsts = sorted(r.json["messages"][0]["content"] for r in fake.chat_requests)
+    assert firsts == sorted([f"prompt {i}" for i in range(SESSIONS)] * 2)
+
+
+def test_64_tasks_share_one_adapter(fake: CanonicalFake) -> None:
+    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=30)
+
+    async def converse(i: int) -> tuple[str, str]:
+        session = Session(adapter)
+        first = await session.asend(f"task {i}", stream=i % 2 == 1)
+        async with session.astream(f"again {i}") as stream:
+            second = await stream.until_done()
+        return first.text, second.text
+
+    async def main() -> list[tuple[str, str]]:
+        results = await asyncio.gather(*(converse(i) for i in range(SESSIONS)))
+        await adapter.aclose()
+        return results
+
+    results = asyncio.run(main())
+    assert results == [(f"echo: task {i}", f"echo: again {i}") for i in range(SESSIONS)]
+
+
+# -- backpressure and memory -------------------------------------------------------------------
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+DONE = sse({"type": "done", "stop_reason": "end_turn",
+            "usage": {"input_tokens": 1, "output_tokens": 1}})
+
+
+class CountingChunks(list[bytes]):
+    """Chunks that count how many the server has handed to the socket."""
+
+    def __init__(self, items: Iterable[bytes]) -> None:
+        super().__init__(items)
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for item in super().__iter__():
+            yield item
+            self.sent += 1
+
+
+def test_a_slow_consumer_slows_the_server() -> None:
+    piece = sse({"type": "text", "text": "x" * 4000})
+    chunks = CountingChunks([piece * 16] * 640 + [DONE])  # ~41 MB, 10,240 deltas
+    # A fixed receive buffer: loopback sockets otherwise grow theirs to tens of MB.
+    small_buffer = httpx.HTTPTransport(
+        socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)]
+    )
+    reply = Reply(headers={"content-type": "text/event-stream"}, chunks=chunks)
+    with LoopbackServer(lambda request: reply) as server, \
+            httpx.Client(transport=small_buffer) as client:
+        adapter = FakeAdapter("echo", base_url=server.url, max_retries=0, http_client=client)
+        session = Session(adapter)
+        with session.stream("go") as events:
+            next(events)
+            time.sleep(0.5)  # a slow consumer: nothing is read meanwhile
+            in_flight = chunks.sent
+            rest = sum(1 for e in events if e.type == "text_delta")
+        adapter.close()
+    assert in_flight < len(chunks) / 4, in_flight  # the server was held back by the socket
+    assert rest == 640 * 16 - 1
+    assert len(session.history[-1].text) == 640 * 16 * 4000
+
+
+def test_memory_stays_flat_over_100k_deltas() -> None:
+    deltas, per_chunk = 100_000, 500
+    event = sse({"type": "text", "text": "tok "})
+    chunks = [event * per_chunk for _ in range(deltas // per_chunk)] + [DONE]
+    reply = Reply.sse(chunks)  # built before measuring: the server only sends it
+    with LoopbackServer(lambda request: reply) as server:
+        adapter = FakeAdapter("echo", base_url=server.url, max_retries=0)
+        session = Session(adapter)
+        session.send("warm up", stream=True)  # imports, connection pool, caches
+        session.clear_history()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            baseline = tracemalloc.get_traced_memory()[0]
+            count = 0
+            with session.stream("go") as events:
+                for _ in events:
+                    count += 1
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        adapter.close()
+    text = session.history[-1].text
+    assert count == deltas + 1 and len(text) == 4 * deltas
+    # the text itself may exist twice at the end (fragments joined into the final block);
+    # everything else must not grow with the number of deltas
+    beyond_text = peak - baseline - 2 * len(text)
+    assert beyond_text < 10 * deltas, f"{beyond_text / deltas:.1f} bytes per delta"
