@@ -4,7 +4,7 @@
 
     login  [--force] [--github-url URL] [--token-path P]   GitHub device-flow login for Copilot
     logout [--token-path P]                               remove the saved GitHub token
-    status [--github-url URL] [--token-path P]            which token is used; does Copilot work?
+    status [--github-url URL] [--token-path P] [--models] which token is used; does Copilot work?
 
 A command is one function registered with :func:`command`; its options come from an optional
 ``arguments(parser)`` function::
@@ -244,10 +244,40 @@ def _logout(args: argparse.Namespace) -> int:
 
 
 # -- status ----------------------------------------------------------------------------------------
+def _status_arguments(parser: argparse.ArgumentParser) -> None:
+    _github_arguments(parser)
+    parser.add_argument(
+        "--models",
+        action="store_true",
+        help="also list the chat models Copilot offers this account (GET /models)",
+    )
+
+
+def _print_models(manager: CopilotTokenManager, github_url: str, api_url: str) -> int:
+    from .providers.copilot import CopilotAdapter
+
+    adapter = CopilotAdapter(github_url=github_url, github_api_url=api_url, token_manager=manager)
+    try:
+        models = adapter.list_models()
+    except DispatchError as exc:
+        print(f"Models:         could not list them. {exc.message}")
+        return EXIT_FAILED
+    finally:
+        adapter.close()
+    print(f"Models:         {len(models)} (premium requests per call; context window in tokens)")
+    width = max((len(m.id) for m in models), default=0)
+    for m in models:
+        multiplier = "?" if m.premium_multiplier is None else f"{m.premium_multiplier:g}x"
+        context = f"{m.max_context_tokens:,}" if m.max_context_tokens else "?"
+        vendor = f" ({m.vendor})" if m.vendor else ""
+        print(f"    {m.id:<{width}}  {multiplier:>5}  {context:>9}  {m.name}{vendor}")
+    return EXIT_OK
+
+
 @command(
     "status",
     help="Show which GitHub token is used and whether Copilot accepts it.",
-    arguments=_github_arguments,
+    arguments=_status_arguments,
 )
 def _status(args: argparse.Namespace) -> int:
     github_url, api_url = _urls(args)
@@ -274,6 +304,8 @@ def _status(args: argparse.Namespace) -> int:
     print(f"Copilot:        OK{plan}")
     print(f"Copilot API:    {copilot.endpoints_api}")
     print(f"Copilot token:  expires {expiry:%Y-%m-%d %H:%M %Z} (in {minutes} min)")
+    if getattr(args, "models", False):
+        return _print_models(manager, github_url, api_url)
     return EXIT_OK
 
 

@@ -230,10 +230,10 @@ class CopilotFake(OpenAIChatFake):
     def validate(self, request: RecordedRequest) -> Fail | None:
         body = request.json
         model = body.get("model") if isinstance(body, dict) else None
-        entry = next((m for m in self.models if m["id"] == model), None)
+        entry: dict[str, Any] | None = next((m for m in self.models if m["id"] == model), None)
         if isinstance(model, str) and entry is None:
             return Fail(400, "The requested model is not supported.", "model_not_supported")
-        endpoints = (entry or {}).get("supported_endpoints")
+        endpoints = (entry or {}).get("supported_endpoints") or []
         if endpoints and request.path not in endpoints:
             return Fail(400, f"model {model} is not accessible via the {request.path} endpoint",
                         "unsupported_api_for_model")
