@@ -15,8 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
+from dispatch_nb.adapter import BRIDGE_BUFFER, Adapter, ChatRequest
+from dispatch_nb.call_control import CallControl
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.session import Session
+from dispatch_nb.stream import Accumulator
+from dispatch_nb.types import StreamDelta
 
 from .fakes.canonical import CanonicalFake
 from .fakes.server import LoopbackServer, Reply
@@ -156,3 +160,53 @@ def test_memory_stays_flat_over_100k_deltas() -> None:
     # everything else must not grow with the number of deltas
     beyond_text = peak - baseline - 2 * len(text)
     assert beyond_text < 10 * deltas, f"{beyond_text / deltas:.1f} bytes per delta"
+
+
+class CountingAdapter(Adapter):
+    """A sync-only adapter (like an in-process model): its async twin runs on a worker thread."""
+
+    def __init__(self, deltas: int) -> None:
+        super().__init__()
+        self.deltas = deltas
+        self.produced = 0
+        self.closed = threading.Event()
+
+    @property
+    def model_name(self) -> str:
+        return "counting"
+
+    def _stream_once(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> Iterator[StreamDelta]:
+        try:
+            for _ in range(self.deltas):
+                control.check()
+                self.produced += 1
+                yield acc.text("x")
+            acc.stop_reason = "end_turn"
+        finally:
+            self.closed.set()
+
+
+def test_async_over_a_sync_adapter_is_pull_based_too() -> None:
+    adapter = CountingAdapter(5_000)
+
+    async def main() -> tuple[int, int, int]:
+        async with adapter.astream("go") as stream:
+            await stream.__anext__()
+            await asyncio.sleep(0.3)  # the worker thread may run ahead only a little
+            ahead = adapter.produced
+            rest = 0
+            async for _ in stream:
+                rest += 1
+        early = CountingAdapter(5_000)
+        async with early.astream("stop soon") as stream:
+            for _ in range(3):
+                await stream.__anext__()
+        await asyncio.to_thread(early.closed.wait, 5)
+        return ahead, rest, early.produced
+
+    ahead, rest, early_produced = asyncio.run(main())
+    assert ahead <= BRIDGE_BUFFER + 2, ahead
+    assert rest == 4_999
+    assert early_produced <= BRIDGE_BUFFER + 5  # closing the stream stopped the worker
