@@ -493,3 +493,29 @@ def test_recorded_request_helper_types() -> None:
         assert fake.max_tokens_of(request) == 33
         assert fake.tool_names_of(request) == ["get_weather"]
         assert fake.last_user_text(request) == "hello"
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
+          "tool_calls": [{"id": "c", "type": "function",
+                          "function": {"name": "f", "arguments": "{}"}}]},
+          {"role": "tool", "tool_call_id": "c", "content": "r"}], "must not be null"),
+        ([{"role": "user", "content": "x"}, {"role": "system", "content": "late"}],
+         "beginning"),
+        ([{"role": "user", "content": "x"}, {"role": "user", "content": "y"}], "alternate"),
+        ([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "zz",
+                                             "content": "r"}], "tool_call_id 'zz'"),
+    ],
+    ids=["null-content", "system-not-first", "roles-not-alternating", "unknown-tool-call-id"],
+)
+def test_strict_fake_rejects_raw_bodies(llama: OpenAIChatFake, messages: list[Any],
+                                        expected: str) -> None:
+    import httpx
+
+    reply = httpx.post(llama.base_url + "/chat/completions",
+                       json={"model": "smollm2", "messages": messages})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == 400  # llama.cpp's error body shape
+    assert expected in reply.json()["error"]["message"]
