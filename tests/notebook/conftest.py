@@ -103,6 +103,7 @@ def shell(fake: CanonicalFake) -> Iterator[InteractiveShell]:
     front = FrontEnd(shell=ip)
     ip.display_pub = front
     ip.front = front  # type: ignore[attr-defined]
+    names = set(ip.user_ns)
     ip.run_line_magic("load_ext", "dispatch_nb")
     try:
         yield ip
@@ -110,7 +111,8 @@ def shell(fake: CanonicalFake) -> Iterator[InteractiveShell]:
         ip.run_line_magic("unload_ext", "dispatch_nb")
         ip.config.pop("ChatMagics", None)
         ip.display_pub = saved_pub
-        ip.reset(new_session=False)
+        for name in set(ip.user_ns) - names:  # (cheaper than ip.reset(), which collects garbage)
+            del ip.user_ns[name]
         ip.extension_manager.loaded.discard("dispatch_nb")
 
 

@@ -139,11 +139,13 @@ def test_widget_view_shows_text_thinking_and_tools_then_closes_its_widgets(shell
     assert view.tick() is None  # the first flush happens at once
     column = view.columns[0]
     kinds = [type(p).__name__ for p in column.body.children]
-    assert kinds == ["Accordion", "HTML", "HTML", "HTML"]
+    assert kinds == ["Accordion", "VBox", "HTML", "VBox"]  # thinking, text, tool, text
     accordion = column.body.children[0]
     assert accordion.selected_index is None  # thinking is collapsed
-    assert "Hello &lt;b&gt;" in column.body.children[1].value
+    assert "hmm" in accordion.children[0].children[0].children[0].value
+    assert "Hello &lt;b&gt;" in column.body.children[1].children[0].value
     assert "add" in column.body.children[2].value and "→ 2" in column.body.children[2].value
+    assert "done" in column.body.children[3].children[0].value
     created = list(column.created)
     from dispatch_nb.notebook.display import FinalOutput
 
