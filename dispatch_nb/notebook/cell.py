@@ -15,7 +15,6 @@ This module is imported on the first ``%%chat``, never by ``%load_ext``.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from IPython.core.error import UsageError
 
 from ..cancel import CancelToken
 from ..errors import DispatchError, RequestCancelled
-from ..types import Message, Response, StreamDelta
+from ..types import ErrorEvent, Message, MessageDoneEvent, Response, StreamDelta
 from .display import (
     ChatError,
     ChatInterrupted,
@@ -89,9 +88,9 @@ def cache_mode(magics: ChatMagics, requested: str | None) -> str:
 def get_adapter(magics: ChatMagics, spec: str, mode: str = "off") -> Adapter:
     """The adapter for ``spec`` (cached per kernel), behind the response cache unless ``off``."""
     key = (spec, mode)
-    adapter = magics._adapters.get(key)
-    if adapter is not None:
-        return adapter
+    cached: Adapter | None = magics._adapters.get(key)
+    if cached is not None:
+        return cached
     from ..registry import connect, parse_model_spec
 
     provider, _model = parse_model_spec(spec)
@@ -255,10 +254,9 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         if plan.timeout is not None:
             extra["timeout"] = plan.timeout
         for event in session.stream(plan.user.content, **extra):
-            kind = getattr(event, "type", None)
-            if kind == "error":
+            if isinstance(event, ErrorEvent):
                 raise event.error
-            if kind == "message_done":
+            if isinstance(event, MessageDoneEvent):
                 last = event.response
             emit(event)
         if last is None:
@@ -283,6 +281,7 @@ def _partial_response(outcome: JobOutcome) -> Response | None:
 def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell: str) -> None:
     """Run one ``%%chat`` cell (see the module docstring)."""
     shell = magics.shell
+    assert shell is not None
     namespace = shell.user_ns
     fmt = args.format or magics.format
     interpolate = magics.interpolate and not args.no_interpolate
@@ -300,6 +299,10 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
     if not text:
         raise UsageError("the %%chat cell is empty: write the prompt below the %%chat line")
 
+    if args.temperature is not None and not 0 <= args.temperature <= 2:
+        raise UsageError(f"--temperature must be between 0 and 2, not {args.temperature}")
+    if args.max_tokens is not None and args.max_tokens <= 0:
+        raise UsageError(f"--max-tokens must be a positive integer, not {args.max_tokens}")
     specs = split_specs(args.model, magics)
     if not args.model and not magics.model.strip():
         hint = resolve_default(magics)[2]
@@ -418,19 +421,20 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
 
     if interrupted:
         raise ChatInterrupted("chat cancelled; the partial answer is kept above") from None
-    failures = [(spec, o.error) for spec, o in zip(specs, outcomes, strict=True) if o.error is not None]
+    failures = [
+        (spec, o.error) for spec, o in zip(specs, outcomes, strict=True) if o.error is not None
+    ]
     if failures and not compare:
-        spec, error = failures[0]
-        assert error is not None
-        if isinstance(error, RequestCancelled):
+        failed_spec, failure = failures[0]
+        if isinstance(failure, RequestCancelled):
             raise ChatInterrupted("chat cancelled; the partial answer is kept above") from None
-        if not isinstance(error, (DispatchError, ChatError)):
-            raise error
-        raise explain_error(error, spec=spec, available=_available_models(plans[0])) from None
+        if not isinstance(failure, (DispatchError, ChatError)):
+            raise failure
+        available = _available_models(plans[0])
+        raise explain_error(failure, spec=failed_spec, available=available) from None
     if failures and len(failures) == len(specs):
-        spec, error = failures[0]
-        assert error is not None
-        raise explain_error(error, spec=spec) from None
+        failed_spec, failure = failures[0]
+        raise explain_error(failure, spec=failed_spec) from None
 
 
 def _available_models(plan: CallPlan) -> list[str]:
@@ -454,6 +458,7 @@ def _after(
 ) -> None:
     """Record the turn, store ``-o VAR`` and ``Out[n]``, send ``-f code`` to the next cell."""
     shell = magics.shell
+    assert shell is not None
     count = magics.execution_count
     results = [o.result if isinstance(o.result, CallResult) else None for o in outcomes]
     if compare:

@@ -34,9 +34,9 @@ _KEY_ENV = {
 
 
 def _show(markdown: str, plain: str | None = None) -> None:
-    from IPython.display import display
+    from .live import ipy_display
 
-    display({"text/markdown": markdown, "text/plain": plain or markdown}, raw=True)
+    ipy_display({"text/markdown": markdown, "text/plain": plain or markdown}, raw=True)
 
 
 def run(magics: ChatMagics, args: argparse.Namespace) -> None:

@@ -72,6 +72,20 @@ _CSS = (
 )
 
 
+def ipy_display(obj: Any, **kwargs: Any) -> Any:
+    """``IPython.display.display`` (typed for this package)."""
+    from IPython.display import display
+
+    return display(obj, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def ipy_clear_output(wait: bool = False) -> None:
+    """``IPython.display.clear_output``."""
+    from IPython.display import clear_output
+
+    clear_output(wait=wait)  # type: ignore[no-untyped-call]
+
+
 def default_mode() -> str:
     """``$DISPATCH_NB_LIVE`` when it names a mode, else ``auto``."""
     value = os.environ.get(LIVE_ENV, "").strip().lower()
@@ -437,8 +451,6 @@ class WidgetView(LiveView):
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
         import ipywidgets as widgets
-        from IPython.display import display
-
         width = f"{100 / len(self.titles):.2f}%" if self.compare else None
         self.columns = [_WidgetColumn(widgets, t, self.segment_chars, width) for t in self.titles]
         children: list[Any] = []
@@ -456,7 +468,7 @@ class WidgetView(LiveView):
             children.append(self.columns[0].box)
         self.root = widgets.VBox(children)
         self._extra.append(self.root)
-        self.handle = display(self.root, display_id=True)
+        self.handle = ipy_display(self.root, display_id=True)
 
     def _feed(self, index: int, event: Any) -> None:
         column = self.columns[index]
@@ -561,16 +573,14 @@ class DisplayView(LiveView):
 
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
-        from IPython.display import display
-
         if self.compare:
-            self.table_handle = display(
+            self.table_handle = ipy_display(
                 {"text/html": self._table_html(), "text/plain": "streaming…"},
                 raw=True,
                 display_id=True,
             )
         else:
-            self.status_handle = display(
+            self.status_handle = ipy_display(
                 {"text/markdown": self._status_markdown(), "text/plain": self.titles[0]},
                 raw=True,
                 display_id=True,
@@ -589,8 +599,6 @@ class DisplayView(LiveView):
             self.status_dirty = True
 
     def _flush(self) -> None:
-        from IPython.display import display
-
         if self.compare:
             self.table_handle.update(
                 {"text/html": self._table_html(), "text/plain": "streaming…"}, raw=True
@@ -606,17 +614,15 @@ class DisplayView(LiveView):
             if i < len(self.segment_handles):
                 self.segment_handles[i].update(data, raw=True)
             else:
-                self.segment_handles.append(display(data, raw=True, display_id=True))
+                self.segment_handles.append(ipy_display(data, raw=True, display_id=True))
 
     def _job_done(self, index: int, footer: str, error: str | None) -> None:
         self.footers[index] = footer + (f" · ⚠ {error}" if error else "")
         self.status_dirty = True
 
     def _finish(self, final: FinalOutput) -> None:
-        from IPython.display import clear_output, display
-
-        clear_output(wait=True)
-        display(final.data, metadata=final.metadata, raw=True)
+        ipy_clear_output(wait=True)
+        ipy_display(final.data, metadata=final.metadata, raw=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -686,10 +692,8 @@ class TextView(LiveView):
 
     def _finish(self, final: FinalOutput) -> None:
         if self.in_kernel:
-            from IPython.display import clear_output, display
-
-            clear_output(wait=True)
-            display(final.data, metadata=final.metadata, raw=True)
+            ipy_clear_output(wait=True)
+            ipy_display(final.data, metadata=final.metadata, raw=True)
             return
         if not self.compare:
             footer = final.metadata.get("dispatch_nb", {}).get("footer", "")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .display import ChatError, ChatInterrupted
-from .live import detect_mode, has_kernel
+from .live import detect_mode, has_kernel, ipy_display
 
 if TYPE_CHECKING:
     from ..auth.device_flow import DeviceCode, DeviceFlow
@@ -132,8 +132,6 @@ class WidgetLoginView(LoginView):
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
         import ipywidgets as widgets
-        from IPython.display import display
-
         self.w = widgets
         intro = f"<b>{TITLE}</b>" + (
             f"<div style='{_DIM}'>{html.escape(reason)}</div>" if reason else ""
@@ -152,7 +150,7 @@ class WidgetLoginView(LoginView):
             layout={"border": "1px solid var(--jp-border-color1, #ccc)", "padding": "8px 12px",
                     "width": "fit-content"},
         )
-        self.handle = display(self.box, display_id=True)
+        self.handle = ipy_display(self.box, display_id=True)
         self._last_clock = ""
 
     def show_code(self, code: DeviceCode) -> None:
@@ -244,11 +242,9 @@ class DisplayLoginView(LoginView):
 
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
-        from IPython.display import display
-
         self.status = "Asking GitHub for a code…"
         self.seconds_left: float | None = None
-        self.handle = display(self._bundle(), raw=True, display_id=True)
+        self.handle = ipy_display(self._bundle(), raw=True, display_id=True)
 
     def _bundle(self) -> dict[str, str]:
         lines = [f"**{TITLE}**"]

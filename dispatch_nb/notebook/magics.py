@@ -11,16 +11,46 @@ in ``ipython_config.py``); ``%config ChatMagics`` lists them all.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
-from IPython.core import magic_arguments
+from IPython.core import magic_arguments as _magic_arguments
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, magics_class
+from IPython.core.magic import cell_magic as _cell_magic
+from IPython.core.magic import line_magic as _line_magic
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode, default
 
 from .prompt import ErrorLog
 
 __all__ = ["ChatMagics", "load_ipython_extension", "unload_ipython_extension"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class _TypedMagicArguments:
+    """IPython's ``magic_arguments`` decorators, typed to keep the decorated method's type."""
+
+    @staticmethod
+    def magic_arguments(name: str | None = None) -> Callable[[_F], _F]:
+        return cast(Callable[[_F], _F], _magic_arguments.magic_arguments(name=name))  # type: ignore[no-untyped-call]
+
+    @staticmethod
+    def argument(*args: Any, **kwargs: Any) -> Callable[[_F], _F]:
+        return cast(Callable[[_F], _F], _magic_arguments.argument(*args, **kwargs))  # type: ignore[no-untyped-call]
+
+
+magic_arguments = _TypedMagicArguments
+
+
+def cell_magic(name: str) -> Callable[[_F], _F]:
+    """``IPython.core.magic.cell_magic``, typed."""
+    return cast(Callable[[_F], _F], _cell_magic(name))
+
+
+def line_magic(name: str) -> Callable[[_F], _F]:
+    """``IPython.core.magic.line_magic``, typed."""
+    return cast(Callable[[_F], _F], _line_magic(name))
 
 FORMATS = ("markdown", "text", "code", "json")
 CACHE_MODES = ("off", "read-write", "replay", "record")
@@ -238,7 +268,7 @@ class ChatMagics(Magics):
         ``{Err[3]}`` (the exception cell 3 raised). Re-running a cell replaces its turn in the
         thread.
         """
-        parser = self.chat_cell.parser
+        parser: Any = self.chat_cell.parser  # type: ignore[attr-defined]
         try:
             args = parser.parse_argstring(line)
         except UsageError as exc:
@@ -260,7 +290,7 @@ class ChatMagics(Magics):
     def chat_line(self, line: str) -> None:
         """Manage dispatch_nb: ``login [PROVIDER]``, ``logout``, ``status``, ``models [PROVIDER]``,
         ``history [THREAD]``, ``reset [THREAD]``. Prompts go in a ``%%chat`` cell."""
-        parser = self.chat_line.parser
+        parser: Any = self.chat_line.parser  # type: ignore[attr-defined]
         if not line.strip():
             raise UsageError(
                 "%chat needs a command: " + ", ".join(SUBCOMMANDS) + ". Prompts go in a "
