@@ -166,3 +166,37 @@ def test_github_unreachable_is_a_short_error(shell: Any, fake: Any, monkeypatch:
     result = run(shell, "%chat login")
     assert isinstance(result.error_in_exec, ChatError)
     assert result.error_in_exec.title == "Login failed"
+
+
+def test_a_copilot_cell_without_login_shows_the_login_then_continues(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from tests.fakes.copilot import CopilotFake
+
+    with CopilotFake() as copilot:
+        github = copilot.github
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_URL", github.github_url)
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_API_URL", github.api_url)
+        run(shell, '%config ChatMagics.live = "display"')
+        run(shell, "%config ChatMagics.login_min_interval = 0.05")
+        tokens: list[str] = []
+
+        def approve() -> None:
+            auth = github.wait_for_device_code()
+            github.wait_for_polls(auth.user_code, 1)
+            tokens.append(github.approve(auth.user_code))
+
+        worker = in_background(approve)
+        result = run(shell, "%%chat -m copilot:gpt-4.1\nHello Copilot")
+        worker.join(5)
+        assert result.success, result.error_in_exec
+        assert token_file().exists()
+        assert copilot.last_user_text(copilot.last_request) == "Hello Copilot"
+        assert "echo: Hello Copilot" in shell.front.markdown[-1]  # the cell went on by itself
+        everything = all_output(shell, capsys)
+        assert tokens[0] not in everything
+        assert not any(t in everything for t in github.issued_copilot_tokens)
+        # The next Copilot cell needs no login.
+        before = len(github.authorizations)
+        assert run(shell, "%%chat -m copilot:gpt-4.1\nAgain").success
+        assert len(github.authorizations) == before
