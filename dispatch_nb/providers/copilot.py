@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import datetime as _dt
 import logging
 import os
@@ -187,6 +188,11 @@ def _int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return int(value) if value > 0 else None
+
+
+def _output_limit(entry: Mapping[str, Any] | None) -> int | None:
+    limits = _dict(_dict(_dict(entry).get("capabilities")).get("limits"))
+    return _int(limits.get("max_output_tokens"))
 
 
 def is_picker_model(entry: Mapping[str, Any]) -> bool:
@@ -680,6 +686,15 @@ class CopilotAdapter(HTTPAdapter):
         headers = {"x-request-id": str(uuid.uuid4()), "x-initiator": initiator}
         if has_images(request.messages):
             headers["copilot-vision-request"] = "true"
+        limit = _output_limit(self._entry)
+        if (
+            limit is not None
+            and request.max_tokens is not None
+            and request.max_tokens == self.default_max_tokens
+            and request.max_tokens > limit
+        ):
+            # the adapter's default, not the caller's choice: keep within what the model allows
+            request = dataclasses.replace(request, max_tokens=limit)
         route = self._route()
         _ROUTE.set(route)
         self.backend_mode = "responses" if route == _RESPONSES_PATH else "chat"

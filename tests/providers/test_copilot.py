@@ -261,6 +261,20 @@ def test_copilot_headers_on_every_request(make: Callable[..., CopilotAdapter],
     assert copilot.rejected == []
 
 
+def test_the_default_max_tokens_stays_within_the_model_limit(
+    make: Callable[..., CopilotAdapter], copilot: CopilotFake
+) -> None:
+    adapter = make("gpt-4o")  # max_output_tokens 4096 in the model list
+    adapter.chat("Hi")
+    assert copilot.last_request.json["max_tokens"] == 4096
+    adapter.chat("Hi", max_tokens=5000)  # the caller's choice is sent as is
+    assert copilot.last_request.json["max_tokens"] == 5000
+    make("gpt-4o", max_tokens=1000).chat("Hi")
+    assert copilot.last_request.json["max_tokens"] == 1000
+    make("gpt-4.1").chat("Hi")
+    assert copilot.last_request.json["max_tokens"] == 8192
+
+
 def test_requests_without_editor_headers_are_refused_by_the_fake(copilot: CopilotFake) -> None:
     import httpx
 
