@@ -239,7 +239,7 @@ class ChatMagics(Magics):
         "functions).",
     )
     @magic_arguments.argument(
-        "-f", "--format", choices=FORMATS, type=str.lower,
+        "-f", "--format", choices=FORMATS, type=str.lower, metavar="markdown|text|code|json",
         help="markdown (default), text, code (into the next cell) or json.",
     )
     @magic_arguments.argument(
@@ -266,7 +266,14 @@ class ChatMagics(Magics):
         The cell is the prompt; ``{name}`` / ``{expression}`` are replaced by values from the
         namespace (``{{`` for a literal brace), including ``{In[3]}``, ``{Out[3]}`` and
         ``{Err[3]}`` (the exception cell 3 raised). Re-running a cell replaces its turn in the
-        thread.
+        thread. Examples::
+
+            %%chat -m openai:gpt-4.1 -s "Answer in one sentence."
+            What does {df.shape} tell us about {name}?
+
+            %%chat -m copilot:gpt-4.1,anthropic:claude-sonnet-4-5     (compare side by side)
+            %%chat --tools get_weather -o answer                        (tool calling)
+            %%chat -f code                                              (code into the next cell)
         """
         parser: Any = self.chat_cell.parser  # type: ignore[attr-defined]
         try:
