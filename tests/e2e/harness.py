@@ -268,8 +268,21 @@ class JupyterServer:
             raw = resp.read()
         return json.loads(raw) if raw else None
 
+    def listing(self, path: str, attempts: int = 20) -> list[dict[str, Any]]:
+        """GET a list endpoint (``/api/kernels``, ``/api/sessions``), retrying server errors:
+        jupyter_server answers 500 while a kernel it lists is still starting."""
+        for attempt in range(attempts):
+            try:
+                result: list[dict[str, Any]] = self.api("GET", path)
+                return result
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500 or attempt == attempts - 1:
+                    raise
+                time.sleep(0.25)
+        raise AssertionError("unreachable")
+
     def session_for(self, path: str) -> dict[str, Any] | None:
-        for session in self.api("GET", "/api/sessions"):
+        for session in self.listing("/api/sessions"):
             if session.get("path") == path:
                 return dict(session)
         return None
@@ -288,10 +301,10 @@ class JupyterServer:
 
     def shutdown_kernels(self) -> None:
         """Stop every kernel and session (between tests, so kernels do not pile up)."""
-        for session in self.api("GET", "/api/sessions"):
+        for session in self.listing("/api/sessions"):
             with contextlib.suppress(urllib.error.HTTPError):
                 self.api("DELETE", f"/api/sessions/{session['id']}")
-        for kernel in self.api("GET", "/api/kernels"):
+        for kernel in self.listing("/api/kernels"):
             with contextlib.suppress(urllib.error.HTTPError):
                 self.api("DELETE", f"/api/kernels/{kernel['id']}")
 

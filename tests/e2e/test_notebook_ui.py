@@ -120,9 +120,11 @@ def test_login_widget_approves_and_cell_completes(
         lambda: len(github_fake.authorizations) > issued and github_fake.authorizations[-1],
         30, 0.05, "the kernel to request a device code",
     )
-    text = nb.wait_output(2, lambda t: auth.user_code in t, 20, "the user code")
+    # the code, the link and the countdown are separate widgets: each update arrives on its own
+    nb.wait_output(2, lambda t: auth.user_code in t and "expires in" in t, 20,
+                   "the user code and the countdown")
     link = nb.output(2).locator("a[href*='/login/device']")
-    assert link.count() >= 1, f"no verification link in the login widget: {text}"
+    wait_until(lambda: link.count() >= 1, 10, 0.05, "the verification link")
     assert link.first.get_attribute("href") == f"{github_fake.github_url}/login/device"
     assert link.first.is_visible()
     # the code is shown large (its own element, bigger than the surrounding text)
@@ -131,7 +133,6 @@ def test_login_widget_approves_and_cell_completes(
     size = float(code.first.evaluate("el => parseFloat(getComputedStyle(el).fontSize)"))
     body = float(link.first.evaluate("el => parseFloat(getComputedStyle(el).fontSize)"))
     assert size > 1.5 * body, f"the user code is not large: {size}px vs {body}px"
-    nb.wait_output(2, lambda t: "expires in" in t, 10, "the countdown")
     assert nb.prompt(2) == "[*]:", "the login cell finished before the user approved"
     shot = nb.screenshot("login-widget", element=nb.cell(2))
     if jupyter.frontend.name == "lab":
@@ -217,10 +218,10 @@ def test_saved_notebook_reopens_with_markdown(
     # stop the kernel that produced the output, then reopen the notebook from disk
     old_kernel = jupyter.session_for(nb.path)["kernel"]["id"]  # type: ignore[index]
     jupyter.shutdown_kernels()
-    wait_until(lambda: not jupyter.api("GET", "/api/kernels"), 20, 0.2, "the kernel to stop")
+    wait_until(lambda: not jupyter.listing("/api/kernels"), 20, 0.2, "the kernel to stop")
     nb.reload()
     _assert_report_rendered(_final_markdown(nb, 1))
-    assert all(k["id"] != old_kernel for k in jupyter.api("GET", "/api/kernels"))
+    assert all(k["id"] != old_kernel for k in jupyter.listing("/api/kernels"))
     text = nb.output_text(1)
     assert "Error displaying widget" not in text and "model not found" not in text.lower()
     nb.screenshot("reopened")
