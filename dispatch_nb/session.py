@@ -22,7 +22,8 @@ returns the ``Response``: answer it with ``send([ToolResultBlock(tool_use_id=...
 **Failures.** ``timeout=`` is a total deadline for the whole turn (every model call and tool).
 If a turn fails or is cancelled, history keeps the user message and every completed model turn
 (with its tool results; tools that did not finish get ``is_error`` results); the unfinished
-answer is *not* added to history but is on the exception's ``partial``. Consecutive messages of one
+answer is *not* added to history but is on the exception's ``partial`` (a turn refused before
+anything was sent, e.g. for an unknown option, leaves no trace). Consecutive messages of one
 role (e.g. a new question after a failed turn) are merged when sent, so every provider accepts
 them.
 
@@ -112,7 +113,8 @@ class _Turn:
         self.provider = session.adapter.provider_name
         self.started = time.monotonic()
         self.deadline = self.started + self.timeout if self.timeout is not None else None
-        self.rounds = 0
+        self.rounds = 0  # tool rounds run
+        self.calls = 0  # model calls answered
 
     def call_kwargs(self, tools: list[ToolDefinition | dict[str, Any]]) -> dict[str, Any]:
         """Keyword arguments for the next model call (``timeout`` = what is left)."""
@@ -388,12 +390,14 @@ class Session:
                         response = self._adapter.chat(self._wire_history(), **kwargs)
                 except BaseException as exc:
                     self._count_partial(exc)
+                    self._forget_refused(turn, message, exc)
                     error = turn.failure(exc)
                     if error is exc:
                         raise
                     raise error from exc
                 finally:
                     state.stream = None
+                turn.calls += 1
                 self._record(response)
                 state.response = response
                 yield MessageDoneEvent(response=response)
@@ -447,12 +451,14 @@ class Session:
                         response = await self._adapter.achat(self._wire_history(), **kwargs)
                 except BaseException as exc:
                     self._count_partial(exc)
+                    self._forget_refused(turn, message, exc)
                     error = turn.failure(exc)
                     if error is exc:
                         raise
                     raise error from exc
                 finally:
                     state.stream = None
+                turn.calls += 1
                 self._record(response)
                 state.response = response
                 yield MessageDoneEvent(response=response)
@@ -568,6 +574,17 @@ class Session:
         self.last_response = response
         if response.content:  # providers reject an empty assistant message
             self._history.append(response.to_message())
+
+    def _forget_refused(self, turn: _Turn, message: Message, exc: BaseException) -> None:
+        """A turn whose first call was refused before anything was sent (bad options: TypeError,
+        ValueError) leaves no trace in history."""
+        if (
+            turn.calls == 0
+            and isinstance(exc, (TypeError, ValueError))
+            and self._history
+            and self._history[-1] is message
+        ):
+            self._history.pop()
 
     def _count_partial(self, exc: BaseException) -> None:
         partial = getattr(exc, "partial", None)

@@ -130,7 +130,12 @@ def test_content_forms(fake: CanonicalFake, adapter: FakeAdapter) -> None:
         session.send(42)
     with pytest.raises(TypeError, match="set_tools"):
         session.send("x", tools=[add])
+    with pytest.raises(TypeError, match="does not understand option"):
+        session.send("x", bogus=1)
+    with pytest.raises(ValueError, match="temperature"):
+        session.send("x", temperature=7)
     assert len(session.history) == 6  # refused sends left no trace
+    assert len(fake.chat_requests) == 3
 
 
 def test_session_ids(adapter: FakeAdapter) -> None:
