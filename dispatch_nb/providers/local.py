@@ -30,7 +30,9 @@ How it behaves:
   (llama-cpp-python's grammar-constrained ChatML format). ``tool_choice`` may be ``"auto"``,
   ``"none"``, a tool name, ``{"name": ...}`` (or the OpenAI/Anthropic dict forms), or
   ``"required"`` with exactly one tool. A forced tool's arguments follow its JSON Schema (a
-  grammar constrains sampling). With any other chat format, passing tools is a ``RequestError``.
+  grammar constrains sampling). That format describes the tools in the system message, so a call
+  with tools and no system prompt gets :data:`TOOLS_SYSTEM_PROMPT`. With any other chat format,
+  passing tools is a ``RequestError``.
 * Extra options: ``seed``, ``top_k``, ``min_p``, ``repeat_penalty``, ``response_format``
   (``{"type": "json_object", "schema": {...}}``), plus the common ``stop``, ``top_p``,
   ``tool_choice`` and ``extra_body`` (more ``create_chat_completion`` keywords).
@@ -81,6 +83,7 @@ __all__ = [
     "DEFAULT_SEED",
     "DEFAULT_TEMPERATURE",
     "SMOLLM2_FILE",
+    "TOOLS_SYSTEM_PROMPT",
     "TOOL_CHAT_FORMATS",
     "LocalAdapter",
     "clear_model_cache",
@@ -99,6 +102,8 @@ SMOLLM2_DISPLAY = "SmolLM2-135M-Instruct (Q4_1)"
 DEFAULT_SEED = 1234
 #: the sampling temperature when a call passes none (llama-cpp-python's chat default)
 DEFAULT_TEMPERATURE = 0.2
+#: the system prompt used with tools when the call gives none (the tools are described in it)
+TOOLS_SYSTEM_PROMPT = "You are a helpful assistant."
 #: chat formats that turn tools into function calls
 TOOL_CHAT_FORMATS = frozenset({"chatml-function-calling"})
 
@@ -363,8 +368,12 @@ def _chat_messages(request: ChatRequest, *, function_calling: bool) -> list[dict
     Thinking blocks are dropped (local models here do not produce them). Images are refused.
     """
     out: list[dict[str, Any]] = []
-    if request.system:
-        out.append({"role": "system", "content": request.system})
+    system = request.system
+    if function_calling and request.function_tools and not system:
+        # chatml-function-calling describes the tools inside the system message only
+        system = TOOLS_SYSTEM_PROMPT
+    if system:
+        out.append({"role": "system", "content": system})
     names = _tool_names(request.messages)
     for message in request.messages:
         if isinstance(message.content, str):
@@ -440,18 +449,15 @@ def _tool_choice(choice: Any, tools: list[ToolDefinition]) -> str | dict[str, An
 
 
 def _map_stop(finish: str | None, gen: _Generation, request: ChatRequest,
-              max_tokens: int | None) -> StopReason:
+              truncated_call: bool) -> StopReason:
+    """llama-cpp-python's ``finish_reason`` (and what the generation saw) → a canonical stop."""
     if finish == "length":
         return "max_tokens"
-    hit_limit = (
-        max_tokens is not None and gen.output_tokens >= max_tokens and not gen.ended_with_eog
-    )
     if finish == "tool_calls":
-        return "max_tokens" if hit_limit else "tool_use"
-    if hit_limit:
-        return "max_tokens"
+        # a forced call always reports "tool_calls"; cut short, its arguments do not parse
+        return "max_tokens" if truncated_call and not gen.ended_with_eog else "tool_use"
     if request.options.get("stop") and not gen.ended_with_eog and gen.output_tokens > 0:
-        return "stop_sequence"
+        return "stop_sequence"  # llama-cpp-python says "stop" for stop strings and end of turn
     return "end_turn"
 
 
@@ -720,9 +726,10 @@ class LocalAdapter(Adapter):
             finally:
                 model.unmute()
             yield from acc.end_open_tools()
+            truncated = any(c.arguments_error for c in acc.snapshot().tool_calls)
             acc.usage = Usage(input_tokens=gen.prompt_tokens or 0,
                               output_tokens=gen.output_tokens)
-            acc.stop_reason = _map_stop(finish, gen, request, kwargs.get("max_tokens"))
+            acc.stop_reason = _map_stop(finish, gen, request, truncated)
 
 
 def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
