@@ -84,6 +84,8 @@ class Transcript:
         self.stop_reason: str | None = None
         self.usage: Usage | None = None
         self.rounds = 0
+        #: True once any answer text arrived (cheap to ask on every repaint)
+        self.has_text = False
         self._tools: dict[str, ToolPart] = {}
 
     # -- feeding ---------------------------------------------------------------------------------
@@ -92,6 +94,8 @@ class Transcript:
         kind = getattr(event, "type", None)
         if kind == "text_delta" or kind == "thinking_delta":
             name = "text" if kind == "text_delta" else "thinking"
+            if name == "text" and event.text:
+                self.has_text = True
             last = self.parts[-1] if self.parts else None
             if isinstance(last, _TextPart) and last.kind == name:
                 last.pieces.append(event.text or "")

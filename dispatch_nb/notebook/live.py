@@ -272,7 +272,7 @@ class LiveView:
 
     # -- what a rendering supplies -------------------------------------------------------------------
     def _has_text(self) -> bool:
-        return any(t.text for t in self.transcripts)
+        return any(t.has_text for t in self.transcripts)
 
     def _feed(self, index: int, event: Any) -> None:
         pass

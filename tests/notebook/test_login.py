@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import _thread
 import json
 import threading
 import time
-import _thread
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
