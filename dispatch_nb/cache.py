@@ -207,7 +207,9 @@ def cache_key(provider: str, model: str, request: ChatRequest) -> str:
 
 # -- secrets --------------------------------------------------------------------------------------
 _SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(?i)\b(bearer|token)(\s+)[A-Za-z0-9._~+/=\-]{8,}"), rf"\1\2{REDACTED}"),
+    # "Bearer <credential>": the credential has a digit, so prose ("bearer bonds") is left alone
+    (re.compile(r"(?i)\b(bearer)(\s+)(?=[A-Za-z0-9._~+/=\-]*[0-9])[A-Za-z0-9._~+/=\-]{8,}"),
+     rf"\1\2{REDACTED}"),
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), REDACTED),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), REDACTED),
     (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),

@@ -404,6 +404,7 @@ def test_scrub_secrets() -> None:
         "b": ["Bearer eyJhbGciOiJIUzI1NiJ9.payload", "github_pat_11ABCDEFG0123456789_abcdef"],
         "c": "tid=0123456789abcdef;exp=1700000000;sku=free:deadbeef",
         "d": "the word token alone, sk-short, and the custom s3cr3t-value-xyz",
+        "e": "A token representation; bearer bonds; Bearer instrument; tokenization matters.",
         "n": 5,
     }
     out = scrub_secrets(data, secrets=["s3cr3t-value-xyz", "short"])
@@ -411,6 +412,7 @@ def test_scrub_secrets() -> None:
     for secret in ("sk-ant-api03", "gho_", "eyJhbGci", "github_pat_", "tid=0123", "s3cr3t"):
         assert secret not in flat
     assert out["d"].startswith("the word token alone, sk-short")  # short values are not keys
+    assert out["e"] == data["e"]  # prose about tokens is not a secret
     assert out["n"] == 5
 
 
