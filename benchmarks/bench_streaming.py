@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -28,14 +27,14 @@ HERE = Path(__file__).resolve().parent
 
 
 def start_server() -> tuple[subprocess.Popen[bytes], str]:
-    portfile = tempfile.mktemp()
-    proc = subprocess.Popen([sys.executable, str(HERE / "stream_server.py"), portfile])
+    portfile = Path(tempfile.mkdtemp()) / "port"
+    proc = subprocess.Popen([sys.executable, str(HERE / "stream_server.py"), str(portfile)])
     for _ in range(200):
-        if os.path.exists(portfile) and open(portfile).read().strip():
+        if portfile.exists() and portfile.read_text().strip():
             break
         time.sleep(0.05)
-    port = open(portfile).read().strip()
-    os.unlink(portfile)
+    port = portfile.read_text().strip()
+    portfile.unlink()
     return proc, f"http://127.0.0.1:{port}"
 
 
