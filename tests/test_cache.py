@@ -523,3 +523,28 @@ def test_local_model_record_and_replay(tmp_path: Path) -> None:
     with player.stream("Name a planet.", max_tokens=12) as replay:
         assert list(replay) == recorded_deltas
     assert replay.response == stream.response
+
+
+def test_a_session_tool_loop_replays_offline(fake: CanonicalFake, path: Path) -> None:
+    from dispatch_nb import Session, tool
+
+    calls: list[str] = []
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        calls.append(city)
+        return f"21 °C in {city}"
+
+    fake.push(Turn(text="Checking.", tool_calls=[ToolCall("call_1", "get_weather",
+                                                          {"city": "Rome"})]),
+              Turn(text="It is 21 °C in Rome."))
+    recorded = Session(cached(fake, path, "record"), tools=[get_weather]).send("Weather in Rome?")
+    assert recorded.text == "It is 21 °C in Rome." and calls == ["Rome"]
+    url = fake.base_url
+    fake.close()
+    session = Session(offline(url, path), tools=[get_weather])
+    replayed = session.send("Weather in Rome?")
+    assert replayed == recorded
+    assert calls == ["Rome", "Rome"]  # the tool really ran again; only the model was replayed
+    assert len(lines(path)) == 2
