@@ -9,7 +9,6 @@ running in this test process, so nothing leaves 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any
 import pytest
 
 from ..fakes.canonical import CanonicalFake
+from ..fakes.copilot import CopilotFake
+from ..fakes.github import FakeGitHub
 from .harness import (
     ARTIFACTS,
     FRONTENDS,
@@ -55,15 +56,24 @@ def canonical_fake() -> Iterator[CanonicalFake]:
 
 
 @pytest.fixture(scope="session")
-def github_fake() -> Iterator[Any]:
-    """A fake GitHub (device flow, Copilot token exchange), when tests/fakes/github.py exists."""
-    if importlib.util.find_spec("tests.fakes.github") is None:
-        yield None
-        return
-    from ..fakes.github import FakeGitHub
+def copilot_fake() -> Iterator[CopilotFake]:
+    """The Copilot API fake and its fake GitHub (device flow, token exchange pointing here)."""
+    with CopilotFake() as copilot:
+        yield copilot
 
-    with FakeGitHub(interval=0) as github:
-        yield github
+
+@pytest.fixture(scope="session")
+def github_fake(copilot_fake: CopilotFake) -> FakeGitHub:
+    """The fake GitHub the kernels log in to (DISPATCH_NB_GITHUB_URL / _API_URL)."""
+    return copilot_fake.github
+
+
+@pytest.fixture
+def copilot(copilot_fake: CopilotFake) -> Iterator[CopilotFake]:
+    """The session's Copilot fake with an empty script for each test."""
+    copilot_fake.script.clear()
+    yield copilot_fake
+    copilot_fake.script.clear()
 
 
 @pytest.fixture
@@ -79,7 +89,7 @@ def jupyter(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     canonical_fake: CanonicalFake,
-    github_fake: Any,
+    github_fake: FakeGitHub,
 ) -> Iterator[JupyterServer]:
     """A running JupyterLab or Notebook 7 server (one per front end per session)."""
     frontend = FRONTENDS[request.param]
@@ -90,10 +100,11 @@ def jupyter(
         "DISPATCH_NB_FAKE_URL": canonical_fake.url,
         "DISPATCH_NB_MODEL": "fake:echo",
         "DISPATCH_NB_HOME": str(home),
+        "DISPATCH_NB_GITHUB_URL": github_fake.github_url,
+        "DISPATCH_NB_GITHUB_API_URL": github_fake.api_url,
+        # no Copilot editor login of the user's can be found
+        "XDG_CONFIG_HOME": str(workdir / "xdg-config"),
     }
-    if github_fake is not None:
-        env["DISPATCH_NB_GITHUB_URL"] = github_fake.github_url
-        env["DISPATCH_NB_GITHUB_API_URL"] = github_fake.api_url
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     server = JupyterServer(
         frontend, workdir, env=env, log_path=ARTIFACTS / f"server-{frontend.name}.log"

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from ..fakes.canonical import CanonicalFake
+from ..fakes.copilot import CopilotFake
+from ..fakes.github import FakeGitHub
 from ..fakes.provider import Fail, Turn
 from .harness import JupyterServer, NotebookPage, update_doc_image, wait_until
 
@@ -55,8 +57,8 @@ def _distinct_growing_lengths(samples: list[tuple[float, int, bool]]) -> list[in
 
 
 def _final_markdown(nb: NotebookPage, index: int) -> Any:
-    """The rendered markdown of the cell's final output (waits for it)."""
-    markdown = nb.output(index).locator(".jp-RenderedMarkdown")
+    """The rendered markdown (with a heading) of the cell's final output (waits for it)."""
+    markdown = nb.output(index).locator(".jp-RenderedMarkdown:has(h1)")
     markdown.first.wait_for(timeout=20_000)
     return markdown.first
 
@@ -104,46 +106,73 @@ def test_streamed_text_grows_then_renders_markdown(
     nb.screenshot("final-markdown")
 
 
-def test_login_widget_approves_and_cell_completes(
-    open_notebook: Any, github_fake: Any, jupyter: JupyterServer
-) -> None:
-    """(b) the login widget shows the code and link, turns to approved, and the cell completes."""
-    if github_fake is None:
-        pytest.fail("tests/fakes/github.py (the fake GitHub) is missing")
-    nb = open_notebook([LOAD, "%chat logout", "%chat login"])
-    nb.run(0)
-    nb.run(1)
-    issued = len(github_fake.authorizations)
-    nb.start_watching(2, r"approved|logged in[^.]*")
-    before = nb.start(2)
+def _login_in_cell(nb: NotebookPage, index: int, github: FakeGitHub, scenario: str) -> str:
+    """Run cell ``index`` (which needs a login) and act as the user: check the login widget
+    (code, link, countdown, still running), then approve on the fake GitHub. Waits for the cell
+    to finish; returns the GitHub token the fake issued."""
+    issued = len(github.authorizations)
+    nb.start_watching(index, r"approved|logged in[^.]*")
+    before = nb.start(index)
     auth = wait_until(
-        lambda: len(github_fake.authorizations) > issued and github_fake.authorizations[-1],
+        lambda: len(github.authorizations) > issued and github.authorizations[-1],
         30, 0.05, "the kernel to request a device code",
     )
     # the code, the link and the countdown are separate widgets: each update arrives on its own
-    nb.wait_output(2, lambda t: auth.user_code in t and "expires in" in t, 20,
+    nb.wait_output(index, lambda t: auth.user_code in t and "expires in" in t, 20,
                    "the user code and the countdown")
-    link = nb.output(2).locator("a[href*='/login/device']")
+    link = nb.output(index).locator("a[href*='/login/device']")
     wait_until(lambda: link.count() >= 1, 10, 0.05, "the verification link")
-    assert link.first.get_attribute("href") == f"{github_fake.github_url}/login/device"
+    assert link.first.get_attribute("href") == f"{github.github_url}/login/device"
     assert link.first.is_visible()
     # the code is shown large (its own element, bigger than the surrounding text)
-    code = nb.output(2).get_by_text(auth.user_code, exact=True)
+    code = nb.output(index).get_by_text(auth.user_code, exact=True)
     assert code.count() >= 1 and code.first.is_visible()
     size = float(code.first.evaluate("el => parseFloat(getComputedStyle(el).fontSize)"))
     body = float(link.first.evaluate("el => parseFloat(getComputedStyle(el).fontSize)"))
     assert size > 1.5 * body, f"the user code is not large: {size}px vs {body}px"
-    assert nb.prompt(2) == "[*]:", "the login cell finished before the user approved"
-    shot = nb.screenshot("login-widget", element=nb.cell(2))
-    if jupyter.frontend.name == "lab":
+    assert nb.prompt(index) == "[*]:", "the cell finished before the user approved"
+    shot = nb.screenshot(scenario, element=nb.cell(index))
+    if scenario == "login-pending-chat" and nb.frontend == "lab":
         update_doc_image(shot, "login-widget.png")
-    token = github_fake.approve(auth.user_code, login="octocat")
-    nb.wait_done(2, before, timeout=30)
-    text = nb.wait_output(2, lambda t: "octocat" in t, 10, "the approved user")
+    token: str = github.approve(auth.user_code, login="octocat")
+    nb.wait_done(index, before, timeout=60)
+    nb.wait_output(index, lambda t: "octocat" in t, 10, "the approved user")
     seen = nb.stop_watching()
-    assert any("approved" in s.lower() for s in seen), f"never showed 'approved': {seen} {text}"
+    assert any("approved" in s.lower() for s in seen), f"never showed 'approved': {seen}"
     assert token not in nb.page.content(), "the GitHub token is on the page"
+    return token
+
+
+def test_login_widget_approves_and_cell_completes(
+    open_notebook: Any, github_fake: FakeGitHub
+) -> None:
+    """(b) `%chat login`: the widget shows the code and link, turns to approved, cell completes."""
+    nb = open_notebook([LOAD, "%chat logout", "%chat login"])
+    nb.run(0)
+    nb.run(1)
+    _login_in_cell(nb, 2, github_fake, "login-widget")
+    assert "error" not in nb.output_text(2).lower()
     nb.screenshot("login-approved")
+
+
+def test_pending_chat_cell_logs_in_then_answers(
+    open_notebook: Any, copilot: CopilotFake, github_fake: FakeGitHub
+) -> None:
+    """(b) a Copilot %%chat cell without a login shows the login, then answers by itself."""
+    copilot.push(Turn(text="# After the login\n\nThe pending cell went on **by itself**.",
+                      chunk=4, delay=0.02))
+    nb = open_notebook([LOAD, "%chat logout", "%%chat -m copilot:gpt-4.1\nHello after login."])
+    nb.run(0)
+    nb.run(1)
+    token = _login_in_cell(nb, 2, github_fake, "login-pending-chat")
+    markdown = _final_markdown(nb, 2)
+    assert "After the login" in markdown.locator("h1").first.inner_text()
+    assert markdown.locator("strong").first.inner_text() == "by itself"
+    # the answer came from the Copilot API with a Copilot token exchanged for the new login
+    assert copilot.chat_requests, "the cell never reached the Copilot API"
+    assert copilot.github.check_copilot_token(copilot.bearer_of(copilot.chat_requests[-1]) or "")
+    assert token not in nb.page.content()
+    nb.screenshot("login-pending-chat-answered")
 
 
 def test_compare_renders_columns(open_notebook: Any, fake: CanonicalFake) -> None:
