@@ -44,6 +44,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -651,7 +652,7 @@ class LocalAdapter(Adapter):
             "temperature": (
                 DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
             ),
-            "seed": None if seed < 0 else seed,
+            "seed": secrets.randbelow(2**31) if seed < 0 else seed,
         }
         if request.max_tokens is not None:
             kwargs["max_tokens"] = request.max_tokens
@@ -691,8 +692,7 @@ class LocalAdapter(Adapter):
             # Evaluate the whole prompt afresh: reusing the previous call's KV cache changes the
             # float results slightly, and with them, now and then, the answer.
             llama.reset()
-            if kwargs["seed"] is not None:
-                llama.set_seed(kwargs["seed"])
+            llama.set_seed(kwargs["seed"])
             finish: str | None = None
             try:
                 try:
@@ -704,8 +704,7 @@ class LocalAdapter(Adapter):
                     # that answer unstreamed (same seed, so the same choice) and replay it.
                     gen.prompt_tokens, gen.output_tokens = None, 0
                     llama.reset()
-                    if kwargs["seed"] is not None:
-                        llama.set_seed(kwargs["seed"])
+                    llama.set_seed(kwargs["seed"])
                     chunks = [_as_chunk(llama.create_chat_completion(**{**kwargs,
                                                                         "stream": False}))]
                 for chunk in chunks:

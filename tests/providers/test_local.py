@@ -208,6 +208,9 @@ def test_same_prompt_seed_and_temperature_give_the_same_answer(local: LocalAdapt
     seeds = {local.chat("Tell me a word.", temperature=1.5, max_tokens=16, seed=s).text
              for s in (1, 2, 3, 4)}
     assert len(seeds) > 1
+    fresh = {local.chat("Tell me a word.", temperature=1.5, max_tokens=16, seed=-1).text
+             for _ in range(3)}
+    assert len(fresh) > 1  # seed=-1: a new random seed per call
 
 
 def test_system_prompt_and_history_reach_the_model(local: LocalAdapter) -> None:
