@@ -251,6 +251,13 @@ def test_saved_notebook_reopens_with_markdown(
     nb.reload()
     _assert_report_rendered(_final_markdown(nb, 1))
     assert all(k["id"] != old_kernel for k in jupyter.listing("/api/kernels"))
+    # the front end starts a fresh kernel for the reopened notebook: stop that one too, and the
+    # output is still there (it comes from the file, not from any kernel or widget state)
+    nb.server.wait_kernel_idle(nb.path)
+    jupyter.shutdown_kernels()
+    wait_until(lambda: not jupyter.listing("/api/kernels"), 20, 0.2, "the new kernel to stop")
+    nb.page.wait_for_timeout(500)
+    _assert_report_rendered(_final_markdown(nb, 1))
     text = nb.output_text(1)
     assert "Error displaying widget" not in text and "model not found" not in text.lower()
     nb.screenshot("reopened")
