@@ -32,13 +32,30 @@ from .harness import (
 _MISSING = missing_requirements()
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark (or skip) the browser tests and run them last, in the order pytest grouped them by
+    front end: the quick tests report first, and the servers and the browser (Playwright's own
+    event loop) never stay alive while other tests run."""
     here = Path(__file__).parent
+    browser_tests: list[pytest.Item] = []
+    others: list[pytest.Item] = []
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
             if _MISSING:
                 item.add_marker(pytest.mark.skip(reason=f"browser tests need: {_MISSING}"))
+            browser_tests.append(item)
+        else:
+            others.append(item)
+    def order(item: pytest.Item) -> tuple[int, int]:
+        callspec = getattr(item, "callspec", None)
+        frontend = callspec.params.get("jupyter", "") if callspec is not None else ""
+        group = list(FRONTENDS).index(frontend) if frontend in FRONTENDS else len(FRONTENDS)
+        module = getattr(getattr(item, "module", None), "__name__", "")
+        return group, 0 if module.endswith("test_smoke") else 1
+
+    items[:] = others + sorted(browser_tests, key=order)  # one server at a time, smoke first
 
 
 @pytest.hookimpl(hookwrapper=True)
