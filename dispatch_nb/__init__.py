@@ -58,6 +58,10 @@ _EXPORTS: dict[str, str] = {
     "Session": "session",
     "tool": "session",
     "Tool": "session",
+    # record / replay
+    "ResponseCache": "cache",
+    "CachedAdapter": "cache",
+    "CacheMissError": "cache",
     # concrete adapters (imported only when named)
     "CopilotAdapter": "providers.copilot",
     "OpenAIAdapter": "providers.openai",
@@ -98,6 +102,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:
     from .adapter import Adapter, ChatRequest, ValidationResult
+    from .cache import CachedAdapter, CacheMissError, ResponseCache
     from .cancel import CancelToken
     from .errors import (
         APIConnectionError,
