@@ -172,6 +172,25 @@ def _abortable_transport() -> httpx.HTTPTransport:
     return transport
 
 
+def _within_deadline(timeout: httpx.Timeout, control: CallControl) -> httpx.Timeout:
+    """The client's timeouts, with connect/write/pool waits cut to the call's deadline.
+
+    A blocked TCP connect has no socket to shut down yet, so the deadline can only reach it
+    through httpx's own timeout. Reads are stopped by the abort hooks instead."""
+    remaining = control.remaining()
+    if remaining is None:
+        return timeout
+    cap = remaining + 0.05  # a hair later: the deadline timer fires first, with its clearer error
+
+    def cut(value: float | None) -> float:
+        return cap if value is None else min(value, cap)
+
+    return httpx.Timeout(
+        connect=cut(timeout.connect), read=timeout.read, write=cut(timeout.write),
+        pool=cut(timeout.pool),
+    )
+
+
 class HTTPAdapter(Adapter):
     """Base for HTTP providers. Subclasses implement :meth:`build_request`,
     :meth:`stream_parser` and :meth:`parse_body`; may override :meth:`parse_error`,
@@ -328,6 +347,7 @@ class HTTPAdapter(Adapter):
                 headers=headers,
                 content=self._body(wire, request),
                 extensions={"trace": trace},
+                timeout=_within_deadline(client.timeout, control),
             )
             _writer.hook = watch
             response = client.send(http_request, stream=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -108,6 +109,44 @@ def test_deadline_mid_stream_keeps_partial(fake: CanonicalFake, adapter: FakeAda
     assert info.value.partial is not None and info.value.partial.text == "abcdef"
     assert "waited 0.4 s" in info.value.message
     assert closed_by_client(fake)
+
+
+@pytest.fixture
+def unanswered_port() -> Iterator[int]:
+    """A loopback port whose listen queue is full: a new connect hangs (its SYNs are dropped)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    time.sleep(0.1)
+    yield port
+    for sock in [*fillers, server]:
+        sock.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_deadline_while_connecting(unanswered_port: int, mode: str) -> None:
+    adapter = FakeAdapter("echo", base_url=f"http://127.0.0.1:{unanswered_port}", max_retries=0)
+
+    def run() -> Any:
+        if mode == "sync":
+            return adapter.chat("x", timeout=0.4)
+        return asyncio.run(adapter.achat("x", timeout=0.4))
+
+    started = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        run()
+    assert time.monotonic() - started < 0.9  # not the 15 s connect timeout
+    adapter.close()
 
 
 def test_adapter_default_timeout(fake: CanonicalFake) -> None:
