@@ -58,6 +58,8 @@ _EXPORTS: dict[str, str] = {
     "Session": "session",
     "tool": "session",
     "Tool": "session",
+    "SessionStream": "session",
+    "AsyncSessionStream": "session",
     # record / replay
     "ResponseCache": "cache",
     "CachedAdapter": "cache",
@@ -122,7 +124,7 @@ if TYPE_CHECKING:
     from .providers.local import LocalAdapter
     from .providers.openai import OpenAIAdapter
     from .registry import connect, get_provider, list_providers, register_provider
-    from .session import Session, Tool, tool
+    from .session import AsyncSessionStream, Session, SessionStream, Tool, tool
     from .stream import AsyncResponseStream, ResponseStream
     from .types import (
         Block,
