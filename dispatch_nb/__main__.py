@@ -5,6 +5,7 @@
     login  [--force] [--github-url URL] [--token-path P]   GitHub device-flow login for Copilot
     logout [--token-path P]                               remove the saved GitHub token
     status [--github-url URL] [--token-path P] [--models] which token is used; does Copilot work?
+    demo   [--notebook P] [-m SPEC] [--cache MODE]        run the quickstart notebook, print answers
 
 A command is one function registered with :func:`command`; its options come from an optional
 ``arguments(parser)`` function::
@@ -307,6 +308,39 @@ def _status(args: argparse.Namespace) -> int:
     if getattr(args, "models", False):
         return _print_models(manager, github_url, api_url)
     return EXIT_OK
+
+
+# -- demo ------------------------------------------------------------------------------------------
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--notebook", metavar="PATH",
+        help="the notebook to run (default: notebooks/quickstart.ipynb of this checkout)",
+    )
+    parser.add_argument(
+        "-m", "--model", metavar="SPEC",
+        help="model for every %%%%chat cell (default: the best available: DISPATCH_NB_MODEL, a "
+        "Copilot login, an API key, else the embedded local model)",
+    )
+    parser.add_argument(
+        "--cache", choices=("off", "read-write", "replay", "record"), default="off",
+        help="response cache mode (default: off, so the model really answers)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, metavar="SECONDS",
+        help="the longest one cell may take (default: 600)",
+    )
+
+
+@command(
+    "demo",
+    help="Run the quickstart notebook end to end in a Jupyter kernel, printing each prompt and "
+    "answer.",
+    arguments=_demo_arguments,
+)
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.notebook, model=args.model, cache=args.cache, timeout=args.timeout).status
 
 
 if __name__ == "__main__":

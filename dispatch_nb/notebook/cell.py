@@ -91,12 +91,13 @@ def get_adapter(magics: ChatMagics, spec: str, mode: str = "off") -> Adapter:
     cached: Adapter | None = magics._adapters.get(key)
     if cached is not None:
         return cached
-    from ..registry import connect, parse_model_spec
+    from ..registry import parse_model_spec
+    from ..replay_only import connect_for_cache
 
     provider, _model = parse_model_spec(spec)
-    if provider == "copilot" and magics.login_on_demand:
-        ensure_copilot_login(magics)
-    adapter = connect(spec)
+    if provider == "copilot" and magics.login_on_demand and mode != "replay":
+        ensure_copilot_login(magics)  # replay sends nothing, so it needs no login
+    adapter = connect_for_cache(spec, mode)  # replay needs no model (nor its extra) either
     if mode != "off":
         from ..cache import CachedAdapter, ResponseCache
 

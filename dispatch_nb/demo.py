@@ -1,0 +1,202 @@
+"""``python -m dispatch_nb demo``: run the quickstart notebook end to end in a real Jupyter kernel.
+
+It executes ``notebooks/quickstart.ipynb`` cell by cell with nbclient and prints each ``%%chat``
+prompt and its answer to the terminal as it goes. The model is the best one available here (the
+same choice ``%%chat`` makes with no ``-m``: ``DISPATCH_NB_MODEL``, a Copilot login, an API key,
+else the embedded local model), or ``--model``. The response cache is ``off`` by default, so the
+model really answers (the notebook's recorded answers are neither read nor changed);
+``--cache replay`` plays the recording back instead. The notebook file is not modified.
+
+Exit status: 0 when every cell ran, 1 when a cell failed or nothing can answer, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["DemoResult", "default_notebook", "run_demo"]
+
+#: the notebook the demo runs, relative to a clone of the repository
+QUICKSTART = Path("notebooks") / "quickstart.ipynb"
+_SUB = re.compile(r"</?sub>")
+
+
+@dataclass
+class DemoResult:
+    """What a demo run did: the exit status, the model, and the answers printed."""
+
+    status: int
+    model: str = ""
+    answers: int = 0
+    seconds: float = 0.0
+
+
+def default_notebook() -> Path | None:
+    """``notebooks/quickstart.ipynb`` of the checkout this package runs from, else of the working
+    directory; None when neither exists (e.g. an installed wheel run outside a clone)."""
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        candidate = root / QUICKSTART
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _chat_prompt(source: str) -> tuple[str, str] | None:
+    """``(magic line, prompt)`` of a ``%%chat`` cell, else None."""
+    first, _, body = source.partition("\n")
+    if not first.lstrip().startswith("%%chat"):
+        return None
+    return first.strip(), body.strip()
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line if line else line for line in text.rstrip().splitlines())
+
+
+def _answer_text(outputs: list[Any]) -> str:
+    """The final Markdown output of a ``%%chat`` cell, readable in a terminal."""
+    for output in reversed(outputs):
+        data = output.get("data", {}) if isinstance(output, dict) else {}
+        if "text/markdown" in data:
+            return html.unescape(_SUB.sub("", data["text/markdown"])).strip()
+        if "text/plain" in data:
+            return str(data["text/plain"]).strip()
+    return ""
+
+
+def _stream_text(outputs: list[Any]) -> str:
+    return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+
+
+def _error_text(outputs: list[Any]) -> str:
+    for output in outputs:
+        if output.get("output_type") == "error":
+            lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in output.get("traceback", [])]
+            short = [line for line in lines if line.strip()][-3:]
+            return "\n".join(short) or f"{output.get('ename')}: {output.get('evalue')}"
+    return ""
+
+
+def _resolve_model(model: str | None) -> tuple[str, str, bool]:
+    """The model spec, why it was chosen, and whether it can answer without a login."""
+    if model:
+        return model, "--model", True
+    from .defaults import resolve_default_model
+
+    resolved = resolve_default_model()
+    return resolved.spec, resolved.reason, not resolved.needs_login
+
+
+def run_demo(
+    notebook: str | os.PathLike[str] | None = None,
+    *,
+    model: str | None = None,
+    cache: str = "off",
+    timeout: float = 600.0,
+    out: TextIO | None = None,
+    kernel_name: str = "python3",
+    on_answer: Callable[[str, str], None] | None = None,
+) -> DemoResult:
+    """Execute ``notebook`` (default: the quickstart) and print each ``%%chat`` prompt and answer.
+
+    ``model`` overrides the notebook's model for every ``%%chat`` cell (default: the best model
+    available here); ``cache`` is the response-cache mode of the run (``off``: the model answers);
+    ``timeout`` bounds each cell in seconds. ``on_answer(prompt, answer)`` is called per answer.
+    """
+    import sys
+
+    stream = out if out is not None else sys.stdout
+
+    def say(text: str = "") -> None:
+        print(text, file=stream, flush=True)
+
+    path = Path(notebook) if notebook is not None else default_notebook()
+    if path is None or not path.is_file():
+        where = path if path is not None else QUICKSTART
+        say(f"error: no notebook at {where}; run the demo from a clone of the repository, or pass "
+            "--notebook PATH")
+        return DemoResult(1)
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+        from nbclient.exceptions import CellExecutionError, DeadKernelError
+    except ImportError as exc:
+        say(f"error: the demo needs nbclient and ipykernel ({exc.name} is missing): "
+            "pip install 'dispatch-nb[notebook]'")
+        return DemoResult(1)
+
+    spec, reason, usable = _resolve_model(model)
+    if not usable:
+        say("error: no model can answer here: install the embedded model with "
+            "pip install 'dispatch-nb[local]', log in to GitHub Copilot with "
+            "`python -m dispatch_nb login`, or set OPENAI_API_KEY / ANTHROPIC_API_KEY")
+        return DemoResult(1, spec)
+    say(f"Running {path} in a Jupyter kernel")
+    say(f"Model: {spec} ({reason}); response cache: {cache}")
+    if spec.startswith("local:"):
+        say("(the embedded model loads in a second or two on first use; answers take a few seconds)")
+    say()
+
+    nb: Any = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
+    env = dict(os.environ)
+    env.update({"DISPATCH_NB_CACHE": cache, "DISPATCH_NB_LIVE": "display"})
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name=kernel_name, allow_errors=False,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    )
+    overrides = f'%config ChatMagics.model = "{spec}"\n%config ChatMagics.cache = "{cache}"'
+    started = time.monotonic()
+    answers = 0
+    configured = False
+    try:
+        # The kernel's own stderr (e.g. ipykernel's transport warning) stays out of the transcript.
+        with client.setup_kernel(env=env, stderr=subprocess.DEVNULL):
+            for index, cell in enumerate(list(nb.cells)):
+                if cell.cell_type != "code" or not cell.source.strip():
+                    continue
+                chat = _chat_prompt(cell.source)
+                if chat is not None:
+                    if not configured:
+                        raise RuntimeError("the notebook runs %%chat before %load_ext dispatch_nb")
+                    line, prompt = chat
+                    say(f"── {line}")
+                    say(_indent(prompt, "  > "))
+                    say()
+                try:
+                    client.execute_cell(cell, index)
+                except CellExecutionError:
+                    say("error: this cell failed:")
+                    say(_indent(_error_text(cell.outputs) or "(no error output)"))
+                    return DemoResult(1, spec, answers, time.monotonic() - started)
+                if not configured and "%load_ext dispatch_nb" in cell.source:
+                    # Every %%chat below uses the chosen model and cache mode.
+                    extra = nbformat.v4.new_code_cell(overrides)  # type: ignore[no-untyped-call]
+                    nb.cells.append(extra)
+                    client.execute_cell(extra, len(nb.cells) - 1)
+                    configured = True
+                if chat is not None:
+                    answer = _answer_text(cell.outputs)
+                    answers += 1
+                    say(_indent(answer or "(no answer)"))
+                    say()
+                    if on_answer is not None:
+                        on_answer(chat[1], answer)
+                else:
+                    printed = _stream_text(cell.outputs)
+                    if printed.strip():
+                        say(_indent(printed))
+                        say()
+    except (DeadKernelError, TimeoutError, RuntimeError) as exc:
+        say(f"error: {type(exc).__name__}: {exc}")
+        return DemoResult(1, spec, answers, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    say(f"Done: {answers} answers from {spec} in {seconds:.0f} s.")
+    return DemoResult(0, spec, answers, seconds)

@@ -1,0 +1,152 @@
+"""Replaying recorded answers on a machine where the recorded model cannot run.
+
+A teaching notebook recorded with the embedded model (``local:smollm2``) must replay for students
+who never installed the ``local`` extra (mybinder.org, a plain ``pip install dispatch-nb``): in
+``replay`` mode nothing is sent to a model, so nothing about the model should be required.
+
+The response cache finds an answer by a key made from the provider, the model and the normalized
+request (``max_tokens`` after the adapter's default is applied). When the real adapter cannot be
+built here — its extra is not installed (``ImportError``) or its model file is missing
+(``ModelUnavailableError``) — :func:`connect_for_cache` returns a :class:`ReplayOnlyAdapter`
+with the same provider name, model name, default ``max_tokens`` (read from the provider
+factory's signature) and accepted options, so the keys come out the same. Anything that would
+really need the model raises the original error::
+
+    from dispatch_nb.cache import CachedAdapter, ResponseCache
+    from dispatch_nb.replay_only import connect_for_cache
+
+    cache = ResponseCache("lesson.dispatch-cache.jsonl", mode="replay")
+    model = CachedAdapter(connect_for_cache("local:smollm2", cache.mode), cache)
+    model.chat("Explain recursion in one sentence.")   # replayed, llama.cpp or not
+
+``%%chat`` uses the same function, so a notebook in replay mode needs neither the model nor a
+login (a ``copilot:`` cell does not show the device login in replay mode).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+from .adapter import Adapter, ChatRequest, ValidationResult
+from .call_control import CallControl
+from .errors import DispatchError, ModelUnavailableError
+from .registry import connect, get_provider, list_providers, parse_model_spec
+from .stream import Accumulator
+from .types import ModelInfo, StreamDelta
+
+__all__ = ["ReplayOnlyAdapter", "connect_for_cache"]
+
+BUILTIN_PROVIDERS = frozenset({"copilot", "openai", "compatible", "anthropic", "local", "fake"})
+
+
+class ReplayOnlyAdapter(Adapter):
+    """Stands in for an adapter that cannot be built here, inside a replaying cache.
+
+    It has the real adapter's identity (``provider_name``, ``model_name``) and request defaults
+    (``default_max_tokens``, ``provider_options``), so a :class:`~dispatch_nb.cache.CachedAdapter`
+    computes the same keys as when the answers were recorded. Every call that would need the
+    model raises ``reason`` — the error that prevented building the real adapter.
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        model: str,
+        *,
+        reason: BaseException,
+        max_tokens: int | None = None,
+        provider_options: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(max_tokens=max_tokens, max_retries=0)
+        self._provider = provider
+        self._model = model
+        #: why the real adapter could not be built (raised by every call that needs the model)
+        self.reason = reason
+        self.provider_options = provider_options
+
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    @property
+    def provider_name(self) -> str:
+        return self._provider
+
+    @property
+    def display_name(self) -> str:
+        return f"{self._provider} (replay only: {self.reason})"
+
+    def __repr__(self) -> str:
+        return f"ReplayOnlyAdapter(provider={self._provider!r}, model={self._model!r})"
+
+    def _unavailable(self) -> BaseException:
+        if isinstance(self.reason, DispatchError):
+            return type(self.reason)(self.reason.message, provider=self._provider)
+        return type(self.reason)(str(self.reason))
+
+    def list_models(self) -> list[ModelInfo]:
+        raise self._unavailable()
+
+    def validate(self) -> ValidationResult:
+        return ValidationResult(False, f"only recorded answers can be replayed: {self.reason}")
+
+    def _stream_once(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> Iterator[StreamDelta]:
+        raise self._unavailable()
+
+
+def _factory_defaults(factory: Any, model: str, options: dict[str, Any]) -> tuple[int | None,
+                                                                                  frozenset[str]]:
+    """The default ``max_tokens`` and the accepted options of what ``factory(model, **options)``
+    would build, read without calling it (a class, or a ``functools.partial`` of one)."""
+    max_tokens: int | None = None
+    try:
+        bound = inspect.signature(factory).bind_partial(model, **options)
+    except (TypeError, ValueError):
+        bound = None
+    if bound is not None:
+        bound.apply_defaults()
+        value = bound.arguments.get("max_tokens")
+        if isinstance(value, int) and not isinstance(value, bool):
+            max_tokens = value
+    target = getattr(factory, "func", factory)  # functools.partial
+    accepted: Any = getattr(target, "provider_options", frozenset())
+    return max_tokens, frozenset(accepted) if isinstance(accepted, (set, frozenset)) else frozenset()
+
+
+def _registry_name(factory: Any, fallback: str) -> str:
+    """The registry name of the adapter class ``factory`` builds (``provider_name`` is "the
+    provider's registry name"): ``local`` for ``functools.partial(LocalAdapter, ...)`` registered
+    under another name. Built-in names come first; ``fallback`` when no name matches."""
+    target = getattr(factory, "func", factory)
+    if not inspect.isclass(target):
+        return fallback
+    for name in sorted(list_providers(), key=lambda n: (n not in BUILTIN_PROVIDERS, n)):
+        try:
+            if get_provider(name) is target:
+                return name
+        except ImportError:
+            continue
+    return fallback
+
+
+def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
+    """``connect(spec, **options)``; in ``replay`` mode, a :class:`ReplayOnlyAdapter` instead when
+    the provider cannot be built here (its extra is not installed, its model file is missing).
+
+    In every other mode the error is raised: those modes may need the model.
+    """
+    try:
+        return connect(spec, **options)
+    except (ImportError, ModelUnavailableError) as exc:
+        if mode != "replay":
+            raise
+        name, model = parse_model_spec(spec)
+        factory = get_provider(name)
+        max_tokens, accepted = _factory_defaults(factory, model, options)
+        return ReplayOnlyAdapter(
+            _registry_name(factory, name), model, reason=exc, max_tokens=max_tokens, provider_options=accepted
+        )
