@@ -450,6 +450,26 @@ class Adapter:
             control.stop()
             self._log_request(request, acc, control, attempt, error)
 
+    # -- one call as a stream --------------------------------------------------------------------
+    def _open(
+        self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
+    ) -> ResponseStream:
+        """One normalized call as the :class:`ResponseStream` that :meth:`stream` returns and
+        :meth:`chat` drains (a call with ``request.stream`` false produces no deltas). The seam
+        a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`), with its async twin
+        :meth:`_aopen`."""
+        acc = Accumulator(self.model_name)
+        control = self._control(timeout, cancel)
+        return ResponseStream(self._deltas(request, acc, control), acc)
+
+    def _aopen(
+        self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
+    ) -> AsyncResponseStream:
+        """The async twin of :meth:`_open`."""
+        acc = Accumulator(self.model_name)
+        control = self._control(timeout, cancel)
+        return AsyncResponseStream(self._adeltas(request, acc, control), acc)
+
     # -- public entry points ---------------------------------------------------------------------
     def stream(
         self,
@@ -470,9 +490,7 @@ class Adapter:
             messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
             temperature=temperature, options=options,
         )
-        acc = Accumulator(self.model_name)
-        control = self._control(timeout, cancel)
-        return ResponseStream(self._deltas(request, acc, control), acc)
+        return self._open(request, timeout, cancel)
 
     def chat(
         self,
@@ -496,9 +514,7 @@ class Adapter:
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,
         )
-        acc = Accumulator(self.model_name)
-        control = self._control(timeout, cancel)
-        with ResponseStream(self._deltas(request, acc, control), acc) as deltas:
+        with self._open(request, timeout, cancel) as deltas:
             for delta in deltas:
                 if on_delta is not None:
                     on_delta(delta)
@@ -523,9 +539,7 @@ class Adapter:
             messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
             temperature=temperature, options=options,
         )
-        acc = Accumulator(self.model_name)
-        control = self._control(timeout, cancel)
-        return AsyncResponseStream(self._adeltas(request, acc, control), acc)
+        return self._aopen(request, timeout, cancel)
 
     async def achat(
         self,
@@ -546,10 +560,7 @@ class Adapter:
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,
         )
-        acc = Accumulator(self.model_name)
-        control = self._control(timeout, cancel)
-        deltas = AsyncResponseStream(self._adeltas(request, acc, control), acc)
-        async with deltas:
+        async with self._aopen(request, timeout, cancel) as deltas:
             async for delta in deltas:
                 if on_delta is not None:
                     result = on_delta(delta)

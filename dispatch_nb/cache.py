@@ -71,7 +71,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .adapter import Adapter, ChatRequest, ValidationResult
-from .call_control import CallControl
 from .cancel import CancelToken
 from .errors import RequestError
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
@@ -721,7 +720,8 @@ class CachedAdapter(Adapter):
         except OSError as exc:
             log.warning("could not record the answer in %s: %s", self.cache.path, exc)
 
-    def _prepare(self, messages: Any, system: str | None, tools: Iterable[Any] | None,
+    # -- the seams of Adapter: normalization is the wrapped adapter's, a call is a cache lookup ---
+    def _request(self, messages: Any, *, system: str | None, tools: Iterable[Any] | None,
                  stream: bool, max_tokens: int | None, temperature: float | None,
                  options: dict[str, Any]) -> ChatRequest:
         return self.inner._request(
@@ -729,12 +729,27 @@ class CachedAdapter(Adapter):
             temperature=temperature, options=options,
         )
 
-    def _replay_control(self, timeout: float | None, cancel: CancelToken | None) -> CallControl:
-        return CallControl(
-            timeout=timeout if timeout is not None else self.inner.default_timeout,
-            cancel=cancel, provider=self.inner.provider_name,
-        )
+    def _open(self, request: ChatRequest, timeout: float | None,
+              cancel: CancelToken | None) -> ResponseStream:
+        """The answer as a stream: replayed, or from the model (recorded when the mode writes)."""
+        if self.cache.mode == "off":
+            return self.inner._open(request, timeout, cancel)
+        key, entry = self._lookup(request)
+        if entry is not None:
+            return self._replay(entry, request.stream, timeout, cancel)
+        return self._recording(key, request, self.inner._open(request, timeout, cancel))
 
+    def _aopen(self, request: ChatRequest, timeout: float | None,
+               cancel: CancelToken | None) -> AsyncResponseStream:
+        """The async twin of :meth:`_open`."""
+        if self.cache.mode == "off":
+            return self.inner._aopen(request, timeout, cancel)
+        key, entry = self._lookup(request)
+        if entry is not None:
+            return self._areplay(entry, request.stream, timeout, cancel)
+        return self._arecording(key, request, self.inner._aopen(request, timeout, cancel))
+
+    # -- replaying and recording ----------------------------------------------------------------
     @staticmethod
     def _replay_parts(
         entry: dict[str, Any],
@@ -748,10 +763,11 @@ class CachedAdapter(Adapter):
                                   lambda: final.model_copy(deep=True))
         return deltas, acc, partial
 
-    def _replay(self, entry: dict[str, Any], timeout: float | None,
+    def _replay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
                 cancel: CancelToken | None) -> ResponseStream:
+        """Replay ``entry``; an unstreamed call takes as long but yields no deltas."""
         deltas, acc, partial = self._replay_parts(entry)
-        control = self._replay_control(timeout, cancel)
+        control = self.inner._control(timeout, cancel)
         paced = self.cache.pace == "recorded"
 
         def run() -> Iterator[StreamDelta]:
@@ -765,17 +781,19 @@ class CachedAdapter(Adapter):
                             control.sleep(wait)
                     control.check()
                     _feed(partial, delta)
-                    yield delta
+                    if streamed:
+                        yield delta
                 control.check()
             finally:
                 control.stop()
 
         return ResponseStream(run(), acc)
 
-    def _areplay(self, entry: dict[str, Any], timeout: float | None,
+    def _areplay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
                  cancel: CancelToken | None) -> AsyncResponseStream:
+        """The async twin of :meth:`_replay`."""
         deltas, acc, partial = self._replay_parts(entry)
-        control = self._replay_control(timeout, cancel)
+        control = self.inner._control(timeout, cancel)
         paced = self.cache.pace == "recorded"
 
         async def run() -> AsyncIterator[StreamDelta]:
@@ -789,12 +807,22 @@ class CachedAdapter(Adapter):
                             await control.asleep(wait)
                     control.check()
                     _feed(partial, delta)
-                    yield delta
+                    if streamed:
+                        yield delta
                 control.check()
             finally:
                 control.stop()
 
         return AsyncResponseStream(run(), acc)
+
+    def _store_answer(self, key: str, request: ChatRequest, began: float,
+                      seen: list[tuple[float, StreamDelta]], response: Response) -> None:
+        """Record a finished call: its deltas as they streamed, or for an unstreamed call the
+        deltas the response would have streamed, all at the time it arrived."""
+        if not request.stream:
+            elapsed = time.monotonic() - began
+            seen = [(elapsed, d) for d in deltas_for(response)]
+        self._store(key, request, seen, response, streamed=request.stream)
 
     def _recording(self, key: str, request: ChatRequest, inner: ResponseStream) -> ResponseStream:
         began = time.monotonic()
@@ -808,7 +836,7 @@ class CachedAdapter(Adapter):
                 response = inner.response
             finally:
                 inner.close()
-            self._store(key, request, seen, response, streamed=True)
+            self._store_answer(key, request, began, seen, response)
 
         acc = _ForeignAccumulator(self.inner.model_name, lambda: inner.partial,
                                   lambda: inner.response)
@@ -827,135 +855,8 @@ class CachedAdapter(Adapter):
                 response = inner.response
             finally:
                 await inner.aclose()
-            self._store(key, request, seen, response, streamed=True)
+            self._store_answer(key, request, began, seen, response)
 
         acc = _ForeignAccumulator(self.inner.model_name, lambda: inner.partial,
                                   lambda: inner.response)
         return AsyncResponseStream(run(), acc)
-
-    # -- public entry points -----------------------------------------------------------------------
-    def stream(
-        self,
-        messages: Any,
-        *,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        **options: Any,
-    ) -> ResponseStream:
-        """Stream the answer: replayed, or from the model (recorded when the mode writes)."""
-        options.pop("stream", None)
-        options.pop("on_delta", None)
-        kw: dict[str, Any] = dict(system=system, tools=tools, max_tokens=max_tokens,
-                                  temperature=temperature, timeout=timeout, cancel=cancel)
-        if self.cache.mode == "off":
-            return self.inner.stream(messages, **kw, **options)
-        request = self._prepare(messages, system, tools, True, max_tokens, temperature, options)
-        key, entry = self._lookup(request)
-        if entry is not None:
-            return self._replay(entry, timeout, cancel)
-        return self._recording(key, request, self.inner.stream(messages, **kw, **options))
-
-    def chat(
-        self,
-        messages: Any,
-        *,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-        stream: bool = False,
-        on_delta: Callable[[StreamDelta], Any] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        **options: Any,
-    ) -> Response:
-        """The answer: replayed, or from the model (recorded when the mode writes)."""
-        kw: dict[str, Any] = dict(system=system, tools=tools, max_tokens=max_tokens,
-                                  temperature=temperature, timeout=timeout, cancel=cancel)
-        if self.cache.mode == "off":
-            return self.inner.chat(messages, stream=stream, on_delta=on_delta, **kw, **options)
-        request = self._prepare(messages, system, tools, stream, max_tokens, temperature, options)
-        key, entry = self._lookup(request)
-        if entry is None and not stream:
-            began = time.monotonic()
-            response = self.inner.chat(messages, stream=False, **kw, **options)
-            elapsed = time.monotonic() - began
-            self._store(key, request, [(elapsed, d) for d in deltas_for(response)], response,
-                        streamed=False)
-            return response
-        deltas = (self._replay(entry, timeout, cancel) if entry is not None
-                  else self._recording(key, request, self.inner.stream(messages, **kw, **options)))
-        with deltas:
-            for delta in deltas:
-                if stream and on_delta is not None:
-                    on_delta(delta)
-            return deltas.response
-
-    def astream(
-        self,
-        messages: Any,
-        *,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        **options: Any,
-    ) -> AsyncResponseStream:
-        """The async twin of :meth:`stream`."""
-        options.pop("stream", None)
-        options.pop("on_delta", None)
-        kw: dict[str, Any] = dict(system=system, tools=tools, max_tokens=max_tokens,
-                                  temperature=temperature, timeout=timeout, cancel=cancel)
-        if self.cache.mode == "off":
-            return self.inner.astream(messages, **kw, **options)
-        request = self._prepare(messages, system, tools, True, max_tokens, temperature, options)
-        key, entry = self._lookup(request)
-        if entry is not None:
-            return self._areplay(entry, timeout, cancel)
-        return self._arecording(key, request, self.inner.astream(messages, **kw, **options))
-
-    async def achat(
-        self,
-        messages: Any,
-        *,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-        stream: bool = False,
-        on_delta: Callable[[StreamDelta], Any] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        **options: Any,
-    ) -> Response:
-        """The async twin of :meth:`chat`. ``on_delta`` may be a plain or an async function."""
-        kw: dict[str, Any] = dict(system=system, tools=tools, max_tokens=max_tokens,
-                                  temperature=temperature, timeout=timeout, cancel=cancel)
-        if self.cache.mode == "off":
-            return await self.inner.achat(messages, stream=stream, on_delta=on_delta, **kw,
-                                          **options)
-        request = self._prepare(messages, system, tools, stream, max_tokens, temperature, options)
-        key, entry = self._lookup(request)
-        if entry is None and not stream:
-            began = time.monotonic()
-            response = await self.inner.achat(messages, stream=False, **kw, **options)
-            elapsed = time.monotonic() - began
-            self._store(key, request, [(elapsed, d) for d in deltas_for(response)], response,
-                        streamed=False)
-            return response
-        deltas = (self._areplay(entry, timeout, cancel) if entry is not None
-                  else self._arecording(key, request,
-                                        self.inner.astream(messages, **kw, **options)))
-        async with deltas:
-            async for delta in deltas:
-                if stream and on_delta is not None:
-                    result = on_delta(delta)
-                    if asyncio.iscoroutine(result):
-                        await result
-            return deltas.response
