@@ -1,0 +1,94 @@
+"""connect_for_cache: in replay mode a provider that cannot be built here is stood in for by a
+ReplayOnlyAdapter whose cache keys are the real adapter's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from dispatch_nb import register_provider, registry
+from dispatch_nb.adapter import Adapter
+from dispatch_nb.cache import CachedAdapter, CacheMissError, ResponseCache, cache_key
+from dispatch_nb.errors import ModelUnavailableError
+from dispatch_nb.providers.local import LocalAdapter, llama_cpp_installed
+from dispatch_nb.replay_only import ReplayOnlyAdapter, connect_for_cache
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _key(adapter: Adapter, prompt: str = "hi", **options: object) -> str:
+    request = adapter._request(prompt, system="Be brief.", tools=None, stream=True,
+                               max_tokens=None, temperature=0.5, options=dict(options))
+    return cache_key(adapter.provider_name, adapter.model_name, request)
+
+
+@pytest.fixture
+def missing_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A provider name whose adapter cannot be built (its GGUF file does not exist); the
+    registration is removed after the test."""
+    monkeypatch.setitem(registry._providers, "gone", None)
+    register_provider("gone", partial(LocalAdapter, model_path=tmp_path / "missing.gguf",
+                                      chat_format="chatml"), replace=True)
+    return "gone"
+
+
+def test_stand_in_has_the_real_adapters_identity_and_keys(missing_model: str, tmp_path: Path) -> None:
+    if not llama_cpp_installed():
+        pytest.skip("needs llama-cpp-python to build the real adapter")
+    stand_in = connect_for_cache(f"{missing_model}:lesson", "replay")
+    assert isinstance(stand_in, ReplayOnlyAdapter)
+    # The registry name of the class behind the partial, as LocalAdapter reports it.
+    assert (stand_in.provider_name, stand_in.model_name) == ("local", "lesson")
+    assert stand_in.default_max_tokens == 512
+    gguf = tmp_path / "lesson.gguf"
+    gguf.write_bytes(b"GGUF")  # constructing checks only that the file exists
+    real = LocalAdapter("lesson", model_path=gguf)
+    assert _key(stand_in) == _key(real)
+    assert _key(stand_in, seed=7) == _key(real, seed=7)  # provider options are accepted alike
+    with pytest.raises(TypeError):
+        _key(stand_in, no_such_option=1)
+
+
+def test_only_replay_gets_a_stand_in(missing_model: str) -> None:
+    for mode in ("off", "read-write", "record"):
+        with pytest.raises(ModelUnavailableError, match="no GGUF file"):
+            connect_for_cache(f"{missing_model}:lesson", mode)
+
+
+def test_stand_in_refuses_what_needs_the_model(missing_model: str, tmp_path: Path) -> None:
+    stand_in = connect_for_cache(f"{missing_model}:lesson", "replay")
+    assert not stand_in.validate()
+    assert "replay only" in stand_in.display_name
+    with pytest.raises(ModelUnavailableError, match="no GGUF file"):
+        stand_in.chat("hello")
+    with pytest.raises(ModelUnavailableError):
+        stand_in.list_models()
+    cached = CachedAdapter(stand_in, ResponseCache(tmp_path / "c.jsonl", mode="replay"))
+    with pytest.raises(CacheMissError):  # a miss says so before anything would need the model
+        cached.chat("hello")
+
+
+def test_recorded_notebook_answer_replays_without_llama_cpp() -> None:
+    """In a fresh interpreter where llama_cpp cannot be imported, the quickstart's recorded
+    answer replays through CachedAdapter + connect_for_cache."""
+    cache = REPO / "notebooks" / "quickstart.dispatch-cache.jsonl"
+    recorded = json.loads(cache.read_text(encoding="utf-8").splitlines()[0])
+    code = (
+        "import sys; sys.modules['llama_cpp'] = None\n"
+        "from dispatch_nb.cache import CachedAdapter, ResponseCache\n"
+        "from dispatch_nb.replay_only import connect_for_cache\n"
+        f"cache = ResponseCache({str(cache)!r}, mode='replay')\n"
+        "model = CachedAdapter(connect_for_cache('local:smollm2', cache.mode), cache)\n"
+        "print(type(model.inner).__name__)\n"
+        "print(model.chat('What is a Python list? Answer in one sentence.', max_tokens=80).text)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=REPO).stdout
+    kind, _, text = out.partition("\n")
+    assert kind == "ReplayOnlyAdapter"
+    assert text.strip() == recorded["response"]["content"][0]["text"].strip()
