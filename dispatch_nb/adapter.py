@@ -335,6 +335,20 @@ class Adapter:
             return None
         return delay
 
+    def _next_attempt(
+        self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
+    ) -> float | None:
+        """After failed attempt ``attempt``: seconds to wait before the next one (logged, with
+        ``acc`` reset), or None to raise ``exc``. Raises the abort error instead when the call
+        was cancelled or timed out meanwhile. Shared by the sync and async retry loops."""
+        if control.reason is not None and not isinstance(exc, type(control.error())):
+            raise control.error() from exc
+        delay = self._retry_decision(exc, acc, attempt, retries, control)
+        if delay is not None:
+            self._log_retry(exc, attempt, delay)
+            acc.reset()
+        return delay
+
     def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
         logger.warning(
             "retrying %s %s after %s (attempt %d, waiting %.2fs)",
@@ -400,13 +414,9 @@ class Adapter:
                         self._complete_once(request, acc, control)
                     return
                 except DispatchError as exc:
-                    if control.reason is not None and not isinstance(exc, type(control.error())):
-                        raise control.error() from exc
-                    delay = self._retry_decision(exc, acc, attempt, retries, control)
+                    delay = self._next_attempt(exc, acc, attempt, retries, control)
                     if delay is None:
                         raise
-                    self._log_retry(exc, attempt, delay)
-                    acc.reset()
                     control.sleep(delay)
                     attempt += 1
         except BaseException as exc:
@@ -434,13 +444,9 @@ class Adapter:
                         await self._acomplete_once(request, acc, control)
                     return
                 except DispatchError as exc:
-                    if control.reason is not None and not isinstance(exc, type(control.error())):
-                        raise control.error() from exc
-                    delay = self._retry_decision(exc, acc, attempt, retries, control)
+                    delay = self._next_attempt(exc, acc, attempt, retries, control)
                     if delay is None:
                         raise
-                    self._log_retry(exc, attempt, delay)
-                    acc.reset()
                     await control.asleep(delay)
                     attempt += 1
         except BaseException as exc:
