@@ -288,12 +288,30 @@ def first_token_seconds(adapter: LocalAdapter, prompt: str) -> float:
         return time.monotonic() - began
 
 
+def mid_answer_timeout(adapter: LocalAdapter, prompt: str, max_tokens: int = 300) -> float:
+    """A deadline that falls in the middle of this answer on this machine, now.
+
+    The answer is deterministic (temperature 0, fixed seed), so the same call with this deadline
+    is cut after its first token and well before its last, however loaded the machine is.
+    """
+    adapter.chat("hi", max_tokens=1)  # load the model first: loading is not answering
+    began = time.monotonic()
+    first: float | None = None
+    with adapter.stream(prompt, max_tokens=max_tokens, temperature=0) as stream:
+        for delta in stream:
+            if first is None and delta.text:
+                first = time.monotonic() - began
+    total = time.monotonic() - began
+    assert first is not None and stream.response.usage.output_tokens >= 40, "need a long answer"
+    return first + (total - first) * 0.4
+
+
 def test_timeout_keeps_the_partial_answer(local: LocalAdapter) -> None:
-    # a deadline well after the first token (the CI machine is shared: measure, do not guess)
-    timeout = max(0.6, 3 * first_token_seconds(local, LONG))
+    # a deadline mid-answer (the CI machine is shared: measure, do not guess)
+    timeout = mid_answer_timeout(local, LONG)
     began = time.monotonic()
     with pytest.raises(APITimeoutError) as info:
-        local.chat(LONG, max_tokens=1000, timeout=timeout)
+        local.chat(LONG, max_tokens=300, temperature=0, timeout=timeout)
     assert time.monotonic() - began < timeout + 0.15
     assert info.value.partial is not None
     assert info.value.partial.text
@@ -363,10 +381,10 @@ async def test_async_stream_cancel_and_timeout(local: LocalAdapter) -> None:
         await task
     assert time.monotonic() - cancelled_at < 0.1
 
-    timeout = max(0.5, 3 * first_token_seconds(local, LONG))
+    timeout = mid_answer_timeout(local, LONG)
     began = time.monotonic()
     with pytest.raises(APITimeoutError) as info:
-        await local.achat(LONG, max_tokens=1000, timeout=timeout)
+        await local.achat(LONG, max_tokens=300, temperature=0, timeout=timeout)
     assert time.monotonic() - began < timeout + 0.15
     assert info.value.partial is not None
     assert (await local.achat("Say hi.", max_tokens=3)).text
