@@ -12,7 +12,9 @@ an error. ``base_url`` / ``OPENAI_BASE_URL`` only say where requests go and neve
 (default ``https://api.openai.com/v1``; for ``compatible`` ``http://127.0.0.1:8080/v1``). API key:
 ``api_key``, else ``OPENAI_API_KEY`` (read when a call is made); the official backend without one
 fails at call time with an :class:`~dispatch_nb.errors.AuthenticationError`, a compatible server
-gets it only when there is one.
+gets it only when there is one. On the compatible backend, ``OPENAI_API_KEY`` from the environment is
+sent only to the environment's server (``OPENAI_BASE_URL`` or the default): a server named with an
+explicit ``base_url=`` gets a key only through ``api_key=``, so your OpenAI key never leaks to it.
 
 Per-call options (``adapter.chat(..., **options)``): ``tool_choice`` (``"auto"``, ``"none"``,
 ``"required"`` or a tool name), ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort such as
@@ -119,6 +121,9 @@ class OpenAIAdapter(HTTPAdapter):
         )
         self._model = model
         self._api_key = api_key  # else OPENAI_API_KEY, read at call time
+        # A key from the environment goes only where the environment points: never to a server
+        # named by an explicit base_url on the compatible backend (it may be a third party's).
+        self._env_key_allowed = mode == "official" or base_url is None
         #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
         self.backend_mode: Backend = mode
         #: the per-call options this backend understands (others raise ``TypeError``)
@@ -145,7 +150,9 @@ class OpenAIAdapter(HTTPAdapter):
 
     # -- HTTP hooks ------------------------------------------------------------------------------
     def auth_headers(self) -> dict[str, str]:
-        key = self._api_key or os.environ.get("OPENAI_API_KEY", "").strip()
+        key = self._api_key
+        if not key and self._env_key_allowed:
+            key = os.environ.get("OPENAI_API_KEY", "").strip()
         if key:
             return {"authorization": f"Bearer {key}"}
         if self.backend_mode == "official":

@@ -105,6 +105,22 @@ def test_key_from_environment_and_never_in_repr(monkeypatch: pytest.MonkeyPatch)
     assert late.auth_headers() == {"authorization": "Bearer sk-late"}
 
 
+def test_environment_key_never_goes_to_an_explicit_compatible_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-real-openai-SECRET")
+    with OpenAIChatFake() as third_party:
+        OpenAIAdapter("m", backend="compatible", base_url=third_party.base_url).chat("hi")
+        assert third_party.last_request.header("authorization") is None
+        OpenAIAdapter("m", backend="compatible", base_url=third_party.base_url,
+                      api_key="local-key").chat("hi")
+        assert third_party.last_request.header("authorization") == "Bearer local-key"
+        # both from the environment: the user paired them, so the key goes along
+        monkeypatch.setenv("OPENAI_BASE_URL", third_party.base_url)
+        OpenAIAdapter("m", backend="compatible").chat("hi")
+        assert third_party.last_request.header("authorization") == "Bearer sk-real-openai-SECRET"
+
+
 def test_extra_headers_and_request_log(caplog: pytest.LogCaptureFixture) -> None:
     with OpenAIChatFake() as fake:
         adapter = OpenAIAdapter("m", backend="compatible", base_url=fake.base_url,
