@@ -148,12 +148,19 @@ def run_jobs(
 
     try:
         pump(None)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        # Ctrl-C, or a failure while showing events (a display or widget error): either way the
+        # workers must not go on streaming and running tools in the background.
+        reason = (
+            "interrupted (KeyboardInterrupt)"
+            if isinstance(exc, KeyboardInterrupt)
+            else f"stopped: the cell failed ({type(exc).__name__})"
+        )
         for job in jobs:
-            job.cancel.cancel("interrupted (KeyboardInterrupt)")
+            job.cancel.cancel(reason)
         try:
             pump(time.monotonic() + CANCEL_GRACE)
-        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting for the workers
+        except BaseException:  # a second Ctrl-C or the same failure again: stop waiting
             pass
         raise
     return [job.outcome for job in jobs]
