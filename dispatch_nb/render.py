@@ -61,10 +61,10 @@ def response_markdown(
     return "\n".join(out)
 
 
-def markdown_to_html(text: str) -> str:
-    """Markdown → HTML with markdown-it-py when installed, else escaped preformatted text."""
+def markdown_to_html(text: str) -> str | None:
+    """Markdown → HTML with markdown-it-py when it is installed, else None."""
     try:
         from markdown_it import MarkdownIt
     except ImportError:
-        return f"<pre style='white-space: pre-wrap'>{html.escape(text)}</pre>"
+        return None
     return str(MarkdownIt("gfm-like", {"html": True}).render(text))

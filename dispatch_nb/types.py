@@ -278,7 +278,9 @@ class Response(_Model):
 
         return response_markdown(self)
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
+        """HTML when markdown-it-py is installed; else None, so front ends render the Markdown
+        (a raw ``<pre>`` fallback would outrank it in JupyterLab)."""
         from .render import markdown_to_html, response_markdown
 
         return markdown_to_html(response_markdown(self))

@@ -113,4 +113,18 @@ def test_rich_reprs() -> None:
     assert "Hello ✓" in bundle["text/markdown"]
     assert bundle["text/plain"] == "Hello ✓"
     assert "<details>" in r._repr_markdown_()
-    assert "Hello" in r._repr_html_()
+    html = r._repr_html_()
+    try:
+        import markdown_it  # noqa: F401
+    except ImportError:
+        assert html is None  # no raw <pre> that would outrank the Markdown in JupyterLab
+    else:
+        assert html is not None and "Hello" in html and "<pre" not in html
+
+
+def test_ipython_shows_markdown_not_a_raw_html_fallback() -> None:
+    from IPython.core.formatters import DisplayFormatter
+
+    data, _ = DisplayFormatter().format(full_response())
+    assert data["text/markdown"].startswith("<details>")
+    assert "<pre style" not in data.get("text/html", "")
