@@ -346,7 +346,45 @@ def _attach_partial(exc: BaseException, acc: Accumulator) -> None:
             pass
 
 
-class ResponseStream:
+class _DeltaStream:
+    """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the accumulator,
+    the final response or the error that ended the stream, and the ``on_close`` callback."""
+
+    def __init__(self, accumulator: Accumulator, on_close: Callable[[], None] | None) -> None:
+        self._acc = accumulator
+        self._response: Response | None = None
+        self._error: BaseException | None = None
+        self._on_close = on_close
+        self._closed = False
+
+    @property
+    def partial(self) -> Response:
+        """What has arrived so far (the final response once finished)."""
+        return self._response if self._response is not None else self._acc.snapshot()
+
+    def _ended(self) -> None:
+        """The deltas ran out: the answer is final."""
+        self._response = self._acc.finish()
+        self._finish()
+
+    def _failed(self, exc: BaseException) -> None:
+        """Iterating raised ``exc``: remember it and attach what arrived (the caller closes)."""
+        self._error = exc
+        _attach_partial(exc, self._acc)
+
+    def _left(self, exc: BaseException | None) -> None:
+        """The ``with`` block is left (the caller closes): an exception raised in its body (e.g.
+        Ctrl-C) keeps what arrived."""
+        if exc is not None and self._response is None:
+            _attach_partial(exc, self._acc)
+
+    def _finish(self) -> None:
+        if self._on_close is not None:
+            callback, self._on_close = self._on_close, None
+            callback()
+
+
+class ResponseStream(_DeltaStream):
     """Iterate for :class:`StreamDelta` s; ``.response`` is the final :class:`Response`.
 
     A context manager: leaving the ``with`` block (or :meth:`close`) ends the HTTP stream. An error
@@ -360,12 +398,8 @@ class ResponseStream:
         *,
         on_close: Callable[[], None] | None = None,
     ) -> None:
+        super().__init__(accumulator, on_close)
         self._deltas = deltas
-        self._acc = accumulator
-        self._response: Response | None = None
-        self._error: BaseException | None = None
-        self._on_close = on_close
-        self._closed = False
 
     def __iter__(self) -> ResponseStream:
         return self
@@ -376,12 +410,10 @@ class ResponseStream:
         try:
             return next(self._deltas)
         except StopIteration:
-            self._response = self._acc.finish()
-            self._finish()
+            self._ended()
             raise
         except BaseException as exc:
-            self._error = exc
-            _attach_partial(exc, self._acc)
+            self._failed(exc)
             self.close()
             raise
 
@@ -405,21 +437,11 @@ class ResponseStream:
         return self._response
 
     @property
-    def partial(self) -> Response:
-        """What has arrived so far (the final response once finished)."""
-        return self._response if self._response is not None else self._acc.snapshot()
-
-    @property
     def text_stream(self) -> Iterator[str]:
         """Just the answer's text, piece by piece."""
         for delta in self:
             if delta.type == "text_delta" and delta.text:
                 yield delta.text
-
-    def _finish(self) -> None:
-        if self._on_close is not None:
-            callback, self._on_close = self._on_close, None
-            callback()
 
     def close(self) -> None:
         """End the stream and release the connection (idempotent)."""
@@ -435,9 +457,7 @@ class ResponseStream:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if exc is not None and self._response is None:
-            # e.g. Ctrl-C (KeyboardInterrupt) in the loop body: keep what arrived
-            _attach_partial(exc, self._acc)
+        self._left(exc)
         self.close()
 
     def __del__(self) -> None:
@@ -448,7 +468,7 @@ class ResponseStream:
             pass
 
 
-class AsyncResponseStream:
+class AsyncResponseStream(_DeltaStream):
     """The async twin of :class:`ResponseStream` (``async for``, ``async with``, ``aclose``)."""
 
     def __init__(
@@ -458,12 +478,8 @@ class AsyncResponseStream:
         *,
         on_close: Callable[[], None] | None = None,
     ) -> None:
+        super().__init__(accumulator, on_close)
         self._deltas = deltas
-        self._acc = accumulator
-        self._response: Response | None = None
-        self._error: BaseException | None = None
-        self._on_close = on_close
-        self._closed = False
 
     def __aiter__(self) -> AsyncResponseStream:
         return self
@@ -474,12 +490,10 @@ class AsyncResponseStream:
         try:
             return await self._deltas.__anext__()
         except StopAsyncIteration:
-            self._response = self._acc.finish()
-            self._finish()
+            self._ended()
             raise
         except BaseException as exc:
-            self._error = exc
-            _attach_partial(exc, self._acc)
+            self._failed(exc)
             await self.aclose()
             raise
 
@@ -500,16 +514,6 @@ class AsyncResponseStream:
             )
         return self._response
 
-    @property
-    def partial(self) -> Response:
-        """What has arrived so far (the final response once finished)."""
-        return self._response if self._response is not None else self._acc.snapshot()
-
-    def _finish(self) -> None:
-        if self._on_close is not None:
-            callback, self._on_close = self._on_close, None
-            callback()
-
     async def aclose(self) -> None:
         """End the stream and release the connection (idempotent)."""
         if self._closed:
@@ -524,6 +528,5 @@ class AsyncResponseStream:
         return self
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if exc is not None and self._response is None:
-            _attach_partial(exc, self._acc)
+        self._left(exc)
         await self.aclose()
