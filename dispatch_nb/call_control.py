@@ -26,6 +26,7 @@ class CallControl:
     """Deadline + cancel token + abort hooks for one call (sync or async)."""
 
     __slots__ = (
+        "_aborted_after",
         "_hooks",
         "_lock",
         "_remove_cancel",
@@ -54,6 +55,7 @@ class CallControl:
         self.started_at = time.monotonic()
         self.deadline = self.started_at + timeout if timeout is not None else None
         self.reason: AbortReason | None = None
+        self._aborted_after: float | None = None
         self._hooks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -61,8 +63,15 @@ class CallControl:
         self._remove_cancel: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def _restart_clock(self) -> None:
+        # The deadline counts from the first read of the stream, not from when it was created.
+        self.started_at = time.monotonic()
+        if self.timeout is not None:
+            self.deadline = self.started_at + self.timeout
+
     def start(self) -> None:
         """Arm the deadline timer (a thread) and the cancel callback."""
+        self._restart_clock()
         if self.cancel is not None:
             self._remove_cancel = self.cancel.add_callback(lambda: self.abort("cancel"))
         if self.timeout is not None and self.reason is None:
@@ -73,6 +82,7 @@ class CallControl:
 
     def start_async(self, loop: asyncio.AbstractEventLoop) -> None:
         """Arm the deadline on the event loop and the cancel callback."""
+        self._restart_clock()
         if self.cancel is not None:
             self._remove_cancel = self.cancel.add_callback(lambda: self.abort("cancel"))
         if self.timeout is not None and self.reason is None:
@@ -96,6 +106,7 @@ class CallControl:
             if self.reason is not None:
                 return
             self.reason = reason
+            self._aborted_after = self.elapsed()
             hooks = list(self._hooks)
         self._wake.set()
         for hook in hooks:
@@ -128,6 +139,9 @@ class CallControl:
             return None
         return max(0.0, self.deadline - time.monotonic())
 
+    def _waited(self) -> float:
+        return self._aborted_after if self._aborted_after is not None else self.elapsed()
+
     def elapsed(self) -> float:
         """Seconds since the call started."""
         return time.monotonic() - self.started_at
@@ -137,7 +151,7 @@ class CallControl:
         if self.reason == "timeout":
             return APITimeoutError(
                 f"no complete answer within the {self.timeout:g} s timeout "
-                f"(waited {self.elapsed():.1f} s); pass a larger timeout= or try again",
+                f"(waited {self._waited():.1f} s); pass a larger timeout= or try again",
                 provider=self.provider,
             )
         reason = self.cancel.reason if self.cancel is not None else None
