@@ -411,7 +411,11 @@ class HTTPAdapter(Adapter):
         remove_hook = control.on_abort(on_abort)
         response: httpx.Response | None = None
         try:
-            headers = self._headers(wire, await self.aauth_headers(), request)
+            reading[0] = True  # a token refresh can take a while: let abort interrupt it too
+            auth = await self.aauth_headers()
+            reading[0] = False
+            control.check()
+            headers = self._headers(wire, auth, request)
             http_request = client.build_request(
                 wire.method, self._url(wire.url), headers=headers, content=self._body(wire, request)
             )

@@ -434,3 +434,24 @@ def test_the_deadline_counts_from_the_first_read(fake: CanonicalFake, adapter: F
     stream = adapter.stream("x", timeout=0.3)
     time.sleep(0.4)  # created long before it is read: the clock has not started yet
     assert "".join(d.text or "" for d in stream) == "in time"
+
+
+class _SlowAuthAdapter(FakeAdapter):
+    """Authentication that takes a while (a token refresh), as Copilot's does."""
+
+    async def aauth_headers(self) -> dict[str, str]:
+        await asyncio.sleep(0.5)
+        return {}
+
+
+def test_async_deadline_during_a_slow_token_refresh(fake: CanonicalFake) -> None:
+    fake.push(Stall(5.0))
+    adapter = _SlowAuthAdapter("echo", base_url=fake.base_url, max_retries=0)
+
+    async def main() -> None:
+        await adapter.achat("x", stream=True, timeout=0.2)
+
+    started = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        asyncio.run(main())
+    assert time.monotonic() - started < 0.45  # not the refresh, nor the stalled server
