@@ -33,6 +33,8 @@ from .types import StreamDelta
 __all__ = ["HTTPAdapter", "StreamParser", "WireRequest", "error_details"]
 
 USER_AGENT = "dispatch-nb/0.1"
+#: seconds a small JSON request (a model list) may take, connect and reads included
+JSON_REQUEST_TIMEOUT = 30.0
 
 
 @dataclass
@@ -485,13 +487,23 @@ class HTTPAdapter(Adapter):
             ) from None
 
     # -- plain JSON requests (models, tokens) ----------------------------------------------------
-    def get_json(self, url: str, *, headers: Mapping[str, str] | None = None) -> Any:
-        """GET a JSON document with this adapter's auth; HTTP errors become DispatchErrors."""
+    def get_json(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = JSON_REQUEST_TIMEOUT,
+    ) -> Any:
+        """GET a JSON document with this adapter's auth; HTTP errors become DispatchErrors.
+
+        ``timeout`` bounds the whole exchange (model lists and checks are small: a stalled server
+        must not hang ``validate()`` or ``%chat status``)."""
         try:
             response = self._client().get(
                 self._url(url),
                 headers={"user-agent": USER_AGENT, "accept": "application/json",
                          **self._extra_headers, **self.auth_headers(), **(headers or {})},
+                timeout=timeout,
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
@@ -499,13 +511,20 @@ class HTTPAdapter(Adapter):
             raise self.parse_error(response.status_code, response.content, response.headers)
         return self._json(response.content)
 
-    async def aget_json(self, url: str, *, headers: Mapping[str, str] | None = None) -> Any:
+    async def aget_json(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = JSON_REQUEST_TIMEOUT,
+    ) -> Any:
         """The async twin of :meth:`get_json`."""
         try:
             response = await self._aclient().get(
                 self._url(url),
                 headers={"user-agent": USER_AGENT, "accept": "application/json",
                          **self._extra_headers, **(await self.aauth_headers()), **(headers or {})},
+                timeout=timeout,
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
