@@ -208,3 +208,21 @@ def test_async_cancel_keeps_partial(adapter: LocalAdapter) -> None:
 
     err = asyncio.run(main())
     assert err.partial is not None and err.partial.text
+
+
+@pytest.mark.parametrize("mode", ["json", "stream", "async-stream"])
+def test_downstream_code_works_unchanged(tools_adapter: LocalAdapter, mode: str) -> None:
+    """The contract suite's provider-agnostic calling code, run on the real embedded model.
+
+    The model decides whether to call the tool; either way the same code must work.
+    """
+    from ..contract.test_downstream import downstream
+
+    preview, final, history = downstream(tools_adapter, "What is the weather in Paris?", mode)
+    assert isinstance(preview, list) and all(isinstance(line, str) for line in preview)
+    assert isinstance(final.content, list)
+    assert [m.role for m in history][:2] == ["user", "assistant"]
+    assert history[-1].role == "assistant"
+    if len(history) > 2:  # a tool round happened: results answered every call, in a user turn
+        results = history[2].content
+        assert isinstance(results, list) and all(b.type == "tool_result" for b in results)
