@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["bench_streaming.py", "bench_load_ext.py", "bench_live_view.py"]
+BENCHMARKS = ["bench_streaming.py", "bench_load_ext.py"]
 
 
 def main() -> int:
