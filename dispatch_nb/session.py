@@ -389,18 +389,13 @@ class Session:
                     else:
                         response = self._adapter.chat(self._wire_history(), **kwargs)
                 except BaseException as exc:
-                    self._count_partial(exc)
-                    self._forget_refused(turn, message, exc)
-                    error = turn.failure(exc)
+                    error = self._call_failed(turn, message, exc)
                     if error is exc:
                         raise
                     raise error from exc
                 finally:
                     state.stream = None
-                turn.calls += 1
-                self._record(response)
-                state.response = response
-                yield MessageDoneEvent(response=response)
+                yield self._answered(turn, state, response)
                 action = self._next_action(turn, response)
                 if action == "done":
                     return
@@ -450,18 +445,13 @@ class Session:
                     else:
                         response = await self._adapter.achat(self._wire_history(), **kwargs)
                 except BaseException as exc:
-                    self._count_partial(exc)
-                    self._forget_refused(turn, message, exc)
-                    error = turn.failure(exc)
+                    error = self._call_failed(turn, message, exc)
                     if error is exc:
                         raise
                     raise error from exc
                 finally:
                     state.stream = None
-                turn.calls += 1
-                self._record(response)
-                state.response = response
-                yield MessageDoneEvent(response=response)
+                yield self._answered(turn, state, response)
                 action = self._next_action(turn, response)
                 if action == "done":
                     return
@@ -569,15 +559,26 @@ class Session:
                 out.append(message)
         return out
 
-    def _record(self, response: Response) -> None:
+    def _answered(self, turn: _Turn, state: _State, response: Response) -> MessageDoneEvent:
+        """A model call answered: count it, add its usage and answer to the session, and make
+        it the turn's response so far."""
+        turn.calls += 1
         self._usage = self._usage + response.usage
         self.last_response = response
         if response.content:  # providers reject an empty assistant message
             self._history.append(response.to_message())
+        state.response = response
+        return MessageDoneEvent(response=response)
 
-    def _forget_refused(self, turn: _Turn, message: Message, exc: BaseException) -> None:
-        """A turn whose first call was refused before anything was sent (bad options: TypeError,
+    def _call_failed(self, turn: _Turn, message: Message, exc: BaseException) -> BaseException:
+        """A model call failed with ``exc``: count the usage of what arrived, and return the
+        error to raise (the turn's own timeout when its deadline passed, else ``exc``).
+
+        A turn whose first call was refused before anything was sent (bad options: TypeError,
         ValueError) leaves no trace in history."""
+        partial = getattr(exc, "partial", None)
+        if isinstance(partial, Response):
+            self._usage = self._usage + partial.usage
         if (
             turn.calls == 0
             and isinstance(exc, (TypeError, ValueError))
@@ -585,11 +586,7 @@ class Session:
             and self._history[-1] is message
         ):
             self._history.pop()
-
-    def _count_partial(self, exc: BaseException) -> None:
-        partial = getattr(exc, "partial", None)
-        if isinstance(partial, Response):
-            self._usage = self._usage + partial.usage
+        return turn.failure(exc)
 
     def _next_action(self, turn: _Turn, response: Response) -> str:
         calls = response.tool_calls
@@ -800,7 +797,48 @@ def _block(item: Any) -> Any:
     raise TypeError(f"a content block must be a str, a dict or a block, not {type(item).__name__}")
 
 
-class SessionStream:
+class _TurnStream:
+    """What :class:`SessionStream` and :class:`AsyncSessionStream` share: the turn's state, the
+    error that ended it, and what happens when its events end, fail or are interrupted."""
+
+    def __init__(self, state: _State, raise_errors: bool) -> None:
+        self._state = state
+        self._raise = raise_errors
+        self._finished = False
+        self._raised = False
+        self._closed = False
+        #: the exception that ended the turn, if one did
+        self.error: Exception | None = None
+
+    @property
+    def partial(self) -> Response | None:
+        """What the model turn in progress has produced so far (None between model turns)."""
+        stream = self._state.stream
+        return stream.partial if stream is not None else None
+
+    def _over(self) -> bool:
+        """Whether the turn has finished or was closed; the first time after a failure, raise
+        its error instead (unless ``raise_errors=False``)."""
+        if not (self._finished or self._closed):
+            return False
+        if self.error is not None and self._raise and not self._raised:
+            self._raised = True
+            raise self.error
+        return True
+
+    def _failed(self, exc: Exception) -> ErrorEvent:
+        """The turn failed: the event that says so (the error is raised on the next step)."""
+        self._finished = True
+        self.error = exc
+        return ErrorEvent(error=exc)
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """Ctrl-C or task cancellation: raised at once, with what arrived attached."""
+        self._finished = True
+        _attach_partial(exc, self.partial)
+
+
+class SessionStream(_TurnStream):
     """What :meth:`Session.stream` returns: iterate for events; a context manager.
 
     ``response`` is the final :class:`Response` (reading it finishes the turn); ``partial`` is what
@@ -811,23 +849,14 @@ class SessionStream:
     def __init__(
         self, events: Generator[StreamEvent, None, None], state: _State, raise_errors: bool
     ) -> None:
+        super().__init__(state, raise_errors)
         self._events = events
-        self._state = state
-        self._raise = raise_errors
-        self._finished = False
-        self._raised = False
-        self._closed = False
-        #: the exception that ended the turn, if one did
-        self.error: Exception | None = None
 
     def __iter__(self) -> SessionStream:
         return self
 
     def __next__(self) -> StreamEvent:
-        if self._finished or self._closed:
-            if self.error is not None and self._raise and not self._raised:
-                self._raised = True
-                raise self.error
+        if self._over():
             raise StopIteration
         try:
             return next(self._events)
@@ -835,12 +864,9 @@ class SessionStream:
             self._finished = True
             raise
         except Exception as exc:
-            self._finished = True
-            self.error = exc
-            return ErrorEvent(error=exc)
+            return self._failed(exc)
         except BaseException as exc:
-            self._finished = True
-            _attach_partial(exc, self.partial)
+            self._interrupted(exc)
             raise
 
     @property
@@ -855,12 +881,6 @@ class SessionStream:
             raise RequestCancelled("the stream was closed before the turn finished",
                                    partial=self.partial)
         return self._state.response
-
-    @property
-    def partial(self) -> Response | None:
-        """What the model turn in progress has produced so far (None between model turns)."""
-        stream = self._state.stream
-        return stream.partial if stream is not None else None
 
     def close(self) -> None:
         """End the turn now, closing its HTTP stream (idempotent)."""
@@ -877,29 +897,20 @@ class SessionStream:
         self.close()
 
 
-class AsyncSessionStream:
+class AsyncSessionStream(_TurnStream):
     """The async twin of :class:`SessionStream` (``async for``, ``async with``, ``aclose``)."""
 
     def __init__(
         self, events: AsyncGenerator[StreamEvent, None], state: _State, raise_errors: bool
     ) -> None:
+        super().__init__(state, raise_errors)
         self._events = events
-        self._state = state
-        self._raise = raise_errors
-        self._finished = False
-        self._raised = False
-        self._closed = False
-        #: the exception that ended the turn, if one did
-        self.error: Exception | None = None
 
     def __aiter__(self) -> AsyncSessionStream:
         return self
 
     async def __anext__(self) -> StreamEvent:
-        if self._finished or self._closed:
-            if self.error is not None and self._raise and not self._raised:
-                self._raised = True
-                raise self.error
+        if self._over():
             raise StopAsyncIteration
         try:
             return await self._events.__anext__()
@@ -907,12 +918,9 @@ class AsyncSessionStream:
             self._finished = True
             raise
         except Exception as exc:
-            self._finished = True
-            self.error = exc
-            return ErrorEvent(error=exc)
+            return self._failed(exc)
         except BaseException as exc:
-            self._finished = True
-            _attach_partial(exc, self.partial)
+            self._interrupted(exc)
             raise
 
     async def until_done(self) -> Response:
@@ -932,12 +940,6 @@ class AsyncSessionStream:
                 "the turn has not finished: iterate the stream to the end or await until_done()"
             )
         return self._state.response
-
-    @property
-    def partial(self) -> Response | None:
-        """What the model turn in progress has produced so far (None between model turns)."""
-        stream = self._state.stream
-        return stream.partial if stream is not None else None
 
     async def aclose(self) -> None:
         """End the turn now, closing its HTTP stream (idempotent)."""
