@@ -220,29 +220,42 @@ _SECRET_ATTR = re.compile(r"(?i)(api_?key|token|secret|password|authorization)")
 _MIN_SECRET = 8
 
 
+#: fields holding opaque provider data (signatures, encrypted reasoning): a base64 blob can contain
+#: "-sk-…" by chance, so only exact known secret values are replaced there, never patterns
+_OPAQUE_KEYS = frozenset({"signature", "encrypted_content", "data", "provider_data",
+                          "reasoning_opaque"})
+
+
 def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
     """``value`` (str, list, dict, nested) with every secret-looking string and every value in
-    ``secrets`` replaced by ``[REDACTED]``. Dict keys are scrubbed too."""
+    ``secrets`` replaced by ``[REDACTED]``. Dict keys are scrubbed too. Inside opaque fields
+    (signatures, encrypted reasoning, ``provider_data``) only the exact ``secrets`` are replaced,
+    so a replayed signature stays byte-for-byte what the provider issued."""
     known = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET}, key=len, reverse=True)
 
-    def text(s: str) -> str:
+    def text(s: str, opaque: bool) -> str:
         for secret in known:
             if secret in s:
                 s = s.replace(secret, REDACTED)
-        for pattern, replacement in _SECRET_PATTERNS:
-            s = pattern.sub(replacement, s)
+        if not opaque:
+            for pattern, replacement in _SECRET_PATTERNS:
+                s = pattern.sub(replacement, s)
         return s
 
-    def walk(v: Any) -> Any:
+    def walk(v: Any, opaque: bool) -> Any:
         if isinstance(v, str):
-            return text(v)
+            return text(v, opaque)
         if isinstance(v, dict):
-            return {text(k) if isinstance(k, str) else k: walk(x) for k, x in v.items()}
+            return {
+                (text(k, opaque) if isinstance(k, str) else k):
+                    walk(x, opaque or (isinstance(k, str) and k in _OPAQUE_KEYS))
+                for k, x in v.items()
+            }
         if isinstance(v, (list, tuple)):
-            return [walk(x) for x in v]
+            return [walk(x, opaque) for x in v]
         return v
 
-    return walk(value)
+    return walk(value, False)
 
 
 def _adapter_secrets(adapter: Any, depth: int = 2) -> set[str]:

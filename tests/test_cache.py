@@ -548,3 +548,22 @@ def test_a_session_tool_loop_replays_offline(fake: CanonicalFake, path: Path) ->
     assert replayed == recorded
     assert calls == ["Rome", "Rome"]  # the tool really ran again; only the model was replayed
     assert len(lines(path)) == 2
+
+
+def test_opaque_signatures_are_never_rewritten_by_patterns() -> None:
+    from dispatch_nb.cache import scrub_secrets
+
+    blob = "EqQBAB-sk-" + "A" * 30  # base64 that happens to look like a key
+    entry = {
+        "response": {"content": [{"type": "thinking", "thinking": "hm", "signature": blob,
+                                  "provider_data": {"encrypted_content": blob}}],
+                     "text": "leaked sk-" + "B" * 30},
+    }
+    clean = scrub_secrets(entry, secrets={"sk-real-key-12345678"})
+    block = clean["response"]["content"][0]
+    assert block["signature"] == blob
+    assert block["provider_data"]["encrypted_content"] == blob
+    assert clean["response"]["text"] == "leaked [REDACTED]"
+    # an exact known secret is removed even from opaque fields
+    assert scrub_secrets({"signature": "x sk-real-key-12345678"},
+                         secrets={"sk-real-key-12345678"}) == {"signature": "x [REDACTED]"}
