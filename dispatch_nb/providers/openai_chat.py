@@ -8,6 +8,10 @@ everything here takes plain parameters, never adapter state::
     parser = ChatStreamParser(acc, provider="compatible")   # feed(ServerSentEvent) -> deltas
     parse_chat_completion(json_body, acc, provider="compatible")
 
+The rules both OpenAI wire formats share live here too, and the Responses module imports them:
+:func:`map_tool_choice` and :func:`tool_fields` (``tool_choice`` and the tools section of a
+body), :func:`tool_arguments_text` and :func:`tool_result_text`.
+
 Request rules: the system prompt is the first message; ``ToolUseBlock`` s become the assistant's
 ``tool_calls`` (content ``""``, never null: llama.cpp rejects null); each ``ToolResultBlock`` becomes a
 ``role: "tool"`` message placed right after the assistant turn; consecutive messages of the same role
@@ -36,7 +40,7 @@ never another server's signature.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -70,9 +74,12 @@ __all__ = [
     "chat_tool_choice",
     "chat_tools",
     "chat_usage",
+    "map_tool_choice",
     "parse_chat_completion",
     "parse_model_list",
     "status_for_error_code",
+    "tool_arguments_text",
+    "tool_fields",
     "tool_result_text",
 ]
 
@@ -109,13 +116,16 @@ def tool_result_text(block: ToolResultBlock) -> str:
     return text
 
 
+def tool_arguments_text(block: ToolUseBlock) -> str:
+    """A tool call's arguments as the JSON text both OpenAI wire formats carry: the model's own
+    text when it did not parse (so the model sees what it sent), else the arguments encoded."""
+    if block.arguments_error and block.raw_arguments is not None:
+        return block.raw_arguments
+    return orjson.dumps(block.arguments).decode()
+
+
 def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
-    arguments = (
-        block.raw_arguments
-        if block.arguments_error and block.raw_arguments is not None
-        else orjson.dumps(block.arguments).decode()
-    )
-    function: dict[str, Any] = {"name": block.name, "arguments": arguments}
+    function: dict[str, Any] = {"name": block.name, "arguments": tool_arguments_text(block)}
     data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
     if isinstance(data, dict) and data.get("thought_signature"):
         function["thought_signature"] = data["thought_signature"]
@@ -249,9 +259,16 @@ def chat_tools(
     return out
 
 
-def chat_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -> Any:
-    """Neutral ``tool_choice`` (``"auto"``, ``"none"``, ``"required"``, a tool name, or a wire dict
-    passed through) → chat.completions. ``None`` means "do not send"."""
+def map_tool_choice(
+    choice: Any,
+    tool_names: Sequence[str],
+    *,
+    provider: str,
+    named: Callable[[str], dict[str, Any]],
+) -> Any:
+    """Neutral ``tool_choice`` → either OpenAI wire format: ``"auto"``, ``"none"``,
+    ``"required"`` (``"any"`` too) and wire dicts pass through; a tool name must name a tool of
+    this call and becomes ``named(name)``. ``None`` means "do not send"."""
     if choice is None or isinstance(choice, dict):
         return choice
     if choice in ("auto", "none", "required"):
@@ -265,11 +282,48 @@ def chat_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -
                 f"{', '.join(tool_names) or '(none)'}",
                 provider=provider,
             )
-        return {"type": "function", "function": {"name": choice}}
+        return named(choice)
     raise TypeError(
         "tool_choice must be 'auto', 'none', 'required', a tool name or a dict, "
         f"not {type(choice).__name__}"
     )
+
+
+def chat_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -> Any:
+    """Neutral ``tool_choice`` (``"auto"``, ``"none"``, ``"required"``, a tool name, or a wire dict
+    passed through) → chat.completions. ``None`` means "do not send"."""
+    return map_tool_choice(
+        choice, tool_names, provider=provider,
+        named=lambda name: {"type": "function", "function": {"name": name}},
+    )
+
+
+def tool_fields(
+    tools: list[dict[str, Any]],
+    tool_names: Sequence[str],
+    options: Mapping[str, Any],
+    *,
+    provider: str,
+    tool_choice: Callable[..., Any],
+) -> dict[str, Any]:
+    """The ``tools``, ``tool_choice`` and ``parallel_tool_calls`` fields of a request body in
+    either OpenAI wire format (``tool_choice``: :func:`chat_tool_choice` or its Responses twin).
+    Without tools nothing is sent, and a ``tool_choice`` that needs one is a
+    :class:`RequestError`."""
+    choice = options.get("tool_choice")
+    if not tools:
+        if choice not in (None, "auto", "none"):
+            raise RequestError(
+                f"tool_choice={choice!r} needs tools=; this call defines none", provider=provider
+            )
+        return {}
+    fields: dict[str, Any] = {"tools": tools}
+    wire_choice = tool_choice(choice, tool_names, provider=provider)
+    if wire_choice is not None:
+        fields["tool_choice"] = wire_choice
+    if options.get("parallel_tool_calls") is not None:
+        fields["parallel_tool_calls"] = bool(options["parallel_tool_calls"])
+    return fields
 
 
 def build_chat_body(
@@ -309,18 +363,7 @@ def build_chat_body(
         body["temperature"] = request.temperature
     tools = chat_tools(request.tools, provider=provider)
     names = [t["function"]["name"] for t in tools]
-    choice = options.get("tool_choice")
-    if tools:
-        body["tools"] = tools
-        wire_choice = chat_tool_choice(choice, names, provider=provider)
-        if wire_choice is not None:
-            body["tool_choice"] = wire_choice
-        if options.get("parallel_tool_calls") is not None:
-            body["parallel_tool_calls"] = bool(options["parallel_tool_calls"])
-    elif choice not in (None, "auto", "none"):
-        raise RequestError(
-            f"tool_choice={choice!r} needs tools=; this call defines none", provider=provider
-        )
+    body.update(tool_fields(tools, names, options, provider=provider, tool_choice=chat_tool_choice))
     if options.get("stop") is not None:
         body["stop"] = options["stop"]
     if options.get("top_p") is not None:

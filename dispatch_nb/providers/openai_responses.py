@@ -52,7 +52,13 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .openai_chat import status_for_error_code, tool_result_text
+from .openai_chat import (
+    map_tool_choice,
+    status_for_error_code,
+    tool_arguments_text,
+    tool_fields,
+    tool_result_text,
+)
 
 __all__ = [
     "MIN_OUTPUT_TOKENS",
@@ -109,12 +115,6 @@ def _our_data(block: Any) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _arguments(block: ToolUseBlock) -> str:
-    if block.arguments_error and block.raw_arguments is not None:
-        return block.raw_arguments
-    return orjson.dumps(block.arguments).decode()
-
-
 def _assistant_items(blocks: Sequence[Any], include_reasoning: bool) -> list[dict[str, Any]]:
     """One assistant turn → output items, in order: reasoning, messages, function calls."""
     items: list[dict[str, Any]] = []
@@ -157,7 +157,7 @@ def _assistant_items(blocks: Sequence[Any], include_reasoning: bool) -> list[dic
                 "type": "function_call",
                 "call_id": block.id,
                 "name": block.name,
-                "arguments": _arguments(block),
+                "arguments": tool_arguments_text(block),
             }
             fc_id = _our_data(block).get("id")
             if paired and fc_id:
@@ -235,23 +235,8 @@ def responses_tools(tools: Sequence[ToolDefinition | dict[str, Any]]) -> list[di
 def responses_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -> Any:
     """Neutral ``tool_choice`` → Responses: a tool name becomes ``{"type": "function", "name"}``;
     ``"auto"`` / ``"none"`` / ``"required"`` and dicts pass through; ``None`` means "do not send"."""
-    if choice is None or isinstance(choice, dict):
-        return choice
-    if choice in ("auto", "none", "required"):
-        return choice
-    if choice == "any":
-        return "required"
-    if isinstance(choice, str):
-        if choice not in tool_names:
-            raise RequestError(
-                f"tool_choice={choice!r} names no tool of this call; tools: "
-                f"{', '.join(tool_names) or '(none)'}",
-                provider=provider,
-            )
-        return {"type": "function", "name": choice}
-    raise TypeError(
-        "tool_choice must be 'auto', 'none', 'required', a tool name or a dict, "
-        f"not {type(choice).__name__}"
+    return map_tool_choice(
+        choice, tool_names, provider=provider, named=lambda name: {"type": "function", "name": name}
     )
 
 
@@ -318,18 +303,9 @@ def build_responses_body(
         body["top_p"] = options["top_p"]
     tools = responses_tools(request.tools)
     names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
-    choice = options.get("tool_choice")
-    if tools:
-        body["tools"] = tools
-        wire_choice = responses_tool_choice(choice, names, provider=provider)
-        if wire_choice is not None:
-            body["tool_choice"] = wire_choice
-        if options.get("parallel_tool_calls") is not None:
-            body["parallel_tool_calls"] = bool(options["parallel_tool_calls"])
-    elif choice not in (None, "auto", "none"):
-        raise RequestError(
-            f"tool_choice={choice!r} needs tools=; this call defines none", provider=provider
-        )
+    body.update(
+        tool_fields(tools, names, options, provider=provider, tool_choice=responses_tool_choice)
+    )
     if isinstance(reasoning, str):
         body["reasoning"] = {"effort": reasoning}
     elif isinstance(reasoning, dict):
