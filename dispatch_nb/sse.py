@@ -93,19 +93,24 @@ class SSEDecoder:
         """Decode a chunk of any size; returns the events it completed (often none or one)."""
         if not chunk:
             return []
-        # Fast path: the chunk is exactly one complete ``data: ...`` event (what LLM APIs send,
-        # one HTTP chunk per event) and nothing is pending.
+        # Fast path: the chunk is exactly one complete event, ``data: ...`` or ``event: ...`` +
+        # ``data: ...`` (what LLM APIs send, one HTTP chunk per event), and nothing is pending.
         if (
             not self._buf
             and not self._skip_lf
             and not self._has_data
             and self._event is None
-            and chunk[:6] == b"data: "
+            and self._retry is None
             and chunk[-2:] == b"\n\n"
-            and chunk.count(b"\n") == 2
             and b"\r" not in chunk
         ):
-            return [ServerSentEvent(chunk[6:-2], None, self._last_id, None)]
+            if chunk[:6] == b"data: " and chunk.count(b"\n") == 2:
+                return [ServerSentEvent(chunk[6:-2], None, self._last_id, None)]
+            if chunk[:7] == b"event: " and chunk.count(b"\n") == 3:
+                name_end = chunk.index(b"\n")
+                if chunk[name_end + 1 : name_end + 7] == b"data: ":
+                    name = chunk[7:name_end].decode("utf-8", "replace")
+                    return [ServerSentEvent(chunk[name_end + 7 : -2], name, self._last_id, None)]
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":

@@ -55,6 +55,31 @@ def test_line_endings(newline: bytes) -> None:
     assert [(e.event, e.data) for e in events] == [("e", "one\ntwo"), (None, "three")]
 
 
+def test_one_event_per_chunk_decodes_like_any_other_chunking() -> None:
+    """The one-event-per-chunk shapes APIs send (``data:``, ``event:`` + ``data:``) decode as they
+    would line by line, including fields still pending from an earlier chunk."""
+    chunks = [
+        b"event: response.output_text.delta\ndata: {\"delta\": \"Hi\"}\n\n",
+        b"data: {\"x\": 1}\n\n",
+        b"retry: 10\nid: 7\n",
+        b"data: after\n\n",
+        b"retry: 20\n",
+        b"event: a:b\ndata: \n\n",
+        b"event: \xff\ndata: z\n\n",
+    ]
+    decoder = SSEDecoder()
+    by_chunk = [event for chunk in chunks for event in decoder.feed(chunk)] + decoder.end()
+    data = b"".join(chunks)
+    assert by_chunk == decode(data, [1] * len(data))
+    assert [(e.event, e.data, e.id, e.retry) for e in by_chunk] == [
+        ("response.output_text.delta", '{"delta": "Hi"}', None, None),
+        (None, '{"x": 1}', None, None),
+        (None, "after", "7", 10),
+        ("a:b", "", "7", 20),
+        ("\ufffd", "z", "7", None),
+    ]
+
+
 def test_crlf_split_across_chunks_is_one_line_break() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b"data: a\r") == []
