@@ -487,6 +487,19 @@ class HTTPAdapter(Adapter):
             ) from None
 
     # -- plain JSON requests (models, tokens) ----------------------------------------------------
+    def _json_headers(
+        self, auth: Mapping[str, str], headers: Mapping[str, str] | None
+    ) -> dict[str, str]:
+        """The headers of a plain JSON GET: ours, the adapter's, ``auth``, then ``headers``."""
+        return {"user-agent": USER_AGENT, "accept": "application/json", **self._extra_headers,
+                **auth, **(headers or {})}
+
+    def _json_answer(self, response: httpx.Response) -> Any:
+        """The JSON document a plain request got back; an HTTP error becomes a DispatchError."""
+        if response.status_code >= 400:
+            raise self.parse_error(response.status_code, response.content, response.headers)
+        return self._json(response.content)
+
     def get_json(
         self,
         url: str,
@@ -500,16 +513,12 @@ class HTTPAdapter(Adapter):
         must not hang ``validate()`` or ``%chat status``)."""
         try:
             response = self._client().get(
-                self._url(url),
-                headers={"user-agent": USER_AGENT, "accept": "application/json",
-                         **self._extra_headers, **self.auth_headers(), **(headers or {})},
+                self._url(url), headers=self._json_headers(self.auth_headers(), headers),
                 timeout=timeout,
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
-        if response.status_code >= 400:
-            raise self.parse_error(response.status_code, response.content, response.headers)
-        return self._json(response.content)
+        return self._json_answer(response)
 
     async def aget_json(
         self,
@@ -521,13 +530,9 @@ class HTTPAdapter(Adapter):
         """The async twin of :meth:`get_json`."""
         try:
             response = await self._aclient().get(
-                self._url(url),
-                headers={"user-agent": USER_AGENT, "accept": "application/json",
-                         **self._extra_headers, **(await self.aauth_headers()), **(headers or {})},
+                self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
                 timeout=timeout,
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
-        if response.status_code >= 400:
-            raise self.parse_error(response.status_code, response.content, response.headers)
-        return self._json(response.content)
+        return self._json_answer(response)
