@@ -115,8 +115,13 @@ def _our_data(block: Any) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _assistant_items(blocks: Sequence[Any], include_reasoning: bool) -> list[dict[str, Any]]:
-    """One assistant turn → output items, in order: reasoning, messages, function calls."""
+def _assistant_items(
+    blocks: Sequence[Any], include_reasoning: bool, issuer: str | None = None
+) -> list[dict[str, Any]]:
+    """One assistant turn → output items, in order: reasoning, messages, function calls.
+
+    Encrypted reasoning goes back only to the provider that issued it (``issuer``): OpenAI cannot
+    decrypt Copilot's, nor the other way round."""
     items: list[dict[str, Any]] = []
     texts: list[TextBlock] = []
     paired = False  # a reasoning item was sent: this turn's items carry their ids
@@ -147,7 +152,13 @@ def _assistant_items(blocks: Sequence[Any], include_reasoning: bool) -> list[dic
             texts.append(block)
         elif isinstance(block, ThinkingBlock):
             reasoning = _our_data(block).get("item")
-            if include_reasoning and isinstance(reasoning, dict) and reasoning.get("id"):
+            issued_by = _our_data(block).get("issuer")
+            if (
+                include_reasoning
+                and isinstance(reasoning, dict)
+                and reasoning.get("id")
+                and (issuer is None or issued_by in (None, issuer))
+            ):
                 flush()
                 items.append(dict(reasoning))
                 paired = True
@@ -171,14 +182,15 @@ def _assistant_items(blocks: Sequence[Any], include_reasoning: bool) -> list[dic
 
 
 def responses_input(
-    messages: Sequence[Message], *, include_reasoning: bool = True
+    messages: Sequence[Message], *, include_reasoning: bool = True, issuer: str | None = None
 ) -> list[dict[str, Any]]:
-    """The ``input`` items for a conversation (see the module docstring)."""
+    """The ``input`` items for a conversation (see the module docstring); reasoning items issued
+    by another provider than ``issuer`` are left out."""
     items: list[dict[str, Any]] = []
     for message in messages:
         blocks = message.blocks
         if message.role == "assistant":
-            items.extend(_assistant_items(blocks, include_reasoning))
+            items.extend(_assistant_items(blocks, include_reasoning, issuer))
             continue
         parts: list[dict[str, Any]] = []
         for block in blocks:
@@ -287,7 +299,9 @@ def build_responses_body(
         encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
     body: dict[str, Any] = {
         "model": model,
-        "input": responses_input(request.messages, include_reasoning=encrypted_reasoning),
+        "input": responses_input(
+            request.messages, include_reasoning=encrypted_reasoning, issuer=provider
+        ),
         "stream": request.stream,
         "store": False,
     }
@@ -510,7 +524,9 @@ class ResponsesStreamParser:
                     out.append(acc.thinking(text, key=item_id))
             if item.get("encrypted_content"):
                 acc.signature(str(item["encrypted_content"]), key=item_id)
-            acc.thinking_provider_data({PROVIDER_DATA_KEY: {"item": dict(item)}}, key=item_id)
+            acc.thinking_provider_data(
+                {PROVIDER_DATA_KEY: {"item": dict(item), "issuer": self.provider}}, key=item_id
+            )
             self._reasoning_seen = True
         elif kind == "function_call":
             key = item_id or f"output{(data or {}).get('output_index', 0)}"

@@ -385,3 +385,25 @@ def test_list_models(fake: OpenAIResponsesFake) -> None:
     assert [m.id for m in adapter.list_models()] == ["gpt-4.1", "gpt-5"]
     assert adapter.validate()
     assert [m.id for m in asyncio.run(adapter.alist_models())] == ["gpt-4.1", "gpt-5"]
+
+
+def test_encrypted_reasoning_goes_back_only_to_its_issuer() -> None:
+    from dispatch_nb import Message, TextBlock, ThinkingBlock
+    from dispatch_nb.adapter import ChatRequest
+    from dispatch_nb.providers.openai_responses import build_responses_body
+
+    def turn(issuer: str) -> Message:
+        item = {"type": "reasoning", "id": f"rs_{issuer}", "summary": [],
+                "encrypted_content": "gAAAA-opaque"}
+        return Message(role="assistant", content=[
+            ThinkingBlock(thinking="", signature="gAAAA-opaque",
+                          provider_data={"openai_responses": {"item": item, "issuer": issuer}}),
+            TextBlock("answer", provider_data={"openai_responses": {"id": "msg_1"}}),
+        ])
+
+    for issuer, expected in (("openai", ["rs_openai"]), ("copilot", [])):
+        request = ChatRequest(messages=[Message("user", "q"), turn(issuer), Message("user", "again")],
+                              max_tokens=100)
+        body = build_responses_body(request, "gpt-5", provider="openai")
+        ids = [i["id"] for i in body["input"] if i.get("type") == "reasoning"]
+        assert ids == expected, issuer
