@@ -24,7 +24,18 @@ from IPython.core.error import UsageError
 
 from ..cancel import CancelToken
 from ..errors import DispatchError, RequestCancelled
-from ..types import ErrorEvent, Message, MessageDoneEvent, Response, StreamDelta
+from ..types import (
+    ErrorEvent,
+    Message,
+    MessageDoneEvent,
+    Response,
+    StreamDelta,
+    TextBlock,
+    ToolResultBlock,
+    ToolResultEvent,
+    ToolUseBlock,
+    Usage,
+)
 from .display import (
     ChatError,
     ChatInterrupted,
@@ -185,6 +196,40 @@ def response_events(response: Response) -> list[StreamDelta]:
     return events
 
 
+def exchange_events(produced: list[Message], last: Response, total: Usage) -> list[Any]:
+    """The events a streamed tool loop would have produced for the messages of a finished turn
+    (``--no-stream --tools``): each model round's deltas and a ``MessageDoneEvent``, each tool's
+    ``ToolResultEvent``. Per-round usage is not kept in the history, so the earlier rounds count
+    no tokens and the last round (``last``) carries ``total``, the whole turn's usage."""
+    final = last.model_copy(update={"usage": total})
+    rounds = [m for m in produced if m.role == "assistant"]
+    if not last.content:  # an empty final answer is not added to the history
+        rounds.append(Message(role="assistant", content=[]))
+        produced = [*produced, rounds[-1]]
+    events: list[Any] = []
+    names: dict[str, str] = {}
+    for message in produced:
+        content = message.content
+        blocks = [TextBlock(text=content)] if isinstance(content, str) else list(content)
+        if message.role == "assistant":
+            if message is rounds[-1]:
+                reply = final
+            else:
+                reply = Response(content=blocks, model=last.model, stop_reason="tool_use")
+            for block in blocks:
+                if isinstance(block, ToolUseBlock):
+                    names[block.id] = block.name
+            events.extend(response_events(reply))
+            events.append(MessageDoneEvent(response=reply))
+        else:
+            for block in blocks:
+                if isinstance(block, ToolResultBlock):
+                    events.append(
+                        ToolResultEvent(result=block, tool_name=names.get(block.tool_use_id, ""))
+                    )
+    return events
+
+
 @dataclass
 class CallPlan:
     """What one model is asked to do."""
@@ -254,6 +299,14 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         extra: dict[str, Any] = {"cancel": cancel}
         if plan.timeout is not None:
             extra["timeout"] = plan.timeout
+        if not plan.stream:
+            # --no-stream: one non-streaming send runs the whole tool loop; then the exchange
+            # (calls, results, answer) is shown once, from what the turn added to the history.
+            last = session.send(plan.user.content, stream=False, **extra)
+            produced = list(session.history[start + 1 :])
+            for event in exchange_events(produced, last, session.usage):
+                emit(event)
+            return CallResult(last, produced)
         for event in session.stream(plan.user.content, **extra):
             if isinstance(event, ErrorEvent):
                 raise event.error

@@ -421,6 +421,33 @@ def test_tools_run_through_the_session_loop(shell: Any, fake: Any) -> None:
     assert roles == ["user", "assistant", "user", "assistant", "user"]
 
 
+@pytest.mark.parametrize("live", ["display", "widget"])
+def test_no_stream_with_tools_sends_without_streaming_and_shows_the_exchange(
+    shell: Any, fake: Any, live: str
+) -> None:
+    pytest.importorskip("dispatch_nb.session")
+    run(shell, f'%config ChatMagics.live = "{live}"')
+    run(shell, "def add(a: int, b: int) -> int:\n    '''Add two numbers.'''\n    return a + b")
+    fake.push(Turn(tool_calls=[ToolCall("c1", "add", {"a": 2, "b": 3})]), Turn(text="It is 5."))
+    result = run(shell, "%%chat --tools add --no-stream -o answer\nwhat is 2+3?")
+    assert result.success, result.error_in_exec
+    assert [r.json["stream"] for r in fake.chat_requests] == [False, False]
+    assert fake.chat_requests[0].json["tools"][0]["name"] == "add"
+    assert len(shell.front.outputs) == 1  # one static output, no widget left behind
+    output = shell.front.outputs[0]
+    assert WIDGET_MIME not in output["data"]
+    md = output["data"]["text/markdown"]
+    assert "🔧 **add**" in md and "→ `5`" in md and "It is 5." in md and "2 rounds" in md
+    assert md.index("🔧 **add**") < md.index("It is 5.")
+    meta = output["metadata"]["dispatch_nb"]
+    assert meta["rounds"] == 2
+    last_round = shell.user_ns["answer"].usage.input_tokens
+    assert meta["usage"]["input_tokens"] > last_round  # both rounds' tokens, not only the last's
+    run(shell, "%%chat\nand then?")
+    roles = [m["role"] for m in sent_messages(fake)]
+    assert roles == ["user", "assistant", "user", "assistant", "user"]
+
+
 def test_unknown_tool_name(shell: Any, fake: Any) -> None:
     pytest.importorskip("dispatch_nb.tools")
     error = run(shell, "%%chat --tools nothing_here\nhi").error_in_exec
