@@ -9,17 +9,15 @@ What the user sees (widget rendering; the others print or display the same infor
     Open https://github.com/login/device and enter the code.
     The code expires in 14:32.      ← a countdown
     ⏳ Waiting for approval…        ← live status: waiting, slow down, approved as @login,
-                                       denied, expired (then a "New code" button)
+                                       denied, expired
 
 The flow (:class:`~dispatch_nb.auth.device_flow.DeviceFlow`) polls on a worker thread; its state
 changes come back to the kernel's thread through the runner, which also ticks the countdown.
 Interrupting the kernel cancels the poll at once. On approval the token is saved with
-:class:`~dispatch_nb.auth.token_store.TokenStore` and the live view is replaced by one static
-line (no widget state left behind); a pending ``%%chat`` then simply continues. The token never
-appears in any output.
-
-The "New code" button works once the cell has finished (a busy kernel cannot receive clicks):
-it runs a fresh flow in the background and updates the same view.
+:class:`~dispatch_nb.auth.token_store.TokenStore`; a pending ``%%chat`` then simply continues.
+However the login ends (approved, denied, expired, cancelled, failed) the live view is replaced
+by one static Markdown line and its widgets are closed, so a saved notebook holds no widget
+state. The token never appears in any output.
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ def _status_text(state: str, info: Mapping[str, Any]) -> str:
 
 
 class LoginView:
-    """Base of the three renderings; every method runs on the kernel's thread (or, after the cell
-    ended, on the "New code" background thread)."""
+    """Base of the three renderings; every method runs on the kernel's thread."""
 
     mode = "base"
 
@@ -90,7 +87,6 @@ class LoginView:
         self.reason = reason
         self.code: DeviceCode | None = None
         self.state = "starting"
-        self.retry: Any = None  # set by run_login: starts a fresh flow (the "New code" button)
         #: the last outcome, and an event set when a login attempt ends
         self.outcome: LoginOutcome | None = None
         self.ended = threading.Event()
@@ -125,7 +121,7 @@ class LoginView:
 
 
 class WidgetLoginView(LoginView):
-    """ipywidgets rendering with a copy button and a "New code" button."""
+    """ipywidgets rendering with a copy button; replaced by one static line when it ends."""
 
     mode = "widget"
 
@@ -141,12 +137,8 @@ class WidgetLoginView(LoginView):
         self.link = widgets.HTML(value="")
         self.clock = widgets.HTML(value="")
         self.status = widgets.HTML(value="")
-        self.new_code = widgets.Button(
-            description="New code", icon="refresh", layout={"display": "none"}
-        )
-        self.new_code.on_click(self._on_new_code)
         self.box = widgets.VBox(
-            [self.title, self.code_html, self.link, self.clock, self.status, self.new_code],
+            [self.title, self.code_html, self.link, self.clock, self.status],
             layout={"border": "1px solid var(--jp-border-color1, #ccc)", "padding": "8px 12px",
                     "width": "fit-content"},
         )
@@ -172,7 +164,6 @@ class WidgetLoginView(LoginView):
             f"Open <a href='{uri}' target='_blank' rel='noopener'><b>{uri}</b></a> "
             "and enter the code."
         )
-        self.new_code.layout.display = "none"
         self.status.value = html.escape(_status_text("pending", {}))
         self.countdown(code.seconds_left())
 
@@ -188,37 +179,12 @@ class WidgetLoginView(LoginView):
 
     def done(self, outcome: LoginOutcome) -> None:
         self.state = outcome.state
-        if outcome.ok:
-            # Leave one static line, no widget state, in the saved notebook.
-            self.handle.update(_static_bundle(outcome), raw=True)
-            self.close()
-            return
-        message = outcome.message or _status_text(outcome.state, {})
-        self.status.value = html.escape(message)
-        self.clock.value = ""
-        retry = outcome.state in ("expired", "denied", "error") and self.retry is not None
-        if retry:
-            self.new_code.layout.display = ""
-        # The widget stays for its "New code" button; a static fallback rides along, so a saved
-        # notebook (GitHub, nbviewer, no widget state) still says what happened.
-        bundle = dict(self.box._repr_mimebundle_() or {})
-        text = f"**{TITLE}**: {message} Run `%chat login` for a new code."
-        bundle["text/markdown"] = text
-        bundle["text/plain"] = text.replace("**", "").replace("`", "")
-        self.handle.update(bundle, raw=True)
-
-    def _on_new_code(self, _button: Any) -> None:
-        if self.retry is None:
-            return
-        self.new_code.layout.display = "none"
-        self.status.value = "Asking GitHub for a new code…"
-        self.outcome = None
-        self.ended.clear()
-        self.retry()
+        # Whatever the end, leave one static line and no widget state in the saved notebook.
+        self.handle.update(_static_bundle(outcome), raw=True)
+        self.close()
 
     def close(self) -> None:
-        for widget in (self.title, self.code_html, self.link, self.clock, self.status,
-                       self.new_code, self.box):
+        for widget in (self.title, self.code_html, self.link, self.clock, self.status, self.box):
             try:
                 widget.close()
             except Exception:
@@ -226,9 +192,15 @@ class WidgetLoginView(LoginView):
 
 
 def _static_bundle(outcome: LoginOutcome) -> dict[str, str]:
-    who = f" as **@{outcome.user}**" if outcome.user else ""
-    where = f" The token is saved in `{outcome.path}`." if outcome.path else ""
-    md = f"✅ Logged in to GitHub Copilot{who}.{where}"
+    """The one static output a finished login leaves: who logged in, or what went wrong."""
+    if outcome.ok:
+        who = f" as **@{outcome.user}**" if outcome.user else ""
+        where = f" The token is saved in `{outcome.path}`." if outcome.path else ""
+        md = f"✅ Logged in to GitHub Copilot{who}.{where}"
+    else:
+        message = outcome.message or _status_text(outcome.state, {})
+        retry = " Run `%chat login` for a new code." if outcome.state != "cancelled" else ""
+        md = f"**{TITLE}**: {message}{retry}"
     return {"text/markdown": md, "text/plain": md.replace("**", "").replace("`", "")}
 
 
@@ -364,24 +336,6 @@ def _make_flow(magics: ChatMagics) -> DeviceFlow:
     return DeviceFlow(min_interval=magics.login_min_interval)
 
 
-def _background_retry(magics: ChatMagics, view: LoginView) -> None:
-    """The "New code" button: a fresh flow on a background thread (the cell has ended)."""
-
-    def body() -> None:
-        flow = _make_flow(magics)
-        try:
-            code = flow.start()
-            view.show_code(code)
-            token = flow.poll(code, on_state=lambda state, info: view.set_state(str(state), info))
-            outcome = _complete(flow, token)
-            magics.close_adapters()
-        except Exception as exc:
-            outcome = _outcome_of(exc)
-        view.end(outcome)
-
-    threading.Thread(target=body, name="dispatch_nb-login", daemon=True).start()
-
-
 def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = False) -> LoginOutcome:
     """Run the device login with a live view; return on approval, else raise a short error.
 
@@ -415,8 +369,6 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
         raise ChatError("Login failed", exc.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
                         original=exc) from None
     view.show_code(code)
-    if mode == "widget":
-        view.retry = lambda: _background_retry(magics, view)
 
     def work(emit: Any, cancel: Any) -> LoginOutcome:
         token = flow.poll(
@@ -443,11 +395,7 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
     if job.outcome.error is not None:
         outcome = _outcome_of(job.outcome.error)
         view.end(outcome)
-        fix = (
-            "Press “New code” above, or run `%chat login` again."
-            if mode == "widget"
-            else "Run `%chat login` again."
-        )
+        fix = "Run `%chat login` again."
         if outcome.state == "cancelled":
             raise ChatInterrupted("login cancelled") from None
         raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "), fix,

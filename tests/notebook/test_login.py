@@ -121,25 +121,63 @@ def test_login_denied_is_a_short_error(shell: Any, github: FakeGitHub) -> None:
     assert not token_file().exists()
 
 
-def test_expired_code_offers_a_new_code_button_that_works_after_the_cell(
-    shell: Any, github: FakeGitHub
+@pytest.mark.parametrize("end", ["denied", "expired", "cancelled"])
+def test_widget_login_that_fails_leaves_one_static_line_and_no_widget(
+    shell: Any, github: FakeGitHub, end: str
 ) -> None:
     run(shell, '%config ChatMagics.live = "widget"')
     run(shell, "%config ChatMagics.login_min_interval = 0.05")
-    worker = in_background(lambda: github.expire(github.wait_for_device_code().user_code))
+
+    def finish() -> None:
+        user_code = github.wait_for_device_code().user_code
+        if end == "denied":
+            github.deny(user_code)
+        elif end == "expired":
+            github.expire(user_code)
+        else:
+            github.wait_for_polls(user_code, 2)
+            _thread.interrupt_main()
+
+    worker = in_background(finish)
     result = run(shell, "%chat login")
     worker.join(5)
-    assert isinstance(result.error_in_exec, ChatError) and "New code" in result.error_in_exec.fix
+    expected = ChatInterrupted if end == "cancelled" else ChatError
+    assert isinstance(result.error_in_exec, expected)
+    if end != "cancelled":
+        assert result.error_in_exec.fix == "Run `%chat login` again."
+    assert len(shell.front.outputs) == 1
+    final = shell.front.outputs[0]["data"]
+    assert WIDGET_MIME not in final and set(final) == {"text/markdown", "text/plain"}
+    assert end in final["text/markdown"] and "Sign in to GitHub Copilot" in final["text/markdown"]
+    assert ("%chat login" in final["text/markdown"]) is (end != "cancelled")
     view = shell._dispatch_nb_magics.login_view
-    assert view.state == "expired" and view.new_code.layout.display == ""
+    assert view.state == end and view.box.comm is None  # its widgets are closed
+    assert not token_file().exists()
+    # A fresh `%chat login` still works afterwards.
     first = len(github.authorizations)
-    view.new_code.click()  # the kernel is idle now, so the click is handled
-    deadline = time.monotonic() + 5
-    while len(github.authorizations) == first and time.monotonic() < deadline:
-        time.sleep(0.02)
-    github.approve(github.authorizations[-1].user_code)
-    assert view.ended.wait(5)
-    assert view.outcome.ok and view.state == "approved" and token_file().exists()
+
+    def approve_the_new_code() -> None:
+        deadline = time.monotonic() + 5
+        while len(github.authorizations) == first and time.monotonic() < deadline:
+            time.sleep(0.02)
+        github.approve(github.authorizations[-1].user_code)
+
+    worker = in_background(approve_the_new_code)
+    assert run(shell, "%chat login").success
+    worker.join(5)
+    assert token_file().exists()
+    assert WIDGET_MIME not in shell.front.outputs[-1]["data"]
+
+
+def test_widget_login_github_unreachable_leaves_no_widget(
+    shell: Any, fake: Any, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_URL", "http://127.0.0.1:9")
+    run(shell, '%config ChatMagics.live = "widget"')
+    result = run(shell, "%chat login")
+    assert isinstance(result.error_in_exec, ChatError)
+    final = shell.front.outputs[-1]["data"]
+    assert WIDGET_MIME not in final and "⚠" in final["text/markdown"]
 
 
 def test_interrupt_cancels_the_login_cleanly(shell: Any, github: FakeGitHub) -> None:
