@@ -621,7 +621,10 @@ class CachedAdapter(Adapter):
 
     ``cache`` is a :class:`ResponseCache` or a path; without one, a cache is made from ``path``,
     ``mode`` and ``pace``. ``label`` (e.g. ``"cell 3"``) is stored with recorded answers and
-    named by :class:`CacheMissError`; :meth:`with_label` gives a labelled twin. Everything else
+    named by :class:`CacheMissError`; :meth:`with_label` gives a labelled twin. ``replayed_calls``
+    and ``model_calls`` count the calls this instance answered from the cache and from the model
+    (a :meth:`with_label` twin starts at zero), so a caller can tell a replayed answer from a
+    fresh one. Everything else
     (identity, ``list_models``, ``count_tokens``, ``validate``, attributes) is the wrapped
     adapter's.
     """
@@ -652,6 +655,10 @@ class CachedAdapter(Adapter):
         self.label = label
         self.provider_options = adapter.provider_options
         self.backend_mode = adapter.backend_mode
+        #: calls this instance answered from the cache (replayed, nothing sent)
+        self.replayed_calls = 0
+        #: calls this instance passed to the wrapped adapter (the model answered)
+        self.model_calls = 0
 
     def with_label(self, label: str | None) -> CachedAdapter:
         """The same adapter and cache, with another label."""
@@ -746,20 +753,26 @@ class CachedAdapter(Adapter):
               cancel: CancelToken | None) -> ResponseStream:
         """The answer as a stream: replayed, or from the model (recorded when the mode writes)."""
         if self.cache.mode == "off":
+            self.model_calls += 1
             return self.inner._open(request, timeout, cancel)
         key, entry = self._lookup(request)
         if entry is not None:
+            self.replayed_calls += 1
             return self._replay(entry, request.stream, timeout, cancel)
+        self.model_calls += 1
         return self._recording(key, request, self.inner._open(request, timeout, cancel))
 
     def _aopen(self, request: ChatRequest, timeout: float | None,
                cancel: CancelToken | None) -> AsyncResponseStream:
         """The async twin of :meth:`_open`."""
         if self.cache.mode == "off":
+            self.model_calls += 1
             return self.inner._aopen(request, timeout, cancel)
         key, entry = self._lookup(request)
         if entry is not None:
+            self.replayed_calls += 1
             return self._areplay(entry, request.stream, timeout, cancel)
+        self.model_calls += 1
         return self._arecording(key, request, self.inner._aopen(request, timeout, cancel))
 
     # -- replaying and recording ----------------------------------------------------------------

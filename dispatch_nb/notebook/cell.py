@@ -120,6 +120,18 @@ def get_adapter(magics: ChatMagics, spec: str, mode: str = "off") -> Adapter:
     return adapter
 
 
+def was_replayed(adapter: Adapter) -> bool:
+    """True when every call ``adapter`` (a cell's :func:`labelled` adapter) made was answered
+    from the response cache — replay, or a read-write hit — so the answer has no real latency."""
+    from ..cache import CachedAdapter
+
+    return (
+        isinstance(adapter, CachedAdapter)
+        and adapter.replayed_calls > 0
+        and adapter.model_calls == 0
+    )
+
+
 def labelled(adapter: Adapter, label: str) -> Adapter:
     """A cached adapter that names ``label`` (e.g. ``In[3]``) in what it records and misses."""
     from ..cache import CachedAdapter
@@ -412,6 +424,7 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
 
     def on_done(index: int, outcome: JobOutcome) -> None:
         transcript = view.transcripts[index]
+        transcript.replayed = outcome.error is None and was_replayed(plans[index].adapter)
         result = outcome.result
         if isinstance(result, CallResult):
             transcript.finish(result.response)

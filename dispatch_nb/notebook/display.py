@@ -84,6 +84,8 @@ class Transcript:
         self.stop_reason: str | None = None
         self.usage: Usage | None = None
         self.rounds = 0
+        #: True when every model call was answered from the response cache (no latency to show)
+        self.replayed = False
         #: True once any answer text arrived (cheap to ask on every repaint)
         self.has_text = False
         self._tools: dict[str, ToolPart] = {}
@@ -154,7 +156,8 @@ class Transcript:
         return [p for p in self.parts if isinstance(p, ToolPart)]
 
     def footer(self, latency: float | None, *, note: str | None = None) -> str:
-        """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``)."""
+        """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``); a replayed answer
+        says ``replayed`` instead of a latency."""
         parts: list[str] = []
         model = self.model or self.spec
         if model:
@@ -165,7 +168,9 @@ class Transcript:
             if u.cache_read_tokens:
                 tokens += f" ({u.cache_read_tokens:,} cached)"
             parts.append(tokens)
-        if latency is not None:
+        if self.replayed:
+            parts.append("replayed")
+        elif latency is not None:
             parts.append(f"{latency:.1f} s")
         if self.rounds > 1:
             parts.append(f"{self.rounds} rounds")
@@ -206,7 +211,7 @@ class Transcript:
     def metadata(self, latency: float | None, ttft: float | None) -> dict[str, Any]:
         """Facts for the output's metadata (never a secret)."""
         u = self.usage
-        return {
+        facts: dict[str, Any] = {
             "spec": self.spec,
             "model": self.model,
             "stop_reason": self.stop_reason,
@@ -221,6 +226,9 @@ class Transcript:
             "rounds": self.rounds,
             "tool_calls": [t.name for t in self.tools],
         }
+        if self.replayed:
+            facts["replayed"] = True
+        return facts
 
 
 def _short(text: str, limit: int) -> str:
@@ -381,8 +389,9 @@ def compare_output(entries: list[CompareEntry], *, extra: dict[str, Any] | None 
     for e in entries:
         u = e.transcript.usage
         tokens = f"{u.input_tokens:,} / {u.output_tokens:,}" if u else "–"
-        latency = f"{e.latency:.2f} s" if e.latency is not None else "–"
-        ttft = f"{e.ttft:.2f} s" if e.ttft is not None else "–"
+        replayed = e.transcript.replayed and not e.error
+        latency = "replayed" if replayed else f"{e.latency:.2f} s" if e.latency is not None else "–"
+        ttft = "–" if replayed else f"{e.ttft:.2f} s" if e.ttft is not None else "–"
         stop = "⚠ " + _short(e.error, 60) if e.error else (e.transcript.stop_reason or "–")
         model = e.transcript.model or e.spec
         name = e.spec if model == e.spec.partition(":")[2] or model == e.spec else f"{e.spec} ({model})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -469,3 +470,33 @@ def test_cache_records_then_replays_without_the_model(shell: Any, fake: Any, tmp
     run(shell, '%config ChatMagics.cache = "replay"')
     run(shell, "%chat status")
     assert "`replay` — `" in shell.front.markdown[0]
+
+
+def test_a_replayed_answer_says_replayed_instead_of_a_latency(shell: Any, fake: Any) -> None:
+    run(shell, '%config ChatMagics.live = "display"')
+    fake.push(Turn(text="a recorded answer"))
+    assert run(shell, "%%chat --cache read-write --no-history\nremember this").success
+    recorded = shell.front.outputs[0]
+    assert len(fake.chat_requests) == 1
+    assert "replayed" not in recorded["data"]["text/markdown"]
+    assert re.search(r"\d+\.\d s", recorded["metadata"]["dispatch_nb"]["footer"])
+    assert "replayed" not in recorded["metadata"]["dispatch_nb"]
+    for mode in ("replay", "read-write"):  # a read-write hit is a replay too
+        assert run(shell, f"%%chat --cache {mode} --no-history\nremember this").success
+        assert len(fake.chat_requests) == 1
+        [output] = shell.front.outputs
+        footer = output["metadata"]["dispatch_nb"]["footer"]
+        assert footer.endswith(" out tokens · replayed"), footer
+        assert not re.search(r"\d+\.\d s", footer)
+        assert f"<sub>{footer}</sub>" in output["data"]["text/markdown"]
+        assert output["metadata"]["dispatch_nb"]["replayed"] is True
+    # In a comparison, the replayed model's latency column says so.
+    fake.push(Turn(text="second model's answer"))
+    run(shell, "%%chat --cache read-write --no-history -m fake:echo,fake:second\nremember this")
+    [output] = shell.front.outputs
+    rows = output["data"]["text/markdown"].split("\n")
+    echo = next(r for r in rows if r.startswith("| `fake:echo"))
+    second = next(r for r in rows if r.startswith("| `fake:second"))
+    assert "| replayed |" in echo and "| replayed |" not in second
+    facts = output["metadata"]["dispatch_nb"]["compare"]
+    assert facts[0]["replayed"] is True and "replayed" not in facts[1]
