@@ -20,10 +20,11 @@ NOTEBOOKS = REPO / "notebooks"
 NOTEBOOK_NAMES = ("quickstart", "prompt-engineering", "tools", "teaching")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
-#: a wall-clock measurement in an output ("2.4 s", "0.00 s"): this run's timing, not the answer
-_SECONDS = re.compile(r"\b\d+\.\d+ s\b")
+#: a wall-clock measurement in an output ("2.4 s", "0.00 s"), or the word a replayed answer shows
+#: in its place: this run's timing, not the answer (a fresh recording has timings, its replay not)
+_SECONDS = re.compile(r"\b\d+\.\d+ s\b|\breplayed\b")
 #: metadata keys that describe this run rather than the answer (timings, the live rendering used)
-_RUN_KEYS = frozenset({"latency_s", "time_to_first_token_s", "live"})
+_RUN_KEYS = frozenset({"latency_s", "time_to_first_token_s", "live", "replayed"})
 _CREDENTIALS = ("DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "OPENAI_API_KEY",
                 "ANTHROPIC_API_KEY", "DISPATCH_NB_MODEL", "DISPATCH_NB_CACHE",
                 "DISPATCH_NB_CACHE_FILE", "DISPATCH_NB_LIVE")
