@@ -325,6 +325,50 @@ class HTTPAdapter(Adapter):
             body = {**body, **extra}
         return orjson.dumps(body)
 
+    # -- compressed streams ----------------------------------------------------------------------
+    def _content_encoding(self, response: httpx.Response) -> str | None:
+        """The stream's ``Content-Encoding`` when it must be decoded (None: identity, so the raw
+        bytes go straight to the SSE decoder).
+
+        httpx's default ``Accept-Encoding`` invites compression, and real servers do compress event
+        streams (api.anthropic.com answered ``Content-Encoding: gzip``). httpx decodes what it has
+        decoders for (gzip, deflate; br / zstd when brotli / zstandard are installed) and would pass
+        anything else through still compressed: that is an error, said as one."""
+        value: str = response.headers.get("content-encoding", "")
+        codings = [c.strip().lower() for c in value.split(",") if c.strip()]
+        codings = [c for c in codings if c != "identity"]
+        if not codings:
+            return None
+        supported = self._decodable_encodings()
+        unknown = [c for c in codings if c not in supported]
+        if unknown:
+            hint = {"br": " (pip install brotli)", "zstd": " (pip install zstandard)"}
+            raise APIConnectionError(
+                f"the server compressed its answer as {value!r}, which this installation cannot "
+                f"decode{hint.get(unknown[0], '')}; it decodes {', '.join(sorted(supported))}",
+                provider=self.provider_name,
+                retryable=False,  # the same request gets the same encoding
+            )
+        return value
+
+    @staticmethod
+    def _decodable_encodings() -> frozenset[str]:
+        """The content codings the installed httpx decodes (its decoder table; gzip and deflate
+        where that table cannot be read)."""
+        try:
+            from httpx._decoders import SUPPORTED_DECODERS
+        except ImportError:  # pragma: no cover - a future httpx that moved its table
+            return frozenset({"gzip", "deflate"})
+        return frozenset(c for c in SUPPORTED_DECODERS if c != "identity")
+
+    def _undecodable(self, response: httpx.Response | None, exc: Exception) -> DispatchError:
+        encoding = response.headers.get("content-encoding", "?") if response is not None else "?"
+        return APIConnectionError(
+            f"the server's {encoding}-compressed answer could not be decoded (a corrupt or cut "
+            f"stream): {exc}",
+            provider=self.provider_name,
+        )
+
     # -- one attempt, sync -----------------------------------------------------------------------
     def _stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
@@ -370,7 +414,9 @@ class HTTPAdapter(Adapter):
             if request.stream and "text/event-stream" in content_type:
                 parser = self.stream_parser(request, acc)
                 decoder = SSEDecoder()
-                for chunk in response.iter_raw():
+                encoding = self._content_encoding(response)
+                chunks = response.iter_bytes() if encoding else response.iter_raw()
+                for chunk in chunks:
                     for event in decoder.feed(chunk):
                         yield from parser.feed(event)
                         if parser.complete:
@@ -382,10 +428,14 @@ class HTTPAdapter(Adapter):
                 control.check()
                 yield from parser.end()
             else:
+                self._content_encoding(response)  # an encoding httpx cannot decode: say so
                 body = response.read()
                 self.parse_body(request, self._json(body), acc)
         except DispatchError:
             raise  # ours already (APIConnectionError is an OSError too)
+        except httpx.DecodingError as exc:
+            control.check()
+            raise self._undecodable(response, exc) from None
         except (httpx.HTTPError, OSError) as exc:
             control.check()
             raise wrap_transport_error(exc, self.provider_name) from None
@@ -434,7 +484,8 @@ class HTTPAdapter(Adapter):
             if request.stream and "text/event-stream" in content_type:
                 parser = self.stream_parser(request, acc)
                 decoder = SSEDecoder()
-                raw = response.aiter_raw()
+                encoding = self._content_encoding(response)
+                raw = response.aiter_bytes() if encoding else response.aiter_raw()
                 while True:
                     reading[0] = True
                     try:
@@ -456,6 +507,7 @@ class HTTPAdapter(Adapter):
                 for delta in parser.end():
                     yield delta
             else:
+                self._content_encoding(response)  # an encoding httpx cannot decode: say so
                 reading[0] = True
                 body = await response.aread()
                 reading[0] = False
@@ -468,6 +520,9 @@ class HTTPAdapter(Adapter):
             raise control.error() from None
         except DispatchError:
             raise  # ours already (APIConnectionError is an OSError too)
+        except httpx.DecodingError as exc:
+            control.check()
+            raise self._undecodable(response, exc) from None
         except (httpx.HTTPError, OSError) as exc:
             control.check()
             raise wrap_transport_error(exc, self.provider_name) from None

@@ -12,7 +12,7 @@ stream; ``.partial`` is what arrived so far at any moment.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -118,7 +118,20 @@ class _Tool:
         )
 
 
-_Builder = Any  # _Text | _Thinking | _Tool | a finished block
+class _Fixed:
+    """A finished block that still has a key (so :meth:`Accumulator.order_by` can place it)."""
+
+    __slots__ = ("block", "key")
+
+    def __init__(self, key: Hashable, block: Any) -> None:
+        self.key = key
+        self.block = block
+
+    def build(self) -> Any:
+        return self.block
+
+
+_Builder = Any  # _Text | _Thinking | _Tool | _Fixed | a finished block
 
 
 class Accumulator:
@@ -230,11 +243,35 @@ class Accumulator:
         """Record an encrypted reasoning block (no delta: there is nothing to show)."""
         self.add_block(RedactedThinkingBlock(data=data, provider_data=provider_data))
 
-    def add_block(self, block: Any) -> None:
-        """Append a finished block as is."""
-        self._items.append(block)
-        self._last = block
+    def add_block(self, block: Any, *, key: Hashable = None) -> None:
+        """Append a finished block as is (``key``: its address for :meth:`order_by`)."""
+        item = block if key is None else _Fixed(key, block)
+        self._items.append(item)
+        self._last = item
         self.started = True
+
+    def set_block(self, key: Hashable, block: Any) -> None:
+        """Replace the finished block added with ``key`` (one a provider completes piece by
+        piece); earlier snapshots keep the block they had."""
+        for item in reversed(self._items):
+            if type(item) is _Fixed and item.key == key:
+                item.block = block
+                return
+        raise KeyError(key)
+
+    def order_by(self, rank: Mapping[Hashable, int]) -> None:
+        """Reorder the blocks by ``rank[key]`` (e.g. a Responses ``output_index``), for providers
+        whose events can arrive out of order. Stable; a block whose key has no rank stays right
+        after the block before it."""
+        ranked: list[tuple[int, int, _Builder]] = []
+        current = -1
+        for position, item in enumerate(self._items):
+            value = rank.get(getattr(item, "key", None))
+            if value is not None:
+                current = value
+            ranked.append((current, position, item))
+        ranked.sort(key=lambda entry: (entry[0], entry[1]))
+        self._items = [item for _, _, item in ranked]
 
     # -- tools ---------------------------------------------------------------------------------
     def tool_start(
@@ -307,7 +344,7 @@ class Accumulator:
     def _blocks(self) -> list[Any]:
         blocks: list[Any] = []
         for item in self._items:
-            if isinstance(item, (_Text, _Thinking, _Tool)):
+            if isinstance(item, (_Text, _Thinking, _Tool, _Fixed)):
                 blocks.append(item.build())
             else:
                 blocks.append(item)

@@ -112,16 +112,62 @@ def _usage(wire: Mapping[str, Any]) -> Usage:
     )
 
 
-class _MessageParser:
-    """Turns Messages API stream events into deltas; also replays a non-streamed message."""
+#: the fields of each known block type that its canonical block holds (the rest is "extra")
+_KNOWN_FIELDS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type", "text"}),
+    "thinking": frozenset({"type", "thinking", "signature"}),
+    "tool_use": frozenset({"type", "id", "name", "input"}),
+}
+#: extra fields of a known block that go back on the next turn (the request accepts them)
+_SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
 
-    __slots__ = ("_kinds", "_raw", "_wire_usage", "acc", "complete")
+
+def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
+    """Merge a ``*_delta`` this module has no rule for into its block, the way such streams build
+    the block (e.g. ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
+    ``content``): a string is appended to the field of the same name, a list field receives the
+    value (or its items), a dict field is updated, anything else is set."""
+    for name, value in delta.items():
+        if name == "type":
+            continue
+        current = block.get(name)
+        if isinstance(value, str) and (current is None or isinstance(current, str)):
+            block[name] = (current or "") + value
+        elif isinstance(current, list):
+            if isinstance(value, list):
+                current.extend(value)
+            else:
+                current.append(value)
+        elif isinstance(current, dict) and isinstance(value, dict):
+            current.update(value)
+        else:
+            block[name] = value
+
+
+def _extra_fields(block: Mapping[str, Any], btype: str) -> dict[str, Any]:
+    """A known block's other fields, empty ones left out (a stream starts a block with them
+    empty, e.g. ``"citations": null``, and fills them with deltas)."""
+    known = _KNOWN_FIELDS[btype]
+    return {k: v for k, v in block.items() if k not in known and v not in (None, "", [], {})}
+
+
+class _MessageParser:
+    """Turns Messages API stream events into deltas; also replays a non-streamed message.
+
+    Every block ends as the non-streamed answer shows it: known deltas are applied explicitly
+    (``text_delta``, ``thinking_delta``, ``signature_delta``, ``input_json_delta``,
+    ``citations_delta``), any other ``*_delta`` is merged into its block by :func:`merge_delta`.
+    Fields of a known block that its canonical block has no place for (``citations``, fields added
+    later) are kept in ``provider_data["anthropic"]["extra"]``."""
+
+    __slots__ = ("_extra", "_kinds", "_raw", "_wire_usage", "acc", "complete")
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
         self.complete = False
         self._kinds: dict[int, str] = {}  # block index → text | thinking | tool | raw | ignored
         self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        self._extra: dict[int, dict[str, Any]] = {}  # known blocks' other fields
         self._wire_usage: dict[str, Any] = {}
 
     # -- SSE entry points ----------------------------------------------------------------------
@@ -210,6 +256,8 @@ class _MessageParser:
     def _start(self, index: int, block: dict[str, Any]) -> Iterable[StreamDelta]:
         acc = self.acc
         btype = block.get("type")
+        if btype in _KNOWN_FIELDS:
+            self._extra[index] = _extra_fields(block, str(btype))
         if btype == "text":
             self._kinds[index] = "text"
             text = block.get("text") or ""
@@ -254,14 +302,30 @@ class _MessageParser:
                 return (acc.tool_delta(index, fragment),) if fragment else ()
             if kind == "raw":
                 self._raw[index][1].append(fragment)
-        # citations_delta and unknown delta types: nothing to show
+            return ()
+        # Nothing to show, but the block must end as the non-streamed answer has it.
+        target = self._raw[index][0] if kind == "raw" else self._extra.get(index)
+        if target is None:
+            return ()
+        if dtype == "citations_delta" and "citation" in delta:
+            target.setdefault("citations", []).append(delta["citation"])
+        else:
+            merge_delta(target, delta)
         return ()
 
     def _stop(self, index: int) -> Iterable[StreamDelta]:
         kind = self._kinds.pop(index, None)
+        extra = self._extra.pop(index, None)
+        ours = {PROVIDER_DATA_KEY: {"extra": extra}} if extra else None
+        if kind == "text" and ours:
+            self.acc.text_provider_data(ours, key=index)
+        elif kind == "thinking" and ours:
+            self.acc.thinking_provider_data(ours, key=index)
         if kind == "tool":
             given = self._raw.pop(index, None)
             tool = self.acc.tool(index)
+            if tool is not None and ours:
+                tool.provider_data = ours
             if given is not None and tool is not None and not tool.parts:
                 return (self.acc.tool_end(index, arguments=given[0]),)
             return (self.acc.tool_end(index),)  # "" parses as {}
@@ -605,7 +669,11 @@ def wire_block(block: Any) -> dict[str, Any] | None:
     if isinstance(block, TextBlock):
         if not block.text:
             return None  # the API rejects empty text blocks
-        return _with_cache_control({"type": "text", "text": block.text}, block)
+        text: dict[str, Any] = {"type": "text", "text": block.text}
+        extra = _our_data(block).get("extra")
+        if isinstance(extra, dict):
+            text.update({k: v for k, v in extra.items() if k in _SENT_EXTRA["text"]})
+        return _with_cache_control(text, block)
     if isinstance(block, ThinkingBlock):
         if not block.signature or _foreign(block):
             return None  # reasoning Anthropic did not sign cannot be verified: leave it out

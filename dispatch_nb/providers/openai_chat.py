@@ -155,7 +155,12 @@ def _merge(out: list[dict[str, Any]], message: dict[str, Any]) -> None:
             prev["content"] = [p for p in (*la, *lb) if p.get("type") != "text" or p["text"]]
         return
     a_text, b_text = prev.get("content") or "", message.get("content") or ""
-    prev["content"] = f"{a_text}\n\n{b_text}" if a_text and b_text else a_text or b_text
+    if isinstance(a_text, list) or isinstance(b_text, list):
+        la = [{"type": "text", "text": a_text}] if isinstance(a_text, str) and a_text else a_text
+        lb = [{"type": "text", "text": b_text}] if isinstance(b_text, str) and b_text else b_text
+        prev["content"] = [*(la or []), *(lb or [])]
+    else:
+        prev["content"] = f"{a_text}\n\n{b_text}" if a_text and b_text else a_text or b_text
     calls = [*prev.get("tool_calls", []), *message.get("tool_calls", [])]
     if calls:
         prev["tool_calls"] = calls
@@ -200,25 +205,40 @@ def chat_messages(
                 _merge(out, {"role": "user", "content": _user_content(parts)})
             continue
         texts: list[str] = []
+        answer_parts: list[dict[str, Any]] = []  # the content as parts, if it came as parts
+        as_parts = False
         calls: list[dict[str, Any]] = []
         reasoning: list[str] = []
         opaque: str | None = None
         for block in blocks:
+            data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
+            data = data if isinstance(data, dict) else {}
             if isinstance(block, TextBlock):
+                if isinstance(data.get("part"), dict):
+                    as_parts = True
+                    answer_parts.append(dict(data["part"]))
+                    continue
                 texts.append(block.text)
+                if block.text:
+                    answer_parts.append({"type": "text", "text": block.text})
             elif isinstance(block, ToolUseBlock):
                 calls.append(_tool_call(block))
-            elif isinstance(block, ThinkingBlock) and echo_reasoning:
-                data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-                if (
-                    isinstance(data, dict)
+            elif isinstance(block, ThinkingBlock):
+                if data.get("field") == "content":
+                    # thinking that came as a content part goes back as one (Mistral expects it)
+                    as_parts = True
+                    answer_parts.append({"type": "thinking",
+                                         "thinking": [{"type": "text", "text": block.thinking}]})
+                elif (
+                    echo_reasoning
                     and data.get("field") == ECHOED_REASONING_FIELD
                     and (reasoning_provider is None or data.get("provider") == reasoning_provider)
                 ):
                     reasoning.append(block.thinking)
                     if block.signature:
                         opaque = block.signature
-        wire: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        content: str | list[dict[str, Any]] = answer_parts if as_parts else "".join(texts)
+        wire: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             wire["tool_calls"] = calls
         if reasoning or opaque:
@@ -345,6 +365,13 @@ def build_chat_body(
     ``response_format`` and ``reasoning`` (sent as ``reasoning_effort``).
     """
     options = request.options
+    n = (options.get("extra_body") or {}).get("n")
+    if n is not None and n != 1:
+        raise RequestError(
+            f"n={n!r} asks for several answers in one call; dispatch_nb returns one answer per "
+            "call: drop n from extra_body and make separate calls (batch() runs them in parallel)",
+            provider=provider,
+        )
     body: dict[str, Any] = {
         "model": model,
         "messages": chat_messages(
@@ -450,6 +477,31 @@ def chat_error(error: Any, *, provider: str) -> DispatchError:
     )
 
 
+#: the accumulator key of thinking that arrives as ``thinking`` content parts
+THINKING_PART_KEY = ("part", "thinking")
+
+
+def _part_block(part: dict[str, Any]) -> TextBlock:
+    """A content part this module has no type for, kept verbatim (and sent back as it came)."""
+    return TextBlock(text="", provider_data={PROVIDER_DATA_KEY: {"part": part}})
+
+
+def _merged_part(first: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
+    """Two streamed pieces of one content part as one: strings appended, lists extended."""
+    out = dict(first)
+    for name, value in more.items():
+        current = out.get(name)
+        if name == "type":
+            continue
+        if isinstance(value, str) and isinstance(current, str):
+            out[name] = current + value
+        elif isinstance(value, list) and isinstance(current, list):
+            out[name] = [*current, *value]
+        else:
+            out[name] = value
+    return out
+
+
 class ChatStreamParser:
     """Turns chat.completions SSE events into deltas through ``acc`` (see the module docstring).
 
@@ -461,6 +513,7 @@ class ChatStreamParser:
     __slots__ = (
         "_fn_seen",
         "_n",
+        "_open_part",
         "_reasons",
         "_refused",
         "_slots",
@@ -498,6 +551,7 @@ class ChatStreamParser:
         self._reasons: set[str] = set()
         self._refused = False
         self._fn_seen = False
+        self._open_part: tuple[Any, dict[str, Any]] | None = None  # unknown part being streamed
 
     # -- feeding ---------------------------------------------------------------------------------
     def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
@@ -572,11 +626,12 @@ class ChatStreamParser:
         content = delta.get("content")
         if content:
             if isinstance(content, str):
+                self._open_part = None
                 out.append(acc.text(content))
-            elif isinstance(content, list):  # some servers stream content parts
+            elif isinstance(content, list):  # Mistral (and others) send a list of parts
                 for part in content:
-                    if isinstance(part, dict) and part.get("text"):
-                        out.append(acc.text(part["text"]))
+                    if isinstance(part, dict):
+                        self._part(part, out)
         refusal = delta.get("refusal")
         if refusal and isinstance(refusal, str):
             self._refused = True
@@ -590,6 +645,39 @@ class ChatStreamParser:
             legacy = delta.get("function_call")
             if legacy:
                 self._tool_fragment({"index": "function_call", "function": legacy}, cidx, out)
+
+    def _part(self, part: dict[str, Any], out: list[StreamDelta]) -> None:
+        """One content part: ``text`` → text, ``thinking`` (Mistral: ``{"type": "thinking",
+        "thinking": [{"type": "text", "text": ...}]}``) → thinking, any other type kept verbatim
+        (consecutive pieces of one part in a stream merged into one)."""
+        acc = self.acc
+        ptype = part.get("type")
+        if ptype in ("text", None) and isinstance(part.get("text"), str):
+            self._open_part = None
+            if part["text"]:
+                out.append(acc.text(part["text"]))
+            return
+        if ptype == "thinking":
+            self._open_part = None
+            inner = part.get("thinking")
+            pieces = [inner] if isinstance(inner, str) else [
+                p.get("text") for p in inner or [] if isinstance(p, dict)
+            ]
+            for text in pieces:
+                if isinstance(text, str) and text:
+                    out.append(acc.thinking(text, key=THINKING_PART_KEY,
+                                            provider_data=self._reasoning_data("content")))
+            return
+        open_part = self._open_part
+        if open_part is not None and open_part[1].get("type") == ptype:
+            merged = _merged_part(open_part[1], part)
+            acc.set_block(open_part[0], _part_block(merged))
+            self._open_part = (open_part[0], merged)
+            return
+        self._n += 1
+        key = ("part", self._n)
+        acc.add_block(_part_block(dict(part)), key=key)
+        self._open_part = (key, dict(part))
 
     def _tool_fragment(self, call: dict[str, Any], cidx: int, out: list[StreamDelta]) -> None:
         acc = self.acc

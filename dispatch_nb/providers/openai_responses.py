@@ -31,7 +31,7 @@ and a bare ``error`` event raise the mapped :class:`DispatchError`. Usage: ``inp
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -118,13 +118,22 @@ def _our_data(block: Any) -> dict[str, Any]:
 def _assistant_items(
     blocks: Sequence[Any], include_reasoning: bool, issuer: str | None = None
 ) -> list[dict[str, Any]]:
-    """One assistant turn → output items, in order: reasoning, messages, function calls.
+    """One assistant turn → output items, in the order the model produced them.
 
-    Encrypted reasoning goes back only to the provider that issued it (``issuer``): OpenAI cannot
-    decrypt Copilot's, nor the other way round."""
+    Reasoning items and the items this module keeps verbatim (built-in tool calls such as
+    ``web_search_call``, MCP items, ``compaction``, any type it does not know) go back exactly as
+    they came, so every reasoning item is still followed by the item it produced; messages and
+    function calls are rebuilt from their blocks. Encrypted reasoning goes back only to the
+    provider that issued it (``issuer``): OpenAI cannot decrypt Copilot's, nor the other way round.
+    A verbatim item whose turn's reasoning is not sent is left out too (its id names that
+    reasoning)."""
     items: list[dict[str, Any]] = []
     texts: list[TextBlock] = []
     paired = False  # a reasoning item was sent: this turn's items carry their ids
+    reasoning_left_out = False
+
+    def ours(data: Mapping[str, Any]) -> bool:
+        return issuer is None or data.get("issuer") in (None, issuer)
 
     def flush() -> None:
         if not texts:
@@ -147,21 +156,29 @@ def _assistant_items(
 
     for block in blocks:
         if isinstance(block, TextBlock):
-            if texts and _our_data(texts[0]).get("id") != _our_data(block).get("id"):
+            data = _our_data(block)
+            kept = data.get("item")
+            if isinstance(kept, dict):
+                flush()
+                if ours(data) and not reasoning_left_out:
+                    items.append(dict(kept))
+                continue
+            if not block.text and block.provider_data and not data:
+                continue  # another wire format's opaque block (e.g. Anthropic's server tools)
+            if texts and _our_data(texts[0]).get("id") != data.get("id"):
                 flush()
             texts.append(block)
         elif isinstance(block, ThinkingBlock):
-            reasoning = _our_data(block).get("item")
-            issued_by = _our_data(block).get("issuer")
-            if (
-                include_reasoning
-                and isinstance(reasoning, dict)
-                and reasoning.get("id")
-                and (issuer is None or issued_by in (None, issuer))
-            ):
+            data = _our_data(block)
+            reasoning = data.get("item")
+            if not (isinstance(reasoning, dict) and reasoning.get("id")):
+                continue  # another provider's reasoning: nothing this API could verify
+            if include_reasoning and ours(data):
                 flush()
                 items.append(dict(reasoning))
                 paired = True
+            else:
+                reasoning_left_out = True
         elif isinstance(block, ToolUseBlock):
             flush()
             item = {
@@ -364,13 +381,18 @@ def responses_error(error: Any, *, provider: str, default_status: int = 500) -> 
 
 
 class ResponsesStreamParser:
-    """Turns Responses API SSE events into deltas through ``acc`` (see the module docstring)."""
+    """Turns Responses API SSE events into deltas through ``acc`` (see the module docstring).
+
+    Blocks end in ``output_index`` order, whatever order the events came in (a server may send
+    an item's ``output_item.done`` after a later item's)."""
 
     __slots__ = (
         "_args",
+        "_indexes",
         "_items_seen",
+        "_paired",
+        "_reasoning_at",
         "_other_items",
-        "_reasoning_seen",
         "_refused",
         "_summary_index",
         "_text_seen",
@@ -390,9 +412,13 @@ class ResponsesStreamParser:
         self._summary_index: dict[str, tuple[str, int]] = {}
         self._args: dict[str, list[str]] = {}
         self._refused = False
-        self._reasoning_seen = False  # later items of this response carry their ids
         self._items_seen = 0
         self._other_items: list[dict[str, Any]] = []
+        self._indexes: dict[Hashable, int] = {}  # block key (item id) → output_index
+        self._reasoning_at: int | None = None  # the first reasoning item's output_index
+        #: messages / function calls whose ids go back if a reasoning item comes before them:
+        #: (output_index, kind, block key, item id, message phase)
+        self._paired: list[tuple[int, str, str, str, Any]] = []
 
     def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
         """Deltas for one SSE event; raises :class:`DispatchError` for a failure event."""
@@ -448,13 +474,32 @@ class ResponsesStreamParser:
             raise responses_error(response.get("error"), provider=self.provider)
         if kind == "error":
             raise responses_error(data, provider=self.provider)
-        return ()  # content_part / annotation / built-in tool progress events: nothing to show
+        # content_part / annotation events, built-in tools' progress (web_search_call.searching,
+        # code_interpreter_call_code.delta...): the complete item arrives in output_item.done
+        return ()
 
     # -- pieces ----------------------------------------------------------------------------------
     @staticmethod
     def _tool_key(data: Mapping[str, Any]) -> str:
         item_id = data.get("item_id")
         return str(item_id) if item_id else f"output{data.get('output_index', 0)}"
+
+    @staticmethod
+    def _item_key(item: Mapping[str, Any], data: Mapping[str, Any] | None) -> str:
+        item_id = item.get("id")
+        return str(item_id) if item_id else f"output{(data or {}).get('output_index', 0)}"
+
+    def _place(self, key: str, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> int:
+        """Record where an item goes (its ``output_index``; else its place in arrival order)."""
+        index = (data or {}).get("output_index")
+        if not isinstance(index, int):
+            index = self._indexes.get(key, len(self._indexes))
+        self._indexes[key] = index
+        if item.get("type") == "reasoning" and (
+            self._reasoning_at is None or index < self._reasoning_at
+        ):
+            self._reasoning_at = index
+        return index
 
     def _response_meta(self, response: Mapping[str, Any]) -> None:
         if response.get("model"):
@@ -474,19 +519,18 @@ class ResponsesStreamParser:
         return (self.acc.thinking(delta, key=item_id),)
 
     def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
+        key = self._item_key(item, data)
+        self._place(key, item, data)
         if item.get("type") != "function_call":
             return []
-        key = str(item.get("id") or f"output{data.get('output_index', 0)}")
         return self._start_call(key, item)
 
     def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
         acc = self.acc
         if acc.tool(key) is not None:
             return []
-        paired = self._reasoning_seen and item.get("id")
-        data = {PROVIDER_DATA_KEY: {"id": item["id"]}} if paired else None
         call_id = str(item.get("call_id") or item.get("id") or key)
-        out = [acc.tool_start(key, call_id, str(item.get("name") or ""), provider_data=data)]
+        out = [acc.tool_start(key, call_id, str(item.get("name") or ""))]
         for fragment in self._args.pop(key, []):
             out.append(acc.tool_delta(key, fragment))
         return out
@@ -494,16 +538,23 @@ class ResponsesStreamParser:
     def item_done(
         self, item: Mapping[str, Any], data: Mapping[str, Any] | None = None
     ) -> list[StreamDelta]:
-        """Record one complete output item (streamed ``output_item.done`` or a body's output)."""
+        """Record one complete output item (streamed ``output_item.done`` or a body's output).
+
+        Messages become text blocks (with their ``msg_`` id), reasoning items thinking blocks,
+        function calls tool-use blocks; every other item (built-in tool calls, MCP items,
+        ``compaction``, types added later) is kept verbatim as an empty :class:`TextBlock` whose
+        ``provider_data["openai_responses"]["item"]`` goes back unchanged next turn."""
         acc = self.acc
         self._items_seen += 1
         kind = item.get("type")
         item_id = str(item.get("id") or "")
+        key = self._item_key(item, data)
+        index = self._place(key, item, data)
         out: list[StreamDelta] = []
         if kind == "message":
-            our: dict[str, Any] = {"id": item_id} if item_id and self._reasoning_seen else {}
-            if item.get("phase"):
-                our["phase"] = item["phase"]
+            our: dict[str, Any] = {"phase": item["phase"]} if item.get("phase") else {}
+            if item_id:
+                self._paired.append((index, "message", item_id, item_id, item.get("phase")))
             if item_id not in self._text_seen:
                 for part in item.get("content") or []:
                     if part.get("type") == "output_text" and part.get("text"):
@@ -527,17 +578,19 @@ class ResponsesStreamParser:
             acc.thinking_provider_data(
                 {PROVIDER_DATA_KEY: {"item": dict(item), "issuer": self.provider}}, key=item_id
             )
-            self._reasoning_seen = True
         elif kind == "function_call":
-            key = item_id or f"output{(data or {}).get('output_index', 0)}"
+            if item_id:
+                self._paired.append((index, "function_call", key, item_id, None))
             out.extend(self._start_call(key, item))
             if acc.has_tool(key):
                 arguments = item.get("arguments")
                 out.append(
                     acc.tool_end(key, raw_arguments=arguments if isinstance(arguments, str) else None)
                 )
-        else:
+        elif kind:
             self._other_items.append(dict(item))
+            ours = {"item": dict(item), "issuer": self.provider}
+            acc.add_block(TextBlock(text="", provider_data={PROVIDER_DATA_KEY: ours}), key=key)
         return out
 
     def finalize(self, response: Mapping[str, Any]) -> list[StreamDelta]:
@@ -546,9 +599,11 @@ class ResponsesStreamParser:
         self._response_meta(response)
         out: list[StreamDelta] = []
         if self._items_seen == 0:  # a server that sent no item events: read the output
-            for item in response.get("output") or []:
-                out.extend(self.item_done(item))
+            for index, item in enumerate(response.get("output") or []):
+                out.extend(self.item_done(item, {"output_index": index}))
         out.extend(acc.end_open_tools())
+        acc.order_by(self._indexes)
+        self._keep_paired_ids()
         usage = response.get("usage")
         if usage:
             acc.usage = responses_usage(usage)
@@ -571,6 +626,27 @@ class ResponsesStreamParser:
             acc.provider_data = data
         return out
 
+    def _keep_paired_ids(self) -> None:
+        """The API pairs a reasoning item with the items after it by their ids: keep the ``msg_`` /
+        ``fc_`` ids of the items a reasoning item comes before, by ``output_index`` (not by the
+        order the events came in)."""
+        first = self._reasoning_at
+        if first is None:
+            return
+        acc = self.acc
+        for index, kind, key, item_id, phase in self._paired:
+            if index < first:
+                continue
+            ours: dict[str, Any] = {"id": item_id}
+            if kind == "message":
+                if phase:
+                    ours["phase"] = phase
+                acc.text_provider_data({PROVIDER_DATA_KEY: ours}, key=key)
+            else:
+                tool = acc.tool(key)
+                if tool is not None:
+                    tool.provider_data = {PROVIDER_DATA_KEY: ours}
+
     def end(self) -> Iterable[StreamDelta]:
         """The stream closed without ``response.completed``: the answer is incomplete."""
         if not self.complete:
@@ -589,7 +665,7 @@ def parse_response_object(body: Any, acc: Accumulator, *, provider: str) -> None
     if body.get("error") and body.get("status") in (None, "failed"):
         raise responses_error(body["error"], provider=provider)
     parser = ResponsesStreamParser(acc, provider=provider)
-    for item in body.get("output") or []:
-        parser.item_done(item)
+    for index, item in enumerate(body.get("output") or []):
+        parser.item_done(item, {"output_index": index})
     parser._items_seen = max(parser._items_seen, 1)
     parser.finalize(body)

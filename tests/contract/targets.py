@@ -14,7 +14,7 @@ from dispatch_nb.adapter import Adapter
 
 from ..fakes.anthropic import AnthropicFake
 from ..fakes.canonical import CanonicalFake
-from ..fakes.provider import ProviderFake
+from ..fakes.provider import ProviderFake, ToolCall, Turn
 
 
 @dataclass
@@ -29,6 +29,8 @@ class Target:
     reports_usage: bool = True
     #: why this target cannot run here (None: it can)
     skip: Callable[[], str | None] = lambda: None
+    #: answers only this wire protocol can give (built-in tool items, unknown blocks...), named
+    extra_turns: Callable[[], list[tuple[str, Turn]]] = lambda: []
 
 
 def _fake_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
@@ -73,6 +75,75 @@ def _llama_chat_fake() -> ProviderFake:
     return OpenAIChatFake.llama()
 
 
+def _mistral_chat_fake() -> ProviderFake:
+    from ..fakes.openai_chat import OpenAIChatFake
+
+    return OpenAIChatFake.mistral()
+
+
+def _anthropic_turns() -> list[tuple[str, Turn]]:
+    """Real shapes the Messages API streams with block and delta types the adapter has no rule
+    for (our own fixtures, from the documented shapes)."""
+    from ..fakes.anthropic import COMPACTION, SERVER_TOOL_USE, WEB_SEARCH_RESULT, AnthropicTurn
+
+    cited = {"type": "text", "text": "Lisbon is mild in May, about 22 °C.",
+             "citations": [{"type": "web_search_result_location",
+                            "url": "https://weather.example/lisbon", "title": "Lisbon in May",
+                            "encrypted_index": "Eo8BCioIAhgBIiQ3fake",
+                            "cited_text": "Mild days, around 22 °C."}]}
+    return [
+        ("compaction", AnthropicTurn(text="Day one: Alfama.", content=[COMPACTION, "text"])),
+        ("server-tools", AnthropicTurn(thinking="Search the weather first.", text="Checking.",
+                                       content=["thinking", "text", SERVER_TOOL_USE,
+                                                WEB_SEARCH_RESULT, cited])),
+        ("pause-turn", AnthropicTurn(text="Searching.", content=["text", SERVER_TOOL_USE],
+                                     stop_reason="pause_turn")),
+    ]
+
+
+def _responses_turns() -> list[tuple[str, Turn]]:
+    """Output items of built-in tools, compaction, and reasoning done events out of order."""
+    from ..fakes.openai_responses import (
+        CODE_INTERPRETER_CALL,
+        COMPACTION,
+        FILE_SEARCH_CALL,
+        IMAGE_GENERATION_CALL,
+        MCP_APPROVAL_REQUEST,
+        MCP_CALL,
+        MCP_LIST_TOOLS,
+        WEB_SEARCH_CALL,
+        ResponsesTurn,
+    )
+
+    later = {"type": "reasoning",
+             "summary": [{"type": "summary_text", "text": "The search answered it."}]}
+    return [
+        ("web-search", ResponsesTurn(thinking="I should search.", text="Sunny, 24 °C.",
+                                     output=["thinking", WEB_SEARCH_CALL, later, "text"])),
+        ("every-builtin", ResponsesTurn(
+            text="Done.", output=[FILE_SEARCH_CALL, CODE_INTERPRETER_CALL, IMAGE_GENERATION_CALL,
+                                  MCP_LIST_TOOLS, MCP_CALL, "text", MCP_APPROVAL_REQUEST])),
+        ("compaction", ResponsesTurn(thinking="Go on.", text="Continuing.",
+                                     output=[COMPACTION, "thinking", "text"])),
+        ("late-reasoning-done", ResponsesTurn(
+            text="Both cities.", late_reasoning_done=True,
+            tool_calls=[ToolCall("call_l", "get_weather", {"city": "Lima"})],
+            output=[{"type": "reasoning"}, "text", {"type": "reasoning"}, "tools"])),
+    ]
+
+
+def _mistral_turns() -> list[tuple[str, Turn]]:
+    from ..fakes.openai_chat import REFERENCE_PART, ChatTurn
+
+    return [
+        ("thinking-parts", Turn(thinking="Okay, the user asks how to cross the street.",
+                                text="Look both ways.")),
+        ("thinking-parts-and-unknown", ChatTurn(thinking="Check the sources.",
+                                                text="Per the sources, yes.",
+                                                parts=[REFERENCE_PART])),
+    ]
+
+
 def _copilot_fake() -> ProviderFake:
     from ..fakes.copilot import CopilotFake
 
@@ -92,16 +163,21 @@ def _copilot_adapter(model: str) -> Callable[..., Adapter]:
 
 TARGETS: list[Target] = [
     Target("fake", CanonicalFake, _fake_adapter, supports_thinking=True),
-    Target("anthropic", AnthropicFake, _anthropic_adapter, supports_thinking=True),
+    Target("anthropic", AnthropicFake, _anthropic_adapter, supports_thinking=True,
+           extra_turns=_anthropic_turns),
     Target("openai-responses", _openai_responses_fake, _openai_adapter("official"),
-           supports_thinking=True),
+           supports_thinking=True, extra_turns=_responses_turns),
     Target("openai-compatible", _openai_chat_fake, _openai_adapter("compatible")),
     # llama-cpp-python's quirks: repeated tool ids, no usage, pings, strict templates, no key
     Target("openai-compatible-llama", _llama_chat_fake, _openai_adapter("compatible"),
            reports_usage=False),
+    # Mistral: content as a list of parts, reasoning in thinking parts (no signature); not named
+    # "openai": its assistant thinking parts are Mistral's wire format, not OpenAI's request schema
+    Target("compatible-mistral", _mistral_chat_fake, _openai_adapter("compatible"),
+           extra_turns=_mistral_turns),
     # GitHub Copilot: token exchange on a fake GitHub, Claude's stream quirks, reasoning_opaque
     Target("copilot", _copilot_fake, _copilot_adapter("claude-sonnet-4"), supports_thinking=True),
     # a model whose supported_endpoints list only /responses
     Target("copilot-responses", _copilot_fake, _copilot_adapter("gpt-5-codex"),
-           supports_thinking=True),
+           supports_thinking=True, extra_turns=_responses_turns),
 ]

@@ -15,6 +15,12 @@ one it issued; and the assistant turn whose tool calls are being answered must c
 and redacted thinking blocks that came with those calls, all of them, in their original order,
 before the ``tool_use``. A missing or wrong ``x-api-key`` is a 401.
 
+:class:`AnthropicTurn` scripts the content blocks explicitly, blocks the adapter has no type for
+included: a ``compaction`` block streams as ``content_block_start`` with ``"content": null`` and
+``compaction_delta`` events (as api.anthropic.com streams it), ``server_tool_use`` with
+``input_json_delta``, a text block with ``citations`` with ``citations_delta`` events; a block sent
+back must be what was issued (a ``compaction`` block without its content is a 400).
+
 Streams are split into one chunk per content delta (a text piece, a thinking piece, a tool-argument
 fragment); structural events (``message_start``, ``ping``, ``content_block_start``/``stop``) ride
 with the next delta. So ``Turn.error_after=2`` cuts the stream after two deltas, whatever the
@@ -24,15 +30,18 @@ protocol — the same as every other fake.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import itertools
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from .provider import Fail, ProviderFake, Turn, sse_event
 from .server import RecordedRequest, Reply
 
-__all__ = ["ANTHROPIC_ERROR_TYPES", "AnthropicFake"]
+__all__ = ["ANTHROPIC_ERROR_TYPES", "COMPACTION", "SERVER_TOOL_USE", "WEB_SEARCH_RESULT",
+           "AnthropicFake", "AnthropicTurn"]
 
 ANTHROPIC_ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
@@ -48,7 +57,38 @@ ANTHROPIC_ERROR_TYPES: dict[int, str] = {
 }
 
 _BLOCK_TYPES = {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking",
-                "document", "server_tool_use", "web_search_tool_result"}
+                "document", "server_tool_use", "web_search_tool_result", "compaction"}
+
+#: block type → the string field its ``<type>_delta`` events fill (blocks streamed piece by piece
+#: that the adapter has no rule for; the adapter must merge such deltas generically)
+_STREAMED_FIELDS = {"compaction": "content"}
+
+# -- content blocks of our own, from the documented block shapes -----------------------------------
+#: what server-side context compaction leaves at the start of an answer
+COMPACTION: dict[str, Any] = {
+    "type": "compaction",
+    "content": "Summary of the earlier conversation: the user is planning a trip to Lisbon in "
+               "May and prefers trains to planes; they asked for a three-day itinerary.",
+}
+SERVER_TOOL_USE: dict[str, Any] = {
+    "type": "server_tool_use", "id": "srvtoolu_fake01", "name": "web_search",
+    "input": {"query": "Lisbon weather in May"},
+}
+WEB_SEARCH_RESULT: dict[str, Any] = {
+    "type": "web_search_tool_result", "tool_use_id": "srvtoolu_fake01",
+    "content": [{"type": "web_search_result", "url": "https://weather.example/lisbon",
+                 "title": "Lisbon in May", "encrypted_content": "EqgfCioIARgBIiQ3fake",
+                 "page_age": "April 30, 2026"}],
+}
+
+
+@dataclass
+class AnthropicTurn(Turn):
+    """A :class:`Turn` whose content blocks are listed explicitly, in order: block dicts (sent as
+    they are; see the module docstring for how they stream) or the placeholders ``"thinking"``,
+    ``"redacted"``, ``"text"`` and ``"tools"`` for the blocks the Turn's own fields make."""
+
+    content: list[dict[str, Any] | str] | None = None
 
 
 def _invalid(message: str) -> Fail:
@@ -99,6 +139,10 @@ class AnthropicFake(ProviderFake):
         self.issued_turns: dict[str, list[dict[str, Any]]] = {}
         #: every request this fake rejected, as the Fail it answered
         self.rejections: list[Fail] = []
+        self._ids = itertools.count(1)
+
+    def restart_ids(self) -> None:
+        """Number messages from 1 again (so the same turn rendered twice is the same answer)."""
         self._ids = itertools.count(1)
 
     # -- routing -------------------------------------------------------------------------------
@@ -260,6 +304,12 @@ class AnthropicFake(ProviderFake):
                 return _invalid(f"{where}: Invalid `signature` in `thinking` block")
         if btype == "redacted_thinking" and block.get("data") not in self.issued_redacted:
             return _invalid(f"{where}: Invalid `data` in `redacted_thinking` block")
+        if btype == "compaction" and not isinstance(block.get("content"), str):
+            return _invalid(f"{where}.content: Input should be a valid string")
+        if btype == "text" and "citations" in block and not all(
+            isinstance(c, dict) and c.get("type") for c in block["citations"] or []
+        ):
+            return _invalid(f"{where}.citations: each citation needs a type")
         if btype == "image":
             source = block.get("source") or {}
             if source.get("type") == "base64":
@@ -340,13 +390,28 @@ class AnthropicFake(ProviderFake):
         for data in turn.redacted_thinking:
             self.issued_redacted.add(data)
             thinking.append({"type": "redacted_thinking", "data": data})
-        blocks = list(thinking)
-        if turn.text:
-            blocks.append({"type": "text", "text": turn.text})
-        for call in turn.tool_calls:
-            self.issued_turns[call.id] = thinking
-            blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
-                           "input": call.arguments if isinstance(call.arguments, dict) else {}})
+        plan: list[dict[str, Any] | str] = ["thinking", "redacted", "text", "tools"]
+        if isinstance(turn, AnthropicTurn) and turn.content is not None:
+            plan = turn.content
+        blocks: list[dict[str, Any]] = []
+        for entry in plan:
+            if entry == "thinking":
+                blocks += [b for b in thinking if b["type"] == "thinking"]
+            elif entry == "redacted":
+                blocks += [b for b in thinking if b["type"] == "redacted_thinking"]
+            elif entry == "text":
+                if turn.text:
+                    blocks.append({"type": "text", "text": turn.text})
+            elif entry == "tools":
+                for call in turn.tool_calls:
+                    self.issued_turns[call.id] = thinking
+                    blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
+                                   "input": call.arguments if isinstance(call.arguments, dict)
+                                   else {}})
+            elif isinstance(entry, dict):
+                blocks.append(copy.deepcopy(entry))
+            else:
+                raise ValueError(f"unknown content entry {entry!r}")
         return blocks
 
     @staticmethod
@@ -408,11 +473,37 @@ class AnthropicFake(ProviderFake):
             elif kind == "text":
                 out.frame({"type": "content_block_start", "index": index,
                            "content_block": {"type": "text", "text": ""}})
-                for piece in turn.text_pieces():
+                for citation in block.get("citations") or []:
+                    out.frame({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "citations_delta", "citation": citation}})
+                n = max(1, turn.chunk)
+                text = block["text"]
+                for k in range(0, len(text), n):
                     out.delta({"type": "content_block_delta", "index": index,
-                               "delta": {"type": "text_delta", "text": piece}})
+                               "delta": {"type": "text_delta", "text": text[k : k + n]}})
                 out.frame({"type": "content_block_stop", "index": index})
                 out.frame({"type": "ping"})
+            elif kind in _STREAMED_FIELDS:
+                name = _STREAMED_FIELDS[kind]
+                out.frame({"type": "content_block_start", "index": index,
+                           "content_block": {**block, name: None}})
+                value = block.get(name) or ""
+                for k in range(0, len(value), 24):
+                    out.delta({"type": "content_block_delta", "index": index,
+                               "delta": {"type": f"{kind}_delta", name: value[k : k + 24]}})
+                out.frame({"type": "content_block_stop", "index": index})
+            elif kind == "server_tool_use":
+                out.frame({"type": "content_block_start", "index": index,
+                           "content_block": {**block, "input": {}}})
+                raw = json.dumps(block["input"])
+                for k in range(0, len(raw), 7):
+                    out.delta({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "input_json_delta",
+                                         "partial_json": raw[k : k + 7]}})
+                out.frame({"type": "content_block_stop", "index": index})
+            elif kind != "tool_use":  # complete in its start event (web_search_tool_result...)
+                out.frame({"type": "content_block_start", "index": index, "content_block": block})
+                out.delta({"type": "content_block_stop", "index": index})
             elif kind == "tool_use":
                 call = next(c for c in turn.tool_calls if c.id == block["id"])
                 out.delta({"type": "content_block_start", "index": index,

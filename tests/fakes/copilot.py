@@ -190,6 +190,10 @@ class CopilotFake(OpenAIChatFake):
     def __enter__(self) -> CopilotFake:
         return self.start()
 
+    def restart_ids(self) -> None:
+        super().restart_ids()
+        self.responses.restart_ids()
+
     # -- routing and checks ----------------------------------------------------------------------
     def is_chat(self, request: RecordedRequest) -> bool:
         return request.method == "POST" and request.path in ("/chat/completions", "/responses")

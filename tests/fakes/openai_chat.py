@@ -10,11 +10,17 @@ Speaks the real wire format (PROTOCOLS.md §4, §7) and can switch on each quirk
     OpenAIChatFake(usage="finish")         # usage on the finish chunk (old llama.cpp, Copilot)
     OpenAIChatFake(prefix="", reasoning_field="reasoning_text",
                    signature_field="reasoning_opaque")   # Copilot's paths and reasoning fields
+    OpenAIChatFake.mistral()               # content as a list of parts: thinking parts
+                                           # ({"type": "thinking", "thinking": [text parts]}),
+                                           # text parts, any ChatTurn.parts; thinking echoed back
+    OpenAIChatFake(crlf=True)              # SSE lines end in CRLF
 
 ``validate()`` rejects what real servers reject: a ``tool`` message answering no pending
 ``tool_call_id``, tool calls left unanswered, ``stream_options`` without ``stream``, built-in tools,
 ``tool_choice`` naming an unknown function; in ``strict`` (llama) mode also assistant content null,
-a system message that is not first, and roles that do not alternate.
+a system message that is not first, and roles that do not alternate. Assistant content may be a
+list of ``text`` parts; in ``content_parts`` (Mistral) mode also of well-formed ``thinking`` parts
+and of the part types this fake issued.
 
 :class:`OpenAIFakeBase` holds what both OpenAI fakes share (path prefix, API key check, ``/models``,
 error bodies); the Responses fake and the Copilot fake build on it.
@@ -26,12 +32,14 @@ import itertools
 import json
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from .provider import Fail, ProviderFake, ToolCall, Turn, sse_event
 from .server import RecordedRequest, Reply
 
-__all__ = ["RECORD_BODIES_ENV", "OpenAIChatFake", "OpenAIFakeBase", "group_frames"]
+__all__ = ["RECORD_BODIES_ENV", "REFERENCE_PART", "ChatTurn", "OpenAIChatFake", "OpenAIFakeBase",
+           "group_frames"]
 
 #: when set to a file path, every OpenAI fake appends each chat request it receives there as one
 #: JSON line ``{"endpoint": "/chat/completions" | "/responses", "body": {...}}`` (the schema
@@ -57,6 +65,19 @@ _FINISH = {
     "refusal": "stop",
     "pause_turn": "stop",
 }
+
+
+#: a content part dispatch_nb has no type for (Mistral's documented ``reference`` chunk: the ids of
+#: the sources the text drew on); our own fixture
+REFERENCE_PART: dict[str, Any] = {"type": "reference", "reference_ids": [0, 2]}
+
+
+@dataclass
+class ChatTurn(Turn):
+    """A :class:`Turn` with extra content ``parts`` after the text (any part types, e.g.
+    :data:`REFERENCE_PART`); they make the answer's content a list of parts."""
+
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
 
 def group_frames(frames: list[tuple[bytes, bool]]) -> list[bytes]:
@@ -106,6 +127,11 @@ class OpenAIFakeBase(ProviderFake):
 
     def next_id(self, prefix: str) -> str:
         return f"{prefix}{next(self._ids):04d}"
+
+    def restart_ids(self) -> None:
+        """Number ids from 1 again, so the same turn rendered twice carries the same ids (to
+        compare a streamed answer with a non-streamed one)."""
+        self._ids = itertools.count(1)
 
     # -- routing ---------------------------------------------------------------------------------
     def _dispatch(self, request: RecordedRequest) -> Reply:
@@ -184,8 +210,14 @@ class OpenAIChatFake(OpenAIFakeBase):
         max_tokens_field: str = "max_tokens",
         null_content: bool = False,
         llama_errors: bool = False,
+        content_parts: bool = False,
+        crlf: bool = False,
     ) -> None:
         super().__init__(prefix=prefix, api_key=api_key, models=models, llama_errors=llama_errors)
+        self.content_parts = content_parts
+        self.crlf = crlf
+        #: content part types this fake issued (accepted back in assistant turns)
+        self.issued_part_types: set[str] = set()
         if usage not in ("separate", "finish", "none"):
             raise ValueError("usage must be 'separate', 'finish' or 'none'")
         self.repeat_ids = repeat_ids
@@ -199,6 +231,16 @@ class OpenAIChatFake(OpenAIFakeBase):
         self.strict = strict
         self.max_tokens_field = max_tokens_field
         self.null_content = null_content
+
+    @classmethod
+    def mistral(cls, **kw: Any) -> OpenAIChatFake:
+        """Mistral's chat.completions: reasoning as ``thinking`` content parts (streamed as one
+        part per chunk, then an empty one), text as plain content deltas when streamed and as a
+        ``text`` part in a whole answer; assistant history may carry the parts back."""
+        kw.setdefault("content_parts", True)
+        kw.setdefault("models", [{"id": "magistral-medium-latest", "object": "model",
+                                  "owned_by": "mistralai"}])
+        return cls(**kw)
 
     @classmethod
     def llama(cls, **kw: Any) -> OpenAIChatFake:
@@ -287,6 +329,10 @@ class OpenAIChatFake(OpenAIFakeBase):
                 calls = message.get("tool_calls") or []
                 if content is None and (self.strict or not calls):
                     return Fail(400, f"messages[{i}]: assistant content must not be null")
+                if isinstance(content, list):
+                    problem = self._validate_assistant_parts(i, content)
+                    if problem is not None:
+                        return problem
                 for call in calls:
                     fn = call.get("function") or {}
                     if not call.get("id") or call.get("type") != "function" or not fn.get("name"):
@@ -310,6 +356,29 @@ class OpenAIChatFake(OpenAIFakeBase):
             return Fail(400, f"tool_call_ids without response messages: {pending}")
         return None
 
+    def _validate_assistant_parts(self, i: int, parts: list[Any]) -> Fail | None:
+        if not self.content_parts:
+            if all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+                return None
+            return Fail(400, f"messages[{i}].content: assistant content parts must be text")
+        for part in parts:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                continue
+            if kind == "thinking":
+                inner = part.get("thinking")
+                if isinstance(inner, list) and inner and all(
+                    isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                    for p in inner
+                ):
+                    continue
+                return Fail(400, f"messages[{i}].content: a thinking chunk needs a list of text "
+                                 f"chunks, got {part!r}")
+            if kind in self.issued_part_types:
+                continue
+            return Fail(400, f"messages[{i}].content: unexpected content chunk {part!r}")
+        return None
+
     # -- rendering -------------------------------------------------------------------------------
     def _usage(self, turn: Turn) -> dict[str, Any]:
         details: dict[str, int] = {"cached_tokens": turn.cache_read_tokens}
@@ -330,7 +399,10 @@ class OpenAIChatFake(OpenAIFakeBase):
         data = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000,
                 "model": model, "choices": choices, **extra}
         frame = sse_event(data)
-        return b": ping\n\n" + frame if self.pings else frame
+        return self._lines(b": ping\n\n" + frame if self.pings else frame)
+
+    def _lines(self, frame: bytes) -> bytes:
+        return frame.replace(b"\n", b"\r\n") if self.crlf else frame
 
     def _tool_frames(self, call: ToolCall, n: int, model: str, cidx: int) -> list[bytes]:
         index = 0 if self.reuse_index else n
@@ -366,12 +438,27 @@ class OpenAIChatFake(OpenAIFakeBase):
         if turn.thinking is not None:
             n = max(1, turn.chunk)
             for i in range(0, len(turn.thinking), n):
-                frames.append((delta({self.reasoning_field: turn.thinking[i : i + n]}), True))
-            if turn.signature is not None and self.signature_field:
+                piece = turn.thinking[i : i + n]
+                if self.content_parts:
+                    part = {"type": "thinking", "thinking": [{"type": "text", "text": piece}]}
+                    frames.append((delta({"content": [part]}), True))
+                else:
+                    frames.append((delta({self.reasoning_field: piece}), True))
+            if self.content_parts:
+                frames.append((delta({"content": [{"type": "thinking", "thinking": []}]}), False))
+            elif turn.signature is not None and self.signature_field:
                 frames.append((delta({self.signature_field: turn.signature}), False))
         text_field = "refusal" if turn.canonical_stop == "refusal" else "content"
         for piece in turn.text_pieces():
             frames.append((delta({text_field: piece}), True))
+        for part in turn.parts if isinstance(turn, ChatTurn) else []:
+            self.issued_part_types.add(part["type"])
+            # a part streams in pieces: each list field one item at a time
+            lists = {k: v for k, v in part.items() if isinstance(v, list) and v}
+            width = max((len(v) for v in lists.values()), default=1)
+            for k in range(width):
+                piece = {**part, **{name: v[k : k + 1] for name, v in lists.items()}}
+                frames.append((delta({"content": [piece]}), True))
         tool_choice = 1 if self.split_choices else 0
         for n, call in enumerate(turn.tool_calls):
             if not role_sent:
@@ -387,7 +474,7 @@ class OpenAIChatFake(OpenAIFakeBase):
         wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         if self.usage_mode == "separate" and wants_usage:
             frames.append((self._chunk(model, [], usage=self._usage(turn)), False))
-        frames.append((b"data: [DONE]\n\n", False))
+        frames.append((self._lines(b"data: [DONE]\n\n"), False))
         return group_frames(frames)
 
     def render_json(self, turn: Turn, request: RecordedRequest) -> Any:
@@ -396,10 +483,19 @@ class OpenAIChatFake(OpenAIFakeBase):
                                    "content": turn.text or (None if turn.tool_calls else "")}
         if turn.canonical_stop == "refusal":
             message["content"], message["refusal"] = None, turn.text
-        if turn.thinking is not None:
+        parts: list[dict[str, Any]] = list(turn.parts) if isinstance(turn, ChatTurn) else []
+        self.issued_part_types.update(p["type"] for p in parts)
+        if turn.thinking is not None and self.content_parts:
+            parts.insert(0, {"type": "thinking",
+                             "thinking": [{"type": "text", "text": turn.thinking}]})
+        elif turn.thinking is not None:
             message[self.reasoning_field] = turn.thinking
             if turn.signature is not None and self.signature_field:
                 message[self.signature_field] = turn.signature
+        if parts:
+            text = [{"type": "text", "text": message["content"]}] if message["content"] else []
+            thinking = [p for p in parts if p["type"] == "thinking"]
+            message["content"] = [*thinking, *text, *(p for p in parts if p["type"] != "thinking")]
         calls = [{"id": c.id, "type": "function",
                   "function": {"name": c.name, "arguments": c.arguments_json}}
                  for c in turn.tool_calls]
@@ -419,7 +515,7 @@ class OpenAIChatFake(OpenAIFakeBase):
 
     def render_stream_error(self, fail: Fail) -> bytes:
         frame = f"data: {json.dumps(self.error_body(fail))}\n\n".encode()
-        return b": ping\n\n" + frame if self.pings else frame
+        return self._lines(b": ping\n\n" + frame if self.pings else frame)
 
     # -- inspectors ------------------------------------------------------------------------------
     @staticmethod

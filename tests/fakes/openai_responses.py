@@ -3,33 +3,123 @@
 Renders scripted turns as the real event sequence (``response.created`` … ``output_item.added`` /
 deltas / ``.done`` … ``response.completed`` / ``response.incomplete``), with reasoning items
 (summary + ``encrypted_content``), messages, refusals and function calls, and in-stream failures as
-a bare ``error`` event or ``response.failed`` (``error_style``).
+a bare ``error`` event or ``response.failed`` (``error_style``). A :class:`ResponsesTurn` scripts the
+output items explicitly: built-in tool calls between reasoning items (``[reasoning,
+web_search_call, reasoning, message]``, with each tool's progress events), MCP items,
+``compaction``; and ``late_reasoning_done`` sends reasoning items' ``output_item.done`` after the
+later items' (an order OpenRouter was seen to use). The item fixtures below (:data:`WEB_SEARCH_CALL`
+...) are our own, written from the documented item shapes.
 
 ``validate()`` rejects what the real API rejects: ``stop`` (unknown parameter), ``max_output_tokens``
 below 16, nested chat-style tools, ``tool_choice`` naming an unknown function, assistant content
 that is not ``output_text``/``refusal``, a ``function_call_output`` whose ``call_id`` matches no
 earlier ``function_call``, a function call left without output, and reasoning items that are not
 byte-for-byte what this server issued or that lack the item they were paired with (and the paired
-``fc_``/``msg_`` id sent without its reasoning item).
+``fc_``/``msg_``/``ws_``... id sent without its reasoning item), and built-in items without their
+required fields. Beyond the API, the fake also rejects an item it issued that comes back altered
+(``issued_items``), so a test sees that items go back verbatim.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from .openai_chat import OpenAIFakeBase, group_frames
 from .provider import Fail, Turn, sse_event
 from .server import RecordedRequest
 
-__all__ = ["OpenAIResponsesFake"]
+__all__ = [
+    "BUILTIN_ITEMS",
+    "CODE_INTERPRETER_CALL",
+    "COMPACTION",
+    "FILE_SEARCH_CALL",
+    "IMAGE_GENERATION_CALL",
+    "MCP_APPROVAL_REQUEST",
+    "MCP_CALL",
+    "MCP_LIST_TOOLS",
+    "WEB_SEARCH_CALL",
+    "OpenAIResponsesFake",
+    "ResponsesTurn",
+]
 
 BUILTIN_TOOLS = frozenset({
     "web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation",
     "mcp", "computer_use_preview", "local_shell", "shell", "custom", "apply_patch",
 })
 _CODE_FOR_STATUS = {400: "invalid_prompt", 401: "invalid_api_key", 429: "rate_limit_exceeded"}
+
+# -- output items of built-in tools (our own fixtures, from the documented item shapes; ids are
+# -- assigned when a turn is rendered) --------------------------------------------------------------
+WEB_SEARCH_CALL: dict[str, Any] = {
+    "type": "web_search_call", "status": "completed",
+    "action": {"type": "search", "query": "Paris weather today",
+               "sources": [{"type": "url", "url": "https://weather.example/paris"}]},
+}
+FILE_SEARCH_CALL: dict[str, Any] = {
+    "type": "file_search_call", "status": "completed", "queries": ["refund policy"],
+    "results": [{"file_id": "file-fake1", "filename": "policy.md", "score": 0.92,
+                 "text": "Refunds within 30 days.", "attributes": {}}],
+}
+CODE_INTERPRETER_CALL: dict[str, Any] = {
+    "type": "code_interpreter_call", "status": "completed", "container_id": "cntr_fake1",
+    "code": "print(6 * 7)", "outputs": [{"type": "logs", "logs": "42\n"}],
+}
+IMAGE_GENERATION_CALL: dict[str, Any] = {
+    "type": "image_generation_call", "status": "completed",
+    "result": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJ"
+              "RU5ErkJggg==",  # a 1x1 PNG
+}
+MCP_LIST_TOOLS: dict[str, Any] = {
+    "type": "mcp_list_tools", "server_label": "docs", "error": None,
+    "tools": [{"name": "search_docs", "description": "Search the documentation",
+               "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+               "annotations": None}],
+}
+MCP_CALL: dict[str, Any] = {
+    "type": "mcp_call", "server_label": "docs", "name": "search_docs",
+    "arguments": '{"q": "install"}', "output": "pip install dispatch-nb", "error": None,
+    "status": "completed",
+}
+MCP_APPROVAL_REQUEST: dict[str, Any] = {
+    "type": "mcp_approval_request", "server_label": "docs", "name": "delete_page",
+    "arguments": '{"page": "old-news"}',
+}
+#: server-side context compaction: an item dispatch_nb has no special handling for
+COMPACTION: dict[str, Any] = {"type": "compaction", "encrypted_content": "gAAAA-compacted-history"}
+
+#: item type → (id prefix, required fields when sent back as input, progress event suffixes)
+BUILTIN_ITEMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "web_search_call": ("ws_", ("id", "status", "action"), ("in_progress", "searching", "completed")),
+    "file_search_call": ("fs_", ("id", "status", "queries"), ("in_progress", "searching",
+                                                              "completed")),
+    "code_interpreter_call": ("ci_", ("id", "status", "container_id", "code", "outputs"),
+                              ("in_progress", "interpreting", "completed")),
+    "image_generation_call": ("ig_", ("id", "status", "result"),
+                              ("in_progress", "generating", "completed")),
+    "mcp_call": ("mcp_", ("id", "server_label", "name", "arguments"), ("in_progress", "completed")),
+    "mcp_list_tools": ("mcpl_", ("id", "server_label", "tools"), ("in_progress", "completed")),
+    "mcp_approval_request": ("mcpr_", ("id", "server_label", "name", "arguments"), ()),
+    "compaction": ("cmp_", ("encrypted_content",), ()),
+}
+#: input item types the API accepts that this fake checks no further
+_OTHER_INPUT_ITEMS = {"mcp_approval_response", "item_reference"}
+
+
+@dataclass
+class ResponsesTurn(Turn):
+    """A :class:`Turn` whose output items are listed explicitly, in output order.
+
+    ``output`` entries are item dicts without an ``id`` (the fake assigns one; a ``reasoning`` dict
+    also gets ``encrypted_content``, a ``message`` dict is ``{"type": "message", "text": ...}``),
+    or the placeholders ``"thinking"``, ``"redacted"``, ``"text"`` and ``"tools"`` for the items
+    the Turn's own fields make. ``late_reasoning_done``: every reasoning item's
+    ``response.output_item.done`` comes after all the other items' (out of ``output_index``
+    order, as OpenRouter sent it)."""
+
+    output: list[dict[str, Any] | str] | None = None
+    late_reasoning_done: bool = False
 
 
 class OpenAIResponsesFake(OpenAIFakeBase):
@@ -56,6 +146,8 @@ class OpenAIResponsesFake(OpenAIFakeBase):
         self.paired_with: dict[str, str] = {}
         #: item id → the reasoning id it belongs to
         self.reasoning_of: dict[str, str] = {}
+        #: built-in (and other verbatim) items this server issued, by id, exactly as issued
+        self.issued_items: dict[str, dict[str, Any]] = {}
         self._seq = 0
 
     # -- validation ------------------------------------------------------------------------------
@@ -153,7 +245,15 @@ class OpenAIResponsesFake(OpenAIFakeBase):
                 if follower is not None and (nxt is None or nxt.get("id") != follower):
                     return Fail(400, f"Item '{item_id}' of type 'reasoning' was provided without "
                                      "its required following item.")
-            else:
+            elif kind in BUILTIN_ITEMS:
+                missing = [f for f in BUILTIN_ITEMS[kind][1] if f not in item]
+                if missing:
+                    return Fail(400, f"Missing required parameter: 'input[{i}].{missing[0]}'.")
+                issued = self.issued_items.get(item_id or "")
+                if issued is not None and item != issued:
+                    return Fail(400, f"Item '{item_id}' of type '{kind}' is not the item this "
+                                     "server returned (the fake checks items go back verbatim).")
+            elif kind not in _OTHER_INPUT_ITEMS:
                 return Fail(400, f"Invalid value for 'input[{i}].type': {kind!r}")
         if pending:
             return Fail(400, f"No tool output found for function call {pending[0]}.")
@@ -196,43 +296,63 @@ class OpenAIResponsesFake(OpenAIFakeBase):
 
     def _plan(self, turn: Turn) -> list[dict[str, Any]]:
         """The complete output items of a turn, registering reasoning items and their pairing."""
+        plan: list[dict[str, Any] | str] = ["thinking", "redacted", "text", "tools"]
+        if isinstance(turn, ResponsesTurn) and turn.output is not None:
+            plan = turn.output
         items: list[dict[str, Any]] = []
-        reasoning_ids: list[str] = []
-        if turn.thinking is not None:
-            rid = self.next_id("rs_")
-            items.append({"type": "reasoning", "id": rid,
-                          "summary": [{"type": "summary_text", "text": turn.thinking}],
-                          "encrypted_content": turn.signature or f"enc:{rid}"})
-            reasoning_ids.append(rid)
-        for data in turn.redacted_thinking:
-            rid = self.next_id("rs_")
-            items.append({"type": "reasoning", "id": rid, "summary": [],
-                          "encrypted_content": data})
-            reasoning_ids.append(rid)
-        if turn.text:
-            part = ({"type": "refusal", "refusal": turn.text}
-                    if turn.canonical_stop == "refusal"
-                    else {"type": "output_text", "text": turn.text, "annotations": [],
-                          "logprobs": []})
-            items.append({"type": "message", "id": self.next_id("msg_"), "role": "assistant",
-                          "status": "completed", "content": [part]})
-        for call in turn.tool_calls:
-            items.append({"type": "function_call", "id": self.next_id("fc_"), "call_id": call.id,
-                          "name": call.name, "arguments": call.arguments_json,
-                          "status": "completed"})
-        if reasoning_ids:
-            follower = next((it["id"] for it in items if it["type"] != "reasoning"), None)
-            for it in items:
-                if it["type"] == "reasoning":
-                    self.issued_reasoning[it["id"]] = copy.deepcopy(it)
-            # the last reasoning item pairs with the first output item after it
-            if follower is not None:
-                last = reasoning_ids[-1]
-                self.paired_with[last] = follower
-                self.reasoning_of[follower] = last
-                for earlier, nxt in itertools.pairwise(reasoning_ids):
-                    self.paired_with[earlier] = nxt
+        for entry in plan:
+            if entry == "thinking":
+                if turn.thinking is not None:
+                    rid = self.next_id("rs_")
+                    items.append({"type": "reasoning", "id": rid,
+                                  "summary": [{"type": "summary_text", "text": turn.thinking}],
+                                  "encrypted_content": turn.signature or f"enc:{rid}"})
+            elif entry == "redacted":
+                for data in turn.redacted_thinking:
+                    items.append({"type": "reasoning", "id": self.next_id("rs_"), "summary": [],
+                                  "encrypted_content": data})
+            elif entry == "text":
+                if turn.text:
+                    items.append(self._message(turn.text, turn.canonical_stop == "refusal"))
+            elif entry == "tools":
+                for call in turn.tool_calls:
+                    items.append({"type": "function_call", "id": self.next_id("fc_"),
+                                  "call_id": call.id, "name": call.name,
+                                  "arguments": call.arguments_json, "status": "completed"})
+            elif isinstance(entry, dict):
+                items.append(self._explicit(entry))
+            else:
+                raise ValueError(f"unknown output entry {entry!r}")
+        for i, item in enumerate(items):
+            if item["type"] == "reasoning":
+                self.issued_reasoning[item["id"]] = copy.deepcopy(item)
+                # a reasoning item pairs with the item right after it
+                if i + 1 < len(items):
+                    follower = items[i + 1]["id"]
+                    self.paired_with[item["id"]] = follower
+                    if items[i + 1]["type"] != "reasoning":
+                        self.reasoning_of[follower] = item["id"]
+            elif item["type"] in BUILTIN_ITEMS:
+                self.issued_items[item["id"]] = copy.deepcopy(item)
         return items
+
+    def _message(self, text: str, refusal: bool = False) -> dict[str, Any]:
+        part = ({"type": "refusal", "refusal": text} if refusal
+                else {"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+        return {"type": "message", "id": self.next_id("msg_"), "role": "assistant",
+                "status": "completed", "content": [part]}
+
+    def _explicit(self, entry: dict[str, Any]) -> dict[str, Any]:
+        kind = entry["type"]
+        if kind == "message":
+            return self._message(entry["text"])
+        prefix = BUILTIN_ITEMS[kind][0] if kind in BUILTIN_ITEMS else {
+            "reasoning": "rs_"}.get(kind, f"{kind[:3]}_")
+        item = {"id": self.next_id(prefix), **copy.deepcopy(entry)}
+        if kind == "reasoning":
+            item.setdefault("summary", [])
+            item.setdefault("encrypted_content", f"enc:{item['id']}")
+        return item
 
     def _response(self, turn: Turn, request: RecordedRequest, rid: str, status: str,
                   output: list[dict[str, Any]]) -> dict[str, Any]:
@@ -264,6 +384,8 @@ class OpenAIResponsesFake(OpenAIFakeBase):
         start = self._response(turn, request, rid, "in_progress", [])
         frames.append((ev({"type": "response.created", "response": start}), False))
         frames.append((ev({"type": "response.in_progress", "response": start}), False))
+        late = isinstance(turn, ResponsesTurn) and turn.late_reasoning_done
+        held: list[tuple[int, dict[str, Any]]] = []
         n = max(1, turn.chunk)
         for index, item in enumerate(items):
             kind = item["type"]
@@ -285,30 +407,11 @@ class OpenAIResponsesFake(OpenAIFakeBase):
                                        "summary_index": s_index, "text": text}), False))
                     frames.append((ev({"type": "response.reasoning_summary_part.done", **base,
                                        "summary_index": s_index, "part": summary}), False))
+                if late:
+                    held.append((index, item))
+                    continue
             elif kind == "message":
-                part = item["content"][0]
-                frames.append((ev({"type": "response.output_item.added", "output_index": index,
-                                   "item": {**item, "status": "in_progress", "content": []}}),
-                               False))
-                empty = ({"type": "refusal", "refusal": ""} if part["type"] == "refusal"
-                         else {"type": "output_text", "text": "", "annotations": []})
-                frames.append((ev({"type": "response.content_part.added", **base,
-                                   "content_index": 0, "part": empty}), False))
-                delta_type = ("response.refusal.delta" if part["type"] == "refusal"
-                              else "response.output_text.delta")
-                for piece in turn.text_pieces():
-                    extra = {} if part["type"] == "refusal" else {"logprobs": []}
-                    frames.append((ev({"type": delta_type, **base, "content_index": 0,
-                                       "delta": piece, **extra}), True))
-                if part["type"] == "refusal":
-                    frames.append((ev({"type": "response.refusal.done", **base,
-                                       "content_index": 0, "refusal": turn.text}), False))
-                else:
-                    frames.append((ev({"type": "response.output_text.done", **base,
-                                       "content_index": 0, "text": turn.text, "logprobs": []}),
-                                   False))
-                frames.append((ev({"type": "response.content_part.done", **base,
-                                   "content_index": 0, "part": part}), False))
+                frames += self._message_frames(item, base, n)
             elif kind == "function_call":
                 frames.append((ev({"type": "response.output_item.added", "output_index": index,
                                    "item": {**item, "arguments": "", "status": "in_progress"}}),
@@ -319,12 +422,75 @@ class OpenAIResponsesFake(OpenAIFakeBase):
                                        "delta": raw[i : i + 5]}), True))
                 frames.append((ev({"type": "response.function_call_arguments.done", **base,
                                    "name": item["name"], "arguments": raw}), False))
+            else:
+                frames += self._builtin_frames(item, base)
+            frames.append((ev({"type": "response.output_item.done", "output_index": index,
+                               "item": item}), kind not in ("reasoning", "message", "function_call")))
+        for index, item in held:
             frames.append((ev({"type": "response.output_item.done", "output_index": index,
                                "item": item}), False))
         status = self._status(turn)
         final = self._response(turn, request, rid, status, items)
         frames.append((ev({"type": f"response.{status}", "response": final}), False))
         return group_frames(frames)
+
+    def _message_frames(self, item: dict[str, Any], base: dict[str, Any],
+                        n: int) -> list[tuple[bytes, bool]]:
+        ev = self._event
+        part = item["content"][0]
+        refusal = part["type"] == "refusal"
+        text = part["refusal"] if refusal else part["text"]
+        frames = [(ev({"type": "response.output_item.added", "output_index": base["output_index"],
+                       "item": {**item, "status": "in_progress", "content": []}}), False)]
+        empty = ({"type": "refusal", "refusal": ""} if refusal
+                 else {"type": "output_text", "text": "", "annotations": []})
+        frames.append((ev({"type": "response.content_part.added", **base, "content_index": 0,
+                           "part": empty}), False))
+        delta_type = "response.refusal.delta" if refusal else "response.output_text.delta"
+        for i in range(0, len(text), n):
+            extra = {} if refusal else {"logprobs": []}
+            frames.append((ev({"type": delta_type, **base, "content_index": 0,
+                               "delta": text[i : i + n], **extra}), True))
+        if refusal:
+            frames.append((ev({"type": "response.refusal.done", **base, "content_index": 0,
+                               "refusal": text}), False))
+        else:
+            frames.append((ev({"type": "response.output_text.done", **base, "content_index": 0,
+                               "text": text, "logprobs": []}), False))
+        frames.append((ev({"type": "response.content_part.done", **base, "content_index": 0,
+                           "part": part}), False))
+        return frames
+
+    def _builtin_frames(self, item: dict[str, Any], base: dict[str, Any]
+                        ) -> list[tuple[bytes, bool]]:
+        """``output_item.added`` and the tool's progress events (the documented stream events of
+        each built-in tool); the complete item follows in ``output_item.done``."""
+        ev = self._event
+        kind = item["type"]
+        added = {"id": item["id"], "type": kind}
+        if "status" in item:
+            added["status"] = "in_progress"
+        frames = [(ev({"type": "response.output_item.added", "output_index": base["output_index"],
+                       "item": added}), False)]
+        for step in BUILTIN_ITEMS.get(kind, ("", (), ()))[2]:
+            if kind == "code_interpreter_call" and step == "interpreting":
+                code = item.get("code") or ""
+                for i in range(0, len(code), 6):
+                    frames.append((ev({"type": "response.code_interpreter_call_code.delta", **base,
+                                       "delta": code[i : i + 6]}), False))
+                frames.append((ev({"type": "response.code_interpreter_call_code.done", **base,
+                                   "code": code}), False))
+            if kind == "mcp_call" and step == "completed":
+                frames.append((ev({"type": "response.mcp_call_arguments.delta", **base,
+                                   "delta": item["arguments"]}), False))
+                frames.append((ev({"type": "response.mcp_call_arguments.done", **base,
+                                   "arguments": item["arguments"]}), False))
+            if kind == "image_generation_call" and step == "completed":
+                frames.append((ev({"type": "response.image_generation_call.partial_image", **base,
+                                   "partial_image_index": 0,
+                                   "partial_image_b64": item.get("result") or ""}), False))
+            frames.append((ev({"type": f"response.{kind}.{step}", **base}), False))
+        return frames
 
     def render_json(self, turn: Turn, request: RecordedRequest) -> Any:
         rid = self.next_id("resp_")

@@ -12,13 +12,14 @@ import json
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["LoopbackServer", "RecordedRequest", "Reply"]
+__all__ = ["ENCODINGS", "LoopbackServer", "RecordedRequest", "Reply", "compressed"]
 
 
 @dataclass
@@ -45,7 +46,8 @@ class Reply:
 
     ``chunks`` streams the body piece by piece (with ``delay`` seconds between pieces);
     ``reset_after`` drops the connection after that many chunks; ``stall`` sleeps that long before
-    anything is sent (or, with ``stall_after``, after that many chunks).
+    anything is sent (or, with ``stall_after``, after that many chunks). ``compress`` sends the body
+    with that ``Content-Encoding`` (see :data:`ENCODINGS`; ``None``: the server's default).
     """
 
     status: int = 200
@@ -57,6 +59,7 @@ class Reply:
     reset_before_headers: bool = False
     stall: float = 0.0
     stall_after: int | None = None
+    compress: str | None = None
 
     @classmethod
     def json(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
@@ -85,6 +88,69 @@ class Reply:
         )
 
 
+# -- compression (Content-Encoding), as real servers send it --------------------------------------
+def _gzip_like(wbits: int) -> Callable[[], tuple[Callable[[bytes], bytes], Callable[[], bytes]]]:
+    def make() -> tuple[Callable[[bytes], bytes], Callable[[], bytes]]:
+        z = zlib.compressobj(9, zlib.DEFLATED, wbits)
+        return (lambda data: z.compress(data) + z.flush(zlib.Z_SYNC_FLUSH)), z.flush
+    return make
+
+
+def _brotli() -> tuple[Callable[[bytes], bytes], Callable[[], bytes]]:
+    import brotli
+
+    c = brotli.Compressor()
+    return (lambda data: c.process(data) + c.flush()), c.finish
+
+
+def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[], bytes]]:
+    import zstandard
+
+    c = zstandard.ZstdCompressor().compressobj()
+    return (lambda data: c.compress(data) + c.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)), c.flush
+
+
+def _installed(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+#: Content-Encodings the fakes can send: ``name → () -> (encode chunk, finish)``; each chunk is
+#: flushed on its own, so a compressed stream still arrives event by event (br/zstd only where
+#: their libraries are installed — the same ones httpx needs to decode them)
+ENCODINGS: dict[str, Callable[[], tuple[Callable[[bytes], bytes], Callable[[], bytes]]]] = {
+    "gzip": _gzip_like(31),
+    "deflate": _gzip_like(15),  # HTTP "deflate" is the zlib format
+    **({"br": _brotli} if _installed("brotli") else {}),
+    **({"zstd": _zstd} if _installed("zstandard") else {}),
+}
+
+
+def compressed(reply: Reply, encoding: str | None) -> Reply:
+    """``reply`` sent with ``Content-Encoding: encoding`` (unchanged for None / ``identity``).
+
+    A streamed body is compressed chunk by chunk with a flush after each, the stream's end rides
+    on the last chunk; a cut stream (``reset_after``) never sends it, as a real cut would."""
+    if encoding in (None, "identity") or (reply.chunks is None and not reply.body):
+        return reply
+    if encoding not in ENCODINGS:
+        raise ValueError(f"cannot compress with {encoding!r}: choose from {sorted(ENCODINGS)}")
+    encode, finish = ENCODINGS[encoding]()
+    headers = {**reply.headers, "content-encoding": encoding}
+    if reply.chunks is None:
+        return replace(reply, headers=headers, body=encode(reply.body) + finish(), compress=None)
+    chunks = [encode(chunk) if chunk else b"" for chunk in reply.chunks]
+    last = max((i for i, chunk in enumerate(chunks) if chunk), default=None)
+    if last is None:
+        chunks.append(finish())
+    else:
+        chunks[last] += finish()
+    return replace(reply, headers=headers, chunks=chunks, compress=None)
+
+
 Handler = Callable[[RecordedRequest], Reply]
 
 
@@ -99,10 +165,14 @@ class _Server(ThreadingHTTPServer):
 
 
 class LoopbackServer:
-    """``with LoopbackServer(handler) as server: ... server.url ...``"""
+    """``with LoopbackServer(handler) as server: ... server.url ...``
 
-    def __init__(self, handler: Handler) -> None:
+    ``compress``: the ``Content-Encoding`` of every reply that does not choose its own
+    (``Reply.compress``); settable while the server runs (``server.compress = "gzip"``)."""
+
+    def __init__(self, handler: Handler, *, compress: str | None = None) -> None:
         self.handler = handler
+        self.compress = compress
         self.requests: list[RecordedRequest] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -154,6 +224,7 @@ class LoopbackServer:
                 return owner.stopping.wait(seconds)
 
             def _send(self, reply: Reply) -> None:
+                reply = compressed(reply, reply.compress or owner.compress)
                 if reply.reset_before_headers:
                     self._reset()
                     return

@@ -370,6 +370,8 @@ def test_empty_tool_input_means_empty_object(raw: RawServer,
 
 def test_citations_redacted_and_unknown_events(raw: RawServer,
                                                raw_claude: AnthropicAdapter) -> None:
+    citation = {"type": "char_location", "cited_text": "blue", "document_index": 0,
+                "start_char_index": 0, "end_char_index": 4}
     raw.stream(
         start(),
         PING,
@@ -377,9 +379,7 @@ def test_citations_redacted_and_unknown_events(raw: RawServer,
         stop(0),
         block(1, {"type": "text", "text": "", "citations": []}),
         delta(1, {"type": "text_delta", "text": "The sky is blue"}),
-        delta(1, {"type": "citations_delta", "citation": {
-            "type": "char_location", "cited_text": "blue", "document_index": 0,
-            "start_char_index": 0, "end_char_index": 4}}),
+        delta(1, {"type": "citations_delta", "citation": citation}),
         delta(1, {"type": "brand_new_delta", "stuff": 1}),
         {"type": "brand_new_event", "x": 1},
         delta(1, {"type": "text_delta", "text": "."}),
@@ -387,8 +387,45 @@ def test_citations_redacted_and_unknown_events(raw: RawServer,
         *end(),
     )
     response = raw_claude.chat("x", stream=True)
+    # The citation and the unknown delta's field stay with the text block, as the non-streamed
+    # answer would show them (the unknown event is ignored).
+    kept = {"anthropic": {"extra": {"citations": [citation], "stuff": 1}}}
     assert response.content == [RedactedThinkingBlock(data="ENCRYPTED=="),
-                                TextBlock("The sky is blue.")]
+                                TextBlock("The sky is blue.", provider_data=kept)]
+    # Next turn: the citations go back with the text, the field the request does not know does not.
+    raw.stream(start(), *end())
+    raw_claude.chat([Message("user", "x"), response.to_message(), Message("user", "why?")],
+                    stream=True)
+    sent = raw.requests[-1].json["messages"][1]["content"]
+    assert sent == [{"type": "redacted_thinking", "data": "ENCRYPTED=="},
+                    {"type": "text", "text": "The sky is blue.", "citations": [citation]}]
+
+
+def test_unknown_block_streamed_with_its_own_deltas_ends_as_the_whole_block(
+        raw: RawServer, raw_claude: AnthropicAdapter) -> None:
+    """A ``compaction`` block streams as ``content: null`` + ``compaction_delta`` events; the
+    adapter has no rule for either, and merges the deltas into the block generically."""
+    summary = "The user asked about trains to Porto; fares compared."
+    raw.stream(
+        start(),
+        block(0, {"type": "compaction", "content": None}),
+        delta(0, {"type": "compaction_delta", "content": summary[:20]}),
+        delta(0, {"type": "compaction_delta", "content": summary[20:]}),
+        stop(0),
+        block(1, {"type": "text", "text": ""}),
+        delta(1, {"type": "text_delta", "text": "Booked."}),
+        stop(1),
+        *end(),
+    )
+    response = raw_claude.chat("x", stream=True)
+    compaction = {"type": "compaction", "content": summary}
+    assert response.content == [
+        TextBlock("", provider_data={"anthropic": {"block": compaction}}), TextBlock("Booked.")]
+    raw.stream(start(), *end())
+    raw_claude.chat([Message("user", "x"), response.to_message(), Message("user", "and?")],
+                    stream=True)
+    assert raw.requests[-1].json["messages"][1]["content"] == [
+        compaction, {"type": "text", "text": "Booked."}]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,209 @@
+"""Answers shaped like real provider traffic, for every adapter, sync and async.
+
+Real servers compress event streams, interleave built-in tool items with reasoning, stream blocks
+with delta types nobody told the adapter about, send ``output_item.done`` events out of order and
+answer with lists of content parts. Each fake can produce those shapes (our own fixtures, written
+from the documented wire formats: see ``targets.py``), and here every target must
+
+* give the same ``Response`` streamed, streamed async and not streamed, for every answer its fake
+  can produce (the generic scenarios below plus the target's own ``extra_turns``);
+* decode every content encoding the fakes can send (gzip, deflate, br, zstd);
+* send every such answer back on the next turn in a form the strict fake accepts;
+* map the documented stop reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dispatch_nb import (
+    Message,
+    Response,
+    StreamDelta,
+    TextBlock,
+    ToolDefinition,
+    ToolResultBlock,
+)
+from dispatch_nb.adapter import Adapter
+
+from ..fakes.provider import ProviderFake, ToolCall, Turn
+from ..fakes.server import ENCODINGS
+from .targets import TARGETS, Target
+
+WEATHER = ToolDefinition(
+    name="get_weather",
+    description="Current weather for a city",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"]},
+)
+CLOCK = ToolDefinition(name="get_time", description="The time now")
+TOOLS = [WEATHER, CLOCK]
+MODES = ["json", "stream", "async-stream"]
+
+
+def scenarios(target: Target) -> list[tuple[str, Turn]]:
+    """Every kind of answer a fake renders from a canonical :class:`Turn`, then the target's own."""
+    found = [
+        ("text", Turn(text="Hello there, how can I help?")),
+        ("unicode", Turn(text="Grüße, 世界 👋 — ça va?", chunk=1)),
+        ("nothing", Turn(text="")),
+        ("tools", Turn(text="Let me check both.", chunk=3, tool_calls=[
+            ToolCall("call_a", "get_weather", {"city": "Paris"}),
+            ToolCall("call_b", "get_weather", {"city": "Oslo"})])),
+        ("tool-without-arguments", Turn(tool_calls=[ToolCall("call_t", "get_time", {})])),
+        ("max-tokens", Turn(text="The answer was cut o", stop_reason="max_tokens")),
+        ("refusal", Turn(text="I can't help with that.", stop_reason="refusal")),
+        ("content-filter", Turn(text="Partial", stop_reason="content_filter")),
+        ("cached-usage", Turn(text="ok", input_tokens=20, cache_read_tokens=5,
+                              output_tokens=2)),
+    ]
+    if target.supports_thinking:
+        found += [
+            ("thinking", Turn(thinking="Plan: call the tool, then answer.",
+                              signature="EqQBCkYIBxgCKkBsig+/real==", text="Checking.",
+                              tool_calls=[ToolCall("call_k", "get_weather", {"city": "Rome"})])),
+            ("redacted-thinking", Turn(thinking="Short.", signature="EqQBsig2==",
+                                       redacted_thinking=["gAAAA-redacted-1"], text="Done.")),
+        ]
+    return found + target.extra_turns()
+
+
+def _ids(targets: list[Target]) -> list[str]:
+    return [t.name for t in targets]
+
+
+@pytest.fixture(params=TARGETS, ids=_ids(TARGETS))
+def target(request: pytest.FixtureRequest) -> Target:
+    t: Target = request.param
+    reason = t.skip()
+    if reason:
+        pytest.skip(reason)
+    return t
+
+
+@pytest.fixture
+def fake(target: Target) -> Iterator[ProviderFake]:
+    with target.make_fake() as f:
+        yield f
+
+
+@pytest.fixture
+def adapter(target: Target, fake: ProviderFake) -> Iterator[Adapter]:
+    made = target.make_adapter(fake, max_retries=0)
+    yield made
+    made.close()
+
+
+def ask(adapter: Adapter, history: list[Message], mode: str,
+        **kw: Any) -> tuple[Response, list[StreamDelta]]:
+    """One call and the deltas it streamed (none for ``json``)."""
+    if mode == "json":
+        return adapter.chat(history, **kw), []
+    if mode == "stream":
+        with adapter.stream(history, **kw) as stream:
+            deltas = list(stream)
+        return stream.response, deltas
+
+    async def run() -> tuple[Response, list[StreamDelta]]:
+        async with adapter.astream(history, **kw) as stream:
+            got = [d async for d in stream]
+        return stream.response, got
+
+    return asyncio.run(run())
+
+
+def answer(adapter: Adapter, fake: ProviderFake, turn: Turn, mode: str,
+           history: list[Message] | None = None) -> tuple[Response, list[StreamDelta]]:
+    """``turn`` answered in ``mode``, the fake's ids numbered as for every other mode."""
+    restart = getattr(fake, "restart_ids", None)
+    if restart is not None:
+        restart()
+    fake.push(turn)
+    return ask(adapter, history or [Message(role="user", content="Go.")], mode, tools=TOOLS)
+
+
+# -- streamed and non-streamed answers are the same answer -----------------------------------------
+@pytest.mark.parametrize("encoding", [None, "gzip"], ids=["plain", "gzip"])
+def test_streamed_and_non_streamed_answers_are_identical(
+        adapter: Adapter, fake: ProviderFake, target: Target, encoding: str | None) -> None:
+    fake.server.compress = encoding
+    cases = scenarios(target)
+    got: dict[str, list[tuple[Response, list[StreamDelta]]]] = {}
+    for name, turn in cases:
+        got[name] = [answer(adapter, fake, turn, "json"), answer(adapter, fake, turn, "stream")]
+
+    async def async_answers() -> None:  # one event loop for all (one connection pool)
+        for name, turn in cases:
+            restart = getattr(fake, "restart_ids", None)
+            if restart is not None:
+                restart()
+            fake.push(turn)
+            async with adapter.astream([Message(role="user", content="Go.")],
+                                       tools=TOOLS) as stream:
+                deltas = [d async for d in stream]
+            got[name].append((stream.response, deltas))
+
+    asyncio.run(async_answers())
+    for name, ((plain, _), *streams) in got.items():
+        for mode, (streamed, deltas) in zip(("stream", "async-stream"), streams):
+            assert streamed.model_dump() == plain.model_dump(), f"{name}: {mode} differs"
+            shown = "".join(d.text or "" for d in deltas if d.type == "text_delta")
+            assert shown == streamed.text, f"{name}: the text deltas are not the text"
+            thought = "".join(d.text or "" for d in deltas if d.type == "thinking_delta")
+            assert thought == streamed.thinking, f"{name}: the thinking deltas are not the thinking"
+            ends = [d.tool_call_id for d in deltas if d.type == "tool_use_end"]
+            assert ends == [c.id for c in streamed.tool_calls], name
+
+
+# -- compressed answers ------------------------------------------------------------------------------
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "zstd"])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_content_encoding_is_decoded(adapter: Adapter, fake: ProviderFake, encoding: str,
+                                           mode: str) -> None:
+    assert encoding in ENCODINGS, f"the test extra installs the {encoding} library"
+    fake.server.compress = encoding
+    turn = Turn(text="Compressed, and still streamed piece by piece.", chunk=5,
+                tool_calls=[ToolCall("call_z", "get_weather", {"city": "Zürich"})])
+    response, deltas = answer(adapter, fake, turn, mode)
+    assert response.text == turn.text
+    assert [(c.id, c.arguments) for c in response.tool_calls] == [("call_z", {"city": "Zürich"})]
+    assert response.stop_reason == "tool_use"
+    if mode != "json":
+        assert sum(d.type == "text_delta" for d in deltas) >= 5  # not one lump at the end
+
+
+# -- every answer goes back --------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_every_answer_goes_back_on_the_next_turn(adapter: Adapter, fake: ProviderFake,
+                                                 target: Target, mode: str) -> None:
+    """The strict fakes reject history that lost or changed what the model produced (a reasoning
+    item without its following item, a compaction block without its content...). The plain
+    shapes' round trips are ``test_contract.py``'s; these are the ones with more to lose."""
+    kept = [(n, t) for n, t in scenarios(target)
+            if n in ("tools", "thinking", "redacted-thinking")] + target.extra_turns()
+    for name, turn in kept:
+        history = [Message(role="user", content="Go.")]
+        first, _ = answer(adapter, fake, turn, mode, history)
+        saved = Message.model_validate_json(first.to_message().model_dump_json())
+        results = [ToolResultBlock(tool_use_id=c.id, content="18 °C") for c in first.tool_calls]
+        history += [saved, Message(role="user", content=[*results, TextBlock("And then?")])]
+        fake.push(Turn(text=f"next after {name}"))
+        second, _ = ask(adapter, history, mode, tools=TOOLS)
+        assert second.text == f"next after {name}", name
+
+
+# -- documented stop reasons -------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("stop", ["max_tokens", "refusal", "content_filter"])
+def test_stop_reasons_map_as_documented(adapter: Adapter, fake: ProviderFake, target: Target,
+                                        mode: str, stop: str) -> None:
+    expected = stop
+    if target.name == "anthropic" and stop == "content_filter":
+        expected = "refusal"  # the Messages API's only filter stop is "refusal"
+    response, _ = answer(adapter, fake, Turn(text="Some of it", stop_reason=stop), mode)
+    assert response.stop_reason == expected
+    assert response.text == "Some of it"
