@@ -1,7 +1,8 @@
 """The contract every adapter honours, run against each provider's wire-protocol fake.
 
 Same calls, same ``Response``, same errors — whatever the provider. A new provider passes this file
-by adding one ``Target`` in ``targets.py``.
+by adding one ``Target`` in ``targets.py``. Every case runs twice: as the fake sends it, and with
+its replies gzip-compressed (real servers compress event streams when the client accepts it).
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ def target(request: pytest.FixtureRequest) -> Target:
     return t
 
 
-@pytest.fixture
-def fake(target: Target) -> Iterator[ProviderFake]:
+@pytest.fixture(params=[None, "gzip"], ids=["plain", "gzip"])
+def fake(target: Target, request: pytest.FixtureRequest) -> Iterator[ProviderFake]:
     with target.make_fake() as f:
+        f.server.compress = request.param
         yield f
 
 

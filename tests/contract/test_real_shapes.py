@@ -149,7 +149,7 @@ def test_streamed_and_non_streamed_answers_are_identical(
 
     asyncio.run(async_answers())
     for name, ((plain, _), *streams) in got.items():
-        for mode, (streamed, deltas) in zip(("stream", "async-stream"), streams):
+        for mode, (streamed, deltas) in zip(("stream", "async-stream"), streams, strict=True):
             assert streamed.model_dump() == plain.model_dump(), f"{name}: {mode} differs"
             shown = "".join(d.text or "" for d in deltas if d.type == "text_delta")
             assert shown == streamed.text, f"{name}: the text deltas are not the text"

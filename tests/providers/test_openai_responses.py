@@ -16,6 +16,7 @@ from dispatch_nb import (
     RateLimitError,
     RequestError,
     ServerError,
+    Session,
     TextBlock,
     ThinkingBlock,
     ToolDefinition,
@@ -25,7 +26,18 @@ from dispatch_nb import (
 from dispatch_nb.providers.openai import OpenAIAdapter
 from dispatch_nb.providers.openai_responses import is_reasoning_model, responses_usage
 
-from ..fakes.openai_responses import OpenAIResponsesFake
+from ..fakes.openai_responses import (
+    CODE_INTERPRETER_CALL,
+    COMPACTION,
+    FILE_SEARCH_CALL,
+    IMAGE_GENERATION_CALL,
+    MCP_APPROVAL_REQUEST,
+    MCP_CALL,
+    MCP_LIST_TOOLS,
+    WEB_SEARCH_CALL,
+    OpenAIResponsesFake,
+    ResponsesTurn,
+)
 from ..fakes.provider import Fail, ToolCall, Turn, sse_event
 from ..fakes.server import LoopbackServer, Reply
 
@@ -325,6 +337,136 @@ def test_malformed_function_arguments_and_builtin_output_items() -> None:
     call = response.tool_calls[0]
     assert call.arguments == {} and call.raw_arguments == '{"ci' and call.arguments_error
     assert response.provider_data["openai_responses"]["output_items"] == [search]  # type: ignore[index]
+    # ... and the item itself is in the content, where the model put it, to go back next turn
+    assert [b.type for b in response.content] == ["text", "tool_use"]
+    assert response.content[0].provider_data == {  # type: ignore[union-attr]
+        "openai_responses": {"item": search, "issuer": "openai"}}
+
+
+# -- built-in tool items, output order -----------------------------------------------------------
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_builtin_tool_items_go_back_in_order_in_a_session(fake: OpenAIResponsesFake,
+                                                         stream: bool) -> None:
+    """``[reasoning, web_search_call, reasoning, message]``: dropping the search item leaves the
+    first reasoning item without its following item, which the API (and the fake) rejects."""
+    later = {"type": "reasoning",
+             "summary": [{"type": "summary_text", "text": "The search answered it."}]}
+    fake.push(ResponsesTurn(thinking="Search the forecast.", text="Sunny, 24 °C.",
+                            output=["thinking", WEB_SEARCH_CALL, later, "text"]),
+              Turn(text="Yes, take sunglasses."))
+    session = Session(gpt(fake), tools=[{"type": "web_search"}])
+    first = session.send("Weather in Paris?", stream=stream)
+    assert [b.type for b in first.content] == ["thinking", "text", "thinking", "text"]
+    assert first.text == "Sunny, 24 °C."
+    assert session.send("Sunglasses?", stream=stream).text == "Yes, take sunglasses."
+    items = fake.last_request.json["input"]
+    assert [i["type"] for i in items] == ["message", "reasoning", "web_search_call", "reasoning",
+                                          "message", "message"]
+    rs1, ws, rs2, answer = items[1:5]
+    assert rs1 == fake.issued_reasoning[rs1["id"]] and rs2 == fake.issued_reasoning[rs2["id"]]
+    assert ws == fake.issued_items[ws["id"]] == {**WEB_SEARCH_CALL, "id": ws["id"]}
+    assert answer["id"].startswith("msg_")  # paired with the reasoning item before it
+
+    # The history without the search item is exactly what OpenAI rejects.
+    history = session.history[:2]
+    cut = Message(role="assistant", content=[b for b in history[1].blocks
+                                             if not (b.type == "text" and not b.text)])
+    with pytest.raises(RequestError) as info:
+        gpt(fake).chat([history[0], cut, Message(role="user", content="Sunglasses?")])
+    assert info.value.status_code == 400
+    assert info.value.message == (f"Item '{rs1['id']}' of type 'reasoning' was provided without "
+                                  "its required following item.")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_every_builtin_item_kind_is_kept_verbatim_in_order(fake: OpenAIResponsesFake,
+                                                          stream: bool) -> None:
+    kinds = [FILE_SEARCH_CALL, CODE_INTERPRETER_CALL, IMAGE_GENERATION_CALL, MCP_LIST_TOOLS,
+             MCP_CALL, COMPACTION]
+    fake.push(ResponsesTurn(thinking="Use every tool.", text="All done.",
+                            output=["thinking", *kinds, "text", MCP_APPROVAL_REQUEST]))
+    response = gpt(fake).chat("Go.", stream=stream)
+    assert [b.type for b in response.content] == ["thinking", *["text"] * 6, "text", "text"]
+    kept = [b.provider_data["openai_responses"]["item"]  # type: ignore[index]
+            for b in response.content if b.type == "text" and not b.text]
+    assert [k["type"] for k in kept] == [k["type"] for k in kinds] + ["mcp_approval_request"]
+    for item, fixture in zip(kept, [*kinds, MCP_APPROVAL_REQUEST], strict=True):
+        assert item == {**fixture, "id": item["id"]}
+    assert response.text == "All done."
+    assert response.stop_reason == "end_turn"
+
+
+def test_items_placed_by_output_index_not_arrival() -> None:
+    """A reasoning item's ``output_item.done`` after the message's (OpenRouter): the blocks keep
+    the output order and the message keeps the id that pairs it with the reasoning item."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "E1"}
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": "Hi.", "annotations": []}]}
+    events = [
+        {"type": "response.output_item.added", "output_index": 0,
+         "item": {**reasoning, "encrypted_content": None}},
+        {"type": "response.output_item.added", "output_index": 1,
+         "item": {**message, "content": [], "status": "in_progress"}},
+        {"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 1,
+         "content_index": 0, "delta": "Hi."},
+        {"type": "response.output_item.done", "output_index": 1, "item": message},
+        {"type": "response.output_item.done", "output_index": 0, "item": reasoning},
+        completed([reasoning, message]),
+    ]
+    with raw_server(*events) as server:
+        response = gpt(server).chat("x", stream=True)
+    assert [b.type for b in response.content] == ["thinking", "text"]
+    assert response.content[0].signature == "E1"  # type: ignore[union-attr]
+    assert response.content[1].provider_data == {"openai_responses": {"id": "msg_1"}}
+
+
+@pytest.mark.parametrize("mode", ["stream", "async"])
+def test_late_reasoning_done_events_round_trip(fake: OpenAIResponsesFake, mode: str) -> None:
+    fake.push(ResponsesTurn(text="Lima it is.", late_reasoning_done=True,
+                            tool_calls=[ToolCall("call_l", "get_weather", {"city": "Lima"})],
+                            output=[{"type": "reasoning"}, "text", {"type": "reasoning"}, "tools"]),
+              Turn(text="19 °C in Lima."))
+    adapter = gpt(fake)
+    history = [Message(role="user", content="Lima?")]
+    if mode == "stream":
+        first = adapter.chat(history, tools=[WEATHER], stream=True)
+    else:
+        first = asyncio.run(adapter.achat(history, tools=[WEATHER], stream=True))
+    assert [b.type for b in first.content] == ["thinking", "text", "thinking", "tool_use"]
+    history += [first.to_message(),
+                Message(role="user", content=[ToolResultBlock(tool_use_id="call_l", content="19")])]
+    assert adapter.chat(history, tools=[WEATHER]).text == "19 °C in Lima."
+    sent = fake.last_request.json["input"]
+    assert [i["type"] for i in sent] == ["message", "reasoning", "message", "reasoning",
+                                         "function_call", "function_call_output"]
+    assert sent[2]["id"].startswith("msg_") and sent[4]["id"].startswith("fc_")
+
+
+def test_builtin_items_from_another_issuer_or_without_their_reasoning_stay_home() -> None:
+    from dispatch_nb.adapter import ChatRequest
+    from dispatch_nb.providers.openai_responses import build_responses_body
+
+    def turn(issuer: str) -> Message:
+        rs = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "E"}
+        ws = {**WEB_SEARCH_CALL, "id": "ws_1"}
+        data = {"issuer": issuer}
+        return Message(role="assistant", content=[
+            ThinkingBlock(signature="E", provider_data={"openai_responses": {"item": rs, **data}}),
+            TextBlock("", provider_data={"openai_responses": {"item": ws, **data}}),
+            TextBlock("answer", provider_data={"openai_responses": {"id": "msg_1"}}),
+        ])
+
+    def sent(issuer: str, model: str) -> list[str]:
+        request = ChatRequest(messages=[Message("user", "q"), turn(issuer), Message("user", "more")],
+                              max_tokens=100)
+        body = build_responses_body(request, model, provider="openai")
+        return [i.get("id") or i["type"] for i in body["input"]]
+
+    assert sent("openai", "gpt-5") == ["message", "rs_1", "ws_1", "msg_1", "message"]
+    # Copilot's items cannot go to OpenAI; without its reasoning item the search item (whose id
+    # names that reasoning) cannot go either, and the message goes without its id.
+    assert sent("copilot", "gpt-5") == ["message", "message", "message"]
+    assert sent("openai", "gpt-4.1") == ["message", "message", "message"]
 
 
 # -- the fake is as strict as the API ------------------------------------------------------------
