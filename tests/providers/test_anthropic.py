@@ -32,7 +32,13 @@ from dispatch_nb import (
 )
 from dispatch_nb.providers.anthropic import AnthropicAdapter
 
-from ..fakes.anthropic import AnthropicFake
+from ..fakes.anthropic import (
+    COMPACTION,
+    SERVER_TOOL_USE,
+    WEB_SEARCH_RESULT,
+    AnthropicFake,
+    AnthropicTurn,
+)
 from ..fakes.provider import Fail, ToolCall, Turn, sse_event
 from ..fakes.server import LoopbackServer, RecordedRequest, Reply
 
@@ -426,6 +432,44 @@ def test_unknown_block_streamed_with_its_own_deltas_ends_as_the_whole_block(
                     stream=True)
     assert raw.requests[-1].json["messages"][1]["content"] == [
         compaction, {"type": "text", "text": "Booked."}]
+
+
+@pytest.mark.parametrize("mode", ["json", "stream", "async"])
+def test_compaction_and_server_tools_go_back_as_they_came(claude: AnthropicAdapter,
+                                                          fake: AnthropicFake, mode: str) -> None:
+    """A streamed ``compaction`` block used to end with ``content: null`` (its summary arrives
+    only in ``compaction_delta`` events), and the next turn was rejected."""
+    cited = {"type": "text", "text": "Mild, about 22 °C.",
+             "citations": [{"type": "web_search_result_location", "url": "https://w.example/l",
+                            "title": "Lisbon", "encrypted_index": "Eo8fake",
+                            "cited_text": "22 °C"}]}
+    fake.push(AnthropicTurn(content=[COMPACTION, SERVER_TOOL_USE, WEB_SEARCH_RESULT, cited]),
+              Turn(text="Pack a light jacket."))
+    history = [Message("user", "Weather in Lisbon in May?")]
+    if mode == "async":
+        first = asyncio.run(claude.achat(history, stream=True))
+    else:
+        first = claude.chat(history, stream=mode == "stream")
+    assert first.text == "Mild, about 22 °C."
+    assert [(b.provider_data or {}).get("anthropic", {}).get("block", {}).get("type")
+            for b in first.content] == ["compaction", "server_tool_use", "web_search_tool_result",
+                                        None]
+    history += [first.to_message(), Message("user", "What should I pack?")]
+    assert claude.chat(history, stream=mode != "json").text == "Pack a light jacket."
+    assert fake.last_request.json["messages"][1]["content"] == [
+        COMPACTION, SERVER_TOOL_USE, WEB_SEARCH_RESULT, cited]
+    assert fake.rejections == []
+
+
+def test_fake_rejects_a_compaction_block_without_its_summary(claude: AnthropicAdapter,
+                                                             fake: AnthropicFake) -> None:
+    lost = TextBlock("", provider_data={"anthropic": {"block": {"type": "compaction",
+                                                                "content": None}}})
+    with pytest.raises(RequestError) as info:
+        claude.chat([Message("user", "x"), Message("assistant", [lost, TextBlock("ok")]),
+                     Message("user", "y")])
+    assert info.value.status_code == 400
+    assert info.value.message == "messages.1.content.0.content: Input should be a valid string"
 
 
 @pytest.mark.parametrize(
