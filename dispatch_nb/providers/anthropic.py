@@ -18,9 +18,13 @@ Wire rules this module owns (PROTOCOLS.md §6):
   Thinking that carries another wire format's ``provider_data`` (OpenAI's encrypted reasoning in
   ``signature``, Copilot's ``reasoning_opaque``) is left out for the same reason.
 * Opaque data rides in ``provider_data["anthropic"]``. Blocks the canonical types have no name for
-  (``server_tool_use``, ``web_search_tool_result``…) become an empty
+  (``server_tool_use``, ``web_search_tool_result``, ``compaction``…) become an empty
   :class:`~dispatch_nb.types.TextBlock` with the raw block in ``provider_data["anthropic"]["block"]``;
-  it is sent back verbatim, so ``pause_turn`` continuations work. An outgoing block with
+  it is sent back verbatim, so ``pause_turn`` continuations and compacted conversations work.
+  Streamed, such a block is filled by its own delta events, merged generically
+  (:func:`merge_delta`), so it ends as the non-streamed answer shows it. Fields of known blocks the
+  canonical blocks have no place for (``citations``…) are kept in ``provider_data["anthropic"]
+  ["extra"]``; ``citations`` go back with their text. An outgoing block with
   ``provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}}`` is a prompt-cache
   breakpoint.
 * Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);

@@ -28,6 +28,12 @@ reasoning in ``reasoning_content`` / ``reasoning`` / ``reasoning_text`` (+ ``rea
 ``refusal``, ``[DONE]``, and ``{"error": ...}`` in the middle of a stream. Tool arguments are parsed
 only when the call is complete; invalid JSON becomes ``ToolUseBlock.arguments_error``.
 
+Content may be a list of parts (Mistral): ``text`` parts are text, ``thinking`` parts
+(``{"type": "thinking", "thinking": [{"type": "text", "text": ...}]}``) a :class:`ThinkingBlock`
+marked ``{"field": "content"}``, any other part type an empty :class:`TextBlock` holding the part
+verbatim (``{"part": {...}}``; streamed pieces of one part merged). An assistant turn that came as
+parts goes back as parts. ``n`` above 1 (through ``extra_body``) is refused: one answer per call.
+
 Opaque data rides in ``provider_data["openai_chat"]``: on a :class:`ThinkingBlock` the field the
 reasoning came in (``{"field": "reasoning_text"}``; ``reasoning_opaque`` is the block's
 ``signature``), on a :class:`ToolUseBlock` a Gemini ``thought_signature``. With

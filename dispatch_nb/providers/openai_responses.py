@@ -19,8 +19,16 @@ Reasoning: for reasoning models the request adds ``include: ["reasoning.encrypte
 ``reasoning`` output item becomes a :class:`ThinkingBlock` — summary text as ``thinking``,
 ``encrypted_content`` as ``signature``, the complete item in ``provider_data["openai_responses"]
 ["item"]`` — and is sent back verbatim next turn. The API pairs a reasoning item with the item that
-follows it by id, so the ``fc_`` / ``msg_`` ids of that turn's items are sent too, and only then
-(an id without its reasoning item is rejected as well).
+follows it by id, so the ``fc_`` / ``msg_`` ids of the items after a reasoning item are kept and
+sent too, and only then (an id without its reasoning item is rejected as well).
+
+Every other output item — built-in tool calls (``web_search_call``, ``file_search_call``,
+``code_interpreter_call``, ``image_generation_call``), MCP items (``mcp_call``, ``mcp_list_tools``,
+``mcp_approval_request``), ``compaction``, types added later — is kept verbatim as an empty
+:class:`TextBlock` with the item in ``provider_data["openai_responses"]["item"]``, in its place
+among the other blocks, and goes back unchanged: ``[reasoning, web_search_call, reasoning,
+message]`` must return whole, or the first reasoning item lacks its following item (400). Blocks
+are placed by ``output_index``, whatever order the events came in.
 
 Stop reasons: ``completed`` → ``end_turn`` (``tool_use`` with function calls); ``incomplete`` →
 ``max_tokens`` / ``content_filter`` per ``incomplete_details.reason``; a refusal (``refusal`` content

@@ -33,6 +33,7 @@ SCHEMA_FOR = {"/chat/completions": "CreateChatCompletionRequest", "/responses": 
 SUITES = [
     "tests/contract/test_contract.py",
     "tests/contract/test_downstream.py",
+    "tests/contract/test_real_shapes.py",
     "tests/providers/test_openai_chat.py",
     "tests/providers/test_openai_responses.py",
     "tests/providers/test_openai.py",

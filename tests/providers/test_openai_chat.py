@@ -33,7 +33,7 @@ from dispatch_nb.providers.openai_chat import (
 from dispatch_nb.sse import SSEDecoder
 from dispatch_nb.stream import Accumulator
 
-from ..fakes.openai_chat import REFERENCE_PART, ChatTurn, OpenAIChatFake
+from ..fakes.openai_chat import OpenAIChatFake
 from ..fakes.provider import Fail, ToolCall, Turn, sse_event
 from ..fakes.server import LoopbackServer, RecordedRequest, Reply
 
@@ -521,34 +521,7 @@ def test_strict_fake_rejects_raw_bodies(llama: OpenAIChatFake, messages: list[An
     assert expected in reply.json()["error"]["message"]
 
 
-# -- content as a list of parts (Mistral), CRLF, n ------------------------------------------------
-@pytest.mark.parametrize("mode", ["json", "stream", "async"])
-def test_mistral_thinking_parts_become_thinking_and_go_back_as_parts(mode: str) -> None:
-    thought = "Okay, the user asks how to cross the street safely."
-    with OpenAIChatFake.mistral() as fake:
-        fake.push(ChatTurn(thinking=thought, text="Look left, right, left again.", chunk=7,
-                           parts=[REFERENCE_PART]),
-                  Turn(text="Use a bridge."))
-        adapter = adapter_for(fake)
-        history = [Message("user", "How do I cross the street?")]
-        if mode == "async":
-            first = asyncio.run(adapter.achat(history, stream=True))
-        else:
-            first = adapter.chat(history, stream=mode == "stream")
-        assert [b.type for b in first.content] == ["thinking", "text", "text"]
-        assert first.thinking == thought
-        assert first.text == "Look left, right, left again."
-        # the part type dispatch_nb does not know is kept whole (streamed in pieces, merged)
-        assert first.content[2].provider_data == {"openai_chat": {"part": REFERENCE_PART}}
-        history += [first.to_message(), Message("user", "And a river?")]
-        assert adapter.chat(history, stream=mode != "json").text == "Use a bridge."
-        assert fake.last_request.json["messages"][1] == {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": [{"type": "text", "text": thought}]},
-            {"type": "text", "text": "Look left, right, left again."},
-            REFERENCE_PART,
-        ]}
-
-
+# -- CRLF, n, thinking not echoed ----------------------------------------------------------------
 def test_thinking_from_reasoning_fields_still_goes_back_as_a_string() -> None:
     """Only thinking that came as content parts is sent back as parts: a DeepSeek-style
     ``reasoning_content`` answer keeps plain-string assistant content (never echoed)."""
@@ -583,20 +556,3 @@ def test_several_choices_are_refused_before_sending() -> None:
         assert fake.chat_requests == []
         adapter_for(fake).chat("x", extra_body={"n": 1})
         assert fake.last_request.json["n"] == 1
-
-
-def test_unknown_parts_streamed_in_pieces_are_merged() -> None:
-    acc = Accumulator()
-    parser = ChatStreamParser(acc, provider="compatible")
-    for piece in ({"type": "reference", "reference_ids": [0]},
-                  {"type": "reference", "reference_ids": [2]},
-                  {"type": "text", "text": "so"},
-                  {"type": "reference", "reference_ids": [5]}):
-        parser.feed_chunk(chunk({"content": [piece]}))
-    parser.feed_chunk(chunk(finish="stop"))
-    response = acc.finish()
-    assert [(b.text, b.provider_data) for b in response.content] == [
-        ("", {"openai_chat": {"part": {"type": "reference", "reference_ids": [0, 2]}}}),
-        ("so", None),
-        ("", {"openai_chat": {"part": {"type": "reference", "reference_ids": [5]}}}),
-    ]
