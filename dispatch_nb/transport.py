@@ -350,8 +350,8 @@ class _Exchange(httpx.SyncByteStream):
         if register is not None:
             self._remove_abort = register(self.abort)
         try:
-            while self._head is None and self._error is None and not self._aborted:
-                self._sleep()
+            while self._head is None and not self._done and not self._aborted:
+                self._sleep(head=True)
         except BaseException:
             self.close()
             raise
@@ -365,11 +365,12 @@ class _Exchange(httpx.SyncByteStream):
             head.status_code, headers=head.headers, stream=self, extensions=head.extensions
         )
 
-    def _sleep(self) -> None:
+    def _sleep(self, head: bool = False) -> None:
+        """Block until the loop thread has news: the headers (``head``), body bytes, the end."""
         self._wake.clear()
         self._sleeping = True
-        if self._chunks or self._done or self._aborted or self._head is not None:
-            self._sleeping = False
+        if self._chunks or self._done or self._aborted or (head and self._head is not None):
+            self._sleeping = False  # it came meanwhile
             return
         self._wake.wait()
         self._sleeping = False
