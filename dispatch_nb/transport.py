@@ -88,9 +88,12 @@ _aiohttp_installed: bool | None = None
 def _have_aiohttp() -> bool:
     global _aiohttp_installed
     if _aiohttp_installed is None:
-        _aiohttp_installed = all(
-            importlib.util.find_spec(name) is not None for name in ("aiohttp", "httpx_aiohttp")
-        )
+        try:
+            _aiohttp_installed = all(
+                importlib.util.find_spec(name) is not None for name in ("aiohttp", "httpx_aiohttp")
+            )
+        except (ImportError, ValueError):  # e.g. blocked in sys.modules
+            _aiohttp_installed = False
     return _aiohttp_installed
 
 
@@ -116,7 +119,7 @@ def transport_name() -> TransportName:
         _warned_missing = True
         logger.warning(
             "%s=aiohttp, but aiohttp / httpx-aiohttp are not installed: using httpx "
-            "(pip install 'dispatch-nb[aiohttp]')", TRANSPORT_ENV,
+            "(pip install aiohttp httpx-aiohttp)", TRANSPORT_ENV,
         )
     return "httpx"
 
