@@ -26,7 +26,13 @@ from .call_control import CallControl
 from .errors import APIConnectionError, DispatchError, error_for_status
 from .sse import ServerSentEvent, SSEDecoder
 from .stream import Accumulator
-from .transport import ABORT_EXTENSION, LoopClients, async_client, sync_client
+from .transport import (
+    ABORT_EXTENSION,
+    LoopClients,
+    async_client,
+    prepare_async_transport,
+    sync_client,
+)
 from .types import StreamDelta
 
 __all__ = ["HTTPAdapter", "StreamParser", "WireRequest", "error_details"]
@@ -193,6 +199,13 @@ class HTTPAdapter(Adapter):
             return self._async_http_given
         return self._async_clients.get()
 
+    async def _aclient_ready(self) -> httpx.AsyncClient:
+        """:meth:`_aclient`, after importing its transport off the event loop (the first call of a
+        process would otherwise block the loop — deadlines and cancels too — while aiohttp loads)."""
+        if self._async_http_given is None:
+            await prepare_async_transport()
+        return self._aclient()
+
     def close(self) -> None:
         """Close the sync connection pool (async pools close when their event loop ends)."""
         with self._client_lock:
@@ -304,7 +317,6 @@ class HTTPAdapter(Adapter):
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
         wire = self.build_request(request)
-        client = self._aclient()
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         reading = [False]
@@ -320,6 +332,7 @@ class HTTPAdapter(Adapter):
         response: httpx.Response | None = None
         try:
             reading[0] = True  # a token refresh can take a while: let abort interrupt it too
+            client = await self._aclient_ready()
             auth = await self.aauth_headers()
             reading[0] = False
             control.check()
@@ -435,7 +448,7 @@ class HTTPAdapter(Adapter):
     ) -> Any:
         """The async twin of :meth:`get_json`."""
         try:
-            response = await self._aclient().get(
+            response = await (await self._aclient_ready()).get(
                 self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
                 timeout=timeout,
             )

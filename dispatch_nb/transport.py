@@ -61,6 +61,7 @@ __all__ = [
     "ThreadedTransport",
     "async_client",
     "environment_proxies",
+    "prepare_async_transport",
     "sync_client",
     "transport_name",
 ]
@@ -122,6 +123,25 @@ def transport_name() -> TransportName:
             "(pip install aiohttp httpx-aiohttp)", TRANSPORT_ENV,
         )
     return "httpx"
+
+
+_aiohttp_imported = False
+
+
+def _import_aiohttp() -> None:
+    global _aiohttp_imported
+    import httpx_aiohttp  # noqa: F401  (and aiohttp)
+
+    _aiohttp_imported = True
+
+
+async def prepare_async_transport() -> None:
+    """Import the configured transport's modules on a worker thread, once per process.
+
+    aiohttp takes 0.1–0.5 s to import; done on the event loop by the first call it would freeze
+    that loop, and with it the call's deadline and cancellation."""
+    if not _aiohttp_imported and transport_name() == "aiohttp":
+        await asyncio.to_thread(_import_aiohttp)
 
 
 # -- proxies --------------------------------------------------------------------------------------
