@@ -144,8 +144,15 @@ class Handler(BaseHTTPRequestHandler):
         flush()
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that hangs up early (a closed kernel, a cancelled stream) is no error
+
+
 def main() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = Server(("127.0.0.1", 0), Handler)
     with open(sys.argv[1], "w") as f:
         f.write(str(server.server_address[1]))
     server.serve_forever()
