@@ -473,6 +473,7 @@ class _Exchange(httpx.SyncByteStream):
             self._head = response
             self._wake.set()
             chunks = self._chunks
+            assert isinstance(response.stream, httpx.AsyncByteStream)
             async for chunk in response.stream:
                 chunks.append(chunk)
                 self._put += len(chunk)
@@ -751,7 +752,7 @@ class LoopClients:
         if entry is None:
             client = self._make()
             finalizer = self._closer(loop, client)
-            step = finalizer.__anext__()  # the first step registers it with the loop...
+            step: Any = finalizer.__anext__()  # the first step registers it with the loop...
             try:
                 step.send(None)  # ...and runs to its ``yield`` without awaiting anything
             except StopIteration:

@@ -41,7 +41,6 @@ from dispatch_nb.transport import (
 )
 
 from .fakes.canonical import CanonicalFake
-from .fakes.provider import Turn
 from .fakes.server import LoopbackServer, Reply, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -239,7 +238,7 @@ def test_tls_is_verified_against_ssl_cert_file(
     monkeypatch.delenv("SSL_CERT_FILE")
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     untrusting = FakeAdapter("echo", base_url=base_url, max_retries=0)
-    with pytest.raises(APIConnectionError, match="(?i)certificate"):
+    with pytest.raises(APIConnectionError, match=r"(?i)certificate"):
         answer(untrusting, mode)
     untrusting.close()
 
@@ -307,10 +306,7 @@ EVENTS = [f"data: {json.dumps({'type': 'text', 'text': f'part {i} '})}\n\n".enco
 def compressed(encoding: str) -> list[bytes]:
     """The events compressed as one stream, cut into small chunks."""
     data = b"".join(EVENTS)
-    if encoding == "gzip":
-        body = gzip.compress(data)
-    else:
-        body = zlib.compress(data)
+    body = gzip.compress(data) if encoding == "gzip" else zlib.compress(data)
     return [body[i : i + 37] for i in range(0, len(body), 37)]
 
 
