@@ -1,6 +1,7 @@
 """Run every benchmark in this folder, one after the other, and print their reports.
 
-    python benchmarks/run_all.py            # the full comparison (``make bench``)
+    python benchmarks/run_all.py            # the full comparison (``make bench``); plots and
+                                            # results.md go to docs/benchmarks/
     python benchmarks/run_all.py --smoke    # each once with a small N: checks every client's text
 
 Extra arguments go to every benchmark (each understands ``--smoke``). The exit status is non-zero
@@ -21,7 +22,10 @@ def main(argv: list[str]) -> int:
     status = 0
     for name in BENCHMARKS:
         print(f"\n=== {name} ===", flush=True)
-        status |= subprocess.run([sys.executable, str(HERE / name), *argv]).returncode
+        extra = []
+        if name == "bench_streaming.py" and "--smoke" not in argv:
+            extra = ["--plots", str(HERE.parent / "docs" / "benchmarks")]  # the published results
+        status |= subprocess.run([sys.executable, str(HERE / name), *argv, *extra]).returncode
     return status
 
 

@@ -512,16 +512,22 @@ class ThreadedTransport(httpx.BaseTransport):
     once on Ctrl-C (the main thread) or on an abort (:data:`ABORT_EXTENSION`, any thread)."""
 
     def __init__(self, make: Callable[[], httpx.AsyncBaseTransport]) -> None:
-        self._runner = _shared_loop()
-        self._inner = make()
+        self._make = make
         self._closed = False
+        self._start()
         _threaded_transports.add(self)
+
+    def _start(self) -> None:
+        self._runner = _shared_loop()
+        self._inner = self._make()
         # an unclosed client's connections are closed when it is garbage-collected
         weakref.finalize(self, _close_soon, self._runner, self._inner)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if self._closed:
             raise RuntimeError("this transport has been closed")
+        if self._runner.pid != os.getpid():  # a forked child: the parent's thread is not here
+            self._start()
         request.read()
         return _Exchange(self._runner).open(self._inner, request)
 

@@ -356,3 +356,23 @@ def test_a_request_body_is_sent_whole(transport: str) -> None:
     with LoopbackServer(handler) as server, sync_client(httpx.Timeout(5)) as client:
         assert client.post(server.url, json=payload).json() == {"ok": True}
     assert seen == [payload]
+
+
+def test_a_forked_child_makes_its_own_http_thread() -> None:
+    out = run_python("""
+        import os
+        from dispatch_nb.providers.fake import FakeAdapter
+        from tests.fakes.canonical import CanonicalFake
+        with CanonicalFake() as fake:
+            adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=20)
+            print(adapter.chat("parent").text, flush=True)
+            pid = os.fork()  # the parent's HTTP thread does not exist in the child
+            if pid == 0:
+                try:
+                    print(adapter.chat("child").text, flush=True)
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+            adapter.close()
+    """)
+    assert out.splitlines() == ["echo: parent", "echo: child"]
