@@ -118,16 +118,31 @@ def measure(
 
 
 def memory(server: str, n: int, runner: Runner) -> list[tuple[str, int, int]]:
-    """(client, peak bytes traced while streaming, text bytes) for one n-event answer."""
-    from clients import ours_async, ours_sync
+    """(client, peak bytes traced while streaming, text bytes) for one n-event answer.
+
+    The deltas are consumed and dropped (as a live view does); the text is read from the final
+    ``Response``, so the peak is what dispatch_nb itself holds."""
+    from dispatch_nb import connect
 
     base = f"{server}/event/{n}"
+    adapter = connect("compatible:bench", base_url=f"{base}/v1")
+
+    def sync() -> str:
+        with adapter.stream("hi") as stream:
+            for _ in stream:
+                pass
+            return stream.response.text
+
+    async def asynchronous() -> str:
+        async with adapter.astream("hi") as stream:
+            async for _ in stream:
+                pass
+            return stream.response.text
+
     out = []
-    for name, make, is_async in [("dispatch_nb compatible", ours_sync("compatible:bench"), False),
-                                 ("dispatch_nb compatible (async)", ours_async("compatible:bench"),
-                                  True)]:
-        client = Client(name, "dispatch_nb", "chat", is_async, make)
-        run = make(base)
+    for name, run, is_async in [("dispatch_nb compatible", sync, False),
+                                ("dispatch_nb compatible (async)", asynchronous, True)]:
+        client = Client(name, "dispatch_nb", "chat", is_async, lambda base: run)
         runner.call(client, run)  # warm-up outside the measurement
         gc.collect()
         tracemalloc.start()
@@ -139,6 +154,7 @@ def memory(server: str, n: int, runner: Runner) -> list[tuple[str, int, int]]:
             tracemalloc.stop()
         assert text == expected_text(n), f"{name}: wrong text"
         out.append((name, peak, len(text)))
+    adapter.close()
     return out
 
 
