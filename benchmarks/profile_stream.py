@@ -81,6 +81,7 @@ def layers(base: str, n: int) -> list[tuple[str, float]]:
         ("dispatch_nb compatible, sync (the whole path)", best_cpu(sync_adapter, n)),
     ]
     loop.run_until_complete(client.aclose())
+    loop.run_until_complete(loop.shutdown_asyncgens())  # closes the adapter's pool for this loop
     loop.close()
     adapter.close()
     return out

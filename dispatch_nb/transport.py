@@ -39,6 +39,7 @@ import ipaddress
 import logging
 import os
 import socket
+import ssl
 import threading
 import weakref
 from collections import deque
@@ -63,6 +64,7 @@ __all__ = [
     "environment_proxies",
     "prepare_async_transport",
     "sync_client",
+    "tls_context",
     "transport_name",
 ]
 
@@ -703,40 +705,61 @@ def _aiohttp_can_proxy(proxy: httpx.Proxy) -> bool:
     return proxy.url.scheme in ("http", "https")
 
 
+_tls_lock = threading.Lock()
+_tls_contexts: dict[tuple[str, str], ssl.SSLContext] = {}
+
+
+def tls_context() -> ssl.SSLContext:
+    """The TLS context every client verifies servers with: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
+    when set, else certifi's bundle (httpx's rules). Made once per setting and shared: loading a
+    CA bundle takes tens of milliseconds, which every new client (one per event loop: every
+    ``asyncio.run``) would otherwise pay."""
+    key = (os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
+    context = _tls_contexts.get(key)
+    if context is None:
+        with _tls_lock:
+            context = _tls_contexts.get(key)
+            if context is None:
+                context = _tls_contexts[key] = httpx.create_ssl_context(trust_env=True)
+    return context
+
+
 def sync_client(timeout: httpx.Timeout) -> httpx.Client:
     """A new sync client on the configured transport (see the module docstring)."""
+    tls = tls_context()
     if transport_name() == "aiohttp":
 
         def proxied(proxy: httpx.Proxy) -> httpx.BaseTransport:
             if not _aiohttp_can_proxy(proxy):  # e.g. socks5://: httpx's transport speaks it
-                return AbortableHTTPTransport(proxy=proxy)
-            return ThreadedTransport(lambda: AiohttpTransport(proxy=proxy))
+                return AbortableHTTPTransport(verify=tls, proxy=proxy)
+            return ThreadedTransport(lambda: AiohttpTransport(verify=tls, proxy=proxy))
 
         return httpx.Client(
             timeout=timeout,
-            transport=ThreadedTransport(AiohttpTransport),
+            transport=ThreadedTransport(lambda: AiohttpTransport(verify=tls)),
             mounts=_proxy_mounts(proxied),
         )
     return httpx.Client(
         timeout=timeout,
-        transport=AbortableHTTPTransport(),
-        mounts=_proxy_mounts(lambda proxy: AbortableHTTPTransport(proxy=proxy)),
+        transport=AbortableHTTPTransport(verify=tls),
+        mounts=_proxy_mounts(lambda proxy: AbortableHTTPTransport(verify=tls, proxy=proxy)),
     )
 
 
 def async_client(timeout: httpx.Timeout) -> httpx.AsyncClient:
     """A new async client on the configured transport, for the running event loop."""
+    tls = tls_context()
     if transport_name() == "aiohttp":
 
         def proxied(proxy: httpx.Proxy) -> httpx.AsyncBaseTransport:
             if not _aiohttp_can_proxy(proxy):
-                return httpx.AsyncHTTPTransport(proxy=proxy)
-            return AiohttpTransport(proxy=proxy)
+                return httpx.AsyncHTTPTransport(verify=tls, proxy=proxy)
+            return AiohttpTransport(verify=tls, proxy=proxy)
 
         return httpx.AsyncClient(
-            timeout=timeout, transport=AiohttpTransport(), mounts=_proxy_mounts(proxied)
+            timeout=timeout, transport=AiohttpTransport(verify=tls), mounts=_proxy_mounts(proxied)
         )
-    return httpx.AsyncClient(timeout=timeout)  # httpx reads the proxy environment itself
+    return httpx.AsyncClient(timeout=timeout, verify=tls)  # httpx reads the proxy environment
 
 
 class LoopClients:

@@ -243,6 +243,19 @@ def test_tls_is_verified_against_ssl_cert_file(
     untrusting.close()
 
 
+def test_the_tls_context_is_made_once_per_ca_setting(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from dispatch_nb.transport import tls_context
+
+    first = tls_context()
+    assert tls_context() is first  # loading a CA bundle is slow: not once per event loop
+    trustme = pytest.importorskip("trustme")
+    pem = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(pem))
+    monkeypatch.setenv("SSL_CERT_FILE", str(pem))
+    assert tls_context() is not first
+
+
 # -- pools ---------------------------------------------------------------------------------------
 def test_one_pool_per_event_loop_closed_when_the_loop_ends(
     transport: str, fake: CanonicalFake, caplog: pytest.LogCaptureFixture
