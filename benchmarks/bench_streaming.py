@@ -142,7 +142,7 @@ def memory(server: str, n: int, runner: Runner) -> list[tuple[str, int, int]]:
     out = []
     for name, run, is_async in [("dispatch_nb compatible", sync, False),
                                 ("dispatch_nb compatible (async)", asynchronous, True)]:
-        client = Client(name, "dispatch_nb", "chat", is_async, lambda base: run)
+        client = Client(name, "dispatch_nb", "chat", is_async, lambda base, run=run: run)
         runner.call(client, run)  # warm-up outside the measurement
         gc.collect()
         tracemalloc.start()
