@@ -1,21 +1,38 @@
 """A loopback SSE server for the streaming benchmarks, run in its own process.
 
-``python benchmarks/stream_server.py PORTFILE`` serves, on 127.0.0.1, pre-rendered streams with one
-HTTP chunk per event (the worst case for a client, and what real APIs do):
+``python benchmarks/stream_server.py PORTFILE`` serves, on 127.0.0.1, pre-rendered streams of N text
+deltas in each provider's wire format:
 
-* ``POST /v1/chat/completions`` — an OpenAI chat.completions stream of N text chunks
-* ``POST /v1/responses`` — an OpenAI Responses stream of N text deltas
-* ``POST /v1/messages`` — an Anthropic Messages stream of N text deltas
+* ``POST .../v1/chat/completions`` — an OpenAI chat.completions stream
+* ``POST .../v1/responses`` — an OpenAI Responses stream
+* ``POST .../v1/messages`` — an Anthropic Messages stream
 
-N comes from the ``x-bench-events`` request header. Running the server in another process keeps its
-work off the client's GIL, so the numbers measure the client.
+How, and how many, comes from a path prefix, so every client (SDKs included) can be pointed at it
+with a base URL alone: ``http://127.0.0.1:PORT/<mode>/<N>/v1/chat/completions``, where mode is
+
+* ``event`` — one TCP write (one HTTP chunk) per event: what real APIs do, the worst case for a
+  client;
+* ``bulk`` — the whole body in one write (``content-length``): the client's own cost alone;
+* ``paced<R>`` — one chunk per event, R events per second (a model streaming in real time).
+
+Without a prefix, N comes from the ``x-bench-events`` header (default 1000) and the mode is
+``event``. The delta texts are ``tok0 ``, ``tok1 ``, ... ``tok9 ``, ``tok0 ``...: see
+:func:`expected_text`. Running the server in another process keeps its work off the client's GIL,
+so the numbers measure the client.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def expected_text(n: int) -> str:
+    """The answer every stream of n deltas spells."""
+    return "".join(f"tok{i % 10} " for i in range(n))
 
 
 def chat_events(n: int) -> list[bytes]:
@@ -78,9 +95,10 @@ def anthropic_events(n: int) -> list[bytes]:
     return out
 
 
-CACHE: dict[tuple[str, int], list[bytes]] = {}
+CACHE: dict[tuple[str, int], tuple[bytes, list[bytes]]] = {}  # (whole body, HTTP chunks)
 RENDER = {"/v1/chat/completions": chat_events, "/v1/responses": responses_events,
           "/v1/messages": anthropic_events}
+PREFIX = re.compile(r"^/(event|bulk|paced\d+)/(\d+)(/.*)$")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -91,27 +109,50 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
-        n = int(self.headers.get("x-bench-events") or 1000)
-        render = RENDER.get(self.path)
+        path, mode, n = self.path.split("?")[0], "event", int(self.headers.get("x-bench-events") or 1000)
+        match = PREFIX.match(path)
+        if match:
+            mode, n, path = match.group(1), int(match.group(2)), match.group(3)
+        render = RENDER.get(path)
         if render is None:
             self.send_error(404)
             return
-        key = (self.path, n)
+        key = (path, n)
         if key not in CACHE:
-            CACHE[key] = [b"%x\r\n%s\r\n" % (len(e), e) for e in render(n)]
+            events = render(n)
+            CACHE[key] = (b"".join(events), [b"%x\r\n%s\r\n" % (len(e), e) for e in events])
+        body, chunks = CACHE[key]
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
+        if mode == "bulk":
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            return
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
-        for chunk in CACHE[key]:
-            self.wfile.write(chunk)
-            self.wfile.flush()  # one TCP write (one HTTP chunk) per event
-        self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+        pause = 1 / int(mode[5:]) if mode.startswith("paced") else 0.0
+        write, flush = self.wfile.write, self.wfile.flush
+        for chunk in chunks:
+            if pause:
+                time.sleep(pause)
+            write(chunk)
+            flush()  # one TCP write (one HTTP chunk) per event
+        write(b"0\r\n\r\n")
+        flush()
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that hangs up early (a closed kernel, a cancelled stream) is no error
 
 
 def main() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = Server(("127.0.0.1", 0), Handler)
     with open(sys.argv[1], "w") as f:
         f.write(str(server.server_address[1]))
     server.serve_forever()

@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpcore
 import httpx
 import orjson
 
@@ -28,6 +26,13 @@ from .call_control import CallControl
 from .errors import APIConnectionError, DispatchError, error_for_status
 from .sse import ServerSentEvent, SSEDecoder
 from .stream import Accumulator
+from .transport import (
+    ABORT_EXTENSION,
+    LoopClients,
+    async_client,
+    prepare_async_transport,
+    sync_client,
+)
 from .types import StreamDelta
 
 __all__ = ["HTTPAdapter", "StreamParser", "WireRequest", "error_details"]
@@ -96,84 +101,6 @@ def _shutdown_stream(network_stream: Any) -> None:
             pass
 
 
-# The sync transport cannot cancel a blocked read by itself: an abort must shut the socket down
-# from another thread. New connections announce their socket through httpx's trace extension, but a
-# connection reused from the pool does not, so the clients we create use a network backend whose
-# streams tell the call that is writing on them (through this thread-local) which socket it uses.
-_writer = threading.local()
-
-
-class _WatchedStream(httpcore.NetworkStream):
-    """A network stream that reports itself to the call writing on it (see ``_writer``)."""
-
-    def __init__(self, inner: httpcore.NetworkStream) -> None:
-        self._inner = inner
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, timeout)
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        hook = getattr(_writer, "hook", None)
-        if hook is not None:
-            _writer.hook = None
-            hook(self)
-        self._inner.write(buffer, timeout)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(
-        self,
-        ssl_context: Any,
-        server_hostname: str | None = None,
-        timeout: float | None = None,
-    ) -> httpcore.NetworkStream:
-        return _WatchedStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _WatchedBackend(httpcore.NetworkBackend):
-    """Wraps httpcore's network backend so every stream is a :class:`_WatchedStream`."""
-
-    def __init__(self, inner: httpcore.NetworkBackend) -> None:
-        self._inner = inner
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        return _WatchedStream(
-            self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
-        )
-
-    def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        return _WatchedStream(self._inner.connect_unix_socket(path, timeout, socket_options))
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
-
-def _abortable_transport() -> httpx.HTTPTransport:
-    """httpx's default transport, with the watched network backend where httpx allows it."""
-    transport = httpx.HTTPTransport()
-    pool = getattr(transport, "_pool", None)
-    backend = getattr(pool, "_network_backend", None)
-    if isinstance(backend, httpcore.NetworkBackend):
-        pool._network_backend = _WatchedBackend(backend)  # type: ignore[union-attr]
-    return transport
-
-
 def _within_deadline(timeout: httpx.Timeout, control: CallControl) -> httpx.Timeout:
     """The client's timeouts, with connect/write/pool waits cut to the call's deadline.
 
@@ -217,10 +144,9 @@ class HTTPAdapter(Adapter):
         self._http = http_client
         self._owns_http = http_client is None
         self._async_http_given = async_http_client
-        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
-        self._async_clients = weakref.WeakKeyDictionary()
-        self._client_lock = threading.Lock()
         self._http_timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
+        self._async_clients = LoopClients(lambda: async_client(self._http_timeout))
+        self._client_lock = threading.Lock()
 
     # -- hooks -----------------------------------------------------------------------------------
     @property
@@ -265,23 +191,23 @@ class HTTPAdapter(Adapter):
         if self._http is None:
             with self._client_lock:
                 if self._http is None:
-                    self._http = httpx.Client(
-                        timeout=self._http_timeout, transport=_abortable_transport()
-                    )
+                    self._http = sync_client(self._http_timeout)
         return self._http
 
     def _aclient(self) -> httpx.AsyncClient:
         if self._async_http_given is not None:
             return self._async_http_given
-        loop = asyncio.get_running_loop()
-        client = self._async_clients.get(loop)
-        if client is None:
-            client = httpx.AsyncClient(timeout=self._http_timeout)
-            self._async_clients[loop] = client
-        return client
+        return self._async_clients.get()
+
+    async def _aclient_ready(self) -> httpx.AsyncClient:
+        """:meth:`_aclient`, after importing its transport off the event loop (the first call of a
+        process would otherwise block the loop — deadlines and cancels too — while aiohttp loads)."""
+        if self._async_http_given is None:
+            await prepare_async_transport()
+        return self._aclient()
 
     def close(self) -> None:
-        """Close the sync connection pool (async pools close with their event loop)."""
+        """Close the sync connection pool (async pools close when their event loop ends)."""
         with self._client_lock:
             if self._http is not None and self._owns_http:
                 self._http.close()
@@ -291,12 +217,10 @@ class HTTPAdapter(Adapter):
         """Close the connection pools, sync and this loop's async one."""
         self.close()
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             return
-        client = self._async_clients.pop(loop, None)
-        if client is not None:
-            await client.aclose()
+        await self._async_clients.aclose()
 
     def _url(self, url: str) -> str:
         if url.startswith(("http://", "https://")):
@@ -382,9 +306,6 @@ class HTTPAdapter(Adapter):
                 stream = info.get("return_value")
                 connected.append(control.on_abort(lambda: _shutdown_stream(stream)))
 
-        def watch(stream: httpcore.NetworkStream) -> None:
-            connected.append(control.on_abort(lambda: _shutdown_stream(stream)))
-
         try:
             headers = self._headers(wire, self.auth_headers(), request)
             http_request = client.build_request(
@@ -392,16 +313,14 @@ class HTTPAdapter(Adapter):
                 self._url(wire.url),
                 headers=headers,
                 content=self._body(wire, request),
-                extensions={"trace": trace},
+                extensions={"trace": trace, ABORT_EXTENSION: control.on_abort},
                 timeout=_within_deadline(client.timeout, control),
             )
-            _writer.hook = watch
             response = client.send(http_request, stream=True)
         except httpx.HTTPError as exc:
             control.check()
             raise wrap_transport_error(exc, self.provider_name) from None
         finally:
-            _writer.hook = None
             for remove in connected:
                 remove()
         network_stream = response.extensions.get("network_stream")
@@ -448,7 +367,6 @@ class HTTPAdapter(Adapter):
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
         wire = self.build_request(request)
-        client = self._aclient()
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         reading = [False]
@@ -464,6 +382,7 @@ class HTTPAdapter(Adapter):
         response: httpx.Response | None = None
         try:
             reading[0] = True  # a token refresh can take a while: let abort interrupt it too
+            client = await self._aclient_ready()
             auth = await self.aauth_headers()
             reading[0] = False
             control.check()
@@ -584,7 +503,7 @@ class HTTPAdapter(Adapter):
     ) -> Any:
         """The async twin of :meth:`get_json`."""
         try:
-            response = await self._aclient().get(
+            response = await (await self._aclient_ready()).get(
                 self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
                 timeout=timeout,
             )

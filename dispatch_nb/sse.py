@@ -93,24 +93,24 @@ class SSEDecoder:
         """Decode a chunk of any size; returns the events it completed (often none or one)."""
         if not chunk:
             return []
-        # Fast path: the chunk is exactly one complete event, ``data: ...`` or ``event: ...`` +
-        # ``data: ...`` (what LLM APIs send, one HTTP chunk per event), and nothing is pending.
         if (
-            not self._buf
-            and not self._skip_lf
+            not self._skip_lf
             and not self._has_data
             and self._event is None
             and self._retry is None
-            and chunk[-2:] == b"\n\n"
             and b"\r" not in chunk
         ):
-            if chunk[:6] == b"data: " and chunk.count(b"\n") == 2:
-                return [ServerSentEvent(chunk[6:-2], None, self._last_id, None)]
-            if chunk[:7] == b"event: " and chunk.count(b"\n") == 3:
-                name_end = chunk.index(b"\n")
-                if chunk[name_end + 1 : name_end + 7] == b"data: ":
-                    name = chunk[7:name_end].decode("utf-8", "replace")
-                    return [ServerSentEvent(chunk[name_end + 7 : -2], name, self._last_id, None)]
+            # Fastest path: the chunk is exactly one complete event, ``data: ...`` or
+            # ``event: ...`` + ``data: ...``, and nothing is pending (one HTTP chunk per event).
+            if not self._buf and chunk[-2:] == b"\n\n":
+                if chunk[:6] == b"data: " and chunk.count(b"\n") == 2:
+                    return [ServerSentEvent(chunk[6:-2], None, self._last_id, None)]
+                if chunk[:7] == b"event: " and chunk.count(b"\n") == 3:
+                    end = chunk.index(b"\n")
+                    if chunk[end + 1 : end + 7] == b"data: ":
+                        name = chunk[7:end].decode("utf-8", "replace")
+                        return [ServerSentEvent(chunk[end + 7 : -2], name, self._last_id, None)]
+            return self._feed_blocks(chunk)
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
@@ -134,14 +134,48 @@ class SSEDecoder:
                 events.append(event)
         return events
 
+    def _feed_blocks(self, chunk: bytes) -> list[ServerSentEvent]:
+        # Fast path: LF line endings and no event half-parsed (what LLM APIs send, whether one
+        # event per chunk or many). Whole events end in a blank line, so splitting on b"\n\n"
+        # yields each event's lines as one block; the last block is not finished yet and waits
+        # in ``_buf`` (unparsed) for the next chunk. ``data: ...`` and ``event: ...`` +
+        # ``data: ...`` blocks become events directly; any other block goes line by line.
+        buf = self._buf + chunk if self._buf else chunk
+        blocks = buf.split(b"\n\n")
+        self._buf = blocks.pop()
+        events: list[ServerSentEvent] = []
+        append = events.append
+        for block in blocks:
+            if block[:6] == b"data: ":
+                if block.find(b"\n", 6) < 0:
+                    append(ServerSentEvent(block[6:], None, self._last_id, None))
+                    continue
+            elif block[:7] == b"event: ":
+                end = block.find(b"\n", 7)
+                if (
+                    end > 0
+                    and block[end + 1 : end + 7] == b"data: "
+                    and block.find(b"\n", end + 7) < 0
+                ):
+                    name = block[7:end].decode("utf-8", "replace")
+                    append(ServerSentEvent(block[end + 7 :], name, self._last_id, None))
+                    continue
+            for line in block.split(b"\n"):
+                self._line(line)
+            event = self._line(b"")
+            if event is not None:
+                append(event)
+        return events
+
     def end(self) -> list[ServerSentEvent]:
         """The end of the stream: process an unterminated last line and a pending event."""
         events: list[ServerSentEvent] = []
         if self._buf:
-            line, self._buf = self._buf, b""
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
+            rest, self._buf = self._buf, b""
+            for line in rest.splitlines():  # the fast path may leave several lines here
+                event = self._line(line)
+                if event is not None:
+                    events.append(event)
         event = self._line(b"")
         if event is not None:
             events.append(event)

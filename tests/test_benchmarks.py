@@ -1,0 +1,32 @@
+"""The benchmarks do not rot: each runs once with a small N, and every client must read its stream
+right (speed is printed by the benchmarks, never judged here).
+
+``benchmarks/run_all.py --smoke`` runs the streaming comparison (every client: dispatch_nb on both
+transports, the naive loops, the openai and anthropic SDKs, litellm, llm — a missing peer fails),
+the real-kernel CPU benchmark and the ``%load_ext`` benchmark (which fails if heavy modules load).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_every_benchmark_runs_and_every_client_reads_the_right_text() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DISPATCH_NB_TRANSPORT"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_all.py"), "--smoke"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=850)
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-6000:]
+    assert "all 23 clients read every stream correctly" in run.stdout, report[-3000:]
+    assert "%%chat streaming 40 events" in run.stdout
+    assert "heavy modules imported by %load_ext:       none" in run.stdout
