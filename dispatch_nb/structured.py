@@ -517,10 +517,13 @@ class StructuredOutput:
             adapter = TypeAdapter(target)
             schema = adapter.json_schema(mode="validation")
         except PydanticInvalidForJsonSchema as exc:
+            found = re.search(r"<class '([^']+)'>", str(exc))
+            why = (f"it holds a {found.group(1).rsplit('.', 1)[-1]}, a Python class no JSON can "
+                   "describe" if found else _first_line(exc))
             raise TypeError(
                 f"output={_type_name(target)} has no JSON Schema, so no model can be asked for it "
-                f"({_first_line(exc)}); use fields of JSON types (str, int, float, bool, lists, "
-                "nested models, enums, Literal, datetime...)"
+                f"({why}); use fields of JSON types (str, int, float, bool, lists, nested "
+                "models, enums, Literal, datetime...)"
             ) from None
         except (PydanticUserError, TypeError, NameError) as exc:
             raise TypeError(
