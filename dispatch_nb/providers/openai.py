@@ -197,12 +197,13 @@ class OpenAIAdapter(HTTPAdapter):
         return mode
 
     def _should_retry_now(self, error: DispatchError) -> bool:
-        # llama-cpp-python's server validates response_format.type against text/json_object and
-        # answers 422 for json_schema: switch to its json_object + schema shape once, and resend.
+        # llama-cpp-python's server validates response_format.type against text / json_object
+        # and answers json_schema with an error (HTTP 500 whose message is that validation
+        # error): switch to its json_object + schema shape once, and resend at once.
         if (
             self.backend_mode == "compatible"
             and not self._schema_in_json_object
-            and error.status_code in (400, 422)
+            and error.status_code in (400, 422, 500)
             and "response_format" in error.message
             and "json_object" in error.message
             and self.structured_output in ("auto", "native")

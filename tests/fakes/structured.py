@@ -8,7 +8,7 @@ The fakes (:class:`~tests.fakes.provider.ProviderFake`) call three functions:
   or ``default``, a valid ``name``), Anthropic's ``output_config`` rules (``additionalProperties:
   false`` on every object, no recursion, no numeric or length constraints) and its "no forced tool
   with thinking" rule, and llama-cpp-python's server, which only takes ``response_format`` of type
-  ``text`` / ``json_object`` (a FastAPI 422 otherwise, as the real server answers).
+  ``text`` / ``json_object`` (otherwise a 500 holding the validation error, as the real one does).
 * :func:`shape_turn` renders a scripted answer the way the request asked for it: when the request
   declares the output tool (:data:`~dispatch_nb.structured.OUTPUT_TOOL_NAME`) and the scripted
   turn holds the answer's JSON as text, the model "calls" that tool with it instead.
@@ -240,12 +240,17 @@ def check_request(fake: Any, body: Any) -> Fail | Reply | None:
         rf = body.get("response_format")
         if getattr(fake, "llama_errors", False) and isinstance(rf, dict) and \
                 rf.get("type") not in ("text", "json_object"):
-            # llama-cpp-python's server: pydantic validation of the body, answered by FastAPI
-            return Reply.json({"detail": [{
-                "type": "literal_error", "loc": ["body", "response_format", "type"],
-                "msg": "Input should be 'text' or 'json_object'", "input": rf.get("type"),
-                "ctx": {"expected": "'text' or 'json_object'"},
-            }]}, status=422)
+            # llama-cpp-python's server (0.3.x): its body model only knows text / json_object;
+            # the validation error comes back as a 500 (as captured from the real server)
+            detail = {"type": "literal_error", "loc": ("body", "response_format", "type"),
+                      "msg": "Input should be 'text' or 'json_object'", "input": rf.get("type"),
+                      "ctx": {"expected": "'text' or 'json_object'"}}
+            return Reply.json({"error": {
+                "message": f"1 validation error:\n  {detail!r}\n\n  File \"llama_cpp/server/"
+                           "app.py\", line 376, in create_chat_completion\n    POST "
+                           "/v1/chat/completions",
+                "type": "internal_server_error", "param": None, "code": None,
+            }}, status=500)
         problem = _openai_problem(body)
         return Fail(400, problem, "invalid_request_error") if problem else None
     return None
