@@ -390,15 +390,18 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _json_text(text: str) -> str:
-    """The JSON inside an answer: the text itself, or the inside of a Markdown code fence."""
+    """The JSON inside an answer: the text itself, or the inside of its Markdown code fence
+    (also after a line of prose, as models write when only asked in the prompt)."""
     stripped = text.strip()
-    if stripped.startswith("```"):
-        body = stripped[3:]
-        newline = body.find("\n")
-        body = body[newline + 1:] if newline >= 0 else ""
-        end = body.rfind("```")
-        return body[:end] if end >= 0 else body
-    return stripped
+    if not stripped.startswith("```"):
+        if stripped[:1] in ("{", "[", '"') or "```" not in stripped:
+            return stripped
+        stripped = stripped[stripped.index("```"):]
+    body = stripped[3:]
+    newline = body.find("\n")
+    body = body[newline + 1:] if newline >= 0 else ""
+    end = body.find("```")
+    return (body[:end] if end >= 0 else body).strip()
 
 
 def _short(value: Any, limit: int = 80) -> str:
