@@ -87,7 +87,11 @@ def markdown_to_html(text: str) -> str | None:
         from markdown_it import MarkdownIt
     except ImportError:
         return None
-    return str(MarkdownIt("gfm-like", {"html": True}).render(text))
+    import importlib.util
+
+    # gfm-like turns on linkify, which raises at render time without linkify-it-py
+    linkify = importlib.util.find_spec("linkify_it") is not None
+    return str(MarkdownIt("gfm-like", {"html": True, "linkify": linkify}).render(text))
 
 
 # -- structured answers -----------------------------------------------------------------------------

@@ -64,7 +64,7 @@ class Node(BaseModel):
     children: list[Node] = []
 
 
-# -- schemas -----------------------------------------------------------------------------------------
+# -- schemas --------------------------------------------------------------------------------------
 def test_wire_schema_is_always_an_object() -> None:
     assert not StructuredOutput(Tag).wrapped
     listed = StructuredOutput(list[Tag])
@@ -146,7 +146,7 @@ def test_schema_dicts_are_checked() -> None:
         StructuredOutput({"type": "object", "properties": {"a": {"type": "thing"}}})
 
 
-# -- validation and partial parsing -----------------------------------------------------------------------
+# -- validation and partial parsing ---------------------------------------------------------------
 def test_parse_validates_and_explains() -> None:
     spec = StructuredOutput(list[Tag])
     assert spec.parse('{"result": [{"label": "x"}]}') == [Tag(label="x")]
@@ -183,7 +183,7 @@ def test_partial() -> None:
     assert StructuredOutput(Tag).partial('{"label": "x", "weight": 4') == {"label": "x", "weight": 4}
 
 
-# -- Response.parsed ---------------------------------------------------------------------------------------
+# -- Response.parsed ------------------------------------------------------------------------------
 def test_parsed_survives_dumps_sensibly() -> None:
     plain = Response(content=[TextBlock(text="hi")])
     assert "parsed" not in plain.model_dump() and "parsed" not in plain.model_dump_json()
@@ -198,7 +198,7 @@ def test_parsed_survives_dumps_sensibly() -> None:
     assert tagged.to_message().content == tagged.content
 
 
-# -- mechanisms per provider ----------------------------------------------------------------------------------
+# -- mechanisms per provider ----------------------------------------------------------------------
 def test_prompt_mode_puts_the_schema_in_the_system_prompt() -> None:
     with CanonicalFake() as fake:
         adapter = FakeAdapter("echo", base_url=fake.base_url)
@@ -224,7 +224,7 @@ def test_anthropic_mechanisms(caplog: pytest.LogCaptureFixture) -> None:
         assert new.chat("x", output=Node).parsed == Node(name="root")
         assert mechanism_of(fake.last_request.json) == "tool"
         count = len(fake.chat_requests)
-        with pytest.raises(ValueError, match="recursive schemas.*structured_output='tool'"):
+        with pytest.raises(ValueError, match=r"recursive schemas.*structured_output='tool'"):
             new.chat("x", output=StructuredOutput(Node, mode="native"))
         assert len(fake.chat_requests) == count  # refused before any request
 
@@ -275,7 +275,7 @@ def test_compatible_server_fallback_is_remembered() -> None:
         assert adapter.output_mode is not None
 
 
-# -- the response cache ----------------------------------------------------------------------------------------
+# -- the response cache ---------------------------------------------------------------------------
 def test_cache_records_and_replays_structured_answers(tmp_path: Any) -> None:
     path = tmp_path / "c.jsonl"
     with CanonicalFake() as fake:
@@ -299,7 +299,7 @@ def test_cache_records_and_replays_structured_answers(tmp_path: Any) -> None:
         replay.chat("Tags?", output=Tag)  # another schema: another request
 
 
-# -- rendering --------------------------------------------------------------------------------------------------
+# -- rendering ------------------------------------------------------------------------------------
 def test_rows_and_tables() -> None:
     assert parsed_rows([Tag(label="a"), Tag(label="b", weight=2)]) == [
         {"label": "a", "weight": 1}, {"label": "b", "weight": 2}]
@@ -327,3 +327,14 @@ def test_parsed_answers_render_as_tables() -> None:
     both = compare_parsed_markdown([("model a", response), ("model b", other)])
     assert both.splitlines()[:4] == ["| field | model a | model b |", "|---|---|---|",
                                      "| 1.label | &lt;b&gt; | c |", "| 1.weight | 1 | 2 |"]
+
+
+def test_html_repr_without_linkify_it() -> None:
+    # gfm-like markdown-it turns on linkify, which raised ModuleNotFoundError at render time when
+    # linkify-it-py is not installed: displaying any Response in a notebook failed
+    pytest.importorskip("markdown_it")
+    response = Response(content=[TextBlock(text='{"label": "a"}')], parsed=Tag(label="a"))
+    html = response._repr_html_()
+    assert html is not None and "<table>" in html and "<td>a</td>" in html
+    plain = Response(content=[TextBlock(text="see https://example.org ~~old~~")])._repr_html_()
+    assert plain is not None and "<s>old</s>" in plain

@@ -142,8 +142,8 @@ def test_structured_output_nested_schema_is_valid(
     llama_server: LlamaServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     # response_format json_schema is refused by llama-cpp-python's server (a 500 holding a
-    # validation error: its type must be text or json_object); the adapter switches to {"type": "json_object", "schema": ...} once
-    # and the server's grammar constrains the answer to the schema.
+    # validation error: its type must be text or json_object); the adapter switches to
+    # {"type": "json_object", "schema": ...} once and the server's grammar constrains the answer.
     caplog.set_level("INFO", logger="dispatch_nb")
     adapter = connect("compatible:smollm2", base_url=llama_server.base_url, max_retries=0,
                       timeout=120)
