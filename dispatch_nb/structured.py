@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .errors import APITimeoutError, OutputValidationError
+from .errors import APITimeoutError, DispatchError, OutputValidationError
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import (
     Message,
@@ -1015,6 +1015,9 @@ def _run(call: _Call) -> Iterator[StreamDelta]:
                 if out is not None:
                     yield out
             raw = inner.response
+        except DispatchError as exc:
+            exc.partial = call.snapshot()  # what arrived, with every attempt's usage
+            raise
         finally:
             inner.close()
         if call.settle(raw):
@@ -1032,6 +1035,9 @@ async def _arun(call: _Call) -> AsyncIterator[StreamDelta]:
                 if out is not None:
                     yield out
             raw = inner.response
+        except DispatchError as exc:
+            exc.partial = call.snapshot()  # what arrived, with every attempt's usage
+            raise
         finally:
             await inner.aclose()
         if call.settle(raw):

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Annotated, Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field
 
 from dispatch_nb import (
+    APITimeoutError,
     OutputValidationError,
     Response,
+    Session,
     StructuredOutput,
     TextBlock,
     ToolDefinition,
@@ -31,6 +34,7 @@ from dispatch_nb.render import (
     response_markdown,
     rows_markdown,
 )
+from dispatch_nb.replay_only import ReplayOnlyAdapter
 from dispatch_nb.structured import (
     OUTPUT_TOOL_NAME,
     anthropic_schema,
@@ -41,7 +45,7 @@ from dispatch_nb.structured import (
 from .fakes.anthropic import AnthropicFake
 from .fakes.canonical import CanonicalFake
 from .fakes.openai_chat import OpenAIChatFake
-from .fakes.provider import Turn
+from .fakes.provider import Stall, Turn
 from .fakes.structured import _anthropic_problem, _openai_strict_problem, mechanism_of
 
 
@@ -297,6 +301,33 @@ def test_cache_records_and_replays_structured_answers(tmp_path: Any) -> None:
     assert "parsed" not in line["response"]  # the raw answer is recorded, parsed on replay
     with pytest.raises(Exception, match="no recorded answer"):
         replay.chat("Tags?", output=Tag)  # another schema: another request
+    # where the recording's provider cannot be built (binder: no extra), replay works the same
+    stand_in = ReplayOnlyAdapter("fake", "echo", reason=ImportError("no fake here"),
+                                 max_tokens=1024, provider_options=FakeAdapter.provider_options)
+    offline = CachedAdapter(stand_in, ResponseCache(path, mode="replay"))
+    assert offline.chat("Tags?", output=list[Tag]).parsed == recorded.parsed
+
+
+def test_timeout_is_one_budget_for_every_attempt() -> None:
+    with CanonicalFake() as fake:
+        fake.push(Turn(text='{"result": "not a list"}'), Stall(3.0))
+        adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+        started = time.monotonic()
+        with pytest.raises(APITimeoutError) as info:
+            adapter.chat("Tags?", output=list[Tag], timeout=1.0)
+        assert time.monotonic() - started < 2.5
+        assert len(fake.chat_requests) == 2  # the retry ran on what was left of the 1 s
+        assert info.value.partial is not None
+        assert info.value.partial.usage.output_tokens == 7  # the first attempt's tokens
+
+
+async def test_async_session_with_output() -> None:
+    with CanonicalFake() as fake:
+        fake.push(Turn(text='{"label": "x"}'))
+        session = Session(FakeAdapter("echo", base_url=fake.base_url))
+        answer = await session.asend("Tag?", output=Tag)
+        assert answer.parsed == Tag(label="x")
+        assert session.usage.output_tokens == answer.usage.output_tokens
 
 
 # -- rendering ------------------------------------------------------------------------------------
