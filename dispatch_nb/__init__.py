@@ -42,6 +42,11 @@ _EXPORTS: dict[str, str] = {
     "APIConnectionError": "errors",
     "APITimeoutError": "errors",
     "RequestCancelled": "errors",
+    "OutputValidationError": "errors",
+    # structured output
+    "StructuredOutput": "structured",
+    "StructuredResponseStream": "structured",
+    "AsyncStructuredResponseStream": "structured",
     # adapters and streams
     "Adapter": "adapter",
     "ChatRequest": "adapter",
@@ -113,6 +118,7 @@ if TYPE_CHECKING:
         ContextLengthError,
         DispatchError,
         ModelUnavailableError,
+        OutputValidationError,
         RateLimitError,
         RequestCancelled,
         RequestError,
@@ -126,6 +132,11 @@ if TYPE_CHECKING:
     from .registry import connect, get_provider, list_providers, register_provider
     from .session import AsyncSessionStream, Session, SessionStream, Tool, tool
     from .stream import AsyncResponseStream, ResponseStream
+    from .structured import (
+        AsyncStructuredResponseStream,
+        StructuredOutput,
+        StructuredResponseStream,
+    )
     from .types import (
         Block,
         ErrorEvent,

@@ -22,7 +22,7 @@ import random
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -36,6 +36,9 @@ from .errors import (
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
+
+if TYPE_CHECKING:
+    from .structured import StructuredOutput
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
 
@@ -60,6 +63,8 @@ class ChatRequest:
     temperature: float | None = None
     stream: bool = True
     options: dict[str, Any] = field(default_factory=dict)
+    #: what ``output=`` asked for (see :mod:`dispatch_nb.structured`); providers put it on the wire
+    output: StructuredOutput | None = None
 
     @property
     def function_tools(self) -> list[ToolDefinition]:
@@ -151,6 +156,9 @@ class Adapter:
     provider_options: frozenset[str] = frozenset()
     #: e.g. "official" / "compatible"; appears in the request log line
     backend_mode: str | None = None
+    #: how ``output=`` is asked for when a call does not say: ``"auto"`` (the provider picks per
+    #: model), ``"native"``, ``"tool"``, ``"json_object"`` or ``"prompt"`` (docs/structured-output.md)
+    structured_output: str = "auto"
 
     def __init__(
         self,
@@ -262,6 +270,19 @@ class Adapter:
     ) -> None:
         async for _ in self._astream_once(request, acc, control):
             pass
+
+    def output_mode(self, request: ChatRequest) -> str | None:
+        """The mechanism this adapter uses for ``request.output`` (None without one), shown as
+        ``output=`` in the request log line. Providers with a native mechanism override this; the
+        base puts the schema into the system prompt (``"prompt"``)."""
+        if request.output is None:
+            return None
+        from .structured import requested_mode, unsupported_mode
+
+        mode = requested_mode(self, request)
+        if mode not in ("auto", "prompt"):
+            raise unsupported_mode(self, mode, ("auto", "prompt"))
+        return "prompt"
 
     def _should_retry_now(self, error: DispatchError) -> bool:
         """Hook: return True to retry at once, outside the retry budget (e.g. after refreshing an
@@ -377,9 +398,15 @@ class Adapter:
         else:
             status = type(error).__name__
         code = getattr(error, "status_code", None)
+        output = ""
+        if request.output is not None:
+            try:
+                output = f" output={self.output_mode(request)}"
+            except ValueError:
+                output = " output=?"
         logger.info(
             "request provider=%s backend=%s model=%s stream=%s status=%s%s latency=%.3fs "
-            "retries=%d input_tokens=%d output_tokens=%d cache_read_tokens=%d",
+            "retries=%d input_tokens=%d output_tokens=%d cache_read_tokens=%d%s",
             self.provider_name,
             self.backend_mode or "-",
             self.model_name,
@@ -391,6 +418,7 @@ class Adapter:
             acc.usage.input_tokens,
             acc.usage.output_tokens,
             acc.usage.cache_read_tokens,
+            output,
         )
 
     def _retries(self, request: ChatRequest) -> int:
@@ -464,6 +492,7 @@ class Adapter:
         :meth:`chat` drains (a call with ``request.stream`` false produces no deltas). The seam
         a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`), with its async twin
         :meth:`_aopen`."""
+        request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)
         return ResponseStream(self._deltas(request, acc, control), acc)
@@ -472,9 +501,53 @@ class Adapter:
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
     ) -> AsyncResponseStream:
         """The async twin of :meth:`_open`."""
+        request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)
         return AsyncResponseStream(self._adeltas(request, acc, control), acc)
+
+    def _with_output_prompt(self, request: ChatRequest) -> ChatRequest:
+        """``request`` with the schema in its system prompt when its output mode is ``prompt``
+        (done here, after a response cache looked the request up, so keys never depend on it)."""
+        if request.output is not None and self.output_mode(request) == "prompt":
+            from .structured import prompted
+
+            return prompted(request)
+        return request
+
+    def _call(
+        self,
+        request: ChatRequest,
+        timeout: float | None,
+        cancel: CancelToken | None,
+        output: Any,
+        output_retries: int | None,
+    ) -> ResponseStream:
+        """The stream of one call: plain, or validated against ``output=`` (with retries)."""
+        if output is None:
+            if output_retries is not None:
+                raise TypeError("output_retries= needs output= (the type or schema to validate)")
+            return self._open(request, timeout, cancel)
+        from .structured import open_structured
+
+        return open_structured(self, request, output, output_retries, timeout, cancel)
+
+    def _acall(
+        self,
+        request: ChatRequest,
+        timeout: float | None,
+        cancel: CancelToken | None,
+        output: Any,
+        output_retries: int | None,
+    ) -> AsyncResponseStream:
+        """The async twin of :meth:`_call`."""
+        if output is None:
+            if output_retries is not None:
+                raise TypeError("output_retries= needs output= (the type or schema to validate)")
+            return self._aopen(request, timeout, cancel)
+        from .structured import aopen_structured
+
+        return aopen_structured(self, request, output, output_retries, timeout, cancel)
 
     # -- public entry points ---------------------------------------------------------------------
     def stream(
@@ -487,16 +560,24 @@ class Adapter:
         temperature: float | None = None,
         timeout: float | None = None,
         cancel: CancelToken | None = None,
+        output: Any = None,
+        output_retries: int | None = None,
         **options: Any,
     ) -> ResponseStream:
-        """Start a streaming call: iterate the result for deltas, then read ``.response``."""
+        """Start a streaming call: iterate the result for deltas, then read ``.response``.
+
+        ``output`` (a pydantic model class, a type, or a JSON Schema dict) asks for a structured
+        answer: ``.response.parsed`` holds it validated, ``.partial_parsed`` while it grows, and
+        an invalid answer is sent back ``output_retries`` times (default 1) before
+        :class:`~dispatch_nb.errors.OutputValidationError` (docs/structured-output.md).
+        """
         options.pop("stream", None)
         options.pop("on_delta", None)
         request = self._request(
             messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
             temperature=temperature, options=options,
         )
-        return self._open(request, timeout, cancel)
+        return self._call(request, timeout, cancel, output, output_retries)
 
     def chat(
         self,
@@ -510,17 +591,21 @@ class Adapter:
         temperature: float | None = None,
         timeout: float | None = None,
         cancel: CancelToken | None = None,
+        output: Any = None,
+        output_retries: int | None = None,
         **options: Any,
     ) -> Response:
         """Send ``messages`` and return the :class:`Response`.
 
-        With ``stream=True`` the answer is streamed and ``on_delta`` sees every delta.
+        With ``stream=True`` the answer is streamed and ``on_delta`` sees every delta. With
+        ``output=`` (a pydantic model class, a type, or a JSON Schema dict) the answer is
+        validated into ``Response.parsed`` (see :meth:`stream`).
         """
         request = self._request(
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,
         )
-        with self._open(request, timeout, cancel) as deltas:
+        with self._call(request, timeout, cancel, output, output_retries) as deltas:
             for delta in deltas:
                 if on_delta is not None:
                     on_delta(delta)
@@ -536,6 +621,8 @@ class Adapter:
         temperature: float | None = None,
         timeout: float | None = None,
         cancel: CancelToken | None = None,
+        output: Any = None,
+        output_retries: int | None = None,
         **options: Any,
     ) -> AsyncResponseStream:
         """The async twin of :meth:`stream` (``async for delta in adapter.astream(...)``)."""
@@ -545,7 +632,7 @@ class Adapter:
             messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
             temperature=temperature, options=options,
         )
-        return self._aopen(request, timeout, cancel)
+        return self._acall(request, timeout, cancel, output, output_retries)
 
     async def achat(
         self,
@@ -559,6 +646,8 @@ class Adapter:
         temperature: float | None = None,
         timeout: float | None = None,
         cancel: CancelToken | None = None,
+        output: Any = None,
+        output_retries: int | None = None,
         **options: Any,
     ) -> Response:
         """The async twin of :meth:`chat`. ``on_delta`` may be a plain or an async function."""
@@ -566,7 +655,7 @@ class Adapter:
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,
         )
-        async with self._aopen(request, timeout, cancel) as deltas:
+        async with self._acall(request, timeout, cancel, output, output_retries) as deltas:
             async for delta in deltas:
                 if on_delta is not None:
                     result = on_delta(delta)

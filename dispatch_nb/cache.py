@@ -22,7 +22,8 @@ Modes (``mode=`` argument, else ``$DISPATCH_NB_CACHE``, else ``off``):
 
 The **key** of an answer is the SHA-256 of a canonical JSON (sorted keys, ASCII, no object ids) of
 everything that shapes it: provider, model, system prompt, tools, ``max_tokens``, ``temperature``,
-the other chat options, and the final messages (after notebook interpolation). Retries and extra
+the other chat options, the structured output asked for (``output=``: schema, name, mode), and the
+final messages (after notebook interpolation). Retries and extra
 HTTP headers are not part of it; neither is ``stream``: a streamed and a plain call share answers.
 
 The **file** is JSON Lines, one answer per line (see docs/record-replay.md for why not SQLite)::
@@ -182,7 +183,7 @@ def _key_material(provider: str, model: str, request: ChatRequest) -> dict[str, 
         t.model_dump(mode="json") if isinstance(t, ToolDefinition) else t for t in request.tools
     ]
     options = {k: v for k, v in request.options.items() if k not in _KEY_IGNORED_OPTIONS}
-    return {
+    material = {
         "v": FORMAT_VERSION,
         "provider": provider,
         "model": model,
@@ -193,6 +194,9 @@ def _key_material(provider: str, model: str, request: ChatRequest) -> dict[str, 
         "options": options,
         "messages": messages,
     }
+    if request.output is not None:  # structured output (absent otherwise: older keys unchanged)
+        material["output"] = request.output.key_material()
+    return material
 
 
 def cache_key(provider: str, model: str, request: ChatRequest) -> str:
@@ -693,6 +697,9 @@ class CachedAdapter(Adapter):
 
     def validate(self) -> ValidationResult:
         return self.inner.validate()
+
+    def output_mode(self, request: ChatRequest) -> str | None:
+        return self.inner.output_mode(request)
 
     def close(self) -> None:
         self.inner.close()

@@ -8,7 +8,8 @@
     ├── ServerError                    5xx, 529: the provider failed
     ├── RequestError                   400, 404, 413, 422: the request itself is wrong
     │   ├── ContextLengthError         the prompt does not fit the model's context
-    │   └── ModelUnavailableError      unknown model, or not enabled for this account
+    │   ├── ModelUnavailableError      unknown model, or not enabled for this account
+    │   └── OutputValidationError      the answer is not what ``output=`` asked for: text, errors
     ├── APIConnectionError             (also ConnectionError) the server could not be reached
     │   └── APITimeoutError            (also TimeoutError) no complete answer before the deadline
     └── RequestCancelled               a CancelToken (or Ctrl-C) stopped the call
@@ -16,7 +17,8 @@
 ``partial`` is the :class:`~dispatch_nb.types.Response` assembled before a failure mid-stream, so
 nothing that arrived is lost. ``code`` is provider-neutral: ``authentication_failed``,
 ``rate_limited``, ``quota_exceeded``, ``context_length_exceeded``, ``invalid_request``,
-``model_unavailable``, ``server_error``, ``network_error``, ``timeout``, ``cancelled``, ``unknown``.
+``model_unavailable``, ``server_error``, ``network_error``, ``timeout``, ``cancelled``, ``unknown``;
+:class:`OutputValidationError` uses ``output_invalid``, ``output_truncated`` and ``output_refused``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "ContextLengthError",
     "DispatchError",
     "ModelUnavailableError",
+    "OutputValidationError",
     "RateLimitError",
     "RequestCancelled",
     "RequestError",
@@ -158,6 +161,37 @@ class ModelUnavailableError(RequestError):
         super().__init__(message, **kw)
         #: model ids the provider does offer, when known
         self.available = available or []
+
+
+class OutputValidationError(RequestError):
+    """The answer is not what ``output=`` asked for: not JSON, not valid for the schema, cut off
+    at ``max_tokens`` (code ``output_truncated``) or refused by the model (``output_refused``).
+
+    ``text`` is the raw text the model wrote (the JSON it produced, or its refusal), ``errors``
+    the validation errors (pydantic's ``ValidationError.errors()`` shape: ``type``, ``loc``,
+    ``msg``, ``input``), ``partial`` the last answer as a :class:`~dispatch_nb.types.Response`
+    (its ``usage`` counts every attempt) and ``attempts`` how many answers were tried
+    (``output_retries`` + 1 at most).
+    """
+
+    default_code = "output_invalid"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        text: str = "",
+        errors: list[dict[str, Any]] | None = None,
+        attempts: int = 1,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        #: the raw text of the (last) answer
+        self.text = text
+        #: what is wrong with it, one dict per problem (``type``, ``loc``, ``msg``, ``input``)
+        self.errors: list[dict[str, Any]] = list(errors or [])
+        #: how many answers the model gave (1 + the retries made)
+        self.attempts = attempts
 
 
 class APIConnectionError(DispatchError, ConnectionError):

@@ -2,18 +2,35 @@
 
 Used by ``Response._repr_markdown_`` / ``_repr_html_`` and by the notebook's final output, so a
 saved notebook reads the same on GitHub, nbviewer and VS Code.
+
+A structured answer (``Response.parsed``, see docs/structured-output.md) renders as a table — one
+row per item of a list, one row for an object — with the raw JSON folded below:
+:func:`parsed_rows` (the rows, ready for ``pandas.DataFrame``), :func:`rows_markdown`,
+:func:`parsed_markdown` / :func:`parsed_html`, and :func:`compare_parsed_markdown` for several
+models' answers in one table (a column per model).
 """
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .types import Response
 
-__all__ = ["footer_text", "markdown_to_html", "response_markdown"]
+__all__ = [
+    "compare_parsed_markdown",
+    "flatten_parsed",
+    "footer_text",
+    "markdown_to_html",
+    "parsed_html",
+    "parsed_markdown",
+    "parsed_rows",
+    "response_markdown",
+    "rows_markdown",
+]
 
 
 def footer_text(
@@ -40,7 +57,10 @@ def footer_text(
 def response_markdown(
     response: Response, *, footer: bool = True, latency: float | None = None
 ) -> str:
-    """The response as Markdown: thinking collapsed, text, tool calls, and a small footer."""
+    """The response as Markdown: thinking collapsed, text, tool calls, and a small footer (a
+    structured answer: :func:`parsed_markdown`)."""
+    if response.parsed is not None:
+        return parsed_markdown(response, footer=footer, latency=latency)
     out: list[str] = []
     thinking = response.thinking
     if thinking.strip():
@@ -67,4 +87,150 @@ def markdown_to_html(text: str) -> str | None:
         from markdown_it import MarkdownIt
     except ImportError:
         return None
-    return str(MarkdownIt("gfm-like", {"html": True}).render(text))
+    import importlib.util
+
+    # gfm-like turns on linkify, which raises at render time without linkify-it-py
+    linkify = importlib.util.find_spec("linkify_it") is not None
+    return str(MarkdownIt("gfm-like", {"html": True, "linkify": linkify}).render(text))
+
+
+# -- structured answers -----------------------------------------------------------------------------
+def _jsonable(value: Any) -> Any:
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(value, fallback=str)
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: scalars as they are, lists and objects as compact JSON text."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    return value
+
+
+def parsed_rows(value: Any) -> list[dict[str, Any]]:
+    """A parsed answer as table rows: one per item of a list, one for an object (a model, a
+    dataclass, a dict), ``{"value": x}`` for anything else; values are JSON data (enums as their
+    values), nested lists and objects as compact JSON text. ``pandas.DataFrame(parsed_rows(x))``
+    makes it a DataFrame."""
+    data = _jsonable(value)
+    items = data if isinstance(data, list) else [data]
+    rows: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, dict):
+            rows.append({str(k): _cell(v) for k, v in item.items()})
+        else:
+            rows.append({"value": _cell(item)})
+    return rows
+
+
+def _md_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", "<br>")
+
+
+def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None) -> str:
+    """Rows (:func:`parsed_rows`) as a GitHub-flavoured Markdown table; columns in order of first
+    appearance; ``index`` (default: when there are several rows) numbers them from 1."""
+    if not rows:
+        return "*(empty list)*"
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    numbered = len(rows) > 1 if index is None else index
+    head = (["#"] if numbered else []) + [_md_cell(c) for c in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n, row in enumerate(rows, 1):
+        cells = ([str(n)] if numbered else []) + [_md_cell(row.get(c)) for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _raw_json(response: Response) -> str:
+    try:
+        return json.dumps(json.loads(response.text), ensure_ascii=False, indent=2)
+    except ValueError:
+        return response.text
+
+
+def parsed_markdown(
+    response: Response, *, footer: bool = True, latency: float | None = None
+) -> str:
+    """A structured answer as Markdown: its table, the raw JSON folded below, a small footer."""
+    out = [rows_markdown(parsed_rows(response.parsed))]
+    raw = _raw_json(response).replace("```", "`\u200b``")
+    out.append(f"\n<details><summary>JSON</summary>\n\n```json\n{raw}\n```\n\n</details>")
+    if footer:
+        out.append(f"\n<sub>{html.escape(footer_text(response, latency=latency))}</sub>")
+    return "\n".join(out)
+
+
+def parsed_html(response: Response, *, footer: bool = True, latency: float | None = None) -> str:
+    """A structured answer as HTML (no Markdown renderer needed): its table, the raw JSON in a
+    folded ``<details>``, a small footer."""
+    rows = parsed_rows(response.parsed)
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    numbered = len(rows) > 1
+
+    def cell(value: Any, tag: str = "td") -> str:
+        text = "" if value is None else value if isinstance(value, str) else json.dumps(
+            value, ensure_ascii=False)
+        return f"<{tag}>{html.escape(text)}</{tag}>"
+
+    head = ("<th>#</th>" if numbered else "") + "".join(cell(c, "th") for c in columns)
+    body = "".join(
+        "<tr>" + (f"<td>{n}</td>" if numbered else "")
+        + "".join(cell(row.get(c)) for c in columns) + "</tr>"
+        for n, row in enumerate(rows, 1)
+    )
+    parts = [f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+             if rows else "<p><em>(empty list)</em></p>",
+             "<details><summary>JSON</summary><pre><code>"
+             f"{html.escape(_raw_json(response))}</code></pre></details>"]
+    if footer:
+        parts.append(f"<p><sub>{html.escape(footer_text(response, latency=latency))}</sub></p>")
+    return "\n".join(parts)
+
+
+def flatten_parsed(value: Any) -> dict[str, Any]:
+    """A parsed answer as ``{path: value}``: object fields by name, list items numbered from 1
+    (``items.2.name``), leaves as JSON data; a scalar is ``{"value": x}``."""
+    out: dict[str, Any] = {}
+
+    def walk(item: Any, path: str) -> None:
+        if isinstance(item, dict) and item:
+            for key, sub in item.items():
+                walk(sub, f"{path}.{key}" if path else str(key))
+        elif isinstance(item, list) and item:
+            for n, sub in enumerate(item, 1):
+                walk(sub, f"{path}.{n}" if path else str(n))
+        else:
+            out[path or "value"] = item
+
+    walk(_jsonable(value), "")
+    return out
+
+
+def compare_parsed_markdown(answers: Sequence[tuple[str, Response]]) -> str:
+    """Several models' structured answers as one Markdown table: a row per field (list items
+    numbered, ``items.2.name``), a column per model; each model's raw JSON folded below."""
+    flat = [(label, flatten_parsed(r.parsed)) for label, r in answers]
+    paths: list[str] = []
+    for _, fields in flat:
+        paths += [p for p in fields if p not in paths]
+    head = ["field", *[_md_cell(label) for label, _ in flat]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for path in paths:
+        cells = [_md_cell(path)] + [
+            _md_cell(fields[path]) if path in fields else "—" for _, fields in flat
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    for label, response in answers:
+        raw = _raw_json(response).replace("```", "`\u200b``")
+        lines.append(f"\n<details><summary>JSON: {html.escape(label)}</summary>\n\n```json\n"
+                     f"{raw}\n```\n\n</details>")
+    return "\n".join(lines)

@@ -92,6 +92,15 @@ class ReplayOnlyAdapter(Adapter):
     def validate(self) -> ValidationResult:
         return ValidationResult(False, f"only recorded answers can be replayed: {self.reason}")
 
+    def output_mode(self, request: ChatRequest) -> str | None:
+        """Whatever the call asked for: nothing is sent, so any mechanism is fine (the response
+        cache's key does not depend on it)."""
+        if request.output is None:
+            return None
+        from .structured import requested_mode
+
+        return requested_mode(self, request)
+
     def _stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:

@@ -816,6 +816,17 @@ class _TurnStream:
         stream = self._state.stream
         return stream.partial if stream is not None else None
 
+    @property
+    def partial_parsed(self) -> Any:
+        """With ``output=``: the structured answer so far as JSON data while the model writes it
+        (see :class:`~dispatch_nb.structured.StructuredResponseStream`), the validated object
+        once the turn is done; None otherwise."""
+        stream = self._state.stream
+        if stream is not None:
+            return stream.partial_parsed
+        response = self._state.response
+        return response.parsed if response is not None else None
+
     def _over(self) -> bool:
         """Whether the turn has finished or was closed; the first time after a failure, raise
         its error instead (unless ``raise_errors=False``)."""

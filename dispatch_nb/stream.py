@@ -399,6 +399,12 @@ class _DeltaStream:
         """What has arrived so far (the final response once finished)."""
         return self._response if self._response is not None else self._acc.snapshot()
 
+    @property
+    def partial_parsed(self) -> Any:
+        """The structured answer so far; always None here (a call without ``output=``). See
+        :class:`~dispatch_nb.structured.StructuredResponseStream`."""
+        return None
+
     def _ended(self) -> None:
         """The deltas ran out: the answer is final."""
         self._response = self._acc.finish()

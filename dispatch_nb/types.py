@@ -20,7 +20,14 @@ import html
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 __all__ = [
     "Block",
@@ -249,6 +256,12 @@ class Response(_Model):
     ``content`` holds every block in the order the model produced it (tool-use blocks included) and
     is empty, never ``None``, when the model said nothing. ``tool_calls`` repeats the
     :class:`ToolUseBlock` s for convenience.
+
+    ``parsed`` is the validated answer of a call made with ``output=`` (a model instance, a list,
+    a dataclass..., or the JSON value for a JSON Schema dict; see docs/structured-output.md) and
+    ``None`` otherwise; ``text`` stays the raw JSON the model wrote. A dump holds ``parsed`` as
+    JSON data (and leaves it out when it is ``None``), so after ``model_validate`` it is that JSON
+    value, not the original class.
     """
 
     content: list[Block] = Field(default_factory=list)
@@ -257,6 +270,14 @@ class Response(_Model):
     stop_reason: StopReason | None = None
     usage: Usage = Field(default_factory=Usage)
     provider_data: ProviderData = None
+    parsed: Any = None
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.parsed is None:
+            data.pop("parsed", None)  # dumps of plain answers stay exactly as they were
+        return data
 
     @property
     def text(self) -> str:

@@ -36,6 +36,7 @@ Wire rules this module owns (PROTOCOLS.md §6):
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -55,6 +56,7 @@ from ..errors import (
 from ..http_adapter import USER_AGENT, HTTPAdapter, WireRequest, error_details
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
+from ..structured import output_tool_choice, requested_mode, unsupported_mode
 from ..types import (
     ImageBlock,
     Message,
@@ -71,7 +73,7 @@ from ..types import (
     as_messages,
 )
 
-__all__ = ["AnthropicAdapter"]
+__all__ = ["AnthropicAdapter", "supports_output_config"]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_MAX_TOKENS = 4096
@@ -371,6 +373,9 @@ class AnthropicAdapter(HTTPAdapter):
     Extra chat options: ``thinking`` (``{"type": "enabled", "budget_tokens": N}``,
     ``{"type": "adaptive"}``, or just the budget as an int), ``stop_sequences`` (``stop`` works
     too), ``top_k``, ``metadata``, ``service_tier`` and per-call ``betas``.
+
+    Structured output (``output=``): see :meth:`output_mode`; ``structured_output="tool"`` for a
+    server (a proxy, an older gateway) that does not take ``output_config``.
     """
 
     provider_options = frozenset({"thinking", "stop_sequences", "betas", *_PASS_THROUGH_OPTIONS})
@@ -389,6 +394,7 @@ class AnthropicAdapter(HTTPAdapter):
         headers: Mapping[str, str] | None = None,
         anthropic_version: str = "2023-06-01",
         betas: Sequence[str] | None = None,
+        structured_output: str = "auto",
     ) -> None:
         if not model:
             raise ValueError("AnthropicAdapter needs a model name, e.g. 'claude-sonnet-4-5'")
@@ -409,6 +415,9 @@ class AnthropicAdapter(HTTPAdapter):
         self._model = model
         self._api_key = api_key
         self._betas = list(betas or [])
+        #: how ``output=`` is asked for: ``auto``, ``native`` (``output_config``), ``tool`` (a
+        #: forced tool, for models and servers without ``output_config``) or ``prompt``
+        self.structured_output = structured_output
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -450,6 +459,31 @@ class AnthropicAdapter(HTTPAdapter):
         return {"anthropic-beta": ",".join(betas)} if betas else {}
 
     # -- request -------------------------------------------------------------------------------
+    def output_mode(self, request: ChatRequest) -> str | None:
+        """Structured output on the wire: ``output_config`` (a ``json_schema`` format) on models
+        that support it (:func:`supports_output_config`) when the schema suits it (not
+        recursive, no map types), else ``tool``: one tool whose input is the answer, forced with
+        ``tool_choice`` (``auto`` plus an instruction when thinking is on: a forced tool is not
+        allowed with thinking). ``structured_output=`` / ``StructuredOutput(mode=...)`` choose
+        ``native``, ``tool`` or ``prompt`` instead."""
+        output = request.output
+        if output is None:
+            return None
+        mode = requested_mode(self, request)
+        if mode == "auto":
+            native = supports_output_config(self._model) and output.anthropic_native_ok
+            return "output_config" if native else "tool"
+        if mode == "native":
+            try:
+                output.anthropic_schema()
+            except ValueError as exc:
+                raise ValueError(f"{exc}: use structured_output='tool' (or mode='tool'), or "
+                                 "simplify the schema") from None
+            return "output_config"
+        if mode in ("tool", "prompt"):
+            return mode
+        raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+
     def build_request(self, request: ChatRequest) -> WireRequest:
         options = request.options
         body: dict[str, Any] = {
@@ -457,7 +491,24 @@ class AnthropicAdapter(HTTPAdapter):
             "max_tokens": request.max_tokens or self.default_max_tokens or DEFAULT_MAX_TOKENS,
             "messages": wire_messages(request.messages),
         }
-        body.update(self._prompt_fields(request.system, request.tools, options))
+        mode = self.output_mode(request)
+        system, tools = request.system, request.tools
+        if request.output is not None and mode == "tool":
+            thinking = options.get("thinking")
+            thinking_on = thinking not in (None, False) and not (
+                isinstance(thinking, dict) and thinking.get("type") == "disabled"
+            )
+            options = {**options,
+                       "tool_choice": output_tool_choice(request, can_force=not thinking_on)}
+            tools = [*tools, request.output.tool_definition()]
+            if thinking_on:
+                note = request.output.tool_instructions()
+                system = f"{system}\n\n{note}" if system else note
+        body.update(self._prompt_fields(system, tools, options))
+        if request.output is not None and mode == "output_config":
+            body["output_config"] = {
+                "format": {"type": "json_schema", "schema": request.output.anthropic_schema()}
+            }
         if request.stream:
             body["stream"] = True
         if request.temperature is not None:
@@ -600,6 +651,22 @@ class AnthropicAdapter(HTTPAdapter):
         return ValidationResult(
             True, f"Anthropic accepted the API key ({len(models)} models available)"
         )
+
+
+_CLAUDE_VERSION = re.compile(r"claude-(opus|sonnet|haiku)-(\d+)(?:-(\d{1,2}))?(?=-|$|@)")
+
+
+def supports_output_config(model: str) -> bool:
+    """Whether ``model`` takes ``output_config`` structured outputs: Claude Opus 4.1, and Sonnet /
+    Opus / Haiku 4.5 and every later version (``claude-sonnet-4-5``, ``claude-opus-4-1-20250805``;
+    not ``claude-sonnet-4-20250514`` nor the ``claude-3-*`` models)."""
+    found = _CLAUDE_VERSION.search(model.lower())
+    if found is None:
+        return False
+    family, major, minor = found.group(1), int(found.group(2)), int(found.group(3) or 0)
+    if major > 4:
+        return True
+    return major == 4 and (minor >= 5 or (family == "opus" and minor >= 1))
 
 
 def _model_info(data: Mapping[str, Any]) -> ModelInfo:

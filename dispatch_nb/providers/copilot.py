@@ -92,6 +92,7 @@ from ..errors import (
 )
 from ..http_adapter import HTTPAdapter, StreamParser, WireRequest, error_details
 from ..stream import Accumulator
+from ..structured import requested_mode, unsupported_mode
 from ..types import ImageBlock, Message, ModelInfo, StreamDelta, TextBlock
 from .openai_chat import (
     CHAT_OPTIONS,
@@ -494,6 +495,7 @@ class CopilotAdapter(HTTPAdapter):
         http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         token_manager: CopilotTokenManager | None = None,
+        structured_output: str = "auto",
     ) -> None:
         if not model or not isinstance(model, str):
             raise ValueError("model must be a non-empty string, e.g. 'gpt-4.1'")
@@ -530,6 +532,8 @@ class CopilotAdapter(HTTPAdapter):
         self._models_failed = False
         self._entry: dict[str, Any] | None = None
         self._reauth = _ReauthLedger()
+        #: how ``output=`` is asked for (see :meth:`output_mode`)
+        self.structured_output = structured_output
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -679,6 +683,31 @@ class CopilotAdapter(HTTPAdapter):
     def _route(self) -> Route:
         return copilot_endpoint(self._entry, self._model)
 
+    def _openai_model(self) -> bool:
+        vendor = _dict(self._entry).get("vendor")
+        if isinstance(vendor, str) and vendor:
+            return vendor.lower() in ("openai", "azure openai")
+        return self._model.lower().startswith(("gpt-", "o1", "o3", "o4", "chatgpt-"))
+
+    def output_mode(self, request: ChatRequest) -> str | None:
+        """Structured output on the wire: ``text.format`` for models on ``/responses``;
+        ``response_format`` (``json_schema``) for OpenAI's models on ``/chat/completions``; a
+        forced function (``tool``) for the other vendors' models there (Claude, Gemini...), for
+        which Copilot does not document ``response_format``."""
+        if request.output is None:
+            return None
+        mode = requested_mode(self, request)
+        responses = self._route() == _RESPONSES_PATH
+        if mode == "auto":
+            if responses:
+                return "text.format"
+            return "response_format" if self._openai_model() else "tool"
+        if mode == "native":
+            return "text.format" if responses else "response_format"
+        if mode in ("tool", "prompt") or (mode == "json_object" and not responses):
+            return mode
+        raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+
     def build_request(self, request: ChatRequest) -> WireRequest:
         initiator = request.options.get("initiator") or initiator_for(request.messages)
         if initiator not in ("user", "agent"):
@@ -698,8 +727,9 @@ class CopilotAdapter(HTTPAdapter):
         route = self._route()
         _ROUTE.set(route)
         self.backend_mode = "responses" if route == _RESPONSES_PATH else "chat"
+        mode = self.output_mode(request)
         if route == _RESPONSES_PATH:
-            body = build_responses_body(request, self._model, provider=PROVIDER)
+            body = build_responses_body(request, self._model, provider=PROVIDER, output_mode=mode)
         else:
             body = build_chat_body(
                 request,
@@ -707,6 +737,7 @@ class CopilotAdapter(HTTPAdapter):
                 provider=PROVIDER,
                 echo_reasoning=True,
                 reasoning_provider=PROVIDER,
+                output_mode=mode,
             )
         return WireRequest("POST", route, json=body, headers=headers)
 

@@ -5,6 +5,7 @@ adapter exercises the whole shared HTTP machinery (SSE, errors, retries, deadlin
 
     POST {base_url}/chat   {"model", "messages": [Message...], "system", "tools": [ToolDefinition...],
                             "max_tokens", "temperature", "stream", "options"}
+                            (+ "output": {"name", "description", "schema"} for structured output)
       stream=false → 200  Response JSON
       stream=true  → 200  text/event-stream of {"type": ...} events:
           text {text} | thinking {text} | signature {signature} | block {block}
@@ -29,6 +30,7 @@ from ..errors import APIConnectionError, RequestError, error_for_status
 from ..http_adapter import HTTPAdapter, WireRequest
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
+from ..structured import output_tool_choice, requested_mode, unsupported_mode
 from ..types import ModelInfo, Response, StreamDelta, ToolDefinition, Usage
 
 __all__ = ["FakeAdapter"]
@@ -135,25 +137,45 @@ class FakeAdapter(HTTPAdapter):
     def auth_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
+    def output_mode(self, request: ChatRequest) -> str | None:
+        """Structured output: ``canonical`` (the body's ``output``: name, description, schema),
+        ``tool`` or ``prompt``."""
+        if request.output is None:
+            return None
+        mode = requested_mode(self, request)
+        if mode in ("auto", "native"):
+            return "canonical"
+        if mode in ("tool", "prompt"):
+            return mode
+        raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+
     def build_request(self, request: ChatRequest) -> WireRequest:
         options = {
             k: v
             for k, v in request.options.items()
             if k not in ("extra_body", "extra_headers", "max_retries")
         }
+        mode = self.output_mode(request)
+        tools = list(request.tools)
+        if request.output is not None and mode == "tool":
+            options["tool_choice"] = output_tool_choice(request)
+            tools.append(request.output.tool_definition())
         body: dict[str, Any] = {
             "model": self._model,
             "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
             "system": request.system,
             "tools": [
-                t.model_dump(mode="json") if isinstance(t, ToolDefinition) else t
-                for t in request.tools
+                t.model_dump(mode="json") if isinstance(t, ToolDefinition) else t for t in tools
             ],
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "stream": request.stream,
             "options": options,
         }
+        if request.output is not None and mode == "canonical":
+            output = request.output
+            body["output"] = {"name": output.name, "description": output.description,
+                              "schema": output.schema}
         return WireRequest("POST", "chat", json=body)
 
     def stream_parser(self, request: ChatRequest, acc: Accumulator) -> _Parser:

@@ -36,6 +36,10 @@ How it behaves:
 * Extra options: ``seed``, ``top_k``, ``min_p``, ``repeat_penalty``, ``response_format``
   (``{"type": "json_object", "schema": {...}}``), plus the common ``stop``, ``top_p``,
   ``tool_choice`` and ``extra_body`` (more ``create_chat_completion`` keywords).
+* **Structured output** (``output=``) uses that same schema-constrained JSON mode: a grammar
+  made from the schema constrains sampling, so even SmolLM2 writes JSON valid for the schema (its
+  content may still be poor). A schema llama.cpp cannot turn into a grammar is a ``RequestError``
+  before anything is generated.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from ..errors import (
     ServerError,
 )
 from ..stream import Accumulator
+from ..structured import requested_mode, unsupported_mode
 from ..types import (
     ImageBlock,
     Message,
@@ -626,6 +631,19 @@ class LocalAdapter(Adapter):
             return gen.prompt_tokens if gen.prompt_tokens is not None else -1
 
     # -- one call --------------------------------------------------------------------------------
+    def output_mode(self, request: ChatRequest) -> str | None:
+        """Structured output: ``grammar`` — llama-cpp-python's schema-constrained JSON mode
+        (``response_format={"type": "json_object", "schema": ...}``: a grammar made from the
+        schema constrains sampling, so even SmolLM2 writes schema-valid JSON), or ``prompt``."""
+        if request.output is None:
+            return None
+        mode = requested_mode(self, request)
+        if mode in ("auto", "native", "json_object"):
+            return "grammar"
+        if mode == "prompt":
+            return mode
+        raise unsupported_mode(self, mode, ("auto", "native", "prompt"))
+
     def _chat_kwargs(self, request: ChatRequest) -> dict[str, Any]:
         """``create_chat_completion`` keywords for ``request`` (validated before any work)."""
         function_calling = self.supports_tools
@@ -664,6 +682,12 @@ class LocalAdapter(Adapter):
         for name in _PASSTHROUGH_OPTIONS:
             if options.get(name) is not None:
                 kwargs[name] = options[name]
+        if request.output is not None and self.output_mode(request) == "grammar":
+            if options.get("response_format") is not None:
+                raise ValueError("pass output= or response_format=, not both")
+            schema = request.output.schema
+            _check_grammar(schema)
+            kwargs["response_format"] = {"type": "json_object", "schema": schema}
         extra = options.get("extra_body")
         if extra:
             kwargs.update(dict(extra))
@@ -729,6 +753,29 @@ class LocalAdapter(Adapter):
             acc.usage = Usage(input_tokens=gen.prompt_tokens or 0,
                               output_tokens=gen.output_tokens)
             acc.stop_reason = _map_stop(finish, gen, request, truncated)
+
+
+_grammars_ok: set[str] = set()
+
+
+def _check_grammar(schema: dict[str, Any]) -> None:
+    """Raise a :class:`RequestError` when llama.cpp cannot turn ``schema`` into a grammar
+    (llama-cpp-python would silently fall back to unconstrained JSON)."""
+    text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
+    if text in _grammars_ok:
+        return
+    llama_cpp = _import_llama_cpp()
+    from llama_cpp import llama_grammar
+
+    try:
+        llama_grammar.LlamaGrammar.from_json_schema(text, verbose=False)
+    except Exception as exc:
+        raise RequestError(
+            f"llama.cpp cannot turn the output schema into a grammar ({exc}); simplify the "
+            "schema (llama-cpp-python " + str(getattr(llama_cpp, "__version__", "?")) + ")",
+            provider="local",
+        ) from None
+    _grammars_ok.add(text)
 
 
 def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:

@@ -22,20 +22,26 @@ Per-call options (``adapter.chat(..., **options)``): ``tool_choice`` (``"auto"``
 to ``text.format`` for Responses), ``text`` (Responses only), ``stop`` (chat.completions only: the
 Responses API has none), plus ``extra_body`` / ``extra_headers`` / ``max_retries``.
 
+Structured output (``output=``): ``text.format`` on the Responses API, ``response_format`` on
+chat.completions (see :meth:`OpenAIAdapter.output_mode` and docs/structured-output.md);
+``structured_output=`` chooses another mechanism for every call.
+
 Wire formats live in :mod:`.openai_responses` and :mod:`.openai_chat`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Literal
 
 import httpx
 
 from ..adapter import ChatRequest
-from ..errors import AuthenticationError
+from ..errors import AuthenticationError, DispatchError
 from ..http_adapter import HTTPAdapter, StreamParser, WireRequest
 from ..stream import Accumulator
+from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo
 from .openai_chat import (
     CHAT_OPTIONS,
@@ -64,6 +70,8 @@ Backend = Literal["official", "compatible"]
 BACKENDS: tuple[str, ...] = ("official", "compatible")
 DEFAULT_OFFICIAL_URL = "https://api.openai.com/v1"
 DEFAULT_COMPATIBLE_URL = "http://127.0.0.1:8080/v1"
+
+logger = logging.getLogger("dispatch_nb")
 
 
 def _resolve_backend(backend: str | None) -> Backend:
@@ -104,6 +112,7 @@ class OpenAIAdapter(HTTPAdapter):
         http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         headers: dict[str, str] | None = None,
+        structured_output: str = "auto",
     ) -> None:
         if not model or not isinstance(model, str):
             raise ValueError("model must be a non-empty string, e.g. 'gpt-4.1'")
@@ -128,6 +137,12 @@ class OpenAIAdapter(HTTPAdapter):
         self.backend_mode: Backend = mode
         #: the per-call options this backend understands (others raise ``TypeError``)
         self.provider_options = RESPONSES_OPTIONS if mode == "official" else CHAT_OPTIONS
+        #: how ``output=`` is asked for: ``auto``, ``native``, ``tool``, ``json_object``
+        #: (compatible only) or ``prompt`` (see :meth:`output_mode`)
+        self.structured_output = structured_output
+        # a compatible server that refused response_format json_schema (llama-cpp-python's):
+        # structured output goes as {"type": "json_object", "schema": ...} from then on
+        self._schema_in_json_object = False
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -162,11 +177,53 @@ class OpenAIAdapter(HTTPAdapter):
             )
         return {}
 
-    def build_request(self, request: ChatRequest) -> WireRequest:
+    def output_mode(self, request: ChatRequest) -> str | None:
+        """Structured output on the wire. Official (Responses API): ``text.format`` (a
+        ``json_schema`` format, strict when the schema allows), or ``tool``. Compatible
+        (chat.completions): ``response_format`` (``json_schema``); ``json_object`` (the schema in
+        ``{"type": "json_object", "schema": ...}``, what llama-cpp-python's server takes — chosen
+        by itself after a server rejects ``json_schema``, with a warning); ``tool``; ``prompt``."""
+        if request.output is None:
+            return None
+        mode = requested_mode(self, request)
         if self.backend_mode == "official":
-            body = build_responses_body(request, self._model, provider=self.provider_name)
+            if mode in ("auto", "native"):
+                return "text.format"
+            if mode in ("tool", "prompt"):
+                return mode
+            raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+        if mode in ("auto", "native"):
+            return "json_object" if self._schema_in_json_object else "response_format"
+        return mode
+
+    def _should_retry_now(self, error: DispatchError) -> bool:
+        # llama-cpp-python's server validates response_format.type against text / json_object
+        # and answers json_schema with an error (HTTP 500 whose message is that validation
+        # error): switch to its json_object + schema shape once, and resend at once.
+        if (
+            self.backend_mode == "compatible"
+            and not self._schema_in_json_object
+            and error.status_code in (400, 422, 500)
+            and "response_format" in error.message
+            and "json_object" in error.message
+            and self.structured_output in ("auto", "native")
+        ):
+            self._schema_in_json_object = True
+            logger.warning(
+                "%s at %s rejected response_format json_schema; asking for structured output as "
+                "json_object with a schema from now on (structured_output='json_object')",
+                self.display_name, self.base_url,
+            )
+            return True
+        return False
+
+    def build_request(self, request: ChatRequest) -> WireRequest:
+        mode = self.output_mode(request)
+        if self.backend_mode == "official":
+            body = build_responses_body(request, self._model, provider=self.provider_name,
+                                        output_mode=mode)
             return WireRequest("POST", "responses", json=body)
-        body = build_chat_body(request, self._model, provider=self.provider_name)
+        body = build_chat_body(request, self._model, provider=self.provider_name, output_mode=mode)
         return WireRequest("POST", "chat/completions", json=body)
 
     def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:

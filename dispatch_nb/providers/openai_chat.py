@@ -55,6 +55,7 @@ from ..adapter import ChatRequest
 from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
+from ..structured import output_tool_choice
 from ..types import (
     ImageBlock,
     Message,
@@ -76,6 +77,7 @@ __all__ = [
     "build_chat_body",
     "chat_error",
     "chat_messages",
+    "chat_response_format",
     "chat_stop_reason",
     "chat_tool_choice",
     "chat_tools",
@@ -352,6 +354,21 @@ def tool_fields(
     return fields
 
 
+def chat_response_format(request: ChatRequest, output_mode: str) -> dict[str, Any]:
+    """``response_format`` for structured output (``output=``): ``json_schema`` (OpenAI's shape,
+    the schema made strict when it can be) or, for ``"json_object"``, llama-cpp-python's
+    ``{"type": "json_object", "schema": ...}``."""
+    output = request.output
+    assert output is not None
+    if output_mode == "json_object":
+        return {"type": "json_object", "schema": output.schema}
+    schema, strict = output.openai_schema()
+    spec: dict[str, Any] = {"name": output.name, "schema": schema, "strict": strict}
+    if output.description:
+        spec["description"] = output.description
+    return {"type": "json_schema", "json_schema": spec}
+
+
 def build_chat_body(
     request: ChatRequest,
     model: str,
@@ -361,6 +378,7 @@ def build_chat_body(
     include_usage: bool = True,
     echo_reasoning: bool = False,
     reasoning_provider: str | None = None,
+    output_mode: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /chat/completions`` for a call.
 
@@ -368,7 +386,10 @@ def build_chat_body(
     ``"max_completion_tokens"`` (official OpenAI reasoning models). ``echo_reasoning`` /
     ``reasoning_provider``: see :func:`chat_messages`. Options read from
     ``request.options``: ``tool_choice``, ``stop``, ``top_p``, ``parallel_tool_calls``,
-    ``response_format`` and ``reasoning`` (sent as ``reasoning_effort``).
+    ``response_format`` and ``reasoning`` (sent as ``reasoning_effort``). ``output_mode`` (for
+    ``request.output``): ``"response_format"`` / ``"json_object"`` (see
+    :func:`chat_response_format`) or ``"tool"`` (a function the model must call); anything else
+    sends nothing for it.
     """
     options = request.options
     n = (options.get("extra_body") or {}).get("n")
@@ -378,6 +399,9 @@ def build_chat_body(
             "call: drop n from extra_body and make separate calls (batch() runs them in parallel)",
             provider=provider,
         )
+    output = request.output if output_mode in ("response_format", "json_object", "tool") else None
+    if output is not None and options.get("response_format") is not None:
+        raise ValueError("pass output= or response_format=, not both")
     body: dict[str, Any] = {
         "model": model,
         "messages": chat_messages(
@@ -394,7 +418,11 @@ def build_chat_body(
         body[max_tokens_field] = request.max_tokens
     if request.temperature is not None:
         body["temperature"] = request.temperature
-    tools = chat_tools(request.tools, provider=provider)
+    tool_list = list(request.tools)
+    if output is not None and output_mode == "tool":
+        options = {**options, "tool_choice": output_tool_choice(request)}
+        tool_list.append(output.tool_definition())
+    tools = chat_tools(tool_list, provider=provider)
     names = [t["function"]["name"] for t in tools]
     body.update(tool_fields(tools, names, options, provider=provider, tool_choice=chat_tool_choice))
     if options.get("stop") is not None:
@@ -403,6 +431,8 @@ def build_chat_body(
         body["top_p"] = options["top_p"]
     if options.get("response_format") is not None:
         body["response_format"] = options["response_format"]
+    if output is not None and output_mode in ("response_format", "json_object"):
+        body["response_format"] = chat_response_format(request, output_mode)
     reasoning = options.get("reasoning")
     if isinstance(reasoning, str):
         body["reasoning_effort"] = reasoning

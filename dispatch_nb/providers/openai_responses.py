@@ -48,6 +48,7 @@ from ..adapter import ChatRequest
 from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
+from ..structured import output_tool_choice
 from ..types import (
     ImageBlock,
     Message,
@@ -78,6 +79,7 @@ __all__ = [
     "parse_response_object",
     "responses_error",
     "responses_input",
+    "responses_output_format",
     "responses_text_format",
     "responses_tool_choice",
     "responses_tools",
@@ -290,12 +292,35 @@ def responses_text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
     return dict(response_format)
 
 
+def responses_output_format(request: ChatRequest) -> dict[str, Any]:
+    """``text.format`` for structured output (``output=``): ``json_schema`` with the schema made
+    strict when it can be (else ``strict: false``)."""
+    output = request.output
+    assert output is not None
+    schema, strict = output.openai_schema()
+    fmt: dict[str, Any] = {"type": "json_schema", "name": output.name, "schema": schema,
+                           "strict": strict}
+    if output.description:
+        fmt["description"] = output.description
+    return fmt
+
+
+def _output_tool(request: ChatRequest) -> dict[str, Any]:
+    """The flat function tool whose arguments are the answer (``tool`` output mode)."""
+    assert request.output is not None
+    definition = request.output.tool_definition()
+    schema, strict = request.output.openai_schema()
+    return {"type": "function", "name": definition.name, "description": definition.description,
+            "parameters": schema, "strict": strict}
+
+
 def build_responses_body(
     request: ChatRequest,
     model: str,
     *,
     provider: str,
     encrypted_reasoning: bool | None = None,
+    output_mode: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /responses`` for a call.
 
@@ -304,9 +329,15 @@ def build_responses_body(
     from ``request.options``: ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning``
     (an effort string or a dict such as ``{"effort": "low", "summary": "auto"}``),
     ``response_format`` (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not
-    exist in this API and raises a :class:`RequestError`.
+    exist in this API and raises a :class:`RequestError`. ``output_mode`` (for ``request.output``):
+    ``"text.format"`` (a ``json_schema`` format) or ``"tool"`` (a function tool the model must
+    call); anything else sends nothing for it.
     """
     options = request.options
+    if request.output is not None and output_mode in ("text.format", "tool") and (
+        options.get("response_format") is not None or (options.get("text") or {}).get("format")
+    ):
+        raise ValueError("pass output= or response_format= / text={'format': ...}, not both")
     if options.get("stop") is not None:
         raise RequestError(
             "the OpenAI Responses API has no stop sequences; drop stop= or use a chat.completions "
@@ -341,6 +372,9 @@ def build_responses_body(
     if options.get("top_p") is not None:
         body["top_p"] = options["top_p"]
     tools = responses_tools(request.tools)
+    if request.output is not None and output_mode == "tool":
+        options = {**options, "tool_choice": output_tool_choice(request)}
+        tools.append(_output_tool(request))
     names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
     body.update(
         tool_fields(tools, names, options, provider=provider, tool_choice=responses_tool_choice)
@@ -352,6 +386,8 @@ def build_responses_body(
     text = dict(options.get("text") or {})
     if options.get("response_format") is not None:
         text["format"] = responses_text_format(options["response_format"])
+    if request.output is not None and output_mode == "text.format":
+        text["format"] = responses_output_format(request)
     if text:
         body["text"] = text
     return body

@@ -155,6 +155,16 @@ class ProviderFake:
             self.chat_requests.append(request)
             item: ScriptItem | None = self.script.popleft() if self.script else None
         problem = self.validate(request)
+        if problem is None:
+            from . import structured
+
+            refused = structured.check_request(self, request.json)  # structured output rules
+            if refused is not None and item is not None:
+                with self._lock:  # a refused request does not use up the scripted answer
+                    self.script.appendleft(item)
+            if isinstance(refused, Reply):
+                return refused
+            problem = refused
         if problem is not None:
             return self.render_error(problem)
         if item is None:
@@ -162,9 +172,16 @@ class ProviderFake:
         return self.render(item, request)
 
     def default_turn(self, request: RecordedRequest) -> Turn:
-        return Turn(text=f"echo: {self.last_user_text(request)}")
+        from . import structured
+
+        answer = structured.default_answer(request.json)  # JSON for a structured request
+        return answer or Turn(text=f"echo: {self.last_user_text(request)}")
 
     def render(self, item: ScriptItem, request: RecordedRequest) -> Reply:
+        if isinstance(item, Turn):
+            from . import structured
+
+            item = structured.shape_turn(item, request.json)  # tool-mode answers call the tool
         if isinstance(item, Fail):
             return self.render_error(item)
         if isinstance(item, Drop):

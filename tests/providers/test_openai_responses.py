@@ -153,7 +153,9 @@ def test_stop_is_refused_and_options_converted(fake: OpenAIResponsesFake) -> Non
         adapter.chat("x", stop=["END"])
     assert "stop" in info.value.message
     assert fake.chat_requests == []
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    # (strict: the fake, like the API, refuses a strict schema without these two)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
     adapter.chat("x", response_format={"type": "json_schema", "json_schema": {
         "name": "thing", "schema": schema, "strict": True}}, text={"verbosity": "low"},
         reasoning="high")

@@ -1,0 +1,1136 @@
+"""Structured output: answers as validated Python objects, the same way on every provider.
+
+::
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    answer = adapter.chat("The capital of France?", output=City)
+    answer.parsed        # City(name='Paris', country='France')
+    answer.text          # '{"name":"Paris","country":"France"}': what the model wrote
+
+``output=`` (on ``chat`` / ``stream`` / ``achat`` / ``astream`` and ``Session.send`` /
+``stream``) takes a pydantic model class, any type pydantic validates (``list[City]``, a
+``TypedDict``, a dataclass, ``Literal["yes", "no"]``, ``int``...), a JSON Schema ``dict`` (the
+parsed value is then plain JSON data, checked with ``jsonschema``), or a :class:`StructuredOutput`
+that adds a name, a description or a mechanism. The schema is built and checked when the call is
+made, before anything is sent: a type pydantic cannot describe as JSON Schema, an invalid schema
+dict or a recursive schema where the provider cannot take one is a ``TypeError`` /
+``ValueError`` saying what to do.
+
+**On the wire.** Each provider asks for the schema its own native way, chosen per model
+(:meth:`~dispatch_nb.adapter.Adapter.output_mode`, shown as ``output=`` in the request log line;
+the table is in docs/structured-output.md). What every mechanism shares lives here: the *wire
+schema* is always an object (a schema whose root is not an object, e.g. ``list[City]``, is
+wrapped as ``{"result": ...}`` and unwrapped after parsing); :func:`openai_strict_schema` and
+:func:`anthropic_schema` rewrite it for those providers' rules; in ``tool`` mode the answer is the
+arguments of one tool named :data:`OUTPUT_TOOL_NAME`, turned back into a text answer here so that
+``Response.text`` is always the JSON and ``tool_calls`` never shows that tool.
+
+**Validation and retries.** The answer's text is parsed and validated (pydantic's JSON mode; for a
+schema dict, ``jsonschema``). Invalid JSON or a schema mismatch is sent back to the model with the
+errors and tried again, ``output_retries`` times (default :data:`DEFAULT_OUTPUT_RETRIES`); every
+attempt's usage is counted in the final ``Response.usage``. What still fails, an answer cut off at
+``max_tokens`` and a refusal raise :class:`~dispatch_nb.errors.OutputValidationError` (``text``,
+``errors``, ``partial``). A turn that asks for tools (a :class:`~dispatch_nb.session.Session` runs
+them and asks again) is returned unparsed: only the final answer is validated.
+
+**Streams.** A stream of a structured call is a :class:`StructuredResponseStream`:
+``partial_parsed`` is the answer so far as JSON data (dicts and lists, tolerant of incomplete JSON;
+the validated object once finished) and ``attempt`` says which attempt is streaming (a retry's
+deltas follow the failed attempt's).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .errors import APITimeoutError, DispatchError, OutputValidationError
+from .stream import Accumulator, AsyncResponseStream, ResponseStream
+from .types import (
+    Message,
+    Response,
+    StreamDelta,
+    TextBlock,
+    ToolDefinition,
+    ToolUseBlock,
+    Usage,
+    text_delta,
+)
+
+if TYPE_CHECKING:
+    from .adapter import Adapter, ChatRequest
+    from .cancel import CancelToken
+
+__all__ = [
+    "DEFAULT_OUTPUT_RETRIES",
+    "OUTPUT_MODES",
+    "OUTPUT_TOOL_NAME",
+    "RESULT_KEY",
+    "AsyncStructuredResponseStream",
+    "StructuredOutput",
+    "StructuredResponseStream",
+    "anthropic_schema",
+    "aopen_structured",
+    "as_output",
+    "is_recursive",
+    "open_structured",
+    "openai_strict_schema",
+    "output_tool_choice",
+    "prompted",
+    "requested_mode",
+    "unsupported_mode",
+]
+
+log = logging.getLogger("dispatch_nb")
+
+#: the name of the tool whose arguments are the answer in ``tool`` mode
+OUTPUT_TOOL_NAME = "final_answer"
+#: the property that wraps a schema whose root is not an object (``{"result": [...]}``)
+RESULT_KEY = "result"
+#: how many times an invalid answer is sent back for another try, unless ``output_retries=``
+DEFAULT_OUTPUT_RETRIES = 1
+#: what ``StructuredOutput(mode=...)`` and ``adapter.structured_output`` accept
+OUTPUT_MODES: tuple[str, ...] = ("auto", "native", "tool", "json_object", "prompt")
+
+_NAME_OK = re.compile(r"[^a-zA-Z0-9_-]+")
+
+# -- walking JSON Schemas ---------------------------------------------------------------------------
+_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_ONE_KEYS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+             "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+
+
+def _map_schema(node: Any, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """A copy of schema ``node`` with ``fn`` applied to every sub-schema, innermost first."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    for key in _MAP_KEYS:
+        value = out.get(key)
+        if isinstance(value, dict):
+            out[key] = {name: _map_schema(sub, fn) for name, sub in value.items()}
+    for key in _LIST_KEYS:
+        value = out.get(key)
+        if isinstance(value, list):
+            out[key] = [_map_schema(sub, fn) for sub in value]
+    for key in _ONE_KEYS:
+        value = out.get(key)
+        if isinstance(value, dict):
+            out[key] = _map_schema(value, fn)
+        elif key == "items" and isinstance(value, list):
+            out[key] = [_map_schema(sub, fn) for sub in value]
+    return fn(out)
+
+
+def _refs_in(node: Any) -> Iterator[str]:
+    """Every ``$ref`` in ``node``, not looking inside ``$defs`` / ``definitions``."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield ref
+        for key, value in node.items():
+            if key in ("$defs", "definitions"):
+                continue
+            if key in _MAP_KEYS and isinstance(value, dict):
+                for sub in value.values():
+                    yield from _refs_in(sub)
+            elif isinstance(value, (dict, list)):
+                yield from _refs_in(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs_in(item)
+
+
+def _resolver(root: Mapping[str, Any]) -> Callable[[str], Any]:
+    def resolve(ref: str) -> Any:
+        if ref == "#":
+            return root
+        if not ref.startswith("#/"):
+            return None
+        node: Any = root
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    return resolve
+
+
+def is_recursive(schema: Mapping[str, Any]) -> bool:
+    """Whether following the ``$ref`` s of ``schema`` can lead back to where they started."""
+    resolve = _resolver(schema)
+
+    def visit(node: Any, path: tuple[str, ...]) -> bool:
+        for ref in set(_refs_in(node)):
+            if ref in path:
+                return True
+            target = resolve(ref)
+            if target is not None and visit(target, (*path, ref)):
+                return True
+        return False
+
+    return visit(schema, ("#",))
+
+
+def _nullable(node: Any, resolve: Callable[[str], Any] | None = None) -> bool:
+    if not isinstance(node, dict):
+        return node is True or node == {}
+    kind = node.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    if "enum" in node and None in node["enum"]:
+        return True
+    if "const" in node and node["const"] is None:
+        return True
+    for key in ("anyOf", "oneOf"):
+        if any(_nullable(sub, resolve) for sub in node.get(key) or []):
+            return True
+    if not node or set(node) <= {"description", "title", "default", "examples"}:
+        return True  # anything goes
+    ref = node.get("$ref")
+    if isinstance(ref, str) and resolve is not None:
+        target = resolve(ref)
+        if target is not None and target is not node:
+            return _nullable(target)
+    return False
+
+
+def _is_object_root(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type")
+    composite = any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "enum", "const"))
+    return (kind == "object" or (kind is None and "properties" in schema)) and not composite
+
+
+def _constraint_note(dropped: Mapping[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in dropped.items()) + "}"
+
+
+def _with_note(node: dict[str, Any], dropped: dict[str, Any]) -> dict[str, Any]:
+    if dropped:
+        note = _constraint_note(dropped)
+        description = node.get("description")
+        node["description"] = f"{description} {note}" if description else note
+    return node
+
+
+# -- OpenAI strict schemas --------------------------------------------------------------------------
+_OPENAI_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname",
+                             "ipv4", "ipv6", "uuid"})
+#: keywords OpenAI's strict mode honours (everything else is dropped or makes it non-strict)
+_OPENAI_KEEP = frozenset({
+    "type", "description", "title", "enum", "const", "anyOf", "$ref", "$defs", "definitions",
+    "properties", "required", "additionalProperties", "items", "pattern", "format",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "minItems", "maxItems",
+})
+#: constraints OpenAI does not enforce: dropped, noted in the description, checked by us
+_OPENAI_NOTE = frozenset({"minLength", "maxLength", "uniqueItems", "minProperties",
+                          "maxProperties"})
+#: keywords a strict schema cannot express: such a schema is sent with ``strict: false``
+_NOT_STRICT = frozenset({"not", "if", "then", "else", "patternProperties", "dependentSchemas",
+                         "dependentRequired", "propertyNames", "unevaluatedProperties",
+                         "unevaluatedItems", "contains", "prefixItems", "additionalItems"})
+
+
+class _NotStrict(Exception):
+    pass
+
+
+def openai_strict_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``schema`` made strict the way OpenAI's Structured Outputs require, or None when it cannot
+    be (then it is sent with ``strict: false``).
+
+    Every object gets ``additionalProperties: false`` and lists all its properties in
+    ``required``; a property that was optional and does not admit ``null`` becomes
+    ``anyOf: [..., {"type": "null"}]`` (a ``null`` there is dropped again before validation, so the
+    field's default applies); ``oneOf`` becomes ``anyOf``, a one-element ``allOf`` is merged, a
+    ``$ref`` with siblings is inlined; constraints OpenAI does not enforce (``minLength`` ...) are
+    dropped and noted in the description (validation still checks them); ``default`` and other
+    annotations go. A map type (``additionalProperties`` with a schema), ``not``, ``if``,
+    ``patternProperties``... cannot be strict.
+    """
+    root = copy.deepcopy(dict(schema))
+    resolve = _resolver(root)
+
+    def strict(node: dict[str, Any]) -> dict[str, Any]:
+        if _NOT_STRICT & node.keys():
+            raise _NotStrict
+        if "allOf" in node:
+            parts = node.pop("allOf")
+            if len(parts) != 1 or not isinstance(parts[0], dict):
+                raise _NotStrict
+            node = {**parts[0], **node}
+        if "oneOf" in node:
+            node["anyOf"] = [*node.get("anyOf", []), *node.pop("oneOf")]
+        ref = node.get("$ref")
+        if isinstance(ref, str) and len(node) > 1:
+            target = resolve(ref)
+            siblings = {k: v for k, v in node.items() if k != "$ref"}
+            if isinstance(target, dict) and not is_recursive({**root, "$ref": ref}):
+                node = {**strict(copy.deepcopy(target)), **siblings}
+            else:
+                node = {"$ref": ref}  # a recursive reference keeps no siblings
+        dropped = {k: node.pop(k) for k in sorted(_OPENAI_NOTE & node.keys())}
+        if node.get("format") is not None and node["format"] not in _OPENAI_FORMATS:
+            dropped["format"] = node.pop("format")
+        for key in [k for k in node if k not in _OPENAI_KEEP]:
+            del node[key]
+        kind = node.get("type")
+        if kind == "object" or "properties" in node:
+            extra = node.get("additionalProperties")
+            properties = node.get("properties") or {}
+            if isinstance(extra, dict) and extra:
+                raise _NotStrict  # a map: no fixed set of keys to require
+            if extra is True and not properties:
+                raise _NotStrict
+            required = set(node.get("required") or [])
+            fixed: dict[str, Any] = {}
+            for name, sub in properties.items():
+                if name not in required and not _nullable(sub, resolve):
+                    sub = {"anyOf": [sub, {"type": "null"}]}
+                fixed[name] = sub
+            node["properties"] = fixed
+            node["required"] = list(fixed)
+            node["additionalProperties"] = False
+            node.setdefault("type", "object")
+        return _with_note(node, dropped)
+
+    try:
+        out = _map_schema(root, strict)
+    except _NotStrict:
+        return None
+    if not isinstance(out, dict) or not _is_object_root(out):
+        return None
+    return out
+
+
+# -- Anthropic schemas ------------------------------------------------------------------------------
+_ANTHROPIC_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri",
+                                "ipv4", "ipv6", "uuid"})
+_ANTHROPIC_KEEP = frozenset({
+    "type", "description", "title", "enum", "const", "anyOf", "allOf", "$ref", "$defs",
+    "definitions", "properties", "required", "additionalProperties", "items", "format",
+    "pattern", "default", "minItems",
+})
+
+
+def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` the way Anthropic's ``output_config`` takes it: ``additionalProperties: false``
+    on every object, ``oneOf`` as ``anyOf``, and the constraints the API does not enforce
+    (``minimum``, ``maxLength``, ``minItems`` above 1...) dropped and noted in the description
+    (validation still checks them). Raises ``ValueError`` for what it cannot take: a recursive
+    schema, a map type, ``not`` / ``if`` / ``patternProperties``."""
+    if is_recursive(schema):
+        raise ValueError("Anthropic's structured outputs do not take recursive schemas")
+
+    def clean(node: dict[str, Any]) -> dict[str, Any]:
+        if _NOT_STRICT & node.keys():
+            raise ValueError(
+                f"Anthropic's structured outputs do not take {sorted(_NOT_STRICT & node.keys())}"
+            )
+        if "oneOf" in node:
+            node["anyOf"] = [*node.get("anyOf", []), *node.pop("oneOf")]
+        dropped = {k: node.pop(k) for k in sorted(node.keys() - _ANTHROPIC_KEEP)
+                   if k in {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                            "multipleOf", "minLength", "maxLength", "maxItems", "uniqueItems",
+                            "minProperties", "maxProperties"}}
+        for key in [k for k in node if k not in _ANTHROPIC_KEEP]:
+            del node[key]
+        if isinstance(node.get("minItems"), int) and node["minItems"] > 1:
+            dropped["minItems"] = node.pop("minItems")
+        if node.get("format") is not None and node["format"] not in _ANTHROPIC_FORMATS:
+            dropped["format"] = node.pop("format")
+        if node.get("type") == "object" or "properties" in node:
+            extra = node.get("additionalProperties")
+            if isinstance(extra, dict) and extra:
+                raise ValueError("Anthropic's structured outputs do not take map types "
+                                 "(additionalProperties with a schema)")
+            node["additionalProperties"] = False
+        return _with_note(node, dropped)
+
+    out: dict[str, Any] = _map_schema(copy.deepcopy(dict(schema)), clean)
+    return out
+
+
+# -- what output= asks for ---------------------------------------------------------------------------
+def _type_name(tp: Any) -> str:
+    name = getattr(tp, "__name__", None)
+    args = getattr(tp, "__args__", None)
+    if isinstance(name, str) and args:
+        inner = "_".join(_type_name(a) for a in args)
+        return f"{inner}_{name}"
+    if isinstance(name, str):
+        return name
+    return re.sub(r"\W+", "_", str(tp)).strip("_") or "output"
+
+
+def _drop_titles(node: dict[str, Any]) -> dict[str, Any]:
+    node.pop("title", None)
+    return node
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _json_text(text: str) -> str:
+    """The JSON inside an answer: the text itself, or the inside of its Markdown code fence
+    (also after a line of prose, as models write when only asked in the prompt)."""
+    stripped = text.strip()
+    if not stripped.startswith("```"):
+        if stripped[:1] in ("{", "[", '"') or "```" not in stripped:
+            return stripped
+        stripped = stripped[stripped.index("```"):]
+    body = stripped[3:]
+    newline = body.find("\n")
+    body = body[newline + 1:] if newline >= 0 else ""
+    end = body.find("```")
+    return (body[:end] if end >= 0 else body).strip()
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _Invalid(Exception):
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+class StructuredOutput:
+    """What ``output=`` asks for, with its JSON Schema, validation and partial parsing.
+
+    ``target``: a pydantic model class, any type pydantic validates (``list[Item]``, a
+    ``TypedDict``, a dataclass, ``Literal[...]``, ``int``...) or a JSON Schema ``dict``.
+    ``name`` (``^[a-zA-Z0-9_-]{1,64}$``; default: the type's name, the schema's ``title``, else
+    ``output``) and ``description`` (default: the model's docstring / the schema's description)
+    go to providers that take them. ``mode``: ``auto`` (the provider picks per model), ``native``,
+    ``tool``, ``json_object`` (chat.completions servers such as llama-cpp-python's) or
+    ``prompt`` (the schema in the system prompt); see docs/structured-output.md. ``strict``:
+    OpenAI strict mode — None makes the schema strict when it can be, False never.
+
+    Raises ``TypeError`` when ``target`` cannot be described as JSON Schema and ``ValueError``
+    for an invalid schema dict or option — before any request.
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        mode: str = "auto",
+        strict: bool | None = None,
+    ) -> None:
+        if mode not in OUTPUT_MODES:
+            raise ValueError(f"mode must be one of {', '.join(OUTPUT_MODES)}, not {mode!r}")
+        if isinstance(target, StructuredOutput):
+            raise TypeError("target is already a StructuredOutput")
+        #: what was asked for: a type, or the JSON Schema dict
+        self.target = target
+        self.mode = mode
+        self.strict = strict
+        self._type_adapter: Any = None
+        self._validator: Any = None
+        if isinstance(target, Mapping):
+            self.is_schema_dict = True
+            self.schema_of_value = self._check_schema_dict(target)
+            default_name = self.schema_of_value.get("title")
+        else:
+            self.is_schema_dict = False
+            self.schema_of_value = self._schema_of_type(target)
+            default_name = _type_name(target)
+        #: the schema sent to providers (always an object at the root); ``wrapped``: True when
+        #: it wraps the value as ``{"result": ...}``
+        self.schema, self.wrapped = _wire_schema(self.schema_of_value)
+        raw_name = name if name is not None else (default_name or "output")
+        cleaned = _NAME_OK.sub("_", str(raw_name)).strip("_")[:64]
+        if name is not None and cleaned != name:
+            raise ValueError(f"name must be 1-64 letters, digits, '_' or '-', not {name!r}")
+        #: the schema's name (OpenAI's ``json_schema.name``)
+        self.name = cleaned or "output"
+        described = self.schema_of_value.get("description")
+        #: what the answer is, for the model (OpenAI's ``description``, the tool's description)
+        self.description: str | None = description if description is not None else (
+            described if isinstance(described, str) and described.strip() else None
+        )
+        try:
+            self._schema_json = orjson.dumps(self.schema, option=orjson.OPT_SORT_KEYS).decode()
+        except TypeError as exc:
+            raise TypeError(f"the output schema is not JSON: {exc}") from None
+
+    # -- building ------------------------------------------------------------------------------
+    @staticmethod
+    def _check_schema_dict(schema: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            data = orjson.loads(orjson.dumps(schema))
+        except TypeError as exc:
+            raise TypeError(
+                f"output= is a dict but not a JSON Schema made of JSON values: {exc}"
+            ) from None
+        if not isinstance(data, dict) or not data:
+            raise ValueError("output= is an empty dict: give a JSON Schema such as "
+                             '{"type": "object", "properties": {...}}')
+        try:
+            from jsonschema import exceptions, validators
+        except ImportError:  # pragma: no cover - a core dependency
+            raise ImportError("validating a JSON Schema dict needs jsonschema: "
+                              "pip install jsonschema") from None
+        cls = validators.validator_for(data)
+        try:
+            cls.check_schema(data)
+        except exceptions.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+            raise ValueError(f"output= is not a valid JSON Schema: at {where}: {exc.message}") from None
+        return data
+
+    def _schema_of_type(self, target: Any) -> dict[str, Any]:
+        if target is None or isinstance(target, (str, bytes, int, float, bool)):
+            raise TypeError(
+                f"output= must be a type (a pydantic model, TypedDict, dataclass, list[...], "
+                f"Literal[...]) or a JSON Schema dict, not {target!r}"
+            )
+        from pydantic import BaseModel, TypeAdapter
+        from pydantic.errors import PydanticInvalidForJsonSchema, PydanticUserError
+
+        if isinstance(target, BaseModel):
+            raise TypeError(f"output= takes the class {type(target).__name__}, not an instance of it")
+        try:
+            adapter = TypeAdapter(target)
+            schema = adapter.json_schema(mode="validation")
+        except PydanticInvalidForJsonSchema as exc:
+            found = re.search(r"<class '([^']+)'>", str(exc))
+            why = (f"it holds a {found.group(1).rsplit('.', 1)[-1]}, a Python class no JSON can "
+                   "describe" if found else _first_line(exc))
+            raise TypeError(
+                f"output={_type_name(target)} has no JSON Schema, so no model can be asked for it "
+                f"({why}); use fields of JSON types (str, int, float, bool, lists, nested "
+                "models, enums, Literal, datetime...)"
+            ) from None
+        except (PydanticUserError, TypeError, NameError) as exc:
+            raise TypeError(
+                f"output={_type_name(target)} cannot be validated from JSON ({_first_line(exc)}); "
+                "use a pydantic model, a TypedDict, a dataclass, list[...] of those, Literal[...], "
+                "a basic type or a JSON Schema dict"
+            ) from None
+        except Exception as exc:
+            if type(exc).__name__ == "PydanticSchemaGenerationError":
+                raise TypeError(
+                    f"output={_type_name(target)} cannot be validated from JSON "
+                    f"({_first_line(exc)}); use fields of JSON types (str, int, float, bool, "
+                    "lists, nested models, enums, Literal, datetime...)"
+                ) from None
+            raise
+        self._type_adapter = adapter
+        return dict(_map_schema(schema, _drop_titles))
+
+    # -- facts providers use ---------------------------------------------------------------------
+    @functools.cached_property
+    def recursive(self) -> bool:
+        """Whether the schema refers to itself (a tree, a linked list...)."""
+        return is_recursive(self.schema)
+
+    def openai_schema(self) -> tuple[dict[str, Any], bool]:
+        """``(schema, strict)`` for OpenAI's ``json_schema`` formats and strict tools."""
+        if self.strict is False:
+            return self.schema, False
+        made = openai_strict_schema(self.schema)
+        if made is None:
+            if self.strict:
+                raise ValueError(
+                    f"output schema {self.name!r} cannot be made strict for OpenAI (a map type, "
+                    "not/if/patternProperties...); pass strict=None to send it non-strict"
+                )
+            return self.schema, False
+        return made, True
+
+    def anthropic_schema(self) -> dict[str, Any]:
+        """The schema for Anthropic's ``output_config`` (``ValueError`` when it cannot take it)."""
+        return anthropic_schema(self.schema)
+
+    @functools.cached_property
+    def anthropic_native_ok(self) -> bool:
+        """Whether :meth:`anthropic_schema` works for this schema."""
+        try:
+            self.anthropic_schema()
+        except ValueError:
+            return False
+        return True
+
+    def tool_definition(self) -> ToolDefinition:
+        """The tool whose arguments are the answer (``tool`` mode)."""
+        what = self.description or f"the {self.name} answer"
+        return ToolDefinition(
+            name=OUTPUT_TOOL_NAME,
+            description=f"Give your final answer by calling this tool: its arguments are the "
+                        f"answer ({what}).",
+            parameters=self.schema,
+        )
+
+    def instructions(self) -> str:
+        """What ``prompt`` mode adds to the system prompt."""
+        return ("Answer with one JSON document and nothing else (no prose, no code fences). "
+                f"It must be valid for this JSON Schema:\n{self._schema_json}")
+
+    def tool_instructions(self) -> str:
+        """What ``tool`` mode adds to the system prompt when the tool cannot be forced."""
+        return (f"When you have the final answer, give it by calling the {OUTPUT_TOOL_NAME} tool "
+                "(its arguments are the answer), not as text.")
+
+    def key_material(self) -> dict[str, Any]:
+        """What makes two requests for structured output different (the response cache's key)."""
+        return {"name": self.name, "description": self.description, "schema": self.schema,
+                "mode": self.mode, "strict": self.strict}
+
+    def __repr__(self) -> str:
+        return f"StructuredOutput({_type_name(self.target)}, name={self.name!r}, mode={self.mode!r})"
+
+    # -- parsing -------------------------------------------------------------------------------
+    def partial(self, text: str) -> Any:
+        """The value so far from the incomplete JSON ``text`` (dicts, lists, strings cut short),
+        unwrapped; None while nothing parses."""
+        body = text.lstrip()
+        if body.startswith("```"):
+            newline = body.find("\n")
+            body = body[newline + 1:] if newline >= 0 else ""
+        if not body.strip():
+            return None
+        from pydantic_core import from_json
+
+        try:
+            value = from_json(body, allow_partial="trailing-strings")
+        except ValueError:
+            return None
+        if self.wrapped:
+            return value.get(RESULT_KEY) if isinstance(value, dict) else value
+        return value
+
+    def parse(self, answer: str | Response) -> Any:
+        """Validate an answer (its text, or a :class:`Response`): the parsed value, or an
+        :class:`~dispatch_nb.errors.OutputValidationError` saying what is wrong."""
+        text = answer.text if isinstance(answer, Response) else answer
+        try:
+            return self._validate(text)
+        except _Invalid as exc:
+            raise OutputValidationError(
+                self._problem(exc.errors), text=text, errors=exc.errors
+            ) from None
+
+    def _validate(self, text: str) -> Any:
+        body = _json_text(text)
+        if not body:
+            raise _Invalid([{"type": "json_invalid", "loc": (), "msg": "the answer is empty",
+                             "input": text}])
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise _Invalid([{"type": "json_invalid", "loc": (),
+                             "msg": f"Invalid JSON: {exc}", "input": _short(body, 200)}]) from None
+        prefix: tuple[Any, ...] = ()
+        if self.wrapped and isinstance(value, dict) and RESULT_KEY in value:
+            value, prefix = value[RESULT_KEY], (RESULT_KEY,)
+        # (a wrapped answer without the wrapper is read as the bare value)
+        value = _drop_added_nulls(value, self.schema_of_value)
+        if self.is_schema_dict:
+            errors = self._schema_errors(value)
+            if errors:
+                raise _Invalid([{**e, "loc": (*prefix, *e["loc"])} for e in errors])
+            return value
+        from pydantic import ValidationError
+
+        try:
+            return self._type_adapter.validate_json(orjson.dumps(value))
+        except ValidationError as exc:
+            raise _Invalid([
+                {"type": e["type"], "loc": (*prefix, *e["loc"]), "msg": e["msg"],
+                 "input": e.get("input")}
+                for e in exc.errors(include_url=False, include_context=False)
+            ]) from None
+
+    def _schema_errors(self, value: Any) -> list[dict[str, Any]]:
+        if self._validator is None:
+            from jsonschema import validators
+
+            self._validator = validators.validator_for(self.schema_of_value)(self.schema_of_value)
+        found = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        return [{"type": e.validator, "loc": tuple(e.absolute_path), "msg": e.message,
+                 "input": e.instance} for e in found]
+
+    def _problem(self, errors: list[dict[str, Any]]) -> str:
+        first = errors[0] if errors else {"loc": (), "msg": "invalid"}
+        loc = ".".join(str(p) for p in first["loc"]) or "(the whole answer)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return (f"the answer does not match the {self.name} schema: at {loc}: "
+                f"{first['msg']}{more}")
+
+    def retry_prompt(self, errors: list[dict[str, Any]], *, tool: bool) -> str:
+        """The message that sends validation ``errors`` back to the model."""
+        lines = ["Your answer does not match the required JSON schema:"]
+        for error in errors[:20]:
+            loc = ".".join(str(p) for p in error["loc"]) or "the whole answer"
+            line = f"- at {loc}: {error['msg']}"
+            if error.get("type") not in ("missing", "json_invalid") and "input" in error:
+                line += f" (you gave {_short(error['input'])})"
+            lines.append(line)
+        if len(errors) > 20:
+            lines.append(f"- ... and {len(errors) - 20} more")
+        lines.append(f"Call the {OUTPUT_TOOL_NAME} tool again with corrected arguments."
+                     if tool else "Answer again with only the corrected JSON.")
+        return "\n".join(lines)
+
+
+def _wire_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The wire schema for the value schema ``schema`` (an object at the root) and whether it
+    wraps the value as ``{"result": ...}``."""
+    value = {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
+    ref = value.get("$ref")
+    if isinstance(ref, str) and set(value) <= {"$ref", "$defs", "definitions", "description"}:
+        target = _resolver(value)(ref)
+        if isinstance(target, dict) and _is_object_root(target):
+            # a recursive model: its definition at the root, the $defs kept for the recursion
+            kept = {k: value[k] for k in ("$defs", "definitions") if k in value}
+            return {**copy.deepcopy(target), **kept}, False
+    if _is_object_root(value):
+        return value, False
+    defs: dict[str, Any] = {}
+    for key in ("$defs", "definitions"):
+        if key in value:
+            defs[key] = value.pop(key)
+    inner = _map_schema(
+        value,
+        lambda n: {**n, "$ref": f"#/properties/{RESULT_KEY}"} if n.get("$ref") == "#" else n,
+    )
+    wire: dict[str, Any] = {"type": "object", "properties": {RESULT_KEY: inner},
+                            "required": [RESULT_KEY], "additionalProperties": False, **defs}
+    return wire, True
+
+
+def _drop_added_nulls(value: Any, schema: Mapping[str, Any]) -> Any:
+    """``value`` without the ``null`` s a strict schema allowed where the schema itself does not
+    (optional properties made nullable): their defaults apply instead."""
+    resolve = _resolver(schema)
+
+    def walk(item: Any, node: Any, depth: int) -> Any:
+        if depth > 64 or not isinstance(node, dict):
+            return item
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            target = resolve(ref)
+            if isinstance(target, dict):
+                node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        if isinstance(item, dict):
+            properties = node.get("properties")
+            if not isinstance(properties, dict):
+                return item
+            required = set(node.get("required") or [])
+            out = {}
+            for key, sub in item.items():
+                schema_of = properties.get(key)
+                if (sub is None and schema_of is not None and key not in required
+                        and not _nullable(schema_of, resolve)):
+                    continue
+                out[key] = walk(sub, schema_of, depth + 1) if schema_of is not None else sub
+            return out
+        if isinstance(item, list) and isinstance(node.get("items"), dict):
+            return [walk(sub, node["items"], depth + 1) for sub in item]
+        options = [s for s in node.get("anyOf") or node.get("oneOf") or []
+                   if isinstance(s, dict) and s.get("type") != "null"]
+        if len(options) == 1:
+            return walk(item, options[0], depth + 1)
+        return item
+
+    return walk(value, schema, 0)
+
+
+def as_output(output: Any) -> StructuredOutput:
+    """``output=`` as a :class:`StructuredOutput` (built and checked now, before any request)."""
+    if isinstance(output, StructuredOutput):
+        return output
+    return StructuredOutput(output)
+
+
+def requested_mode(adapter: Adapter, request: ChatRequest) -> str:
+    """The mechanism asked for: the call's ``StructuredOutput(mode=...)``, else the adapter's
+    ``structured_output``; ``auto`` lets the provider choose."""
+    assert request.output is not None
+    mode = request.output.mode
+    if mode == "auto":
+        mode = getattr(adapter, "structured_output", "auto") or "auto"
+        if mode not in OUTPUT_MODES:
+            raise ValueError(f"structured_output must be one of {', '.join(OUTPUT_MODES)}, "
+                             f"not {mode!r}")
+    return mode
+
+
+def unsupported_mode(adapter: Adapter, mode: str, supported: tuple[str, ...]) -> ValueError:
+    """The error for a mechanism this provider cannot use."""
+    return ValueError(
+        f"{adapter.display_name} cannot use structured output mode {mode!r}; use one of "
+        f"{', '.join(supported)} (auto picks one per model)"
+    )
+
+
+def output_tool_choice(request: ChatRequest, *, can_force: bool = True) -> Any:
+    """The neutral ``tool_choice`` for ``tool`` mode: the output tool by name when it is the
+    only tool, ``"required"`` with other tools (the model calls them, then the output tool),
+    ``"auto"`` when a forced choice is not allowed (Anthropic with thinking); the caller's own
+    ``tool_choice`` wins."""
+    given = request.options.get("tool_choice")
+    if given is not None:
+        return given
+    if not can_force:
+        return "auto"
+    others = [t for t in request.tools if isinstance(t, ToolDefinition)]
+    if any(t.name == OUTPUT_TOOL_NAME for t in others):
+        raise ValueError(f"a tool is named {OUTPUT_TOOL_NAME!r}, the name structured output "
+                         "uses in tool mode; rename it")
+    return "required" if others or request.native_tools else OUTPUT_TOOL_NAME
+
+
+def prompted(request: ChatRequest) -> ChatRequest:
+    """``request`` with the schema instructions of ``prompt`` mode in its system prompt."""
+    assert request.output is not None
+    note = request.output.instructions()
+    system = f"{request.system}\n\n{note}" if request.system else note
+    return dataclasses.replace(request, system=system)
+
+
+# -- the answer of one attempt ----------------------------------------------------------------------
+def _output_call(response: Response) -> ToolUseBlock | None:
+    for call in response.tool_calls:
+        if call.name == OUTPUT_TOOL_NAME:
+            return call
+    return None
+
+
+def _as_answer(response: Response, streamed: str | None) -> Response:
+    """A ``tool``-mode answer (a call of the output tool) as a text answer holding its JSON; the
+    other blocks of that turn are dropped but thinking (the answer is final)."""
+    call = _output_call(response)
+    if call is None:
+        return response
+    if streamed:
+        text = streamed
+    elif call.arguments_error and call.raw_arguments is not None:
+        text = call.raw_arguments
+    else:
+        text = orjson.dumps(call.arguments).decode()
+    content: list[Any] = [b for b in response.content
+                          if not isinstance(b, (ToolUseBlock, TextBlock)) or b is call]
+    content = [TextBlock(text=text) if b is call else b for b in content]
+    stop = "end_turn" if response.stop_reason == "tool_use" else response.stop_reason
+    return response.model_copy(update={"content": content, "tool_calls": [], "stop_reason": stop})
+
+
+def _settled_error(response: Response, spec: StructuredOutput) -> OutputValidationError | None:
+    """An answer that cannot be parsed whatever its text: refused, filtered or cut off."""
+    text = response.text
+    if response.stop_reason == "refusal":
+        return OutputValidationError(
+            f"the model refused to answer: {text.strip()[:300] or '(no reason given)'}",
+            text=text, code="output_refused",
+            errors=[{"type": "refusal", "loc": (), "msg": "the model refused", "input": text}],
+        )
+    if response.stop_reason == "content_filter":
+        return OutputValidationError(
+            "the provider's content filter stopped the answer", text=text, code="output_refused",
+            errors=[{"type": "content_filter", "loc": (), "msg": "filtered", "input": text}],
+        )
+    if response.stop_reason == "max_tokens":
+        return OutputValidationError(
+            f"the answer was cut off at max_tokens before its JSON was complete ({len(text)} "
+            "characters arrived); pass a larger max_tokens=",
+            text=text, code="output_truncated",
+            errors=[{"type": "truncated", "loc": (), "msg": "the answer was cut off at max_tokens",
+                     "input": _short(text, 200)}],
+        )
+    return None
+
+
+# -- one structured call: attempts, retries, the stream the caller sees -------------------------------
+class _Call:
+    """The state of one structured call: its attempts so far and the one streaming now."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        request: ChatRequest,
+        retries: int,
+        timeout: float | None,
+        cancel: CancelToken | None,
+    ) -> None:
+        assert request.output is not None
+        self.adapter = adapter
+        self.request = request
+        self.spec: StructuredOutput = request.output
+        self.retries = retries
+        self.cancel = cancel
+        #: a total deadline for every attempt together
+        self.timeout = timeout if timeout is not None else adapter.default_timeout
+        self.started: float | None = None
+        self.messages = list(request.messages)
+        self.attempt = 0
+        self.inner: ResponseStream | AsyncResponseStream | None = None
+        self.usage = Usage()  # of the finished attempts
+        self.final: Response | None = None
+        self.tool_parts: list[str] = []  # the output tool's arguments as they stream
+        self.text_parts: list[str] = []
+        self.tool_ids: set[str | None] = set()
+
+    # -- per attempt -----------------------------------------------------------------------------
+    def next_request(self) -> ChatRequest:
+        self.attempt += 1
+        self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
+        if self.started is None:
+            self.started = time.monotonic()
+        return dataclasses.replace(self.request, messages=list(self.messages))
+
+    def remaining(self) -> float | None:
+        if self.timeout is None or self.started is None:
+            return self.timeout
+        left = self.timeout - (time.monotonic() - self.started)
+        if left <= 0:
+            raise APITimeoutError(
+                f"no valid structured answer within the {self.timeout:g} s timeout "
+                f"({self.attempt - 1} attempt(s)); pass a larger timeout= or try again",
+                provider=self.adapter.provider_name, partial=self.snapshot(),
+            )
+        return left
+
+    def transform(self, delta: StreamDelta) -> StreamDelta | None:
+        """The delta the caller sees: the output tool's argument fragments become text."""
+        kind = delta.type
+        if kind == "text_delta":
+            self.text_parts.append(delta.text or "")
+            return delta
+        if kind == "tool_use_start" and delta.tool_name == OUTPUT_TOOL_NAME:
+            self.tool_ids.add(delta.tool_call_id)
+            return None
+        if delta.tool_call_id in self.tool_ids and kind.startswith("tool_use"):
+            fragment = delta.argument_delta or ""
+            if kind == "tool_use_delta" and fragment:
+                self.tool_parts.append(fragment)
+                return text_delta("text_delta", fragment)
+            return None
+        return delta
+
+    def snapshot(self) -> Response:
+        inner = self.inner
+        if inner is None:
+            return Response(model=self.adapter.model_name, usage=self.usage)
+        partial = _as_answer(inner.partial, "".join(self.tool_parts) or None)
+        return partial.model_copy(update={"usage": self.usage + partial.usage})
+
+    def partial_parsed(self) -> Any:
+        if self.final is not None:
+            return self.final.parsed
+        text = "".join(self.tool_parts) if self.tool_ids else "".join(self.text_parts)
+        if not text and self.inner is not None and not self.request.stream:
+            return None
+        return self.spec.partial(text)
+
+    def settle(self, raw: Response) -> bool:
+        """The attempt ended with ``raw``: True when the call is done (``final`` set), False
+        when the errors went back to the model for another try. Raises what is left."""
+        self.usage = self.usage + raw.usage
+        answer = _as_answer(raw, "".join(self.tool_parts) or None)
+        answer = answer.model_copy(update={"usage": self.usage})
+        if answer.tool_calls:
+            self.final = answer  # the model asks for tools: a session runs them and asks again
+            return True
+        error = _settled_error(answer, self.spec)
+        if error is None:
+            try:
+                parsed = self.spec._validate(answer.text)
+            except _Invalid as exc:
+                error = OutputValidationError(self.spec._problem(exc.errors), text=answer.text,
+                                              errors=exc.errors)
+            else:
+                self.final = answer.model_copy(update={"parsed": parsed})
+                return True
+        error.partial = answer
+        error.attempts = self.attempt
+        error.provider = self.adapter.provider_name
+        if error.code != "output_invalid" or self.attempt > self.retries:
+            if self.attempt > 1:
+                error.message += f" (after {self.attempt} attempts)"
+                error.args = (error.message,)
+            raise error
+        log.info("structured output: answer %d of %s %s is not valid (%s); asking again",
+                 self.attempt, self.adapter.provider_name, self.adapter.model_name, error.message)
+        if answer.content:
+            self.messages.append(answer.to_message())
+        tool = bool(self.tool_ids) or _output_call(raw) is not None
+        self.messages.append(
+            Message(role="user", content=self.spec.retry_prompt(error.errors, tool=tool))
+        )
+        return False
+
+
+class _CallAccumulator(Accumulator):
+    """The accumulator a structured stream reports: the current attempt's answer (tool-mode
+    answers as text, usage of every attempt) and the final, parsed one."""
+
+    def __init__(self, call: _Call) -> None:
+        super().__init__(call.adapter.model_name)
+        self._call = call
+
+    def snapshot(self) -> Response:
+        return self._call.snapshot()
+
+    def finish(self) -> Response:
+        assert self._call.final is not None
+        return self._call.final
+
+
+def _run(call: _Call) -> Iterator[StreamDelta]:
+    while True:
+        request = call.next_request()
+        inner = call.adapter._open(request, call.remaining(), call.cancel)
+        call.inner = inner
+        try:
+            for delta in inner:
+                out = call.transform(delta)
+                if out is not None:
+                    yield out
+            raw = inner.response
+        except DispatchError as exc:
+            exc.partial = call.snapshot()  # what arrived, with every attempt's usage
+            raise
+        finally:
+            inner.close()
+        if call.settle(raw):
+            return
+
+
+async def _arun(call: _Call) -> AsyncIterator[StreamDelta]:
+    while True:
+        request = call.next_request()
+        inner = call.adapter._aopen(request, call.remaining(), call.cancel)
+        call.inner = inner
+        try:
+            async for delta in inner:
+                out = call.transform(delta)
+                if out is not None:
+                    yield out
+            raw = inner.response
+        except DispatchError as exc:
+            exc.partial = call.snapshot()  # what arrived, with every attempt's usage
+            raise
+        finally:
+            await inner.aclose()
+        if call.settle(raw):
+            return
+
+
+class StructuredResponseStream(ResponseStream):
+    """The stream of a call made with ``output=``: a :class:`ResponseStream` whose ``response``
+    has ``parsed``, plus ``partial_parsed`` and ``attempt``."""
+
+    def __init__(self, call: _Call) -> None:
+        super().__init__(_run(call), _CallAccumulator(call))
+        self._call = call
+
+    @property
+    def output(self) -> StructuredOutput:
+        """What the call asked for."""
+        return self._call.spec
+
+    @property
+    def attempt(self) -> int:
+        """Which attempt is streaming (1, then 2... after an invalid answer was sent back)."""
+        return self._call.attempt
+
+    @property
+    def partial_parsed(self) -> Any:
+        """The answer so far as JSON data (dicts, lists; incomplete JSON is fine), unwrapped;
+        the validated object (``response.parsed``) once finished; None before anything parses."""
+        return self._call.partial_parsed()
+
+
+class AsyncStructuredResponseStream(AsyncResponseStream):
+    """The async twin of :class:`StructuredResponseStream`."""
+
+    def __init__(self, call: _Call) -> None:
+        super().__init__(_arun(call), _CallAccumulator(call))
+        self._call = call
+
+    @property
+    def output(self) -> StructuredOutput:
+        """What the call asked for."""
+        return self._call.spec
+
+    @property
+    def attempt(self) -> int:
+        """Which attempt is streaming."""
+        return self._call.attempt
+
+    @property
+    def partial_parsed(self) -> Any:
+        """See :attr:`StructuredResponseStream.partial_parsed`."""
+        return self._call.partial_parsed()
+
+
+def _retries(output_retries: int | None) -> int:
+    if output_retries is None:
+        return DEFAULT_OUTPUT_RETRIES
+    if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
+        raise ValueError(f"output_retries must be an integer ≥ 0, not {output_retries!r}")
+    return output_retries
+
+
+def _prepare(adapter: Adapter, request: ChatRequest, output: Any) -> ChatRequest:
+    spec = as_output(output)
+    request = dataclasses.replace(request, output=spec)
+    adapter.output_mode(request)  # a mechanism this provider cannot use fails now, not mid-call
+    return request
+
+
+def open_structured(
+    adapter: Adapter,
+    request: ChatRequest,
+    output: Any,
+    output_retries: int | None,
+    timeout: float | None,
+    cancel: CancelToken | None,
+) -> StructuredResponseStream:
+    """The stream of ``request`` made with ``output=``: attempts until the answer validates."""
+    retries = _retries(output_retries)
+    return StructuredResponseStream(_Call(adapter, _prepare(adapter, request, output), retries,
+                                          timeout, cancel))
+
+
+def aopen_structured(
+    adapter: Adapter,
+    request: ChatRequest,
+    output: Any,
+    output_retries: int | None,
+    timeout: float | None,
+    cancel: CancelToken | None,
+) -> AsyncStructuredResponseStream:
+    """The async twin of :func:`open_structured`."""
+    retries = _retries(output_retries)
+    return AsyncStructuredResponseStream(_Call(adapter, _prepare(adapter, request, output),
+                                               retries, timeout, cancel))
+
