@@ -66,6 +66,7 @@ class AdaptiveLimiter:
             return self.epoch
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         (self._first if first else self._waiters).append(future)
+        self._wake()  # a free slot behind a queue, or a pause that needs its wake-up timer
         try:
             await future
         except BaseException:

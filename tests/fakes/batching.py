@@ -9,7 +9,9 @@ busy provider:
 * ``drop_first={prompt, ...}`` (or ``drop_every_first=True``): the first attempt at those
   prompts drops the connection half way through the stream;
 * ``fail={prompt: Fail(...)}``: those prompts always fail;
-* ``events`` / ``delay``: the answer is that many text deltas, ``delay`` seconds apart.
+* ``stall={prompt: seconds}``: those prompts get their headers, then nothing for that long;
+* ``events`` / ``delay``: the answer is that many text deltas, ``delay`` seconds apart
+  (``fast={prompt, ...}``: those prompts are answered without delay).
 
 It counts what it was asked (``asked[prompt]``), the 429s it sent, and the most streams it served
 at once.
@@ -28,6 +30,17 @@ from .server import RecordedRequest, Reply
 __all__ = ["BatchFake"]
 
 
+class _Pieces(Turn):
+    """A turn streamed as exactly ``events`` text deltas (short answers get empty ones)."""
+
+    events: int = 4
+
+    def text_pieces(self) -> list[str]:
+        n = max(1, self.events)
+        bounds = [len(self.text) * i // n for i in range(n + 1)]
+        return [self.text[bounds[i]:bounds[i + 1]] for i in range(n)]
+
+
 class BatchFake(CanonicalFake):
     """See the module docstring."""
 
@@ -39,6 +52,8 @@ class BatchFake(CanonicalFake):
         drop_first: set[str] | None = None,
         drop_every_first: bool = False,
         fail: dict[str, Fail] | None = None,
+        stall: dict[str, float] | None = None,
+        fast: set[str] | None = None,
         events: int = 4,
         delay: float = 0.0,
         api_key: str | None = None,
@@ -49,6 +64,8 @@ class BatchFake(CanonicalFake):
         self.drop_first = set(drop_first or ())
         self.drop_every_first = drop_every_first
         self.fail = dict(fail or {})
+        self.stall = dict(stall or {})
+        self.fast = set(fast or ())
         self.events = events
         self.delay = delay
         self.api_key = api_key
@@ -78,7 +95,8 @@ class BatchFake(CanonicalFake):
             if text in self.fail:
                 return self.render_error(self.fail[text])
             now = time.monotonic()
-            duration = self.delay * max(self.events - 1, 0) + 0.005
+            delay = 0.0 if text in self.fast else self.delay
+            duration = delay * max(self.events - 1, 0) + 0.005
             self._busy_until = [t for t in self._busy_until if t > now]
             if self.capacity is not None and len(self._busy_until) >= self.capacity:
                 self.rate_limited += 1
@@ -91,8 +109,9 @@ class BatchFake(CanonicalFake):
             if not dropping:
                 self.answered[text] += 1
         answer = f"echo: {text}"
-        chunk = max(1, -(-len(answer) // max(self.events, 1)))
-        turn = Turn(text=answer, chunk=chunk, delay=self.delay,
+        turn = _Pieces(text=answer, delay=delay,
                     input_tokens=len(text.split()), output_tokens=self.events,
-                    reset_after=max(1, self.events // 2) if dropping else None)
+                    reset_after=max(1, self.events // 2) if dropping else None,
+                    stall_after=1 if text in self.stall else None, stall=self.stall.get(text, 0.0))
+        turn.events = self.events
         return self.render(turn, request)
