@@ -80,7 +80,7 @@ class Checkpoint:
         """Read the answered rows (all, or only the keys in ``only``); returns how many."""
         answered: dict[str, dict[str, Any]] = {}
         try:
-            fh = open(self.path, "rb")
+            fh = open(self.path, "rb")  # noqa: SIM115 - closed by the with below
         except FileNotFoundError:
             self._answered = answered
             return 0

@@ -32,7 +32,7 @@ from typing import Any
 from ..adapter import Adapter
 from ..cache import ResponseCache
 from ..cancel import CancelToken
-from ..errors import DispatchError, RequestCancelled
+from ..errors import DispatchError
 from ..types import Message, Response, Usage
 from .checkpoint import Checkpoint
 from .engine import BatchSettings, Pending, RowRunner, Stats, validate_call
@@ -99,8 +99,10 @@ def run_partition(task: PartitionTask) -> PartitionResult:
     """Run one partition on this worker (a Dask task; also callable directly)."""
     from .run import resolve_adapter
 
-    cache = ResponseCache(task.cache[0], task.cache[1], pace=task.cache[2]) \
-        if task.cache is not None else None  # type: ignore[arg-type]
+    cache = None
+    if task.cache is not None:
+        path, mode, pace = task.cache
+        cache = ResponseCache(path, mode, pace="recorded" if pace == "recorded" else "instant")
     adapter, _ = resolve_adapter(task.model, cache)
     result = BatchResult(model=task.model)
     stats = Stats()
@@ -149,11 +151,11 @@ def run_partition(task: PartitionTask) -> PartitionResult:
         if item is None:
             continue
         input_tokens, output_tokens = result.usage_of(position)
-        usage = (input_tokens, output_tokens, 0, 0)
+        counts = (input_tokens, output_tokens, 0, 0)
         if isinstance(item, Response):
-            usage = (input_tokens, output_tokens, item.usage.cache_read_tokens,
-                     item.usage.cache_creation_tokens)
-        out.rows.append((position, item, usage, result.latency(position),
+            counts = (input_tokens, output_tokens, item.usage.cache_read_tokens,
+                      item.usage.cache_creation_tokens)
+        out.rows.append((position, item, counts, result.latency(position),
                          result.attempts(position), result._origin[position]))
     return out
 

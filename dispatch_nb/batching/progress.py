@@ -110,7 +110,7 @@ class BatchProgress:
 
                 self._bar = notebook_tqdm(total=stats.total, desc=self.description,
                                           display=False, unit="row", leave=True)
-                self._handle = display(self._bar.container, display_id=True)
+                self._handle = display(self._bar.container, display_id=True)  # type: ignore[no-untyped-call]
                 return
             except Exception:  # no ipywidgets in this kernel: the text bar instead
                 self.mode = "text"

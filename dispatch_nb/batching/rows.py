@@ -126,7 +126,7 @@ class RowSource:
         if self.kind == "dataframe":
             columns = self.columns
             for position, values in enumerate(rows.itertuples(index=False, name=None)):
-                yield position, dict(zip(columns, values))
+                yield position, dict(zip(columns, values, strict=True))
         elif self.kind == "series":
             yield from enumerate(iter(rows))
         else:
