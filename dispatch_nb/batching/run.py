@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import threading
 import time
@@ -32,6 +33,8 @@ from .result import BatchInterrupted, BatchResult, RowOrigin
 from .rows import RowCall, RowSource, check_template
 
 __all__ = ["abatch", "batch"]
+
+log = logging.getLogger("dispatch_nb")
 
 #: seconds Ctrl-C waits for the rows in flight to stop
 CANCEL_GRACE = 5.0
@@ -181,6 +184,9 @@ def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelTok
                         usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
     result.interrupted = cancel.cancelled
     result.elapsed = time.monotonic() - stats.started
+    if result.resumed:
+        log.info("batch %s: %d of %d rows were already answered in %s; sent %d", plan.model_key,
+                 result.resumed, len(result), plan.checkpoint, result.sent)
 
 
 def _new_result(plan: BatchPlan) -> tuple[BatchResult, Stats]:
