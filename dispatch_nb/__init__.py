@@ -69,6 +69,11 @@ _EXPORTS: dict[str, str] = {
     "ResponseCache": "cache",
     "CachedAdapter": "cache",
     "CacheMissError": "cache",
+    # prompts over data
+    "batch": "batching",
+    "abatch": "batching",
+    "BatchResult": "batching",
+    "BatchInterrupted": "batching",
     # concrete adapters (imported only when named)
     "CopilotAdapter": "providers.copilot",
     "OpenAIAdapter": "providers.openai",
@@ -109,6 +114,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:
     from .adapter import Adapter, ChatRequest, ValidationResult
+    from .batching import BatchInterrupted, BatchResult, abatch, batch
     from .cache import CachedAdapter, CacheMissError, ResponseCache
     from .cancel import CancelToken
     from .errors import (

@@ -1,0 +1,258 @@
+"""Prompts over data: ``dispatch_nb.abatch`` against the openai SDK's ``AsyncOpenAI`` plus an
+``asyncio.Semaphore``, on the same rows, from the same paced loopback server, in one run.
+
+Each row is one streamed chat.completions answer of 200 text events (plus the role, finish and
+usage chunks) sent at 50 events per second — about 4 s per row, like a real model. The server is an
+asyncio process of its own that writes every active stream's next event on one shared clock, so
+hundreds of concurrent streams cost it little. Every client run is a fresh subprocess, so its wall
+time, CPU (user + system: the "kernel CPU" a notebook would spend) and peak RSS are its own.
+
+Reported per concurrency (32 and 256): wall time against the ideal (ceil(rows / concurrency) ×
+one stream's duration), CPU cores used (CPU seconds / wall seconds), peak memory. Then memory
+flatness: 10,000 vs 100,000 rows streamed from a generator (short answers, no pacing).
+
+Targets (issue 18; ratios printed, not asserted): within 1.15× the ideal at concurrency 256, under
+half a core, memory flat in the number of rows.
+
+    python benchmarks/bench_batch.py            # the full run (~6 minutes)
+    python benchmarks/bench_batch.py --quick    # 200 rows, 40 events: a smoke run (~1 minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from stream_server import chat_events  # noqa: E402
+
+# -- the paced server ----------------------------------------------------------------------------
+
+
+async def serve(portfile: str, rate: float) -> None:
+    """chat.completions streams of ``x-bench-events`` events, one event per tick of a shared
+    clock at ``rate`` ticks per second (the first event at once)."""
+    rendered: dict[int, list[bytes]] = {}
+    active: list[list[Any]] = []  # [writer, chunks, next index, done future]
+
+    def chunks_for(n: int) -> list[bytes]:
+        if n not in rendered:
+            rendered[n] = [b"%x\r\n%s\r\n" % (len(e), e) for e in chat_events(n)] + [b"0\r\n\r\n"]
+        return rendered[n]
+
+    async def ticker() -> None:
+        loop = asyncio.get_running_loop()
+        period = 1.0 / rate
+        next_tick = loop.time()
+        while True:
+            next_tick += period
+            await asyncio.sleep(max(0.0, next_tick - loop.time()))
+            still = []
+            for stream in active:
+                writer, chunks, index, done = stream
+                if writer.is_closing():
+                    done.set_result(None)
+                    continue
+                writer.write(chunks[index])
+                index += 1
+                if index >= len(chunks) - 1:  # the last event and the terminating chunk together
+                    writer.write(chunks[-1])
+                    done.set_result(None)
+                else:
+                    stream[2] = index
+                    still.append(stream)
+            active[:] = still
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                headers = {}
+                for line in head.decode("latin-1").split("\r\n")[1:]:
+                    if ":" in line:
+                        name, value = line.split(":", 1)
+                        headers[name.strip().lower()] = value.strip()
+                length = int(headers.get("content-length", "0"))
+                if length:
+                    await reader.readexactly(length)
+                chunks = chunks_for(int(headers.get("x-bench-events", "200")))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n" + chunks[0])
+                done = asyncio.get_running_loop().create_future()
+                active.append([writer, chunks, 1, done])
+                await done
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+    await asyncio.to_thread(Path(portfile).write_text, str(server.sockets[0].getsockname()[1]))
+    clock = asyncio.get_running_loop().create_task(ticker())
+    async with server:
+        await server.serve_forever()
+    clock.cancel()
+
+
+# -- the clients (each in its own process) ----------------------------------------------------------
+
+
+def _rows(n: int) -> Any:
+    return (f"row {i}" for i in range(n))  # a generator: never a list in memory
+
+
+async def run_dispatch(url: str, rows: int, concurrency: int, events: int, pool: int | None) -> int:
+    import httpx
+
+    from dispatch_nb import abatch
+    from dispatch_nb.providers.openai import OpenAIAdapter
+
+    client = None
+    if pool is not None:
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=pool,
+                                                       max_keepalive_connections=pool),
+                                   timeout=httpx.Timeout(300, connect=15))
+    adapter = OpenAIAdapter("bench", backend="compatible", base_url=url, api_key="bench",
+                            async_http_client=client)
+    result = await abatch("{row}", _rows(rows), model=adapter, concurrency=concurrency,
+                          progress=False, extra_headers={"x-bench-events": str(events)})
+    if client is not None:
+        await client.aclose()
+    return result.ok
+
+
+async def run_openai(url: str, rows: int, concurrency: int, events: int) -> int:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=2)
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: str) -> str:
+        async with semaphore:
+            stream = await client.chat.completions.create(
+                model="bench", messages=[{"role": "user", "content": prompt}], stream=True,
+                stream_options={"include_usage": True},
+                extra_headers={"x-bench-events": str(events)})
+            parts = []
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    parts.append(chunk.choices[0].delta.content)
+            return "".join(parts)
+
+    # The usual hand-written loop: one task per row, gathered (it does not stream the input).
+    answers = await asyncio.gather(*(one(p) for p in _rows(rows)), return_exceptions=True)
+    await client.close()
+    return sum(isinstance(a, str) and bool(a) for a in answers)
+
+
+def client_main(args: argparse.Namespace) -> None:
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    if args.client == "openai":
+        ok = asyncio.run(run_openai(args.url, args.rows, args.concurrency, args.events))
+    else:
+        ok = asyncio.run(run_dispatch(args.url, args.rows, args.concurrency, args.events,
+                                      args.pool))
+    wall = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (usage.ru_utime - usage0.ru_utime) + (usage.ru_stime - usage0.ru_stime)
+    print(json.dumps({"ok": ok, "wall": wall, "cpu": cpu, "rss_mb": usage.ru_maxrss / 1024}))
+
+
+# -- the driver --------------------------------------------------------------------------------
+
+
+def measure(url: str, client: str, rows: int, concurrency: int, events: int,
+            pool: int | None = None) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--client", client, "--url", url, "--rows", str(rows),
+           "--concurrency", str(concurrency), "--events", str(events)]
+    if pool is not None:
+        cmd += ["--pool", str(pool)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(HERE.parent)}).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve")
+    parser.add_argument("--client")
+    parser.add_argument("--url")
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=50.0)
+    parser.add_argument("--pool", type=int)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.serve, args.rate))
+        return 0
+    if args.client:
+        client_main(args)
+        return 0
+
+    rows, events = (200, 40) if args.quick else (args.rows, args.events)
+    with tempfile.TemporaryDirectory() as tmp:
+        portfile = Path(tmp) / "port"
+        server = subprocess.Popen([sys.executable, __file__, "--serve", str(portfile),
+                                   "--rate", str(args.rate)])
+        try:
+            while not portfile.exists() or not portfile.read_text():
+                time.sleep(0.05)
+            url = f"http://127.0.0.1:{portfile.read_text()}/v1"
+            stream_s = (len(chat_events(events)) - 1) / args.rate
+            print(f"{rows:,} rows, each a {events}-event stream at {args.rate:g} events/s "
+                  f"({stream_s:.2f} s a row); every client in a fresh process\n", flush=True)
+            print(f"{'client':<44} {'conc':>5} {'wall s':>8} {'× ideal':>8} {'cores':>6} "
+                  f"{'peak MB':>8} {'ok':>6}", flush=True)
+            for concurrency in (32, 256):
+                ideal = math.ceil(rows / concurrency) * stream_s
+                runs = [("dispatch_nb abatch (default httpx pool)", "dispatch", None)]
+                if concurrency > 100:
+                    runs.append(("dispatch_nb abatch (pool of 1000, as the SDK)", "dispatch", 1000))
+                runs.append(("openai SDK AsyncOpenAI + Semaphore + gather", "openai", None))
+                for label, client, pool in runs:
+                    m = measure(url, client, rows, concurrency, events, pool)
+                    print(f"{label:<44} {concurrency:>5} {m['wall']:>8.2f} "
+                          f"{m['wall'] / ideal:>8.3f} {m['cpu'] / m['wall']:>6.2f} "
+                          f"{m['rss_mb']:>8.1f} {m['ok']:>6}", flush=True)
+                print(f"{'ideal':<44} {concurrency:>5} {ideal:>8.2f}", flush=True)
+            print("\nMemory against the number of rows (rows from a generator, 2-event answers, "
+                  "concurrency 256):", flush=True)
+            small, large = (2_000, 20_000) if args.quick else (10_000, 100_000)
+            peaks = {}
+            for n in (small, large):
+                m = measure(url, "dispatch", n, 256, 2, 1000)
+                peaks[n] = m["rss_mb"]
+                print(f"  dispatch_nb {n:>8,} rows: peak {m['rss_mb']:7.1f} MB, {m['wall']:6.1f} s, "
+                      f"{m['cpu'] / m['wall']:.2f} cores, ok {m['ok']:,}", flush=True)
+            m = measure(url, "openai", small, 256, 2)
+            print(f"  openai SDK  {small:>8,} rows: peak {m['rss_mb']:7.1f} MB, {m['wall']:6.1f} s, "
+                  f"{m['cpu'] / m['wall']:.2f} cores, ok {m['ok']:,} (one task per row, gathered)",
+                  flush=True)
+            per_row = (peaks[large] - peaks[small]) * 1024 * 1024 / (large - small)
+            print(f"  dispatch_nb: {per_row:,.0f} bytes per extra row — the answers the BatchResult "
+                  "keeps (a Response each); the engine itself holds only the rows in flight")
+        finally:
+            server.terminate()
+            server.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

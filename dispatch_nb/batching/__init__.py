@@ -1,0 +1,31 @@
+"""Prompts over data: one template, many rows — concurrent, resumable, with progress, on Dask.
+
+::
+
+    from dispatch_nb import batch
+
+    result = batch("Is this review positive or negative? {review}", reviews_df,
+                   model="openai:gpt-4.1-mini", concurrency=32, checkpoint="reviews.jsonl")
+    result[0].text          # row 0's Response (or the DispatchError it ended with)
+    result.to_pandas()      # the DataFrame with answer / error / tokens / latency columns added
+
+The package, one idea per module:
+
+* ``rows.py``       — reading the input lazily, filling the template, each row's key
+* ``limiter.py``    — adaptive concurrency (AIMD: a 429 halves it, successes grow it back)
+* ``engine.py``     — running rows on one event loop: retries, deadlines, cancellation
+* ``checkpoint.py`` — the JSON-lines file a rerun resumes from
+* ``progress.py``   — the tqdm bar (widget in Jupyter, text in a terminal)
+* ``result.py``     — :class:`BatchResult`, :class:`BatchInterrupted`
+* ``run.py``        — :func:`batch` and :func:`abatch`
+* ``cluster.py``    — the same rows on a Dask cluster (``executor=``)
+
+The guide: docs/batch.md.
+"""
+
+from __future__ import annotations
+
+from .result import BatchInterrupted, BatchResult
+from .run import abatch, batch
+
+__all__ = ["BatchInterrupted", "BatchResult", "abatch", "batch"]

@@ -1,0 +1,343 @@
+"""The same batch on a Dask cluster: ``batch(..., executor=distributed.Client(...))``.
+
+The client reads the rows, fills the template, skips rows the checkpoint already answered, and
+submits the rest in partitions of ``partition_size`` rows — a few partitions ahead of the workers,
+never the whole input at once. Each partition runs on a worker with the local engine
+(:class:`~dispatch_nb.batching.engine.RowRunner`: adaptive concurrency, retries, deadlines), with
+an adapter the worker builds itself from the model **spec**: credentials come from the worker's
+environment or token store and are never part of the task graph (a task carries the spec, the
+filled prompts, the request options, the cache and checkpoint paths — no adapter, no key).
+Results come back per partition and are put in input order.
+
+Checkpoint: workers append each row to the checkpoint file as it finishes (the path must be
+reachable from the workers: the same machine, or a shared filesystem). A partition that Dask
+re-runs after its worker died first reads the checkpoint, so rows the dead worker finished are not
+sent again — only the rows it had in flight are. A rerun of the whole batch resumes as locally.
+
+Ctrl-C (or the cancel token) sets a Dask ``Event`` the running partitions watch: their rows in
+flight stop within about half a second; partitions not started are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..adapter import Adapter
+from ..cache import ResponseCache
+from ..cancel import CancelToken
+from ..errors import DispatchError
+from ..types import Message, Response, Usage
+from .checkpoint import Checkpoint
+from .engine import BatchSettings, Pending, RowRunner, Stats, validate_call
+from .progress import BatchProgress, progress_mode
+from .result import BatchInterrupted, BatchResult, RowOrigin
+from .rows import RowCall
+
+__all__ = ["PartitionResult", "PartitionTask", "run_on_dask", "run_partition"]
+
+#: seconds between a worker's looks at the batch's cancel event
+CANCEL_POLL = 0.5
+#: seconds Ctrl-C waits for running partitions to hand back their finished rows
+CANCEL_GRACE = 10.0
+
+
+def _require_distributed() -> Any:
+    try:
+        import distributed
+    except ImportError:
+        raise ImportError(
+            "executor= runs the batch on Dask, which is not installed: "
+            "pip install 'dispatch-nb[dask]'"
+        ) from None
+    return distributed
+
+
+@dataclass
+class PartitionTask:
+    """What one partition ships to a worker: no adapter and no credential, by design."""
+
+    model: str
+    rows: list[tuple[int, str | list[Message], str]]
+    call: RowCall
+    settings: BatchSettings
+    checkpoint: str | None
+    cache: tuple[str, str, str] | None  # (path, mode, pace)
+    cancel_event: str | None
+
+
+@dataclass
+class PartitionResult:
+    """What a partition hands back: each row's item and facts, and the engine's counters."""
+
+    rows: list[tuple[int, Any, tuple[int, int, int, int], float, int, int]] = field(
+        default_factory=list)
+    retries: int = 0
+    rate_limited: int = 0
+    model_calls: int = 0
+    lowest_concurrency: float = 0.0
+
+
+def _usage_tuple(usage: Usage) -> tuple[int, int, int, int]:
+    return (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+            usage.cache_creation_tokens)
+
+
+def _usage(values: tuple[int, int, int, int]) -> Usage:
+    return Usage(input_tokens=values[0], output_tokens=values[1], cache_read_tokens=values[2],
+                 cache_creation_tokens=values[3])
+
+
+# -- on the worker --------------------------------------------------------------------------------
+def run_partition(task: PartitionTask) -> PartitionResult:
+    """Run one partition on this worker (a Dask task; also callable directly)."""
+    from .run import resolve_adapter
+
+    cache = None
+    if task.cache is not None:
+        path, mode, pace = task.cache
+        cache = ResponseCache(path, mode, pace="recorded" if pace == "recorded" else "instant")
+    adapter, _ = resolve_adapter(task.model, cache)
+    result = BatchResult(model=task.model)
+    stats = Stats()
+    checkpoint = Checkpoint(task.checkpoint) if task.checkpoint is not None else None
+    pending: list[Pending] = []
+    if checkpoint is not None:
+        # A partition re-run after its worker died: rows that worker finished are not sent again.
+        checkpoint.load(only={key for _, _, key in task.rows})
+    for position, messages, key in task.rows:
+        answer = checkpoint.answer(key) if checkpoint is not None else None
+        if answer is not None:
+            response, usage, latency = answer
+            result._set(position, response, usage=usage, latency=latency, attempts=0,
+                        origin=RowOrigin.SENT)
+        else:
+            pending.append(Pending(position, messages, key))
+    token = CancelToken()
+    finished = threading.Event()
+    watcher = _watch(task.cancel_event, token, finished)
+    runner = RowRunner(adapter, task.call, task.settings, result=result, stats=stats,
+                       cancel=token, checkpoint=checkpoint)
+
+    async def go() -> None:
+        try:
+            if pending:
+                validate_call(adapter, pending[0].messages, task.call)
+                await runner.run(iter(pending))
+        finally:
+            aclose = getattr(adapter, "aclose", None)
+            with contextlib.suppress(Exception):
+                if aclose is not None:
+                    await aclose()
+
+    try:
+        asyncio.run(go())
+    finally:
+        finished.set()
+        if watcher is not None:
+            watcher.join(CANCEL_POLL * 2)
+        if checkpoint is not None:
+            checkpoint.close()
+    out = PartitionResult(retries=result.retries, rate_limited=result.rate_limited,
+                          model_calls=result.model_calls,
+                          lowest_concurrency=runner.limiter.lowest)
+    for position, item in enumerate(result._items):
+        if item is None:
+            continue
+        input_tokens, output_tokens = result.usage_of(position)
+        counts = (input_tokens, output_tokens, 0, 0)
+        if isinstance(item, Response):
+            counts = (input_tokens, output_tokens, item.usage.cache_read_tokens,
+                      item.usage.cache_creation_tokens)
+        out.rows.append((position, item, counts, result.latency(position),
+                         result.attempts(position), result._origin[position]))
+    return out
+
+
+def _watch(name: str | None, token: CancelToken,
+           finished: threading.Event) -> threading.Thread | None:
+    """Cancel ``token`` when the batch's Dask event is set (polled from a thread)."""
+    if name is None:
+        return None
+    distributed = _require_distributed()
+    try:
+        event = distributed.Event(name)
+    except Exception:  # not inside a worker with a scheduler (a direct call): nothing to watch
+        return None
+
+    def loop() -> None:
+        while not finished.is_set():
+            try:
+                if event.wait(CANCEL_POLL):
+                    token.cancel("the batch was cancelled")
+                    return
+            except Exception:
+                if finished.wait(CANCEL_POLL):
+                    return
+
+    thread = threading.Thread(target=loop, name="dispatch_nb-batch-cancel", daemon=True)
+    thread.start()
+    return thread
+
+
+# -- on the client --------------------------------------------------------------------------------
+def _worker_threads(client: Any) -> int:
+    with contextlib.suppress(Exception):
+        threads = client.nthreads()
+        if isinstance(threads, dict) and threads:
+            return max(1, sum(int(n) for n in threads.values()))
+    return 2
+
+
+def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool | str | None,
+                partition_size: int | None) -> BatchResult:
+    """Run ``plan`` (a :class:`~dispatch_nb.batching.run.BatchPlan`) on ``client``'s workers."""
+    distributed = _require_distributed()
+    from .engine import prepare_rows
+    from .run import finish
+
+    if isinstance(plan.model, Adapter):
+        raise TypeError(
+            "with executor=, pass model as a spec string (e.g. 'openai:gpt-4.1'): each worker "
+            "builds its own adapter from it, with credentials from the worker's environment or "
+            "token store. An Adapter object holds credentials and is never shipped to workers."
+        )
+    if not isinstance(client, distributed.Client):
+        raise TypeError(f"executor must be a dask.distributed.Client, not {type(client).__name__}")
+    size = partition_size if partition_size is not None else max(4, 2 * plan.settings.concurrency)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"partition_size must be a positive integer, not {partition_size!r}")
+    cache = plan.cache
+    cache_spec = (str(cache.path.absolute()), cache.mode, cache.pace) if cache is not None else None
+    checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
+    if checkpoint is not None:
+        checkpoint.load()
+    result = BatchResult(plan.source, model=plan.model_key)
+    stats = Stats(total=plan.source.total)
+    bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key} on Dask")
+    event_name = f"dispatch-nb-batch-{uuid.uuid4().hex}"
+    stop_event = distributed.Event(event_name, client=client)
+    remove_callback = cancel.add_callback(lambda: _stop(stop_event))
+    rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint,
+                        result, stats)
+    ahead = 2 * _worker_threads(client) + 2
+    outstanding: dict[Any, list[int]] = {}  # future → the positions of its rows
+    exhausted = False
+
+    def submit_more() -> None:
+        nonlocal exhausted
+        while not exhausted and len(outstanding) < ahead and not cancel.cancelled:
+            part = list(itertools.islice(rows, size))
+            if not part:
+                exhausted = True
+                return
+            task = PartitionTask(
+                model=plan.model, rows=[(p.position, p.messages, p.key) for p in part],
+                call=plan.call, settings=plan.settings,
+                checkpoint=str(checkpoint.path) if checkpoint is not None else None,
+                cache=cache_spec, cancel_event=event_name,
+            )
+            future = client.submit(run_partition, task, pure=False,
+                                   key=f"dispatch-nb-partition-{uuid.uuid4().hex}")
+            outstanding[future] = [p.position for p in part]
+            stats.in_flight += len(part)
+
+    def collect(future: Any) -> None:
+        positions = outstanding.pop(future)
+        stats.in_flight -= len(positions)
+        try:
+            part: PartitionResult = future.result()
+        except (TypeError, ValueError):
+            raise  # the request itself is wrong (an option the adapter rejects): every row would
+        except Exception as exc:  # the task failed (e.g. its workers kept dying): its rows fail
+            for position in positions:
+                error = DispatchError(
+                    f"the Dask task running this row failed: {type(exc).__name__}: {exc}",
+                    code="executor_failed",
+                )
+                result._set(position, error, usage=Usage(), latency=0.0, attempts=0,
+                            origin=RowOrigin.SENT)
+                stats.failed += 1
+            return
+        result._totals.retries += part.retries
+        result._totals.rate_limited += part.rate_limited
+        result._totals.model_calls += part.model_calls
+        stats.rate_limited += part.rate_limited
+        if part.lowest_concurrency:
+            low = result.lowest_concurrency
+            result.lowest_concurrency = part.lowest_concurrency if low is None \
+                else min(low, part.lowest_concurrency)
+        for position, item, usage, latency, attempts, origin in part.rows:
+            row_usage = _usage(usage)
+            result._set(position, item, usage=row_usage, latency=latency, attempts=attempts,
+                        origin=origin)
+            if isinstance(item, Response):
+                stats.ok += 1
+            else:
+                stats.failed += 1
+            if origin == RowOrigin.SENT:
+                stats.sent_done += 1
+                if stats.first_sent is None:
+                    stats.first_sent = stats.started
+            elif origin == RowOrigin.REPLAYED:
+                stats.replayed += 1
+            stats.input_tokens += row_usage.input_tokens
+            stats.output_tokens += row_usage.output_tokens
+
+    def pump(deadline: float | None) -> None:
+        submit_more()
+        while outstanding:
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            for future in [f for f in outstanding if f.done()]:
+                if future.status == "cancelled":
+                    stats.in_flight -= len(outstanding.pop(future))
+                    continue
+                collect(future)
+            submit_more()
+            bar.update(stats)
+            if outstanding:
+                time.sleep(0.05)
+
+    try:
+        try:
+            pump(None)
+        except KeyboardInterrupt:
+            cancel.cancel("interrupted (KeyboardInterrupt)")
+            _stop(stop_event)
+            with contextlib.suppress(KeyboardInterrupt, Exception):
+                pump(time.monotonic() + CANCEL_GRACE)
+            _cancel_rest(client, outstanding)
+            finish(plan, result, stats, cancel)
+            bar.close(stats, result.summary())
+            raise BatchInterrupted(result, plan.checkpoint) from None
+        except BaseException:
+            cancel.cancel("the batch failed")
+            _stop(stop_event)
+            _cancel_rest(client, outstanding)
+            raise
+    finally:
+        remove_callback()
+        if checkpoint is not None:
+            checkpoint.close()
+    finish(plan, result, stats, cancel)
+    bar.close(stats, result.summary())
+    return result
+
+
+def _stop(event: Any) -> None:
+    """Tell every partition to stop: running ones end their rows in flight and hand back what
+    finished; ones not started yet start, see the event, and end at once."""
+    with contextlib.suppress(Exception):
+        event.set()
+
+
+def _cancel_rest(client: Any, outstanding: dict[Any, list[int]]) -> None:
+    with contextlib.suppress(Exception):
+        client.cancel(list(outstanding))

@@ -1,0 +1,432 @@
+"""The batch engine: rows through one adapter on one event loop, adaptively concurrent.
+
+``run_rows`` reads rows lazily, fills the template, skips rows the checkpoint has answered,
+and runs the rest with at most :class:`~dispatch_nb.batching.limiter.AdaptiveLimiter`-many in
+flight — one asyncio task per row in flight, never one per row of the input, so memory does not
+grow with the input beyond the answers themselves.
+
+Retries are the batch's, not the adapter's (each call is made with ``max_retries=0``), so every
+429 reaches the limiter and slows the whole batch. What is retried, and how long to wait, follow
+the adapter's rules (:func:`dispatch_nb.adapter.backoff_delay`: the server's ``retry-after`` up to
+60 s, else exponential backoff with jitter; 429, 408/409, 5xx, 529 and broken connections are
+retried, quota errors and bad requests are not) — with one difference: a stream that broke half way
+is retried too, since nobody has seen its partial answer. ``timeout`` is a deadline per row that
+covers all its attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..adapter import BACKOFF_BASE, Adapter, backoff_delay
+from ..cancel import CancelToken
+from ..errors import (
+    APITimeoutError,
+    DispatchError,
+    RateLimitError,
+    RequestCancelled,
+)
+from ..types import Message, Response, Usage
+from .checkpoint import Checkpoint
+from .limiter import AdaptiveLimiter
+from .result import BatchResult, RowOrigin
+from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
+
+__all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "prepare_rows", "validate_call"]
+
+log = logging.getLogger("dispatch_nb")
+
+DEFAULT_MAX_RETRIES = 6
+
+
+@dataclass
+class BatchSettings:
+    """How rows are run (the same locally and on every Dask worker)."""
+
+    concurrency: int = 16
+    max_retries: int = DEFAULT_MAX_RETRIES
+    timeout: float | None = None
+    retry_backoff: float = BACKOFF_BASE
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
+                or self.max_retries < 0:
+            raise ValueError(f"max_retries must be an integer ≥ 0, not {self.max_retries!r}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {self.timeout!r}")
+        AdaptiveLimiter(self.concurrency)  # validates concurrency
+
+
+@dataclass
+class Pending:
+    """A row to send: its position in the input, its prompt and its key."""
+
+    position: int
+    messages: str | list[Message]
+    key: str
+
+
+@dataclass
+class Stats:
+    """Live counters for the progress display (read from another thread: plain ints)."""
+
+    total: int | None = None
+    read: int = 0
+    ok: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    resumed: int = 0
+    replayed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    rate_limited: int = 0
+    concurrency: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    first_sent: float | None = None
+    sent_done: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed
+
+
+# -- one row's call -------------------------------------------------------------------------------
+async def ask(
+    adapter: Adapter,
+    messages: str | list[Message],
+    call: RowCall,
+    *,
+    timeout: float | None,
+    cancel: CancelToken,
+) -> tuple[Response, Usage, int]:
+    """One attempt at one row: ``(response, usage, model calls)``. Without Python tools a single
+    streamed call; with them a fresh :class:`~dispatch_nb.session.Session` runs the tool loop.
+    ``call.options`` pass straight through (``max_tokens``, ``temperature``, ``output``...)."""
+    if call.runs_tools:
+        from ..session import Session
+
+        session = Session(adapter, system=call.system, tools=call.tools)
+        response = await session.asend(messages, stream=True, timeout=timeout, cancel=cancel,
+                                       max_retries=0, **call.options)
+        calls = sum(1 for m in session.history if m.role == "assistant")
+        return response, session.usage, max(1, calls)
+    response = await adapter.achat(
+        messages, system=call.system, tools=call.tools or None, stream=True, timeout=timeout,
+        cancel=cancel, max_retries=0, **call.options,
+    )
+    return response, response.usage, 1
+
+
+def validate_call(adapter: Adapter, messages: str | list[Message], call: RowCall) -> None:
+    """Raise the adapter's own TypeError / ValueError for options it rejects, before any row is
+    sent (an unknown option would otherwise fail every row alike)."""
+    options = dict(call.options)
+    max_tokens = options.pop("max_tokens", None)
+    temperature = options.pop("temperature", None)
+    adapter._request(
+        messages, system=call.system, tools=call.tools, stream=True, max_tokens=max_tokens,
+        temperature=temperature, options={**options, "max_retries": 0},
+    )
+
+
+def model_id(model: Adapter | str) -> str:
+    """``provider:model``, the model's part of every row key."""
+    if isinstance(model, Adapter):
+        return f"{model.provider_name}:{model.model_name}"
+    from ..registry import parse_model_spec
+
+    provider, name = parse_model_spec(model)
+    return f"{provider}:{name}"
+
+
+# -- reading rows ---------------------------------------------------------------------------------
+def prepare_rows(
+    source: RowSource,
+    template: Any,
+    model: str,
+    call: RowCall,
+    checkpoint: Checkpoint | None,
+    result: BatchResult,
+    stats: Stats,
+) -> Iterator[Pending]:
+    """Fill each row's template and yield the rows to send; rows answered in the checkpoint and
+    rows whose template fails go straight into ``result``. The first row's template failure is
+    raised (the template is wrong, not the row)."""
+    material = call.key_material()
+    seen: dict[str, int] = {}
+    for position, row in source:
+        stats.read = position + 1
+        result._reserve(position)
+        try:
+            filled = fill_template(template, row, source.namespace(row))
+        except TemplateError as exc:
+            if position == 0:
+                raise
+            result._set(position, row_error(position, exc), usage=Usage(), latency=0.0,
+                        attempts=0, origin=RowOrigin.NOT_RUN)
+            stats.failed += 1
+            continue
+        base = row_key(model, filled.messages, material)
+        occurrence = seen.get(base, 0)
+        seen[base] = occurrence + 1
+        key = base if occurrence == 0 else f"{base}#{occurrence}"
+        answer = checkpoint.answer(key) if checkpoint is not None else None
+        if answer is not None:
+            response, usage, latency = answer
+            result._set(position, response, usage=usage, latency=latency, attempts=0,
+                        origin=RowOrigin.CHECKPOINT)
+            stats.resumed += 1
+            stats.ok += 1
+            stats.input_tokens += usage.input_tokens
+            stats.output_tokens += usage.output_tokens
+            continue
+        yield Pending(position, filled.messages, key)
+
+
+# -- running rows ---------------------------------------------------------------------------------
+class RowRunner:
+    """Runs :class:`Pending` rows through ``adapter`` with adaptive concurrency, retries, a
+    per-row deadline and one cancel token; each finished row goes to ``result`` and the
+    checkpoint at once."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        call: RowCall,
+        settings: BatchSettings,
+        *,
+        result: BatchResult,
+        stats: Stats,
+        cancel: CancelToken,
+        checkpoint: Checkpoint | None = None,
+        on_row: Callable[[int, Response | DispatchError], None] | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.call = call
+        self.settings = settings
+        self.result = result
+        self.stats = stats
+        self.cancel = cancel
+        self.checkpoint = checkpoint
+        self.on_row = on_row
+        self.limiter = AdaptiveLimiter(settings.concurrency)
+        self._labelled = callable(getattr(adapter, "with_label", None))
+        self._stopped: asyncio.Event | None = None
+
+    def _cancel_error(self) -> RequestCancelled:
+        return RequestCancelled(self.cancel.reason or "the batch was cancelled",
+                                provider=self.adapter.provider_name)
+
+    async def run(self, rows: Iterator[Pending]) -> None:
+        """Run every row of ``rows`` (read one at a time, as slots free up)."""
+        loop = asyncio.get_running_loop()
+        stopped = self._stopped = asyncio.Event()
+
+        def on_cancel() -> None:
+            try:
+                loop.call_soon_threadsafe(self._stop)
+            except RuntimeError:  # the loop is closed: nothing left to stop
+                pass
+
+        remove = self.cancel.add_callback(on_cancel)
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            for pending in rows:
+                if stopped.is_set():
+                    self._not_run(pending)
+                    break  # rows not read yet stay unread (the caller marks them not run)
+                try:
+                    epoch = await self.limiter.acquire()
+                except RequestCancelled:
+                    self._not_run(pending)
+                    break
+                task = loop.create_task(self._row(pending, epoch))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        except BaseException:
+            # Task cancelled (abatch's caller) or the row source failed: stop the rows in flight,
+            # let them end (their finished answers are kept), then raise.
+            self.cancel.cancel("the batch was stopped")
+            self._stop()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5.0)
+            raise
+        finally:
+            remove()
+            self.stats.concurrency = self.limiter.limit
+            self.result.lowest_concurrency = self.limiter.lowest
+
+    def _stop(self) -> None:
+        if self._stopped is not None:
+            self._stopped.set()
+        self.limiter.cancel_all(self._cancel_error)
+
+    def _not_run(self, pending: Pending) -> None:
+        self.result._set(pending.position, self._cancel_error(), usage=Usage(), latency=0.0,
+                         attempts=0, origin=RowOrigin.NOT_RUN)
+        self.stats.failed += 1
+
+    async def _sleep(self, seconds: float) -> None:
+        assert self._stopped is not None
+        try:
+            await asyncio.wait_for(self._stopped.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _row(self, pending: Pending, epoch: int) -> None:
+        settings, stats, totals = self.settings, self.stats, self.result._totals
+        began = time.monotonic()
+        if stats.first_sent is None:
+            stats.first_sent = began
+        deadline = began + settings.timeout if settings.timeout is not None else None
+        adapter = (self.adapter.with_label(f"row {pending.position}")  # type: ignore[attr-defined]
+                   if self._labelled else self.adapter)
+        usage = Usage()
+        attempts = 0
+        calls = 0
+        holding = True
+        stats.in_flight += 1
+        item: Response | DispatchError
+        try:
+            while True:
+                if not holding:
+                    try:
+                        epoch = await self._acquire_before(deadline)
+                    except DispatchError as exc:
+                        item = exc
+                        break
+                    holding = True
+                attempts += 1
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    item = self._timeout_error(began)
+                    break
+                try:
+                    response, row_usage, row_calls = await ask(
+                        adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel
+                    )
+                except DispatchError as exc:
+                    self.limiter.release()
+                    holding = False
+                    if exc.partial is not None:
+                        usage = usage + exc.partial.usage
+                    delay = self._retry_delay(exc, attempts, epoch, deadline)
+                    if delay is None:
+                        item = exc
+                        if isinstance(exc, APITimeoutError) and deadline is not None \
+                                and time.monotonic() >= deadline - 0.05:
+                            item = self._timeout_error(began, exc)
+                        break
+                    totals.retries += 1
+                    await self._sleep(delay)
+                    if self.cancel.cancelled:
+                        item = self._cancel_error()
+                        item.partial = exc.partial
+                        break
+                    continue
+                except Exception as exc:  # a tool or template bug: this row fails, not the batch
+                    self.limiter.release()
+                    holding = False
+                    item = DispatchError(
+                        f"row {pending.position} failed: {type(exc).__name__}: {exc}",
+                        provider=self.adapter.provider_name,
+                    )
+                    item.__cause__ = exc
+                    break
+                self.limiter.release()
+                holding = False
+                self.limiter.on_success()
+                usage = usage + row_usage
+                calls = row_calls
+                item = response
+                break
+        finally:
+            if holding:
+                self.limiter.release()
+            stats.in_flight -= 1
+        self._finish(pending, item, adapter, usage, time.monotonic() - began, attempts, calls)
+
+    async def _acquire_before(self, deadline: float | None) -> int:
+        if deadline is None:
+            return await self.limiter.acquire(first=True)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise APITimeoutError("the row's timeout passed while it waited to be retried",
+                                  provider=self.adapter.provider_name)
+        try:
+            return await asyncio.wait_for(self.limiter.acquire(first=True), left)
+        except asyncio.TimeoutError:
+            raise APITimeoutError(
+                f"no complete answer within the {self.settings.timeout:g} s timeout (the row "
+                "waited for a free slot after a rate limit); pass a larger timeout=",
+                provider=self.adapter.provider_name,
+            ) from None
+
+    def _timeout_error(self, began: float, cause: DispatchError | None = None) -> APITimeoutError:
+        return APITimeoutError(
+            f"no complete answer within the {self.settings.timeout:g} s timeout "
+            f"(waited {time.monotonic() - began:.1f} s, retries included); pass a larger timeout=",
+            provider=self.adapter.provider_name,
+            partial=cause.partial if cause is not None else None,
+        )
+
+    def _retry_delay(self, exc: DispatchError, attempts: int, epoch: int,
+                     deadline: float | None) -> float | None:
+        """Seconds to wait before retrying after ``exc``, or None to give up."""
+        if isinstance(exc, RateLimitError):
+            self.result._totals.rate_limited += 1
+            self.stats.rate_limited += 1
+            if exc.code != "quota_exceeded":
+                self.limiter.on_rate_limited(epoch, exc.retry_after)
+        if isinstance(exc, RequestCancelled) or self.cancel.cancelled:
+            return None
+        if attempts > self.settings.max_retries or not exc.retryable \
+                or exc.code == "quota_exceeded":
+            return None
+        delay = backoff_delay(attempts - 1, exc.retry_after, self.settings.retry_backoff)
+        if delay is None:
+            return None
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            return None
+        return delay
+
+    def _finish(self, pending: Pending, item: Response | DispatchError, adapter: Adapter,
+                usage: Usage, latency: float, attempts: int, calls: int) -> None:
+        stats, totals = self.stats, self.result._totals
+        origin = RowOrigin.SENT
+        if getattr(adapter, "replayed_calls", 0) and not getattr(adapter, "model_calls", 0):
+            origin = RowOrigin.REPLAYED
+            stats.replayed += 1
+            calls = 0
+        elif self._labelled:
+            calls = int(getattr(adapter, "model_calls", calls))
+        totals.model_calls += calls
+        cancelled = isinstance(item, RequestCancelled)
+        if cancelled:
+            origin = RowOrigin.NOT_RUN if attempts == 0 else origin
+        self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,
+                         origin=origin)
+        if isinstance(item, Response):
+            stats.ok += 1
+        else:
+            stats.failed += 1
+        if origin == RowOrigin.SENT:
+            stats.sent_done += 1
+        stats.input_tokens += usage.input_tokens
+        stats.output_tokens += usage.output_tokens
+        if self.checkpoint is not None and not cancelled:
+            try:
+                self.checkpoint.record(pending.key, pending.position, item, usage=usage,
+                                       latency=latency, attempts=attempts)
+            except OSError as exc:
+                log.warning("could not write row %d to the checkpoint %s: %s", pending.position,
+                            self.checkpoint.path, exc)
+        if self.on_row is not None:
+            self.on_row(pending.position, item)

@@ -1,0 +1,275 @@
+"""Rows in, prompts out: reading a batch's input lazily and filling the template for each row.
+
+Input: a list (or any sequence) of str or dicts, a pandas ``DataFrame`` or ``Series`` (duck-typed:
+pandas is never imported here), or any iterable — read one row at a time, never loaded whole.
+
+Each row becomes a namespace for the template, with the rules of ``%%chat`` interpolation
+(:func:`dispatch_nb.notebook.prompt.build_prompt`, a pure standard-library function)::
+
+    "Classify this review: {review}"          # a dict key / DataFrame column
+    "Rate {row} from 1 to 5"                  # a str row (or the whole row, whatever it is)
+    "{title!r} has {len(body)} characters"    # any expression, conversions, format specs
+    'Answer as JSON: {{"label": ...}}'        # {{ and }} are literal braces
+
+A mapping row's keys are names (``{review}``); ``{row}`` is always the whole row (unless the row
+has its own ``row`` key). A Series row is also named by the Series' name. A name the first row
+lacks stops the batch before anything is sent (a typo in a column name would otherwise send every
+row with the placeholder left in); a later row lacking it fails alone with a
+:class:`~dispatch_nb.errors.RequestError`.
+
+A template may also be a function ``template(row) -> str | list[Message]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..adapter import normalize_tools
+from ..errors import RequestError
+from ..types import Message, ToolDefinition
+
+__all__ = [
+    "FilledRow",
+    "RowCall",
+    "RowSource",
+    "TemplateError",
+    "fill_template",
+    "row_key",
+]
+
+#: request options that do not change the answer: left out of a row's key
+_KEY_IGNORED_OPTIONS = frozenset({"max_retries", "extra_headers"})
+
+
+class TemplateError(ValueError):
+    """The template cannot be filled from the rows (e.g. it names a column the rows lack)."""
+
+
+# -- input ----------------------------------------------------------------------------------------
+def _is_dataframe(value: Any) -> bool:
+    return (
+        hasattr(value, "columns")
+        and callable(getattr(value, "itertuples", None))
+        and hasattr(value, "iloc")
+    )
+
+
+def _is_series(value: Any) -> bool:
+    shape = getattr(value, "shape", None)
+    return (
+        isinstance(shape, tuple)
+        and len(shape) == 1
+        and hasattr(value, "iloc")
+        and hasattr(value, "index")
+        and not hasattr(value, "columns")
+    )
+
+
+class RowSource:
+    """The rows of a batch, read lazily: ``iter(source)`` yields ``(position, row)``.
+
+    ``total`` is the number of rows when the input knows it (a sequence, a DataFrame), else None.
+    ``kept`` is the input itself when it is already in memory (a sequence or a DataFrame), so
+    :meth:`BatchResult.to_pandas` can put the answers beside it; an iterator is never kept.
+    """
+
+    def __init__(self, rows: Any) -> None:
+        if isinstance(rows, (str, bytes)):
+            raise TypeError(
+                "rows must be a list (or other iterable) of rows, a DataFrame or a Series, not a "
+                "single string; for one prompt use chat(), or pass [text]"
+            )
+        if isinstance(rows, Mapping):
+            raise TypeError(
+                "rows must be a list of rows; got one mapping. Pass [row] for one row, or a "
+                "DataFrame / list of dicts for a table"
+            )
+        self.name: str | None = None
+        self.index: Any = None
+        if _is_dataframe(rows):
+            self.kind = "dataframe"
+            self.total: int | None = len(rows)
+            self.kept: Any = rows
+            self.index = rows.index
+            self.columns: list[Any] = list(rows.columns)
+        elif _is_series(rows):
+            self.kind = "series"
+            self.total = len(rows)
+            self.kept = rows
+            self.index = rows.index
+            name = getattr(rows, "name", None)
+            self.name = name if isinstance(name, str) and name.isidentifier() else None
+            self.columns = []
+        elif isinstance(rows, Sequence):
+            self.kind = "sequence"
+            self.total = len(rows)
+            self.kept = rows
+            self.columns = []
+        elif isinstance(rows, Iterable):
+            self.kind = "iterable"
+            self.total = None
+            self.kept = None
+            self.columns = []
+        else:
+            raise TypeError(
+                f"rows must be a list of str or dicts, a DataFrame, a Series or any iterable, "
+                f"not {type(rows).__name__}"
+            )
+        self._rows = rows
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        rows = self._rows
+        if self.kind == "dataframe":
+            columns = self.columns
+            for position, values in enumerate(rows.itertuples(index=False, name=None)):
+                yield position, dict(zip(columns, values, strict=True))
+        elif self.kind == "series":
+            yield from enumerate(iter(rows))
+        else:
+            yield from enumerate(rows)
+
+    def namespace(self, row: Any) -> dict[str, Any]:
+        """The names a template sees for ``row``."""
+        if isinstance(row, Mapping):
+            names = {str(k): v for k, v in row.items()}
+            names.setdefault("row", row)
+            return names
+        names = {"row": row}
+        if self.name is not None:
+            names.setdefault(self.name, row)
+        return names
+
+
+# -- templates ------------------------------------------------------------------------------------
+Template = str | Callable[[Any], Any]
+
+
+@dataclass
+class FilledRow:
+    """A row's prompt (``messages``) and its text, for keys and previews."""
+
+    messages: str | list[Message]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.messages, str):
+            return self.messages
+        return "\n".join(f"{m.role}: {m.text}" for m in self.messages)
+
+
+def _undefined(notes: list[str]) -> list[str]:
+    # build_prompt leaves an expression naming something undefined as written, with a note that
+    # quotes Python's NameError ("name 'x' is not defined")
+    return [n for n in notes if "is not defined" in n]
+
+
+def fill_template(template: Template, row: Any, names: Mapping[str, Any]) -> FilledRow:
+    """``template`` filled for one row (``%%chat`` interpolation rules; see the module docstring).
+
+    Raises :class:`TemplateError` when the template names something the row lacks, or an
+    expression in it fails."""
+    if callable(template):
+        value = template(row)
+        if isinstance(value, str):
+            return FilledRow(value)
+        if isinstance(value, (list, tuple)) and all(isinstance(m, (Message, dict)) for m in value):
+            return FilledRow([m if isinstance(m, Message) else Message.model_validate(m)
+                              for m in value])
+        raise TemplateError(
+            f"a template function must return a str or a list of messages, not "
+            f"{type(value).__name__}"
+        )
+    from ..notebook.prompt import PromptError, build_prompt
+
+    try:
+        prompt = build_prompt(template, names)
+    except PromptError as exc:
+        raise TemplateError(str(exc)) from None
+    missing = _undefined(prompt.notes)
+    if missing:
+        available = ", ".join(sorted(k for k in names if k != "row")) or "none: use {row}"
+        raise TemplateError(
+            f"{missing[0].split(' was left')[0]} names nothing in this row (its names: "
+            f"{available}; {{row}} is the whole row). Write {{{{ and }}}} for literal braces."
+        )
+    return FilledRow(prompt.text, prompt.notes)
+
+
+def check_template(template: Any) -> None:
+    """A clear error for a template that is neither a str nor a function."""
+    if not (isinstance(template, str) or callable(template)):
+        raise TypeError(
+            f"template must be a str with {{column}} placeholders or a function row -> prompt, "
+            f"not {type(template).__name__}"
+        )
+
+
+def row_error(position: int, exc: TemplateError) -> RequestError:
+    """The error a row ends with when its template cannot be filled."""
+    return RequestError(f"row {position}: the template could not be filled: {exc}",
+                        code="invalid_request")
+
+
+# -- what every row sends, and keys -----------------------------------------------------------------
+@dataclass
+class RowCall:
+    """What every row's call carries besides its prompt: the system prompt, tools and the other
+    request options (``max_tokens``, ``temperature``, ``stop``...). Adding a request keyword to
+    batches means adding it to ``options``: it then reaches every call and every key."""
+
+    system: str | None = None
+    tools: list[Any] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def runs_tools(self) -> bool:
+        """Whether a row runs the tool loop (some tool has a Python handler)."""
+        return any(not isinstance(t, (ToolDefinition, dict)) for t in self.tools)
+
+    def key_material(self) -> dict[str, Any]:
+        """The JSON of everything besides the prompt and the model that shapes an answer."""
+        tools = [
+            t.model_dump(mode="json") if isinstance(t, ToolDefinition) else t
+            for t in normalize_tools(self.tools)
+        ]
+        options = {
+            k: _jsonable(v) for k, v in sorted(self.options.items())
+            if k not in _KEY_IGNORED_OPTIONS
+        }
+        return {"system": self.system, "tools": tools, "options": options}
+
+
+def _jsonable(value: Any) -> Any:
+    dump = getattr(value, "model_json_schema", None)  # a pydantic model class (output=)
+    if callable(dump) and isinstance(value, type):
+        return {"pydantic": value.__qualname__, "schema": dump()}
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"),
+                      default=repr).encode("ascii")
+
+
+def row_key(model: str, messages: str | list[Message], call_material: Mapping[str, Any],
+            occurrence: int = 0) -> str:
+    """The key of a row's request: SHA-256 of the model (``provider:model``), the filled prompt
+    and the request options. The ``occurrence``-th repeat of the same request in one input gets
+    its own key (``…#2``), so repeated rows each get an answer and a resumed run finds them."""
+    if isinstance(messages, str):
+        prompt: Any = messages
+    else:
+        prompt = [m.model_dump(mode="json", exclude_none=True) for m in messages]
+    digest = hashlib.sha256(
+        _canonical({"v": 1, "model": model, "prompt": prompt, **call_material})
+    ).hexdigest()
+    return digest if occurrence == 0 else f"{digest}#{occurrence}"

@@ -1,0 +1,458 @@
+"""``batch`` / ``abatch`` against loopback servers: order, templates, failures, rate limits, dropped
+connections, deadlines, cancellation and Ctrl-C, checkpoints and resume, the response cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dispatch_nb
+from dispatch_nb import (
+    APITimeoutError,
+    BatchInterrupted,
+    BatchResult,
+    CancelToken,
+    RequestCancelled,
+    RequestError,
+    Response,
+    abatch,
+    batch,
+)
+from dispatch_nb.batching.limiter import AdaptiveLimiter
+from dispatch_nb.batching.rows import TemplateError
+from dispatch_nb.cache import CacheMissError, ResponseCache
+from dispatch_nb.providers.fake import FakeAdapter
+
+from .fakes.batching import BatchFake
+from .fakes.provider import Fail
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def adapter_for(fake: BatchFake) -> FakeAdapter:
+    return FakeAdapter("echo", base_url=fake.base_url)
+
+
+def reviews(n: int) -> list[dict[str, Any]]:
+    return [{"review": f"review {i}", "stars": i % 5} for i in range(n)]
+
+
+# -- the basics ------------------------------------------------------------------------------------
+def test_rows_come_back_in_input_order_with_totals() -> None:
+    with BatchFake(events=5, delay=0.005) as fake:
+        result = batch("Classify: {review} ({stars} stars)", reviews(40), model=adapter_for(fake),
+                       concurrency=8, progress=False)
+    assert isinstance(result, BatchResult) and len(result) == 40
+    assert [r.text for r in result] == [f"echo: Classify: review {i} ({i % 5} stars)"
+                                        for i in range(40)]
+    assert result.ok == 40 and result.failed == 0 and result.sent == 40
+    assert result.model_calls == 40 and result.retries == 0
+    assert result.usage.output_tokens == 40 * 5
+    assert result.usage.input_tokens == sum(r.usage.input_tokens for r in result)
+    assert result.model == "fake:echo"
+    assert fake.max_active <= 8
+    assert all(result.latency(i) > 0 and result.origin(i) == "sent" for i in range(40))
+    assert "40 rows: 40 ok" in repr(result)
+
+
+def test_str_rows_series_and_dataframe_fill_the_template() -> None:
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"text": ["good", "bad", "fine"], "id": [7, 8, 9]},
+                         index=["a", "b", "c"])
+    with BatchFake() as fake:
+        adapter = adapter_for(fake)
+        plain = batch("Rate {row}", ["good", "bad"], model=adapter, progress=False)
+        series = batch("Rate {text}!", frame["text"], model=adapter, progress=False)
+        table = batch("{id}: {text.upper()}", frame, model=adapter, progress=False)
+        expr = batch("{len(row)} chars; literal {{braces}} and {'a': 1}", ["abc"], model=adapter,
+                     progress=False)
+        function = batch(lambda row: f"custom {row['id']}", frame, model=adapter, progress=False)
+        clash = batch("{text}", frame.assign(answer=1), model=adapter, progress=False)
+    assert plain.texts == ["echo: Rate good", "echo: Rate bad"]
+    assert series.texts == ["echo: Rate good!", "echo: Rate bad!", "echo: Rate fine!"]
+    assert table.texts == ["echo: 7: GOOD", "echo: 8: BAD", "echo: 9: FINE"]
+    assert expr.texts == ["echo: 3 chars; literal {braces} and {'a': 1}"]
+    assert function.texts == ["echo: custom 7", "echo: custom 8", "echo: custom 9"]
+    out = table.to_pandas()
+    assert list(out.index) == ["a", "b", "c"]
+    assert list(out["text"]) == ["good", "bad", "fine"]
+    assert list(out["answer"]) == table.texts and list(out["error"]) == [None] * 3
+    assert list(out["output_tokens"]) == [4, 4, 4]
+    assert list(series.to_pandas()["text"]) == ["good", "bad", "fine"]
+    with pytest.raises(ValueError, match="prefix="):
+        clash.to_pandas()
+    assert list(clash.to_pandas(prefix="llm_")["llm_answer"]) == clash.texts == [
+        "echo: good", "echo: bad", "echo: fine"]
+
+
+def test_a_generator_is_read_as_slots_free_up_not_loaded_whole() -> None:
+    produced = 0
+    ahead: list[int] = []
+
+    def rows() -> Iterator[str]:
+        nonlocal produced
+        for i in range(200):
+            produced += 1
+            yield f"row {i}"
+
+    class Watching(BatchFake):
+        def _dispatch(self, request: Any) -> Any:
+            if self.is_chat(request):
+                with self._state:
+                    ahead.append(produced - sum(self.answered.values()))
+            return super()._dispatch(request)
+
+    with Watching(events=3, delay=0.002) as fake:
+        result = batch("{row}", rows(), model=adapter_for(fake), concurrency=4, progress=False)
+    assert len(result) == 200 and result.ok == 200
+    # never more than the slots in flight (+ the row waiting for one, + rows just finishing)
+    assert max(ahead) <= 4 + 2, max(ahead)
+
+
+def test_a_template_naming_a_missing_column_fails_before_anything_is_sent() -> None:
+    with BatchFake() as fake:
+        with pytest.raises(TemplateError, match=r"\{revew\} names nothing in this row.*review"):
+            batch("Classify: {revew}", reviews(5), model=adapter_for(fake), progress=False)
+        assert fake.chat_requests == []
+        # a later row lacking the name fails alone
+        rows: list[dict[str, Any]] = [{"a": 1}, {"b": 2}, {"a": 3}]
+        result = batch("value {a}", rows, model=adapter_for(fake), progress=False)
+    assert result.texts == ["echo: value 1", None, "echo: value 3"]
+    assert isinstance(result[1], RequestError) and "row 1" in result[1].message
+    assert result.origin(1) == "not run"
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    with BatchFake() as fake:
+        adapter = adapter_for(fake)
+        with pytest.raises(TypeError, match="single string"):
+            batch("{row}", "abc", model=adapter)
+        with pytest.raises(ValueError, match="concurrency"):
+            batch("{row}", ["a"], model=adapter, concurrency=0)
+        with pytest.raises(ValueError, match="timeout"):
+            batch("{row}", ["a"], model=adapter, timeout=0)
+        with pytest.raises(TypeError, match="does not understand option"):
+            batch("{row}", ["a"], model=adapter, progress=False, bogus=1)
+        with pytest.raises(ValueError, match="temperature"):
+            batch("{row}", ["a"], model=adapter, progress=False, temperature=7)
+        with pytest.raises(TypeError, match="model must be"):
+            batch("{row}", ["a"], model=42)  # type: ignore[arg-type]
+        assert fake.chat_requests == []
+
+
+def test_options_reach_every_call() -> None:
+    with BatchFake() as fake:
+        batch("{row}", ["a", "b"], model=adapter_for(fake), system="Be brief.", max_tokens=33,
+              temperature=0.5, tools=[{"name": "lookup", "description": "Look up",
+                                       "parameters": {"type": "object", "properties": {}}}],
+              progress=False)
+    for request in fake.chat_requests:
+        body = request.json
+        assert body["system"] == "Be brief." and body["max_tokens"] == 33
+        assert body["temperature"] == 0.5 and body["stream"] is True
+        assert [t["name"] for t in body["tools"]] == ["lookup"]
+
+
+# -- failures -----------------------------------------------------------------------------------
+def test_one_failure_never_loses_the_rest() -> None:
+    fail = {"row 3": Fail(400, "this one is malformed", "invalid_request_error"),
+            "row 7": Fail(401, "no", "authentication_error")}
+    with BatchFake(fail=fail) as fake:
+        result = batch("row {row}", list(range(10)), model=adapter_for(fake), progress=False)
+    assert result.ok == 8 and result.failed == 2
+    assert isinstance(result[3], RequestError) and result[3].status_code == 400
+    assert isinstance(result[7], dispatch_nb.AuthenticationError) and result[7].status_code == 401
+    assert [i for i, _ in result.errors] == [3, 7]
+    assert fake.asked["row 3"] == 1 and fake.asked["row 7"] == 1  # not retryable: asked once
+    assert result.texts[4] == "echo: row 4"
+    with pytest.raises(RequestError, match="2 of 10 rows failed; row 3"):
+        result.raise_for_errors()
+
+
+@pytest.mark.parametrize("retry_after", [None, 0.05], ids=["no-retry-after", "retry-after"])
+def test_a_429_storm_slows_the_whole_batch_and_every_row_arrives(retry_after: float | None) -> None:
+    rows = [f"row {i}" for i in range(80)]
+    with BatchFake(capacity=4, retry_after=retry_after, events=4, delay=0.01) as fake:
+        adapter = adapter_for(fake)
+        adapter.retry_backoff = 0.02  # the batch's backoff follows the adapter's rules...
+        result = batch("{row}", rows, model=adapter, concurrency=32, max_retries=30,
+                       progress=False)
+    assert result.ok == 80, result.errors[:3]
+    assert result.texts == [f"echo: {r}" for r in rows]
+    assert fake.rate_limited > 0 and result.rate_limited == fake.rate_limited
+    assert result.retries == fake.rate_limited
+    # the whole batch backed off: concurrency went from 32 to about the server's capacity
+    assert result.lowest_concurrency is not None and result.lowest_concurrency <= 8
+    assert all(fake.answered[r] == 1 for r in rows)
+    # far fewer 429s than 32 rows hammering a 4-slot server with fixed concurrency would get
+    assert fake.rate_limited < 200
+
+
+def test_the_limiter_halves_once_per_burst_and_grows_back() -> None:
+    async def scenario() -> None:
+        limiter = AdaptiveLimiter(16)
+        epochs = [await limiter.acquire() for _ in range(10)]
+        for epoch in epochs[:5]:  # five 429s from one burst: one decrease
+            limiter.on_rate_limited(epoch, None)
+        assert limiter.limit == 8 and limiter.decreases == 1
+        later = limiter.epoch
+        limiter.on_rate_limited(later, 0.2)  # a request started after the decrease: again
+        assert limiter.limit == 4 and limiter.paused_for > 0.1
+        for _ in range(10):
+            limiter.release()
+        started = time.monotonic()
+        await limiter.acquire()  # held until retry-after has passed
+        assert time.monotonic() - started >= 0.15
+        for _ in range(200):
+            limiter.on_success()
+        assert limiter.limit == 16  # back to the ceiling, never above
+
+    asyncio.run(scenario())
+
+
+def test_dropped_connections_are_retried_and_no_row_is_lost() -> None:
+    with BatchFake(drop_every_first=True, events=6, delay=0.002) as fake:
+        adapter = adapter_for(fake)
+        adapter.retry_backoff = 0.01
+        result = batch("{row}", [f"row {i}" for i in range(20)], model=adapter, concurrency=5,
+                       progress=False)
+    assert result.ok == 20 and result.retries == 20
+    assert all(fake.asked[f"row {i}"] == 2 for i in range(20))
+    assert all(result.attempts(i) == 2 for i in range(20))
+    assert result.texts == [f"echo: row {i}" for i in range(20)]
+
+
+def test_without_retries_a_dropped_stream_is_the_rows_error_with_its_partial() -> None:
+    with BatchFake(drop_first={"row 1"}, events=8) as fake:
+        result = batch("{row}", ["row 0", "row 1"], model=adapter_for(fake), max_retries=0,
+                       progress=False)
+    assert result.texts[0] == "echo: row 0"
+    error = result[1]
+    assert isinstance(error, dispatch_nb.APIConnectionError)
+    assert error.partial is not None and "echo:".startswith(error.partial.text[:5])
+
+
+def test_the_timeout_is_a_deadline_per_row() -> None:
+    with BatchFake(stall={"slow": 30.0}, events=3) as fake:
+        started = time.monotonic()
+        result = batch("{row}", ["fast", "slow", "fast too"], model=adapter_for(fake), timeout=1.0,
+                       progress=False)
+        took = time.monotonic() - started
+    assert took < 5
+    assert result.texts[0] == "echo: fast" and result.texts[2] == "echo: fast too"
+    assert isinstance(result[1], APITimeoutError) and "1 s timeout" in result[1].message
+
+
+# -- stopping ---------------------------------------------------------------------------------------
+def test_a_cancel_token_stops_the_batch_promptly_keeping_finished_rows(tmp_path: Path) -> None:
+    token = CancelToken()
+    rows = ["quick"] + [f"row {i}" for i in range(29)]
+    path = tmp_path / "run.jsonl"
+
+    with BatchFake(events=40, delay=0.1, fast={"quick"}) as fake:
+        threading.Timer(0.8, token.cancel, args=("enough",)).start()
+        started = time.monotonic()
+        result = batch("{row}", rows, model=adapter_for(fake), concurrency=3, cancel=token,
+                       checkpoint=path, progress=False)
+        took = time.monotonic() - started
+    assert took < 2.5
+    assert result.interrupted and len(result) == 30
+    assert isinstance(result[0], Response)  # finished before the cancel: kept
+    in_flight = [i for i in range(30) if result.attempts(i) > 0 and i > 0]
+    assert in_flight and all(isinstance(result[i], RequestCancelled) for i in in_flight)
+    assert any(result[i].partial is not None and result[i].partial.text for i in in_flight)
+    assert all(result.origin(i) == "not run" for i in range(30) if result.attempts(i) == 0)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["row"] for e in lines] == [0]  # cancelled rows are not written
+
+
+def test_ctrl_c_stops_promptly_and_keeps_every_finished_row(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with BatchFake(events=30, delay=0.05) as fake:
+        adapter = adapter_for(fake)
+        threading.Timer(2.0, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        started = time.monotonic()
+        with pytest.raises(BatchInterrupted) as caught:
+            batch("{row}", [f"row {i}" for i in range(40)], model=adapter, concurrency=4,
+                  checkpoint=path, progress=False)
+        took = time.monotonic() - started
+    assert isinstance(caught.value, KeyboardInterrupt)
+    assert took < 2.0 + 1.0  # stopped within a second of Ctrl-C
+    result = caught.value.result
+    assert result.interrupted and len(result) == 40
+    finished = [i for i, item in enumerate(result) if isinstance(item, Response)]
+    assert finished  # ~1.5 s per row, 4 at a time, 2 s: the first wave finished
+    written = {e["row"] for e in map(json.loads, path.read_text().splitlines())}
+    assert written == set(finished)
+    assert "run the batch again to send only the rest" in str(caught.value)
+
+
+async def test_abatch_runs_on_the_callers_loop_and_task_cancel_keeps_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    with BatchFake(events=3) as fake:
+        result = await abatch("{row}", ["a", "b", "c"], model=adapter_for(fake), progress=False)
+        assert result.texts == ["echo: a", "echo: b", "echo: c"]
+
+    path = tmp_path / "run.jsonl"
+    with BatchFake(events=20, delay=0.05) as fake:
+        task = asyncio.create_task(
+            abatch("{row}", ["x"] * 1 + [f"r{i}" for i in range(10)], model=adapter_for(fake),
+                   concurrency=2, checkpoint=path, progress=False))
+        await asyncio.sleep(1.3)
+        started = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - started < 1.0
+    rows = {e["row"] for e in map(json.loads, path.read_text().splitlines())}
+    assert rows and rows <= {0, 1}  # the first two finished (~1 s each); the rest never sent
+
+
+# -- checkpoints and resume -------------------------------------------------------------------------
+def test_a_resumed_run_sends_exactly_the_missing_rows(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    first = [f"row {i}" for i in range(10)]
+    fail = {"row 3": Fail(400, "bad"), "row 7": Fail(400, "bad")}
+    with BatchFake(fail=fail) as fake:
+        result = batch("{row}", first, model=adapter_for(fake), checkpoint=path, progress=False)
+    assert result.ok == 8 and result.failed == 2
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 10 and sum(e["ok"] for e in lines) == 8  # failures say why, too
+    assert {e["error"]["code"] for e in lines if not e["ok"]} == {"invalid_request"}
+
+    # Again: the rows reordered, five new ones, and the server fixed: only 3, 7 and the new ones.
+    second = list(reversed(first)) + [f"row {i}" for i in range(10, 15)]
+    with BatchFake() as fake:
+        result = batch("{row}", second, model=adapter_for(fake), checkpoint=path, progress=False)
+        assert sorted(fake.asked) == sorted(["row 3", "row 7"] + [f"row {i}" for i in range(10, 15)])
+        assert sum(fake.asked.values()) == 7
+    assert result.ok == 15 and result.resumed == 8 and result.sent == 7
+    assert result.texts == [f"echo: {r}" for r in second]
+    assert "8 from the checkpoint, 7 sent" in result.summary()
+    assert [result.origin(i) for i in range(3)] == ["checkpoint", "checkpoint", "sent"]
+
+    # A third time: nothing left to send.
+    with BatchFake() as fake:
+        result = batch("{row}", second, model=adapter_for(fake), checkpoint=path, progress=False)
+        assert fake.chat_requests == []
+    assert result.resumed == 15 and result.sent == 0
+
+    # What was asked is the key: another system prompt or model is another request.
+    with BatchFake() as fake:
+        batch("{row}", first[:2], model=adapter_for(fake), checkpoint=path, system="Other.",
+              progress=False)
+        assert sum(fake.asked.values()) == 2
+
+
+def test_repeated_rows_each_get_an_answer_and_resume(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with BatchFake() as fake:
+        result = batch("{row}", ["same", "same", "other"], model=adapter_for(fake),
+                       checkpoint=path, progress=False)
+        assert fake.asked["same"] == 2
+    keys = [json.loads(line)["key"] for line in path.read_text().splitlines()]
+    assert len(set(keys)) == 3
+    with BatchFake() as fake:
+        again = batch("{row}", ["same", "same", "same", "other"], model=adapter_for(fake),
+                      checkpoint=path, progress=False)
+        assert fake.asked == {"same": 1}  # only the third "same" is new
+    assert result.ok == 3 and again.resumed == 3 and again.sent == 1
+
+
+def test_a_killed_kernel_loses_at_most_the_rows_in_flight(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    rows = [f"row {i}" for i in range(30)]
+    with BatchFake(events=10, delay=0.03) as fake:
+        script = (
+            "import sys; from dispatch_nb import batch; from dispatch_nb.providers.fake import "
+            "FakeAdapter\n"
+            f"batch('{{row}}', {rows!r}, model=FakeAdapter('echo', base_url={fake.base_url!r}), "
+            f"concurrency=3, checkpoint={str(path)!r}, progress=False)\n"
+        )
+        kernel = subprocess.Popen([sys.executable, "-c", script], env={**os.environ,
+                                  "PYTHONPATH": str(REPO)})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if path.exists() and len(path.read_text().splitlines()) >= 9:
+                break
+            time.sleep(0.02)
+        kernel.kill()  # SIGKILL: no cleanup, no flush of anything we did not write already
+        kernel.wait(10)
+        done_before = {json.loads(line)["row"] for line in path.read_text().splitlines()}
+        asked_before = sum(fake.asked.values())
+        assert 9 <= len(done_before) < 30
+        assert asked_before - len(done_before) <= 3  # in flight when killed: at most concurrency
+        result = batch("{row}", rows, model=adapter_for(fake), checkpoint=path, progress=False)
+        resent = sum(fake.asked.values()) - asked_before
+    assert result.ok == 30 and result.texts == [f"echo: {r}" for r in rows]
+    assert result.resumed == len(done_before) and resent == 30 - len(done_before)
+    assert all(fake.answered[f"row {i}"] == 1 for i in done_before)
+
+
+def test_the_checkpoint_never_holds_a_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-test-" + "Z" * 30
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    path = tmp_path / "run.jsonl"
+    with BatchFake() as fake:
+        result = batch("my key is {row}", [secret], model=adapter_for(fake), checkpoint=path,
+                       progress=False)
+    assert secret in result[0].text  # the live answer is untouched
+    text = path.read_text()
+    assert secret not in text and "[REDACTED]" in text
+
+
+# -- the response cache -------------------------------------------------------------------------------
+def test_batches_record_and_replay_through_the_response_cache(tmp_path: Path) -> None:
+    path = tmp_path / "answers.dispatch-cache.jsonl"
+    rows = [f"row {i}" for i in range(6)]
+    with BatchFake() as fake:
+        recorded = batch("{row}", rows, model=adapter_for(fake),
+                         cache=ResponseCache(path, mode="record"), progress=False)
+        assert sum(fake.asked.values()) == 6
+    labels = [json.loads(line)["label"] for line in path.read_text().splitlines()]
+    assert sorted(labels) == sorted(f"row {i}" for i in range(6))
+    with BatchFake() as fake:  # replay: nothing reaches the server
+        replayed = batch("{row}", rows, model=adapter_for(fake),
+                         cache=ResponseCache(path, mode="replay"), progress=False)
+        missing = batch("{row}", ["row 0", "new row"], model=adapter_for(fake),
+                        cache=ResponseCache(path, mode="replay"), progress=False)
+        assert fake.chat_requests == []
+    assert replayed.texts == recorded.texts and replayed.replayed == 6 and replayed.model_calls == 0
+    assert [replayed.origin(i) for i in range(6)] == ["replayed"] * 6
+    assert missing.texts[0] == "echo: row 0"
+    assert isinstance(missing[1], CacheMissError) and "row 1" in missing[1].message
+
+
+# -- progress -----------------------------------------------------------------------------------------
+def test_the_text_progress_bar_shows_counts_tokens_rate_and_eta(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with BatchFake(events=4, delay=0.05, fail={"row 2": Fail(400, "bad")}) as fake:
+        batch("{row}", [f"row {i}" for i in range(12)], model=adapter_for(fake), concurrency=2,
+              progress=True)
+    err = capsys.readouterr().err
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "12/12" in last and "ok 11" in last and "failed 1" in last and "in flight 0" in last
+    assert "tokens" in last and "rows/s" in last
+    assert "ETA" in err  # while it ran
+    assert "in flight 2" in err
+    quiet = capsys.readouterr()
+    assert quiet.err == ""
+
+
+def test_progress_off_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    with BatchFake() as fake:
+        batch("{row}", ["a"], model=adapter_for(fake), progress=False)
+    assert capsys.readouterr().err == ""
