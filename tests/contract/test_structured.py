@@ -66,6 +66,7 @@ MECHANISM = {
     "openai-responses": "text.format",
     "openai-compatible": "response_format",
     "openai-compatible-llama": "json_object",  # after the server refused json_schema (422)
+    "compatible-mistral": "response_format",  # Mistral documents response_format json_schema
     "copilot": "tool",  # Claude on Copilot's chat.completions
     "copilot-responses": "text.format",
     "copilot-gpt": "response_format",
