@@ -64,8 +64,9 @@ def test_an_encoding_httpx_cannot_decode_is_a_clear_error_and_not_retried(mode: 
 def test_a_corrupt_compressed_stream_says_so_and_keeps_what_arrived(mode: str) -> None:
     gzip = zlib.compressobj(wbits=31)
     good = gzip.compress(EVENTS[0]) + gzip.flush(zlib.Z_SYNC_FLUSH)
-    # the first event decodes; then bytes that are not deflate data at all
-    reply = Reply.sse([good, b"\xff" * 64], headers={"content-encoding": "gzip"})
+    # the first event decodes; then, in a later read, bytes that are not deflate data at all (what
+    # one read brings is decoded in one go, so a corrupt read loses its own bytes, never earlier ones)
+    reply = Reply.sse([good, b"\xff" * 64], headers={"content-encoding": "gzip"}, delay=0.2)
     with LoopbackServer(lambda request: reply) as server, pytest.raises(
             APIConnectionError) as info:
         call(adapter_for(server), mode)
