@@ -177,3 +177,23 @@ def test_the_embedded_model_runs_on_every_worker(client: Client) -> None:
     assert result.ok == 4, result.errors
     assert all(text and text.strip() for text in result.texts)
     assert result.usage.output_tokens > 0
+
+
+def test_setup_mistakes_fail_the_batch_with_a_clear_error(client: Client, tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="does not understand option"):
+        batch("{row}", ["a", "b"], model="fake:echo", executor=client, progress=False, bogus=1)
+
+
+def test_a_worker_that_cannot_see_the_checkpoint_says_so(fake: BatchFake, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from dispatch_nb.batching.cluster import PartitionTask, run_partition
+    from dispatch_nb.batching.engine import BatchSettings
+    from dispatch_nb.batching.rows import RowCall
+
+    monkeypatch.setenv("DISPATCH_NB_FAKE_URL", fake.base_url)
+    task = PartitionTask(model="fake:echo", rows=[(0, "a", "k0")], call=RowCall(),
+                         settings=BatchSettings(), checkpoint=str(tmp_path / "elsewhere.jsonl"),
+                         cache=None, cancel_event=None)
+    with pytest.raises(FileNotFoundError, match="not reachable from this Dask worker"):
+        run_partition(task)
+    assert fake.chat_requests == []

@@ -109,6 +109,12 @@ def run_partition(task: PartitionTask) -> PartitionResult:
     checkpoint = Checkpoint(task.checkpoint) if task.checkpoint is not None else None
     pending: list[Pending] = []
     if checkpoint is not None:
+        if not checkpoint.path.exists():
+            raise FileNotFoundError(
+                f"the checkpoint {checkpoint.path} is not reachable from this Dask worker: with "
+                "executor=, the checkpoint must be on a filesystem the workers share with the "
+                "client (the same machine, or a shared mount)"
+            )
         # A partition re-run after its worker died: rows that worker finished are not sent again.
         checkpoint.load(only={key for _, _, key in task.rows})
     for position, messages, key in task.rows:
@@ -218,6 +224,8 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
     if checkpoint is not None:
         checkpoint.load()
+        checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.path.touch()  # the workers check they see this file (a shared filesystem)
     result = BatchResult(plan.source, model=plan.model_key)
     stats = Stats(total=plan.source.total)
     bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key} on Dask")
@@ -253,8 +261,9 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
         stats.in_flight -= len(positions)
         try:
             part: PartitionResult = future.result()
-        except (TypeError, ValueError):
-            raise  # the request itself is wrong (an option the adapter rejects): every row would
+        except (TypeError, ValueError, FileNotFoundError):
+            raise  # the request or the setup is wrong (a rejected option, an unreachable
+            # checkpoint): every row would fail alike
         except Exception as exc:  # the task failed (e.g. its workers kept dying): its rows fail
             for position in positions:
                 error = DispatchError(
