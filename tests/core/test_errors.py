@@ -20,7 +20,8 @@ from dispatch_nb import (
     RequestError,
     ServerError,
 )
-from dispatch_nb.errors import error_for_status, parse_retry_after
+from dispatch_nb.errors import error_for_status, looks_like_html, parse_retry_after, summarize_body
+from dispatch_nb.http_adapter import error_details
 
 
 def test_tree() -> None:
@@ -100,3 +101,41 @@ def test_str_repr_and_pickle() -> None:
     assert "AuthenticationError" in repr(err)
     again = pickle.loads(pickle.dumps(err))
     assert type(again) is AuthenticationError and again.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "summary"),
+    [
+        (b"<html><head><title>502 Bad Gateway</title></head><body><h1>502</h1></body></html>",
+         "502 Bad Gateway"),
+        (b"<!-- generated -->\n<!DOCTYPE html><html><head><style>h1{}</style></head>"
+         b"<body><h1>Access  &amp; <b>denied</b></h1><p>more</p></body></html>", "Access & denied"),
+        (b"<html><body><script>var a = '<b>';</script>\n<p>Blocked by policy</p></body></html>",
+         "Blocked by policy"),
+        (b"<HTML><TITLE></TITLE><BODY>\n\n  Upstream timed out \n</BODY></HTML>", "Upstream timed out"),
+        (b"413 Request Entity Too Large\nsecond line\n", "413 Request Entity Too Large"),
+        (b"\n\n   \n  upstream connect error  \n", "upstream connect error"),
+        (b"", ""),
+        (b"caf\xc3\xa9 \xff", "café \ufffd"),
+    ],
+)
+def test_summarize_body_gives_one_line_without_markup(body: bytes, summary: str) -> None:
+    assert summarize_body(body) == summary
+
+
+def test_summarize_body_is_short_and_html_is_recognised() -> None:
+    assert summarize_body(b"x" * 1000) == "x" * 199 + "…"
+    assert len(summarize_body(b"<title>" + b"y " * 500 + b"</title>", limit=50)) == 50
+    assert looks_like_html(b"  <!DOCTYPE html><html>") and looks_like_html(b"<HTML>")
+    assert not looks_like_html(b'{"error": "<b>"}') and not looks_like_html(b"a < b")
+
+
+def test_error_details_reads_json_and_what_proxies_send() -> None:
+    assert error_details(b'{"error": {"message": "bad", "type": "invalid_request_error"}}') == (
+        "bad", "invalid_request_error")
+    assert error_details(b'{"error": "plain"}') == ("plain", None)
+    assert error_details(b'{"detail": "x"}') == ('{"detail": "x"}', None)
+    message, etype = error_details(b"<html><title>503 Service Unavailable</title></html>")
+    assert etype is None and message.endswith(": 503 Service Unavailable") and "HTML page" in message
+    assert error_details(b"too big\nreally") == ("too big", None)
+    assert error_details(b"") == ("the server returned an error with no message", None)
