@@ -160,4 +160,5 @@ def test_a_model_list_behind_a_login_page(target: Target, fake: ProviderFake) ->
             adapter.list_models()
     finally:
         adapter.close()
+    assert info.value.code == "unexpected_response"
     check(info.value, PAGES["html-200"])

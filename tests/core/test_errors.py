@@ -59,12 +59,15 @@ def test_status_table(status: int, cls: type, code: str) -> None:
 
 
 def test_provider_types_refine_the_status() -> None:
-    assert isinstance(error_for_status(400, "x", error_type="context_length_exceeded"),
-                      ContextLengthError)
-    assert isinstance(error_for_status(400, "This model's maximum context length is 8192 tokens"),
-                      ContextLengthError)
-    assert isinstance(error_for_status(404, "The model `gpt-9` does not exist"),
-                      ModelUnavailableError)
+    typed = error_for_status(400, "x", error_type="context_length_exceeded")
+    assert isinstance(typed, ContextLengthError)
+    assert (typed.status_code, typed.code) == (400, "context_length_exceeded")
+    worded = error_for_status(400, "This model's maximum context length is 8192 tokens")
+    assert isinstance(worded, ContextLengthError)
+    assert (worded.status_code, worded.code) == (400, "context_length_exceeded")
+    missing = error_for_status(404, "The model `gpt-9` does not exist")
+    assert isinstance(missing, ModelUnavailableError)
+    assert (missing.status_code, missing.code) == (404, "model_unavailable")
     quota = error_for_status(429, "x", error_type="insufficient_quota")
     assert isinstance(quota, RateLimitError) and quota.code == "quota_exceeded"
     assert not quota.retryable
@@ -73,8 +76,10 @@ def test_provider_types_refine_the_status() -> None:
     assert error_for_status(429, "x").retryable
     overloaded = error_for_status(529, "Overloaded", error_type="overloaded_error")
     assert isinstance(overloaded, ServerError) and overloaded.retryable
+    assert (overloaded.status_code, overloaded.code) == (529, "server_error")
     # a client-error type never turns a 5xx into a client error
-    assert isinstance(error_for_status(500, "x", error_type="invalid_request_error"), ServerError)
+    server = error_for_status(500, "x", error_type="invalid_request_error")
+    assert isinstance(server, ServerError) and (server.status_code, server.code) == (500, "server_error")
 
 
 def test_x_should_retry_overrides() -> None:
@@ -93,6 +98,7 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after({}) is None
     err = error_for_status(429, "slow down", headers={"retry-after": "7"})
     assert isinstance(err, RateLimitError) and err.retry_after == 7
+    assert (err.status_code, err.code) == (429, "rate_limited")
 
 
 def test_str_repr_and_pickle() -> None:
