@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -445,13 +445,16 @@ def _wait_for_request(handler: Any, owner: LoopbackServer) -> None:
     BaseHTTPRequestHandler.handle_one_request(handler)
 
 
-def _rude_chunks(reply: Reply, headers: dict[str, str], rudeness: Rudeness | None) -> list[list[bytes]]:
-    """The HTTP chunks to write for each of the reply's chunks (several when ``rudeness`` splits
-    an event stream); ``delay``, ``stall_after`` and ``reset_after`` still count reply chunks."""
+def _rude_chunks(
+    reply: Reply, headers: dict[str, str], rudeness: Rudeness | None
+) -> Iterator[list[bytes]]:
+    """The HTTP chunks to write for each of the reply's chunks, lazily (several when ``rudeness``
+    splits an event stream); ``delay``, ``stall_after`` and ``reset_after`` still count reply
+    chunks."""
     chunks = reply.chunks or []
     if rudeness is None or "text/event-stream" not in headers.get("content-type", ""):
-        return [[chunk] for chunk in chunks]
-    return [rudeness.pieces(i, chunk) for i, chunk in enumerate(chunks)]
+        return ([chunk] for chunk in chunks)
+    return (rudeness.pieces(i, chunk) for i, chunk in enumerate(chunks))
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
