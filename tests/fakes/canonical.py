@@ -18,8 +18,8 @@ from .server import RecordedRequest, Reply
 class CanonicalFake(ProviderFake):
     name = "fake"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **server_options: Any) -> None:
+        super().__init__(**server_options)
         self.scripts_by_model: dict[str, collections.deque[ScriptItem]] = {}
 
     def push_for(self, model: str, *items: ScriptItem) -> CanonicalFake:

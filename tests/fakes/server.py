@@ -421,10 +421,18 @@ class LoopbackServer:
 
 def _wait_for_request(handler: Any, owner: LoopbackServer) -> None:
     """Serve the next request on a connection, closing it instead if it stays idle longer than
-    ``owner.idle_timeout`` (reads of the request itself and every write are not limited)."""
+    ``owner.idle_timeout`` after an answer (reads of the request itself and every write are not
+    limited)."""
     idle = owner.idle_timeout
-    if idle is None:
+    served = getattr(handler, "_requests_served", 0)
+    handler._requests_served = served + 1
+    if idle is None or not served:  # (a new connection gets its first request in any case)
         BaseHTTPRequestHandler.handle_one_request(handler)
+        return
+    if idle <= 0:  # closed right after the answer, though the answer advertised keep-alive
+        with owner._lock:
+            owner.idle_closes += 1
+        handler.close_connection = True
         return
     connection = handler.connection
     try:
