@@ -266,6 +266,8 @@ class LoopbackServer:
         self.rudeness = rudeness
         #: connections the server closed because they stayed idle
         self.idle_closes = 0
+        #: connections clients opened (fewer than requests when keep-alive reuses them)
+        self.connections_made = 0
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -282,6 +284,7 @@ class LoopbackServer:
                 super().setup()
                 with owner._lock:
                     owner._connections.add(self.connection)
+                    owner.connections_made += 1
                 if isinstance(self.connection, ssl.SSLSocket):
                     self.connection.do_handshake()
 
