@@ -8,12 +8,15 @@ A token can be shared by several calls; once cancelled it stays cancelled.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 from .errors import RequestCancelled
 
 __all__ = ["CancelToken"]
+
+logger = logging.getLogger("dispatch_nb")
 
 
 class CancelToken:
@@ -43,8 +46,9 @@ class CancelToken:
         for callback in callbacks:
             try:
                 callback()
-            except Exception:  # a broken callback must not stop the others
-                pass
+            except Exception:  # a broken callback must not stop the others, nor go unseen
+                logger.warning("a cancel callback (%r) raised; the cancel went on", callback,
+                               exc_info=True)
 
     def add_callback(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Run ``callback`` on cancel (now, if already cancelled). Returns a function to remove it."""

@@ -17,13 +17,21 @@
 ``partial`` is the :class:`~dispatch_nb.types.Response` assembled before a failure mid-stream, so
 nothing that arrived is lost. ``code`` is provider-neutral: ``authentication_failed``,
 ``rate_limited``, ``quota_exceeded``, ``context_length_exceeded``, ``invalid_request``,
-``model_unavailable``, ``server_error``, ``network_error``, ``timeout``, ``cancelled``, ``unknown``;
+``model_unavailable``, ``server_error``, ``network_error``, ``unexpected_response`` (a success
+status whose body is not the API's answer: an HTML page from a proxy or a web site, an empty body;
+an :class:`APIConnectionError` that is not retried), ``timeout``, ``cancelled``, ``unknown``;
 :class:`OutputValidationError` uses ``output_invalid``, ``output_truncated`` and ``output_refused``.
+
+What proxies and web servers answer instead of the API (an nginx ``502 Bad Gateway`` page, a
+corporate proxy's block page, a plain-text ``413``) becomes a one-line message —
+:func:`summarize_body`: an HTML page's title, never its markup.
 """
 
 from __future__ import annotations
 
 import email.utils
+import html
+import re
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -44,7 +52,9 @@ __all__ = [
     "RequestError",
     "ServerError",
     "error_for_status",
+    "looks_like_html",
     "parse_retry_after",
+    "summarize_body",
 ]
 
 
@@ -336,6 +346,45 @@ def error_for_status(
     if retry_after is not None:
         error.retry_after = retry_after
     return error
+
+
+#: the longest message :func:`summarize_body` makes from a body that is not a provider's JSON
+SUMMARY_LIMIT = 200
+_HTML_START = re.compile(rb"\A\s*(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html|head|body|title|h1|center|p)\b",
+                         re.IGNORECASE | re.DOTALL)
+_HTML_TITLE = re.compile(r"<(title|h1|h2)\b[^>]*>(.*?)</\1\s*>", re.IGNORECASE | re.DOTALL)
+_HTML_HIDDEN = re.compile(r"<(script|style|head)\b.*?</\1\s*>|<!--.*?-->", re.IGNORECASE | re.DOTALL)
+_HTML_BLOCK_TAG = re.compile(
+    r"</?(?:p|div|br|hr|h[1-6]|li|ul|ol|tr|td|th|table|center|body|html|head|title|pre|form|"
+    r"section|header|footer|main|article|blockquote)\b[^>]*>",
+    re.IGNORECASE,
+)
+_HTML_TAG = re.compile(r"<[^>]*>")
+
+
+def looks_like_html(body: bytes) -> bool:
+    """Whether a body is an HTML page (what proxies and web servers answer), not an API's."""
+    return bool(_HTML_START.match(body[:4096]))
+
+
+def summarize_body(body: bytes, *, limit: int = SUMMARY_LIMIT) -> str:
+    """One short line describing a body that is not a provider's JSON.
+
+    An HTML page gives its ``<title>`` (else its first heading, else its first line of text), with
+    tags gone and entities decoded; plain text gives its first non-empty line. At most ``limit``
+    characters (cut with "…"); an empty string for an empty body."""
+    text = body.decode("utf-8", "replace")
+    if looks_like_html(body):
+        titled = _HTML_TITLE.search(text)
+        if titled and _HTML_TAG.sub("", titled.group(2)).strip():
+            text = " ".join(_HTML_TAG.sub("", titled.group(2)).split())
+        else:
+            text = _HTML_BLOCK_TAG.sub("\n", _HTML_HIDDEN.sub("\n", text))
+        text = html.unescape(_HTML_TAG.sub("", text))
+    line = next((ln for ln in (" ".join(raw.split()) for raw in text.splitlines()) if ln), "")
+    if len(line) > limit:
+        line = line[: limit - 1].rstrip() + "…"
+    return line
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

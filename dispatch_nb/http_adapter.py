@@ -23,7 +23,13 @@ import orjson
 
 from .adapter import Adapter, ChatRequest, wrap_transport_error
 from .call_control import CallControl
-from .errors import APIConnectionError, DispatchError, error_for_status
+from .errors import (
+    APIConnectionError,
+    DispatchError,
+    error_for_status,
+    looks_like_html,
+    summarize_body,
+)
 from .sse import ServerSentEvent, SSEDecoder
 from .stream import Accumulator
 from .transport import (
@@ -67,8 +73,9 @@ class StreamParser(Protocol):
 
 
 def error_details(body: bytes) -> tuple[str, str | None]:
-    """``(message, provider error type/code)`` from an error body of any common shape."""
-    text = body.decode("utf-8", "replace").strip()
+    """``(message, provider error type/code)`` from an error body of any common shape: a provider's
+    JSON error, or what a proxy or web server sends in its place — an HTML page becomes its title
+    and plain text its first line (:func:`~dispatch_nb.errors.summarize_body`), never markup."""
     try:
         data = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
@@ -76,7 +83,9 @@ def error_details(body: bytes) -> tuple[str, str | None]:
     if isinstance(data, dict):
         err = data.get("error", data)
         if isinstance(err, dict):
-            message = err.get("message") or data.get("message") or text
+            message = err.get("message") or data.get("message")
+            if not isinstance(message, str) or not message.strip():
+                message = summarize_body(body) if message is None else str(message)
             etype = None
             details = err.get("details")
             if isinstance(details, dict) and isinstance(details.get("error_code"), str):
@@ -86,10 +95,29 @@ def error_details(body: bytes) -> tuple[str, str | None]:
                 etype = code
             if etype is None and isinstance(err.get("type"), str):
                 etype = err["type"]
-            return str(message)[:2000], etype
+            return message[:2000], etype
         if isinstance(err, str):
             return err[:2000], None
-    return (text[:2000] or "the server returned an error with no message"), None
+    summary = summarize_body(body)
+    if looks_like_html(body):
+        page = f": {summary}" if summary else ""
+        return f"an HTML page from the server or a proxy in between, not the API's answer{page}", None
+    return (summary or "the server returned an error with no message"), None
+
+
+def not_an_answer(body: bytes, provider: str | None) -> APIConnectionError:
+    """The error for a success status whose body is not the API's JSON (an HTML page from a web
+    site or a proxy's login page, an empty body...): the same request would get it again, so it is
+    not retried."""
+    hint = "check base_url, or the proxy between you and the provider"
+    if not body.strip():
+        message = f"the server answered with an empty body instead of the API's JSON: {hint}"
+    elif looks_like_html(body):
+        page = f" ({summarize_body(body)})" if summarize_body(body) else ""
+        message = f"the server answered with an HTML page{page} instead of the API's JSON: {hint}"
+    else:
+        message = f"the server answered with something that is not JSON ({summarize_body(body)}): {hint}"
+    return APIConnectionError(message, provider=provider, code="unexpected_response", retryable=False)
 
 
 def _shutdown_stream(network_stream: Any) -> None:
@@ -455,10 +483,7 @@ class HTTPAdapter(Adapter):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise APIConnectionError(
-                f"the server answered with something that is not JSON: {body[:200]!r}",
-                provider=self.provider_name,
-            ) from None
+            raise not_an_answer(body, self.provider_name) from None
 
     # -- plain JSON requests (models, tokens) ----------------------------------------------------
     def _json_headers(

@@ -82,7 +82,9 @@ def response_markdown(
 
 
 def markdown_to_html(text: str) -> str | None:
-    """Markdown → HTML with markdown-it-py when it is installed, else None."""
+    """Markdown → HTML with markdown-it-py when it is installed, else None. Bare URLs become links
+    only where linkify-it-py is installed too (markdown-it-py's "gfm-like" preset needs it and
+    raises without it; a plain ``pip install markdown-it-py`` does not bring it)."""
     try:
         from markdown_it import MarkdownIt
     except ImportError:

@@ -105,8 +105,9 @@ def test_replay_offline_gives_identical_response_and_deltas(fake: CanonicalFake,
     url = fake.base_url
     fake.close()  # from here on, the model is unreachable
 
-    with pytest.raises(APIConnectionError):
+    with pytest.raises(APIConnectionError) as info:
         FakeAdapter("echo", base_url=url, max_retries=0).chat("Weather in Paris?")
+    assert info.value.code == "network_error"
 
     player = offline(url, path)
     for _ in range(2):  # replaying twice gives the same
@@ -224,10 +225,12 @@ def test_replay_honours_cancel_and_timeout(fake: CanonicalFake, path: Path) -> N
 
     with pytest.raises(RequestCancelled) as info:
         player.chat("long", stream=True, on_delta=on_delta, cancel=token)
+    assert info.value.code == "cancelled"
     assert info.value.partial is not None and info.value.partial.text == "".join(seen)
     began = time.monotonic()
     with pytest.raises(APITimeoutError) as timed_out:
         player.chat("long", stream=True, timeout=0.2)
+    assert timed_out.value.code == "timeout"
     assert time.monotonic() - began < 0.35
     assert timed_out.value.partial is not None and timed_out.value.partial.text.startswith("x")
 
@@ -245,10 +248,12 @@ def test_a_miss_in_replay_mode_names_the_cell_and_how_to_record(fake: CanonicalF
     assert "Summarize the French revolution" in err.message
     assert "--cache record" in err.message and "DISPATCH_NB_CACHE=record" in err.message
     assert str(path) in err.message
-    with pytest.raises(CacheMissError, match="this prompt"):
+    with pytest.raises(CacheMissError, match="this prompt") as raised:
         player.with_label(None).stream("another")
-    with pytest.raises(CacheMissError):
+    assert raised.value.code == "cache_miss"
+    with pytest.raises(CacheMissError) as raised:
         asyncio.run(player.achat("again"))
+    assert raised.value.code == "cache_miss"
     assert fake.chat_requests == []  # nothing was sent
 
 
@@ -292,8 +297,9 @@ def test_off_mode_is_a_pass_through(fake: CanonicalFake, path: Path) -> None:
 def test_failures_and_abandoned_streams_are_not_recorded(fake: CanonicalFake, path: Path) -> None:
     adapter = cached(fake, path, "read-write")
     fake.push(Fail(500, "boom"))
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as info:
         adapter.chat("x")
+    assert (info.value.status_code, info.value.code) == (500, "server_error")
     fake.push(Turn(text="y" * 50, chunk=1, delay=0.01))
     stream = adapter.stream("x")
     next(iter(stream))

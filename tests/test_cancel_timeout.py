@@ -65,6 +65,7 @@ def test_deadline_before_headers_sync(fake: CanonicalFake, adapter: FakeAdapter,
     started = time.monotonic()
     with pytest.raises(APITimeoutError) as info:
         adapter.chat("x", stream=True, timeout=0.3)
+    assert info.value.code == "timeout"
     waited = time.monotonic() - started
     assert 0.3 <= waited < 0.6
     assert isinstance(info.value, TimeoutError)
@@ -82,8 +83,9 @@ def test_deadline_before_headers_async(fake: CanonicalFake, adapter: FakeAdapter
             await adapter.achat("warm up")
             fake.push(Stall(0.6))
         started = time.monotonic()
-        with pytest.raises(APITimeoutError, match=r"within the 0.3 s timeout"):
+        with pytest.raises(APITimeoutError, match=r"within the 0.3 s timeout") as info:
             await adapter.achat("x", stream=True, timeout=0.3)
+        assert info.value.code == "timeout"
         return time.monotonic() - started
 
     assert 0.3 <= asyncio.run(main()) < 0.6
@@ -106,6 +108,7 @@ def test_deadline_mid_stream_keeps_partial(fake: CanonicalFake, adapter: FakeAda
     started = time.monotonic()
     with pytest.raises(APITimeoutError) as info:
         run()
+    assert info.value.code == "timeout"
     assert time.monotonic() - started < 0.7
     assert info.value.partial is not None and info.value.partial.text == "abcdef"
     assert "waited 0.4 s" in info.value.message
@@ -144,8 +147,9 @@ def test_deadline_while_connecting(unanswered_port: int, mode: str) -> None:
         return asyncio.run(adapter.achat("x", timeout=0.4))
 
     started = time.monotonic()
-    with pytest.raises(APITimeoutError):
+    with pytest.raises(APITimeoutError) as info:
         run()
+    assert info.value.code == "timeout"
     assert time.monotonic() - started < 0.9  # not the 15 s connect timeout
     adapter.close()
 
@@ -153,8 +157,9 @@ def test_deadline_while_connecting(unanswered_port: int, mode: str) -> None:
 def test_adapter_default_timeout(fake: CanonicalFake) -> None:
     adapter = FakeAdapter("echo", base_url=fake.base_url, timeout=0.3, max_retries=0)
     fake.push(Stall(0.6))
-    with pytest.raises(APITimeoutError, match=r"0\.3 s timeout"):
+    with pytest.raises(APITimeoutError, match=r"0\.3 s timeout") as info:
         adapter.chat("x")
+    assert info.value.code == "timeout"
     adapter.close()
 
 
@@ -170,6 +175,7 @@ def test_session_deadline_covers_the_whole_tool_loop(fake: CanonicalFake,
     started = time.monotonic()
     with pytest.raises(APITimeoutError) as info:
         session.send("go", timeout=0.6)
+    assert info.value.code == "timeout"
     assert 0.6 <= time.monotonic() - started < 0.9
     assert "within the 0.6 s timeout (waited 0.6 s)" in info.value.message
     assert [m.role for m in session.history] == ["user", "assistant", "user"]
@@ -187,8 +193,9 @@ def test_session_deadline_while_tools_run(fake: CanonicalFake, adapter: FakeAdap
     fake.push(Turn(tool_calls=[ToolCall("a", "sleepy", {"name": "A"}),
                                ToolCall("b", "sleepy", {"name": "B"})]))
     session = Session(adapter, tools=[sleepy])
-    with pytest.raises(APITimeoutError, match="while running tools"):
+    with pytest.raises(APITimeoutError, match="while running tools") as info:
         session.send("go", timeout=0.2)
+    assert info.value.code == "timeout"
     assert ran == ["A"]  # a sync tool is not interrupted, but nothing more starts
     results = session.history[-1].blocks
     assert [r.tool_use_id for r in results] == ["a", "b"]
@@ -212,8 +219,9 @@ def test_async_session_deadline_cancels_async_tools(fake: CanonicalFake,
 
     async def main() -> float:
         started = time.monotonic()
-        with pytest.raises(APITimeoutError, match="while running tools"):
+        with pytest.raises(APITimeoutError, match="while running tools") as info:
             await session.asend("go", timeout=0.3)
+        assert info.value.code == "timeout"
         return time.monotonic() - started
 
     assert asyncio.run(main()) < 0.6
@@ -241,6 +249,7 @@ def test_cancel_from_another_thread_mid_stream(fake: CanonicalFake, adapter: Fak
     thread = cancel_later(token, streaming, 0.15, at)
     with pytest.raises(RequestCancelled) as info:
         adapter.chat("x", stream=True, cancel=token, on_delta=lambda d: streaming.set())
+    assert info.value.code == "cancelled"
     reacted = time.monotonic() - at[0]
     thread.join()
     assert reacted < CANCEL_BUDGET, reacted
@@ -256,8 +265,9 @@ def test_cancel_before_headers_on_a_reused_connection(fake: CanonicalFake,
     token, now, at = CancelToken(), threading.Event(), []
     now.set()
     thread = cancel_later(token, now, 0.2, at)
-    with pytest.raises(RequestCancelled):
+    with pytest.raises(RequestCancelled) as info:
         adapter.chat("x", stream=True, cancel=token)
+    assert info.value.code == "cancelled"
     reacted = time.monotonic() - at[0]
     thread.join()
     assert reacted < CANCEL_BUDGET, reacted
@@ -281,6 +291,7 @@ def test_cancel_async_from_another_task_and_thread(fake: CanonicalFake,
         task = asyncio.create_task(canceller())
         with pytest.raises(RequestCancelled) as info:
             await adapter.achat("x", stream=True, cancel=token)
+        assert info.value.code == "cancelled"
         from_task = time.monotonic() - at[0]
         await task
         assert info.value.partial is not None and info.value.partial.text == "zzzzz"
@@ -293,8 +304,9 @@ def test_cancel_async_from_another_task_and_thread(fake: CanonicalFake,
                 async for _ in stream:
                     pass
 
-        with pytest.raises(RequestCancelled):
+        with pytest.raises(RequestCancelled) as raised:
             await consume()
+        assert raised.value.code == "cancelled"
         return from_task, time.monotonic() - at2[0]
 
     from_task, from_thread = asyncio.run(main())
@@ -305,11 +317,14 @@ def test_cancel_async_from_another_task_and_thread(fake: CanonicalFake,
 def test_cancel_during_retry_backoff(fake: CanonicalFake) -> None:
     adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=2)
     fake.push(Fail(503, "busy", headers={"retry-after": "5"}), Turn(text="never"))
-    token, now, at = CancelToken(), threading.Event(), []
-    now.set()
-    cancel_later(token, now, 0.2, at)
-    with pytest.raises(RequestCancelled):
+    token, asked, at = CancelToken(), threading.Event(), []
+    # cancel 0.2 s into the 5 s backoff (counted from the first answer: the machine may be slow)
+    threading.Thread(target=lambda: wait_for(lambda: len(fake.chat_requests) == 1)
+                     and asked.set(), daemon=True).start()
+    cancel_later(token, asked, 0.2, at)
+    with pytest.raises(RequestCancelled) as info:
         adapter.chat("x", cancel=token)
+    assert info.value.code == "cancelled"
     assert time.monotonic() - at[0] < CANCEL_BUDGET
     assert len(fake.chat_requests) == 1
     adapter.close()
@@ -332,8 +347,9 @@ def test_cancelled_token_stops_a_session_and_async_tools(fake: CanonicalFake,
     async def main() -> float:
         asyncio.get_running_loop().call_later(0.2, token.cancel)
         started = time.monotonic()
-        with pytest.raises(RequestCancelled):
+        with pytest.raises(RequestCancelled) as info:
             await session.asend("go", cancel=token)
+        assert info.value.code == "cancelled"
         return time.monotonic() - started
 
     assert asyncio.run(main()) < 0.2 + CANCEL_BUDGET
@@ -341,8 +357,9 @@ def test_cancelled_token_stops_a_session_and_async_tools(fake: CanonicalFake,
     (result,) = session.history[-1].blocks
     assert isinstance(result, ToolResultBlock) and result.is_error
     assert "RequestCancelled" in result.text
-    with pytest.raises(RequestCancelled):  # a cancelled token stays cancelled
+    with pytest.raises(RequestCancelled) as info:  # a cancelled token stays cancelled
         session.send("again", cancel=token)
+    assert info.value.code == "cancelled"
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------
@@ -452,6 +469,7 @@ def test_async_deadline_during_a_slow_token_refresh(fake: CanonicalFake) -> None
         await adapter.achat("x", stream=True, timeout=0.2)
 
     started = time.monotonic()
-    with pytest.raises(APITimeoutError):
+    with pytest.raises(APITimeoutError) as info:
         asyncio.run(main())
+    assert info.value.code == "timeout"
     assert time.monotonic() - started < 0.45  # not the refresh, nor the stalled server

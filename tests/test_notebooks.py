@@ -1,9 +1,10 @@
 """The example notebooks (``notebooks/``) replay their recorded answers, identically, offline.
 
-``pytest`` also runs every notebook under nbval (``--nbval-lax``, see pyproject's ``addopts``):
-that checks each cell runs. Here we check what the cells *show*: two replays give the same outputs,
-and the same outputs as the recording run saved in the notebook (timings — this run's wall clock —
-masked). The kernels get no credentials and no network.
+``pytest`` also runs every notebook under nbval (``--nbval``, see pyproject's ``addopts`` and
+``notebooks/conftest.py``), which compares each cell's outputs with the saved ones. Here the whole
+notebook is checked through nbclient: two replays (one with widgets) give the same outputs, and the
+same outputs as the recording run saved in the notebook (timings — this run's wall clock — masked).
+The kernels get no credentials and no network.
 """
 
 from __future__ import annotations

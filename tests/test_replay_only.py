@@ -56,21 +56,25 @@ def test_stand_in_has_the_real_adapters_identity_and_keys(missing_model: str, tm
 
 def test_only_replay_gets_a_stand_in(missing_model: str) -> None:
     for mode in ("off", "read-write", "record"):
-        with pytest.raises(ModelUnavailableError, match="no GGUF file"):
+        with pytest.raises(ModelUnavailableError, match="no GGUF file") as info:
             connect_for_cache(f"{missing_model}:lesson", mode)
+        assert info.value.code == "model_unavailable"
 
 
 def test_stand_in_refuses_what_needs_the_model(missing_model: str, tmp_path: Path) -> None:
     stand_in = connect_for_cache(f"{missing_model}:lesson", "replay")
     assert not stand_in.validate()
     assert "replay only" in stand_in.display_name
-    with pytest.raises(ModelUnavailableError, match="no GGUF file"):
+    with pytest.raises(ModelUnavailableError, match="no GGUF file") as info:
         stand_in.chat("hello")
-    with pytest.raises(ModelUnavailableError):
+    assert info.value.code == "model_unavailable"
+    with pytest.raises(ModelUnavailableError) as info:
         stand_in.list_models()
+    assert info.value.code == "model_unavailable"
     cached = CachedAdapter(stand_in, ResponseCache(tmp_path / "c.jsonl", mode="replay"))
-    with pytest.raises(CacheMissError):  # a miss says so before anything would need the model
+    with pytest.raises(CacheMissError) as info:  # a miss says so before anything would need the model
         cached.chat("hello")
+    assert info.value.code == "cache_miss"
 
 
 def test_recorded_notebook_answer_replays_without_llama_cpp() -> None:

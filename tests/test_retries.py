@@ -107,11 +107,13 @@ def test_retries_are_limited(make: Any, fake: CanonicalFake) -> None:
 
 def test_max_retries_per_adapter_and_per_call(make: Any, fake: CanonicalFake) -> None:
     fake.push(*[Fail(500, "down")] * 10)
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as info:
         make(max_retries=0).chat("x")
+    assert (info.value.status_code, info.value.code) == (500, "server_error")
     assert len(fake.chat_requests) == 1
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as info:
         make(max_retries=5).chat("x", max_retries=1)
+    assert (info.value.status_code, info.value.code) == (500, "server_error")
     assert len(fake.chat_requests) == 3
     with pytest.raises(ValueError, match="max_retries"):
         make().chat("x", max_retries=-1)
@@ -159,6 +161,7 @@ def test_retry_after_beyond_the_cap_is_not_waited_for(make: Any, fake: Canonical
     started = time.monotonic()
     with pytest.raises(RateLimitError) as info:
         make().chat("x")
+    assert (info.value.status_code, info.value.code) == (429, "rate_limited")
     assert time.monotonic() - started < 1.0
     assert info.value.retry_after == 120 and len(fake.chat_requests) == 1
 
@@ -195,8 +198,9 @@ def test_backoff_delay_rules() -> None:
 def test_the_deadline_stops_retrying(make: Any, fake: CanonicalFake) -> None:
     fake.push(Fail(503, "busy", headers={"retry-after": "5"}), Turn(text="too late"))
     started = time.monotonic()
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as info:
         make().chat("x", timeout=1.0)
+    assert (info.value.status_code, info.value.code) == (503, "server_error")
     assert time.monotonic() - started < 0.9  # no point waiting 5 s for a 1 s deadline
     assert len(fake.chat_requests) == 1
 
@@ -224,6 +228,7 @@ def test_reset_mid_stream_is_not_retried_and_keeps_partial(
     seen: list[str] = []
     with pytest.raises(APIConnectionError) as info:
         make().chat("x", stream=True, on_delta=lambda d: seen.append(d.text or ""))
+    assert info.value.code == "network_error"
     assert len(fake.chat_requests) == 1
     assert info.value.partial is not None and info.value.partial.text == "abcdef"
     assert "".join(seen) == "abcdef"
@@ -234,14 +239,16 @@ def test_in_stream_overload_after_output_is_not_retried(make: Any, fake: Canonic
                                                                       "overloaded_error")))
     with pytest.raises(ServerError) as info:
         make().chat("x", stream=True)
+    assert (info.value.status_code, info.value.code) == (529, "server_error")
     assert len(fake.chat_requests) == 1 and info.value.partial.text == "ab"  # type: ignore[union-attr]
 
 
 def test_a_stalling_server_hits_the_deadline(make: Any, fake: CanonicalFake) -> None:
     fake.push(Stall(5.0), Turn(text="never"))
     started = time.monotonic()
-    with pytest.raises(APITimeoutError, match=r"within the 0.3 s timeout \(waited 0.3 s\)"):
+    with pytest.raises(APITimeoutError, match=r"within the 0.3 s timeout \(waited 0.3 s\)") as info:
         make().chat("x", stream=True, timeout=0.3)
+    assert info.value.code == "timeout"
     assert time.monotonic() - started < 1.0
     assert len(fake.chat_requests) == 1  # a deadline is never retried
 
@@ -278,8 +285,9 @@ def test_one_info_line_per_request_and_never_a_secret(
               Fail(500, "boom"), Fail(401, f"invalid key {SECRET[:6]}…"))
     adapter = make(max_retries=1)
     adapter.chat("one", stream=True)
-    with pytest.raises(AuthenticationError):
+    with pytest.raises(AuthenticationError) as info:
         adapter.chat("two")
+    assert (info.value.status_code, info.value.code) == (401, "authentication_failed")
     lines = request_lines(caplog)
     assert len(lines) == 2
     ok, failed = lines

@@ -348,18 +348,21 @@ def test_stream_error_event_then_raise(fake: CanonicalFake, adapter: FakeAdapter
         for event in session.stream("x"):
             seen.append(event)
 
-    with pytest.raises(RequestError, match="bad request"):
+    with pytest.raises(RequestError, match="bad request") as info:
         consume()
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
     assert len(seen) == 1 and isinstance(seen[0], ErrorEvent)
     assert isinstance(seen[0].error, RequestError)
+    assert (seen[0].error.status_code, seen[0].error.code) == (400, "invalid_request")
 
     fake.push(Fail(400, "bad again"))
     quiet = session.stream("y", raise_errors=False)
     events = list(quiet)
     assert [e.type for e in events] == ["error"]
     assert quiet.error is events[0].error
-    with pytest.raises(RequestError):
+    with pytest.raises(RequestError) as info:
         quiet.response  # noqa: B018
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
 
 
 def test_failure_mid_stream_keeps_history_consistent(
@@ -371,7 +374,7 @@ def test_failure_mid_stream_keeps_history_consistent(
     events = session.stream("first question", raise_errors=False)
     error_events = [e for e in events if isinstance(e, ErrorEvent)]
     error = error_events[0].error
-    assert isinstance(error, ServerError)
+    assert isinstance(error, ServerError) and (error.status_code, error.code) == (529, "server_error")
     assert error.partial is not None and error.partial.text == "abcd"
     # the user message stays; the unfinished answer is not in history
     assert [m.text for m in session.history] == ["first question"]
@@ -388,8 +391,9 @@ def test_failure_after_a_tool_round_keeps_the_round(
     fake.push(Turn(tool_calls=[ToolCall("c1", "add", {"a": 1, "b": 1})]),
               Fail(500, "server fell over"))
     session = Session(adapter, tools=[add])
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as info:
         session.send("1+1")
+    assert (info.value.status_code, info.value.code) == (500, "server_error")
     assert [m.role for m in session.history] == ["user", "assistant", "user"]
     assert isinstance(session.history[-1].blocks[0], ToolResultBlock)
     assert session.send("try again").text == "echo: try again"

@@ -172,8 +172,9 @@ def test_the_provider_is_asked_on_each_exchange(github: FakeGitHub, clock: Clock
 
 def test_an_empty_github_token_is_an_authentication_error(github: FakeGitHub) -> None:
     manager = CopilotTokenManager("", github_api_url=github.api_url)
-    with pytest.raises(AuthenticationError, match="no GitHub token"):
+    with pytest.raises(AuthenticationError, match="no GitHub token") as info:
         manager.get()
+    assert info.value.code == "authentication_failed"
     assert github.copilot_exchanges == 0
 
 
@@ -315,8 +316,9 @@ def test_401_says_to_log_in_again(github: FakeGitHub, clock: Clock) -> None:
 
 def test_401_for_a_personal_access_token_explains_why(github: FakeGitHub) -> None:
     manager = CopilotTokenManager("ghp_" + "p" * 36, github_api_url=github.api_url)
-    with pytest.raises(AuthenticationError, match="Personal access tokens"):
+    with pytest.raises(AuthenticationError, match="Personal access tokens") as info:
         manager.get()
+    assert (info.value.status_code, info.value.code) == (401, "authentication_failed")
 
 
 NOTIFICATIONS = {
@@ -370,19 +372,22 @@ def test_429_is_a_rate_limit_error(github: FakeGitHub, manager: CopilotTokenMana
     github.copilot_token_response(status=429, headers={"retry-after": "7"}, message="slow down")
     with pytest.raises(RateLimitError) as info:
         manager.get()
+    assert (info.value.status_code, info.value.code) == (429, "rate_limited")
     assert info.value.retry_after == 7
 
 
 def test_a_plain_403_is_an_authentication_error(github: FakeGitHub, manager: CopilotTokenManager) -> None:
     github.copilot_token_response(status=403, message="Resource not accessible by integration")
-    with pytest.raises(AuthenticationError, match="Resource not accessible"):
+    with pytest.raises(AuthenticationError, match="Resource not accessible") as info:
         manager.get()
+    assert (info.value.status_code, info.value.code) == (403, "authentication_failed")
 
 
 def test_404_hints_at_the_app_or_the_api_url(github: FakeGitHub, manager: CopilotTokenManager) -> None:
     github.copilot_token_response(status=404, message="Not Found")
-    with pytest.raises(AuthenticationError, match="DISPATCH_NB_GITHUB_API_URL"):
+    with pytest.raises(AuthenticationError, match="DISPATCH_NB_GITHUB_API_URL") as info:
         manager.get()
+    assert (info.value.status_code, info.value.code) == (404, "authentication_failed")
 
 
 @pytest.mark.parametrize("status", [500, 502, 503])
@@ -396,14 +401,16 @@ def test_5xx_is_a_server_error(github: FakeGitHub, manager: CopilotTokenManager,
 
 def test_a_200_without_a_token_is_a_server_error(github: FakeGitHub, manager: CopilotTokenManager) -> None:
     github.copilot_token_response(body={"expires_at": 1})
-    with pytest.raises(ServerError, match="no token"):
+    with pytest.raises(ServerError, match="no token") as info:
         manager.get()
+    assert (info.value.status_code, info.value.code) == (200, "server_error")
 
 
 def test_an_unreachable_server_is_a_connection_error() -> None:
     manager = CopilotTokenManager("ghu_x", github_api_url=closed_port_url())
     with pytest.raises(APIConnectionError) as info:
         manager.get()
+    assert info.value.code == "network_error"
     assert isinstance(info.value, ConnectionError)
 
 
@@ -411,8 +418,9 @@ def test_a_failed_exchange_leaves_no_token_and_recovers(
     github: FakeGitHub, manager: CopilotTokenManager
 ) -> None:
     github.copilot_token_response(status=500, times=1)
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as info:
         manager.get()
+    assert (info.value.status_code, info.value.code) == (500, "server_error")
     assert manager.cached is None
     assert manager.get().token
 
@@ -423,11 +431,13 @@ async def test_async_errors(github: FakeGitHub, manager: CopilotTokenManager) ->
         await manager.aget()
     assert info.value.code == "no_copilot_access"
     github.copilot_token_response(status=500, times=1)
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as raised:
         await manager.aget()
+    assert (raised.value.status_code, raised.value.code) == (500, "server_error")
     unreachable = CopilotTokenManager("ghu_x", github_api_url=closed_port_url())
-    with pytest.raises(APIConnectionError):
+    with pytest.raises(APIConnectionError) as raised:
         await unreachable.aget()
+    assert raised.value.code == "network_error"
     assert (await manager.aget()).token
 
 
@@ -444,15 +454,18 @@ async def test_no_secret_in_reprs_errors_or_logs(
     manager.invalidate()
     with pytest.raises(AuthenticationError) as info:
         manager.get()
+    assert (info.value.status_code, info.value.code) == (403, "no_copilot_access")
     texts += [str(info.value), repr(info.value)]
     manager.invalidate()
     with pytest.raises(AuthenticationError) as info:
         await manager.aget()
+    assert (info.value.status_code, info.value.code) == (403, "no_copilot_access")
     texts += [str(info.value), repr(info.value)]
     bad = CopilotTokenManager("ghu_" + "b" * 36, github_api_url=github.api_url)
     secrets.append("ghu_" + "b" * 36)
     with pytest.raises(AuthenticationError) as info:
         bad.get()
+    assert (info.value.status_code, info.value.code) == (401, "authentication_failed")
     texts += [str(info.value), repr(info.value), repr(bad)]
     texts += [r.getMessage() for r in caplog.records] + [repr(r.args) for r in caplog.records]
     assert caplog.records

@@ -119,10 +119,12 @@ def test_start_reports_an_unsupported_device_flow(github: FakeGitHub, flow: Devi
 
 def test_start_maps_server_errors_and_unreachable_servers(github: FakeGitHub, flow: DeviceFlow) -> None:
     github.device_code_reply = Reply.json({"message": "boom"}, 502)
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as info:
         flow.start()
-    with pytest.raises(APIConnectionError, match="could not reach"):
+    assert (info.value.status_code, info.value.code) == (502, "server_error")
+    with pytest.raises(APIConnectionError, match="could not reach") as info:
         DeviceFlow(github_url=closed_port_url()).start()
+    assert info.value.code == "network_error"
 
 
 def test_start_reads_a_form_encoded_answer(github: FakeGitHub, flow: DeviceFlow) -> None:
@@ -142,8 +144,9 @@ async def test_astart_is_the_async_twin(github: FakeGitHub, flow: DeviceFlow) ->
     code = await flow.astart()
     assert code.user_code == github.authorization().user_code
     github.device_code_reply = Reply.json({"message": "Not Found"}, 404)
-    with pytest.raises(DeviceFlowUnsupported):
+    with pytest.raises(DeviceFlowUnsupported) as info:
         await flow.astart()
+    assert (info.value.status_code, info.value.code) == (404, "device_flow_unsupported")
 
 
 # -- poll: success -------------------------------------------------------------------------------
@@ -242,8 +245,9 @@ def test_too_many_transient_errors_fail(github: FakeGitHub) -> None:
     flow = DeviceFlow(github_url=github.github_url, min_interval=0, max_transient_errors=2)
     code = flow.start()
     github.respond(code.user_code, *[Reply.json({"message": "oops"}, 500)] * 3)
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError) as info:
         flow.poll(code)
+    assert (info.value.status_code, info.value.code) == (500, "server_error")
     assert flow.state is DeviceFlowState.ERROR
 
 
@@ -300,12 +304,14 @@ def test_poll_failures_raise_and_set_the_state(
 def test_status_changes_on_the_fake_reach_the_client(github: FakeGitHub, flow: DeviceFlow) -> None:
     code = flow.start()
     github.deny(code.user_code)
-    with pytest.raises(DeviceFlowDenied):
+    with pytest.raises(DeviceFlowDenied) as info:
         flow.poll(code)
+    assert info.value.code == "access_denied"
     code = flow.start()
     github.expire(code.user_code)
-    with pytest.raises(DeviceCodeExpired):
+    with pytest.raises(DeviceCodeExpired) as info:
         flow.poll(code)
+    assert info.value.code == "device_code_expired"
 
 
 def test_a_wrong_device_code_and_a_wrong_client_id_are_real_errors(
@@ -314,17 +320,20 @@ def test_a_wrong_device_code_and_a_wrong_client_id_are_real_errors(
     code = flow.start()
     with pytest.raises(DeviceFlowError, match="does not recognise") as info:
         flow.poll(dataclasses.replace(code, device_code="0" * 40))
+    assert (info.value.status_code, info.value.code) == (200, "device_flow_error")
     assert info.value.provider_code == "incorrect_device_code"
     other = DeviceFlow("Iv1.0000000000000000", github_url=github.github_url, min_interval=0)
     with pytest.raises(DeviceFlowError, match=r"Iv1\.0000000000000000") as info:
         other.poll(code)
+    assert (info.value.status_code, info.value.code) == (200, "device_flow_error")
     assert info.value.provider_code == "incorrect_client_credentials"
 
 
 def test_a_locally_expired_code_is_not_even_sent(github: FakeGitHub, flow: DeviceFlow) -> None:
     code = dataclasses.replace(flow.start(), expires_at=time.time() - 1)
-    with pytest.raises(DeviceCodeExpired):
+    with pytest.raises(DeviceCodeExpired) as info:
         flow.poll(code)
+    assert info.value.code == "device_code_expired"
     assert github.authorization().polls == 0
     assert flow.state is DeviceFlowState.EXPIRED
 
@@ -334,8 +343,9 @@ def test_a_code_expiring_during_the_wait_stops_at_expiry(github: FakeGitHub) -> 
     flow = DeviceFlow(github_url=github.github_url, min_interval=0)
     code = dataclasses.replace(flow.start(), expires_at=time.time() + 0.1)
     started = time.monotonic()
-    with pytest.raises(DeviceCodeExpired):
+    with pytest.raises(DeviceCodeExpired) as info:
         flow.poll(code)
+    assert info.value.code == "device_code_expired"
     assert time.monotonic() - started < 1.0
     assert github.authorization().polls == 0
 
@@ -366,7 +376,7 @@ def test_cancel_stops_a_waiting_poll_within_100_ms(github: FakeGitHub) -> None:
     assert not thread.is_alive()
     assert elapsed < 0.1, elapsed
     assert len(outcome) == 1
-    assert isinstance(outcome[0], RequestCancelled)
+    assert isinstance(outcome[0], RequestCancelled) and outcome[0].code == "cancelled"
     assert flow.state is DeviceFlowState.CANCELLED
     assert recorder.states == ["pending", "cancelled"]
 
@@ -375,8 +385,9 @@ def test_an_already_cancelled_token_stops_before_any_request(github: FakeGitHub,
     code = flow.start()
     cancel = CancelToken()
     cancel.cancel("user closed the widget")
-    with pytest.raises(RequestCancelled, match="user closed the widget"):
+    with pytest.raises(RequestCancelled, match="user closed the widget") as info:
         flow.poll(code, cancel=cancel)
+    assert info.value.code == "cancelled"
     assert github.authorization().polls == 0
 
 
@@ -424,8 +435,9 @@ async def test_apoll_cancel_stops_the_wait_within_100_ms(github: FakeGitHub) -> 
     started = time.monotonic()
     # cancel from another thread, as a widget button or a signal handler would
     threading.Thread(target=cancel.cancel).start()
-    with pytest.raises(RequestCancelled):
+    with pytest.raises(RequestCancelled) as info:
         await asyncio.wait_for(task, 2)
+    assert info.value.code == "cancelled"
     assert time.monotonic() - started < 0.1
     assert flow.state is DeviceFlowState.CANCELLED
 
@@ -439,15 +451,17 @@ async def test_apoll_cancel_aborts_a_request_on_the_wire(github: FakeGitHub, flo
     assert await asyncio.to_thread(github.wait_for_polls, code.user_code, 1)
     started = time.monotonic()
     cancel.cancel()
-    with pytest.raises(RequestCancelled):
+    with pytest.raises(RequestCancelled) as info:
         await asyncio.wait_for(task, 2)
+    assert info.value.code == "cancelled"
     assert time.monotonic() - started < 0.1
 
 
 async def test_apoll_locally_expired(github: FakeGitHub, flow: DeviceFlow) -> None:
     code = dataclasses.replace(await flow.astart(), expires_at=time.time() - 1)
-    with pytest.raises(DeviceCodeExpired):
+    with pytest.raises(DeviceCodeExpired) as info:
         await flow.apoll(code)
+    assert info.value.code == "device_code_expired"
 
 
 async def test_asyncio_cancellation_marks_the_flow_cancelled(github: FakeGitHub) -> None:
@@ -504,6 +518,7 @@ def test_no_secret_in_reprs_errors_or_logs(
     github.respond(second.user_code, "deny")
     with pytest.raises(DeviceFlowDenied) as info:
         flow.poll(second)
+    assert info.value.code == "access_denied"
     texts += [str(info.value), repr(info.value)]
     texts += [record.getMessage() for record in caplog.records]
     texts += [repr(record.args) for record in caplog.records]

@@ -155,23 +155,26 @@ def test_a_corrupt_file_raises_naming_the_path_and_is_left_alone(home: Path, cas
     store.path.write_bytes(content)
     with pytest.raises(TokenStoreError) as info:
         store.load()
+    assert info.value.code == "token_store_error"
     error = info.value
-    assert isinstance(error, AuthenticationError)
+    assert isinstance(error, AuthenticationError) and error.status_code is None
     assert error.path == store.path
     assert str(store.path) in str(error)
     assert words in str(error)
     assert "Delete it" in str(error)
     assert "login" in str(error)
-    with pytest.raises(TokenStoreError):
+    with pytest.raises(TokenStoreError) as raised:
         find_github_token()
+    assert raised.value.code == "token_store_error"
     assert store.path.read_bytes() == content
 
 
 def test_a_directory_where_the_file_should_be_is_reported(home: Path) -> None:
     store = TokenStore()
     store.path.mkdir(parents=True)
-    with pytest.raises(TokenStoreError, match="is a directory"):
+    with pytest.raises(TokenStoreError, match="is a directory") as info:
         store.load()
+    assert info.value.code == "token_store_error"
 
 
 def test_delete_removes_only_our_file(home: Path) -> None:
@@ -329,6 +332,7 @@ def test_no_secret_in_reprs_or_logs(
     store.path.write_text("{corrupt " + TOKEN)
     with pytest.raises(TokenStoreError) as info:
         store.load()
+    assert info.value.code == "token_store_error"
     texts += [str(info.value), repr(info.value)]
     store.delete()
     texts += [r.getMessage() for r in caplog.records] + [repr(r.args) for r in caplog.records]

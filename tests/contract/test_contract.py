@@ -235,19 +235,22 @@ def test_connection_refused(make: Any, fake: ProviderFake) -> None:
     fake.close()  # the port is now closed: connecting is refused
     with pytest.raises(APIConnectionError) as info:
         adapter.chat("x")
+    assert info.value.code == "network_error"
     assert isinstance(info.value, ConnectionError)
 
 
 def test_dropped_connection(make: Any, fake: ProviderFake) -> None:
     fake.push(Drop())
-    with pytest.raises(APIConnectionError):
+    with pytest.raises(APIConnectionError) as info:
         make().chat("x", stream=True)
+    assert info.value.code == "network_error"
 
 
 def test_timeout_is_a_total_deadline(make: Any, fake: ProviderFake) -> None:
     fake.push(Stall(3.0))
     with pytest.raises(APITimeoutError) as info:
         make().chat("x", stream=True, timeout=0.4)
+    assert info.value.code == "timeout"
     assert isinstance(info.value, TimeoutError)
     assert "0.4" in info.value.message
 
@@ -256,6 +259,7 @@ def test_timeout_mid_stream_keeps_partial(make: Any, fake: ProviderFake) -> None
     fake.push(Turn(text="abcdefghijklmnop", chunk=2, stall_after=3, stall=3.0))
     with pytest.raises(APITimeoutError) as info:
         make().chat("x", stream=True, timeout=0.5)
+    assert info.value.code == "timeout"
     assert info.value.partial is not None
     assert info.value.partial.text.startswith("ab")
 
@@ -273,17 +277,26 @@ def test_cancel_mid_stream_keeps_partial(make: Any, fake: ProviderFake) -> None:
 
     with pytest.raises(RequestCancelled) as info:
         adapter.chat("x", stream=True, on_delta=on_delta, cancel=token)
+    assert info.value.code == "cancelled"
     partial = info.value.partial
     assert partial is not None
     assert partial.text == "".join(seen)
     assert 6 <= len(partial.text) < 400
 
 
-def test_in_stream_error_keeps_partial(make: Any, fake: ProviderFake) -> None:
+#: the status an in-stream "overloaded" error reports: the one the event carries, or 500 where the
+#: protocol's error events carry none (OpenAI's)
+IN_STREAM_OVERLOAD_STATUS = {"openai-responses": 500, "openai-compatible": 500, "copilot": 500,
+                             "copilot-responses": 500}
+
+
+def test_in_stream_error_keeps_partial(make: Any, fake: ProviderFake, target: Target) -> None:
     fake.push(Turn(text="abcdefgh", chunk=2, error_after=2,
                    error=Fail(529, "Overloaded", "overloaded_error")))
     with pytest.raises(ServerError) as info:
         make().chat("x", stream=True)
+    status = IN_STREAM_OVERLOAD_STATUS.get(target.name, 529)
+    assert (info.value.status_code, info.value.code) == (status, "server_error")
     assert info.value.partial is not None
     assert info.value.partial.text == "abcd"
 
@@ -321,12 +334,14 @@ def test_async_cancel_and_errors(make: Any, fake: ProviderFake) -> None:
     adapter = make()
 
     async def main() -> RequestCancelled:
-        with pytest.raises(AuthenticationError):
+        with pytest.raises(AuthenticationError) as raised:
             await adapter.achat("x")
+        assert (raised.value.status_code, raised.value.code) == (401, "authentication_failed")
         token = CancelToken()
         asyncio.get_running_loop().call_later(0.15, token.cancel)
         with pytest.raises(RequestCancelled) as info:
             await adapter.achat("x", stream=True, cancel=token)
+        assert info.value.code == "cancelled"
         return info.value
 
     err = asyncio.run(main())

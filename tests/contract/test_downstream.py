@@ -162,11 +162,15 @@ def test_content_is_always_a_list(adapter: Adapter, fake: ProviderFake, mode: st
     assert answer.text == "Still here."
 
 
+def only(targets: list[Target]) -> pytest.MarkDecorator:
+    """Run a test for these targets only (not generated for the others, rather than skipped)."""
+    return pytest.mark.parametrize("target", targets, ids=[t.name for t in targets], indirect=True)
+
+
+@only([t for t in TARGETS if t.reports_usage])
 @pytest.mark.parametrize("mode", MODES)
 def test_usage_input_tokens_exclude_cache_reads(adapter: Adapter, fake: ProviderFake,
                                                 target: Target, mode: str) -> None:
-    if not target.reports_usage:
-        pytest.skip(f"{target.name} does not report usage")
     fake.push(Turn(text="cached", input_tokens=20, cache_read_tokens=5, output_tokens=3))
     usage = ask(adapter, [Message(role="user", content="x")], mode).usage
     # Turn.input_tokens is canonical: the prompt was 25 tokens, 5 of them read from the cache.
@@ -177,11 +181,10 @@ def test_usage_input_tokens_exclude_cache_reads(adapter: Adapter, fake: Provider
     assert usage.total_tokens == 28
 
 
+@only([t for t in TARGETS if t.supports_thinking])
 @pytest.mark.parametrize("mode", MODES)
 def test_thinking_round_trip(adapter: Adapter, fake: ProviderFake, target: Target,
                              mode: str) -> None:
-    if not target.supports_thinking:
-        pytest.skip(f"{target.name} has no signed thinking")
     signature = "EqQBCkYIBxgCKkBsig+/contract=="
     thought = "The user wants Paris weather; call get_weather."
     fake.push(

@@ -20,7 +20,8 @@ from dispatch_nb import (
     RequestError,
     ServerError,
 )
-from dispatch_nb.errors import error_for_status, parse_retry_after
+from dispatch_nb.errors import error_for_status, looks_like_html, parse_retry_after, summarize_body
+from dispatch_nb.http_adapter import error_details
 
 
 def test_tree() -> None:
@@ -58,12 +59,15 @@ def test_status_table(status: int, cls: type, code: str) -> None:
 
 
 def test_provider_types_refine_the_status() -> None:
-    assert isinstance(error_for_status(400, "x", error_type="context_length_exceeded"),
-                      ContextLengthError)
-    assert isinstance(error_for_status(400, "This model's maximum context length is 8192 tokens"),
-                      ContextLengthError)
-    assert isinstance(error_for_status(404, "The model `gpt-9` does not exist"),
-                      ModelUnavailableError)
+    typed = error_for_status(400, "x", error_type="context_length_exceeded")
+    assert isinstance(typed, ContextLengthError)
+    assert (typed.status_code, typed.code) == (400, "context_length_exceeded")
+    worded = error_for_status(400, "This model's maximum context length is 8192 tokens")
+    assert isinstance(worded, ContextLengthError)
+    assert (worded.status_code, worded.code) == (400, "context_length_exceeded")
+    missing = error_for_status(404, "The model `gpt-9` does not exist")
+    assert isinstance(missing, ModelUnavailableError)
+    assert (missing.status_code, missing.code) == (404, "model_unavailable")
     quota = error_for_status(429, "x", error_type="insufficient_quota")
     assert isinstance(quota, RateLimitError) and quota.code == "quota_exceeded"
     assert not quota.retryable
@@ -72,8 +76,10 @@ def test_provider_types_refine_the_status() -> None:
     assert error_for_status(429, "x").retryable
     overloaded = error_for_status(529, "Overloaded", error_type="overloaded_error")
     assert isinstance(overloaded, ServerError) and overloaded.retryable
+    assert (overloaded.status_code, overloaded.code) == (529, "server_error")
     # a client-error type never turns a 5xx into a client error
-    assert isinstance(error_for_status(500, "x", error_type="invalid_request_error"), ServerError)
+    server = error_for_status(500, "x", error_type="invalid_request_error")
+    assert isinstance(server, ServerError) and (server.status_code, server.code) == (500, "server_error")
 
 
 def test_x_should_retry_overrides() -> None:
@@ -92,6 +98,7 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after({}) is None
     err = error_for_status(429, "slow down", headers={"retry-after": "7"})
     assert isinstance(err, RateLimitError) and err.retry_after == 7
+    assert (err.status_code, err.code) == (429, "rate_limited")
 
 
 def test_str_repr_and_pickle() -> None:
@@ -100,3 +107,41 @@ def test_str_repr_and_pickle() -> None:
     assert "AuthenticationError" in repr(err)
     again = pickle.loads(pickle.dumps(err))
     assert type(again) is AuthenticationError and again.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "summary"),
+    [
+        (b"<html><head><title>502 Bad Gateway</title></head><body><h1>502</h1></body></html>",
+         "502 Bad Gateway"),
+        (b"<!-- generated -->\n<!DOCTYPE html><html><head><style>h1{}</style></head>"
+         b"<body><h1>Access  &amp; <b>denied</b></h1><p>more</p></body></html>", "Access & denied"),
+        (b"<html><body><script>var a = '<b>';</script>\n<p>Blocked by policy</p></body></html>",
+         "Blocked by policy"),
+        (b"<HTML><TITLE></TITLE><BODY>\n\n  Upstream timed out \n</BODY></HTML>", "Upstream timed out"),
+        (b"413 Request Entity Too Large\nsecond line\n", "413 Request Entity Too Large"),
+        (b"\n\n   \n  upstream connect error  \n", "upstream connect error"),
+        (b"", ""),
+        (b"caf\xc3\xa9 \xff", "café \ufffd"),
+    ],
+)
+def test_summarize_body_gives_one_line_without_markup(body: bytes, summary: str) -> None:
+    assert summarize_body(body) == summary
+
+
+def test_summarize_body_is_short_and_html_is_recognised() -> None:
+    assert summarize_body(b"x" * 1000) == "x" * 199 + "…"
+    assert len(summarize_body(b"<title>" + b"y " * 500 + b"</title>", limit=50)) == 50
+    assert looks_like_html(b"  <!DOCTYPE html><html>") and looks_like_html(b"<HTML>")
+    assert not looks_like_html(b'{"error": "<b>"}') and not looks_like_html(b"a < b")
+
+
+def test_error_details_reads_json_and_what_proxies_send() -> None:
+    assert error_details(b'{"error": {"message": "bad", "type": "invalid_request_error"}}') == (
+        "bad", "invalid_request_error")
+    assert error_details(b'{"error": "plain"}') == ("plain", None)
+    assert error_details(b'{"detail": "x"}') == ('{"detail": "x"}', None)
+    message, etype = error_details(b"<html><title>503 Service Unavailable</title></html>")
+    assert etype is None and message.endswith(": 503 Service Unavailable") and "HTML page" in message
+    assert error_details(b"too big\nreally") == ("too big", None)
+    assert error_details(b"") == ("the server returned an error with no message", None)

@@ -61,12 +61,15 @@ def test_parse_model_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_model_spec("llama3:8b") == ("copilot", "llama3:8b")
     monkeypatch.setenv("DISPATCH_NB_MODEL", "anthropic:claude-sonnet-4-5")
     assert parse_model_spec("claude-haiku-4-5") == ("anthropic", "claude-haiku-4-5")
-    with pytest.raises(RequestError, match=r"available providers: .*anthropic.*openai"):
+    with pytest.raises(RequestError, match=r"available providers: .*anthropic.*openai") as info:
         parse_model_spec("nosuch:model")
-    with pytest.raises(RequestError, match="no model"):
+    assert info.value.code == "unknown_provider"
+    with pytest.raises(RequestError, match="no model") as info:
         parse_model_spec("openai:")
-    with pytest.raises(RequestError):
+    assert info.value.code == "invalid_request"
+    with pytest.raises(RequestError) as info:
         parse_model_spec("   ")
+    assert info.value.code == "invalid_request"
 
 
 def test_register_get_list_and_connect(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,8 +95,9 @@ def test_register_get_list_and_connect(monkeypatch: pytest.MonkeyPatch) -> None:
         from dispatch_nb import registry
 
         registry._providers.pop("unit-test-provider", None)
-    with pytest.raises(RequestError, match="available providers"):
+    with pytest.raises(RequestError, match="available providers") as info:
         get_provider("unit-test-provider")
+    assert info.value.code == "unknown_provider"
 
 
 def test_base_adapter_defaults() -> None:
@@ -116,7 +120,8 @@ def test_bad_arguments_are_clear() -> None:
         adapter.chat("hi", bogus=1)
     with pytest.raises(ValueError, match="temperature"):
         adapter.chat("hi", temperature=7)
-    with pytest.raises(RequestError, match="nothing to send"):
+    with pytest.raises(RequestError, match="nothing to send") as info:
         adapter.chat([])
+    assert info.value.code == "invalid_request"
     with pytest.raises(TypeError, match="a tool must be"):
         adapter.chat("hi", tools=[42])

@@ -1,15 +1,41 @@
-"""A fake server for dispatch_nb's canonical protocol (the ``fake`` provider)."""
+"""A fake server for dispatch_nb's canonical protocol (the ``fake`` provider).
+
+With nothing scripted, an answer names the model it was asked of: model ``echo`` answers ``hi`` with
+``echo: hi``, model ``other`` with ``other: hi`` — so an answer shown under the wrong model (a
+swapped comparison column, a ``-o`` entry for the wrong model) cannot pass. :meth:`CanonicalFake.
+push_for` scripts one model's answers when several are asked at once.
+"""
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
-from .provider import Fail, ProviderFake, Turn, sse_event
+from .provider import Fail, ProviderFake, ScriptItem, Turn, sse_event
 from .server import RecordedRequest, Reply
 
 
 class CanonicalFake(ProviderFake):
     name = "fake"
+
+    def __init__(self, **server_options: Any) -> None:
+        super().__init__(**server_options)
+        self.scripts_by_model: dict[str, collections.deque[ScriptItem]] = {}
+
+    def push_for(self, model: str, *items: ScriptItem) -> CanonicalFake:
+        """Queue answers for requests to ``model`` only; they are used while the shared script
+        (:meth:`push`) is empty, so concurrent calls to several models get their own."""
+        with self._lock:
+            self.scripts_by_model.setdefault(model, collections.deque()).extend(items)
+        return self
+
+    def default_turn(self, request: RecordedRequest) -> Any:
+        model = str((request.json or {}).get("model") or "")
+        with self._lock:
+            queue = self.scripts_by_model.get(model)
+            if queue:
+                return queue.popleft()  # (a Turn, or a Fail/Drop/Stall that render() handles)
+        return Turn(text=f"{model}: {self.last_user_text(request)}")
 
     models = [{"id": "echo", "name": "Echo", "max_context_tokens": 4096, "supports_tool_use": True}]
 

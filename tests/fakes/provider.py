@@ -104,11 +104,13 @@ class ProviderFake:
     #: name used in test ids
     name = "fake"
 
-    def __init__(self) -> None:
+    def __init__(self, **server_options: Any) -> None:
+        """``server_options``: the :class:`LoopbackServer`'s (``tls``, ``idle_timeout``,
+        ``rudeness``)."""
         self.script: collections.deque[ScriptItem] = collections.deque()
         self.chat_requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
-        self.server = LoopbackServer(self._dispatch)
+        self.server = LoopbackServer(self._dispatch, **server_options)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> ProviderFake:

@@ -4,22 +4,50 @@ Every provider fake is built on :class:`LoopbackServer`: it binds 127.0.0.1 on a
 each connection on its own thread, and hands every request to a handler that returns a
 :class:`Reply`. A reply can stream its body in chunks (chunked transfer encoding, keep-alive), pause
 between chunks, stall, or drop the connection mid-stream — the faults real servers have.
+
+What real servers and proxies also do, on request:
+
+- ``tls=`` serves HTTPS (a throw-away CA from ``trustme``: see :func:`tls_context`);
+- ``idle_timeout=`` closes a keep-alive connection that stays idle that long, from the server side
+  (uvicorn after 5 s, nginx after 75 s; 0 closes it right after each answer, still advertising
+  keep-alive);
+- ``rudeness=`` (:class:`Rudeness`) makes event streams rude but valid: each event split across
+  several HTTP chunks (inside a UTF-8 character, and between ``\r`` and ``\n``), SSE comments,
+  ``id:`` and ``retry:`` fields, CRLF line endings.
+
+A handler that raises is a bug in the test, not a provider error: the client gets a 500 that says
+so (with ``x-should-retry: false``, so nothing retries it), and the exception is kept in
+:attr:`LoopbackServer.errors` and in a process-wide list that ``tests/conftest.py`` raises at the
+end of the test that caused it (:func:`take_handler_errors`).
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import ssl
+import sys
 import threading
 import time
+import traceback
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["ENCODINGS", "LoopbackServer", "RecordedRequest", "Reply", "compressed"]
+__all__ = [
+    "ENCODINGS",
+    "FakeServerBug",
+    "LoopbackServer",
+    "RecordedRequest",
+    "Reply",
+    "Rudeness",
+    "compressed",
+    "take_handler_errors",
+    "tls_context",
+]
 
 
 @dataclass
@@ -154,26 +182,165 @@ def compressed(reply: Reply, encoding: str | None) -> Reply:
 Handler = Callable[[RecordedRequest], Reply]
 
 
+# -- a crashing handler is a test bug ------------------------------------------------------------
+
+
+class FakeServerBug(AssertionError):
+    """A fake's handler raised: the test that made the request fails with the traceback."""
+
+
+_handler_errors: list[str] = []
+_handler_errors_lock = threading.Lock()
+
+
+def _record_handler_error(server: LoopbackServer, where: str, exc: BaseException) -> str:
+    text = f"the fake at {server.url} crashed {where}:\n" + "".join(
+        traceback.format_exception(type(exc), exc, exc.__traceback__)
+    )
+    with _handler_errors_lock:
+        server.errors.append(text)
+        _handler_errors.append(text)
+    return text
+
+
+def take_handler_errors() -> list[str]:
+    """Every handler crash (any server) not yet reported, oldest first; clears the list."""
+    with _handler_errors_lock:
+        taken = list(_handler_errors)
+        _handler_errors.clear()
+    return taken
+
+
+def _crash_reply(exc: BaseException) -> Reply:
+    # Not a provider error: a plain 500 that no client retries, naming the real culprit.
+    return Reply(
+        status=500,
+        headers={"content-type": "text/plain; charset=utf-8", "x-should-retry": "false"},
+        body=f"fake server bug (the test fails at teardown): {exc!r}".encode(),
+    )
+
+
+# -- rude but valid event streams ----------------------------------------------------------------
+
+
+@dataclass
+class Rudeness:
+    """How rude an event stream is (every switch is valid SSE that real servers or proxies send).
+
+    ``split``: each event goes out in several HTTP chunks — cut inside its first multi-byte UTF-8
+    character, in the middle, and before its last byte (between ``\r`` and ``\n`` with CRLF).
+    ``comments``: a ``: keep-alive`` comment block before every event and a comment line inside it.
+    ``ids``: an ``id:`` field on every event. ``retry``: a ``retry:`` field (milliseconds) first.
+    ``crlf``: CRLF line endings instead of LF.
+    """
+
+    split: bool = True
+    comments: bool = True
+    ids: bool = True
+    retry: int | None = 3000
+    crlf: bool = True
+
+    def pieces(self, index: int, event: bytes) -> list[bytes]:
+        """The HTTP chunks that carry event number ``index`` (``b""`` chunks are never written)."""
+        if not event.strip():
+            return [event]
+        lines = event.split(b"\n")
+        head: list[bytes] = []
+        if index == 0 and self.retry is not None:
+            head.append(b"retry: %d\n\n" % self.retry)
+        if self.comments:
+            head.append(b": keep-alive\n\n")
+            lines.insert(1 if len(lines) > 2 else 0, b": a comment line inside the event")
+        if self.ids:
+            lines.insert(0, b"id: evt-%d" % index)
+        body = b"\n".join(lines)
+        prefix = b"".join(head)
+        if self.crlf:
+            body = body.replace(b"\n", b"\r\n")
+            prefix = prefix.replace(b"\n", b"\r\n")
+        if not self.split:
+            return [prefix + body]
+        cuts = {len(body) // 2, len(body) - 1}
+        multibyte = next((i for i, byte in enumerate(body) if byte >= 0xC0), None)
+        if multibyte is not None:
+            cuts.add(multibyte + 1)  # inside the character
+        cuts = {c for c in cuts if 0 < c < len(body)}
+        out = [prefix] if prefix else []
+        start = 0
+        for cut in sorted(cuts):
+            out.append(body[start:cut])
+            start = cut
+        out.append(body[start:])
+        return out
+
+
+# -- HTTPS ---------------------------------------------------------------------------------------
+
+
+def tls_context(ca: Any) -> ssl.SSLContext:
+    """A server-side TLS context with a certificate for 127.0.0.1 issued by ``ca``
+    (a ``trustme.CA``; clients trust it with ``ca.cert_pem.write_to_path(...)`` +
+    ``SSL_CERT_FILE``)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
+    return context
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
     request_queue_size = 128  # many clients connecting at once (concurrency tests)
+    tls: ssl.SSLContext | None = None
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, address = super().get_request()
+        if self.tls is not None:  # the handshake runs on the connection's own thread
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
+    owner: LoopbackServer | None = None
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # clients that hang up mid-reply are expected in fault-injection tests
+        # Clients that hang up mid-reply are expected in fault-injection tests; anything else
+        # (a reply the server cannot send, say) is a bug in the test.
+        exc = sys.exc_info()[1]
+        if exc is None or isinstance(exc, OSError) or self.owner is None:
+            return
+        if isinstance(exc, ValueError) and "closed file" in str(exc):
+            return
+        _record_handler_error(self.owner, "sending a reply", exc)
 
 
 class LoopbackServer:
-    """``with LoopbackServer(handler) as server: ... server.url ...``
+    """``with LoopbackServer(handler) as server: ... server.url ...`` (see the module docstring
+    for ``tls``, ``idle_timeout`` and ``rudeness``).
 
     ``compress``: the ``Content-Encoding`` of every reply that does not choose its own
     (``Reply.compress``); settable while the server runs (``server.compress = "gzip"``)."""
 
-    def __init__(self, handler: Handler, *, compress: str | None = None) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        compress: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        idle_timeout: float | None = None,
+        rudeness: Rudeness | None = None,
+    ) -> None:
         self.handler = handler
         self.compress = compress
         self.requests: list[RecordedRequest] = []
+        #: tracebacks of handler crashes (also raised by tests/conftest.py at the test's teardown)
+        self.errors: list[str] = []
+        #: close a keep-alive connection after this many idle seconds (None: keep it open)
+        self.idle_timeout = idle_timeout
+        #: make event streams rude (None: one event per HTTP chunk, LF line endings)
+        self.rudeness = rudeness
+        #: connections the server closed because they stayed idle
+        self.idle_closes = 0
+        #: connections clients opened (fewer than requests when keep-alive reuses them)
+        self.connections_made = 0
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -181,6 +348,7 @@ class LoopbackServer:
 
         class RequestHandler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # as real servers do: small chunks leave at once
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -189,6 +357,12 @@ class LoopbackServer:
                 super().setup()
                 with owner._lock:
                     owner._connections.add(self.connection)
+                    owner.connections_made += 1
+                if isinstance(self.connection, ssl.SSLSocket):
+                    self.connection.do_handshake()
+
+            def handle_one_request(self) -> None:
+                _wait_for_request(self, owner)
 
             def finish(self) -> None:
                 with owner._lock:
@@ -213,9 +387,9 @@ class LoopbackServer:
                     owner.requests.append(request)
                 try:
                     reply = owner.handler(request)
-                except Exception as exc:  # a bug in a fake must be visible, not a hang
-                    reply = Reply.json({"error": {"message": f"fake server bug: {exc!r}",
-                                                  "type": "fake_error"}}, status=599)
+                except Exception as exc:  # a bug in a fake fails the test (see module docstring)
+                    _record_handler_error(owner, f"handling {request.method} {request.path}", exc)
+                    reply = _crash_reply(exc)
                 self._send(reply)
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
@@ -224,7 +398,12 @@ class LoopbackServer:
                 return owner.stopping.wait(seconds)
 
             def _send(self, reply: Reply) -> None:
-                reply = compressed(reply, reply.compress or owner.compress)
+                encoding = reply.compress or owner.compress
+                # rudeness shapes the event stream itself, so it comes before any compression
+                rude = _rude_chunks(reply, owner.rudeness)
+                reply = compressed(reply, encoding)
+                if encoding is not None:
+                    rude = _compressed_pieces(rude, encoding)
                 if reply.reset_before_headers:
                     self._reset()
                     return
@@ -246,7 +425,8 @@ class LoopbackServer:
                         self.send_header(k, v)
                     self.end_headers()
                     self.wfile.flush()
-                    for i, chunk in enumerate(reply.chunks):
+                    chunks = rude if rude is not None else ([chunk] for chunk in reply.chunks)
+                    for i, chunk in enumerate(chunks):
                         if reply.reset_after is not None and i >= reply.reset_after:
                             self._reset()
                             return
@@ -258,9 +438,10 @@ class LoopbackServer:
                             return
                         if i and reply.delay and self._wait(reply.delay):
                             return
-                        if chunk:
-                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                            self.wfile.flush()
+                        for piece in chunk:
+                            if piece:
+                                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                                self.wfile.flush()
                     if reply.reset_after is not None and reply.reset_after >= len(reply.chunks):
                         self._reset()
                         return
@@ -280,8 +461,10 @@ class LoopbackServer:
                     pass
 
         self._server = _Server(("127.0.0.1", 0), RequestHandler)
+        self._server.tls = tls
+        self._server.owner = self
         self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -316,6 +499,64 @@ class LoopbackServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _wait_for_request(handler: Any, owner: LoopbackServer) -> None:
+    """Serve the next request on a connection, closing it instead if it stays idle longer than
+    ``owner.idle_timeout`` after an answer (reads of the request itself and every write are not
+    limited)."""
+    idle = owner.idle_timeout
+    served = getattr(handler, "_requests_served", 0)
+    handler._requests_served = served + 1
+    if idle is None or not served:  # (a new connection gets its first request in any case)
+        BaseHTTPRequestHandler.handle_one_request(handler)
+        return
+    if idle <= 0:  # closed right after the answer, though the answer advertised keep-alive
+        with owner._lock:
+            owner.idle_closes += 1
+        handler.close_connection = True
+        return
+    connection = handler.connection
+    try:
+        connection.settimeout(idle)
+        if not handler.rfile.peek(1):  # the client hung up
+            handler.close_connection = True
+            return
+    except (TimeoutError, OSError):
+        with owner._lock:
+            owner.idle_closes += 1
+        handler.close_connection = True
+        return
+    finally:
+        try:
+            connection.settimeout(None)
+        except OSError:
+            pass
+    BaseHTTPRequestHandler.handle_one_request(handler)
+
+
+def _rude_chunks(reply: Reply, rudeness: Rudeness | None) -> list[list[bytes]] | None:
+    """The HTTP chunks to write for each of the reply's chunks (several when ``rudeness`` splits an
+    event stream), or None for a reply that is not made rude; ``delay``, ``stall_after`` and
+    ``reset_after`` still count reply chunks."""
+    content_type = next((v for k, v in reply.headers.items() if k.lower() == "content-type"), "")
+    if rudeness is None or reply.chunks is None or "text/event-stream" not in content_type:
+        return None
+    return [rudeness.pieces(i, chunk) for i, chunk in enumerate(reply.chunks)]
+
+
+def _compressed_pieces(rude: list[list[bytes]] | None, encoding: str) -> list[list[bytes]] | None:
+    """Rude pieces compressed as one stream (each piece flushed on its own, so the splits stay
+    HTTP chunks of their own); the stream's end rides on the last piece."""
+    if rude is None or encoding == "identity":
+        return rude
+    encode, finish = ENCODINGS[encoding]()
+    out = [[encode(piece) if piece else b"" for piece in pieces] for pieces in rude]
+    if out and out[-1]:
+        out[-1][-1] += finish()
+    else:
+        out.append([finish()])
+    return out
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:

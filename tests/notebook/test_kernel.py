@@ -26,6 +26,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from tests.fakes.canonical import CanonicalFake
 from tests.fakes.github import FakeGitHub
 from tests.fakes.provider import Fail, Turn
+from tests.notebook.compare_output import sections, table_rows
 from tests.notebook.conftest import chat_env
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
@@ -121,8 +122,11 @@ def test_notebook_in_a_real_kernel(servers: tuple[CanonicalFake, FakeGitHub], tm
 
     compare = nb.cells[5].outputs
     assert len(compare) == 1 and "| model | tokens in / out |" in compare[0].data["text/markdown"]
-    assert "#### fake:echo" in compare[0].data["text/markdown"]
-    assert "#### fake:second" in compare[0].data["text/markdown"]
+    answers = sections(compare[0].data["text/markdown"])  # each answer under its own model
+    assert list(answers) == ["fake:echo", "fake:second"]
+    assert answers["fake:echo"].startswith("echo: Compare me.")
+    assert answers["fake:second"].startswith("second: Compare me.")
+    assert list(table_rows(compare[0].data["text/markdown"])) == ["fake:echo", "fake:second"]
 
     error = [o for o in nb.cells[6].outputs if o.output_type == "error"]
     assert len(error) == 1 and len(error[0].traceback) <= 3

@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 
 from dispatch_nb.notebook.display import ChatError, ChatInterrupted
 from tests.fakes.provider import Fail, ToolCall, Turn
+from tests.notebook.compare_output import sections, table_rows
 from tests.notebook.conftest import run
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -340,30 +341,49 @@ def test_ctrl_c_cancels_and_keeps_the_partial_answer(shell: Any, fake: Any) -> N
 def test_compare_streams_several_models_and_leaves_one_table(shell: Any, fake: Any, live: str,
                                                              capsys: Any) -> None:
     run(shell, f'%config ChatMagics.live = "{live}"')
-    fake.push(Turn(text="slow " * 20, delay=0.01), Turn(text="fast"))  # whichever asks first
+    fake.push_for("echo", Turn(text="slow answer from echo " * 5, delay=0.01))
+    # ("other" answers with the fake's echo, which names its model: "other: same prompt")
     result = run(shell, "%%chat -m fake:echo,fake:other -o both\nsame prompt")
     assert result.success, result.error_in_exec
     assert {r.json["model"] for r in fake.chat_requests} == {"echo", "other"}
-    assert set(shell.user_ns["both"]) == {"fake:echo", "fake:other"}
+    both = shell.user_ns["both"]
+    assert list(both) == ["fake:echo", "fake:other"]
+    assert (both["fake:echo"].model, both["fake:echo"].text) == ("echo", "slow answer from echo " * 5)
+    assert (both["fake:other"].model, both["fake:other"].text) == ("other", "other: same prompt")
     if live == "text":
-        out = capsys.readouterr().out
-        assert "== fake:other ==" in out and "== fake:echo ==" in out
+        # each model's answer as it finishes, under its own heading
+        printed = dict(re.findall(r"== (\S+) ==\n(.*?)\n\[", capsys.readouterr().out, re.DOTALL))
+        assert printed == {"fake:echo": "slow answer from echo " * 4 + "slow answer from echo",
+                           "fake:other": "other: same prompt"}
         return
     assert len(shell.front.outputs) == 1
     md = shell.front.markdown[0]
     assert "| model | tokens in / out | latency |" in md
-    assert "`fake:echo`" in md and "`fake:other`" in md
-    assert "#### fake:echo" in md and "fast" in md
+    assert list(table_rows(md)) == ["fake:echo", "fake:other"]
+    answers = sections(md)
+    assert list(answers) == ["fake:echo", "fake:other"]
+    assert answers["fake:echo"].startswith("slow answer from echo " * 4)
+    assert "other:" not in answers["fake:echo"]
+    assert answers["fake:other"].startswith("other: same prompt") and "slow" not in answers["fake:other"]
     meta = shell.front.outputs[0]["metadata"]["dispatch_nb"]["compare"]
     assert [m["spec"] for m in meta] == ["fake:echo", "fake:other"]
+    assert [m["model"] for m in meta] == ["echo", "other"]
 
 
 def test_compare_reports_one_failing_model_in_the_table(shell: Any, fake: Any) -> None:
     run(shell, '%config ChatMagics.live = "display"')
-    fake.push(Fail(400, "nope"), Turn(text="fine"))
-    result = run(shell, "%%chat -m fake:a,fake:b\nq")
+    fake.push_for("b", Fail(400, "nope"))
+    result = run(shell, "%%chat -m fake:a,fake:b -o answers\nq")
     assert result.success
-    assert "⚠" in shell.front.markdown[0]
+    md = shell.front.markdown[0]
+    rows = table_rows(md)
+    assert "⚠" not in rows["fake:a"] and "end_turn" in rows["fake:a"]
+    assert "⚠" in rows["fake:b"] and "nope" in rows["fake:b"]
+    answers = sections(md)
+    assert answers["fake:a"].startswith("a: q") and "⚠" not in answers["fake:a"]
+    assert "⚠" in answers["fake:b"] and "nope" in answers["fake:b"] and "a: q" not in answers["fake:b"]
+    answers_by_spec = shell.user_ns["answers"]  # the models that answered
+    assert list(answers_by_spec) == ["fake:a"] and answers_by_spec["fake:a"].text == "a: q"
 
 
 def test_works_after_await_cells_and_inside_a_running_loop(shell: Any, fake: Any) -> None:
@@ -491,9 +511,12 @@ def test_a_replayed_answer_says_replayed_instead_of_a_latency(shell: Any, fake: 
         assert f"<sub>{footer}</sub>" in output["data"]["text/markdown"]
         assert output["metadata"]["dispatch_nb"]["replayed"] is True
     # In a comparison, the replayed model's latency column says so.
-    fake.push(Turn(text="second model's answer"))
     run(shell, "%%chat --cache read-write --no-history -m fake:echo,fake:second\nremember this")
     [output] = shell.front.outputs
+    answers = sections(output["data"]["text/markdown"])
+    assert answers["fake:echo"].startswith("a recorded answer")  # from the cache
+    assert answers["fake:second"].startswith("second: remember this")  # from the model
+    assert [r.json["model"] for r in fake.chat_requests] == ["echo", "second"]
     rows = output["data"]["text/markdown"].split("\n")
     echo = next(r for r in rows if r.startswith("| `fake:echo"))
     second = next(r for r in rows if r.startswith("| `fake:second"))

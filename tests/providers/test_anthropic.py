@@ -176,8 +176,9 @@ def test_options_on_the_wire(claude: AnthropicAdapter, fake: AnthropicFake) -> N
 
 def test_thinking_budget_must_fit_max_tokens(claude: AnthropicAdapter) -> None:
     # The strict fake rejects what the real API rejects; the 400 arrives as a RequestError.
-    with pytest.raises(RequestError, match="budget_tokens"):
+    with pytest.raises(RequestError, match="budget_tokens") as info:
         claude.chat("Hi", max_tokens=2000, thinking=4000)
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
 
 
 @pytest.mark.parametrize(
@@ -256,10 +257,12 @@ def test_missing_key_fails_at_call_time(fake: AnthropicFake,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     adapter = AnthropicAdapter(MODEL, base_url=fake.base_url, max_retries=0)  # no error yet
-    with pytest.raises(AuthenticationError, match="ANTHROPIC_API_KEY"):
+    with pytest.raises(AuthenticationError, match="ANTHROPIC_API_KEY") as info:
         adapter.chat("Hi")
-    with pytest.raises(AuthenticationError, match="ANTHROPIC_API_KEY"):
+    assert info.value.code == "authentication_failed"
+    with pytest.raises(AuthenticationError, match="ANTHROPIC_API_KEY") as info:
         adapter.chat("Hi", stream=True)
+    assert info.value.code == "authentication_failed"
     result = adapter.validate()
     assert not result and "ANTHROPIC_API_KEY" in result.reason
     assert fake.requests == []  # nothing was sent without a key
@@ -526,6 +529,7 @@ def test_stream_cut_before_message_stop(raw: RawServer, raw_claude: AnthropicAda
                delta(0, {"type": "text_delta", "text": "half an ans"}))
     with pytest.raises(APIConnectionError, match="message_stop") as info:
         raw_claude.chat("x", stream=True)
+    assert info.value.code == "network_error"
     assert info.value.partial is not None and info.value.partial.text == "half an ans"
 
 
@@ -846,8 +850,9 @@ def test_count_tokens(claude: AnthropicAdapter, fake: AnthropicFake) -> None:
 
 def test_count_tokens_failures(fake: AnthropicFake, raw: RawServer) -> None:
     bad = AnthropicAdapter(MODEL, api_key="sk-ant-wrong", base_url=fake.base_url)
-    with pytest.raises(AuthenticationError):
+    with pytest.raises(AuthenticationError) as info:
         bad.count_tokens("hi")
+    assert (info.value.status_code, info.value.code) == (401, "authentication_failed")
     broken = AnthropicAdapter(MODEL, api_key=KEY, base_url=raw.server.url)
     raw.replies.append(Reply.json({"type": "error", "error": {"type": "not_found_error",
                                                               "message": "Not found"}}, 404))
@@ -857,8 +862,9 @@ def test_count_tokens_failures(fake: AnthropicFake, raw: RawServer) -> None:
     assert broken.count_tokens("hi") == -1
     raw.replies.append(Reply.json({"type": "error", "error": {
         "type": "invalid_request_error", "message": "messages.0.content: bad"}}, 400))
-    with pytest.raises(RequestError):
+    with pytest.raises(RequestError) as info:
         broken.count_tokens("hi")
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
     bad.close()
     broken.close()
 

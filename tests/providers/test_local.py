@@ -96,13 +96,15 @@ def test_connect_and_gguf_paths() -> None:
 def test_unknown_model_without_path_is_a_clear_error() -> None:
     with pytest.raises(ModelUnavailableError) as info:
         LocalAdapter("llama3")
+    assert info.value.code == "model_unavailable"
     assert "model_path=" in info.value.message
     assert "smollm2" in info.value.message
 
 
 def test_missing_model_file_is_a_clear_error(tmp_path: Any) -> None:
-    with pytest.raises(ModelUnavailableError, match="no GGUF file"):
+    with pytest.raises(ModelUnavailableError, match="no GGUF file") as info:
         LocalAdapter(model_path=tmp_path / "nope.gguf")
+    assert info.value.code == "model_unavailable"
 
 
 def test_a_file_that_is_not_gguf_fails_validation_and_calls(tmp_path: Any) -> None:
@@ -112,8 +114,9 @@ def test_a_file_that_is_not_gguf_fails_validation_and_calls(tmp_path: Any) -> No
     result = adapter.validate()
     assert not result.ok
     assert "bogus.gguf" in result.reason
-    with pytest.raises(ModelUnavailableError):
+    with pytest.raises(ModelUnavailableError) as info:
         adapter.chat("hi")
+    assert info.value.code == "model_unavailable"
 
 
 def test_missing_llama_cpp_names_the_extra() -> None:
@@ -225,15 +228,17 @@ def test_system_prompt_and_history_reach_the_model(local: LocalAdapter) -> None:
 def test_images_are_refused(local: LocalAdapter) -> None:
     message = Message("user", [TextBlock("what is this?"),
                                ImageBlock(source="https://example.invalid/cat.png")])
-    with pytest.raises(RequestError, match="images"):
+    with pytest.raises(RequestError, match="images") as info:
         local.chat([message])
+    assert info.value.code == "invalid_request"
 
 
 def test_context_overflow_is_a_context_length_error() -> None:
     small = LocalAdapter(n_ctx=200)
     assert small.max_context_tokens == 256  # llama.cpp's context comes in steps of 256 tokens
-    with pytest.raises(ContextLengthError):
+    with pytest.raises(ContextLengthError) as info:
         small.chat("word " * 400)
+    assert info.value.code == "context_length_exceeded"
     assert small.count_tokens("word " * 400) > 256
 
 
@@ -273,8 +278,9 @@ def test_cancel_during_a_long_prompt_evaluation(local: LocalAdapter) -> None:
     timer = threading.Timer(0.1, token.cancel)
     timer.start()
     began = time.monotonic()
-    with pytest.raises(RequestCancelled):
+    with pytest.raises(RequestCancelled) as info:
         local.chat("word " * 1500 + "\nSummarize.", max_tokens=5, cancel=token)
+    assert info.value.code == "cancelled"
     # llama.cpp's abort callback stops the decode part-way through the 1500-token prompt
     assert time.monotonic() - began < 0.6
     timer.join()
@@ -312,6 +318,7 @@ def test_timeout_keeps_the_partial_answer(local: LocalAdapter) -> None:
     began = time.monotonic()
     with pytest.raises(APITimeoutError) as info:
         local.chat(LONG, max_tokens=300, temperature=0, timeout=timeout)
+    assert info.value.code == "timeout"
     assert time.monotonic() - began < timeout + 0.15
     assert info.value.partial is not None
     assert info.value.partial.text
@@ -354,13 +361,15 @@ def test_waiting_for_the_model_honours_the_timeout(local: LocalAdapter) -> None:
     worker.join(5)
     stream.close()
     assert len(errors) == 1 and isinstance(errors[0], APITimeoutError)
+    assert errors[0].code == "timeout"
 
 
 def test_a_second_stream_in_the_same_thread_is_refused_not_deadlocked(local: LocalAdapter) -> None:
     stream = local.stream(LONG, max_tokens=400)
     next(iter(stream))
-    with pytest.raises(RequestError, match="still streaming"):
+    with pytest.raises(RequestError, match="still streaming") as info:
         local.chat("hi", max_tokens=3)
+    assert info.value.code == "invalid_request"
     stream.close()
     assert local.chat("Say hi.", max_tokens=3).usage.output_tokens > 0
 
@@ -377,14 +386,16 @@ async def test_async_stream_cancel_and_timeout(local: LocalAdapter) -> None:
     await asyncio.sleep(0.3)
     cancelled_at = time.monotonic()
     token.cancel()
-    with pytest.raises(RequestCancelled):
+    with pytest.raises(RequestCancelled) as raised:
         await task
+    assert raised.value.code == "cancelled"
     assert time.monotonic() - cancelled_at < 0.1
 
     timeout = mid_answer_timeout(local, LONG)
     began = time.monotonic()
     with pytest.raises(APITimeoutError) as info:
         await local.achat(LONG, max_tokens=300, temperature=0, timeout=timeout)
+    assert info.value.code == "timeout"
     assert time.monotonic() - began < timeout + 0.15
     assert info.value.partial is not None
     assert (await local.achat("Say hi.", max_tokens=3)).text
@@ -394,11 +405,13 @@ async def test_async_stream_cancel_and_timeout(local: LocalAdapter) -> None:
 def test_tools_without_a_function_calling_format_are_refused(local: LocalAdapter) -> None:
     with pytest.raises(RequestError) as info:
         local.chat("What is the weather in Paris?", tools=[WEATHER])
+    assert info.value.code == "invalid_request"
     assert "chat_format='chatml-function-calling'" in info.value.message
-    with pytest.raises(RequestError, match="built-in tools"):
+    with pytest.raises(RequestError, match="built-in tools") as raised:
         LocalAdapter(chat_format="chatml-function-calling").chat(
             "search", tools=[{"type": "web_search"}]
         )
+    assert raised.value.code == "invalid_request"
 
 
 def test_forced_tool_call_with_chatml_function_calling(tools_local: LocalAdapter) -> None:
@@ -428,11 +441,13 @@ def test_other_tool_choice_forms(tools_local: LocalAdapter) -> None:
         response = tools_local.chat("Weather in Rome?", tools=[WEATHER], tool_choice=choice,
                                     temperature=0, max_tokens=40)
         assert [c.name for c in response.tool_calls] == ["get_weather"], choice
-    with pytest.raises(RequestError, match="not among the tools"):
+    with pytest.raises(RequestError, match="not among the tools") as info:
         tools_local.chat("hi", tools=[WEATHER], tool_choice="nope")
+    assert info.value.code == "invalid_request"
     other = ToolDefinition(name="get_time", description="The time", parameters={})
-    with pytest.raises(RequestError, match="only one named tool"):
+    with pytest.raises(RequestError, match="only one named tool") as info:
         tools_local.chat("hi", tools=[WEATHER, other], tool_choice="required")
+    assert info.value.code == "invalid_request"
 
 
 def test_automatic_tool_choice(tools_local: LocalAdapter) -> None:

@@ -157,6 +157,7 @@ def test_timeout_mid_stream_keeps_partial(adapter: LocalAdapter) -> None:
     timeout = round(mid_answer_timeout(adapter, LONG), 2)
     with pytest.raises(APITimeoutError) as info:
         adapter.chat(LONG, stream=True, max_tokens=300, temperature=0, timeout=timeout)
+    assert info.value.code == "timeout"
     assert isinstance(info.value, TimeoutError)
     assert f"{timeout:g}" in info.value.message
     assert info.value.partial is not None and info.value.partial.text
@@ -173,6 +174,7 @@ def test_cancel_mid_stream_keeps_partial(adapter: LocalAdapter) -> None:
 
     with pytest.raises(RequestCancelled) as info:
         adapter.chat(LONG, stream=True, max_tokens=400, on_delta=on_delta, cancel=token)
+    assert info.value.code == "cancelled"
     partial = info.value.partial
     assert partial is not None
     assert partial.text == "".join(seen)
@@ -202,6 +204,7 @@ def test_async_cancel_keeps_partial(adapter: LocalAdapter) -> None:
         with pytest.raises(RequestCancelled) as info:
             await adapter.achat(LONG, stream=True, max_tokens=400, on_delta=on_delta,
                                 cancel=token)
+        assert info.value.code == "cancelled"
         assert info.value.partial is not None
         assert info.value.partial.text.startswith("".join(seen))
         return info.value

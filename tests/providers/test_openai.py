@@ -85,10 +85,12 @@ def test_compatible_needs_no_key_official_does() -> None:
         assert chat.last_request.header("authorization") is None
     with OpenAIResponsesFake() as responses:
         adapter = OpenAIAdapter("gpt-5", base_url=responses.base_url)
-        with pytest.raises(AuthenticationError, match="OPENAI_API_KEY"):
+        with pytest.raises(AuthenticationError, match="OPENAI_API_KEY") as info:
             adapter.chat("hi")
-        with pytest.raises(AuthenticationError):
+        assert info.value.code == "authentication_failed"
+        with pytest.raises(AuthenticationError) as info:
             adapter.list_models()
+        assert info.value.code == "authentication_failed"
         assert responses.requests == []
 
 

@@ -181,6 +181,7 @@ def test_stream_cut_before_any_finish_is_a_connection_error() -> None:
     with raw_server(chunk({"content": "partial"})) as server, \
             pytest.raises(APIConnectionError) as info:
         adapter_for(server).chat("x", stream=True)
+    assert info.value.code == "network_error"
     assert info.value.partial is not None and info.value.partial.text == "partial"
 
 
@@ -396,6 +397,7 @@ def test_builtin_tools_are_refused_before_sending() -> None:
     with OpenAIChatFake() as fake:
         with pytest.raises(RequestError) as info:
             adapter_for(fake).chat("x", tools=[WEATHER, {"type": "web_search"}])
+        assert info.value.code == "invalid_request"
         assert fake.chat_requests == []
     assert "web_search" in info.value.message and "official" in info.value.message
 
@@ -417,10 +419,12 @@ def test_tool_choice_and_options_map_to_the_wire() -> None:
         adapter.chat("x", tool_choice="auto")  # no tools: nothing to choose, nothing sent
         assert "tool_choice" not in fake.last_request.json
         count = len(fake.chat_requests)
-        with pytest.raises(RequestError):
+        with pytest.raises(RequestError) as info:
             adapter.chat("x", tools=[WEATHER], tool_choice="get_time")
-        with pytest.raises(RequestError):
+        assert info.value.code == "invalid_request"
+        with pytest.raises(RequestError) as info:
             adapter.chat("x", tool_choice="required")
+        assert info.value.code == "invalid_request"
         with pytest.raises(TypeError):
             adapter.chat("x", text={"verbosity": "low"})  # a Responses-only option
         assert len(fake.chat_requests) == count
@@ -450,8 +454,9 @@ def test_api_key_is_optional_and_sent_when_given(monkeypatch: pytest.MonkeyPatch
     with OpenAIChatFake(api_key="right") as fake:
         from dispatch_nb import AuthenticationError
 
-        with pytest.raises(AuthenticationError):
+        with pytest.raises(AuthenticationError) as info:
             adapter_for(fake, api_key="wrong").chat("x")
+        assert (info.value.status_code, info.value.code) == (401, "authentication_failed")
 
 
 def test_async_quirky_stream() -> None:
@@ -476,12 +481,14 @@ def test_fake_rejects_what_real_servers_reject(llama: OpenAIChatFake) -> None:
     orphan = [Message(role="user", content=[ToolResultBlock(tool_use_id="nope", content="r")])]
     with pytest.raises(RequestError) as info:
         adapter.chat(orphan)
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
     assert "tool" in info.value.message
     unanswered = [Message(role="user", content="x"),
                   Message(role="assistant", content=[ToolUseBlock(id="c1", name="get_weather")]),
                   Message(role="user", content="next")]
-    with pytest.raises(RequestError):
+    with pytest.raises(RequestError) as raised:
         adapter.chat(unanswered, tools=[WEATHER])
+    assert (raised.value.status_code, raised.value.code) == (400, "invalid_request")
 
 
 def test_recorded_request_helper_types() -> None:

@@ -151,6 +151,7 @@ def test_stop_is_refused_and_options_converted(fake: OpenAIResponsesFake) -> Non
     adapter = gpt(fake)
     with pytest.raises(RequestError) as info:
         adapter.chat("x", stop=["END"])
+    assert info.value.code == "invalid_request"
     assert "stop" in info.value.message
     assert fake.chat_requests == []
     # (strict: the fake, like the API, refuses a strict schema without these two)
@@ -206,6 +207,7 @@ def test_altered_reasoning_item_is_rejected(fake: OpenAIResponsesFake) -> None:
     with pytest.raises(RequestError) as info:
         adapter.chat([Message(role="user", content="x"), tampered,
                       Message(role="user", content="y")])
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
     assert "could not be verified" in info.value.message
 
 
@@ -290,9 +292,11 @@ def test_in_stream_failures(style: str) -> None:
         adapter = gpt(fake)
         with pytest.raises(RateLimitError) as info:
             adapter.chat("x", stream=True)
+        assert (info.value.status_code, info.value.code) == (429, "rate_limited")
         assert info.value.partial is not None and info.value.partial.text == "abcd"
         with pytest.raises(ServerError) as info2:
             adapter.chat("x", stream=True)
+        assert (info2.value.status_code, info2.value.code) == (500, "server_error")
         assert info2.value.partial is not None and info2.value.partial.text == "ab"
 
 
@@ -300,6 +304,7 @@ def test_stream_without_terminal_event_is_incomplete() -> None:
     events = [{"type": "response.output_text.delta", "item_id": "m", "delta": "half"}]
     with raw_server(*events) as server, pytest.raises(APIConnectionError) as info:
         gpt(server).chat("x", stream=True)
+    assert info.value.code == "network_error"
     assert info.value.partial is not None and info.value.partial.text == "half"
 
 
@@ -477,18 +482,21 @@ def test_function_call_output_without_matching_call_is_rejected(
     with pytest.raises(RequestError) as info:
         gpt(fake).chat([Message(role="user", content=[ToolResultBlock(tool_use_id="call_x",
                                                                       content="r")])])
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
     assert "call_x" in info.value.message
     unanswered = [Message(role="user", content="x"),
                   Message(role="assistant", content=[ToolUseBlock(id="c1", name="get_weather")]),
                   Message(role="user", content="next")]
     with pytest.raises(RequestError) as info2:
         gpt(fake).chat(unanswered, tools=[WEATHER])
+    assert (info2.value.status_code, info2.value.code) == (400, "invalid_request")
     assert "No tool output found" in info2.value.message
 
 
 def test_max_output_tokens_minimum_is_enforced(fake: OpenAIResponsesFake) -> None:
     with pytest.raises(RequestError) as info:
         gpt(fake).chat("x", max_tokens=8)
+    assert info.value.code == "invalid_request"
     assert "16" in info.value.message
     assert fake.chat_requests == []  # refused before sending, as the API would refuse it
     gpt(fake).chat("x", max_tokens=16)
@@ -504,6 +512,7 @@ def test_missing_key_fails_at_call_time(monkeypatch: pytest.MonkeyPatch,
     adapter = OpenAIAdapter("gpt-5", base_url=fake.base_url, max_retries=0)
     with pytest.raises(AuthenticationError) as info:
         adapter.chat("x")
+    assert info.value.code == "authentication_failed"
     assert "OPENAI_API_KEY" in info.value.message
     assert fake.chat_requests == []
     check = adapter.validate()
@@ -519,6 +528,7 @@ def test_wrong_key_is_an_authentication_error_without_the_secret(
     adapter = gpt(fake, api_key="sk-wrong-SECRET")
     with pytest.raises(AuthenticationError) as info:
         adapter.chat("x")
+    assert (info.value.status_code, info.value.code) == (401, "authentication_failed")
     assert "SECRET" not in str(info.value) and "SECRET" not in repr(info.value)
     assert "SECRET" not in repr(adapter)
     assert not adapter.validate()
