@@ -36,6 +36,7 @@ from .errors import (
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
+from .validation import check_entry
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
 
@@ -492,6 +493,10 @@ class Adapter:
         """Start a streaming call: iterate the result for deltas, then read ``.response``."""
         options.pop("stream", None)
         options.pop("on_delta", None)
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel,
+        )
         request = self._request(
             messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
             temperature=temperature, options=options,
@@ -516,6 +521,10 @@ class Adapter:
 
         With ``stream=True`` the answer is streamed and ``on_delta`` sees every delta.
         """
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel, stream=stream,
+        )
         request = self._request(
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,
@@ -541,6 +550,10 @@ class Adapter:
         """The async twin of :meth:`stream` (``async for delta in adapter.astream(...)``)."""
         options.pop("stream", None)
         options.pop("on_delta", None)
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel,
+        )
         request = self._request(
             messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
             temperature=temperature, options=options,
@@ -562,6 +575,10 @@ class Adapter:
         **options: Any,
     ) -> Response:
         """The async twin of :meth:`chat`. ``on_delta`` may be a plain or an async function."""
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel, stream=stream,
+        )
         request = self._request(
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,

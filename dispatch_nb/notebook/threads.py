@@ -1,8 +1,9 @@
 """Conversation memory for ``%%chat``: named threads of turns, one turn per cell.
 
 A :class:`ChatThread` is an ordered list of :class:`Turn` s. Each turn is keyed by the identity of
-the cell that produced it (see :func:`cell_key`), so **re-running a cell replaces its turn in place**
-instead of appending a duplicate:
+the cell that produced it (see :func:`cell_identity`), so **re-running a cell replaces its turn in
+place** instead of appending a duplicate, and a new cell adds a turn even when its text is the same
+as an earlier cell's ("continue", typed twice, is two turns):
 
 * the re-run sees, as history, only the turns *before* its own position — the context it had the
   first time;
@@ -15,8 +16,8 @@ A thread keeps at most ``max_turns`` turns (the oldest are dropped; ``0`` keeps 
 
 from __future__ import annotations
 
-import hashlib
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,23 +38,29 @@ __all__ = [
 DEFAULT_THREAD = "default"
 
 
-def cell_identity(cell_id: str | None, source: str) -> str:
-    """The identity of the cell running a ``%%chat``.
+def cell_identity(cell_id: str | None, execution_count: int | None = None) -> str:
+    """The identity of the cell running a ``%%chat``: the best one the front end offers, never
+    the cell's text.
 
-    ``cell_id`` is the front end's cell id (JupyterLab, Notebook 7 and VS Code send it with each
-    execution), so editing and re-running a cell keeps its identity; without one (terminal IPython,
-    nbclient), the hash of the cell's source stands in, so re-running unchanged source still
-    replaces its turn.
+    * ``cell_id`` — the front end's cell id (JupyterLab, Notebook 7, VS Code and nbclient send it
+      with each execution): editing and re-running a cell keeps its identity, so its turn is
+      replaced; another cell with the same text is another turn.
+    * ``execution_count`` — the cell's ``In[n]`` where no cell id comes (terminal IPython, a front
+      end that sends none): each input is its own turn.
+    * neither (``run_cell_magic`` called outside any counted cell): a fresh identity, a new turn.
     """
     if cell_id:
         return f"cell:{cell_id}"
-    return "src:" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    if execution_count is not None:
+        return f"in:{execution_count}"
+    return "call:" + uuid.uuid4().hex[:12]
 
 
-def cell_key(cell_id: str | None, source: str, occurrence: int = 0) -> str:
-    """The key of a turn: the cell's identity plus ``occurrence``, which numbers the chat calls
-    one execution makes (a loop calling ``run_cell_magic`` several times keeps every answer)."""
-    return f"{cell_identity(cell_id, source)}#{occurrence}"
+def cell_key(identity: str, occurrence: int = 0) -> str:
+    """The key of a turn: the cell's identity (:func:`cell_identity`) plus ``occurrence``, which
+    numbers the chat calls one execution makes (a loop calling ``run_cell_magic`` several times
+    keeps every answer)."""
+    return f"{identity}#{occurrence}"
 
 
 @dataclass

@@ -33,6 +33,7 @@ def test_first_text_is_shown_at_once_and_later_text_is_coalesced(shell: Any) -> 
     view.feed(0, text("Hel"))
     assert view.tick() is None  # flushed immediately
     assert front.outputs[-1]["data"]["text/plain"] == "Hel"
+    assert front.outputs[-1]["data"]["text/markdown"].startswith("Hel\n\n<sub>**fake:echo**")
     sent = len(front.messages)
     view.feed(0, text("lo"))
     view.feed(0, text(" world"))
@@ -45,21 +46,26 @@ def test_first_text_is_shown_at_once_and_later_text_is_coalesced(shell: Any) -> 
     assert len(front.messages) == sent + 1  # the two deltas became one update
 
 
-def test_long_text_is_split_in_segments_so_updates_stay_small(shell: Any) -> None:
+def test_long_text_is_cut_in_blocks_so_updates_stay_small(shell: Any) -> None:
     front = shell.front
     front.reset()
-    view = DisplayView(["m"], rate=1000, segment_chars=100)
+    view = DisplayView(["m"], rate=1000, block_chars=100)
     view.start()
-    for _ in range(50):
-        view.feed(0, text("x" * 10))
+    words = "".join(f"word{i} " for i in range(120))
+    for i in range(0, len(words), 10):
+        view.feed(0, text(words[i : i + 10]))
         time.sleep(0.002)
         view.tick()
+    view.job_done(0, "m · done")
     view.tick()
-    segments = [o for o in front.outputs if "text/markdown" not in o["data"]]
-    assert [len(o["data"]["text/plain"]) for o in segments] == [100] * 5
-    updates = [b for kind, b in front.messages if kind == "update" and "text/plain" in b["data"]
-               and "text/markdown" not in b["data"]]
-    assert max(len(b["data"]["text/plain"]) for b in updates) <= 100
+    blocks = [o["data"]["text/markdown"] for o in front.outputs]
+    finished, live = blocks[:-1], blocks[-1]
+    assert len(finished) >= 6 and all(len(b) <= 100 for b in finished)
+    joined = " ".join([*finished, live.split("\n\n<sub>")[0]])
+    assert joined.split() == words.split()  # every word, in order, none split
+    assert live.endswith("<sub>**m** · m · done</sub>")  # the status line stays at the bottom
+    updates = [b["data"]["text/markdown"] for kind, b in front.messages if kind == "update"]
+    assert max(len(u) for u in updates) <= 100 + 40
 
 
 @pytest.mark.parametrize("live", ["display", "text"])
