@@ -56,7 +56,7 @@ def line_magic(name: str) -> Callable[[_F], _F]:
 FORMATS = ("markdown", "text", "code", "json")
 CACHE_MODES = ("off", "read-write", "replay", "record")
 LIVE_MODES = ("auto", "widget", "display", "text")
-SUBCOMMANDS = ("login", "logout", "status", "models", "history", "reset")
+SUBCOMMANDS = ("login", "logout", "status", "models", "history", "reset", "key")
 
 
 def usage_line(parser: Any) -> str:
@@ -307,15 +307,19 @@ class ChatMagics(Magics):
     @magic_arguments.argument("command", choices=SUBCOMMANDS, help="What to do.")
     @magic_arguments.argument(
         "target", nargs="?", default=None,
-        help="PROVIDER for login/models; THREAD for history/reset.",
+        help="PROVIDER for login/models/key; THREAD for history/reset.",
     )
     @magic_arguments.argument(
         "--all", action="store_true", help="reset: clear every thread."
     )
+    @magic_arguments.argument(
+        "--force", action="store_true", help="login: log in again even when already logged in."
+    )
     @line_magic("chat")
     def chat_line(self, line: str) -> None:
-        """Manage dispatch_nb: ``login [PROVIDER]``, ``logout``, ``status``, ``models [PROVIDER]``,
-        ``history [THREAD]``, ``reset [THREAD]``. Prompts go in a ``%%chat`` cell."""
+        """Manage dispatch_nb: ``login [PROVIDER] [--force]``, ``logout``, ``status``,
+        ``models [PROVIDER]``, ``history [THREAD]``, ``reset [THREAD]``, ``key PROVIDER`` (type an
+        API key; it is kept in this kernel's environment only). Prompts go in a ``%%chat`` cell."""
         parser: Any = self.chat_line.parser  # type: ignore[attr-defined]
         if not line.strip():
             raise UsageError(

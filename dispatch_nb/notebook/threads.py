@@ -78,6 +78,25 @@ class Turn:
         """The user's text of this turn."""
         return self.messages[0].text if self.messages else ""
 
+    def steps(self) -> list[tuple[str, str]]:
+        """The tool calls (``("call", "name({...})")``) and results (``("result", text)``) of
+        this turn, in order."""
+        import json
+
+        steps: list[tuple[str, str]] = []
+        for message in self.messages[1:]:
+            if isinstance(message.content, str):
+                continue
+            for block in message.content:
+                kind = getattr(block, "type", "")
+                if kind == "tool_use":
+                    args = json.dumps(block.arguments, ensure_ascii=False)
+                    steps.append(("call", _short(f"{block.name}({args})")))
+                elif kind == "tool_result":
+                    prefix = "⚠ " if block.is_error else ""
+                    steps.append(("result", prefix + _short(block.text)))
+        return steps
+
     @property
     def answer(self) -> str:
         """The final assistant text of this turn."""
@@ -132,16 +151,51 @@ class ChatThread:
         self.turns.clear()
 
     def to_markdown(self) -> str:
-        """The thread for ``%chat history``."""
+        """The thread for ``%chat history``: each turn's prompt, its tool calls with their
+        results, and the answer."""
         if not self.turns:
             return f"*Thread `{self.name}` is empty.*"
-        parts = [f"**Thread `{self.name}`** — {len(self.turns)} turn(s)\n"]
+        count = len(self.turns)
+        parts = [f"**Thread `{self.name}`** — {count} turn{'' if count == 1 else 's'}\n"]
         for i, turn in enumerate(self.turns, 1):
-            where = f"In [{turn.execution_count}]" if turn.execution_count else turn.key[:12]
-            model = f" · {turn.model}" if turn.model else ""
-            parts.append(f"---\n**{i}. You** <sub>{where}{model}</sub>\n\n{_quote(turn.prompt)}\n")
+            where = f"In [{turn.execution_count}]" if turn.execution_count else ""
+            model = turn.model
+            meta = " · ".join(x for x in (where, model) if x)
+            meta = f" <sub>{meta}</sub>" if meta else ""
+            parts.append(f"---\n**{i}. You**{meta}\n\n{_quote(turn.prompt)}\n")
+            for kind, text in turn.steps():
+                if kind == "call":
+                    parts.append(f"🔧 {_code(text)}\n")
+                elif kind == "result":
+                    parts.append(f"→ {_code(text)}\n")
             parts.append(f"**Assistant**\n\n{_quote(turn.answer) or '*(no text)*'}\n")
         return "\n".join(parts)
+
+    def to_plain(self) -> str:
+        """The thread as plain text (a terminal's ``%chat history``)."""
+        if not self.turns:
+            return f"Thread {self.name} is empty."
+        out = []
+        for turn in self.turns:
+            lines = [f"You: {turn.prompt}"]
+            for kind, text in turn.steps():
+                lines.append(("  tool: " if kind == "call" else "  → ") + text)
+            lines.append(f"Assistant: {turn.answer}")
+            out.append("\n".join(lines))
+        return "\n\n".join(out)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _code(text: str) -> str:
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _quote(text: str) -> str:
