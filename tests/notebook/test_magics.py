@@ -50,7 +50,7 @@ def test_generated_help_lists_every_option(shell: Any) -> None:
                    "--tools NAMES", "-f", "-o VAR", "--no-stream", "--no-history",
                    "--no-interpolate", "--cache MODE"):
         assert option in doc, option
-    assert "{login,logout,status,models,history,reset}" in shell.find_line_magic("chat").__doc__
+    assert "{login,logout,status,models,history,reset,key}" in shell.find_line_magic("chat").__doc__
 
 
 def test_bad_options_raise_usage_error_with_the_usage_line(shell: Any, fake: Any) -> None:
