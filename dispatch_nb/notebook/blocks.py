@@ -123,7 +123,12 @@ def _code_lines(lines: list[str]) -> list[bool]:
 
 
 def stable_prefix(block: str) -> str:
-    """The part of the growing ``block`` whose rendering more text cannot change."""
+    """The part of the growing ``block`` whose rendering more text cannot change (without
+    trailing blank space)."""
+    return _stable(block).rstrip()
+
+
+def _stable(block: str) -> str:
     head, _, last = block.rpartition("\n")
     lines = block.split("\n")
     if _open_fence(lines[:-1]) is not None:
