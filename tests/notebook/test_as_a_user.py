@@ -100,7 +100,8 @@ def test_widget_view_renders_markdown_blocks_each_finished_block_sent_once(
                     if not seen or seen[-1] != shown:
                         seen.append(shown)
     view.job_done(0, "echo · done")
-    view.tick()
+    time.sleep(0.01)
+    assert view.tick() is None
     [md_run] = column.runs
     blocks = [out.outputs[0]["data"]["text/markdown"] for out in md_run.outputs]
     assert blocks == [
