@@ -22,6 +22,7 @@ from typing import Any
 
 from .adapter import Adapter
 from .errors import RequestError
+from .validation import describe
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -198,8 +199,7 @@ def connect(spec: str = _DEFAULT_SPEC, **options: Any) -> Adapter:
     elif not isinstance(spec, str):
         raise TypeError(
             "connect() takes a model spec 'provider:model' (e.g. 'openai:gpt-4.1'), or nothing "
-            f"for the default model ({default_model_spec()}) — not {spec!r} "
-            f"(a {type(spec).__name__})"
+            f"for the default model ({default_model_spec()}) — not {describe(spec)}"
         )
     provider, model = parse_model_spec(spec)
     factory = get_provider(provider)

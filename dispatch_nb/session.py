@@ -66,7 +66,7 @@ from .types import (
     ToolUseBlock,
     Usage,
 )
-from .validation import check_call
+from .validation import check_call, describe
 
 __all__ = ["AsyncSessionStream", "CancelToken", "Session", "SessionStream", "Tool", "tool"]
 
@@ -197,7 +197,7 @@ class Session:
         else:
             raise TypeError(
                 "Session needs an Adapter or a model spec such as 'openai:gpt-4.1' (None: the "
-                f"default model) — not {model_or_adapter!r} (a {type(model_or_adapter).__name__})"
+                f"default model) — not {describe(model_or_adapter)}"
             )
         #: this conversation's id (given, or a random hex uuid); survives to_json/from_json
         self.id: str = id or uuid.uuid4().hex

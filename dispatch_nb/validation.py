@@ -65,11 +65,20 @@ class CallArguments(BaseModel):
     id: str | None = None
 
 
-def _describe(value: Any) -> str:
+def article(noun: str) -> str:
+    """``"an int"``, ``"a str"``: the noun with its indefinite article."""
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def describe(value: Any) -> str:
+    """``'100' (a str)``, ``42 (an int)``: a value for an error message, shortened."""
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."
-    return f"{text} (a {type(value).__name__})" if value is not None else "None"
+    return f"{text} ({article(type(value).__name__)})" if value is not None else "None"
+
+
+_describe = describe
 
 
 def _raise_for(error: ValidationError, values: Mapping[str, Any], where: str) -> None:

@@ -179,7 +179,9 @@ def resolve_tools(names: str | None, namespace: dict[str, Any]) -> list[Any]:
             except (TypeError, ValueError) as exc:
                 raise ChatError("Tool error", f"{name}: {exc}", "Add type hints, or use @tool.") from None
         else:
-            raise ChatError("Tool error", f"{name} is a {type(obj).__name__}, not a function")
+            from ..validation import article
+
+            raise ChatError("Tool error", f"{name} is {article(type(obj).__name__)}, not a function")
     return out
 
 

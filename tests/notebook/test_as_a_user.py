@@ -432,3 +432,12 @@ def test_history_shows_tool_calls_and_results_and_counts_turns(shell: Any, fake:
     assert md.index("add(") < md.index("→ `5`") < md.index("It is 5.")
     run(shell, "%chat status")
     assert "`default` (1 turn)" in shell.front.markdown[0]
+
+
+def test_a_tool_that_is_not_a_function_is_named_with_the_right_article(
+    shell: Any, fake: Any
+) -> None:
+    shell.user_ns["x"] = 5
+    error = run(shell, "%%chat --tools x\nhi").error_in_exec
+    assert isinstance(error, ChatError) and error.message == "x is an int, not a function"
+    assert fake.chat_requests == []
