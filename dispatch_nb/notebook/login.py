@@ -282,7 +282,9 @@ class TextLoginView(LoginView):
         )
 
     def set_state(self, state: str, info: Mapping[str, Any]) -> None:
-        if state != self.state and state != "pending":
+        # "approved" is said once, by done() (with who logged in and where the token is); the
+        # other endings too: only a slow-down is worth a line of its own.
+        if state != self.state and state == "slow_down":
             print(_status_text(state, info), flush=True)
         super().set_state(state, info)
 
