@@ -7,8 +7,8 @@ rejects a tool result that answers no tool call, so a broken history shows up as
 from __future__ import annotations
 
 import asyncio
-import re
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator

@@ -81,7 +81,10 @@ def _retry_event(record: logging.LogRecord) -> RetryEvent | None:
     status = rest.rsplit("[HTTP ", 1)
     if len(status) == 2:
         reason += f" (HTTP {status[1].rstrip(']')})"
-    return RetryEvent(reason=reason, attempt=int(attempt), delay=float(delay))
+    try:
+        return RetryEvent(reason=reason, attempt=int(str(attempt)), delay=float(str(delay)))
+    except ValueError:
+        return RetryEvent(reason=reason)
 
 
 class _JobLogCapture(logging.Handler):

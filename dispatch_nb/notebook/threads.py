@@ -84,15 +84,16 @@ class Turn:
         import json
 
         steps: list[tuple[str, str]] = []
+        from ..types import ToolResultBlock, ToolUseBlock
+
         for message in self.messages[1:]:
             if isinstance(message.content, str):
                 continue
             for block in message.content:
-                kind = getattr(block, "type", "")
-                if kind == "tool_use":
+                if isinstance(block, ToolUseBlock):
                     args = json.dumps(block.arguments, ensure_ascii=False)
                     steps.append(("call", _short(f"{block.name}({args})")))
-                elif kind == "tool_result":
+                elif isinstance(block, ToolResultBlock):
                     prefix = "⚠ " if block.is_error else ""
                     steps.append(("result", prefix + _short(block.text)))
         return steps

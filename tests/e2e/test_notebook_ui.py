@@ -131,7 +131,7 @@ def test_streamed_answer_renders_markdown_while_it_streams(
     live = [(t, _words(text), has, top) for t, text, running, has, top in samples if running and text]
     assert len({text for _, text, _, _ in live}) >= 10, "the answer did not visibly grow"
     for t, text, _, _ in live:
-        assert final.startswith(text), f"at {t:.0f} ms the page showed text it later took back:\n{text[-200:]}"
+        assert final.startswith(text), f"at {t:.0f} ms the page showed what it took back: {text[-200:]}"
     seen = {tag for _, _, has, _ in live for tag, on in has.items() if on}
     assert {"h1", "h2", "pre", "li", "table", "strong", "code"} <= seen, seen
     # rendered from the first token: the heading is a heading as soon as any text is visible
