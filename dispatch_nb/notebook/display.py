@@ -91,7 +91,7 @@ class Transcript:
         self.replayed = False
         #: True once any answer text arrived (cheap to ask on every repaint)
         self.has_text = False
-        #: why each retry happened (``"rate limited (HTTP 429)"``), in order
+        #: why each retry happened (``"rate limited, HTTP 429"``), in order
         self.retries: list[str] = []
         #: other warnings the library logged while this answer streamed
         self.log_notes: list[str] = []

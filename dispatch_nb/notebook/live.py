@@ -233,7 +233,7 @@ def _markdown_bundle(markdown: str) -> dict[str, Any]:
 
 
 def retry_state(event: Any) -> str:
-    """The quiet status line of a retry: ``↻ rate limited (HTTP 429) — retrying in 2 s (1 of 2)``."""
+    """The quiet status line of a retry: ``↻ rate limited, HTTP 429 — retrying in 2 s (1 of 2)``."""
     wait = f"in {event.delay:.0f} s" if event.delay >= 1 else "now"
     of = f" ({event.attempt} of {event.retries})" if event.retries else ""
     return f"↻ {event.reason} — retrying {wait}{of}"

@@ -80,7 +80,7 @@ def _retry_event(record: logging.LogRecord) -> RetryEvent | None:
     reason = _REASONS.get(name, name)
     status = rest.rsplit("[HTTP ", 1)
     if len(status) == 2:
-        reason += f" (HTTP {status[1].rstrip(']')})"
+        reason += f", HTTP {status[1].rstrip(']')}"
     try:
         return RetryEvent(reason=reason, attempt=int(str(attempt)), delay=float(str(delay)))
     except ValueError:

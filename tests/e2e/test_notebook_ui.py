@@ -142,6 +142,42 @@ def test_streamed_answer_renders_markdown_while_it_streams(
     assert tops and final_top is not None and abs(final_top - tops[-1]) <= 6, (tops[-1], final_top)
 
 
+def test_notes_stay_and_a_retry_is_one_quiet_line(
+    open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
+) -> None:
+    """(6, 7) an interpolation note stays above the answer, in the final output and the saved
+    notebook; a 429 shows as one quiet status line while the cell waits, then as a note in the
+    footer — never as a red stderr box, and never saved."""
+    fake.push(
+        Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "1.5"}),
+        Turn(text="The answer, after one retry.", chunk=4, delay=0.02),
+    )
+    nb = open_notebook([LOAD, "%%chat\nExplain {nope} please."])
+    nb.run(0)
+    nb.start_watching(1, r"retrying in \d+ s|retried once \([^)]*\)\)")
+    before = nb.start(1)
+    wait_until(lambda: "retrying in" in nb.output_text(1), 30, 0.05, "the retry status line")
+    nb.screenshot("retry-status", element=nb.cell(1))
+    nb.wait_done(1, before, timeout=60)
+    seen = nb.stop_watching()
+    assert any(s.startswith("retrying in") for s in seen), seen
+    text = nb.output_text(1)
+    assert "The answer, after one retry." in text
+    assert "{nope} was left as written" in text
+    assert text.index("{nope} was left as written") < text.index("The answer, after one retry.")
+    assert "retried once (rate limited, HTTP 429)" in text
+    assert "retrying in" not in text and "WARNING" not in text
+    assert nb.output(1).locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+    nb.screenshot("notes-and-retry", element=nb.cell(1))
+    saved = nb.save()
+    outputs = saved["cells"][1]["outputs"]
+    assert not [o for o in outputs if o.get("output_type") == "stream"], outputs
+    [final] = [o for o in outputs if "text/markdown" in (o.get("data") or {})]
+    markdown = "".join(final["data"]["text/markdown"])
+    assert "{nope} was left as written" in markdown
+    assert "retried once (rate limited, HTTP 429)" in markdown
+
+
 def _login_in_cell(nb: NotebookPage, index: int, github: FakeGitHub, scenario: str) -> str:
     """Run cell ``index`` (which needs a login) and act as the user: check the login widget
     (code, link, countdown, still running), then approve on the fake GitHub. Waits for the cell

@@ -189,14 +189,14 @@ def test_a_retry_is_one_quiet_status_line_and_a_footer_note(
     assert len(fake.chat_requests) == 2
     [output] = shell.front.outputs
     footer = output["metadata"]["dispatch_nb"]["footer"]
-    assert footer.endswith("retried once (rate limited (HTTP 429))"), footer
+    assert footer.endswith("retried once (rate limited, HTTP 429)"), footer
     assert "finally an answer" in output["data"]["text/markdown"]
     captured = capfd.readouterr()
     assert "retrying" not in captured.err and "429" not in captured.err  # no red stderr box
     assert "retrying" not in captured.out
     if live == "display":  # (widget values are checked in the next test and in the browser)
         shown = [b["data"].get("text/markdown", "") for _, b in shell.front.messages if "data" in b]
-        assert any("↻ rate limited (HTTP 429) — retrying" in md for md in shown)  # quietly
+        assert any("↻ rate limited, HTTP 429 — retrying" in md for md in shown)  # quietly
     assert logging.getLogger("dispatch_nb").handlers == []  # no handler of ours is left
 
 
@@ -206,11 +206,11 @@ def test_a_retry_in_the_widget_status_line(shell: Any, fake: Any) -> None:
 
     view = WidgetView(["fake:echo"], rate=1000)
     view.start()
-    view.feed(0, RetryEvent(reason="rate limited (HTTP 429)", attempt=1, delay=2.0))
+    view.feed(0, RetryEvent(reason="rate limited, HTTP 429", attempt=1, delay=2.0))
     view.tick()
     status = view.columns[0].status.value
-    assert "↻ rate limited (HTTP 429) — retrying in 2 s" in status
-    assert view.transcripts[0].footer(1.0).endswith("retried once (rate limited (HTTP 429))")
+    assert "↻ rate limited, HTTP 429 — retrying in 2 s" in status
+    assert view.transcripts[0].footer(1.0).endswith("retried once (rate limited, HTTP 429)")
 
 
 # -- 8. Ctrl-C while a tool runs ---------------------------------------------------------------
