@@ -154,7 +154,7 @@ def test_notes_stay_and_a_retry_is_one_quiet_line(
     )
     nb = open_notebook([LOAD, "%%chat\nExplain {nope} please."])
     nb.run(0)
-    nb.start_watching(1, r"retrying in \d+ s|retried once \([^)]*\)\)")
+    nb.start_watching(1, r"retrying in \d+ s|retried once \([^)]*\)")
     before = nb.start(1)
     wait_until(lambda: "retrying in" in nb.output_text(1), 30, 0.05, "the retry status line")
     nb.screenshot("retry-status", element=nb.cell(1))
