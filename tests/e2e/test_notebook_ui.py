@@ -114,7 +114,11 @@ def test_streamed_answer_renders_markdown_while_it_streams(
         and nb.output(1).locator(".jp-RenderedMarkdown ol li").count() >= 2,
         40, 0.03, "the live view to render the code block and the list",
     )
+    # a taller window for the picture, so it shows the status line below the growing answer
+    nb.page.set_viewport_size({"width": 1200, "height": 1250})
+    nb.page.wait_for_timeout(150)
     shot = nb.screenshot("live-view", upto_cell=1)
+    nb.page.set_viewport_size({"width": 1200, "height": 900})
     if jupyter.frontend.name == "lab":
         update_doc_image(shot, "live-view.png")
     nb.wait_done(1, before, timeout=60)
