@@ -208,7 +208,7 @@ class Transcript:
         out: list[str] = []
         for part in self.parts:
             if isinstance(part, ToolPart):
-                out.append(tool_markdown(part))
+                out.append(tool_markdown(part).strip("\n"))
             elif part.kind == "thinking":
                 body = part.text.strip()
                 if body:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -108,7 +109,8 @@ class _JobLogCapture(logging.Handler):
         message = record.getMessage()
         if message.startswith("tool ") and " raised " in message:
             return  # the tool's line already shows its error
-        emit(NoteEvent(message))
+        # A cell's session is internal to the cell: its random id means nothing to the reader.
+        emit(NoteEvent(re.sub(r"^session [0-9a-f]{32}: ", "", message)))
 
 
 def _other_handlers(name: str) -> bool:
