@@ -67,4 +67,6 @@ def markdown_to_html(text: str) -> str | None:
         from markdown_it import MarkdownIt
     except ImportError:
         return None
-    return str(MarkdownIt("gfm-like", {"html": True}).render(text))
+    # CommonMark plus GFM tables and strikethrough ("gfm-like" would also need linkify-it-py).
+    md = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+    return str(md.render(text))
