@@ -10,7 +10,8 @@ makes that possible:
 * **The current block is re-sent as it grows**, and only it. A block longer than ``limit``
   characters (a long paragraph, code block, table or list) is cut at a boundary that splits no
   word: between lines of a code block (the fence is closed and reopened), between table rows (the
-  continuation repeats the header, hidden by the live view), between list items, or at a space
+  continuation has an empty header row, which the widget view hides), between list items, or at a
+  space
   where no inline markup is left open. So no update ever re-sends more than about ``limit``
   characters, whatever the answer's length.
 * **What is shown of the current block never has to be taken back**: :func:`stable_prefix` holds
@@ -267,6 +268,9 @@ def _open_at(block: str) -> int | None:
             depth.append(i - 1 if i > 0 and scan[i - 1] == "!" else i)
         elif c == "]" and depth:
             opener = depth.pop()
+            if i + 1 == len(scan):  # "[text]" may still become a link: wait for what follows
+                candidates.append(opener)
+                break
             if scan.startswith("(", i + 1):
                 close = scan.find(")", i + 2)
                 if close < 0:
@@ -277,7 +281,7 @@ def _open_at(block: str) -> int | None:
     if depth:
         candidates.append(depth[0])
     # an HTML tag or autolink being typed, an entity, a trailing backslash
-    tag = re.search(r"<[A-Za-z/!?][^<>\n]*$", scan)
+    tag = re.search(r"<(?:[A-Za-z/!?][^<>\n]*)?$", scan)
     if tag:
         candidates.append(tag.start())
     entity = re.search(r"&#?[A-Za-z0-9]*$", scan)
@@ -400,8 +404,11 @@ class MarkdownBlocks:
         if kind == "table":
             if len(complete) < 3:
                 return None
-            header = complete[0] + "\n" + complete[1] + "\n"
-            k, size = 2, len(header)
+            # The continuation needs a header row to be a table: an empty one (nothing to read
+            # twice; the widget view hides it), with the same delimiter row (column alignment).
+            columns = max(1, complete[1].strip().strip("|").count("|") + 1)
+            header = "|" + "   |" * columns + "\n" + complete[1] + "\n"
+            k, size = 2, len(complete[0]) + len(complete[1]) + 2
             while k < len(complete) - 1 and size + len(complete[k]) + 1 <= budget:
                 size += len(complete[k]) + 1
                 k += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -98,3 +99,59 @@ def test_detect_mode() -> None:
     with pytest.raises(ValueError, match="live mode"):
         detect_mode(Kernel(), "fancy")
     assert make_view("text", ["a"]).mode == "text"
+
+
+# -- Markdown blocks (what the widget and display views show) ---------------------------------------
+
+TRICKY = [
+    "Some **bold** and *slanted* and `code` and $x^2$ and [a link](http://example.com).",
+    "Title\n=====\n\nA paragraph.",
+    "Intro:\n\n- one\n- two *items*\n\n1. first\n2. second\n\nAfter the lists.",
+    "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n\nThe table ended.",
+    "```python\ndef f():\n    return '**not bold**'\n```\n\nAnd `x = 1` inline.",
+    "Use snake_case_names and 2 * 3 * 4 and a_b here.",
+    "A <b>tag</b> &amp; an entity, and a line\n---\nthat became a heading.",
+    "> A quote with **bold**\n> over two lines.\n\nThen text.",
+    "Price: $5 and $10 total.\n\nNext.",
+]
+
+
+def _visible(markdown: str) -> str:
+    """Rendered text of ``markdown`` (markdown-it, as a reader sees it), words only."""
+    import html as html_lib
+
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).render(
+        markdown
+    )
+    text = re.sub(r"</?(?:strong|em|code|a|span|del|s|b)\b[^>]*>", "", rendered)
+    return " ".join(html_lib.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+@pytest.mark.parametrize("answer", TRICKY)
+def test_what_a_growing_answer_shows_is_never_taken_back(answer: str) -> None:
+    """Fed one character at a time, the blocks shown so far render to a prefix of the whole
+    answer's rendering, and together they are the whole answer."""
+    from dispatch_nb.notebook.blocks import MarkdownBlocks, stable_prefix
+
+    final = _visible(answer)
+    blocks = MarkdownBlocks(limit=40)
+    finished: list[str] = []
+    for ch in answer:
+        blocks.feed(ch)
+        done, current = blocks.take()
+        finished += [b.source for b in done]
+        shown = _visible("\n\n".join([*finished, stable_prefix(current.source)]))
+        assert final.startswith(shown), (shown, final)
+    done, current = blocks.take()
+    finished += [b.source for b in done]
+    whole = "\n\n".join([*finished, current.source])
+    assert _visible(whole) == final
+
+    def content(text: str) -> str:  # without the fences and empty table headers a cut adds
+        cut_marks = r"```\w*|\|(   \|)+|\|?(\s*:?-+:?\s*\|)+"  # fences, headers, delimiter rows
+        lines = [ln for ln in text.split("\n") if not re.fullmatch(cut_marks, ln)]
+        return re.sub(r"\s+", "", "".join(lines))
+
+    assert content(whole) == content(answer)  # nothing lost or added
