@@ -406,8 +406,8 @@ _WATCH_JS = """
 
 #: In-page sampler of the *answer's visible text*: every ``interval`` ms, record (time, the text of
 #: the cell's rendered Markdown without footers, notes and math, cell still running, which
-#: rendered elements are on screen, the top of the answer's first heading). Math is left out
-#: because it is typeset a moment after its block appears (raw ``$x^2$`` first).
+#: rendered elements are on screen, the top of the answer's first heading within its cell). Math is
+#: left out because it is typeset a moment after its block appears (raw ``$x^2$`` first).
 _ANSWER_SAMPLER_JS = """
 ([index, interval]) => {
   window.__dnbAnswer = [];
@@ -442,8 +442,10 @@ _ANSWER_SAMPLER_JS = """
       for (const tag of ['h1', 'h2', 'pre', 'table', 'li', 'strong', 'code', 'mjx-container']) {
         has[tag] = out.querySelector('.jp-RenderedMarkdown ' + tag) !== null;
       }
+      // relative to the cell, so scrolling (the front end keeps the next cell in view) is not
+      // mistaken for the answer moving
       const h1 = out.querySelector('.jp-RenderedMarkdown h1');
-      top = h1 ? h1.getBoundingClientRect().top : null;
+      top = h1 ? h1.getBoundingClientRect().top - cell.getBoundingClientRect().top : null;
     }
     window.__dnbAnswer.push([performance.now() - started, out ? answerText(out) : '', running,
                              has, top]);
