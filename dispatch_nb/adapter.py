@@ -36,6 +36,7 @@ from .errors import (
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
+from .validation import check_entry
 
 if TYPE_CHECKING:
     from .structured import StructuredOutput
@@ -573,6 +574,10 @@ class Adapter:
         """
         options.pop("stream", None)
         options.pop("on_delta", None)
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel,
+        )
         request = self._request(
             messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
             temperature=temperature, options=options,
@@ -601,6 +606,10 @@ class Adapter:
         ``output=`` (a pydantic model class, a type, or a JSON Schema dict) the answer is
         validated into ``Response.parsed`` (see :meth:`stream`).
         """
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel, stream=stream,
+        )
         request = self._request(
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,
@@ -628,6 +637,10 @@ class Adapter:
         """The async twin of :meth:`stream` (``async for delta in adapter.astream(...)``)."""
         options.pop("stream", None)
         options.pop("on_delta", None)
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel,
+        )
         request = self._request(
             messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
             temperature=temperature, options=options,
@@ -651,6 +664,10 @@ class Adapter:
         **options: Any,
     ) -> Response:
         """The async twin of :meth:`chat`. ``on_delta`` may be a plain or an async function."""
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel, stream=stream,
+        )
         request = self._request(
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,

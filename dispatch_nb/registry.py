@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from .adapter import Adapter
 from .errors import RequestError
+from .validation import describe
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -46,6 +48,17 @@ _providers: dict[str, _Entry] = {
     "anthropic": "dispatch_nb.providers.anthropic:AnthropicAdapter",
     "local": "dispatch_nb.providers.local:LocalAdapter",
     "fake": "dispatch_nb.providers.fake:FakeAdapter",
+}
+
+
+#: a model to show in examples of ``provider:MODEL``
+_EXAMPLE_MODEL = {
+    "copilot": "gpt-4.1",
+    "openai": "gpt-4.1",
+    "compatible": "llama3",
+    "anthropic": "claude-sonnet-4-5",
+    "local": "smollm2",
+    "fake": "echo",
 }
 
 
@@ -137,12 +150,57 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
         raise RequestError(
             f"DISPATCH_NB_MODEL={default!r} must be 'provider:model' (e.g. 'copilot:gpt-4.1')"
         )
+    if not sep:
+        _check_bare_model(spec, provider)
     return provider, spec
 
 
-def connect(spec: str | None = None, **options: Any) -> Adapter:
-    """An adapter for ``spec`` (``"provider:model"`` or a model name; default
-    ``DISPATCH_NB_MODEL``). ``options`` go to the provider's constructor."""
-    provider, model = parse_model_spec(spec if spec is not None else default_model_spec())
+def _check_bare_model(name: str, provider: str) -> None:
+    """A bare name is a model of the default provider. Refuse the names that are surely not
+    one: a provider's name (``connect("openai")``), and a plain word without a version or size
+    (``"nope"``, ``"claude"``) — model names carry one (``gpt-4.1``, ``claude-sonnet-4-5``,
+    ``llama3``, ``o3``). ``provider:NAME`` always passes the name through as it is."""
+    with _lock:
+        is_provider = name in _providers
+    if is_provider:
+        raise RequestError(
+            f"{name!r} is a provider, not a model: write it as '{name}:MODEL' "
+            f"(e.g. '{name}:{_EXAMPLE_MODEL.get(name, 'MODEL')}')"
+        )
+    if re.fullmatch(r"[A-Za-z]+", name):
+        raise UnknownProviderError(
+            f"{name!r} is neither 'provider:model' nor a model name (model names have a version, "
+            f"e.g. 'gpt-4.1', 'claude-sonnet-4-5'); write it as 'provider:model', e.g. "
+            f"'{provider}:{name}' if {provider} really has a model called {name!r}; "
+            f"providers: {', '.join(list_providers())}"
+        )
+
+
+class _Default:
+    """The value of an omitted ``spec`` (None is refused: it is usually a variable left unset)."""
+
+    def __repr__(self) -> str:
+        return "<the default model>"
+
+
+_DEFAULT_SPEC: Any = _Default()
+
+
+def connect(spec: str = _DEFAULT_SPEC, **options: Any) -> Adapter:
+    """An adapter for ``spec`` (``"provider:model"`` or a model name of the default provider);
+    without ``spec``, the default model (``DISPATCH_NB_MODEL``, else ``copilot:gpt-4.1``).
+    ``options`` go to the provider's constructor.
+
+    A spec that cannot be right fails here, before any request: ``None`` or a non-string
+    (``TypeError``), an unknown provider, a provider's name alone (``connect("openai")``) or a
+    word that is no model name (:class:`UnknownProviderError`, a ``RequestError``)."""
+    if isinstance(spec, _Default):
+        spec = default_model_spec()
+    elif not isinstance(spec, str):
+        raise TypeError(
+            "connect() takes a model spec 'provider:model' (e.g. 'openai:gpt-4.1'), or nothing "
+            f"for the default model ({default_model_spec()}) — not {describe(spec)}"
+        )
+    provider, model = parse_model_spec(spec)
     factory = get_provider(provider)
     return factory(model, **options)

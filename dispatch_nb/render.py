@@ -82,18 +82,16 @@ def response_markdown(
 
 
 def markdown_to_html(text: str) -> str | None:
-    """Markdown → HTML with markdown-it-py when it is installed, else None. Bare URLs become links
-    only where linkify-it-py is installed too (markdown-it-py's "gfm-like" preset needs it and
-    raises without it; a plain ``pip install markdown-it-py`` does not bring it)."""
+    """Markdown → HTML with markdown-it-py when it is installed, else None: CommonMark plus GFM
+    tables and strikethrough, the same on every machine (markdown-it-py's "gfm-like" preset would
+    also linkify bare URLs, but raises where linkify-it-py is not installed)."""
     try:
         from markdown_it import MarkdownIt
     except ImportError:
         return None
-    import importlib.util
-
-    # gfm-like turns on linkify, which raises at render time without linkify-it-py
-    linkify = importlib.util.find_spec("linkify_it") is not None
-    return str(MarkdownIt("gfm-like", {"html": True, "linkify": linkify}).render(text))
+    # CommonMark plus GFM tables and strikethrough ("gfm-like" would also need linkify-it-py).
+    md = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+    return str(md.render(text))
 
 
 # -- structured answers -----------------------------------------------------------------------------

@@ -66,6 +66,7 @@ from .types import (
     ToolUseBlock,
     Usage,
 )
+from .validation import check_call, describe
 
 __all__ = ["AsyncSessionStream", "CancelToken", "Session", "SessionStream", "Tool", "tool"]
 
@@ -97,9 +98,11 @@ class _Turn:
         if "tools" in options:
             raise TypeError("a session's tools are set with Session(tools=...) or set_tools()")
         options.pop("messages", None)
+        check_call(
+            **{k: options[k] for k in ("system", "max_tokens", "temperature", "timeout")
+               if k in options}
+        )
         self.timeout: float | None = options.pop("timeout", None)
-        if self.timeout is not None and self.timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {self.timeout!r}")
         cancel = options.get("cancel")
         if cancel is not None and not isinstance(cancel, CancelToken):
             raise TypeError(f"cancel must be a CancelToken, not {type(cancel).__name__}")
@@ -179,25 +182,23 @@ class Session:
         max_tokens: int | None = None,
         temperature: float | None = None,
     ) -> None:
+        # Every argument is checked before an adapter is made (and long before any request).
+        check_call(
+            "Session: ", system=system, max_tool_rounds=max_tool_rounds, id=id,
+            max_tokens=max_tokens, temperature=temperature,
+        )
         if isinstance(model_or_adapter, Adapter):
             self._adapter, self._owns_adapter = model_or_adapter, False
         elif model_or_adapter is None or isinstance(model_or_adapter, str):
-            from .registry import connect
+            from .registry import connect, default_model_spec
 
-            self._adapter, self._owns_adapter = connect(model_or_adapter), True
+            spec = default_model_spec() if model_or_adapter is None else model_or_adapter
+            self._adapter, self._owns_adapter = connect(spec), True
         else:
             raise TypeError(
-                "Session needs an Adapter or a model spec such as 'openai:gpt-4.1', "
-                f"not {type(model_or_adapter).__name__}"
+                "Session needs an Adapter or a model spec such as 'openai:gpt-4.1' (None: the "
+                f"default model) — not {describe(model_or_adapter)}"
             )
-        if isinstance(max_tool_rounds, bool) or not isinstance(max_tool_rounds, int):
-            raise TypeError(f"max_tool_rounds must be an integer, not {max_tool_rounds!r}")
-        if max_tool_rounds < 0:
-            raise ValueError(f"max_tool_rounds must be 0 or more, not {max_tool_rounds}")
-        if max_tokens is not None and max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
-        if temperature is not None and not 0 <= temperature <= 2:
-            raise ValueError(f"temperature must be between 0 and 2, not {temperature!r}")
         #: this conversation's id (given, or a random hex uuid); survives to_json/from_json
         self.id: str = id or uuid.uuid4().hex
         #: tool rounds one turn may run before the loop stops (see the module docstring)

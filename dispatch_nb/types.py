@@ -294,6 +294,11 @@ class Response(_Model):
         return Message(role="assistant", content=[b.model_copy() for b in self.content])
 
     # Rich display (IPython calls these; nothing here imports IPython).
+    def __str__(self) -> str:
+        """The answer's text, so ``print(response)`` prints what the model said (``repr()``
+        still shows every field, for debugging)."""
+        return self.text
+
     def _repr_markdown_(self) -> str:
         from .render import response_markdown
 

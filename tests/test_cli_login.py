@@ -264,7 +264,7 @@ def test_status_shows_why_copilot_fails(
 ) -> None:
     github.copilot_token_response(notification_id="no_copilot_access")
     monkeypatch.setenv("DISPATCH_NB_GITHUB_TOKEN", github.github_token)
-    assert main(["status"]) == 1
+    assert main(["status"]) == _exit_without_copilot()
     out = capsys.readouterr().out
     assert "from DISPATCH_NB_GITHUB_TOKEN" in out
     assert "not available" in out
@@ -272,9 +272,37 @@ def test_status_shows_why_copilot_fails(
     assert github.github_token not in out
 
 
+def _exit_without_copilot() -> int:
+    """status's exit code when Copilot does not work and no key is set: 0 exactly when the
+    embedded model would work (it is another provider that works)."""
+    from dispatch_nb.providers.local import local_model_available
+
+    return 0 if local_model_available() else 1
+
+
 def test_status_without_a_token(env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["status"]) == 1
-    assert "none" in capsys.readouterr().out
+    assert main(["status"]) == _exit_without_copilot()
+    out = capsys.readouterr().out
+    assert "GitHub token:   none" in out and "Copilot:        not logged in" in out
+    assert "OPENAI_API_KEY is not set" in out and "ANTHROPIC_API_KEY is not set" in out
+    assert "Embedded model:" in out and "Default model:" in out
+
+
+def test_status_reports_every_provider_and_works_with_a_key_alone(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13.11: no Copilot login, but an OpenAI key: status says so and exits 0."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-status-test-secret")
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "")
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(":", 1)[0]: line for line in out.splitlines()}
+    assert "not logged in" in lines["Copilot"]
+    assert "OPENAI_API_KEY is set" in lines["OpenAI"]
+    assert "ANTHROPIC_API_KEY is not set" in lines["Anthropic"]
+    assert "Embedded model" in lines and "Default model" in lines
+    assert "openai:gpt-4.1" in lines["Default model"]
+    assert "sk-status-test-secret" not in out
 
 
 def test_status_runs_as_a_subprocess(github: FakeGitHub, env: dict[str, str]) -> None:

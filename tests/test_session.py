@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -569,3 +570,97 @@ def test_cancel_token_is_reexported() -> None:
     from dispatch_nb import CancelToken as Public
 
     assert CancelToken is Public
+
+
+# -- entry points refuse bad arguments before any request (issue 13.3) -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "says"),
+    [
+        ({"max_tokens": "100"}, TypeError, "max_tokens must be a whole number of tokens above 0"),
+        ({"max_tokens": 1.5}, TypeError, "not 1.5 (a float)"),
+        ({"max_tokens": True}, TypeError, "max_tokens must be"),
+        ({"max_tokens": 0}, ValueError, "max_tokens must be a whole number of tokens above 0"),
+        ({"timeout": "5"}, TypeError, "timeout must be a number of seconds above 0"),
+        ({"timeout": 0}, ValueError, "timeout must be a number of seconds above 0"),
+        ({"system": 123}, TypeError, "system must be a str (the system prompt) or None"),
+        ({"temperature": 3}, ValueError, "temperature must be a number from 0 to 2"),
+        ({"temperature": "hot"}, TypeError, "temperature must be a number from 0 to 2"),
+        ({"cancel": "stop"}, TypeError, "cancel must be a CancelToken or None"),
+    ],
+)
+def test_chat_and_stream_refuse_bad_arguments_before_any_request(
+    adapter: FakeAdapter, fake: CanonicalFake, kwargs: dict[str, Any], error: type, says: str
+) -> None:
+    for call in (adapter.chat, adapter.stream):
+        with pytest.raises(error) as caught:
+            call("hello", **kwargs)
+        assert says in str(caught.value)
+        assert "— not " in str(caught.value)  # and what it got
+    with pytest.raises(error, match=re.escape(says)):
+        asyncio.run(adapter.achat("hello", **kwargs))
+    assert fake.chat_requests == []
+
+
+@pytest.mark.parametrize("messages", [42, None, 3.5, [42], ["hi", object()]])
+def test_chat_refuses_messages_it_cannot_send(
+    adapter: FakeAdapter, fake: CanonicalFake, messages: Any
+) -> None:
+    with pytest.raises(TypeError, match="messages must be a str, a Message, a dict"):
+        adapter.chat(messages)
+    assert fake.chat_requests == []
+
+
+def test_session_checks_its_arguments_and_model_spec_before_any_request(
+    adapter: FakeAdapter, fake: CanonicalFake
+) -> None:
+    with pytest.raises(TypeError, match=r"Session: max_tokens must be .* not '100' \(a str\)"):
+        Session(adapter, max_tokens="100")
+    with pytest.raises(TypeError, match="Session: system must be a str"):
+        Session(adapter, system=123)
+    with pytest.raises(TypeError, match="Session: max_tool_rounds must be a whole number"):
+        Session(adapter, max_tool_rounds="3")
+    with pytest.raises(RequestError, match="'nope' is neither 'provider:model' nor a model name"):
+        Session("nope")
+    with pytest.raises(RequestError, match="'openai' is a provider, not a model: write it as "
+                                           "'openai:MODEL'"):
+        Session("openai")
+    with pytest.raises(TypeError, match="Session needs an Adapter or a model spec"):
+        Session(42)  # type: ignore[arg-type]
+    session = Session(adapter)
+    with pytest.raises(TypeError, match="timeout must be a number of seconds above 0"):
+        session.send("hi", timeout="5")
+    with pytest.raises(TypeError, match="max_tokens must be"):
+        session.send("hi", max_tokens="5")
+    assert fake.chat_requests == []
+
+
+def test_connect_refuses_none_non_strings_and_provider_names() -> None:
+    from dispatch_nb import connect
+    from dispatch_nb.registry import UnknownProviderError
+
+    with pytest.raises(TypeError, match=r"connect\(\) takes a model spec 'provider:model'"):
+        connect(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"not 42 \(an int\)"):
+        connect(42)  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match="'anthropic' is a provider, not a model"):
+        connect("anthropic")
+    with pytest.raises(UnknownProviderError, match="write it as 'provider:model'"):
+        connect("nope")
+    with pytest.raises(UnknownProviderError, match="unknown provider 'nope'"):
+        connect("nope:model")
+    assert connect("fake:echo", base_url="http://127.0.0.1:9").model_name == "echo"
+
+
+def test_lone_surrogates_are_replaced_with_one_warning(
+    adapter: FakeAdapter, fake: CanonicalFake
+) -> None:
+    name = b"caf\xe9.txt".decode("utf-8", "surrogateescape")  # what os.listdir gives
+    with pytest.warns(UnicodeWarning, match="1 character in the message could not be encoded"):
+        response = adapter.chat(f"Open {name}")
+    assert sent(fake)["messages"][-1]["content"] == "Open caf\ufffd.txt"
+    assert response.text == "echo: Open caf\ufffd.txt"
+    with pytest.warns(UnicodeWarning, match="in the system prompt"):
+        adapter.chat("hi", system="be \udcff")
+    assert sent(fake)["system"] == "be \ufffd"

@@ -15,6 +15,7 @@ This module is imported on the first ``%%chat``, never by ``%load_ext``.
 from __future__ import annotations
 
 import argparse
+import keyword
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
+from ..validation import replace_lone_surrogates, surrogate_note
 from .display import (
     ChatError,
     ChatInterrupted,
@@ -177,7 +179,9 @@ def resolve_tools(names: str | None, namespace: dict[str, Any]) -> list[Any]:
             except (TypeError, ValueError) as exc:
                 raise ChatError("Tool error", f"{name}: {exc}", "Add type hints, or use @tool.") from None
         else:
-            raise ChatError("Tool error", f"{name} is a {type(obj).__name__}, not a function")
+            from ..validation import article
+
+            raise ChatError("Tool error", f"{name} is {article(type(obj).__name__)}, not a function")
     return out
 
 
@@ -337,11 +341,46 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
 # the cell
 
 
+INTERRUPTED = "interrupted"
+
+
 def _partial_response(outcome: JobOutcome) -> Response | None:
     error = outcome.error
     if isinstance(error, DispatchError):
         return error.partial
     return None
+
+
+def _response_of(outcome: JobOutcome, transcript: Any) -> Response | None:
+    """The answer a job ended with: its result, else the partial answer of its error, else
+    what the transcript shows (a job abandoned while a tool ran)."""
+    if isinstance(outcome.result, CallResult):
+        return outcome.result.response
+    partial = _partial_response(outcome)
+    if partial is not None:
+        return partial
+    text = transcript.text
+    if not text:
+        return None
+    usage = transcript.usage or Usage()
+    return Response(content=[TextBlock(text=text)], model=transcript.model or "", usage=usage)
+
+
+def _clean(text: str, where: str, notes: list[str]) -> str:
+    cleaned, count = replace_lone_surrogates(text)
+    if count:
+        notes.append(surrogate_note(count, where))
+    return cleaned
+
+
+def _check_output_name(name: str | None) -> None:
+    if name is None:
+        return
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise UsageError(
+            f"-o needs a Python variable name (letters, digits and _, not starting with a digit), "
+            f"not {name!r}"
+        )
 
 
 def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell: str) -> None:
@@ -351,6 +390,7 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
     namespace = shell.user_ns
     fmt = args.format or magics.format
     interpolate = magics.interpolate and not args.no_interpolate
+    _check_output_name(args.output)
     try:
         prompt = build_prompt(
             cell,
@@ -364,6 +404,7 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
     text = re.sub(r"\A(?:[ \t]*\n)+", "", prompt.text).rstrip()  # surrounding blank lines
     if not text:
         raise UsageError("the %%chat cell is empty: write the prompt below the %%chat line")
+    text = _clean(text, "the prompt", prompt.notes)
 
     if args.temperature is not None and not 0 <= args.temperature <= 2:
         raise UsageError(f"--temperature must be between 0 and 2, not {args.temperature}")
@@ -379,14 +420,16 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
     mode = cache_mode(magics, args.cache)
     stream = magics.stream and not args.no_stream
     system = args.system if args.system is not None else (magics.system or None)
+    if system is not None:
+        system = _clean(system, "the system prompt", prompt.notes)
 
     # Conversation memory.
     thread_name = args.thread or magics.thread
     thread = magics.threads.get(thread_name)
     if args.new:
         thread.clear()
-    identity = cell_identity(magics.cell_id, f"{thread_name}\n{line}\n{cell}")
-    key = cell_key(magics.cell_id, f"{thread_name}\n{line}\n{cell}", magics.next_occurrence(identity))
+    identity = cell_identity(magics.cell_id, magics.execution_count)
+    key = cell_key(identity, magics.next_occurrence(f"{thread_name}\n{identity}"))
     use_history = not args.no_history
     history = thread.history_for(key) if use_history else []
     user = Message(role="user", content=text)
@@ -432,13 +475,13 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
             transcript.finish(_partial_response(outcome))
         error = None
         if outcome.error is not None:
-            error = "cancelled" if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
+            error = INTERRUPTED if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
         view.job_done(index, transcript.footer(outcome.latency), error)
 
     interrupted = False
     try:
         try:
-            run_jobs(jobs, view.feed, tick=view.tick, on_done=on_done)
+            run_jobs(jobs, view.feed, tick=view.tick, on_done=on_done, on_interrupt=view.interrupt)
         except KeyboardInterrupt:
             interrupted = True
     except BaseException:
@@ -447,6 +490,7 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
 
     outcomes = [job.outcome for job in jobs]
     extra = {"thread": None if (compare or not use_history) else thread_name, "live": view.mode}
+    context = {"history_turns": len(thread) if use_history else 0, "no_history": args.no_history}
 
     if compare:
         entries = []
@@ -454,9 +498,9 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
             error = None
             if outcome.error is not None:
                 if isinstance(outcome.error, RequestCancelled):
-                    error = "cancelled"
+                    error = INTERRUPTED
                 else:
-                    error = explain_error(outcome.error, spec=spec).message
+                    error = explain_error(outcome.error, spec=spec, context=context).message
             entries.append(
                 CompareEntry(
                     spec=spec,
@@ -466,12 +510,12 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
                     error=error,
                 )
             )
-        final = compare_output(entries, extra=extra)
+        final = compare_output(entries, extra=extra, notes=_all_notes(prompt.notes, view))
     else:
         outcome = outcomes[0]
         note = None
         if interrupted or isinstance(outcome.error, RequestCancelled):
-            note = "⏹ interrupted"
+            note = "⏹ " + INTERRUPTED
         elif outcome.error is not None:
             note = f"⚠ {type(outcome.error).__name__}"
         final = final_output(
@@ -481,27 +525,43 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
             ttft=outcome.time_to_first_output,
             extra=extra,
             note=note,
+            notes=_all_notes(prompt.notes, view),
+            failed=interrupted or outcome.error is not None,
         )
     view.finish(final)
 
-    _after(magics, args, final, plans, outcomes, thread, key, use_history, compare, fmt)
+    _after(magics, args, final, plans, outcomes, view.transcripts, thread, key, use_history,
+           compare, fmt)
 
     if interrupted:
-        raise ChatInterrupted("chat cancelled; the partial answer is kept above") from None
+        raise ChatInterrupted(_interrupted_message(view)) from None
     failures = [
         (spec, o.error) for spec, o in zip(specs, outcomes, strict=True) if o.error is not None
     ]
     if failures and not compare:
         failed_spec, failure = failures[0]
         if isinstance(failure, RequestCancelled):
-            raise ChatInterrupted("chat cancelled; the partial answer is kept above") from None
+            raise ChatInterrupted(_interrupted_message(view)) from None
         if not isinstance(failure, (DispatchError, ChatError)):
             raise failure
         available = _available_models(plans[0])
-        raise explain_error(failure, spec=failed_spec, available=available) from None
+        raise explain_error(failure, spec=failed_spec, available=available, context=context) from None
     if failures and len(failures) == len(specs):
         failed_spec, failure = failures[0]
-        raise explain_error(failure, spec=failed_spec) from None
+        raise explain_error(failure, spec=failed_spec, context=context) from None
+
+
+def _all_notes(notes: list[str], view: Any) -> list[str]:
+    """The prompt's notes plus the warnings logged while the answers streamed."""
+    out = list(notes)
+    for transcript in view.transcripts:
+        out += [n for n in transcript.log_notes if n not in out]
+    return out
+
+
+def _interrupted_message(view: Any) -> str:
+    kept = any(not t.empty for t in view.transcripts)
+    return INTERRUPTED + ("; the partial answer is kept above" if kept else "")
 
 
 def _available_models(plan: CallPlan) -> list[str]:
@@ -517,33 +577,41 @@ def _after(
     final: FinalOutput,
     plans: list[CallPlan],
     outcomes: list[JobOutcome],
+    transcripts: list[Any],
     thread: Any,
     key: str,
     use_history: bool,
     compare: bool,
     fmt: str,
 ) -> None:
-    """Record the turn, store ``-o VAR`` and ``Out[n]``, send ``-f code`` to the next cell."""
+    """Record the turn, store ``-o VAR`` and ``Out[n]``, send ``-f code`` to the next cell.
+
+    ``-o`` always stores something: the answer, the partial answer of an interrupted or failed
+    cell (when anything arrived), and in a comparison each model's answer or the error it ended
+    with."""
     shell = magics.shell
     assert shell is not None
     count = magics.execution_count
     results = [o.result if isinstance(o.result, CallResult) else None for o in outcomes]
+    def stored(index: int) -> Any:
+        outcome = outcomes[index]
+        if outcome.error is None:
+            return _response_of(outcome, transcripts[index])
+        if isinstance(outcome.error, RequestCancelled):  # Ctrl-C: what arrived, if anything did
+            return _response_of(outcome, transcripts[index]) or outcome.error
+        return outcome.error  # a failure: the error (its .partial holds what arrived)
+
     if compare:
-        value: Any = {
-            plan.spec: result.response
-            for plan, result in zip(plans, results, strict=True)
-            if result is not None
-        }
-        if args.output and value:
-            shell.user_ns[args.output] = value
+        if args.output:
+            shell.user_ns[args.output] = {plan.spec: stored(i) for i, plan in enumerate(plans)}
         return
     result = results[0]
+    if args.output:
+        shell.user_ns[args.output] = stored(0)
     if result is None:
         return
     if use_history:
         thread.record(turn_from(key, plans[0].user, result.produced, result.response, count))
-    if args.output:
-        shell.user_ns[args.output] = result.response
     out = shell.user_ns.get("Out")
     if isinstance(out, dict) and isinstance(count, int):
         out[count] = result.response

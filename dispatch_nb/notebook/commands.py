@@ -1,13 +1,16 @@
 """The ``%chat`` subcommands: ``login``, ``logout``, ``status``, ``models``, ``history``, ``reset``.
 
-Each shows one small static output (Markdown where a kernel renders it, text in a terminal) and
-never prints a secret: tokens and keys appear only as "set" / "not set" and where they come from.
+Each shows one small static output — Markdown where a kernel renders it, and its own plain-text
+version for a terminal (no ``**`` or backticks there) — and never prints a secret: tokens and keys
+appear only as "set" / "not set" and where they come from. ``%chat key PROVIDER`` asks for a key
+with ``getpass`` and keeps it in this kernel's environment, so it is never in the notebook.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -33,10 +36,17 @@ _KEY_ENV = {
 }
 
 
+def _plain(markdown: str) -> str:
+    """Short Markdown of our own as plain text: no emphasis markers, code ticks or escapes."""
+    text = re.sub(r"(\*\*|__)(.+?)\1", r"\2", markdown)
+    text = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"\1", text)
+    return text.replace("`", "")
+
+
 def _show(markdown: str, plain: str | None = None) -> None:
     from .live import ipy_display
 
-    ipy_display({"text/markdown": markdown, "text/plain": plain or markdown}, raw=True)
+    ipy_display({"text/markdown": markdown, "text/plain": plain or _plain(markdown)}, raw=True)
 
 
 def run(magics: ChatMagics, args: argparse.Namespace) -> None:
@@ -48,26 +58,96 @@ def run(magics: ChatMagics, args: argparse.Namespace) -> None:
         "models": models,
         "history": history,
         "reset": reset,
+        "key": key,
     }[args.command]
     handler(magics, args)
 
 
 def login(magics: ChatMagics, args: argparse.Namespace) -> None:
-    """``%chat login [PROVIDER]``: the GitHub device login for Copilot; key advice otherwise."""
+    """``%chat login [PROVIDER] [--force]``: the GitHub device login for Copilot (when not logged
+    in already, or with ``--force``); how to give a key otherwise."""
     provider = (args.target or "copilot").lower()
     if provider in _KEY_ENV:
         env = _KEY_ENV[provider]
         state = "is set" if os.environ.get(env) else "is not set"
         _show(
-            f"**{provider}** uses an API key, not a login: set `{env}` "
-            f"(e.g. `%env {env}=...`). `{env}` {state}."
+            f"**{provider}** uses an API key, not a login: run `%chat key {provider}` to type it "
+            f"(nothing is saved in the notebook), or set `{env}` in the environment Jupyter "
+            f"starts from. `{env}` {state}."
         )
         return
     if provider != "copilot":
         raise UsageError(f"%chat login knows copilot (GitHub device login); not {provider!r}")
+    if not getattr(args, "force", False):
+        found = _github_token()
+        if found is not None:
+            who = _user_of(found)
+            _show(
+                f"Already logged in to GitHub Copilot{who} (the token comes from "
+                f"{found.source}). `%chat login --force` logs in again."
+            )
+            return
     from .login import run_login
 
     run_login(magics, force=True)
+
+
+def _github_token() -> Any:
+    from ..auth.token_store import find_github_token
+
+    try:
+        return find_github_token()
+    except Exception:
+        return None
+
+
+def _user_of(found: Any) -> str:
+    try:
+        from ..auth.token_store import TokenStore
+
+        record = TokenStore().load_record()
+        if record is not None and record.user and str(TokenStore().path) == found.source:
+            return f" as @{record.user}"
+    except Exception:
+        pass
+    return ""
+
+
+def key(magics: ChatMagics, args: argparse.Namespace) -> None:
+    """``%chat key PROVIDER``: ask for the provider's API key (``getpass``: not echoed, not in the
+    notebook) and set it in this kernel's environment."""
+    provider = (args.target or "").lower()
+    if provider not in _KEY_ENV:
+        raise UsageError(
+            "%chat key needs a provider that uses an API key: "
+            + ", ".join(sorted(_KEY_ENV))
+            + (" (Copilot signs in with %chat login)" if provider == "copilot" else "")
+        )
+    env = _KEY_ENV[provider]
+    import getpass
+
+    from IPython.core.error import StdinNotImplementedError
+
+    try:
+        value = getpass.getpass(f"{env} (not shown, not saved in the notebook): ")
+    except (StdinNotImplementedError, EOFError, OSError):
+        from .display import ChatError
+
+        raise ChatError(
+            "Cannot ask for the key",
+            "this front end does not let the kernel ask for input",
+            f"Set {env} in the environment Jupyter starts from instead.",
+        ) from None
+    value = value.strip()
+    if not value:
+        _show(f"Nothing typed: `{env}` is unchanged ({'set' if os.environ.get(env) else 'not set'}).")
+        return
+    os.environ[env] = value
+    magics.close_adapters()  # the next cell connects with the new key
+    _show(
+        f"`{env}` is set for this kernel (until it restarts). It is not saved in the notebook or "
+        "anywhere else."
+    )
 
 
 def logout(magics: ChatMagics, args: argparse.Namespace) -> None:
@@ -119,7 +199,8 @@ def status(magics: ChatMagics, args: argparse.Namespace) -> None:
     rows.append(
         (
             "threads",
-            ", ".join(f"`{name}` ({n} turns)" for name, n in threads.items()) or "none yet",
+            ", ".join(f"`{name}` ({n} turn{'' if n == 1 else 's'})" for name, n in threads.items())
+            or "none yet",
         )
     )
     md = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
@@ -170,6 +251,14 @@ def models(magics: ChatMagics, args: argparse.Namespace) -> None:
     else:
         spec = default_spec(magics)[0]
         provider = parse_model_spec(spec)[0]
+    if provider == "copilot" and cache_mode(magics, None) != "replay" and _github_token() is None:
+        _show(
+            "*Not logged in to GitHub Copilot*, so its models cannot be listed: run "
+            "`%chat login` first, then `%chat models copilot`.",
+            "Not logged in to GitHub Copilot, so its models cannot be listed: run %chat login "
+            "first, then %chat models copilot.",
+        )
+        return
     try:
         adapter = get_adapter(magics, spec, cache_mode(magics, None))
         found = adapter.list_models()
@@ -181,15 +270,29 @@ def models(magics: ChatMagics, args: argparse.Namespace) -> None:
     if not found:
         _show(f"*{provider} lists no models.*")
         return
-    lines = ["| model | name | context | tools | vision |", "|---|---|---:|:---:|:---:|"]
-    for m in found:
-        context = f"{m.max_context_tokens:,}" if m.max_context_tokens else "–"
-        lines.append(
-            f"| `{provider}:{m.id}` | {m.name or ''} | {context} | "
-            f"{'✓' if m.supports_tool_use else ''} | {'✓' if m.supports_vision else ''} |"
+    _show(_models_table(provider, found), "\n".join(f"{provider}:{m.id}" for m in found))
+
+
+def _models_table(provider: str, found: list[Any]) -> str:
+    """The models as a Markdown table with only the columns some model has data for."""
+    columns: list[tuple[str, str, Any]] = [("model", "---", lambda m: f"`{provider}:{m.id}`")]
+    if any(m.name and m.name != m.id for m in found):
+        columns.append(("name", "---", lambda m: m.name or ""))
+    if any(m.max_context_tokens for m in found):
+        columns.append(
+            ("context", "---:", lambda m: f"{m.max_context_tokens:,}" if m.max_context_tokens else "–")
         )
-    plain = "\n".join(f"{provider}:{m.id}" for m in found)
-    _show(f"**{len(found)} models from {provider}**\n\n" + "\n".join(lines), plain)
+    if any(m.supports_tool_use for m in found):
+        columns.append(("tools", ":---:", lambda m: "✓" if m.supports_tool_use else ""))
+    if any(m.supports_vision for m in found):
+        columns.append(("vision", ":---:", lambda m: "✓" if m.supports_vision else ""))
+    lines = [
+        "| " + " | ".join(c[0] for c in columns) + " |",
+        "|" + "|".join(c[1] for c in columns) + "|",
+    ]
+    lines += ["| " + " | ".join(str(c[2](m)) for c in columns) + " |" for m in found]
+    noun = "model" if len(found) == 1 else "models"
+    return f"**{len(found)} {noun} from {provider}**\n\n" + "\n".join(lines)
 
 
 def history(magics: ChatMagics, args: argparse.Namespace) -> None:
@@ -201,15 +304,14 @@ def history(magics: ChatMagics, args: argparse.Namespace) -> None:
         _show(f"*There is no thread `{name}` yet.*{known}")
         return
     thread = magics.threads.get(name)
-    plain = "\n\n".join(f"You: {t.prompt}\nAssistant: {t.answer}" for t in thread) or "(empty)"
-    _show(thread.to_markdown(), plain)
+    _show(thread.to_markdown(), thread.to_plain())
 
 
 def reset(magics: ChatMagics, args: argparse.Namespace) -> None:
     """``%chat reset [THREAD]`` (``--all`` for every thread)."""
     if args.all:
         cleared: list[Any] = magics.threads.reset(None)
-        _show(f"Cleared {len(cleared)} thread(s).")
+        _show(f"Cleared {len(cleared)} thread{'' if len(cleared) == 1 else 's'}.")
         return
     name = args.target or magics.thread
     cleared = magics.threads.reset(name)

@@ -33,6 +33,7 @@ __all__ = [
     "explain_error",
     "extract_code",
     "final_output",
+    "notes_markdown",
     "parse_json_answer",
 ]
 
@@ -55,6 +56,8 @@ class ToolPart:
     result: str | None = None
     is_error: bool = False
     duration: float | None = None
+    #: True when Ctrl-C stopped the cell while this tool still ran (its result is dropped)
+    abandoned: bool = False
 
     @property
     def arguments_text(self) -> str:
@@ -88,6 +91,10 @@ class Transcript:
         self.replayed = False
         #: True once any answer text arrived (cheap to ask on every repaint)
         self.has_text = False
+        #: why each retry happened (``"rate limited, HTTP 429"``), in order
+        self.retries: list[str] = []
+        #: other warnings the library logged while this answer streamed
+        self.log_notes: list[str] = []
         self._tools: dict[str, ToolPart] = {}
 
     # -- feeding ---------------------------------------------------------------------------------
@@ -124,6 +131,17 @@ class Transcript:
                 tool.duration = event.duration
         elif kind == "message_done":
             self.add_response(event.response)
+        elif kind == "retry":
+            self.retries.append(event.reason)
+        elif kind == "note" and event.message not in self.log_notes:
+            self.log_notes.append(event.message)
+
+    def abandon_tools(self) -> list[ToolPart]:
+        """Mark the tools that were still running as abandoned (Ctrl-C); returns them."""
+        running = [t for t in self.tools if t.arguments is not None and t.result is None]
+        for tool in running:
+            tool.abandoned = True
+        return running
 
     def add_response(self, response: Response) -> None:
         """Count one finished model round (usage adds up over tool rounds)."""
@@ -176,6 +194,11 @@ class Transcript:
             parts.append(f"{self.rounds} rounds")
         if self.stop_reason and self.stop_reason != "end_turn":
             parts.append(f"stop: {self.stop_reason}")
+        if self.retries:
+            reasons = list(dict.fromkeys(self.retries))
+            count = len(self.retries)
+            parts.append(f"retried {count}× ({', '.join(reasons)})" if count > 1
+                         else f"retried once ({reasons[0]})")
         if note:
             parts.append(note)
         return " · ".join(parts)
@@ -185,7 +208,7 @@ class Transcript:
         out: list[str] = []
         for part in self.parts:
             if isinstance(part, ToolPart):
-                out.append(tool_markdown(part))
+                out.append(tool_markdown(part).strip("\n"))
             elif part.kind == "thinking":
                 body = part.text.strip()
                 if body:
@@ -195,8 +218,15 @@ class Transcript:
                         + "\n\n</details>\n"
                     )
             else:
-                out.append(part.text)
-        return "\n".join(s for s in out if s) or "*(no text)*"
+                out.append(part.text.strip("\n"))
+        return "\n\n".join(s for s in out if s) or "*(no text)*"
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing at all arrived (no text, thinking or tool call)."""
+        return not any(
+            isinstance(p, ToolPart) or p.text.strip() for p in self.parts
+        )
 
     def plain(self) -> str:
         """The transcript as plain text (tool calls as one line each)."""
@@ -239,7 +269,9 @@ def _short(text: str, limit: int) -> str:
 def tool_line(part: ToolPart, limit: int = 160) -> str:
     """``name({"x": 1}) → result`` on one line."""
     line = f"{part.name}({_short(part.arguments_text, limit)})"
-    if part.result is not None:
+    if part.abandoned:
+        line += " ⏹ abandoned (interrupted while it ran)"
+    elif part.result is not None:
         arrow = "⚠" if part.is_error else "→"
         line += f" {arrow} {_short(part.result, limit)}"
     return line
@@ -256,6 +288,8 @@ def _code_span(text: str) -> str:
 def tool_markdown(part: ToolPart) -> str:
     """One tool call (and its result) as Markdown."""
     call = f"🔧 **{part.name}** {_code_span(_short(part.arguments_text, 300))}"
+    if part.abandoned:
+        return f"{call} ⏹ *abandoned: still running when the cell was interrupted*\n"
     if part.result is None:
         return call + "\n"
     label = "⚠ error" if part.is_error else "→"
@@ -281,6 +315,8 @@ class FinalOutput:
     metadata: dict[str, Any]
     terminal: str | None = None
     code: str | None = None  # for -f code: what goes into the next cell
+    #: True when there is nothing to show (a failure before anything streamed, without notes)
+    empty: bool = False
 
 
 def _sub(text: str) -> str:
@@ -290,13 +326,51 @@ def _sub(text: str) -> str:
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
 
-def extract_code(text: str) -> tuple[str, str]:
-    """The code in an answer: every fenced block joined (language of the first), else the text."""
-    blocks = _FENCE.findall(text)
+_PYTHON_NAMES = ("python", "py", "python3", "ipython", "ipython3")
+
+
+def _is_python(code: str) -> bool:
+    import ast
+
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def extract_code(text: str) -> tuple[str, str, str | None]:
+    """The code in an answer for ``-f code``: ``(language, code, note)``.
+
+    The blocks in Python (labelled so, else unlabelled blocks that parse as Python; else the
+    language of the first block) are joined — one cell never mixes languages — and ``note`` says
+    which blocks were left out. An answer without a fenced block is taken whole only when it is
+    valid Python; otherwise ``code`` is empty and ``note`` says nothing went to the next cell."""
+    blocks = [(lang.lower(), code.rstrip("\n")) for lang, code in _FENCE.findall(text)]
     if not blocks:
-        return "", text.strip()
-    language = blocks[0][0]
-    return language, "\n\n".join(code.rstrip("\n") for _, code in blocks)
+        stripped = text.strip()
+        if stripped and _is_python(stripped):
+            return "python", stripped, None
+        return "", "", (
+            "The answer has no fenced code block (```), so nothing was put in the next cell."
+        )
+    keep = [i for i, (lang, _) in enumerate(blocks) if lang in _PYTHON_NAMES]
+    if not keep:
+        keep = [i for i, (lang, code) in enumerate(blocks) if not lang and _is_python(code)]
+    language = "python" if keep else blocks[0][0]
+    if not keep:
+        keep = [i for i, (lang, _) in enumerate(blocks) if lang == language]
+    code = "\n\n".join(blocks[i][1] for i in keep)
+    left = [blocks[i][0] or "unlabelled" for i in range(len(blocks)) if i not in keep]
+    note = None
+    if left:
+        what = "block" if len(left) == 1 else "blocks"
+        kept = f"the {language} code" if language else "the first block's code"
+        note = (
+            f"{len(left)} code {what} in another language ({', '.join(left)}) left out: the next "
+            f"cell has {kept} only."
+        )
+    return language, code, note
 
 
 def parse_json_answer(text: str) -> Any:
@@ -319,6 +393,11 @@ def parse_json_answer(text: str) -> Any:
     raise error or ValueError("no JSON found")
 
 
+def notes_markdown(notes: list[str]) -> str:
+    """Interpolation notes and hints, as small lines above an answer."""
+    return "".join(f"<sub>ℹ {html.escape(n, quote=False)}</sub>\n\n" for n in notes)
+
+
 def final_output(
     transcript: Transcript,
     *,
@@ -327,8 +406,15 @@ def final_output(
     ttft: float | None = None,
     extra: dict[str, Any] | None = None,
     note: str | None = None,
+    notes: list[str] | None = None,
+    failed: bool = False,
 ) -> FinalOutput:
-    """The one static output a finished (or failed, or interrupted) cell leaves."""
+    """The one static output a finished (or failed, or interrupted) cell leaves.
+
+    ``notes`` (what interpolation did, which model runs and how to sign in) stay above the answer,
+    as they were while it streamed. ``failed`` with nothing streamed leaves only those notes: the
+    error itself follows the output, so an empty answer and a zero footer would only repeat it."""
+    notes = list(notes or [])
     footer = transcript.footer(latency, note=note)
     meta = {
         "dispatch_nb": {
@@ -338,35 +424,58 @@ def final_output(
             **(extra or {}),
         }
     }
+    if notes:
+        meta["dispatch_nb"]["notes"] = notes
+    top = notes_markdown(notes)
+    top_plain = "".join(f"ℹ {n}\n" for n in notes)
+    if failed and transcript.empty:
+        meta["dispatch_nb"]["footer"] = ""
+        if not notes:
+            return FinalOutput({"text/plain": ""}, meta, terminal="", empty=True)
+        return FinalOutput({"text/markdown": top.rstrip("\n"), "text/plain": top_plain.rstrip("\n")},
+                           meta, terminal=top_plain.rstrip("\n"))
     text = transcript.text
     if fmt == "text":
         plain = transcript.plain()
-        return FinalOutput({"text/plain": f"{plain}\n\n[{footer}]"}, meta, terminal=None)
+        return FinalOutput({"text/plain": f"{top_plain}{plain}\n\n[{footer}]"}, meta, terminal=None)
     if fmt == "code":
-        language, code = extract_code(text)
-        md = f"```{language}\n{code}\n```" + _sub(footer + " · sent to the next cell")
-        return FinalOutput({"text/markdown": md, "text/plain": code}, meta, terminal=code, code=code)
+        language, code, warning = extract_code(text)
+        if warning:
+            meta["dispatch_nb"]["code_note"] = warning
+        if not code:
+            md = top + transcript.markdown() + f"\n\n⚠ *{html.escape(warning or '')}*" + _sub(footer)
+            return FinalOutput({"text/markdown": md, "text/plain": text}, meta,
+                               terminal=f"⚠ {warning}")
+        shown = f"```{language}\n{code}\n```"
+        if warning:
+            shown += f"\n\n⚠ *{html.escape(warning)}*"
+        md = top + shown + _sub(footer + " · sent to the next cell")
+        said = (f"⚠ {warning}\n" if warning else "") + "The code is in the next input."
+        return FinalOutput({"text/markdown": md, "text/plain": code}, meta, terminal=said, code=code)
     if fmt == "json":
         try:
             value = parse_json_answer(text)
         except ValueError as exc:
             md = (
-                transcript.markdown()
+                top
+                + transcript.markdown()
                 + f"\n\n⚠ *The answer is not valid JSON: {html.escape(str(exc))}*"
                 + _sub(footer)
             )
             meta["dispatch_nb"]["json_error"] = str(exc)
-            return FinalOutput({"text/markdown": md, "text/plain": text}, meta, terminal=text)
+            return FinalOutput({"text/markdown": md, "text/plain": text}, meta,
+                               terminal=f"⚠ The answer is not valid JSON: {exc}")
         pretty = json.dumps(value, indent=2, ensure_ascii=False)
         data: dict[str, Any] = {
-            "text/markdown": f"```json\n{pretty}\n```" + _sub(footer),
+            "text/markdown": top + f"```json\n{pretty}\n```" + _sub(footer),
             "text/plain": pretty,
         }
         if isinstance(value, (dict, list)):
             data["application/json"] = value
-        return FinalOutput(data, meta, terminal=pretty)
-    md = transcript.markdown() + _sub(footer)
-    return FinalOutput({"text/markdown": md, "text/plain": transcript.plain() or text}, meta)
+        return FinalOutput(data, meta, terminal=None)
+    md = top + transcript.markdown() + _sub(footer)
+    return FinalOutput({"text/markdown": md, "text/plain": top_plain + (transcript.plain() or text)},
+                       meta)
 
 
 @dataclass
@@ -380,7 +489,12 @@ class CompareEntry:
     error: str | None = None
 
 
-def compare_output(entries: list[CompareEntry], *, extra: dict[str, Any] | None = None) -> FinalOutput:
+def compare_output(
+    entries: list[CompareEntry],
+    *,
+    extra: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> FinalOutput:
     """One static comparison: a table of usage and latency, then each model's answer."""
     rows = [
         "| model | tokens in / out | latency | first token | stop |",
@@ -404,7 +518,7 @@ def compare_output(entries: list[CompareEntry], *, extra: dict[str, Any] | None 
             body += f"\n\n⚠ *{html.escape(e.error)}*"
         sections.append(f"#### {e.spec}\n\n{body}")
         plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n[error] {e.error}" if e.error else ""))
-    md = "\n".join(rows) + "\n\n" + "\n\n---\n\n".join(sections)
+    md = notes_markdown(list(notes or [])) + "\n".join(rows) + "\n\n" + "\n\n---\n\n".join(sections)
     meta = {
         "dispatch_nb": {
             "compare": [
@@ -413,7 +527,9 @@ def compare_output(entries: list[CompareEntry], *, extra: dict[str, Any] | None 
             **(extra or {}),
         }
     }
-    text = "\n\n".join(plain)
+    if notes:
+        meta["dispatch_nb"]["notes"] = list(notes)
+    text = "".join(f"ℹ {n}\n" for n in notes or []) + "\n\n".join(plain)
     return FinalOutput({"text/markdown": md, "text/plain": text}, meta, terminal=None)
 
 
@@ -443,7 +559,7 @@ class ChatError(Exception):
 
 
 class ChatInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a ``%%chat`` cell; the partial answer stays visible above."""
+    """Ctrl-C stopped a ``%%chat`` cell (or a login); what arrived stays visible above."""
 
     def _render_traceback_(self) -> list[str]:
         return [
@@ -452,18 +568,52 @@ class ChatInterrupted(KeyboardInterrupt):
         ]
 
 
+def _context_fix(context: dict[str, Any]) -> str:
+    turns = int(context.get("history_turns") or 0)
+    if turns and not context.get("no_history"):
+        return (
+            f"The conversation ({turns} earlier turn{'s' if turns != 1 else ''}) no longer fits "
+            "the model's context: start afresh with --new, send this cell alone with "
+            "--no-history, or keep fewer turns (`%config ChatMagics.history_length = 5`)."
+        )
+    return (
+        "The prompt alone is too long for this model: shorten it, interpolate less (smaller "
+        "`%config ChatMagics.max_value_chars` / `max_rows`), or use a model with a larger "
+        "context (-m)."
+    )
+
+
 _KEY_FIX = {
     "copilot": "Run `%chat login` to sign in to GitHub Copilot (or set DISPATCH_NB_GITHUB_TOKEN).",
-    "openai": "Set OPENAI_API_KEY (e.g. `%env OPENAI_API_KEY=sk-...`), or choose another model with -m.",
-    "anthropic": (
-        "Set ANTHROPIC_API_KEY (e.g. `%env ANTHROPIC_API_KEY=...`), or choose another model with -m."
+    "openai": (
+        "Run `%chat key openai` to type the key (nothing is saved in the notebook), or set "
+        "OPENAI_API_KEY in the environment Jupyter starts from (or in a .env file), or choose "
+        "another model with -m."
     ),
-    "compatible": "Check the server's API key (OPENAI_API_KEY) and OPENAI_BASE_URL.",
+    "anthropic": (
+        "Run `%chat key anthropic` to type the key (nothing is saved in the notebook), or set "
+        "ANTHROPIC_API_KEY in the environment Jupyter starts from (or in a .env file), or "
+        "choose another model with -m."
+    ),
+    "compatible": (
+        "Check the server's API key (`%chat key compatible`, or OPENAI_API_KEY in the "
+        "environment) and OPENAI_BASE_URL."
+    ),
 }
 
 
-def explain_error(exc: BaseException, *, spec: str = "", available: list[str] | None = None) -> ChatError:
-    """A :class:`ChatError` saying what went wrong with ``exc`` and how to fix it."""
+def explain_error(
+    exc: BaseException,
+    *,
+    spec: str = "",
+    available: list[str] | None = None,
+    context: dict[str, Any] | None = None,
+) -> ChatError:
+    """A :class:`ChatError` saying what went wrong with ``exc`` and how to fix it.
+
+    ``context`` says what the cell used (``history_turns``: turns sent before the prompt,
+    ``no_history``), so the advice fits: a prompt too long for the context with no history to
+    drop is told to shorten the prompt, not to use ``--no-history``."""
     from .. import errors as e
     from .prompt import PromptError
 
@@ -494,10 +644,7 @@ def explain_error(exc: BaseException, *, spec: str = "", available: list[str] | 
         else:
             fix = f"Run `%chat models {provider}` to list the models you can use."
     elif isinstance(exc, e.ContextLengthError):
-        fix = (
-            "The conversation no longer fits the model's context: use --new or --no-history, "
-            "`%chat reset`, or a lower `%config ChatMagics.history_length`."
-        )
+        fix = _context_fix(context or {})
     elif isinstance(exc, e.APITimeoutError):
         fix = "Run the cell again, or allow more time: `%config ChatMagics.timeout = 600`."
     elif isinstance(exc, e.APIConnectionError):

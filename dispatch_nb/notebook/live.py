@@ -5,21 +5,28 @@ Three renderings, picked by :func:`detect_mode` (``%config ChatMagics.live = "au
 default):
 
 ``widget``  (a kernel with ipywidgets: JupyterLab, Notebook 7, VS Code, Colab)
-    A small widget tree: a header (model, state), the text, thinking in a collapsed accordion, one
-    line per tool call (updated when its result arrives), and a footer.
+    A small widget tree: the answer as rendered Markdown, thinking in a collapsed accordion, one
+    line per tool call (updated when its result arrives), and a status line at the bottom that
+    becomes the footer.
 ``display`` (a kernel without ipywidgets)
-    ``display_id`` outputs updated in place: a status line (state, tool calls, thinking size) and
-    the text.
+    ``display_id`` outputs updated in place: the answer as rendered Markdown, one output per
+    block, the last one ending with the status line.
 ``text``    (terminal IPython, or no kernel)
     The text printed as it arrives, then a footer line.
 
-**Bytes on the wire grow linearly with the answer.** Neither widgets nor ``display_id`` outputs can
-append: every update re-sends the whole value. So the text is cut into *segments* of at most
-:data:`SEGMENT_CHARS` characters, each its own widget / display output; an update re-sends only the
-segment still growing. Updates are coalesced by a :class:`Pacer`: the first text is shown at once,
-later ones at most ``rate`` times per second (20 by default). So an answer of N characters costs
-about N·(segment/2)/(chars per update) bytes — linear in N — instead of the N²/2 of re-sending
-everything on every delta.
+**Rendered Markdown from the first token, bytes linear in the answer.** Neither widgets nor
+``display_id`` outputs can append: every update re-sends the whole value. So the answer is cut
+into Markdown blocks (:mod:`~dispatch_nb.notebook.blocks`): each finished block is its own output
+(an ``Output`` widget, or a ``display_id`` output) holding ``text/markdown`` that the front end
+renders — with the same renderer as the final output, math and code highlighting included — and
+is never sent again; only the block still growing is re-sent, and it never exceeds
+:data:`~dispatch_nb.notebook.blocks.BLOCK_LIMIT` characters (a longer block is cut where no word
+is split). Updates are coalesced by a :class:`Pacer`: the first text is shown at once, later ones
+at most ``rate`` times per second (20 by default). So an answer of N characters costs about
+N·(block/2)/(characters per update) bytes — linear in N — instead of the N²/2 of re-sending
+everything on every delta. What a growing block shows is its :func:`stable_prefix`, so text once
+shown is never taken back, and the status line sits *below* the answer where the footer will be:
+when the answer is complete nothing above it moves.
 
 When the answer is complete, :meth:`LiveView.finish` replaces the live view with ONE static
 output (see ``display.final_output``): the widget's output is updated in place to plain
@@ -38,6 +45,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from .blocks import Block, MarkdownBlocks, stable_prefix, warm_up
+
 if TYPE_CHECKING:
     from .display import FinalOutput, ToolPart
 
@@ -55,9 +64,9 @@ __all__ = [
 
 MODES = ("auto", "widget", "display", "text")
 LIVE_ENV = "DISPATCH_NB_LIVE"
-#: the most characters one live segment (widget or display output) holds
+#: the most characters one live thinking segment holds
 SEGMENT_CHARS = 600
-#: the most segments one block (a VBox) of the widget view holds
+#: the most segments (or Markdown blocks) one box of the widget view holds
 BLOCK_SEGMENTS = 16
 DEFAULT_RATE = 20.0
 
@@ -66,9 +75,22 @@ _TEXT_STYLE = (
     "font-family: var(--jp-content-font-family, var(--vscode-font-family, sans-serif));"
 )
 _DIM = "color: var(--jp-ui-font-color2, #777); font-size: 0.85em;"
-#: sent once per view, so each streamed segment update carries only ``<div class=...>text</div>``
+#: the live view's own styles (sent with the status line): the answer's Markdown blocks sit
+#: flush, one after the other, like the paragraphs of the final output; a block cut in pieces
+#: reads as one (a continued table hides its repeated header, a continued code block its seam).
 _CSS = (
-    "<style>.dnb-text{" + _TEXT_STYLE + "}.dnb-thinking{" + _TEXT_STYLE + _DIM + "}</style>"
+    "<style>"
+    ".dnb-thinking{" + _TEXT_STYLE + _DIM + "}"
+    ".dnb-live .widget-output,.dnb-live .dnb-md{margin:0;padding:0;}"
+    ".dnb-live .dnb-md .jp-OutputArea-child{margin:0;padding:0;}"
+    ".dnb-live .dnb-md .jp-OutputArea-prompt{display:none;}"
+    ".dnb-live .dnb-md .jp-OutputArea-output{padding-top:0;padding-bottom:0;overflow:visible;}"
+    ".dnb-live .dnb-hide-header thead{visibility:collapse;}"
+    ".dnb-live .dnb-has-cont pre,.dnb-live .dnb-has-cont table{margin-bottom:0;}"
+    ".dnb-live .dnb-cont pre,.dnb-live .dnb-cont table{margin-top:0;}"
+    ".dnb-live .dnb-has-cont .jp-RenderedMarkdown > :last-child{margin-bottom:0;}"
+    ".dnb-live .dnb-cont .jp-RenderedMarkdown > :first-child{margin-top:0;}"
+    "</style>"
 )
 
 
@@ -146,36 +168,40 @@ class Pacer:
 
 
 class _Segments:
-    """Text cut into chunks of at most ``limit`` characters; tracks which chunks changed."""
+    """Text cut into chunks of at most ``limit`` characters, never inside a word (a chunk ends at
+    a space when it can); tracks which chunks changed."""
 
     __slots__ = ("chunks", "dirty", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.chunks: list[list[str]] = []
+        self.chunks: list[str] = []
         self.dirty: set[int] = set()
-
-    def _room(self) -> int:
-        if not self.chunks:
-            return 0
-        return self.limit - sum(len(p) for p in self.chunks[-1])
 
     def add(self, text: str) -> list[int]:
         """Append ``text``; returns the indexes of chunks it created."""
         created: list[int] = []
-        while text:
-            room = self._room()
-            if room <= 0:
-                self.chunks.append([])
-                created.append(len(self.chunks) - 1)
-                room = self.limit
-            piece, text = text[:room], text[room:]
-            self.chunks[-1].append(piece)
+        if not text:
+            return created
+        if not self.chunks:
+            self.chunks.append("")
+            created.append(0)
+        last = self.chunks[-1] + text
+        while len(last) > self.limit:
+            window = last[: self.limit]
+            cut = max(window.rfind(" "), window.rfind("\n"))
+            cut = cut + 1 if cut >= self.limit // 2 else self.limit
+            self.chunks[-1] = last[:cut]
             self.dirty.add(len(self.chunks) - 1)
+            last = last[cut:]
+            self.chunks.append("")
+            created.append(len(self.chunks) - 1)
+        self.chunks[-1] = last
+        self.dirty.add(len(self.chunks) - 1)
         return created
 
     def text(self, index: int) -> str:
-        return "".join(self.chunks[index])
+        return self.chunks[index]
 
     def take_dirty(self) -> list[int]:
         dirty = sorted(self.dirty)
@@ -187,6 +213,7 @@ def _tool_html(part: ToolPart) -> str:
     from .display import tool_line
 
     icon = "⏳" if part.result is None else ("⚠️" if part.is_error else "🔧")
+    icon = "⏹" if part.abandoned else icon
     took = f" <span style='{_DIM}'>{part.duration:.2f} s</span>" if part.duration else ""
     return (
         f"<div style='{_TEXT_STYLE} font-family: var(--jp-code-font-family, monospace); "
@@ -195,7 +222,21 @@ def _tool_html(part: ToolPart) -> str:
 
 
 def _status_html(title: str, state: str) -> str:
-    return f"<div style='{_DIM}'><b>{html.escape(title)}</b> · {html.escape(state)}</div>"
+    return (
+        f"{_CSS}<div class='dnb-status' style='{_DIM}'><b>{html.escape(title)}</b> · "
+        f"{html.escape(state)}</div>"
+    )
+
+
+def _markdown_bundle(markdown: str) -> dict[str, Any]:
+    return {"output_type": "display_data", "data": {"text/markdown": markdown}, "metadata": {}}
+
+
+def retry_state(event: Any) -> str:
+    """The quiet status line of a retry: ``↻ rate limited, HTTP 429 — retrying in 2 s (1 of 2)``."""
+    wait = f"in {event.delay:.0f} s" if event.delay >= 1 else "now"
+    of = f" ({event.attempt} of {event.retries})" if event.retries else ""
+    return f"↻ {event.reason} — retrying {wait}{of}"
 
 
 class LiveView:
@@ -213,6 +254,7 @@ class LiveView:
         self.pacer = Pacer(rate)
         self.transcripts = [Transcript(t) for t in titles]
         self.states = ["waiting for the first token…" for _ in titles]
+        self.ended = [False for _ in titles]
         self.dirty = False
         self.text_shown = False
         self.notes: list[str] = []
@@ -227,12 +269,17 @@ class LiveView:
     def start(self, notes: list[str] | None = None) -> None:
         """Show the (empty) live view; ``notes`` are shown above it (interpolation notes)."""
         self.notes = list(notes or [])
+        if self.mode in ("widget", "display"):
+            warm_up()  # the Markdown parser loads while the request is on its way
 
     def feed(self, index: int, event: Any) -> None:
         """Take one event of column ``index`` (buffered until the next flush)."""
         self.transcripts[index].feed(event)
-        if self.states[index] != "streaming…":
-            self.states[index] = "streaming…"
+        kind = getattr(event, "type", None)
+        state = retry_state(event) if kind == "retry" else "streaming…"
+        if self.states[index] != state:
+            self.states[index] = state
+            self._state_changed(index)
         self._feed(index, event)
         self.dirty = True
 
@@ -250,14 +297,25 @@ class LiveView:
         self.dirty = False
         if self._has_text():
             self.text_shown = True
-        self.pacer.mark(now)
+        self.pacer.mark(time.monotonic())  # the next update waits from the end of this one
         return None
 
     def job_done(self, index: int, footer: str, error: str | None = None) -> None:
         """Column ``index`` finished: show its footer (compare mode shows each as it ends)."""
+        self.ended[index] = True
         self.states[index] = ("⚠ " + error) if error else "done"
         self._job_done(index, footer, error)
         self.dirty = True
+
+    def interrupt(self) -> None:
+        """Ctrl-C: say so at once in every column still running (what arrived stays)."""
+        for index, ended in enumerate(self.ended):
+            if not ended:
+                self.states[index] = "⏹ interrupted"
+                self._state_changed(index)
+        self.dirty = True
+        self._flush()
+        self.dirty = False
 
     def finish(self, final: FinalOutput) -> None:
         """Replace the live view with the one static ``final`` output."""
@@ -273,6 +331,9 @@ class LiveView:
     # -- what a rendering supplies -------------------------------------------------------------------
     def _has_text(self) -> bool:
         return any(t.has_text for t in self.transcripts)
+
+    def _state_changed(self, index: int) -> None:
+        pass
 
     def _feed(self, index: int, event: Any) -> None:
         pass
@@ -292,51 +353,109 @@ class LiveView:
 
 
 class _Run:
-    """A stretch of one kind of text (answer or thinking) as widgets: segments of at most
-    ``segment_chars`` characters, grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no
-    update ever re-sends more than one segment's text or one block's list of children."""
+    """A stretch of thinking as widgets: segments of at most ``segment_chars`` characters,
+    grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no update ever re-sends more than
+    one segment's text or one block's list of children."""
 
-    def __init__(self, kind: str, segment_chars: int, inner: Any = None) -> None:
-        self.kind = kind
+    kind = "thinking"
+
+    def __init__(self, segment_chars: int, inner: Any) -> None:
         self.segments = _Segments(segment_chars)
         self.widgets: list[Any] = []
         self.blocks: list[Any] = []
         self.dirty_blocks: set[int] = set()
-        self.inner = inner  # the accordion's box for thinking; None: blocks go in the body
+        self.inner = inner  # the accordion's box
         self.inner_dirty = False
 
 
+class _MarkdownRun:
+    """A stretch of answer text as rendered Markdown: one ``Output`` widget per block (see the
+    module docstring), grouped in boxes of at most :data:`BLOCK_SEGMENTS`."""
+
+    kind = "text"
+
+    def __init__(self, column: _WidgetColumn, limit: int) -> None:
+        self.column = column
+        self.blocks = MarkdownBlocks(limit)
+        self.outputs: list[Any] = []
+        self.current: Any = None  # the Output showing the block still growing
+        self.shown = ""
+        self.dirty = False
+
+    def add(self, text: str) -> None:
+        self.blocks.feed(text)
+        self.dirty = True
+
+    def _output_for(self, block: Block) -> Any:
+        if self.current is not None:
+            return self.current
+        column = self.column
+        out = column._make(column.w.Output, layout=column.segment_layout)
+        out.add_class("dnb-md")
+        if block.continued and self.outputs:
+            out.add_class("dnb-cont")
+            self.outputs[-1].add_class("dnb-has-cont")
+        if block.hide_header:
+            out.add_class("dnb-hide-header")
+        self.outputs.append(out)
+        column.place(out)
+        self.current = out
+        self.shown = ""
+        return out
+
+    def _show(self, out: Any, markdown: str) -> None:
+        if markdown != self.shown:
+            out.outputs = (_markdown_bundle(markdown),)
+            self.shown = markdown
+
+    def flush(self, final: bool = False) -> None:
+        if not self.dirty and not final:
+            return
+        self.dirty = False
+        finished, current = self.blocks.take()
+        for block in finished:
+            self._show(self._output_for(block), block.source)
+            self.current = None
+        markdown = current.source.rstrip() if final else stable_prefix(current.source)
+        if markdown.strip():
+            self._show(self._output_for(current), markdown)
+
+
 class _WidgetColumn:
-    """One model's live view as ipywidgets: header, body (text / thinking / tool parts), footer."""
+    """One model's live view as ipywidgets: the body (text / thinking / tool parts), then the
+    status line, which becomes the footer."""
 
     def __init__(self, widgets: Any, title: str, segment_chars: int, width: str | None) -> None:
         from ipywidgets.widgets.widget_string import HTMLStyle
 
+        from .blocks import BLOCK_LIMIT
+
         self.w = widgets
         self.title = title
         self.segment_chars = segment_chars
+        self.block_limit = BLOCK_LIMIT
         self.created: list[Any] = []
-        self.header = self._make(
-            widgets.HTML, value=_CSS + _status_html(title, "waiting for the first token…")
-        )
         # Segments share one layout and one style model: one comm per segment, not three.
         self.segment_layout = self._make(widgets.Layout, margin="0")
         self.segment_style = self._make(HTMLStyle)
         self.body = self._make(widgets.VBox, children=())
-        self.footer = self._make(widgets.HTML, value="")
-        layout = {"width": width, "padding": "0 6px"} if width else {}
-        self.box = self._make(
-            widgets.VBox, children=(self.header, self.body, self.footer), layout=layout
+        self.status = self._make(
+            widgets.HTML, value=_status_html(title, "waiting for the first token…")
         )
+        layout = {"width": width, "padding": "0 6px"} if width else {}
+        self.box = self._make(widgets.VBox, children=(self.body, self.status), layout=layout)
         self.parts: list[Any] = []
         self.parts_dirty = False
-        self.runs: list[_Run] = []
-        self.current: _Run | None = None
+        self.runs: list[_Run | _MarkdownRun] = []
+        self.current: _Run | _MarkdownRun | None = None
+        self.groups: list[Any] = []  # boxes of Markdown blocks in the body
+        self.dirty_groups: set[int] = set()
         self.accordions: list[Any] = []
         self.tools: dict[str, tuple[Any, ToolPart]] = {}
         self.dirty_tools: set[str] = set()
         self.state = "waiting for the first token…"
         self.state_dirty = False
+        self.footer = ""
 
     def _make(self, cls: Any, **kw: Any) -> Any:
         widget = cls(**kw)
@@ -348,10 +467,24 @@ class _WidgetColumn:
             self.state = state
             self.state_dirty = True
 
-    def _open(self, kind: str) -> _Run:
+    def place(self, widget: Any) -> None:
+        """Put a new Markdown block widget at the end of the body (in groups of 16)."""
+        last = self.parts[-1] if self.parts else None
+        if last is None or last not in self.groups or len(last._dnb_children) >= BLOCK_SEGMENTS:
+            group = self._make(self.w.VBox, children=(), layout=self.segment_layout)
+            group._dnb_children = []
+            self.groups.append(group)
+            self.parts.append(group)
+            self.parts_dirty = True
+            last = group
+        last._dnb_children.append(widget)
+        self.dirty_groups.add(self.groups.index(last))
+
+    def _open(self, kind: str) -> _Run | _MarkdownRun:
         if self.current is not None and self.current.kind == kind:
             return self.current
-        inner = None
+        self._settle()
+        run: _Run | _MarkdownRun
         if kind == "thinking":
             inner = self._make(self.w.VBox, children=())
             accordion = self._make(self.w.Accordion, children=(inner,), selected_index=None)
@@ -359,13 +492,24 @@ class _WidgetColumn:
             self.accordions.append(accordion)
             self.parts.append(accordion)
             self.parts_dirty = True
-        run = _Run(kind, self.segment_chars, inner)
+            run = _Run(self.segment_chars, inner)
+        else:
+            run = _MarkdownRun(self, self.block_limit)
         self.runs.append(run)
         self.current = run
         return run
 
+    def _settle(self) -> None:
+        """The text before a tool call or thinking is complete: show all of it."""
+        if isinstance(self.current, _MarkdownRun):
+            self.current.flush(final=True)
+        self.current = None
+
     def add_text(self, kind: str, text: str) -> None:
         run = self._open(kind)
+        if isinstance(run, _MarkdownRun):
+            run.add(text)
+            return
         for _ in run.segments.add(text):
             segment = self._make(
                 self.w.HTML, value="", layout=self.segment_layout, style=self.segment_style
@@ -375,16 +519,12 @@ class _WidgetColumn:
                 block = self._make(self.w.VBox, children=(), layout=self.segment_layout)
                 block._dnb_children = []
                 run.blocks.append(block)
-                if run.inner is None:
-                    self.parts.append(block)
-                    self.parts_dirty = True
-                else:
-                    run.inner_dirty = True
+                run.inner_dirty = True
             run.blocks[-1]._dnb_children.append(segment)
             run.dirty_blocks.add(len(run.blocks) - 1)
 
     def tool_started(self, part: ToolPart) -> None:
-        self.current = None
+        self._settle()
         line = self._make(self.w.HTML, value=_tool_html(part))
         self.tools[part.id] = (line, part)
         self.parts.append(line)
@@ -394,12 +534,14 @@ class _WidgetColumn:
         if tool_id in self.tools:
             self.dirty_tools.add(tool_id)
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
         for run in self.runs:
-            css = "dnb-text" if run.kind == "text" else "dnb-thinking"
+            if isinstance(run, _MarkdownRun):
+                run.flush(final=final)
+                continue
             for i in run.segments.take_dirty():
                 text = html.escape(run.segments.text(i))
-                run.widgets[i].value = f"<div class='{css}'>{text}</div>"
+                run.widgets[i].value = f"<div class='dnb-thinking'>{text}</div>"
             for b in sorted(run.dirty_blocks):
                 block = run.blocks[b]
                 block.children = tuple(block._dnb_children)
@@ -407,6 +549,10 @@ class _WidgetColumn:
             if run.inner_dirty:
                 run.inner.children = tuple(run.blocks)
                 run.inner_dirty = False
+        for g in sorted(self.dirty_groups):
+            group = self.groups[g]
+            group.children = tuple(group._dnb_children)
+        self.dirty_groups.clear()
         for tool_id in sorted(self.dirty_tools):
             line, part = self.tools[tool_id]
             line.value = _tool_html(part)
@@ -415,14 +561,19 @@ class _WidgetColumn:
             self.body.children = tuple(self.parts)
             self.parts_dirty = False
         if self.state_dirty:
-            self.header.value = _CSS + _status_html(self.title, self.state)
+            self.status.value = _status_html(self.title, self.footer or self.state)
             self.state_dirty = False
 
     def done(self, footer: str, error: str | None) -> None:
         for accordion in self.accordions:
             accordion.set_title(0, "Thinking")
-        self.set_state("⚠ " + error if error else "done")
-        self.footer.value = f"<div style='{_DIM}'>{html.escape(footer)}</div>"
+        self.flush(final=True)
+        self.footer = footer + (f" · ⚠ {error}" if error else "")
+        self.state_dirty = True
+
+    def abandon(self, parts: list[ToolPart]) -> None:
+        for part in parts:
+            self.tool_changed(part.id)
 
     def close(self) -> None:
         for widget in reversed(self.created):
@@ -455,9 +606,11 @@ class WidgetView(LiveView):
         self.columns = [_WidgetColumn(widgets, t, self.segment_chars, width) for t in self.titles]
         children: list[Any] = []
         if self.notes:
-            note = widgets.HTML(
-                value="".join(f"<div style='{_DIM}'>ℹ {html.escape(n)}</div>" for n in self.notes)
-            )
+            from .display import notes_markdown
+
+            note = widgets.Output()
+            note.add_class("dnb-md")
+            note.outputs = (_markdown_bundle(notes_markdown(self.notes).rstrip("\n")),)
             self._extra.append(note)
             children.append(note)
         if self.compare:
@@ -467,12 +620,16 @@ class WidgetView(LiveView):
         else:
             children.append(self.columns[0].box)
         self.root = widgets.VBox(children)
+        self.root.add_class("dnb-live")
         self._extra.append(self.root)
         self.handle = ipy_display(self.root, display_id=True)
 
+    def _state_changed(self, index: int) -> None:
+        if self.columns:
+            self.columns[index].set_state(self.states[index])
+
     def _feed(self, index: int, event: Any) -> None:
         column = self.columns[index]
-        column.set_state("streaming…")
         kind = getattr(event, "type", None)
         if kind == "text_delta":
             column.add_text("text", event.text or "")
@@ -485,11 +642,17 @@ class WidgetView(LiveView):
             column.tool_changed(event.tool_call_id or "")
         elif kind == "tool_result":
             column.tool_changed(event.result.tool_use_id)
-            column.current = None
+            column._settle()
 
     def _flush(self) -> None:
         for column in self.columns:
             column.flush()
+
+    def interrupt(self) -> None:
+        for index, column in enumerate(self.columns):
+            if not self.ended[index]:
+                column.abandon(self.transcripts[index].abandon_tools())
+        super().interrupt()
 
     def _job_done(self, index: int, footer: str, error: str | None) -> None:
         self.columns[index].done(footer, error)
@@ -514,9 +677,23 @@ class WidgetView(LiveView):
 # display
 
 
+class _DisplayRun:
+    """A stretch of answer text as ``display_id`` Markdown outputs, one per block."""
+
+    def __init__(self, limit: int) -> None:
+        self.blocks = MarkdownBlocks(limit)
+
+    def take(self, final: bool) -> tuple[list[str], str]:
+        finished, current = self.blocks.take()
+        markdown = current.source.rstrip() if final else stable_prefix(current.source)
+        return [b.source for b in finished], markdown
+
+
 class DisplayView(LiveView):
-    """The ``display_id`` rendering: a status output plus text segments (one model), or one HTML
-    table re-rendered at most ``compare_rate`` times per second (compare mode)."""
+    """The ``display_id`` rendering. One model: one Markdown output per finished block or tool
+    call, and a last output holding the growing block and the status line (so the status stays
+    below the answer). Compare mode: one HTML table re-rendered at most ``compare_rate`` times
+    per second."""
 
     mode = "display"
 
@@ -525,32 +702,126 @@ class DisplayView(LiveView):
         titles: list[str],
         *,
         rate: float = DEFAULT_RATE,
-        segment_chars: int = SEGMENT_CHARS,
+        block_chars: int | None = None,
         compare_rate: float = 10.0,
     ) -> None:
+        from .blocks import BLOCK_LIMIT
+
         super().__init__(titles, rate=rate if len(titles) == 1 else min(rate, compare_rate))
-        self.segments = _Segments(segment_chars)
-        self.segment_handles: list[Any] = []
-        self.status_handle: Any = None
+        self.block_chars = block_chars or BLOCK_LIMIT
         self.table_handle: Any = None
-        self.status_dirty = True
+        self.live_handle: Any = None  # the last output: growing block + status line
+        self.live_markdown = ""  # the growing block's part of it
+        self.shown: dict[str, Any] | None = None
+        self.run: _DisplayRun | None = None
+        self.tool_handles: dict[str, Any] = {}
         self.footers = ["" for _ in titles]
 
-    def _status_markdown(self) -> str:
-        lines = [f"<sub>**{html.escape(self.titles[0])}** · {self.states[0]}"]
-        transcript = self.transcripts[0]
-        thinking = transcript.thinking
-        if thinking:
-            lines[0] += f" · 💭 thinking ({len(thinking):,} characters)"
-        lines[0] += "</sub>"
-        for note in self.notes:
-            lines.append(f"<sub>ℹ {html.escape(note)}</sub>")
+    # -- one model -------------------------------------------------------------------------------
+    def _status_line(self) -> str:
+        state = self.footers[0] or self.states[0]
+        line = f"**{html.escape(self.titles[0])}** · {html.escape(state)}"
+        thinking = self.transcripts[0].thinking
+        if thinking and not self.footers[0]:
+            line += f" · 💭 thinking ({len(thinking):,} characters)"
+        return f"<sub>{line}</sub>"
+
+    def _live_bundle(self) -> dict[str, Any]:
+        body = self.live_markdown.rstrip()
+        markdown = (body + "\n\n" if body else "") + self._status_line()
+        return {"text/markdown": markdown, "text/plain": body or self.titles[0]}
+
+    def _commit(self, markdown: str) -> Any:
+        """Turn the live output into a finished one holding ``markdown``; open a new live one
+        below it. Returns the finished output's handle."""
+        handle = self.live_handle
+        handle.update({"text/markdown": markdown, "text/plain": markdown}, raw=True)
+        self.live_markdown = ""
+        self.shown = None
+        self.live_handle = ipy_display(self._live_bundle(), raw=True, display_id=True)
+        return handle
+
+    def _settle(self) -> None:
+        if self.run is not None:
+            finished, markdown = self.run.take(final=True)
+            for source in finished:
+                self._commit(source)
+            if markdown.strip():
+                self._commit(markdown)
+        self.run = None
+
+    def start(self, notes: list[str] | None = None) -> None:
+        super().start(notes)
+        if self.compare:
+            self.table_handle = ipy_display(
+                {"text/html": self._table_html(), "text/plain": "streaming…"},
+                raw=True,
+                display_id=True,
+            )
+            return
+        if self.notes:
+            from .display import notes_markdown
+
+            md = notes_markdown(self.notes).rstrip("\n")
+            ipy_display({"text/markdown": md, "text/plain": "\n".join(self.notes)}, raw=True)
+        self.live_handle = ipy_display(self._live_bundle(), raw=True, display_id=True)
+        self.shown = self._live_bundle()
+
+    def _feed(self, index: int, event: Any) -> None:
+        if self.compare:
+            return
+        kind = getattr(event, "type", None)
+        if kind == "text_delta":
+            if self.run is None:
+                self.run = _DisplayRun(self.block_chars)
+            self.run.blocks.feed(event.text or "")
+        elif kind == "tool_use_start":
+            from .display import tool_markdown
+
+            self._settle()
+            tool = self.transcripts[0].tools[-1]
+            self.tool_handles[tool.id] = self._commit(tool_markdown(tool).rstrip())
+        elif kind in ("tool_use_end", "tool_result"):
+            tool_id = event.tool_call_id if kind == "tool_use_end" else event.result.tool_use_id
+            self._update_tool(tool_id or "")
+
+    def _update_tool(self, tool_id: str) -> None:
         from .display import tool_markdown
 
-        for tool in transcript.tools:
-            lines.append(tool_markdown(tool).rstrip())
-        return "\n\n".join(lines)
+        handle = self.tool_handles.get(tool_id)
+        tool = next((t for t in self.transcripts[0].tools if t.id == tool_id), None)
+        if handle is not None and tool is not None:
+            md = tool_markdown(tool).rstrip()
+            handle.update({"text/markdown": md, "text/plain": md}, raw=True)
 
+    def _flush(self, final: bool = False) -> None:
+        if self.compare:
+            self.table_handle.update(
+                {"text/html": self._table_html(), "text/plain": "streaming…"}, raw=True
+            )
+            return
+        if self.run is not None:
+            finished, markdown = self.run.take(final=final)
+            for source in finished:
+                self._commit(source)
+            self.live_markdown = markdown
+        bundle = self._live_bundle()
+        if bundle != self.shown:
+            self.live_handle.update(bundle, raw=True)
+            self.shown = bundle
+
+    def interrupt(self) -> None:
+        if not self.compare:
+            for tool in self.transcripts[0].abandon_tools():
+                self._update_tool(tool.id)
+        super().interrupt()
+
+    def _job_done(self, index: int, footer: str, error: str | None) -> None:
+        self.footers[index] = footer + (f" · ⚠ {error}" if error else "")
+        if not self.compare:
+            self._flush(final=True)
+
+    # -- compare ---------------------------------------------------------------------------------
     def _table_html(self) -> str:
         cells = []
         head = []
@@ -570,55 +841,6 @@ class DisplayView(LiveView):
             + "".join(cells)
             + "</tr></table>"
         )
-
-    def start(self, notes: list[str] | None = None) -> None:
-        super().start(notes)
-        if self.compare:
-            self.table_handle = ipy_display(
-                {"text/html": self._table_html(), "text/plain": "streaming…"},
-                raw=True,
-                display_id=True,
-            )
-        else:
-            self.status_handle = ipy_display(
-                {"text/markdown": self._status_markdown(), "text/plain": self.titles[0]},
-                raw=True,
-                display_id=True,
-            )
-            self.status_dirty = False
-
-    def _feed(self, index: int, event: Any) -> None:
-        if self.compare:
-            return
-        kind = getattr(event, "type", None)
-        if kind == "text_delta":
-            self.segments.add(event.text or "")
-            if self.states[0] == "streaming…" and not self.text_shown:
-                self.status_dirty = True
-        else:
-            self.status_dirty = True
-
-    def _flush(self) -> None:
-        if self.compare:
-            self.table_handle.update(
-                {"text/html": self._table_html(), "text/plain": "streaming…"}, raw=True
-            )
-            return
-        if self.status_dirty:
-            self.status_handle.update(
-                {"text/markdown": self._status_markdown(), "text/plain": self.titles[0]}, raw=True
-            )
-            self.status_dirty = False
-        for i in self.segments.take_dirty():
-            data = {"text/plain": self.segments.text(i)}
-            if i < len(self.segment_handles):
-                self.segment_handles[i].update(data, raw=True)
-            else:
-                self.segment_handles.append(ipy_display(data, raw=True, display_id=True))
-
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
-        self.footers[index] = footer + (f" · ⚠ {error}" if error else "")
-        self.status_dirty = True
 
     def _finish(self, final: FinalOutput) -> None:
         ipy_clear_output(wait=True)
@@ -674,6 +896,15 @@ class TextView(LiveView):
                 if tool.id == event.result.tool_use_id:
                     arrow = "⚠" if tool.is_error else "→"
                     self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
+        elif kind == "retry":
+            prefix = "" if self.at_line_start and not self.pending else "\n"
+            self.pending.append(f"{prefix}{retry_state(event)}\n")
+
+    def interrupt(self) -> None:
+        if not self.compare:
+            for _tool in self.transcripts[0].abandon_tools():
+                self.pending.append("   ⏹ abandoned: still running when interrupted\n")
+        super().interrupt()
 
     def _flush(self) -> None:
         if self.pending:
@@ -699,7 +930,7 @@ class TextView(LiveView):
             footer = final.metadata.get("dispatch_nb", {}).get("footer", "")
             if not self.at_line_start:
                 self._write("\n")
-            if final.terminal is not None:
+            if final.terminal:  # a warning or a hint; the answer itself was printed as it came
                 self._write(final.terminal.rstrip("\n") + "\n")
             if footer:
                 self._write(f"[{footer}]\n")

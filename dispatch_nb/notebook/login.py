@@ -74,7 +74,7 @@ def _status_text(state: str, info: Mapping[str, Any]) -> str:
     if state == "expired":
         return "⌛ The code expired before it was approved."
     if state == "cancelled":
-        return "⏹ Login cancelled."
+        return "⏹ Login interrupted."
     return f"⚠ {info.get('message') or state}"
 
 
@@ -282,7 +282,9 @@ class TextLoginView(LoginView):
         )
 
     def set_state(self, state: str, info: Mapping[str, Any]) -> None:
-        if state != self.state and state != "pending":
+        # "approved" is said once, by done() (with who logged in and where the token is); the
+        # other endings too: only a slow-down is worth a line of its own.
+        if state != self.state and state == "slow_down":
             print(_status_text(state, info), flush=True)
         super().set_state(state, info)
 
@@ -391,13 +393,13 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
     except KeyboardInterrupt:
         outcome = LoginOutcome("cancelled", message=_status_text("cancelled", {}))
         view.end(outcome)
-        raise ChatInterrupted("login cancelled") from None
+        raise ChatInterrupted("login interrupted") from None
     if job.outcome.error is not None:
         outcome = _outcome_of(job.outcome.error)
         view.end(outcome)
         fix = "Run `%chat login` again."
         if outcome.state == "cancelled":
-            raise ChatInterrupted("login cancelled") from None
+            raise ChatInterrupted("login interrupted") from None
         raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "), fix,
                         original=job.outcome.error) from None
     outcome = job.outcome.result

@@ -11,6 +11,7 @@ in ``ipython_config.py``); ``%config ChatMagics`` lists them all.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -55,7 +56,7 @@ def line_magic(name: str) -> Callable[[_F], _F]:
 FORMATS = ("markdown", "text", "code", "json")
 CACHE_MODES = ("off", "read-write", "replay", "record")
 LIVE_MODES = ("auto", "widget", "display", "text")
-SUBCOMMANDS = ("login", "logout", "status", "models", "history", "reset")
+SUBCOMMANDS = ("login", "logout", "status", "models", "history", "reset", "key")
 
 
 def usage_line(parser: Any) -> str:
@@ -66,6 +67,24 @@ def usage_line(parser: Any) -> str:
 def _usage_error(parser: Any, exc: UsageError) -> UsageError:
     """The argparse message plus the usage line."""
     return UsageError(f"{exc}\n{usage_line(parser)}")
+
+
+def parse_magic_line(parser: Any, line: str) -> Any:
+    """Parse a magic's option line the way a shell would: quotes group words and are removed
+    (``-s "Be terse."`` is the system prompt ``Be terse.``), a backslash escapes the next
+    character. IPython's own ``parse_argstring`` keeps the quote characters, so the line is split
+    with :func:`shlex.split` and handed to the ``@magic_arguments`` parser, whose errors stay
+    ``UsageError`` s (now with the usage line)."""
+    try:
+        argv = shlex.split(line, posix=True)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise UsageError(
+            f"cannot read the options ({str(exc).lower()}): {line.strip()}\n{usage_line(parser)}"
+        ) from None
+    try:
+        return parser.parse_args(argv)
+    except UsageError as exc:
+        raise _usage_error(parser, exc) from None
 
 
 @magics_class
@@ -210,7 +229,10 @@ class ChatMagics(Magics):
         self._execution_count = count - 1 if counted and isinstance(count, int) else None
 
     def post_run_cell(self, result: Any) -> None:
-        """Store the cell's exception as ``Err[n]``."""
+        """Store the cell's exception as ``Err[n]``; forget the finished cell's identity (a
+        ``run_cell_magic`` call outside any cell must not take the last cell's turn)."""
+        self._cell_id = None
+        self._execution_count = None
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         info = getattr(result, "info", None)
         if getattr(info, "silent", False):
@@ -276,10 +298,7 @@ class ChatMagics(Magics):
             %%chat -f code                                              (code into the next cell)
         """
         parser: Any = self.chat_cell.parser  # type: ignore[attr-defined]
-        try:
-            args = parser.parse_argstring(line)
-        except UsageError as exc:
-            raise _usage_error(parser, exc) from None
+        args = parse_magic_line(parser, line)
         from .cell import run_chat_cell
 
         run_chat_cell(self, args, line, cell)
@@ -288,25 +307,26 @@ class ChatMagics(Magics):
     @magic_arguments.argument("command", choices=SUBCOMMANDS, help="What to do.")
     @magic_arguments.argument(
         "target", nargs="?", default=None,
-        help="PROVIDER for login/models; THREAD for history/reset.",
+        help="PROVIDER for login/models/key; THREAD for history/reset.",
     )
     @magic_arguments.argument(
         "--all", action="store_true", help="reset: clear every thread."
     )
+    @magic_arguments.argument(
+        "--force", action="store_true", help="login: log in again even when already logged in."
+    )
     @line_magic("chat")
     def chat_line(self, line: str) -> None:
-        """Manage dispatch_nb: ``login [PROVIDER]``, ``logout``, ``status``, ``models [PROVIDER]``,
-        ``history [THREAD]``, ``reset [THREAD]``. Prompts go in a ``%%chat`` cell."""
+        """Manage dispatch_nb: ``login [PROVIDER] [--force]``, ``logout``, ``status``,
+        ``models [PROVIDER]``, ``history [THREAD]``, ``reset [THREAD]``, ``key PROVIDER`` (type an
+        API key; it is kept in this kernel's environment only). Prompts go in a ``%%chat`` cell."""
         parser: Any = self.chat_line.parser  # type: ignore[attr-defined]
         if not line.strip():
             raise UsageError(
                 "%chat needs a command: " + ", ".join(SUBCOMMANDS) + ". Prompts go in a "
                 "%%chat cell.\n" + usage_line(parser)
             )
-        try:
-            args = parser.parse_argstring(line)
-        except UsageError as exc:
-            raise _usage_error(parser, exc) from None
+        args = parse_magic_line(parser, line)
         from . import commands
 
         commands.run(self, args)

@@ -8,9 +8,17 @@ The design (no event loop involved, so nothing depends on — or patches — the
   waits on that queue, hands events to the live view and calls ``tick`` when the view asked to
   be woken (coalesced repaints);
 * Ctrl-C (``KeyboardInterrupt`` on the main thread, which is where the kernel delivers it)
-  cancels every job's :class:`~dispatch_nb.cancel.CancelToken`; the jobs end promptly with
-  ``RequestCancelled`` carrying the partial answer, and :func:`run_jobs` re-raises the interrupt
-  once they did, so the caller can show what arrived.
+  cancels every job's :class:`~dispatch_nb.cancel.CancelToken` and tells the caller at once
+  (``on_interrupt``). A job that is streaming ends within milliseconds with ``RequestCancelled``
+  carrying the partial answer. A job that does not end within :data:`ABANDON_AFTER` seconds —
+  it is running a synchronous tool, which no token can stop — is **abandoned**: its outcome says
+  ``RequestCancelled``, its thread finishes in the background and whatever it still produces is
+  dropped. :func:`run_jobs` then re-raises the interrupt, so the caller can show what arrived.
+* Log records of the ``dispatch_nb`` logger made on a job's thread while the jobs run — the
+  adapter's retry lines — become events of that job (:class:`RetryEvent`, :class:`NoteEvent`):
+  the live view shows them as a quiet status line and the footer counts them, instead of Python's
+  last-resort handler printing them to stderr (red boxes saved with the notebook). No handler of
+  ours remains on the logger after the cell; records of other threads are handled as before.
 
 This works the same inside ipykernel's running asyncio loop, in terminal IPython and after the
 user's own ``await`` cells. Compare mode is simply several jobs.
@@ -18,7 +26,9 @@ user's own ``await`` cells. Compare mode is simply several jobs.
 
 from __future__ import annotations
 
+import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,10 +37,92 @@ from typing import Any
 
 from ..cancel import CancelToken
 
-__all__ = ["Job", "JobOutcome", "run_jobs"]
+__all__ = ["Job", "JobOutcome", "NoteEvent", "RetryEvent", "run_jobs"]
 
-#: how long to wait for cancelled jobs to wind down after Ctrl-C
-CANCEL_GRACE = 5.0
+#: how long to wait for cancelled jobs to wind down after Ctrl-C before abandoning them
+ABANDON_AFTER = 0.5
+
+_REASONS = {
+    "RateLimitError": "rate limited",
+    "ServerError": "the server failed",
+    "APIConnectionError": "the connection failed",
+    "APITimeoutError": "the request timed out",
+}
+
+
+@dataclass
+class RetryEvent:
+    """The adapter is about to retry a failed request (taken from its log line)."""
+
+    reason: str
+    attempt: int = 1
+    delay: float = 0.0
+    retries: int = 0
+    type: str = "retry"
+
+
+@dataclass
+class NoteEvent:
+    """Another warning the library logged while a job ran; shown with the answer."""
+
+    message: str
+    type: str = "note"
+
+
+def _retry_event(record: logging.LogRecord) -> RetryEvent | None:
+    """A :class:`RetryEvent` from the adapter's ``retrying ...`` log record, else None."""
+    args = record.args
+    if not (isinstance(record.msg, str) and record.msg.startswith("retrying ")):
+        return None
+    if not (isinstance(args, tuple) and len(args) == 5):
+        return RetryEvent(reason=record.getMessage().removeprefix("retrying "))
+    _provider, _model, what, attempt, delay = args
+    name, _, rest = str(what).partition(": ")
+    reason = _REASONS.get(name, name)
+    status = rest.rsplit("[HTTP ", 1)
+    if len(status) == 2:
+        reason += f", HTTP {status[1].rstrip(']')}"
+    try:
+        return RetryEvent(reason=reason, attempt=int(str(attempt)), delay=float(str(delay)))
+    except ValueError:
+        return RetryEvent(reason=reason)
+
+
+class _JobLogCapture(logging.Handler):
+    """Routes ``dispatch_nb`` log records made on a job's thread to that job (see the module
+    docstring); records of other threads get the handling they would have had without us."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.emitters: dict[int, Emit] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        emit = self.emitters.get(record.thread or 0)
+        if emit is None:
+            if logging.lastResort is not None and not _other_handlers(record.name):
+                logging.lastResort.handle(record)
+            return
+        retry = _retry_event(record)
+        if retry is not None:
+            emit(retry)
+            return
+        message = record.getMessage()
+        if message.startswith("tool ") and " raised " in message:
+            return  # the tool's line already shows its error
+        # A cell's session is internal to the cell: its random id means nothing to the reader.
+        emit(NoteEvent(re.sub(r"^session [0-9a-f]{32}: ", "", message)))
+
+
+def _other_handlers(name: str) -> bool:
+    """True when a handler other than ours would see a record of logger ``name``."""
+    logger: logging.Logger | None = logging.getLogger(name)
+    while logger is not None:
+        if any(not isinstance(h, _JobLogCapture) for h in logger.handlers):
+            return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return False
 
 Emit = Callable[[Any], None]
 
@@ -65,6 +157,9 @@ class Job:
     work: Callable[[Emit, CancelToken], Any]
     cancel: CancelToken = field(default_factory=CancelToken)
     outcome: JobOutcome = field(default_factory=JobOutcome)
+    #: True when Ctrl-C gave up waiting for this job (it still ran a tool); its thread's later
+    #: result and events are dropped
+    abandoned: bool = False
 
 
 class _Done:
@@ -80,18 +175,24 @@ def run_jobs(
     *,
     tick: Callable[[], float | None] | None = None,
     on_done: Callable[[int, JobOutcome], None] | None = None,
+    on_interrupt: Callable[[], None] | None = None,
     idle_wait: float = 0.5,
 ) -> list[JobOutcome]:
     """Run ``jobs`` concurrently; call ``on_event(index, event)`` on *this* thread for each event.
 
     ``tick()`` is called after events and timeouts; it returns the seconds until it wants to be
     called again (None: only when something happens). ``on_done(index, outcome)`` is called as each
-    job ends. On ``KeyboardInterrupt`` every job is cancelled, the jobs get up to
-    :data:`CANCEL_GRACE` seconds to end (their outcomes then hold ``RequestCancelled`` with the
-    partial answer), and the interrupt is re-raised.
+    job ends. On ``KeyboardInterrupt`` every job is cancelled, ``on_interrupt()`` is called at
+    once, the jobs get up to :data:`ABANDON_AFTER` seconds to end (their outcomes then hold
+    ``RequestCancelled`` with the partial answer), the others are abandoned, and the interrupt is
+    re-raised.
     """
+    from ..errors import RequestCancelled
+
     events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
     threads: list[threading.Thread] = []
+    lock = threading.Lock()
+    capture = _JobLogCapture()
 
     for index, job in enumerate(jobs):
 
@@ -99,26 +200,55 @@ def run_jobs(
             outcome = job.outcome
 
             def emit(event: Any) -> None:
-                if outcome.first_output is None:
+                if job.abandoned:
+                    return
+                if outcome.first_output is None and not isinstance(event, (RetryEvent, NoteEvent)):
                     outcome.first_output = time.monotonic()
                 events.put((index, event))
 
+            capture.emitters[threading.get_ident()] = emit
+            result: Any = None
+            error: BaseException | None = None
             try:
-                outcome.result = job.work(emit, job.cancel)
+                result = job.work(emit, job.cancel)
             except BaseException as exc:  # handed to the main thread, which decides
-                outcome.error = exc
+                error = exc
             finally:
-                outcome.ended = time.monotonic()
-                events.put((index, _DONE))
+                capture.emitters.pop(threading.get_ident(), None)
+                with lock:
+                    if not job.abandoned:
+                        outcome.result, outcome.error = result, error
+                        outcome.ended = time.monotonic()
+                        events.put((index, _DONE))
 
         job.outcome.started = time.monotonic()
         thread = threading.Thread(target=body, name=f"dispatch_nb-{job.name}", daemon=True)
         threads.append(thread)
 
-    for thread in threads:
-        thread.start()
+    logger = logging.getLogger("dispatch_nb")
+    logger.addHandler(capture)
+    try:
+        for thread in threads:
+            thread.start()
+        return _pump_all(jobs, events, lock, on_event, tick, on_done, on_interrupt, idle_wait,
+                         RequestCancelled)
+    finally:
+        logger.removeHandler(capture)
 
+
+def _pump_all(
+    jobs: list[Job],
+    events: queue.SimpleQueue[tuple[int, Any]],
+    lock: threading.Lock,
+    on_event: Callable[[int, Any], None],
+    tick: Callable[[], float | None] | None,
+    on_done: Callable[[int, JobOutcome], None] | None,
+    on_interrupt: Callable[[], None] | None,
+    idle_wait: float,
+    cancelled: type[BaseException],
+) -> list[JobOutcome]:
     pending = len(jobs)
+    reported: set[int] = set()
 
     def pump(deadline: float | None) -> None:
         nonlocal pending
@@ -136,9 +266,10 @@ def run_jobs(
             else:
                 if event is _DONE:
                     pending -= 1
+                    reported.add(index)
                     if on_done is not None:
                         on_done(index, jobs[index].outcome)
-                else:
+                elif not jobs[index].abandoned:
                     on_event(index, event)
             if tick is not None:
                 nxt = tick()
@@ -151,16 +282,33 @@ def run_jobs(
     except BaseException as exc:
         # Ctrl-C, or a failure while showing events (a display or widget error): either way the
         # workers must not go on streaming and running tools in the background.
+        interrupted = isinstance(exc, KeyboardInterrupt)
         reason = (
             "interrupted (KeyboardInterrupt)"
-            if isinstance(exc, KeyboardInterrupt)
+            if interrupted
             else f"stopped: the cell failed ({type(exc).__name__})"
         )
         for job in jobs:
             job.cancel.cancel(reason)
         try:
-            pump(time.monotonic() + CANCEL_GRACE)
+            if interrupted and on_interrupt is not None:
+                on_interrupt()
+            pump(time.monotonic() + ABANDON_AFTER)
         except BaseException:  # a second Ctrl-C or the same failure again: stop waiting
             pass
+        now = time.monotonic()
+        for index, job in enumerate(jobs):
+            if index in reported:
+                continue
+            with lock:
+                if not job.outcome.ended:  # still running (a tool): give up on it
+                    job.abandoned = True
+                    job.outcome.error = cancelled("interrupted while a tool was running")
+                    job.outcome.ended = now
+            if on_done is not None:
+                try:
+                    on_done(index, job.outcome)
+                except Exception:
+                    pass
         raise
     return [job.outcome for job in jobs]

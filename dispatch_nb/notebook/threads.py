@@ -1,8 +1,9 @@
 """Conversation memory for ``%%chat``: named threads of turns, one turn per cell.
 
 A :class:`ChatThread` is an ordered list of :class:`Turn` s. Each turn is keyed by the identity of
-the cell that produced it (see :func:`cell_key`), so **re-running a cell replaces its turn in place**
-instead of appending a duplicate:
+the cell that produced it (see :func:`cell_identity`), so **re-running a cell replaces its turn in
+place** instead of appending a duplicate, and a new cell adds a turn even when its text is the same
+as an earlier cell's ("continue", typed twice, is two turns):
 
 * the re-run sees, as history, only the turns *before* its own position — the context it had the
   first time;
@@ -15,8 +16,8 @@ A thread keeps at most ``max_turns`` turns (the oldest are dropped; ``0`` keeps 
 
 from __future__ import annotations
 
-import hashlib
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,23 +38,29 @@ __all__ = [
 DEFAULT_THREAD = "default"
 
 
-def cell_identity(cell_id: str | None, source: str) -> str:
-    """The identity of the cell running a ``%%chat``.
+def cell_identity(cell_id: str | None, execution_count: int | None = None) -> str:
+    """The identity of the cell running a ``%%chat``: the best one the front end offers, never
+    the cell's text.
 
-    ``cell_id`` is the front end's cell id (JupyterLab, Notebook 7 and VS Code send it with each
-    execution), so editing and re-running a cell keeps its identity; without one (terminal IPython,
-    nbclient), the hash of the cell's source stands in, so re-running unchanged source still
-    replaces its turn.
+    * ``cell_id`` — the front end's cell id (JupyterLab, Notebook 7, VS Code and nbclient send it
+      with each execution): editing and re-running a cell keeps its identity, so its turn is
+      replaced; another cell with the same text is another turn.
+    * ``execution_count`` — the cell's ``In[n]`` where no cell id comes (terminal IPython, a front
+      end that sends none): each input is its own turn.
+    * neither (``run_cell_magic`` called outside any counted cell): a fresh identity, a new turn.
     """
     if cell_id:
         return f"cell:{cell_id}"
-    return "src:" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    if execution_count is not None:
+        return f"in:{execution_count}"
+    return "call:" + uuid.uuid4().hex[:12]
 
 
-def cell_key(cell_id: str | None, source: str, occurrence: int = 0) -> str:
-    """The key of a turn: the cell's identity plus ``occurrence``, which numbers the chat calls
-    one execution makes (a loop calling ``run_cell_magic`` several times keeps every answer)."""
-    return f"{cell_identity(cell_id, source)}#{occurrence}"
+def cell_key(identity: str, occurrence: int = 0) -> str:
+    """The key of a turn: the cell's identity (:func:`cell_identity`) plus ``occurrence``, which
+    numbers the chat calls one execution makes (a loop calling ``run_cell_magic`` several times
+    keeps every answer)."""
+    return f"{identity}#{occurrence}"
 
 
 @dataclass
@@ -70,6 +77,26 @@ class Turn:
     def prompt(self) -> str:
         """The user's text of this turn."""
         return self.messages[0].text if self.messages else ""
+
+    def steps(self) -> list[tuple[str, str]]:
+        """The tool calls (``("call", "name({...})")``) and results (``("result", text)``) of
+        this turn, in order."""
+        import json
+
+        steps: list[tuple[str, str]] = []
+        from ..types import ToolResultBlock, ToolUseBlock
+
+        for message in self.messages[1:]:
+            if isinstance(message.content, str):
+                continue
+            for block in message.content:
+                if isinstance(block, ToolUseBlock):
+                    args = json.dumps(block.arguments, ensure_ascii=False)
+                    steps.append(("call", _short(f"{block.name}({args})")))
+                elif isinstance(block, ToolResultBlock):
+                    prefix = "⚠ " if block.is_error else ""
+                    steps.append(("result", prefix + _short(block.text)))
+        return steps
 
     @property
     def answer(self) -> str:
@@ -125,16 +152,51 @@ class ChatThread:
         self.turns.clear()
 
     def to_markdown(self) -> str:
-        """The thread for ``%chat history``."""
+        """The thread for ``%chat history``: each turn's prompt, its tool calls with their
+        results, and the answer."""
         if not self.turns:
             return f"*Thread `{self.name}` is empty.*"
-        parts = [f"**Thread `{self.name}`** — {len(self.turns)} turn(s)\n"]
+        count = len(self.turns)
+        parts = [f"**Thread `{self.name}`** — {count} turn{'' if count == 1 else 's'}\n"]
         for i, turn in enumerate(self.turns, 1):
-            where = f"In [{turn.execution_count}]" if turn.execution_count else turn.key[:12]
-            model = f" · {turn.model}" if turn.model else ""
-            parts.append(f"---\n**{i}. You** <sub>{where}{model}</sub>\n\n{_quote(turn.prompt)}\n")
+            where = f"In [{turn.execution_count}]" if turn.execution_count else ""
+            model = turn.model
+            meta = " · ".join(x for x in (where, model) if x)
+            meta = f" <sub>{meta}</sub>" if meta else ""
+            parts.append(f"---\n**{i}. You**{meta}\n\n{_quote(turn.prompt)}\n")
+            for kind, text in turn.steps():
+                if kind == "call":
+                    parts.append(f"🔧 {_code(text)}\n")
+                elif kind == "result":
+                    parts.append(f"→ {_code(text)}\n")
             parts.append(f"**Assistant**\n\n{_quote(turn.answer) or '*(no text)*'}\n")
         return "\n".join(parts)
+
+    def to_plain(self) -> str:
+        """The thread as plain text (a terminal's ``%chat history``)."""
+        if not self.turns:
+            return f"Thread {self.name} is empty."
+        out = []
+        for turn in self.turns:
+            lines = [f"You: {turn.prompt}"]
+            for kind, text in turn.steps():
+                lines.append(("  tool: " if kind == "call" else "  → ") + text)
+            lines.append(f"Assistant: {turn.answer}")
+            out.append("\n".join(lines))
+        return "\n\n".join(out)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _code(text: str) -> str:
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _quote(text: str) -> str:

@@ -404,6 +404,56 @@ _WATCH_JS = """
 """
 
 
+#: In-page sampler of the *answer's visible text*: every ``interval`` ms, record (time, the text of
+#: the cell's rendered Markdown without footers, notes and math, cell still running, which
+#: rendered elements are on screen, the top of the answer's first heading within its cell). Math is
+#: left out because it is typeset a moment after its block appears (raw ``$x^2$`` first).
+_ANSWER_SAMPLER_JS = """
+([index, interval]) => {
+  window.__dnbAnswer = [];
+  const started = performance.now();
+  const answerText = (out) => {
+    const parts = [];
+    for (const md of out.querySelectorAll('.jp-RenderedMarkdown')) {
+      const clone = md.cloneNode(true);
+      clone.querySelectorAll('sub, mjx-container, .MathJax, .MathJax_Preview, script, '
+        + 'mjx-assistive-mml, .jp-InternalAnchorLink').forEach((el) => el.remove());
+      const holder = document.createElement('div');
+      holder.style.position = 'absolute';
+      holder.style.left = '-10000px';
+      holder.appendChild(clone);
+      document.body.appendChild(holder);
+      parts.push(clone.innerText);
+      holder.remove();
+    }
+    return parts.join('\\n').replace(/\\$\\$[^$]*\\$\\$|\\$[^$\\n]*\\$/g, ' ');
+  };
+  window.__dnbAnswerSampler = setInterval(() => {
+    const notebook = [...document.querySelectorAll('.jp-Notebook')]
+      .find((el) => el.offsetParent !== null);
+    const cells = notebook ? notebook.querySelectorAll('.jp-Cell') : [];
+    const cell = cells[index];
+    const out = cell ? cell.querySelector('.jp-OutputArea') : null;
+    const prompt = cell ? cell.querySelector('.jp-InputPrompt') : null;
+    const running = prompt ? prompt.innerText.includes('*') : false;
+    const has = {};
+    let top = null;
+    if (out) {
+      for (const tag of ['h1', 'h2', 'pre', 'table', 'li', 'strong', 'code', 'mjx-container']) {
+        has[tag] = out.querySelector('.jp-RenderedMarkdown ' + tag) !== null;
+      }
+      // relative to the cell, so scrolling (the front end keeps the next cell in view) is not
+      // mistaken for the answer moving
+      const h1 = out.querySelector('.jp-RenderedMarkdown h1');
+      top = h1 ? h1.getBoundingClientRect().top - cell.getBoundingClientRect().top : null;
+    }
+    window.__dnbAnswer.push([performance.now() - started, out ? answerText(out) : '', running,
+                             has, top]);
+  }, interval);
+}
+"""
+
+
 class NotebookPage:
     """A notebook opened in a browser tab, in JupyterLab or Notebook 7."""
 
@@ -509,6 +559,17 @@ class NotebookPage:
             "() => { clearInterval(window.__dnbSampler); return window.__dnbSamples; }"
         )
         return [(float(t), int(n), bool(r)) for t, n, r in samples]
+
+    def start_answer_sampling(self, index: int, interval_ms: int = 40) -> None:
+        """Sample the visible text of the cell's answer (see ``_ANSWER_SAMPLER_JS``)."""
+        self.page.evaluate(_ANSWER_SAMPLER_JS, [index, interval_ms])
+
+    def stop_answer_sampling(self) -> list[tuple[float, str, bool, dict[str, bool], float | None]]:
+        """Stop; returns ``(ms, answer text, running, {tag: on screen}, first heading's top)``."""
+        samples: list[list[Any]] = self.page.evaluate(
+            "() => { clearInterval(window.__dnbAnswerSampler); return window.__dnbAnswer; }"
+        )
+        return [(float(t), str(x), bool(r), dict(h), top) for t, x, r, h, top in samples]
 
     def start_watching(self, index: int, pattern: str) -> None:
         """Record every distinct match of ``pattern`` (a JS regex, case-insensitive) that

@@ -23,11 +23,13 @@ pytestmark = pytest.mark.e2e
 
 LOAD = "%load_ext dispatch_nb"
 
-#: A long answer with every markdown feature the final output must render.
+#: A long answer with every markdown feature the live view and the final output must render.
 REPORT = """# Streaming report
 
 The answer arrives a few characters at a time, and the output area grows while it does. \
-Each update carries only the new text, so a long answer costs linear bytes on the wire.
+Each update carries only the block still growing, so a long answer costs linear bytes on the \
+wire. Words may be **bold**, *slanted* or `inline code`, and math like $e^{i\\pi} + 1 = 0$ is \
+typeset while the answer streams.
 
 ## Code
 
@@ -35,6 +37,12 @@ Each update carries only the new text, so a long answer costs linear bytes on th
 def greet(name: str) -> str:
     return f"hello {name}"
 ```
+
+## Steps
+
+1. Open a notebook.
+2. Run a `%%chat` cell.
+3. Watch the answer render as it streams.
 
 ## Table
 
@@ -47,13 +55,24 @@ That is the whole report.
 """
 
 
-def _distinct_growing_lengths(samples: list[tuple[float, int, bool]]) -> list[int]:
-    """The distinct non-zero output lengths sampled while the cell was still running."""
-    seen: list[int] = []
-    for _, length, running in samples:
-        if running and length and (not seen or length != seen[-1]):
-            seen.append(length)
-    return seen
+def _words(text: str) -> str:
+    """Visible text, compared word by word: whitespace collapsed (block boundaries and table cells
+    show as newlines or tabs depending on the element)."""
+    return " ".join(text.split())
+
+
+def expected_answer_text(markdown: str) -> str:
+    """What a reader sees of ``markdown`` rendered (math left out, as the sampler leaves it out)."""
+    import html as html_lib
+
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt("commonmark").enable("table").render(markdown)
+    text = re.sub(r"</?(?:strong|em|code|a|span|del|s)\b[^>]*>", "", rendered)  # inline
+    text = re.sub(r"<[^>]+>", " ", text)  # block elements
+    text = html_lib.unescape(text)
+    text = re.sub(r"\$\$[^$]*\$\$|\$[^$\n]*\$", " ", text)
+    return _words(text)
 
 
 def _final_markdown(nb: NotebookPage, index: int) -> Any:
@@ -64,46 +83,104 @@ def _final_markdown(nb: NotebookPage, index: int) -> Any:
 
 
 def _assert_report_rendered(markdown: Any) -> None:
-    """The final output is real markdown: headings, a code block, a table."""
+    """The final output is real markdown: headings, a code block, a list, a table."""
     assert markdown.locator("h1").count() >= 1
     assert "Streaming report" in markdown.locator("h1").first.inner_text()
-    assert markdown.locator("h2").count() >= 2
+    assert markdown.locator("h2").count() >= 3
     code = markdown.locator("pre code, pre")
     assert code.count() >= 1
     assert "def greet" in code.first.inner_text()
+    assert markdown.locator("ol li").count() == 3
     table = markdown.locator("table")
     assert table.count() >= 1
     assert table.first.locator("th").count() >= 3
     assert "fake:echo" in table.first.inner_text()
 
 
-def test_streamed_text_grows_then_renders_markdown(
+def test_streamed_answer_renders_markdown_while_it_streams(
     open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
 ) -> None:
-    """(a) a %%chat cell's text visibly grows while it streams, then ends as rendered markdown."""
+    """(a) a %%chat cell shows rendered Markdown from the first token; the visible text only
+    grows (every sample is a prefix of the final answer), the final text is the whole answer,
+    and nothing above the footer moves when the answer is complete."""
     fake.push(Turn(text=REPORT, chunk=3, delay=0.03, input_tokens=21, output_tokens=140))
     nb = open_notebook([LOAD, "%%chat\nWrite a short report with a heading, code and a table."])
     nb.run(0)
-    nb.start_sampling(1, interval_ms=30)
+    nb.start_answer_sampling(1, interval_ms=40)
     before = nb.start(1)
-    # mid-stream: a good part of the text is visible while the cell is still running
+    # mid-stream: the code block and the list are rendered while the cell still runs
     wait_until(
-        lambda: nb.prompt(1) == "[*]:" and len(nb.output_text(1)) > 260,
-        30, 0.03, "the live view to show the first 260 characters",
+        lambda: nb.prompt(1) == "[*]:"
+        and nb.output(1).locator(".jp-RenderedMarkdown ol li").count() >= 2,
+        40, 0.03, "the live view to render the code block and the list",
     )
+    # a taller window for the picture, so it shows the status line below the growing answer
+    nb.page.set_viewport_size({"width": 1200, "height": 1250})
+    nb.page.wait_for_timeout(150)
     shot = nb.screenshot("live-view", upto_cell=1)
+    nb.page.set_viewport_size({"width": 1200, "height": 900})
     if jupyter.frontend.name == "lab":
         update_doc_image(shot, "live-view.png")
     nb.wait_done(1, before, timeout=60)
-    samples = nb.stop_sampling()
-    lengths = _distinct_growing_lengths(samples)
-    assert len(lengths) >= 5, f"the output did not visibly grow while streaming: {lengths}"
-    assert lengths[-1] > lengths[0]
+    nb.page.wait_for_timeout(300)
+    samples = nb.stop_answer_sampling()
     markdown = _final_markdown(nb, 1)
     _assert_report_rendered(markdown)
     # the live view was replaced by one static output: no widget is left in the cell
     assert nb.output(1).locator(".jupyter-widgets, .widget-output").count() == 0
     nb.screenshot("final-markdown")
+
+    final = _words(samples[-1][1])
+    assert final == expected_answer_text(REPORT), "the final output does not show the whole answer"
+    live = [(t, _words(text), has, top) for t, text, running, has, top in samples if running and text]
+    assert len({text for _, text, _, _ in live}) >= 10, "the answer did not visibly grow"
+    for t, text, _, _ in live:
+        assert final.startswith(text), f"at {t:.0f} ms the page showed what it took back: {text[-200:]}"
+    seen = {tag for _, _, has, _ in live for tag, on in has.items() if on}
+    assert {"h1", "h2", "pre", "li", "table", "strong", "code"} <= seen, seen
+    # rendered from the first token: the heading is a heading as soon as any text is visible
+    assert live[0][2]["h1"], f"the first text was not rendered Markdown: {live[0]}"
+    # no jump at the end: the answer's first heading stays where it was
+    tops = [top for _, _, _, top in live if top is not None]
+    final_top = samples[-1][4]
+    assert tops and final_top is not None, (tops, final_top)
+    assert abs(final_top - tops[-1]) <= 6, f"the answer moved when it completed: {tops[-1]} → {final_top}"
+
+
+def test_notes_stay_and_a_retry_is_one_quiet_line(
+    open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
+) -> None:
+    """(6, 7) an interpolation note stays above the answer, in the final output and the saved
+    notebook; a 429 shows as one quiet status line while the cell waits, then as a note in the
+    footer — never as a red stderr box, and never saved."""
+    fake.push(
+        Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "1.5"}),
+        Turn(text="The answer, after one retry.", chunk=4, delay=0.02),
+    )
+    nb = open_notebook([LOAD, "%%chat\nExplain {nope} please."])
+    nb.run(0)
+    nb.start_watching(1, r"retrying in \d+ s|retried once \([^)]*\)")
+    before = nb.start(1)
+    wait_until(lambda: "retrying in" in nb.output_text(1), 30, 0.05, "the retry status line")
+    nb.screenshot("retry-status", element=nb.cell(1))
+    nb.wait_done(1, before, timeout=60)
+    seen = nb.stop_watching()
+    assert any(s.startswith("retrying in") for s in seen), seen
+    text = nb.output_text(1)
+    assert "The answer, after one retry." in text
+    assert "{nope} was left as written" in text
+    assert text.index("{nope} was left as written") < text.index("The answer, after one retry.")
+    assert "retried once (rate limited, HTTP 429)" in text
+    assert "retrying in" not in text and "WARNING" not in text
+    assert nb.output(1).locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+    nb.screenshot("notes-and-retry", element=nb.cell(1))
+    saved = nb.save()
+    outputs = saved["cells"][1]["outputs"]
+    assert not [o for o in outputs if o.get("output_type") == "stream"], outputs
+    [final] = [o for o in outputs if "text/markdown" in (o.get("data") or {})]
+    markdown = "".join(final["data"]["text/markdown"])
+    assert "{nope} was left as written" in markdown
+    assert "retried once (rate limited, HTTP 429)" in markdown
 
 
 def _login_in_cell(nb: NotebookPage, index: int, github: FakeGitHub, scenario: str) -> str:

@@ -25,7 +25,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from tests.fakes.canonical import CanonicalFake
 from tests.fakes.github import FakeGitHub
-from tests.fakes.provider import Fail, Turn
+from tests.fakes.provider import Fail, ToolCall, Turn
 from tests.notebook.compare_output import sections, table_rows
 from tests.notebook.conftest import chat_env
 
@@ -102,11 +102,13 @@ def test_notebook_in_a_real_kernel(servers: tuple[CanonicalFake, FakeGitHub], tm
         client.execute_cell(nb.cells[7], 7)
         client.execute_cell(nb.cells[8], 8)
         worker.join(10)
-        # Re-run the first chat cell: its turn is replaced in place, not appended.
+        # nbclient sends no cell id: executing cell 2 again is a new input (In[n]) and adds a
+        # turn — the text alone never identifies a cell (a front end's re-run with a cell id
+        # replaces its turn: test_cell_id_from_the_front_end_identifies_the_turn).
         requests_before = len(fake.chat_requests)
         client.execute_cell(nb.cells[2], 2)
         assert len(fake.chat_requests) == requests_before + 1
-        assert len(fake.chat_requests[-1].json["messages"]) == 1  # only what came before it
+        assert len(fake.chat_requests[-1].json["messages"]) == 5  # both earlier turns, then it
         client.execute_cell(nb.cells[9], 9)
 
     for index in (2, 4):
@@ -144,7 +146,7 @@ def test_notebook_in_a_real_kernel(servers: tuple[CanonicalFake, FakeGitHub], tm
     assert set(view.data) == {"text/markdown", "text/plain"}
 
     prompts = nb.cells[9].outputs[0].data["text/plain"]
-    assert prompts == "['Say hello to Ada.', 'And after an await?']"
+    assert prompts == "['Say hello to Ada.', 'And after an await?', 'Say hello to Ada.']"
 
     text = outputs_text(nb)
     assert WIDGET_MIME not in text
@@ -265,7 +267,7 @@ def test_interrupting_the_kernel_keeps_the_partial_answer(kernel: Kernel, server
     assert time.monotonic() - started < 10
     errors = [m for m in messages if m["msg_type"] == "error"]
     assert len(errors) == 1 and len(errors[0]["content"]["traceback"]) == 1
-    assert "chat cancelled" in errors[0]["content"]["traceback"][0]
+    assert "interrupted; the partial answer is kept above" in errors[0]["content"]["traceback"][0]
     finals = [m["content"]["data"]["text/markdown"] for m in messages
               if m["msg_type"] in ("update_display_data", "display_data")
               and "text/markdown" in m["content"]["data"]]
@@ -299,3 +301,99 @@ def test_cell_id_from_the_front_end_identifies_the_turn(kernel: Kernel, servers:
     )
     printed = "".join(m["content"].get("text", "") for m in messages if m["msg_type"] == "stream")
     assert printed.strip() == "['edited first version', 'second cell']"
+
+
+# -- issue 13, in a real kernel ------------------------------------------------------------------
+
+
+def test_recorded_notebook_keeps_every_turn_and_every_note(
+    servers: tuple[CanonicalFake, FakeGitHub], tmp_path: Any
+) -> None:
+    """The teacher's record run (nbclient, no cell ids): two cells that both say "continue" are
+    two turns, in order; the notes of a cell are in the saved notebook."""
+    fake, github = servers
+    cells = [
+        "%load_ext dispatch_nb",
+        "%%chat\nTell me a story about {hero}.",
+        "%%chat\ncontinue",
+        "%%chat\ncontinue",
+        "print([t.prompt for t in get_ipython()._dispatch_nb_magics.threads.get('default')])",
+    ]
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=False)
+    before = len(fake.chat_requests)
+    with client.setup_kernel(env=kernel_env(fake, github, tmp_path)):
+        for index in range(len(cells)):
+            client.execute_cell(nb.cells[index], index)
+    sent = [r.json["messages"] for r in fake.chat_requests[before:]]
+    assert [len(m) for m in sent] == [1, 3, 5]  # each "continue" sees every earlier turn
+    assert sent[2][-1]["content"] == "continue" and sent[2][2]["content"] == "continue"
+    printed = nb.cells[4].outputs[0]["text"]
+    assert printed.strip() == "['Tell me a story about {hero}.', 'continue', 'continue']"
+    [story] = nb.cells[1].outputs
+    assert "{hero} was left as written" in story.data["text/markdown"]
+    assert story.metadata["dispatch_nb"]["notes"][0].startswith("{hero} was left as written")
+    nbformat.validate(nb)
+
+
+def test_chat_key_asks_through_stdin_and_keeps_the_key_out_of_every_output(
+    kernel: Kernel, servers: Any
+) -> None:
+    typed = "sk-typed-into-getpass-4242"
+    msg_id = kernel.kc.execute("%chat key openai", allow_stdin=True)
+    request = kernel.kc.get_stdin_msg(timeout=30)
+    assert request["msg_type"] == "input_request" and request["content"]["password"] is True
+    assert "OPENAI_API_KEY" in request["content"]["prompt"]
+    kernel.kc.input(typed)
+    outputs = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        msg = kernel.kc.get_iopub_msg(timeout=5)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        outputs.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    shown = json.dumps([m["content"] for m in outputs])
+    assert "is set for this kernel" in shown and typed not in shown
+    check = kernel.execute(f"import os; print(os.environ['OPENAI_API_KEY'] == {typed!r})")
+    assert "True" in "".join(m["content"].get("text", "") for m in check if m["msg_type"] == "stream")
+    kernel.execute(f"import os; os.environ['OPENAI_API_KEY'] = {SECRETS['OPENAI_API_KEY']!r}")
+
+
+def test_interrupting_a_running_tool_ends_the_cell_at_once(kernel: Kernel, servers: Any) -> None:
+    fake, _ = servers
+    kernel.execute('%config ChatMagics.live = "widget"')
+    kernel.execute(
+        "import time\n"
+        "def wait_a_while(seconds: int) -> str:\n"
+        "    '''Wait.'''\n"
+        "    time.sleep(seconds)\n"
+        "    return 'waited'\n"
+    )
+    fake.push(Turn(text="Waiting first.", tool_calls=[ToolCall("w1", "wait_a_while", {"seconds": 6})]),
+              Turn(text="never asked"))
+    requests = len(fake.chat_requests)
+    interrupted: list[float] = []
+
+    def interrupt_when_the_tool_runs(msg: dict[str, Any]) -> None:
+        data = json.dumps(msg["content"], default=str, ensure_ascii=False)
+        if not interrupted and "wait_a_while" in data and "⏳" in data:
+            interrupted.append(time.monotonic())
+            threading.Timer(0.3, kernel.km.interrupt_kernel).start()
+
+    messages = kernel.execute(
+        "%%chat --no-history --tools wait_a_while\nwait", during=interrupt_when_the_tool_runs
+    )
+    ended = messages[-1]["received"]
+    assert interrupted and ended - interrupted[0] < 2.5, "the cell waited for the tool"
+    errors = [m for m in messages if m["msg_type"] == "error"]
+    assert len(errors) == 1 and "interrupted" in errors[0]["content"]["traceback"][0]
+    finals = [m["content"]["data"]["text/markdown"] for m in messages
+              if m["msg_type"] in ("update_display_data", "display_data")
+              and "text/markdown" in m["content"]["data"]]
+    assert finals[-1].startswith("Waiting first.") and "abandoned" in finals[-1]
+    assert "⏹ interrupted" in finals[-1]
+    assert len(fake.chat_requests) == requests + 1
+    after = kernel.execute("%%chat --no-history\nstill there?")  # the kernel is fine
+    assert not [m for m in after if m["msg_type"] == "error"]

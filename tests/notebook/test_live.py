@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -33,6 +34,7 @@ def test_first_text_is_shown_at_once_and_later_text_is_coalesced(shell: Any) -> 
     view.feed(0, text("Hel"))
     assert view.tick() is None  # flushed immediately
     assert front.outputs[-1]["data"]["text/plain"] == "Hel"
+    assert front.outputs[-1]["data"]["text/markdown"].startswith("Hel\n\n<sub>**fake:echo**")
     sent = len(front.messages)
     view.feed(0, text("lo"))
     view.feed(0, text(" world"))
@@ -45,21 +47,26 @@ def test_first_text_is_shown_at_once_and_later_text_is_coalesced(shell: Any) -> 
     assert len(front.messages) == sent + 1  # the two deltas became one update
 
 
-def test_long_text_is_split_in_segments_so_updates_stay_small(shell: Any) -> None:
+def test_long_text_is_cut_in_blocks_so_updates_stay_small(shell: Any) -> None:
     front = shell.front
     front.reset()
-    view = DisplayView(["m"], rate=1000, segment_chars=100)
+    view = DisplayView(["m"], rate=1000, block_chars=100)
     view.start()
-    for _ in range(50):
-        view.feed(0, text("x" * 10))
+    words = "".join(f"word{i} " for i in range(120))
+    for i in range(0, len(words), 10):
+        view.feed(0, text(words[i : i + 10]))
         time.sleep(0.002)
         view.tick()
+    view.job_done(0, "m · done")
     view.tick()
-    segments = [o for o in front.outputs if "text/markdown" not in o["data"]]
-    assert [len(o["data"]["text/plain"]) for o in segments] == [100] * 5
-    updates = [b for kind, b in front.messages if kind == "update" and "text/plain" in b["data"]
-               and "text/markdown" not in b["data"]]
-    assert max(len(b["data"]["text/plain"]) for b in updates) <= 100
+    blocks = [o["data"]["text/markdown"] for o in front.outputs]
+    finished, live = blocks[:-1], blocks[-1]
+    assert len(finished) >= 6 and all(len(b) <= 100 for b in finished)
+    joined = " ".join([*finished, live.split("\n\n<sub>")[0]])
+    assert joined.split() == words.split()  # every word, in order, none split
+    assert live.endswith("<sub>**m** · m · done</sub>")  # the status line stays at the bottom
+    updates = [b["data"]["text/markdown"] for kind, b in front.messages if kind == "update"]
+    assert max(len(u) for u in updates) <= 100 + 40
 
 
 @pytest.mark.parametrize("live", ["display", "text"])
@@ -92,3 +99,59 @@ def test_detect_mode() -> None:
     with pytest.raises(ValueError, match="live mode"):
         detect_mode(Kernel(), "fancy")
     assert make_view("text", ["a"]).mode == "text"
+
+
+# -- Markdown blocks (what the widget and display views show) ---------------------------------------
+
+TRICKY = [
+    "Some **bold** and *slanted* and `code` and $x^2$ and [a link](http://example.com).",
+    "Title\n=====\n\nA paragraph.",
+    "Intro:\n\n- one\n- two *items*\n\n1. first\n2. second\n\nAfter the lists.",
+    "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n\nThe table ended.",
+    "```python\ndef f():\n    return '**not bold**'\n```\n\nAnd `x = 1` inline.",
+    "Use snake_case_names and 2 * 3 * 4 and a_b here.",
+    "A <b>tag</b> &amp; an entity, and a line\n---\nthat became a heading.",
+    "> A quote with **bold**\n> over two lines.\n\nThen text.",
+    "Price: $5 and $10 total.\n\nNext.",
+]
+
+
+def _visible(markdown: str) -> str:
+    """Rendered text of ``markdown`` (markdown-it, as a reader sees it), words only."""
+    import html as html_lib
+
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).render(
+        markdown
+    )
+    text = re.sub(r"</?(?:strong|em|code|a|span|del|s|b)\b[^>]*>", "", rendered)
+    return " ".join(html_lib.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+@pytest.mark.parametrize("answer", TRICKY)
+def test_what_a_growing_answer_shows_is_never_taken_back(answer: str) -> None:
+    """Fed one character at a time, the blocks shown so far render to a prefix of the whole
+    answer's rendering, and together they are the whole answer."""
+    from dispatch_nb.notebook.blocks import MarkdownBlocks, stable_prefix
+
+    final = _visible(answer)
+    blocks = MarkdownBlocks(limit=40)
+    finished: list[str] = []
+    for ch in answer:
+        blocks.feed(ch)
+        done, current = blocks.take()
+        finished += [b.source for b in done]
+        shown = _visible("\n\n".join([*finished, stable_prefix(current.source)]))
+        assert final.startswith(shown), (shown, final)
+    done, current = blocks.take()
+    finished += [b.source for b in done]
+    whole = "\n\n".join([*finished, current.source])
+    assert _visible(whole) == final
+
+    def content(text: str) -> str:  # without the fences and empty table headers a cut adds
+        cut_marks = r"```\w*|\|(   \|)+|\|?(\s*:?-+:?\s*\|)+"  # fences, headers, delimiter rows
+        lines = [ln for ln in text.split("\n") if not re.fullmatch(cut_marks, ln)]
+        return re.sub(r"\s+", "", "".join(lines))
+
+    assert content(whole) == content(answer)  # nothing lost or added

@@ -51,7 +51,7 @@ def test_generated_help_lists_every_option(shell: Any) -> None:
                    "--tools NAMES", "-f", "-o VAR", "--no-stream", "--no-history",
                    "--no-interpolate", "--cache MODE"):
         assert option in doc, option
-    assert "{login,logout,status,models,history,reset}" in shell.find_line_magic("chat").__doc__
+    assert "{login,logout,status,models,history,reset,key}" in shell.find_line_magic("chat").__doc__
 
 
 def test_bad_options_raise_usage_error_with_the_usage_line(shell: Any, fake: Any) -> None:
@@ -145,9 +145,14 @@ def test_widget_view_shows_text_thinking_and_tools_then_closes_its_widgets(shell
     accordion = column.body.children[0]
     assert accordion.selected_index is None  # thinking is collapsed
     assert "hmm" in accordion.children[0].children[0].children[0].value
-    assert "Hello &lt;b&gt;" in column.body.children[1].children[0].value
+    def markdown(box: Any) -> str:  # the Markdown an Output widget of the answer holds
+        [output] = box.children[0].outputs
+        return str(output["data"]["text/markdown"])
+
+    assert markdown(column.body.children[1]) == "Hello <b>"  # Markdown, rendered by the front end
     assert "add" in column.body.children[2].value and "→ 2" in column.body.children[2].value
-    assert "done" in column.body.children[3].children[0].value
+    assert markdown(column.body.children[3]) == "done"
+    assert "a note" in view.root.children[0].outputs[0]["data"]["text/markdown"]
     created = list(column.created)
     from dispatch_nb.notebook.display import FinalOutput
 
@@ -225,16 +230,36 @@ def test_interpolation_notes_and_no_interpolate(shell: Any, fake: Any, capsys: A
 
 
 def test_thread_memory_and_rerun_replaces_the_turn(shell: Any, fake: Any, magics: Any) -> None:
-    run(shell, "%%chat\nfirst")
-    run(shell, "%%chat\nsecond")
+    run(shell, "%%chat\nfirst", cell_id="c1")
+    run(shell, "%%chat\nsecond", cell_id="c2")
     sent = sent_messages(fake)
     assert len(sent) == 3 and sent[0]["content"] == "first" and sent[2]["content"] == "second"
-    run(shell, "%%chat\nfirst")  # re-run of the first cell: sees only what came before it
+    run(shell, "%%chat\nfirst", cell_id="c1")  # re-run of the first cell: sees what came before
     assert [m["content"] for m in sent_messages(fake)] == ["first"]
     thread = magics.threads.get("default")
     assert [t.prompt for t in thread] == ["first", "second"]  # replaced in place, later turn kept
-    run(shell, "%%chat\nthird")
+    run(shell, "%%chat\nthird", cell_id="c3")
     assert len(sent_messages(fake)) == 5
+
+
+def test_same_text_in_new_cells_adds_turns_where_no_cell_id_comes(
+    shell: Any, fake: Any, magics: Any
+) -> None:
+    """Terminal IPython and nbclient send no cell id: each input (In[n]) is its own turn, so
+    "continue" typed twice is two turns, in order, and the model sees both."""
+    run(shell, "%%chat\nTell me a story.")
+    run(shell, "%%chat\ncontinue")
+    run(shell, "%%chat\ncontinue")
+    contents = [m["content"] for m in sent_messages(fake)]
+    assert contents[0::2] == ["Tell me a story.", "continue", "continue"]
+    assert len(contents) == 5
+    thread = magics.threads.get("default")
+    assert [t.prompt for t in thread] == ["Tell me a story.", "continue", "continue"]
+    counts = [t.execution_count for t in thread]
+    assert counts == sorted(counts) and len(set(counts)) == 3
+    run(shell, "%chat history")
+    md = shell.front.markdown[0]
+    assert md.index("Tell me a story.") < md.index("continue") < md.rindex("continue")
 
 
 def test_cell_id_identifies_a_cell_across_edits(shell: Any, fake: Any, magics: Any) -> None:

@@ -1,0 +1,476 @@
+"""A streaming Markdown answer cut into blocks, so the live view can show it rendered.
+
+The live view shows Markdown as the front end renders it (headings, lists, code, tables, math),
+from the first token, while sending bytes linear in the answer's length. :class:`MarkdownBlocks`
+makes that possible:
+
+* **Finished blocks are sent once.** The text is split at top-level block boundaries (found by
+  markdown-it-py's block parser on the complete lines received so far): every block but the last
+  is finished — a later line cannot change it — and is rendered on its own, once.
+* **The current block is re-sent as it grows**, and only it. A block longer than ``limit``
+  characters (a long paragraph, code block, table or list) is cut at a boundary that splits no
+  word: between lines of a code block (the fence is closed and reopened), between table rows (the
+  continuation has an empty header row, which the widget view hides), between list items, or at a
+  space
+  where no inline markup is left open. So no update ever re-sends more than about ``limit``
+  characters, whatever the answer's length.
+* **What is shown of the current block never has to be taken back**: :func:`stable_prefix` holds
+  back what could still render differently once more text arrives — a marker-only partial line
+  (``-``, ``##``, ``1.``, a fence being typed), a table header whose delimiter row is not complete,
+  a partial table row, an unclosed ``**`` / ``_`` / `````` ` ``````  / ``$`` / ``[link](`` / ``<tag`` /
+  ``&entity``. So the visible text only ever grows, and the last update of a block equals its
+  final rendering: the page does not jump when the answer is complete.
+
+Nothing here imports IPython; markdown-it-py is imported on first use.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import pairwise
+from typing import Any
+
+__all__ = ["BLOCK_LIMIT", "Block", "MarkdownBlocks", "stable_prefix", "warm_up"]
+
+#: the most characters the growing block may reach before it is cut (see the module docstring)
+BLOCK_LIMIT = 600
+
+
+@dataclass
+class Block:
+    """One piece of the answer to render: ``source`` is Markdown; ``continued`` is True when it
+    continues the block before it (a long block cut in pieces), ``hide_header`` when its first
+    two lines repeat a table's header (the live view hides them)."""
+
+    source: str
+    continued: bool = False
+    hide_header: bool = False
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Any:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+
+
+def warm_up() -> None:
+    """Load markdown-it-py on a background thread (about 0.1–0.2 s), so the first block of the
+    first answer is not held up by the import."""
+    if _parser.cache_info().currsize:
+        return
+    import threading
+
+    threading.Thread(target=_parser, name="dispatch_nb-markdown", daemon=True).start()
+
+
+def block_starts(text: str) -> list[tuple[int, str]]:
+    """``(first line, token type)`` of every top-level block of ``text``."""
+    starts: list[tuple[int, str]] = []
+    for token in _parser().parse(text):
+        if token.level == 0 and token.nesting >= 0 and token.map is not None:
+            starts.append((token.map[0], token.type))
+    return starts
+
+
+_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
+_MARKER_ONLY = re.compile(r"^[ \t]*(?:[-+*>#|=_~`:.]+|\d{1,9}[.)]?)?[ \t]*$")
+_DELIMITER_ROW = re.compile(r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$")
+_ITEM = re.compile(r"^( {0,3})(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
+
+
+def _open_fence(lines: list[str]) -> tuple[str, str] | None:
+    """The opening line and marker of a fence left open at the end of ``lines``, if any."""
+    fence: tuple[str, str] | None = None
+    for line in lines:
+        if fence is None:
+            match = _FENCE_OPEN.match(line)
+            if match and not (match.group(1)[0] == "`" and "`" in match.group(2)):
+                fence = (line, match.group(1))
+        else:
+            stripped = line.strip()
+            marker = fence[1]
+            if stripped and set(stripped) == {marker[0]} and len(stripped) >= len(marker):
+                fence = None
+    return fence
+
+
+# ------------------------------------------------------------------------------------------------
+# what of the growing block can be shown
+
+
+_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
+
+
+def _code_lines(lines: list[str]) -> list[bool]:
+    """Which lines belong to a fenced code block (fence lines included), at any indentation."""
+    inside: list[bool] = []
+    marker = ""
+    for line in lines:
+        match = _ANY_FENCE.match(line)
+        if marker:
+            inside.append(True)
+            if match and match.group(1)[0] == marker[0] and len(match.group(1)) >= len(marker) \
+                    and not line.strip().strip(marker[0]):
+                marker = ""
+        elif match:
+            inside.append(True)
+            marker = match.group(1)
+        else:
+            inside.append(False)
+    return inside
+
+
+def stable_prefix(block: str) -> str:
+    """The part of the growing ``block`` whose rendering more text cannot change (without
+    trailing blank space)."""
+    return _stable(block).rstrip()
+
+
+def _stable(block: str) -> str:
+    head, _, last = block.rpartition("\n")
+    lines = block.split("\n")
+    if _open_fence(lines[:-1]) is not None:
+        # Inside an open code block: a partial line of fence characters may be the closing fence.
+        if not last.strip() or set(last.strip()) <= {"`", "~"}:
+            return head + "\n" if head else ""
+        return block
+    if _MARKER_ONLY.match(last):
+        block = head + "\n" if head else ""
+        lines = block.split("\n")
+    code = _code_lines(lines)
+    if code and code[-1] and lines[-1].strip():
+        return block  # inside a fenced block of a list item or quote: code, shown as it is
+    block = _hold_tables(block, code)
+    lines = block.split("\n")
+    code = code[: len(lines)]
+    prose = "\n".join(" " * len(line) if c else line for line, c in zip(lines, code, strict=False))
+    cut = _open_at(prose)
+    return block if cut is None else block[:cut].rstrip(" \t")
+
+
+def _hold_tables(block: str, code: list[bool]) -> str:
+    """Hold back a table header until its delimiter row is complete, and a partial table row."""
+    lines = block.split("\n")
+    complete, partial = lines[:-1], lines[-1]
+    in_table = False
+    for i, line in enumerate(complete):
+        if code[i]:
+            in_table = False
+            continue
+        if in_table:
+            if "|" not in line:
+                in_table = False
+            continue
+        if "|" in line:
+            following = complete[i + 1] if i + 1 < len(complete) else None
+            if following is not None and _DELIMITER_ROW.match(following) and "-" in following:
+                in_table = True
+                continue
+            if following is None:  # a possible header: wait for the delimiter row
+                return "\n".join(lines[:i])
+    if in_table:  # only whole rows
+        return "\n".join(complete)
+    if "|" in partial:
+        return "\n".join(complete) + ("\n" if complete else "")
+    return block
+
+
+_PUNCT = re.compile(r"[!-/:-@\[-`{-~\s]")
+
+
+def _masked_code_and_math(text: str) -> tuple[str, int | None]:
+    """``text`` with code spans and math replaced by spaces (same length), and the position of
+    the first code span / math that is still open (None when all are closed)."""
+    out = list(text)
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "`":
+            j = i
+            while j < n and text[j] == "`":
+                j += 1
+            run = text[i:j]
+            close = re.compile(r"(?<!`)" + run + r"(?!`)").search(text, j)
+            if close is None:
+                return "".join(out), i
+            for k in range(i, close.end()):
+                out[k] = " "
+            i = close.end()
+            continue
+        if c == "$":
+            delim = "$$" if text.startswith("$$", i) else "$"
+            close_at = text.find(delim, i + len(delim))
+            while close_at > 0 and text[close_at - 1] == "\\":
+                close_at = text.find(delim, close_at + len(delim))
+            if close_at < 0:
+                return "".join(out), i
+            end = close_at + len(delim)
+            for k in range(i, end):
+                out[k] = " "
+            i = end
+            continue
+        i += 1
+    return "".join(out), None
+
+
+def _open_at(block: str) -> int | None:
+    """Where the first inline construct still open in ``block`` begins (None: none is)."""
+    if not block:
+        return None
+    masked, cut = _masked_code_and_math(block)
+    candidates = [cut] if cut is not None else []
+    scan = masked if cut is None else masked[:cut]
+    # emphasis and strikethrough: delimiter runs with CommonMark's flanking rules
+    stacks: dict[str, list[int]] = {"*": [], "_": [], "~": []}
+    for match in re.finditer(r"\*+|_+|~+", scan):
+        start, end = match.span()
+        char = scan[start]
+        before = scan[start - 1] if start > 0 else "\n"
+        if end == len(scan):
+            if end == len(block):  # the run ends the text: it may be an opener still growing
+                candidates.append(start)
+                break
+            after = scan[end]
+        else:
+            after = scan[end]
+        left = not after.isspace() and (not _PUNCT.match(after) or bool(_PUNCT.match(before)))
+        right = not before.isspace() and (not _PUNCT.match(before) or bool(_PUNCT.match(after)))
+        if char == "_":
+            can_open = left and (not right or bool(_PUNCT.match(before)))
+            can_close = right and (not left or bool(_PUNCT.match(after)))
+        else:
+            can_open, can_close = left, right
+        if char == "~" and end - start > 2:
+            continue
+        stack = stacks[char]
+        if can_close and stack:
+            stack.pop()
+        elif can_open:
+            stack.append(start)
+    for stack in stacks.values():
+        if stack:
+            candidates.append(stack[0])
+    # links and images: "[" without its "]", or "](" without its ")"
+    depth: list[int] = []
+    i = 0
+    while i < len(scan):
+        c = scan[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            depth.append(i - 1 if i > 0 and scan[i - 1] == "!" else i)
+        elif c == "]" and depth:
+            opener = depth.pop()
+            if i + 1 == len(scan):  # "[text]" may still become a link: wait for what follows
+                candidates.append(opener)
+                break
+            if scan.startswith("(", i + 1):
+                close = scan.find(")", i + 2)
+                if close < 0:
+                    candidates.append(opener)
+                    break
+                i = close
+        i += 1
+    if depth:
+        candidates.append(depth[0])
+    # an HTML tag or autolink being typed, an entity, a trailing backslash
+    tag = re.search(r"<(?:[A-Za-z/!?][^<>\n]*)?$", scan)
+    if tag:
+        candidates.append(tag.start())
+    entity = re.search(r"&#?[A-Za-z0-9]*$", scan)
+    if entity:
+        candidates.append(entity.start())
+    if scan.endswith("\\") and not scan.endswith("\\\\"):
+        candidates.append(len(scan) - 1)
+    return min(candidates) if candidates else None
+
+
+# ------------------------------------------------------------------------------------------------
+# cutting the text in blocks
+
+
+class MarkdownBlocks:
+    """The blocks of a growing Markdown text (see the module docstring).
+
+    ``feed(text)`` appends; ``take()`` returns the blocks finished since the last call and the
+    current block (its full source so far; show :func:`stable_prefix` of it).
+    """
+
+    def __init__(self, limit: int = BLOCK_LIMIT) -> None:
+        self.limit = limit
+        self._pieces: list[str] = []
+        self._text = ""
+        self._start = 0  # where the unfinished part begins in the text
+        self._carry = ""  # text to put before it (a reopened fence, a repeated table header)
+        self._carry_hides_header = False
+        self._continued = False
+
+    def feed(self, text: str) -> None:
+        """Append ``text``."""
+        if text:
+            self._pieces.append(text)
+
+    @property
+    def text(self) -> str:
+        """Everything fed so far."""
+        if self._pieces:
+            self._text += "".join(self._pieces)
+            self._pieces.clear()
+        return self._text
+
+    def take(self) -> tuple[list[Block], Block]:
+        """``(finished blocks, current block)``; each finished block is returned once."""
+        text = self.text
+        finished: list[Block] = []
+        while True:
+            tail = self._carry + text[self._start :]
+            lines = tail.split("\n")
+            complete = len(lines) - 1
+            starts = block_starts(tail) if tail.strip() else []
+            if starts and starts[0][0] > 0:  # blank lines before the first block
+                self._advance(sum(len(line) + 1 for line in lines[: starts[0][0]]))
+                continue
+            # A block is finished once a later block has begun for sure: on a complete line, or
+            # on the partial line after a blank one (a partial line right after text may still
+            # turn out to continue it: "#include" after a paragraph).
+            sure = [
+                k for k, (line, _) in enumerate(starts)
+                if k and (line < complete or not lines[line - 1].strip())
+            ]
+            if sure:
+                last = sure[-1]
+                for (line, _), (next_line, _) in pairwise(starts[: last + 1]):
+                    source = "\n".join(lines[line:next_line]).rstrip("\n")
+                    finished.append(self._block(source, first=line == 0))
+                self._advance(sum(len(line) + 1 for line in lines[: starts[last][0]]))
+                continue
+            if len(tail) > self.limit:
+                kind = starts[0][1].removesuffix("_open") if starts else "paragraph"
+                piece = self._cut_long(tail, kind)
+                if piece is not None:
+                    finished.append(piece)
+                    continue
+            return finished, self._block(tail, first=True, keep_flags=True)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _block(self, source: str, *, first: bool, keep_flags: bool = False) -> Block:
+        block = Block(
+            source,
+            continued=self._continued and first,
+            hide_header=self._carry_hides_header and first,
+        )
+        if not keep_flags and first:
+            self._continued = False
+            self._carry_hides_header = False
+        return block
+
+    def _advance(self, cut: int) -> None:
+        """Mark the first ``cut`` characters of carry + text as finished."""
+        carried = len(self._carry)
+        if cut >= carried:
+            self._start += cut - carried
+            self._carry = ""
+        else:  # (never happens: a block boundary inside the carry)
+            self._carry = self._carry[cut:]
+
+    def _cut_long(self, tail: str, kind: str) -> Block | None:
+        """Cut a finished piece off a block longer than the limit (None: no safe place yet)."""
+        lines = tail.split("\n")
+        complete = lines[:-1]
+        # how far the piece may reach: the limit, or further when a single line is longer
+        budget = self.limit
+        if kind == "fence":
+            fence = _open_fence(complete)
+            if fence is None or len(complete) < 2:
+                return None
+            opening, marker = fence
+            k, size = 1, len(complete[0]) + 1
+            while k < len(complete) - 1 and size + len(complete[k]) + 1 <= budget:
+                size += len(complete[k]) + 1
+                k += 1
+            k = max(k, 2)
+            body = "\n".join(complete[:k])
+            piece = self._block(body + "\n" + marker, first=True)
+            self._continued = True
+            self._consume(tail, sum(len(line) + 1 for line in complete[:k]), carry=opening + "\n")
+            return piece
+        if kind == "table":
+            if len(complete) < 3:
+                return None
+            # The continuation needs a header row to be a table: an empty one (nothing to read
+            # twice; the widget view hides it), with the same delimiter row (column alignment).
+            columns = max(1, complete[1].strip().strip("|").count("|") + 1)
+            header = "|" + "   |" * columns + "\n" + complete[1] + "\n"
+            k, size = 2, len(complete[0]) + len(complete[1]) + 2
+            while k < len(complete) - 1 and size + len(complete[k]) + 1 <= budget:
+                size += len(complete[k]) + 1
+                k += 1
+            k = max(k, 3)
+            piece = self._block("\n".join(complete[:k]), first=True)
+            self._continued = True
+            self._consume(tail, sum(len(line) + 1 for line in complete[:k]), carry=header)
+            self._carry_hides_header = True
+            return piece
+        if kind in ("bullet_list", "ordered_list"):
+            indent = _ITEM.match(complete[0]) if complete else None
+            if indent is None:
+                return None
+            width = len(indent.group(1))
+            cut_line = None
+            size = 0
+            for k, line in enumerate(complete):
+                if k and size > 0 and size + len(line) > budget:
+                    break
+                item = _ITEM.match(line)
+                if k and item and len(item.group(1)) == width:
+                    cut_line = k
+                size += len(line) + 1
+            if cut_line is None:
+                return self._cut_text(tail)
+            cut = sum(len(line) + 1 for line in lines[:cut_line])
+            piece = self._block(tail[:cut].rstrip("\n"), first=True)
+            self._continued = True
+            self._consume(tail, cut, carry="")
+            return piece
+        if kind in ("paragraph", "blockquote", "heading"):
+            return self._cut_text(tail)
+        return None
+
+    def _cut_text(self, tail: str) -> Block | None:
+        """Cut prose at a space (the last sentence end when there is one) where no inline
+        construct is open, at most ``limit`` characters in."""
+        window = tail[: self.limit]
+        spaces = [m.start() for m in re.finditer(r"[ \t\n]+", window)]
+        if not spaces:
+            if len(tail) < 2 * self.limit:
+                return None
+            spaces = [self.limit]  # a "word" of thousands of characters: cut it after all
+        sentence = [s for s in spaces if s > self.limit // 2 and window[s - 1] in ".!?:;"]
+        for position in [*reversed(sentence), *reversed(spaces)]:
+            if position < self.limit // 4:
+                break
+            head = tail[:position]
+            if _open_at(head) is None and not _MARKER_ONLY.match(
+                head.rsplit("\n", 1)[-1]
+            ):
+                piece = self._block(head.rstrip(), first=True)
+                rest = position
+                while rest < len(tail) and tail[rest] in " \t\n":
+                    rest += 1
+                self._continued = True
+                self._consume(tail, rest, carry="")
+                return piece
+        return None
+
+    def _consume(self, tail: str, count: int, *, carry: str) -> None:
+        """``count`` characters of ``tail`` (= carry + unfinished text) are done; put ``carry``
+        before what remains."""
+        self._advance(count)
+        self._carry = carry

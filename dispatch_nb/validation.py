@@ -1,0 +1,211 @@
+"""Checks at the public entry points: bad arguments fail before any request, saying what is wrong
+and what is accepted.
+
+::
+
+    llm.chat(42)                  TypeError: messages must be a str, a Message, a dict with 'role'
+                                  and 'content', or a list of those — not 42 (an int)
+    llm.chat("hi", max_tokens="100")
+                                  TypeError: max_tokens must be a whole number of tokens above 0
+                                  (e.g. max_tokens=1024) or None — not '100' (a str)
+    connect("openai")             ValueError: 'openai' is a provider, not a model: write
+                                  'openai:MODEL', e.g. 'openai:gpt-4.1'
+
+The keyword arguments are checked by one strict pydantic model (:class:`CallArguments`): no
+coercion, so ``"100"``, ``1.5`` and ``True`` are not token counts. A wrong type raises
+``TypeError``; a value out of range raises ``ValueError``. Both name the argument, what it
+accepts, and what it got.
+
+Lone surrogates (``"\\udcff"``, what ``os.listdir`` returns for a file name that is not UTF-8)
+cannot be encoded, so no provider can be sent them: :func:`replace_lone_surrogates` replaces each
+with U+FFFD (``�``) and says how many it replaced.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "CallArguments",
+    "check_call",
+    "check_messages",
+    "replace_lone_surrogates",
+    "surrogate_note",
+]
+
+#: what each checked argument accepts, in words
+ACCEPTED: dict[str, str] = {
+    "system": "a str (the system prompt) or None",
+    "max_tokens": "a whole number of tokens above 0 (e.g. max_tokens=1024) or None",
+    "temperature": "a number from 0 to 2 (e.g. temperature=0.2) or None",
+    "timeout": "a number of seconds above 0 (e.g. timeout=30) or None",
+    "stream": "True or False",
+    "max_tool_rounds": "a whole number, 0 or more",
+    "id": "a str or None",
+}
+
+
+class CallArguments(BaseModel):
+    """The keyword arguments of ``chat`` / ``stream`` / ``achat`` / ``astream`` and of
+    ``Session``, checked strictly (no coercion: ``"100"`` is not 100)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    system: str | None = None
+    max_tokens: Annotated[int, Field(gt=0)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] | None = None
+    timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    stream: bool = False
+    max_tool_rounds: Annotated[int, Field(ge=0)] = 8
+    id: str | None = None
+
+
+def article(noun: str) -> str:
+    """``"an int"``, ``"a str"``: the noun with its indefinite article."""
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def describe(value: Any) -> str:
+    """``'100' (a str)``, ``42 (an int)``: a value for an error message, shortened."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({article(type(value).__name__)})" if value is not None else "None"
+
+
+_describe = describe
+
+
+def _raise_for(error: ValidationError, values: Mapping[str, Any], where: str) -> None:
+    first = error.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else "?"
+    value = values.get(name)
+    accepted = ACCEPTED.get(name, "something else")
+    message = f"{where}{name} must be {accepted} — not {_describe(value)}"
+    kind = str(first.get("type", ""))
+    # A number of the right kind that is out of range is a ValueError; anything else a TypeError.
+    range_error = kind.startswith(("greater_than", "less_than", "finite_number"))
+    raise (ValueError if range_error else TypeError)(message) from None
+
+
+def check_call(where: str = "", **values: Any) -> None:
+    """Check the given keyword arguments (only those present) against :class:`CallArguments`;
+    raise ``TypeError`` / ``ValueError`` naming the argument, what it accepts and what it got.
+    ``where`` prefixes the message (e.g. ``"Session: "``)."""
+    try:
+        CallArguments.model_validate(values)
+    except ValidationError as exc:
+        _raise_for(exc, values, where)
+
+
+def check_messages(messages: Any) -> None:
+    """Raise ``TypeError`` unless ``messages`` is what ``chat`` accepts: a str, a ``Message``, a
+    dict with a role, or a list / tuple of those."""
+    from .types import Message
+
+    def ok(item: Any) -> bool:
+        return isinstance(item, (str, Message)) or (isinstance(item, dict) and "role" in item)
+
+    if ok(messages):
+        return
+    if isinstance(messages, (list, tuple)):
+        for i, item in enumerate(messages):
+            if not ok(item):
+                raise TypeError(
+                    "messages must be a str, a Message, a dict with 'role' and 'content', or a "
+                    f"list of those — item {i} is {_describe(item)}"
+                )
+        return
+    raise TypeError(
+        "messages must be a str, a Message, a dict with 'role' and 'content', or a list of "
+        f"those — not {_describe(messages)}"
+    )
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def replace_lone_surrogates(text: str) -> tuple[str, int]:
+    """``text`` with every lone surrogate replaced by U+FFFD, and how many there were.
+
+    Python strings hold a surrogate only when it is unpaired (``os.listdir`` decodes a file name
+    that is not UTF-8 with ``surrogateescape``; JSON can carry one): such a string cannot be
+    encoded as UTF-8, so it can be sent nowhere."""
+    if text.isascii():
+        return text, 0
+    return _SURROGATE.subn("\ufffd", text)
+
+
+def surrogate_note(count: int, where: str = "the prompt") -> str:
+    """The one line that says what :func:`replace_lone_surrogates` did."""
+    noun = "character" if count == 1 else "characters"
+    return (
+        f"{count} {noun} in {where} could not be encoded (lone surrogates, e.g. from a file name "
+        "that is not UTF-8) and were replaced with �."
+    ).replace("were replaced", "was replaced" if count == 1 else "were replaced")
+
+
+def clean_text(text: str, where: str, *, stacklevel: int = 3) -> str:
+    """``text`` without lone surrogates; warns once (one line) when it replaced any."""
+    cleaned, count = replace_lone_surrogates(text)
+    if count:
+        warnings.warn(surrogate_note(count, where), UnicodeWarning, stacklevel=stacklevel)
+    return cleaned
+
+
+def clean_messages(messages: Any) -> Any:
+    """``messages`` (as ``chat`` accepts them) with lone surrogates in their text replaced (one
+    warning says how many); returned unchanged when there are none."""
+    from .types import Message, TextBlock
+
+    if isinstance(messages, str):
+        return clean_text(messages, "the message", stacklevel=5)
+    if isinstance(messages, Message):
+        content = messages.content
+        if isinstance(content, str):
+            cleaned = clean_text(content, "the message", stacklevel=5)
+            return messages if cleaned is content else messages.model_copy(update={"content": cleaned})
+        blocks = []
+        changed = False
+        for block in content:
+            if isinstance(block, TextBlock):
+                text = clean_text(block.text, "the message", stacklevel=5)
+                if text is not block.text:
+                    block = block.model_copy(update={"text": text})
+                    changed = True
+            blocks.append(block)
+        return messages.model_copy(update={"content": blocks}) if changed else messages
+    if isinstance(messages, (list, tuple)):
+        return [clean_messages(m) for m in messages]
+    return messages
+
+
+def check_entry(
+    messages: Any,
+    *,
+    system: Any,
+    max_tokens: Any,
+    temperature: Any,
+    timeout: Any,
+    cancel: Any,
+    stream: Any = False,
+) -> tuple[Any, str | None]:
+    """What ``chat`` / ``stream`` / ``achat`` / ``astream`` check before anything is sent; returns
+    ``(messages, system)`` with lone surrogates replaced."""
+    from .cancel import CancelToken
+
+    check_messages(messages)
+    check_call(
+        system=system, max_tokens=max_tokens, temperature=temperature, timeout=timeout,
+        stream=stream,
+    )
+    if cancel is not None and not isinstance(cancel, CancelToken):
+        raise TypeError(f"cancel must be a CancelToken or None — not {_describe(cancel)}")
+    if system is not None:
+        system = clean_text(system, "the system prompt", stacklevel=4)
+    return clean_messages(messages), system
