@@ -155,3 +155,16 @@ def test_what_a_growing_answer_shows_is_never_taken_back(answer: str) -> None:
         return re.sub(r"\s+", "", "".join(lines))
 
     assert content(whole) == content(answer)  # nothing lost or added
+
+
+def test_thinking_segments_end_between_words() -> None:
+    from dispatch_nb.notebook.live import _Segments
+
+    segments = _Segments(50)
+    text = " ".join(f"thought{i}" for i in range(60))
+    for i in range(0, len(text), 7):
+        segments.add(text[i : i + 7])
+    chunks = segments.chunks
+    assert len(chunks) > 5 and all(len(c) <= 50 for c in chunks)
+    assert "".join(chunks) == text
+    assert all(c.endswith(" ") for c in chunks[:-1])  # no word cut in two
