@@ -50,9 +50,9 @@ def _pinned(test: ast.AST) -> set[str]:
     names assigned from them (``err = info.value`` pins ``info.value`` through ``err``)."""
     read = {ast.unparse(n.value) for n in ast.walk(test) if isinstance(n, ast.Attribute) and n.attr in PINS}
     for node in ast.walk(test):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            if ast.unparse(node.targets[0]) in read:
-                read.add(ast.unparse(node.value))
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and ast.unparse(node.targets[0]) in read):
+            read.add(ast.unparse(node.value))
     return read
 
 
@@ -60,9 +60,11 @@ def loose_assertions(source: str, where: str, family: set[str]) -> list[str]:
     """``where:line: assertion`` for each class-only error assertion in ``source``."""
     tree = ast.parse(source)
     found: list[str] = []
-    tests = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    outermost = [t for t in tests if not any(t is not o and t in ast.walk(o) for o in tests)]
-    for test in outermost:
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    tests = [n for n in ast.walk(tree) if isinstance(n, functions)]
+    nested = {id(inner) for t in tests for inner in ast.walk(t) if inner is not t
+              and isinstance(inner, functions)}
+    for test in (t for t in tests if id(t) not in nested):
         pinned = _pinned(test)
         for node in ast.walk(test):
             if isinstance(node, (ast.With, ast.AsyncWith)):
@@ -74,10 +76,10 @@ def loose_assertions(source: str, where: str, family: set[str]) -> list[str]:
                     name = item.optional_vars
                     if not (isinstance(name, ast.Name) and f"{name.id}.value" in pinned):
                         found.append(f"{where}:{node.lineno}: {ast.unparse(call)}")
-            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance":
-                if len(node.args) == 2 and set(_names(node.args[1])) & family:
-                    if ast.unparse(node.args[0]) not in pinned:
-                        found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+            elif (isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance"
+                  and len(node.args) == 2 and set(_names(node.args[1])) & family
+                  and ast.unparse(node.args[0]) not in pinned):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
     return found
 
 
