@@ -130,6 +130,7 @@ def test_a_template_naming_a_missing_column_fails_before_anything_is_sent() -> N
         result = batch("value {a}", rows, model=adapter_for(fake), progress=False)
     assert result.texts == ["echo: value 1", None, "echo: value 3"]
     assert isinstance(result[1], RequestError) and "row 1" in result[1].message
+    assert (result[1].status_code, result[1].code) == (None, "invalid_request")
     assert result.origin(1) == "not run"
 
 
@@ -176,8 +177,9 @@ def test_one_failure_never_loses_the_rest() -> None:
     assert [i for i, _ in result.errors] == [3, 7]
     assert fake.asked["row 3"] == 1 and fake.asked["row 7"] == 1  # not retryable: asked once
     assert result.texts[4] == "echo: row 4"
-    with pytest.raises(RequestError, match="2 of 10 rows failed; row 3"):
+    with pytest.raises(RequestError, match="2 of 10 rows failed; row 3") as info:
         result.raise_for_errors()
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
 
 
 @pytest.mark.parametrize("retry_after", [None, 0.05], ids=["no-retry-after", "retry-after"])
@@ -239,7 +241,7 @@ def test_without_retries_a_dropped_stream_is_the_rows_error_with_its_partial() -
                        progress=False)
     assert result.texts[0] == "echo: row 0"
     error = result[1]
-    assert isinstance(error, dispatch_nb.APIConnectionError)
+    assert isinstance(error, dispatch_nb.APIConnectionError) and error.code == "network_error"
     assert error.partial is not None and "echo:".startswith(error.partial.text[:5])
 
 
@@ -252,6 +254,7 @@ def test_the_timeout_is_a_deadline_per_row() -> None:
     assert took < 5
     assert result.texts[0] == "echo: fast" and result.texts[2] == "echo: fast too"
     assert isinstance(result[1], APITimeoutError) and "1 s timeout" in result[1].message
+    assert result[1].code == "timeout"
 
 
 # -- stopping ---------------------------------------------------------------------------------------
@@ -271,6 +274,7 @@ def test_a_cancel_token_stops_the_batch_promptly_keeping_finished_rows(tmp_path:
     assert isinstance(result[0], Response)  # finished before the cancel: kept
     in_flight = [i for i in range(30) if result.attempts(i) > 0 and i > 0]
     assert in_flight and all(isinstance(result[i], RequestCancelled) for i in in_flight)
+    assert all(result[i].code == "cancelled" for i in in_flight)
     assert any(result[i].partial is not None and result[i].partial.text for i in in_flight)
     assert all(result.origin(i) == "not run" for i in range(30) if result.attempts(i) == 0)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -433,6 +437,7 @@ def test_batches_record_and_replay_through_the_response_cache(tmp_path: Path) ->
     assert [replayed.origin(i) for i in range(6)] == ["replayed"] * 6
     assert missing.texts[0] == "echo: row 0"
     assert isinstance(missing[1], CacheMissError) and "row 1" in missing[1].message
+    assert missing[1].code == "cache_miss"
 
 
 # -- progress -----------------------------------------------------------------------------------------

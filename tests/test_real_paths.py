@@ -465,13 +465,15 @@ def test_non_streamed_answers_reuse_their_connection(fake: CanonicalFake) -> Non
     assert fake.server.connections_made == 2  # one for the sync pool, one for the loop's
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug, for the streaming path's owner: reading stops at the terminal event and the response"
-    " is closed before the chunked body's end, so httpcore drops the connection and every streamed"
-    " call opens a new one (a TCP and TLS handshake per call to a real provider)"))
 def test_streamed_answers_reuse_their_connection(fake: CanonicalFake) -> None:
     adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
     for i in range(4):
         adapter.chat(f"q{i}", stream=True)
+
+    async def four() -> None:
+        for i in range(4):
+            await adapter.achat(f"a{i}", stream=True)
+
+    asyncio.run(four())
     adapter.close()
-    assert fake.server.connections_made == 1
+    assert fake.server.connections_made == 2  # one for the sync pool, one for the loop's

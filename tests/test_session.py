@@ -621,11 +621,13 @@ def test_session_checks_its_arguments_and_model_spec_before_any_request(
         Session(adapter, system=123)
     with pytest.raises(TypeError, match="Session: max_tool_rounds must be a whole number"):
         Session(adapter, max_tool_rounds="3")
-    with pytest.raises(RequestError, match="'nope' is neither 'provider:model' nor a model name"):
+    with pytest.raises(RequestError, match="'nope' is neither 'provider:model' nor a model name") as info:
         Session("nope")
+    assert info.value.code == "unknown_provider"
     with pytest.raises(RequestError, match="'openai' is a provider, not a model: write it as "
-                                           "'openai:MODEL'"):
+                                           "'openai:MODEL'") as info:
         Session("openai")
+    assert info.value.code == "invalid_request"
     with pytest.raises(TypeError, match="Session needs an Adapter or a model spec"):
         Session(42)  # type: ignore[arg-type]
     session = Session(adapter)
@@ -644,12 +646,15 @@ def test_connect_refuses_none_non_strings_and_provider_names() -> None:
         connect(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"not 42 \(an int\)"):
         connect(42)  # type: ignore[arg-type]
-    with pytest.raises(RequestError, match="'anthropic' is a provider, not a model"):
+    with pytest.raises(RequestError, match="'anthropic' is a provider, not a model") as info:
         connect("anthropic")
-    with pytest.raises(UnknownProviderError, match="write it as 'provider:model'"):
+    assert info.value.code == "invalid_request"
+    with pytest.raises(UnknownProviderError, match="write it as 'provider:model'") as info:
         connect("nope")
-    with pytest.raises(UnknownProviderError, match="unknown provider 'nope'"):
+    assert info.value.code == "unknown_provider"
+    with pytest.raises(UnknownProviderError, match="unknown provider 'nope'") as info:
         connect("nope:model")
+    assert info.value.code == "unknown_provider"
     assert connect("fake:echo", base_url="http://127.0.0.1:9").model_name == "echo"
 
 

@@ -158,6 +158,7 @@ def test_parse_validates_and_explains() -> None:
     assert spec.parse('```json\n{"result": []}\n```') == []  # a fenced answer is fine
     with pytest.raises(OutputValidationError) as info:
         spec.parse('{"result": [{"weight": "heavy"}]}')
+    assert info.value.code == "output_invalid"
     locs = [e["loc"] for e in info.value.errors]
     assert locs == [("result", 0, "label"), ("result", 0, "weight")]
     assert "result.0.label" in info.value.message
@@ -166,16 +167,18 @@ def test_parse_validates_and_explains() -> None:
 def test_null_from_a_strict_schema_means_the_default() -> None:
     spec = StructuredOutput(Tag)
     assert spec.parse('{"label": "x", "weight": null}') == Tag(label="x", weight=1)
-    with pytest.raises(OutputValidationError):
+    with pytest.raises(OutputValidationError) as info:
         spec.parse('{"label": null, "weight": 2}')  # required: null stays and fails
+    assert info.value.code == "output_invalid"
     assert StructuredOutput(Post).parse(
         '{"title": "Hello", "tags": [{"label": "a", "weight": null}], "score": null}'
     ) == Post(title="Hello", tags=[Tag(label="a")])
 
 
 def test_constraints_are_checked_even_where_providers_do_not() -> None:
-    with pytest.raises(OutputValidationError, match="at least 3"):
+    with pytest.raises(OutputValidationError, match="at least 3") as info:
         StructuredOutput(Post).parse('{"title": "Hi", "tags": []}')
+    assert info.value.code == "output_invalid"
 
 
 def test_partial() -> None:
@@ -315,6 +318,7 @@ def test_timeout_is_one_budget_for_every_attempt() -> None:
         started = time.monotonic()
         with pytest.raises(APITimeoutError) as info:
             adapter.chat("Tags?", output=list[Tag], timeout=1.0)
+        assert info.value.code == "timeout"
         assert time.monotonic() - started < 2.5
         assert len(fake.chat_requests) == 2  # the retry ran on what was left of the 1 s
         assert info.value.partial is not None

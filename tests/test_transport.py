@@ -202,8 +202,9 @@ def test_no_proxy_hosts_are_reached_directly(
     adapter.close()
     monkeypatch.delenv("NO_PROXY")  # and without the exception, the dead proxy is used
     adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
-    with pytest.raises(APIConnectionError):
+    with pytest.raises(APIConnectionError) as info:
         answer(adapter, mode)
+    assert info.value.code == "network_error"
     adapter.close()
 
 
@@ -238,8 +239,9 @@ def test_tls_is_verified_against_ssl_cert_file(
     monkeypatch.delenv("SSL_CERT_FILE")
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     untrusting = FakeAdapter("echo", base_url=base_url, max_retries=0)
-    with pytest.raises(APIConnectionError, match=r"(?i)certificate"):
+    with pytest.raises(APIConnectionError, match=r"(?i)certificate") as info:
         answer(untrusting, mode)
+    assert info.value.code == "network_error"
     untrusting.close()
 
 

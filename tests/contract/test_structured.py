@@ -285,6 +285,7 @@ def test_invalid_json_after_every_retry(adapter: Adapter, fake: ProviderFake, ta
               Turn(text="nor this"))
     with pytest.raises(OutputValidationError) as info:
         adapter.chat("Extract.", output=Extraction, output_retries=2)
+    assert info.value.code == "output_invalid"
     err = info.value
     assert err.attempts == 3 and "after 3 attempts" in err.message
     # (a tool's input always arrives as an object: unparsable arguments come as {} there)

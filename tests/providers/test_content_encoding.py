@@ -54,6 +54,7 @@ def test_an_encoding_httpx_cannot_decode_is_a_clear_error_and_not_retried(mode: 
         adapter = adapter_for(server, max_retries=2)
         with pytest.raises(APIConnectionError) as info:
             call(adapter, mode)
+        assert info.value.code == "network_error"
         assert len(server.requests) == 1  # the same request would get the same encoding
     assert "'compress'" in info.value.message and "cannot decode" in info.value.message
     assert "gzip" in info.value.message  # what it can decode
@@ -70,6 +71,7 @@ def test_a_corrupt_compressed_stream_says_so_and_keeps_what_arrived(mode: str) -
     with LoopbackServer(lambda request: reply) as server, pytest.raises(
             APIConnectionError) as info:
         call(adapter_for(server), mode)
+    assert info.value.code == "network_error"
     assert "gzip-compressed answer could not be decoded" in info.value.message
     assert info.value.partial is not None and info.value.partial.text == "Hel"
 
@@ -82,6 +84,7 @@ def test_a_compressed_stream_cut_in_the_middle_keeps_partial(encoding: str, mode
 
     with LoopbackServer(handler) as server, pytest.raises(APIConnectionError) as info:
         call(adapter_for(server), mode)
+    assert info.value.code == "network_error"
     assert info.value.partial is not None and info.value.partial.text == "Hello"
 
 

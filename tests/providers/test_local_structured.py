@@ -78,5 +78,6 @@ def test_schema_llama_cpp_cannot_compile_fails_before_generating(local: Adapter)
     schema = {"type": "object", "properties": {"code": {"type": "string",
                                                         "pattern": "^a(?!b)$"}},
               "required": ["code"]}
-    with pytest.raises(RequestError, match="cannot turn the output schema into a grammar"):
+    with pytest.raises(RequestError, match="cannot turn the output schema into a grammar") as info:
         local.chat("Give a code.", output=schema)
+    assert info.value.code == "invalid_request"

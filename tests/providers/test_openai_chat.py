@@ -559,6 +559,7 @@ def test_several_choices_are_refused_before_sending() -> None:
     with OpenAIChatFake() as fake:
         with pytest.raises(RequestError) as info:
             adapter_for(fake).chat("x", extra_body={"n": 3})
+        assert info.value.code == "invalid_request"
         assert "n=3" in info.value.message and "separate calls" in info.value.message
         assert fake.chat_requests == []
         adapter_for(fake).chat("x", extra_body={"n": 1})
