@@ -286,8 +286,9 @@ def test_cancel_mid_stream_keeps_partial(make: Any, fake: ProviderFake) -> None:
 
 #: the status an in-stream "overloaded" error reports: the one the event carries, or 500 where the
 #: protocol's error events carry none (OpenAI's)
+#: an in-stream error event carries no HTTP status on these wire formats: the adapter says 500
 IN_STREAM_OVERLOAD_STATUS = {"openai-responses": 500, "openai-compatible": 500, "copilot": 500,
-                             "copilot-responses": 500}
+                             "copilot-responses": 500, "compatible-mistral": 500}
 
 
 def test_in_stream_error_keeps_partial(make: Any, fake: ProviderFake, target: Target) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
+from dispatch_nb.errors import RequestError
 from dispatch_nb.notebook.display import ChatError, ChatInterrupted
 from tests.fakes.provider import Fail, ToolCall, Turn
 from tests.notebook.compare_output import sections, table_rows
@@ -407,8 +408,10 @@ def test_compare_reports_one_failing_model_in_the_table(shell: Any, fake: Any) -
     answers = sections(md)
     assert answers["fake:a"].startswith("a: q") and "⚠" not in answers["fake:a"]
     assert "⚠" in answers["fake:b"] and "nope" in answers["fake:b"] and "a: q" not in answers["fake:b"]
-    answers_by_spec = shell.user_ns["answers"]  # the models that answered
-    assert list(answers_by_spec) == ["fake:a"] and answers_by_spec["fake:a"].text == "a: q"
+    answers_by_spec = shell.user_ns["answers"]  # every model: its Response, or the error it raised
+    assert list(answers_by_spec) == ["fake:a", "fake:b"] and answers_by_spec["fake:a"].text == "a: q"
+    failed = answers_by_spec["fake:b"]
+    assert isinstance(failed, RequestError) and failed.status_code == 400 and "nope" in failed.message
 
 
 def test_works_after_await_cells_and_inside_a_running_loop(shell: Any, fake: Any) -> None:
