@@ -86,6 +86,7 @@ def test_error_mid_stream_keeps_partial() -> None:
     with pytest.raises(DispatchError) as info:
         model.chat("go", stream=True)
     assert "content policy" in info.value.message
+    assert (info.value.status_code, info.value.code) == (400, "invalid_request")
     assert info.value.partial is not None
     assert info.value.partial.text == "Half an an"
 
@@ -94,8 +95,9 @@ def test_http_error_is_mapped() -> None:
     from dispatch_nb import AuthenticationError
 
     model = FakeAdapter(Fail(401, "bad key", "authentication_error"))
-    with pytest.raises(AuthenticationError, match="bad key"):
+    with pytest.raises(AuthenticationError, match="bad key") as info:
         model.chat("hi")
+    assert (info.value.status_code, info.value.code) == (401, "authentication_failed")
 
 
 def test_handler_with_a_plain_httpx_client() -> None:
