@@ -287,7 +287,9 @@ def _status(args: argparse.Namespace) -> int:
     if copilot is None:
         return EXIT_FAILED  # a broken token file: already said
     working = [copilot] if copilot else []
-    for name, env in (("OpenAI", "OPENAI_API_KEY"), ("Anthropic", "ANTHROPIC_API_KEY")):
+    from .registry import key_env_rows
+
+    for name, env in key_env_rows():
         label = f"{name}:"
         if os.environ.get(env, "").strip():
             working.append(name)

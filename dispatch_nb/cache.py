@@ -218,8 +218,20 @@ _SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
     (re.compile(r"\btid=[0-9a-f]{8,};[^\s\"']*"), REDACTED),  # Copilot session tokens
 )
+#: environment variables always scrubbed, whatever is registered; every registered provider's
+#: ``key_env`` and ``secret_env`` (its :class:`~dispatch_nb.registry.ProviderDescriptor`) too
 _SECRET_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN",
                "GH_TOKEN", "COPILOT_API_KEY")
+
+
+def secret_env_names() -> list[str]:
+    """The environment variables whose values a cache never writes."""
+    from .registry import list_descriptors
+
+    names = dict.fromkeys(_SECRET_ENV)
+    for descriptor in list_descriptors():
+        names.update(dict.fromkeys(descriptor.secret_env_names))
+    return list(names)
 _SECRET_ATTR = re.compile(r"(?i)(api_?key|token|secret|password|authorization)")
 _MIN_SECRET = 8
 
@@ -374,7 +386,7 @@ class ResponseCache:
     def secrets(self) -> set[str]:
         """The values scrubbed besides the patterns: registered ones and the usual env vars."""
         values = set(self._secrets)
-        for name in _SECRET_ENV:
+        for name in secret_env_names():
             value = os.environ.get(name, "").strip()
             if value:
                 values.add(value)

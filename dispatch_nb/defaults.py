@@ -6,7 +6,9 @@ First match wins:
 2. GitHub Copilot (``copilot:gpt-4.1``) when a GitHub token can be found
    (``DISPATCH_NB_GITHUB_TOKEN``, our token file, or a Copilot editor login);
 3. OpenAI (``openai:gpt-4.1``) when ``OPENAI_API_KEY`` is set;
-4. Anthropic (``anthropic:claude-sonnet-4-5``) when ``ANTHROPIC_API_KEY`` is set;
+4. Anthropic (``anthropic:claude-sonnet-4-5``) when ``ANTHROPIC_API_KEY`` is set — in general,
+   every registered provider whose descriptor has a ``key_env`` and a ``default_rank``, by rank
+   (:class:`~dispatch_nb.registry.ProviderDescriptor`), with its ``default_model``;
 5. the embedded local model (``local:smollm2``) when the ``local`` extra is installed, with a
    one-line hint on how to sign in for a stronger model;
 6. otherwise Copilot, marked as needing a login.
@@ -21,6 +23,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from .registry import ProviderDescriptor, list_descriptors
 
 __all__ = [
     "ANTHROPIC_DEFAULT",
@@ -56,7 +60,8 @@ class Resolution:
     reason: str
     #: one line to show the user when they should sign in or know what runs; empty otherwise
     login_hint: str = ""
-    #: which rule matched: ``env``, ``copilot``, ``openai``, ``anthropic``, ``local``, ``login``
+    #: which rule matched: ``env``, ``copilot``, ``openai``, ``anthropic`` (the provider's name
+    #: for any provider chosen by its key), ``local``, ``login``
     source: str = ""
 
     @property
@@ -86,6 +91,13 @@ def _copilot_token(env: Mapping[str, str]) -> tuple[str | None, str]:
     return source, ""
 
 
+def _ranked_key_providers() -> list[ProviderDescriptor]:
+    """The registered providers an API key in the environment makes the default, in order
+    (their descriptors' ``default_rank``: OpenAI, then Anthropic, then any registered later)."""
+    ranked = [d for d in list_descriptors() if d.key_env and d.default_rank is not None]
+    return sorted(ranked, key=lambda d: d.default_rank or 0)
+
+
 def _local_available() -> bool:
     try:
         from .providers.local import local_model_available
@@ -109,10 +121,11 @@ def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
     if token_source is not None:
         return Resolution(COPILOT_DEFAULT, f"a GitHub login was found ({token_source})", "",
                           "copilot")
-    if env.get("OPENAI_API_KEY", "").strip():
-        return Resolution(OPENAI_DEFAULT, "OPENAI_API_KEY is set", "", "openai")
-    if env.get("ANTHROPIC_API_KEY", "").strip():
-        return Resolution(ANTHROPIC_DEFAULT, "ANTHROPIC_API_KEY is set", "", "anthropic")
+    for descriptor in _ranked_key_providers():
+        assert descriptor.key_env is not None
+        if env.get(descriptor.key_env, "").strip():
+            return Resolution(f"{descriptor.name}:{descriptor.example_model}",
+                              f"{descriptor.key_env} is set", "", descriptor.name)
     note = f"; {problem}" if problem else ""
     if _local_available():
         return Resolution(

@@ -8,9 +8,9 @@ The response cache finds an answer by a key made from the provider, the model an
 request (``max_tokens`` after the adapter's default is applied). When the real adapter cannot be
 built here — its extra is not installed (``ImportError``) or its model file is missing
 (``ModelUnavailableError``) — :func:`connect_for_cache` returns a :class:`ReplayOnlyAdapter`
-with the same provider name, model name, default ``max_tokens`` (read from the provider
-factory's signature) and accepted options, so the keys come out the same. Anything that would
-really need the model raises the original error::
+with the same provider name, model name, default ``max_tokens`` (from the provider's
+:class:`~dispatch_nb.registry.ProviderDescriptor`) and accepted options, so the keys come out
+the same. Anything that would really need the model raises the original error::
 
     from dispatch_nb.cache import CachedAdapter, ResponseCache
     from dispatch_nb.replay_only import connect_for_cache
@@ -32,14 +32,20 @@ from typing import Any
 from .adapter import Adapter, ChatRequest, ValidationResult
 from .call_control import CallControl
 from .errors import DispatchError, ModelUnavailableError
-from .registry import connect, get_provider, list_providers, parse_model_spec
+from .registry import (
+    BUILTIN_PROVIDERS,
+    ProviderDescriptor,
+    connect,
+    find_descriptor,
+    get_descriptor,
+    get_provider,
+    list_descriptors,
+    parse_model_spec,
+)
 from .stream import Accumulator
 from .types import ModelInfo, StreamDelta
 
 __all__ = ["ReplayOnlyAdapter", "connect_for_cache"]
-
-BUILTIN_PROVIDERS = frozenset({"copilot", "openai", "compatible", "anthropic", "local", "fake"})
-
 
 class ReplayOnlyAdapter(Adapter):
     """Stands in for an adapter that cannot be built here, inside a replaying cache.
@@ -110,20 +116,53 @@ class ReplayOnlyAdapter(Adapter):
 def _factory_defaults(factory: Any, model: str, options: dict[str, Any]) -> tuple[int | None,
                                                                                   frozenset[str]]:
     """The default ``max_tokens`` and the accepted options of what ``factory(model, **options)``
-    would build, read without calling it (a class, or a ``functools.partial`` of one)."""
+    would build, read without calling it, from the provider's descriptor.
+
+    ``factory`` is a registered factory or a ``functools.partial`` of one (its keywords win over
+    the descriptor's defaults, ``options`` over both). A factory registered without a descriptor
+    (``register_provider(name, callable)``) that is no other provider's has its defaults read
+    from its signature, as the only place they are written."""
+    target = getattr(factory, "func", factory)  # functools.partial
+    bound_keywords: dict[str, Any] = dict(getattr(factory, "keywords", None) or {})
+    descriptor = _descriptor_of(target)
     max_tokens: int | None = None
-    try:
-        bound = inspect.signature(factory).bind_partial(model, **options)
-    except (TypeError, ValueError):
-        bound = None
-    if bound is not None:
-        bound.apply_defaults()
-        value = bound.arguments.get("max_tokens")
+    accepted: Any = None
+    if descriptor is not None and descriptor.default_max_tokens is not None:
+        max_tokens = descriptor.default_max_tokens
+        accepted = descriptor.provider_options
+    else:
+        max_tokens = _signature_max_tokens(factory, model)
+    for source in (bound_keywords, options):
+        value = source.get("max_tokens")
         if isinstance(value, int) and not isinstance(value, bool):
             max_tokens = value
-    target = getattr(factory, "func", factory)  # functools.partial
-    accepted: Any = getattr(target, "provider_options", frozenset())
+        elif "max_tokens" in source and value is None:
+            max_tokens = None
+    if accepted is None:
+        accepted = getattr(target, "provider_options", frozenset())
     return max_tokens, frozenset(accepted) if isinstance(accepted, (set, frozenset)) else frozenset()
+
+
+def _signature_max_tokens(factory: Any, model: str) -> int | None:
+    try:
+        bound = inspect.signature(factory).bind_partial(model)
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    value = bound.arguments.get("max_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _descriptor_of(target: Any) -> ProviderDescriptor | None:
+    """The descriptor whose factory is ``target`` (built-in providers first)."""
+    for descriptor in sorted(list_descriptors(), key=lambda d: (d.name not in BUILTIN_PROVIDERS,
+                                                                d.name)):
+        try:
+            if get_provider(descriptor.name) is target:
+                return find_descriptor(descriptor.name)
+        except ImportError:
+            continue
+    return None
 
 
 def _registry_name(factory: Any, fallback: str) -> str:
@@ -133,13 +172,8 @@ def _registry_name(factory: Any, fallback: str) -> str:
     target = getattr(factory, "func", factory)
     if not inspect.isclass(target):
         return fallback
-    for name in sorted(list_providers(), key=lambda n: (n not in BUILTIN_PROVIDERS, n)):
-        try:
-            if get_provider(name) is target:
-                return name
-        except ImportError:
-            continue
-    return fallback
+    descriptor = _descriptor_of(target)
+    return descriptor.name if descriptor is not None else fallback
 
 
 def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
@@ -154,7 +188,15 @@ def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
         if mode != "replay":
             raise
         name, model = parse_model_spec(spec)
-        factory = get_provider(name)
+        try:
+            factory = get_provider(name)
+        except ImportError:  # the provider's module itself cannot be imported here
+            descriptor = get_descriptor(name)
+            max_tokens = options.get("max_tokens", descriptor.default_max_tokens)
+            return ReplayOnlyAdapter(
+                name, model, reason=exc, max_tokens=max_tokens,
+                provider_options=descriptor.provider_options or frozenset(),
+            )
         max_tokens, accepted = _factory_defaults(factory, model, options)
         return ReplayOnlyAdapter(
             _registry_name(factory, name), model, reason=exc, max_tokens=max_tokens, provider_options=accepted

@@ -20,20 +20,18 @@ if TYPE_CHECKING:
 
 __all__ = ["run"]
 
-#: a model to name when only listing a provider's models (the listing does not depend on it)
-_LISTING_MODEL = {
-    "copilot": "gpt-4.1",
-    "openai": "gpt-4.1",
-    "anthropic": "claude-sonnet-4-5",
-    "local": "smollm2",
-    "fake": "echo",
-}
+def _key_env(provider: str) -> str | None:
+    """The API-key variable of ``provider`` (its descriptor's ``key_env``), if it uses one."""
+    from ..registry import find_descriptor
 
-_KEY_ENV = {
-    "openai": "OPENAI_API_KEY",
-    "compatible": "OPENAI_API_KEY",
-    "anthropic": "ANTHROPIC_API_KEY",
-}
+    descriptor = find_descriptor(provider)
+    return descriptor.key_env if descriptor else None
+
+
+def _key_providers() -> list[str]:
+    from ..registry import list_descriptors
+
+    return [d.name for d in list_descriptors() if d.key_env]
 
 
 def _plain(markdown: str) -> str:
@@ -67,8 +65,8 @@ def login(magics: ChatMagics, args: argparse.Namespace) -> None:
     """``%chat login [PROVIDER] [--force]``: the GitHub device login for Copilot (when not logged
     in already, or with ``--force``); how to give a key otherwise."""
     provider = (args.target or "copilot").lower()
-    if provider in _KEY_ENV:
-        env = _KEY_ENV[provider]
+    env = _key_env(provider)
+    if env is not None:
         state = "is set" if os.environ.get(env) else "is not set"
         _show(
             f"**{provider}** uses an API key, not a login: run `%chat key {provider}` to type it "
@@ -117,13 +115,13 @@ def key(magics: ChatMagics, args: argparse.Namespace) -> None:
     """``%chat key PROVIDER``: ask for the provider's API key (``getpass``: not echoed, not in the
     notebook) and set it in this kernel's environment."""
     provider = (args.target or "").lower()
-    if provider not in _KEY_ENV:
+    env = _key_env(provider)
+    if env is None:
         raise UsageError(
             "%chat key needs a provider that uses an API key: "
-            + ", ".join(sorted(_KEY_ENV))
+            + ", ".join(sorted(_key_providers()))
             + (" (Copilot signs in with %chat login)" if provider == "copilot" else "")
         )
-    env = _KEY_ENV[provider]
     import getpass
 
     from IPython.core.error import StdinNotImplementedError
@@ -183,7 +181,9 @@ def status(magics: ChatMagics, args: argparse.Namespace) -> None:
     if hint:
         rows.append(("hint", hint))
     rows.append(("GitHub Copilot", _copilot_state()))
-    for provider, env in (("OpenAI", "OPENAI_API_KEY"), ("Anthropic", "ANTHROPIC_API_KEY")):
+    from ..registry import key_env_rows
+
+    for provider, env in key_env_rows():
         rows.append((provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}"))
     if os.environ.get("OPENAI_BASE_URL"):
         rows.append(("OpenAI base URL", f"`{os.environ['OPENAI_BASE_URL']}`"))
@@ -231,7 +231,7 @@ def _copilot_state() -> str:
 def models(magics: ChatMagics, args: argparse.Namespace) -> None:
     """``%chat models [PROVIDER]``: the models a provider offers, as a table."""
     from ..errors import DispatchError
-    from ..registry import list_providers, parse_model_spec
+    from ..registry import get_descriptor, list_providers, parse_model_spec
     from .cell import cache_mode, default_spec, get_adapter
     from .display import explain_error
 
@@ -247,7 +247,7 @@ def models(magics: ChatMagics, args: argparse.Namespace) -> None:
         elif provider == default_provider:
             spec = f"{provider}:{default_model}"
         else:
-            spec = f"{provider}:{_LISTING_MODEL.get(provider, 'default')}"
+            spec = f"{provider}:{get_descriptor(provider).model_for_listing}"
     else:
         spec = default_spec(magics)[0]
         provider = parse_model_spec(spec)[0]

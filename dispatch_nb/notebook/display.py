@@ -583,23 +583,12 @@ def _context_fix(context: dict[str, Any]) -> str:
     )
 
 
-_KEY_FIX = {
-    "copilot": "Run `%chat login` to sign in to GitHub Copilot (or set DISPATCH_NB_GITHUB_TOKEN).",
-    "openai": (
-        "Run `%chat key openai` to type the key (nothing is saved in the notebook), or set "
-        "OPENAI_API_KEY in the environment Jupyter starts from (or in a .env file), or choose "
-        "another model with -m."
-    ),
-    "anthropic": (
-        "Run `%chat key anthropic` to type the key (nothing is saved in the notebook), or set "
-        "ANTHROPIC_API_KEY in the environment Jupyter starts from (or in a .env file), or "
-        "choose another model with -m."
-    ),
-    "compatible": (
-        "Check the server's API key (`%chat key compatible`, or OPENAI_API_KEY in the "
-        "environment) and OPENAI_BASE_URL."
-    ),
-}
+def _credentials_fix(provider: str) -> str:
+    """What to do when ``provider`` refused the credentials: its descriptor's login hint."""
+    from ..registry import find_descriptor
+
+    descriptor = find_descriptor(provider)
+    return descriptor.credentials_hint if descriptor else "Check the provider's credentials."
 
 
 def explain_error(
@@ -628,7 +617,7 @@ def explain_error(
     message = str(exc)
     fix = ""
     if isinstance(exc, e.AuthenticationError):
-        fix = _KEY_FIX.get(provider, "Check the provider's credentials.")
+        fix = _credentials_fix(provider)
     elif isinstance(exc, e.RateLimitError):
         if exc.code == "quota_exceeded":
             fix = "Your quota or spending limit is used up: check the account, or use another model (-m)."

@@ -31,12 +31,23 @@ class Target:
     skip: Callable[[], str | None] = lambda: None
     #: answers only this wire protocol can give (built-in tool items, unknown blocks...), named
     extra_turns: Callable[[], list[tuple[str, Turn]]] = lambda: []
+    #: the structured-output mechanism it must use (``test_structured.py``), when not listed there
+    structured_mechanism: str | None = None
 
 
 def _fake_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
     from dispatch_nb.providers.fake import FakeAdapter
 
     return FakeAdapter("echo", base_url=fake.base_url, **kw)
+
+
+def _acme_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
+    """A provider added as one module (``tests/providers/acme.py``), built through the registry."""
+    from dispatch_nb import connect
+
+    from ..providers import acme  # noqa: F401  (importing it registers the provider)
+
+    return connect("acme:acme-1", api_key="acme-test-key-0001", base_url=fake.base_url, **kw)
 
 
 def _anthropic_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
@@ -163,6 +174,9 @@ def _copilot_adapter(model: str) -> Callable[..., Adapter]:
 
 TARGETS: list[Target] = [
     Target("fake", CanonicalFake, _fake_adapter, supports_thinking=True),
+    # a provider added by one module, one registration and this one line (tests/providers/acme.py)
+    Target("acme", CanonicalFake, _acme_adapter, supports_thinking=True,
+           structured_mechanism="canonical"),
     Target("anthropic", AnthropicFake, _anthropic_adapter, supports_thinking=True,
            extra_turns=_anthropic_turns),
     Target("openai-responses", _openai_responses_fake, _openai_adapter("official"),

@@ -70,6 +70,8 @@ MECHANISM = {
     "copilot": "tool",  # Claude on Copilot's chat.completions
     "copilot-responses": "text.format",
     "copilot-gpt": "response_format",
+    # a target added later says its own (Target.structured_mechanism)
+    **{t.name: t.structured_mechanism for t in TARGETS if t.structured_mechanism},
 }
 
 

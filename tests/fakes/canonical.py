@@ -11,6 +11,13 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from dispatch_nb.testing import (
+    canonical_body,
+    canonical_error_event,
+    canonical_events,
+    last_user_text,
+)
+
 from .provider import Fail, ProviderFake, ScriptItem, Turn, sse_event
 from .server import RecordedRequest, Reply
 
@@ -63,69 +70,18 @@ class CanonicalFake(ProviderFake):
                                 "invalid_request_error")
         return None
 
-    def _usage(self, turn: Turn) -> dict[str, int]:
-        return {
-            "input_tokens": turn.input_tokens,
-            "output_tokens": turn.output_tokens,
-            "cache_read_tokens": turn.cache_read_tokens,
-            "cache_creation_tokens": turn.cache_creation_tokens,
-        }
-
     def render_events(self, turn: Turn, request: RecordedRequest) -> list[bytes]:
-        events: list[bytes] = []
-        if turn.thinking is not None:
-            events.append(sse_event({"type": "thinking", "text": turn.thinking}))
-            if turn.signature is not None:
-                events.append(sse_event({"type": "signature", "signature": turn.signature}))
-        for data in turn.redacted_thinking:
-            events.append(sse_event({"type": "block",
-                                     "block": {"type": "redacted_thinking", "data": data}}))
-        for piece in turn.text_pieces():
-            events.append(sse_event({"type": "text", "text": piece}))
-        for call in turn.tool_calls:
-            events.append(sse_event({"type": "tool_start", "id": call.id, "name": call.name}))
-            raw = call.arguments_json
-            for i in range(0, len(raw), 5):
-                events.append(sse_event({"type": "tool_delta", "id": call.id,
-                                         "fragment": raw[i : i + 5]}))
-            events.append(sse_event({"type": "tool_end", "id": call.id}))
-        events.append(sse_event({"type": "done", "stop_reason": turn.canonical_stop,
-                                 "usage": self._usage(turn),
-                                 "model": turn.model or (request.json or {}).get("model")}))
-        return events
+        return [sse_event(e) for e in canonical_events(turn, (request.json or {}).get("model"))]
 
     def render_json(self, turn: Turn, request: RecordedRequest) -> Any:
-        content: list[dict[str, Any]] = []
-        if turn.thinking is not None:
-            content.append({"type": "thinking", "thinking": turn.thinking,
-                            "signature": turn.signature})
-        content += [{"type": "redacted_thinking", "data": d} for d in turn.redacted_thinking]
-        if turn.text:
-            content.append({"type": "text", "text": turn.text})
-        calls = [{"type": "tool_use", "id": c.id, "name": c.name,
-                  "arguments": c.arguments if isinstance(c.arguments, dict) else {}}
-                 for c in turn.tool_calls]
-        content += calls
-        return {"content": content, "tool_calls": calls, "stop_reason": turn.canonical_stop,
-                "usage": self._usage(turn),
-                "model": turn.model or (request.json or {}).get("model")}
+        return canonical_body(turn, (request.json or {}).get("model"))
 
     def render_stream_error(self, fail: Fail) -> bytes:
-        return sse_event({"type": "error", "status": fail.status, "message": fail.message,
-                          "error_type": fail.error_type})
+        return sse_event(canonical_error_event(fail))
 
     # -- inspectors ------------------------------------------------------------------------------
     def last_user_text(self, request: RecordedRequest) -> str:
-        for message in reversed((request.json or {}).get("messages", [])):
-            if message["role"] != "user":
-                continue
-            content = message["content"]
-            if isinstance(content, str):
-                return content
-            texts = [b["text"] for b in content if b.get("type") == "text"]
-            if texts:
-                return "".join(texts)
-        return ""
+        return last_user_text(request.json)
 
     def system_of(self, request: RecordedRequest) -> str | None:
         return (request.json or {}).get("system")

@@ -14,37 +14,16 @@ A subclass implements the ``render_*`` methods and the request inspectors (``sys
 from __future__ import annotations
 
 import collections
-import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from dispatch_nb import testing
+from dispatch_nb.testing import Fail, ToolCall
 
 from .server import LoopbackServer, RecordedRequest, Reply
 
 __all__ = ["Drop", "Fail", "ProviderFake", "Stall", "ToolCall", "Turn"]
-
-
-@dataclass
-class ToolCall:
-    """A tool call the model makes. ``arguments`` as a str is sent raw (may be invalid JSON)."""
-
-    id: str
-    name: str
-    arguments: dict[str, Any] | str = field(default_factory=dict)
-
-    @property
-    def arguments_json(self) -> str:
-        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
-
-
-@dataclass
-class Fail:
-    """An HTTP error reply (or, as ``Turn.error``, an error event inside a stream)."""
-
-    status: int
-    message: str = "something went wrong"
-    error_type: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,39 +39,15 @@ class Stall:
 
 
 @dataclass
-class Turn:
-    """One scripted model answer, with optional streaming pace and faults."""
+class Turn(testing.Turn):
+    """One scripted model answer (:class:`dispatch_nb.testing.Turn`: text, thinking, tool calls,
+    usage, stop reason, ``chunk``, ``error_after``/``error``) with the pace and faults only a
+    socket can have."""
 
-    text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    thinking: str | None = None
-    signature: str | None = None
-    redacted_thinking: list[str] = field(default_factory=list)
-    stop_reason: str | None = None  # canonical; None → tool_use if tool calls else end_turn
-    # Canonical usage, as in dispatch_nb.Usage: input_tokens EXCLUDES cache reads/writes. A fake
-    # renders its wire totals from these (OpenAI: prompt_tokens = input_tokens + cache_read_tokens).
-    input_tokens: int = 12
-    output_tokens: int = 7
-    cache_read_tokens: int = 0
-    cache_creation_tokens: int = 0
-    model: str | None = None
-    chunk: int = 4  # characters per text delta when streaming
     delay: float = 0.0  # seconds between streamed events
     reset_after: int | None = None  # drop the connection after this many events
     stall_after: int | None = None  # stall this many events in ...
     stall: float = 0.0  # ... for this long
-    error_after: int | None = None  # replace the rest of the stream with an error event ...
-    error: Fail | None = None  # ... this one
-
-    @property
-    def canonical_stop(self) -> str:
-        if self.stop_reason:
-            return self.stop_reason
-        return "tool_use" if self.tool_calls else "end_turn"
-
-    def text_pieces(self) -> list[str]:
-        n = max(1, self.chunk)
-        return [self.text[i : i + n] for i in range(0, len(self.text), n)]
 
 
 ScriptItem = Turn | Fail | Drop | Stall
@@ -276,8 +231,4 @@ class ProviderFake:
         return found
 
 
-def sse_event(data: Any, event: str | None = None) -> bytes:
-    """One SSE frame."""
-    payload = data if isinstance(data, str) else json.dumps(data)
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+sse_event = testing.sse_event

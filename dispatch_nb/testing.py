@@ -1,0 +1,318 @@
+"""Test your own code against dispatch_nb without a model, a key or a network: the canonical fake.
+
+dispatch_nb's ``fake`` provider speaks a tiny *canonical* protocol (dispatch_nb's own types as
+JSON, see :mod:`dispatch_nb.providers.fake`). This module answers that protocol in-process, through
+an :class:`httpx.MockTransport`, so the whole real client runs — request building, SSE parsing,
+error mapping, retries, ``error.partial`` — and only the model is scripted::
+
+    from dispatch_nb.testing import Fail, FakeAdapter, ToolCall, Turn
+
+    model = FakeAdapter(Turn(text="Paris."))           # answers "Paris." once, then echoes
+    assert model.chat("Capital of France?").text == "Paris."
+    assert model.handler.last_body["messages"][-1]["content"] == "Capital of France?"
+
+    model.push(Turn(tool_calls=[ToolCall("c1", "get_weather", {"city": "Lima"})]),
+               Turn(text="Sunny in Lima."))            # a tool round, then the answer
+    model.push(Turn(text="Half an ans", error_after=2, error=Fail(529, "overloaded")))
+    model.push(Fail(401, "bad key", "authentication_error"))   # an HTTP error reply
+
+With nothing scripted, a model answers with its own name and the last user message
+(``echo: hi`` for model ``echo``). :class:`CanonicalHandler` is the same server as a plain
+``httpx`` handler, for code that builds its own client or adapter::
+
+    handler = CanonicalHandler().push(Turn(text="hi"))
+    client = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://fake.test")
+
+``import dispatch_nb`` does not import this module; import it in your tests.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .providers.fake import FakeAdapter as _FakeProviderAdapter
+
+__all__ = [
+    "CanonicalHandler",
+    "Fail",
+    "FakeAdapter",
+    "ToolCall",
+    "Turn",
+    "canonical_body",
+    "canonical_error_event",
+    "canonical_events",
+    "sse_event",
+]
+
+#: the base URL a :class:`FakeAdapter` talks to (nothing listens there: the transport answers)
+FAKE_BASE_URL = "http://dispatch-nb-fake.test"
+
+
+@dataclass
+class ToolCall:
+    """A tool call the model makes. ``arguments`` as a str is sent raw (may be invalid JSON)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+
+    @property
+    def arguments_json(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
+
+
+@dataclass
+class Fail:
+    """An HTTP error reply (or, as ``Turn.error``, an error event inside a stream)."""
+
+    status: int
+    message: str = "something went wrong"
+    error_type: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Turn:
+    """One scripted model answer: text, thinking, tool calls, usage, stop reason; streamed in
+    ``chunk``-character text deltas, optionally cut by ``error`` after ``error_after`` events."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    thinking: str | None = None
+    signature: str | None = None
+    redacted_thinking: list[str] = field(default_factory=list)
+    stop_reason: str | None = None  # canonical; None → tool_use if tool calls else end_turn
+    # Canonical usage, as in dispatch_nb.Usage: input_tokens EXCLUDES cache reads/writes.
+    input_tokens: int = 12
+    output_tokens: int = 7
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
+    model: str | None = None
+    chunk: int = 4  # characters per text delta when streaming
+    error_after: int | None = None  # replace the rest of the stream with an error event ...
+    error: Fail | None = None  # ... this one
+
+    @property
+    def canonical_stop(self) -> str:
+        if self.stop_reason:
+            return self.stop_reason
+        return "tool_use" if self.tool_calls else "end_turn"
+
+    def text_pieces(self) -> list[str]:
+        n = max(1, self.chunk)
+        return [self.text[i : i + n] for i in range(0, len(self.text), n)]
+
+
+# -- the canonical protocol, rendered (shared with the repository's loopback fake) ---------------
+def _usage(turn: Turn) -> dict[str, int]:
+    return {
+        "input_tokens": turn.input_tokens,
+        "output_tokens": turn.output_tokens,
+        "cache_read_tokens": turn.cache_read_tokens,
+        "cache_creation_tokens": turn.cache_creation_tokens,
+    }
+
+
+def canonical_events(turn: Turn, model: str | None) -> list[dict[str, Any]]:
+    """The stream events (``{"type": ...}`` dicts) of ``turn``; ``model`` is the requested one."""
+    events: list[dict[str, Any]] = []
+    if turn.thinking is not None:
+        events.append({"type": "thinking", "text": turn.thinking})
+        if turn.signature is not None:
+            events.append({"type": "signature", "signature": turn.signature})
+    for data in turn.redacted_thinking:
+        events.append({"type": "block", "block": {"type": "redacted_thinking", "data": data}})
+    for piece in turn.text_pieces():
+        events.append({"type": "text", "text": piece})
+    for call in turn.tool_calls:
+        events.append({"type": "tool_start", "id": call.id, "name": call.name})
+        raw = call.arguments_json
+        for i in range(0, len(raw), 5):
+            events.append({"type": "tool_delta", "id": call.id, "fragment": raw[i : i + 5]})
+        events.append({"type": "tool_end", "id": call.id})
+    events.append({"type": "done", "stop_reason": turn.canonical_stop, "usage": _usage(turn),
+                   "model": turn.model or model})
+    return events
+
+
+def canonical_body(turn: Turn, model: str | None) -> dict[str, Any]:
+    """The JSON body of ``turn`` answered without streaming."""
+    content: list[dict[str, Any]] = []
+    if turn.thinking is not None:
+        content.append({"type": "thinking", "thinking": turn.thinking,
+                        "signature": turn.signature})
+    content += [{"type": "redacted_thinking", "data": d} for d in turn.redacted_thinking]
+    if turn.text:
+        content.append({"type": "text", "text": turn.text})
+    calls = [{"type": "tool_use", "id": c.id, "name": c.name,
+              "arguments": c.arguments if isinstance(c.arguments, dict) else {}}
+             for c in turn.tool_calls]
+    content += calls
+    return {"content": content, "tool_calls": calls, "stop_reason": turn.canonical_stop,
+            "usage": _usage(turn), "model": turn.model or model}
+
+
+def canonical_error_event(fail: Fail) -> dict[str, Any]:
+    """The stream event that ends a stream with ``fail``."""
+    return {"type": "error", "status": fail.status, "message": fail.message,
+            "error_type": fail.error_type}
+
+
+def canonical_error_body(fail: Fail) -> dict[str, Any]:
+    """The JSON body of an HTTP error reply."""
+    return {"error": {"message": fail.message, "type": fail.error_type or "error"}}
+
+
+def sse_event(data: Any, event: str | None = None) -> bytes:
+    """One server-sent-event frame."""
+    payload = data if isinstance(data, str) else json.dumps(data)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+def last_user_text(body: dict[str, Any] | None) -> str:
+    """The text of the last user message of a canonical request body."""
+    for message in reversed((body or {}).get("messages", [])):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [b["text"] for b in content or [] if b.get("type") == "text"]
+        if texts:
+            return "".join(texts)
+    return ""
+
+
+def stream_events(turn: Turn, model: str | None) -> list[bytes]:
+    """The SSE frames of a streamed answer, cut by ``turn.error`` when it has one."""
+    events = canonical_events(turn, model)
+    if turn.error is not None:
+        cut = turn.error_after if turn.error_after is not None else len(events)
+        events = [*events[:cut], canonical_error_event(turn.error)]
+    return [sse_event(e) for e in events]
+
+
+ScriptItem = Turn | Fail
+
+
+class CanonicalHandler:
+    """An ``httpx.MockTransport`` handler speaking the canonical protocol.
+
+    ``POST {base}/chat`` takes the next scripted item (:meth:`push`) — a :class:`Turn` answers, a
+    :class:`Fail` is an HTTP error — or, with nothing scripted, echoes: ``"{model}: {last user
+    message}"``. ``GET {base}/models`` lists :attr:`models`. Every chat request is kept in
+    :attr:`requests` (its JSON in :attr:`bodies`). Thread-safe; works for sync and async clients.
+    """
+
+    def __init__(self, *script: ScriptItem, models: list[dict[str, Any]] | None = None) -> None:
+        self._lock = threading.Lock()
+        self.script: collections.deque[ScriptItem] = collections.deque(script)
+        self.requests: list[httpx.Request] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.models: list[dict[str, Any]] = models if models is not None else [
+            {"id": "echo", "name": "Echo", "max_context_tokens": 4096, "supports_tool_use": True}
+        ]
+
+    def push(self, *items: ScriptItem) -> CanonicalHandler:
+        """Queue answers, one per chat request, in order."""
+        with self._lock:
+            self.script.extend(items)
+        return self
+
+    @property
+    def last_body(self) -> dict[str, Any]:
+        """The JSON body of the last chat request."""
+        if not self.bodies:
+            raise LookupError("no chat request has been made yet")
+        return self.bodies[-1]
+
+    def default_turn(self, body: dict[str, Any]) -> Turn:
+        """The answer when nothing is scripted: the model's name and the last user message."""
+        return Turn(text=f"{body.get('model') or ''}: {last_user_text(body)}")
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path.rstrip("/")
+        if request.method == "GET" and path.endswith("/models"):
+            return httpx.Response(200, json={"data": self.models})
+        if request.method != "POST" or not path.endswith("/chat"):
+            return httpx.Response(404, json=canonical_error_body(
+                Fail(404, f"no route {request.method} {request.url.path}", "not_found")))
+        try:
+            body = json.loads(request.read() or b"{}")
+        except ValueError:
+            return httpx.Response(400, json=canonical_error_body(
+                Fail(400, "the request body is not JSON", "invalid_request_error")))
+        with self._lock:
+            self.requests.append(request)
+            self.bodies.append(body)
+            item: ScriptItem | None = self.script.popleft() if self.script else None
+        if item is None:
+            item = self.default_turn(body)
+        if isinstance(item, Fail):
+            return httpx.Response(item.status, json=canonical_error_body(item),
+                                  headers=item.headers)
+        model = body.get("model")
+        if not body.get("stream"):
+            return httpx.Response(200, json=canonical_body(item, model))
+        return httpx.Response(200, stream=_FrameStream(stream_events(item, model)),
+                              headers={"content-type": "text/event-stream"})
+
+
+class _FrameStream(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A response body sent one SSE frame per chunk, to sync and async clients alike."""
+
+    def __init__(self, frames: list[bytes]) -> None:
+        self._frames = frames
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._frames
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for frame in self._frames:
+            yield frame
+
+
+class FakeAdapter(_FakeProviderAdapter):
+    """The ``fake`` provider answered in-process by a :class:`CanonicalHandler`: a real adapter
+    (chat, stream, async, tools, sessions, caches) with a scripted model and no server.
+
+    ``FakeAdapter(*script, model="echo", handler=None, **options)``: ``script`` items are queued
+    on the handler; ``options`` are the ``fake`` provider's (``max_tokens``, ``max_retries``,
+    ``timeout``...). :attr:`handler` holds the script and the requests seen.
+    """
+
+    def __init__(
+        self,
+        *script: ScriptItem,
+        model: str = "echo",
+        handler: CanonicalHandler | None = None,
+        **options: Any,
+    ) -> None:
+        self.handler = handler if handler is not None else CanonicalHandler()
+        self.handler.push(*script)
+        transport = httpx.MockTransport(self.handler)
+        super().__init__(
+            model,
+            base_url=FAKE_BASE_URL,
+            http_client=httpx.Client(transport=transport),
+            async_http_client=httpx.AsyncClient(transport=transport),
+            **options,
+        )
+
+    def push(self, *items: ScriptItem) -> FakeAdapter:
+        """Queue answers on :attr:`handler`."""
+        self.handler.push(*items)
+        return self
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """The JSON bodies of the chat requests made so far."""
+        return self.handler.bodies
