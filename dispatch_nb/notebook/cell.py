@@ -50,7 +50,7 @@ from .display import (
 )
 from .live import detect_mode, has_kernel, make_view
 from .prompt import PromptError, build_prompt
-from .runner import Job, JobOutcome, run_jobs
+from .runner import Job, JobOutcome, RetryEvent, run_jobs
 from .threads import cell_identity, cell_key, turn_from
 
 if TYPE_CHECKING:
@@ -339,8 +339,15 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         messages = [*plan.history, plan.user]
         if plan.stream:
             stream = plan.adapter.stream(messages, system=plan.system, cancel=cancel, **options)
+            attempt = 1
             with stream:
                 for delta in stream:
+                    now = getattr(stream, "attempt", 1)  # --schema: a retry's deltas follow
+                    if now != attempt:
+                        attempt = now
+                        emit(RetryEvent(reason="the answer did not match the schema",
+                                        attempt=now - 1))
+                        emit(StreamDelta(type="text_delta", text="\n\n"))
                     emit(delta)
             response = stream.response
         else:

@@ -189,9 +189,13 @@ def test_schema_answer_that_does_not_validate_is_a_short_error(shell: Any, fake:
     fake.push(Turn(text="not json at all"), Turn(text="still not json"))
     result = run(shell, "%%chat --schema Echo -o bad\nBreak it.")
     assert not result.success
-    assert "OutputValidationError" in type(result.error_in_exec).__name__ or "not valid" in str(
-        result.error_in_exec).lower() or "JSON" in str(result.error_in_exec)
+    assert str(result.error_in_exec).startswith(
+        "OutputValidationError: fake: the answer does not match the Echo schema")
     assert len(fake.chat_requests) == 2  # one retry with the errors
+    md = final_markdown(shell)  # both attempts are kept, apart, and the retry is counted
+    assert md.startswith("not json at all\n\nstill not json") and "retried once (the answer did not match the schema)" in md
+    assert "⚠ OutputValidationError" in md
+    assert shell.user_ns["bad"].code == "output_invalid"
 
 
 # -- --each -----------------------------------------------------------------------------------------
