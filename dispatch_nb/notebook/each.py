@@ -159,9 +159,9 @@ def run_each_cell(magics: ChatMagics, args: argparse.Namespace, cell: str) -> No
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
                                        schema=args.schema.strip() if args.schema else None)
-    from IPython.display import display
+    from .live import ipy_display
 
-    display(final_data, raw=True, metadata=metadata)
+    ipy_display(final_data, raw=True, metadata=metadata)
     if args.output:
         namespace[args.output] = result
     out = namespace.get("Out")
@@ -181,7 +181,7 @@ def _short(text: str, limit: int = MAX_CELL_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _input_row(source_kind: str, column: str, row: Any) -> dict[str, Any]:
+def _input_row(column: str, row: Any) -> dict[str, Any]:
     if isinstance(row, dict):
         return {str(k): v for k, v in row.items()}
     return {column: row}
@@ -219,7 +219,7 @@ def each_output(
     for (position, row), item in zip(source, result, strict=False):
         if position >= MAX_TABLE_ROWS:
             break
-        line = _input_row(source.kind, column, row)
+        line = _input_row(column, row)
         line = {k: (_short(v) if isinstance(v, str) else v) for k, v in line.items()}
         if isinstance(item, Response):
             line.update(_answer_columns(item, set(line), schema is not None))

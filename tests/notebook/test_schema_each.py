@@ -193,7 +193,8 @@ def test_schema_answer_that_does_not_validate_is_a_short_error(shell: Any, fake:
         "OutputValidationError: fake: the answer does not match the Echo schema")
     assert len(fake.chat_requests) == 2  # one retry with the errors
     md = final_markdown(shell)  # both attempts are kept, apart, and the retry is counted
-    assert md.startswith("not json at all\n\nstill not json") and "retried once (the answer did not match the schema)" in md
+    assert md.startswith("not json at all\n\nstill not json")
+    assert "retried once (the answer did not match the schema)" in md
     assert "⚠ OutputValidationError" in md
     assert shell.user_ns["bad"].code == "output_invalid"
 
@@ -279,7 +280,7 @@ def test_each_refusals_are_usage_errors_and_send_nothing(shell: Any, fake: Any) 
         shell.run_cell_magic("chat", "--each words -m fake:a,fake:b", "Say {row}")
     with pytest.raises(UsageError, match="does not run tools"):
         shell.run_cell_magic("chat", "--each words --tools f", "Say {row}")
-    with pytest.raises(UsageError, match="text is a str. --each takes a list"):
+    with pytest.raises(UsageError, match=r"text is a str\. --each takes a list"):
         shell.run_cell_magic("chat", "--each text", "Say {row}")
     with pytest.raises(UsageError, match="name 'nowhere' is not defined"):
         shell.run_cell_magic("chat", "--each nowhere", "Say {row}")
