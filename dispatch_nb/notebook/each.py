@@ -193,11 +193,12 @@ def _answer_columns(response: Any, taken: set[str], schema: bool) -> dict[str, A
     from ..render import parsed_rows
 
     parsed = parsed_rows(response.parsed)
-    if len(parsed) == 1 and set(parsed[0]) != {"value"}:
+    is_list = isinstance(response.parsed, (list, tuple))
+    if not is_list and len(parsed) == 1 and set(parsed[0]) != {"value"}:
         return {(f"answer.{k}" if k in taken or k in ("answer", "error") else k):
                 (_short(v) if isinstance(v, str) else v) for k, v in parsed[0].items()}
     data = [next(iter(r.values())) if set(r) == {"value"} else r for r in parsed]
-    value = data[0] if len(data) == 1 and not isinstance(response.parsed, list) else data
+    value = data if is_list else data[0]
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return {"answer": _short(text)}
 

@@ -345,3 +345,15 @@ def test_schema_and_each_in_a_real_kernel(tmp_path: Any) -> None:
                                ["2", "Rome", "parse", "Parse Rome"]]
     printed = "".join(o.get("text", "") for o in nb.cells[5].outputs)
     assert printed.strip() == "second 2 ['echo: About Paris', 'echo: About Rome']"
+
+
+def test_each_with_a_list_schema_or_a_scalar_type_has_one_answer_cell(shell: Any, fake: Any) -> None:
+    run(shell, SETUP + "words = ['one']")
+    assert run(shell, "%%chat --each words --schema list[Echo]\nList {row}").success
+    rows = table(final_markdown(shell))
+    assert rows[0] == ["#", "row", "answer"]
+    assert json.loads(rows[1][2].replace("\\|", "|")) == [
+        {"model": "echo", "prompt": "List one"}, {"model": "echo", "prompt": "second"}]
+    fake.push(Turn(text='{"result": 7}'))
+    assert run(shell, "%%chat --each words --schema int\nCount {row}").success
+    assert table(final_markdown(shell)) == [["#", "row", "answer"], ["1", "one", "7"]]
