@@ -236,8 +236,7 @@ def each_output(
     footer = f"{spec} · --each {name}" + (f" · --schema {schema}" if schema else "")
     footer += f" · {summary}"
     body = rows_markdown(table, index=True)
-    md = (body + "\n\n" + notes_markdown(notes).rstrip("\n")
-          + f"\n\n<sub>{html.escape(footer, quote=False)}</sub>")
+    md = body + "\n\n" + notes_markdown(notes) + f"<sub>{html.escape(footer, quote=False)}</sub>"
     plain = body + "".join(f"\nℹ {n}" for n in notes) + f"\n\n[{footer}]"
     meta = {
         "dispatch_nb": {

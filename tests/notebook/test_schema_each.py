@@ -357,3 +357,13 @@ def test_each_with_a_list_schema_or_a_scalar_type_has_one_answer_cell(shell: Any
     fake.push(Turn(text='{"result": 7}'))
     assert run(shell, "%%chat --each words --schema int\nCount {row}").success
     assert table(final_markdown(shell)) == [["#", "row", "answer"], ["1", "one", "7"]]
+
+
+def test_each_table_shows_the_first_hundred_rows_and_says_so(shell: Any, fake: Any) -> None:
+    run(shell, "words = [f'w{i}' for i in range(103)]")
+    assert run(shell, "%%chat --each words -o res\nSay {row}").success
+    md = final_markdown(shell)
+    rows = table(md)
+    assert len(rows) == 101 and rows[100] == ["100", "w99", "echo: Say w99"]
+    assert "The first 100 of 103 rows are shown" in md and "103 rows: 103 ok" in md
+    assert len(shell.user_ns["res"]) == 103 and shell.user_ns["res"][102].text == "echo: Say w102"
