@@ -128,6 +128,13 @@ def validate_call(adapter: Adapter, messages: str | list[Message], call: RowCall
     options = dict(call.options)
     max_tokens = options.pop("max_tokens", None)
     temperature = options.pop("temperature", None)
+    # output= / output_retries= are arguments of the call (validated answers), not wire options
+    output = options.pop("output", None)
+    options.pop("output_retries", None)
+    if output is not None:
+        from ..structured import as_output
+
+        as_output(output)  # a bad schema fails here, before any row is sent
     adapter._request(
         messages, system=call.system, tools=call.tools, stream=True, max_tokens=max_tokens,
         temperature=temperature, options={**options, "max_retries": 0},

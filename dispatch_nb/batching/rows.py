@@ -245,6 +245,9 @@ class RowCall:
 
 
 def _jsonable(value: Any) -> Any:
+    key_material = getattr(value, "key_material", None)  # a StructuredOutput (output=)
+    if callable(key_material) and not isinstance(value, type):
+        return key_material()
     dump = getattr(value, "model_json_schema", None)  # a pydantic model class (output=)
     if callable(dump) and isinstance(value, type):
         return {"pydantic": value.__qualname__, "schema": dump()}

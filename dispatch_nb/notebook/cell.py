@@ -46,10 +46,11 @@ from .display import (
     compare_output,
     explain_error,
     final_output,
+    parsed_output,
 )
 from .live import detect_mode, has_kernel, make_view
 from .prompt import PromptError, build_prompt
-from .runner import Job, JobOutcome, run_jobs
+from .runner import Job, JobOutcome, RetryEvent, run_jobs
 from .threads import cell_identity, cell_key, turn_from
 
 if TYPE_CHECKING:
@@ -186,6 +187,55 @@ def resolve_tools(names: str | None, namespace: dict[str, Any]) -> list[Any]:
 
 
 # ------------------------------------------------------------------------------------------------
+# --schema
+
+SCHEMA_ACCEPTED = (
+    "--schema takes a pydantic model class, a type such as list[Review], a TypedDict or a "
+    "dataclass, or a JSON Schema dict, from the namespace"
+)
+
+
+def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
+    """``--schema NAME`` → a checked :class:`~dispatch_nb.structured.StructuredOutput` (None
+    without the option). ``NAME`` may be an expression such as ``list[Review]``, evaluated in the
+    namespace. A missing name or a value that is not a schema is a ``UsageError`` saying what is
+    accepted; the schema is built and checked here, before anything is sent."""
+    if expression is None:
+        return None
+    expression = expression.strip()
+    if not expression:
+        raise UsageError(f"--schema needs a name: {SCHEMA_ACCEPTED}")
+    try:
+        value = eval(expression, namespace)  # the user's own expression, in their kernel
+    except NameError as exc:
+        raise UsageError(f"--schema {expression}: {exc}. {SCHEMA_ACCEPTED}.") from None
+    except Exception as exc:
+        raise UsageError(
+            f"--schema {expression} could not be evaluated ({type(exc).__name__}: {exc}). "
+            f"{SCHEMA_ACCEPTED}."
+        ) from None
+    import typing
+
+    from ..structured import StructuredOutput, as_output
+
+    schema_like = (
+        isinstance(value, (type, dict, StructuredOutput))
+        or typing.get_origin(value) is not None
+    )
+    if not schema_like:
+        from ..validation import article
+
+        raise UsageError(
+            f"--schema {expression} is {article(type(value).__name__)}, not a schema. "
+            f"{SCHEMA_ACCEPTED}."
+        )
+    try:
+        return as_output(value)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--schema {expression}: {exc}. {SCHEMA_ACCEPTED}.") from None
+
+
+# ------------------------------------------------------------------------------------------------
 # the work each model does (on a worker thread)
 
 
@@ -261,6 +311,8 @@ class CallPlan:
     stream: bool
     tools: list[Any]
     max_tool_rounds: int
+    #: ``--schema``: the StructuredOutput the answer must match (None: plain text)
+    output: Any = None
 
 
 @dataclass
@@ -280,13 +332,22 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         options["temperature"] = plan.temperature
     if plan.timeout is not None:
         options["timeout"] = plan.timeout
+    if plan.output is not None:
+        options["output"] = plan.output
 
     def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         messages = [*plan.history, plan.user]
         if plan.stream:
             stream = plan.adapter.stream(messages, system=plan.system, cancel=cancel, **options)
+            attempt = 1
             with stream:
                 for delta in stream:
+                    now = getattr(stream, "attempt", 1)  # --schema: a retry's deltas follow
+                    if now != attempt:
+                        attempt = now
+                        emit(RetryEvent(reason="the answer did not match the schema",
+                                        attempt=now - 1))
+                        emit(StreamDelta(type="text_delta", text="\n\n"))
                     emit(delta)
             response = stream.response
         else:
@@ -315,6 +376,8 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         extra: dict[str, Any] = {"cancel": cancel}
         if plan.timeout is not None:
             extra["timeout"] = plan.timeout
+        if plan.output is not None:
+            extra["output"] = plan.output
         if not plan.stream:
             # --no-stream: one non-streaming send runs the whole tool loop; then the exchange
             # (calls, results, answer) is shown once, from what the turn added to the history.
@@ -391,6 +454,11 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
     fmt = args.format or magics.format
     interpolate = magics.interpolate and not args.no_interpolate
     _check_output_name(args.output)
+    if args.each is not None:
+        from .each import run_each_cell
+
+        run_each_cell(magics, args, cell)
+        return
     try:
         prompt = build_prompt(
             cell,
@@ -417,6 +485,9 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
             prompt.notes.append(hint)
     compare = len(specs) > 1
     tools = resolve_tools(args.tools, namespace)
+    schema = resolve_schema(args.schema, namespace)
+    if schema is not None and args.format in ("code", "text"):
+        raise UsageError(f"--schema shows the answer as a table: -f {args.format} does not apply")
     mode = cache_mode(magics, args.cache)
     stream = magics.stream and not args.no_stream
     system = args.system if args.system is not None else (magics.system or None)
@@ -456,6 +527,7 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
             stream=stream,
             tools=tools,
             max_tool_rounds=magics.max_tool_rounds,
+            output=schema,
         )
         for spec, adapter in zip(specs, adapters, strict=True)
     ]
@@ -510,7 +582,23 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
                     error=error,
                 )
             )
-        final = compare_output(entries, extra=extra, notes=_all_notes(prompt.notes, view))
+        parsed = None
+        if schema is not None:
+            parsed = [_parsed_response(o) for o in outcomes]
+        final = compare_output(entries, extra=extra, notes=_all_notes(prompt.notes, view),
+                               parsed=parsed)
+    elif schema is not None and _parsed_response(outcomes[0]) is not None and not interrupted:
+        outcome = outcomes[0]
+        response = _parsed_response(outcome)
+        assert response is not None
+        final = parsed_output(
+            view.transcripts[0],
+            response,
+            latency=outcome.latency if outcome.ended else None,
+            ttft=outcome.time_to_first_output,
+            extra={**extra, "schema": args.schema.strip()},
+            notes=_all_notes(prompt.notes, view),
+        )
     else:
         outcome = outcomes[0]
         note = None
@@ -549,6 +637,13 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
     if failures and len(failures) == len(specs):
         failed_spec, failure = failures[0]
         raise explain_error(failure, spec=failed_spec, context=context) from None
+
+
+def _parsed_response(outcome: JobOutcome) -> Response | None:
+    """The structured answer a job ended with (None when it failed)."""
+    if outcome.error is None and isinstance(outcome.result, CallResult):
+        return outcome.result.response
+    return None
 
 
 def _all_notes(notes: list[str], view: Any) -> list[str]:

@@ -35,6 +35,7 @@ __all__ = [
     "final_output",
     "notes_markdown",
     "parse_json_answer",
+    "parsed_output",
 ]
 
 FORMATS = ("markdown", "text", "code", "json")
@@ -478,6 +479,42 @@ def final_output(
                        meta)
 
 
+def parsed_output(
+    transcript: Transcript,
+    response: Response,
+    *,
+    latency: float | None = None,
+    ttft: float | None = None,
+    extra: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> FinalOutput:
+    """The static output of a ``--schema`` cell: the parsed answer as a table (one row per item
+    of a list), the raw JSON folded below, the footer; ``text/plain`` is the pretty JSON."""
+    from ..render import parsed_markdown, parsed_rows
+
+    notes = list(notes or [])
+    footer = transcript.footer(latency)
+    meta = {
+        "dispatch_nb": {
+            **transcript.metadata(latency, ttft),
+            "format": "schema",
+            "footer": footer,
+            "rows": len(parsed_rows(response.parsed)),
+            **(extra or {}),
+        }
+    }
+    if notes:
+        meta["dispatch_nb"]["notes"] = notes
+    md = notes_markdown(notes) + parsed_markdown(response, footer=False) + _sub(footer)
+    try:
+        plain = json.dumps(json.loads(response.text), indent=2, ensure_ascii=False)
+    except ValueError:
+        plain = response.text
+    top_plain = "".join(f"ℹ {n}\n" for n in notes)
+    return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"},
+                       meta)
+
+
 @dataclass
 class CompareEntry:
     """One model's part of a comparison."""
@@ -494,8 +531,12 @@ def compare_output(
     *,
     extra: dict[str, Any] | None = None,
     notes: list[str] | None = None,
+    parsed: list[Response | None] | None = None,
 ) -> FinalOutput:
-    """One static comparison: a table of usage and latency, then each model's answer."""
+    """One static comparison: a table of usage and latency, then each model's answer.
+
+    ``parsed`` (``--schema``): each entry's structured answer (None where it failed); the answers
+    then form one table, a row per field and a column per model, each model's JSON folded below."""
     rows = [
         "| model | tokens in / out | latency | first token | stop |",
         "|---|---:|---:|---:|---|",
@@ -518,6 +559,20 @@ def compare_output(
             body += f"\n\n⚠ *{html.escape(e.error)}*"
         sections.append(f"#### {e.spec}\n\n{body}")
         plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n[error] {e.error}" if e.error else ""))
+    if parsed is not None and any(r is not None for r in parsed):
+        from ..render import compare_parsed_markdown
+
+        answers = [(e.spec, r) for e, r in zip(entries, parsed, strict=True) if r is not None]
+        body = compare_parsed_markdown(answers)
+        failed = [
+            f"#### {e.spec}\n\n{e.transcript.markdown() if not e.transcript.empty else ''}"
+            f"\n\n⚠ *{html.escape(e.error or 'no structured answer')}*"
+            for e, r in zip(entries, parsed, strict=True) if r is None
+        ]
+        sections = [body, *failed]
+        plain = [f"== {e.spec} ==\n{r.text}" for e, r in zip(entries, parsed, strict=True)
+                 if r is not None] + [f"== {e.spec} ==\n[error] {e.error}"
+                                      for e, r in zip(entries, parsed, strict=True) if r is None]
     md = notes_markdown(list(notes or [])) + "\n".join(rows) + "\n\n" + "\n\n---\n\n".join(sections)
     meta = {
         "dispatch_nb": {

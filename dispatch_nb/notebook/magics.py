@@ -265,7 +265,18 @@ class ChatMagics(Magics):
         help="markdown (default), text, code (into the next cell) or json.",
     )
     @magic_arguments.argument(
-        "-o", "--output", metavar="VAR", help="Store the Response in this variable."
+        "-o", "--output", metavar="VAR",
+        help="Store the Response in this variable (with --each: the BatchResult).",
+    )
+    @magic_arguments.argument(
+        "--schema", metavar="NAME",
+        help="Ask for a structured answer: a pydantic model class, a type (list[Review]) or a "
+        "JSON Schema dict from the namespace; shown as a table, .parsed on the Response.",
+    )
+    @magic_arguments.argument(
+        "--each", metavar="NAME",
+        help="Run the prompt once per row of a list, Series or DataFrame from the namespace "
+        "({column} is the row's value); shows a result table.",
     )
     @magic_arguments.argument(
         "--no-stream", action="store_true", help="Wait for the whole answer instead of streaming."
@@ -296,6 +307,8 @@ class ChatMagics(Magics):
             %%chat -m copilot:gpt-4.1,anthropic:claude-sonnet-4-5     (compare side by side)
             %%chat --tools get_weather -o answer                        (tool calling)
             %%chat -f code                                              (code into the next cell)
+            %%chat --schema list[Review] -o reviews                     (a table of objects)
+            %%chat --each df -o result                                  (one answer per row)
         """
         parser: Any = self.chat_cell.parser  # type: ignore[attr-defined]
         args = parse_magic_line(parser, line)

@@ -1,0 +1,252 @@
+"""``%%chat --each NAME``: the cell's prompt over every row of a list, Series or DataFrame.
+
+The cell is a template filled once per row by :func:`dispatch_nb.batch` with the rules of
+``%%chat`` interpolation: ``{column}`` is the row's value (a DataFrame's column, a dict row's key,
+a named Series' name), ``{row}`` the whole row, and any other ``{expression}`` resolves from the
+user's namespace as in any ``%%chat`` cell (a row's names win over the namespace's). A name that
+neither the first row nor the namespace has stops the cell before anything is sent.
+
+The rows run concurrently with tqdm's progress bar (``batch``'s), then ONE static output remains:
+a table of the input columns with each row's answer (``--schema``: the parsed fields as columns)
+and, when a row failed, its error; the result's summary is the footer. ``-o VAR`` keeps the
+:class:`~dispatch_nb.batching.BatchResult` (``VAR.to_pandas()``, ``VAR[i].parsed``).
+
+Each row is one independent question: no thread history is sent or recorded. ``-m`` names one
+model; several models, ``--tools`` and ``-f code`` / ``-f text`` are refused with a
+``UsageError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from collections import ChainMap
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from .display import ChatInterrupted, explain_error, notes_markdown
+
+if TYPE_CHECKING:
+    from ..batching import BatchResult
+    from .magics import ChatMagics
+
+__all__ = ["MAX_TABLE_ROWS", "each_output", "run_each_cell"]
+
+#: the most rows the result table shows (the rest: ``-o VAR`` and ``VAR.to_pandas()``)
+MAX_TABLE_ROWS = 100
+#: the most characters of an answer or an error one table cell shows
+MAX_CELL_CHARS = 300
+
+ACCEPTED = "--each takes a list, a tuple, a pandas Series or a pandas DataFrame from the namespace"
+
+
+def _rows_value(expression: str, namespace: dict[str, Any]) -> Any:
+    """``--each NAME`` → the rows (``NAME`` may be an expression such as ``df.head(20)``)."""
+    from ..batching.rows import _is_dataframe, _is_series
+
+    expression = expression.strip()
+    if not expression:
+        raise UsageError(f"--each needs a name: {ACCEPTED}")
+    try:
+        value = eval(expression, namespace)  # the user's own expression, in their kernel
+    except NameError as exc:
+        raise UsageError(f"--each {expression}: {exc}. {ACCEPTED}.") from None
+    except Exception as exc:
+        raise UsageError(
+            f"--each {expression} could not be evaluated ({type(exc).__name__}: {exc}). "
+            f"{ACCEPTED}."
+        ) from None
+    if not (isinstance(value, (list, tuple)) or _is_dataframe(value) or _is_series(value)):
+        from ..validation import article
+
+        raise UsageError(f"--each {expression} is {article(type(value).__name__)}. {ACCEPTED}.")
+    if len(value) == 0:
+        raise UsageError(f"--each {expression} is empty: there is no row to ask about")
+    return value
+
+
+def _refuse(args: argparse.Namespace, specs: list[str]) -> None:
+    if len(specs) > 1:
+        raise UsageError(
+            "--each runs one model over the rows; for several models run one --each cell per "
+            "model (each with -o) and compare the results' to_pandas() tables"
+        )
+    if args.tools:
+        raise UsageError("--each does not run tools: drop --tools, or call dispatch_nb.batch("
+                         "..., tools=[...]) in a code cell")
+    if args.format in ("code", "text"):
+        raise UsageError(f"--each shows a result table: -f {args.format} does not apply")
+    if args.no_interpolate:
+        raise UsageError("--each fills {column} in the prompt for each row: it cannot be combined "
+                         "with --no-interpolate")
+
+
+def run_each_cell(magics: ChatMagics, args: argparse.Namespace, cell: str) -> None:
+    """Run one ``%%chat --each`` cell (see the module docstring)."""
+    import re
+
+    from ..batching import BatchInterrupted, batch
+    from ..batching.rows import RowSource, TemplateError, _undefined
+    from .cell import cache_mode, ensure_copilot_login, resolve_schema, split_specs
+    from .prompt import build_prompt
+
+    shell = magics.shell
+    assert shell is not None
+    namespace = shell.user_ns
+    specs = split_specs(args.model, magics)
+    _refuse(args, specs)
+    spec = specs[0]
+    rows = _rows_value(args.each, namespace)
+    template = re.sub(r"\A(?:[ \t]*\n)+", "", cell).rstrip()
+    if not template:
+        raise UsageError("the %%chat cell is empty: write the prompt (with {column} placeholders) "
+                         "below the %%chat line")
+    if args.temperature is not None and not 0 <= args.temperature <= 2:
+        raise UsageError(f"--temperature must be between 0 and 2, not {args.temperature}")
+    if args.max_tokens is not None and args.max_tokens <= 0:
+        raise UsageError(f"--max-tokens must be a positive integer, not {args.max_tokens}")
+    schema = resolve_schema(args.schema, namespace)
+    system = args.system if args.system is not None else (magics.system or None)
+    mode = cache_mode(magics, args.cache)
+    names = RowSource(rows)
+
+    def fill(row: Any) -> str:
+        prompt = build_prompt(template, ChainMap(names.namespace(row), namespace),
+                              max_chars=magics.max_value_chars, max_rows=magics.max_rows)
+        missing = _undefined(prompt.notes)
+        if missing:
+            row_names = ", ".join(sorted(k for k in names.namespace(row) if k != "row"))
+            raise TemplateError(
+                f"{missing[0].split(' was left')[0]} names nothing in this row (its names: "
+                f"{row_names or 'none: use {row}'}; {{row}} is the whole row) nor in the "
+                "namespace. Write {{ and }} for literal braces."
+            )
+        return prompt.text
+
+    from ..registry import parse_model_spec
+
+    try:
+        provider, _model = parse_model_spec(spec)
+    except Exception as exc:
+        raise explain_error(exc, spec=spec) from None
+    if provider == "copilot" and magics.login_on_demand and mode != "replay":
+        ensure_copilot_login(magics)
+    cache = None
+    if mode != "off":
+        from ..cache import ResponseCache
+
+        cache = magics._caches.get(mode)
+        if cache is None:
+            cache = magics._caches[mode] = ResponseCache(magics.cache_file or None, mode)
+
+    options: dict[str, Any] = {}
+    if schema is not None:
+        options["output"] = schema
+    max_tokens = args.max_tokens if args.max_tokens is not None else magics.max_tokens
+    temperature = args.temperature if args.temperature is not None else magics.temperature
+    interrupted = False
+    try:
+        result = batch(fill, rows, model=spec, system=system, max_tokens=max_tokens,
+                       temperature=temperature, timeout=magics.timeout, cache=cache, **options)
+    except BatchInterrupted as exc:
+        result, interrupted = exc.result, True
+    except TemplateError as exc:
+        raise UsageError(f"--each {args.each.strip()}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--each {args.each.strip()}: {exc}") from None
+
+    final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
+                                       schema=args.schema.strip() if args.schema else None)
+    from .live import ipy_display
+
+    ipy_display(final_data, raw=True, metadata=metadata)
+    if args.output:
+        namespace[args.output] = result
+    out = namespace.get("Out")
+    count = magics.execution_count
+    if isinstance(out, dict) and isinstance(count, int):
+        out[count] = result
+    if interrupted:
+        raise ChatInterrupted("interrupted; the finished rows are in the table above"
+                              + (f" and in {args.output}" if args.output else "")) from None
+    errors = result.errors
+    if errors and len(errors) == len(result):
+        raise explain_error(errors[0][1], spec=spec) from None
+
+
+def _short(text: str, limit: int = MAX_CELL_CHARS) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _input_row(column: str, row: Any) -> dict[str, Any]:
+    if isinstance(row, dict):
+        return {str(k): v for k, v in row.items()}
+    return {column: row}
+
+
+def _answer_columns(response: Any, taken: set[str], schema: bool) -> dict[str, Any]:
+    if not schema:
+        return {"answer": _short(response.text)}
+    from ..render import parsed_rows
+
+    parsed = parsed_rows(response.parsed)
+    is_list = isinstance(response.parsed, (list, tuple))
+    if not is_list and len(parsed) == 1 and set(parsed[0]) != {"value"}:
+        return {(f"answer.{k}" if k in taken or k in ("answer", "error") else k):
+                (_short(v) if isinstance(v, str) else v) for k, v in parsed[0].items()}
+    data = [next(iter(r.values())) if set(r) == {"value"} else r for r in parsed]
+    value = data if is_list else data[0]
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return {"answer": _short(text)}
+
+
+def each_output(
+    result: BatchResult, rows: Any, *, name: str, spec: str, schema: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The static output of a ``--each`` cell: ``(data, metadata)``. A table with the input's
+    columns, each row's answer (``--schema``: its parsed fields) and, when any row failed, an
+    ``error`` column; at most :data:`MAX_TABLE_ROWS` rows; the summary as the footer."""
+    from ..batching.rows import RowSource
+    from ..render import rows_markdown
+    from ..types import Response
+
+    source = RowSource(rows)
+    column = source.name or "row"
+    failed = any(not isinstance(item, Response) for item in result)
+    table: list[dict[str, Any]] = []
+    for (position, row), item in zip(source, result, strict=False):
+        if position >= MAX_TABLE_ROWS:
+            break
+        line = _input_row(column, row)
+        line = {k: (_short(v) if isinstance(v, str) else v) for k, v in line.items()}
+        if isinstance(item, Response):
+            line.update(_answer_columns(item, set(line), schema is not None))
+        if failed:
+            line["error"] = (None if isinstance(item, Response) or item is None
+                             else _short(f"{type(item).__name__}: {item}", 200))
+        table.append(line)
+    notes = []
+    if len(result) > MAX_TABLE_ROWS:
+        notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; keep the "
+                     "result with -o VAR and see them all with VAR.to_pandas().")
+    summary = result.summary()
+    footer = f"{spec} · --each {name}" + (f" · --schema {schema}" if schema else "")
+    footer += f" · {summary}"
+    body = rows_markdown(table, index=True)
+    md = body + "\n\n" + notes_markdown(notes) + f"<sub>{html.escape(footer, quote=False)}</sub>"
+    plain = body + "".join(f"\nℹ {n}" for n in notes) + f"\n\n[{footer}]"
+    meta = {
+        "dispatch_nb": {
+            "each": name,
+            "model": spec,
+            "schema": schema,
+            "rows": len(result),
+            "ok": result.ok,
+            "failed": result.failed,
+            "footer": footer,
+        }
+    }
+    return {"text/markdown": md, "text/plain": plain}, meta

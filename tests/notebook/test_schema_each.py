@@ -1,0 +1,369 @@
+"""``%%chat --schema NAME`` and ``%%chat --each NAME``: through IPython's shell and a real kernel.
+
+The loopback canonical fake answers a structured request with JSON naming the model it was asked
+of and the prompt it got (:class:`JsonEchoFake`), so a table cell under the wrong model column or
+the wrong input row cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import nbformat
+import pytest
+from IPython.core.error import UsageError
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
+
+from tests.fakes.canonical import CanonicalFake
+from tests.fakes.provider import Fail, Turn
+from tests.fakes.server import RecordedRequest
+from tests.notebook.conftest import chat_env, run
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+SETUP = (
+    "from pydantic import BaseModel\n"
+    "class Echo(BaseModel):\n"
+    "    model: str\n"
+    "    prompt: str\n"
+)
+
+
+class JsonEchoFake(CanonicalFake):
+    """The canonical fake; a request with a schema is answered ``{"model", "prompt"}`` (two items,
+    the second's prompt ``"second"``, when the schema's root is wrapped as ``{"result": [...]}``)."""
+
+    def default_turn(self, request: RecordedRequest) -> Any:
+        body = request.json or {}
+        output = body.get("output")
+        with self._lock:
+            scripted = bool(self.script) or bool(self.scripts_by_model.get(str(body.get("model"))))
+        if output is None or scripted:
+            return super().default_turn(request)
+        item = {"model": body.get("model"), "prompt": self.last_user_text(request)}
+        if "result" in output["schema"].get("properties", {}):
+            return Turn(text=json.dumps({"result": [item, {**item, "prompt": "second"}]}))
+        return Turn(text=json.dumps(item))
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[CanonicalFake]:
+    """(conftest's ``fake``, answering structured requests with JSON: :class:`JsonEchoFake`)"""
+    server = JsonEchoFake().start()
+    monkeypatch.setenv("DISPATCH_NB_FAKE_URL", server.url)
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "fake:echo")
+    monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DISPATCH_NB_LIVE", "display")  # the notebook's rendering, not a terminal's
+    monkeypatch.delenv("DISPATCH_NB_CACHE", raising=False)
+    monkeypatch.setenv("DISPATCH_NB_CACHE_FILE", str(tmp_path / "answers.dispatch-cache.jsonl"))
+    monkeypatch.delenv("DISPATCH_NB_GITHUB_TOKEN", raising=False)
+    (tmp_path / "user").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user" / ".config"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def table(markdown: str, first: int = 0) -> list[list[str]]:
+    """The ``first``-th Markdown table in ``markdown``: header row, then the body rows (cells
+    stripped; the ``|---|`` line dropped)."""
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] | None = None
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            if current is None:
+                current = []
+                tables.append(current)
+            if not line.startswith("|---"):
+                current.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+        else:
+            current = None
+    return tables[first]
+
+
+def final_markdown(shell: Any) -> str:
+    outputs = [o for o in shell.front.outputs if "text/markdown" in o["data"]]
+    assert outputs, shell.front.outputs
+    return str(outputs[-1]["data"]["text/markdown"])
+
+
+# -- --schema ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("live", ["display", "widget"])
+def test_schema_list_is_a_table_with_the_raw_json_folded(shell: Any, fake: Any, live: str) -> None:
+    run(shell, f'%config ChatMagics.live = "{live}"')
+    run(shell, SETUP)
+    result = run(shell, "%%chat --schema list[Echo] -o answer\nTwo items, please.")
+    assert result.success, result.error_in_exec
+    body = fake.chat_requests[-1].json
+    assert body["output"]["schema"]["properties"]["result"]["type"] == "array"
+    md = final_markdown(shell)
+    assert table(md) == [["#", "model", "prompt"], ["1", "echo", "Two items, please."],
+                         ["2", "echo", "second"]]
+    assert "<details><summary>JSON</summary>" in md and '"prompt": "second"' in md
+    assert "<sub>echo · 12 in / 7 out tokens" in md
+    assert len(shell.front.outputs) == 1  # the live view was replaced
+    output = shell.front.outputs[-1]
+    assert set(output["data"]) == {"text/markdown", "text/plain"}
+    assert output["metadata"]["dispatch_nb"]["schema"] == "list[Echo]"
+    answer = shell.user_ns["answer"]
+    echo = shell.user_ns["Echo"]
+    assert answer.parsed == [echo(model="echo", prompt="Two items, please."),
+                             echo(model="echo", prompt="second")]
+    assert json.loads(answer.text)  # the raw JSON
+
+
+def test_schema_object_and_json_schema_dict(shell: Any, fake: Any) -> None:
+    run(shell, SETUP)
+    assert run(shell, "%%chat --schema Echo -o one -m fake:solo\nOne.").success
+    assert table(final_markdown(shell)) == [["model", "prompt"], ["solo", "One."]]
+    assert shell.user_ns["one"].parsed == shell.user_ns["Echo"](model="solo", prompt="One.")
+    run(shell, "city = {'type': 'object', 'properties': {'model': {'type': 'string'}, "
+               "'prompt': {'type': 'string'}}, 'required': ['model', 'prompt']}")
+    assert run(shell, "%%chat --schema city -o two\nA dict schema.").success
+    assert table(final_markdown(shell)) == [["model", "prompt"], ["echo", "A dict schema."]]
+    assert shell.user_ns["two"].parsed == {"model": "echo", "prompt": "A dict schema."}
+
+
+def test_schema_compare_is_one_table_with_a_column_per_model(shell: Any, fake: Any) -> None:
+    run(shell, SETUP)
+    result = run(shell, "%%chat --schema Echo -m fake:echo,fake:other -o both\nCompare.")
+    assert result.success, result.error_in_exec
+    md = final_markdown(shell)
+    fields = table(md, 1)
+    assert fields == [["field", "fake:echo", "fake:other"], ["model", "echo", "other"],
+                      ["prompt", "Compare.", "Compare."]]
+    assert "JSON: fake:echo" in md and "JSON: fake:other" in md
+    both = shell.user_ns["both"]
+    assert both["fake:echo"].parsed.model == "echo" and both["fake:other"].parsed.model == "other"
+
+
+def test_schema_compare_shows_a_failed_model_beside_the_table(shell: Any, fake: Any) -> None:
+    run(shell, SETUP)
+    fake.push_for("broken", Fail(400, "schema not supported", "invalid_request_error"))
+    result = run(shell, "%%chat --schema Echo -m fake:echo,fake:broken\nCompare.")
+    assert result.success  # one model answered
+    md = final_markdown(shell)
+    assert table(md, 1) == [["field", "fake:echo"], ["model", "echo"], ["prompt", "Compare."]]
+    assert "#### fake:broken" in md and "schema not supported" in md
+
+
+def test_schema_record_then_replay_sends_nothing(shell: Any, fake: Any) -> None:
+    run(shell, SETUP)
+    assert run(shell, "%%chat --schema list[Echo] --cache record --no-history -o a\nRecorded.").success
+    recorded = final_markdown(shell)
+    sent = len(fake.chat_requests)
+    assert run(shell, "%%chat --schema list[Echo] --cache replay --no-history -o b\nRecorded.").success
+    assert len(fake.chat_requests) == sent
+    assert table(final_markdown(shell)) == table(recorded)
+    assert shell.user_ns["b"].parsed == shell.user_ns["a"].parsed
+    # the schema is part of the key: another schema is not answered from the recording
+    result = run(shell, "%%chat --schema Echo --cache replay --no-history\nRecorded.")
+    assert not result.success and len(fake.chat_requests) == sent
+
+
+def test_schema_bad_name_is_a_usage_error_saying_what_is_accepted(shell: Any, fake: Any) -> None:
+    accepted = "pydantic model class, a type such as list\\[Review\\]"
+    with pytest.raises(UsageError, match=f"name 'Missing' is not defined.*{accepted}"):
+        shell.run_cell_magic("chat", "--schema Missing", "hi")
+    shell.user_ns["number"] = 42
+    with pytest.raises(UsageError, match=f"number is an int, not a schema.*{accepted}"):
+        shell.run_cell_magic("chat", "--schema number", "hi")
+    shell.user_ns["bad"] = {"type": "no-such-type"}
+    with pytest.raises(UsageError, match=f"--schema bad: .*{accepted}"):
+        shell.run_cell_magic("chat", "--schema bad", "hi")
+    with pytest.raises(UsageError, match="-f code does not apply"):
+        shell.run_cell_magic("chat", "--schema dict -f code", "hi")
+    assert fake.chat_requests == []
+
+
+def test_schema_answer_that_does_not_validate_is_a_short_error(shell: Any, fake: Any) -> None:
+    run(shell, SETUP)
+    fake.push(Turn(text="not json at all"), Turn(text="still not json"))
+    result = run(shell, "%%chat --schema Echo -o bad\nBreak it.")
+    assert not result.success
+    assert str(result.error_in_exec).startswith(
+        "OutputValidationError: fake: the answer does not match the Echo schema")
+    assert len(fake.chat_requests) == 2  # one retry with the errors
+    md = final_markdown(shell)  # both attempts are kept, apart, and the retry is counted
+    assert md.startswith("not json at all\n\nstill not json")
+    assert "retried once (the answer did not match the schema)" in md
+    assert "⚠ OutputValidationError" in md
+    assert shell.user_ns["bad"].code == "output_invalid"
+
+
+# -- --each -----------------------------------------------------------------------------------------
+
+
+def test_each_over_a_dataframe_answers_every_row(shell: Any, fake: Any) -> None:
+    run(shell, "import pandas as pd\ndf = pd.DataFrame({'city': ['Paris', 'Rome', 'Oslo'], "
+               "'n': [1, 2, 3]})\ntone = 'briefly'")
+    result = run(shell, "%%chat --each df -m fake:other -s Geo --max-tokens 50 "
+                        "--temperature 0.2 -o res\nTell me about {city} ({n}), {tone}.")
+    assert result.success, result.error_in_exec
+    assert table(final_markdown(shell)) == [
+        ["#", "city", "n", "answer"],
+        ["1", "Paris", "1", "other: Tell me about Paris (1), briefly."],
+        ["2", "Rome", "2", "other: Tell me about Rome (2), briefly."],
+        ["3", "Oslo", "3", "other: Tell me about Oslo (3), briefly."],
+    ]
+    bodies = [r.json for r in fake.chat_requests]
+    assert len(bodies) == 3
+    assert {b["system"] for b in bodies} == {"Geo"} and {b["max_tokens"] for b in bodies} == {50}
+    assert {b["temperature"] for b in bodies} == {0.2} and {b["model"] for b in bodies} == {"other"}
+    res = shell.user_ns["res"]
+    assert type(res).__name__ == "BatchResult" and res.ok == 3
+    assert list(res.to_pandas()["answer"]) == [
+        f"other: Tell me about {c} ({n}), briefly." for c, n in (("Paris", 1), ("Rome", 2),
+                                                                  ("Oslo", 3))]
+    assert "fake:other · --each df · 3 rows: 3 ok" in final_markdown(shell)
+
+
+def test_each_over_a_list_and_a_series(shell: Any, fake: Any) -> None:
+    run(shell, "import pandas as pd\nwords = ['alpha', 'beta']\n"
+               "s = pd.Series(['x1', 'y2'], name='code')")
+    assert run(shell, "%%chat --each words\nSay {row}").success
+    assert table(final_markdown(shell)) == [["#", "row", "answer"], ["1", "alpha", "echo: Say alpha"],
+                                            ["2", "beta", "echo: Say beta"]]
+    assert run(shell, "%%chat --each s\nCode {code}").success
+    assert table(final_markdown(shell)) == [["#", "code", "answer"], ["1", "x1", "echo: Code x1"],
+                                            ["2", "y2", "echo: Code y2"]]
+    assert run(shell, "%%chat --each words[:1]\nOnly {row}").success  # an expression
+    assert table(final_markdown(shell))[1:] == [["1", "alpha", "echo: Only alpha"]]
+
+
+def test_each_with_a_schema_has_the_parsed_fields_as_columns(shell: Any, fake: Any) -> None:
+    run(shell, SETUP + "rows = [{'id': 1, 'text': 'first'}, {'id': 2, 'text': 'second one'}]")
+    result = run(shell, "%%chat --each rows --schema Echo -m fake:parse -o res\nRead {text}")
+    assert result.success, result.error_in_exec
+    assert table(final_markdown(shell)) == [
+        ["#", "id", "text", "model", "prompt"],
+        ["1", "1", "first", "parse", "Read first"],
+        ["2", "2", "second one", "parse", "Read second one"],
+    ]
+    res = shell.user_ns["res"]
+    assert [r.parsed.prompt for r in res] == ["Read first", "Read second one"]
+    assert all("output" in r.json for r in fake.chat_requests)
+
+
+def test_each_shows_failed_rows_in_an_error_column(shell: Any, fake: Any) -> None:
+    fake.push(Fail(400, "row rejected", "invalid_request_error"))
+    run(shell, "words = ['only']")
+    result = run(shell, "%%chat --each words -o res\nSay {row}")
+    assert not result.success  # every row failed: the error follows the table
+    rows = table(final_markdown(shell))
+    assert rows[0] == ["#", "row", "error"] and "row rejected" in rows[1][2]
+    assert shell.user_ns["res"].failed == 1
+
+
+def test_each_record_then_replay_sends_nothing(shell: Any, fake: Any) -> None:
+    run(shell, "words = ['alpha', 'beta']")
+    assert run(shell, "%%chat --each words --cache record\nSay {row}").success
+    recorded = table(final_markdown(shell))
+    sent = len(fake.chat_requests)
+    assert run(shell, "%%chat --each words --cache replay -o res\nSay {row}").success
+    assert len(fake.chat_requests) == sent
+    assert table(final_markdown(shell)) == recorded
+    assert shell.user_ns["res"].replayed == 2
+
+
+def test_each_refusals_are_usage_errors_and_send_nothing(shell: Any, fake: Any) -> None:
+    shell.user_ns.update(words=["a"], text="just a string", f=lambda x: x)
+    with pytest.raises(UsageError, match="one model"):
+        shell.run_cell_magic("chat", "--each words -m fake:a,fake:b", "Say {row}")
+    with pytest.raises(UsageError, match="does not run tools"):
+        shell.run_cell_magic("chat", "--each words --tools f", "Say {row}")
+    with pytest.raises(UsageError, match=r"text is a str\. --each takes a list"):
+        shell.run_cell_magic("chat", "--each text", "Say {row}")
+    with pytest.raises(UsageError, match="name 'nowhere' is not defined"):
+        shell.run_cell_magic("chat", "--each nowhere", "Say {row}")
+    with pytest.raises(UsageError, match=r"\{typo\} names nothing in this row"):
+        shell.run_cell_magic("chat", "--each words", "Say {typo}")
+    shell.user_ns["empty"] = []
+    with pytest.raises(UsageError, match="empty"):
+        shell.run_cell_magic("chat", "--each empty", "Say {row}")
+    assert fake.chat_requests == []
+
+
+# -- a real kernel ----------------------------------------------------------------------------------
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(180)
+def test_schema_and_each_in_a_real_kernel(tmp_path: Any) -> None:
+    cells = [
+        "%load_ext dispatch_nb\n" + SETUP
+        + "import pandas as pd\ndf = pd.DataFrame({'city': ['Paris', 'Rome']})",
+        "%%chat --schema list[Echo] -o answer\nTwo, please.",                       # 1
+        "%%chat --schema Echo -m fake:echo,fake:other\nCompare.",                    # 2
+        "%%chat --each df -o res\nAbout {city}",                                     # 3
+        "%%chat --each df --schema Echo -m fake:parse\nParse {city}",                # 4
+        "print(answer.parsed[1].prompt, res.ok, list(res.to_pandas()['answer']))",  # 5
+    ]
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    with JsonEchoFake() as fake:
+        env = chat_env()
+        env.update({
+            "DISPATCH_NB_FAKE_URL": fake.url,
+            "DISPATCH_NB_MODEL": "fake:echo",
+            "DISPATCH_NB_HOME": str(tmp_path / "dispatch"),
+            "DISPATCH_NB_CACHE_FILE": str(tmp_path / "cache.jsonl"),
+            "HOME": str(tmp_path),
+            "XDG_CONFIG_HOME": str(tmp_path / ".config"),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        })
+        client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=False)
+        client.execute(env=env)
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    nb = nbformat.read(path, as_version=4)
+
+    def final(index: int) -> str:
+        shown = [o for o in nb.cells[index].outputs if o.output_type == "display_data"
+                 and "text/markdown" in o.data]
+        assert len(shown) == 1, nb.cells[index].outputs
+        out = shown[0]
+        assert WIDGET_MIME not in out.data and set(out.data) == {"text/markdown", "text/plain"}
+        return str(out.data["text/markdown"])
+
+    for index in range(1, 5):
+        assert not any(WIDGET_MIME in o.get("data", {}) for o in nb.cells[index].outputs)
+    assert table(final(1)) == [["#", "model", "prompt"], ["1", "echo", "Two, please."],
+                               ["2", "echo", "second"]]
+    assert table(final(2), 1) == [["field", "fake:echo", "fake:other"],
+                                  ["model", "echo", "other"], ["prompt", "Compare.", "Compare."]]
+    assert table(final(3)) == [["#", "city", "answer"], ["1", "Paris", "echo: About Paris"],
+                               ["2", "Rome", "echo: About Rome"]]
+    assert table(final(4)) == [["#", "city", "model", "prompt"], ["1", "Paris", "parse", "Parse Paris"],
+                               ["2", "Rome", "parse", "Parse Rome"]]
+    printed = "".join(o.get("text", "") for o in nb.cells[5].outputs)
+    assert printed.strip() == "second 2 ['echo: About Paris', 'echo: About Rome']"
+
+
+def test_each_with_a_list_schema_or_a_scalar_type_has_one_answer_cell(shell: Any, fake: Any) -> None:
+    run(shell, SETUP + "words = ['one']")
+    assert run(shell, "%%chat --each words --schema list[Echo]\nList {row}").success
+    rows = table(final_markdown(shell))
+    assert rows[0] == ["#", "row", "answer"]
+    assert json.loads(rows[1][2].replace("\\|", "|")) == [
+        {"model": "echo", "prompt": "List one"}, {"model": "echo", "prompt": "second"}]
+    fake.push(Turn(text='{"result": 7}'))
+    assert run(shell, "%%chat --each words --schema int\nCount {row}").success
+    assert table(final_markdown(shell)) == [["#", "row", "answer"], ["1", "one", "7"]]
+
+
+def test_each_table_shows_the_first_hundred_rows_and_says_so(shell: Any, fake: Any) -> None:
+    run(shell, "words = [f'w{i}' for i in range(103)]")
+    assert run(shell, "%%chat --each words -o res\nSay {row}").success
+    md = final_markdown(shell)
+    rows = table(md)
+    assert len(rows) == 101 and rows[100] == ["100", "w99", "echo: Say w99"]
+    assert "The first 100 of 103 rows are shown" in md and "103 rows: 103 ok" in md
+    assert len(shell.user_ns["res"]) == 103 and shell.user_ns["res"][102].text == "echo: Say w102"
