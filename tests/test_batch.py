@@ -456,3 +456,22 @@ def test_progress_off_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None
     with BatchFake() as fake:
         batch("{row}", ["a"], model=adapter_for(fake), progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_extra_names_reach_every_row_and_the_row_wins() -> None:
+    with BatchFake() as fake:
+        result = batch("{prefix}: {text}", [{"text": "a"}, {"text": "b", "prefix": "own"}],
+                       model=adapter_for(fake), namespace={"prefix": "Q", "text": "ignored"},
+                       progress=False)
+    assert result.texts == ["echo: Q: a", "echo: own: b"]
+
+
+def test_a_labelled_cached_adapter_names_each_row_in_the_cache(tmp_path: Path) -> None:
+    from dispatch_nb.cache import CachedAdapter
+
+    path = tmp_path / "c.jsonl"
+    with BatchFake() as fake:
+        model = CachedAdapter(adapter_for(fake), ResponseCache(path, mode="record"), label="cell 3")
+        batch("{row}", ["a", "b"], model=model, progress=False)
+    labels = sorted(json.loads(line)["label"] for line in path.read_text().splitlines())
+    assert labels == ["cell 3, row 0", "cell 3, row 1"]
