@@ -125,17 +125,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=500)
     ap.add_argument("--rate", type=int, default=100, help="events per second")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="kernels per transport, taking turns; the least CPU counts")
     ap.add_argument("--smoke", action="store_true", help="a short answer; check it is shown")
     args = ap.parse_args()
     if args.smoke:
-        args.events = 40
+        args.events, args.rounds = 40, 1
     proc, server = start_server()
+    results: dict[str, dict[str, float]] = {}
     try:
-        results = {t: run(server, t, args.events, args.rate) for t in ("aiohttp", "httpx")}
+        for _ in range(args.rounds):
+            for transport in ("aiohttp", "httpx"):
+                r = run(server, transport, args.events, args.rate)
+                if transport not in results or r["cpu_per_s"] < results[transport]["cpu_per_s"]:
+                    results[transport] = r
     finally:
         proc.terminate()
         proc.wait(10)
-    print(f"\n%%chat streaming {args.events} events at {args.rate}/s into a real kernel:\n")
+    print(f"\n%%chat streaming {args.events} events at {args.rate}/s into a real kernel "
+          f"(best of {args.rounds}):\n")
     for transport, r in results.items():
         print(f"  {transport:8s} transport: {r['cpu_per_s'] * 100:5.1f} % of a core while streaming "
               f"({r['us_per_event']:.0f} us CPU per event; {r['wall']:.1f} s; idle kernel "

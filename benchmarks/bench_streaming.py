@@ -80,6 +80,11 @@ class Runner:
         return time.process_time() - c0, time.perf_counter() - t0, text
 
     def close(self) -> None:
+        from clients import ASYNC_CLIENTS
+
+        for client in ASYNC_CLIENTS:
+            close = getattr(client, "close", None) or client.aclose
+            self.loop.run_until_complete(close())
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()
 

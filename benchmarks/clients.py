@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 PROMPT = [{"role": "user", "content": "hi"}]
+#: async SDK clients made on the benchmark's event loop, closed by it at the end
+ASYNC_CLIENTS: list[Any] = []
 
 
 @dataclass
@@ -72,7 +74,10 @@ def naive_async(base: str) -> Callable[[], Awaitable[str]]:
         import asyncio
 
         loop = asyncio.get_running_loop()
-        client = clients.get(loop) or clients.setdefault(loop, httpx.AsyncClient(timeout=60))
+        client = clients.get(loop)
+        if client is None:
+            client = clients[loop] = httpx.AsyncClient(timeout=60)
+            ASYNC_CLIENTS.append(client)
         parts: list[str] = []
         async with client.stream("POST", f"{base}/v1/chat/completions",
                                  json={"model": "bench", "stream": True}) as r:
@@ -173,6 +178,7 @@ def openai_async(api: str, aiohttp: bool) -> Callable[[str], Callable[[], Awaita
                 extra = {"http_client": openai.DefaultAioHttpClient()} if aiohttp else {}
                 sdk = clients[loop] = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="bench",
                                                          **extra)
+                ASYNC_CLIENTS.append(sdk)
             parts: list[str] = []
             if api == "chat":
                 stream = await sdk.chat.completions.create(model="bench", messages=PROMPT,
@@ -219,6 +225,7 @@ def anthropic_async(aiohttp: bool) -> Callable[[str], Callable[[], Awaitable[str
                 extra = {"http_client": anthropic.DefaultAioHttpClient()} if aiohttp else {}
                 sdk = clients[loop] = anthropic.AsyncAnthropic(base_url=base, api_key="bench",
                                                                **extra)
+                ASYNC_CLIENTS.append(sdk)
             async with sdk.messages.stream(model="bench", max_tokens=10, messages=PROMPT) as s:
                 return "".join([t async for t in s.text_stream])
 

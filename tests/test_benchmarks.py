@@ -28,5 +28,5 @@ def test_every_benchmark_runs_and_every_client_reads_the_right_text() -> None:
     report = run.stdout + run.stderr
     assert run.returncode == 0, report[-6000:]
     assert "all 23 clients read every stream correctly" in run.stdout, report[-3000:]
-    assert "%%chat streaming 40 events" in run.stdout
+    assert "%%chat streaming 40 events at 100/s into a real kernel" in run.stdout
     assert "heavy modules imported by %load_ext:       none" in run.stdout

@@ -293,8 +293,11 @@ class RowRunner:
         if stats.first_sent is None:
             stats.first_sent = began
         deadline = began + settings.timeout if settings.timeout is not None else None
-        adapter = (self.adapter.with_label(f"row {pending.position}")  # type: ignore[attr-defined]
-                   if self._labelled else self.adapter)
+        adapter = self.adapter
+        if self._labelled:  # a CachedAdapter: the cache names the row ("cell 3, row 17")
+            base = getattr(self.adapter, "label", None)
+            label = f"{base}, row {pending.position}" if base else f"row {pending.position}"
+            adapter = self.adapter.with_label(label)  # type: ignore[attr-defined]
         usage = Usage()
         attempts = 0
         calls = 0

@@ -298,7 +298,7 @@ class BatchInterrupted(KeyboardInterrupt):
                        and not _is_cancelled(result[i]))
         super().__init__(
             f"batch interrupted: {finished:,} finished rows are kept in this exception's "
-            f".result{where}"
+            f".result (in IPython: sys.last_value.result){where}"
         )
         #: the partial result: finished rows, and RequestCancelled for the others
         self.result = result

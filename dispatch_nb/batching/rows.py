@@ -12,7 +12,8 @@ Each row becomes a namespace for the template, with the rules of ``%%chat`` inte
     'Answer as JSON: {{"label": ...}}'        # {{ and }} are literal braces
 
 A mapping row's keys are names (``{review}``); ``{row}`` is always the whole row (unless the row
-has its own ``row`` key). A Series row is also named by the Series' name. A name the first row
+has its own ``row`` key). A Series row is also named by the Series' name. ``namespace=`` adds names
+every row may use (a notebook's variables, say); the row's own names win. A name the first row
 lacks stops the batch before anything is sent (a typo in a column name would otherwise send every
 row with the placeholder left in); a later row lacking it fails alone with a
 :class:`~dispatch_nb.errors.RequestError`.
@@ -77,7 +78,7 @@ class RowSource:
     :meth:`BatchResult.to_pandas` can put the answers beside it; an iterator is never kept.
     """
 
-    def __init__(self, rows: Any) -> None:
+    def __init__(self, rows: Any, namespace: Mapping[str, Any] | None = None) -> None:
         if isinstance(rows, (str, bytes)):
             raise TypeError(
                 "rows must be a list (or other iterable) of rows, a DataFrame or a Series, not a "
@@ -120,6 +121,8 @@ class RowSource:
                 f"not {type(rows).__name__}"
             )
         self._rows = rows
+        #: names every row's template may use besides the row's own (e.g. a notebook's variables)
+        self.extra: dict[str, Any] = dict(namespace or {})
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         rows = self._rows
@@ -133,14 +136,16 @@ class RowSource:
             yield from enumerate(rows)
 
     def namespace(self, row: Any) -> dict[str, Any]:
-        """The names a template sees for ``row``."""
+        """The names a template sees for ``row``: the extra names, then the row's own (which win)."""
+        names = dict(self.extra)
         if isinstance(row, Mapping):
-            names = {str(k): v for k, v in row.items()}
-            names.setdefault("row", row)
+            names.update({str(k): v for k, v in row.items()})
+            if "row" not in row:
+                names["row"] = row
             return names
-        names = {"row": row}
+        names["row"] = row
         if self.name is not None:
-            names.setdefault(self.name, row)
+            names[self.name] = row
         return names
 
 

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,7 @@ def make_plan(
     checkpoint: str | os.PathLike[str] | None,
     cache: ResponseCache | str | os.PathLike[str] | None,
     options: dict[str, Any],
+    namespace: Mapping[str, Any] | None = None,
 ) -> BatchPlan:
     """Check the arguments of :func:`batch` and bundle them."""
     check_template(template)
@@ -97,7 +98,7 @@ def make_plan(
         raise ValueError("model is already a CachedAdapter: give the response cache only once")
     return BatchPlan(
         template=template,
-        source=RowSource(rows),
+        source=RowSource(rows, namespace),
         model=model,
         call=RowCall(system=system, tools=list(tools or []), options=options),
         settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
@@ -210,6 +211,7 @@ def batch(
     cache: ResponseCache | str | os.PathLike[str] | None = None,
     cancel: CancelToken | None = None,
     partition_size: int | None = None,
+    namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
     **options: Any,
@@ -231,13 +233,14 @@ def batch(
     ``executor``: a ``dask.distributed.Client`` to run the rows on its workers, in partitions of
     ``partition_size`` rows. ``progress``: ``None`` (auto), ``True`` or ``False``. ``cancel``: a
     :class:`~dispatch_nb.cancel.CancelToken` that stops the batch (finished rows are kept).
+    ``namespace``: names the template may use besides each row's (a notebook's variables).
 
     Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
     ``.result`` holds every finished row.
     """
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache,
+                     checkpoint=checkpoint, cache=cache, namespace=namespace,
                      options={"max_tokens": max_tokens, "temperature": temperature, **options})
     token = cancel if cancel is not None else CancelToken()
     if executor is not None:
@@ -295,6 +298,7 @@ async def abatch(
     cache: ResponseCache | str | os.PathLike[str] | None = None,
     cancel: CancelToken | None = None,
     partition_size: int | None = None,
+    namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
     **options: Any,
@@ -303,7 +307,7 @@ async def abatch(
     stops the rows in flight (finished rows stay in the checkpoint) and re-raises."""
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache,
+                     checkpoint=checkpoint, cache=cache, namespace=namespace,
                      options={"max_tokens": max_tokens, "temperature": temperature, **options})
     token = cancel if cancel is not None else CancelToken()
     if executor is not None:
