@@ -5,6 +5,7 @@
     DeviceFlow            GitHub OAuth device flow (RFC 8628) → a GitHub token
     TokenStore            our GitHub token file (0600), find_github_token() resolves which to use
     CopilotTokenManager   GitHub token → short-lived Copilot token, cached, single-flight refresh
+    CopilotAuth           httpx.Auth: the Copilot token on each request; after a 401, one refresh + resend
 
 Nothing here imports IPython or prints: the terminal (``python -m dispatch_nb login``) and the
 notebook widget both drive these objects.
@@ -12,6 +13,7 @@ notebook widget both drive these objects.
 
 from __future__ import annotations
 
+from .copilot_auth import CopilotAuth, token_rejected
 from .copilot_token import (
     DEFAULT_COPILOT_API_URL,
     EDITOR_HEADERS,
@@ -55,6 +57,7 @@ __all__ = [
     "DEFAULT_COPILOT_API_URL",
     "EDITOR_HEADERS",
     "GITHUB_API_VERSION",
+    "CopilotAuth",
     "CopilotToken",
     "CopilotTokenManager",
     "DeviceCode",
@@ -80,4 +83,5 @@ __all__ = [
     "find_github_token",
     "github_api_url_for",
     "mask_token",
+    "token_rejected",
 ]

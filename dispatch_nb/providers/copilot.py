@@ -56,7 +56,6 @@ import logging
 import os
 import threading
 import uuid
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -68,7 +67,7 @@ from ..auth import (
     COPILOT_CLIENT_ID,
     DEFAULT_COPILOT_API_URL,
     EDITOR_HEADERS,
-    CopilotToken,
+    CopilotAuth,
     CopilotTokenManager,
     DeviceCode,
     DeviceFlow,
@@ -164,14 +163,6 @@ _RESPONSES_PATH: Route = "responses"
 _LOGIN_HINT = "`python -m dispatch_nb login` or `%chat login`"
 _PLANS_URL = "https://github.com/features/copilot/plans"
 
-#: the Copilot token the current thread / task last sent (to invalidate exactly that one on a 401)
-_TOKEN_SENT: contextvars.ContextVar[CopilotToken | None] = contextvars.ContextVar(
-    "dispatch_nb_copilot_token_sent", default=None
-)
-#: the endpoint the current attempt uses (build_request decides; the parser must agree)
-_ROUTE: contextvars.ContextVar[Route] = contextvars.ContextVar(
-    "dispatch_nb_copilot_route", default=_CHAT_PATH
-)
 #: False while validate() / max_context_tokens run: they never start a device-flow login
 _LOGIN_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "dispatch_nb_copilot_login_allowed", default=True
@@ -346,7 +337,8 @@ def copilot_error(
 ) -> DispatchError:
     """The :class:`DispatchError` for an HTTP error from the Copilot API (PROTOCOLS.md §3.6).
 
-    401/403 errors that a new Copilot token may cure carry ``copilot_reauth = True``.
+    (A 401/403 that a new Copilot token may cure gets here only after
+    :class:`~dispatch_nb.auth.CopilotAuth` refreshed the token and resent once.)
     ``available`` (model ids) decorates a "model not found" error.
     """
     message, etype = error_details(body)
@@ -368,9 +360,7 @@ def copilot_error(
                 f"(GitHub says: {message})",
                 **kw,
             )
-        rejected = AuthenticationError(f"GitHub Copilot rejected the request: {message}", **kw)
-        rejected.copilot_reauth = True  # type: ignore[attr-defined]
-        return rejected
+        return AuthenticationError(f"GitHub Copilot rejected the request: {message}", **kw)
     quota_codes = ("quota_exceeded", "free_quota_exceeded", "overage_limit_reached",
                    "billing_not_configured")
     if status == 402 or (etype or "").split(":")[0] in quota_codes:
@@ -439,27 +429,32 @@ def copilot_error(
     return error
 
 
-# -- one refresh per call --------------------------------------------------------------------------
-class _ReauthLedger:
-    """The calls that already got a new Copilot token after a 401/403 (one per call)."""
+# -- the parsers of the two routes ------------------------------------------------------------------
+def _chat_parser(acc: Accumulator) -> StreamParser:
+    return ChatStreamParser(
+        acc,
+        provider=PROVIDER,
+        reasoning_fields=COPILOT_REASONING_FIELDS,
+        reasoning_provider=PROVIDER,
+    )
 
-    def __init__(self) -> None:
-        self._ids: set[int] = set()
-        self._lock = threading.Lock()
 
-    def claim(self, call: ChatRequest) -> bool:
-        """True the first time for ``call``; False afterwards (while ``call`` is alive)."""
-        key = id(call)
-        with self._lock:
-            if key in self._ids:
-                return False
-            self._ids.add(key)
-        weakref.finalize(call, self._release, key)
-        return True
+def _responses_parser(acc: Accumulator) -> StreamParser:
+    return ResponsesStreamParser(acc, provider=PROVIDER)
 
-    def _release(self, key: int) -> None:
-        with self._lock:
-            self._ids.discard(key)
+
+def _chat_body(body: Any, acc: Accumulator) -> None:
+    parse_chat_completion(
+        body,
+        acc,
+        provider=PROVIDER,
+        reasoning_fields=COPILOT_REASONING_FIELDS,
+        reasoning_provider=PROVIDER,
+    )
+
+
+def _responses_body(body: Any, acc: Accumulator) -> None:
+    parse_response_object(body, acc, provider=PROVIDER)
 
 
 # -- the adapter -----------------------------------------------------------------------------------
@@ -512,6 +507,12 @@ class CopilotAdapter(HTTPAdapter):
         cached = self._manager.cached
         super().__init__(
             base_url=cached.endpoints_api if cached is not None else DEFAULT_COPILOT_API_URL,
+            headers={
+                **_EDITOR_HEADERS_LOWER,
+                "copilot-integration-id": COPILOT_INTEGRATION_ID,
+                "openai-intent": OPENAI_INTENT,
+                "x-github-api-version": COPILOT_API_VERSION,
+            },
             http_client=http_client,
             async_http_client=async_http_client,
             max_tokens=max_tokens,
@@ -531,7 +532,9 @@ class CopilotAdapter(HTTPAdapter):
         self._raw_models: list[dict[str, Any]] | None = None
         self._models_failed = False
         self._entry: dict[str, Any] | None = None
-        self._reauth = _ReauthLedger()
+        #: the Copilot token on every request, one refresh and resend after a 401
+        self._auth = CopilotAuth(self._manager, aprepare=self._aensure_signed_in)
+        self.backend_mode = self._backend_for(copilot_endpoint(None, model))
         #: how ``output=`` is asked for (see :meth:`output_mode`)
         self.structured_output = structured_output
 
@@ -656,32 +659,20 @@ class CopilotAdapter(HTTPAdapter):
         if self._find_github_token() is None and _LOGIN_ALLOWED.get():
             await asyncio.to_thread(self._device_login)
 
-    # -- headers ---------------------------------------------------------------------------------
-    @staticmethod
-    def _copilot_headers(token: CopilotToken) -> dict[str, str]:
-        return {
-            "authorization": f"Bearer {token.token}",
-            **_EDITOR_HEADERS_LOWER,
-            "copilot-integration-id": COPILOT_INTEGRATION_ID,
-            "openai-intent": OPENAI_INTENT,
-            "x-github-api-version": COPILOT_API_VERSION,
-        }
-
-    def auth_headers(self) -> dict[str, str]:
-        """The Copilot token (exchanged or refreshed if need be) and the editor headers."""
-        token = self._manager.get()
-        _TOKEN_SENT.set(token)
-        return self._copilot_headers(token)
-
-    async def aauth_headers(self) -> dict[str, str]:
-        await self._aensure_signed_in()
-        token = await self._manager.aget()
-        _TOKEN_SENT.set(token)
-        return self._copilot_headers(token)
+    # -- auth ------------------------------------------------------------------------------------
+    def http_auth(self) -> CopilotAuth:
+        """The Copilot token on every request (exchanged or refreshed when need be; a new one and
+        one resend after a 401/403) — see :class:`~dispatch_nb.auth.CopilotAuth`. The editor
+        headers are the adapter's fixed headers."""
+        return self._auth
 
     # -- requests (sans-I/O) ---------------------------------------------------------------------
     def _route(self) -> Route:
         return copilot_endpoint(self._entry, self._model)
+
+    @staticmethod
+    def _backend_for(route: Route) -> str:
+        return "responses" if route == _RESPONSES_PATH else "chat"
 
     def _openai_model(self) -> bool:
         vendor = _dict(self._entry).get("vendor")
@@ -725,89 +716,55 @@ class CopilotAdapter(HTTPAdapter):
             # the adapter's default, not the caller's choice: keep within what the model allows
             request = dataclasses.replace(request, max_tokens=limit)
         route = self._route()
-        _ROUTE.set(route)
-        self.backend_mode = "responses" if route == _RESPONSES_PATH else "chat"
         mode = self.output_mode(request)
         if route == _RESPONSES_PATH:
             body = build_responses_body(request, self._model, provider=PROVIDER, output_mode=mode)
-        else:
-            body = build_chat_body(
-                request,
-                self._model,
-                provider=PROVIDER,
-                echo_reasoning=True,
-                reasoning_provider=PROVIDER,
-                output_mode=mode,
+            return WireRequest(
+                "POST", route, json=body, headers=headers,
+                stream_parser=_responses_parser, parse_body=_responses_body,
             )
-        return WireRequest("POST", route, json=body, headers=headers)
-
-    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        if _ROUTE.get() == _RESPONSES_PATH:
-            return ResponsesStreamParser(acc, provider=PROVIDER)
-        return ChatStreamParser(
-            acc,
+        body = build_chat_body(
+            request,
+            self._model,
             provider=PROVIDER,
-            reasoning_fields=COPILOT_REASONING_FIELDS,
+            echo_reasoning=True,
             reasoning_provider=PROVIDER,
+            output_mode=mode,
+        )
+        return WireRequest(
+            "POST", route, json=body, headers=headers,
+            stream_parser=_chat_parser, parse_body=_chat_body,
         )
 
+    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
+        """The parser of the route the model is spoken to (each request names its own)."""
+        if self._route() == _RESPONSES_PATH:
+            return _responses_parser(acc)
+        return _chat_parser(acc)
+
     def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        if _ROUTE.get() == _RESPONSES_PATH:
-            parse_response_object(body, acc, provider=PROVIDER)
+        if self._route() == _RESPONSES_PATH:
+            _responses_body(body, acc)
         else:
-            parse_chat_completion(
-                body,
-                acc,
-                provider=PROVIDER,
-                reasoning_fields=COPILOT_REASONING_FIELDS,
-                reasoning_provider=PROVIDER,
-            )
+            _chat_body(body, acc)
 
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
         available = [m.id for m in self._picker_infos()] if self._raw_models else []
         return copilot_error(status, body, headers, available=available)
 
-    # -- one attempt: model check first, a new token after a 401/403 -----------------------------
+    # -- one attempt: the model check first ------------------------------------------------------
     def _stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
-        try:
-            self._check_model()
-            yield from super()._stream_once(request, acc, control)
-        except DispatchError as exc:
-            self._after_failure(exc, request)
-            raise
+        self._check_model()
+        yield from super()._stream_once(request, acc, control)
 
     async def _astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
-        try:
-            await self._acheck_model()
-            async for delta in super()._astream_once(request, acc, control):
-                yield delta
-        except DispatchError as exc:
-            self._after_failure(exc, request)
-            raise
-
-    def _after_failure(self, exc: DispatchError, request: ChatRequest) -> None:
-        if self._invalidate_rejected(exc):
-            exc.copilot_call = request  # type: ignore[attr-defined]
-
-    def _invalidate_rejected(self, exc: DispatchError) -> bool:
-        """After a 401/403 from the Copilot API, forget the token this thread/task sent (the next
-        ``get()`` exchanges, once for everyone). True if the error was such a rejection."""
-        if not getattr(exc, "copilot_reauth", False):
-            return False
-        token = _TOKEN_SENT.get()
-        if token is not None:
-            self._manager.invalidate(token)
-        return True
-
-    def _should_retry_now(self, error: DispatchError) -> bool:
-        """Retry at once, outside the retry budget, after the Copilot API rejected the token
-        with 401/403 — once per call (the token was invalidated: the retry gets a new one)."""
-        call = getattr(error, "copilot_call", None)
-        return isinstance(call, ChatRequest) and self._reauth.claim(call)
+        await self._acheck_model()
+        async for delta in super()._astream_once(request, acc, control):
+            yield delta
 
     # -- models ----------------------------------------------------------------------------------
     def _find_entry(self, raw: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -834,34 +791,14 @@ class CopilotAdapter(HTTPAdapter):
         with self._models_lock:
             if self._raw_models is not None and not refresh:
                 return self._raw_models
-            for attempt in (0, 1):
-                self.auth_headers()  # a current token, so base_url is its endpoints.api
-                try:
-                    body = self.get_json(self._models_url(), headers=self._models_headers())
-                except DispatchError as exc:
-                    if self._invalidate_rejected(exc):
-                        if attempt == 0:
-                            continue
-                        exc.copilot_reauth = False  # type: ignore[attr-defined]  # refreshed once
-                    raise
-                return self._store_models(body)
-        raise AssertionError("unreachable")
+            body = self.get_json(self._models_url(), headers=self._models_headers())
+            return self._store_models(body)
 
     async def _aload_models(self, refresh: bool = False) -> list[dict[str, Any]]:
         if self._raw_models is not None and not refresh:
             return self._raw_models
-        for attempt in (0, 1):
-            await self.aauth_headers()
-            try:
-                body = await self.aget_json(self._models_url(), headers=self._models_headers())
-            except DispatchError as exc:
-                if self._invalidate_rejected(exc):
-                    if attempt == 0:
-                        continue
-                    exc.copilot_reauth = False  # type: ignore[attr-defined]  # refreshed once
-                raise
-            return self._store_models(body)
-        raise AssertionError("unreachable")
+        body = await self.aget_json(self._models_url(), headers=self._models_headers())
+        return self._store_models(body)
 
     def _picker_infos(self) -> list[ModelInfo]:
         seen: set[str] = set()
@@ -897,6 +834,7 @@ class CopilotAdapter(HTTPAdapter):
                 available=available,
             )
         self._entry = entry
+        self.backend_mode = self._backend_for(self._route())
 
     def _check_model(self) -> None:
         if self._entry is not None:
