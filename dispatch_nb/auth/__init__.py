@@ -3,6 +3,7 @@
 ::
 
     DeviceFlow            GitHub OAuth device flow (RFC 8628) → a GitHub token
+    device_login()        the whole login (start, poll, who, save) with callbacks, for every UI
     TokenStore            our GitHub token file (0600), find_github_token() resolves which to use
     CopilotTokenManager   GitHub token → short-lived Copilot token, cached, single-flight refresh
     CopilotAuth           httpx.Auth: the Copilot token on each request; after a 401, one refresh + resend
@@ -40,6 +41,7 @@ from .endpoints import (
     default_github_url,
     github_api_url_for,
 )
+from .login import LoginResult, device_login
 from .token_store import (
     FoundToken,
     StoredToken,
@@ -69,6 +71,7 @@ __all__ = [
     "DeviceFlowUnsupported",
     "FoundToken",
     "GitHubTokenProvider",
+    "LoginResult",
     "StateCallback",
     "StoredToken",
     "TokenStore",
@@ -78,6 +81,7 @@ __all__ = [
     "default_github_api_url",
     "default_github_url",
     "default_token_path",
+    "device_login",
     "dispatch_nb_home",
     "fetch_github_user",
     "find_github_token",

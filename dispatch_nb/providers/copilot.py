@@ -75,7 +75,7 @@ from ..auth import (
     TokenStore,
     default_github_api_url,
     default_github_url,
-    fetch_github_user,
+    device_login,
     find_github_token,
 )
 from ..call_control import CallControl
@@ -631,26 +631,26 @@ class CopilotAdapter(HTTPAdapter):
             if found is not None:
                 return found.token
             assert self._on_device_code is not None
-            flow = DeviceFlow(self._client_id, github_url=self._github_url,
-                              http_client=self._given_http)
-            code = flow.start()
-            log.debug("GitHub Copilot: device-flow login started (%s)", code.verification_uri)
-            self._on_device_code(code)
-            token = flow.poll(code)
-            self._login_token = token
-            user = fetch_github_user(token, self._github_api_url, http_client=self._given_http)
             store = TokenStore(self._token_path)
-            try:
-                store.save(token, user=user, github_url=self._github_url)
-            except OSError as exc:
+            result = device_login(
+                DeviceFlow(self._client_id, github_url=self._github_url,
+                           http_client=self._given_http),
+                store=store,
+                github_api_url=self._github_api_url,
+                on_code=self._on_device_code,
+                http_client=self._given_http,
+                keep_unsaved=True,
+            )
+            self._login_token = result.token
+            if result.save_error is not None:
                 log.warning(
                     "GitHub Copilot: logged in, but could not save the GitHub token to %s (%s); "
                     "it is kept in memory for this adapter only",
                     store.path,
-                    exc.strerror or type(exc).__name__,
+                    result.save_error.strerror or type(result.save_error).__name__,
                 )
             self._token_source = str(store.path)
-            return token
+            return result.token
 
     async def _aensure_signed_in(self) -> None:
         """Run a pending device-flow login on a worker thread, not on the event loop."""
