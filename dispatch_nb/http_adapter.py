@@ -534,15 +534,17 @@ class HTTPAdapter(Adapter):
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float = JSON_REQUEST_TIMEOUT,
+        auth: httpx.Auth | None = None,
     ) -> Any:
         """GET a JSON document with this adapter's auth; HTTP errors become DispatchErrors.
 
         ``timeout`` bounds the whole exchange (model lists and checks are small: a stalled server
-        must not hang ``validate()`` or ``%chat status``)."""
+        must not hang ``validate()`` or ``%chat status``). ``auth``: this request's
+        :class:`httpx.Auth` instead of :meth:`http_auth`'s."""
         try:
             response = self._client().get(
                 self._url(url), headers=self._json_headers(self.auth_headers(), headers),
-                timeout=timeout, auth=self._send_auth(),
+                timeout=timeout, auth=auth if auth is not None else self._send_auth(),
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
@@ -554,12 +556,13 @@ class HTTPAdapter(Adapter):
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float = JSON_REQUEST_TIMEOUT,
+        auth: httpx.Auth | None = None,
     ) -> Any:
         """The async twin of :meth:`get_json`."""
         try:
             response = await (await self._aclient_ready()).get(
                 self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
-                timeout=timeout, auth=self._send_auth(),
+                timeout=timeout, auth=auth if auth is not None else self._send_auth(),
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None

@@ -49,12 +49,12 @@ GitHub or Copilot token ever appears in a repr, a log record or an exception mes
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import datetime as _dt
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -162,11 +162,6 @@ _RESPONSES_PATH: Route = "responses"
 
 _LOGIN_HINT = "`python -m dispatch_nb login` or `%chat login`"
 _PLANS_URL = "https://github.com/features/copilot/plans"
-
-#: False while validate() / max_context_tokens run: they never start a device-flow login
-_LOGIN_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "dispatch_nb_copilot_login_allowed", default=True
-)
 
 _EDITOR_HEADERS_LOWER = {k.lower(): v for k, v in EDITOR_HEADERS.items()}
 
@@ -533,7 +528,12 @@ class CopilotAdapter(HTTPAdapter):
         self._models_failed = False
         self._entry: dict[str, Any] | None = None
         #: the Copilot token on every request, one refresh and resend after a 401
-        self._auth = CopilotAuth(self._manager, aprepare=self._aensure_signed_in)
+        self._owns_manager = token_manager is None
+        self._auth = CopilotAuth(
+            self._manager, prepare=self._ensure_signed_in, aprepare=self._aensure_signed_in
+        )
+        #: the same without a device login (validate(), max_context_tokens)
+        self._auth_no_login = CopilotAuth(self._manager)
         self.backend_mode = self._backend_for(copilot_endpoint(None, model))
         #: how ``output=`` is asked for (see :meth:`output_mode`)
         self.structured_output = structured_output
@@ -586,14 +586,11 @@ class CopilotAdapter(HTTPAdapter):
         """The model's context window from Copilot's model list (fetched once if need be, never
         with a login prompt); the built-in approximate table when the list is unavailable."""
         if self._raw_models is None and not self._models_failed:
-            reset = _LOGIN_ALLOWED.set(False)
             try:
-                self._load_models()
+                self._load_models(login=False)
             except DispatchError as exc:
                 self._models_failed = True
                 log.debug("no Copilot model list for max_context_tokens: %s", exc.message)
-            finally:
-                _LOGIN_ALLOWED.reset(reset)
         entry = self._find_entry(self._raw_models or [])
         info = copilot_model_info(entry) if entry is not None else None
         if info is not None and info.max_context_tokens:
@@ -616,13 +613,27 @@ class CopilotAdapter(HTTPAdapter):
         return found
 
     def _github_token(self) -> str:
-        """The GitHub token to exchange (the token manager calls this on every exchange)."""
+        """The GitHub token to exchange (the token manager calls this on every exchange; a login,
+        if one is due, ran before, in :meth:`_ensure_signed_in`)."""
         found = self._find_github_token()
         if found is not None:
             return found.token
-        if self._on_device_code is None or not _LOGIN_ALLOWED.get():
-            raise AuthenticationError(NOT_SIGNED_IN, provider=PROVIDER)
-        return self._device_login()
+        raise AuthenticationError(NOT_SIGNED_IN, provider=PROVIDER)
+
+    def _login_due(self) -> bool:
+        """Whether the next request needs a device login first: ``on_device_code`` was given,
+        this adapter's own manager is about to exchange, and no GitHub token is found."""
+        if self._on_device_code is None or not self._owns_manager:
+            return False
+        cached = self._manager.cached
+        if cached is not None and not cached.needs_refresh(time.time()):
+            return False
+        return self._find_github_token() is None
+
+    def _ensure_signed_in(self) -> None:
+        """Run a pending device-flow login (the auth flow calls this before each request)."""
+        if self._login_due():
+            self._device_login()
 
     def _device_login(self) -> str:
         """Run the device flow once (for all threads), store the token, return it."""
@@ -654,9 +665,7 @@ class CopilotAdapter(HTTPAdapter):
 
     async def _aensure_signed_in(self) -> None:
         """Run a pending device-flow login on a worker thread, not on the event loop."""
-        if self._on_device_code is None or self._manager.cached is not None:
-            return
-        if self._find_github_token() is None and _LOGIN_ALLOWED.get():
+        if self._login_due():
             await asyncio.to_thread(self._device_login)
 
     # -- auth ------------------------------------------------------------------------------------
@@ -784,14 +793,15 @@ class CopilotAdapter(HTTPAdapter):
     def _models_headers(self) -> dict[str, str]:
         return {"x-request-id": str(uuid.uuid4())}
 
-    def _load_models(self, refresh: bool = False) -> list[dict[str, Any]]:
+    def _load_models(self, refresh: bool = False, *, login: bool = True) -> list[dict[str, Any]]:
         raw = self._raw_models
         if raw is not None and not refresh:
             return raw
         with self._models_lock:
             if self._raw_models is not None and not refresh:
                 return self._raw_models
-            body = self.get_json(self._models_url(), headers=self._models_headers())
+            body = self.get_json(self._models_url(), headers=self._models_headers(),
+                                 auth=self._auth if login else self._auth_no_login)
             return self._store_models(body)
 
     async def _aload_models(self, refresh: bool = False) -> list[dict[str, Any]]:
@@ -862,16 +872,14 @@ class CopilotAdapter(HTTPAdapter):
     def validate(self) -> ValidationResult:
         """Exchange the GitHub token for a Copilot token and read the model list; never starts a
         login. Not ok when not signed in, Copilot refuses the account, or the model is unknown."""
-        reset = _LOGIN_ALLOWED.set(False)
         try:
-            token = self._manager.get()
-            models = self.list_models(refresh=True)
+            token = self._manager.get()  # never a login: that runs only in the auth flow
+            self._load_models(refresh=True, login=False)
+            models = self._picker_infos()
         except AuthenticationError as exc:
             return ValidationResult(False, f"GitHub Copilot: {exc.message}")
         except DispatchError as exc:
             return ValidationResult(False, f"GitHub Copilot could not be checked: {exc}")
-        finally:
-            _LOGIN_ALLOWED.reset(reset)
         if self._find_entry(self._raw_models or []) is None:
             return ValidationResult(
                 False,
