@@ -41,6 +41,7 @@ from .auth import (
     find_github_token,
     mask_token,
 )
+from .auth.login import LoginResult, device_login
 from .auth.token_store import GITHUB_TOKEN_ENV
 from .errors import DispatchError
 
@@ -191,15 +192,21 @@ def _login(args: argparse.Namespace) -> int:
             print(f"Already logged in: the GitHub token comes from {found.source}.")
             print("Run `python -m dispatch_nb login --force` to log in again.")
             return EXIT_OK
-    flow = DeviceFlow(github_url=github_url)
     saved = False
-    try:
-        code = flow.start()
-        _show_code(code)
-        token = flow.poll(code, on_state=_show_state)
-        user = fetch_github_user(token, api_url)
-        path = store.save(token, user=user, github_url=github_url)
+
+    def done(_result: LoginResult) -> None:
+        nonlocal saved
         saved = True
+
+    try:
+        result = device_login(
+            DeviceFlow(github_url=github_url),
+            store=store,
+            github_api_url=api_url,
+            on_code=_show_code,
+            on_state=_show_state,
+            on_done=done,
+        )
     except KeyboardInterrupt:
         if saved:
             raise
@@ -209,8 +216,8 @@ def _login(args: argparse.Namespace) -> int:
         return _fail(f"login failed: {exc.message}")
     except OSError as exc:
         return _fail(f"could not save the token to {store.path}: {exc.strerror or exc}")
-    print(f"Logged in as {user}." if user else "Logged in.")
-    print(f"The GitHub token is saved in {path} (readable only by you).")
+    print(f"Logged in as {result.user}." if result.user else "Logged in.")
+    print(f"The GitHub token is saved in {result.path} (readable only by you).")
     if os.environ.get(GITHUB_TOKEN_ENV):
         print(f"Note: {GITHUB_TOKEN_ENV} is set, and it takes precedence over the saved token.")
     return EXIT_OK

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,12 +50,18 @@ JSON_REQUEST_TIMEOUT = 30.0
 
 @dataclass
 class WireRequest:
-    """An HTTP request a provider module wants sent: ``url`` is absolute or relative to base_url."""
+    """An HTTP request a provider module wants sent: ``url`` is absolute or relative to base_url.
+
+    ``stream_parser`` / ``parse_body``: how the answer to *this* request is read, when the provider
+    chose its wire format per request (Copilot: ``/chat/completions`` or ``/responses``); None means
+    the adapter's :meth:`HTTPAdapter.stream_parser` / :meth:`HTTPAdapter.parse_body`."""
 
     method: str
     url: str
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
+    stream_parser: Callable[[Accumulator], StreamParser] | None = None
+    parse_body: Callable[[Any, Accumulator], None] | None = None
 
 
 class StreamParser(Protocol):
@@ -151,7 +157,7 @@ def _within_deadline(timeout: httpx.Timeout, control: CallControl) -> httpx.Time
 class HTTPAdapter(Adapter):
     """Base for HTTP providers. Subclasses implement :meth:`build_request`,
     :meth:`stream_parser` and :meth:`parse_body`; may override :meth:`parse_error`,
-    :meth:`auth_headers` / :meth:`aauth_headers` and :attr:`base_url`."""
+    :meth:`auth_headers` / :meth:`aauth_headers`, :meth:`http_auth` and :attr:`base_url`."""
 
     def __init__(
         self,
@@ -213,6 +219,18 @@ class HTTPAdapter(Adapter):
     async def aauth_headers(self) -> dict[str, str]:
         """The async twin of :meth:`auth_headers`."""
         return self.auth_headers()
+
+    def http_auth(self) -> httpx.Auth | None:
+        """An :class:`httpx.Auth` flow every request of this adapter is sent with (None: none).
+
+        For credentials that need a round trip — a token to fetch, refresh after a 401 and retry
+        with — where :meth:`auth_headers` (static headers) is not enough. httpx runs the flow
+        inside ``send``, sync and async alike, for chats and plain JSON requests."""
+        return None
+
+    def _send_auth(self) -> httpx.Auth | httpx._client.UseClientDefault:
+        auth = self.http_auth()
+        return httpx.USE_CLIENT_DEFAULT if auth is None else auth
 
     # -- clients ---------------------------------------------------------------------------------
     def _client(self) -> httpx.Client:
@@ -344,7 +362,7 @@ class HTTPAdapter(Adapter):
                 extensions={"trace": trace, ABORT_EXTENSION: control.on_abort},
                 timeout=_within_deadline(client.timeout, control),
             )
-            response = client.send(http_request, stream=True)
+            response = client.send(http_request, stream=True, auth=self._send_auth())
         except httpx.HTTPError as exc:
             control.check()
             raise wrap_transport_error(exc, self.provider_name) from None
@@ -359,7 +377,7 @@ class HTTPAdapter(Adapter):
                 raise self.parse_error(response.status_code, response.read(), response.headers)
             content_type = response.headers.get("content-type", "")
             if request.stream and "text/event-stream" in content_type:
-                parser = self.stream_parser(request, acc)
+                parser = self._parser(wire, request, acc)
                 decoder = SSEDecoder()
                 encoding = self._content_encoding(response)
                 chunks = response.iter_bytes() if encoding else response.iter_raw()
@@ -377,7 +395,7 @@ class HTTPAdapter(Adapter):
             else:
                 self._content_encoding(response)  # an encoding httpx cannot decode: say so
                 body = response.read()
-                self.parse_body(request, self._json(body), acc)
+                self._parse_body(wire, request, self._json(body), acc)
         except DispatchError:
             raise  # ours already (APIConnectionError is an OSError too)
         except httpx.DecodingError as exc:
@@ -419,7 +437,7 @@ class HTTPAdapter(Adapter):
                 wire.method, self._url(wire.url), headers=headers, content=self._body(wire, request)
             )
             reading[0] = True
-            response = await client.send(http_request, stream=True)
+            response = await client.send(http_request, stream=True, auth=self._send_auth())
             reading[0] = False
             control.check()
             if response.status_code >= 400:
@@ -429,7 +447,7 @@ class HTTPAdapter(Adapter):
                 raise self.parse_error(response.status_code, body, response.headers)
             content_type = response.headers.get("content-type", "")
             if request.stream and "text/event-stream" in content_type:
-                parser = self.stream_parser(request, acc)
+                parser = self._parser(wire, request, acc)
                 decoder = SSEDecoder()
                 encoding = self._content_encoding(response)
                 raw = response.aiter_bytes() if encoding else response.aiter_raw()
@@ -458,7 +476,7 @@ class HTTPAdapter(Adapter):
                 reading[0] = True
                 body = await response.aread()
                 reading[0] = False
-                self.parse_body(request, self._json(body), acc)
+                self._parse_body(wire, request, self._json(body), acc)
         except asyncio.CancelledError:
             if control.reason is None:
                 raise
@@ -478,6 +496,17 @@ class HTTPAdapter(Adapter):
             remove_hook()
             if response is not None:
                 await response.aclose()
+
+    def _parser(self, wire: WireRequest, request: ChatRequest, acc: Accumulator) -> StreamParser:
+        if wire.stream_parser is not None:
+            return wire.stream_parser(acc)
+        return self.stream_parser(request, acc)
+
+    def _parse_body(self, wire: WireRequest, request: ChatRequest, body: Any, acc: Accumulator) -> None:
+        if wire.parse_body is not None:
+            wire.parse_body(body, acc)
+        else:
+            self.parse_body(request, body, acc)
 
     def _json(self, body: bytes) -> Any:
         try:
@@ -505,15 +534,17 @@ class HTTPAdapter(Adapter):
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float = JSON_REQUEST_TIMEOUT,
+        auth: httpx.Auth | None = None,
     ) -> Any:
         """GET a JSON document with this adapter's auth; HTTP errors become DispatchErrors.
 
         ``timeout`` bounds the whole exchange (model lists and checks are small: a stalled server
-        must not hang ``validate()`` or ``%chat status``)."""
+        must not hang ``validate()`` or ``%chat status``). ``auth``: this request's
+        :class:`httpx.Auth` instead of :meth:`http_auth`'s."""
         try:
             response = self._client().get(
                 self._url(url), headers=self._json_headers(self.auth_headers(), headers),
-                timeout=timeout,
+                timeout=timeout, auth=auth if auth is not None else self._send_auth(),
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
@@ -525,12 +556,13 @@ class HTTPAdapter(Adapter):
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float = JSON_REQUEST_TIMEOUT,
+        auth: httpx.Auth | None = None,
     ) -> Any:
         """The async twin of :meth:`get_json`."""
         try:
             response = await (await self._aclient_ready()).get(
                 self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
-                timeout=timeout,
+                timeout=timeout, auth=auth if auth is not None else self._send_auth(),
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None

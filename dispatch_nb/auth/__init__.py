@@ -3,8 +3,10 @@
 ::
 
     DeviceFlow            GitHub OAuth device flow (RFC 8628) → a GitHub token
+    device_login()        the whole login (start, poll, who, save) with callbacks, for every UI
     TokenStore            our GitHub token file (0600), find_github_token() resolves which to use
     CopilotTokenManager   GitHub token → short-lived Copilot token, cached, single-flight refresh
+    CopilotAuth           httpx.Auth: the Copilot token on each request; after a 401, one refresh + resend
 
 Nothing here imports IPython or prints: the terminal (``python -m dispatch_nb login``) and the
 notebook widget both drive these objects.
@@ -12,6 +14,7 @@ notebook widget both drive these objects.
 
 from __future__ import annotations
 
+from .copilot_auth import CopilotAuth, token_rejected
 from .copilot_token import (
     DEFAULT_COPILOT_API_URL,
     EDITOR_HEADERS,
@@ -38,6 +41,7 @@ from .endpoints import (
     default_github_url,
     github_api_url_for,
 )
+from .login import LoginResult, device_login
 from .token_store import (
     FoundToken,
     StoredToken,
@@ -55,6 +59,7 @@ __all__ = [
     "DEFAULT_COPILOT_API_URL",
     "EDITOR_HEADERS",
     "GITHUB_API_VERSION",
+    "CopilotAuth",
     "CopilotToken",
     "CopilotTokenManager",
     "DeviceCode",
@@ -66,6 +71,7 @@ __all__ = [
     "DeviceFlowUnsupported",
     "FoundToken",
     "GitHubTokenProvider",
+    "LoginResult",
     "StateCallback",
     "StoredToken",
     "TokenStore",
@@ -75,9 +81,11 @@ __all__ = [
     "default_github_api_url",
     "default_github_url",
     "default_token_path",
+    "device_login",
     "dispatch_nb_home",
     "fetch_github_user",
     "find_github_token",
     "github_api_url_for",
     "mask_token",
+    "token_rejected",
 ]

@@ -11,9 +11,10 @@ What the user sees (widget rendering; the others print or display the same infor
     ⏳ Waiting for approval…        ← live status: waiting, slow down, approved as @login,
                                        denied, expired
 
-The flow (:class:`~dispatch_nb.auth.device_flow.DeviceFlow`) polls on a worker thread; its state
-changes come back to the kernel's thread through the runner, which also ticks the countdown.
-Interrupting the kernel cancels the poll at once. On approval the token is saved with
+The login (:func:`~dispatch_nb.auth.login.device_login`, the routine the terminal and the adapter
+run too) asks for the code and polls on a worker thread; the code and the state changes come back
+to the kernel's thread through the runner, which also ticks the countdown. Interrupting the kernel
+cancels the poll at once. On approval the routine saves the token with
 :class:`~dispatch_nb.auth.token_store.TokenStore`; a pending ``%%chat`` then simply continues.
 However the login ends (approved, denied, expired, cancelled, failed) the live view is replaced
 by one static Markdown line and its widgets are closed, so a saved notebook holds no widget
@@ -308,17 +309,6 @@ def make_login_view(mode: str, reason: str | None = None) -> LoginView:
 # -- the flow -----------------------------------------------------------------------------------
 
 
-def _complete(flow: DeviceFlow, token: str) -> LoginOutcome:
-    """Save an approved token (and who it belongs to); never shows the token."""
-    from ..auth.device_flow import fetch_github_user
-    from ..auth.endpoints import default_github_api_url
-    from ..auth.token_store import TokenStore
-
-    user = fetch_github_user(token, default_github_api_url())
-    path = TokenStore().save(token, user=user, github_url=flow.github_url)
-    return LoginOutcome("approved", user=user, path=str(path))
-
-
 def _outcome_of(error: BaseException) -> LoginOutcome:
     from ..auth.device_flow import DeviceCodeExpired, DeviceFlowDenied
     from ..errors import RequestCancelled
@@ -344,8 +334,9 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
     ``force=False`` returns at once when a GitHub token is already available.
     Raises :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`.
     """
+    from ..auth.login import device_login
     from ..auth.token_store import find_github_token
-    from ..errors import DispatchError
+    from ..errors import DispatchError, RequestCancelled
     from .runner import Job, run_jobs
 
     if not force:
@@ -363,37 +354,51 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
     view = make_login_view(mode, reason)
     magics.login_view = view
     flow = _make_flow(magics)
-    try:
-        code = flow.start()
-    except DispatchError as exc:
-        outcome = LoginOutcome("error", message=f"⚠ {exc.message}")
-        view.end(outcome)
-        raise ChatError("Login failed", exc.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
-                        original=exc) from None
-    view.show_code(code)
+    shown: list[DeviceCode] = []  # the code, once the worker has it (read on this thread)
 
     def work(emit: Any, cancel: Any) -> LoginOutcome:
-        token = flow.poll(
-            code, cancel=cancel, on_state=lambda state, info: emit((str(state), dict(info)))
+        # the one login routine; its callbacks come back to the kernel's thread as events
+        result = device_login(
+            flow,
+            on_code=lambda code: emit(("code", code)),
+            on_state=lambda state, info: emit((str(state), dict(info))),
+            cancel=cancel,
         )
-        return _complete(flow, token)
+        return LoginOutcome("approved", user=result.user, path=str(result.path))
+
+    def on_event(_index: int, event: Any) -> None:
+        if not isinstance(event, tuple):
+            return
+        if event[0] == "code":
+            shown.append(event[1])
+            view.show_code(event[1])
+        else:
+            view.set_state(*event)
 
     job = Job(name="login", work=work)
     next_tick = [time.monotonic()]
 
     def tick() -> float:
         now = time.monotonic()
-        if now >= next_tick[0]:
-            view.countdown(code.seconds_left())
+        if shown and now >= next_tick[0]:
+            view.countdown(shown[-1].seconds_left())
             next_tick[0] = now + 1.0
         return max(0.0, next_tick[0] - now)
 
     try:
-        run_jobs([job], lambda _i, event: view.set_state(*event), tick=tick)
+        run_jobs([job], on_event, tick=tick)
     except KeyboardInterrupt:
         outcome = LoginOutcome("cancelled", message=_status_text("cancelled", {}))
         view.end(outcome)
         raise ChatInterrupted("login interrupted") from None
+    error = job.outcome.error
+    if error is not None and not shown and isinstance(error, DispatchError) and not isinstance(
+        error, RequestCancelled
+    ):
+        # no code yet: GitHub could not be asked for one
+        view.end(LoginOutcome("error", message=f"⚠ {error.message}"))
+        raise ChatError("Login failed", error.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
+                        original=error) from None
     if job.outcome.error is not None:
         outcome = _outcome_of(job.outcome.error)
         view.end(outcome)

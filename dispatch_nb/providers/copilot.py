@@ -49,14 +49,13 @@ GitHub or Copilot token ever appears in a repr, a log record or an exception mes
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import datetime as _dt
 import logging
 import os
 import threading
+import time
 import uuid
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -68,7 +67,7 @@ from ..auth import (
     COPILOT_CLIENT_ID,
     DEFAULT_COPILOT_API_URL,
     EDITOR_HEADERS,
-    CopilotToken,
+    CopilotAuth,
     CopilotTokenManager,
     DeviceCode,
     DeviceFlow,
@@ -76,7 +75,7 @@ from ..auth import (
     TokenStore,
     default_github_api_url,
     default_github_url,
-    fetch_github_user,
+    device_login,
     find_github_token,
 )
 from ..call_control import CallControl
@@ -163,19 +162,6 @@ _RESPONSES_PATH: Route = "responses"
 
 _LOGIN_HINT = "`python -m dispatch_nb login` or `%chat login`"
 _PLANS_URL = "https://github.com/features/copilot/plans"
-
-#: the Copilot token the current thread / task last sent (to invalidate exactly that one on a 401)
-_TOKEN_SENT: contextvars.ContextVar[CopilotToken | None] = contextvars.ContextVar(
-    "dispatch_nb_copilot_token_sent", default=None
-)
-#: the endpoint the current attempt uses (build_request decides; the parser must agree)
-_ROUTE: contextvars.ContextVar[Route] = contextvars.ContextVar(
-    "dispatch_nb_copilot_route", default=_CHAT_PATH
-)
-#: False while validate() / max_context_tokens run: they never start a device-flow login
-_LOGIN_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "dispatch_nb_copilot_login_allowed", default=True
-)
 
 _EDITOR_HEADERS_LOWER = {k.lower(): v for k, v in EDITOR_HEADERS.items()}
 
@@ -346,7 +332,8 @@ def copilot_error(
 ) -> DispatchError:
     """The :class:`DispatchError` for an HTTP error from the Copilot API (PROTOCOLS.md §3.6).
 
-    401/403 errors that a new Copilot token may cure carry ``copilot_reauth = True``.
+    (A 401/403 that a new Copilot token may cure gets here only after
+    :class:`~dispatch_nb.auth.CopilotAuth` refreshed the token and resent once.)
     ``available`` (model ids) decorates a "model not found" error.
     """
     message, etype = error_details(body)
@@ -368,9 +355,7 @@ def copilot_error(
                 f"(GitHub says: {message})",
                 **kw,
             )
-        rejected = AuthenticationError(f"GitHub Copilot rejected the request: {message}", **kw)
-        rejected.copilot_reauth = True  # type: ignore[attr-defined]
-        return rejected
+        return AuthenticationError(f"GitHub Copilot rejected the request: {message}", **kw)
     quota_codes = ("quota_exceeded", "free_quota_exceeded", "overage_limit_reached",
                    "billing_not_configured")
     if status == 402 or (etype or "").split(":")[0] in quota_codes:
@@ -439,27 +424,32 @@ def copilot_error(
     return error
 
 
-# -- one refresh per call --------------------------------------------------------------------------
-class _ReauthLedger:
-    """The calls that already got a new Copilot token after a 401/403 (one per call)."""
+# -- the parsers of the two routes ------------------------------------------------------------------
+def _chat_parser(acc: Accumulator) -> StreamParser:
+    return ChatStreamParser(
+        acc,
+        provider=PROVIDER,
+        reasoning_fields=COPILOT_REASONING_FIELDS,
+        reasoning_provider=PROVIDER,
+    )
 
-    def __init__(self) -> None:
-        self._ids: set[int] = set()
-        self._lock = threading.Lock()
 
-    def claim(self, call: ChatRequest) -> bool:
-        """True the first time for ``call``; False afterwards (while ``call`` is alive)."""
-        key = id(call)
-        with self._lock:
-            if key in self._ids:
-                return False
-            self._ids.add(key)
-        weakref.finalize(call, self._release, key)
-        return True
+def _responses_parser(acc: Accumulator) -> StreamParser:
+    return ResponsesStreamParser(acc, provider=PROVIDER)
 
-    def _release(self, key: int) -> None:
-        with self._lock:
-            self._ids.discard(key)
+
+def _chat_body(body: Any, acc: Accumulator) -> None:
+    parse_chat_completion(
+        body,
+        acc,
+        provider=PROVIDER,
+        reasoning_fields=COPILOT_REASONING_FIELDS,
+        reasoning_provider=PROVIDER,
+    )
+
+
+def _responses_body(body: Any, acc: Accumulator) -> None:
+    parse_response_object(body, acc, provider=PROVIDER)
 
 
 # -- the adapter -----------------------------------------------------------------------------------
@@ -512,6 +502,12 @@ class CopilotAdapter(HTTPAdapter):
         cached = self._manager.cached
         super().__init__(
             base_url=cached.endpoints_api if cached is not None else DEFAULT_COPILOT_API_URL,
+            headers={
+                **_EDITOR_HEADERS_LOWER,
+                "copilot-integration-id": COPILOT_INTEGRATION_ID,
+                "openai-intent": OPENAI_INTENT,
+                "x-github-api-version": COPILOT_API_VERSION,
+            },
             http_client=http_client,
             async_http_client=async_http_client,
             max_tokens=max_tokens,
@@ -531,7 +527,14 @@ class CopilotAdapter(HTTPAdapter):
         self._raw_models: list[dict[str, Any]] | None = None
         self._models_failed = False
         self._entry: dict[str, Any] | None = None
-        self._reauth = _ReauthLedger()
+        #: the Copilot token on every request, one refresh and resend after a 401
+        self._owns_manager = token_manager is None
+        self._auth = CopilotAuth(
+            self._manager, prepare=self._ensure_signed_in, aprepare=self._aensure_signed_in
+        )
+        #: the same without a device login (validate(), max_context_tokens)
+        self._auth_no_login = CopilotAuth(self._manager)
+        self.backend_mode = self._backend_for(copilot_endpoint(None, model))
         #: how ``output=`` is asked for (see :meth:`output_mode`)
         self.structured_output = structured_output
 
@@ -583,14 +586,11 @@ class CopilotAdapter(HTTPAdapter):
         """The model's context window from Copilot's model list (fetched once if need be, never
         with a login prompt); the built-in approximate table when the list is unavailable."""
         if self._raw_models is None and not self._models_failed:
-            reset = _LOGIN_ALLOWED.set(False)
             try:
-                self._load_models()
+                self._load_models(login=False)
             except DispatchError as exc:
                 self._models_failed = True
                 log.debug("no Copilot model list for max_context_tokens: %s", exc.message)
-            finally:
-                _LOGIN_ALLOWED.reset(reset)
         entry = self._find_entry(self._raw_models or [])
         info = copilot_model_info(entry) if entry is not None else None
         if info is not None and info.max_context_tokens:
@@ -613,13 +613,27 @@ class CopilotAdapter(HTTPAdapter):
         return found
 
     def _github_token(self) -> str:
-        """The GitHub token to exchange (the token manager calls this on every exchange)."""
+        """The GitHub token to exchange (the token manager calls this on every exchange; a login,
+        if one is due, ran before, in :meth:`_ensure_signed_in`)."""
         found = self._find_github_token()
         if found is not None:
             return found.token
-        if self._on_device_code is None or not _LOGIN_ALLOWED.get():
-            raise AuthenticationError(NOT_SIGNED_IN, provider=PROVIDER)
-        return self._device_login()
+        raise AuthenticationError(NOT_SIGNED_IN, provider=PROVIDER)
+
+    def _login_due(self) -> bool:
+        """Whether the next request needs a device login first: ``on_device_code`` was given,
+        this adapter's own manager is about to exchange, and no GitHub token is found."""
+        if self._on_device_code is None or not self._owns_manager:
+            return False
+        cached = self._manager.cached
+        if cached is not None and not cached.needs_refresh(time.time()):
+            return False
+        return self._find_github_token() is None
+
+    def _ensure_signed_in(self) -> None:
+        """Run a pending device-flow login (the auth flow calls this before each request)."""
+        if self._login_due():
+            self._device_login()
 
     def _device_login(self) -> str:
         """Run the device flow once (for all threads), store the token, return it."""
@@ -628,60 +642,46 @@ class CopilotAdapter(HTTPAdapter):
             if found is not None:
                 return found.token
             assert self._on_device_code is not None
-            flow = DeviceFlow(self._client_id, github_url=self._github_url,
-                              http_client=self._given_http)
-            code = flow.start()
-            log.debug("GitHub Copilot: device-flow login started (%s)", code.verification_uri)
-            self._on_device_code(code)
-            token = flow.poll(code)
-            self._login_token = token
-            user = fetch_github_user(token, self._github_api_url, http_client=self._given_http)
             store = TokenStore(self._token_path)
-            try:
-                store.save(token, user=user, github_url=self._github_url)
-            except OSError as exc:
+            result = device_login(
+                DeviceFlow(self._client_id, github_url=self._github_url,
+                           http_client=self._given_http),
+                store=store,
+                github_api_url=self._github_api_url,
+                on_code=self._on_device_code,
+                http_client=self._given_http,
+                keep_unsaved=True,
+            )
+            self._login_token = result.token
+            if result.save_error is not None:
                 log.warning(
                     "GitHub Copilot: logged in, but could not save the GitHub token to %s (%s); "
                     "it is kept in memory for this adapter only",
                     store.path,
-                    exc.strerror or type(exc).__name__,
+                    result.save_error.strerror or type(result.save_error).__name__,
                 )
             self._token_source = str(store.path)
-            return token
+            return result.token
 
     async def _aensure_signed_in(self) -> None:
         """Run a pending device-flow login on a worker thread, not on the event loop."""
-        if self._on_device_code is None or self._manager.cached is not None:
-            return
-        if self._find_github_token() is None and _LOGIN_ALLOWED.get():
+        if self._login_due():
             await asyncio.to_thread(self._device_login)
 
-    # -- headers ---------------------------------------------------------------------------------
-    @staticmethod
-    def _copilot_headers(token: CopilotToken) -> dict[str, str]:
-        return {
-            "authorization": f"Bearer {token.token}",
-            **_EDITOR_HEADERS_LOWER,
-            "copilot-integration-id": COPILOT_INTEGRATION_ID,
-            "openai-intent": OPENAI_INTENT,
-            "x-github-api-version": COPILOT_API_VERSION,
-        }
-
-    def auth_headers(self) -> dict[str, str]:
-        """The Copilot token (exchanged or refreshed if need be) and the editor headers."""
-        token = self._manager.get()
-        _TOKEN_SENT.set(token)
-        return self._copilot_headers(token)
-
-    async def aauth_headers(self) -> dict[str, str]:
-        await self._aensure_signed_in()
-        token = await self._manager.aget()
-        _TOKEN_SENT.set(token)
-        return self._copilot_headers(token)
+    # -- auth ------------------------------------------------------------------------------------
+    def http_auth(self) -> CopilotAuth:
+        """The Copilot token on every request (exchanged or refreshed when need be; a new one and
+        one resend after a 401/403) — see :class:`~dispatch_nb.auth.CopilotAuth`. The editor
+        headers are the adapter's fixed headers."""
+        return self._auth
 
     # -- requests (sans-I/O) ---------------------------------------------------------------------
     def _route(self) -> Route:
         return copilot_endpoint(self._entry, self._model)
+
+    @staticmethod
+    def _backend_for(route: Route) -> str:
+        return "responses" if route == _RESPONSES_PATH else "chat"
 
     def _openai_model(self) -> bool:
         vendor = _dict(self._entry).get("vendor")
@@ -725,89 +725,55 @@ class CopilotAdapter(HTTPAdapter):
             # the adapter's default, not the caller's choice: keep within what the model allows
             request = dataclasses.replace(request, max_tokens=limit)
         route = self._route()
-        _ROUTE.set(route)
-        self.backend_mode = "responses" if route == _RESPONSES_PATH else "chat"
         mode = self.output_mode(request)
         if route == _RESPONSES_PATH:
             body = build_responses_body(request, self._model, provider=PROVIDER, output_mode=mode)
-        else:
-            body = build_chat_body(
-                request,
-                self._model,
-                provider=PROVIDER,
-                echo_reasoning=True,
-                reasoning_provider=PROVIDER,
-                output_mode=mode,
+            return WireRequest(
+                "POST", route, json=body, headers=headers,
+                stream_parser=_responses_parser, parse_body=_responses_body,
             )
-        return WireRequest("POST", route, json=body, headers=headers)
-
-    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        if _ROUTE.get() == _RESPONSES_PATH:
-            return ResponsesStreamParser(acc, provider=PROVIDER)
-        return ChatStreamParser(
-            acc,
+        body = build_chat_body(
+            request,
+            self._model,
             provider=PROVIDER,
-            reasoning_fields=COPILOT_REASONING_FIELDS,
+            echo_reasoning=True,
             reasoning_provider=PROVIDER,
+            output_mode=mode,
+        )
+        return WireRequest(
+            "POST", route, json=body, headers=headers,
+            stream_parser=_chat_parser, parse_body=_chat_body,
         )
 
+    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
+        """The parser of the route the model is spoken to (each request names its own)."""
+        if self._route() == _RESPONSES_PATH:
+            return _responses_parser(acc)
+        return _chat_parser(acc)
+
     def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        if _ROUTE.get() == _RESPONSES_PATH:
-            parse_response_object(body, acc, provider=PROVIDER)
+        if self._route() == _RESPONSES_PATH:
+            _responses_body(body, acc)
         else:
-            parse_chat_completion(
-                body,
-                acc,
-                provider=PROVIDER,
-                reasoning_fields=COPILOT_REASONING_FIELDS,
-                reasoning_provider=PROVIDER,
-            )
+            _chat_body(body, acc)
 
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
         available = [m.id for m in self._picker_infos()] if self._raw_models else []
         return copilot_error(status, body, headers, available=available)
 
-    # -- one attempt: model check first, a new token after a 401/403 -----------------------------
+    # -- one attempt: the model check first ------------------------------------------------------
     def _stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
-        try:
-            self._check_model()
-            yield from super()._stream_once(request, acc, control)
-        except DispatchError as exc:
-            self._after_failure(exc, request)
-            raise
+        self._check_model()
+        yield from super()._stream_once(request, acc, control)
 
     async def _astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
-        try:
-            await self._acheck_model()
-            async for delta in super()._astream_once(request, acc, control):
-                yield delta
-        except DispatchError as exc:
-            self._after_failure(exc, request)
-            raise
-
-    def _after_failure(self, exc: DispatchError, request: ChatRequest) -> None:
-        if self._invalidate_rejected(exc):
-            exc.copilot_call = request  # type: ignore[attr-defined]
-
-    def _invalidate_rejected(self, exc: DispatchError) -> bool:
-        """After a 401/403 from the Copilot API, forget the token this thread/task sent (the next
-        ``get()`` exchanges, once for everyone). True if the error was such a rejection."""
-        if not getattr(exc, "copilot_reauth", False):
-            return False
-        token = _TOKEN_SENT.get()
-        if token is not None:
-            self._manager.invalidate(token)
-        return True
-
-    def _should_retry_now(self, error: DispatchError) -> bool:
-        """Retry at once, outside the retry budget, after the Copilot API rejected the token
-        with 401/403 — once per call (the token was invalidated: the retry gets a new one)."""
-        call = getattr(error, "copilot_call", None)
-        return isinstance(call, ChatRequest) and self._reauth.claim(call)
+        await self._acheck_model()
+        async for delta in super()._astream_once(request, acc, control):
+            yield delta
 
     # -- models ----------------------------------------------------------------------------------
     def _find_entry(self, raw: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -827,41 +793,22 @@ class CopilotAdapter(HTTPAdapter):
     def _models_headers(self) -> dict[str, str]:
         return {"x-request-id": str(uuid.uuid4())}
 
-    def _load_models(self, refresh: bool = False) -> list[dict[str, Any]]:
+    def _load_models(self, refresh: bool = False, *, login: bool = True) -> list[dict[str, Any]]:
         raw = self._raw_models
         if raw is not None and not refresh:
             return raw
         with self._models_lock:
             if self._raw_models is not None and not refresh:
                 return self._raw_models
-            for attempt in (0, 1):
-                self.auth_headers()  # a current token, so base_url is its endpoints.api
-                try:
-                    body = self.get_json(self._models_url(), headers=self._models_headers())
-                except DispatchError as exc:
-                    if self._invalidate_rejected(exc):
-                        if attempt == 0:
-                            continue
-                        exc.copilot_reauth = False  # type: ignore[attr-defined]  # refreshed once
-                    raise
-                return self._store_models(body)
-        raise AssertionError("unreachable")
+            body = self.get_json(self._models_url(), headers=self._models_headers(),
+                                 auth=self._auth if login else self._auth_no_login)
+            return self._store_models(body)
 
     async def _aload_models(self, refresh: bool = False) -> list[dict[str, Any]]:
         if self._raw_models is not None and not refresh:
             return self._raw_models
-        for attempt in (0, 1):
-            await self.aauth_headers()
-            try:
-                body = await self.aget_json(self._models_url(), headers=self._models_headers())
-            except DispatchError as exc:
-                if self._invalidate_rejected(exc):
-                    if attempt == 0:
-                        continue
-                    exc.copilot_reauth = False  # type: ignore[attr-defined]  # refreshed once
-                raise
-            return self._store_models(body)
-        raise AssertionError("unreachable")
+        body = await self.aget_json(self._models_url(), headers=self._models_headers())
+        return self._store_models(body)
 
     def _picker_infos(self) -> list[ModelInfo]:
         seen: set[str] = set()
@@ -897,6 +844,7 @@ class CopilotAdapter(HTTPAdapter):
                 available=available,
             )
         self._entry = entry
+        self.backend_mode = self._backend_for(self._route())
 
     def _check_model(self) -> None:
         if self._entry is not None:
@@ -924,16 +872,14 @@ class CopilotAdapter(HTTPAdapter):
     def validate(self) -> ValidationResult:
         """Exchange the GitHub token for a Copilot token and read the model list; never starts a
         login. Not ok when not signed in, Copilot refuses the account, or the model is unknown."""
-        reset = _LOGIN_ALLOWED.set(False)
         try:
-            token = self._manager.get()
-            models = self.list_models(refresh=True)
+            token = self._manager.get()  # never a login: that runs only in the auth flow
+            self._load_models(refresh=True, login=False)
+            models = self._picker_infos()
         except AuthenticationError as exc:
             return ValidationResult(False, f"GitHub Copilot: {exc.message}")
         except DispatchError as exc:
             return ValidationResult(False, f"GitHub Copilot could not be checked: {exc}")
-        finally:
-            _LOGIN_ALLOWED.reset(reset)
         if self._find_entry(self._raw_models or []) is None:
             return ValidationResult(
                 False,

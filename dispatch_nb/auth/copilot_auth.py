@@ -1,0 +1,120 @@
+"""Copilot's request authentication as one :class:`httpx.Auth` flow.
+
+:class:`CopilotAuth` puts the Copilot token (from a
+:class:`~dispatch_nb.auth.CopilotTokenManager`) on every request sent to the Copilot API; when the
+API answers 401 (or a 403 without an ``authorize_url``: the token, not the account, was refused)
+it forgets exactly the token it sent, gets a new one — one exchange however many threads or tasks
+hit the 401 together — and sends the request once more. A second refusal is
+the answer the caller sees (it becomes an :class:`~dispatch_nb.errors.AuthenticationError`).
+
+httpx runs the flow below its ``send``, so it serves sync and async clients, streamed chats,
+``GET /models`` and any other call alike, over any transport (httpx's own or the aiohttp one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+
+import httpx
+import orjson
+
+from .copilot_token import DEFAULT_COPILOT_API_URL, CopilotToken, CopilotTokenManager
+
+__all__ = ["REFRESH_STATUSES", "CopilotAuth", "token_rejected"]
+
+#: the statuses after which a new Copilot token may help (PROTOCOLS.md §3.6)
+REFRESH_STATUSES = frozenset({401, 403})
+
+
+def token_rejected(status: int, body: bytes) -> bool:
+    """Whether an answer says the Copilot *token* was refused, so a new one may cure it: a 401, or a
+    403 that does not ask the user to authorize something first (``authorize_url``)."""
+    if status not in REFRESH_STATUSES:
+        return False
+    try:
+        data = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return True
+    if not isinstance(data, dict):
+        return True
+    inner = data.get("error")
+    url = (inner.get("authorize_url") if isinstance(inner, dict) else None) or data.get(
+        "authorize_url"
+    )
+    return not (isinstance(url, str) and url)
+
+
+class CopilotAuth(httpx.Auth):
+    """Authenticates requests to the Copilot API with a managed Copilot token.
+
+    ``prepare`` / ``aprepare``: run before a token is asked for (the adapter's pending device
+    login; the async one runs it off the event loop).
+
+    A request addressed to the Copilot API the adapter knew when it built it (the cached token's
+    ``endpoints.api``, else :data:`DEFAULT_COPILOT_API_URL`) is re-addressed to the ``endpoints.api``
+    of the token actually sent, so the first request, and one after a refresh that moved the API,
+    reach the right host.
+    """
+
+    def __init__(
+        self,
+        manager: CopilotTokenManager,
+        *,
+        prepare: Callable[[], None] | None = None,
+        aprepare: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._manager = manager
+        self._prepare = prepare
+        self._aprepare = aprepare
+
+    def __repr__(self) -> str:
+        return f"CopilotAuth(token_url={self._manager.token_url!r})"
+
+    # -- shared ----------------------------------------------------------------------------------
+    def _base(self) -> str:
+        cached = self._manager.cached
+        return cached.endpoints_api if cached is not None else DEFAULT_COPILOT_API_URL
+
+    def _apply(self, request: httpx.Request, token: CopilotToken, base: str) -> None:
+        target = token.endpoints_api.rstrip("/")
+        base = base.rstrip("/")
+        url = str(request.url)
+        if target != base and (url == base or url.startswith(base + "/")):
+            request.url = httpx.URL(target + url[len(base):])
+            request.headers["host"] = request.url.netloc.decode("ascii")
+        request.headers["authorization"] = f"Bearer {token.token}"
+
+    # -- the flows -------------------------------------------------------------------------------
+    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        if self._prepare is not None:
+            self._prepare()
+        base = self._base()
+        token = self._manager.get()
+        self._apply(request, token, base)
+        response = yield request
+        if response.status_code not in REFRESH_STATUSES:
+            return
+        if not token_rejected(response.status_code, response.read()):
+            return
+        self._manager.invalidate(token)  # only this token: concurrent 401s cause one exchange
+        base = token.endpoints_api
+        self._apply(request, self._manager.get(), base)
+        yield request
+
+    async def async_auth_flow(
+        self, request: httpx.Request
+    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        if self._aprepare is not None:
+            await self._aprepare()
+        base = self._base()
+        token = await self._manager.aget()
+        self._apply(request, token, base)
+        response = yield request
+        if response.status_code not in REFRESH_STATUSES:
+            return
+        if not token_rejected(response.status_code, await response.aread()):
+            return
+        self._manager.invalidate(token)
+        base = token.endpoints_api
+        self._apply(request, await self._manager.aget(), base)
+        yield request

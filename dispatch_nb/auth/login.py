@@ -1,0 +1,100 @@
+"""The GitHub device login, once: start, show the code, poll, fetch the user, save the token.
+
+:func:`device_login` is the one routine the terminal (``python -m dispatch_nb login``), the
+adapter (a first call with ``on_device_code``) and the notebook (``%chat login``) run; each shows
+it its own way through callbacks::
+
+    result = device_login(
+        DeviceFlow(github_url=url),
+        store=TokenStore(),
+        on_code=show,              # the DeviceCode to show (user code, verification URI)
+        on_state=status,           # pending / slow_down... while polling (DeviceFlow's on_state)
+        on_done=saved,             # the LoginResult (who, where the token is)
+        on_error=failed,           # any exception, before it propagates
+        cancel=cancel_token,       # stops the poll at once (RequestCancelled)
+    )
+
+Nothing here prints or imports IPython; the token never appears in a result's repr.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..cancel import CancelToken
+from .device_flow import DeviceCode, DeviceFlow, StateCallback, fetch_github_user
+from .endpoints import default_github_api_url
+from .token_store import TokenStore
+
+__all__ = ["LoginResult", "device_login"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoginResult:
+    """A finished device login: the GitHub ``token`` (never in the repr), its owner's ``user``
+    login, and ``path`` where it was saved — None with ``save_error`` when it could not be saved
+    and the caller chose to keep it in memory (``keep_unsaved=True``)."""
+
+    token: str = field(repr=False)
+    user: str | None
+    path: Path | None
+    save_error: OSError | None = None
+
+
+def device_login(
+    flow: DeviceFlow,
+    *,
+    store: TokenStore | None = None,
+    github_api_url: str | None = None,
+    on_code: Callable[[DeviceCode], Any] | None = None,
+    on_state: StateCallback | None = None,
+    on_done: Callable[[LoginResult], Any] | None = None,
+    on_error: Callable[[BaseException], Any] | None = None,
+    cancel: CancelToken | None = None,
+    http_client: httpx.Client | None = None,
+    keep_unsaved: bool = False,
+) -> LoginResult:
+    """Run GitHub's device flow to the end and save the token; return what happened.
+
+    ``flow``: the :class:`DeviceFlow` (GitHub URL, client id, poll interval). ``store``: where the
+    token goes (default: our token file). ``github_api_url``: where ``GET /user`` asks who logged
+    in (default: that of the environment). ``on_code(code)`` is called once the code is known,
+    ``on_state(state, info)`` on each state change while polling, ``on_done(result)`` after the
+    save, ``on_error(exc)`` with any exception (a :class:`DispatchError` from GitHub,
+    :class:`~dispatch_nb.errors.RequestCancelled`, ``KeyboardInterrupt``, an ``OSError`` from the
+    save) just before it propagates. ``keep_unsaved=True``: a token that cannot be saved is still
+    returned (``path=None``, ``save_error`` set) instead of raising the ``OSError``.
+    """
+    store = store if store is not None else TokenStore()
+    try:
+        code = flow.start()
+        log.debug("GitHub device login started (%s)", code.verification_uri)
+        if on_code is not None:
+            on_code(code)
+        token = flow.poll(code, cancel=cancel, on_state=on_state)
+        user = fetch_github_user(
+            token, github_api_url or default_github_api_url(flow.github_url), http_client=http_client
+        )
+        try:
+            path: Path | None = store.save(token, user=user, github_url=flow.github_url)
+            save_error: OSError | None = None
+        except OSError as exc:
+            if not keep_unsaved:
+                raise
+            path, save_error = None, exc
+        result = LoginResult(token, user, path, save_error)
+    except BaseException as exc:
+        if on_error is not None:
+            on_error(exc)
+        raise
+    if on_done is not None:
+        on_done(result)
+    return result
