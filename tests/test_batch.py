@@ -316,7 +316,8 @@ def test_ctrl_c_stops_promptly_and_keeps_every_finished_row(tmp_path: Path) -> N
     assert result.interrupted and len(result) == 40
     finished = [i for i, item in enumerate(result) if isinstance(item, Response)]
     assert 0 in finished
-    assert any(isinstance(item, RequestCancelled) and item.partial is not None for item in result)
+    assert any(isinstance(item, RequestCancelled) and item.code == "cancelled" and item.partial is not None
+               for item in result)
     written = {e["row"] for e in map(json.loads, path.read_text().splitlines())}
     assert written == set(finished)
     assert "run the batch again to send only the rest" in str(caught.value)

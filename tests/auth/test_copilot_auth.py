@@ -227,8 +227,9 @@ def test_a_second_401_is_an_authentication_error(copilot: CopilotFake, mode: str
         assert copilot.github.copilot_exchanges == 2
         assert len(copilot.chat_requests) == 3  # warm up, the attempt, its one resend
         copilot.models_reply = Reply(status=401, body=b'{"error": {"message": "models gone"}}')
-        with pytest.raises(AuthenticationError, match="models gone"):
+        with pytest.raises(AuthenticationError, match="models gone") as gone:
             models()
+        assert gone.value.status_code == 401
         assert copilot.github.copilot_exchanges == 3
     finally:
         adapter.close()

@@ -65,9 +65,10 @@ def test_a_login_calls_back_in_order_and_saves_the_token(github: FakeGitHub, tmp
 def test_a_denial_goes_to_on_error_and_propagates(github: FakeGitHub, tmp_path: Path) -> None:
     errors: list[BaseException] = []
     store = TokenStore(tmp_path / "token.json")
-    with pytest.raises(DeviceFlowDenied):
+    with pytest.raises(DeviceFlowDenied) as denied:
         device_login(flow_for(github), store=store, github_api_url=github.api_url,
                      on_code=lambda code: github.deny(code.user_code), on_error=errors.append)
+    assert denied.value.code == "access_denied"
     assert [type(e) for e in errors] == [DeviceFlowDenied]
     assert not store.path.exists()
 
@@ -80,10 +81,11 @@ def test_cancel_stops_the_poll(tmp_path: Path) -> None:
         def on_code(code: DeviceCode) -> None:
             threading.Timer(0.2, cancel.cancel).start()
 
-        with pytest.raises(RequestCancelled):
+        with pytest.raises(RequestCancelled) as cancelled:
             device_login(DeviceFlow(github_url=github.github_url), store=TokenStore(tmp_path / "t"),
                          github_api_url=github.api_url, on_code=on_code, cancel=cancel,
                          on_error=errors.append)
+        assert cancelled.value.code == "cancelled"
         assert [type(e) for e in errors] == [RequestCancelled]
 
 
