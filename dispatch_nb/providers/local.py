@@ -685,9 +685,7 @@ class LocalAdapter(Adapter):
         if request.output is not None and self.output_mode(request) == "grammar":
             if options.get("response_format") is not None:
                 raise ValueError("pass output= or response_format=, not both")
-            schema = request.output.schema
-            _check_grammar(schema)
-            kwargs["response_format"] = {"type": "json_object", "schema": schema}
+            kwargs["grammar"] = _json_grammar(request.output.schema)
         extra = options.get("extra_body")
         if extra:
             kwargs.update(dict(extra))
@@ -755,27 +753,36 @@ class LocalAdapter(Adapter):
             acc.stop_reason = _map_stop(finish, gen, request, truncated)
 
 
-_grammars_ok: set[str] = set()
+_grammars: dict[str, str] = {}
+
+#: llama-cpp-python's schema converter lets any character but ``"`` and ``\\`` into a JSON string,
+#: raw newlines and other control characters included — which JSON forbids, so a small model's
+#: "constrained" answer could still be invalid JSON. llama.cpp's own converter excludes them; so do we.
+_LOOSE_CHAR_RULE = 'char ::= [^"\\\\]'
+_JSON_CHAR_RULE = 'char ::= [^"\\\\\\x7F\\x00-\\x1F]'
 
 
-def _check_grammar(schema: dict[str, Any]) -> None:
-    """Raise a :class:`RequestError` when llama.cpp cannot turn ``schema`` into a grammar
-    (llama-cpp-python would silently fall back to unconstrained JSON)."""
-    text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
-    if text in _grammars_ok:
-        return
+def _json_grammar(schema: dict[str, Any]) -> Any:
+    """A llama.cpp grammar that only admits JSON matching ``schema`` (a ``LlamaGrammar``), or a
+    :class:`RequestError` when llama.cpp cannot turn the schema into one (llama-cpp-python's own
+    ``response_format`` would silently fall back to unconstrained JSON)."""
     llama_cpp = _import_llama_cpp()
     from llama_cpp import llama_grammar
 
+    text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
     try:
-        llama_grammar.LlamaGrammar.from_json_schema(text, verbose=False)
+        gbnf = _grammars.get(text)
+        if gbnf is None:
+            gbnf = llama_grammar.json_schema_to_gbnf(text).replace(_LOOSE_CHAR_RULE, _JSON_CHAR_RULE)
+        grammar = llama_grammar.LlamaGrammar.from_string(gbnf, verbose=False)
     except Exception as exc:
         raise RequestError(
             f"llama.cpp cannot turn the output schema into a grammar ({exc}); simplify the "
             "schema (llama-cpp-python " + str(getattr(llama_cpp, "__version__", "?")) + ")",
             provider="local",
         ) from None
-    _grammars_ok.add(text)
+    _grammars[text] = gbnf
+    return grammar
 
 
 def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:

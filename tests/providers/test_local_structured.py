@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from dispatch_nb import RequestError, StructuredOutput, connect
+from dispatch_nb import OutputValidationError, RequestError, StructuredOutput, connect
 from dispatch_nb.adapter import Adapter
 from dispatch_nb.providers.local import local_model_available
 
@@ -81,3 +81,28 @@ def test_schema_llama_cpp_cannot_compile_fails_before_generating(local: Adapter)
     with pytest.raises(RequestError, match="cannot turn the output schema into a grammar") as info:
         local.chat("Give a code.", output=schema)
     assert info.value.code == "invalid_request"
+
+
+class Review(BaseModel):
+    product: str
+    sentiment: Literal["positive", "negative", "mixed"]
+
+
+def test_strings_never_hold_raw_control_characters(local: Adapter) -> None:
+    """llama-cpp-python's schema converter admits raw newlines inside JSON strings; with that
+    grammar this very prompt came back as ``{"product" : "…}\\n\\nThe JSON schema is:\\n{…`` —
+    invalid JSON ("unexpected control character in string"). Ours excludes them, as llama.cpp's
+    own converter does: the answer is valid JSON, or (a small model running on inside a string)
+    cut off at max_tokens, never invalid JSON."""
+    error: OutputValidationError | None = None
+    try:
+        answer = local.chat("Review: the kettle is great, boils fast.", output=Review, max_tokens=80)
+    except OutputValidationError as exc:
+        error = exc
+    if error is not None:
+        assert error.code == "output_truncated", error.message
+        text = error.text
+    else:
+        assert isinstance(answer.parsed, Review)
+        text = answer.text
+    assert not any(ord(c) < 0x20 for c in text.split('"product"', 1)[1]), text
