@@ -66,6 +66,18 @@ def test_rows_come_back_in_input_order_with_totals() -> None:
     assert "40 rows: 40 ok" in repr(result)
 
 
+def test_a_wide_batch_runs_all_its_streams_at_once_on_reused_connections() -> None:
+    # httpx's and aiohttp's default pools stop at 100 connections: a batch asking for 200 at once
+    # must get 200, and its 400 rows must reuse them (a stream's connection goes back to the pool).
+    with BatchFake(events=4, delay=0.4) as fake:  # a stream lasts 1.2 s: time to open them all
+        result = batch("{review}", reviews(400), model=adapter_for(fake), concurrency=200,
+                       progress=False)
+        connections = fake.server.connections_made
+    assert result.ok == 400
+    assert fake.max_active > 180, f"at most {fake.max_active} streams ran at once"
+    assert connections <= 260, f"{connections} connections for 400 rows at concurrency 200"
+
+
 def test_str_rows_series_and_dataframe_fill_the_template() -> None:
     pd = pytest.importorskip("pandas")
     frame = pd.DataFrame({"text": ["good", "bad", "fine"], "id": [7, 8, 9]},
