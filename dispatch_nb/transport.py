@@ -50,7 +50,7 @@ import ssl
 import threading
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.request import getproxies
 
@@ -816,12 +816,15 @@ class LoopClients:
 
     ``clients.get()`` returns the running loop's client, made by ``make()`` on first use. When the
     loop shuts down (``asyncio.run`` ending, or ``loop.shutdown_asyncgens()``), the client is
-    closed and forgotten: a finalizer rides on an async generator the loop knows about."""
+    closed and forgotten: a finalizer rides on an async generator the loop knows about. When the
+    owner is dropped first (an adapter replaced in a notebook whose loop lives on), its clients are
+    closed on their loops; until then they stay reachable from a module-level finalizer, so the
+    garbage collector never finds an open aiohttp session ("Unclosed client session")."""
 
     def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
         self._make = make
         self._lock = threading.Lock()
-        self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, Any]] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, _LoopEntry] = {}
 
     def get(self) -> httpx.AsyncClient:
         """The running loop's client."""
@@ -829,27 +832,17 @@ class LoopClients:
         entry = self._clients.get(loop)
         if entry is None:
             client = self._make()
-            finalizer = self._closer(loop, client)
-            step: Any = finalizer.__anext__()  # the first step registers it with the loop...
+            entry = _LoopEntry(client, weakref.finalize(self, _close_on_loop, loop, client))
+            entry.closer = _closer(self._lock, self._clients, loop, entry)
+            step: Any = entry.closer.__anext__()  # the first step registers it with the loop...
             try:
                 step.send(None)  # ...and runs to its ``yield`` without awaiting anything
             except StopIteration:
                 pass
             with self._lock:
-                self._clients[loop] = (client, finalizer)
+                self._clients[loop] = entry
             return client
-        return entry[0]
-
-    async def _closer(
-        self, loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient
-    ) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            with self._lock:
-                if self._clients.get(loop, (None,))[0] is client:
-                    del self._clients[loop]
-            await client.aclose()
+        return entry.client
 
     async def aclose(self) -> None:
         """Close the running loop's client (a new one is made if the adapter is used again)."""
@@ -857,6 +850,54 @@ class LoopClients:
         with self._lock:
             entry = self._clients.pop(loop, None)
         if entry is not None:
-            client, finalizer = entry
-            await finalizer.aclose()
-            await client.aclose()
+            entry.dropped.detach()
+            if entry.closer is not None:
+                await entry.closer.aclose()
+            await entry.client.aclose()
+
+
+class _LoopEntry:
+    """A loop's client, the finalizer that closes it if its owner is dropped, and the async
+    generator that closes it when the loop shuts down."""
+
+    __slots__ = ("client", "closer", "dropped")
+
+    def __init__(self, client: httpx.AsyncClient, dropped: weakref.finalize[Any, Any]) -> None:
+        self.client = client
+        self.dropped = dropped
+        self.closer: AsyncGenerator[None, None] | None = None
+
+
+async def _closer(
+    lock: threading.Lock,
+    clients: dict[asyncio.AbstractEventLoop, _LoopEntry],
+    loop: asyncio.AbstractEventLoop,
+    entry: _LoopEntry,
+) -> AsyncGenerator[None, None]:
+    # (a function, not a method: a reference to the LoopClients would keep it in a cycle)
+    try:
+        yield
+    finally:
+        with lock:
+            if clients.get(loop) is entry:
+                del clients[loop]
+        entry.dropped.detach()
+        await entry.client.aclose()
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _close_on_loop(loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient) -> None:
+    """The owner of ``client`` is gone: close it on its loop (if that loop still runs)."""
+
+    def start() -> None:
+        task = loop.create_task(client.aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    if not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(start)
+        except RuntimeError:  # closed meanwhile
+            pass
