@@ -15,7 +15,10 @@ Targets (issue 18; ratios printed, not asserted): within 1.15× the ideal at con
 half a core, memory flat in the number of rows.
 
     python benchmarks/bench_batch.py            # the full run (~6 minutes)
-    python benchmarks/bench_batch.py --quick    # 200 rows, 40 events: a smoke run (~1 minute)
+    python benchmarks/bench_batch.py --quick    # 200 rows, 40 events (~1 minute)
+    python benchmarks/bench_batch.py --smoke    # 40 rows, 10 events: every client once (~20 s)
+
+Every run checks every answer's text; the exit status is non-zero when a client read a wrong one.
 """
 
 from __future__ import annotations
@@ -129,6 +132,11 @@ def _rows(n: int) -> Any:
     return (f"row {i}" for i in range(n))  # a generator: never a list in memory
 
 
+def expected_text(events: int) -> str:
+    """What every row's answer must read (the paced server streams the same tokens to all)."""
+    return "".join(f"tok{i % 10} " for i in range(abs(events)))
+
+
 def _headers(events: int) -> dict[str, str]:
     headers = {"x-bench-events": str(abs(events))}
     if events < 0:  # negative: the same number of events, unpaced (the memory runs)
@@ -137,9 +145,10 @@ def _headers(events: int) -> dict[str, str]:
 
 
 async def run_dispatch(url: str, rows: int, concurrency: int, events: int, pool: int | None) -> int:
+    """Rows answered with the right text."""
     import httpx
 
-    from dispatch_nb import abatch
+    from dispatch_nb import Response, abatch
     from dispatch_nb.providers.openai import OpenAIAdapter
 
     client = None
@@ -153,7 +162,9 @@ async def run_dispatch(url: str, rows: int, concurrency: int, events: int, pool:
                           progress=False, extra_headers=_headers(events))
     if client is not None:
         await client.aclose()
-    return result.ok
+    await adapter.aclose()
+    want = expected_text(events)
+    return sum(isinstance(r, Response) and r.text == want for r in result)
 
 
 async def run_openai(url: str, rows: int, concurrency: int, events: int) -> int:
@@ -177,7 +188,8 @@ async def run_openai(url: str, rows: int, concurrency: int, events: int) -> int:
     # The usual hand-written loop: one task per row, gathered (it does not stream the input).
     answers = await asyncio.gather(*(one(p) for p in _rows(rows)), return_exceptions=True)
     await client.close()
-    return sum(isinstance(a, str) and bool(a) for a in answers)
+    want = expected_text(events)
+    return sum(a == want for a in answers)
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -232,6 +244,11 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--pool", type=int)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--levels", default="32,256",
+                        help="the concurrencies to compare (comma-separated)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory runs")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every client once with a small N; fail if any answer is wrong")
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(args.serve, args.rate))
@@ -241,6 +258,11 @@ def main() -> int:
         return 0
 
     rows, events = (200, 40) if args.quick else (args.rows, args.events)
+    concurrencies = tuple(int(c) for c in args.levels.split(","))
+    small, large = (2_000, 20_000) if args.quick else (10_000, 100_000)
+    if args.smoke:
+        rows, events, args.rate, concurrencies, small, large = 40, 10, 100.0, (8, 32), 200, 800
+    wrong: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         portfile = Path(tmp) / "port"
         server = subprocess.Popen([sys.executable, __file__, "--serve", str(portfile),
@@ -256,39 +278,48 @@ def main() -> int:
                   "kept (it shares the machine)\n", flush=True)
             print(f"{'client':<44} {'conc':>5} {'wall s':>8} {'× ideal':>8} {'× paced':>8} "
                   f"{'cores':>6} {'peak MB':>8} {'ok':>6}", flush=True)
-            for concurrency in (32, 256):
+            for concurrency in concurrencies:
                 ideal = math.ceil(rows / concurrency) * stream_s
-                runs = [("dispatch_nb abatch (default httpx pool)", "dispatch", None)]
-                if concurrency > 100:
-                    runs.append(("dispatch_nb abatch (pool of 1000, as the SDK)", "dispatch", 1000))
-                runs.append(("openai SDK AsyncOpenAI + Semaphore + gather", "openai", None))
-                for label, client, pool in runs:
-                    m = measure(url, client, rows, concurrency, events, pool)
+                runs = [("dispatch_nb abatch", "dispatch"),
+                        ("openai SDK AsyncOpenAI + Semaphore + gather", "openai")]
+                for label, client in runs:
+                    m = measure(url, client, rows, concurrency, events)
+                    if m["ok"] != rows:
+                        wrong.append(f"{label} at concurrency {concurrency}: {m['ok']} of {rows} "
+                                     "answers read right")
                     paced = ideal * args.rate / min(args.rate, m["server_rate"])
                     print(f"{label:<44} {concurrency:>5} {m['wall']:>8.2f} "
                           f"{m['wall'] / ideal:>8.3f} {m['wall'] / paced:>8.3f} "
                           f"{m['cpu'] / m['wall']:>6.2f} {m['rss_mb']:>8.1f} {m['ok']:>6}",
                           flush=True)
                 print(f"{'ideal':<44} {concurrency:>5} {ideal:>8.2f}", flush=True)
-            print("\nMemory against the number of rows (rows from a generator, 5-event answers "
-                  "sent at once, concurrency 256):", flush=True)
-            small, large = (2_000, 20_000) if args.quick else (10_000, 100_000)
-            peaks = {}
-            for n in (small, large):
-                m = measure(url, "dispatch", n, 256, -5, 1000)
-                peaks[n] = m["rss_mb"]
-                print(f"  dispatch_nb {n:>8,} rows: peak {m['rss_mb']:7.1f} MB, {m['wall']:6.1f} s, "
-                      f"{m['cpu'] / m['wall']:.2f} cores, ok {m['ok']:,}", flush=True)
-            m = measure(url, "openai", small, 256, -5)
-            print(f"  openai SDK  {small:>8,} rows: peak {m['rss_mb']:7.1f} MB, {m['wall']:6.1f} s, "
-                  f"{m['cpu'] / m['wall']:.2f} cores, ok {m['ok']:,} (one task per row, gathered)",
-                  flush=True)
-            per_row = (peaks[large] - peaks[small]) * 1024 * 1024 / (large - small)
-            print(f"  dispatch_nb: {per_row:,.0f} bytes per extra row — the answers the BatchResult "
-                  "keeps (a Response each); the engine itself holds only the rows in flight")
+            if not args.no_memory:
+                print("\nMemory against the number of rows (rows from a generator, 5-event answers "
+                      "sent at once, concurrency 256):", flush=True)
+                peaks = {}
+                for n in (small, large):
+                    m = measure(url, "dispatch", n, 256, -5)
+                    peaks[n] = m["rss_mb"]
+                    if m["ok"] != n:
+                        wrong.append(f"dispatch_nb, {n} rows: {m['ok']} answers read right")
+                    print(f"  dispatch_nb {n:>8,} rows: peak {m['rss_mb']:7.1f} MB, {m['wall']:6.1f} s, "
+                          f"{m['cpu'] / m['wall']:.2f} cores, ok {m['ok']:,}", flush=True)
+                m = measure(url, "openai", small, 256, -5)
+                if m["ok"] != small:
+                    wrong.append(f"openai SDK, {small} rows: {m['ok']} answers read right")
+                print(f"  openai SDK  {small:>8,} rows: peak {m['rss_mb']:7.1f} MB, {m['wall']:6.1f} s, "
+                      f"{m['cpu'] / m['wall']:.2f} cores, ok {m['ok']:,} (one task per row, gathered)",
+                      flush=True)
+                per_row = (peaks[large] - peaks[small]) * 1024 * 1024 / (large - small)
+                print(f"  dispatch_nb: {per_row:,.0f} bytes per extra row — the answers the BatchResult "
+                      "keeps (a Response each); the engine itself holds only the rows in flight")
         finally:
             server.terminate()
             server.wait(10)
+    if wrong:
+        print("\nWRONG ANSWERS:\n  " + "\n  ".join(wrong), flush=True)
+        return 1
+    print("\nevery client read every answer right", flush=True)
     return 0
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["bench_streaming.py", "bench_kernel.py", "bench_load_ext.py"]
+BENCHMARKS = ["bench_streaming.py", "bench_kernel.py", "bench_load_ext.py", "bench_batch.py"]
 
 
 def main(argv: list[str]) -> int:

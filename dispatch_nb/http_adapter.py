@@ -34,6 +34,7 @@ from .sse import ServerSentEvent, SSEDecoder
 from .stream import Accumulator
 from .transport import (
     ABORT_EXTENSION,
+    RELEASE_EXTENSION,
     LoopClients,
     async_client,
     prepare_async_transport,
@@ -133,6 +134,46 @@ def _shutdown_stream(network_stream: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+#: after a streamed answer's terminal event, how long the rest of the body (the chunked body's
+#: closing bytes, normally already on their way) may take to arrive; read to its end, the connection
+#: goes back to the pool; a server that keeps the stream open longer loses its connection instead
+RELEASE_SECONDS = 0.25
+
+
+def _release(response: httpx.Response, chunks: Iterator[bytes]) -> None:
+    """The answer is complete: let its connection go back to the pool (the caller then closes)."""
+    release = response.extensions.get(RELEASE_EXTENSION)
+    if release is not None:  # our threaded transport reads the rest in the background
+        release(RELEASE_SECONDS)
+        return
+    # httpx's own transport: read the rest here, with the socket shut down if it takes too long
+    timer = threading.Timer(
+        RELEASE_SECONDS, _shutdown_stream, (response.extensions.get("network_stream"),)
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        for _ in chunks:
+            pass
+    except (httpx.HTTPError, OSError):
+        pass
+    finally:
+        timer.cancel()
+
+
+async def _arelease(raw: AsyncIterator[bytes]) -> None:
+    """The answer is complete: read the rest of the body (briefly) so the connection is reused."""
+
+    async def rest() -> None:
+        async for _ in raw:
+            pass
+
+    try:
+        await asyncio.wait_for(rest(), RELEASE_SECONDS)
+    except (asyncio.TimeoutError, httpx.HTTPError, OSError):
+        pass
 
 
 def _within_deadline(timeout: httpx.Timeout, control: CallControl) -> httpx.Timeout:
@@ -385,6 +426,7 @@ class HTTPAdapter(Adapter):
                     for event in decoder.feed(chunk):
                         yield from parser.feed(event)
                         if parser.complete:
+                            _release(response, chunks)
                             return
                     if control.reason is not None:
                         control.check()
@@ -463,6 +505,7 @@ class HTTPAdapter(Adapter):
                         for delta in parser.feed(event):
                             yield delta
                         if parser.complete:
+                            await _arelease(raw)
                             return
                     control.check()
                 for event in decoder.end():

@@ -26,6 +26,13 @@ is such a function). Both sync transports then stop the exchange at once — bef
 arrive, while connecting, or in the middle of the body — and the blocked call raises an
 ``httpx.TransportError``. Async calls are stopped by cancelling their task.
 
+A caller that stops reading a body early (a streamed answer ends at its terminal event, before the
+chunked body's closing bytes) would make the pool drop the connection. A sync response of
+:class:`ThreadedTransport` carries :data:`RELEASE_EXTENSION`: ``release(seconds)`` lets the loop
+thread read the rest of the body, so that the connection goes back to the pool before the caller's
+next request; the caller waits for that at most ``seconds`` (normally the closing bytes are already
+there), then the exchange is cancelled and its connection dropped.
+
 Nothing here is imported by ``import dispatch_nb``; aiohttp is imported when the first client of an
 aiohttp transport is made.
 """
@@ -43,7 +50,7 @@ import ssl
 import threading
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.request import getproxies
 
@@ -55,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABORT_EXTENSION",
+    "RELEASE_EXTENSION",
     "TRANSPORT_ENV",
     "AbortableHTTPTransport",
     "AiohttpTransport",
@@ -74,12 +82,18 @@ TRANSPORT_ENV = "DISPATCH_NB_TRANSPORT"
 TransportName = Literal["aiohttp", "httpx"]
 #: the request extension through which a sync call aborts its exchange (see the module docstring)
 ABORT_EXTENSION = "dispatch_nb.abort"
+#: the response extension that reads the rest of an abandoned body in the background (module doc)
+RELEASE_EXTENSION = "dispatch_nb.release"
 #: bytes the loop thread may read ahead of a sync caller before it stops reading the socket
 HIGH_WATER = 1 << 16
 #: ...and resumes once the caller has taken the buffer below this
 LOW_WATER = 1 << 14
 #: at most this many bytes are handed to the caller at once (joined from what is buffered)
 BATCH = 1 << 15
+
+#: connection limits of every client: the openai SDK's (httpx's default of 100 connections would
+#: cap a batch's concurrency; aiohttp has no limit on idle connections, httpx keeps 100)
+DEFAULT_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 AbortRegister = Callable[[Callable[[], None]], Callable[[], None]]
 
@@ -254,7 +268,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         verify: Any = True,
         cert: Any = None,
         trust_env: bool = True,
-        limits: httpx.Limits = httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        limits: httpx.Limits = DEFAULT_LIMITS,
         proxy: httpx.Proxy | None = None,
     ) -> None:
         from httpx_aiohttp import AiohttpTransport as Base  # imports aiohttp
@@ -362,6 +376,8 @@ class _Exchange(httpx.SyncByteStream):
         self._done = False
         self._aborted = False
         self._closed = False
+        self._releasing = False  # the loop thread reads the rest of the body, dropping it
+        self._ended: threading.Event | None = None  # set when a released body has been read
         self._task: asyncio.Task[None] | None = None
         self._remove_abort: Callable[[], None] | None = None
 
@@ -386,8 +402,9 @@ class _Exchange(httpx.SyncByteStream):
                 raise self._error
             raise httpx.ReadError("the request was aborted")
         head = self._head
+        extensions = {**head.extensions, RELEASE_EXTENSION: self.release}
         return httpx.Response(
-            head.status_code, headers=head.headers, stream=self, extensions=head.extensions
+            head.status_code, headers=head.headers, stream=self, extensions=extensions
         )
 
     def _sleep(self, head: bool = False) -> None:
@@ -436,6 +453,22 @@ class _Exchange(httpx.SyncByteStream):
         self._wake.set()
         self._cancel_soon()
 
+    def release(self, seconds: float) -> None:
+        """Let the loop thread read (and drop) the rest of the body, so that its connection goes
+        back to the pool before the caller's next request; waits for that ``seconds`` at most,
+        then the exchange is cancelled (its connection dropped)."""
+        if self._done or self._aborted or self._closed:
+            return
+        ended = self._ended = threading.Event()
+        self._releasing = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain, seconds)
+        except RuntimeError:
+            self._releasing = False
+            return
+        if not self._done:
+            ended.wait(seconds)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -443,7 +476,7 @@ class _Exchange(httpx.SyncByteStream):
         remove, self._remove_abort = self._remove_abort, None
         if remove is not None:
             remove()
-        if not self._done:
+        if not self._done and not self._releasing:
             self._cancel_soon()
 
     def _cancel_soon(self) -> None:
@@ -467,6 +500,12 @@ class _Exchange(httpx.SyncByteStream):
         if self._resume is not None:
             self._resume.set()
 
+    def _drain(self, seconds: float) -> None:
+        self._chunks.clear()
+        self._wake_reader()  # a paused reader goes on (it drops what it reads from now on)
+        if not self._done:
+            self._loop.call_later(seconds, self._cancel)
+
     async def _run(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
         response: httpx.Response | None = None
         error: BaseException | None = None
@@ -477,6 +516,8 @@ class _Exchange(httpx.SyncByteStream):
             chunks = self._chunks
             assert isinstance(response.stream, httpx.AsyncByteStream)
             async for chunk in response.stream:
+                if self._releasing:
+                    continue  # the caller has what it wanted: read to the end, keep nothing
                 chunks.append(chunk)
                 self._put += len(chunk)
                 if self._sleeping:
@@ -493,17 +534,22 @@ class _Exchange(httpx.SyncByteStream):
         except BaseException as exc:  # handed to the caller (a cancel is the caller's own doing)
             error = exc
         finally:
-            self._finish(error)
+            if not self._releasing:
+                self._finish(error)  # wake the caller first...
             if response is not None:
                 try:
                     await response.aclose()
                 except BaseException:
                     pass
+            if self._releasing:
+                self._finish(error)  # ...or once the connection is back in the pool
 
     def _finish(self, error: BaseException | None) -> None:
         self._error = error
         self._done = True
         self._wake.set()
+        if self._ended is not None:
+            self._ended.set()
 
 
 class ThreadedTransport(httpx.BaseTransport):
@@ -731,7 +777,7 @@ def sync_client(timeout: httpx.Timeout) -> httpx.Client:
 
         def proxied(proxy: httpx.Proxy) -> httpx.BaseTransport:
             if not _aiohttp_can_proxy(proxy):  # e.g. socks5://: httpx's transport speaks it
-                return AbortableHTTPTransport(verify=tls, proxy=proxy)
+                return AbortableHTTPTransport(verify=tls, proxy=proxy, limits=DEFAULT_LIMITS)
             return ThreadedTransport(lambda: AiohttpTransport(verify=tls, proxy=proxy))
 
         return httpx.Client(
@@ -741,8 +787,10 @@ def sync_client(timeout: httpx.Timeout) -> httpx.Client:
         )
     return httpx.Client(
         timeout=timeout,
-        transport=AbortableHTTPTransport(verify=tls),
-        mounts=_proxy_mounts(lambda proxy: AbortableHTTPTransport(verify=tls, proxy=proxy)),
+        transport=AbortableHTTPTransport(verify=tls, limits=DEFAULT_LIMITS),
+        mounts=_proxy_mounts(
+            lambda proxy: AbortableHTTPTransport(verify=tls, proxy=proxy, limits=DEFAULT_LIMITS)
+        ),
     )
 
 
@@ -753,13 +801,14 @@ def async_client(timeout: httpx.Timeout) -> httpx.AsyncClient:
 
         def proxied(proxy: httpx.Proxy) -> httpx.AsyncBaseTransport:
             if not _aiohttp_can_proxy(proxy):
-                return httpx.AsyncHTTPTransport(verify=tls, proxy=proxy)
+                return httpx.AsyncHTTPTransport(verify=tls, proxy=proxy, limits=DEFAULT_LIMITS)
             return AiohttpTransport(verify=tls, proxy=proxy)
 
         return httpx.AsyncClient(
             timeout=timeout, transport=AiohttpTransport(verify=tls), mounts=_proxy_mounts(proxied)
         )
-    return httpx.AsyncClient(timeout=timeout, verify=tls)  # httpx reads the proxy environment
+    # httpx reads the proxy environment
+    return httpx.AsyncClient(timeout=timeout, verify=tls, limits=DEFAULT_LIMITS)
 
 
 class LoopClients:
@@ -767,12 +816,15 @@ class LoopClients:
 
     ``clients.get()`` returns the running loop's client, made by ``make()`` on first use. When the
     loop shuts down (``asyncio.run`` ending, or ``loop.shutdown_asyncgens()``), the client is
-    closed and forgotten: a finalizer rides on an async generator the loop knows about."""
+    closed and forgotten: a finalizer rides on an async generator the loop knows about. When the
+    owner is dropped first (an adapter replaced in a notebook whose loop lives on), its clients are
+    closed on their loops; until then they stay reachable from a module-level finalizer, so the
+    garbage collector never finds an open aiohttp session ("Unclosed client session")."""
 
     def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
         self._make = make
         self._lock = threading.Lock()
-        self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, Any]] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, _LoopEntry] = {}
 
     def get(self) -> httpx.AsyncClient:
         """The running loop's client."""
@@ -780,27 +832,17 @@ class LoopClients:
         entry = self._clients.get(loop)
         if entry is None:
             client = self._make()
-            finalizer = self._closer(loop, client)
-            step: Any = finalizer.__anext__()  # the first step registers it with the loop...
+            entry = _LoopEntry(client, weakref.finalize(self, _close_on_loop, loop, client))
+            entry.closer = _closer(self._lock, self._clients, loop, entry)
+            step: Any = entry.closer.__anext__()  # the first step registers it with the loop...
             try:
                 step.send(None)  # ...and runs to its ``yield`` without awaiting anything
             except StopIteration:
                 pass
             with self._lock:
-                self._clients[loop] = (client, finalizer)
+                self._clients[loop] = entry
             return client
-        return entry[0]
-
-    async def _closer(
-        self, loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient
-    ) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            with self._lock:
-                if self._clients.get(loop, (None,))[0] is client:
-                    del self._clients[loop]
-            await client.aclose()
+        return entry.client
 
     async def aclose(self) -> None:
         """Close the running loop's client (a new one is made if the adapter is used again)."""
@@ -808,6 +850,54 @@ class LoopClients:
         with self._lock:
             entry = self._clients.pop(loop, None)
         if entry is not None:
-            client, finalizer = entry
-            await finalizer.aclose()
-            await client.aclose()
+            entry.dropped.detach()
+            if entry.closer is not None:
+                await entry.closer.aclose()
+            await entry.client.aclose()
+
+
+class _LoopEntry:
+    """A loop's client, the finalizer that closes it if its owner is dropped, and the async
+    generator that closes it when the loop shuts down."""
+
+    __slots__ = ("client", "closer", "dropped")
+
+    def __init__(self, client: httpx.AsyncClient, dropped: weakref.finalize[Any, Any]) -> None:
+        self.client = client
+        self.dropped = dropped
+        self.closer: AsyncGenerator[None, None] | None = None
+
+
+async def _closer(
+    lock: threading.Lock,
+    clients: dict[asyncio.AbstractEventLoop, _LoopEntry],
+    loop: asyncio.AbstractEventLoop,
+    entry: _LoopEntry,
+) -> AsyncGenerator[None, None]:
+    # (a function, not a method: a reference to the LoopClients would keep it in a cycle)
+    try:
+        yield
+    finally:
+        with lock:
+            if clients.get(loop) is entry:
+                del clients[loop]
+        entry.dropped.detach()
+        await entry.client.aclose()
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _close_on_loop(loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient) -> None:
+    """The owner of ``client`` is gone: close it on its loop (if that loop still runs)."""
+
+    def start() -> None:
+        task = loop.create_task(client.aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    if not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(start)
+        except RuntimeError:  # closed meanwhile
+            pass

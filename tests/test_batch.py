@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 import dispatch_nb
 from dispatch_nb import (
@@ -35,7 +36,9 @@ from dispatch_nb.cache import CacheMissError, ResponseCache
 from dispatch_nb.providers.fake import FakeAdapter
 
 from .fakes.batching import BatchFake
-from .fakes.provider import Fail
+from .fakes.canonical import CanonicalFake
+from .fakes.provider import Fail, Turn
+from .fakes.server import RecordedRequest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,6 +67,50 @@ def test_rows_come_back_in_input_order_with_totals() -> None:
     assert fake.max_active <= 8
     assert all(result.latency(i) > 0 and result.origin(i) == "sent" for i in range(40))
     assert "40 rows: 40 ok" in repr(result)
+
+
+def test_a_wide_batch_runs_all_its_streams_at_once_on_reused_connections() -> None:
+    # httpx's and aiohttp's default pools stop at 100 connections: a batch asking for 200 at once
+    # must get 200, and its 400 rows must reuse them (a stream's connection goes back to the pool).
+    with BatchFake(events=4, delay=0.4) as fake:  # a stream lasts 1.2 s: time to open them all
+        result = batch("{review}", reviews(400), model=adapter_for(fake), concurrency=200,
+                       progress=False)
+        connections = fake.server.connections_made
+    assert result.ok == 400
+    assert fake.max_active > 180, f"at most {fake.max_active} streams ran at once"
+    assert connections <= 260, f"{connections} connections for 400 rows at concurrency 200"
+
+
+class _WordFake(CanonicalFake):
+    """Answers every request with JSON about the prompt's last word (``{"word", "length"}``)."""
+
+    def default_turn(self, request: RecordedRequest) -> Any:
+        word = self.last_user_text(request).split()[-1]
+        return Turn(text=json.dumps({"word": word, "length": len(word)}))
+
+
+class Word(BaseModel):
+    word: str
+    length: int
+
+
+def test_output_validates_every_row_into_parsed_and_a_parsed_column() -> None:
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"w": ["alpha", "be", "gamma"]})
+    with _WordFake() as fake:
+        result = batch("Describe {w}", frame, model=FakeAdapter("echo", base_url=fake.base_url),
+                       output=Word, concurrency=2, progress=False)
+        assert all(r.json["output"]["schema"]["properties"].keys() == {"word", "length"}
+                   for r in fake.chat_requests)
+        plain = batch("Describe {w}", frame, model=FakeAdapter("echo", base_url=fake.base_url),
+                      progress=False)
+    assert [r.parsed for r in result] == [Word(word="alpha", length=5), Word(word="be", length=2),
+                                          Word(word="gamma", length=5)]
+    table = result.to_pandas()
+    assert list(table["w"]) == ["alpha", "be", "gamma"]
+    assert list(table["parsed"]) == [r.parsed for r in result]
+    assert list(pd.json_normalize([p.model_dump() for p in table["parsed"]])["length"]) == [5, 2, 5]
+    assert "parsed" not in plain.to_pandas().columns  # no output=: answers are text
 
 
 def test_str_rows_series_and_dataframe_fill_the_template() -> None:

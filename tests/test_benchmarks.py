@@ -3,7 +3,8 @@ right (speed is printed by the benchmarks, never judged here).
 
 ``benchmarks/run_all.py --smoke`` runs the streaming comparison (every client: dispatch_nb on both
 transports, the naive loops, the openai and anthropic SDKs, litellm, llm — a missing peer fails),
-the real-kernel CPU benchmark and the ``%load_ext`` benchmark (which fails if heavy modules load).
+the real-kernel CPU benchmark, the ``%load_ext`` benchmark (which fails if heavy modules load) and
+the batch benchmark (``abatch`` and the openai SDK over the same rows: every answer's text checked).
 """
 
 from __future__ import annotations
@@ -30,3 +31,5 @@ def test_every_benchmark_runs_and_every_client_reads_the_right_text() -> None:
     assert "all 23 clients read every stream correctly" in run.stdout, report[-3000:]
     assert "%%chat streaming 40 events at 100/s into a real kernel" in run.stdout
     assert "heavy modules imported by %load_ext:       none" in run.stdout
+    assert "40 rows, each a 10-event stream" in run.stdout
+    assert "every client read every answer right" in run.stdout

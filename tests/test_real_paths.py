@@ -465,21 +465,55 @@ def test_non_streamed_answers_reuse_their_connection(fake: CanonicalFake) -> Non
     assert fake.server.connections_made == 2  # one for the sync pool, one for the loop's
 
 
-@pytest.mark.xfail(
-    strict=False,  # on the aiohttp transport the closing bytes sometimes arrive with the last event
-    reason="known bug (found on the first version, still open): reading stops at the terminal event "
-    "and the response is closed before the chunked body's end, so the pool drops the connection and "
-    "a streamed call usually opens a new one (a TCP and TLS handshake per call to a real provider)",
-)
-def test_streamed_answers_reuse_their_connection(fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+@pytest.fixture(params=["aiohttp", "httpx"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each transport dispatch_nb can use (``DISPATCH_NB_TRANSPORT``)."""
+    monkeypatch.setenv("DISPATCH_NB_TRANSPORT", request.param)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_streamed_answers_reuse_their_connection(
+    fake: CanonicalFake, transport: str, mode: str
+) -> None:
+    # A stream's terminal event comes just before the chunked body's closing bytes: reading stopped
+    # at the event, the pool would drop the connection and every streamed call would pay a TCP
+    # (and, to a real provider, TLS) handshake. Here the closing bytes come 50 ms after the event.
     for i in range(4):
-        adapter.chat(f"q{i}", stream=True)
+        fake.push(Turn(text=f"answer {i}", stall_after=10**6, stall=0.05))
+    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
 
-    async def four() -> None:
-        for i in range(4):
-            await adapter.achat(f"a{i}", stream=True)
+    async def four() -> list[str]:
+        return [(await adapter.achat(f"q{i}", stream=True)).text for i in range(4)]
 
-    asyncio.run(four())
+    if mode == "sync":
+        texts = [adapter.chat(f"q{i}", stream=True).text for i in range(4)]
+    else:
+        texts = asyncio.run(four())
     adapter.close()
-    assert fake.server.connections_made == 2  # one for the sync pool, one for the loop's
+    assert texts == [f"answer {i}" for i in range(4)]
+    assert fake.server.connections_made == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_stream_kept_open_after_its_terminal_event_does_not_hold_the_call(
+    fake: CanonicalFake, transport: str, mode: str
+) -> None:
+    # The server sends every event, then keeps the body open: the answer is complete, so the call
+    # returns at once (the connection, never finished, is dropped), and the next call still works.
+    fake.push(Turn(text="complete", stall_after=10**6, stall=30))
+    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+
+    async def two() -> list[str]:
+        return [(await adapter.achat(q, stream=True)).text for q in ("first", "second")]
+
+    started = time.monotonic()
+    if mode == "sync":
+        texts = [adapter.chat(q, stream=True).text for q in ("first", "second")]
+    else:
+        texts = asyncio.run(two())
+    elapsed = time.monotonic() - started
+    adapter.close()
+    assert texts == ["complete", "echo: second"]
+    assert elapsed < 5, f"the calls took {elapsed:.1f}s: the open stream held them"
+    assert fake.server.connections_made == 2

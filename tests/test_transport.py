@@ -313,6 +313,29 @@ def test_a_forgotten_sync_adapter_releases_its_connections(transport: str,
     assert wait_for(lambda: fake.server.open_connections == 0, timeout=3)
 
 
+def test_a_forgotten_async_adapter_on_a_living_loop_closes_its_pool_on_that_loop(
+    transport: str, fake: CanonicalFake, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A notebook's loop runs for the whole session; re-running `a = connect(...)` drops the old
+    # adapter. Its pool is closed on that loop — not found open by the garbage collector, which
+    # makes aiohttp print "Unclosed client session" into the notebook.
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.ERROR):
+            adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+            assert loop.run_until_complete(adapter.achat("x", stream=True)).text == "echo: x"
+            assert fake.server.open_connections == 1
+            del adapter
+            gc.collect()
+            loop.run_until_complete(asyncio.sleep(0.05))  # the loop goes on: the close runs
+            assert wait_for(lambda: fake.server.open_connections == 0, timeout=3)
+            gc.collect()
+        assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
 # -- content-encoding ----------------------------------------------------------------------------
 EVENTS = [f"data: {json.dumps({'type': 'text', 'text': f'part {i} '})}\n\n".encode()
           for i in range(50)]

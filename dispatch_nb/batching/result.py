@@ -233,7 +233,9 @@ class BatchResult(Sequence[Any]):
         """A pandas DataFrame: the input (when it was a DataFrame, a Series or a list kept in
         memory; not an iterator) with the columns ``answer``, ``error``, ``stop_reason``,
         ``input_tokens``, ``output_tokens``, ``latency_s`` and ``origin`` added (each name
-        preceded by ``prefix``), one row per input row, on the input's index."""
+        preceded by ``prefix``), one row per input row, on the input's index. A batch run with
+        ``output=`` also has ``parsed``: each row's validated object (``None`` for a failed row);
+        ``pd.json_normalize`` turns its fields into columns."""
         try:
             import pandas as pd
         except ImportError:
@@ -253,6 +255,9 @@ class BatchResult(Sequence[Any]):
             f"{prefix}latency_s": [round(x, 3) for x in self._latency],
             f"{prefix}origin": [RowOrigin.NAMES[o] for o in self._origin],
         }
+        parsed = [i.parsed if isinstance(i, Response) else None for i in self._items]
+        if any(p is not None for p in parsed):
+            added[f"{prefix}parsed"] = parsed
         source = self._source
         kept = getattr(source, "kept", None)
         kind = getattr(source, "kind", None)

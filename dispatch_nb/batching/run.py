@@ -92,6 +92,8 @@ def make_plan(
         options.pop("max_tokens", None)
     if options.get("temperature") is None:
         options.pop("temperature", None)
+    if options.get("output") is None:
+        options.pop("output", None)
     if cache is not None and not isinstance(cache, ResponseCache):
         cache = ResponseCache(cache)
     if isinstance(model, CachedAdapter) and cache is not None:
@@ -200,6 +202,7 @@ def batch(
     rows: Any,
     *,
     model: Adapter | str | None = None,
+    output: Any = None,
     system: str | None = None,
     tools: Iterable[Any] | None = None,
     concurrency: int = 16,
@@ -222,8 +225,10 @@ def batch(
     ``rows``: a list of str or dicts, a pandas DataFrame or Series, or any iterable (read lazily).
     ``template``: a str with ``{column}`` placeholders (``%%chat`` interpolation rules; ``{row}``
     is the whole row) or a function ``row -> prompt``. ``model``: a spec (``"openai:gpt-4.1"``) or
-    an :class:`~dispatch_nb.adapter.Adapter`. ``system``, ``tools`` (Python tools run the tool loop
-    per row), ``max_tokens``, ``temperature`` and ``**options`` go to every call.
+    an :class:`~dispatch_nb.adapter.Adapter`. ``output``: a pydantic model, a type or a JSON
+    schema; each row's answer is validated into ``response.parsed`` (see
+    ``docs/structured-output.md``). ``system``, ``tools`` (Python tools run the tool loop per row),
+    ``max_tokens``, ``temperature`` and ``**options`` go to every call.
 
     ``concurrency``: the most rows in flight (rate limits lower it for the whole batch, successes
     raise it back). ``max_retries``: retries per row. ``timeout``: seconds per row, retries
@@ -241,7 +246,8 @@ def batch(
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
                      checkpoint=checkpoint, cache=cache, namespace=namespace,
-                     options={"max_tokens": max_tokens, "temperature": temperature, **options})
+                     options={"max_tokens": max_tokens, "temperature": temperature,
+                              "output": output, **options})
     token = cancel if cancel is not None else CancelToken()
     if executor is not None:
         from .cluster import run_on_dask
@@ -287,6 +293,7 @@ async def abatch(
     rows: Any,
     *,
     model: Adapter | str | None = None,
+    output: Any = None,
     system: str | None = None,
     tools: Iterable[Any] | None = None,
     concurrency: int = 16,
@@ -308,7 +315,8 @@ async def abatch(
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
                      checkpoint=checkpoint, cache=cache, namespace=namespace,
-                     options={"max_tokens": max_tokens, "temperature": temperature, **options})
+                     options={"max_tokens": max_tokens, "temperature": temperature,
+                              "output": output, **options})
     token = cancel if cancel is not None else CancelToken()
     if executor is not None:
         from .cluster import run_on_dask

@@ -74,7 +74,8 @@ class Reply:
 
     ``chunks`` streams the body piece by piece (with ``delay`` seconds between pieces);
     ``reset_after`` drops the connection after that many chunks; ``stall`` sleeps that long before
-    anything is sent (or, with ``stall_after``, after that many chunks). ``compress`` sends the body
+    anything is sent (or, with ``stall_after``, after that many chunks; with ``stall_after`` at
+    least the number of chunks, after the last one, before the body's end). ``compress`` sends the body
     with that ``Content-Encoding`` (see :data:`ENCODINGS`; ``None``: the server's default).
     """
 
@@ -444,6 +445,12 @@ class LoopbackServer:
                                 self.wfile.flush()
                     if reply.reset_after is not None and reply.reset_after >= len(reply.chunks):
                         self._reset()
+                        return
+                    if (  # every event sent, the body kept open (a stream that never ends)
+                        reply.stall_after is not None
+                        and reply.stall_after >= len(reply.chunks)
+                        and self._wait(reply.stall)
+                    ):
                         return
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()

@@ -7,8 +7,11 @@ the wrong input row cannot pass.
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,9 +21,11 @@ from IPython.core.error import UsageError
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
+from dispatch_nb.notebook.display import ChatInterrupted
+from tests.fakes.batching import BatchFake
 from tests.fakes.canonical import CanonicalFake
 from tests.fakes.provider import Fail, Turn
-from tests.fakes.server import RecordedRequest
+from tests.fakes.server import RecordedRequest, wait_for
 from tests.notebook.conftest import chat_env, run
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -290,6 +295,38 @@ def test_each_refusals_are_usage_errors_and_send_nothing(shell: Any, fake: Any) 
     with pytest.raises(UsageError, match="empty"):
         shell.run_cell_magic("chat", "--each empty", "Say {row}")
     assert fake.chat_requests == []
+
+
+def test_ctrl_c_during_each_stops_promptly_and_keeps_the_finished_rows(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two rows answer at once, four take 6 s each: Ctrl-C while those four stream ends the cell at
+    # once, with the two answers in the table, the four marked unanswered, and -o holding them.
+    with BatchFake(events=4, delay=2.0, fast={"Say alpha", "Say beta"}) as slow:
+        monkeypatch.setenv("DISPATCH_NB_FAKE_URL", slow.base_url)
+        run(shell, "words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']")
+
+        def interrupt_when_the_slow_rows_stream() -> None:
+            if wait_for(lambda: sum(slow.asked.values()) == 6, timeout=20):
+                time.sleep(0.5)
+                _thread.interrupt_main()
+
+        threading.Thread(target=interrupt_when_the_slow_rows_stream, daemon=True).start()
+        started = time.monotonic()
+        result = run(shell, "%%chat --each words -o res\nSay {row}")
+        took = time.monotonic() - started
+    assert isinstance(result.error_in_exec, ChatInterrupted)
+    assert "interrupted; the finished rows are in the table above and in res" in str(
+        result.error_in_exec)
+    assert took < 3, f"the cell took {took:.1f} s to stop"
+    rows = table(final_markdown(shell))
+    assert rows[0] == ["#", "row", "answer", "error"]
+    assert rows[1][:3] == ["1", "alpha", "echo: Say alpha"]
+    assert rows[2][:3] == ["2", "beta", "echo: Say beta"]
+    assert all(row[2] == "" and "cancel" in row[3].lower() for row in rows[3:]), rows
+    res = shell.user_ns["res"]
+    assert type(res).__name__ == "BatchResult" and res.ok == 2 and len(res) == 6
+    assert [r.text for r in res[:2]] == ["echo: Say alpha", "echo: Say beta"]
 
 
 # -- a real kernel ----------------------------------------------------------------------------------
