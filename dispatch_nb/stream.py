@@ -345,8 +345,11 @@ class Accumulator:
         """Take one :class:`StreamDelta` that was produced elsewhere (a replayed recording, a
         session's events, :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`): the one
         place deltas become an answer again. Text and thinking extend the open block of their
-        kind; a tool call is addressed by its ``tool_call_id``; a fragment or end of a call that
-        never started is ignored."""
+        kind; a tool call is addressed by its ``tool_call_id`` and its arguments are parsed from
+        its streamed fragments (else taken from ``tool_use_end``); a fragment or end of a call
+        that never started is ignored. Fed :meth:`Response.deltas
+        <dispatch_nb.types.Response.deltas>`, it rebuilds that response's text, thinking and tool
+        calls."""
         kind = delta.type
         if kind == "text_delta":
             last = self._last
@@ -372,7 +375,10 @@ class Accumulator:
         elif kind == "tool_use_end":
             key = delta.tool_call_id or ""
             if self.has_tool(key):
-                self.tool_end(key, arguments=delta.arguments)
+                # the streamed raw arguments when there are some (arguments that are not valid
+                # JSON keep their raw text and error), else the parsed ones the delta carries
+                given = None if self._tools[key].parts else delta.arguments
+                self.tool_end(key, arguments=given)
 
     # -- results -------------------------------------------------------------------------------
     def blocks(self) -> list[Any]:
