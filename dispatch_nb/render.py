@@ -1,7 +1,10 @@
 """Render a :class:`~dispatch_nb.types.Response` as Markdown / HTML (no IPython needed).
 
 Used by ``Response._repr_markdown_`` / ``_repr_html_`` and by the notebook's final output, so a
-saved notebook reads the same on GitHub, nbviewer and VS Code.
+saved notebook reads the same on GitHub, nbviewer and VS Code. :func:`footer_line` is the one
+footer renderer: a ``Response``'s (:func:`footer_text`) and a ``%%chat`` cell's are the same line.
+This module does not import :mod:`dispatch_nb.types` (which imports it for the rich reprs): it
+renders anything shaped like a ``Response``.
 
 A structured answer (``Response.parsed``, see docs/structured-output.md) renders as a table — one
 row per item of a list, one row for an object — with the raw JSON folded below:

@@ -7,7 +7,13 @@ fragments and never re-validates the growing response: memory is the text itself
 
 :class:`ResponseStream` / :class:`AsyncResponseStream` are what ``adapter.stream()`` /
 ``adapter.astream()`` return: iterate for deltas, then read ``.response``; ``close()`` ends the HTTP
-stream; ``.partial`` is what arrived so far at any moment.
+stream; ``.partial`` is what arrived so far at any moment; ``.events`` is the stream's event log
+(the accumulator itself, compact, unless :meth:`ResponseStream.keep_events` keeps every delta).
+
+Deltas produced elsewhere (a replayed recording, a session's events) become an answer again through
+:meth:`Accumulator.feed`, the one place that happens; :meth:`Response.deltas
+<dispatch_nb.types.Response.deltas>` is the way back. A whole turn (rounds, tool results) is
+collected by :class:`~dispatch_nb.turn.TurnAccumulator`.
 """
 
 from __future__ import annotations

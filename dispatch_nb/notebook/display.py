@@ -2,7 +2,9 @@
 
 * :class:`Transcript` assembles the streamed events of one model (text, thinking, tool calls and
   their results, usage over every tool round) — the same events the live view shows, so what the
-  final output says is exactly what streamed, partial answers included.
+  final output says is exactly what streamed, partial answers included. It is the library's
+  turn-level accumulator (:class:`~dispatch_nb.turn.TurnAccumulator`) plus the cell's own facts;
+  its footer comes from the one footer renderer (:func:`dispatch_nb.render.footer_line`).
 * :func:`final_output` turns it into ONE static output for the requested format (``markdown``,
   ``text``, ``code``, ``json``): ``text/markdown`` + ``text/plain`` with a small footer (model,
   tokens, latency, stop reason), and the same facts in the output's metadata under
