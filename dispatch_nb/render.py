@@ -1,7 +1,10 @@
 """Render a :class:`~dispatch_nb.types.Response` as Markdown / HTML (no IPython needed).
 
 Used by ``Response._repr_markdown_`` / ``_repr_html_`` and by the notebook's final output, so a
-saved notebook reads the same on GitHub, nbviewer and VS Code.
+saved notebook reads the same on GitHub, nbviewer and VS Code. :func:`footer_line` is the one
+footer renderer: a ``Response``'s (:func:`footer_text`) and a ``%%chat`` cell's are the same line.
+This module does not import :mod:`dispatch_nb.types` (which imports it for the rich reprs): it
+renders anything shaped like a ``Response``.
 
 A structured answer (``Response.parsed``, see docs/structured-output.md) renders as a table — one
 row per item of a list, one row for an object — with the raw JSON folded below:
@@ -14,15 +17,16 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .types import Response
+# This module never imports dispatch_nb.types (which imports it, lazily, for the rich reprs): it
+# renders anything shaped like a Response, described by the protocols below.
 
 __all__ = [
     "compare_parsed_markdown",
     "flatten_parsed",
+    "footer_line",
     "footer_text",
     "markdown_to_html",
     "parsed_html",
@@ -33,29 +37,102 @@ __all__ = [
 ]
 
 
-def footer_text(
-    response: Response, *, latency: float | None = None, extra: dict[str, Any] | None = None
+class _Usage(Protocol):
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def cache_read_tokens(self) -> int: ...
+    @property
+    def total_tokens(self) -> int: ...
+
+
+class _Call(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> dict[str, Any]: ...
+
+
+class _Answer(Protocol):
+    """What rendering reads of a :class:`~dispatch_nb.types.Response`."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def usage(self) -> _Usage: ...
+    @property
+    def stop_reason(self) -> str | None: ...
+    @property
+    def parsed(self) -> Any: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def thinking(self) -> str: ...
+    @property
+    def tool_calls(self) -> Sequence[_Call]: ...
+
+
+def footer_line(
+    *,
+    model: str = "",
+    usage: _Usage | None = None,
+    latency: float | None = None,
+    replayed: bool = False,
+    rounds: int = 1,
+    stop_reason: str | None = None,
+    retries: Sequence[str] = (),
+    notes: Iterable[str] = (),
 ) -> str:
-    """``model · 12 in / 7 out tokens · 1.2 s · end_turn``."""
+    """The one footer of an answer, for ``Response._repr_markdown_`` and ``%%chat`` alike:
+    ``model · 1,234 in / 7 out tokens · 1.2 s · 2 rounds · stop: max_tokens · retried once
+    (rate limited, HTTP 429) · note``.
+
+    Tokens are left out when none were counted; a replayed answer says ``replayed`` where the
+    latency would be; ``end_turn`` (the usual stop) is not shown.
+    """
     parts: list[str] = []
-    if response.model:
-        parts.append(response.model)
-    u = response.usage
-    tokens = f"{u.input_tokens} in / {u.output_tokens} out tokens"
-    if u.cache_read_tokens:
-        tokens += f" ({u.cache_read_tokens} cached)"
-    parts.append(tokens)
-    if latency is not None:
+    if model:
+        parts.append(model)
+    if usage is not None and usage.total_tokens:
+        tokens = f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens"
+        if usage.cache_read_tokens:
+            tokens += f" ({usage.cache_read_tokens:,} cached)"
+        parts.append(tokens)
+    if replayed:
+        parts.append("replayed")
+    elif latency is not None:
         parts.append(f"{latency:.1f} s")
-    if response.stop_reason and response.stop_reason != "end_turn":
-        parts.append(response.stop_reason)
-    for key, value in (extra or {}).items():
-        parts.append(f"{key} {value}")
+    if rounds > 1:
+        parts.append(f"{rounds} rounds")
+    if stop_reason and stop_reason != "end_turn":
+        parts.append(f"stop: {stop_reason}")
+    if retries:
+        reasons = list(dict.fromkeys(retries))
+        count = len(retries)
+        parts.append(f"retried {count}× ({', '.join(reasons)})" if count > 1
+                     else f"retried once ({reasons[0]})")
+    parts.extend(note for note in notes if note)
     return " · ".join(parts)
 
 
+def footer_text(
+    response: _Answer, *, latency: float | None = None, extra: dict[str, Any] | None = None
+) -> str:
+    """A response's footer (:func:`footer_line`): ``model · 12 in / 7 out tokens · 1.2 s``;
+    ``extra`` adds ``key value`` items at the end."""
+    return footer_line(
+        model=response.model,
+        usage=response.usage,
+        latency=latency,
+        stop_reason=response.stop_reason,
+        notes=[f"{key} {value}" for key, value in (extra or {}).items()],
+    )
+
+
 def response_markdown(
-    response: Response, *, footer: bool = True, latency: float | None = None
+    response: _Answer, *, footer: bool = True, latency: float | None = None
 ) -> str:
     """The response as Markdown: thinking collapsed, text, tool calls, and a small footer (a
     structured answer: :func:`parsed_markdown`)."""
@@ -148,7 +225,7 @@ def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None) -> s
     return "\n".join(lines)
 
 
-def _raw_json(response: Response) -> str:
+def _raw_json(response: _Answer) -> str:
     try:
         return json.dumps(json.loads(response.text), ensure_ascii=False, indent=2)
     except ValueError:
@@ -156,7 +233,7 @@ def _raw_json(response: Response) -> str:
 
 
 def parsed_markdown(
-    response: Response, *, footer: bool = True, latency: float | None = None
+    response: _Answer, *, footer: bool = True, latency: float | None = None
 ) -> str:
     """A structured answer as Markdown: its table, the raw JSON folded below, a small footer."""
     out = [rows_markdown(parsed_rows(response.parsed))]
@@ -167,7 +244,7 @@ def parsed_markdown(
     return "\n".join(out)
 
 
-def parsed_html(response: Response, *, footer: bool = True, latency: float | None = None) -> str:
+def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None = None) -> str:
     """A structured answer as HTML (no Markdown renderer needed): its table, the raw JSON in a
     folded ``<details>``, a small footer."""
     rows = parsed_rows(response.parsed)
@@ -215,7 +292,7 @@ def flatten_parsed(value: Any) -> dict[str, Any]:
     return out
 
 
-def compare_parsed_markdown(answers: Sequence[tuple[str, Response]]) -> str:
+def compare_parsed_markdown(answers: Sequence[tuple[str, _Answer]]) -> str:
     """Several models' structured answers as one Markdown table: a row per field (list items
     numbered, ``items.2.name``), a column per model; each model's raw JSON folded below."""
     flat = [(label, flatten_parsed(r.parsed)) for label, r in answers]

@@ -7,7 +7,13 @@ fragments and never re-validates the growing response: memory is the text itself
 
 :class:`ResponseStream` / :class:`AsyncResponseStream` are what ``adapter.stream()`` /
 ``adapter.astream()`` return: iterate for deltas, then read ``.response``; ``close()`` ends the HTTP
-stream; ``.partial`` is what arrived so far at any moment.
+stream; ``.partial`` is what arrived so far at any moment; ``.events`` is the stream's event log
+(the accumulator itself, compact, unless :meth:`ResponseStream.keep_events` keeps every delta).
+
+Deltas produced elsewhere (a replayed recording, a session's events) become an answer again through
+:meth:`Accumulator.feed`, the one place that happens; :meth:`Response.deltas
+<dispatch_nb.types.Response.deltas>` is the way back. A whole turn (rounds, tool results) is
+collected by :class:`~dispatch_nb.turn.TurnAccumulator`.
 """
 
 from __future__ import annotations
@@ -340,8 +346,49 @@ class Accumulator:
         """How many tool calls have started."""
         return len(self._tools)
 
+    # -- deltas from elsewhere -----------------------------------------------------------------
+    def feed(self, delta: StreamDelta) -> None:
+        """Take one :class:`StreamDelta` that was produced elsewhere (a replayed recording, a
+        session's events, :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`): the one
+        place deltas become an answer again. Text and thinking extend the open block of their
+        kind; a tool call is addressed by its ``tool_call_id`` and its arguments are parsed from
+        its streamed fragments (else taken from ``tool_use_end``); a fragment or end of a call
+        that never started is ignored. Fed :meth:`Response.deltas
+        <dispatch_nb.types.Response.deltas>`, it rebuilds that response's text, thinking and tool
+        calls."""
+        kind = delta.type
+        if kind == "text_delta":
+            last = self._last
+            if not (type(last) is _Text and last.key is None):
+                last = _Text(None, None)
+                self._items.append(last)
+                self._last = last
+            parts = last.parts
+            parts.append(delta.text or "")
+            if len(parts) >= _BATCH:
+                last.batches.append("".join(parts))
+                parts.clear()
+            self.started = True
+        elif kind == "thinking_delta":
+            self.thinking(delta.text or "")
+        elif kind == "tool_use_start":
+            key = delta.tool_call_id or ""
+            self.tool_start(key, key, delta.tool_name or "")
+        elif kind == "tool_use_delta":
+            key = delta.tool_call_id or ""
+            if self.has_tool(key):
+                self._tools[key].parts.append(delta.argument_delta or "")
+        elif kind == "tool_use_end":
+            key = delta.tool_call_id or ""
+            if self.has_tool(key):
+                # the streamed raw arguments when there are some (arguments that are not valid
+                # JSON keep their raw text and error), else the parsed ones the delta carries
+                given = None if self._tools[key].parts else delta.arguments
+                self.tool_end(key, arguments=given)
+
     # -- results -------------------------------------------------------------------------------
-    def _blocks(self) -> list[Any]:
+    def blocks(self) -> list[Any]:
+        """The answer's blocks so far, in order (open tool calls with what arrived)."""
         blocks: list[Any] = []
         for item in self._items:
             if isinstance(item, (_Text, _Thinking, _Tool, _Fixed)):
@@ -350,9 +397,28 @@ class Accumulator:
                 blocks.append(item)
         return blocks
 
+    _blocks = blocks
+
+    def pieces(self) -> Iterator[tuple[str, Any]]:
+        """The answer so far as ``(kind, value)`` pairs, in order, without building blocks:
+        ``("text", str)``, ``("thinking", str)``, ``("tool", call)`` (the open or finished
+        tool call: ``id``, ``name``, ``parts`` of its raw arguments, ``arguments`` once parsed,
+        ``done``; the same object for the same call every time) and ``("block", block)`` for a
+        finished block added as is."""
+        for item in self._items:
+            kind = type(item)
+            if kind is _Text:
+                yield "text", "".join([*item.batches, *item.parts])
+            elif kind is _Thinking:
+                yield "thinking", "".join([*item.batches, *item.parts])
+            elif kind is _Tool:
+                yield "tool", item
+            else:
+                yield "block", item.build() if kind is _Fixed else item
+
     def snapshot(self) -> Response:
         """The answer so far (open tool calls included with what arrived of their arguments)."""
-        blocks = self._blocks()
+        blocks = self.blocks()
         return Response(
             content=blocks,
             tool_calls=[b for b in blocks if isinstance(b, ToolUseBlock)],
@@ -383,12 +449,59 @@ def _attach_partial(exc: BaseException, acc: Accumulator) -> None:
             pass
 
 
+class _Logged:
+    """Deltas passed on as they are, each appended (a reference) to ``log``."""
+
+    __slots__ = ("deltas", "log")
+
+    def __init__(self, deltas: Iterator[StreamDelta], log: list[StreamDelta]) -> None:
+        self.deltas = deltas
+        self.log = log
+
+    def __iter__(self) -> _Logged:
+        return self
+
+    def __next__(self) -> StreamDelta:
+        delta = next(self.deltas)
+        self.log.append(delta)
+        return delta
+
+    def close(self) -> None:
+        close = getattr(self.deltas, "close", None)
+        if close is not None:
+            close()
+
+
+class _ALogged:
+    """The async twin of :class:`_Logged`."""
+
+    __slots__ = ("deltas", "log")
+
+    def __init__(self, deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]) -> None:
+        self.deltas = deltas
+        self.log = log
+
+    def __aiter__(self) -> _ALogged:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        delta = await self.deltas.__anext__()
+        self.log.append(delta)
+        return delta
+
+    async def aclose(self) -> None:
+        aclose = getattr(self.deltas, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 class _DeltaStream:
     """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the accumulator,
     the final response or the error that ended the stream, and the ``on_close`` callback."""
 
     def __init__(self, accumulator: Accumulator, on_close: Callable[[], None] | None) -> None:
         self._acc = accumulator
+        self._log: list[StreamDelta] | None = None
         self._response: Response | None = None
         self._error: BaseException | None = None
         self._on_close = on_close
@@ -398,6 +511,25 @@ class _DeltaStream:
     def partial(self) -> Response:
         """What has arrived so far (the final response once finished)."""
         return self._response if self._response is not None else self._acc.snapshot()
+
+    @property
+    def events(self) -> list[StreamDelta]:
+        """The stream's event log: deltas that rebuild what arrived so far, in order.
+
+        After :meth:`keep_events`, exactly the deltas the stream yielded (references to them, as
+        they passed). Otherwise the log is the accumulator itself, which keeps the answer's text
+        compactly (memory stays flat however many deltas stream) and gives it back as one delta
+        per block (:meth:`Response.deltas <dispatch_nb.types.Response.deltas>` of
+        :attr:`partial`). Either way :meth:`Accumulator.feed` rebuilds the same text, thinking
+        and tool calls from it."""
+        if self._log is not None:
+            return list(self._log)
+        return self.partial.deltas()
+
+    def _logging(self) -> list[StreamDelta]:
+        log: list[StreamDelta] = []
+        self._log = log
+        return log
 
     @property
     def partial_parsed(self) -> Any:
@@ -459,6 +591,14 @@ class ResponseStream(_DeltaStream):
             self._failed(exc)
             self.close()
             raise
+
+    def keep_events(self) -> ResponseStream:
+        """Keep every delta this stream yields from now on in :attr:`events` (call it before
+        iterating); returns the stream. Costs a reference per delta and keeps the deltas alive,
+        so it is off unless asked for."""
+        if self._log is None:
+            self._deltas = _Logged(self._deltas, self._logging())
+        return self
 
     def until_done(self) -> Response:
         """Consume what is left and return the final response."""
@@ -539,6 +679,13 @@ class AsyncResponseStream(_DeltaStream):
             self._failed(exc)
             await self.aclose()
             raise
+
+    def keep_events(self) -> AsyncResponseStream:
+        """Keep every delta this stream yields from now on in :attr:`events` (call it before
+        iterating); returns the stream. See :meth:`ResponseStream.keep_events`."""
+        if self._log is None:
+            self._deltas = _ALogged(self._deltas, self._logging())
+        return self
 
     async def until_done(self) -> Response:
         """Consume what is left and return the final response."""

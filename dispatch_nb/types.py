@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
@@ -292,6 +293,42 @@ class Response(_Model):
     def to_message(self) -> Message:
         """The assistant turn to append to history: every block verbatim, signatures included."""
         return Message(role="assistant", content=[b.model_copy() for b in self.content])
+
+    # The event pipeline (docs/sessions.md, "Events"): an answer back into the events that make it.
+    def deltas(self) -> list[StreamDelta]:
+        """The deltas a stream of this answer yields, block by block: one ``text_delta`` per
+        non-empty text block, one ``thinking_delta`` per non-empty thinking block, and
+        ``tool_use_start`` / ``tool_use_delta`` (the arguments as JSON, or the raw text a model
+        wrote when it is not valid) / ``tool_use_end`` per tool call. What a replayed or a
+        non-streamed call shows while it "streams"; :meth:`Accumulator.feed
+        <dispatch_nb.stream.Accumulator.feed>` turns them back into blocks."""
+        out: list[StreamDelta] = []
+        for block in self.content:
+            if isinstance(block, TextBlock):
+                if block.text:
+                    out.append(StreamDelta(type="text_delta", text=block.text))
+            elif isinstance(block, ThinkingBlock):
+                if block.thinking:
+                    out.append(StreamDelta(type="thinking_delta", text=block.thinking))
+            elif isinstance(block, ToolUseBlock):
+                out.append(StreamDelta(type="tool_use_start", tool_call_id=block.id,
+                                       tool_name=block.name))
+                raw = (block.raw_arguments if block.arguments_error
+                       else json.dumps(block.arguments))
+                if raw:
+                    out.append(StreamDelta(type="tool_use_delta", tool_call_id=block.id,
+                                           tool_name=block.name, argument_delta=raw))
+                out.append(StreamDelta(type="tool_use_end", tool_call_id=block.id,
+                                       tool_name=block.name, arguments=block.arguments))
+        return out
+
+    def events(self) -> list[StreamDelta | MessageDoneEvent]:
+        """This answer as the events of one model round, as a session stream yields them: its
+        :meth:`deltas`, then the ``MessageDoneEvent`` that carries the whole answer (usage, stop
+        reason, provider data, signatures...). Feeding them to a
+        :class:`~dispatch_nb.turn.TurnAccumulator` gives back a response equal (``==``) to
+        this one."""
+        return [*self.deltas(), MessageDoneEvent(response=self)]
 
     # Rich display (IPython calls these; nothing here imports IPython).
     def __str__(self) -> str:

@@ -240,26 +240,9 @@ def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
 
 
 def response_events(response: Response) -> list[StreamDelta]:
-    """The deltas a streamed call would have produced for ``response`` (for ``--no-stream``)."""
-    events: list[StreamDelta] = []
-    for block in response.content:
-        if block.type == "text":
-            events.append(StreamDelta(type="text_delta", text=block.text))
-        elif block.type == "thinking":
-            events.append(StreamDelta(type="thinking_delta", text=block.thinking))
-        elif block.type == "tool_use":
-            events.append(
-                StreamDelta(type="tool_use_start", tool_call_id=block.id, tool_name=block.name)
-            )
-            events.append(
-                StreamDelta(
-                    type="tool_use_end",
-                    tool_call_id=block.id,
-                    tool_name=block.name,
-                    arguments=block.arguments,
-                )
-            )
-    return events
+    """The deltas a streamed call would have produced for ``response`` (for ``--no-stream``):
+    :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`."""
+    return response.deltas()
 
 
 def exchange_events(produced: list[Message], last: Response, total: Usage) -> list[Any]:
@@ -285,8 +268,7 @@ def exchange_events(produced: list[Message], last: Response, total: Usage) -> li
             for block in blocks:
                 if isinstance(block, ToolUseBlock):
                     names[block.id] = block.name
-            events.extend(response_events(reply))
-            events.append(MessageDoneEvent(response=reply))
+            events.extend(reply.events())
         else:
             for block in blocks:
                 if isinstance(block, ToolResultBlock):

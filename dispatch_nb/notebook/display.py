@@ -2,7 +2,9 @@
 
 * :class:`Transcript` assembles the streamed events of one model (text, thinking, tool calls and
   their results, usage over every tool round) — the same events the live view shows, so what the
-  final output says is exactly what streamed, partial answers included.
+  final output says is exactly what streamed, partial answers included. It is the library's
+  turn-level accumulator (:class:`~dispatch_nb.turn.TurnAccumulator`) plus the cell's own facts;
+  its footer comes from the one footer renderer (:func:`dispatch_nb.render.footer_line`).
 * :func:`final_output` turns it into ONE static output for the requested format (``markdown``,
   ``text``, ``code``, ``json``): ``text/markdown`` + ``text/plain`` with a small footer (model,
   tokens, latency, stop reason), and the same facts in the output's metadata under
@@ -17,11 +19,13 @@ from __future__ import annotations
 import html
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..turn import ToolRun, TurnAccumulator
+
 if TYPE_CHECKING:
-    from ..types import Response, Usage
+    from ..types import Response
 
 __all__ = [
     "ChatError",
@@ -46,169 +50,65 @@ _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
 # Transcript
 
 
-@dataclass
-class ToolPart:
-    """A tool call the model made and, once it ran, its result."""
-
-    id: str
-    name: str
-    raw_arguments: list[str] = field(default_factory=list)
-    arguments: dict[str, Any] | None = None
-    result: str | None = None
-    is_error: bool = False
-    duration: float | None = None
-    #: True when Ctrl-C stopped the cell while this tool still ran (its result is dropped)
-    abandoned: bool = False
-
-    @property
-    def arguments_text(self) -> str:
-        """The arguments as compact JSON (or the raw fragments while they stream)."""
-        if self.arguments is not None:
-            return json.dumps(self.arguments, ensure_ascii=False)
-        return "".join(self.raw_arguments)
+#: a tool call and, once it ran, its result (the turn accumulator's record of it)
+ToolPart = ToolRun
 
 
-@dataclass
-class _TextPart:
-    kind: str  # "text" | "thinking"
-    pieces: list[str] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-
-class Transcript:
-    """Everything one model produced for a cell, in order, built from stream events."""
+class Transcript(TurnAccumulator):
+    """Everything one model produced for a cell, in order, built from stream events: the
+    library's :class:`~dispatch_nb.turn.TurnAccumulator` plus what a cell shows besides the
+    answer (retries, logged warnings, whether it was replayed) and its renderings."""
 
     def __init__(self, spec: str = "") -> None:
+        super().__init__()
         self.spec = spec
-        self.parts: list[_TextPart | ToolPart] = []
-        self.model = ""
-        self.stop_reason: str | None = None
-        self.usage: Usage | None = None
-        self.rounds = 0
         #: True when every model call was answered from the response cache (no latency to show)
         self.replayed = False
-        #: True once any answer text arrived (cheap to ask on every repaint)
-        self.has_text = False
         #: why each retry happened (``"rate limited, HTTP 429"``), in order
         self.retries: list[str] = []
         #: other warnings the library logged while this answer streamed
         self.log_notes: list[str] = []
-        self._tools: dict[str, ToolPart] = {}
 
     # -- feeding ---------------------------------------------------------------------------------
     def feed(self, event: Any) -> None:
-        """Record one ``StreamDelta`` / ``ToolResultEvent`` / ``MessageDoneEvent``."""
+        """Record one ``StreamDelta`` / ``ToolResultEvent`` / ``MessageDoneEvent``, or one of the
+        cell's own ``retry`` / ``note`` events."""
         kind = getattr(event, "type", None)
-        if kind == "text_delta" or kind == "thinking_delta":
-            name = "text" if kind == "text_delta" else "thinking"
-            if name == "text" and event.text:
-                self.has_text = True
-            last = self.parts[-1] if self.parts else None
-            if isinstance(last, _TextPart) and last.kind == name:
-                last.pieces.append(event.text or "")
-            else:
-                self.parts.append(_TextPart(name, [event.text or ""]))
-        elif kind == "tool_use_start":
-            part = ToolPart(id=event.tool_call_id or "", name=event.tool_name or "?")
-            self._tools[part.id] = part
-            self.parts.append(part)
-        elif kind == "tool_use_delta":
-            tool = self._tools.get(event.tool_call_id or "")
-            if tool is not None and event.argument_delta:
-                tool.raw_arguments.append(event.argument_delta)
-        elif kind == "tool_use_end":
-            tool = self._tools.get(event.tool_call_id or "")
-            if tool is not None:
-                tool.arguments = event.arguments if event.arguments is not None else {}
-        elif kind == "tool_result":
-            result = event.result
-            tool = self._tools.get(result.tool_use_id)
-            if tool is not None:
-                tool.result = result.text
-                tool.is_error = result.is_error
-                tool.duration = event.duration
-        elif kind == "message_done":
-            self.add_response(event.response)
-        elif kind == "retry":
+        if kind == "retry":
             self.retries.append(event.reason)
-        elif kind == "note" and event.message not in self.log_notes:
-            self.log_notes.append(event.message)
-
-    def abandon_tools(self) -> list[ToolPart]:
-        """Mark the tools that were still running as abandoned (Ctrl-C); returns them."""
-        running = [t for t in self.tools if t.arguments is not None and t.result is None]
-        for tool in running:
-            tool.abandoned = True
-        return running
+        elif kind == "note":
+            if event.message not in self.log_notes:
+                self.log_notes.append(event.message)
+        else:
+            super().feed(event)
 
     def add_response(self, response: Response) -> None:
         """Count one finished model round (usage adds up over tool rounds)."""
-        self.rounds += 1
-        self.usage = response.usage if self.usage is None else self.usage + response.usage
-        self.model = response.model or self.model
-        self.stop_reason = response.stop_reason
-
-    def finish(self, response: Response | None) -> None:
-        """Take usage/model/stop from the final ``Response`` unless rounds already supplied them."""
-        if response is not None and self.rounds == 0:
-            self.add_response(response)
+        self.add_round(response)
 
     # -- reading ---------------------------------------------------------------------------------
-    @property
-    def text(self) -> str:
-        """The answer's text (every round), without thinking or tool lines."""
-        return "".join(p.text for p in self.parts if isinstance(p, _TextPart) and p.kind == "text")
-
-    @property
-    def thinking(self) -> str:
-        """The visible reasoning, joined."""
-        return "".join(
-            p.text for p in self.parts if isinstance(p, _TextPart) and p.kind == "thinking"
-        )
-
-    @property
-    def tools(self) -> list[ToolPart]:
-        """The tool calls, in order."""
-        return [p for p in self.parts if isinstance(p, ToolPart)]
-
     def footer(self, latency: float | None, *, note: str | None = None) -> str:
         """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``); a replayed answer
-        says ``replayed`` instead of a latency."""
-        parts: list[str] = []
-        model = self.model or self.spec
-        if model:
-            parts.append(model)
-        if self.usage is not None and self.usage.total_tokens:
-            u = self.usage
-            tokens = f"{u.input_tokens:,} in / {u.output_tokens:,} out tokens"
-            if u.cache_read_tokens:
-                tokens += f" ({u.cache_read_tokens:,} cached)"
-            parts.append(tokens)
-        if self.replayed:
-            parts.append("replayed")
-        elif latency is not None:
-            parts.append(f"{latency:.1f} s")
-        if self.rounds > 1:
-            parts.append(f"{self.rounds} rounds")
-        if self.stop_reason and self.stop_reason != "end_turn":
-            parts.append(f"stop: {self.stop_reason}")
-        if self.retries:
-            reasons = list(dict.fromkeys(self.retries))
-            count = len(self.retries)
-            parts.append(f"retried {count}× ({', '.join(reasons)})" if count > 1
-                         else f"retried once ({reasons[0]})")
-        if note:
-            parts.append(note)
-        return " · ".join(parts)
+        says ``replayed`` instead of a latency. The same renderer as a ``Response``'s footer
+        (:func:`dispatch_nb.render.footer_line`)."""
+        from ..render import footer_line
+
+        return footer_line(
+            model=self.model or self.spec,
+            usage=self.usage,
+            latency=latency,
+            replayed=self.replayed,
+            rounds=len(self.rounds),
+            stop_reason=self.stop_reason,
+            retries=self.retries,
+            notes=[note] if note else (),
+        )
 
     def markdown(self) -> str:
         """The transcript as Markdown: thinking collapsed, text, tool calls with their results."""
         out: list[str] = []
-        for part in self.parts:
-            if isinstance(part, ToolPart):
+        for part in self.parts():
+            if isinstance(part, ToolRun):
                 out.append(tool_markdown(part).strip("\n"))
             elif part.kind == "thinking":
                 body = part.text.strip()
@@ -222,18 +122,11 @@ class Transcript:
                 out.append(part.text.strip("\n"))
         return "\n\n".join(s for s in out if s) or "*(no text)*"
 
-    @property
-    def empty(self) -> bool:
-        """True when nothing at all arrived (no text, thinking or tool call)."""
-        return not any(
-            isinstance(p, ToolPart) or p.text.strip() for p in self.parts
-        )
-
     def plain(self) -> str:
         """The transcript as plain text (tool calls as one line each)."""
         out: list[str] = []
-        for part in self.parts:
-            if isinstance(part, ToolPart):
+        for part in self.parts():
+            if isinstance(part, ToolRun):
                 out.append(f"\n[tool] {tool_line(part)}\n")
             elif part.kind == "text":
                 out.append(part.text)
@@ -254,7 +147,7 @@ class Transcript:
             },
             "latency_s": None if latency is None else round(latency, 3),
             "time_to_first_token_s": None if ttft is None else round(ttft, 3),
-            "rounds": self.rounds,
+            "rounds": len(self.rounds),
             "tool_calls": [t.name for t in self.tools],
         }
         if self.replayed:

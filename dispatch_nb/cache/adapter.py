@@ -1,0 +1,329 @@
+"""The adapter wrapper: :class:`CachedAdapter` answers from a :class:`~dispatch_nb.cache.ResponseCache`.
+
+A recorded answer is replayed as a stream: its recorded deltas are fed, as they are yielded, to
+the stream's :class:`~dispatch_nb.stream.Accumulator` (:meth:`~dispatch_nb.stream.Accumulator.feed`,
+the same path every delta from elsewhere takes), so ``partial`` is what was replayed so far, and
+the stream ends in the recorded ``Response`` itself (``==`` the recorded one, provider data and
+signatures included). A call the model answers is passed through and recorded: its deltas with
+their times, or, for an unstreamed call, :meth:`Response.deltas
+<dispatch_nb.types.Response.deltas>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any, Literal
+
+from ..adapter import Adapter, ChatRequest, ValidationResult
+from ..cancel import CancelToken
+from ..stream import Accumulator, AsyncResponseStream, ResponseStream
+from ..types import ModelInfo, Response, StreamDelta
+from .keys import _adapter_secrets, cache_key
+from .store import CacheMissError, ResponseCache, _entry_deltas, _last_user_text, _preview
+
+__all__ = ["CachedAdapter", "deltas_for"]
+
+log = logging.getLogger("dispatch_nb")
+
+
+def deltas_for(response: Response) -> list[StreamDelta]:
+    """The deltas a stream of ``response`` would have produced (for answers recorded
+    unstreamed): :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`."""
+    return response.deltas()
+
+
+class _Replayed(Accumulator):
+    """A replay's accumulator: fed the recorded deltas as they are replayed (``partial``), it
+    finishes with the recorded response itself."""
+
+    def __init__(self, final: Response) -> None:
+        super().__init__(final.model)
+        self._final = final
+
+    def finish(self) -> Response:
+        return self._final.model_copy(deep=True)
+
+
+class _Mirror(Accumulator):
+    """The accumulator of a stream that passes another stream's deltas on (while recording
+    them): its answer is that stream's, nothing is accumulated twice."""
+
+    def __init__(self, inner: ResponseStream | AsyncResponseStream) -> None:
+        super().__init__("")
+        self._inner = inner
+
+    def snapshot(self) -> Response:
+        return self._inner.partial
+
+    def finish(self) -> Response:
+        return self._inner.response
+
+
+class CachedAdapter(Adapter):
+    """``adapter`` behind a :class:`ResponseCache`: ``chat``/``stream``/``achat``/``astream``
+    replay, record or pass through according to the cache's mode, with the usual stream
+    semantics (deltas, ``.response``, ``partial``, ``close()``, ``timeout``, ``cancel``).
+
+    ``cache`` is a :class:`ResponseCache` or a path; without one, a cache is made from ``path``,
+    ``mode`` and ``pace``. ``label`` (e.g. ``"cell 3"``) is stored with recorded answers and
+    named by :class:`CacheMissError`; :meth:`with_label` gives a labelled twin. ``replayed_calls``
+    and ``model_calls`` count the calls this instance answered from the cache and from the model
+    (a :meth:`with_label` twin starts at zero), so a caller can tell a replayed answer from a
+    fresh one. Everything else
+    (identity, ``list_models``, ``count_tokens``, ``validate``, attributes) is the wrapped
+    adapter's.
+    """
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        cache: ResponseCache | str | os.PathLike[str] | None = None,
+        *,
+        mode: str | None = None,
+        path: str | os.PathLike[str] | None = None,
+        pace: Literal["instant", "recorded"] = "instant",
+        label: str | None = None,
+    ) -> None:
+        super().__init__(max_tokens=adapter.default_max_tokens, timeout=adapter.default_timeout,
+                         max_retries=adapter.max_retries)
+        if isinstance(cache, ResponseCache):
+            if mode is not None or path is not None:
+                raise ValueError("pass mode and path to the ResponseCache, not to CachedAdapter")
+            self.cache = cache
+        else:
+            if cache is not None and path is not None:
+                raise ValueError("give the cache file once: as cache or as path")
+            self.cache = ResponseCache(cache if cache is not None else path, mode, pace=pace)
+        #: the adapter that answers when the cache does not
+        self.inner = adapter
+        #: names recorded answers and cache misses (e.g. "cell 3")
+        self.label = label
+        self.provider_options = adapter.provider_options
+        self.backend_mode = adapter.backend_mode
+        #: calls this instance answered from the cache (replayed, nothing sent)
+        self.replayed_calls = 0
+        #: calls this instance passed to the wrapped adapter (the model answered)
+        self.model_calls = 0
+
+    def with_label(self, label: str | None) -> CachedAdapter:
+        """The same adapter and cache, with another label."""
+        return CachedAdapter(self.inner, self.cache, label=label)
+
+    # -- identity: the wrapped adapter's ---------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self.inner.model_name
+
+    @property
+    def provider_name(self) -> str:
+        return self.inner.provider_name
+
+    @property
+    def display_name(self) -> str:
+        return self.inner.display_name
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        return self.inner.max_context_tokens
+
+    def list_models(self) -> list[ModelInfo]:
+        return self.inner.list_models()
+
+    async def alist_models(self) -> list[ModelInfo]:
+        return await self.inner.alist_models()
+
+    def count_tokens(self, messages: Any, system: str | None = None,
+                     tools: Iterable[Any] | None = None) -> int:
+        return self.inner.count_tokens(messages, system=system, tools=tools)
+
+    def validate(self) -> ValidationResult:
+        return self.inner.validate()
+
+    def output_mode(self, request: ChatRequest) -> str | None:
+        return self.inner.output_mode(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    def __repr__(self) -> str:
+        return f"CachedAdapter({self.inner!r}, {self.cache!r}, label={self.label!r})"
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def _lookup(self, request: ChatRequest) -> tuple[str, dict[str, Any] | None]:
+        key = cache_key(self.inner.provider_name, self.inner.model_name, request)
+        entry = self.cache.get(key) if self.cache.reads else None
+        if entry is None and self.cache.mode == "replay":
+            raise self._miss(key, request)
+        return key, entry
+
+    def _miss(self, key: str, request: ChatRequest) -> CacheMissError:
+        what = self.label or "this prompt"
+        preview = _preview(_last_user_text(request))
+        short = preview if len(preview) <= 60 else preview[:59] + "…"
+        return CacheMissError(
+            f"no recorded answer for {what} ({short!r}, {self.inner.provider_name}:"
+            f"{self.inner.model_name}) in {self.cache.path}; the cache is in replay mode and "
+            "sends nothing to the model. Record it once with --cache record "
+            "(or DISPATCH_NB_CACHE=record), or use --cache read-write to record only what is "
+            "missing. (A changed prompt, model, system prompt or option is a different request.)",
+            provider=self.inner.provider_name, key=key, label=self.label, path=self.cache.path,
+        )
+
+    def _store(self, key: str, request: ChatRequest, deltas: list[tuple[float, StreamDelta]],
+               response: Response, streamed: bool) -> None:
+        if not self.cache.writes:
+            return
+        try:
+            self.cache.record(
+                key, provider=self.inner.provider_name, model=self.inner.model_name,
+                request=request, deltas=deltas, response=response, streamed=streamed,
+                label=self.label, secrets=_adapter_secrets(self.inner),
+            )
+        except OSError as exc:
+            log.warning("could not record the answer in %s: %s", self.cache.path, exc)
+
+    # -- the seams of Adapter: normalization is the wrapped adapter's, a call is a cache lookup ---
+    def _request(self, messages: Any, *, system: str | None, tools: Iterable[Any] | None,
+                 stream: bool, max_tokens: int | None, temperature: float | None,
+                 options: dict[str, Any]) -> ChatRequest:
+        return self.inner._request(
+            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
+            temperature=temperature, options=options,
+        )
+
+    def _open(self, request: ChatRequest, timeout: float | None,
+              cancel: CancelToken | None) -> ResponseStream:
+        """The answer as a stream: replayed, or from the model (recorded when the mode writes)."""
+        if self.cache.mode == "off":
+            self.model_calls += 1
+            return self.inner._open(request, timeout, cancel)
+        key, entry = self._lookup(request)
+        if entry is not None:
+            self.replayed_calls += 1
+            return self._replay(entry, request.stream, timeout, cancel)
+        self.model_calls += 1
+        return self._recording(key, request, self.inner._open(request, timeout, cancel))
+
+    def _aopen(self, request: ChatRequest, timeout: float | None,
+               cancel: CancelToken | None) -> AsyncResponseStream:
+        """The async twin of :meth:`_open`."""
+        if self.cache.mode == "off":
+            self.model_calls += 1
+            return self.inner._aopen(request, timeout, cancel)
+        key, entry = self._lookup(request)
+        if entry is not None:
+            self.replayed_calls += 1
+            return self._areplay(entry, request.stream, timeout, cancel)
+        self.model_calls += 1
+        return self._arecording(key, request, self.inner._aopen(request, timeout, cancel))
+
+    # -- replaying and recording ----------------------------------------------------------------
+    @staticmethod
+    def _replay_parts(entry: dict[str, Any]) -> tuple[list[tuple[float, StreamDelta]], _Replayed]:
+        """The recorded deltas and the replay's accumulator (fed each delta as it is replayed,
+        ending in the recorded response)."""
+        return _entry_deltas(entry), _Replayed(Response.model_validate(entry["response"]))
+
+    def _replay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
+                cancel: CancelToken | None) -> ResponseStream:
+        """Replay ``entry``; an unstreamed call takes as long but yields no deltas."""
+        deltas, acc = self._replay_parts(entry)
+        control = self.inner._control(timeout, cancel)
+        paced = self.cache.pace == "recorded"
+
+        def run() -> Iterator[StreamDelta]:
+            control.start()
+            began = time.monotonic()
+            try:
+                for t, delta in deltas:
+                    if paced:
+                        wait = t - (time.monotonic() - began)
+                        if wait > 0:
+                            control.sleep(wait)
+                    control.check()
+                    acc.feed(delta)
+                    if streamed:
+                        yield delta
+                control.check()
+            finally:
+                control.stop()
+
+        return ResponseStream(run(), acc)
+
+    def _areplay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
+                 cancel: CancelToken | None) -> AsyncResponseStream:
+        """The async twin of :meth:`_replay`."""
+        deltas, acc = self._replay_parts(entry)
+        control = self.inner._control(timeout, cancel)
+        paced = self.cache.pace == "recorded"
+
+        async def run() -> AsyncIterator[StreamDelta]:
+            control.start_async(asyncio.get_running_loop())
+            began = time.monotonic()
+            try:
+                for t, delta in deltas:
+                    if paced:
+                        wait = t - (time.monotonic() - began)
+                        if wait > 0:
+                            await control.asleep(wait)
+                    control.check()
+                    acc.feed(delta)
+                    if streamed:
+                        yield delta
+                control.check()
+            finally:
+                control.stop()
+
+        return AsyncResponseStream(run(), acc)
+
+    def _store_answer(self, key: str, request: ChatRequest, began: float,
+                      seen: list[tuple[float, StreamDelta]], response: Response) -> None:
+        """Record a finished call: its deltas as they streamed, or for an unstreamed call the
+        deltas the response would have streamed, all at the time it arrived."""
+        if not request.stream:
+            elapsed = time.monotonic() - began
+            seen = [(elapsed, d) for d in response.deltas()]
+        self._store(key, request, seen, response, streamed=request.stream)
+
+    def _recording(self, key: str, request: ChatRequest, inner: ResponseStream) -> ResponseStream:
+        began = time.monotonic()
+        seen: list[tuple[float, StreamDelta]] = []
+
+        def run() -> Iterator[StreamDelta]:
+            try:
+                for delta in inner:
+                    seen.append((time.monotonic() - began, delta))
+                    yield delta
+                response = inner.response
+            finally:
+                inner.close()
+            self._store_answer(key, request, began, seen, response)
+
+        return ResponseStream(run(), _Mirror(inner))
+
+    def _arecording(self, key: str, request: ChatRequest,
+                    inner: AsyncResponseStream) -> AsyncResponseStream:
+        began = time.monotonic()
+        seen: list[tuple[float, StreamDelta]] = []
+
+        async def run() -> AsyncIterator[StreamDelta]:
+            try:
+                async for delta in inner:
+                    seen.append((time.monotonic() - began, delta))
+                    yield delta
+                response = inner.response
+            finally:
+                await inner.aclose()
+            self._store_answer(key, request, began, seen, response)
+
+        return AsyncResponseStream(run(), _Mirror(inner))

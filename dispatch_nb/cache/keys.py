@@ -1,0 +1,160 @@
+"""Cache keys and secret scrubbing: what identifies a request, and what is never written.
+
+:func:`cache_key` is the SHA-256 of a canonical JSON of everything that shapes an answer (see
+:mod:`dispatch_nb.cache`); :func:`scrub_secrets` replaces API keys and tokens in anything about
+to be stored. Used by the JSONL store (:mod:`dispatch_nb.cache.store`), by batch checkpoints and
+by :class:`~dispatch_nb.cache.CachedAdapter`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from ..adapter import ChatRequest
+from ..types import ToolDefinition
+
+__all__ = ["FORMAT_VERSION", "REDACTED", "cache_key", "scrub_secrets", "secret_env_names"]
+
+#: the version of the cache's key material and file lines
+FORMAT_VERSION = 1
+REDACTED = "[REDACTED]"
+#: options that do not change the answer (and may hold secrets): left out of the key
+_KEY_IGNORED_OPTIONS = frozenset({"max_retries", "extra_headers"})
+
+
+# -- keys -----------------------------------------------------------------------------------------
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"),
+                      allow_nan=False)
+
+
+def _key_material(provider: str, model: str, request: ChatRequest) -> dict[str, Any]:
+    messages = [
+        {
+            "role": m.role,
+            "content": [b.model_dump(mode="json", exclude_none=True) for b in m.blocks],
+        }
+        for m in request.messages
+    ]
+    tools = [
+        t.model_dump(mode="json") if isinstance(t, ToolDefinition) else t for t in request.tools
+    ]
+    options = {k: v for k, v in request.options.items() if k not in _KEY_IGNORED_OPTIONS}
+    material = {
+        "v": FORMAT_VERSION,
+        "provider": provider,
+        "model": model,
+        "system": request.system,
+        "tools": tools,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "options": options,
+        "messages": messages,
+    }
+    if request.output is not None:  # structured output (absent otherwise: older keys unchanged)
+        material["output"] = request.output.key_material()
+    return material
+
+
+def cache_key(provider: str, model: str, request: ChatRequest) -> str:
+    """The hex SHA-256 key of a request: the same on every run, machine and Python version.
+
+    A ``str`` message and a message holding one equal ``TextBlock`` have the same key.
+    """
+    material = _canonical(_key_material(provider, model, request))
+    return hashlib.sha256(material.encode("ascii")).hexdigest()
+
+
+# -- secrets --------------------------------------------------------------------------------------
+_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # "Bearer <credential>": the credential has a digit, so prose ("bearer bonds") is left alone
+    (re.compile(r"(?i)\b(bearer)(\s+)(?=[A-Za-z0-9._~+/=\-]*[0-9])[A-Za-z0-9._~+/=\-]{8,}"),
+     rf"\1\2{REDACTED}"),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), REDACTED),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), REDACTED),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
+    (re.compile(r"\btid=[0-9a-f]{8,};[^\s\"']*"), REDACTED),  # Copilot session tokens
+)
+#: environment variables always scrubbed, whatever is registered; every registered provider's
+#: ``key_env`` and ``secret_env`` (its :class:`~dispatch_nb.registry.ProviderDescriptor`) too
+_SECRET_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN",
+               "GH_TOKEN", "COPILOT_API_KEY")
+
+
+def secret_env_names() -> list[str]:
+    """The environment variables whose values a cache never writes."""
+    from ..registry import list_descriptors
+
+    names = dict.fromkeys(_SECRET_ENV)
+    for descriptor in list_descriptors():
+        names.update(dict.fromkeys(descriptor.secret_env_names))
+    return list(names)
+_SECRET_ATTR = re.compile(r"(?i)(api_?key|token|secret|password|authorization)")
+_MIN_SECRET = 8
+
+
+#: fields holding opaque provider data (signatures, encrypted reasoning): a base64 blob can contain
+#: "-sk-…" by chance, so only exact known secret values are replaced there, never patterns
+_OPAQUE_KEYS = frozenset({"signature", "encrypted_content", "data", "provider_data",
+                          "reasoning_opaque"})
+
+
+def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """``value`` (str, list, dict, nested) with every secret-looking string and every value in
+    ``secrets`` replaced by ``[REDACTED]``. Dict keys are scrubbed too. Inside opaque fields
+    (signatures, encrypted reasoning, ``provider_data``) only the exact ``secrets`` are replaced,
+    so a replayed signature stays byte-for-byte what the provider issued."""
+    known = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET}, key=len, reverse=True)
+
+    def text(s: str, opaque: bool) -> str:
+        for secret in known:
+            if secret in s:
+                s = s.replace(secret, REDACTED)
+        if not opaque:
+            for pattern, replacement in _SECRET_PATTERNS:
+                s = pattern.sub(replacement, s)
+        return s
+
+    def walk(v: Any, opaque: bool) -> Any:
+        if isinstance(v, str):
+            return text(v, opaque)
+        if isinstance(v, dict):
+            return {
+                (text(k, opaque) if isinstance(k, str) else k):
+                    walk(x, opaque or (isinstance(k, str) and k in _OPAQUE_KEYS))
+                for k, x in v.items()
+            }
+        if isinstance(v, (list, tuple)):
+            return [walk(x, opaque) for x in v]
+        return v
+
+    return walk(value, False)
+
+
+def _adapter_secrets(adapter: Any, depth: int = 2) -> set[str]:
+    """String attributes named like keys/tokens on the adapter (and objects it holds)."""
+    found: set[str] = set()
+    seen: set[int] = set()
+
+    def visit(obj: Any, level: int) -> None:
+        if id(obj) in seen or level < 0:
+            return
+        seen.add(id(obj))
+        try:
+            attrs = vars(obj)
+        except TypeError:
+            return
+        for name, value in attrs.items():
+            if isinstance(value, str):
+                if _SECRET_ATTR.search(name) and len(value) >= _MIN_SECRET:
+                    found.add(value)
+            elif type(value).__module__.startswith("dispatch_nb"):
+                visit(value, level - 1)
+
+    visit(adapter, depth)
+    return found
+

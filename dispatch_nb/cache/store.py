@@ -1,0 +1,373 @@
+"""The cache file: one JSON-lines file of recorded answers, and the mode it is used in.
+
+:class:`ResponseCache` reads, appends and rewrites the file (see :mod:`dispatch_nb.cache` for
+its format, locking and modes); :func:`resolve_cache_mode` and :func:`default_cache_path` say
+how and where; :class:`CacheMissError` is what replay mode raises for an answer never recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from ..adapter import ChatRequest
+from ..errors import RequestError
+from ..types import Response, StreamDelta
+from .keys import FORMAT_VERSION, scrub_secrets, secret_env_names
+
+try:  # POSIX; elsewhere the in-process lock alone guards writes
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "CACHE_MODES",
+    "CACHE_SUFFIX",
+    "CacheMissError",
+    "CacheMode",
+    "ResponseCache",
+    "default_cache_path",
+    "resolve_cache_mode",
+]
+
+log = logging.getLogger("dispatch_nb")
+
+CacheMode = Literal["off", "read-write", "replay", "record"]
+#: every mode, in the order the docs list them
+CACHE_MODES: tuple[str, ...] = ("off", "read-write", "replay", "record")
+#: the file-name suffix of a notebook's cache file
+CACHE_SUFFIX = ".dispatch-cache.jsonl"
+_PREVIEW_CHARS = 200
+
+
+class CacheMissError(RequestError):
+    """Replay mode found no recorded answer for this request. The message names the cell (its
+    ``label``) or the prompt, the cache file, and how to record it."""
+
+    default_code = "cache_miss"
+
+    def __init__(self, message: str, *, key: str = "", label: str | None = None,
+                 path: Path | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        #: the cache key that was looked up
+        self.key = key
+        #: the caller's label (e.g. "cell 3"), if any
+        self.label = label
+        #: the cache file
+        self.path = path
+
+
+# -- modes and paths ------------------------------------------------------------------------------
+def resolve_cache_mode(mode: str | None = None) -> CacheMode:
+    """``mode``, else ``$DISPATCH_NB_CACHE``, else ``off``; checked against :data:`CACHE_MODES`."""
+    value = (mode if mode is not None else os.environ.get("DISPATCH_NB_CACHE", "")).strip().lower()
+    value = value or "off"
+    if value not in CACHE_MODES:
+        source = "mode" if mode is not None else "DISPATCH_NB_CACHE"
+        raise ValueError(
+            f"{source}={value!r} is not a cache mode; use one of {', '.join(CACHE_MODES)}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def default_cache_path(env: dict[str, str] | None = None) -> Path:
+    """Where a notebook's answers are kept.
+
+    ``$DISPATCH_NB_CACHE_FILE``; else, when Jupyter tells the kernel its notebook
+    (``$JPY_SESSION_NAME``, set by jupyter-server 2), ``<notebook>.dispatch-cache.jsonl`` beside
+    it; else ``dispatch-cache.jsonl`` in the working directory. Notebooks that must find their file
+    wherever they run (nbval, nbclient, binder) should name it explicitly.
+    """
+    env = dict(os.environ) if env is None else env
+    explicit = env.get("DISPATCH_NB_CACHE_FILE", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    session = env.get("JPY_SESSION_NAME", "").strip()
+    if session.endswith(".ipynb"):
+        notebook = Path(session)
+        return notebook.with_name(notebook.stem + CACHE_SUFFIX)
+    return Path("dispatch-cache.jsonl")
+
+
+# -- the file -------------------------------------------------------------------------------------
+_path_locks: dict[str, threading.Lock] = {}
+_path_locks_guard = threading.Lock()
+
+
+def _lock_for(path: Path) -> threading.Lock:
+    key = str(path.resolve())
+    with _path_locks_guard:
+        lock = _path_locks.get(key)
+        if lock is None:
+            lock = _path_locks[key] = threading.Lock()
+        return lock
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace(
+        "+00:00", "Z"
+    )
+
+
+def _preview(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 1] + "…"
+
+
+def _last_user_text(request: ChatRequest) -> str:
+    for message in reversed(request.messages):
+        if message.role == "user":
+            text = message.text
+            if text:
+                return text
+            kinds = sorted({b.type for b in message.blocks})
+            return f"({', '.join(kinds)})"
+    return ""
+
+
+def _dump_json_line(entry: dict[str, Any]) -> bytes:
+    return (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+class ResponseCache:
+    """One JSON-lines file of recorded answers, and the mode it is used in.
+
+    ``path`` defaults to :func:`default_cache_path`; ``mode`` to ``$DISPATCH_NB_CACHE`` (else
+    ``off``); ``pace`` is how replays stream: ``"instant"`` or ``"recorded"`` (the deltas arrive
+    at the times they were recorded). ``secrets``: more values never to write.
+    Safe to share between threads; several processes may append to one file.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        mode: str | None = None,
+        *,
+        pace: Literal["instant", "recorded"] = "instant",
+        secrets: Iterable[str] = (),
+    ) -> None:
+        self.path = Path(path).expanduser() if path is not None else default_cache_path()
+        self.mode: CacheMode = resolve_cache_mode(mode)
+        if pace not in ("instant", "recorded"):
+            raise ValueError(f"pace must be 'instant' or 'recorded', not {pace!r}")
+        self.pace = pace
+        self._secrets = set(secrets)
+        self._lock = _lock_for(self.path)
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._stamp: tuple[int, int, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"ResponseCache(path={str(self.path)!r}, mode={self.mode!r}, pace={self.pace!r})"
+
+    # -- modes -----------------------------------------------------------------------------------
+    @property
+    def reads(self) -> bool:
+        """Whether recorded answers are replayed (``read-write`` and ``replay``)."""
+        return self.mode in ("read-write", "replay")
+
+    @property
+    def writes(self) -> bool:
+        """Whether new answers are recorded (``read-write`` and ``record``)."""
+        return self.mode in ("read-write", "record")
+
+    def add_secret(self, value: str) -> None:
+        """Never write ``value`` (e.g. a key this cache's adapters use)."""
+        self._secrets.add(value)
+
+    def secrets(self) -> set[str]:
+        """The values scrubbed besides the patterns: registered ones and the usual env vars."""
+        values = set(self._secrets)
+        for name in secret_env_names():
+            value = os.environ.get(name, "").strip()
+            if value:
+                values.add(value)
+        return values
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _refresh(self) -> None:
+        stamp = self._file_stamp()
+        if stamp == self._stamp:
+            return
+        entries: dict[str, dict[str, Any]] = {}
+        if stamp is not None:
+            with open(self.path, "rb") as fh:
+                for number, raw in enumerate(fh, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        entry = json.loads(raw)
+                        key = entry["key"]
+                        if not isinstance(key, str) or not isinstance(entry["response"], dict):
+                            raise TypeError("not an entry")
+                    except (ValueError, KeyError, TypeError):
+                        log.warning("%s line %d is not a cache entry; ignoring it", self.path,
+                                    number)
+                        continue
+                    entries[key] = entry  # the last line with a key wins
+        self._entries = entries
+        self._stamp = stamp
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every recorded entry, in file order (duplicates resolved: last wins)."""
+        with self._lock:
+            self._refresh()
+            return list(self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self.entries())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The recorded entry for ``key``, or None."""
+        with self._lock:
+            self._refresh()
+            return self._entries.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    # -- writing ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """The in-process lock plus an exclusive flock on the file's directory (other processes)."""
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if fcntl is None:
+                yield
+                return
+            # The lock is on the directory: the cache file itself is replaced by rewrites, and a
+            # lock file beside a notebook would clutter the repository.
+            try:
+                fd = os.open(self.path.parent, os.O_RDONLY)
+            except OSError:
+                yield
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+    def put(self, entry: dict[str, Any], *, secrets: Iterable[str] = ()) -> dict[str, Any]:
+        """Write one entry (scrubbed); a new key is appended, a known key's line is replaced in
+        place (the file is rewritten atomically). Returns what was written."""
+        clean: dict[str, Any] = scrub_secrets(entry, self.secrets() | set(secrets))
+        clean["key"] = entry["key"]
+        line = _dump_json_line(clean)
+        with self._file_lock():
+            self._stamp = None
+            self._refresh()
+            if clean["key"] in self._entries:
+                self._rewrite(replace=clean)
+            else:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, line)
+                finally:
+                    os.close(fd)
+            self._stamp = None
+        return clean
+
+    def _rewrite(self, replace: dict[str, Any] | None = None) -> None:
+        """Write the file again: one line per key (at its first position), atomically."""
+        ordered: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            with open(self.path, "rb") as fh:
+                for raw in fh:
+                    try:
+                        entry = json.loads(raw)
+                        key = entry["key"]
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                    ordered[key] = entry
+        if replace is not None:
+            ordered[replace["key"]] = replace
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp",
+                                   dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for entry in ordered.values():
+                    fh.write(_dump_json_line(entry))
+                fh.flush()
+                os.fsync(fh.fileno())
+            if self.path.exists():
+                os.chmod(tmp, self.path.stat().st_mode & 0o777)
+            else:
+                os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def compact(self) -> int:
+        """Drop duplicate and unreadable lines (a key keeps its first position and its last
+        content); returns how many entries remain."""
+        with self._file_lock():
+            if self.path.exists():
+                self._rewrite()
+            self._stamp = None
+            self._refresh()
+            return len(self._entries)
+
+    # -- entries ---------------------------------------------------------------------------------
+    def record(
+        self,
+        key: str,
+        *,
+        provider: str,
+        model: str,
+        request: ChatRequest,
+        deltas: list[tuple[float, StreamDelta]],
+        response: Response,
+        streamed: bool,
+        label: str | None = None,
+        secrets: Iterable[str] = (),
+    ) -> dict[str, Any]:
+        """Store one answer (see the module docstring for the line's fields)."""
+        entry: dict[str, Any] = {
+            "v": FORMAT_VERSION,
+            "key": key,
+            "provider": provider,
+            "model": model,
+            "created": _now(),
+            "label": label,
+            "request": {
+                "messages": len(request.messages),
+                "last_user": _preview(_last_user_text(request)),
+            },
+            "streamed": streamed,
+            "deltas": [
+                {"t": round(max(t, 0.0), 3), **d.model_dump(mode="json", exclude_none=True)}
+                for t, d in deltas
+            ],
+            "response": response.model_dump(mode="json", exclude_none=True),
+        }
+        if label is None:
+            del entry["label"]
+        return self.put(entry, secrets=secrets)
+
+
+def _entry_deltas(entry: dict[str, Any]) -> list[tuple[float, StreamDelta]]:
+    out: list[tuple[float, StreamDelta]] = []
+    for raw in entry.get("deltas") or ():
+        data = dict(raw)
+        t = float(data.pop("t", 0.0))
+        out.append((t, StreamDelta.model_validate(data)))
+    return out
+
