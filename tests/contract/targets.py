@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from dispatch_nb import ToolDefinition
 from dispatch_nb.adapter import Adapter
 
 from ..fakes.anthropic import AnthropicFake
@@ -37,18 +36,6 @@ class Target:
     extra_turns: Callable[[], list[tuple[str, Turn]]] = lambda: []
     #: the structured-output mechanism it must use (``test_structured.py``), when not listed there
     structured_mechanism: str | None = None
-
-
-#: the tool the contract tests ask every target to call
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-)
 
 
 def target_fixture(targets: list[Target]) -> Any:

@@ -29,8 +29,8 @@ from dispatch_nb import (
     ToolUseBlock,
 )
 
-from ..fakes.provider import Drop, Fail, ProviderFake, Stall, ToolCall, Turn
-from .targets import WEATHER, Target
+from ..fakes.provider import WEATHER, Drop, Fail, ProviderFake, Stall, ToolCall, Turn
+from .targets import Target
 
 
 @pytest.fixture(params=[None, "gzip"], ids=["plain", "gzip"])

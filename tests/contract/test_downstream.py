@@ -26,8 +26,8 @@ from dispatch_nb import (
 )
 from dispatch_nb.adapter import Adapter
 
-from ..fakes.provider import ProviderFake, ToolCall, Turn
-from .targets import TARGETS, WEATHER, Target, only
+from ..fakes.provider import WEATHER, ProviderFake, ToolCall, Turn
+from .targets import TARGETS, Target, only
 
 TEMPERATURES = {"Paris": "18 °C", "Oslo": "4 °C"}
 MODES = ["json", "stream", "async-stream"]

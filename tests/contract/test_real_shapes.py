@@ -29,9 +29,9 @@ from dispatch_nb import (
 )
 from dispatch_nb.adapter import Adapter
 
-from ..fakes.provider import ProviderFake, ToolCall, Turn
+from ..fakes.provider import WEATHER, ProviderFake, ToolCall, Turn
 from ..fakes.server import ENCODINGS
-from .targets import WEATHER, Target
+from .targets import Target
 
 CLOCK = ToolDefinition(name="get_time", description="The time now")
 TOOLS = [WEATHER, CLOCK]

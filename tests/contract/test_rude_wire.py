@@ -17,9 +17,9 @@ import pytest
 from dispatch_nb import Message, Response
 from dispatch_nb.adapter import Adapter
 
-from ..fakes.provider import ToolCall, Turn
+from ..fakes.provider import WEATHER, ToolCall, Turn
 from ..fakes.server import Rudeness
-from .targets import WEATHER, Target
+from .targets import Target
 
 TEXT = 'Grüße aus Köln — 東京は晴れ 👋🏽, ça va? "quoted"\n\nNew paragraph: naïve café.'
 
