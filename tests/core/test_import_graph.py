@@ -252,6 +252,16 @@ def test_the_core_does_not_import_the_notebook() -> None:
     assert not problems, problems
 
 
+def test_what_moved_out_of_the_notebook_is_still_importable_there() -> None:
+    """Prompt templates moved to the core (batch rows fill them too); the old path re-exports."""
+    import dispatch_nb.prompting as core
+    from dispatch_nb.notebook import prompt
+
+    for name in core.__all__:
+        assert getattr(prompt, name) is getattr(core, name), name
+    assert set(prompt.__all__) == {*core.__all__, "ErrorLog"}
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="cycles being broken on other branches of issue #15: dispatch_nb.render <-> "
