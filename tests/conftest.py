@@ -7,15 +7,27 @@ A loopback fake whose handler raises fails the test that made the request (at it
 the handler's traceback): the client saw a 500 that no adapter retries, so the crash cannot pass
 for a provider error. (A crash on a server thread after its test ended is reported by the next
 test to end; the traceback names the request.)
+
+Two fixtures many files share (a folder's or a module's own fixture of the same name wins, e.g. the
+contract suite's ``fake`` in ``tests/contract/conftest.py``):
+
+- ``fake``: the canonical-protocol fake (``tests/fakes/canonical.py``) on a loopback port, closed
+  after the test;
+- ``adapter``: a ``FakeAdapter("echo")`` pointed at it, without retries, closed after the test.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.fakes.server import take_handler_errors
+
+if TYPE_CHECKING:
+    from dispatch_nb.providers.fake import FakeAdapter
+    from tests.fakes.canonical import CanonicalFake
 
 
 @pytest.fixture(autouse=True)
@@ -28,3 +40,20 @@ def _fakes_must_not_crash() -> Iterator[None]:
             + "\n".join(crashes),
             pytrace=False,
         )
+
+
+@pytest.fixture
+def fake() -> Iterator[CanonicalFake]:
+    from tests.fakes.canonical import CanonicalFake
+
+    with CanonicalFake() as f:
+        yield f
+
+
+@pytest.fixture
+def adapter(fake: CanonicalFake) -> Iterator[FakeAdapter]:
+    from dispatch_nb.providers.fake import FakeAdapter
+
+    a = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    yield a
+    a.close()

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +61,6 @@ RICH = Turn(
 )
 #: the key of GOLDEN_REQUEST; it must never change (recorded caches would stop matching)
 GOLDEN_KEY = "58edf3ab6c52f5dc013b51679133aa4b39c54b49ac9a05f67c2d313f66e859f8"
-
-
-@pytest.fixture
-def fake() -> Iterator[CanonicalFake]:
-    with CanonicalFake() as f:
-        yield f
 
 
 @pytest.fixture

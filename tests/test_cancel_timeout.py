@@ -36,19 +36,6 @@ from .fakes.server import RecordedRequest, Reply, wait_for
 CANCEL_BUDGET = 0.1 + 0.1
 
 
-@pytest.fixture
-def fake() -> Iterator[CanonicalFake]:
-    with CanonicalFake() as f:
-        yield f
-
-
-@pytest.fixture
-def adapter(fake: CanonicalFake) -> Iterator[FakeAdapter]:
-    a = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
-    yield a
-    a.close()
-
-
 def closed_by_client(fake: CanonicalFake, timeout: float = 4.0) -> bool:
     """The server saw every client connection go away."""
     return wait_for(lambda: fake.server.open_connections == 0, timeout=timeout)

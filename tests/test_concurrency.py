@@ -13,7 +13,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
-import pytest
 
 from dispatch_nb.adapter import BRIDGE_BUFFER, Adapter, ChatRequest
 from dispatch_nb.call_control import CallControl
@@ -26,12 +25,6 @@ from .fakes.canonical import CanonicalFake
 from .fakes.server import LoopbackServer, Reply
 
 SESSIONS = 64
-
-
-@pytest.fixture
-def fake() -> Iterator[CanonicalFake]:
-    with CanonicalFake() as f:
-        yield f
 
 
 def test_64_threads_share_one_adapter(fake: CanonicalFake) -> None:

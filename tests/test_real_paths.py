@@ -256,12 +256,6 @@ def test_a_stream_that_ends_without_its_terminal_event(mode: str) -> None:
 # -- asyncio cancelling from outside ------------------------------------------------------------
 
 
-@pytest.fixture
-def fake() -> Iterator[CanonicalFake]:
-    with CanonicalFake() as f:
-        yield f
-
-
 @pytest.mark.parametrize("where", ["before-headers", "mid-stream"])
 def test_asyncio_wait_for_cancels_the_call_and_closes_its_connection(fake: CanonicalFake,
                                                                      where: str) -> None:

@@ -36,12 +36,6 @@ SECRET = "sk-test-SECRET-value-0123456789"
 
 
 @pytest.fixture
-def fake() -> Iterator[CanonicalFake]:
-    with CanonicalFake() as f:
-        yield f
-
-
-@pytest.fixture
 def make(fake: CanonicalFake) -> Iterator[Any]:
     made: list[FakeAdapter] = []
 

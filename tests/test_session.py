@@ -11,7 +11,6 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,19 +38,6 @@ from dispatch_nb.session import CancelToken, Session, tool
 
 from .fakes.canonical import CanonicalFake
 from .fakes.provider import Fail, ToolCall, Turn
-
-
-@pytest.fixture
-def fake() -> Iterator[CanonicalFake]:
-    with CanonicalFake() as f:
-        yield f
-
-
-@pytest.fixture
-def adapter(fake: CanonicalFake) -> Iterator[FakeAdapter]:
-    a = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
-    yield a
-    a.close()
 
 
 def sent(fake: CanonicalFake, index: int = -1) -> dict[str, Any]:

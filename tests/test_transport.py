@@ -60,12 +60,6 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return str(request.param)
 
 
-@pytest.fixture
-def fake() -> Iterator[CanonicalFake]:
-    with CanonicalFake() as f:
-        yield f
-
-
 def answer(adapter: FakeAdapter, mode: str, prompt: str = "hello") -> str:
     """The streamed answer's text, through the sync or the async API."""
     if mode == "sync":

@@ -4,7 +4,7 @@ Input: a list (or any sequence) of str or dicts, a pandas ``DataFrame`` or ``Ser
 pandas is never imported here), or any iterable — read one row at a time, never loaded whole.
 
 Each row becomes a namespace for the template, with the rules of ``%%chat`` interpolation
-(:func:`dispatch_nb.notebook.prompt.build_prompt`, a pure standard-library function)::
+(:func:`dispatch_nb.prompting.build_prompt`, a pure standard-library function)::
 
     "Classify this review: {review}"          # a dict key / DataFrame column
     "Rate {row} from 1 to 5"                  # a str row (or the whole row, whatever it is)
@@ -189,7 +189,7 @@ def fill_template(template: Template, row: Any, names: Mapping[str, Any]) -> Fil
             f"a template function must return a str or a list of messages, not "
             f"{type(value).__name__}"
         )
-    from ..notebook.prompt import PromptError, build_prompt
+    from ..prompting import PromptError, build_prompt
 
     try:
         prompt = build_prompt(template, names)

@@ -1,7 +1,8 @@
 """The adapters the contract suite runs against.
 
 Each provider adds one :class:`Target`: how to start its wire-protocol fake and how to build its
-adapter pointed at that fake. Every test in ``test_contract.py`` then runs for every target.
+adapter pointed at that fake. Every test in ``tests/contract/`` that asks for the ``target``,
+``fake``, ``make`` or ``adapter`` fixture (``conftest.py``) then runs for every target.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from dispatch_nb.adapter import Adapter
 
@@ -33,6 +36,30 @@ class Target:
     extra_turns: Callable[[], list[tuple[str, Turn]]] = lambda: []
     #: the structured-output mechanism it must use (``test_structured.py``), when not listed there
     structured_mechanism: str | None = None
+
+
+def target_fixture(targets: list[Target]) -> Any:
+    """The ``target`` fixture over ``targets``: one parametrization per target, named after it,
+    skipped (with the target's reason) where it cannot run here.
+
+    ``conftest.py`` makes it over :data:`TARGETS`; a module that runs another list overrides it
+    with ``target = target_fixture(ITS_TARGETS)``.
+    """
+
+    @pytest.fixture(params=targets, ids=[t.name for t in targets])
+    def target(request: pytest.FixtureRequest) -> Target:
+        t: Target = request.param
+        reason = t.skip()
+        if reason:
+            pytest.skip(reason)
+        return t
+
+    return target
+
+
+def only(targets: list[Target]) -> pytest.MarkDecorator:
+    """Run a test for these targets only (not generated for the others, rather than skipped)."""
+    return pytest.mark.parametrize("target", targets, ids=[t.name for t in targets], indirect=True)
 
 
 def _fake_adapter(fake: ProviderFake, **kw: Any) -> Adapter:

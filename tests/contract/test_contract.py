@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,55 +25,19 @@ from dispatch_nb import (
     Response,
     ServerError,
     TextBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
 )
-from dispatch_nb.adapter import Adapter
 
-from ..fakes.provider import Drop, Fail, ProviderFake, Stall, ToolCall, Turn
-from .targets import TARGETS, Target
-
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-)
-
-
-@pytest.fixture(params=TARGETS, ids=[t.name for t in TARGETS])
-def target(request: pytest.FixtureRequest) -> Target:
-    t: Target = request.param
-    reason = t.skip()
-    if reason:
-        pytest.skip(reason)
-    return t
+from ..fakes.provider import WEATHER, Drop, Fail, ProviderFake, Stall, ToolCall, Turn
+from .targets import Target
 
 
 @pytest.fixture(params=[None, "gzip"], ids=["plain", "gzip"])
-def fake(target: Target, request: pytest.FixtureRequest) -> Iterator[ProviderFake]:
-    with target.make_fake() as f:
-        f.server.compress = request.param
-        yield f
-
-
-@pytest.fixture
-def make(target: Target, fake: ProviderFake) -> Iterator[Any]:
-    made: list[Adapter] = []
-
-    def build(**kw: Any) -> Adapter:
-        kw.setdefault("max_retries", 0)
-        adapter = target.make_adapter(fake, **kw)
-        made.append(adapter)
-        return adapter
-
-    yield build
-    for adapter in made:
-        adapter.close()
+def fake(fake: ProviderFake, request: pytest.FixtureRequest) -> ProviderFake:
+    """The target's fake (conftest.py), replying as it does and gzip-compressed."""
+    fake.server.compress = request.param
+    return fake
 
 
 def _same(a: Response, b: Response) -> None:

@@ -12,7 +12,6 @@ survive the round trip byte-for-byte where a provider has them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,48 +21,16 @@ from dispatch_nb import (
     Response,
     TextBlock,
     ThinkingBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
 )
 from dispatch_nb.adapter import Adapter
 
-from ..fakes.provider import ProviderFake, ToolCall, Turn
-from .targets import TARGETS, Target
+from ..fakes.provider import WEATHER, ProviderFake, ToolCall, Turn
+from .targets import TARGETS, Target, only
 
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-)
 TEMPERATURES = {"Paris": "18 °C", "Oslo": "4 °C"}
 MODES = ["json", "stream", "async-stream"]
-
-
-@pytest.fixture(params=TARGETS, ids=[t.name for t in TARGETS])
-def target(request: pytest.FixtureRequest) -> Target:
-    t: Target = request.param
-    reason = t.skip()
-    if reason:
-        pytest.skip(reason)
-    return t
-
-
-@pytest.fixture
-def fake(target: Target) -> Iterator[ProviderFake]:
-    with target.make_fake() as f:
-        yield f
-
-
-@pytest.fixture
-def adapter(target: Target, fake: ProviderFake) -> Iterator[Adapter]:
-    made = target.make_adapter(fake, max_retries=0)
-    yield made
-    made.close()
 
 
 def ask(adapter: Adapter, history: list[Message], mode: str, **kw: Any) -> Response:
@@ -160,11 +127,6 @@ def test_content_is_always_a_list(adapter: Adapter, fake: ProviderFake, mode: st
     assert isinstance(answer.content, list)
     assert [type(b) for b in answer.content] == [TextBlock]
     assert answer.text == "Still here."
-
-
-def only(targets: list[Target]) -> pytest.MarkDecorator:
-    """Run a test for these targets only (not generated for the others, rather than skipped)."""
-    return pytest.mark.parametrize("target", targets, ids=[t.name for t in targets], indirect=True)
 
 
 @only([t for t in TARGETS if t.reports_usage])

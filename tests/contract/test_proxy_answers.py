@@ -10,7 +10,6 @@ of the API's JSON, will come back the same).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -20,7 +19,7 @@ from dispatch_nb.adapter import Adapter
 
 from ..fakes.provider import ProviderFake
 from ..fakes.server import RecordedRequest, Reply
-from .targets import TARGETS, Target
+from .targets import Target
 
 NGINX_502 = (
     b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
@@ -67,17 +66,6 @@ PAGES = {
     "text-413": Page(Reply(413, {"content-type": "text/plain"}, TOO_LARGE), RequestError, 413,
                      "invalid_request", "413 Request Entity Too Large", retried=False),
 }
-
-
-@pytest.fixture(params=TARGETS, ids=[t.name for t in TARGETS])
-def target(request: pytest.FixtureRequest) -> Target:
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def fake(target: Target) -> Iterator[ProviderFake]:
-    with target.make_fake() as f:
-        yield f
 
 
 def answer_chats_with(fake: ProviderFake, reply: Reply) -> None:

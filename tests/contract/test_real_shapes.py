@@ -15,7 +15,6 @@ from the documented wire formats: see ``targets.py``), and here every target mus
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,16 +29,10 @@ from dispatch_nb import (
 )
 from dispatch_nb.adapter import Adapter
 
-from ..fakes.provider import ProviderFake, ToolCall, Turn
+from ..fakes.provider import WEATHER, ProviderFake, ToolCall, Turn
 from ..fakes.server import ENCODINGS
-from .targets import TARGETS, Target
+from .targets import Target
 
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}},
-                "required": ["city"]},
-)
 CLOCK = ToolDefinition(name="get_time", description="The time now")
 TOOLS = [WEATHER, CLOCK]
 MODES = ["json", "stream", "async-stream"]
@@ -70,32 +63,6 @@ def scenarios(target: Target) -> list[tuple[str, Turn]]:
                                        redacted_thinking=["gAAAA-redacted-1"], text="Done.")),
         ]
     return found + target.extra_turns()
-
-
-def _ids(targets: list[Target]) -> list[str]:
-    return [t.name for t in targets]
-
-
-@pytest.fixture(params=TARGETS, ids=_ids(TARGETS))
-def target(request: pytest.FixtureRequest) -> Target:
-    t: Target = request.param
-    reason = t.skip()
-    if reason:
-        pytest.skip(reason)
-    return t
-
-
-@pytest.fixture
-def fake(target: Target) -> Iterator[ProviderFake]:
-    with target.make_fake() as f:
-        yield f
-
-
-@pytest.fixture
-def adapter(target: Target, fake: ProviderFake) -> Iterator[Adapter]:
-    made = target.make_adapter(fake, max_retries=0)
-    yield made
-    made.close()
 
 
 def ask(adapter: Adapter, history: list[Message], mode: str,

@@ -14,18 +14,13 @@ from typing import Any
 
 import pytest
 
-from dispatch_nb import Message, Response, ToolDefinition
+from dispatch_nb import Message, Response
 from dispatch_nb.adapter import Adapter
 
-from ..fakes.provider import ToolCall, Turn
+from ..fakes.provider import WEATHER, ToolCall, Turn
 from ..fakes.server import Rudeness
-from .targets import TARGETS, Target
+from .targets import Target
 
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-)
 TEXT = 'Grüße aus Köln — 東京は晴れ 👋🏽, ça va? "quoted"\n\nNew paragraph: naïve café.'
 
 
@@ -39,11 +34,6 @@ def turns(target: Target) -> list[Turn]:
         answers.append(Turn(thinking="Überlegung: 考える…", signature="c2lnbmF0dXJl+/==",
                             text="Fertig ✓", chunk=2))
     return answers
-
-
-@pytest.fixture(params=TARGETS, ids=[t.name for t in TARGETS])
-def target(request: pytest.FixtureRequest) -> Target:
-    return request.param  # type: ignore[no-any-return]
 
 
 def ask(adapter: Adapter, mode: str) -> Response:

@@ -14,7 +14,6 @@ import dataclasses
 import enum
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import pytest
@@ -33,7 +32,7 @@ from dispatch_nb.structured import OUTPUT_TOOL_NAME
 
 from ..fakes.provider import ProviderFake, ToolCall, Turn
 from ..fakes.structured import mechanism_of, requested_schema
-from .targets import TARGETS, Target, _copilot_adapter, _copilot_fake
+from .targets import TARGETS, Target, _copilot_adapter, _copilot_fake, target_fixture
 from .test_openai_schema import SPEC, problems
 
 
@@ -148,26 +147,7 @@ CASES: dict[str, tuple[Any, Any, Any]] = {
 
 
 # -- fixtures ------------------------------------------------------------------------------------------
-@pytest.fixture(params=STRUCTURED_TARGETS, ids=[t.name for t in STRUCTURED_TARGETS])
-def target(request: pytest.FixtureRequest) -> Target:
-    t: Target = request.param
-    reason = t.skip()
-    if reason:
-        pytest.skip(reason)
-    return t
-
-
-@pytest.fixture
-def fake(target: Target) -> Iterator[ProviderFake]:
-    with target.make_fake() as f:
-        yield f
-
-
-@pytest.fixture
-def adapter(target: Target, fake: ProviderFake) -> Iterator[Adapter]:
-    made = target.make_adapter(fake, max_retries=0)
-    yield made
-    made.close()
+target = target_fixture(STRUCTURED_TARGETS)  # fake and adapter: conftest.py
 
 
 def _answers(fake: ProviderFake, target: Target) -> list[Any]:

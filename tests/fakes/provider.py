@@ -18,10 +18,21 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from dispatch_nb import testing
+from dispatch_nb import ToolDefinition, testing
 from dispatch_nb.testing import Fail, ToolCall
 
 from .server import LoopbackServer, RecordedRequest, Reply
+
+#: the tool the tests ask every model to call (``ToolCall("call_1", "get_weather", {"city": ...})``)
+WEATHER = ToolDefinition(
+    name="get_weather",
+    description="Current weather for a city",
+    parameters={
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+)
 
 __all__ = ["Drop", "Fail", "ProviderFake", "Stall", "ToolCall", "Turn"]
 

@@ -12,19 +12,14 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from dispatch_nb import Message, StructuredOutput, ToolDefinition, ToolResultBlock, connect
+from dispatch_nb import Message, StructuredOutput, ToolResultBlock, connect
 from dispatch_nb.adapter import Adapter
 
+from ..fakes.provider import WEATHER
 from .llama_server import LlamaServer, llama_server_unavailable
 
 pytestmark = pytest.mark.llama
 
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}},
-                "required": ["city"]},
-)
 FAST = {"temperature": 0.0, "max_tokens": 24}
 
 

@@ -75,14 +75,19 @@ class FrontEnd(DisplayPublisher):
         return [o["data"]["text/markdown"] for o in self.outputs if "text/markdown" in o["data"]]
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[CanonicalFake]:
-    """The canonical-protocol fake, with the environment pointing ``fake:echo`` at it."""
-    server = CanonicalFake().start()
+def serve_fake(server: CanonicalFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+               live: str | None = None) -> Iterator[CanonicalFake]:
+    """Start ``server`` with the environment pointing ``fake:echo`` at it (a fresh home, cache
+    file and user folder under ``tmp_path``; ``DISPATCH_NB_LIVE`` = ``live``, unset for None),
+    yield it, close it."""
+    server.start()
     monkeypatch.setenv("DISPATCH_NB_FAKE_URL", server.url)
     monkeypatch.setenv("DISPATCH_NB_MODEL", "fake:echo")
     monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("DISPATCH_NB_LIVE", raising=False)
+    if live is None:
+        monkeypatch.delenv("DISPATCH_NB_LIVE", raising=False)
+    else:
+        monkeypatch.setenv("DISPATCH_NB_LIVE", live)
     monkeypatch.delenv("DISPATCH_NB_CACHE", raising=False)
     monkeypatch.setenv("DISPATCH_NB_CACHE_FILE", str(tmp_path / "answers.dispatch-cache.jsonl"))
     monkeypatch.delenv("DISPATCH_NB_GITHUB_TOKEN", raising=False)
@@ -93,6 +98,12 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[CanonicalFa
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[CanonicalFake]:
+    """The canonical-protocol fake, with the environment pointing ``fake:echo`` at it."""
+    yield from serve_fake(CanonicalFake(), monkeypatch, tmp_path)
 
 
 @pytest.fixture

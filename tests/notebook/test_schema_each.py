@@ -26,7 +26,7 @@ from tests.fakes.batching import BatchFake
 from tests.fakes.canonical import CanonicalFake
 from tests.fakes.provider import Fail, Turn
 from tests.fakes.server import RecordedRequest, wait_for
-from tests.notebook.conftest import chat_env, run
+from tests.notebook.conftest import chat_env, run, serve_fake
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -58,21 +58,8 @@ class JsonEchoFake(CanonicalFake):
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[CanonicalFake]:
     """(conftest's ``fake``, answering structured requests with JSON: :class:`JsonEchoFake`)"""
-    server = JsonEchoFake().start()
-    monkeypatch.setenv("DISPATCH_NB_FAKE_URL", server.url)
-    monkeypatch.setenv("DISPATCH_NB_MODEL", "fake:echo")
-    monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DISPATCH_NB_LIVE", "display")  # the notebook's rendering, not a terminal's
-    monkeypatch.delenv("DISPATCH_NB_CACHE", raising=False)
-    monkeypatch.setenv("DISPATCH_NB_CACHE_FILE", str(tmp_path / "answers.dispatch-cache.jsonl"))
-    monkeypatch.delenv("DISPATCH_NB_GITHUB_TOKEN", raising=False)
-    (tmp_path / "user").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "user"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user" / ".config"))
-    try:
-        yield server
-    finally:
-        server.close()
+    # the notebook's rendering, not a terminal's
+    yield from serve_fake(JsonEchoFake(), monkeypatch, tmp_path, live="display")
 
 
 def table(markdown: str, first: int = 0) -> list[list[str]]:

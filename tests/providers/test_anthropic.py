@@ -25,7 +25,6 @@ from dispatch_nb import (
     ServerError,
     TextBlock,
     ThinkingBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
     connect,
@@ -39,17 +38,11 @@ from ..fakes.anthropic import (
     AnthropicFake,
     AnthropicTurn,
 )
-from ..fakes.provider import Fail, ToolCall, Turn, sse_event
+from ..fakes.provider import WEATHER, Fail, ToolCall, Turn, sse_event
 from ..fakes.server import LoopbackServer, RecordedRequest, Reply
 
 KEY = "sk-ant-test-SECRET-0123456789"
 MODEL = "claude-sonnet-4-5"
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}},
-                "required": ["city"]},
-)
 
 
 @pytest.fixture

@@ -33,7 +33,6 @@ from dispatch_nb import (
     ServerError,
     TextBlock,
     ThinkingBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
     connect,
@@ -49,15 +48,9 @@ from dispatch_nb.providers.copilot import (
 )
 from tests.fakes.copilot import COPILOT_MODELS, CopilotFake
 from tests.fakes.github import FakeGitHub
-from tests.fakes.provider import Fail, ToolCall, Turn
+from tests.fakes.provider import WEATHER, Fail, ToolCall, Turn
 from tests.fakes.server import Reply
 
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}},
-                "required": ["city"]},
-)
 PICKER_IDS = ["gpt-4.1", "gpt-4o", "claude-sonnet-4", "gpt-5-codex"]
 ENV_NAMES = ("DISPATCH_NB_GITHUB_TOKEN", "DISPATCH_NB_GITHUB_URL", "DISPATCH_NB_GITHUB_API_URL",
              "LOCALAPPDATA")

@@ -38,6 +38,8 @@ from dispatch_nb.providers.local import (
     smollm2_path,
 )
 
+from ..fakes.provider import WEATHER
+
 pytestmark = [
     pytest.mark.local,
     pytest.mark.skipif(
@@ -46,15 +48,6 @@ pytestmark = [
     ),
 ]
 
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-)
 LONG = "Write a long story about a dragon who learns to bake bread."
 
 

@@ -25,12 +25,12 @@ from dispatch_nb import (
     RequestCancelled,
     Response,
     TextBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
 )
 from dispatch_nb.providers.local import LocalAdapter, local_model_available
 
+from ..fakes.provider import WEATHER
 from .test_local import mid_answer_timeout
 
 pytestmark = [
@@ -38,12 +38,6 @@ pytestmark = [
     pytest.mark.skipif(not local_model_available(), reason="the local extra is not installed"),
 ]
 
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}},
-                "required": ["city"]},
-)
 LONG = "Write a long story about a lighthouse keeper and a whale."
 
 

@@ -18,7 +18,6 @@ from dispatch_nb import (
     ServerError,
     TextBlock,
     ThinkingBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -34,15 +33,9 @@ from dispatch_nb.sse import SSEDecoder
 from dispatch_nb.stream import Accumulator
 
 from ..fakes.openai_chat import OpenAIChatFake
-from ..fakes.provider import Fail, ToolCall, Turn, sse_event
+from ..fakes.provider import WEATHER, Fail, ToolCall, Turn, sse_event
 from ..fakes.server import LoopbackServer, RecordedRequest, Reply
 
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}},
-                "required": ["city"]},
-)
 TWO_CALLS = [ToolCall("call_a", "get_weather", {"city": "Paris"}),
              ToolCall("call_b", "get_weather", {"city": "Oslo"})]
 

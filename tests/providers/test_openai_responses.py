@@ -19,7 +19,6 @@ from dispatch_nb import (
     Session,
     TextBlock,
     ThinkingBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -38,16 +37,10 @@ from ..fakes.openai_responses import (
     OpenAIResponsesFake,
     ResponsesTurn,
 )
-from ..fakes.provider import Fail, ToolCall, Turn, sse_event
+from ..fakes.provider import WEATHER, Fail, ToolCall, Turn, sse_event
 from ..fakes.server import LoopbackServer, Reply
 
 KEY = "sk-proj-SECRET-0123456789"
-WEATHER = ToolDefinition(
-    name="get_weather",
-    description="Current weather for a city",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}},
-                "required": ["city"]},
-)
 
 
 @pytest.fixture

@@ -1,0 +1,294 @@
+"""Prompt templates: ``{expression}`` interpolation and bounded summaries of values.
+
+::
+
+    Summarize {df} in one sentence.        # a DataFrame → shape + first rows as a table
+    Why does this fail? {In[3]} {Err[3]}   # the source of cell 3 and the exception it raised
+    Explain {len(words)} and {x:.2f}       # any expression; f-string conversions / format specs
+    A literal brace: {{ and }}             # like str.format
+
+The rules, chosen so prompts that contain JSON or code survive untouched:
+
+* ``{{`` and ``}}`` are literal braces.
+* ``{expr}`` is evaluated in the given namespace only when ``expr`` mentions a name (``{x}``,
+  ``{df.head()}``, ``{Out[4]}``). Braces around constants or code that does not parse
+  (``{"a": 1}``, ``{}``, ``{ foo bar }``) are left exactly as written.
+* An expression naming something undefined is left as written, with a note for the user.
+* An expression that raises anything else is an error: :class:`PromptError`.
+* Without a format spec, values are summarized to a bounded size (``max_chars``): long text is
+  cut with a note, DataFrame-like objects (duck-typed: ``shape`` + ``head``; never imports pandas)
+  become their shape and first rows, exceptions become their (trimmed) traceback.
+
+Core, not notebook: ``%%chat`` cells (``notebook/cell.py``, the user namespace) and batch rows
+(``batching/rows.py``, a row's columns) fill templates with it; ``dispatch_nb.notebook.prompt``
+re-exports these names. This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DEFAULT_MAX_CHARS",
+    "DEFAULT_MAX_ROWS",
+    "Prompt",
+    "PromptError",
+    "build_prompt",
+    "describe_value",
+]
+
+DEFAULT_MAX_CHARS = 4000
+DEFAULT_MAX_ROWS = 10
+
+
+class PromptError(ValueError):
+    """An ``{expression}`` in a prompt raised an error while being evaluated."""
+
+
+@dataclass
+class Prompt:
+    """The text to send, and notes for the user about what interpolation did."""
+
+    text: str
+    notes: list[str] = field(default_factory=list)
+
+
+def build_prompt(
+    template: str,
+    namespace: Mapping[str, Any],
+    *,
+    interpolate: bool = True,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> Prompt:
+    """Interpolate ``{expression}`` s in ``template`` from ``namespace`` (see the module docstring)."""
+    if not interpolate:
+        return Prompt(template)
+    out: list[str] = []
+    notes: list[str] = []
+    i, n = 0, len(template)
+    while i < n:
+        ch = template[i]
+        if ch == "{":
+            if template.startswith("{{", i):
+                out.append("{")
+                i += 2
+                continue
+            end = _matching_brace(template, i)
+            if end < 0:  # an unbalanced brace: the rest is literal
+                out.append(template[i:])
+                break
+            inner = template[i + 1 : end]
+            out.append(_substitute(inner, namespace, notes, max_chars=max_chars, max_rows=max_rows))
+            i = end + 1
+            continue
+        if ch == "}" and template.startswith("}}", i):
+            out.append("}")
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return Prompt("".join(out), notes)
+
+
+def _matching_brace(text: str, start: int) -> int:
+    """Index of the ``}`` closing the ``{`` at ``start`` (nesting and quotes respected), or -1."""
+    depth = 0
+    quote: str | None = None
+    i = start
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c in "{[(":
+            depth += 1
+        elif c in "}])":
+            depth -= 1
+            if depth == 0:
+                return i if c == "}" else -1
+        i += 1
+    return -1
+
+
+def _split_spec(inner: str) -> tuple[str, str | None, str]:
+    """``expr!r:>10`` → (``expr``, ``r``, ``>10``): the top-level conversion and format spec."""
+    depth = 0
+    quote: str | None = None
+    for i, c in enumerate(inner):
+        if quote:
+            if c == quote:
+                quote = None
+            continue
+        if c in "'\"":
+            quote = c
+        elif c in "[({":
+            depth += 1
+        elif c in "])}":
+            depth -= 1
+        elif depth == 0 and c == "!" and inner[i + 1 : i + 2] in ("r", "s", "a") and (
+            i + 2 == len(inner) or inner[i + 2] == ":"
+        ):
+            spec = inner[i + 3 :] if i + 2 < len(inner) else ""
+            return inner[:i], inner[i + 1], spec
+        elif depth == 0 and c == ":" and not _is_walrus_or_lambda(inner, i):
+            return inner[:i], None, inner[i + 1 :]
+    return inner, None, ""
+
+
+def _is_walrus_or_lambda(inner: str, i: int) -> bool:
+    return inner[i + 1 : i + 2] == "=" or "lambda" in inner[:i]
+
+
+def _substitute(
+    inner: str, namespace: Mapping[str, Any], notes: list[str], *, max_chars: int, max_rows: int
+) -> str:
+    literal = "{" + inner + "}"
+    expr, conversion, spec = _split_spec(inner)
+    source = expr.strip()
+    if not source:
+        return literal
+    try:
+        tree = ast.parse(source, mode="eval")
+    except SyntaxError:
+        return literal
+    if not any(isinstance(node, ast.Name) for node in ast.walk(tree)):
+        return literal  # constants, JSON, {} ... stay as written
+    try:
+        value = eval(compile(tree, "<%%chat prompt>", "eval"), dict(namespace))
+    except NameError as exc:
+        notes.append(
+            f"{literal} was left as written: {exc}. Write {{{{ and }}}} for literal braces, "
+            "or use --no-interpolate."
+        )
+        return literal
+    except Exception as exc:
+        raise PromptError(
+            f"{literal} in the prompt raised {type(exc).__name__}: {exc}. "
+            "Write {{ and }} for literal braces, or use --no-interpolate."
+        ) from None
+    if conversion or spec:
+        if conversion == "r":
+            value = repr(value)
+        elif conversion == "a":
+            value = ascii(value)
+        elif conversion == "s":
+            value = str(value)
+        try:
+            text = format(value, spec)
+        except (TypeError, ValueError) as exc:
+            raise PromptError(f"{literal}: bad format spec {spec!r}: {exc}") from None
+        return _cut(text, max_chars, source, notes)
+    text, note = describe_value(value, max_chars=max_chars, max_rows=max_rows, name=source)
+    if note:
+        notes.append(note)
+    return text
+
+
+def _cut(text: str, max_chars: int, name: str, notes: list[str]) -> str:
+    if len(text) <= max_chars:
+        return text
+    notes.append(f"{{{name}}} ({len(text):,} characters) was cut to {max_chars:,}.")
+    return text[:max_chars] + f"\n… [{len(text) - max_chars:,} more characters not shown]"
+
+
+def describe_value(
+    value: Any,
+    *,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    name: str = "value",
+) -> tuple[str, str | None]:
+    """``value`` as prompt text of at most about ``max_chars`` characters, and a note if it was
+    shortened (``None`` otherwise)."""
+    if isinstance(value, BaseException):
+        return _describe_exception(value, max_chars, name)
+    if isinstance(value, str):
+        text = value
+    elif type(value).__name__ == "Response" and isinstance(getattr(value, "text", None), str):
+        text = value.text  # a dispatch_nb Response (e.g. ``{Out[5]}`` of a %%chat cell)
+    elif _is_table(value):
+        return _describe_table(value, max_chars, max_rows, name)
+    else:
+        try:
+            text = str(value)
+        except Exception as exc:  # a broken __str__ must not break the prompt
+            text = f"<{type(value).__name__} object: str() failed with {exc!r}>"
+    if len(text) <= max_chars:
+        return text, None
+    omitted = len(text) - max_chars
+    return (
+        text[:max_chars] + f"\n… [{omitted:,} more characters not shown]",
+        f"{{{name}}} ({len(text):,} characters) was cut to {max_chars:,}.",
+    )
+
+
+def _is_table(value: Any) -> bool:
+    shape = getattr(value, "shape", None)
+    return (
+        isinstance(shape, tuple)
+        and len(shape) in (1, 2)
+        and callable(getattr(value, "head", None))
+        and (callable(getattr(value, "to_string", None)) or callable(getattr(value, "to_markdown", None)))
+    )
+
+
+def _table_text(value: Any) -> str:
+    to_markdown = getattr(value, "to_markdown", None)
+    if callable(to_markdown):
+        try:
+            return str(to_markdown())
+        except ImportError:  # pandas needs the optional ``tabulate`` for to_markdown
+            pass
+        except Exception:
+            pass
+    to_string = getattr(value, "to_string", None)
+    if callable(to_string):
+        return str(to_string())
+    return str(value)
+
+
+def _describe_table(
+    value: Any, max_chars: int, max_rows: int, name: str
+) -> tuple[str, str | None]:
+    shape = value.shape
+    rows = int(shape[0])
+    kind = type(value).__name__
+    size = f"{rows:,} rows × {int(shape[1]):,} columns" if len(shape) == 2 else f"{rows:,} rows"
+    note: str | None = None
+    if rows > max_rows:
+        body = _table_text(value.head(max_rows))
+        head = f"{kind} with {size}; the first {max_rows} rows:\n"
+        note = f"{{{name}}} ({kind}, {size}) was summarized to its first {max_rows} rows."
+    else:
+        body = _table_text(value)
+        head = f"{kind} with {size}:\n"
+    text = head + body
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n… [{len(text) - max_chars:,} more characters not shown]"
+        note = f"{{{name}}} ({kind}, {size}) was summarized to {max_chars:,} characters."
+    return text, note
+
+
+def _describe_exception(exc: BaseException, max_chars: int, name: str) -> tuple[str, str | None]:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    # Drop IPython's own frames: the user's cell frames and the error line are what matter.
+    kept = [ln for ln in lines if "site-packages/IPython/" not in ln and "interactiveshell.py" not in ln]
+    text = "".join(kept).rstrip()
+    if len(text) <= max_chars:
+        return text, None
+    # Keep the end: the innermost frames and the error message.
+    tail = text[-max_chars:]
+    return (
+        f"… [{len(text) - max_chars:,} earlier characters of the traceback not shown]\n{tail}",
+        f"{{{name}}} (a {len(text):,}-character traceback) was cut to its last {max_chars:,}.",
+    )
