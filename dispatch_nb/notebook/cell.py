@@ -510,7 +510,7 @@ class CellRun:
     # -- 3. finish -------------------------------------------------------------------------------
     def finish(self) -> FinalOutput:
         """Replace the live view with the cell's one static output."""
-        plan = self._planned()
+        plan, view = self._planned(), self._viewed()
         if plan.compare:
             final = self._compare_output()
         elif (
@@ -521,7 +521,7 @@ class CellRun:
             final = self._parsed_output()
         else:
             final = self._answer_output()
-        self._viewed().finish(final)
+        view.finish(final)
         self.final = final
         return final
 
