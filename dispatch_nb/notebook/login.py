@@ -28,16 +28,16 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..auth.device_flow import DeviceCode, DeviceCodeExpired, DeviceFlow, DeviceFlowDenied
-from ..auth.login import device_login
-from ..auth.token_store import find_github_token
 from ..errors import DispatchError, RequestCancelled
 from .display import ChatError, ChatInterrupted
 from .live import detect_mode, has_kernel, ipy_display
 from .runner import Job, run_jobs
 from .state import KernelState
+
+if TYPE_CHECKING:
+    from ..auth.device_flow import DeviceCode, DeviceFlow
 
 __all__ = ["LoginOutcome", "LoginView", "ensure_copilot_login", "run_login"]
 
@@ -312,6 +312,8 @@ def make_login_view(mode: str, reason: str | None = None) -> LoginView:
 
 
 def _outcome_of(error: BaseException) -> LoginOutcome:
+    from ..auth.device_flow import DeviceCodeExpired, DeviceFlowDenied
+
     if isinstance(error, DeviceFlowDenied):
         return LoginOutcome("denied", message=_status_text("denied", {}))
     if isinstance(error, DeviceCodeExpired):
@@ -322,11 +324,15 @@ def _outcome_of(error: BaseException) -> LoginOutcome:
 
 
 def _make_flow(state: KernelState) -> DeviceFlow:
+    from ..auth.device_flow import DeviceFlow
+
     return DeviceFlow(min_interval=state.settings.login_min_interval)
 
 
 def ensure_copilot_login(state: KernelState) -> None:
     """Show the device login when no GitHub token is available; raise ChatError if it fails."""
+    from ..auth.token_store import find_github_token
+
     if find_github_token() is not None:
         return
     run_login(state, reason="This cell uses GitHub Copilot, which needs a GitHub login.")
@@ -338,6 +344,10 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
     ``force=False`` returns at once when a GitHub token is already available.
     Raises :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`.
     """
+    # the auth package is imported by a login only, not by every first %%chat
+    from ..auth.login import device_login
+    from ..auth.token_store import find_github_token
+
     if not force:
         try:
             found = find_github_token()
