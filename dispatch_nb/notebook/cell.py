@@ -371,51 +371,33 @@ class CellRun:
         model may show the login first). Raises ``UsageError`` / :class:`ChatError` before
         anything is sent."""
         args, settings = self.args, self.state.settings
-        namespace = self.namespace
         prompt = self._prompt()
         check_limits(args)
-        specs = self.state.model_specs(args.model)
-        if not args.model and not settings.model.strip():
-            hint = self.state.default_model()[2]
-            if hint:
-                prompt.notes.append(hint)
-        tools = resolve_tools(args.tools, namespace)
-        schema = resolve_schema(args.schema, namespace)
-        if schema is not None and args.format in ("code", "text"):
-            raise UsageError(f"--schema shows the answer as a table: -f {args.format} does not apply")
+        specs = self._models(prompt.notes)
+        tools = resolve_tools(args.tools, self.namespace)
+        schema = self._schema()
         mode = self.state.cache_mode(args.cache)
         system = args.system if args.system is not None else (settings.system or None)
         if system is not None:
             system = _clean(system, "the system prompt", prompt.notes)
-
-        # Conversation memory.
-        thread_name = args.thread or settings.thread
-        thread = self.state.threads.get(thread_name)
-        if args.new:
-            thread.clear()
-        identity = cell_identity(self.state.cell_id, self.state.execution_count)
-        key = cell_key(identity, self.state.next_occurrence(f"{thread_name}\n{identity}"))
+        thread_name, thread, key = self._turn()
         use_history = not args.no_history
-        history = thread.history_for(key) if use_history else []
-        user = Message(role="user", content=prompt.text)
-
+        common: dict[str, Any] = {
+            "history": thread.history_for(key) if use_history else [],
+            "user": Message(role="user", content=prompt.text),
+            "system": system,
+            "max_tokens": args.max_tokens if args.max_tokens is not None else settings.max_tokens,
+            "temperature": (
+                args.temperature if args.temperature is not None else settings.temperature
+            ),
+            "timeout": settings.timeout,
+            "stream": settings.stream and not args.no_stream,
+            "tools": tools,
+            "max_tool_rounds": settings.max_tool_rounds,
+            "output": schema,
+        }
         calls = [
-            CallPlan(
-                spec=spec,
-                adapter=adapter,
-                history=history,
-                user=user,
-                system=system,
-                max_tokens=args.max_tokens if args.max_tokens is not None else settings.max_tokens,
-                temperature=(
-                    args.temperature if args.temperature is not None else settings.temperature
-                ),
-                timeout=settings.timeout,
-                stream=settings.stream and not args.no_stream,
-                tools=tools,
-                max_tool_rounds=settings.max_tool_rounds,
-                output=schema,
-            )
+            CallPlan(spec=spec, adapter=adapter, **common)
             for spec, adapter in zip(specs, self._adapters(specs, mode), strict=True)
         ]
         self.plan_ = CellPlan(
@@ -455,6 +437,34 @@ class CellRun:
             raise UsageError("the %%chat cell is empty: write the prompt below the %%chat line")
         prompt.text = _clean(text, "the prompt", prompt.notes)
         return prompt
+
+    def _models(self, notes: list[str]) -> list[str]:
+        """``-m``'s specs, else the default model (and its hint, added to ``notes``)."""
+        specs = self.state.model_specs(self.args.model)
+        if not self.args.model and not self.state.settings.model.strip():
+            hint = self.state.default_model()[2]
+            if hint:
+                notes.append(hint)
+        return specs
+
+    def _schema(self) -> Any:
+        """``--schema``'s StructuredOutput (None without it); a table cannot be ``-f code|text``."""
+        schema = resolve_schema(self.args.schema, self.namespace)
+        if schema is not None and self.args.format in ("code", "text"):
+            raise UsageError(
+                f"--schema shows the answer as a table: -f {self.args.format} does not apply"
+            )
+        return schema
+
+    def _turn(self) -> tuple[str, ChatThread, str]:
+        """The thread (cleared by ``--new``), its name, and this cell's turn key in it."""
+        name = self.args.thread or self.state.settings.thread
+        thread = self.state.threads.get(name)
+        if self.args.new:
+            thread.clear()
+        identity = cell_identity(self.state.cell_id, self.state.execution_count)
+        key = cell_key(identity, self.state.next_occurrence(f"{name}\n{identity}"))
+        return name, thread, key
 
     def _adapters(self, specs: list[str], mode: str) -> list[Adapter]:
         """One adapter per model, labelled with the cell (``In[n]``) for the response cache."""
