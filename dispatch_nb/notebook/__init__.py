@@ -2,6 +2,7 @@
 
 * ``magics.py``  — ``%%chat`` / ``%chat`` and the ``ChatMagics`` traits (loaded by ``%load_ext``)
 * ``state.py``   — ``KernelState``: adapters, caches, threads, ``Err``, the running cell (one per kernel)
+* ``settings.py``— ``Settings``: the ``ChatMagics`` traits as a type (for the checker only)
 * ``constants.py`` — the option choices (formats, cache and live modes, subcommands); imports nothing
 * ``cell.py``    — one ``%%chat`` execution, start to finish: ``CellRun`` (plan / run / finish / record)
 * ``options.py`` — the checks of a ``%%chat`` line's options (``-o``, limits, ``--tools``, ``--schema``)

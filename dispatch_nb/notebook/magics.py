@@ -1,8 +1,8 @@
 """``%%chat`` and ``%chat``: the IPython magics, configured through traitlets.
 
 ``%load_ext dispatch_nb`` registers :class:`ChatMagics` and two cheap hooks. Loading imports only
-IPython and traitlets (already in memory) and three small standard-library modules of this
-package (``constants``, ``prompt``, ``state``): no httpx, pydantic, ipywidgets or provider module
+IPython and traitlets (already in memory) and two small standard-library modules of this
+package (``constants``, ``state``): no httpx, pydantic, ipywidgets or provider module
 is imported until the first ``%%chat`` runs. The kernel's state is one
 :class:`~dispatch_nb.notebook.state.KernelState` (:attr:`ChatMagics.state`), which the modules
 that run cells and commands receive.
@@ -26,8 +26,7 @@ from IPython.core.magic import line_magic as _line_magic
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode, default
 
 from .constants import CACHE_MODES, FORMATS, LIVE_MODES, SUBCOMMANDS
-from .prompt import ErrorLog
-from .state import KernelState
+from .state import ErrorLog, KernelState
 
 __all__ = ["ChatMagics", "load_ipython_extension", "unload_ipython_extension"]
 

@@ -18,7 +18,14 @@ from IPython.core.error import UsageError
 from ..validation import article
 from .display import ChatError
 
-__all__ = ["SCHEMA_ACCEPTED", "check_limits", "check_output_name", "resolve_schema", "resolve_tools"]
+__all__ = [
+    "SCHEMA_ACCEPTED",
+    "check_limits",
+    "check_output_name",
+    "resolve_schema",
+    "resolve_tools",
+]
+
 
 SCHEMA_ACCEPTED = (
     "--schema takes a pydantic model class, a type such as list[Review], a TypedDict or a "

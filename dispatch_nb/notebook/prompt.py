@@ -19,8 +19,10 @@ The rules, chosen so prompts that contain JSON or code survive untouched:
   cut with a note, DataFrame-like objects (duck-typed: ``shape`` + ``head``; never imports pandas)
   become their shape and first rows, exceptions become their (trimmed) traceback.
 
-``Err`` is an :class:`ErrorLog`: ``Err[n]`` is the exception cell ``n`` raised, filled by a
-``post_run_cell`` hook (``magics.py`` installs it). This module imports only the standard library.
+``Err`` is an :class:`~dispatch_nb.notebook.state.ErrorLog` (defined in ``state.py``, part of the
+kernel's state, and importable from here too): ``Err[n]`` is the exception cell ``n`` raised,
+filled by a ``post_run_cell`` hook (``magics.py`` installs it). This module imports only the
+standard library (and ``state.py``, which imports nothing else at run time).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .state import ErrorLog
 
 __all__ = [
     "DEFAULT_MAX_CHARS",
@@ -47,22 +51,6 @@ DEFAULT_MAX_ROWS = 10
 
 class PromptError(ValueError):
     """An ``{expression}`` in a prompt raised an error while being evaluated."""
-
-
-class ErrorLog(dict):  # type: ignore[type-arg]
-    """``Err[n]``: the exception cell ``n`` raised (only cells that failed have an entry)."""
-
-    def __missing__(self, key: Any) -> Any:
-        raise KeyError(
-            f"cell {key!r} raised no error this session (cells with errors: "
-            f"{', '.join(map(str, sorted(self))) or 'none'})"
-        )
-
-    def record(self, execution_count: int | None, error: BaseException | None) -> None:
-        """Store ``error`` as ``Err[execution_count]`` (``post_run_cell`` calls this)."""
-        if execution_count is None or error is None:
-            return
-        self[execution_count] = error
 
 
 @dataclass

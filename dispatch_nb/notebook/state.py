@@ -11,87 +11,38 @@ magics object) and changes it only through its methods:
 * the running cell's identity (front-end cell id, ``In[n]``, how many chat calls it made);
 * the last device-login view.
 
-This module is imported by ``%load_ext``: it imports the standard library and ``prompt.py``
-only; the thread store, the registry and the cache are imported when first used.
+This module is imported by ``%load_ext``: it imports nothing but the standard library at run
+time; the thread store, the registry and the cache are imported when first used.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
-
-from IPython.core.error import UsageError
-
-from .prompt import ErrorLog
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
     from ..cache import ResponseCache
+    from .settings import Settings
     from .threads import ThreadStore
 
-__all__ = ["KernelState", "Settings"]
+__all__ = ["ErrorLog", "KernelState"]
 
 
-class Settings(Protocol):
-    """The settings the notebook reads: the traits of ``ChatMagics`` (see ``docs/notebook.md``),
-    read-only here."""
+class ErrorLog(dict):  # type: ignore[type-arg]
+    """``Err[n]``: the exception cell ``n`` raised (only cells that failed have an entry)."""
 
-    @property
-    def model(self) -> str: ...
+    def __missing__(self, key: Any) -> Any:
+        raise KeyError(
+            f"cell {key!r} raised no error this session (cells with errors: "
+            f"{', '.join(map(str, sorted(self))) or 'none'})"
+        )
 
-    @property
-    def system(self) -> str: ...
-
-    @property
-    def stream(self) -> bool: ...
-
-    @property
-    def history_length(self) -> int: ...
-
-    @property
-    def thread(self) -> str: ...
-
-    @property
-    def cache(self) -> str: ...
-
-    @property
-    def cache_file(self) -> str: ...
-
-    @property
-    def format(self) -> str: ...
-
-    @property
-    def live(self) -> str: ...
-
-    @property
-    def interpolate(self) -> bool: ...
-
-    @property
-    def max_value_chars(self) -> int: ...
-
-    @property
-    def max_rows(self) -> int: ...
-
-    @property
-    def max_tokens(self) -> int | None: ...
-
-    @property
-    def temperature(self) -> float | None: ...
-
-    @property
-    def timeout(self) -> float | None: ...
-
-    @property
-    def max_tool_rounds(self) -> int: ...
-
-    @property
-    def update_rate(self) -> float: ...
-
-    @property
-    def login_on_demand(self) -> bool: ...
-
-    @property
-    def login_min_interval(self) -> float: ...
+    def record(self, execution_count: int | None, error: BaseException | None) -> None:
+        """Store ``error`` as ``Err[execution_count]`` (``post_run_cell`` calls this)."""
+        if execution_count is None or error is None:
+            return
+        self[execution_count] = error
 
 
 class KernelState:
@@ -182,6 +133,8 @@ class KernelState:
         """``-m a,b,c`` → ``["a", "b", "c"]``; nothing → the default model."""
         if not value or not value.strip():
             return [self.default_model()[0]]
+        from IPython.core.error import UsageError  # (in memory already: IPython runs this)
+
         specs = [s.strip() for s in value.split(",") if s.strip()]
         if not specs:
             raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")

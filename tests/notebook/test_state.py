@@ -181,7 +181,7 @@ def test_a_failing_login_keeps_no_adapter(state: Any) -> None:
 # -- %load_ext -------------------------------------------------------------------------------------
 
 
-def test_the_magics_hold_one_state_and_load_ext_imports_it_without_the_thread_store() -> None:
+def test_the_magics_hold_one_state_and_load_ext_imports_only_it_and_the_constants() -> None:
     code = (
         "import sys\n"
         "from IPython.core.interactiveshell import InteractiveShell\n"
@@ -195,5 +195,5 @@ def test_the_magics_hold_one_state_and_load_ext_imports_it_without_the_thread_st
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == (
         "['dispatch_nb.notebook.constants', 'dispatch_nb.notebook.magics', "
-        "'dispatch_nb.notebook.prompt', 'dispatch_nb.notebook.state']"
+        "'dispatch_nb.notebook.state']"
     ), out.stdout + out.stderr
