@@ -351,7 +351,7 @@ class CellRun:
     state: KernelState
     args: argparse.Namespace
     cell: str
-    plan_: CellPlan | None = None
+    cell_plan: CellPlan | None = None
     view: LiveView | None = None
     outcomes: list[JobOutcome] = field(default_factory=list)
     interrupted: bool = False
@@ -400,7 +400,7 @@ class CellRun:
             CallPlan(spec=spec, adapter=adapter, **common)
             for spec, adapter in zip(specs, self._adapters(specs, mode), strict=True)
         ]
-        self.plan_ = CellPlan(
+        self.cell_plan = CellPlan(
             prompt=prompt,
             calls=calls,
             fmt=args.format or settings.format,
@@ -410,7 +410,7 @@ class CellRun:
             use_history=use_history,
             schema=schema,
         )
-        return self.plan_
+        return self.cell_plan
 
     @property
     def namespace(self) -> dict[str, Any]:
@@ -682,9 +682,9 @@ class CellRun:
 
     # -- the steps' order ------------------------------------------------------------------------
     def _planned(self) -> CellPlan:
-        if self.plan_ is None:
+        if self.cell_plan is None:
             raise RuntimeError("CellRun.plan() has not run")
-        return self.plan_
+        return self.cell_plan
 
     def _viewed(self) -> LiveView:
         if self.view is None:
