@@ -1,7 +1,12 @@
 """The notebook layer: the only part of dispatch_nb that imports IPython and ipywidgets.
 
 * ``magics.py``  — ``%%chat`` / ``%chat`` and the ``ChatMagics`` traits (loaded by ``%load_ext``)
-* ``cell.py``    — one ``%%chat`` execution, start to finish
+* ``state.py``   — ``KernelState``: adapters, caches, threads, ``Err``, the running cell (one per kernel)
+* ``settings.py``— ``Settings``: the ``ChatMagics`` traits as a type (for the checker only)
+* ``constants.py`` — the option choices (formats, cache and live modes, subcommands); imports nothing
+* ``cell.py``    — one ``%%chat`` execution, start to finish: ``CellRun`` (plan / run / finish / record)
+* ``options.py`` — the checks of a ``%%chat`` line's options (``-o``, limits, ``--tools``, ``--schema``)
+* ``each.py``    — ``%%chat --each``: one prompt over the rows of a list or DataFrame
 * ``prompt.py``  — ``{expression}`` interpolation, ``In``/``Out``/``Err`` references, summaries
 * ``threads.py`` — conversation memory; re-running a cell replaces its turn
 * ``runner.py``  — model calls on worker threads, events handed to the kernel's thread, Ctrl-C

@@ -1,28 +1,33 @@
-"""One ``%%chat`` execution, start to finish.
+"""One ``%%chat`` execution, start to finish: a :class:`CellRun` and its four steps.
 
-1. Build the prompt (``prompt.py``) and pick the thread and the cell's turn key (``threads.py``).
-2. Get an adapter per model (cached per kernel; a Copilot model without a login first shows the
-   device-login view, ``login.py``; ``--cache`` wraps it in the response cache).
-3. Run one :class:`~dispatch_nb.notebook.runner.Job` per model on worker threads; the kernel's
-   thread feeds the live view (``live.py``).
-4. Replace the live view with one static output (``display.py``), record the turn, store ``-o``,
-   put ``-f code`` into the next cell, and raise a short :class:`ChatError` /
+1. :meth:`CellRun.plan` — build the prompt (``prompt.py``), check the options (``options.py``),
+   pick the thread and the cell's turn key (``threads.py``), get an adapter per model from the
+   :class:`~dispatch_nb.notebook.state.KernelState` (a Copilot model without a login first shows
+   the device-login view, ``login.py``; ``--cache`` wraps it in the response cache) and describe
+   each model's call (:class:`CallPlan`). Nothing is sent yet.
+2. :meth:`CellRun.run` — run one :class:`~dispatch_nb.notebook.runner.Job` per model on worker
+   threads; the kernel's thread feeds the live view (``live.py``). Ctrl-C stops the jobs and keeps
+   what arrived.
+3. :meth:`CellRun.finish` — replace the live view with one static output (``display.py``).
+4. :meth:`CellRun.record` — record the turn, store ``-o`` and ``Out[n]``, put ``-f code`` into
+   the next cell; then :meth:`CellRun.raise_failure` raises a short :class:`ChatError` /
    :class:`ChatInterrupted` if something went wrong — after the partial answer is shown.
 
-This module is imported on the first ``%%chat``, never by ``%load_ext``.
+``%%chat --each`` cells go to ``each.py`` instead. This module is imported on the first
+``%%chat``, never by ``%load_ext``.
 """
 
 from __future__ import annotations
 
 import argparse
-import keyword
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import DispatchError, RequestCancelled
 from ..types import (
@@ -48,86 +53,28 @@ from .display import (
     final_output,
     parsed_output,
 )
-from .live import detect_mode, has_kernel, make_view
-from .prompt import PromptError, build_prompt
+from .each import run_each_cell
+from .live import LiveView, detect_mode, has_kernel, make_view
+from .login import ensure_copilot_login
+from .options import check_limits, check_output_name, resolve_schema, resolve_tools
+from .prompt import Prompt, PromptError, build_prompt
 from .runner import Job, JobOutcome, RetryEvent, run_jobs
-from .threads import cell_identity, cell_key, turn_from
+from .state import KernelState
+from .threads import ChatThread, cell_identity, cell_key, turn_from
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
-    from .magics import ChatMagics
 
-__all__ = ["default_spec", "get_adapter", "run_chat_cell"]
+__all__ = ["CallPlan", "CallResult", "CellPlan", "CellRun", "make_work", "run_chat_cell"]
 
 
 # ------------------------------------------------------------------------------------------------
-# models and adapters
-
-
-def default_spec(magics: ChatMagics) -> tuple[str, str]:
-    """The default model spec and why it was chosen."""
-    spec, reason, _hint = resolve_default(magics)
-    return spec, reason
-
-
-def resolve_default(magics: ChatMagics) -> tuple[str, str, str]:
-    """The default model spec, why it was chosen, and a hint for the user (or ``""``)."""
-    if magics.model.strip():
-        return magics.model.strip(), "%config ChatMagics.model", ""
-    from ..defaults import resolve_default_model
-
-    resolved = resolve_default_model()
-    return resolved.spec, resolved.reason, resolved.login_hint
-
-
-def split_specs(value: str | None, magics: ChatMagics) -> list[str]:
-    """``-m a,b,c`` → ``["a", "b", "c"]``; nothing → the default model."""
-    if not value or not value.strip():
-        return [resolve_default(magics)[0]]
-    specs = [s.strip() for s in value.split(",") if s.strip()]
-    if not specs:
-        raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")
-    if len(set(specs)) != len(specs):
-        raise UsageError(f"-m lists a model twice: {value}")
-    return specs
-
-
-def cache_mode(magics: ChatMagics, requested: str | None) -> str:
-    """The cache mode in force: ``--cache``, else ``ChatMagics.cache``, else ``$DISPATCH_NB_CACHE``."""
-    from ..cache import resolve_cache_mode
-
-    return resolve_cache_mode(requested or magics.cache or None)
-
-
-def get_adapter(magics: ChatMagics, spec: str, mode: str = "off") -> Adapter:
-    """The adapter for ``spec`` (cached per kernel), behind the response cache unless ``off``."""
-    key = (spec, mode)
-    cached: Adapter | None = magics._adapters.get(key)
-    if cached is not None:
-        return cached
-    from ..registry import parse_model_spec
-    from ..replay_only import connect_for_cache
-
-    provider, _model = parse_model_spec(spec)
-    if provider == "copilot" and magics.login_on_demand and mode != "replay":
-        ensure_copilot_login(magics)  # replay sends nothing, so it needs no login
-    adapter = connect_for_cache(spec, mode)  # replay needs no model (nor its extra) either
-    if mode != "off":
-        from ..cache import CachedAdapter, ResponseCache
-
-        cache = magics._caches.get(mode)
-        if cache is None:
-            cache = magics._caches[mode] = ResponseCache(magics.cache_file or None, mode)
-        adapter = CachedAdapter(adapter, cache)
-    magics._adapters[key] = adapter
-    return adapter
+# adapters
 
 
 def was_replayed(adapter: Adapter) -> bool:
     """True when every call ``adapter`` (a cell's :func:`labelled` adapter) made was answered
     from the response cache — replay, or a read-write hit — so the answer has no real latency."""
-    from ..cache import CachedAdapter
-
     return (
         isinstance(adapter, CachedAdapter)
         and adapter.replayed_calls > 0
@@ -137,102 +84,7 @@ def was_replayed(adapter: Adapter) -> bool:
 
 def labelled(adapter: Adapter, label: str) -> Adapter:
     """A cached adapter that names ``label`` (e.g. ``In[3]``) in what it records and misses."""
-    from ..cache import CachedAdapter
-
     return adapter.with_label(label) if isinstance(adapter, CachedAdapter) else adapter
-
-
-def ensure_copilot_login(magics: ChatMagics) -> None:
-    """Show the device login when no GitHub token is available; raise ChatError if it fails."""
-    from ..auth.token_store import find_github_token
-
-    if find_github_token() is not None:
-        return
-    from .login import run_login
-
-    run_login(magics, reason="This cell uses GitHub Copilot, which needs a GitHub login.")
-
-
-# ------------------------------------------------------------------------------------------------
-# tools
-
-
-def resolve_tools(names: str | None, namespace: dict[str, Any]) -> list[Any]:
-    """``--tools f,g`` → tool objects from the namespace (``@tool`` objects or typed functions)."""
-    if not names:
-        return []
-    from ..tools import Tool, tool
-
-    out: list[Any] = []
-    for name in (n.strip() for n in names.split(",")):
-        if not name:
-            continue
-        if name not in namespace:
-            raise ChatError(
-                "Unknown tool", f"there is no {name!r} in the namespace", "Define the function first."
-            )
-        obj = namespace[name]
-        if isinstance(obj, Tool):
-            out.append(obj)
-        elif callable(obj):
-            try:
-                out.append(tool(obj))
-            except (TypeError, ValueError) as exc:
-                raise ChatError("Tool error", f"{name}: {exc}", "Add type hints, or use @tool.") from None
-        else:
-            from ..validation import article
-
-            raise ChatError("Tool error", f"{name} is {article(type(obj).__name__)}, not a function")
-    return out
-
-
-# ------------------------------------------------------------------------------------------------
-# --schema
-
-SCHEMA_ACCEPTED = (
-    "--schema takes a pydantic model class, a type such as list[Review], a TypedDict or a "
-    "dataclass, or a JSON Schema dict, from the namespace"
-)
-
-
-def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
-    """``--schema NAME`` → a checked :class:`~dispatch_nb.structured.StructuredOutput` (None
-    without the option). ``NAME`` may be an expression such as ``list[Review]``, evaluated in the
-    namespace. A missing name or a value that is not a schema is a ``UsageError`` saying what is
-    accepted; the schema is built and checked here, before anything is sent."""
-    if expression is None:
-        return None
-    expression = expression.strip()
-    if not expression:
-        raise UsageError(f"--schema needs a name: {SCHEMA_ACCEPTED}")
-    try:
-        value = eval(expression, namespace)  # the user's own expression, in their kernel
-    except NameError as exc:
-        raise UsageError(f"--schema {expression}: {exc}. {SCHEMA_ACCEPTED}.") from None
-    except Exception as exc:
-        raise UsageError(
-            f"--schema {expression} could not be evaluated ({type(exc).__name__}: {exc}). "
-            f"{SCHEMA_ACCEPTED}."
-        ) from None
-    import typing
-
-    from ..structured import StructuredOutput, as_output
-
-    schema_like = (
-        isinstance(value, (type, dict, StructuredOutput))
-        or typing.get_origin(value) is not None
-    )
-    if not schema_like:
-        from ..validation import article
-
-        raise UsageError(
-            f"--schema {expression} is {article(type(value).__name__)}, not a schema. "
-            f"{SCHEMA_ACCEPTED}."
-        )
-    try:
-        return as_output(value)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"--schema {expression}: {exc}. {SCHEMA_ACCEPTED}.") from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -342,7 +194,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         return CallResult(response, [response.to_message()])
 
     def with_tools(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
-        from ..session import Session
+        from ..session import Session  # only for --tools
 
         session = Session(
             plan.adapter,
@@ -396,6 +248,13 @@ def _partial_response(outcome: JobOutcome) -> Response | None:
     return None
 
 
+def _parsed_response(outcome: JobOutcome) -> Response | None:
+    """The structured answer a job ended with (None when it failed)."""
+    if outcome.error is None and isinstance(outcome.result, CallResult):
+        return outcome.result.response
+    return None
+
+
 def _response_of(outcome: JobOutcome, transcript: Any) -> Response | None:
     """The answer a job ended with: its result, else the partial answer of its error, else
     what the transcript shows (a job abandoned while a tool ran)."""
@@ -411,6 +270,16 @@ def _response_of(outcome: JobOutcome, transcript: Any) -> Response | None:
     return Response(content=[TextBlock(text=text)], model=transcript.model or "", usage=usage)
 
 
+def _stored(outcome: JobOutcome, transcript: Any) -> Any:
+    """What ``-o`` keeps of one model: the answer; on Ctrl-C what arrived (else the error); on a
+    failure the error (its ``.partial`` holds what arrived)."""
+    if outcome.error is None:
+        return _response_of(outcome, transcript)
+    if isinstance(outcome.error, RequestCancelled):
+        return _response_of(outcome, transcript) or outcome.error
+    return outcome.error
+
+
 def _clean(text: str, where: str, notes: list[str]) -> str:
     cleaned, count = replace_lone_surrogates(text)
     if count:
@@ -418,110 +287,208 @@ def _clean(text: str, where: str, notes: list[str]) -> str:
     return cleaned
 
 
-def _check_output_name(name: str | None) -> None:
-    if name is None:
-        return
-    if not name.isidentifier() or keyword.iskeyword(name):
-        raise UsageError(
-            f"-o needs a Python variable name (letters, digits and _, not starting with a digit), "
-            f"not {name!r}"
-        )
-
-
-def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell: str) -> None:
-    """Run one ``%%chat`` cell (see the module docstring)."""
-    shell = magics.shell
-    assert shell is not None
-    namespace = shell.user_ns
-    fmt = args.format or magics.format
-    interpolate = magics.interpolate and not args.no_interpolate
-    _check_output_name(args.output)
-    if args.each is not None:
-        from .each import run_each_cell
-
-        run_each_cell(magics, args, cell)
-        return
+def _available_models(plan: CallPlan) -> list[str]:
     try:
-        prompt = build_prompt(
-            cell,
-            namespace,
-            interpolate=interpolate,
-            max_chars=magics.max_value_chars,
-            max_rows=magics.max_rows,
+        return [m.id for m in plan.adapter.list_models()]
+    except Exception:
+        return []
+
+
+@dataclass
+class CellPlan:
+    """What a ``%%chat`` cell will do, decided before anything is sent (:meth:`CellRun.plan`)."""
+
+    #: the prompt as sent, and the notes shown above the answer
+    prompt: Prompt
+    #: one call per model (``-m a,b`` compares them)
+    calls: list[CallPlan]
+    #: ``-f``
+    fmt: str
+    #: the thread the turn goes into, its name and the cell's turn key
+    thread: ChatThread
+    thread_name: str
+    key: str
+    #: False with ``--no-history``: no earlier turn sent, this one not recorded
+    use_history: bool
+    #: ``--schema``: the checked StructuredOutput (None: plain text)
+    schema: Any = None
+
+    @property
+    def specs(self) -> list[str]:
+        """The model specs, in ``-m`` order."""
+        return [call.spec for call in self.calls]
+
+    @property
+    def compare(self) -> bool:
+        """True when several models answer side by side."""
+        return len(self.calls) > 1
+
+
+@dataclass
+class CellRun:
+    """One ``%%chat`` execution (see the module docstring): :meth:`plan`, :meth:`run`,
+    :meth:`finish`, :meth:`record`, :meth:`raise_failure` — :meth:`execute` runs them in order.
+    Each step keeps what it produced on the object for the next one."""
+
+    state: KernelState
+    args: argparse.Namespace
+    cell: str
+    cell_plan: CellPlan | None = None
+    view: LiveView | None = None
+    outcomes: list[JobOutcome] = field(default_factory=list)
+    interrupted: bool = False
+    final: FinalOutput | None = None
+
+    def execute(self) -> None:
+        """Plan, run, finish and record the cell; raise what went wrong last."""
+        self.plan()
+        self.run()
+        self.finish()
+        self.record()
+        self.raise_failure()
+
+    # -- 1. plan ---------------------------------------------------------------------------------
+    def plan(self) -> CellPlan:
+        """Check the options, build the prompt, pick the thread, get the adapters (a Copilot
+        model may show the login first). Raises ``UsageError`` / :class:`ChatError` before
+        anything is sent."""
+        args, settings = self.args, self.state.settings
+        prompt = self._prompt()
+        check_limits(args)
+        specs = self._models(prompt.notes)
+        tools = resolve_tools(args.tools, self.namespace)
+        schema = self._schema()
+        mode = self.state.cache_mode(args.cache)
+        system = args.system if args.system is not None else (settings.system or None)
+        if system is not None:
+            system = _clean(system, "the system prompt", prompt.notes)
+        thread_name, thread, key = self._turn()
+        use_history = not args.no_history
+        common: dict[str, Any] = {
+            "history": thread.history_for(key) if use_history else [],
+            "user": Message(role="user", content=prompt.text),
+            "system": system,
+            "max_tokens": args.max_tokens if args.max_tokens is not None else settings.max_tokens,
+            "temperature": (
+                args.temperature if args.temperature is not None else settings.temperature
+            ),
+            "timeout": settings.timeout,
+            "stream": settings.stream and not args.no_stream,
+            "tools": tools,
+            "max_tool_rounds": settings.max_tool_rounds,
+            "output": schema,
+        }
+        calls = [
+            CallPlan(spec=spec, adapter=adapter, **common)
+            for spec, adapter in zip(specs, self._adapters(specs, mode), strict=True)
+        ]
+        self.cell_plan = CellPlan(
+            prompt=prompt,
+            calls=calls,
+            fmt=args.format or settings.format,
+            thread=thread,
+            thread_name=thread_name,
+            key=key,
+            use_history=use_history,
+            schema=schema,
         )
-    except PromptError as exc:
-        raise explain_error(exc) from None
-    text = re.sub(r"\A(?:[ \t]*\n)+", "", prompt.text).rstrip()  # surrounding blank lines
-    if not text:
-        raise UsageError("the %%chat cell is empty: write the prompt below the %%chat line")
-    text = _clean(text, "the prompt", prompt.notes)
+        return self.cell_plan
 
-    if args.temperature is not None and not 0 <= args.temperature <= 2:
-        raise UsageError(f"--temperature must be between 0 and 2, not {args.temperature}")
-    if args.max_tokens is not None and args.max_tokens <= 0:
-        raise UsageError(f"--max-tokens must be a positive integer, not {args.max_tokens}")
-    specs = split_specs(args.model, magics)
-    if not args.model and not magics.model.strip():
-        hint = resolve_default(magics)[2]
-        if hint:
-            prompt.notes.append(hint)
-    compare = len(specs) > 1
-    tools = resolve_tools(args.tools, namespace)
-    schema = resolve_schema(args.schema, namespace)
-    if schema is not None and args.format in ("code", "text"):
-        raise UsageError(f"--schema shows the answer as a table: -f {args.format} does not apply")
-    mode = cache_mode(magics, args.cache)
-    stream = magics.stream and not args.no_stream
-    system = args.system if args.system is not None else (magics.system or None)
-    if system is not None:
-        system = _clean(system, "the system prompt", prompt.notes)
+    @property
+    def namespace(self) -> dict[str, Any]:
+        """The user's namespace."""
+        shell = self.state.shell
+        assert shell is not None
+        return shell.user_ns  # type: ignore[no-any-return]
 
-    # Conversation memory.
-    thread_name = args.thread or magics.thread
-    thread = magics.threads.get(thread_name)
-    if args.new:
-        thread.clear()
-    identity = cell_identity(magics.cell_id, magics.execution_count)
-    key = cell_key(identity, magics.next_occurrence(f"{thread_name}\n{identity}"))
-    use_history = not args.no_history
-    history = thread.history_for(key) if use_history else []
-    user = Message(role="user", content=text)
-
-    # Adapters (a Copilot model may show the login first).
-    adapters: list[Adapter] = []
-    label = f"In[{magics.execution_count}]" if magics.execution_count is not None else "%%chat"
-    for spec in specs:
+    def _prompt(self) -> Prompt:
+        """The cell's text with ``{expressions}`` filled in, without surrounding blank lines."""
+        settings = self.state.settings
         try:
-            adapters.append(labelled(get_adapter(magics, spec, mode), label))
-        except (DispatchError, ImportError) as exc:
-            raise explain_error(exc, spec=spec) from None
+            prompt = build_prompt(
+                self.cell,
+                self.namespace,
+                interpolate=settings.interpolate and not self.args.no_interpolate,
+                max_chars=settings.max_value_chars,
+                max_rows=settings.max_rows,
+            )
+        except PromptError as exc:
+            raise explain_error(exc) from None
+        text = re.sub(r"\A(?:[ \t]*\n)+", "", prompt.text).rstrip()  # surrounding blank lines
+        if not text:
+            raise UsageError("the %%chat cell is empty: write the prompt below the %%chat line")
+        prompt.text = _clean(text, "the prompt", prompt.notes)
+        return prompt
 
-    plans = [
-        CallPlan(
-            spec=spec,
-            adapter=adapter,
-            history=history,
-            user=user,
-            system=system,
-            max_tokens=args.max_tokens if args.max_tokens is not None else magics.max_tokens,
-            temperature=args.temperature if args.temperature is not None else magics.temperature,
-            timeout=magics.timeout,
-            stream=stream,
-            tools=tools,
-            max_tool_rounds=magics.max_tool_rounds,
-            output=schema,
-        )
-        for spec, adapter in zip(specs, adapters, strict=True)
-    ]
-    jobs = [Job(name=plan.spec, work=make_work(plan)) for plan in plans]
+    def _models(self, notes: list[str]) -> list[str]:
+        """``-m``'s specs, else the default model (and its hint, added to ``notes``)."""
+        specs = self.state.model_specs(self.args.model)
+        if not self.args.model and not self.state.settings.model.strip():
+            hint = self.state.default_model()[2]
+            if hint:
+                notes.append(hint)
+        return specs
 
-    live_mode = detect_mode(shell, magics.live)
-    view = make_view(live_mode, specs, rate=magics.update_rate, in_kernel=has_kernel(shell))
-    view.start(prompt.notes)
+    def _schema(self) -> Any:
+        """``--schema``'s StructuredOutput (None without it); a table cannot be ``-f code|text``."""
+        schema = resolve_schema(self.args.schema, self.namespace)
+        if schema is not None and self.args.format in ("code", "text"):
+            raise UsageError(
+                f"--schema shows the answer as a table: -f {self.args.format} does not apply"
+            )
+        return schema
 
-    def on_done(index: int, outcome: JobOutcome) -> None:
+    def _turn(self) -> tuple[str, ChatThread, str]:
+        """The thread (cleared by ``--new``), its name, and this cell's turn key in it."""
+        name = self.args.thread or self.state.settings.thread
+        thread = self.state.threads.get(name)
+        if self.args.new:
+            thread.clear()
+        identity = cell_identity(self.state.cell_id, self.state.execution_count)
+        key = cell_key(identity, self.state.next_occurrence(f"{name}\n{identity}"))
+        return name, thread, key
+
+    def _adapters(self, specs: list[str], mode: str) -> list[Adapter]:
+        """One adapter per model, labelled with the cell (``In[n]``) for the response cache."""
+        adapters: list[Adapter] = []
+        for spec in specs:
+            try:
+                adapter = self.state.adapter(
+                    spec, mode, login=lambda: ensure_copilot_login(self.state)
+                )
+            except (DispatchError, ImportError) as exc:
+                raise explain_error(exc, spec=spec) from None
+            adapters.append(labelled(adapter, self.state.label))
+        return adapters
+
+    # -- 2. run ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Run every model's call with the live view; Ctrl-C sets :attr:`interrupted`."""
+        plan = self._planned()
+        settings = self.state.settings
+        shell = self.state.shell
+        jobs = [Job(name=call.spec, work=make_work(call)) for call in plan.calls]
+        live_mode = detect_mode(shell, settings.live)
+        view = make_view(live_mode, plan.specs, rate=settings.update_rate, in_kernel=has_kernel(shell))
+        self.view = view
+        view.start(plan.prompt.notes)
+        try:
+            try:
+                run_jobs(jobs, view.feed, tick=view.tick, on_done=self._job_done,
+                         on_interrupt=view.interrupt)
+            except KeyboardInterrupt:
+                self.interrupted = True
+        except BaseException:
+            view.close()
+            raise
+        self.outcomes = [job.outcome for job in jobs]
+
+    def _job_done(self, index: int, outcome: JobOutcome) -> None:
+        """A model finished: complete its transcript and show its footer."""
+        view = self._viewed()
         transcript = view.transcripts[index]
-        transcript.replayed = outcome.error is None and was_replayed(plans[index].adapter)
+        call = self._planned().calls[index]
+        transcript.replayed = outcome.error is None and was_replayed(call.adapter)
         result = outcome.result
         if isinstance(result, CallResult):
             transcript.finish(result.response)
@@ -532,29 +499,54 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
             error = INTERRUPTED if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
         view.job_done(index, transcript.footer(outcome.latency), error)
 
-    interrupted = False
-    try:
-        try:
-            run_jobs(jobs, view.feed, tick=view.tick, on_done=on_done, on_interrupt=view.interrupt)
-        except KeyboardInterrupt:
-            interrupted = True
-    except BaseException:
-        view.close()
-        raise
+    # -- 3. finish -------------------------------------------------------------------------------
+    def finish(self) -> FinalOutput:
+        """Replace the live view with the cell's one static output."""
+        plan, view = self._planned(), self._viewed()
+        if plan.compare:
+            final = self._compare_output()
+        elif (
+            plan.schema is not None
+            and _parsed_response(self.outcomes[0]) is not None
+            and not self.interrupted
+        ):
+            final = self._parsed_output()
+        else:
+            final = self._answer_output()
+        view.finish(final)
+        self.final = final
+        return final
 
-    outcomes = [job.outcome for job in jobs]
-    extra = {"thread": None if (compare or not use_history) else thread_name, "live": view.mode}
-    context = {"history_turns": len(thread) if use_history else 0, "no_history": args.no_history}
+    @property
+    def context(self) -> dict[str, Any]:
+        """What the cell sent besides the prompt, for error advice (``explain_error``)."""
+        plan = self._planned()
+        turns = len(plan.thread) if plan.use_history else 0
+        return {"history_turns": turns, "no_history": self.args.no_history}
 
-    if compare:
+    def _extra(self) -> dict[str, Any]:
+        """The footer's metadata: the thread (not for a comparison or --no-history), the view."""
+        plan = self._planned()
+        thread = None if (plan.compare or not plan.use_history) else plan.thread_name
+        return {"thread": thread, "live": self._viewed().mode}
+
+    def _notes(self) -> list[str]:
+        """The prompt's notes plus the warnings logged while the answers streamed."""
+        out = list(self._planned().prompt.notes)
+        for transcript in self._viewed().transcripts:
+            out += [n for n in transcript.log_notes if n not in out]
+        return out
+
+    def _compare_output(self) -> FinalOutput:
+        plan, view = self._planned(), self._viewed()
         entries = []
-        for spec, transcript, outcome in zip(specs, view.transcripts, outcomes, strict=True):
+        for spec, transcript, outcome in zip(plan.specs, view.transcripts, self.outcomes, strict=True):
             error = None
             if outcome.error is not None:
                 if isinstance(outcome.error, RequestCancelled):
                     error = INTERRUPTED
                 else:
-                    error = explain_error(outcome.error, spec=spec, context=context).message
+                    error = explain_error(outcome.error, spec=spec, context=self.context).message
             entries.append(
                 CompareEntry(
                     spec=spec,
@@ -565,135 +557,127 @@ def run_chat_cell(magics: ChatMagics, args: argparse.Namespace, line: str, cell:
                 )
             )
         parsed = None
-        if schema is not None:
-            parsed = [_parsed_response(o) for o in outcomes]
-        final = compare_output(entries, extra=extra, notes=_all_notes(prompt.notes, view),
-                               parsed=parsed)
-    elif schema is not None and _parsed_response(outcomes[0]) is not None and not interrupted:
-        outcome = outcomes[0]
+        if plan.schema is not None:
+            parsed = [_parsed_response(o) for o in self.outcomes]
+        return compare_output(entries, extra=self._extra(), notes=self._notes(), parsed=parsed)
+
+    def _parsed_output(self) -> FinalOutput:
+        outcome = self.outcomes[0]
         response = _parsed_response(outcome)
         assert response is not None
-        final = parsed_output(
-            view.transcripts[0],
+        return parsed_output(
+            self._viewed().transcripts[0],
             response,
             latency=outcome.latency if outcome.ended else None,
             ttft=outcome.time_to_first_output,
-            extra={**extra, "schema": args.schema.strip()},
-            notes=_all_notes(prompt.notes, view),
+            extra={**self._extra(), "schema": self.args.schema.strip()},
+            notes=self._notes(),
         )
-    else:
-        outcome = outcomes[0]
+
+    def _answer_output(self) -> FinalOutput:
+        outcome = self.outcomes[0]
         note = None
-        if interrupted or isinstance(outcome.error, RequestCancelled):
+        if self.interrupted or isinstance(outcome.error, RequestCancelled):
             note = "⏹ " + INTERRUPTED
         elif outcome.error is not None:
             note = f"⚠ {type(outcome.error).__name__}"
-        final = final_output(
-            view.transcripts[0],
-            fmt=fmt,
+        return final_output(
+            self._viewed().transcripts[0],
+            fmt=self._planned().fmt,
             latency=outcome.latency if outcome.ended else None,
             ttft=outcome.time_to_first_output,
-            extra=extra,
+            extra=self._extra(),
             note=note,
-            notes=_all_notes(prompt.notes, view),
-            failed=interrupted or outcome.error is not None,
+            notes=self._notes(),
+            failed=self.interrupted or outcome.error is not None,
         )
-    view.finish(final)
 
-    _after(magics, args, final, plans, outcomes, view.transcripts, thread, key, use_history,
-           compare, fmt)
+    # -- 4. record -------------------------------------------------------------------------------
+    def record(self) -> None:
+        """Record the turn, store ``-o VAR`` and ``Out[n]``, send ``-f code`` to the next cell.
 
-    if interrupted:
-        raise ChatInterrupted(_interrupted_message(view)) from None
-    failures = [
-        (spec, o.error) for spec, o in zip(specs, outcomes, strict=True) if o.error is not None
-    ]
-    if failures and not compare:
-        failed_spec, failure = failures[0]
-        if isinstance(failure, RequestCancelled):
-            raise ChatInterrupted(_interrupted_message(view)) from None
-        if not isinstance(failure, (DispatchError, ChatError)):
-            raise failure
-        available = _available_models(plans[0])
-        raise explain_error(failure, spec=failed_spec, available=available, context=context) from None
-    if failures and len(failures) == len(specs):
-        failed_spec, failure = failures[0]
-        raise explain_error(failure, spec=failed_spec, context=context) from None
+        ``-o`` always stores something: the answer, the partial answer of an interrupted or
+        failed cell (when anything arrived), and in a comparison each model's answer or the
+        error it ended with."""
+        plan, view = self._planned(), self._viewed()
+        namespace = self.namespace
+        output = self.args.output
+        if plan.compare:
+            if output:
+                namespace[output] = {
+                    call.spec: _stored(outcome, transcript)
+                    for call, outcome, transcript in zip(
+                        plan.calls, self.outcomes, view.transcripts, strict=True
+                    )
+                }
+            return
+        outcome = self.outcomes[0]
+        if output:
+            namespace[output] = _stored(outcome, view.transcripts[0])
+        result = outcome.result if isinstance(outcome.result, CallResult) else None
+        if result is None:
+            return
+        count = self.state.execution_count
+        if plan.use_history:
+            plan.thread.record(
+                turn_from(plan.key, plan.calls[0].user, result.produced, result.response, count)
+            )
+        out = namespace.get("Out")
+        if isinstance(out, dict) and isinstance(count, int):
+            out[count] = result.response
+        final = self.final
+        if plan.fmt == "code" and final is not None and final.code:
+            try:
+                self.state.shell.set_next_input(final.code, replace=False)
+            except Exception:
+                pass
+
+    def raise_failure(self) -> None:
+        """Raise what went wrong, after the output is shown: :class:`ChatInterrupted` on Ctrl-C,
+        the one model's error as a short :class:`ChatError`, or in a comparison the first error
+        when every model failed."""
+        plan = self._planned()
+        if self.interrupted:
+            raise ChatInterrupted(self._interrupted_message()) from None
+        failures = [
+            (spec, o.error)
+            for spec, o in zip(plan.specs, self.outcomes, strict=True)
+            if o.error is not None
+        ]
+        if failures and not plan.compare:
+            failed_spec, failure = failures[0]
+            if isinstance(failure, RequestCancelled):
+                raise ChatInterrupted(self._interrupted_message()) from None
+            if not isinstance(failure, (DispatchError, ChatError)):
+                raise failure
+            available = _available_models(plan.calls[0])
+            raise explain_error(
+                failure, spec=failed_spec, available=available, context=self.context
+            ) from None
+        if failures and len(failures) == len(plan.calls):
+            failed_spec, failure = failures[0]
+            raise explain_error(failure, spec=failed_spec, context=self.context) from None
+
+    def _interrupted_message(self) -> str:
+        kept = any(not t.empty for t in self._viewed().transcripts)
+        return INTERRUPTED + ("; the partial answer is kept above" if kept else "")
+
+    # -- the steps' order ------------------------------------------------------------------------
+    def _planned(self) -> CellPlan:
+        if self.cell_plan is None:
+            raise RuntimeError("CellRun.plan() has not run")
+        return self.cell_plan
+
+    def _viewed(self) -> LiveView:
+        if self.view is None:
+            raise RuntimeError("CellRun.run() has not run")
+        return self.view
 
 
-def _parsed_response(outcome: JobOutcome) -> Response | None:
-    """The structured answer a job ended with (None when it failed)."""
-    if outcome.error is None and isinstance(outcome.result, CallResult):
-        return outcome.result.response
-    return None
-
-
-def _all_notes(notes: list[str], view: Any) -> list[str]:
-    """The prompt's notes plus the warnings logged while the answers streamed."""
-    out = list(notes)
-    for transcript in view.transcripts:
-        out += [n for n in transcript.log_notes if n not in out]
-    return out
-
-
-def _interrupted_message(view: Any) -> str:
-    kept = any(not t.empty for t in view.transcripts)
-    return INTERRUPTED + ("; the partial answer is kept above" if kept else "")
-
-
-def _available_models(plan: CallPlan) -> list[str]:
-    try:
-        return [m.id for m in plan.adapter.list_models()]
-    except Exception:
-        return []
-
-
-def _after(
-    magics: ChatMagics,
-    args: argparse.Namespace,
-    final: FinalOutput,
-    plans: list[CallPlan],
-    outcomes: list[JobOutcome],
-    transcripts: list[Any],
-    thread: Any,
-    key: str,
-    use_history: bool,
-    compare: bool,
-    fmt: str,
-) -> None:
-    """Record the turn, store ``-o VAR`` and ``Out[n]``, send ``-f code`` to the next cell.
-
-    ``-o`` always stores something: the answer, the partial answer of an interrupted or failed
-    cell (when anything arrived), and in a comparison each model's answer or the error it ended
-    with."""
-    shell = magics.shell
-    assert shell is not None
-    count = magics.execution_count
-    results = [o.result if isinstance(o.result, CallResult) else None for o in outcomes]
-    def stored(index: int) -> Any:
-        outcome = outcomes[index]
-        if outcome.error is None:
-            return _response_of(outcome, transcripts[index])
-        if isinstance(outcome.error, RequestCancelled):  # Ctrl-C: what arrived, if anything did
-            return _response_of(outcome, transcripts[index]) or outcome.error
-        return outcome.error  # a failure: the error (its .partial holds what arrived)
-
-    if compare:
-        if args.output:
-            shell.user_ns[args.output] = {plan.spec: stored(i) for i, plan in enumerate(plans)}
+def run_chat_cell(state: KernelState, args: argparse.Namespace, cell: str) -> None:
+    """Run one ``%%chat`` cell: a ``--each`` cell (``each.py``) or a :class:`CellRun`."""
+    check_output_name(args.output)
+    if args.each is not None:
+        run_each_cell(state, args, cell)
         return
-    result = results[0]
-    if args.output:
-        shell.user_ns[args.output] = stored(0)
-    if result is None:
-        return
-    if use_history:
-        thread.record(turn_from(key, plans[0].user, result.produced, result.response, count))
-    out = shell.user_ns.get("Out")
-    if isinstance(out, dict) and isinstance(count, int):
-        out[count] = result.response
-    if fmt == "code" and final.code:
-        try:
-            shell.set_next_input(final.code, replace=False)
-        except Exception:
-            pass
+    CellRun(state, args, cell).execute()

@@ -9,28 +9,39 @@ with ``getpass`` and keeps it in this kernel's environment, so it is never in th
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from IPython.core.error import UsageError
+from IPython.core.error import StdinNotImplementedError, UsageError
 
-if TYPE_CHECKING:
-    from .magics import ChatMagics
+from ..auth.token_store import TokenStore, find_github_token
+from ..cache import ResponseCache
+from ..errors import DispatchError
+from ..registry import (
+    find_descriptor,
+    get_descriptor,
+    key_env_rows,
+    list_descriptors,
+    list_providers,
+    parse_model_spec,
+)
+from .display import ChatError, explain_error
+from .live import detect_mode, ipy_display
+from .login import ensure_copilot_login, run_login
+from .state import KernelState
 
 __all__ = ["run"]
 
+
 def _key_env(provider: str) -> str | None:
     """The API-key variable of ``provider`` (its descriptor's ``key_env``), if it uses one."""
-    from ..registry import find_descriptor
-
     descriptor = find_descriptor(provider)
     return descriptor.key_env if descriptor else None
 
 
 def _key_providers() -> list[str]:
-    from ..registry import list_descriptors
-
     return [d.name for d in list_descriptors() if d.key_env]
 
 
@@ -42,12 +53,10 @@ def _plain(markdown: str) -> str:
 
 
 def _show(markdown: str, plain: str | None = None) -> None:
-    from .live import ipy_display
-
     ipy_display({"text/markdown": markdown, "text/plain": plain or _plain(markdown)}, raw=True)
 
 
-def run(magics: ChatMagics, args: argparse.Namespace) -> None:
+def run(state: KernelState, args: argparse.Namespace) -> None:
     """Dispatch ``%chat <command>``."""
     handler = {
         "login": login,
@@ -58,20 +67,20 @@ def run(magics: ChatMagics, args: argparse.Namespace) -> None:
         "reset": reset,
         "key": key,
     }[args.command]
-    handler(magics, args)
+    handler(state, args)
 
 
-def login(magics: ChatMagics, args: argparse.Namespace) -> None:
+def login(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat login [PROVIDER] [--force]``: the GitHub device login for Copilot (when not logged
     in already, or with ``--force``); how to give a key otherwise."""
     provider = (args.target or "copilot").lower()
     env = _key_env(provider)
     if env is not None:
-        state = "is set" if os.environ.get(env) else "is not set"
+        is_set = "is set" if os.environ.get(env) else "is not set"
         _show(
             f"**{provider}** uses an API key, not a login: run `%chat key {provider}` to type it "
             f"(nothing is saved in the notebook), or set `{env}` in the environment Jupyter "
-            f"starts from. `{env}` {state}."
+            f"starts from. `{env}` {is_set}."
         )
         return
     if provider != "copilot":
@@ -85,14 +94,10 @@ def login(magics: ChatMagics, args: argparse.Namespace) -> None:
                 f"{found.source}). `%chat login --force` logs in again."
             )
             return
-    from .login import run_login
-
-    run_login(magics, force=True)
+    run_login(state, force=True)
 
 
 def _github_token() -> Any:
-    from ..auth.token_store import find_github_token
-
     try:
         return find_github_token()
     except Exception:
@@ -101,8 +106,6 @@ def _github_token() -> Any:
 
 def _user_of(found: Any) -> str:
     try:
-        from ..auth.token_store import TokenStore
-
         record = TokenStore().load_record()
         if record is not None and record.user and str(TokenStore().path) == found.source:
             return f" as @{record.user}"
@@ -111,7 +114,7 @@ def _user_of(found: Any) -> str:
     return ""
 
 
-def key(magics: ChatMagics, args: argparse.Namespace) -> None:
+def key(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat key PROVIDER``: ask for the provider's API key (``getpass``: not echoed, not in the
     notebook) and set it in this kernel's environment."""
     provider = (args.target or "").lower()
@@ -122,15 +125,9 @@ def key(magics: ChatMagics, args: argparse.Namespace) -> None:
             + ", ".join(sorted(_key_providers()))
             + (" (Copilot signs in with %chat login)" if provider == "copilot" else "")
         )
-    import getpass
-
-    from IPython.core.error import StdinNotImplementedError
-
     try:
         value = getpass.getpass(f"{env} (not shown, not saved in the notebook): ")
     except (StdinNotImplementedError, EOFError, OSError):
-        from .display import ChatError
-
         raise ChatError(
             "Cannot ask for the key",
             "this front end does not let the kernel ask for input",
@@ -141,20 +138,18 @@ def key(magics: ChatMagics, args: argparse.Namespace) -> None:
         _show(f"Nothing typed: `{env}` is unchanged ({'set' if os.environ.get(env) else 'not set'}).")
         return
     os.environ[env] = value
-    magics.close_adapters()  # the next cell connects with the new key
+    state.close_adapters()  # the next cell connects with the new key
     _show(
         f"`{env}` is set for this kernel (until it restarts). It is not saved in the notebook or "
         "anywhere else."
     )
 
 
-def logout(magics: ChatMagics, args: argparse.Namespace) -> None:
+def logout(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat logout``: delete the saved GitHub token; say what else could still log you in."""
-    from ..auth.token_store import TokenStore, find_github_token
-
     store = TokenStore()
     removed = store.delete()
-    magics.close_adapters()
+    state.close_adapters()
     lines = [
         f"Removed the saved GitHub token ({store.path})." if removed else
         f"There was no saved GitHub token ({store.path})."
@@ -171,31 +166,27 @@ def logout(magics: ChatMagics, args: argparse.Namespace) -> None:
     _show("\n\n".join(lines))
 
 
-def status(magics: ChatMagics, args: argparse.Namespace) -> None:
+def status(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat status``: default model and why, login, keys (set or not), cache, live view, threads."""
-    from .cell import cache_mode, resolve_default
-    from .live import detect_mode
-
-    spec, reason, hint = resolve_default(magics)
+    settings = state.settings
+    spec, reason, hint = state.default_model()
     rows = [("default model", f"`{spec}`" + (f" — {reason}" if reason else ""))]
     if hint:
         rows.append(("hint", hint))
     rows.append(("GitHub Copilot", _copilot_state()))
-    from ..registry import key_env_rows
-
     for provider, env in key_env_rows():
         rows.append((provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}"))
     if os.environ.get("OPENAI_BASE_URL"):
         rows.append(("OpenAI base URL", f"`{os.environ['OPENAI_BASE_URL']}`"))
-    mode = cache_mode(magics, None)
+    mode = state.cache_mode()
     cache = f"`{mode}`"
     if mode != "off":
-        from ..cache import ResponseCache
-
-        cache += f" — `{ResponseCache(magics.cache_file or None, mode).path}`"
+        cache += f" — `{ResponseCache(settings.cache_file or None, mode).path}`"
     rows.append(("cache", cache))
-    rows.append(("live view", f"`{detect_mode(magics.shell, magics.live)}` (asked: `{magics.live}`)"))
-    threads = magics.threads.summary()
+    rows.append(
+        ("live view", f"`{detect_mode(state.shell, settings.live)}` (asked: `{settings.live}`)")
+    )
+    threads = state.threads.summary()
     rows.append(
         (
             "threads",
@@ -210,8 +201,6 @@ def status(magics: ChatMagics, args: argparse.Namespace) -> None:
 
 def _copilot_state() -> str:
     try:
-        from ..auth.token_store import TokenStore, find_github_token
-
         found = find_github_token()
     except Exception as exc:
         return f"⚠ {exc}"
@@ -228,20 +217,15 @@ def _copilot_state() -> str:
     return f"logged in{who} (token from {found.source})"
 
 
-def models(magics: ChatMagics, args: argparse.Namespace) -> None:
+def models(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat models [PROVIDER]``: the models a provider offers, as a table."""
-    from ..errors import DispatchError
-    from ..registry import get_descriptor, list_providers, parse_model_spec
-    from .cell import cache_mode, default_spec, get_adapter
-    from .display import explain_error
-
     if args.target:
         provider = args.target.split(":", 1)[0]
         if provider not in list_providers():
             raise UsageError(
                 f"unknown provider {provider!r}; providers: {', '.join(list_providers())}"
             )
-        default_provider, default_model = parse_model_spec(default_spec(magics)[0])
+        default_provider, default_model = parse_model_spec(state.default_model()[0])
         if ":" in args.target:
             spec = args.target
         elif provider == default_provider:
@@ -249,9 +233,9 @@ def models(magics: ChatMagics, args: argparse.Namespace) -> None:
         else:
             spec = f"{provider}:{get_descriptor(provider).model_for_listing}"
     else:
-        spec = default_spec(magics)[0]
+        spec = state.default_model()[0]
         provider = parse_model_spec(spec)[0]
-    if provider == "copilot" and cache_mode(magics, None) != "replay" and _github_token() is None:
+    if provider == "copilot" and state.cache_mode() != "replay" and _github_token() is None:
         _show(
             "*Not logged in to GitHub Copilot*, so its models cannot be listed: run "
             "`%chat login` first, then `%chat models copilot`.",
@@ -260,7 +244,7 @@ def models(magics: ChatMagics, args: argparse.Namespace) -> None:
         )
         return
     try:
-        adapter = get_adapter(magics, spec, cache_mode(magics, None))
+        adapter = state.adapter(spec, state.cache_mode(), login=lambda: ensure_copilot_login(state))
         found = adapter.list_models()
     except NotImplementedError:
         _show(f"*{provider} cannot list its models.*")
@@ -295,24 +279,24 @@ def _models_table(provider: str, found: list[Any]) -> str:
     return f"**{len(found)} {noun} from {provider}**\n\n" + "\n".join(lines)
 
 
-def history(magics: ChatMagics, args: argparse.Namespace) -> None:
+def history(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat history [THREAD]``: the turns of a thread."""
-    name = args.target or magics.thread
-    if name not in magics.threads:
-        names = magics.threads.names()
+    name = args.target or state.settings.thread
+    if name not in state.threads:
+        names = state.threads.names()
         known = f" Threads: {', '.join(names)}." if names else ""
         _show(f"*There is no thread `{name}` yet.*{known}")
         return
-    thread = magics.threads.get(name)
+    thread = state.threads.get(name)
     _show(thread.to_markdown(), thread.to_plain())
 
 
-def reset(magics: ChatMagics, args: argparse.Namespace) -> None:
+def reset(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat reset [THREAD]`` (``--all`` for every thread)."""
     if args.all:
-        cleared: list[Any] = magics.threads.reset(None)
+        cleared: list[Any] = state.threads.reset(None)
         _show(f"Cleared {len(cleared)} thread{'' if len(cleared) == 1 else 's'}.")
         return
-    name = args.target or magics.thread
-    cleared = magics.threads.reset(name)
+    name = args.target or state.settings.thread
+    cleared = state.threads.reset(name)
     _show(f"Cleared thread `{name}`." if cleared else f"*There is no thread `{name}`.*")

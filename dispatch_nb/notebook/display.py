@@ -551,7 +551,8 @@ def explain_error(
     ``context`` says what the cell used (``history_turns``: turns sent before the prompt,
     ``no_history``), so the advice fits: a prompt too long for the context with no history to
     drop is told to shorten the prompt, not to use ``--no-history``."""
-    from .. import errors as e
+    import dispatch_nb.errors as e  # the module only: no import edge to the package
+
     from .prompt import PromptError
 
     if isinstance(exc, ChatError):

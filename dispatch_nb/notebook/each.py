@@ -21,16 +21,25 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import re
 from collections import ChainMap
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from ..registry import parse_model_spec
+from ..render import parsed_rows, rows_markdown
+from ..types import Response
+from ..validation import article
 from .display import ChatInterrupted, explain_error, notes_markdown
+from .live import ipy_display
+from .login import ensure_copilot_login
+from .options import check_limits, resolve_schema
+from .prompt import build_prompt
+from .state import KernelState
 
 if TYPE_CHECKING:
     from ..batching import BatchResult
-    from .magics import ChatMagics
 
 __all__ = ["MAX_TABLE_ROWS", "each_output", "run_each_cell"]
 
@@ -59,8 +68,6 @@ def _rows_value(expression: str, namespace: dict[str, Any]) -> Any:
             f"{ACCEPTED}."
         ) from None
     if not (isinstance(value, (list, tuple)) or _is_dataframe(value) or _is_series(value)):
-        from ..validation import article
-
         raise UsageError(f"--each {expression} is {article(type(value).__name__)}. {ACCEPTED}.")
     if len(value) == 0:
         raise UsageError(f"--each {expression} is empty: there is no row to ask about")
@@ -83,19 +90,17 @@ def _refuse(args: argparse.Namespace, specs: list[str]) -> None:
                          "with --no-interpolate")
 
 
-def run_each_cell(magics: ChatMagics, args: argparse.Namespace, cell: str) -> None:
+def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> None:
     """Run one ``%%chat --each`` cell (see the module docstring)."""
-    import re
-
+    # batching (and tqdm) are imported by --each cells only
     from ..batching import BatchInterrupted, batch
     from ..batching.rows import RowSource, TemplateError, _undefined
-    from .cell import cache_mode, ensure_copilot_login, resolve_schema, split_specs
-    from .prompt import build_prompt
 
-    shell = magics.shell
+    shell = state.shell
+    settings = state.settings
     assert shell is not None
     namespace = shell.user_ns
-    specs = split_specs(args.model, magics)
+    specs = state.model_specs(args.model)
     _refuse(args, specs)
     spec = specs[0]
     rows = _rows_value(args.each, namespace)
@@ -103,18 +108,15 @@ def run_each_cell(magics: ChatMagics, args: argparse.Namespace, cell: str) -> No
     if not template:
         raise UsageError("the %%chat cell is empty: write the prompt (with {column} placeholders) "
                          "below the %%chat line")
-    if args.temperature is not None and not 0 <= args.temperature <= 2:
-        raise UsageError(f"--temperature must be between 0 and 2, not {args.temperature}")
-    if args.max_tokens is not None and args.max_tokens <= 0:
-        raise UsageError(f"--max-tokens must be a positive integer, not {args.max_tokens}")
+    check_limits(args)
     schema = resolve_schema(args.schema, namespace)
-    system = args.system if args.system is not None else (magics.system or None)
-    mode = cache_mode(magics, args.cache)
+    system = args.system if args.system is not None else (settings.system or None)
+    mode = state.cache_mode(args.cache)
     names = RowSource(rows)
 
     def fill(row: Any) -> str:
         prompt = build_prompt(template, ChainMap(names.namespace(row), namespace),
-                              max_chars=magics.max_value_chars, max_rows=magics.max_rows)
+                              max_chars=settings.max_value_chars, max_rows=settings.max_rows)
         missing = _undefined(prompt.notes)
         if missing:
             row_names = ", ".join(sorted(k for k in names.namespace(row) if k != "row"))
@@ -125,31 +127,23 @@ def run_each_cell(magics: ChatMagics, args: argparse.Namespace, cell: str) -> No
             )
         return prompt.text
 
-    from ..registry import parse_model_spec
-
     try:
         provider, _model = parse_model_spec(spec)
     except Exception as exc:
         raise explain_error(exc, spec=spec) from None
-    if provider == "copilot" and magics.login_on_demand and mode != "replay":
-        ensure_copilot_login(magics)
-    cache = None
-    if mode != "off":
-        from ..cache import ResponseCache
-
-        cache = magics._caches.get(mode)
-        if cache is None:
-            cache = magics._caches[mode] = ResponseCache(magics.cache_file or None, mode)
+    if state.needs_login(provider, mode):
+        ensure_copilot_login(state)
+    cache = state.response_cache(mode) if mode != "off" else None
 
     options: dict[str, Any] = {}
     if schema is not None:
         options["output"] = schema
-    max_tokens = args.max_tokens if args.max_tokens is not None else magics.max_tokens
-    temperature = args.temperature if args.temperature is not None else magics.temperature
+    max_tokens = args.max_tokens if args.max_tokens is not None else settings.max_tokens
+    temperature = args.temperature if args.temperature is not None else settings.temperature
     interrupted = False
     try:
         result = batch(fill, rows, model=spec, system=system, max_tokens=max_tokens,
-                       temperature=temperature, timeout=magics.timeout, cache=cache, **options)
+                       temperature=temperature, timeout=settings.timeout, cache=cache, **options)
     except BatchInterrupted as exc:
         result, interrupted = exc.result, True
     except TemplateError as exc:
@@ -159,13 +153,11 @@ def run_each_cell(magics: ChatMagics, args: argparse.Namespace, cell: str) -> No
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
                                        schema=args.schema.strip() if args.schema else None)
-    from .live import ipy_display
-
     ipy_display(final_data, raw=True, metadata=metadata)
     if args.output:
         namespace[args.output] = result
     out = namespace.get("Out")
-    count = magics.execution_count
+    count = state.execution_count
     if isinstance(out, dict) and isinstance(count, int):
         out[count] = result
     if interrupted:
@@ -190,8 +182,6 @@ def _input_row(column: str, row: Any) -> dict[str, Any]:
 def _answer_columns(response: Any, taken: set[str], schema: bool) -> dict[str, Any]:
     if not schema:
         return {"answer": _short(response.text)}
-    from ..render import parsed_rows
-
     parsed = parsed_rows(response.parsed)
     is_list = isinstance(response.parsed, (list, tuple))
     if not is_list and len(parsed) == 1 and set(parsed[0]) != {"value"}:
@@ -210,8 +200,6 @@ def each_output(
     columns, each row's answer (``--schema``: its parsed fields) and, when any row failed, an
     ``error`` column; at most :data:`MAX_TABLE_ROWS` rows; the summary as the footer."""
     from ..batching.rows import RowSource
-    from ..render import rows_markdown
-    from ..types import Response
 
     source = RowSource(rows)
     column = source.name or "row"

@@ -30,14 +30,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import DispatchError, RequestCancelled
 from .display import ChatError, ChatInterrupted
 from .live import detect_mode, has_kernel, ipy_display
+from .runner import Job, run_jobs
+from .state import KernelState
 
 if TYPE_CHECKING:
     from ..auth.device_flow import DeviceCode, DeviceFlow
-    from .magics import ChatMagics
 
-__all__ = ["LoginOutcome", "LoginView", "run_login"]
+__all__ = ["LoginOutcome", "LoginView", "ensure_copilot_login", "run_login"]
 
 TITLE = "Sign in to GitHub Copilot"
 _DIM = "color: var(--jp-ui-font-color2, #777); font-size: 0.9em;"
@@ -311,7 +313,6 @@ def make_login_view(mode: str, reason: str | None = None) -> LoginView:
 
 def _outcome_of(error: BaseException) -> LoginOutcome:
     from ..auth.device_flow import DeviceCodeExpired, DeviceFlowDenied
-    from ..errors import RequestCancelled
 
     if isinstance(error, DeviceFlowDenied):
         return LoginOutcome("denied", message=_status_text("denied", {}))
@@ -322,22 +323,30 @@ def _outcome_of(error: BaseException) -> LoginOutcome:
     return LoginOutcome("error", message=f"⚠ {error}")
 
 
-def _make_flow(magics: ChatMagics) -> DeviceFlow:
+def _make_flow(state: KernelState) -> DeviceFlow:
     from ..auth.device_flow import DeviceFlow
 
-    return DeviceFlow(min_interval=magics.login_min_interval)
+    return DeviceFlow(min_interval=state.settings.login_min_interval)
 
 
-def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = False) -> LoginOutcome:
+def ensure_copilot_login(state: KernelState) -> None:
+    """Show the device login when no GitHub token is available; raise ChatError if it fails."""
+    from ..auth.token_store import find_github_token
+
+    if find_github_token() is not None:
+        return
+    run_login(state, reason="This cell uses GitHub Copilot, which needs a GitHub login.")
+
+
+def run_login(state: KernelState, *, reason: str | None = None, force: bool = False) -> LoginOutcome:
     """Run the device login with a live view; return on approval, else raise a short error.
 
     ``force=False`` returns at once when a GitHub token is already available.
     Raises :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`.
     """
+    # the auth package is imported by a login only, not by every first %%chat
     from ..auth.login import device_login
     from ..auth.token_store import find_github_token
-    from ..errors import DispatchError, RequestCancelled
-    from .runner import Job, run_jobs
 
     if not force:
         try:
@@ -347,13 +356,13 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
         if found is not None:
             return LoginOutcome("approved", message=f"token from {found.source}")
 
-    shell = magics.shell
-    mode = detect_mode(shell, magics.live)
+    shell = state.shell
+    mode = detect_mode(shell, state.settings.live)
     if mode == "text" and has_kernel(shell):
         mode = "display"
     view = make_login_view(mode, reason)
-    magics.login_view = view
-    flow = _make_flow(magics)
+    state.login_view = view
+    flow = _make_flow(state)
     shown: list[DeviceCode] = []  # the code, once the worker has it (read on this thread)
 
     def work(emit: Any, cancel: Any) -> LoginOutcome:
@@ -409,5 +418,5 @@ def run_login(magics: ChatMagics, *, reason: str | None = None, force: bool = Fa
                         original=job.outcome.error) from None
     outcome = job.outcome.result
     view.end(outcome)
-    magics.close_adapters()
+    state.close_adapters()
     return outcome  # type: ignore[no-any-return]

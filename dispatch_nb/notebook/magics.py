@@ -1,8 +1,11 @@
 """``%%chat`` and ``%chat``: the IPython magics, configured through traitlets.
 
 ``%load_ext dispatch_nb`` registers :class:`ChatMagics` and two cheap hooks. Loading imports only
-IPython and traitlets (already in memory) and two small standard-library modules of this package:
-no httpx, pydantic, ipywidgets or provider module is imported until the first ``%%chat`` runs.
+IPython and traitlets (already in memory) and two small standard-library modules of this
+package (``constants``, ``state``): no httpx, pydantic, ipywidgets or provider module
+is imported until the first ``%%chat`` runs. The kernel's state is one
+:class:`~dispatch_nb.notebook.state.KernelState` (:attr:`ChatMagics.state`), which the modules
+that run cells and commands receive.
 
 Settings are traits: ``%config ChatMagics.model = "openai:gpt-4.1"`` (or ``c.ChatMagics.model``
 in ``ipython_config.py``); ``%config ChatMagics`` lists them all.
@@ -22,7 +25,8 @@ from IPython.core.magic import cell_magic as _cell_magic
 from IPython.core.magic import line_magic as _line_magic
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode, default
 
-from .prompt import ErrorLog
+from .constants import CACHE_MODES, FORMATS, LIVE_MODES, SUBCOMMANDS
+from .state import ErrorLog, KernelState
 
 __all__ = ["ChatMagics", "load_ipython_extension", "unload_ipython_extension"]
 
@@ -53,10 +57,6 @@ def line_magic(name: str) -> Callable[[_F], _F]:
     """``IPython.core.magic.line_magic``, typed."""
     return cast(Callable[[_F], _F], _line_magic(name))
 
-FORMATS = ("markdown", "text", "code", "json")
-CACHE_MODES = ("off", "read-write", "replay", "record")
-LIVE_MODES = ("auto", "widget", "display", "text")
-SUBCOMMANDS = ("login", "logout", "status", "models", "history", "reset", "key")
 
 
 def usage_line(parser: Any) -> str:
@@ -164,80 +164,52 @@ class ChatMagics(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        #: exceptions of earlier cells by execution count (``Err`` in the user namespace)
-        self.errors = ErrorLog()
-        self._threads: Any = None
-        self._adapters: dict[tuple[str, str], Any] = {}
-        self._caches: dict[str, Any] = {}
-        self._cell_id: str | None = None
-        self._occurrences: dict[str, int] = {}
-        self._occurrence_count: int | None = None
-        self._execution_count: int | None = None
-        #: the last login view (kept so its "new code" button keeps working after the cell ends)
-        self.login_view: Any = None
+        #: the kernel's notebook state (adapters, caches, threads, ``Err``, the running cell);
+        #: the modules that run cells and commands receive it
+        self.state = KernelState(shell, self)
 
-    # -- state shared by the cells ---------------------------------------------------------------
+    # -- the state, as earlier versions exposed it -----------------------------------------------
+    @property
+    def errors(self) -> ErrorLog:
+        """``Err``: the exceptions of earlier cells by execution count."""
+        return self.state.errors
+
     @property
     def threads(self) -> Any:
         """The :class:`~dispatch_nb.notebook.threads.ThreadStore` of this kernel."""
-        if self._threads is None:
-            from .threads import ThreadStore
+        return self.state.threads
 
-            self._threads = ThreadStore(self.history_length)
-        self._threads.max_turns = self.history_length
-        return self._threads
-
-    def next_occurrence(self, base: str) -> int:
-        """How many chat calls with identity ``base`` this execution already made."""
-        count = getattr(self.shell, "execution_count", None)
-        if count != self._occurrence_count:
-            self._occurrences = {}
-            self._occurrence_count = count
-        n = self._occurrences.get(base, 0)
-        self._occurrences[base] = n + 1
-        return n
+    @property
+    def login_view(self) -> Any:
+        """The last login view (None before any login)."""
+        return self.state.login_view
 
     @property
     def execution_count(self) -> int | None:
         """The number (``In[n]``) of the cell running now, when IPython counts it."""
-        return self._execution_count
+        return self.state.execution_count
 
     @property
     def cell_id(self) -> str | None:
         """The front end's id of the cell running now (None when it sent none)."""
-        return self._cell_id
+        return self.state.cell_id
+
+    def next_occurrence(self, base: str) -> int:
+        """How many chat calls with identity ``base`` this execution already made."""
+        return self.state.next_occurrence(base)
 
     def close_adapters(self) -> None:
         """Close every cached adapter (they are recreated on demand)."""
-        adapters, self._adapters = self._adapters, {}
-        self._caches = {}
-        for adapter in adapters.values():
-            try:
-                adapter.close()
-            except Exception:
-                pass
+        self.state.close_adapters()
 
     # -- hooks -----------------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         """Remember the running cell's id; a new execution restarts the occurrence count."""
-        self._cell_id = getattr(info, "cell_id", None) or None
-        self._occurrences = {}
-        self._occurrence_count = getattr(self.shell, "execution_count", None)
-        # IPython has already counted this cell: its number is one less (when it is counted).
-        counted = getattr(info, "store_history", False) and not getattr(info, "silent", False)
-        count = self._occurrence_count
-        self._execution_count = count - 1 if counted and isinstance(count, int) else None
+        self.state.begin_cell(info)
 
     def post_run_cell(self, result: Any) -> None:
-        """Store the cell's exception as ``Err[n]``; forget the finished cell's identity (a
-        ``run_cell_magic`` call outside any cell must not take the last cell's turn)."""
-        self._cell_id = None
-        self._execution_count = None
-        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-        info = getattr(result, "info", None)
-        if getattr(info, "silent", False):
-            return
-        self.errors.record(getattr(result, "execution_count", None), error)
+        """Store the cell's exception as ``Err[n]``; forget the finished cell's identity."""
+        self.state.end_cell(result)
 
     # -- magics ----------------------------------------------------------------------------------
     @magic_arguments.magic_arguments(name="%chat")
@@ -312,9 +284,9 @@ class ChatMagics(Magics):
         """
         parser: Any = self.chat_cell.parser  # type: ignore[attr-defined]
         args = parse_magic_line(parser, line)
-        from .cell import run_chat_cell
+        from .cell import run_chat_cell  # the entry point of a cell run: not at %load_ext
 
-        run_chat_cell(self, args, line, cell)
+        run_chat_cell(self.state, args, cell)
 
     @magic_arguments.magic_arguments(name="chat")
     @magic_arguments.argument("command", choices=SUBCOMMANDS, help="What to do.")
@@ -340,9 +312,9 @@ class ChatMagics(Magics):
                 "%%chat cell.\n" + usage_line(parser)
             )
         args = parse_magic_line(parser, line)
-        from . import commands
+        from .commands import run  # not at %load_ext
 
-        commands.run(self, args)
+        run(self.state, args)
 
 
 def load_ipython_extension(ipython: Any) -> None:

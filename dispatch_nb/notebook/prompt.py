@@ -19,15 +19,13 @@ The rules, chosen so prompts that contain JSON or code survive untouched:
   cut with a note, DataFrame-like objects (duck-typed: ``shape`` + ``head``; never imports pandas)
   become their shape and first rows, exceptions become their (trimmed) traceback.
 
-``Err`` is an :class:`ErrorLog`: ``Err[n]`` is the exception cell ``n`` raised, filled by a
-``post_run_cell`` hook (``magics.py`` installs it). The templates themselves are core
-(:mod:`dispatch_nb.prompting`, which batch rows use too); this module re-exports their names and
-imports only the standard library.
+``Err`` is an :class:`~dispatch_nb.notebook.state.ErrorLog` (defined in ``state.py``, part of the
+kernel's state, and importable from here too): ``Err[n]`` is the exception cell ``n`` raised,
+filled by a ``post_run_cell`` hook (``magics.py`` installs it). The templates themselves are core
+(:mod:`dispatch_nb.prompting`, which batch rows use too); this module re-exports their names.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from ..prompting import (
     DEFAULT_MAX_CHARS,
@@ -37,6 +35,7 @@ from ..prompting import (
     build_prompt,
     describe_value,
 )
+from .state import ErrorLog
 
 __all__ = [
     "DEFAULT_MAX_CHARS",
@@ -49,17 +48,3 @@ __all__ = [
 ]
 
 
-class ErrorLog(dict):  # type: ignore[type-arg]
-    """``Err[n]``: the exception cell ``n`` raised (only cells that failed have an entry)."""
-
-    def __missing__(self, key: Any) -> Any:
-        raise KeyError(
-            f"cell {key!r} raised no error this session (cells with errors: "
-            f"{', '.join(map(str, sorted(self))) or 'none'})"
-        )
-
-    def record(self, execution_count: int | None, error: BaseException | None) -> None:
-        """Store ``error`` as ``Err[execution_count]`` (``post_run_cell`` calls this)."""
-        if execution_count is None or error is None:
-            return
-        self[execution_count] = error

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cancel import CancelToken
+from ..errors import RequestCancelled
 
 __all__ = ["Job", "JobOutcome", "NoteEvent", "RetryEvent", "run_jobs"]
 
@@ -187,8 +188,6 @@ def run_jobs(
     ``RequestCancelled`` with the partial answer), the others are abandoned, and the interrupt is
     re-raised.
     """
-    from ..errors import RequestCancelled
-
     events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
     threads: list[threading.Thread] = []
     lock = threading.Lock()

@@ -1,0 +1,115 @@
+"""The checks a ``%%chat`` line's options go through before anything is sent, shared by a plain
+cell (``cell.py``) and a ``--each`` cell (``each.py``): number ranges, the ``-o`` name, and the
+``--tools`` / ``--schema`` values looked up in the user's namespace.
+
+A bad value is a ``UsageError`` (or, for a tool, a :class:`ChatError`) saying what is accepted.
+``--tools`` and ``--schema`` import the session and structured-output modules only when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import typing
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from ..validation import article
+from .display import ChatError
+
+__all__ = [
+    "SCHEMA_ACCEPTED",
+    "check_limits",
+    "check_output_name",
+    "resolve_schema",
+    "resolve_tools",
+]
+
+
+SCHEMA_ACCEPTED = (
+    "--schema takes a pydantic model class, a type such as list[Review], a TypedDict or a "
+    "dataclass, or a JSON Schema dict, from the namespace"
+)
+
+
+def check_output_name(name: str | None) -> None:
+    """``-o VAR`` must name a Python variable."""
+    if name is None:
+        return
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise UsageError(
+            f"-o needs a Python variable name (letters, digits and _, not starting with a digit), "
+            f"not {name!r}"
+        )
+
+
+def check_limits(args: argparse.Namespace) -> None:
+    """``--temperature`` within 0..2, ``--max-tokens`` positive."""
+    if args.temperature is not None and not 0 <= args.temperature <= 2:
+        raise UsageError(f"--temperature must be between 0 and 2, not {args.temperature}")
+    if args.max_tokens is not None and args.max_tokens <= 0:
+        raise UsageError(f"--max-tokens must be a positive integer, not {args.max_tokens}")
+
+
+def resolve_tools(names: str | None, namespace: dict[str, Any]) -> list[Any]:
+    """``--tools f,g`` → tool objects from the namespace (``@tool`` objects or typed functions)."""
+    if not names:
+        return []
+    from ..tools import Tool, tool  # only for --tools
+
+    out: list[Any] = []
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        if name not in namespace:
+            raise ChatError(
+                "Unknown tool", f"there is no {name!r} in the namespace", "Define the function first."
+            )
+        obj = namespace[name]
+        if isinstance(obj, Tool):
+            out.append(obj)
+        elif callable(obj):
+            try:
+                out.append(tool(obj))
+            except (TypeError, ValueError) as exc:
+                raise ChatError("Tool error", f"{name}: {exc}", "Add type hints, or use @tool.") from None
+        else:
+            raise ChatError("Tool error", f"{name} is {article(type(obj).__name__)}, not a function")
+    return out
+
+
+def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
+    """``--schema NAME`` → a checked :class:`~dispatch_nb.structured.StructuredOutput` (None
+    without the option). ``NAME`` may be an expression such as ``list[Review]``, evaluated in the
+    namespace. A missing name or a value that is not a schema is a ``UsageError`` saying what is
+    accepted; the schema is built and checked here, before anything is sent."""
+    if expression is None:
+        return None
+    expression = expression.strip()
+    if not expression:
+        raise UsageError(f"--schema needs a name: {SCHEMA_ACCEPTED}")
+    try:
+        value = eval(expression, namespace)  # the user's own expression, in their kernel
+    except NameError as exc:
+        raise UsageError(f"--schema {expression}: {exc}. {SCHEMA_ACCEPTED}.") from None
+    except Exception as exc:
+        raise UsageError(
+            f"--schema {expression} could not be evaluated ({type(exc).__name__}: {exc}). "
+            f"{SCHEMA_ACCEPTED}."
+        ) from None
+    from ..structured import StructuredOutput, as_output  # only for --schema
+
+    schema_like = (
+        isinstance(value, (type, dict, StructuredOutput))
+        or typing.get_origin(value) is not None
+    )
+    if not schema_like:
+        raise UsageError(
+            f"--schema {expression} is {article(type(value).__name__)}, not a schema. "
+            f"{SCHEMA_ACCEPTED}."
+        )
+    try:
+        return as_output(value)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--schema {expression}: {exc}. {SCHEMA_ACCEPTED}.") from None

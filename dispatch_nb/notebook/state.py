@@ -1,0 +1,198 @@
+"""The kernel's notebook state: one :class:`KernelState` per IPython shell.
+
+``%load_ext dispatch_nb`` makes one :class:`~dispatch_nb.notebook.magics.ChatMagics`, which holds
+one ``KernelState``; every other module of the notebook layer receives that state (never the
+magics object) and changes it only through its methods:
+
+* ``settings`` — the ``ChatMagics`` traits (``%config ChatMagics.…``), read-only here;
+* ``errors`` — ``Err[n]``, the exceptions of earlier cells;
+* ``threads`` — the conversation threads (created on first use);
+* the adapters and response caches the cells opened (one per model spec and cache mode);
+* the running cell's identity (front-end cell id, ``In[n]``, how many chat calls it made);
+* the last device-login view.
+
+This module is imported by ``%load_ext``: it imports nothing but the standard library at run
+time; the thread store, the registry and the cache are imported when first used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..adapter import Adapter
+    from ..cache import ResponseCache
+    from .settings import Settings
+    from .threads import ThreadStore
+
+__all__ = ["ErrorLog", "KernelState"]
+
+
+class ErrorLog(dict):  # type: ignore[type-arg]
+    """``Err[n]``: the exception cell ``n`` raised (only cells that failed have an entry)."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise KeyError(
+            f"cell {key!r} raised no error this session (cells with errors: "
+            f"{', '.join(map(str, sorted(self))) or 'none'})"
+        )
+
+    def record(self, execution_count: int | None, error: BaseException | None) -> None:
+        """Store ``error`` as ``Err[execution_count]`` (``post_run_cell`` calls this)."""
+        if execution_count is None or error is None:
+            return
+        self[execution_count] = error
+
+
+class KernelState:
+    """Everything the notebook layer keeps between cells of one kernel (see the module docstring).
+
+    ``shell`` is the IPython shell (``None`` outside one, e.g. in a unit test) and ``settings`` the
+    traits object (``ChatMagics``); both are only read."""
+
+    def __init__(self, shell: Any, settings: Settings) -> None:
+        self.shell = shell
+        self.settings = settings
+        #: exceptions of earlier cells by execution count (``Err`` in the user namespace)
+        self.errors = ErrorLog()
+        #: the adapters the cells opened, by ``(spec, cache mode)``
+        self.adapters: dict[tuple[str, str], Adapter] = {}
+        #: the response caches, by mode
+        self.caches: dict[str, ResponseCache] = {}
+        #: the last login view (kept so its "new code" button keeps working after the cell ends)
+        self.login_view: Any = None
+        #: the front end's id of the cell running now (None when it sent none)
+        self.cell_id: str | None = None
+        #: the number (``In[n]``) of the cell running now, when IPython counts it
+        self.execution_count: int | None = None
+        self._threads: ThreadStore | None = None
+        self._occurrences: dict[str, int] = {}
+        self._occurrence_count: int | None = None
+
+    # -- conversations ---------------------------------------------------------------------------
+    @property
+    def threads(self) -> ThreadStore:
+        """The conversation threads of this kernel (keeping ``settings.history_length`` turns)."""
+        if self._threads is None:
+            from .threads import ThreadStore  # not at %load_ext: it imports uuid (and platform)
+
+            self._threads = ThreadStore(self.settings.history_length)
+        self._threads.max_turns = self.settings.history_length
+        return self._threads
+
+    # -- the running cell ------------------------------------------------------------------------
+    def begin_cell(self, info: Any) -> None:
+        """``pre_run_cell``: remember the running cell's id and number; a new execution restarts
+        the occurrence count."""
+        self.cell_id = getattr(info, "cell_id", None) or None
+        self._occurrences = {}
+        self._occurrence_count = getattr(self.shell, "execution_count", None)
+        # IPython has already counted this cell: its number is one less (when it is counted).
+        counted = getattr(info, "store_history", False) and not getattr(info, "silent", False)
+        count = self._occurrence_count
+        self.execution_count = count - 1 if counted and isinstance(count, int) else None
+
+    def end_cell(self, result: Any) -> None:
+        """``post_run_cell``: store the cell's exception as ``Err[n]``; forget the finished cell's
+        identity (a ``run_cell_magic`` call outside any cell must not take the last cell's turn)."""
+        self.cell_id = None
+        self.execution_count = None
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        info = getattr(result, "info", None)
+        if getattr(info, "silent", False):
+            return
+        self.errors.record(getattr(result, "execution_count", None), error)
+
+    def next_occurrence(self, base: str) -> int:
+        """How many chat calls with identity ``base`` this execution already made."""
+        count = getattr(self.shell, "execution_count", None)
+        if count != self._occurrence_count:
+            self._occurrences = {}
+            self._occurrence_count = count
+        n = self._occurrences.get(base, 0)
+        self._occurrences[base] = n + 1
+        return n
+
+    @property
+    def label(self) -> str:
+        """How the response cache names the running cell: ``In[n]``, else ``%%chat``."""
+        return f"In[{self.execution_count}]" if self.execution_count is not None else "%%chat"
+
+    # -- models ----------------------------------------------------------------------------------
+    def default_model(self) -> tuple[str, str, str]:
+        """The default model spec, why it was chosen, and a hint for the user (or ``""``)."""
+        if self.settings.model.strip():
+            return self.settings.model.strip(), "%config ChatMagics.model", ""
+        from ..defaults import resolve_default_model
+
+        resolved = resolve_default_model()
+        return resolved.spec, resolved.reason, resolved.login_hint
+
+    def model_specs(self, value: str | None) -> list[str]:
+        """``-m a,b,c`` → ``["a", "b", "c"]``; nothing → the default model."""
+        if not value or not value.strip():
+            return [self.default_model()[0]]
+        from IPython.core.error import UsageError  # (in memory already: IPython runs this)
+
+        specs = [s.strip() for s in value.split(",") if s.strip()]
+        if not specs:
+            raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")
+        if len(set(specs)) != len(specs):
+            raise UsageError(f"-m lists a model twice: {value}")
+        return specs
+
+    def cache_mode(self, requested: str | None = None) -> str:
+        """The cache mode in force: ``--cache``, else ``ChatMagics.cache``, else
+        ``$DISPATCH_NB_CACHE``, else ``off``."""
+        from ..cache import resolve_cache_mode
+
+        return resolve_cache_mode(requested or self.settings.cache or None)
+
+    def response_cache(self, mode: str) -> ResponseCache:
+        """The response cache of ``mode`` (one per mode, opened on first use)."""
+        cache = self.caches.get(mode)
+        if cache is None:
+            from ..cache import ResponseCache
+
+            cache = self.caches[mode] = ResponseCache(self.settings.cache_file or None, mode)
+        return cache
+
+    def needs_login(self, provider: str, mode: str) -> bool:
+        """True when a call to ``provider`` should first make sure of a GitHub login: Copilot,
+        with ``login_on_demand``, unless the answers are replayed (replay sends nothing)."""
+        return provider == "copilot" and self.settings.login_on_demand and mode != "replay"
+
+    def adapter(
+        self, spec: str, mode: str = "off", *, login: Callable[[], object] | None = None
+    ) -> Adapter:
+        """The adapter for ``spec`` (kept for the next cells), behind the response cache unless
+        ``mode`` is ``off``. Before a new adapter that :meth:`needs_login` is made, ``login`` is
+        called (the notebook's device-login view)."""
+        key = (spec, mode)
+        cached = self.adapters.get(key)
+        if cached is not None:
+            return cached
+        from ..registry import parse_model_spec
+        from ..replay_only import connect_for_cache
+
+        provider, _model = parse_model_spec(spec)
+        if login is not None and self.needs_login(provider, mode):
+            login()
+        adapter = connect_for_cache(spec, mode)  # replay needs no model (nor its extra) either
+        if mode != "off":
+            from ..cache import CachedAdapter
+
+            adapter = CachedAdapter(adapter, self.response_cache(mode))
+        self.adapters[key] = adapter
+        return adapter
+
+    def close_adapters(self) -> None:
+        """Close every kept adapter and forget the caches (both are reopened on demand)."""
+        adapters, self.adapters = self.adapters, {}
+        self.caches = {}
+        for adapter in adapters.values():
+            try:
+                adapter.close()
+            except Exception:
+                pass
