@@ -212,12 +212,15 @@ class TurnControl(CancelToken):
     to each model call as ``cancel=turn``: that call's :class:`CallControl` stops at the earlier of
     its own deadline and the turn's, and when the turn is cancelled. ``timeout`` (seconds) is the
     budget of the whole turn, counted from when the control is made; ``cancel`` (the caller's
-    token, optional) cancels the turn when it is cancelled. Between calls (e.g. before each tool)
+    token, optional) cancels the turn when it is cancelled; when it is itself a turn, this one
+    also ends at its deadline (a structured call inside a session turn). Between calls (e.g. before each tool)
     :meth:`check` raises the turn's error; :meth:`run_async` waits for async work (tools) under
     the turn's deadline and cancel switch.
     """
 
-    __slots__ = ("_remove_parent", "deadline", "parent", "provider", "started_at", "timeout")
+    __slots__ = (
+        "_remove_parent", "deadline", "outer", "parent", "provider", "started_at", "timeout"
+    )
 
     def __init__(
         self,
@@ -235,6 +238,12 @@ class TurnControl(CancelToken):
         self.provider = provider
         self.started_at = time.monotonic()
         self.deadline = self.started_at + timeout if timeout is not None else None
+        #: the enclosing turn whose deadline comes first (a turn inside a turn never outlives it)
+        self.outer: TurnControl | None = None
+        if isinstance(cancel, TurnControl) and cancel.deadline is not None and (
+            self.deadline is None or cancel.deadline <= self.deadline
+        ):
+            self.outer, self.deadline = cancel, cancel.deadline
         self._remove_parent: Callable[[], None] | None = None
         if cancel is not None:
             self._remove_parent = cancel.add_callback(lambda: self.cancel(cancel.reason))
@@ -268,6 +277,8 @@ class TurnControl(CancelToken):
 
     def timeout_error(self, where: str = "") -> APITimeoutError:
         """The error of a turn whose deadline passed (``where``: what it was doing)."""
+        if self.outer is not None:
+            return self.outer.timeout_error(where)
         return APITimeoutError(
             f"no complete answer within the {self.timeout:g} s timeout (waited "
             f"{self.elapsed():.1f} s{', ' + where if where else ''}); pass a larger timeout= or "

@@ -50,12 +50,12 @@ import functools
 import json
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .call_control import TurnControl
 from .errors import APITimeoutError, DispatchError, OutputValidationError
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import (
@@ -888,7 +888,9 @@ class _Call:
         self.cancel = cancel
         #: a total deadline for every attempt together
         self.timeout = timeout if timeout is not None else adapter.default_timeout
-        self.started: float | None = None
+        #: the deadline and cancel switch of every attempt together, made when the first starts
+        #: and handed to each attempt's model call (as its ``cancel=``)
+        self.control: TurnControl | None = None
         self.messages = list(request.messages)
         self.attempt = 0
         self.inner: ResponseStream | AsyncResponseStream | None = None
@@ -900,23 +902,35 @@ class _Call:
 
     # -- per attempt -----------------------------------------------------------------------------
     def next_request(self) -> ChatRequest:
-        self.attempt += 1
-        self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
-        if self.started is None:
-            self.started = time.monotonic()
-        return dataclasses.replace(self.request, messages=list(self.messages))
-
-    def remaining(self) -> float | None:
-        if self.timeout is None or self.started is None:
-            return self.timeout
-        left = self.timeout - (time.monotonic() - self.started)
-        if left <= 0:
+        """The next attempt's request (raises when the call's time is up)."""
+        if self.control is None:
+            self.control = TurnControl(timeout=self.timeout, cancel=self.cancel,
+                                       provider=self.adapter.provider_name)
+        elif self.control.expired() and self.control.outer is None:
             raise APITimeoutError(
                 f"no valid structured answer within the {self.timeout:g} s timeout "
-                f"({self.attempt - 1} attempt(s)); pass a larger timeout= or try again",
+                f"({self.attempt} attempt(s)); pass a larger timeout= or try again",
                 provider=self.adapter.provider_name, partial=self.snapshot(),
             )
-        return left
+        self.attempt += 1
+        self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
+        return dataclasses.replace(self.request, messages=list(self.messages))
+
+    def open(self, request: ChatRequest, opener: Callable[..., Any]) -> Any:
+        """Start one attempt with ``opener`` (the adapter's ``_open`` or ``_aopen``) under the
+        call's control; the attempt's stream becomes :attr:`inner`."""
+        assert self.control is not None
+        self.inner = opener(request, self.timeout, self.control)
+        return self.inner
+
+    def failed(self, exc: DispatchError) -> None:
+        """An attempt failed: the error carries what arrived, with every attempt's usage."""
+        exc.partial = self.snapshot()
+
+    def close(self) -> None:
+        """The call is over: its control lets go of the caller's token."""
+        if self.control is not None:
+            self.control.close()
 
     def transform(self, delta: StreamDelta) -> StreamDelta | None:
         """The delta the caller sees: the output tool's argument fragments become text."""
@@ -1005,52 +1019,52 @@ class _CallAccumulator(Accumulator):
 
 
 def _run(call: _Call) -> Iterator[StreamDelta]:
-    while True:
-        request = call.next_request()
-        inner = call.adapter._open(request, call.remaining(), call.cancel)
-        call.inner = inner
-        try:
-            for delta in inner:
-                out = call.transform(delta)
-                if out is not None:
-                    yield out
-            raw = inner.response
-        except DispatchError as exc:
-            exc.partial = call.snapshot()  # what arrived, with every attempt's usage
-            raise
-        finally:
-            inner.close()
-        if call.settle(raw):
-            return
+    try:
+        while True:
+            inner: ResponseStream = call.open(call.next_request(), call.adapter._open)
+            try:
+                for delta in inner:
+                    out = call.transform(delta)
+                    if out is not None:
+                        yield out
+                raw = inner.response
+            except DispatchError as exc:
+                call.failed(exc)
+                raise
+            finally:
+                inner.close()
+            if call.settle(raw):
+                return
+    finally:
+        call.close()
 
 
 async def _arun(call: _Call) -> AsyncIterator[StreamDelta]:
-    while True:
-        request = call.next_request()
-        inner = call.adapter._aopen(request, call.remaining(), call.cancel)
-        call.inner = inner
-        try:
-            async for delta in inner:
-                out = call.transform(delta)
-                if out is not None:
-                    yield out
-            raw = inner.response
-        except DispatchError as exc:
-            exc.partial = call.snapshot()  # what arrived, with every attempt's usage
-            raise
-        finally:
-            await inner.aclose()
-        if call.settle(raw):
-            return
+    try:
+        while True:
+            inner: AsyncResponseStream = call.open(call.next_request(), call.adapter._aopen)
+            try:
+                async for delta in inner:
+                    out = call.transform(delta)
+                    if out is not None:
+                        yield out
+                raw = inner.response
+            except DispatchError as exc:
+                call.failed(exc)
+                raise
+            finally:
+                await inner.aclose()
+            if call.settle(raw):
+                return
+    finally:
+        call.close()
 
 
-class StructuredResponseStream(ResponseStream):
-    """The stream of a call made with ``output=``: a :class:`ResponseStream` whose ``response``
-    has ``parsed``, plus ``partial_parsed`` and ``attempt``."""
+class _StructuredView:
+    """What both structured streams show of their call: ``output``, ``attempt``,
+    ``partial_parsed``."""
 
-    def __init__(self, call: _Call) -> None:
-        super().__init__(_run(call), _CallAccumulator(call))
-        self._call = call
+    _call: _Call
 
     @property
     def output(self) -> StructuredOutput:
@@ -1069,27 +1083,21 @@ class StructuredResponseStream(ResponseStream):
         return self._call.partial_parsed()
 
 
-class AsyncStructuredResponseStream(AsyncResponseStream):
+class StructuredResponseStream(_StructuredView, ResponseStream):
+    """The stream of a call made with ``output=``: a :class:`ResponseStream` whose ``response``
+    has ``parsed``, plus ``partial_parsed`` and ``attempt``."""
+
+    def __init__(self, call: _Call) -> None:
+        super().__init__(_run(call), _CallAccumulator(call))
+        self._call = call
+
+
+class AsyncStructuredResponseStream(_StructuredView, AsyncResponseStream):
     """The async twin of :class:`StructuredResponseStream`."""
 
     def __init__(self, call: _Call) -> None:
         super().__init__(_arun(call), _CallAccumulator(call))
         self._call = call
-
-    @property
-    def output(self) -> StructuredOutput:
-        """What the call asked for."""
-        return self._call.spec
-
-    @property
-    def attempt(self) -> int:
-        """Which attempt is streaming."""
-        return self._call.attempt
-
-    @property
-    def partial_parsed(self) -> Any:
-        """See :attr:`StructuredResponseStream.partial_parsed`."""
-        return self._call.partial_parsed()
 
 
 def _retries(output_retries: int | None) -> int:

@@ -190,3 +190,16 @@ def test_cancel_reaches_async_tools_running_now(fake: CanonicalFake,
     assert finished == []
     results = session.history[-1].blocks
     assert all(r.is_error and "not run" in r.text for r in results)  # type: ignore[union-attr]
+
+
+def test_a_structured_call_inside_a_turn_never_outlives_it(fake: CanonicalFake,
+                                                           adapter: FakeAdapter) -> None:
+    # A structured call's attempts share one control of their own; inside a turn it ends at the
+    # turn's deadline even when the call itself was given more time.
+    adapter.chat("warm up")
+    fake.push(Stall(3.0))
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    with TurnControl(timeout=0.5) as turn, pytest.raises(APITimeoutError) as info:
+        adapter.chat("x", output=schema, cancel=turn, timeout=30)
+    assert time.monotonic() - turn.started_at < 0.85
+    assert "within the 0.5 s timeout" in info.value.message
