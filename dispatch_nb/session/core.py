@@ -15,9 +15,9 @@ from ..adapter import Adapter
 from ..tools import Tool
 from ..types import Message, Response, ToolDefinition, Usage
 from ..validation import check_call, describe
-from . import serialization
 from .inputs import SessionTool, session_tools
 from .loop import ToolLoop
+from .serialization import dumps, loads, restore_tools
 from .stream import AsyncSessionStream, SessionStream, TurnState
 
 __all__ = ["Session"]
@@ -237,7 +237,7 @@ class Session(ToolLoop):
         """The whole session as JSON: id, model, settings, system prompt, tool definitions (not
         their Python handlers), history (thinking signatures, provider data, tool calls
         included) and usage. :meth:`from_json` restores it exactly."""
-        return serialization.dumps(
+        return dumps(
             id=self.id,
             model=f"{self._adapter.provider_name}:{self._adapter.model_name}",
             system=self._system,
@@ -266,7 +266,7 @@ class Session(ToolLoop):
         a handler stay declared to the model, are listed in :attr:`unhandled_tools`, and a
         ``UserWarning`` names them.
         """
-        saved = serialization.loads(text)
+        saved = loads(text)
         session = cls(
             adapter if adapter is not None else saved.model,
             system=saved.system,
@@ -275,7 +275,7 @@ class Session(ToolLoop):
             max_tokens=saved.max_tokens,
             temperature=saved.temperature,
         )
-        session.set_tools(serialization.restore_tools(saved, session_tools(tools)))
+        session.set_tools(restore_tools(saved, session_tools(tools)))
         missing = session.unhandled_tools
         if missing:
             warnings.warn(
