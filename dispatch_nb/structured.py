@@ -51,7 +51,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import orjson
 
@@ -70,7 +70,6 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from .adapter import Adapter, ChatRequest
     from .cancel import CancelToken
 
 __all__ = [
@@ -763,6 +762,52 @@ def _drop_added_nulls(value: Any, schema: Mapping[str, Any]) -> Any:
     return walk(value, schema, 0)
 
 
+# -- what structured output needs of a request and of an adapter ------------------------------------
+# Typed structurally: the adapter imports this module to run ``output=`` calls, so this module
+# must not import the adapter back. :class:`~dispatch_nb.adapter.ChatRequest` and every
+# :class:`~dispatch_nb.adapter.Adapter` fit these protocols.
+class OutputRequest(Protocol):
+    """What structured output reads of a request (a :class:`~dispatch_nb.adapter.ChatRequest`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    messages: list[Message]
+    system: str | None
+    tools: list[ToolDefinition | dict[str, Any]]
+    stream: bool
+    options: dict[str, Any]
+    output: StructuredOutput | None
+
+    @property
+    def native_tools(self) -> list[dict[str, Any]]: ...
+
+
+class OutputModel(Protocol):
+    """What structured output uses of an adapter (any :class:`~dispatch_nb.adapter.Adapter`)."""
+
+    @property
+    def provider_name(self) -> str: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def display_name(self) -> str: ...
+
+    @property
+    def default_timeout(self) -> float | None: ...
+
+    def output_mode(self, request: Any) -> str | None: ...
+
+    def _open(self, request: Any, timeout: float | None,
+              cancel: CancelToken | None) -> ResponseStream: ...
+
+    def _aopen(self, request: Any, timeout: float | None,
+               cancel: CancelToken | None) -> AsyncResponseStream: ...
+
+
+_Request = TypeVar("_Request", bound=OutputRequest)
+
+
 def as_output(output: Any) -> StructuredOutput:
     """``output=`` as a :class:`StructuredOutput` (built and checked now, before any request)."""
     if isinstance(output, StructuredOutput):
@@ -770,7 +815,7 @@ def as_output(output: Any) -> StructuredOutput:
     return StructuredOutput(output)
 
 
-def requested_mode(adapter: Adapter, request: ChatRequest) -> str:
+def requested_mode(adapter: OutputModel, request: OutputRequest) -> str:
     """The mechanism asked for: the call's ``StructuredOutput(mode=...)``, else the adapter's
     ``structured_output``; ``auto`` lets the provider choose."""
     assert request.output is not None
@@ -783,7 +828,7 @@ def requested_mode(adapter: Adapter, request: ChatRequest) -> str:
     return mode
 
 
-def unsupported_mode(adapter: Adapter, mode: str, supported: tuple[str, ...]) -> ValueError:
+def unsupported_mode(adapter: OutputModel, mode: str, supported: tuple[str, ...]) -> ValueError:
     """The error for a mechanism this provider cannot use."""
     return ValueError(
         f"{adapter.display_name} cannot use structured output mode {mode!r}; use one of "
@@ -791,7 +836,7 @@ def unsupported_mode(adapter: Adapter, mode: str, supported: tuple[str, ...]) ->
     )
 
 
-def output_tool_choice(request: ChatRequest, *, can_force: bool = True) -> Any:
+def output_tool_choice(request: OutputRequest, *, can_force: bool = True) -> Any:
     """The neutral ``tool_choice`` for ``tool`` mode: the output tool by name when it is the
     only tool, ``"required"`` with other tools (the model calls them, then the output tool),
     ``"auto"`` when a forced choice is not allowed (Anthropic with thinking); the caller's own
@@ -808,7 +853,7 @@ def output_tool_choice(request: ChatRequest, *, can_force: bool = True) -> Any:
     return "required" if others or request.native_tools else OUTPUT_TOOL_NAME
 
 
-def prompted(request: ChatRequest) -> ChatRequest:
+def prompted(request: _Request) -> _Request:
     """``request`` with the schema instructions of ``prompt`` mode in its system prompt."""
     assert request.output is not None
     note = request.output.instructions()
@@ -874,8 +919,8 @@ class _Call:
 
     def __init__(
         self,
-        adapter: Adapter,
-        request: ChatRequest,
+        adapter: OutputModel,
+        request: OutputRequest,
         retries: int,
         timeout: float | None,
         cancel: CancelToken | None,
@@ -901,7 +946,7 @@ class _Call:
         self.tool_ids: set[str | None] = set()
 
     # -- per attempt -----------------------------------------------------------------------------
-    def next_request(self) -> ChatRequest:
+    def next_request(self) -> OutputRequest:
         """The next attempt's request (raises when the call's time is up)."""
         if self.control is None:
             self.control = TurnControl(timeout=self.timeout, cancel=self.cancel,
@@ -916,7 +961,7 @@ class _Call:
         self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
         return dataclasses.replace(self.request, messages=list(self.messages))
 
-    def open(self, request: ChatRequest, opener: Callable[..., Any]) -> Any:
+    def open(self, request: OutputRequest, opener: Callable[..., Any]) -> Any:
         """Start one attempt with ``opener`` (the adapter's ``_open`` or ``_aopen``) under the
         call's control; the attempt's stream becomes :attr:`inner`."""
         assert self.control is not None
@@ -1108,7 +1153,7 @@ def _retries(output_retries: int | None) -> int:
     return output_retries
 
 
-def _prepare(adapter: Adapter, request: ChatRequest, output: Any) -> ChatRequest:
+def _prepare(adapter: OutputModel, request: _Request, output: Any) -> _Request:
     spec = as_output(output)
     request = dataclasses.replace(request, output=spec)
     adapter.output_mode(request)  # a mechanism this provider cannot use fails now, not mid-call
@@ -1116,8 +1161,8 @@ def _prepare(adapter: Adapter, request: ChatRequest, output: Any) -> ChatRequest
 
 
 def open_structured(
-    adapter: Adapter,
-    request: ChatRequest,
+    adapter: OutputModel,
+    request: OutputRequest,
     output: Any,
     output_retries: int | None,
     timeout: float | None,
@@ -1130,8 +1175,8 @@ def open_structured(
 
 
 def aopen_structured(
-    adapter: Adapter,
-    request: ChatRequest,
+    adapter: OutputModel,
+    request: OutputRequest,
     output: Any,
     output_retries: int | None,
     timeout: float | None,
