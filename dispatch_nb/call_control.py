@@ -28,6 +28,12 @@ __all__ = ["CallControl", "TurnControl"]
 AbortReason = Literal["cancel", "timeout"]
 
 
+def _checked(timeout: float | None) -> float | None:
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return timeout
+
+
 class CallControl:
     """Deadline + cancel token + abort hooks for one call (sync or async)."""
 
@@ -55,9 +61,7 @@ class CallControl:
         cancel: CancelToken | None = None,
         provider: str | None = None,
     ) -> None:
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        self.timeout = timeout
+        self.timeout = _checked(timeout)
         self.cancel = cancel
         #: the turn this call belongs to (when ``cancel`` is a :class:`TurnControl`)
         self.turn = cancel if isinstance(cancel, TurnControl) else None
@@ -229,10 +233,8 @@ class TurnControl(CancelToken):
         cancel: CancelToken | None = None,
         provider: str | None = None,
     ) -> None:
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         super().__init__()
-        self.timeout = timeout
+        self.timeout = _checked(timeout)
         #: the caller's token: cancelling it cancels the turn
         self.parent = cancel
         self.provider = provider

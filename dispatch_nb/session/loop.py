@@ -15,10 +15,11 @@ share every other step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..call_control import TurnControl
@@ -132,36 +133,31 @@ class ToolLoop:
     def _run(
         self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
     ) -> Generator[StreamEvent, None, None]:
-        turn = Turn(self, options)
-        with turn.control:
-            message = self._start(content)
-            with self._turn_lock():
-                self._history.append(message)
-                self.tool_limit_reached = False
-                while True:
-                    kwargs = turn.call_kwargs(self._tool_payload())
-                    try:
-                        if streaming:
-                            with self._adapter.stream(self._wire_history(), **kwargs) as stream:
-                                state.stream = stream
-                                yield from stream
-                            response = stream.response
-                        else:
-                            response = self._adapter.chat(self._wire_history(), **kwargs)
-                    except BaseException as exc:
-                        self._call_failed(turn, message, exc)
-                        raise
-                    finally:
-                        state.stream = None
-                    yield self._answered(turn, state, response)
-                    action = self._next_action(turn, response)
-                    if action == "tools":
-                        yield from self._run_tools(turn, response.tool_calls)
-                        continue
-                    if action == "limit":
-                        yield from self._stop_loop(response)
-                    if action != "again":
-                        return
+        with self._turn(content, options) as (turn, message):
+            while True:
+                kwargs = turn.call_kwargs(self._tool_payload())
+                try:
+                    if streaming:
+                        with self._adapter.stream(self._wire_history(), **kwargs) as stream:
+                            state.stream = stream
+                            yield from stream
+                        response = stream.response
+                    else:
+                        response = self._adapter.chat(self._wire_history(), **kwargs)
+                except BaseException as exc:
+                    self._call_failed(turn, message, exc)
+                    raise
+                finally:
+                    state.stream = None
+                yield self._answered(turn, state, response)
+                action = self._next_action(turn, response)
+                if action == "tools":
+                    yield from self._run_tools(turn, response.tool_calls)
+                elif action == "limit":
+                    yield from self._stop_loop(response)
+                    return
+                elif action == "done":
+                    return
 
     def _run_tools(self, turn: Turn, calls: list[ToolUseBlock]) -> Generator[ToolResultEvent, None, None]:
         """Run one round's calls in order; before each, the turn's deadline and cancel."""
@@ -183,40 +179,35 @@ class ToolLoop:
     async def _arun(
         self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
     ) -> AsyncGenerator[StreamEvent, None]:
-        turn = Turn(self, options)
-        with turn.control:
-            message = self._start(content)
-            with self._turn_lock():
-                self._history.append(message)
-                self.tool_limit_reached = False
-                while True:
-                    kwargs = turn.call_kwargs(self._tool_payload())
-                    try:
-                        if streaming:
-                            astream = self._adapter.astream(self._wire_history(), **kwargs)
-                            async with astream:
-                                state.stream = astream
-                                async for delta in astream:
-                                    yield delta
-                            response = astream.response
-                        else:
-                            response = await self._adapter.achat(self._wire_history(), **kwargs)
-                    except BaseException as exc:
-                        self._call_failed(turn, message, exc)
-                        raise
-                    finally:
-                        state.stream = None
-                    yield self._answered(turn, state, response)
-                    action = self._next_action(turn, response)
-                    if action == "tools":
-                        for event in await self._arun_tools(turn, response.tool_calls):
-                            yield event
-                        continue
-                    if action == "limit":
-                        for event in self._stop_loop(response):
-                            yield event
-                    if action != "again":
-                        return
+        with self._turn(content, options) as (turn, message):
+            while True:
+                kwargs = turn.call_kwargs(self._tool_payload())
+                try:
+                    if streaming:
+                        astream = self._adapter.astream(self._wire_history(), **kwargs)
+                        async with astream:
+                            state.stream = astream
+                            async for delta in astream:
+                                yield delta
+                        response = astream.response
+                    else:
+                        response = await self._adapter.achat(self._wire_history(), **kwargs)
+                except BaseException as exc:
+                    self._call_failed(turn, message, exc)
+                    raise
+                finally:
+                    state.stream = None
+                yield self._answered(turn, state, response)
+                action = self._next_action(turn, response)
+                if action == "tools":
+                    for event in await self._arun_tools(turn, response.tool_calls):
+                        yield event
+                elif action == "limit":
+                    for event in self._stop_loop(response):
+                        yield event
+                    return
+                elif action == "done":
+                    return
 
     async def _arun_tools(self, turn: Turn, calls: list[ToolUseBlock]) -> list[ToolResultEvent]:
         """Run one round's calls concurrently, under the turn's deadline and cancel switch
@@ -250,6 +241,18 @@ class ToolLoop:
         ]
 
     # -- shared steps ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _turn(self, content: Any, options: dict[str, Any]) -> Iterator[tuple[Turn, Message]]:
+        """Begin a turn: its options and control, the user's message checked and added to
+        history, the session held for this turn alone; the control lets go at the end."""
+        turn = Turn(self, options)
+        with turn.control:
+            message = self._start(content)
+            with self._turn_lock():
+                self._history.append(message)
+                self.tool_limit_reached = False
+                yield turn, message
+
     def _turn_lock(self) -> NonBlockingLock:
         return NonBlockingLock(self._lock)
 
