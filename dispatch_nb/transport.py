@@ -10,7 +10,9 @@ Which transport they use (``DISPATCH_NB_TRANSPORT``):
   handing the raw body over to the calling thread in batches (whatever arrived since the caller
   last looked), with backpressure.
 * ``httpx`` — httpx's own transports (``DISPATCH_NB_TRANSPORT=httpx``, or when aiohttp is missing).
-  Sync clients use :class:`AbortableHTTPTransport`.
+  Sync clients use :class:`AbortableHTTPTransport`: a transport of its own over httpcore's public
+  connection pool, given a watching network backend (:meth:`AbortableHTTPTransport.make_pool`
+  builds the pool; its size is the ``limits=`` argument).
 
 Whichever it is, clients keep what httpx gives: proxies from the environment (``HTTP_PROXY``,
 ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``), TLS verification with ``SSL_CERT_FILE`` /

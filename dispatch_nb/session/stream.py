@@ -207,5 +207,3 @@ def _attach_partial(exc: BaseException, partial: Response | None) -> None:
             exc.partial = partial  # type: ignore[attr-defined]
         except Exception:
             pass
-
-
