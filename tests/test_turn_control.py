@@ -98,7 +98,12 @@ def test_session_deadline_spans_two_model_calls_and_a_tool(fake: CanonicalFake,
         return "paused"
 
     name = "pause" if mode == "sync" else "apause"
-    adapter.chat("warm up")  # the first call of a process pays for imports and the client
+    # the first call of a process pays for imports and the client (async: in a loop of its own,
+    # whose client closes with it, so that no idle connection of another pool stays open)
+    if mode == "sync":
+        adapter.chat("warm up")
+    else:
+        asyncio.run(adapter.achat("warm up"))
     fake.push(Turn(tool_calls=[ToolCall("t1", name)], delay=0.05),
               Turn(text="abcdefghijkl", chunk=2, stall_after=2, stall=3.0))
     session = Session(adapter, tools=[pause, apause])
