@@ -524,8 +524,11 @@ class ThreadedTransport(httpx.BaseTransport):
     def _start(self) -> None:
         self._runner = _shared_loop()
         self._inner = self._make()
-        # an unclosed client's connections are closed when it is garbage-collected
-        weakref.finalize(self, _close_soon, self._runner, self._inner)
+        # an unclosed client's connections are closed when it is garbage-collected (at exit,
+        # _close_at_exit closes the live ones and waits: a close merely scheduled then would be
+        # destroyed pending with the loop)
+        self._finalizer = weakref.finalize(self, _close_soon, self._runner, self._inner)
+        self._finalizer.atexit = False
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if self._closed:
@@ -540,6 +543,7 @@ class ThreadedTransport(httpx.BaseTransport):
             return
         self._closed = True
         _threaded_transports.discard(self)
+        self._finalizer.detach()  # closed now: nothing left for the garbage collector to close
         if self._runner.thread.is_alive():
             try:
                 self._runner.run(self._inner.aclose(), timeout=5)

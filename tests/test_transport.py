@@ -443,3 +443,30 @@ def test_abortable_transport_is_a_plain_transport_on_httpcores_pool(fake: Canoni
     with httpx.Client(transport=AbortableHTTPTransport()) as client, \
             pytest.raises(httpx.ConnectError):
         client.get(f"http://127.0.0.1:{dead}/")
+
+
+
+def test_a_closed_threaded_transport_is_closed_once() -> None:
+    # Closing a sync client closes its async transport on the loop thread and waits; nothing is
+    # left for the garbage collector (or the interpreter's exit, which stops the loop thread) to
+    # close again: that second close, merely scheduled, was destroyed pending at exit ("Task was
+    # destroyed but it is pending!" after a script that closed its adapter).
+    import time
+
+    closes: list[float] = []
+
+    class Inner(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, text="ok")
+
+        async def aclose(self) -> None:
+            closes.append(time.monotonic())
+
+    transport = ThreadedTransport(Inner)
+    with httpx.Client(transport=transport) as client:
+        assert client.get("http://inner.invalid/").text == "ok"
+    assert len(closes) == 1
+    del client, transport
+    gc.collect()
+    time.sleep(0.2)  # a close scheduled on the loop thread would have run by now
+    assert len(closes) == 1
