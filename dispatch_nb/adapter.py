@@ -115,7 +115,7 @@ def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[s
         elif isinstance(getattr(t, "definition", None), ToolDefinition):
             out.append(t.definition)
         elif callable(t):
-            from .session import tool as make_tool
+            from .tools import tool as make_tool
 
             out.append(make_tool(t).definition)
         else:

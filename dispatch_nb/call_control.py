@@ -1,9 +1,15 @@
-"""Per-call deadline and cancellation: one object every adapter call carries.
+"""Deadlines and cancellation: one object per call, one per turn.
 
 A call's :class:`CallControl` knows its total deadline (``timeout=`` seconds, covering connect,
 every read and every retry) and its :class:`~dispatch_nb.cancel.CancelToken`. When either fires, it
 runs the abort hooks the transport registered (closing a socket, cancelling an asyncio task), so a
 blocked read wakes at once instead of waiting for the server.
+
+An operation made of several calls (a session turn: model calls and tool runs) has one
+:class:`TurnControl`: its deadline and its cancel switch, created once. It *is* a
+:class:`~dispatch_nb.cancel.CancelToken`, handed to each model call as ``cancel=``; the call's
+:class:`CallControl` then also stops at the turn's deadline (raising the turn's timeout error,
+counted from the turn's start) and when the turn is cancelled.
 """
 
 from __future__ import annotations
@@ -12,14 +18,20 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from .cancel import CancelToken
 from .errors import APITimeoutError, DispatchError, RequestCancelled
 
-__all__ = ["CallControl"]
+__all__ = ["CallControl", "TurnControl"]
 
 AbortReason = Literal["cancel", "timeout"]
+
+
+def _checked(timeout: float | None) -> float | None:
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return timeout
 
 
 class CallControl:
@@ -31,6 +43,7 @@ class CallControl:
         "_lock",
         "_remove_cancel",
         "_timer",
+        "_turn_bound",
         "_wake",
         "cancel",
         "deadline",
@@ -38,6 +51,7 @@ class CallControl:
         "reason",
         "started_at",
         "timeout",
+        "turn",
     )
 
     def __init__(
@@ -47,13 +61,14 @@ class CallControl:
         cancel: CancelToken | None = None,
         provider: str | None = None,
     ) -> None:
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        self.timeout = timeout
+        self.timeout = _checked(timeout)
         self.cancel = cancel
+        #: the turn this call belongs to (when ``cancel`` is a :class:`TurnControl`)
+        self.turn = cancel if isinstance(cancel, TurnControl) else None
         self.provider = provider
-        self.started_at = time.monotonic()
-        self.deadline = self.started_at + timeout if timeout is not None else None
+        self.deadline: float | None = None
+        self._turn_bound = False  # the turn's deadline comes before the call's own
+        self._restart_clock()
         self.reason: AbortReason | None = None
         self._aborted_after: float | None = None
         self._hooks: list[Callable[[], None]] = []
@@ -65,17 +80,21 @@ class CallControl:
     # -- lifecycle -------------------------------------------------------------------------------
     def _restart_clock(self) -> None:
         # The deadline counts from the first read of the stream, not from when it was created.
+        # A call inside a turn never outlives the turn: its deadline is the earlier of the two.
         self.started_at = time.monotonic()
-        if self.timeout is not None:
-            self.deadline = self.started_at + self.timeout
+        own = self.started_at + self.timeout if self.timeout is not None else None
+        turn = self.turn.deadline if self.turn is not None else None
+        self._turn_bound = turn is not None and (own is None or turn <= own)
+        self.deadline = turn if self._turn_bound else own
 
     def start(self) -> None:
         """Arm the deadline timer (a thread) and the cancel callback."""
         self._restart_clock()
         if self.cancel is not None:
             self._remove_cancel = self.cancel.add_callback(lambda: self.abort("cancel"))
-        if self.timeout is not None and self.reason is None:
-            timer = threading.Timer(self.timeout, self.abort, args=("timeout",))
+        remaining = self.remaining()
+        if remaining is not None and self.reason is None:
+            timer = threading.Timer(remaining, self.abort, args=("timeout",))
             timer.daemon = True
             timer.start()
             self._timer = timer
@@ -85,8 +104,9 @@ class CallControl:
         self._restart_clock()
         if self.cancel is not None:
             self._remove_cancel = self.cancel.add_callback(lambda: self.abort("cancel"))
-        if self.timeout is not None and self.reason is None:
-            self._timer = loop.call_later(self.timeout, self.abort, "timeout")
+        remaining = self.remaining()
+        if remaining is not None and self.reason is None:
+            self._timer = loop.call_later(remaining, self.abort, "timeout")
 
     def stop(self) -> None:
         """Disarm everything (idempotent)."""
@@ -148,6 +168,8 @@ class CallControl:
 
     def error(self) -> DispatchError:
         """The error that describes why the call was aborted."""
+        if self.reason == "timeout" and self._turn_bound and self.turn is not None:
+            return self.turn.timeout_error()
         if self.reason == "timeout":
             return APITimeoutError(
                 f"no complete answer within the {self.timeout:g} s timeout "
@@ -185,3 +207,122 @@ class CallControl:
                 break
             await asyncio.sleep(min(left, 0.05))
         self.check()
+
+
+class TurnControl(CancelToken):
+    """One deadline and one cancel switch for a whole turn: every model call and tool run of it.
+
+    Create it once per turn (``with TurnControl(timeout=..., cancel=token) as turn:``) and hand it
+    to each model call as ``cancel=turn``: that call's :class:`CallControl` stops at the earlier of
+    its own deadline and the turn's, and when the turn is cancelled. ``timeout`` (seconds) is the
+    budget of the whole turn, counted from when the control is made; ``cancel`` (the caller's
+    token, optional) cancels the turn when it is cancelled; when it is itself a turn, this one
+    also ends at its deadline (a structured call inside a session turn). Between calls (e.g. before each tool)
+    :meth:`check` raises the turn's error; :meth:`run_async` waits for async work (tools) under
+    the turn's deadline and cancel switch.
+    """
+
+    __slots__ = (
+        "_remove_parent", "deadline", "outer", "parent", "provider", "started_at", "timeout"
+    )
+
+    def __init__(
+        self,
+        *,
+        timeout: float | None = None,
+        cancel: CancelToken | None = None,
+        provider: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.timeout = _checked(timeout)
+        #: the caller's token: cancelling it cancels the turn
+        self.parent = cancel
+        self.provider = provider
+        self.started_at = time.monotonic()
+        self.deadline = self.started_at + timeout if timeout is not None else None
+        #: the enclosing turn whose deadline comes first (a turn inside a turn never outlives it)
+        self.outer: TurnControl | None = None
+        if isinstance(cancel, TurnControl) and cancel.deadline is not None and (
+            self.deadline is None or cancel.deadline <= self.deadline
+        ):
+            self.outer, self.deadline = cancel, cancel.deadline
+        self._remove_parent: Callable[[], None] | None = None
+        if cancel is not None:
+            self._remove_parent = cancel.add_callback(lambda: self.cancel(cancel.reason))
+
+    def close(self) -> None:
+        """Detach from the caller's token (idempotent); the turn's calls have ended."""
+        remove, self._remove_parent = self._remove_parent, None
+        if remove is not None:
+            remove()
+
+    def __enter__(self) -> TurnControl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- queries ---------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        """Seconds since the turn started."""
+        return time.monotonic() - self.started_at
+
+    def remaining(self) -> float | None:
+        """Seconds left of the turn's budget (None: no deadline)."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def expired(self) -> bool:
+        """True once the turn's deadline has passed."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def timeout_error(self, where: str = "") -> APITimeoutError:
+        """The error of a turn whose deadline passed (``where``: what it was doing)."""
+        if self.outer is not None:
+            return self.outer.timeout_error(where)
+        return APITimeoutError(
+            f"no complete answer within the {self.timeout:g} s timeout (waited "
+            f"{self.elapsed():.1f} s{', ' + where if where else ''}); pass a larger timeout= or "
+            "try again",
+            provider=self.provider,
+        )
+
+    def check(self, where: str = "") -> None:
+        """Raise if the turn was cancelled (:class:`RequestCancelled`) or its deadline passed
+        (:class:`APITimeoutError`, saying ``where``)."""
+        if self.cancelled:
+            raise RequestCancelled(self.reason or "the request was cancelled",
+                                   provider=self.provider)
+        if self.expired():
+            raise self.timeout_error(where)
+
+    async def run_async(self, work: asyncio.Future[Any], where: str = "") -> Any:
+        """Wait for ``work`` until it is done, the turn is cancelled or its deadline passes; in
+        the last two cases cancel ``work`` (and wait for it to unwind) and raise as :meth:`check`
+        does. Returns ``work``'s result."""
+        self.check(where)
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+
+        def settle() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        def wake() -> None:  # the cancel may come from any thread
+            loop.call_soon_threadsafe(settle)
+
+        remove = self.add_callback(wake)
+        try:
+            await asyncio.wait({work, woken}, timeout=self.remaining(),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                self.check(where)
+                raise self.timeout_error(where)  # asyncio.wait's clock ran out a hair early
+            return work.result()
+        finally:
+            remove()
+            woken.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)

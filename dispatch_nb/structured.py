@@ -50,12 +50,12 @@ import functools
 import json
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import orjson
 
+from .call_control import TurnControl
 from .errors import APITimeoutError, DispatchError, OutputValidationError
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import (
@@ -70,7 +70,6 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from .adapter import Adapter, ChatRequest
     from .cancel import CancelToken
 
 __all__ = [
@@ -763,6 +762,52 @@ def _drop_added_nulls(value: Any, schema: Mapping[str, Any]) -> Any:
     return walk(value, schema, 0)
 
 
+# -- what structured output needs of a request and of an adapter ------------------------------------
+# Typed structurally: the adapter imports this module to run ``output=`` calls, so this module
+# must not import the adapter back. :class:`~dispatch_nb.adapter.ChatRequest` and every
+# :class:`~dispatch_nb.adapter.Adapter` fit these protocols.
+class OutputRequest(Protocol):
+    """What structured output reads of a request (a :class:`~dispatch_nb.adapter.ChatRequest`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    messages: list[Message]
+    system: str | None
+    tools: list[ToolDefinition | dict[str, Any]]
+    stream: bool
+    options: dict[str, Any]
+    output: StructuredOutput | None
+
+    @property
+    def native_tools(self) -> list[dict[str, Any]]: ...
+
+
+class OutputModel(Protocol):
+    """What structured output uses of an adapter (any :class:`~dispatch_nb.adapter.Adapter`)."""
+
+    @property
+    def provider_name(self) -> str: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def display_name(self) -> str: ...
+
+    @property
+    def default_timeout(self) -> float | None: ...
+
+    def output_mode(self, request: Any) -> str | None: ...
+
+    def _open(self, request: Any, timeout: float | None,
+              cancel: CancelToken | None) -> ResponseStream: ...
+
+    def _aopen(self, request: Any, timeout: float | None,
+               cancel: CancelToken | None) -> AsyncResponseStream: ...
+
+
+_Request = TypeVar("_Request", bound=OutputRequest)
+
+
 def as_output(output: Any) -> StructuredOutput:
     """``output=`` as a :class:`StructuredOutput` (built and checked now, before any request)."""
     if isinstance(output, StructuredOutput):
@@ -770,7 +815,7 @@ def as_output(output: Any) -> StructuredOutput:
     return StructuredOutput(output)
 
 
-def requested_mode(adapter: Adapter, request: ChatRequest) -> str:
+def requested_mode(adapter: OutputModel, request: OutputRequest) -> str:
     """The mechanism asked for: the call's ``StructuredOutput(mode=...)``, else the adapter's
     ``structured_output``; ``auto`` lets the provider choose."""
     assert request.output is not None
@@ -783,7 +828,7 @@ def requested_mode(adapter: Adapter, request: ChatRequest) -> str:
     return mode
 
 
-def unsupported_mode(adapter: Adapter, mode: str, supported: tuple[str, ...]) -> ValueError:
+def unsupported_mode(adapter: OutputModel, mode: str, supported: tuple[str, ...]) -> ValueError:
     """The error for a mechanism this provider cannot use."""
     return ValueError(
         f"{adapter.display_name} cannot use structured output mode {mode!r}; use one of "
@@ -791,7 +836,7 @@ def unsupported_mode(adapter: Adapter, mode: str, supported: tuple[str, ...]) ->
     )
 
 
-def output_tool_choice(request: ChatRequest, *, can_force: bool = True) -> Any:
+def output_tool_choice(request: OutputRequest, *, can_force: bool = True) -> Any:
     """The neutral ``tool_choice`` for ``tool`` mode: the output tool by name when it is the
     only tool, ``"required"`` with other tools (the model calls them, then the output tool),
     ``"auto"`` when a forced choice is not allowed (Anthropic with thinking); the caller's own
@@ -808,7 +853,7 @@ def output_tool_choice(request: ChatRequest, *, can_force: bool = True) -> Any:
     return "required" if others or request.native_tools else OUTPUT_TOOL_NAME
 
 
-def prompted(request: ChatRequest) -> ChatRequest:
+def prompted(request: _Request) -> _Request:
     """``request`` with the schema instructions of ``prompt`` mode in its system prompt."""
     assert request.output is not None
     note = request.output.instructions()
@@ -874,8 +919,8 @@ class _Call:
 
     def __init__(
         self,
-        adapter: Adapter,
-        request: ChatRequest,
+        adapter: OutputModel,
+        request: OutputRequest,
         retries: int,
         timeout: float | None,
         cancel: CancelToken | None,
@@ -888,7 +933,9 @@ class _Call:
         self.cancel = cancel
         #: a total deadline for every attempt together
         self.timeout = timeout if timeout is not None else adapter.default_timeout
-        self.started: float | None = None
+        #: the deadline and cancel switch of every attempt together, made when the first starts
+        #: and handed to each attempt's model call (as its ``cancel=``)
+        self.control: TurnControl | None = None
         self.messages = list(request.messages)
         self.attempt = 0
         self.inner: ResponseStream | AsyncResponseStream | None = None
@@ -899,24 +946,36 @@ class _Call:
         self.tool_ids: set[str | None] = set()
 
     # -- per attempt -----------------------------------------------------------------------------
-    def next_request(self) -> ChatRequest:
-        self.attempt += 1
-        self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
-        if self.started is None:
-            self.started = time.monotonic()
-        return dataclasses.replace(self.request, messages=list(self.messages))
-
-    def remaining(self) -> float | None:
-        if self.timeout is None or self.started is None:
-            return self.timeout
-        left = self.timeout - (time.monotonic() - self.started)
-        if left <= 0:
+    def next_request(self) -> OutputRequest:
+        """The next attempt's request (raises when the call's time is up)."""
+        if self.control is None:
+            self.control = TurnControl(timeout=self.timeout, cancel=self.cancel,
+                                       provider=self.adapter.provider_name)
+        elif self.control.expired() and self.control.outer is None:
             raise APITimeoutError(
                 f"no valid structured answer within the {self.timeout:g} s timeout "
-                f"({self.attempt - 1} attempt(s)); pass a larger timeout= or try again",
+                f"({self.attempt} attempt(s)); pass a larger timeout= or try again",
                 provider=self.adapter.provider_name, partial=self.snapshot(),
             )
-        return left
+        self.attempt += 1
+        self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
+        return dataclasses.replace(self.request, messages=list(self.messages))
+
+    def open(self, request: OutputRequest, opener: Callable[..., Any]) -> Any:
+        """Start one attempt with ``opener`` (the adapter's ``_open`` or ``_aopen``) under the
+        call's control; the attempt's stream becomes :attr:`inner`."""
+        assert self.control is not None
+        self.inner = opener(request, self.timeout, self.control)
+        return self.inner
+
+    def failed(self, exc: DispatchError) -> None:
+        """An attempt failed: the error carries what arrived, with every attempt's usage."""
+        exc.partial = self.snapshot()
+
+    def close(self) -> None:
+        """The call is over: its control lets go of the caller's token."""
+        if self.control is not None:
+            self.control.close()
 
     def transform(self, delta: StreamDelta) -> StreamDelta | None:
         """The delta the caller sees: the output tool's argument fragments become text."""
@@ -1005,52 +1064,52 @@ class _CallAccumulator(Accumulator):
 
 
 def _run(call: _Call) -> Iterator[StreamDelta]:
-    while True:
-        request = call.next_request()
-        inner = call.adapter._open(request, call.remaining(), call.cancel)
-        call.inner = inner
-        try:
-            for delta in inner:
-                out = call.transform(delta)
-                if out is not None:
-                    yield out
-            raw = inner.response
-        except DispatchError as exc:
-            exc.partial = call.snapshot()  # what arrived, with every attempt's usage
-            raise
-        finally:
-            inner.close()
-        if call.settle(raw):
-            return
+    try:
+        while True:
+            inner: ResponseStream = call.open(call.next_request(), call.adapter._open)
+            try:
+                for delta in inner:
+                    out = call.transform(delta)
+                    if out is not None:
+                        yield out
+                raw = inner.response
+            except DispatchError as exc:
+                call.failed(exc)
+                raise
+            finally:
+                inner.close()
+            if call.settle(raw):
+                return
+    finally:
+        call.close()
 
 
 async def _arun(call: _Call) -> AsyncIterator[StreamDelta]:
-    while True:
-        request = call.next_request()
-        inner = call.adapter._aopen(request, call.remaining(), call.cancel)
-        call.inner = inner
-        try:
-            async for delta in inner:
-                out = call.transform(delta)
-                if out is not None:
-                    yield out
-            raw = inner.response
-        except DispatchError as exc:
-            exc.partial = call.snapshot()  # what arrived, with every attempt's usage
-            raise
-        finally:
-            await inner.aclose()
-        if call.settle(raw):
-            return
+    try:
+        while True:
+            inner: AsyncResponseStream = call.open(call.next_request(), call.adapter._aopen)
+            try:
+                async for delta in inner:
+                    out = call.transform(delta)
+                    if out is not None:
+                        yield out
+                raw = inner.response
+            except DispatchError as exc:
+                call.failed(exc)
+                raise
+            finally:
+                await inner.aclose()
+            if call.settle(raw):
+                return
+    finally:
+        call.close()
 
 
-class StructuredResponseStream(ResponseStream):
-    """The stream of a call made with ``output=``: a :class:`ResponseStream` whose ``response``
-    has ``parsed``, plus ``partial_parsed`` and ``attempt``."""
+class _StructuredView:
+    """What both structured streams show of their call: ``output``, ``attempt``,
+    ``partial_parsed``."""
 
-    def __init__(self, call: _Call) -> None:
-        super().__init__(_run(call), _CallAccumulator(call))
-        self._call = call
+    _call: _Call
 
     @property
     def output(self) -> StructuredOutput:
@@ -1069,27 +1128,21 @@ class StructuredResponseStream(ResponseStream):
         return self._call.partial_parsed()
 
 
-class AsyncStructuredResponseStream(AsyncResponseStream):
+class StructuredResponseStream(_StructuredView, ResponseStream):
+    """The stream of a call made with ``output=``: a :class:`ResponseStream` whose ``response``
+    has ``parsed``, plus ``partial_parsed`` and ``attempt``."""
+
+    def __init__(self, call: _Call) -> None:
+        super().__init__(_run(call), _CallAccumulator(call))
+        self._call = call
+
+
+class AsyncStructuredResponseStream(_StructuredView, AsyncResponseStream):
     """The async twin of :class:`StructuredResponseStream`."""
 
     def __init__(self, call: _Call) -> None:
         super().__init__(_arun(call), _CallAccumulator(call))
         self._call = call
-
-    @property
-    def output(self) -> StructuredOutput:
-        """What the call asked for."""
-        return self._call.spec
-
-    @property
-    def attempt(self) -> int:
-        """Which attempt is streaming."""
-        return self._call.attempt
-
-    @property
-    def partial_parsed(self) -> Any:
-        """See :attr:`StructuredResponseStream.partial_parsed`."""
-        return self._call.partial_parsed()
 
 
 def _retries(output_retries: int | None) -> int:
@@ -1100,7 +1153,7 @@ def _retries(output_retries: int | None) -> int:
     return output_retries
 
 
-def _prepare(adapter: Adapter, request: ChatRequest, output: Any) -> ChatRequest:
+def _prepare(adapter: OutputModel, request: _Request, output: Any) -> _Request:
     spec = as_output(output)
     request = dataclasses.replace(request, output=spec)
     adapter.output_mode(request)  # a mechanism this provider cannot use fails now, not mid-call
@@ -1108,8 +1161,8 @@ def _prepare(adapter: Adapter, request: ChatRequest, output: Any) -> ChatRequest
 
 
 def open_structured(
-    adapter: Adapter,
-    request: ChatRequest,
+    adapter: OutputModel,
+    request: OutputRequest,
     output: Any,
     output_retries: int | None,
     timeout: float | None,
@@ -1122,8 +1175,8 @@ def open_structured(
 
 
 def aopen_structured(
-    adapter: Adapter,
-    request: ChatRequest,
+    adapter: OutputModel,
+    request: OutputRequest,
     output: Any,
     output_retries: int | None,
     timeout: float | None,

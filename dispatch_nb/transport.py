@@ -10,7 +10,9 @@ Which transport they use (``DISPATCH_NB_TRANSPORT``):
   handing the raw body over to the calling thread in batches (whatever arrived since the caller
   last looked), with backpressure.
 * ``httpx`` — httpx's own transports (``DISPATCH_NB_TRANSPORT=httpx``, or when aiohttp is missing).
-  Sync clients use :class:`AbortableHTTPTransport`.
+  Sync clients use :class:`AbortableHTTPTransport`: a transport of its own over httpcore's public
+  connection pool, given a watching network backend (:meth:`AbortableHTTPTransport.make_pool`
+  builds the pool; its size is the ``limits=`` argument).
 
 Whichever it is, clients keep what httpx gives: proxies from the environment (``HTTP_PROXY``,
 ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``), TLS verification with ``SSL_CERT_FILE`` /
@@ -568,8 +570,11 @@ class ThreadedTransport(httpx.BaseTransport):
     def _start(self) -> None:
         self._runner = _shared_loop()
         self._inner = self._make()
-        # an unclosed client's connections are closed when it is garbage-collected
-        weakref.finalize(self, _close_soon, self._runner, self._inner)
+        # an unclosed client's connections are closed when it is garbage-collected (at exit,
+        # _close_at_exit closes the live ones and waits: a close merely scheduled then would be
+        # destroyed pending with the loop)
+        self._finalizer = weakref.finalize(self, _close_soon, self._runner, self._inner)
+        self._finalizer.atexit = False
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if self._closed:
@@ -584,6 +589,7 @@ class ThreadedTransport(httpx.BaseTransport):
             return
         self._closed = True
         _threaded_transports.discard(self)
+        self._finalizer.detach()  # closed now: nothing left for the garbage collector to close
         if self._runner.thread.is_alive():
             try:
                 self._runner.run(self._inner.aclose(), timeout=5)
@@ -677,66 +683,207 @@ class _WatchedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-class _WatchedBody(httpx.SyncByteStream):
-    """A response body whose abort hooks are removed when it is closed."""
+#: httpcore's exceptions as httpx's (what ``httpx.HTTPTransport`` raises for each); the most
+#: specific match wins (``httpcore.ReadTimeout`` is an ``httpx.ReadTimeout``, not just a timeout)
+_HTTPCORE_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+)
 
-    def __init__(self, inner: httpx.SyncByteStream, removers: list[Callable[[], None]]) -> None:
+
+def _as_httpx_error(exc: Exception) -> Exception:
+    """``exc`` (from httpcore) as the httpx exception ``httpx.HTTPTransport`` would raise."""
+    mapped: type[httpx.TransportError] | None = None
+    for source, target in _HTTPCORE_ERRORS:
+        if isinstance(exc, source) and (mapped is None or issubclass(target, mapped)):
+            mapped = target
+    if mapped is None:
+        return exc
+    error = mapped(str(exc))
+    error.__cause__ = exc
+    return error
+
+
+def _httpcore_url(url: httpx.URL) -> httpcore.URL:
+    return httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
+                        target=url.raw_path)
+
+
+class _WatchedBody(httpx.SyncByteStream):
+    """A response body read from httpcore: its errors become httpx's, and its abort hooks are
+    removed when it is closed."""
+
+    def __init__(self, inner: Iterable[bytes], removers: list[Callable[[], None]]) -> None:
         self._inner = inner
         self._removers = removers
 
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self._inner)
+        try:
+            yield from self._inner
+        except Exception as exc:
+            error = _as_httpx_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     def close(self) -> None:
         for remove in self._removers:
             remove()
         self._removers = []
-        self._inner.close()
+        close = getattr(self._inner, "close", None)
+        if close is not None:
+            close()
 
 
-class AbortableHTTPTransport(httpx.HTTPTransport):
-    """httpx's sync transport (same keywords), made abortable through :data:`ABORT_EXTENSION`:
-    an abort shuts the request's socket down, whether it is connecting, waiting for the headers on
-    a reused keep-alive connection, or reading the body."""
+class AbortableHTTPTransport(httpx.BaseTransport):
+    """A sync transport on httpcore's connection pool (``httpx.HTTPTransport``'s keywords and
+    errors), made abortable through :data:`ABORT_EXTENSION`: an abort shuts the request's socket
+    down, whether it is connecting, waiting for the headers on a reused keep-alive connection, or
+    reading the body.
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        # httpx offers no public way to choose httpcore's network backend: swap it on the pool.
-        pool = getattr(self, "_pool", None)
-        backend = getattr(pool, "_network_backend", None)
-        if isinstance(backend, httpcore.NetworkBackend):
-            pool._network_backend = _WatchedBackend(backend)  # type: ignore[union-attr]
+    The pool (:attr:`pool`, made in :meth:`make_pool`) is httpcore's public ``ConnectionPool``
+    (``HTTPProxy`` through an http(s) proxy) given a watching network backend through its
+    ``network_backend=`` argument: every network stream tells the request writing on it which
+    socket it uses. (httpcore's ``SOCKSProxy`` takes no network backend: through a SOCKS proxy an
+    abort reaches new connections, through httpcore's trace, but not reused ones.)
+    """
+
+    def __init__(
+        self,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx.Limits = DEFAULT_LIMITS,
+        proxy: httpx.Proxy | str | httpx.URL | None = None,
+        uds: str | None = None,
+        local_address: str | None = None,
+        retries: int = 0,
+        socket_options: Iterable[Any] | None = None,
+    ) -> None:
+        self.limits = limits
+        #: the httpcore connection pool every request of this transport goes through
+        self.pool = self.make_pool(
+            ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
+            limits=limits,
+            proxy=httpx.Proxy(url=proxy) if isinstance(proxy, (str, httpx.URL)) else proxy,
+            http1=http1, http2=http2, uds=uds, local_address=local_address, retries=retries,
+            socket_options=socket_options,
+        )
+
+    @staticmethod
+    def make_pool(
+        *,
+        ssl_context: ssl.SSLContext,
+        limits: httpx.Limits,
+        proxy: httpx.Proxy | None = None,
+        http1: bool = True,
+        http2: bool = False,
+        uds: str | None = None,
+        local_address: str | None = None,
+        retries: int = 0,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.ConnectionPool:
+        """The connection pool (its size: ``limits``), as ``httpx.HTTPTransport`` makes it, on
+        a watching network backend."""
+        backend = _WatchedBackend(httpcore.SyncBackend())
+        sizes: dict[str, Any] = {
+            "max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry,
+        }
+        if proxy is None:
+            return httpcore.ConnectionPool(
+                ssl_context=ssl_context, http1=http1, http2=http2, uds=uds,
+                local_address=local_address, retries=retries, socket_options=socket_options,
+                network_backend=backend, **sizes,
+            )
+        if proxy.url.scheme in ("http", "https"):
+            return httpcore.HTTPProxy(
+                proxy_url=_httpcore_url(proxy.url), proxy_auth=proxy.raw_auth,
+                proxy_headers=proxy.headers.raw, ssl_context=ssl_context,
+                proxy_ssl_context=proxy.ssl_context, http1=http1, http2=http2,
+                socket_options=socket_options, network_backend=backend, **sizes,
+            )
+        if proxy.url.scheme in ("socks5", "socks5h"):
+            if importlib.util.find_spec("socksio") is None:
+                raise ImportError(
+                    "Using a SOCKS proxy needs the 'socksio' package: pip install 'httpx[socks]'"
+                )
+            return httpcore.SOCKSProxy(
+                proxy_url=_httpcore_url(proxy.url), proxy_auth=proxy.raw_auth,
+                ssl_context=ssl_context, http1=http1, http2=http2, **sizes,
+            )
+        raise ValueError(
+            "the proxy's scheme must be http, https, socks5 or socks5h, not "
+            f"{proxy.url.scheme!r}"
+        )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        register: AbortRegister | None = request.extensions.get(ABORT_EXTENSION)
-        if register is None:
-            return super().handle_request(request)
+        assert isinstance(request.stream, httpx.SyncByteStream)
         removers: list[Callable[[], None]] = []
+        extensions = request.extensions
+        register: AbortRegister | None = extensions.get(ABORT_EXTENSION)
+        if register is not None:
 
-        def watch(stream: Any) -> None:
-            removers.append(register(lambda: _shutdown(stream)))
+            def watch(stream: Any) -> None:
+                removers.append(register(lambda: _shutdown(stream)))
 
-        user_trace = request.extensions.get("trace")
+            user_trace = extensions.get("trace")
 
-        def trace(name: str, info: dict[str, Any]) -> None:
-            if name == "connection.connect_tcp.complete":
-                watch(info.get("return_value"))
-            if user_trace is not None:
-                user_trace(name, info)
+            def trace(name: str, info: dict[str, Any]) -> None:
+                if name == "connection.connect_tcp.complete":
+                    watch(info.get("return_value"))
+                if user_trace is not None:
+                    user_trace(name, info)
 
-        request.extensions = {**request.extensions, "trace": trace}
-        _writer.hook = watch
+            extensions = {**extensions, "trace": trace}
+            _writer.hook = watch
+        core_request = httpcore.Request(
+            method=request.method,
+            url=_httpcore_url(request.url),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=extensions,
+        )
         try:
-            response = super().handle_request(request)
+            response = self.pool.handle_request(core_request)
+        except Exception as exc:
+            for remove in removers:
+                remove()
+            error = _as_httpx_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
         except BaseException:
             for remove in removers:
                 remove()
             raise
         finally:
             _writer.hook = None
-        assert isinstance(response.stream, httpx.SyncByteStream)
-        response.stream = _WatchedBody(response.stream, removers)
-        return response
+        assert isinstance(response.stream, Iterable)
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=_WatchedBody(response.stream, removers),
+            extensions=response.extensions,
+        )
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 # -- clients --------------------------------------------------------------------------------------

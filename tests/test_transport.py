@@ -408,3 +408,82 @@ def test_a_forked_child_makes_its_own_http_thread() -> None:
             adapter.close()
     """)
     assert out.splitlines() == ["echo: parent", "echo: child"]
+
+
+# -- httpx's own sync transport, abortable -------------------------------------------------------
+def test_abortable_transport_is_a_plain_transport_on_httpcores_pool(fake: CanonicalFake) -> None:
+    """``AbortableHTTPTransport`` is an ``httpx.BaseTransport`` over httpcore's public connection
+    pool (its network backend given through the pool's constructor): an abort through
+    ``ABORT_EXTENSION`` stops a request waiting for its headers on a reused keep-alive
+    connection at once, and httpcore's errors come out as httpx's."""
+    import threading
+    import time
+
+    import httpcore
+
+    from dispatch_nb.transport import ABORT_EXTENSION
+
+    from .fakes.provider import Stall
+
+    transport = AbortableHTTPTransport(limits=httpx.Limits(max_connections=3))
+    assert isinstance(transport, httpx.BaseTransport)
+    assert isinstance(transport.pool, httpcore.ConnectionPool)
+    with httpx.Client(transport=transport, base_url=fake.base_url) as client:
+        assert client.get("/models").status_code == 200
+        assert fake.server.open_connections == 1  # kept alive in the pool
+        fake.push(Stall(3.0))
+        hooks: list[Any] = []
+
+        def register(hook: Any) -> Any:
+            hooks.append(hook)
+            return lambda: hooks.remove(hook) if hook in hooks else None
+
+        aborted_at: list[float] = []
+
+        def abort() -> None:
+            aborted_at.append(time.monotonic())
+            for hook in list(hooks):
+                hook()
+
+        timer = threading.Timer(0.3, abort)
+        timer.start()
+        with pytest.raises(httpx.TransportError):
+            client.post("/chat", json={"model": "echo", "messages": []},
+                        extensions={ABORT_EXTENSION: register})
+        timer.join()
+        assert time.monotonic() - aborted_at[0] < 0.5  # not the 3 s stall
+        assert hooks == []  # the request's hooks were removed with it
+        assert client.get("/models").status_code == 200  # the pool goes on
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]
+    with httpx.Client(transport=AbortableHTTPTransport()) as client, \
+            pytest.raises(httpx.ConnectError):
+        client.get(f"http://127.0.0.1:{dead}/")
+
+
+
+def test_a_closed_threaded_transport_is_closed_once() -> None:
+    # Closing a sync client closes its async transport on the loop thread and waits; nothing is
+    # left for the garbage collector (or the interpreter's exit, which stops the loop thread) to
+    # close again: that second close, merely scheduled, was destroyed pending at exit ("Task was
+    # destroyed but it is pending!" after a script that closed its adapter).
+    import time
+
+    closes: list[float] = []
+
+    class Inner(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, text="ok")
+
+        async def aclose(self) -> None:
+            closes.append(time.monotonic())
+
+    transport = ThreadedTransport(Inner)
+    with httpx.Client(transport=transport) as client:
+        assert client.get("http://inner.invalid/").text == "ok"
+    assert len(closes) == 1
+    del client, transport
+    gc.collect()
+    time.sleep(0.2)  # a close scheduled on the loop thread would have run by now
+    assert len(closes) == 1

@@ -17,6 +17,8 @@ The package, one idea per module:
 * ``checkpoint.py`` — the JSON-lines file a rerun resumes from
 * ``progress.py``   — the tqdm bar (widget in Jupyter, text in a terminal)
 * ``result.py``     — :class:`BatchResult`, :class:`BatchInterrupted`
+* ``plan.py``       — the checked arguments, the adapter rows go through, the final accounting
+  (shared by the local run and the Dask run)
 * ``run.py``        — :func:`batch` and :func:`abatch`
 * ``cluster.py``    — the same rows on a Dask cluster (``executor=``)
 

@@ -97,7 +97,7 @@ def _usage(values: tuple[int, int, int, int]) -> Usage:
 # -- on the worker --------------------------------------------------------------------------------
 def run_partition(task: PartitionTask) -> PartitionResult:
     """Run one partition on this worker (a Dask task; also callable directly)."""
-    from .run import resolve_adapter
+    from .plan import resolve_adapter
 
     cache = None
     if task.cache is not None:
@@ -206,7 +206,7 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     """Run ``plan`` (a :class:`~dispatch_nb.batching.run.BatchPlan`) on ``client``'s workers."""
     distributed = _require_distributed()
     from .engine import prepare_rows
-    from .run import finish
+    from .plan import finish
 
     if isinstance(plan.model, Adapter):
         raise TypeError(

@@ -10,27 +10,16 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..adapter import Adapter
-from ..cache import CachedAdapter, ResponseCache
+from ..cache import ResponseCache
 from ..cancel import CancelToken
-from ..errors import RequestCancelled
-from ..types import Usage
 from .checkpoint import Checkpoint
-from .engine import (
-    DEFAULT_MAX_RETRIES,
-    BatchSettings,
-    RowRunner,
-    Stats,
-    model_id,
-    prepare_rows,
-    validate_call,
-)
+from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call
+from .plan import BatchPlan, finish, make_plan, new_result, resolve_adapter
 from .progress import BatchProgress, progress_mode
-from .result import BatchInterrupted, BatchResult, RowOrigin
-from .rows import RowCall, RowSource, check_template
+from .result import BatchInterrupted, BatchResult
 
 __all__ = ["abatch", "batch"]
 
@@ -40,92 +29,6 @@ log = logging.getLogger("dispatch_nb")
 CANCEL_GRACE = 5.0
 #: seconds between progress refreshes
 PROGRESS_INTERVAL = 0.1
-
-
-@dataclass
-class BatchPlan:
-    """Everything a batch was asked to do, checked (shared by the local and the Dask runs)."""
-
-    template: Any
-    source: RowSource
-    model: Adapter | str
-    call: RowCall
-    settings: BatchSettings
-    checkpoint: str | None
-    cache: ResponseCache | None
-    model_key: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.model_key = model_id(self.model)
-
-
-def make_plan(
-    template: Any,
-    rows: Any,
-    *,
-    model: Adapter | str | None,
-    system: str | None,
-    tools: Iterable[Any] | None,
-    concurrency: int,
-    max_retries: int,
-    timeout: float | None,
-    checkpoint: str | os.PathLike[str] | None,
-    cache: ResponseCache | str | os.PathLike[str] | None,
-    options: dict[str, Any],
-    namespace: Mapping[str, Any] | None = None,
-) -> BatchPlan:
-    """Check the arguments of :func:`batch` and bundle them."""
-    check_template(template)
-    if model is None:
-        from ..registry import default_model_spec
-
-        model = default_model_spec()
-    if not isinstance(model, (Adapter, str)):
-        raise TypeError(
-            "model must be a model spec such as 'openai:gpt-4.1' or an Adapter, "
-            f"not {type(model).__name__}"
-        )
-    for reserved in ("stream", "on_delta", "cancel", "messages"):
-        if reserved in options:
-            raise TypeError(f"batch() sets {reserved} itself; it is not an option here")
-    if options.get("max_tokens") is None:
-        options.pop("max_tokens", None)
-    if options.get("temperature") is None:
-        options.pop("temperature", None)
-    if options.get("output") is None:
-        options.pop("output", None)
-    if cache is not None and not isinstance(cache, ResponseCache):
-        cache = ResponseCache(cache)
-    if isinstance(model, CachedAdapter) and cache is not None:
-        raise ValueError("model is already a CachedAdapter: give the response cache only once")
-    return BatchPlan(
-        template=template,
-        source=RowSource(rows, namespace),
-        model=model,
-        call=RowCall(system=system, tools=list(tools or []), options=options),
-        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
-        checkpoint=os.fspath(checkpoint) if checkpoint is not None else None,
-        cache=cache,
-    )
-
-
-def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[Adapter, bool]:
-    """The adapter rows go through (behind the response cache when one is given), and whether
-    the batch built it (then the batch closes it)."""
-    owned = not isinstance(model, Adapter)
-    if isinstance(model, Adapter):
-        adapter = model
-    elif cache is not None:
-        from ..replay_only import connect_for_cache
-
-        adapter = connect_for_cache(model, cache.mode)
-    else:
-        from ..registry import connect
-
-        adapter = connect(model)
-    if cache is not None and cache.mode != "off":
-        adapter = CachedAdapter(adapter, cache)
-    return adapter, owned
 
 
 async def _aclose(adapter: Adapter) -> None:
@@ -172,29 +75,35 @@ async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: 
             await _aclose(adapter)
 
 
-def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken) -> None:
-    """Mark rows never read as not run (a cancelled batch over a sized input) and set totals."""
-    total = plan.source.total
-    if total is not None and len(result) < total and cancel.cancelled:
-        reason = cancel.reason or "the batch was cancelled"
-        for position in range(len(result), total):
-            result._set(position, RequestCancelled(f"not sent: {reason}"), usage=Usage(),
-                        latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
-            stats.failed += 1
-    for position, item in enumerate(result._items):
-        if item is None:  # reserved but never finished (the engine stopped abruptly)
-            result._set(position, RequestCancelled("not finished: the batch was stopped"),
-                        usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
-    result.interrupted = cancel.cancelled
-    result.elapsed = time.monotonic() - stats.started
-    if result.resumed:
-        log.info("batch %s: %d of %d rows were already answered in %s; sent %d", plan.model_key,
-                 result.resumed, len(result), plan.checkpoint, result.sent)
+class _Job:
+    """One call of :func:`batch` / :func:`abatch`: its plan, cancel token, and — run here — its
+    result, counters and progress bar. The steps both share."""
 
+    def __init__(self, plan: BatchPlan, cancel: CancelToken | None,
+                 progress: bool | str | None) -> None:
+        self.plan = plan
+        self.token = cancel if cancel is not None else CancelToken()
+        self.progress = progress
+        self.result, self.stats = new_result(plan)
+        self.bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
 
-def _new_result(plan: BatchPlan) -> tuple[BatchResult, Stats]:
-    result = BatchResult(plan.source, model=plan.model_key)
-    return result, Stats(total=plan.source.total)
+    def on_dask(self, executor: Any, partition_size: int | None) -> BatchResult:
+        """Run on a Dask cluster instead (``executor=``): the cluster keeps its own result and
+        bar."""
+        from .cluster import run_on_dask
+
+        return run_on_dask(self.plan, executor, cancel=self.token, progress=self.progress,
+                           partition_size=partition_size)
+
+    async def run_here(self, *, close_adapter: bool) -> None:
+        """Run the rows on the running event loop."""
+        await run_local(self.plan, self.result, self.stats, self.token,
+                        close_adapter=close_adapter)
+
+    def finish(self) -> None:
+        """Account for rows never run, set the totals, close the bar."""
+        finish(self.plan, self.result, self.stats, self.token)
+        self.bar.close(self.stats, self.result.summary())
 
 
 def batch(
@@ -248,20 +157,15 @@ def batch(
                      checkpoint=checkpoint, cache=cache, namespace=namespace,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
-    token = cancel if cancel is not None else CancelToken()
+    job = _Job(plan, cancel, progress)
     if executor is not None:
-        from .cluster import run_on_dask
-
-        return run_on_dask(plan, executor, cancel=token, progress=progress,
-                           partition_size=partition_size)
-    result, stats = _new_result(plan)
-    bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
+        return job.on_dask(executor, partition_size)
     done = threading.Event()
     failure: list[BaseException] = []
 
     def work() -> None:
         try:
-            asyncio.run(run_local(plan, result, stats, token, close_adapter=True))
+            asyncio.run(job.run_here(close_adapter=True))
         except BaseException as exc:
             failure.append(exc)
         finally:
@@ -271,21 +175,19 @@ def batch(
     thread.start()
     try:
         while not done.wait(PROGRESS_INTERVAL):
-            bar.update(stats)
+            job.bar.update(job.stats)
     except KeyboardInterrupt:
-        token.cancel("interrupted (KeyboardInterrupt)")
+        job.token.cancel("interrupted (KeyboardInterrupt)")
         end = time.monotonic() + CANCEL_GRACE
         with contextlib.suppress(KeyboardInterrupt):
             while not done.wait(PROGRESS_INTERVAL) and time.monotonic() < end:
-                bar.update(stats)
-        finish(plan, result, stats, token)
-        bar.close(stats, result.summary())
-        raise BatchInterrupted(result, plan.checkpoint) from None
-    finish(plan, result, stats, token)
-    bar.close(stats, result.summary())
+                job.bar.update(job.stats)
+        job.finish()
+        raise BatchInterrupted(job.result, plan.checkpoint) from None
+    job.finish()
     if failure:
         raise failure[0]
-    return result
+    return job.result
 
 
 async def abatch(
@@ -317,30 +219,24 @@ async def abatch(
                      checkpoint=checkpoint, cache=cache, namespace=namespace,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
-    token = cancel if cancel is not None else CancelToken()
+    job = _Job(plan, cancel, progress)
     if executor is not None:
-        from .cluster import run_on_dask
-
         try:
-            return await asyncio.to_thread(run_on_dask, plan, executor, cancel=token,
-                                           progress=progress, partition_size=partition_size)
+            return await asyncio.to_thread(job.on_dask, executor, partition_size)
         except asyncio.CancelledError:
-            token.cancel("the awaiting task was cancelled")
+            job.token.cancel("the awaiting task was cancelled")
             raise
-    result, stats = _new_result(plan)
-    bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
 
     async def refresh() -> None:
         while True:
-            bar.update(stats)
+            job.bar.update(job.stats)
             await asyncio.sleep(PROGRESS_INTERVAL)
 
-    ticker = asyncio.create_task(refresh()) if bar.mode != "off" else None
+    ticker = asyncio.create_task(refresh()) if job.bar.mode != "off" else None
     try:
-        await run_local(plan, result, stats, token, close_adapter=False)
+        await job.run_here(close_adapter=False)
     finally:
         if ticker is not None:
             ticker.cancel()
-        finish(plan, result, stats, token)
-        bar.close(stats, result.summary())
-    return result
+        job.finish()
+    return job.result

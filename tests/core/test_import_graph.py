@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2] / "dispatch_nb"
 
 #: functions of a package's ``__init__`` that are entry points (IPython calls them on %load_ext)
@@ -262,13 +260,6 @@ def test_what_moved_out_of_the_notebook_is_still_importable_there() -> None:
     assert set(prompt.__all__) == {*core.__all__, "ErrorLog"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cycles being broken on other branches of issue #15: dispatch_nb.render <-> "
-           "dispatch_nb.types (15e); dispatch_nb.adapter / registry / session / structured (15c); "
-           "dispatch_nb.batching.cluster <-> dispatch_nb.batching.run (15c). Remove this mark when "
-           "they are merged (strict: it turns red as soon as there is no cycle left)",
-)
 def test_no_import_cycle_among_core_modules() -> None:
     _, problems = report(read_graph())
     assert not problems, problems

@@ -1,0 +1,135 @@
+"""A batch's plan: its arguments checked and bundled, the adapter its rows go through, and its
+final accounting — what the local run (:mod:`.run`) and the Dask run (:mod:`.cluster`) share."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..adapter import Adapter
+from ..cache import CachedAdapter, ResponseCache
+from ..cancel import CancelToken
+from ..errors import RequestCancelled
+from ..types import Usage
+from .engine import BatchSettings, Stats, model_id
+from .result import BatchResult, RowOrigin
+from .rows import RowCall, RowSource, check_template
+
+__all__ = ["BatchPlan", "finish", "make_plan", "new_result", "resolve_adapter"]
+
+log = logging.getLogger("dispatch_nb")
+
+
+@dataclass
+class BatchPlan:
+    """Everything a batch was asked to do, checked (shared by the local and the Dask runs)."""
+
+    template: Any
+    source: RowSource
+    model: Adapter | str
+    call: RowCall
+    settings: BatchSettings
+    checkpoint: str | None
+    cache: ResponseCache | None
+    model_key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.model_key = model_id(self.model)
+
+
+def make_plan(
+    template: Any,
+    rows: Any,
+    *,
+    model: Adapter | str | None,
+    system: str | None,
+    tools: Iterable[Any] | None,
+    concurrency: int,
+    max_retries: int,
+    timeout: float | None,
+    checkpoint: str | os.PathLike[str] | None,
+    cache: ResponseCache | str | os.PathLike[str] | None,
+    options: dict[str, Any],
+    namespace: Mapping[str, Any] | None = None,
+) -> BatchPlan:
+    """Check the arguments of :func:`batch` and bundle them."""
+    check_template(template)
+    if model is None:
+        from ..registry import default_model_spec
+
+        model = default_model_spec()
+    if not isinstance(model, (Adapter, str)):
+        raise TypeError(
+            "model must be a model spec such as 'openai:gpt-4.1' or an Adapter, "
+            f"not {type(model).__name__}"
+        )
+    for reserved in ("stream", "on_delta", "cancel", "messages"):
+        if reserved in options:
+            raise TypeError(f"batch() sets {reserved} itself; it is not an option here")
+    if options.get("max_tokens") is None:
+        options.pop("max_tokens", None)
+    if options.get("temperature") is None:
+        options.pop("temperature", None)
+    if options.get("output") is None:
+        options.pop("output", None)
+    if cache is not None and not isinstance(cache, ResponseCache):
+        cache = ResponseCache(cache)
+    if isinstance(model, CachedAdapter) and cache is not None:
+        raise ValueError("model is already a CachedAdapter: give the response cache only once")
+    return BatchPlan(
+        template=template,
+        source=RowSource(rows, namespace),
+        model=model,
+        call=RowCall(system=system, tools=list(tools or []), options=options),
+        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
+        checkpoint=os.fspath(checkpoint) if checkpoint is not None else None,
+        cache=cache,
+    )
+
+
+def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[Adapter, bool]:
+    """The adapter rows go through (behind the response cache when one is given), and whether
+    the batch built it (then the batch closes it)."""
+    owned = not isinstance(model, Adapter)
+    if isinstance(model, Adapter):
+        adapter = model
+    elif cache is not None:
+        from ..replay_only import connect_for_cache
+
+        adapter = connect_for_cache(model, cache.mode)
+    else:
+        from ..registry import connect
+
+        adapter = connect(model)
+    if cache is not None and cache.mode != "off":
+        adapter = CachedAdapter(adapter, cache)
+    return adapter, owned
+
+
+def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken) -> None:
+    """Mark rows never read as not run (a cancelled batch over a sized input) and set totals."""
+    total = plan.source.total
+    if total is not None and len(result) < total and cancel.cancelled:
+        reason = cancel.reason or "the batch was cancelled"
+        for position in range(len(result), total):
+            result._set(position, RequestCancelled(f"not sent: {reason}"), usage=Usage(),
+                        latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
+            stats.failed += 1
+    for position, item in enumerate(result._items):
+        if item is None:  # reserved but never finished (the engine stopped abruptly)
+            result._set(position, RequestCancelled("not finished: the batch was stopped"),
+                        usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
+    result.interrupted = cancel.cancelled
+    result.elapsed = time.monotonic() - stats.started
+    if result.resumed:
+        log.info("batch %s: %d of %d rows were already answered in %s; sent %d", plan.model_key,
+                 result.resumed, len(result), plan.checkpoint, result.sent)
+
+
+def new_result(plan: BatchPlan) -> tuple[BatchResult, Stats]:
+    result = BatchResult(plan.source, model=plan.model_key)
+    return result, Stats(total=plan.source.total)

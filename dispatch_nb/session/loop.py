@@ -1,0 +1,375 @@
+"""The turn loop of a session: one ``send`` from the user's message to the model's final answer.
+
+Each turn has one :class:`~dispatch_nb.call_control.TurnControl` — its total deadline
+(``timeout=``) and cancel switch (``cancel=``) — made once and handed to every model call of the
+turn (as ``cancel=``) and checked before every tool run; the loop itself keeps no clock. After each
+model answer that asks for tools, the loop runs them (in call order; concurrently in the async
+loop), appends the results and asks again, until the model answers without tool calls (see
+:mod:`dispatch_nb.session` for the rules on failures and ``max_tool_rounds``).
+
+:class:`ToolLoop` is the part of :class:`~dispatch_nb.session.Session` that runs turns; the sync
+(:meth:`ToolLoop._run`) and async (:meth:`ToolLoop._arun`) loops differ only in how they wait and
+share every other step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..call_control import TurnControl
+from ..cancel import CancelToken
+from ..tools import Tool, error_result
+from ..types import (
+    Message,
+    MessageDoneEvent,
+    Response,
+    StreamEvent,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolResultEvent,
+    ToolUseBlock,
+    Usage,
+)
+from ..validation import check_call
+from .inputs import SessionTool, user_message
+from .stream import TurnState
+
+if TYPE_CHECKING:
+    from ..adapter import Adapter
+
+__all__ = ["NonBlockingLock", "ToolLoop", "Turn"]
+
+logger = logging.getLogger("dispatch_nb")
+
+#: what the loop does after a model answer
+Action = Literal["done", "again", "limit", "tools"]
+
+WHILE_TOOLS = "while running tools"
+
+
+class Turn:
+    """One ``send``: the options of its model calls, its :class:`TurnControl`, rounds so far."""
+
+    def __init__(self, loop: ToolLoop, options: dict[str, Any]) -> None:
+        options = dict(options)
+        if "tools" in options:
+            raise TypeError("a session's tools are set with Session(tools=...) or set_tools()")
+        options.pop("messages", None)
+        check_call(
+            **{k: options[k] for k in ("system", "max_tokens", "temperature", "timeout")
+               if k in options}
+        )
+        timeout: float | None = options.pop("timeout", None)
+        cancel = options.pop("cancel", None)
+        if cancel is not None and not isinstance(cancel, CancelToken):
+            raise TypeError(f"cancel must be a CancelToken, not {type(cancel).__name__}")
+        self.system = options.pop("system", loop._system)
+        if options.get("max_tokens") is None:
+            options["max_tokens"] = loop.max_tokens
+        if options.get("temperature") is None:
+            options["temperature"] = loop.temperature
+        self.options = options
+        #: the turn's deadline and cancel switch, handed to each model call
+        self.control = TurnControl(timeout=timeout, cancel=cancel,
+                                   provider=loop._adapter.provider_name)
+        self.rounds = 0  # tool rounds run
+        self.calls = 0  # model calls answered
+
+    def call_kwargs(self, tools: list[ToolDefinition | dict[str, Any]]) -> dict[str, Any]:
+        """Keyword arguments for the next model call: it carries the turn's control as its
+        ``cancel=`` (and the turn's budget as its ``timeout``, so that the adapter's default
+        timeout does not apply within a turn that has one: the turn's deadline comes first)."""
+        self.control.check()
+        kwargs = dict(self.options, system=self.system, tools=tools or None, cancel=self.control)
+        if self.control.timeout is not None:
+            kwargs["timeout"] = self.control.timeout
+        return kwargs
+
+
+class NonBlockingLock:
+    """One turn at a time per session: a second concurrent turn is a mistake, not a wait."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                "this session is already running a turn; wait for it to finish (or close its "
+                "stream), or use one Session per concurrent conversation"
+            )
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+class ToolLoop:
+    """Runs a session's turns (mixed into :class:`~dispatch_nb.session.Session`, which owns the
+    state declared here)."""
+
+    id: str
+    max_tool_rounds: int
+    max_tokens: int | None
+    temperature: float | None
+    tool_limit_reached: bool
+    last_response: Response | None
+    _adapter: Adapter
+    _system: str | None
+    _history: list[Message]
+    _usage: Usage
+    _lock: threading.Lock
+    _tools: list[SessionTool]
+    _handlers: dict[str, Tool]
+
+    # -- the loop, sync --------------------------------------------------------------------------
+    def _run(
+        self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
+    ) -> Generator[StreamEvent, None, None]:
+        with self._turn(content, options) as (turn, message):
+            while True:
+                kwargs = turn.call_kwargs(self._tool_payload())
+                try:
+                    if streaming:
+                        with self._adapter.stream(self._wire_history(), **kwargs) as stream:
+                            state.stream = stream
+                            yield from stream
+                        response = stream.response
+                    else:
+                        response = self._adapter.chat(self._wire_history(), **kwargs)
+                except BaseException as exc:
+                    self._call_failed(turn, message, exc)
+                    raise
+                finally:
+                    state.stream = None
+                yield self._answered(turn, state, response)
+                action = self._next_action(turn, response)
+                if action == "tools":
+                    yield from self._run_tools(turn, response.tool_calls)
+                elif action == "limit":
+                    yield from self._stop_loop(response)
+                    return
+                elif action == "done":
+                    return
+
+    def _run_tools(self, turn: Turn, calls: list[ToolUseBlock]) -> Generator[ToolResultEvent, None, None]:
+        """Run one round's calls in order; before each, the turn's deadline and cancel."""
+        done: list[ToolResultBlock | None] = [None] * len(calls)
+        try:
+            for i, call in enumerate(calls):
+                turn.control.check(WHILE_TOOLS)
+                started = time.monotonic()
+                handler = self._handlers.get(call.name)
+                result = done[i] = handler.run(call) if handler else self._unknown_tool(call)
+                yield self._tool_event(call, result, time.monotonic() - started)
+        except BaseException as exc:
+            self._append_results(calls, done, exc)
+            raise
+        self._append_results(calls, done)
+        turn.rounds += 1
+
+    # -- the loop, async -------------------------------------------------------------------------
+    async def _arun(
+        self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
+    ) -> AsyncGenerator[StreamEvent, None]:
+        with self._turn(content, options) as (turn, message):
+            while True:
+                kwargs = turn.call_kwargs(self._tool_payload())
+                try:
+                    if streaming:
+                        astream = self._adapter.astream(self._wire_history(), **kwargs)
+                        async with astream:
+                            state.stream = astream
+                            async for delta in astream:
+                                yield delta
+                        response = astream.response
+                    else:
+                        response = await self._adapter.achat(self._wire_history(), **kwargs)
+                except BaseException as exc:
+                    self._call_failed(turn, message, exc)
+                    raise
+                finally:
+                    state.stream = None
+                yield self._answered(turn, state, response)
+                action = self._next_action(turn, response)
+                if action == "tools":
+                    for event in await self._arun_tools(turn, response.tool_calls):
+                        yield event
+                elif action == "limit":
+                    for event in self._stop_loop(response):
+                        yield event
+                    return
+                elif action == "done":
+                    return
+
+    async def _arun_tools(self, turn: Turn, calls: list[ToolUseBlock]) -> list[ToolResultEvent]:
+        """Run one round's calls concurrently, under the turn's deadline and cancel switch
+        (which cancel the calls still running)."""
+        done: list[ToolResultBlock | None] = [None] * len(calls)
+        durations = [0.0] * len(calls)
+
+        async def one(i: int, call: ToolUseBlock) -> None:
+            started = time.monotonic()
+            handler = self._handlers.get(call.name)
+            done[i] = await handler.arun(call) if handler else self._unknown_tool(call)
+            durations[i] = time.monotonic() - started
+
+        try:
+            turn.control.check(WHILE_TOOLS)
+            tasks = [asyncio.ensure_future(one(i, c)) for i, c in enumerate(calls)]
+            try:
+                await turn.control.run_async(asyncio.gather(*tasks), WHILE_TOOLS)
+            finally:
+                for task in tasks:
+                    task.cancel()
+        except BaseException as exc:
+            self._append_results(calls, done, exc)
+            raise
+        self._append_results(calls, done)
+        turn.rounds += 1
+        return [
+            self._tool_event(call, result, duration)
+            for call, result, duration in zip(calls, done, durations, strict=True)
+            if result is not None
+        ]
+
+    # -- shared steps ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _turn(self, content: Any, options: dict[str, Any]) -> Iterator[tuple[Turn, Message]]:
+        """Begin a turn: its options and control, the user's message checked and added to
+        history, the session held for this turn alone; the control lets go at the end."""
+        turn = Turn(self, options)
+        with turn.control:
+            message = self._start(content)
+            with self._turn_lock():
+                self._history.append(message)
+                self.tool_limit_reached = False
+                yield turn, message
+
+    def _turn_lock(self) -> NonBlockingLock:
+        return NonBlockingLock(self._lock)
+
+    def _tool_payload(self) -> list[ToolDefinition | dict[str, Any]]:
+        return [t.definition if isinstance(t, Tool) else t for t in self._tools]
+
+    def _start(self, content: Any) -> Message:
+        """The user message for ``content``, checked against what the model is waiting for."""
+        message = user_message(content)
+        waiting = self._pending_tool_calls()
+        if waiting:
+            answered = {b.tool_use_id for b in message.blocks if isinstance(b, ToolResultBlock)}
+            missing = [c for c in waiting if c.id not in answered]
+            if missing:
+                listed = ", ".join(f"{c.name} (id {c.id!r})" for c in missing)
+                raise ValueError(
+                    f"the model is waiting for the result of tool call(s) {listed}; answer them "
+                    "with session.send([ToolResultBlock(tool_use_id=..., content=...), ...])"
+                )
+        return message
+
+    def _pending_tool_calls(self) -> list[ToolUseBlock]:
+        if not self._history or self._history[-1].role != "assistant":
+            return []
+        return [b for b in self._history[-1].blocks if isinstance(b, ToolUseBlock)]
+
+    def _wire_history(self) -> list[Message]:
+        """History as sent: consecutive messages of one role merged into one."""
+        out: list[Message] = []
+        for message in self._history:
+            if out and out[-1].role == message.role:
+                out[-1] = Message(role=message.role, content=[*out[-1].blocks, *message.blocks])
+            else:
+                out.append(message)
+        return out
+
+    def _answered(self, turn: Turn, state: TurnState, response: Response) -> MessageDoneEvent:
+        """A model call answered: count it, add its usage and answer to the session, and make
+        it the turn's response so far."""
+        turn.calls += 1
+        self._usage = self._usage + response.usage
+        self.last_response = response
+        if response.content:  # providers reject an empty assistant message
+            self._history.append(response.to_message())
+        state.response = response
+        return MessageDoneEvent(response=response)
+
+    def _call_failed(self, turn: Turn, message: Message, exc: BaseException) -> None:
+        """A model call failed with ``exc`` (raised as it is: a call that ran out of the turn's
+        time already raises the turn's timeout error): count the usage of what arrived.
+
+        A turn whose first call was refused before anything was sent (bad options: TypeError,
+        ValueError) leaves no trace in history."""
+        partial = getattr(exc, "partial", None)
+        if isinstance(partial, Response):
+            self._usage = self._usage + partial.usage
+        if (
+            turn.calls == 0
+            and isinstance(exc, (TypeError, ValueError))
+            and self._history
+            and self._history[-1] is message
+        ):
+            self._history.pop()
+
+    def _next_action(self, turn: Turn, response: Response) -> Action:
+        calls = response.tool_calls
+        if not calls:
+            if response.stop_reason == "pause_turn" and turn.rounds < self.max_tool_rounds:
+                turn.rounds += 1
+                return "again"  # the provider paused a long server-side turn: let it go on
+            return "done"
+        declared_only = {t.name for t in self._tools if isinstance(t, ToolDefinition)}
+        if any(c.name in declared_only for c in calls):
+            return "done"  # the caller answers these (see the module docstring)
+        if turn.rounds >= self.max_tool_rounds:
+            return "limit"
+        return "tools"
+
+    def _stop_loop(self, response: Response) -> list[ToolResultEvent]:
+        self.tool_limit_reached = True
+        logger.warning(
+            "session %s: stopped after %d tool rounds (max_tool_rounds); the model's last "
+            "tool calls were not run",
+            self.id,
+            self.max_tool_rounds,
+        )
+        results = [
+            error_result(
+                c.id,
+                f"not run: this session stops after {self.max_tool_rounds} tool rounds per turn "
+                "(max_tool_rounds); the user may ask you to continue",
+            )
+            for c in response.tool_calls
+        ]
+        self._history.append(Message(role="user", content=list(results)))
+        return [self._tool_event(c, r, 0.0) for c, r in zip(response.tool_calls, results, strict=True)]
+
+    def _unknown_tool(self, call: ToolUseBlock) -> ToolResultBlock:
+        names = ", ".join(t.name for t in self._tools if not isinstance(t, dict)) or "none"
+        return error_result(call.id, f"unknown tool {call.name!r}; available tools: {names}")
+
+    def _append_results(
+        self,
+        calls: Sequence[ToolUseBlock],
+        results: Sequence[ToolResultBlock | None],
+        interrupted: BaseException | None = None,
+    ) -> None:
+        blocks: list[Any] = []
+        for call, result in zip(calls, results, strict=True):
+            if result is None:
+                why = type(interrupted).__name__ if interrupted is not None else "interrupted"
+                result = error_result(
+                    call.id, f"not run: the turn was interrupted ({why}) before {call.name} finished"
+                )
+            blocks.append(result)
+        self._history.append(Message(role="user", content=blocks))
+
+    @staticmethod
+    def _tool_event(call: ToolUseBlock, result: ToolResultBlock, duration: float) -> ToolResultEvent:
+        return ToolResultEvent(result=result, tool_name=call.name, duration=duration)

@@ -1,0 +1,209 @@
+"""The stream of one session turn: what :meth:`Session.stream <dispatch_nb.session.Session.stream>`
+and :meth:`Session.astream <dispatch_nb.session.Session.astream>` return.
+
+A :class:`SessionStream` (or :class:`AsyncSessionStream`) drives the turn's event generator (see
+:mod:`dispatch_nb.session.loop`) and shares a :class:`TurnState` with it: the model call streaming
+now and the turn's response so far. On a failure it yields one
+:class:`~dispatch_nb.types.ErrorEvent` and then raises the error (``raise_errors=False``: it just
+ends); ``KeyboardInterrupt`` and task cancellation are raised at once, with ``partial`` attached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Generator
+from typing import Any
+
+from ..errors import RequestCancelled
+from ..stream import AsyncResponseStream, ResponseStream
+from ..types import ErrorEvent, Response, StreamEvent
+
+__all__ = ["AsyncSessionStream", "SessionStream", "TurnState"]
+
+
+class TurnState:
+    """What a running turn shares with the stream object that drives it."""
+
+    __slots__ = ("response", "stream")
+
+    def __init__(self) -> None:
+        self.stream: ResponseStream | AsyncResponseStream | None = None
+        self.response: Response | None = None
+
+
+
+class _TurnStream:
+    """What :class:`SessionStream` and :class:`AsyncSessionStream` share: the turn's state, the
+    error that ended it, and what happens when its events end, fail or are interrupted."""
+
+    def __init__(self, state: TurnState, raise_errors: bool) -> None:
+        self._state = state
+        self._raise = raise_errors
+        self._finished = False
+        self._raised = False
+        self._closed = False
+        #: the exception that ended the turn, if one did
+        self.error: Exception | None = None
+
+    @property
+    def partial(self) -> Response | None:
+        """What the model turn in progress has produced so far (None between model turns)."""
+        stream = self._state.stream
+        return stream.partial if stream is not None else None
+
+    @property
+    def partial_parsed(self) -> Any:
+        """With ``output=``: the structured answer so far as JSON data while the model writes it
+        (see :class:`~dispatch_nb.structured.StructuredResponseStream`), the validated object
+        once the turn is done; None otherwise."""
+        stream = self._state.stream
+        if stream is not None:
+            return stream.partial_parsed
+        response = self._state.response
+        return response.parsed if response is not None else None
+
+    def _over(self) -> bool:
+        """Whether the turn has finished or was closed; the first time after a failure, raise
+        its error instead (unless ``raise_errors=False``)."""
+        if not (self._finished or self._closed):
+            return False
+        if self.error is not None and self._raise and not self._raised:
+            self._raised = True
+            raise self.error
+        return True
+
+    def _failed(self, exc: Exception) -> ErrorEvent:
+        """The turn failed: the event that says so (the error is raised on the next step)."""
+        self._finished = True
+        self.error = exc
+        return ErrorEvent(error=exc)
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """Ctrl-C or task cancellation: raised at once, with what arrived attached."""
+        self._finished = True
+        _attach_partial(exc, self.partial)
+
+
+class SessionStream(_TurnStream):
+    """What :meth:`Session.stream` returns: iterate for events; a context manager.
+
+    ``response`` is the final :class:`Response` (reading it finishes the turn); ``partial`` is what
+    the current model turn has produced so far; ``error`` is the failure, if any; ``close()`` ends
+    the turn and its HTTP stream (the unfinished answer stays out of history).
+    """
+
+    def __init__(
+        self, events: Generator[StreamEvent, None, None], state: TurnState, raise_errors: bool
+    ) -> None:
+        super().__init__(state, raise_errors)
+        self._events = events
+
+    def __iter__(self) -> SessionStream:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        if self._over():
+            raise StopIteration
+        try:
+            return next(self._events)
+        except StopIteration:
+            self._finished = True
+            raise
+        except Exception as exc:
+            return self._failed(exc)
+        except BaseException as exc:
+            self._interrupted(exc)
+            raise
+
+    @property
+    def response(self) -> Response:
+        """The final response of the turn (consumes the rest of the stream first)."""
+        if not self._finished and not self._closed:
+            for _ in self:
+                pass
+        if self.error is not None:
+            raise self.error
+        if self._state.response is None or not self._finished:
+            raise RequestCancelled("the stream was closed before the turn finished",
+                                   partial=self.partial)
+        return self._state.response
+
+    def close(self) -> None:
+        """End the turn now, closing its HTTP stream (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._events.close()
+
+    def __enter__(self) -> SessionStream:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            _attach_partial(exc, self.partial)
+        self.close()
+
+
+class AsyncSessionStream(_TurnStream):
+    """The async twin of :class:`SessionStream` (``async for``, ``async with``, ``aclose``)."""
+
+    def __init__(
+        self, events: AsyncGenerator[StreamEvent, None], state: TurnState, raise_errors: bool
+    ) -> None:
+        super().__init__(state, raise_errors)
+        self._events = events
+
+    def __aiter__(self) -> AsyncSessionStream:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._over():
+            raise StopAsyncIteration
+        try:
+            return await self._events.__anext__()
+        except StopAsyncIteration:
+            self._finished = True
+            raise
+        except Exception as exc:
+            return self._failed(exc)
+        except BaseException as exc:
+            self._interrupted(exc)
+            raise
+
+    async def until_done(self) -> Response:
+        """Consume the rest of the turn and return its final response."""
+        if not self._finished and not self._closed:
+            async for _ in self:
+                pass
+        return self.response
+
+    @property
+    def response(self) -> Response:
+        """The final response (iterate to the end first, or ``await until_done()``)."""
+        if self.error is not None:
+            raise self.error
+        if self._state.response is None or not self._finished:
+            raise RuntimeError(
+                "the turn has not finished: iterate the stream to the end or await until_done()"
+            )
+        return self._state.response
+
+    async def aclose(self) -> None:
+        """End the turn now, closing its HTTP stream (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            await self._events.aclose()
+
+    async def __aenter__(self) -> AsyncSessionStream:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            _attach_partial(exc, self.partial)
+        await self.aclose()
+
+
+def _attach_partial(exc: BaseException, partial: Response | None) -> None:
+    if partial is not None and getattr(exc, "partial", None) is None:
+        try:
+            exc.partial = partial  # type: ignore[attr-defined]
+        except Exception:
+            pass
