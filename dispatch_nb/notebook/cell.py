@@ -37,9 +37,6 @@ from ..types import (
     Response,
     StreamDelta,
     TextBlock,
-    ToolResultBlock,
-    ToolResultEvent,
-    ToolUseBlock,
     Usage,
 )
 from ..validation import replace_lone_surrogates, surrogate_note
@@ -95,39 +92,6 @@ def response_events(response: Response) -> list[StreamDelta]:
     """The deltas a streamed call would have produced for ``response`` (for ``--no-stream``):
     :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`."""
     return response.deltas()
-
-
-def exchange_events(produced: list[Message], last: Response, total: Usage) -> list[Any]:
-    """The events a streamed tool loop would have produced for the messages of a finished turn
-    (``--no-stream --tools``): each model round's deltas and a ``MessageDoneEvent``, each tool's
-    ``ToolResultEvent``. Per-round usage is not kept in the history, so the earlier rounds count
-    no tokens and the last round (``last``) carries ``total``, the whole turn's usage."""
-    final = last.model_copy(update={"usage": total})
-    rounds = [m for m in produced if m.role == "assistant"]
-    if not last.content:  # an empty final answer is not added to the history
-        rounds.append(Message(role="assistant", content=[]))
-        produced = [*produced, rounds[-1]]
-    events: list[Any] = []
-    names: dict[str, str] = {}
-    for message in produced:
-        content = message.content
-        blocks = [TextBlock(text=content)] if isinstance(content, str) else list(content)
-        if message.role == "assistant":
-            if message is rounds[-1]:
-                reply = final
-            else:
-                reply = Response(content=blocks, model=last.model, stop_reason="tool_use")
-            for block in blocks:
-                if isinstance(block, ToolUseBlock):
-                    names[block.id] = block.name
-            events.extend(reply.events())
-        else:
-            for block in blocks:
-                if isinstance(block, ToolResultBlock):
-                    events.append(
-                        ToolResultEvent(result=block, tool_name=names.get(block.tool_use_id, ""))
-                    )
-    return events
 
 
 @dataclass
@@ -214,11 +178,13 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
             extra["output"] = plan.output
         if not plan.stream:
             # --no-stream: one non-streaming send runs the whole tool loop; then the exchange
-            # (calls, results, answer) is shown once, from what the turn added to the history.
+            # (each round's answer and usage, each tool's result) is shown once, replayed from
+            # the session's collected turn.
             last = session.send(plan.user.content, stream=False, **extra)
             produced = list(session.history[start + 1 :])
-            for event in exchange_events(produced, last, session.usage):
-                emit(event)
+            assert session.last_turn is not None
+            for collected in session.last_turn.events():
+                emit(collected)
             return CallResult(last, produced)
         for event in session.stream(plan.user.content, **extra):
             if isinstance(event, ErrorEvent):

@@ -9,7 +9,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..adapter import Adapter
 from ..tools import Tool
@@ -19,6 +19,9 @@ from .inputs import SessionTool, session_tools
 from .loop import ToolLoop
 from .serialization import dumps, loads, restore_tools
 from .stream import AsyncSessionStream, SessionStream, TurnState
+
+if TYPE_CHECKING:
+    from ..turn import TurnAccumulator
 
 __all__ = ["Session"]
 
@@ -75,6 +78,9 @@ class Session(ToolLoop):
         self.tool_limit_reached = False
         #: the last model answer (of any turn)
         self.last_response: Response | None = None
+        #: the last turn, collected: its rounds, tool results and summed usage
+        #: (a :class:`~dispatch_nb.turn.TurnAccumulator`; ``.events()`` replays it)
+        self.last_turn: TurnAccumulator | None = None
         self._system = system
         self._history: list[Message] = []
         self._usage = Usage()
@@ -149,6 +155,7 @@ class Session(ToolLoop):
             self._history.clear()
             self.tool_limit_reached = False
             self.last_response = None
+            self.last_turn = None
 
     def close(self) -> None:
         """Release the adapter's connections if this session created the adapter."""
@@ -191,7 +198,7 @@ class Session(ToolLoop):
         ``cancel``, ``max_tokens``, ``temperature``, ``system`` (this turn only), ``stream`` /
         ``on_delta``, ``max_retries``, ``tool_choice``...
         """
-        state = TurnState()
+        state = TurnState(self.model)
         events = self._run(content, chat_options, state, streaming=False)
         for _ in events:
             pass
@@ -207,14 +214,14 @@ class Session(ToolLoop):
         ``raise_errors=False``). Nothing happens until you iterate."""
         chat_options.pop("stream", None)
         chat_options.pop("on_delta", None)
-        state = TurnState()
+        state = TurnState(self.model)
         return SessionStream(
             self._run(content, chat_options, state, streaming=True), state, raise_errors
         )
 
     async def asend(self, content: Any, **chat_options: Any) -> Response:
         """The async twin of :meth:`send`; tool calls of one turn run concurrently."""
-        state = TurnState()
+        state = TurnState(self.model)
         async for _ in self._arun(content, chat_options, state, streaming=False):
             pass
         assert state.response is not None
@@ -226,7 +233,7 @@ class Session(ToolLoop):
         """The async twin of :meth:`stream` (``async for event in session.astream(...)``)."""
         chat_options.pop("stream", None)
         chat_options.pop("on_delta", None)
-        state = TurnState()
+        state = TurnState(self.model)
         return AsyncSessionStream(
             self._arun(content, chat_options, state, streaming=True), state, raise_errors
         )

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..call_control import TurnControl
@@ -42,6 +42,7 @@ from .stream import TurnState
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
+    from ..turn import TurnAccumulator
 
 __all__ = ["NonBlockingLock", "ToolLoop", "Turn"]
 
@@ -121,6 +122,7 @@ class ToolLoop:
     temperature: float | None
     tool_limit_reached: bool
     last_response: Response | None
+    last_turn: TurnAccumulator | None
     _adapter: Adapter
     _system: str | None
     _history: list[Message]
@@ -152,9 +154,9 @@ class ToolLoop:
                 yield self._answered(turn, state, response)
                 action = self._next_action(turn, response)
                 if action == "tools":
-                    yield from self._run_tools(turn, response.tool_calls)
+                    yield from self._collected(state, self._run_tools(turn, response.tool_calls))
                 elif action == "limit":
-                    yield from self._stop_loop(response)
+                    yield from self._collected(state, self._stop_loop(response))
                     return
                 elif action == "done":
                     return
@@ -200,10 +202,11 @@ class ToolLoop:
                 yield self._answered(turn, state, response)
                 action = self._next_action(turn, response)
                 if action == "tools":
-                    for event in await self._arun_tools(turn, response.tool_calls):
+                    for event in self._collected(state, await self._arun_tools(
+                            turn, response.tool_calls)):
                         yield event
                 elif action == "limit":
-                    for event in self._stop_loop(response):
+                    for event in self._collected(state, self._stop_loop(response)):
                         yield event
                     return
                 elif action == "done":
@@ -297,8 +300,18 @@ class ToolLoop:
         self.last_response = response
         if response.content:  # providers reject an empty assistant message
             self._history.append(response.to_message())
-        state.response = response
+        state.collected.add_round(response)
+        self.last_turn = state.collected
         return MessageDoneEvent(response=response)
+
+    @staticmethod
+    def _collected(
+        state: TurnState, events: Iterable[ToolResultEvent]
+    ) -> Generator[ToolResultEvent, None, None]:
+        """Tool results on their way out, recorded in the turn's accumulator."""
+        for event in events:
+            state.collected.add_result(event)
+            yield event
 
     def _call_failed(self, turn: Turn, message: Message, exc: BaseException) -> None:
         """A model call failed with ``exc`` (raised as it is: a call that ran out of the turn's

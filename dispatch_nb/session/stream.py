@@ -15,19 +15,27 @@ from typing import Any
 
 from ..errors import RequestCancelled
 from ..stream import AsyncResponseStream, ResponseStream
+from ..turn import TurnAccumulator
 from ..types import ErrorEvent, Response, StreamEvent
 
 __all__ = ["AsyncSessionStream", "SessionStream", "TurnState"]
 
 
 class TurnState:
-    """What a running turn shares with the stream object that drives it."""
+    """What a running turn shares with the stream object that drives it: the model call streaming
+    now, and the turn collected so far (a :class:`~dispatch_nb.turn.TurnAccumulator` of its
+    rounds and tool results)."""
 
-    __slots__ = ("response", "stream")
+    __slots__ = ("collected", "stream")
 
-    def __init__(self) -> None:
+    def __init__(self, model: str = "") -> None:
         self.stream: ResponseStream | AsyncResponseStream | None = None
-        self.response: Response | None = None
+        self.collected = TurnAccumulator(model)
+
+    @property
+    def response(self) -> Response | None:
+        """The turn's answer so far: its last model round's (None before the first ends)."""
+        return self.collected.response
 
 
 

@@ -7,6 +7,8 @@ Streams and sessions here talk to the canonical fake over loopback HTTP."""
 
 from __future__ import annotations
 
+import asyncio
+
 import ast
 import json
 from collections.abc import Iterator
@@ -214,6 +216,35 @@ def test_a_session_turn_collected_by_the_turn_accumulator(fake: CanonicalFake,
     assert again.rounds == turn.rounds and again.results == turn.results
     assert again.usage == turn.usage and again.messages() == turn.messages()
     assert isinstance(again.parts()[0], TextPart)
+
+
+@pytest.mark.parametrize("mode", ["send", "asend"])
+def test_a_session_collects_each_turn_in_its_own_turn_accumulator(
+    fake: CanonicalFake, adapter: FakeAdapter, mode: str
+) -> None:
+    # The session's own turn state is a TurnAccumulator (rounds and tool results as they happen),
+    # kept as session.last_turn: the same thing a caller feeding the events by hand collects.
+    fake.push(RICH, Turn(text="It is 21 °C in Paris.", input_tokens=50, output_tokens=9))
+    session = Session(adapter, tools=[get_weather])
+    assert session.last_turn is None
+    if mode == "send":
+        answer = session.send("Weather in Paris?")
+    else:
+        answer = asyncio.run(session.asend("Weather in Paris?"))
+    turn = session.last_turn
+    assert isinstance(turn, TurnAccumulator)
+    assert turn.response == answer == session.last_response
+    assert [r.text for r in turn.rounds] == [RICH.text, "It is 21 °C in Paris."]
+    assert turn.usage == session.usage
+    assert [e.tool_name for e in turn.results] == ["get_weather"]
+    assert json.loads(turn.results[0].result.text) == {"city": "Paris", "temp_c": 21}
+    assert turn.messages() == session.history[1:]
+    fake.push(Turn(text="Anything else?"))
+    session.send("Thanks")
+    assert session.last_turn is not turn and session.last_turn.rounds[0].text == "Anything else?"
+    assert session.last_turn.results == []
+    session.clear_history()
+    assert session.last_turn is None
 
 
 # -- the cache replays through the same accumulator -----------------------------------------------
