@@ -27,9 +27,11 @@ re-exports these names. This module imports only the standard library.
 from __future__ import annotations
 
 import ast
+import functools
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 __all__ = [
@@ -149,6 +151,19 @@ def _is_walrus_or_lambda(inner: str, i: int) -> bool:
     return inner[i + 1 : i + 2] == "=" or "lambda" in inner[:i]
 
 
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str) -> CodeType | None:
+    """``source`` compiled as an expression, or None when it is not one or names nothing (a batch
+    fills the same template for every row: each expression is parsed once)."""
+    try:
+        tree = ast.parse(source, mode="eval")
+    except SyntaxError:
+        return None
+    if not any(isinstance(node, ast.Name) for node in ast.walk(tree)):
+        return None
+    return compile(tree, "<%%chat prompt>", "eval")
+
+
 def _substitute(
     inner: str, namespace: Mapping[str, Any], notes: list[str], *, max_chars: int, max_rows: int
 ) -> str:
@@ -157,14 +172,11 @@ def _substitute(
     source = expr.strip()
     if not source:
         return literal
+    code = _compiled(source)
+    if code is None:
+        return literal  # not an expression, or one naming nothing (constants, JSON, {}...)
     try:
-        tree = ast.parse(source, mode="eval")
-    except SyntaxError:
-        return literal
-    if not any(isinstance(node, ast.Name) for node in ast.walk(tree)):
-        return literal  # constants, JSON, {} ... stay as written
-    try:
-        value = eval(compile(tree, "<%%chat prompt>", "eval"), dict(namespace))
+        value = eval(code, dict(namespace))
     except NameError as exc:
         notes.append(
             f"{literal} was left as written: {exc}. Write {{{{ and }}}} for literal braces, "
