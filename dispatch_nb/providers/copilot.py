@@ -24,24 +24,32 @@ one listed), and an unknown model name becomes a
 shows what the editors' model pickers show (``model_picker_enabled``, ``capabilities.type ==
 "chat"``, policy enabled or absent), with the premium-request multiplier of each.
 
-**Requests**: chat.completions through :mod:`.openai_chat` (Copilot's stream quirks included:
+**Requests**: a wire format per model (:data:`COPILOT_WIRES`; the request names the one it was built
+with, and its answer is read with that one). chat.completions through
+:class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire` with :data:`COPILOT_CHAT_QUIRKS`
+(Copilot's stream quirks included:
 empty-choices first chunks, Claude's reused tool-call index, text and tools in different choices,
 ``stop`` with tool calls, usage on any chunk); Claude's ``reasoning_text`` / ``reasoning_opaque``
 become a :class:`~dispatch_nb.types.ThinkingBlock` (``signature`` = the opaque value, provider data
 ``{"openai_chat": {"field": "reasoning_text", "provider": "copilot"}}``) that is sent back on the
 next assistant message — only thinking marked as Copilot's is. ``/responses`` models go through
-:mod:`.openai_responses`. Headers: ``Authorization: Bearer <Copilot token>``,
+:class:`~dispatch_nb.wire.responses.ResponsesWire`. Headers: ``Authorization: Bearer <Copilot token>``,
 ``Copilot-Integration-Id``, ``Editor-Version``, ``Editor-Plugin-Version``, ``User-Agent``,
 ``OpenAI-Intent``, ``X-GitHub-Api-Version``, a fresh ``X-Request-Id`` per request,
 ``X-Initiator: user`` for a turn the user typed and ``agent`` when the last message is anything else
 (tool results: proxies count only user turns as premium requests; the ``initiator`` option
 overrides it), and ``Copilot-Vision-Request: true`` when a message holds an image.
 
-**Errors** (PROTOCOLS.md §3.6): 401/403 → a new Copilot token and one retry, then
-:class:`~dispatch_nb.errors.AuthenticationError`; 402 → :class:`~dispatch_nb.errors.RateLimitError`
-with code ``quota_exceeded`` (not retried; the message says when the quota resets when GitHub
-says); 429 → ``RateLimitError`` with ``retry_after``; 466 (client too old), 422 (content filter),
-400 → :class:`~dispatch_nb.errors.RequestError`; 5xx → :class:`~dispatch_nb.errors.ServerError`
+The model catalogue (which models, which endpoint, limits) is :mod:`.copilot_models`; the error
+table :mod:`.copilot_errors`; this module is the provider: endpoint, login and token, model list,
+headers, defaults.
+
+**Errors** (PROTOCOLS.md §3.6, :func:`~dispatch_nb.providers.copilot_errors.copilot_error`):
+401/403 → a new Copilot token and one retry, then :class:`~dispatch_nb.errors.AuthenticationError`;
+402 → :class:`~dispatch_nb.errors.RateLimitError` with code ``quota_exceeded`` (not retried; the
+message says when the quota resets when GitHub says); 429 → ``RateLimitError`` with
+``retry_after``; 466 (client too old), 422 (content filter), 400 →
+:class:`~dispatch_nb.errors.RequestError`; 5xx → :class:`~dispatch_nb.errors.ServerError`
 (retried). Token-exchange problems (``no_copilot_access``...) come from the token manager. No
 GitHub or Copilot token ever appears in a repr, a log record or an exception message.
 """
