@@ -22,6 +22,7 @@ from ..types import StreamDelta
 
 if TYPE_CHECKING:
     from ..adapter import ChatRequest
+    from ..errors import DispatchError
     from ..stream import Accumulator
 
 __all__ = ["StreamParser", "WireFormat", "WireRequest"]
@@ -46,7 +47,9 @@ class WireFormat(Protocol):
 
     ``name`` (e.g. ``"chat.completions"``) appears in logs as the adapter's backend; ``path`` is
     where requests go, relative to the provider's base URL; ``options`` the per-call options the
-    format understands; ``provider`` the name its errors carry.
+    format understands; ``provider`` the name its errors carry; ``native_output`` how ``output=``
+    goes natively (e.g. ``"response_format"``) and ``output_modes`` the other structured-output
+    modes a call may ask for.
     """
 
     @property
@@ -60,6 +63,12 @@ class WireFormat(Protocol):
 
     @property
     def options(self) -> frozenset[str]: ...
+
+    @property
+    def native_output(self) -> str: ...
+
+    @property
+    def output_modes(self) -> tuple[str, ...]: ...
 
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
@@ -87,6 +96,11 @@ class WireFormat(Protocol):
         """Fill ``acc`` from a non-streamed JSON answer."""
         ...
 
+    def should_resend(self, error: DispatchError) -> WireFormat | None:
+        """The wire format to resend with when ``error`` shows a quirk this one did not know
+        (else None)."""
+        ...
+
 
 @dataclass
 class WireRequest:
@@ -103,11 +117,6 @@ class WireRequest:
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     wire: WireFormat | None = None
-
-    @property
-    def route(self) -> str:
-        """The path the request goes to (its ``url`` without a leading slash)."""
-        return self.url.lstrip("/")
 
 
 def post(wire: WireFormat, body: dict[str, Any], headers: dict[str, str] | None) -> WireRequest:
