@@ -252,3 +252,16 @@ async def test_old_and_new_seam_names_are_one_method() -> None:
     assert Wrapper().chat("x").text == "new seam" and Wrapper.opened == 1
     assert (await Wrapper().achat("x")).text == "new seam"
     assert Wrapper.open_stream is Wrapper._open
+
+
+def test_the_former_module_paths_still_give_the_same_objects() -> None:
+    from dispatch_nb.providers import copilot, copilot_errors, copilot_models, openai_chat, openai_responses
+    from dispatch_nb.wire import chat_completions, responses
+
+    assert openai_chat.ChatStreamParser is chat_completions.ChatStreamParser
+    assert openai_chat.build_chat_body is chat_completions.build_chat_body
+    assert openai_responses.build_responses_body is responses.build_responses_body
+    assert copilot.copilot_error is copilot_errors.copilot_error
+    assert copilot.copilot_model_info is copilot_models.copilot_model_info
+    assert copilot.copilot_endpoint(None, "gpt-5-codex") == "responses"
+    assert set(openai_chat.__all__) == set(chat_completions.__all__)
