@@ -528,6 +528,31 @@ class HTTPAdapter(Adapter):
             raise self.parse_error(response.status_code, response.content, response.headers)
         return self._json(response.content)
 
+    @property
+    def fixed_headers(self) -> dict[str, str]:
+        """The headers every request of this adapter carries (the constructor's ``headers``)."""
+        return dict(self._extra_headers)
+
+    def post_json(
+        self,
+        url: str,
+        body: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """POST ``body`` as JSON with this adapter's headers and auth, and return the response
+        whatever its status (read an error with :meth:`parse_error`); a transport failure raises
+        the mapped :class:`DispatchError` (an :class:`APIConnectionError`). For a provider's side
+        requests (token counting); chats go through :meth:`build_request`."""
+        sent = {"user-agent": USER_AGENT, "accept": "application/json",
+                "content-type": "application/json", **self._extra_headers,
+                **self.auth_headers(), **(headers or {})}
+        try:
+            return self._client().post(self._url(url), headers=sent, content=orjson.dumps(body),
+                                       auth=self._send_auth())
+        except httpx.HTTPError as exc:
+            raise wrap_transport_error(exc, self.provider_name) from None
+
     def get_json(
         self,
         url: str,

@@ -42,13 +42,14 @@ import orjson
 
 from ..adapter import ChatRequest, ValidationResult, normalize_tools
 from ..errors import (
+    APIConnectionError,
     AuthenticationError,
     DispatchError,
     ModelUnavailableError,
     RequestError,
     error_for_status,
 )
-from ..http_adapter import USER_AGENT, HTTPAdapter, WireRequest, error_details
+from ..http_adapter import HTTPAdapter, WireRequest, error_details
 from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo, as_messages
 from ..wire.anthropic import (
@@ -149,7 +150,8 @@ class AnthropicAdapter(HTTPAdapter):
     # -- auth ----------------------------------------------------------------------------------
     def auth_headers(self) -> dict[str, str]:
         """``x-api-key``; raises :class:`AuthenticationError` when there is no key at all."""
-        if "x-api-key" in self._extra_headers or "authorization" in self._extra_headers:
+        fixed = self.fixed_headers
+        if "x-api-key" in fixed or "authorization" in fixed:
             return {}
         key = self._api_key or os.environ.get("ANTHROPIC_API_KEY")
         if not key:
@@ -252,19 +254,10 @@ class AnthropicAdapter(HTTPAdapter):
             "messages": wire_messages(as_messages(messages)),
         }
         body.update(prompt_fields(system, normalize_tools(tools), {}))
-        headers = {
-            "user-agent": USER_AGENT,
-            "accept": "application/json",
-            "content-type": "application/json",
-            **self._extra_headers,
-            **self.auth_headers(),
-            **self._beta_header(),
-        }
         try:
-            response = self._client().post(
-                self._url("v1/messages/count_tokens"), headers=headers, content=orjson.dumps(body)
-            )
-        except httpx.HTTPError:
+            response = self.post_json("v1/messages/count_tokens", body,
+                                      headers=self._beta_header())
+        except APIConnectionError:
             return -1
         if response.status_code >= 400:
             error = self.parse_error(response.status_code, response.content, response.headers)

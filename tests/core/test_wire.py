@@ -265,3 +265,30 @@ def test_the_former_module_paths_still_give_the_same_objects() -> None:
     assert copilot.copilot_model_info is copilot_models.copilot_model_info
     assert copilot.copilot_endpoint(None, "gpt-5-codex") == "responses"
     assert set(openai_chat.__all__) == set(chat_completions.__all__)
+
+
+def test_post_json_is_the_public_seam_for_side_requests() -> None:
+    import socket
+
+    from dispatch_nb.errors import APIConnectionError
+    from dispatch_nb.providers.anthropic import AnthropicAdapter
+
+    handler = CanonicalHandler()
+    adapter = SaysOneFormatSpeaksAnother(handler)
+    answer = adapter.post_json("chat", {"model": "m", "messages": [], "stream": False},
+                               headers={"x-extra": "1"})
+    assert answer.status_code == 200 and answer.json()["model"] == "m"
+    assert handler.requests[-1].headers["content-type"] == "application/json"
+    assert handler.requests[-1].headers["x-extra"] == "1"
+    missing = adapter.post_json("nowhere", {})
+    assert missing.status_code == 404  # any status comes back; parse_error reads it
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    down = AnthropicAdapter("claude-x", api_key="k", base_url=f"http://127.0.0.1:{port}")
+    with pytest.raises(APIConnectionError):
+        down.post_json("v1/messages/count_tokens", {})
+    assert down.count_tokens("hi") == -1  # the server cannot count: -1, as before
+    assert down.fixed_headers["anthropic-version"] == "2023-06-01"
+    down.close()
