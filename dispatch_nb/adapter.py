@@ -7,11 +7,17 @@ Every adapter offers the same four entry points with the same keywords::
     adapter.stream(messages, **same) -> ResponseStream          # iterate for StreamDelta
     await adapter.achat(...) / adapter.astream(...)             # the async twins
 
-A subclass supplies one attempt of a call (``_stream_once`` / ``_complete_once`` and their async
-twins) that drives an :class:`~dispatch_nb.stream.Accumulator`. The base adds the rest so every
-adapter behaves alike: argument normalization, the total ``timeout`` deadline, ``cancel`` tokens,
-retries with backoff (never after output reached the caller), ``partial`` on every error, and one log
-line per request on the ``dispatch_nb`` logger.
+A subclass supplies one attempt of a call (:meth:`Adapter.stream_once` / :meth:`Adapter.complete_once`
+and their async twins) that drives an :class:`~dispatch_nb.stream.Accumulator`. The base adds the
+rest so every adapter behaves alike: argument normalization, the total ``timeout`` deadline,
+``cancel`` tokens, retries with backoff (never after output reached the caller), ``partial`` on every
+error, and one log line per request on the ``dispatch_nb`` logger. HTTP providers subclass
+:class:`~dispatch_nb.http_adapter.HTTPAdapter`, which implements the attempt from a wire format
+(:mod:`dispatch_nb.wire`); docs/providers.md lists every seam.
+
+The seams are public methods. Their former private names (``_stream_once``, ``_complete_once``,
+``_astream_once``, ``_acomplete_once``, ``_should_retry_now``, ``_open``, ``_aopen``) still work, to
+override and to call: a subclass that defines either name gets both (:data:`LEGACY_SEAMS`).
 """
 
 from __future__ import annotations
@@ -146,12 +152,37 @@ def backoff_delay(
     return float(delay * (1 - 0.25 * random.random()))
 
 
+#: public seam → its former private name, kept as an alias (see :meth:`Adapter.__init_subclass__`)
+LEGACY_SEAMS: dict[str, str] = {
+    "stream_once": "_stream_once",
+    "complete_once": "_complete_once",
+    "astream_once": "_astream_once",
+    "acomplete_once": "_acomplete_once",
+    "should_retry_now": "_should_retry_now",
+    "open_stream": "_open",
+    "aopen_stream": "_aopen",
+}
+
+
 class Adapter:
     """Base class of every provider adapter. See the module docstring for the contract.
 
-    Subclasses must supply ``model_name`` and one attempt of a call: ``_stream_once`` (and
-    optionally ``_complete_once``, ``_astream_once``, ``_acomplete_once``).
+    Subclasses must supply :attr:`model_name` and one attempt of a call: :meth:`stream_once`
+    (and optionally :meth:`complete_once`, :meth:`astream_once`, :meth:`acomplete_once`). They
+    may override :meth:`output_mode` (how ``output=`` goes on the wire), :meth:`should_retry_now`
+    (resend at once after an error), and a wrapper :meth:`open_stream` / :meth:`aopen_stream`.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Keep each seam's public and former private name one method: a subclass that
+        overrides one of the two names overrides both (:data:`LEGACY_SEAMS`)."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        for public, private in LEGACY_SEAMS.items():
+            if private in own and public not in own:
+                setattr(cls, public, own[private])
+            elif public in own and private not in own:
+                setattr(cls, private, own[public])
 
     #: extra ``**options`` this provider accepts besides :data:`COMMON_OPTIONS`
     provider_options: frozenset[str] = frozenset()
@@ -249,27 +280,32 @@ class Adapter:
         return f"{type(self).__name__}(model={model!r})"
 
     # -- what subclasses supply ---------------------------------------------------------------
-    def _stream_once(
+    def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
-        """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure."""
-        raise NotImplementedError(f"{type(self).__name__} must implement _stream_once")
+        """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure.
 
-    def _complete_once(self, request: ChatRequest, acc: Accumulator, control: CallControl) -> None:
+        ``control`` is the call's deadline and cancel token: check it (``control.check()``) where
+        waiting may block, and register an abort hook (``control.on_abort``) that unblocks I/O.
+        The base retries a failed attempt (with ``acc`` reset) while nothing reached the caller."""
+        raise NotImplementedError(f"{type(self).__name__} must implement stream_once")
+
+    def complete_once(self, request: ChatRequest, acc: Accumulator, control: CallControl) -> None:
         """One non-streaming attempt; the default consumes a streaming attempt silently."""
-        for _ in self._stream_once(request, acc, control):
+        for _ in self.stream_once(request, acc, control):
             pass
 
-    def _astream_once(
+    def astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
-        """The async attempt; the default runs :meth:`_stream_once` on a worker thread."""
-        return _thread_bridge(lambda: self._stream_once(request, acc, control), control)
+        """The async attempt; the default runs :meth:`stream_once` on a worker thread."""
+        return _thread_bridge(lambda: self.stream_once(request, acc, control), control)
 
-    async def _acomplete_once(
+    async def acomplete_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> None:
-        async for _ in self._astream_once(request, acc, control):
+        """The async non-streaming attempt; the default consumes :meth:`astream_once`."""
+        async for _ in self.astream_once(request, acc, control):
             pass
 
     def output_mode(self, request: ChatRequest) -> str | None:
@@ -285,9 +321,10 @@ class Adapter:
             raise unsupported_mode(self, mode, ("auto", "prompt"))
         return "prompt"
 
-    def _should_retry_now(self, error: DispatchError) -> bool:
-        """Hook: return True to retry at once, outside the retry budget (e.g. after refreshing an
-        expired token)."""
+    def should_retry_now(self, error: DispatchError) -> bool:
+        """Return True to resend at once after ``error``, outside the retry budget (e.g. after
+        learning a server quirk the next request works around). Only asked while nothing reached
+        the caller and the call is neither cancelled nor out of time."""
         return False
 
     # -- normalization ---------------------------------------------------------------------------
@@ -347,7 +384,7 @@ class Adapter:
         """Seconds to wait before retrying, or None to give up and raise."""
         if acc.started or control.reason is not None:
             return None
-        if self._should_retry_now(exc):
+        if self.should_retry_now(exc):
             return 0.0
         if attempt >= retries or not exc.retryable or exc.code == "quota_exceeded":
             return None
@@ -438,9 +475,9 @@ class Adapter:
                 control.check()
                 try:
                     if request.stream:
-                        yield from self._stream_once(request, acc, control)
+                        yield from self.stream_once(request, acc, control)
                     else:
-                        self._complete_once(request, acc, control)
+                        self.complete_once(request, acc, control)
                     return
                 except DispatchError as exc:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)
@@ -467,10 +504,10 @@ class Adapter:
                 control.check()
                 try:
                     if request.stream:
-                        async for delta in self._astream_once(request, acc, control):
+                        async for delta in self.astream_once(request, acc, control):
                             yield delta
                     else:
-                        await self._acomplete_once(request, acc, control)
+                        await self.acomplete_once(request, acc, control)
                     return
                 except DispatchError as exc:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)
@@ -486,22 +523,22 @@ class Adapter:
             self._log_request(request, acc, control, attempt, error)
 
     # -- one call as a stream --------------------------------------------------------------------
-    def _open(
+    def open_stream(
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
     ) -> ResponseStream:
         """One normalized call as the :class:`ResponseStream` that :meth:`stream` returns and
         :meth:`chat` drains (a call with ``request.stream`` false produces no deltas). The seam
         a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`), with its async twin
-        :meth:`_aopen`."""
+        :meth:`aopen_stream`."""
         request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)
         return ResponseStream(self._deltas(request, acc, control), acc)
 
-    def _aopen(
+    def aopen_stream(
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
     ) -> AsyncResponseStream:
-        """The async twin of :meth:`_open`."""
+        """The async twin of :meth:`open_stream`."""
         request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)
@@ -516,39 +553,40 @@ class Adapter:
             return prompted(request)
         return request
 
-    def _call(
+    def _start(
         self,
-        request: ChatRequest,
+        messages: Any,
+        *,
+        asynchronous: bool,
+        stream: bool,
+        system: str | None,
+        tools: Iterable[Any] | None,
+        max_tokens: int | None,
+        temperature: float | None,
         timeout: float | None,
         cancel: CancelToken | None,
         output: Any,
         output_retries: int | None,
-    ) -> ResponseStream:
-        """The stream of one call: plain, or validated against ``output=`` (with retries)."""
+        options: dict[str, Any],
+    ) -> Any:
+        """The step the four entry points share once their arguments are checked: normalize
+        them into a :class:`ChatRequest` and open its stream — plain (:meth:`open_stream` /
+        :meth:`aopen_stream`), or validated against ``output=`` (with retries). Returns a
+        :class:`ResponseStream`, or an :class:`AsyncResponseStream` when ``asynchronous``."""
+        request = self._request(
+            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
+            temperature=temperature, options=options,
+        )
         if output is None:
             if output_retries is not None:
                 raise TypeError("output_retries= needs output= (the type or schema to validate)")
-            return self._open(request, timeout, cancel)
-        from .structured import open_structured
+            if asynchronous:
+                return self.aopen_stream(request, timeout, cancel)
+            return self.open_stream(request, timeout, cancel)
+        from .structured import aopen_structured, open_structured
 
-        return open_structured(self, request, output, output_retries, timeout, cancel)
-
-    def _acall(
-        self,
-        request: ChatRequest,
-        timeout: float | None,
-        cancel: CancelToken | None,
-        output: Any,
-        output_retries: int | None,
-    ) -> AsyncResponseStream:
-        """The async twin of :meth:`_call`."""
-        if output is None:
-            if output_retries is not None:
-                raise TypeError("output_retries= needs output= (the type or schema to validate)")
-            return self._aopen(request, timeout, cancel)
-        from .structured import aopen_structured
-
-        return aopen_structured(self, request, output, output_retries, timeout, cancel)
+        opener = aopen_structured if asynchronous else open_structured
+        return opener(self, request, output, output_retries, timeout, cancel)
 
     # -- public entry points ---------------------------------------------------------------------
     def stream(
@@ -578,11 +616,12 @@ class Adapter:
             messages, system=system, max_tokens=max_tokens, temperature=temperature,
             timeout=timeout, cancel=cancel,
         )
-        request = self._request(
-            messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
-            temperature=temperature, options=options,
+        stream: ResponseStream = self._start(
+            messages, asynchronous=False, stream=True, system=system, tools=tools,
+            max_tokens=max_tokens, temperature=temperature, timeout=timeout, cancel=cancel,
+            output=output, output_retries=output_retries, options=options,
         )
-        return self._call(request, timeout, cancel, output, output_retries)
+        return stream
 
     def chat(
         self,
@@ -610,11 +649,12 @@ class Adapter:
             messages, system=system, max_tokens=max_tokens, temperature=temperature,
             timeout=timeout, cancel=cancel, stream=stream,
         )
-        request = self._request(
-            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
-            temperature=temperature, options=options,
+        call: ResponseStream = self._start(
+            messages, asynchronous=False, stream=stream, system=system, tools=tools,
+            max_tokens=max_tokens, temperature=temperature, timeout=timeout, cancel=cancel,
+            output=output, output_retries=output_retries, options=options,
         )
-        with self._call(request, timeout, cancel, output, output_retries) as deltas:
+        with call as deltas:
             for delta in deltas:
                 if on_delta is not None:
                     on_delta(delta)
@@ -641,11 +681,12 @@ class Adapter:
             messages, system=system, max_tokens=max_tokens, temperature=temperature,
             timeout=timeout, cancel=cancel,
         )
-        request = self._request(
-            messages, system=system, tools=tools, stream=True, max_tokens=max_tokens,
-            temperature=temperature, options=options,
+        stream: AsyncResponseStream = self._start(
+            messages, asynchronous=True, stream=True, system=system, tools=tools,
+            max_tokens=max_tokens, temperature=temperature, timeout=timeout, cancel=cancel,
+            output=output, output_retries=output_retries, options=options,
         )
-        return self._acall(request, timeout, cancel, output, output_retries)
+        return stream
 
     async def achat(
         self,
@@ -668,11 +709,12 @@ class Adapter:
             messages, system=system, max_tokens=max_tokens, temperature=temperature,
             timeout=timeout, cancel=cancel, stream=stream,
         )
-        request = self._request(
-            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
-            temperature=temperature, options=options,
+        call: AsyncResponseStream = self._start(
+            messages, asynchronous=True, stream=stream, system=system, tools=tools,
+            max_tokens=max_tokens, temperature=temperature, timeout=timeout, cancel=cancel,
+            output=output, output_retries=output_retries, options=options,
         )
-        async with self._acall(request, timeout, cancel, output, output_retries) as deltas:
+        async with call as deltas:
             async for delta in deltas:
                 if on_delta is not None:
                     result = on_delta(delta)
@@ -680,6 +722,14 @@ class Adapter:
                         await result
             return deltas.response
 
+    # -- the seams' former names (LEGACY_SEAMS; subclasses get both names by __init_subclass__) --
+    _stream_once = stream_once
+    _complete_once = complete_once
+    _astream_once = astream_once
+    _acomplete_once = acomplete_once
+    _should_retry_now = should_retry_now
+    _open = open_stream
+    _aopen = aopen_stream
 
 #: deltas a worker thread may run ahead of an async consumer (see _thread_bridge)
 BRIDGE_BUFFER = 64

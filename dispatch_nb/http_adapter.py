@@ -1,10 +1,12 @@
 """The shared HTTP transport for adapters whose provider speaks HTTP + SSE.
 
-A provider module subclasses :class:`HTTPAdapter` and stays sans-I/O: it builds a
-:class:`WireRequest` from a :class:`~dispatch_nb.adapter.ChatRequest`, turns SSE events into deltas
-with a :class:`StreamParser`, parses a non-streamed JSON body, and maps error bodies. This module owns
-all I/O, sync and async alike: sending, status handling, reading raw byte chunks into the SSE
-decoder, closing the connection on cancel or deadline, and connection-error mapping.
+A provider module subclasses :class:`HTTPAdapter` and stays sans-I/O: a wire format
+(:mod:`dispatch_nb.wire`) builds a :class:`WireRequest` from a
+:class:`~dispatch_nb.adapter.ChatRequest` and gives the :class:`StreamParser` (or body parser) of its
+answer; the provider adds its endpoint, credentials and error mapping. This module owns all I/O,
+sync and async alike: sending, status handling, reading raw byte chunks into the SSE decoder
+(with the parser the request's wire format gives), closing the connection on cancel or deadline,
+and connection-error mapping.
 
 Tests inject an ``httpx`` transport or point ``base_url`` at a loopback server; nothing is patched.
 """
@@ -14,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import httpx
 import orjson
@@ -30,7 +31,7 @@ from .errors import (
     looks_like_html,
     summarize_body,
 )
-from .sse import ServerSentEvent, SSEDecoder
+from .sse import SSEDecoder
 from .stream import Accumulator
 from .transport import (
     ABORT_EXTENSION,
@@ -41,42 +42,13 @@ from .transport import (
     sync_client,
 )
 from .types import StreamDelta
+from .wire.base import StreamParser, WireFormat, WireRequest
 
-__all__ = ["HTTPAdapter", "StreamParser", "WireRequest", "error_details"]
+__all__ = ["HTTPAdapter", "StreamParser", "WireFormat", "WireRequest", "error_details"]
 
 USER_AGENT = "dispatch-nb/0.1"
 #: seconds a small JSON request (a model list) may take, connect and reads included
 JSON_REQUEST_TIMEOUT = 30.0
-
-
-@dataclass
-class WireRequest:
-    """An HTTP request a provider module wants sent: ``url`` is absolute or relative to base_url.
-
-    ``stream_parser`` / ``parse_body``: how the answer to *this* request is read, when the provider
-    chose its wire format per request (Copilot: ``/chat/completions`` or ``/responses``); None means
-    the adapter's :meth:`HTTPAdapter.stream_parser` / :meth:`HTTPAdapter.parse_body`."""
-
-    method: str
-    url: str
-    json: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
-    stream_parser: Callable[[Accumulator], StreamParser] | None = None
-    parse_body: Callable[[Any, Accumulator], None] | None = None
-
-
-class StreamParser(Protocol):
-    """Turns one provider's SSE events into deltas (through the accumulator it was given).
-
-    ``complete`` becomes True at the provider's terminal event; reading stops there.
-    ``feed`` raises a :class:`DispatchError` for an in-stream error event.
-    """
-
-    complete: bool
-
-    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]: ...
-
-    def end(self) -> Iterable[StreamDelta]: ...
 
 
 def error_details(body: bytes) -> tuple[str, str | None]:
@@ -196,9 +168,24 @@ def _within_deadline(timeout: httpx.Timeout, control: CallControl) -> httpx.Time
 
 
 class HTTPAdapter(Adapter):
-    """Base for HTTP providers. Subclasses implement :meth:`build_request`,
-    :meth:`stream_parser` and :meth:`parse_body`; may override :meth:`parse_error`,
-    :meth:`auth_headers` / :meth:`aauth_headers`, :meth:`http_auth` and :attr:`base_url`."""
+    """Base for HTTP providers: a provider is an endpoint, credentials and a wire format.
+
+    The public seams (docs/providers.md):
+
+    * :attr:`wire` — the :class:`~dispatch_nb.wire.base.WireFormat` requests are built with (None
+      when the provider builds and parses its requests itself, or picks a format per request);
+    * :meth:`build_request` — the :class:`WireRequest` for a call (default: :attr:`wire`'s, with
+      :meth:`~dispatch_nb.adapter.Adapter.output_mode`); the request names the wire format its
+      answer is read with;
+    * :meth:`stream_parser` / :meth:`parse_body` — how an answer is read when the request names no
+      wire format (default: :attr:`wire`'s);
+    * :meth:`parse_error` — the :class:`DispatchError` for an HTTP error answer;
+    * :meth:`auth_headers` / :meth:`aauth_headers` (static credentials), :meth:`http_auth` (an
+      :class:`httpx.Auth` flow for credentials that need a round trip) and :attr:`base_url`.
+    """
+
+    #: the wire format of this adapter's requests (see the class docstring)
+    wire: WireFormat | None = None
 
     def __init__(
         self,
@@ -230,16 +217,27 @@ class HTTPAdapter(Adapter):
         return self._base_url
 
     def build_request(self, request: ChatRequest) -> WireRequest:
-        """The wire request for a call (sans-I/O)."""
-        raise NotImplementedError
+        """The wire request for a call (sans-I/O): by default :attr:`wire`'s request for the model,
+        with structured output as :meth:`output_mode` says."""
+        wire = self._wire_or_raise("build_request")
+        return wire.wire_request(request, self.model_name, output_mode=self.output_mode(request))
 
     def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        """A fresh parser for one streamed answer."""
-        raise NotImplementedError
+        """A fresh parser for one streamed answer to a request that names no wire format
+        (default: :attr:`wire`'s)."""
+        return self._wire_or_raise("stream_parser").stream_parser(acc)
 
     def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        """Fill ``acc`` from a non-streamed JSON answer."""
-        raise NotImplementedError
+        """Fill ``acc`` from a non-streamed JSON answer to a request that names no wire format
+        (default: :attr:`wire`'s)."""
+        self._wire_or_raise("parse_body").parse_body(body, acc)
+
+    def _wire_or_raise(self, seam: str) -> WireFormat:
+        if self.wire is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} must set wire (a wire format) or implement {seam}"
+            )
+        return self.wire
 
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
         """The error for an HTTP error response."""
@@ -381,7 +379,7 @@ class HTTPAdapter(Adapter):
         )
 
     # -- one attempt, sync -----------------------------------------------------------------------
-    def _stream_once(
+    def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
         wire = self.build_request(request)
@@ -451,7 +449,7 @@ class HTTPAdapter(Adapter):
             response.close()
 
     # -- one attempt, async ----------------------------------------------------------------------
-    async def _astream_once(
+    async def astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
         wire = self.build_request(request)
@@ -541,13 +539,15 @@ class HTTPAdapter(Adapter):
                 await response.aclose()
 
     def _parser(self, wire: WireRequest, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        if wire.stream_parser is not None:
-            return wire.stream_parser(acc)
+        """The parser of this request's answer: its wire format's, else :meth:`stream_parser`."""
+        if wire.wire is not None:
+            return wire.wire.stream_parser(acc)
         return self.stream_parser(request, acc)
 
     def _parse_body(self, wire: WireRequest, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        if wire.parse_body is not None:
-            wire.parse_body(body, acc)
+        """Read a non-streamed answer: with the request's wire format, else :meth:`parse_body`."""
+        if wire.wire is not None:
+            wire.wire.parse_body(body, acc)
         else:
             self.parse_body(request, body, acc)
 
@@ -570,6 +570,31 @@ class HTTPAdapter(Adapter):
         if response.status_code >= 400:
             raise self.parse_error(response.status_code, response.content, response.headers)
         return self._json(response.content)
+
+    @property
+    def fixed_headers(self) -> dict[str, str]:
+        """The headers every request of this adapter carries (the constructor's ``headers``)."""
+        return dict(self._extra_headers)
+
+    def post_json(
+        self,
+        url: str,
+        body: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """POST ``body`` as JSON with this adapter's headers and auth, and return the response
+        whatever its status (read an error with :meth:`parse_error`); a transport failure raises
+        the mapped :class:`DispatchError` (an :class:`APIConnectionError`). For a provider's side
+        requests (token counting); chats go through :meth:`build_request`."""
+        sent = {"user-agent": USER_AGENT, "accept": "application/json",
+                "content-type": "application/json", **self._extra_headers,
+                **self.auth_headers(), **(headers or {})}
+        try:
+            return self._client().post(self._url(url), headers=sent, content=orjson.dumps(body),
+                                       auth=self._send_auth())
+        except httpx.HTTPError as exc:
+            raise wrap_transport_error(exc, self.provider_name) from None
 
     def get_json(
         self,

@@ -107,7 +107,7 @@ class ReplayOnlyAdapter(Adapter):
 
         return requested_mode(self, request)
 
-    def _stream_once(
+    def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
         raise self._unavailable()

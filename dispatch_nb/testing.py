@@ -1,9 +1,10 @@
 """Test your own code against dispatch_nb without a model, a key or a network: the canonical fake.
 
 dispatch_nb's ``fake`` provider speaks a tiny *canonical* protocol (dispatch_nb's own types as
-JSON, see :mod:`dispatch_nb.providers.fake`). This module answers that protocol in-process, through
-an :class:`httpx.MockTransport`, so the whole real client runs — request building, SSE parsing,
-error mapping, retries, ``error.partial`` — and only the model is scripted::
+JSON, see :mod:`dispatch_nb.wire.canonical`, which also renders the scripted answers below). This
+module answers that protocol in-process, through an :class:`httpx.MockTransport`, so the whole real
+client runs — request building, SSE parsing, error mapping, retries, ``error.partial`` — and only
+the model is scripted::
 
     from dispatch_nb.testing import Fail, FakeAdapter, ToolCall, Turn
 
@@ -32,12 +33,23 @@ import collections
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from .providers.fake import FakeAdapter as _FakeProviderAdapter
+from .wire.canonical import (
+    Fail,
+    ToolCall,
+    Turn,
+    canonical_body,
+    canonical_error_body,
+    canonical_error_event,
+    canonical_events,
+    last_user_text,
+    sse_event,
+    stream_events,
+)
 
 __all__ = [
     "CanonicalHandler",
@@ -53,151 +65,6 @@ __all__ = [
 
 #: the base URL a :class:`FakeAdapter` talks to (nothing listens there: the transport answers)
 FAKE_BASE_URL = "http://dispatch-nb-fake.test"
-
-
-@dataclass
-class ToolCall:
-    """A tool call the model makes. ``arguments`` as a str is sent raw (may be invalid JSON)."""
-
-    id: str
-    name: str
-    arguments: dict[str, Any] | str = field(default_factory=dict)
-
-    @property
-    def arguments_json(self) -> str:
-        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
-
-
-@dataclass
-class Fail:
-    """An HTTP error reply (or, as ``Turn.error``, an error event inside a stream)."""
-
-    status: int
-    message: str = "something went wrong"
-    error_type: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Turn:
-    """One scripted model answer: text, thinking, tool calls, usage, stop reason; streamed in
-    ``chunk``-character text deltas, optionally cut by ``error`` after ``error_after`` events."""
-
-    text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    thinking: str | None = None
-    signature: str | None = None
-    redacted_thinking: list[str] = field(default_factory=list)
-    stop_reason: str | None = None  # canonical; None → tool_use if tool calls else end_turn
-    # Canonical usage, as in dispatch_nb.Usage: input_tokens EXCLUDES cache reads/writes.
-    input_tokens: int = 12
-    output_tokens: int = 7
-    cache_read_tokens: int = 0
-    cache_creation_tokens: int = 0
-    model: str | None = None
-    chunk: int = 4  # characters per text delta when streaming
-    error_after: int | None = None  # replace the rest of the stream with an error event ...
-    error: Fail | None = None  # ... this one
-
-    @property
-    def canonical_stop(self) -> str:
-        if self.stop_reason:
-            return self.stop_reason
-        return "tool_use" if self.tool_calls else "end_turn"
-
-    def text_pieces(self) -> list[str]:
-        n = max(1, self.chunk)
-        return [self.text[i : i + n] for i in range(0, len(self.text), n)]
-
-
-# -- the canonical protocol, rendered (shared with the repository's loopback fake) ---------------
-def _usage(turn: Turn) -> dict[str, int]:
-    return {
-        "input_tokens": turn.input_tokens,
-        "output_tokens": turn.output_tokens,
-        "cache_read_tokens": turn.cache_read_tokens,
-        "cache_creation_tokens": turn.cache_creation_tokens,
-    }
-
-
-def canonical_events(turn: Turn, model: str | None) -> list[dict[str, Any]]:
-    """The stream events (``{"type": ...}`` dicts) of ``turn``; ``model`` is the requested one."""
-    events: list[dict[str, Any]] = []
-    if turn.thinking is not None:
-        events.append({"type": "thinking", "text": turn.thinking})
-        if turn.signature is not None:
-            events.append({"type": "signature", "signature": turn.signature})
-    for data in turn.redacted_thinking:
-        events.append({"type": "block", "block": {"type": "redacted_thinking", "data": data}})
-    for piece in turn.text_pieces():
-        events.append({"type": "text", "text": piece})
-    for call in turn.tool_calls:
-        events.append({"type": "tool_start", "id": call.id, "name": call.name})
-        raw = call.arguments_json
-        for i in range(0, len(raw), 5):
-            events.append({"type": "tool_delta", "id": call.id, "fragment": raw[i : i + 5]})
-        events.append({"type": "tool_end", "id": call.id})
-    events.append({"type": "done", "stop_reason": turn.canonical_stop, "usage": _usage(turn),
-                   "model": turn.model or model})
-    return events
-
-
-def canonical_body(turn: Turn, model: str | None) -> dict[str, Any]:
-    """The JSON body of ``turn`` answered without streaming."""
-    content: list[dict[str, Any]] = []
-    if turn.thinking is not None:
-        content.append({"type": "thinking", "thinking": turn.thinking,
-                        "signature": turn.signature})
-    content += [{"type": "redacted_thinking", "data": d} for d in turn.redacted_thinking]
-    if turn.text:
-        content.append({"type": "text", "text": turn.text})
-    calls = [{"type": "tool_use", "id": c.id, "name": c.name,
-              "arguments": c.arguments if isinstance(c.arguments, dict) else {}}
-             for c in turn.tool_calls]
-    content += calls
-    return {"content": content, "tool_calls": calls, "stop_reason": turn.canonical_stop,
-            "usage": _usage(turn), "model": turn.model or model}
-
-
-def canonical_error_event(fail: Fail) -> dict[str, Any]:
-    """The stream event that ends a stream with ``fail``."""
-    return {"type": "error", "status": fail.status, "message": fail.message,
-            "error_type": fail.error_type}
-
-
-def canonical_error_body(fail: Fail) -> dict[str, Any]:
-    """The JSON body of an HTTP error reply."""
-    return {"error": {"message": fail.message, "type": fail.error_type or "error"}}
-
-
-def sse_event(data: Any, event: str | None = None) -> bytes:
-    """One server-sent-event frame."""
-    payload = data if isinstance(data, str) else json.dumps(data)
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
-
-
-def last_user_text(body: dict[str, Any] | None) -> str:
-    """The text of the last user message of a canonical request body."""
-    for message in reversed((body or {}).get("messages", [])):
-        if message.get("role") != "user":
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            return content
-        texts = [b["text"] for b in content or [] if b.get("type") == "text"]
-        if texts:
-            return "".join(texts)
-    return ""
-
-
-def stream_events(turn: Turn, model: str | None) -> list[bytes]:
-    """The SSE frames of a streamed answer, cut by ``turn.error`` when it has one."""
-    events = canonical_events(turn, model)
-    if turn.error is not None:
-        cut = turn.error_after if turn.error_after is not None else len(events)
-        events = [*events[:cut], canonical_error_event(turn.error)]
-    return [sse_event(e) for e in events]
 
 
 ScriptItem = Turn | Fail

@@ -1,12 +1,9 @@
 """``anthropic``: Claude through Anthropic's Messages API (``POST {base}/v1/messages``).
 
-Sans-I/O like every provider module: :meth:`AnthropicAdapter.build_request` turns a
-:class:`~dispatch_nb.adapter.ChatRequest` into the wire body, :class:`_MessageParser` turns the SSE
-events (``message_start`` … ``message_stop``) into deltas through the shared
-:class:`~dispatch_nb.stream.Accumulator`, and a non-streamed body is replayed through the same
-parser, so both paths build the same :class:`~dispatch_nb.types.Response`.
-
-Wire rules this module owns (PROTOCOLS.md §6):
+The provider: endpoint (``ANTHROPIC_BASE_URL``), key (``ANTHROPIC_API_KEY``), ``anthropic-beta``
+headers, model list, token counting and error mapping. The wire format is
+:class:`~dispatch_nb.wire.anthropic.MessagesWire` (:mod:`dispatch_nb.wire.anthropic`), whose rules
+are (PROTOCOLS.md §6):
 
 * ``system`` is top level; ``max_tokens`` is always sent; consecutive messages with the same role are
   merged and empty ones dropped (the API wants alternating, non-empty turns); in a user turn the
@@ -32,7 +29,6 @@ Wire rules this module owns (PROTOCOLS.md §6):
 * ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
   the raw value stays in ``response.provider_data["stop_reason"]``.
 """
-
 from __future__ import annotations
 
 import os
@@ -53,314 +49,23 @@ from ..errors import (
     RequestError,
     error_for_status,
 )
-from ..http_adapter import USER_AGENT, HTTPAdapter, WireRequest, error_details
-from ..sse import ServerSentEvent
-from ..stream import Accumulator
-from ..structured import output_tool_choice, requested_mode, unsupported_mode
-from ..types import (
-    ImageBlock,
-    Message,
-    ModelInfo,
-    RedactedThinkingBlock,
-    StopReason,
-    StreamDelta,
-    TextBlock,
-    ThinkingBlock,
-    ToolDefinition,
-    ToolResultBlock,
-    ToolUseBlock,
-    Usage,
-    as_messages,
+from ..http_adapter import HTTPAdapter, WireRequest, error_details
+from ..structured import requested_mode, unsupported_mode
+from ..types import ModelInfo, as_messages
+from ..wire.anthropic import (
+    DEFAULT_MAX_TOKENS,
+    MESSAGES_OPTIONS,
+    MessagesQuirks,
+    MessagesWire,
+    prompt_fields,
+    wire_messages,
 )
 
 __all__ = ["AnthropicAdapter", "supports_output_config"]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
-DEFAULT_MAX_TOKENS = 4096
 #: context window of every current Claude model (without the 1M-context beta)
 CLAUDE_CONTEXT_TOKENS = 200_000
-#: the key of this wire format's entry in a block's ``provider_data``
-PROVIDER_DATA_KEY = "anthropic"
-
-_STOP_REASONS: dict[str, StopReason] = {
-    "end_turn": "end_turn",
-    "max_tokens": "max_tokens",
-    "stop_sequence": "stop_sequence",
-    "tool_use": "tool_use",
-    "pause_turn": "pause_turn",
-    "refusal": "refusal",
-    "model_context_window_exceeded": "max_tokens",
-}
-
-#: the HTTP status each Anthropic error type stands for (for in-stream ``error`` events)
-_ERROR_STATUS: dict[str, int] = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "billing_error": 402,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "timeout_error": 504,
-    "overloaded_error": 529,
-}
-
-_PASS_THROUGH_OPTIONS = ("top_k", "metadata", "service_tier")
-
-
-def _usage(wire: Mapping[str, Any]) -> Usage:
-    return Usage(
-        input_tokens=int(wire.get("input_tokens") or 0),
-        output_tokens=int(wire.get("output_tokens") or 0),
-        cache_read_tokens=int(wire.get("cache_read_input_tokens") or 0),
-        cache_creation_tokens=int(wire.get("cache_creation_input_tokens") or 0),
-    )
-
-
-#: the fields of each known block type that its canonical block holds (the rest is "extra")
-_KNOWN_FIELDS: dict[str, frozenset[str]] = {
-    "text": frozenset({"type", "text"}),
-    "thinking": frozenset({"type", "thinking", "signature"}),
-    "tool_use": frozenset({"type", "id", "name", "input"}),
-}
-#: extra fields of a known block that go back on the next turn (the request accepts them)
-_SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
-
-
-def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
-    """Merge a ``*_delta`` this module has no rule for into its block, the way such streams build
-    the block (e.g. ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
-    ``content``): a string is appended to the field of the same name, a list field receives the
-    value (or its items), a dict field is updated, anything else is set."""
-    for name, value in delta.items():
-        if name == "type":
-            continue
-        current = block.get(name)
-        if isinstance(value, str) and (current is None or isinstance(current, str)):
-            block[name] = (current or "") + value
-        elif isinstance(current, list):
-            if isinstance(value, list):
-                current.extend(value)
-            else:
-                current.append(value)
-        elif isinstance(current, dict) and isinstance(value, dict):
-            current.update(value)
-        else:
-            block[name] = value
-
-
-def _extra_fields(block: Mapping[str, Any], btype: str) -> dict[str, Any]:
-    """A known block's other fields, empty ones left out (a stream starts a block with them
-    empty, e.g. ``"citations": null``, and fills them with deltas)."""
-    known = _KNOWN_FIELDS[btype]
-    return {k: v for k, v in block.items() if k not in known and v not in (None, "", [], {})}
-
-
-class _MessageParser:
-    """Turns Messages API stream events into deltas; also replays a non-streamed message.
-
-    Every block ends as the non-streamed answer shows it: known deltas are applied explicitly
-    (``text_delta``, ``thinking_delta``, ``signature_delta``, ``input_json_delta``,
-    ``citations_delta``), any other ``*_delta`` is merged into its block by :func:`merge_delta`.
-    Fields of a known block that its canonical block has no place for (``citations``, fields added
-    later) are kept in ``provider_data["anthropic"]["extra"]``."""
-
-    __slots__ = ("_extra", "_kinds", "_raw", "_wire_usage", "acc", "complete")
-
-    def __init__(self, acc: Accumulator) -> None:
-        self.acc = acc
-        self.complete = False
-        self._kinds: dict[int, str] = {}  # block index → text | thinking | tool | raw | ignored
-        self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
-        self._extra: dict[int, dict[str, Any]] = {}  # known blocks' other fields
-        self._wire_usage: dict[str, Any] = {}
-
-    # -- SSE entry points ----------------------------------------------------------------------
-    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
-        if not event.raw.strip():
-            return ()
-        try:
-            data = event.json()
-        except ValueError:
-            return ()  # not JSON: nothing we can use (robust parsing, PROTOCOLS §0)
-        if not isinstance(data, dict):
-            return ()
-        return self.handle(data, event.event)
-
-    def end(self) -> Iterable[StreamDelta]:
-        if not self.complete:
-            raise APIConnectionError(
-                "the Anthropic stream ended before message_stop: the answer is incomplete",
-                provider="anthropic",
-            )
-        return ()
-
-    # -- events ------------------------------------------------------------------------------------
-    def handle(self, data: dict[str, Any], event_name: str | None = None) -> Iterable[StreamDelta]:
-        """Process one event payload; returns the deltas it produced."""
-        kind = data.get("type") or event_name
-        if kind == "content_block_delta":
-            return self._delta(int(data.get("index", 0)), data.get("delta") or {})
-        if kind == "content_block_start":
-            return self._start(int(data.get("index", 0)), data.get("content_block") or {})
-        if kind == "content_block_stop":
-            return self._stop(int(data.get("index", 0)))
-        if kind == "message_start":
-            self._message(data.get("message") or {})
-        elif kind == "message_delta":
-            delta = data.get("delta") or {}
-            self._stop_reason(delta.get("stop_reason"), delta.get("stop_sequence"))
-            self._update_usage(data.get("usage"))
-        elif kind == "message_stop":
-            self.complete = True
-        elif kind == "error":
-            raise self._error(data.get("error") or {})
-        # ping and event types added later are ignored (the docs say new ones may appear)
-        return ()
-
-    def _message(self, message: Mapping[str, Any]) -> None:
-        acc = self.acc
-        if message.get("model"):
-            acc.model = str(message["model"])
-        if message.get("id"):
-            acc.provider_data = {**(acc.provider_data or {}), "id": message["id"]}
-        self._update_usage(message.get("usage"))
-        if message.get("stop_reason"):
-            self._stop_reason(message["stop_reason"], message.get("stop_sequence"))
-
-    def _update_usage(self, usage: Any) -> None:
-        if not isinstance(usage, dict):
-            return
-        # Cumulative: a later value replaces an earlier one; nothing is added up.
-        self._wire_usage.update({k: v for k, v in usage.items() if isinstance(v, int)})
-        self.acc.usage = _usage(self._wire_usage)
-
-    def _stop_reason(self, reason: Any, stop_sequence: Any) -> None:
-        if not reason:
-            return
-        acc = self.acc
-        acc.stop_reason = _STOP_REASONS.get(str(reason))
-        extra: dict[str, Any] = {}
-        if acc.stop_reason != reason:
-            extra["stop_reason"] = reason
-        if stop_sequence is not None:
-            extra["stop_sequence"] = stop_sequence
-        if extra:
-            acc.provider_data = {**(acc.provider_data or {}), **extra}
-
-    def _error(self, error: Mapping[str, Any]) -> DispatchError:
-        etype = str(error.get("type") or "api_error")
-        details = error.get("details")
-        if isinstance(details, dict) and isinstance(details.get("error_code"), str):
-            etype = details["error_code"]
-        message = str(error.get("message") or etype)
-        status = _ERROR_STATUS.get(str(error.get("type")), 500)
-        return error_for_status(status, message, provider="anthropic", error_type=etype)
-
-    # -- content blocks ----------------------------------------------------------------------------
-    def _start(self, index: int, block: dict[str, Any]) -> Iterable[StreamDelta]:
-        acc = self.acc
-        btype = block.get("type")
-        if btype in _KNOWN_FIELDS:
-            self._extra[index] = _extra_fields(block, str(btype))
-        if btype == "text":
-            self._kinds[index] = "text"
-            text = block.get("text") or ""
-            return (acc.text(text, key=index),) if text else ()
-        if btype == "thinking":
-            self._kinds[index] = "thinking"
-            out: list[StreamDelta] = []
-            if block.get("thinking"):
-                out.append(acc.thinking(block["thinking"], key=index))
-            if block.get("signature"):
-                acc.signature(block["signature"], key=index)
-            return out
-        if btype == "redacted_thinking":
-            self._kinds[index] = "ignored"
-            acc.redacted_thinking(str(block.get("data", "")))
-            return ()
-        if btype == "tool_use":
-            self._kinds[index] = "tool"
-            start = acc.tool_start(index, str(block.get("id", "")), str(block.get("name", "")))
-            given = block.get("input")
-            if isinstance(given, dict) and given:
-                self._raw[index] = (given, [])  # a non-streamed body: arguments arrive whole
-            return (start,)
-        self._kinds[index] = "raw"
-        self._raw[index] = (dict(block), [])
-        return ()
-
-    def _delta(self, index: int, delta: Mapping[str, Any]) -> Iterable[StreamDelta]:
-        acc = self.acc
-        dtype = delta.get("type")
-        kind = self._kinds.get(index)
-        if dtype == "text_delta":
-            return (acc.text(str(delta.get("text", "")), key=index),)
-        if dtype == "thinking_delta":
-            return (acc.thinking(str(delta.get("thinking", "")), key=index),)
-        if dtype == "signature_delta":
-            acc.signature(str(delta.get("signature", "")), key=index)
-            return ()
-        if dtype == "input_json_delta":
-            fragment = str(delta.get("partial_json", ""))
-            if kind == "tool":
-                return (acc.tool_delta(index, fragment),) if fragment else ()
-            if kind == "raw":
-                self._raw[index][1].append(fragment)
-            return ()
-        # Nothing to show, but the block must end as the non-streamed answer has it.
-        target = self._raw[index][0] if kind == "raw" else self._extra.get(index)
-        if target is None:
-            return ()
-        if dtype == "citations_delta" and "citation" in delta:
-            target.setdefault("citations", []).append(delta["citation"])
-        else:
-            merge_delta(target, delta)
-        return ()
-
-    def _stop(self, index: int) -> Iterable[StreamDelta]:
-        kind = self._kinds.pop(index, None)
-        extra = self._extra.pop(index, None)
-        ours = {PROVIDER_DATA_KEY: {"extra": extra}} if extra else None
-        if kind == "text" and ours:
-            self.acc.text_provider_data(ours, key=index)
-        elif kind == "thinking" and ours:
-            self.acc.thinking_provider_data(ours, key=index)
-        if kind == "tool":
-            given = self._raw.pop(index, None)
-            tool = self.acc.tool(index)
-            if tool is not None and ours:
-                tool.provider_data = ours
-            if given is not None and tool is not None and not tool.parts:
-                return (self.acc.tool_end(index, arguments=given[0]),)
-            return (self.acc.tool_end(index),)  # "" parses as {}
-        if kind == "raw":
-            block, parts = self._raw.pop(index)
-            if parts:
-                raw = "".join(parts)
-                try:
-                    block["input"] = orjson.loads(raw) if raw.strip() else {}
-                except orjson.JSONDecodeError:
-                    block["input"] = {}
-            self.acc.add_block(
-                TextBlock(text="", provider_data={PROVIDER_DATA_KEY: {"block": block}})
-            )
-        return ()
-
-    # -- a whole (non-streamed) message -------------------------------------------------------
-    def replay(self, message: Mapping[str, Any]) -> None:
-        """Fill the accumulator from a complete ``message`` object, as if it had streamed."""
-        if message.get("type") == "error":
-            raise self._error(message.get("error") or {})
-        self._message({k: v for k, v in message.items() if k not in ("content", "stop_reason")})
-        for index, block in enumerate(message.get("content") or []):
-            if not isinstance(block, dict):
-                continue
-            self._start(index, block)
-            self._stop(index)
-        self._stop_reason(message.get("stop_reason"), message.get("stop_sequence"))
-        self.complete = True
 
 
 class AnthropicAdapter(HTTPAdapter):
@@ -378,7 +83,8 @@ class AnthropicAdapter(HTTPAdapter):
     server (a proxy, an older gateway) that does not take ``output_config``.
     """
 
-    provider_options = frozenset({"thinking", "stop_sequences", "betas", *_PASS_THROUGH_OPTIONS})
+    provider_options = MESSAGES_OPTIONS
+    wire: MessagesWire
 
     def __init__(
         self,
@@ -415,6 +121,10 @@ class AnthropicAdapter(HTTPAdapter):
         self._model = model
         self._api_key = api_key
         self._betas = list(betas or [])
+        #: the wire format: Anthropic's Messages API (``max_tokens`` defaults to this adapter's)
+        self.wire = MessagesWire(
+            "anthropic", MessagesQuirks(default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS)
+        )
         #: how ``output=`` is asked for: ``auto``, ``native`` (``output_config``), ``tool`` (a
         #: forced tool, for models and servers without ``output_config``) or ``prompt``
         self.structured_output = structured_output
@@ -440,7 +150,8 @@ class AnthropicAdapter(HTTPAdapter):
     # -- auth ----------------------------------------------------------------------------------
     def auth_headers(self) -> dict[str, str]:
         """``x-api-key``; raises :class:`AuthenticationError` when there is no key at all."""
-        if "x-api-key" in self._extra_headers or "authorization" in self._extra_headers:
+        fixed = self.fixed_headers
+        if "x-api-key" in fixed or "authorization" in fixed:
             return {}
         key = self._api_key or os.environ.get("ANTHROPIC_API_KEY")
         if not key:
@@ -485,83 +196,11 @@ class AnthropicAdapter(HTTPAdapter):
         raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
 
     def build_request(self, request: ChatRequest) -> WireRequest:
-        options = request.options
-        body: dict[str, Any] = {
-            "model": self._model,
-            "max_tokens": request.max_tokens or self.default_max_tokens or DEFAULT_MAX_TOKENS,
-            "messages": wire_messages(request.messages),
-        }
-        mode = self.output_mode(request)
-        system, tools = request.system, request.tools
-        if request.output is not None and mode == "tool":
-            thinking = options.get("thinking")
-            thinking_on = thinking not in (None, False) and not (
-                isinstance(thinking, dict) and thinking.get("type") == "disabled"
-            )
-            options = {**options,
-                       "tool_choice": output_tool_choice(request, can_force=not thinking_on)}
-            tools = [*tools, request.output.tool_definition()]
-            if thinking_on:
-                note = request.output.tool_instructions()
-                system = f"{system}\n\n{note}" if system else note
-        body.update(self._prompt_fields(system, tools, options))
-        if request.output is not None and mode == "output_config":
-            body["output_config"] = {
-                "format": {"type": "json_schema", "schema": request.output.anthropic_schema()}
-            }
-        if request.stream:
-            body["stream"] = True
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        if options.get("top_p") is not None:
-            body["top_p"] = options["top_p"]
-        stops = options.get("stop_sequences", options.get("stop"))
-        if stops:
-            body["stop_sequences"] = [stops] if isinstance(stops, str) else list(stops)
-        for name in _PASS_THROUGH_OPTIONS:
-            if options.get(name) is not None:
-                body[name] = options[name]
-        return WireRequest(
-            "POST", "v1/messages", json=body, headers=self._beta_header(options.get("betas"))
+        """The Messages request (:attr:`wire`), with the ``anthropic-beta`` header."""
+        return self.wire.wire_request(
+            request, self._model, output_mode=self.output_mode(request),
+            headers=self._beta_header(request.options.get("betas")),
         )
-
-    def _prompt_fields(
-        self, system: str | None, tools: Sequence[Any], options: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """``system``, ``tools``, ``tool_choice`` and ``thinking``: shared with count_tokens."""
-        out: dict[str, Any] = {}
-        if system:
-            out["system"] = system
-        if tools:
-            out["tools"] = [wire_tool(t) for t in tools]
-        choice = options.get("tool_choice")
-        if choice is not None:
-            out["tool_choice"] = wire_tool_choice(choice)
-        thinking = options.get("thinking")
-        if thinking is not None and thinking is not False:
-            if isinstance(thinking, bool) or not isinstance(thinking, (int, dict)):
-                raise TypeError(
-                    "thinking must be a dict such as {'type': 'enabled', 'budget_tokens': 2048} "
-                    f"or a budget in tokens, not {thinking!r}"
-                )
-            out["thinking"] = (
-                {"type": "enabled", "budget_tokens": thinking}
-                if isinstance(thinking, int)
-                else thinking
-            )
-        return out
-
-    # -- answers -------------------------------------------------------------------------------
-    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> _MessageParser:
-        return _MessageParser(acc)
-
-    def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        if not isinstance(body, dict):
-            raise APIConnectionError(
-                f"Anthropic answered with something that is not a message: {str(body)[:200]!r}",
-                provider=self.provider_name,
-            )
-        _MessageParser(acc).replay(body)
 
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
         message, etype = error_details(body)
@@ -614,20 +253,11 @@ class AnthropicAdapter(HTTPAdapter):
             "model": self._model,
             "messages": wire_messages(as_messages(messages)),
         }
-        body.update(self._prompt_fields(system, normalize_tools(tools), {}))
-        headers = {
-            "user-agent": USER_AGENT,
-            "accept": "application/json",
-            "content-type": "application/json",
-            **self._extra_headers,
-            **self.auth_headers(),
-            **self._beta_header(),
-        }
+        body.update(prompt_fields(system, normalize_tools(tools), {}))
         try:
-            response = self._client().post(
-                self._url("v1/messages/count_tokens"), headers=headers, content=orjson.dumps(body)
-            )
-        except httpx.HTTPError:
+            response = self.post_json("v1/messages/count_tokens", body,
+                                      headers=self._beta_header())
+        except APIConnectionError:
             return -1
         if response.status_code >= 400:
             error = self.parse_error(response.status_code, response.content, response.headers)
@@ -684,120 +314,3 @@ def _model_info(data: Mapping[str, Any]) -> ModelInfo:
         max_output_tokens=data.get("max_tokens"),
         **extra,
     )
-
-
-# -- canonical → wire ------------------------------------------------------------------------------
-def wire_tool(tool: ToolDefinition | dict[str, Any]) -> dict[str, Any]:
-    """A tool definition in Anthropic's shape; raw dicts (built-in tools) pass through."""
-    if isinstance(tool, dict):
-        return tool
-    out: dict[str, Any] = {"name": tool.name, "input_schema": tool.parameters}
-    if tool.description:
-        out["description"] = tool.description
-    return out
-
-
-def wire_tool_choice(choice: Any) -> dict[str, Any]:
-    """Neutral ``tool_choice`` → Anthropic's: ``auto``, ``none``, ``required`` (``any``) or a
-    tool name; dicts in Anthropic's own shape (or OpenAI's function shape) are accepted too."""
-    if isinstance(choice, dict):
-        if choice.get("type") == "function":
-            name = (choice.get("function") or {}).get("name") or choice.get("name")
-            return {"type": "tool", "name": name}
-        return choice
-    if not isinstance(choice, str) or not choice:
-        raise TypeError(f"tool_choice must be a string or a dict, not {choice!r}")
-    if choice in ("auto", "none", "any"):
-        return {"type": choice}
-    if choice == "required":
-        return {"type": "any"}
-    return {"type": "tool", "name": choice}
-
-
-def _our_data(block: Any) -> dict[str, Any]:
-    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-    return data if isinstance(data, dict) else {}
-
-
-def _foreign(block: Any) -> bool:
-    """Whether the block carries another wire format's opaque data (and none of ours)."""
-    data = block.provider_data
-    return bool(data) and PROVIDER_DATA_KEY not in data
-
-
-def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
-    cache_control = _our_data(block).get("cache_control")
-    if cache_control is not None:
-        out["cache_control"] = cache_control
-    return out
-
-
-def wire_block(block: Any) -> dict[str, Any] | None:
-    """One canonical block in Anthropic's shape, or None when it must not be sent."""
-    raw = _our_data(block).get("block")
-    if isinstance(raw, dict):
-        return dict(raw)
-    if isinstance(block, TextBlock):
-        if not block.text:
-            return None  # the API rejects empty text blocks
-        text: dict[str, Any] = {"type": "text", "text": block.text}
-        extra = _our_data(block).get("extra")
-        if isinstance(extra, dict):
-            text.update({k: v for k, v in extra.items() if k in _SENT_EXTRA["text"]})
-        return _with_cache_control(text, block)
-    if isinstance(block, ThinkingBlock):
-        if not block.signature or _foreign(block):
-            return None  # reasoning Anthropic did not sign cannot be verified: leave it out
-        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
-    if isinstance(block, RedactedThinkingBlock):
-        if _foreign(block):
-            return None
-        return {"type": "redacted_thinking", "data": block.data}
-    if isinstance(block, ToolUseBlock):
-        return _with_cache_control(
-            {"type": "tool_use", "id": block.id, "name": block.name, "input": block.arguments},
-            block,
-        )
-    if isinstance(block, ToolResultBlock):
-        content: str | list[dict[str, Any]]
-        if isinstance(block.content, str):
-            content = block.content
-        else:
-            content = [{"type": "text", "text": b.text} for b in block.content if b.text]
-        out: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": block.tool_use_id,
-            "content": content,
-        }
-        if block.is_error:
-            out["is_error"] = True
-        return _with_cache_control(out, block)
-    if isinstance(block, ImageBlock):
-        if block.is_url:
-            source: dict[str, Any] = {"type": "url", "url": block.source}
-        else:
-            media_type, payload = block.as_base64()
-            source = {"type": "base64", "media_type": media_type, "data": payload}
-        return _with_cache_control({"type": "image", "source": source}, block)
-    raise TypeError(f"Anthropic cannot send a {type(block).__name__}")
-
-
-def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """Canonical history → Anthropic ``messages``: blocks converted, empty turns dropped,
-    consecutive same-role turns merged, tool results first in each user turn."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        blocks = [w for w in (wire_block(b) for b in message.blocks) if w is not None]
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == message.role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": message.role, "content": blocks})
-    for turn in out:
-        if turn["role"] == "user":
-            content = turn["content"]
-            turn["content"] = [b for b in content if b.get("type") == "tool_result"] + [
-                b for b in content if b.get("type") != "tool_result"
-            ]
-    return out

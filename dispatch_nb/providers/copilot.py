@@ -24,24 +24,32 @@ one listed), and an unknown model name becomes a
 shows what the editors' model pickers show (``model_picker_enabled``, ``capabilities.type ==
 "chat"``, policy enabled or absent), with the premium-request multiplier of each.
 
-**Requests**: chat.completions through :mod:`.openai_chat` (Copilot's stream quirks included:
+**Requests**: a wire format per model (:data:`COPILOT_WIRES`; the request names the one it was built
+with, and its answer is read with that one). chat.completions through
+:class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire` with :data:`COPILOT_CHAT_QUIRKS`
+(Copilot's stream quirks included:
 empty-choices first chunks, Claude's reused tool-call index, text and tools in different choices,
 ``stop`` with tool calls, usage on any chunk); Claude's ``reasoning_text`` / ``reasoning_opaque``
 become a :class:`~dispatch_nb.types.ThinkingBlock` (``signature`` = the opaque value, provider data
 ``{"openai_chat": {"field": "reasoning_text", "provider": "copilot"}}``) that is sent back on the
 next assistant message — only thinking marked as Copilot's is. ``/responses`` models go through
-:mod:`.openai_responses`. Headers: ``Authorization: Bearer <Copilot token>``,
+:class:`~dispatch_nb.wire.responses.ResponsesWire`. Headers: ``Authorization: Bearer <Copilot token>``,
 ``Copilot-Integration-Id``, ``Editor-Version``, ``Editor-Plugin-Version``, ``User-Agent``,
 ``OpenAI-Intent``, ``X-GitHub-Api-Version``, a fresh ``X-Request-Id`` per request,
 ``X-Initiator: user`` for a turn the user typed and ``agent`` when the last message is anything else
 (tool results: proxies count only user turns as premium requests; the ``initiator`` option
 overrides it), and ``Copilot-Vision-Request: true`` when a message holds an image.
 
-**Errors** (PROTOCOLS.md §3.6): 401/403 → a new Copilot token and one retry, then
-:class:`~dispatch_nb.errors.AuthenticationError`; 402 → :class:`~dispatch_nb.errors.RateLimitError`
-with code ``quota_exceeded`` (not retried; the message says when the quota resets when GitHub
-says); 429 → ``RateLimitError`` with ``retry_after``; 466 (client too old), 422 (content filter),
-400 → :class:`~dispatch_nb.errors.RequestError`; 5xx → :class:`~dispatch_nb.errors.ServerError`
+The model catalogue (which models, which endpoint, limits) is :mod:`.copilot_models`; the error
+table :mod:`.copilot_errors`; this module is the provider: endpoint, login and token, model list,
+headers, defaults.
+
+**Errors** (PROTOCOLS.md §3.6, :func:`~dispatch_nb.providers.copilot_errors.copilot_error`):
+401/403 → a new Copilot token and one retry, then :class:`~dispatch_nb.errors.AuthenticationError`;
+402 → :class:`~dispatch_nb.errors.RateLimitError` with code ``quota_exceeded`` (not retried; the
+message says when the quota resets when GitHub says); 429 → ``RateLimitError`` with
+``retry_after``; 466 (client too old), 422 (content filter), 400 →
+:class:`~dispatch_nb.errors.RequestError`; 5xx → :class:`~dispatch_nb.errors.ServerError`
 (retried). Token-exchange problems (``no_copilot_access``...) come from the token manager. No
 GitHub or Copilot token ever appears in a repr, a log record or an exception message.
 """
@@ -50,17 +58,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime as _dt
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import httpx
-import orjson
 
 from ..adapter import ChatRequest, ValidationResult
 from ..auth import (
@@ -83,34 +89,41 @@ from ..errors import (
     AuthenticationError,
     DispatchError,
     ModelUnavailableError,
-    RateLimitError,
     RequestError,
     ServerError,
-    error_for_status,
-    parse_retry_after,
 )
-from ..http_adapter import HTTPAdapter, StreamParser, WireRequest, error_details
+from ..http_adapter import HTTPAdapter, WireRequest
 from ..stream import Accumulator
 from ..structured import requested_mode, unsupported_mode
 from ..types import ImageBlock, Message, ModelInfo, StreamDelta, TextBlock
-from .openai_chat import (
+from ..wire.chat_completions import (
     CHAT_OPTIONS,
     REASONING_FIELDS,
-    ChatStreamParser,
-    build_chat_body,
-    parse_chat_completion,
+    ChatCompletionsWire,
+    ChatQuirks,
 )
-from .openai_responses import (
-    RESPONSES_OPTIONS,
-    ResponsesStreamParser,
-    build_responses_body,
-    parse_response_object,
+from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
+from .copilot_errors import copilot_error
+from .copilot_models import (
+    FALLBACK_CONTEXT_TOKENS,
+    Route,
+    copilot_endpoint,
+    copilot_model_info,
+    fallback_context_tokens,
+    find_entry,
+    is_openai_model,
+    is_picker_model,
+    model_entries,
+    output_limit,
+    picker_models,
 )
 
 __all__ = [
     "COPILOT_API_VERSION",
+    "COPILOT_CHAT_QUIRKS",
     "COPILOT_INTEGRATION_ID",
     "COPILOT_OPTIONS",
+    "COPILOT_WIRES",
     "FALLBACK_CONTEXT_TOKENS",
     "NOT_SIGNED_IN",
     "CopilotAdapter",
@@ -139,141 +152,25 @@ NOT_SIGNED_IN = "not signed in to GitHub Copilot: run `python -m dispatch_nb log
 #: per-call options: the chat.completions and Responses ones, plus ``initiator`` ("user"/"agent")
 COPILOT_OPTIONS = frozenset(CHAT_OPTIONS | RESPONSES_OPTIONS | {"initiator"})
 
-#: Approximate context windows (tokens) by model-name prefix, longest prefix first; used only
-#: while the model list is unknown (offline, or before the first call).
-FALLBACK_CONTEXT_TOKENS: tuple[tuple[str, int], ...] = (
-    ("gpt-4.1", 128_000),
-    ("gpt-4o", 128_000),
-    ("gpt-5", 128_000),
-    ("o1", 200_000),
-    ("o3", 200_000),
-    ("o4", 200_000),
-    ("claude", 200_000),
-    ("gemini", 128_000),
-    ("grok", 128_000),
-)
-
 #: Copilot's chat stream carries reasoning in these delta fields (Claude: ``reasoning_text``).
 COPILOT_REASONING_FIELDS: tuple[str, ...] = (*REASONING_FIELDS, "cot_summary")
 
-Route = Literal["chat/completions", "responses"]
-_CHAT_PATH: Route = "chat/completions"
-_RESPONSES_PATH: Route = "responses"
-
-_LOGIN_HINT = "`python -m dispatch_nb login` or `%chat login`"
-_PLANS_URL = "https://github.com/features/copilot/plans"
+#: How Copilot's ``/chat/completions`` differs from plain chat.completions: Claude's
+#: ``reasoning_text`` / ``reasoning_opaque`` (and ``cot_summary``) are read as thinking marked as
+#: Copilot's, and sent back on the next assistant message — only thinking marked so.
+COPILOT_CHAT_QUIRKS = ChatQuirks(
+    echo_reasoning=True, reasoning_provider=PROVIDER, reasoning_fields=COPILOT_REASONING_FIELDS
+)
+#: The two wire formats Copilot speaks, chosen per model (:func:`copilot_endpoint`).
+COPILOT_WIRES: dict[Route, ChatCompletionsWire | ResponsesWire] = {
+    "chat/completions": ChatCompletionsWire(PROVIDER, COPILOT_CHAT_QUIRKS),
+    "responses": ResponsesWire(PROVIDER),
+}
 
 _EDITOR_HEADERS_LOWER = {k.lower(): v for k, v in EDITOR_HEADERS.items()}
 
 
 # -- sans-I/O helpers ------------------------------------------------------------------------------
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return int(value) if value > 0 else None
-
-
-def _output_limit(entry: Mapping[str, Any] | None) -> int | None:
-    limits = _dict(_dict(_dict(entry).get("capabilities")).get("limits"))
-    return _int(limits.get("max_output_tokens"))
-
-
-def is_picker_model(entry: Mapping[str, Any]) -> bool:
-    """Whether editors show this ``/models`` entry in their model picker (zed's and
-    CopilotChat.nvim's rule): ``model_picker_enabled``, ``capabilities.type == "chat"``, and a
-    ``policy`` that is absent or ``enabled``."""
-    if entry.get("model_picker_enabled") is not True:
-        return False
-    if _dict(entry.get("capabilities")).get("type") != "chat":
-        return False
-    policy = entry.get("policy")
-    return policy is None or _dict(policy).get("state") == "enabled"
-
-
-def copilot_model_info(entry: Mapping[str, Any]) -> ModelInfo | None:
-    """One ``GET /models`` entry → :class:`ModelInfo` (None for an entry without an id).
-
-    ``max_context_tokens`` is ``limits.max_context_window_tokens``; ``premium_multiplier`` is
-    ``billing.multiplier`` (0 for models that cost no premium requests); ``endpoints`` is
-    ``supported_endpoints``. Extras: ``max_prompt_tokens``, ``family``, ``preview``,
-    ``model_picker_enabled``, ``policy_state``, ``supports_thinking``, ``reasoning_effort``.
-    """
-    model_id = entry.get("id")
-    if not isinstance(model_id, str) or not model_id:
-        return None
-    caps = _dict(entry.get("capabilities"))
-    limits = _dict(caps.get("limits"))
-    supports = _dict(caps.get("supports"))
-    billing = _dict(entry.get("billing"))
-    prompt = _int(limits.get("max_prompt_tokens"))
-    output = _int(limits.get("max_output_tokens"))
-    context = _int(limits.get("max_context_window_tokens"))
-    if context is None and prompt is not None:
-        context = prompt + (output or 0)
-    multiplier: float | None = None
-    raw_multiplier = billing.get("multiplier")
-    if isinstance(raw_multiplier, (int, float)) and not isinstance(raw_multiplier, bool):
-        multiplier = float(raw_multiplier)
-    elif billing.get("is_premium") is False:
-        multiplier = 0.0
-    endpoints = [e for e in entry.get("supported_endpoints") or [] if isinstance(e, str)]
-    extra: dict[str, Any] = {
-        "max_prompt_tokens": prompt,
-        "family": caps.get("family") if isinstance(caps.get("family"), str) else None,
-        "preview": bool(entry.get("preview", False)),
-        "model_picker_enabled": bool(entry.get("model_picker_enabled", False)),
-        "policy_state": _dict(entry.get("policy")).get("state"),
-        "supports_thinking": bool(supports.get("thinking", False)),
-    }
-    effort = supports.get("reasoning_effort")
-    if isinstance(effort, list):
-        extra["reasoning_effort"] = [e for e in effort if isinstance(e, str)]
-    vendor = entry.get("vendor")
-    name = entry.get("name")
-    return ModelInfo(
-        id=model_id,
-        name=name if isinstance(name, str) and name else model_id,
-        max_context_tokens=context,
-        supports_vision=bool(supports.get("vision", False)),
-        supports_tool_use=bool(supports.get("tool_calls", False)),
-        supports_streaming=bool(supports.get("streaming", True)),
-        max_output_tokens=output,
-        vendor=vendor if isinstance(vendor, str) else None,
-        premium_multiplier=multiplier,
-        endpoints=endpoints,
-        **extra,
-    )
-
-
-def copilot_endpoint(entry: Mapping[str, Any] | None, model: str) -> Route:
-    """Where a model is spoken to: ``responses`` when its ``supported_endpoints`` list
-    ``/responses`` but not ``/chat/completions`` (VS Code's rule), else ``chat/completions``.
-    Without an entry (the model list is unavailable) Codex models go to ``responses``."""
-    if entry is None:
-        return _RESPONSES_PATH if "codex" in model.lower() else _CHAT_PATH
-    endpoints = entry.get("supported_endpoints")
-    if (
-        isinstance(endpoints, list)
-        and "/chat/completions" not in endpoints
-        and "/responses" in endpoints
-    ):
-        return _RESPONSES_PATH
-    return _CHAT_PATH
-
-
-def fallback_context_tokens(model: str) -> int | None:
-    """The built-in, approximate context window for ``model`` (None when unknown)."""
-    name = model.lower()
-    for prefix, tokens in FALLBACK_CONTEXT_TOKENS:
-        if name.startswith(prefix):
-            return tokens
-    return None
-
-
 def has_images(messages: Sequence[Message]) -> bool:
     """Whether any message holds an image (then Copilot wants ``Copilot-Vision-Request``)."""
     return any(
@@ -298,158 +195,6 @@ def initiator_for(messages: Sequence[Message]) -> Literal["user", "agent"]:
     if blocks and all(isinstance(b, (TextBlock, ImageBlock)) for b in blocks):
         return "user"
     return "agent"
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _in_words(seconds: float) -> str:
-    if seconds < 90:
-        return f"{max(1, round(seconds))} seconds"
-    if seconds < 90 * 60:
-        return f"{round(seconds / 60)} minutes"
-    if seconds < 48 * 3600:
-        return f"{round(seconds / 3600)} hours"
-    return f"{round(seconds / 86400)} days"
-
-
-def _when(seconds: float) -> str:
-    at = _dt.datetime.now().astimezone() + _dt.timedelta(seconds=seconds)
-    return f"in {_in_words(seconds)} ({at:%Y-%m-%d %H:%M %Z})"
-
-
-def copilot_error(
-    status: int,
-    body: bytes,
-    headers: Mapping[str, str],
-    *,
-    available: Sequence[str] = (),
-) -> DispatchError:
-    """The :class:`DispatchError` for an HTTP error from the Copilot API (PROTOCOLS.md §3.6).
-
-    (A 401/403 that a new Copilot token may cure gets here only after
-    :class:`~dispatch_nb.auth.CopilotAuth` refreshed the token and resent once.)
-    ``available`` (model ids) decorates a "model not found" error.
-    """
-    message, etype = error_details(body)
-    data = _json_object(body)
-    inner = _dict(data.get("error")) or data
-    request_id = headers.get("x-request-id") or headers.get("x-github-request-id")
-    kw: dict[str, Any] = {
-        "status_code": status,
-        "provider": PROVIDER,
-        "request_id": request_id,
-        "provider_code": etype,
-    }
-    retry_after = parse_retry_after(headers)
-    if status in (401, 403):
-        authorize_url = inner.get("authorize_url") or data.get("authorize_url")
-        if isinstance(authorize_url, str) and authorize_url:
-            return AuthenticationError(
-                f"GitHub Copilot needs you to authorize this first: open {authorize_url} "
-                f"(GitHub says: {message})",
-                **kw,
-            )
-        return AuthenticationError(f"GitHub Copilot rejected the request: {message}", **kw)
-    quota_codes = ("quota_exceeded", "free_quota_exceeded", "overage_limit_reached",
-                   "billing_not_configured")
-    if status == 402 or (etype or "").split(":")[0] in quota_codes:
-        text = (
-            "GitHub Copilot quota exceeded: this account has used up its premium requests "
-            "(or its Copilot Free allowance) for now"
-        )
-        text += f"; the quota resets {_when(retry_after)}." if retry_after else "."
-        text += (
-            f" GitHub says: {message}. Models with a premium multiplier of 0 (see "
-            f"list_models()) keep working; more requests: {_PLANS_URL}."
-        )
-        return RateLimitError(
-            text, retry_after=retry_after, code="quota_exceeded", retryable=False, **kw
-        )
-    if status == 429:
-        limit = headers.get("x-ratelimit-exceeded")
-        if etype == "extension_blocked":
-            return RateLimitError(
-                f"GitHub Copilot has blocked this client (extension_blocked): {message}",
-                retry_after=retry_after,
-                retryable=False,
-                **kw,
-            )
-        text = f"GitHub Copilot rate limit: {message}"
-        if limit:
-            text += f" (limit: {limit})"
-        if retry_after:
-            text += f"; retry {_when(retry_after)}"
-        return RateLimitError(text, retry_after=retry_after, **kw)
-    if status == 466:
-        return RequestError(
-            f"GitHub Copilot no longer accepts this client version (HTTP 466: {message}). "
-            f"dispatch_nb identifies itself as {EDITOR_HEADERS['Editor-Version']} / "
-            f"{EDITOR_HEADERS['Editor-Plugin-Version']}; update dispatch_nb "
-            "(`pip install -U dispatch_nb`).",
-            code="client_not_supported",
-            **kw,
-        )
-    if status == 422:
-        return RequestError(
-            f"GitHub Copilot's content filter blocked this request: {message}",
-            code="content_filter",
-            **kw,
-        )
-    if status == 400 and "off_topic" in message:
-        return RequestError(
-            "GitHub Copilot refused the prompt as off topic (its intent filter). Rephrase it.",
-            code="content_filter",
-            **kw,
-        )
-    if status == 499:
-        return ServerError(f"GitHub Copilot cancelled the request: {message}", **kw)
-    error = error_for_status(
-        status,
-        message,
-        provider=PROVIDER,
-        error_type=etype,
-        headers=headers,
-        request_id=request_id,
-    )
-    if isinstance(error, ModelUnavailableError) and available:
-        error.available = list(available)
-        error.message = f"{error.message} (available: {', '.join(available)})"
-        error.args = (error.message,)
-    return error
-
-
-# -- the parsers of the two routes ------------------------------------------------------------------
-def _chat_parser(acc: Accumulator) -> StreamParser:
-    return ChatStreamParser(
-        acc,
-        provider=PROVIDER,
-        reasoning_fields=COPILOT_REASONING_FIELDS,
-        reasoning_provider=PROVIDER,
-    )
-
-
-def _responses_parser(acc: Accumulator) -> StreamParser:
-    return ResponsesStreamParser(acc, provider=PROVIDER)
-
-
-def _chat_body(body: Any, acc: Accumulator) -> None:
-    parse_chat_completion(
-        body,
-        acc,
-        provider=PROVIDER,
-        reasoning_fields=COPILOT_REASONING_FIELDS,
-        reasoning_provider=PROVIDER,
-    )
-
-
-def _responses_body(body: Any, acc: Accumulator) -> None:
-    parse_response_object(body, acc, provider=PROVIDER)
 
 
 # -- the adapter -----------------------------------------------------------------------------------
@@ -676,18 +421,21 @@ class CopilotAdapter(HTTPAdapter):
         return self._auth
 
     # -- requests (sans-I/O) ---------------------------------------------------------------------
-    def _route(self) -> Route:
+    @property
+    def route(self) -> Route:
+        """Where this model is spoken to: ``chat/completions`` or ``responses`` (from its model
+        list entry once read, else by its name — :func:`copilot_endpoint`)."""
         return copilot_endpoint(self._entry, self._model)
+
+    @property
+    def wire(self) -> ChatCompletionsWire | ResponsesWire:  # type: ignore[override]
+        """The wire format of this model's route (:data:`COPILOT_WIRES`); each request carries
+        the one it was built with, and its answer is read with that one."""
+        return COPILOT_WIRES[self.route]
 
     @staticmethod
     def _backend_for(route: Route) -> str:
-        return "responses" if route == _RESPONSES_PATH else "chat"
-
-    def _openai_model(self) -> bool:
-        vendor = _dict(self._entry).get("vendor")
-        if isinstance(vendor, str) and vendor:
-            return vendor.lower() in ("openai", "azure openai")
-        return self._model.lower().startswith(("gpt-", "o1", "o3", "o4", "chatgpt-"))
+        return "responses" if route == "responses" else "chat"
 
     def output_mode(self, request: ChatRequest) -> str | None:
         """Structured output on the wire: ``text.format`` for models on ``/responses``;
@@ -697,25 +445,27 @@ class CopilotAdapter(HTTPAdapter):
         if request.output is None:
             return None
         mode = requested_mode(self, request)
-        responses = self._route() == _RESPONSES_PATH
+        wire = self.wire
         if mode == "auto":
-            if responses:
-                return "text.format"
-            return "response_format" if self._openai_model() else "tool"
+            if wire.native_output == "text.format" or is_openai_model(self._entry, self._model):
+                return wire.native_output
+            return "tool"
         if mode == "native":
-            return "text.format" if responses else "response_format"
-        if mode in ("tool", "prompt") or (mode == "json_object" and not responses):
+            return wire.native_output
+        if mode in wire.output_modes:
             return mode
         raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
 
     def build_request(self, request: ChatRequest) -> WireRequest:
+        """The model's wire format's request, with Copilot's per-request headers and the
+        adapter's default ``max_tokens`` kept within the model's output limit."""
         initiator = request.options.get("initiator") or initiator_for(request.messages)
         if initiator not in ("user", "agent"):
             raise ValueError(f"initiator must be 'user' or 'agent', not {initiator!r}")
         headers = {"x-request-id": str(uuid.uuid4()), "x-initiator": initiator}
         if has_images(request.messages):
             headers["copilot-vision-request"] = "true"
-        limit = _output_limit(self._entry)
+        limit = output_limit(self._entry)
         if (
             limit is not None
             and request.max_tokens is not None
@@ -724,64 +474,34 @@ class CopilotAdapter(HTTPAdapter):
         ):
             # the adapter's default, not the caller's choice: keep within what the model allows
             request = dataclasses.replace(request, max_tokens=limit)
-        route = self._route()
-        mode = self.output_mode(request)
-        if route == _RESPONSES_PATH:
-            body = build_responses_body(request, self._model, provider=PROVIDER, output_mode=mode)
-            return WireRequest(
-                "POST", route, json=body, headers=headers,
-                stream_parser=_responses_parser, parse_body=_responses_body,
-            )
-        body = build_chat_body(
-            request,
-            self._model,
-            provider=PROVIDER,
-            echo_reasoning=True,
-            reasoning_provider=PROVIDER,
-            output_mode=mode,
+        return self.wire.wire_request(
+            request, self._model, output_mode=self.output_mode(request), headers=headers
         )
-        return WireRequest(
-            "POST", route, json=body, headers=headers,
-            stream_parser=_chat_parser, parse_body=_chat_body,
-        )
-
-    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        """The parser of the route the model is spoken to (each request names its own)."""
-        if self._route() == _RESPONSES_PATH:
-            return _responses_parser(acc)
-        return _chat_parser(acc)
-
-    def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        if self._route() == _RESPONSES_PATH:
-            _responses_body(body, acc)
-        else:
-            _chat_body(body, acc)
 
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
         available = [m.id for m in self._picker_infos()] if self._raw_models else []
         return copilot_error(status, body, headers, available=available)
 
     # -- one attempt: the model check first ------------------------------------------------------
-    def _stream_once(
+    def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
         self._check_model()
-        yield from super()._stream_once(request, acc, control)
+        yield from super().stream_once(request, acc, control)
 
-    async def _astream_once(
+    async def astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
         await self._acheck_model()
-        async for delta in super()._astream_once(request, acc, control):
+        async for delta in super().astream_once(request, acc, control):
             yield delta
 
     # -- models ----------------------------------------------------------------------------------
     def _find_entry(self, raw: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-        return next((e for e in raw if e.get("id") == self._model), None)
+        return find_entry(raw, self._model)
 
     def _store_models(self, body: Any) -> list[dict[str, Any]]:
-        data = body.get("data") if isinstance(body, dict) else body
-        raw = [dict(e) for e in data or [] if isinstance(e, dict) and isinstance(e.get("id"), str)]
+        raw = model_entries(body)
         self._raw_models = raw
         self._models_failed = False
         log.debug("GitHub Copilot lists %d models", len(raw))
@@ -811,16 +531,7 @@ class CopilotAdapter(HTTPAdapter):
         return self._store_models(body)
 
     def _picker_infos(self) -> list[ModelInfo]:
-        seen: set[str] = set()
-        out: list[ModelInfo] = []
-        for entry in self._raw_models or []:
-            if not is_picker_model(entry) or entry["id"] in seen:
-                continue
-            info = copilot_model_info(entry)
-            if info is not None:
-                seen.add(info.id)
-                out.append(info)
-        return out
+        return picker_models(self._raw_models or [])
 
     def list_models(self, refresh: bool = False) -> list[ModelInfo]:
         """The chat models Copilot's model pickers show for this account (``GET /models``,
@@ -844,7 +555,7 @@ class CopilotAdapter(HTTPAdapter):
                 available=available,
             )
         self._entry = entry
-        self.backend_mode = self._backend_for(self._route())
+        self.backend_mode = self._backend_for(self.route)
 
     def _check_model(self) -> None:
         if self._entry is not None:

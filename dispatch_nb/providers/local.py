@@ -704,7 +704,7 @@ class LocalAdapter(Adapter):
             kwargs["tool_choice"] = _tool_choice(options.get("tool_choice"), tools)
         return kwargs
 
-    def _stream_once(
+    def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
         kwargs = self._chat_kwargs(request)

@@ -26,7 +26,9 @@ Structured output (``output=``): ``text.format`` on the Responses API, ``respons
 chat.completions (see :meth:`OpenAIAdapter.output_mode` and docs/structured-output.md);
 ``structured_output=`` chooses another mechanism for every call.
 
-Wire formats live in :mod:`.openai_responses` and :mod:`.openai_chat`.
+The backend is a wire format (:mod:`dispatch_nb.wire`): :class:`~dispatch_nb.wire.responses.ResponsesWire`
+or :class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire`; this module is the provider's
+endpoint, key, model list and defaults.
 """
 
 from __future__ import annotations
@@ -39,23 +41,11 @@ import httpx
 
 from ..adapter import ChatRequest
 from ..errors import AuthenticationError, DispatchError
-from ..http_adapter import HTTPAdapter, StreamParser, WireRequest
-from ..stream import Accumulator
+from ..http_adapter import HTTPAdapter
 from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo
-from .openai_chat import (
-    CHAT_OPTIONS,
-    ChatStreamParser,
-    build_chat_body,
-    parse_chat_completion,
-    parse_model_list,
-)
-from .openai_responses import (
-    RESPONSES_OPTIONS,
-    ResponsesStreamParser,
-    build_responses_body,
-    parse_response_object,
-)
+from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire, parse_model_list
+from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 
 __all__ = [
     "BACKENDS",
@@ -133,16 +123,23 @@ class OpenAIAdapter(HTTPAdapter):
         # A key from the environment goes only where the environment points: never to a server
         # named by an explicit base_url on the compatible backend (it may be a third party's).
         self._env_key_allowed = mode == "official" or base_url is None
+        #: the official API refuses calls without a key; a compatible server may need none
+        self._key_required = mode == "official"
+        self._provider = "openai" if mode == "official" else "compatible"
+        self._display = "OpenAI" if mode == "official" else "OpenAI-compatible server"
         #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
         self.backend_mode: Backend = mode
+        #: the wire format: the Responses API (official) or chat.completions (compatible); a
+        #: compatible server that refuses ``json_schema`` gets one with the json_object quirk
+        self.wire: ChatCompletionsWire | ResponsesWire = (
+            ResponsesWire(self._provider) if mode == "official"
+            else ChatCompletionsWire(self._provider)
+        )
         #: the per-call options this backend understands (others raise ``TypeError``)
-        self.provider_options = RESPONSES_OPTIONS if mode == "official" else CHAT_OPTIONS
+        self.provider_options = self.wire.options
         #: how ``output=`` is asked for: ``auto``, ``native``, ``tool``, ``json_object``
         #: (compatible only) or ``prompt`` (see :meth:`output_mode`)
         self.structured_output = structured_output
-        # a compatible server that refused response_format json_schema (llama-cpp-python's):
-        # structured output goes as {"type": "json_object", "schema": ...} from then on
-        self._schema_in_json_object = False
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -151,11 +148,11 @@ class OpenAIAdapter(HTTPAdapter):
 
     @property
     def provider_name(self) -> str:
-        return "openai" if self.backend_mode == "official" else "compatible"
+        return self._provider
 
     @property
     def display_name(self) -> str:
-        return "OpenAI" if self.backend_mode == "official" else "OpenAI-compatible server"
+        return self._display
 
     def __repr__(self) -> str:
         return (
@@ -163,14 +160,14 @@ class OpenAIAdapter(HTTPAdapter):
             f"base_url={self.base_url!r})"
         )
 
-    # -- HTTP hooks ------------------------------------------------------------------------------
+    # -- HTTP seams (requests and answers: the wire format's) ------------------------------------
     def auth_headers(self) -> dict[str, str]:
         key = self._api_key
         if not key and self._env_key_allowed:
             key = os.environ.get("OPENAI_API_KEY", "").strip()
         if key:
             return {"authorization": f"Bearer {key}"}
-        if self.backend_mode == "official":
+        if self._key_required:
             raise AuthenticationError(
                 "no OpenAI API key: set the OPENAI_API_KEY environment variable or pass api_key=",
                 provider=self.provider_name,
@@ -178,64 +175,38 @@ class OpenAIAdapter(HTTPAdapter):
         return {}
 
     def output_mode(self, request: ChatRequest) -> str | None:
-        """Structured output on the wire. Official (Responses API): ``text.format`` (a
-        ``json_schema`` format, strict when the schema allows), or ``tool``. Compatible
-        (chat.completions): ``response_format`` (``json_schema``); ``json_object`` (the schema in
-        ``{"type": "json_object", "schema": ...}``, what llama-cpp-python's server takes — chosen
-        by itself after a server rejects ``json_schema``, with a warning); ``tool``; ``prompt``."""
+        """Structured output on the wire: ``auto`` / ``native`` is the wire format's own
+        mechanism — ``text.format`` (a ``json_schema`` format, strict when the schema allows) on
+        the Responses API, ``response_format`` (``json_schema``) on chat.completions, or
+        ``json_object`` (the schema in ``{"type": "json_object", "schema": ...}``, what
+        llama-cpp-python's server takes — chosen by itself after a server rejects ``json_schema``,
+        with a warning); else ``tool`` or ``prompt`` (and ``json_object`` on chat.completions)."""
         if request.output is None:
             return None
         mode = requested_mode(self, request)
-        if self.backend_mode == "official":
-            if mode in ("auto", "native"):
-                return "text.format"
-            if mode in ("tool", "prompt"):
-                return mode
-            raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+        wire = self.wire
         if mode in ("auto", "native"):
-            return "json_object" if self._schema_in_json_object else "response_format"
-        return mode
+            return wire.native_output
+        if mode in wire.output_modes:
+            return mode
+        raise unsupported_mode(self, mode, ("auto", "native", *wire.output_modes))
 
-    def _should_retry_now(self, error: DispatchError) -> bool:
-        # llama-cpp-python's server validates response_format.type against text / json_object
-        # and answers json_schema with an error (HTTP 500 whose message is that validation
-        # error): switch to its json_object + schema shape once, and resend at once.
-        if (
-            self.backend_mode == "compatible"
-            and not self._schema_in_json_object
-            and error.status_code in (400, 422, 500)
-            and "response_format" in error.message
-            and "json_object" in error.message
-            and self.structured_output in ("auto", "native")
-        ):
-            self._schema_in_json_object = True
-            logger.warning(
-                "%s at %s rejected response_format json_schema; asking for structured output as "
-                "json_object with a schema from now on (structured_output='json_object')",
-                self.display_name, self.base_url,
-            )
-            return True
-        return False
-
-    def build_request(self, request: ChatRequest) -> WireRequest:
-        mode = self.output_mode(request)
-        if self.backend_mode == "official":
-            body = build_responses_body(request, self._model, provider=self.provider_name,
-                                        output_mode=mode)
-            return WireRequest("POST", "responses", json=body)
-        body = build_chat_body(request, self._model, provider=self.provider_name, output_mode=mode)
-        return WireRequest("POST", "chat/completions", json=body)
-
-    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        if self.backend_mode == "official":
-            return ResponsesStreamParser(acc, provider=self.provider_name)
-        return ChatStreamParser(acc, provider=self.provider_name)
-
-    def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        if self.backend_mode == "official":
-            parse_response_object(body, acc, provider=self.provider_name)
-        else:
-            parse_chat_completion(body, acc, provider=self.provider_name)
+    def should_retry_now(self, error: DispatchError) -> bool:
+        """Resend at once when the error shows a server quirk the wire format can work around
+        (llama-cpp-python's server refuses ``response_format`` ``json_schema``: structured output
+        goes as ``json_object`` with a schema from then on)."""
+        if self.structured_output not in ("auto", "native"):
+            return False
+        wire = self.wire.should_resend(error)
+        if wire is None:
+            return False
+        self.wire = wire
+        logger.warning(
+            "%s at %s rejected response_format json_schema; asking for structured output as "
+            "json_object with a schema from now on (structured_output='json_object')",
+            self.display_name, self.base_url,
+        )
+        return True
 
     # -- models ----------------------------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:

@@ -1,0 +1,611 @@
+"""Anthropic's Messages API, sans-I/O: canonical request → ``POST v1/messages`` body, events → deltas.
+
+:class:`MessagesWire` (built from a frozen :class:`MessagesQuirks`) is the format the ``anthropic``
+provider (:class:`~dispatch_nb.providers.anthropic.AnthropicAdapter`) speaks:
+:meth:`MessagesWire.build_body` turns a :class:`~dispatch_nb.adapter.ChatRequest` into the wire body,
+:class:`MessagesStreamParser` turns the SSE events (``message_start`` … ``message_stop``) into deltas
+through the shared :class:`~dispatch_nb.stream.Accumulator`, and a non-streamed body is replayed
+through the same parser, so both paths build the same :class:`~dispatch_nb.types.Response`.
+
+Wire rules this module owns (PROTOCOLS.md §6):
+
+* ``system`` is top level; ``max_tokens`` is always sent; consecutive messages with the same role are
+  merged and empty ones dropped (the API wants alternating, non-empty turns); in a user turn the
+  ``tool_result`` blocks come first.
+* Thinking round trip: ``thinking`` blocks go back with their ``signature`` byte-for-byte and
+  ``redacted_thinking`` with its ``data``, in the order the model produced them and in the same
+  assistant turn as the ``tool_use``. A :class:`~dispatch_nb.types.ThinkingBlock` without a signature
+  (reasoning from another provider) cannot be verified by Anthropic and is left out.
+  Thinking that carries another wire format's ``provider_data`` (OpenAI's encrypted reasoning in
+  ``signature``, Copilot's ``reasoning_opaque``) is left out for the same reason.
+* Opaque data rides in ``provider_data["anthropic"]``. Blocks the canonical types have no name for
+  (``server_tool_use``, ``web_search_tool_result``, ``compaction``…) become an empty
+  :class:`~dispatch_nb.types.TextBlock` with the raw block in ``provider_data["anthropic"]["block"]``;
+  it is sent back verbatim, so ``pause_turn`` continuations and compacted conversations work.
+  Streamed, such a block is filled by its own delta events, merged generically
+  (:func:`merge_delta`), so it ends as the non-streamed answer shows it. Fields of known blocks the
+  canonical blocks have no place for (``citations``…) are kept in ``provider_data["anthropic"]
+  ["extra"]``; ``citations`` go back with their text. An outgoing block with
+  ``provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}}`` is a prompt-cache
+  breakpoint.
+* Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
+  ``input_tokens`` excludes cache reads and writes, exactly like :class:`~dispatch_nb.types.Usage`.
+* ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
+  the raw value stays in ``response.provider_data["stop_reason"]``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from ..adapter import ChatRequest
+from ..errors import APIConnectionError, DispatchError, error_for_status
+from ..sse import ServerSentEvent
+from ..stream import Accumulator
+from ..structured import output_tool_choice
+from ..types import (
+    ImageBlock,
+    Message,
+    RedactedThinkingBlock,
+    StopReason,
+    StreamDelta,
+    TextBlock,
+    ThinkingBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+from .base import WireRequest, post
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "MESSAGES_OPTIONS",
+    "PROVIDER_DATA_KEY",
+    "MessagesQuirks",
+    "MessagesStreamParser",
+    "MessagesWire",
+    "merge_delta",
+    "prompt_fields",
+    "wire_block",
+    "wire_messages",
+    "wire_tool",
+    "wire_tool_choice",
+]
+
+#: ``max_tokens`` when a call gives none (the API requires the field)
+DEFAULT_MAX_TOKENS = 4096
+PROVIDER_DATA_KEY = "anthropic"
+
+_STOP_REASONS: dict[str, StopReason] = {
+    "end_turn": "end_turn",
+    "max_tokens": "max_tokens",
+    "stop_sequence": "stop_sequence",
+    "tool_use": "tool_use",
+    "pause_turn": "pause_turn",
+    "refusal": "refusal",
+    "model_context_window_exceeded": "max_tokens",
+}
+
+#: the HTTP status each Anthropic error type stands for (for in-stream ``error`` events)
+_ERROR_STATUS: dict[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+_PASS_THROUGH_OPTIONS = ("top_k", "metadata", "service_tier")
+
+
+def _usage(wire: Mapping[str, Any]) -> Usage:
+    return Usage(
+        input_tokens=int(wire.get("input_tokens") or 0),
+        output_tokens=int(wire.get("output_tokens") or 0),
+        cache_read_tokens=int(wire.get("cache_read_input_tokens") or 0),
+        cache_creation_tokens=int(wire.get("cache_creation_input_tokens") or 0),
+    )
+
+
+#: the fields of each known block type that its canonical block holds (the rest is "extra")
+_KNOWN_FIELDS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type", "text"}),
+    "thinking": frozenset({"type", "thinking", "signature"}),
+    "tool_use": frozenset({"type", "id", "name", "input"}),
+}
+#: extra fields of a known block that go back on the next turn (the request accepts them)
+_SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
+
+
+def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
+    """Merge a ``*_delta`` this module has no rule for into its block, the way such streams build
+    the block (e.g. ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
+    ``content``): a string is appended to the field of the same name, a list field receives the
+    value (or its items), a dict field is updated, anything else is set."""
+    for name, value in delta.items():
+        if name == "type":
+            continue
+        current = block.get(name)
+        if isinstance(value, str) and (current is None or isinstance(current, str)):
+            block[name] = (current or "") + value
+        elif isinstance(current, list):
+            if isinstance(value, list):
+                current.extend(value)
+            else:
+                current.append(value)
+        elif isinstance(current, dict) and isinstance(value, dict):
+            current.update(value)
+        else:
+            block[name] = value
+
+
+def _extra_fields(block: Mapping[str, Any], btype: str) -> dict[str, Any]:
+    """A known block's other fields, empty ones left out (a stream starts a block with them
+    empty, e.g. ``"citations": null``, and fills them with deltas)."""
+    known = _KNOWN_FIELDS[btype]
+    return {k: v for k, v in block.items() if k not in known and v not in (None, "", [], {})}
+
+
+class MessagesStreamParser:
+    """Turns Messages API stream events into deltas; also replays a non-streamed message.
+
+    Every block ends as the non-streamed answer shows it: known deltas are applied explicitly
+    (``text_delta``, ``thinking_delta``, ``signature_delta``, ``input_json_delta``,
+    ``citations_delta``), any other ``*_delta`` is merged into its block by :func:`merge_delta`.
+    Fields of a known block that its canonical block has no place for (``citations``, fields added
+    later) are kept in ``provider_data["anthropic"]["extra"]``."""
+
+    __slots__ = ("_extra", "_kinds", "_raw", "_wire_usage", "acc", "complete")
+
+    def __init__(self, acc: Accumulator) -> None:
+        self.acc = acc
+        self.complete = False
+        self._kinds: dict[int, str] = {}  # block index → text | thinking | tool | raw | ignored
+        self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        self._extra: dict[int, dict[str, Any]] = {}  # known blocks' other fields
+        self._wire_usage: dict[str, Any] = {}
+
+    # -- SSE entry points ----------------------------------------------------------------------
+    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
+        if not event.raw.strip():
+            return ()
+        try:
+            data = event.json()
+        except ValueError:
+            return ()  # not JSON: nothing we can use (robust parsing, PROTOCOLS §0)
+        if not isinstance(data, dict):
+            return ()
+        return self.handle(data, event.event)
+
+    def end(self) -> Iterable[StreamDelta]:
+        if not self.complete:
+            raise APIConnectionError(
+                "the Anthropic stream ended before message_stop: the answer is incomplete",
+                provider="anthropic",
+            )
+        return ()
+
+    # -- events ------------------------------------------------------------------------------------
+    def handle(self, data: dict[str, Any], event_name: str | None = None) -> Iterable[StreamDelta]:
+        """Process one event payload; returns the deltas it produced."""
+        kind = data.get("type") or event_name
+        if kind == "content_block_delta":
+            return self._delta(int(data.get("index", 0)), data.get("delta") or {})
+        if kind == "content_block_start":
+            return self._start(int(data.get("index", 0)), data.get("content_block") or {})
+        if kind == "content_block_stop":
+            return self._stop(int(data.get("index", 0)))
+        if kind == "message_start":
+            self._message(data.get("message") or {})
+        elif kind == "message_delta":
+            delta = data.get("delta") or {}
+            self._stop_reason(delta.get("stop_reason"), delta.get("stop_sequence"))
+            self._update_usage(data.get("usage"))
+        elif kind == "message_stop":
+            self.complete = True
+        elif kind == "error":
+            raise self._error(data.get("error") or {})
+        # ping and event types added later are ignored (the docs say new ones may appear)
+        return ()
+
+    def _message(self, message: Mapping[str, Any]) -> None:
+        acc = self.acc
+        if message.get("model"):
+            acc.model = str(message["model"])
+        if message.get("id"):
+            acc.provider_data = {**(acc.provider_data or {}), "id": message["id"]}
+        self._update_usage(message.get("usage"))
+        if message.get("stop_reason"):
+            self._stop_reason(message["stop_reason"], message.get("stop_sequence"))
+
+    def _update_usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        # Cumulative: a later value replaces an earlier one; nothing is added up.
+        self._wire_usage.update({k: v for k, v in usage.items() if isinstance(v, int)})
+        self.acc.usage = _usage(self._wire_usage)
+
+    def _stop_reason(self, reason: Any, stop_sequence: Any) -> None:
+        if not reason:
+            return
+        acc = self.acc
+        acc.stop_reason = _STOP_REASONS.get(str(reason))
+        extra: dict[str, Any] = {}
+        if acc.stop_reason != reason:
+            extra["stop_reason"] = reason
+        if stop_sequence is not None:
+            extra["stop_sequence"] = stop_sequence
+        if extra:
+            acc.provider_data = {**(acc.provider_data or {}), **extra}
+
+    def _error(self, error: Mapping[str, Any]) -> DispatchError:
+        etype = str(error.get("type") or "api_error")
+        details = error.get("details")
+        if isinstance(details, dict) and isinstance(details.get("error_code"), str):
+            etype = details["error_code"]
+        message = str(error.get("message") or etype)
+        status = _ERROR_STATUS.get(str(error.get("type")), 500)
+        return error_for_status(status, message, provider="anthropic", error_type=etype)
+
+    # -- content blocks ----------------------------------------------------------------------------
+    def _start(self, index: int, block: dict[str, Any]) -> Iterable[StreamDelta]:
+        acc = self.acc
+        btype = block.get("type")
+        if btype in _KNOWN_FIELDS:
+            self._extra[index] = _extra_fields(block, str(btype))
+        if btype == "text":
+            self._kinds[index] = "text"
+            text = block.get("text") or ""
+            return (acc.text(text, key=index),) if text else ()
+        if btype == "thinking":
+            self._kinds[index] = "thinking"
+            out: list[StreamDelta] = []
+            if block.get("thinking"):
+                out.append(acc.thinking(block["thinking"], key=index))
+            if block.get("signature"):
+                acc.signature(block["signature"], key=index)
+            return out
+        if btype == "redacted_thinking":
+            self._kinds[index] = "ignored"
+            acc.redacted_thinking(str(block.get("data", "")))
+            return ()
+        if btype == "tool_use":
+            self._kinds[index] = "tool"
+            start = acc.tool_start(index, str(block.get("id", "")), str(block.get("name", "")))
+            given = block.get("input")
+            if isinstance(given, dict) and given:
+                self._raw[index] = (given, [])  # a non-streamed body: arguments arrive whole
+            return (start,)
+        self._kinds[index] = "raw"
+        self._raw[index] = (dict(block), [])
+        return ()
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> Iterable[StreamDelta]:
+        acc = self.acc
+        dtype = delta.get("type")
+        kind = self._kinds.get(index)
+        if dtype == "text_delta":
+            return (acc.text(str(delta.get("text", "")), key=index),)
+        if dtype == "thinking_delta":
+            return (acc.thinking(str(delta.get("thinking", "")), key=index),)
+        if dtype == "signature_delta":
+            acc.signature(str(delta.get("signature", "")), key=index)
+            return ()
+        if dtype == "input_json_delta":
+            fragment = str(delta.get("partial_json", ""))
+            if kind == "tool":
+                return (acc.tool_delta(index, fragment),) if fragment else ()
+            if kind == "raw":
+                self._raw[index][1].append(fragment)
+            return ()
+        # Nothing to show, but the block must end as the non-streamed answer has it.
+        target = self._raw[index][0] if kind == "raw" else self._extra.get(index)
+        if target is None:
+            return ()
+        if dtype == "citations_delta" and "citation" in delta:
+            target.setdefault("citations", []).append(delta["citation"])
+        else:
+            merge_delta(target, delta)
+        return ()
+
+    def _stop(self, index: int) -> Iterable[StreamDelta]:
+        kind = self._kinds.pop(index, None)
+        extra = self._extra.pop(index, None)
+        ours = {PROVIDER_DATA_KEY: {"extra": extra}} if extra else None
+        if kind == "text" and ours:
+            self.acc.text_provider_data(ours, key=index)
+        elif kind == "thinking" and ours:
+            self.acc.thinking_provider_data(ours, key=index)
+        if kind == "tool":
+            given = self._raw.pop(index, None)
+            tool = self.acc.tool(index)
+            if tool is not None and ours:
+                tool.provider_data = ours
+            if given is not None and tool is not None and not tool.parts:
+                return (self.acc.tool_end(index, arguments=given[0]),)
+            return (self.acc.tool_end(index),)  # "" parses as {}
+        if kind == "raw":
+            block, parts = self._raw.pop(index)
+            if parts:
+                raw = "".join(parts)
+                try:
+                    block["input"] = orjson.loads(raw) if raw.strip() else {}
+                except orjson.JSONDecodeError:
+                    block["input"] = {}
+            self.acc.add_block(
+                TextBlock(text="", provider_data={PROVIDER_DATA_KEY: {"block": block}})
+            )
+        return ()
+
+    # -- a whole (non-streamed) message -------------------------------------------------------
+    def replay(self, message: Mapping[str, Any]) -> None:
+        """Fill the accumulator from a complete ``message`` object, as if it had streamed."""
+        if message.get("type") == "error":
+            raise self._error(message.get("error") or {})
+        self._message({k: v for k, v in message.items() if k not in ("content", "stop_reason")})
+        for index, block in enumerate(message.get("content") or []):
+            if not isinstance(block, dict):
+                continue
+            self._start(index, block)
+            self._stop(index)
+        self._stop_reason(message.get("stop_reason"), message.get("stop_sequence"))
+        self.complete = True
+
+
+#: the former name of :class:`MessagesStreamParser`
+_MessageParser = MessagesStreamParser
+
+#: per-call options the Messages format understands (besides the common ones)
+MESSAGES_OPTIONS = frozenset({"thinking", "stop_sequences", "betas", *_PASS_THROUGH_OPTIONS})
+
+
+def prompt_fields(
+    system: str | None, tools: Sequence[Any], options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``system``, ``tools``, ``tool_choice`` and ``thinking`` of a body (shared with the
+    provider's token counting)."""
+    out: dict[str, Any] = {}
+    if system:
+        out["system"] = system
+    if tools:
+        out["tools"] = [wire_tool(t) for t in tools]
+    choice = options.get("tool_choice")
+    if choice is not None:
+        out["tool_choice"] = wire_tool_choice(choice)
+    thinking = options.get("thinking")
+    if thinking is not None and thinking is not False:
+        if isinstance(thinking, bool) or not isinstance(thinking, (int, dict)):
+            raise TypeError(
+                "thinking must be a dict such as {'type': 'enabled', 'budget_tokens': 2048} "
+                f"or a budget in tokens, not {thinking!r}"
+            )
+        out["thinking"] = (
+            {"type": "enabled", "budget_tokens": thinking}
+            if isinstance(thinking, int)
+            else thinking
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class MessagesQuirks:
+    """What one Messages server does its own way (a frozen description).
+
+    ``default_max_tokens``: sent when a call gives no ``max_tokens`` (the API requires one);
+    ``pass_through``: options copied into the body as they are."""
+
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    pass_through: tuple[str, ...] = _PASS_THROUGH_OPTIONS
+
+
+@dataclass(frozen=True)
+class MessagesWire:
+    """Anthropic's Messages API for one server: ``POST v1/messages``, its body, its parsers."""
+
+    provider: str = "anthropic"
+    quirks: MessagesQuirks = MessagesQuirks()
+
+    #: the format's name (the adapter's backend in logs)
+    name: ClassVar[str] = "messages"
+    #: where requests go, relative to the base URL
+    path: ClassVar[str] = "v1/messages"
+    #: the per-call options the format understands
+    options: ClassVar[frozenset[str]] = MESSAGES_OPTIONS
+    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
+    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
+    #: how ``output=`` goes natively
+    native_output: ClassVar[str] = "output_config"
+
+    def build_body(
+        self, request: ChatRequest, model: str, *, output_mode: str | None = None
+    ) -> dict[str, Any]:
+        """The JSON body: ``output_mode`` ``"output_config"`` (a ``json_schema`` format) or
+        ``"tool"`` (one tool whose input is the answer, forced with ``tool_choice`` — ``auto``
+        plus an instruction when thinking is on: a forced tool is not allowed with thinking)."""
+        options = request.options
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": request.max_tokens or self.quirks.default_max_tokens,
+            "messages": wire_messages(request.messages),
+        }
+        system, tools = request.system, request.tools
+        if request.output is not None and output_mode == "tool":
+            thinking = options.get("thinking")
+            thinking_on = thinking not in (None, False) and not (
+                isinstance(thinking, dict) and thinking.get("type") == "disabled"
+            )
+            options = {**options,
+                       "tool_choice": output_tool_choice(request, can_force=not thinking_on)}
+            tools = [*tools, request.output.tool_definition()]
+            if thinking_on:
+                note = request.output.tool_instructions()
+                system = f"{system}\n\n{note}" if system else note
+        body.update(prompt_fields(system, tools, options))
+        if request.output is not None and output_mode == "output_config":
+            body["output_config"] = {
+                "format": {"type": "json_schema", "schema": request.output.anthropic_schema()}
+            }
+        if request.stream:
+            body["stream"] = True
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if options.get("top_p") is not None:
+            body["top_p"] = options["top_p"]
+        stops = options.get("stop_sequences", options.get("stop"))
+        if stops:
+            body["stop_sequences"] = [stops] if isinstance(stops, str) else list(stops)
+        for name in self.quirks.pass_through:
+            if options.get(name) is not None:
+                body[name] = options[name]
+        return body
+
+    def wire_request(
+        self,
+        request: ChatRequest,
+        model: str,
+        *,
+        output_mode: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> WireRequest:
+        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
+
+    def stream_parser(self, acc: Accumulator) -> MessagesStreamParser:
+        return MessagesStreamParser(acc)
+
+    def parse_body(self, body: Any, acc: Accumulator) -> None:
+        if not isinstance(body, dict):
+            raise APIConnectionError(
+                f"Anthropic answered with something that is not a message: {str(body)[:200]!r}",
+                provider=self.provider,
+            )
+        MessagesStreamParser(acc).replay(body)
+
+    def should_resend(self, error: DispatchError) -> MessagesWire | None:
+        """No error teaches this format a quirk it did not know: always None."""
+        return None
+
+
+# -- canonical → wire ------------------------------------------------------------------------------
+def wire_tool(tool: ToolDefinition | dict[str, Any]) -> dict[str, Any]:
+    """A tool definition in Anthropic's shape; raw dicts (built-in tools) pass through."""
+    if isinstance(tool, dict):
+        return tool
+    out: dict[str, Any] = {"name": tool.name, "input_schema": tool.parameters}
+    if tool.description:
+        out["description"] = tool.description
+    return out
+
+
+def wire_tool_choice(choice: Any) -> dict[str, Any]:
+    """Neutral ``tool_choice`` → Anthropic's: ``auto``, ``none``, ``required`` (``any``) or a
+    tool name; dicts in Anthropic's own shape (or OpenAI's function shape) are accepted too."""
+    if isinstance(choice, dict):
+        if choice.get("type") == "function":
+            name = (choice.get("function") or {}).get("name") or choice.get("name")
+            return {"type": "tool", "name": name}
+        return choice
+    if not isinstance(choice, str) or not choice:
+        raise TypeError(f"tool_choice must be a string or a dict, not {choice!r}")
+    if choice in ("auto", "none", "any"):
+        return {"type": choice}
+    if choice == "required":
+        return {"type": "any"}
+    return {"type": "tool", "name": choice}
+
+
+def _our_data(block: Any) -> dict[str, Any]:
+    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
+    return data if isinstance(data, dict) else {}
+
+
+def _foreign(block: Any) -> bool:
+    """Whether the block carries another wire format's opaque data (and none of ours)."""
+    data = block.provider_data
+    return bool(data) and PROVIDER_DATA_KEY not in data
+
+
+def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
+    cache_control = _our_data(block).get("cache_control")
+    if cache_control is not None:
+        out["cache_control"] = cache_control
+    return out
+
+
+def wire_block(block: Any) -> dict[str, Any] | None:
+    """One canonical block in Anthropic's shape, or None when it must not be sent."""
+    raw = _our_data(block).get("block")
+    if isinstance(raw, dict):
+        return dict(raw)
+    if isinstance(block, TextBlock):
+        if not block.text:
+            return None  # the API rejects empty text blocks
+        text: dict[str, Any] = {"type": "text", "text": block.text}
+        extra = _our_data(block).get("extra")
+        if isinstance(extra, dict):
+            text.update({k: v for k, v in extra.items() if k in _SENT_EXTRA["text"]})
+        return _with_cache_control(text, block)
+    if isinstance(block, ThinkingBlock):
+        if not block.signature or _foreign(block):
+            return None  # reasoning Anthropic did not sign cannot be verified: leave it out
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if isinstance(block, RedactedThinkingBlock):
+        if _foreign(block):
+            return None
+        return {"type": "redacted_thinking", "data": block.data}
+    if isinstance(block, ToolUseBlock):
+        return _with_cache_control(
+            {"type": "tool_use", "id": block.id, "name": block.name, "input": block.arguments},
+            block,
+        )
+    if isinstance(block, ToolResultBlock):
+        content: str | list[dict[str, Any]]
+        if isinstance(block.content, str):
+            content = block.content
+        else:
+            content = [{"type": "text", "text": b.text} for b in block.content if b.text]
+        out: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": block.tool_use_id,
+            "content": content,
+        }
+        if block.is_error:
+            out["is_error"] = True
+        return _with_cache_control(out, block)
+    if isinstance(block, ImageBlock):
+        if block.is_url:
+            source: dict[str, Any] = {"type": "url", "url": block.source}
+        else:
+            media_type, payload = block.as_base64()
+            source = {"type": "base64", "media_type": media_type, "data": payload}
+        return _with_cache_control({"type": "image", "source": source}, block)
+    raise TypeError(f"Anthropic cannot send a {type(block).__name__}")
+
+
+def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Canonical history → Anthropic ``messages``: blocks converted, empty turns dropped,
+    consecutive same-role turns merged, tool results first in each user turn."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        blocks = [w for w in (wire_block(b) for b in message.blocks) if w is not None]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == message.role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": message.role, "content": blocks})
+    for turn in out:
+        if turn["role"] == "user":
+            content = turn["content"]
+            turn["content"] = [b for b in content if b.get("type") == "tool_result"] + [
+                b for b in content if b.get("type") != "tool_result"
+            ]
+    return out

@@ -1,0 +1,124 @@
+"""What every wire format gives the HTTP layer: a request to send and the parser of its answer.
+
+A *wire format* (``chat.completions``, OpenAI Responses, Anthropic Messages, the canonical test
+protocol) is a small immutable object: the format's rules plus a frozen description of one server's
+quirks. It is sans-I/O: it turns a :class:`~dispatch_nb.adapter.ChatRequest` into a
+:class:`WireRequest` (:meth:`WireFormat.wire_request`) and reads the answer, streamed
+(:meth:`WireFormat.stream_parser`) or not (:meth:`WireFormat.parse_body`). The request it builds
+carries the wire format (``WireRequest.wire``), and the HTTP layer
+(:class:`~dispatch_nb.http_adapter.HTTPAdapter`) asks *that* object for the parser of the answer,
+so a provider that speaks several formats (Copilot: ``/chat/completions`` or ``/responses`` per
+model) never has to remember, between building a request and reading its answer, which one it chose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..sse import ServerSentEvent
+from ..types import StreamDelta
+
+if TYPE_CHECKING:
+    from ..adapter import ChatRequest
+    from ..errors import DispatchError
+    from ..stream import Accumulator
+
+__all__ = ["StreamParser", "WireFormat", "WireRequest"]
+
+
+class StreamParser(Protocol):
+    """Turns one provider's SSE events into deltas (through the accumulator it was given).
+
+    ``complete`` becomes True at the provider's terminal event; reading stops there.
+    ``feed`` raises a :class:`DispatchError` for an in-stream error event.
+    """
+
+    complete: bool
+
+    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]: ...
+
+    def end(self) -> Iterable[StreamDelta]: ...
+
+
+class WireFormat(Protocol):
+    """One wire format for one server (see the module docstring).
+
+    ``name`` (e.g. ``"chat.completions"``) appears in logs as the adapter's backend; ``path`` is
+    where requests go, relative to the provider's base URL; ``options`` the per-call options the
+    format understands; ``provider`` the name its errors carry; ``native_output`` how ``output=``
+    goes natively (e.g. ``"response_format"``) and ``output_modes`` the other structured-output
+    modes a call may ask for.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def options(self) -> frozenset[str]: ...
+
+    @property
+    def native_output(self) -> str: ...
+
+    @property
+    def output_modes(self) -> tuple[str, ...]: ...
+
+    def build_body(
+        self, request: ChatRequest, model: str, *, output_mode: str | None = None
+    ) -> dict[str, Any]:
+        """The JSON body for ``request`` sent to ``model`` (``output_mode``: how ``output=`` goes
+        on the wire, as the adapter's ``output_mode`` chose)."""
+        ...
+
+    def wire_request(
+        self,
+        request: ChatRequest,
+        model: str,
+        *,
+        output_mode: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> WireRequest:
+        """``POST {path}`` with :meth:`build_body`, carrying this wire format."""
+        ...
+
+    def stream_parser(self, acc: Accumulator) -> StreamParser:
+        """A fresh parser for one streamed answer, filling ``acc``."""
+        ...
+
+    def parse_body(self, body: Any, acc: Accumulator) -> None:
+        """Fill ``acc`` from a non-streamed JSON answer."""
+        ...
+
+    def should_resend(self, error: DispatchError) -> WireFormat | None:
+        """The wire format to resend with when ``error`` shows a quirk this one did not know
+        (else None)."""
+        ...
+
+
+@dataclass
+class WireRequest:
+    """An HTTP request a provider wants sent: ``url`` is absolute or relative to base_url.
+
+    ``wire``: the wire format the request was built for; the HTTP layer reads the answer with its
+    :meth:`~WireFormat.stream_parser` / :meth:`~WireFormat.parse_body`. None (a provider that
+    implements the parsing itself) means the adapter's
+    :meth:`~dispatch_nb.http_adapter.HTTPAdapter.stream_parser` /
+    :meth:`~dispatch_nb.http_adapter.HTTPAdapter.parse_body`."""
+
+    method: str
+    url: str
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    wire: WireFormat | None = None
+
+
+def post(wire: WireFormat, body: dict[str, Any], headers: dict[str, str] | None) -> WireRequest:
+    """``POST {wire.path}`` with ``body``, carrying ``wire`` (the wire formats' ``wire_request``)."""
+    return WireRequest("POST", wire.path, json=body, headers=dict(headers or {}), wire=wire)

@@ -1,0 +1,785 @@
+"""The OpenAI Responses API, sans-I/O: canonical request → ``POST /responses`` body, events → deltas.
+
+Used by the ``official`` backend of :class:`~dispatch_nb.providers.openai.OpenAIAdapter` and by
+Copilot's ``/responses`` models as a :class:`ResponsesWire` (the format for one server, built from a
+frozen :class:`ResponsesQuirks`)::
+
+    wire = ResponsesWire("openai")
+    body = wire.build_body(request, "gpt-5")
+    parser = wire.stream_parser(acc)                          # feed(ServerSentEvent) -> deltas
+    wire.parse_body(json_body, acc)
+
+The functions underneath (:func:`build_responses_body`, :class:`ResponsesStreamParser`,
+:func:`parse_response_object`) take plain parameters.
+
+Requests are stateless (``store: false``): the whole conversation goes in ``input`` every turn.
+The system prompt is ``instructions``; user text and images are ``input_text`` / ``input_image``
+parts; assistant text is an ``output_text`` message; ``ToolUseBlock`` → ``function_call`` and
+``ToolResultBlock`` → ``function_call_output`` (matched by ``call_id``); tools are flat
+``{"type": "function", "name", ...}``; built-in tools (dicts without ``name``, e.g.
+``{"type": "web_search"}``) pass through unchanged.
+
+Reasoning: for reasoning models the request adds ``include: ["reasoning.encrypted_content"]``
+(non-reasoning models such as ``gpt-4.1`` reject it, see :func:`is_reasoning_model`). Each
+``reasoning`` output item becomes a :class:`ThinkingBlock` — summary text as ``thinking``,
+``encrypted_content`` as ``signature``, the complete item in ``provider_data["openai_responses"]
+["item"]`` — and is sent back verbatim next turn. The API pairs a reasoning item with the item that
+follows it by id, so the ``fc_`` / ``msg_`` ids of the items after a reasoning item are kept and
+sent too, and only then (an id without its reasoning item is rejected as well).
+
+Every other output item — built-in tool calls (``web_search_call``, ``file_search_call``,
+``code_interpreter_call``, ``image_generation_call``), MCP items (``mcp_call``, ``mcp_list_tools``,
+``mcp_approval_request``), ``compaction``, types added later — is kept verbatim as an empty
+:class:`TextBlock` with the item in ``provider_data["openai_responses"]["item"]``, in its place
+among the other blocks, and goes back unchanged: ``[reasoning, web_search_call, reasoning,
+message]`` must return whole, or the first reasoning item lacks its following item (400). Blocks
+are placed by ``output_index``, whatever order the events came in.
+
+Stop reasons: ``completed`` → ``end_turn`` (``tool_use`` with function calls); ``incomplete`` →
+``max_tokens`` / ``content_filter`` per ``incomplete_details.reason``; a refusal (``refusal`` content
+/ ``response.refusal.delta``) becomes a text block and stop reason ``refusal``; ``response.failed``
+and a bare ``error`` event raise the mapped :class:`DispatchError`. Usage: ``input_tokens`` excludes
+``input_tokens_details.cached_tokens``, which become ``cache_read_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from ..adapter import ChatRequest
+from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
+from ..sse import ServerSentEvent
+from ..stream import Accumulator
+from ..structured import output_tool_choice
+from ..types import (
+    ImageBlock,
+    Message,
+    StopReason,
+    StreamDelta,
+    TextBlock,
+    ThinkingBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+from .base import WireRequest, post
+from .chat_completions import (
+    map_tool_choice,
+    status_for_error_code,
+    tool_arguments_text,
+    tool_fields,
+    tool_result_text,
+)
+
+__all__ = [
+    "MIN_OUTPUT_TOKENS",
+    "PROVIDER_DATA_KEY",
+    "RESPONSES_OPTIONS",
+    "ResponsesQuirks",
+    "ResponsesStreamParser",
+    "ResponsesWire",
+    "build_responses_body",
+    "is_reasoning_model",
+    "parse_response_object",
+    "responses_error",
+    "responses_input",
+    "responses_output_format",
+    "responses_text_format",
+    "responses_tool_choice",
+    "responses_tools",
+    "responses_usage",
+]
+
+#: the key of this wire format's entry in a block's ``provider_data``
+PROVIDER_DATA_KEY = "openai_responses"
+
+#: options :func:`build_responses_body` understands (besides the common transport ones)
+RESPONSES_OPTIONS = frozenset(
+    {"tool_choice", "top_p", "parallel_tool_calls", "reasoning", "response_format", "text"}
+)
+
+#: the smallest ``max_output_tokens`` the API accepts
+MIN_OUTPUT_TOKENS = 16
+
+_NON_REASONING_PREFIXES = (
+    "gpt-4",
+    "gpt-3.5",
+    "chatgpt-",
+    "gpt-5-chat",
+    "ft:gpt-4",
+    "ft:gpt-3.5",
+    "davinci",
+    "babbage",
+)
+
+
+def is_reasoning_model(model: str) -> bool:
+    """Whether ``model`` produces reasoning items (and accepts ``reasoning.encrypted_content``).
+
+    Known non-reasoning families (``gpt-4*``, ``gpt-3.5*``, ``chatgpt-*``, ``gpt-5-chat*``) say no;
+    everything else (o-series, ``gpt-5*``, ``codex*``, ``gpt-oss*``, future models) says yes.
+    """
+    name = model.lower().rsplit("/", 1)[-1]
+    return not name.startswith(_NON_REASONING_PREFIXES)
+
+
+# -- request ---------------------------------------------------------------------------------------
+def _our_data(block: Any) -> dict[str, Any]:
+    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
+    return data if isinstance(data, dict) else {}
+
+
+def _assistant_items(
+    blocks: Sequence[Any], include_reasoning: bool, issuer: str | None = None
+) -> list[dict[str, Any]]:
+    """One assistant turn → output items, in the order the model produced them.
+
+    Reasoning items and the items this module keeps verbatim (built-in tool calls such as
+    ``web_search_call``, MCP items, ``compaction``, any type it does not know) go back exactly as
+    they came, so every reasoning item is still followed by the item it produced; messages and
+    function calls are rebuilt from their blocks. Encrypted reasoning goes back only to the
+    provider that issued it (``issuer``): OpenAI cannot decrypt Copilot's, nor the other way round.
+    A verbatim item whose turn's reasoning is not sent is left out too (its id names that
+    reasoning)."""
+    items: list[dict[str, Any]] = []
+    texts: list[TextBlock] = []
+    paired = False  # a reasoning item was sent: this turn's items carry their ids
+    reasoning_left_out = False
+
+    def ours(data: Mapping[str, Any]) -> bool:
+        return issuer is None or data.get("issuer") in (None, issuer)
+
+    def flush() -> None:
+        if not texts:
+            return
+        data = _our_data(texts[0])
+        item: dict[str, Any] = {
+            "type": "message",
+            "role": "assistant",
+            "content": [
+                {"type": "output_text", "text": "".join(t.text for t in texts), "annotations": []}
+            ],
+        }
+        if paired and data.get("id"):
+            item["id"] = data["id"]
+            item["status"] = "completed"
+        if data.get("phase"):
+            item["phase"] = data["phase"]
+        items.append(item)
+        texts.clear()
+
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            data = _our_data(block)
+            kept = data.get("item")
+            if isinstance(kept, dict):
+                flush()
+                if ours(data) and not reasoning_left_out:
+                    items.append(dict(kept))
+                continue
+            if not block.text and block.provider_data and not data:
+                continue  # another wire format's opaque block (e.g. Anthropic's server tools)
+            if texts and _our_data(texts[0]).get("id") != data.get("id"):
+                flush()
+            texts.append(block)
+        elif isinstance(block, ThinkingBlock):
+            data = _our_data(block)
+            reasoning = data.get("item")
+            if not (isinstance(reasoning, dict) and reasoning.get("id")):
+                continue  # another provider's reasoning: nothing this API could verify
+            if include_reasoning and ours(data):
+                flush()
+                items.append(dict(reasoning))
+                paired = True
+            else:
+                reasoning_left_out = True
+        elif isinstance(block, ToolUseBlock):
+            flush()
+            item = {
+                "type": "function_call",
+                "call_id": block.id,
+                "name": block.name,
+                "arguments": tool_arguments_text(block),
+            }
+            fc_id = _our_data(block).get("id")
+            if paired and fc_id:
+                item["id"] = fc_id
+            items.append(item)
+    flush()
+    # A reasoning item must be followed by the item it produced: drop one left dangling.
+    while items and items[-1].get("type") == "reasoning":
+        items.pop()
+    return items
+
+
+def responses_input(
+    messages: Sequence[Message], *, include_reasoning: bool = True, issuer: str | None = None
+) -> list[dict[str, Any]]:
+    """The ``input`` items for a conversation (see the module docstring); reasoning items issued
+    by another provider than ``issuer`` are left out."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        blocks = message.blocks
+        if message.role == "assistant":
+            items.extend(_assistant_items(blocks, include_reasoning, issuer))
+            continue
+        parts: list[dict[str, Any]] = []
+        for block in blocks:
+            if isinstance(block, ToolResultBlock):
+                items.append(
+                    {
+                        "type": "function_call_output",
+                        "call_id": block.tool_use_id,
+                        "output": tool_result_text(block),
+                    }
+                )
+            elif isinstance(block, TextBlock):
+                parts.append({"type": "input_text", "text": block.text})
+            elif isinstance(block, ImageBlock):
+                detail = (block.provider_data or {}).get("detail", "auto")
+                parts.append(
+                    {"type": "input_image", "image_url": block.as_data_url(), "detail": detail}
+                )
+        if parts:
+            items.append({"type": "message", "role": "user", "content": parts})
+    return items
+
+
+def responses_tools(tools: Sequence[ToolDefinition | dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flat function tools; built-in tool dicts (``{"type": "web_search"}``) pass through."""
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if isinstance(tool, ToolDefinition):
+            item: dict[str, Any] = {
+                "type": "function",
+                "name": tool.name,
+                "parameters": tool.parameters,
+                "strict": False,
+            }
+            if tool.description:
+                item["description"] = tool.description
+            out.append(item)
+        elif tool.get("type") == "function" and isinstance(tool.get("function"), dict):
+            fn = tool["function"]  # chat.completions shape → flat
+            out.append(
+                {
+                    "type": "function",
+                    "name": fn["name"],
+                    "description": fn.get("description"),
+                    "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
+                    "strict": bool(fn.get("strict", False)),
+                }
+            )
+        else:
+            out.append(dict(tool))
+    return out
+
+
+def responses_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -> Any:
+    """Neutral ``tool_choice`` → Responses: a tool name becomes ``{"type": "function", "name"}``;
+    ``"auto"`` / ``"none"`` / ``"required"`` and dicts pass through; ``None`` means "do not send"."""
+    return map_tool_choice(
+        choice, tool_names, provider=provider, named=lambda name: {"type": "function", "name": name}
+    )
+
+
+def responses_text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat.completions ``response_format`` → the Responses ``text.format``."""
+    kind = response_format.get("type")
+    if kind == "json_schema" and isinstance(response_format.get("json_schema"), dict):
+        schema = response_format["json_schema"]
+        out = {"type": "json_schema", "name": schema.get("name", "response")}
+        for key in ("schema", "strict", "description"):
+            if key in schema:
+                out[key] = schema[key]
+        return out
+    return dict(response_format)
+
+
+def responses_output_format(request: ChatRequest) -> dict[str, Any]:
+    """``text.format`` for structured output (``output=``): ``json_schema`` with the schema made
+    strict when it can be (else ``strict: false``)."""
+    output = request.output
+    assert output is not None
+    schema, strict = output.openai_schema()
+    fmt: dict[str, Any] = {"type": "json_schema", "name": output.name, "schema": schema,
+                           "strict": strict}
+    if output.description:
+        fmt["description"] = output.description
+    return fmt
+
+
+def _output_tool(request: ChatRequest) -> dict[str, Any]:
+    """The flat function tool whose arguments are the answer (``tool`` output mode)."""
+    assert request.output is not None
+    definition = request.output.tool_definition()
+    schema, strict = request.output.openai_schema()
+    return {"type": "function", "name": definition.name, "description": definition.description,
+            "parameters": schema, "strict": strict}
+
+
+def build_responses_body(
+    request: ChatRequest,
+    model: str,
+    *,
+    provider: str,
+    encrypted_reasoning: bool | None = None,
+    output_mode: str | None = None,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /responses`` for a call.
+
+    ``encrypted_reasoning``: ask for (and send back) encrypted reasoning items; ``None`` decides
+    by :func:`is_reasoning_model` (always on when the ``reasoning`` option is given). Options read
+    from ``request.options``: ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning``
+    (an effort string or a dict such as ``{"effort": "low", "summary": "auto"}``),
+    ``response_format`` (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not
+    exist in this API and raises a :class:`RequestError`. ``output_mode`` (for ``request.output``):
+    ``"text.format"`` (a ``json_schema`` format) or ``"tool"`` (a function tool the model must
+    call); anything else sends nothing for it.
+    """
+    options = request.options
+    if request.output is not None and output_mode in ("text.format", "tool") and (
+        options.get("response_format") is not None or (options.get("text") or {}).get("format")
+    ):
+        raise ValueError("pass output= or response_format= / text={'format': ...}, not both")
+    if options.get("stop") is not None:
+        raise RequestError(
+            "the OpenAI Responses API has no stop sequences; drop stop= or use a chat.completions "
+            "server (backend='compatible')",
+            provider=provider,
+        )
+    if request.max_tokens is not None and request.max_tokens < MIN_OUTPUT_TOKENS:
+        raise RequestError(
+            f"the OpenAI Responses API needs max_tokens >= {MIN_OUTPUT_TOKENS} "
+            f"(max_output_tokens), not {request.max_tokens}",
+            provider=provider,
+        )
+    reasoning = options.get("reasoning")
+    if encrypted_reasoning is None:
+        encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
+    body: dict[str, Any] = {
+        "model": model,
+        "input": responses_input(
+            request.messages, include_reasoning=encrypted_reasoning, issuer=provider
+        ),
+        "stream": request.stream,
+        "store": False,
+    }
+    if encrypted_reasoning:
+        body["include"] = ["reasoning.encrypted_content"]
+    if request.system:
+        body["instructions"] = request.system
+    if request.max_tokens is not None:
+        body["max_output_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if options.get("top_p") is not None:
+        body["top_p"] = options["top_p"]
+    tools = responses_tools(request.tools)
+    if request.output is not None and output_mode == "tool":
+        options = {**options, "tool_choice": output_tool_choice(request)}
+        tools.append(_output_tool(request))
+    names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
+    body.update(
+        tool_fields(tools, names, options, provider=provider, tool_choice=responses_tool_choice)
+    )
+    if isinstance(reasoning, str):
+        body["reasoning"] = {"effort": reasoning}
+    elif isinstance(reasoning, dict):
+        body["reasoning"] = dict(reasoning)
+    text = dict(options.get("text") or {})
+    if options.get("response_format") is not None:
+        text["format"] = responses_text_format(options["response_format"])
+    if request.output is not None and output_mode == "text.format":
+        text["format"] = responses_output_format(request)
+    if text:
+        body["text"] = text
+    return body
+
+
+# -- responses -------------------------------------------------------------------------------------
+def responses_usage(usage: Mapping[str, Any]) -> Usage:
+    """Responses usage → :class:`Usage` (cached input tokens → ``cache_read_tokens``, excluded
+    from ``input_tokens``)."""
+    total_in = int(usage.get("input_tokens") or 0)
+    details = usage.get("input_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    written = int(details.get("cache_write_tokens") or 0) if isinstance(details, dict) else 0
+    return Usage(
+        input_tokens=max(0, total_in - cached - written),
+        output_tokens=int(usage.get("output_tokens") or 0),
+        cache_read_tokens=cached,
+        cache_creation_tokens=written,
+    )
+
+
+def responses_error(error: Any, *, provider: str, default_status: int = 500) -> DispatchError:
+    """The :class:`DispatchError` for ``response.error`` or a bare ``error`` event."""
+    if not isinstance(error, dict):
+        return error_for_status(default_status, str(error or "the response failed"),
+                                provider=provider)
+    if isinstance(error.get("error"), dict):  # {"type": "error", "error": {...}}
+        error = error["error"]
+    message = str(error.get("message") or "the response failed")
+    code = error.get("code") or error.get("type")
+    status = status_for_error_code(code) if code else default_status
+    return error_for_status(
+        status, message, provider=provider, error_type=code if isinstance(code, str) else None
+    )
+
+
+class ResponsesStreamParser:
+    """Turns Responses API SSE events into deltas through ``acc`` (see the module docstring).
+
+    Blocks end in ``output_index`` order, whatever order the events came in (a server may send
+    an item's ``output_item.done`` after a later item's)."""
+
+    __slots__ = (
+        "_args",
+        "_indexes",
+        "_items_seen",
+        "_other_items",
+        "_paired",
+        "_reasoning_at",
+        "_refused",
+        "_summary_index",
+        "_text_seen",
+        "_thinking_seen",
+        "acc",
+        "complete",
+        "provider",
+    )
+
+    def __init__(self, acc: Accumulator, *, provider: str) -> None:
+        self.acc = acc
+        self.provider = provider
+        #: True once a terminal event (completed / incomplete) arrived
+        self.complete = False
+        self._text_seen: set[str] = set()
+        self._thinking_seen: set[str] = set()
+        self._summary_index: dict[str, tuple[str, int]] = {}
+        self._args: dict[str, list[str]] = {}
+        self._refused = False
+        self._items_seen = 0
+        self._other_items: list[dict[str, Any]] = []
+        self._indexes: dict[Hashable, int] = {}  # block key (item id) → output_index
+        self._reasoning_at: int | None = None  # the first reasoning item's output_index
+        #: messages / function calls whose ids go back if a reasoning item comes before them:
+        #: (output_index, kind, block key, item id, message phase)
+        self._paired: list[tuple[int, str, str, str, Any]] = []
+
+    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
+        """Deltas for one SSE event; raises :class:`DispatchError` for a failure event."""
+        raw = event.raw
+        if not raw or raw == b"[DONE]":
+            return ()
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return ()
+        if not isinstance(data, dict):
+            return ()
+        return self.feed_event(data)
+
+    def feed_event(self, data: dict[str, Any]) -> Iterable[StreamDelta]:
+        """Deltas for one decoded event payload."""
+        kind = data.get("type")
+        acc = self.acc
+        if kind == "response.output_text.delta":
+            item_id = data.get("item_id", "")
+            self._text_seen.add(item_id)
+            return (acc.text(data.get("delta", ""), key=item_id),)
+        if kind == "response.function_call_arguments.delta":
+            key = self._tool_key(data)
+            if acc.has_tool(key):
+                return (acc.tool_delta(key, data.get("delta", "")),)
+            self._args.setdefault(key, []).append(data.get("delta", ""))
+            return ()
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            return self._thinking(data, kind)
+        if kind == "response.refusal.delta":
+            item_id = data.get("item_id", "")
+            self._refused = True
+            self._text_seen.add(item_id)
+            return (acc.text(data.get("delta", ""), key=item_id),)
+        if kind == "response.output_item.added":
+            return self._item_added(data.get("item") or {}, data)
+        if kind == "response.output_item.done":
+            return self.item_done(data.get("item") or {}, data)
+        if kind == "response.function_call_arguments.done":
+            key = self._tool_key(data)
+            if acc.has_tool(key) and isinstance(data.get("arguments"), str):
+                return (acc.tool_end(key, raw_arguments=data["arguments"]),)
+            return ()
+        if kind in ("response.created", "response.in_progress", "response.queued"):
+            self._response_meta(data.get("response") or {})
+            return ()
+        if kind in ("response.completed", "response.incomplete"):
+            self.complete = True
+            return self.finalize(data.get("response") or {})
+        if kind == "response.failed":
+            response = data.get("response") or {}
+            raise responses_error(response.get("error"), provider=self.provider)
+        if kind == "error":
+            raise responses_error(data, provider=self.provider)
+        # content_part / annotation events, built-in tools' progress (web_search_call.searching,
+        # code_interpreter_call_code.delta...): the complete item arrives in output_item.done
+        return ()
+
+    # -- pieces ----------------------------------------------------------------------------------
+    @staticmethod
+    def _tool_key(data: Mapping[str, Any]) -> str:
+        item_id = data.get("item_id")
+        return str(item_id) if item_id else f"output{data.get('output_index', 0)}"
+
+    @staticmethod
+    def _item_key(item: Mapping[str, Any], data: Mapping[str, Any] | None) -> str:
+        item_id = item.get("id")
+        return str(item_id) if item_id else f"output{(data or {}).get('output_index', 0)}"
+
+    def _place(self, key: str, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> int:
+        """Record where an item goes (its ``output_index``; else its place in arrival order)."""
+        index = (data or {}).get("output_index")
+        if not isinstance(index, int):
+            index = self._indexes.get(key, len(self._indexes))
+        self._indexes[key] = index
+        if item.get("type") == "reasoning" and (
+            self._reasoning_at is None or index < self._reasoning_at
+        ):
+            self._reasoning_at = index
+        return index
+
+    def _response_meta(self, response: Mapping[str, Any]) -> None:
+        if response.get("model"):
+            self.acc.model = response["model"]
+        if response.get("id"):
+            self.acc.provider_data = {PROVIDER_DATA_KEY: {"id": response["id"]}}
+
+    def _thinking(self, data: Mapping[str, Any], kind: str) -> tuple[StreamDelta, ...]:
+        item_id = str(data.get("item_id", ""))
+        delta = data.get("delta", "")
+        index = data.get("summary_index", data.get("content_index", 0))
+        last = self._summary_index.get(item_id)
+        self._summary_index[item_id] = (kind, index)
+        if last is not None and last != (kind, index):
+            delta = "\n\n" + delta  # a new summary part
+        self._thinking_seen.add(item_id)
+        return (self.acc.thinking(delta, key=item_id),)
+
+    def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
+        key = self._item_key(item, data)
+        self._place(key, item, data)
+        if item.get("type") != "function_call":
+            return []
+        return self._start_call(key, item)
+
+    def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
+        acc = self.acc
+        if acc.tool(key) is not None:
+            return []
+        call_id = str(item.get("call_id") or item.get("id") or key)
+        out = [acc.tool_start(key, call_id, str(item.get("name") or ""))]
+        for fragment in self._args.pop(key, []):
+            out.append(acc.tool_delta(key, fragment))
+        return out
+
+    def item_done(
+        self, item: Mapping[str, Any], data: Mapping[str, Any] | None = None
+    ) -> list[StreamDelta]:
+        """Record one complete output item (streamed ``output_item.done`` or a body's output).
+
+        Messages become text blocks (with their ``msg_`` id), reasoning items thinking blocks,
+        function calls tool-use blocks; every other item (built-in tool calls, MCP items,
+        ``compaction``, types added later) is kept verbatim as an empty :class:`TextBlock` whose
+        ``provider_data["openai_responses"]["item"]`` goes back unchanged next turn."""
+        acc = self.acc
+        self._items_seen += 1
+        kind = item.get("type")
+        item_id = str(item.get("id") or "")
+        key = self._item_key(item, data)
+        index = self._place(key, item, data)
+        out: list[StreamDelta] = []
+        if kind == "message":
+            our: dict[str, Any] = {"phase": item["phase"]} if item.get("phase") else {}
+            if item_id:
+                self._paired.append((index, "message", item_id, item_id, item.get("phase")))
+            if item_id not in self._text_seen:
+                for part in item.get("content") or []:
+                    if part.get("type") == "output_text" and part.get("text"):
+                        out.append(acc.text(part["text"], key=item_id))
+                    elif part.get("type") == "refusal" and part.get("refusal"):
+                        self._refused = True
+                        out.append(acc.text(part["refusal"], key=item_id))
+            elif any(p.get("type") == "refusal" for p in item.get("content") or []):
+                self._refused = True
+            if our:
+                acc.text_provider_data({PROVIDER_DATA_KEY: our}, key=item_id)
+        elif kind == "reasoning":
+            if item_id not in self._thinking_seen:
+                texts = [s.get("text", "") for s in item.get("summary") or []]
+                texts += [c.get("text", "") for c in item.get("content") or []]
+                text = "\n\n".join(t for t in texts if t)
+                if text:
+                    out.append(acc.thinking(text, key=item_id))
+            if item.get("encrypted_content"):
+                acc.signature(str(item["encrypted_content"]), key=item_id)
+            acc.thinking_provider_data(
+                {PROVIDER_DATA_KEY: {"item": dict(item), "issuer": self.provider}}, key=item_id
+            )
+        elif kind == "function_call":
+            if item_id:
+                self._paired.append((index, "function_call", key, item_id, None))
+            out.extend(self._start_call(key, item))
+            if acc.has_tool(key):
+                arguments = item.get("arguments")
+                out.append(
+                    acc.tool_end(key, raw_arguments=arguments if isinstance(arguments, str) else None)
+                )
+        elif kind:
+            self._other_items.append(dict(item))
+            ours = {"item": dict(item), "issuer": self.provider}
+            acc.add_block(TextBlock(text="", provider_data={PROVIDER_DATA_KEY: ours}), key=key)
+        return out
+
+    def finalize(self, response: Mapping[str, Any]) -> list[StreamDelta]:
+        """The terminal response object: usage, stop reason, anything the stream left out."""
+        acc = self.acc
+        self._response_meta(response)
+        out: list[StreamDelta] = []
+        if self._items_seen == 0:  # a server that sent no item events: read the output
+            for index, item in enumerate(response.get("output") or []):
+                out.extend(self.item_done(item, {"output_index": index}))
+        out.extend(acc.end_open_tools())
+        acc.order_by(self._indexes)
+        self._keep_paired_ids()
+        usage = response.get("usage")
+        if usage:
+            acc.usage = responses_usage(usage)
+        if response.get("status") == "failed":
+            raise responses_error(response.get("error"), provider=self.provider)
+        stop: StopReason
+        if response.get("status") == "incomplete":
+            reason = (response.get("incomplete_details") or {}).get("reason")
+            stop = "content_filter" if reason == "content_filter" else "max_tokens"
+        elif self._refused:
+            stop = "refusal"
+        else:
+            stop = "tool_use" if acc.tool_count else "end_turn"
+        acc.stop_reason = stop
+        if self._other_items:
+            data = dict(acc.provider_data or {})
+            ours = dict(data.get(PROVIDER_DATA_KEY) or {})
+            ours["output_items"] = self._other_items
+            data[PROVIDER_DATA_KEY] = ours
+            acc.provider_data = data
+        return out
+
+    def _keep_paired_ids(self) -> None:
+        """The API pairs a reasoning item with the items after it by their ids: keep the ``msg_`` /
+        ``fc_`` ids of the items a reasoning item comes before, by ``output_index`` (not by the
+        order the events came in)."""
+        first = self._reasoning_at
+        if first is None:
+            return
+        acc = self.acc
+        for index, kind, key, item_id, phase in self._paired:
+            if index < first:
+                continue
+            ours: dict[str, Any] = {"id": item_id}
+            if kind == "message":
+                if phase:
+                    ours["phase"] = phase
+                acc.text_provider_data({PROVIDER_DATA_KEY: ours}, key=key)
+            else:
+                tool = acc.tool(key)
+                if tool is not None:
+                    tool.provider_data = {PROVIDER_DATA_KEY: ours}
+
+    def end(self) -> Iterable[StreamDelta]:
+        """The stream closed without ``response.completed``: the answer is incomplete."""
+        if not self.complete:
+            raise APIConnectionError(
+                "the stream ended before the response was complete", provider=self.provider
+            )
+        return ()
+
+
+def parse_response_object(body: Any, acc: Accumulator, *, provider: str) -> None:
+    """Fill ``acc`` from a non-streamed Response object."""
+    if not isinstance(body, dict):
+        raise APIConnectionError(
+            f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
+        )
+    if body.get("error") and body.get("status") in (None, "failed"):
+        raise responses_error(body["error"], provider=provider)
+    parser = ResponsesStreamParser(acc, provider=provider)
+    for index, item in enumerate(body.get("output") or []):
+        parser.item_done(item, {"output_index": index})
+    parser._items_seen = max(parser._items_seen, 1)
+    parser.finalize(body)
+
+
+# -- the wire format object ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ResponsesQuirks:
+    """What one Responses server does its own way (a frozen description).
+
+    ``encrypted_reasoning``: ask for (and send back) encrypted reasoning items; None decides per
+    model (:func:`is_reasoning_model`; always on when the ``reasoning`` option is given)."""
+
+    encrypted_reasoning: bool | None = None
+
+
+@dataclass(frozen=True)
+class ResponsesWire:
+    """The OpenAI Responses API for one server: ``POST responses``, its body, its parsers.
+
+    ``provider``: the name errors (and the reasoning items' issuer) carry; ``quirks``: the
+    server's :class:`ResponsesQuirks`."""
+
+    provider: str
+    quirks: ResponsesQuirks = ResponsesQuirks()
+
+    #: the format's name (the adapter's backend in logs)
+    name: ClassVar[str] = "responses"
+    #: where requests go, relative to the base URL
+    path: ClassVar[str] = "responses"
+    #: the per-call options the format understands
+    options: ClassVar[frozenset[str]] = RESPONSES_OPTIONS
+    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
+    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
+    #: how ``output=`` goes natively
+    native_output: ClassVar[str] = "text.format"
+
+    def build_body(
+        self, request: ChatRequest, model: str, *, output_mode: str | None = None
+    ) -> dict[str, Any]:
+        return build_responses_body(
+            request, model, provider=self.provider,
+            encrypted_reasoning=self.quirks.encrypted_reasoning, output_mode=output_mode,
+        )
+
+    def wire_request(
+        self,
+        request: ChatRequest,
+        model: str,
+        *,
+        output_mode: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> WireRequest:
+        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
+
+    def stream_parser(self, acc: Accumulator) -> ResponsesStreamParser:
+        return ResponsesStreamParser(acc, provider=self.provider)
+
+    def parse_body(self, body: Any, acc: Accumulator) -> None:
+        parse_response_object(body, acc, provider=self.provider)
+
+    def should_resend(self, error: DispatchError) -> ResponsesWire | None:
+        """No error teaches this format a quirk it did not know: always None."""
+        return None
