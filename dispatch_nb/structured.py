@@ -798,11 +798,11 @@ class OutputModel(Protocol):
 
     def output_mode(self, request: Any) -> str | None: ...
 
-    def _open(self, request: Any, timeout: float | None,
-              cancel: CancelToken | None) -> ResponseStream: ...
+    def open_stream(self, request: Any, timeout: float | None,
+                    cancel: CancelToken | None) -> ResponseStream: ...
 
-    def _aopen(self, request: Any, timeout: float | None,
-               cancel: CancelToken | None) -> AsyncResponseStream: ...
+    def aopen_stream(self, request: Any, timeout: float | None,
+                     cancel: CancelToken | None) -> AsyncResponseStream: ...
 
 
 _Request = TypeVar("_Request", bound=OutputRequest)
@@ -962,7 +962,7 @@ class _Call:
         return dataclasses.replace(self.request, messages=list(self.messages))
 
     def open(self, request: OutputRequest, opener: Callable[..., Any]) -> Any:
-        """Start one attempt with ``opener`` (the adapter's ``_open`` or ``_aopen``) under the
+        """Start one attempt with ``opener`` (the adapter's ``open_stream`` or ``aopen_stream``) under the
         call's control; the attempt's stream becomes :attr:`inner`."""
         assert self.control is not None
         self.inner = opener(request, self.timeout, self.control)
@@ -1066,7 +1066,7 @@ class _CallAccumulator(Accumulator):
 def _run(call: _Call) -> Iterator[StreamDelta]:
     try:
         while True:
-            inner: ResponseStream = call.open(call.next_request(), call.adapter._open)
+            inner: ResponseStream = call.open(call.next_request(), call.adapter.open_stream)
             try:
                 for delta in inner:
                     out = call.transform(delta)
@@ -1087,7 +1087,7 @@ def _run(call: _Call) -> Iterator[StreamDelta]:
 async def _arun(call: _Call) -> AsyncIterator[StreamDelta]:
     try:
         while True:
-            inner: AsyncResponseStream = call.open(call.next_request(), call.adapter._aopen)
+            inner: AsyncResponseStream = call.open(call.next_request(), call.adapter.aopen_stream)
             try:
                 async for delta in inner:
                     out = call.transform(delta)

@@ -201,31 +201,31 @@ class CachedAdapter(Adapter):
             temperature=temperature, options=options,
         )
 
-    def _open(self, request: ChatRequest, timeout: float | None,
-              cancel: CancelToken | None) -> ResponseStream:
+    def open_stream(self, request: ChatRequest, timeout: float | None,
+                    cancel: CancelToken | None) -> ResponseStream:
         """The answer as a stream: replayed, or from the model (recorded when the mode writes)."""
         if self.cache.mode == "off":
             self.model_calls += 1
-            return self.inner._open(request, timeout, cancel)
+            return self.inner.open_stream(request, timeout, cancel)
         key, entry = self._lookup(request)
         if entry is not None:
             self.replayed_calls += 1
             return self._replay(entry, request.stream, timeout, cancel)
         self.model_calls += 1
-        return self._recording(key, request, self.inner._open(request, timeout, cancel))
+        return self._recording(key, request, self.inner.open_stream(request, timeout, cancel))
 
-    def _aopen(self, request: ChatRequest, timeout: float | None,
-               cancel: CancelToken | None) -> AsyncResponseStream:
-        """The async twin of :meth:`_open`."""
+    def aopen_stream(self, request: ChatRequest, timeout: float | None,
+                     cancel: CancelToken | None) -> AsyncResponseStream:
+        """The async twin of :meth:`open_stream`."""
         if self.cache.mode == "off":
             self.model_calls += 1
-            return self.inner._aopen(request, timeout, cancel)
+            return self.inner.aopen_stream(request, timeout, cancel)
         key, entry = self._lookup(request)
         if entry is not None:
             self.replayed_calls += 1
             return self._areplay(entry, request.stream, timeout, cancel)
         self.model_calls += 1
-        return self._arecording(key, request, self.inner._aopen(request, timeout, cancel))
+        return self._arecording(key, request, self.inner.aopen_stream(request, timeout, cancel))
 
     # -- replaying and recording ----------------------------------------------------------------
     @staticmethod

@@ -7,9 +7,8 @@ Streams and sessions here talk to the canonical fake over loopback HTTP."""
 
 from __future__ import annotations
 
-import asyncio
-
 import ast
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
