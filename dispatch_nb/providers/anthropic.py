@@ -2,32 +2,9 @@
 
 The provider: endpoint (``ANTHROPIC_BASE_URL``), key (``ANTHROPIC_API_KEY``), ``anthropic-beta``
 headers, model list, token counting and error mapping. The wire format is
-:class:`~dispatch_nb.wire.anthropic.MessagesWire` (:mod:`dispatch_nb.wire.anthropic`), whose rules
-are (PROTOCOLS.md §6):
-
-* ``system`` is top level; ``max_tokens`` is always sent; consecutive messages with the same role are
-  merged and empty ones dropped (the API wants alternating, non-empty turns); in a user turn the
-  ``tool_result`` blocks come first.
-* Thinking round trip: ``thinking`` blocks go back with their ``signature`` byte-for-byte and
-  ``redacted_thinking`` with its ``data``, in the order the model produced them and in the same
-  assistant turn as the ``tool_use``. A :class:`~dispatch_nb.types.ThinkingBlock` without a signature
-  (reasoning from another provider) cannot be verified by Anthropic and is left out.
-  Thinking that carries another wire format's ``provider_data`` (OpenAI's encrypted reasoning in
-  ``signature``, Copilot's ``reasoning_opaque``) is left out for the same reason.
-* Opaque data rides in ``provider_data["anthropic"]``. Blocks the canonical types have no name for
-  (``server_tool_use``, ``web_search_tool_result``, ``compaction``…) become an empty
-  :class:`~dispatch_nb.types.TextBlock` with the raw block in ``provider_data["anthropic"]["block"]``;
-  it is sent back verbatim, so ``pause_turn`` continuations and compacted conversations work.
-  Streamed, such a block is filled by its own delta events, merged generically
-  (:func:`merge_delta`), so it ends as the non-streamed answer shows it. Fields of known blocks the
-  canonical blocks have no place for (``citations``…) are kept in ``provider_data["anthropic"]
-  ["extra"]``; ``citations`` go back with their text. An outgoing block with
-  ``provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}}`` is a prompt-cache
-  breakpoint.
-* Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
-  ``input_tokens`` excludes cache reads and writes, exactly like :class:`~dispatch_nb.types.Usage`.
-* ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
-  the raw value stays in ``response.provider_data["stop_reason"]``.
+:class:`~dispatch_nb.wire.anthropic.MessagesWire` (:mod:`dispatch_nb.wire.anthropic`), whose module docstring
+gives the format's rules (PROTOCOLS.md §6: system at top level, the thinking round trip, opaque
+and unknown blocks sent back verbatim, cumulative usage, stop reasons).
 """
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
 """``fake``: an adapter for dispatch_nb's own canonical wire protocol, for tests and demos.
 
-The protocol is the canonical types on the wire, so a test server for it is a few lines, and the
-adapter exercises the whole shared HTTP machinery (SSE, errors, retries, deadlines, cancellation)::
-
-    POST {base_url}/chat   {"model", "messages": [Message...], "system", "tools": [ToolDefinition...],
-                            "max_tokens", "temperature", "stream", "options"}
-                            (+ "output": {"name", "description", "schema"} for structured output)
-      stream=false → 200  Response JSON
-      stream=true  → 200  text/event-stream of {"type": ...} events:
-          text {text} | thinking {text} | signature {signature} | block {block}
-          tool_start {id, name} | tool_delta {id, fragment} | tool_end {id}
-          done {stop_reason, usage, model} | error {status, message, error_type}
-      errors       → 4xx/5xx  {"error": {"message", "type"}}
-    GET  {base_url}/models → {"data": [ModelInfo...]}
+The protocol is the canonical types on the wire (its requests, events and errors are described in
+:mod:`dispatch_nb.wire.canonical`), so a test server for it is a few lines, and the adapter
+exercises the whole shared HTTP machinery (SSE, errors, retries, deadlines, cancellation).
 
 ``connect("fake:echo", base_url=...)``; ``base_url`` defaults to ``DISPATCH_NB_FAKE_URL``. The
 protocol itself is :mod:`dispatch_nb.wire.canonical` (its

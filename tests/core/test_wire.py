@@ -287,8 +287,9 @@ def test_post_json_is_the_public_seam_for_side_requests() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     down = AnthropicAdapter("claude-x", api_key="k", base_url=f"http://127.0.0.1:{port}")
-    with pytest.raises(APIConnectionError):
+    with pytest.raises(APIConnectionError) as info:
         down.post_json("v1/messages/count_tokens", {})
+    assert info.value.code == "network_error"
     assert down.count_tokens("hi") == -1  # the server cannot count: -1, as before
     assert down.fixed_headers["anthropic-version"] == "2023-06-01"
     down.close()

@@ -40,10 +40,10 @@ from dispatch_nb.transport import (
     transport_name,
 )
 
-from .fakes.canonical import CanonicalFake
-from .fakes.server import LoopbackServer, Reply, wait_for
+from ..fakes.canonical import CanonicalFake
+from ..fakes.server import LoopbackServer, Reply, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
 
@@ -423,7 +423,7 @@ def test_abortable_transport_is_a_plain_transport_on_httpcores_pool(fake: Canoni
 
     from dispatch_nb.transport import ABORT_EXTENSION
 
-    from .fakes.provider import Stall
+    from ..fakes.provider import Stall
 
     transport = AbortableHTTPTransport(limits=httpx.Limits(max_connections=3))
     assert isinstance(transport, httpx.BaseTransport)

@@ -41,8 +41,8 @@ from dispatch_nb.cache import (
 )
 from dispatch_nb.providers.fake import FakeAdapter
 
-from .fakes.canonical import CanonicalFake
-from .fakes.provider import Fail, ToolCall, Turn
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import Fail, ToolCall, Turn
 
 WEATHER = ToolDefinition(
     name="get_weather",
@@ -333,7 +333,7 @@ def golden_request() -> ChatRequest:
 
 
 GOLDEN_SCRIPT = (
-    "from tests.test_cache import golden_request\n"
+    "from tests.core.test_cache import golden_request\n"
     "from dispatch_nb.cache import cache_key\n"
     "print(cache_key('openai', 'gpt-4.1', golden_request()))\n"
 )
@@ -346,7 +346,7 @@ def test_key_is_stable_across_processes_and_pinned() -> None:
         env = {**os.environ, "PYTHONHASHSEED": seed}
         out = subprocess.run([sys.executable, "-c", GOLDEN_SCRIPT], capture_output=True,
                              text=True, timeout=60, env=env, check=True,
-                             cwd=Path(__file__).resolve().parents[1]).stdout
+                             cwd=Path(__file__).resolve().parents[2]).stdout
         keys.add(out.strip())
     assert keys == {here}
     assert here == GOLDEN_KEY
@@ -459,7 +459,7 @@ for i in range(20):
 
 def test_concurrent_writers_in_processes(path: Path) -> None:
     procs = [subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(path), f"w{n}"],
-                              cwd=Path(__file__).resolve().parents[1]) for n in range(3)]
+                              cwd=Path(__file__).resolve().parents[2]) for n in range(3)]
     for p in procs:
         assert p.wait(60) == 0
     entries = lines(path)  # every line is whole JSON

@@ -20,9 +20,9 @@ from dispatch_nb.call_control import CallControl, TurnControl
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.session import Session, tool
 
-from .fakes.canonical import CanonicalFake
-from .fakes.provider import Stall, ToolCall, Turn
-from .fakes.server import wait_for
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import Stall, ToolCall, Turn
+from ..fakes.server import wait_for
 
 #: "within 100 ms" plus scheduling slack on a loaded 2-core machine
 CANCEL_BUDGET = 0.1 + 0.1
@@ -61,6 +61,7 @@ def test_a_shorter_call_timeout_still_applies_within_a_turn(fake: CanonicalFake,
     fake.push(Stall(2.0))
     with TurnControl(timeout=30) as turn, pytest.raises(APITimeoutError) as info:
         adapter.chat("a", cancel=turn, timeout=0.3)
+    assert info.value.code == "timeout"
     assert "within the 0.3 s timeout" in info.value.message
     control = CallControl(timeout=60, cancel=TurnControl(timeout=0.5))
     remaining = control.remaining()
@@ -72,8 +73,9 @@ def test_cancelling_the_callers_token_cancels_the_turn_and_detaches() -> None:
     with TurnControl(cancel=token) as turn:
         token.cancel("stop now")
         assert turn.cancelled and turn.reason == "stop now"
-        with pytest.raises(RequestCancelled, match="stop now"):
+        with pytest.raises(RequestCancelled, match="stop now") as info:
             turn.check()
+        assert info.value.code == "cancelled"
     reused = CancelToken()
     for _ in range(3):
         with TurnControl(cancel=reused):
@@ -123,6 +125,7 @@ def test_session_deadline_spans_two_model_calls_and_a_tool(fake: CanonicalFake,
     with pytest.raises(APITimeoutError) as info:
         run()
     waited = time.monotonic() - started
+    assert info.value.code == "timeout"
     assert 0.9 <= waited < 1.25, waited  # one 0.9 s budget for call, tool and call
     assert "within the 0.9 s timeout (waited 0.9 s)" in info.value.message
     assert any(isinstance(e, ToolResultEvent) for e in events)  # the tool ran inside the budget
@@ -154,6 +157,7 @@ def test_cancel_reaches_the_model_call_running_now(fake: CanonicalFake,
     with pytest.raises(RequestCancelled) as info:
         session.send("go", cancel=token, timeout=10, stream=True)
     reacted = time.monotonic() - at[0]
+    assert info.value.code == "cancelled"
     thread.join()
     assert reacted < CANCEL_BUDGET, reacted
     assert info.value.message == "the user stopped it"
@@ -187,8 +191,9 @@ def test_cancel_reaches_async_tools_running_now(fake: CanonicalFake,
             token.cancel("enough")
 
         loop.run_in_executor(None, cancel_from_a_thread)
-        with pytest.raises(RequestCancelled, match="enough"):
+        with pytest.raises(RequestCancelled, match="enough") as info:
             await session.asend("go", cancel=token)
+        assert info.value.code == "cancelled"
         return time.monotonic() - at[0]
 
     assert asyncio.run(main()) < CANCEL_BUDGET
@@ -207,4 +212,5 @@ def test_a_structured_call_inside_a_turn_never_outlives_it(fake: CanonicalFake,
     with TurnControl(timeout=0.5) as turn, pytest.raises(APITimeoutError) as info:
         adapter.chat("x", output=schema, cancel=turn, timeout=30)
     assert time.monotonic() - turn.started_at < 0.85
+    assert info.value.code == "timeout"
     assert "within the 0.5 s timeout" in info.value.message

@@ -36,8 +36,8 @@ from dispatch_nb import (
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.session import CancelToken, Session, tool
 
-from .fakes.canonical import CanonicalFake
-from .fakes.provider import Fail, ToolCall, Turn
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import Fail, ToolCall, Turn
 
 
 def sent(fake: CanonicalFake, index: int = -1) -> dict[str, Any]:

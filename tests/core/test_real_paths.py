@@ -32,9 +32,9 @@ import trustme
 from dispatch_nb import APIConnectionError, APITimeoutError, CancelToken, RequestCancelled
 from dispatch_nb.providers.fake import FakeAdapter
 
-from .fakes.canonical import CanonicalFake
-from .fakes.provider import Stall, Turn, sse_event
-from .fakes.server import LoopbackServer, RecordedRequest, Reply, tls_context, wait_for
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import Stall, Turn, sse_event
+from ..fakes.server import LoopbackServer, RecordedRequest, Reply, tls_context, wait_for
 
 #: "within 100 ms" plus scheduling slack on a loaded 2-core machine
 CANCEL_BUDGET = 0.1 + 0.1
@@ -312,7 +312,7 @@ def test_asyncio_timeout_around_a_stream_keeps_what_arrived(fake: CanonicalFake)
 
 
 def test_text_stream_yields_only_the_text_and_leaves_the_response(fake: CanonicalFake) -> None:
-    from .fakes.provider import ToolCall
+    from ..fakes.provider import ToolCall
 
     fake.push(Turn(text="Grüße aus Köln!", chunk=3, thinking="hmm", signature="sig",
                    tool_calls=[ToolCall("c1", "look", {"q": "x"})]))

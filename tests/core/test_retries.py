@@ -29,8 +29,8 @@ from dispatch_nb.adapter import BACKOFF_CAP, RETRY_AFTER_CAP, backoff_delay
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.session import Session
 
-from .fakes.canonical import CanonicalFake
-from .fakes.provider import Drop, Fail, Stall, Turn
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import Drop, Fail, Stall, Turn
 
 SECRET = "sk-test-SECRET-value-0123456789"
 

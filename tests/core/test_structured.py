@@ -42,11 +42,11 @@ from dispatch_nb.structured import (
     openai_strict_schema,
 )
 
-from .fakes.anthropic import AnthropicFake
-from .fakes.canonical import CanonicalFake
-from .fakes.openai_chat import OpenAIChatFake
-from .fakes.provider import Stall, Turn
-from .fakes.structured import _anthropic_problem, _openai_strict_problem, mechanism_of
+from ..fakes.anthropic import AnthropicFake
+from ..fakes.canonical import CanonicalFake
+from ..fakes.openai_chat import OpenAIChatFake
+from ..fakes.provider import Stall, Turn
+from ..fakes.structured import _anthropic_problem, _openai_strict_problem, mechanism_of
 
 
 class Tag(BaseModel):

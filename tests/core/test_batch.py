@@ -35,12 +35,12 @@ from dispatch_nb.batching.rows import TemplateError
 from dispatch_nb.cache import CacheMissError, ResponseCache
 from dispatch_nb.providers.fake import FakeAdapter
 
-from .fakes.batching import BatchFake
-from .fakes.canonical import CanonicalFake
-from .fakes.provider import Fail, Turn
-from .fakes.server import RecordedRequest
+from ..fakes.batching import BatchFake
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import Fail, Turn
+from ..fakes.server import RecordedRequest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def adapter_for(fake: BatchFake) -> FakeAdapter:

@@ -18,7 +18,7 @@ from dispatch_nb.errors import ModelUnavailableError
 from dispatch_nb.providers.local import LocalAdapter, llama_cpp_installed
 from dispatch_nb.replay_only import ReplayOnlyAdapter, connect_for_cache
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _key(adapter: Adapter, prompt: str = "hi", **options: object) -> str:

@@ -25,12 +25,12 @@ from dispatch_nb import Response, batch  # noqa: E402
 from dispatch_nb.providers.fake import FakeAdapter  # noqa: E402
 from dispatch_nb.providers.local import local_model_available  # noqa: E402
 
-from .fakes.batching import BatchFake  # noqa: E402
-from .fakes.openai_chat import OpenAIChatFake  # noqa: E402
+from ..fakes.batching import BatchFake  # noqa: E402
+from ..fakes.openai_chat import OpenAIChatFake  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKER_KEY = "sk-worker-" + "W" * 32
 CLIENT_KEY = "sk-client-" + "C" * 32
 

@@ -21,8 +21,8 @@ from dispatch_nb.session import Session
 from dispatch_nb.stream import Accumulator
 from dispatch_nb.types import StreamDelta
 
-from .fakes.canonical import CanonicalFake
-from .fakes.server import LoopbackServer, Reply
+from ..fakes.canonical import CanonicalFake
+from ..fakes.server import LoopbackServer, Reply
 
 SESSIONS = 64
 

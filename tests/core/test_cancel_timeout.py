@@ -28,9 +28,9 @@ from dispatch_nb import (
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.session import Session, tool
 
-from .fakes.canonical import CanonicalFake
-from .fakes.provider import Fail, Stall, ToolCall, Turn
-from .fakes.server import RecordedRequest, Reply, wait_for
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import Fail, Stall, ToolCall, Turn
+from ..fakes.server import RecordedRequest, Reply, wait_for
 
 #: "within 100 ms" plus scheduling slack on a loaded 2-core machine
 CANCEL_BUDGET = 0.1 + 0.1
