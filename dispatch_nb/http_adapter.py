@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -35,6 +35,7 @@ from .sse import SSEDecoder
 from .stream import Accumulator
 from .transport import (
     ABORT_EXTENSION,
+    READ_EXTENSION,
     RELEASE_EXTENSION,
     LoopClients,
     async_client,
@@ -135,17 +136,30 @@ def _release(response: httpx.Response, chunks: Iterator[bytes]) -> None:
         timer.cancel()
 
 
-async def _arelease(raw: AsyncIterator[bytes]) -> None:
+async def _arelease(read: Callable[[], Awaitable[bytes]]) -> None:
     """The answer is complete: read the rest of the body (briefly) so the connection is reused."""
 
     async def rest() -> None:
-        async for _ in raw:
+        while await read():
             pass
 
     try:
         await asyncio.wait_for(rest(), RELEASE_SECONDS)
     except (asyncio.TimeoutError, httpx.HTTPError, OSError):
         pass
+
+
+def _chunk_reader(chunks: AsyncIterator[bytes]) -> Callable[[], Awaitable[bytes]]:
+    """``read()`` over httpx's body iterator: the next chunk, ``b""`` at the end (the
+    :data:`~dispatch_nb.transport.READ_EXTENSION` of transports that have none)."""
+
+    async def read() -> bytes:
+        try:
+            return await chunks.__anext__()
+        except StopAsyncIteration:
+            return b""
+
+    return read
 
 
 def _within_deadline(timeout: httpx.Timeout, control: CallControl) -> httpx.Timeout:
@@ -490,22 +504,28 @@ class HTTPAdapter(Adapter):
                 parser = self._parser(wire, request, acc)
                 decoder = SSEDecoder()
                 encoding = self._content_encoding(response)
-                raw = response.aiter_bytes() if encoding else response.aiter_raw()
+                # aiohttp's body, read directly (everything that arrived, per wake-up); else httpx's
+                read: Callable[[], Awaitable[bytes]] | None = (
+                    None if encoding else response.extensions.get(READ_EXTENSION)
+                )
+                if read is None:
+                    read = _chunk_reader(
+                        response.aiter_bytes() if encoding else response.aiter_raw()
+                    )
                 while True:
                     reading[0] = True
-                    try:
-                        chunk = await raw.__anext__()
-                    except StopAsyncIteration:
+                    chunk = await read()
+                    reading[0] = False
+                    if not chunk:
                         break
-                    finally:
-                        reading[0] = False
                     for event in decoder.feed(chunk):
                         for delta in parser.feed(event):
                             yield delta
                         if parser.complete:
-                            await _arelease(raw)
+                            await _arelease(read)
                             return
-                    control.check()
+                    if control.reason is not None or control.deadline is not None:
+                        control.check()
                 for event in decoder.end():
                     for delta in parser.feed(event):
                         yield delta
