@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -35,6 +35,7 @@ from .sse import SSEDecoder
 from .stream import Accumulator
 from .transport import (
     ABORT_EXTENSION,
+    READ_EXTENSION,
     RELEASE_EXTENSION,
     LoopClients,
     async_client,
@@ -135,17 +136,30 @@ def _release(response: httpx.Response, chunks: Iterator[bytes]) -> None:
         timer.cancel()
 
 
-async def _arelease(raw: AsyncIterator[bytes]) -> None:
+async def _arelease(read: Callable[[], Awaitable[bytes]]) -> None:
     """The answer is complete: read the rest of the body (briefly) so the connection is reused."""
 
     async def rest() -> None:
-        async for _ in raw:
+        while await read():
             pass
 
     try:
         await asyncio.wait_for(rest(), RELEASE_SECONDS)
     except (asyncio.TimeoutError, httpx.HTTPError, OSError):
         pass
+
+
+def _chunk_reader(chunks: AsyncIterator[bytes]) -> Callable[[], Awaitable[bytes]]:
+    """``read()`` over httpx's body iterator: the next chunk, ``b""`` at the end (the
+    :data:`~dispatch_nb.transport.READ_EXTENSION` of transports that have none)."""
+
+    async def read() -> bytes:
+        try:
+            return await chunks.__anext__()
+        except StopAsyncIteration:
+            return b""
+
+    return read
 
 
 def _within_deadline(timeout: httpx.Timeout, control: CallControl) -> httpx.Timeout:
@@ -209,6 +223,7 @@ class HTTPAdapter(Adapter):
         self._http_timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
         self._async_clients = LoopClients(lambda: async_client(self._http_timeout))
         self._client_lock = threading.Lock()
+        self._parsed_urls: dict[str, httpx.URL] = {}
 
     # -- hooks -----------------------------------------------------------------------------------
     @property
@@ -312,6 +327,17 @@ class HTTPAdapter(Adapter):
             return url
         return f"{self.base_url}/{url.lstrip('/')}"
 
+    def _parsed_url(self, url: str) -> httpx.URL:
+        """:meth:`_url` parsed, remembered: httpx parses a URL given as text on every request
+        (tens of microseconds, twice), an ``httpx.URL`` not at all."""
+        text = self._url(url)
+        parsed = self._parsed_urls.get(text)
+        if parsed is None:
+            if len(self._parsed_urls) >= 64:  # a provider with per-request URLs: keep it small
+                self._parsed_urls.clear()
+            parsed = self._parsed_urls[text] = httpx.URL(text)
+        return parsed
+
     def _headers(self, wire: WireRequest, auth: Mapping[str, str], request: ChatRequest) -> dict[str, str]:
         headers = {"user-agent": USER_AGENT, "accept": "application/json"}
         if wire.json is not None:
@@ -395,7 +421,7 @@ class HTTPAdapter(Adapter):
             headers = self._headers(wire, self.auth_headers(), request)
             http_request = client.build_request(
                 wire.method,
-                self._url(wire.url),
+                self._parsed_url(wire.url),
                 headers=headers,
                 content=self._body(wire, request),
                 extensions={"trace": trace, ABORT_EXTENSION: control.on_abort},
@@ -474,7 +500,8 @@ class HTTPAdapter(Adapter):
             control.check()
             headers = self._headers(wire, auth, request)
             http_request = client.build_request(
-                wire.method, self._url(wire.url), headers=headers, content=self._body(wire, request)
+                wire.method, self._parsed_url(wire.url), headers=headers,
+                content=self._body(wire, request),
             )
             reading[0] = True
             response = await client.send(http_request, stream=True, auth=self._send_auth())
@@ -490,22 +517,28 @@ class HTTPAdapter(Adapter):
                 parser = self._parser(wire, request, acc)
                 decoder = SSEDecoder()
                 encoding = self._content_encoding(response)
-                raw = response.aiter_bytes() if encoding else response.aiter_raw()
+                # aiohttp's body, read directly (everything that arrived, per wake-up); else httpx's
+                read: Callable[[], Awaitable[bytes]] | None = (
+                    None if encoding else response.extensions.get(READ_EXTENSION)
+                )
+                if read is None:
+                    read = _chunk_reader(
+                        response.aiter_bytes() if encoding else response.aiter_raw()
+                    )
                 while True:
                     reading[0] = True
-                    try:
-                        chunk = await raw.__anext__()
-                    except StopAsyncIteration:
+                    chunk = await read()
+                    reading[0] = False
+                    if not chunk:
                         break
-                    finally:
-                        reading[0] = False
                     for event in decoder.feed(chunk):
                         for delta in parser.feed(event):
                             yield delta
                         if parser.complete:
-                            await _arelease(raw)
+                            await _arelease(read)
                             return
-                    control.check()
+                    if control.reason is not None or control.deadline is not None:
+                        control.check()
                 for event in decoder.end():
                     for delta in parser.feed(event):
                         yield delta

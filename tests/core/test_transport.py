@@ -31,6 +31,7 @@ import pytest
 from dispatch_nb import APIConnectionError
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.transport import (
+    READ_EXTENSION,
     TRANSPORT_ENV,
     AbortableHTTPTransport,
     ThreadedTransport,
@@ -361,6 +362,38 @@ def test_content_encoding_is_left_to_httpx(transport: str, encoding: str) -> Non
             return decoded, raw
 
         assert asyncio.run(main()) == (b"".join(EVENTS), b"".join(chunks))
+
+
+def test_an_aiohttp_body_reads_directly_as_aiter_raw_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The :data:`READ_EXTENSION` of an async aiohttp response reads the same bytes as
+    ``aiter_raw`` (``b""`` at the end), and a connection cut mid-body raises the same error."""
+    monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
+    whole = Reply.sse(EVENTS, delay=0.001)
+    cut = Reply.sse(EVENTS, delay=0.001, reset_after=5)
+
+    async def read_all(client: httpx.AsyncClient, url: str, direct: bool) -> bytes | str:
+        async with client.stream("GET", url) as r:
+            try:
+                if not direct:
+                    return b"".join([c async for c in r.aiter_raw()])
+                read = r.extensions[READ_EXTENSION]
+                parts = []
+                while chunk := await read():
+                    parts.append(chunk)
+                assert await read() == b""  # and stays at the end
+                return b"".join(parts)
+            except httpx.HTTPError as exc:
+                return type(exc).__name__
+
+    async def main(url: str) -> list[bytes | str]:
+        async with async_client(httpx.Timeout(5)) as client:
+            return [await read_all(client, url + path, direct)
+                    for path in ("/whole", "/cut") for direct in (True, False)]
+
+    with LoopbackServer(lambda request: cut if request.path == "/cut" else whole) as server:
+        got = asyncio.run(main(server.url))
+    assert got[0] == got[1] == b"".join(EVENTS)
+    assert got[2] == got[3] == "RemoteProtocolError"
 
 
 # -- the threaded transport's hand-over ----------------------------------------------------------
