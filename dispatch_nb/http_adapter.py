@@ -115,24 +115,37 @@ def _shutdown_stream(network_stream: Any) -> None:
 RELEASE_SECONDS = 0.25
 
 
-def _release(response: httpx.Response, chunks: Iterator[bytes]) -> None:
+def _release(response: httpx.Response) -> None:
     """The answer is complete: let its connection go back to the pool (the caller then closes)."""
     release = response.extensions.get(RELEASE_EXTENSION)
     if release is not None:  # our threaded transport reads the rest in the background
         release(RELEASE_SECONDS)
         return
-    # httpx's own transport: read the rest here, with the socket shut down if it takes too long
-    timer = threading.Timer(
-        RELEASE_SECONDS, _shutdown_stream, (response.extensions.get("network_stream"),)
-    )
+    # httpx's own transport: read the rest here, with the socket shut down if that takes too long.
+    # The transport's stream is read directly (not iter_raw, which closes the response at the end
+    # and so hands the connection back to the pool): the connection stays this call's until the
+    # caller closes the response, after the timer can no longer fire — a late timer must never shut
+    # down a connection another request has taken from the pool meanwhile.
+    network_stream = response.extensions.get("network_stream")
+    lock = threading.Lock()
+    reading = [True]
+
+    def expire() -> None:
+        with lock:
+            if reading[0]:
+                _shutdown_stream(network_stream)
+
+    timer = threading.Timer(RELEASE_SECONDS, expire)
     timer.daemon = True
     timer.start()
     try:
-        for _ in chunks:
+        for _ in response.stream:  # type: ignore[union-attr]
             pass
-    except (httpx.HTTPError, OSError):
+    except Exception:  # a broken or shut-down connection: the pool drops it
         pass
     finally:
+        with lock:
+            reading[0] = False
         timer.cancel()
 
 
@@ -450,7 +463,7 @@ class HTTPAdapter(Adapter):
                     for event in decoder.feed(chunk):
                         yield from parser.feed(event)
                         if parser.complete:
-                            _release(response, chunks)
+                            _release(response)
                             return
                     if control.reason is not None:
                         control.check()
