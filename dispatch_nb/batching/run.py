@@ -126,6 +126,7 @@ def batch(
     namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    read_interval: float | None = None,
     **options: Any,
 ) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
@@ -148,6 +149,10 @@ def batch(
     ``partition_size`` rows. ``progress``: ``None`` (auto), ``True`` or ``False``. ``cancel``: a
     :class:`~dispatch_nb.cancel.CancelToken` that stops the batch (finished rows are kept).
     ``namespace``: names the template may use besides each row's (a notebook's variables).
+    ``read_interval``: seconds between reads of each row's streamed answer (see
+    :func:`~dispatch_nb.transport.read_interval`): ``None`` (auto) is 0.1 s at ``concurrency``
+    64 and above — hundreds of streams read event by event would take most of a core — and 0
+    (every event as it arrives) below; a row then ends at most that much later.
 
     Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
     ``.result`` holds every finished row.
@@ -155,6 +160,7 @@ def batch(
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
                      checkpoint=checkpoint, cache=cache, namespace=namespace,
+                     read_interval=read_interval,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
     job = _Job(plan, cancel, progress)
@@ -210,6 +216,7 @@ async def abatch(
     namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    read_interval: float | None = None,
     **options: Any,
 ) -> BatchResult:
     """The async twin of :func:`batch`, on the running event loop. Cancelling the awaiting task
@@ -217,6 +224,7 @@ async def abatch(
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
                      checkpoint=checkpoint, cache=cache, namespace=namespace,
+                     read_interval=read_interval,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
     job = _Job(plan, cancel, progress)
