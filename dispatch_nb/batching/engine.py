@@ -43,10 +43,20 @@ __all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "prepare_row
 log = logging.getLogger("dispatch_nb")
 
 DEFAULT_MAX_RETRIES = 6
-#: from this concurrency up, a batch reads each row's stream in bursts by default...
+#: from this concurrency up, a batch reads each row's stream in bursts by default
+#: (:func:`~dispatch_nb.transport.read_interval`)...
 PACED_CONCURRENCY = 64
-#: ...every this many seconds (:func:`~dispatch_nb.transport.read_interval`)
-PACED_READ_INTERVAL = 0.1
+#: ...at an interval that keeps its reads to about this many a second (0.2 s at concurrency 256)...
+PACED_READS_PER_SECOND = 1280
+#: ...but never longer than this (a row ends at most this much later)
+PACED_MAX_INTERVAL = 0.25
+
+
+def auto_read_interval(concurrency: int) -> float:
+    """The read interval of a batch at ``concurrency`` when none is given."""
+    if concurrency < PACED_CONCURRENCY:
+        return 0.0
+    return min(PACED_MAX_INTERVAL, concurrency / PACED_READS_PER_SECOND)
 
 
 @dataclass
@@ -57,8 +67,7 @@ class BatchSettings:
     max_retries: int = DEFAULT_MAX_RETRIES
     timeout: float | None = None
     retry_backoff: float = BACKOFF_BASE
-    #: seconds between reads of each row's stream (``None``: :data:`PACED_READ_INTERVAL` at
-    #: concurrency :data:`PACED_CONCURRENCY` and above, else 0: every event as it arrives)
+    #: seconds between reads of each row's stream (``None``: :func:`auto_read_interval`)
     read_interval: float | None = None
 
     def __post_init__(self) -> None:
@@ -76,7 +85,7 @@ class BatchSettings:
         """The read interval rows run with (see :func:`~dispatch_nb.transport.read_interval`)."""
         if self.read_interval is not None:
             return float(self.read_interval)
-        return PACED_READ_INTERVAL if self.concurrency >= PACED_CONCURRENCY else 0.0
+        return auto_read_interval(self.concurrency)
 
 
 @dataclass

@@ -11,6 +11,7 @@ concurrency calls for (the CPU it saves is measured by ``benchmarks/bench_batch.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from typing import Any
@@ -19,7 +20,12 @@ import httpx
 import pytest
 
 from dispatch_nb import APIConnectionError, Response, abatch, batch
-from dispatch_nb.batching.engine import PACED_CONCURRENCY, PACED_READ_INTERVAL, BatchSettings
+from dispatch_nb.batching.engine import (
+    PACED_CONCURRENCY,
+    PACED_MAX_INTERVAL,
+    BatchSettings,
+    auto_read_interval,
+)
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.transport import (
     PACE_EXTENSION,
@@ -41,15 +47,15 @@ EVENT_GAP = 0.02  # the server's pause between events: 24 events over ~0.5 s
 
 def bursts(times: list[float], gap: float = 0.01) -> int:
     """How many groups ``times`` (ascending) falls into, a new group after each pause > ``gap``."""
-    return 1 + sum(1 for a, b in zip(times, times[1:]) if b - a > gap) if times else 0
+    return 1 + sum(1 for a, b in itertools.pairwise(times) if b - a > gap) if times else 0
 
 
 # -- the interval itself -------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [-0.1, math.inf, math.nan, "fast", True, None])
 def test_a_bad_interval_says_what_an_interval_is(bad: Any) -> None:
-    with pytest.raises(ValueError, match=r"read_interval must be a number of seconds >= 0"):
-        with read_interval(bad):
-            pass
+    with pytest.raises(ValueError, match=r"read_interval must be a number of seconds >= 0"), \
+            read_interval(bad):
+        pass
     if bad is None:
         return  # a batch's read_interval=None is its own choice (test_a_batch_paces_its_rows...)
     with pytest.raises(ValueError, match=r"read_interval must be a number of seconds >= 0"):
@@ -74,16 +80,16 @@ async def read_body(url: str, interval: float) -> tuple[bytes, list[float], bool
     """The whole body, the loop times at which reads returned data, whether it was paced."""
     loop = asyncio.get_running_loop()
     with read_interval(interval):
-        async with async_client(httpx.Timeout(10)) as client:
-            async with client.stream("GET", url) as response:
-                read = response.extensions[READ_EXTENSION]
-                pace = response.extensions.get(PACE_EXTENSION)
-                parts, times = [], []
-                while chunk := await read():
-                    parts.append(chunk)
-                    times.append(loop.time())
-                    if pace is not None:
-                        pace()
+        async with async_client(httpx.Timeout(10)) as client, \
+                client.stream("GET", url) as response:
+            read = response.extensions[READ_EXTENSION]
+            pace = response.extensions.get(PACE_EXTENSION)
+            parts, times = [], []
+            while chunk := await read():
+                parts.append(chunk)
+                times.append(loop.time())
+                if pace is not None:
+                    pace()
     return b"".join(parts), times, pace is not None
 
 
@@ -127,10 +133,10 @@ def test_httpx_transport_is_not_paced(monkeypatch: pytest.MonkeyPatch) -> None:
 
     async def extensions(url: str) -> set[str]:
         with read_interval(0.2):
-            async with async_client(httpx.Timeout(10)) as client:
-                async with client.stream("GET", url) as response:
-                    await response.aread()
-                    return set(response.extensions)
+            async with async_client(httpx.Timeout(10)) as client, \
+                    client.stream("GET", url) as response:
+                await response.aread()
+                return set(response.extensions)
 
     with LoopbackServer(lambda request: reply) as server:
         assert PACE_EXTENSION not in asyncio.run(extensions(server.url))
@@ -216,9 +222,8 @@ class IntervalRecorder(FakeAdapter):
 
 @pytest.mark.parametrize(
     ("concurrency", "given", "expected"),
-    [(8, None, 0.0), (PACED_CONCURRENCY - 1, None, 0.0),
-     (PACED_CONCURRENCY, None, PACED_READ_INTERVAL), (256, None, PACED_READ_INTERVAL),
-     (256, 0, 0.0), (4, 0.05, 0.05)],
+    [(8, None, 0.0), (PACED_CONCURRENCY - 1, None, 0.0), (PACED_CONCURRENCY, None, 0.05),
+     (256, None, 0.2), (256, 0, 0.0), (4, 0.05, 0.05)],
 )
 def test_a_batch_paces_its_rows_by_its_concurrency(concurrency: int, given: float | None,
                                                    expected: float) -> None:
@@ -245,8 +250,14 @@ def test_an_async_batch_paces_only_its_own_rows() -> None:
         texts, after = asyncio.run(main())
         adapter.close()
     assert texts == [f"echo: row {i}" for i in range(6)]
-    assert adapter.intervals == [PACED_READ_INTERVAL] * 6
+    assert adapter.intervals == [0.05] * 6
     assert after == 0.0
+
+
+def test_the_automatic_interval_grows_with_concurrency_up_to_its_cap() -> None:
+    intervals = [auto_read_interval(c) for c in (1, 63, 64, 128, 256, 320, 1000, 10_000)]
+    assert intervals == [0.0, 0.0, 0.05, 0.1, 0.2, 0.25, 0.25, 0.25]
+    assert max(intervals) == PACED_MAX_INTERVAL
 
 
 def test_a_bad_interval_fails_the_batch_before_any_row_is_sent() -> None:
