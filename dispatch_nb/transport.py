@@ -324,7 +324,12 @@ class _ReadClock:
         self._handle = None
         paused, self._paused = self._paused, []
         for transport in paused:
-            transport.resume_reading()  # a no-op on a closed transport
+            if transport.is_closing():
+                continue  # closed while paused (a cancelled or broken stream)
+            try:
+                transport.resume_reading()
+            except Exception:  # one transport failing must not leave the others paused
+                logger.debug("resuming a paced stream failed", exc_info=True)
 
 
 class _AiohttpBody(httpx.AsyncByteStream):

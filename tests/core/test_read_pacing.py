@@ -266,3 +266,29 @@ def test_a_bad_interval_fails_the_batch_before_any_row_is_sent() -> None:
             batch("row {row}", [1, 2], model=FakeAdapter("echo", base_url=fake.base_url),
                   read_interval=-1, progress=False)
         assert sum(fake.asked.values()) == 0
+
+
+def test_a_stream_cancelled_while_paused_leaves_the_others_reading(
+    fake: CanonicalFake, adapter: FakeAdapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
+    text = "".join(f"c{i:02d} " for i in range(30))
+    for _ in range(3):
+        fake.push(Turn(text=text, chunk=4, delay=EVENT_GAP))
+
+    async def main() -> tuple[bool, str, str]:
+        with read_interval(0.2):
+            first = asyncio.create_task(adapter.achat("a", stream=True))
+            second = asyncio.create_task(adapter.achat("b", stream=True))
+            await asyncio.sleep(0.3)  # both mid-stream, their sockets paused between ticks
+            first.cancel()
+            cancelled = False
+            try:
+                await first
+            except asyncio.CancelledError:
+                cancelled = True
+            survivor = await asyncio.wait_for(second, 10)
+            after = await asyncio.wait_for(adapter.achat("c", stream=True), 10)
+        return cancelled, survivor.text, after.text
+
+    assert asyncio.run(main()) == (True, text, text)
