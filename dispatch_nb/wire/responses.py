@@ -35,6 +35,12 @@ among the other blocks, and goes back unchanged: ``[reasoning, web_search_call, 
 message]`` must return whole, or the first reasoning item lacks its following item (400). Blocks
 are placed by ``output_index``, whatever order the events came in.
 
+Streamed parts are keyed by ``output_index`` (and ``content_index`` / ``summary_index`` within an
+item), never by ``item_id``: GitHub Copilot's ``/responses`` (Codex-class models) gives every event
+of an item a fresh ``item_id``, and only ``output_index`` stays stable. ``output_item.done``'s
+complete item replaces what its index streamed (its text, its id, its encrypted content); that item
+is what goes back next turn.
+
 Stop reasons: ``completed`` → ``end_turn`` (``tool_use`` with function calls); ``incomplete`` →
 ``max_tokens`` / ``content_filter`` per ``incomplete_details.reason``; a refusal (``refusal`` content
 / ``response.refusal.delta``) becomes a text block and stop reason ``refusal``; ``response.failed``
@@ -443,6 +449,7 @@ class ResponsesStreamParser:
         "_args",
         "_indexes",
         "_items_seen",
+        "_key_of_id",
         "_other_items",
         "_paired",
         "_reasoning_at",
@@ -467,7 +474,8 @@ class ResponsesStreamParser:
         self._refused = False
         self._items_seen = 0
         self._other_items: list[dict[str, Any]] = []
-        self._indexes: dict[Hashable, int] = {}  # block key (item id) → output_index
+        self._indexes: dict[Hashable, int] = {}  # block key → output_index
+        self._key_of_id: dict[str, str] = {}  # item id → block key (events without an index)
         self._reasoning_at: int | None = None  # the first reasoning item's output_index
         #: messages / function calls whose ids go back if a reasoning item comes before them:
         #: (output_index, kind, block key, item id, message phase)
@@ -491,11 +499,11 @@ class ResponsesStreamParser:
         kind = data.get("type")
         acc = self.acc
         if kind == "response.output_text.delta":
-            item_id = data.get("item_id", "")
-            self._text_seen.add(item_id)
-            return (acc.text(data.get("delta", ""), key=item_id),)
+            key = self._key(data)
+            self._text_seen.add(key)
+            return (acc.text(data.get("delta", ""), key=key),)
         if kind == "response.function_call_arguments.delta":
-            key = self._tool_key(data)
+            key = self._key(data)
             if acc.has_tool(key):
                 return (acc.tool_delta(key, data.get("delta", "")),)
             self._args.setdefault(key, []).append(data.get("delta", ""))
@@ -503,16 +511,16 @@ class ResponsesStreamParser:
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             return self._thinking(data, kind)
         if kind == "response.refusal.delta":
-            item_id = data.get("item_id", "")
+            key = self._key(data)
             self._refused = True
-            self._text_seen.add(item_id)
-            return (acc.text(data.get("delta", ""), key=item_id),)
+            self._text_seen.add(key)
+            return (acc.text(data.get("delta", ""), key=key),)
         if kind == "response.output_item.added":
             return self._item_added(data.get("item") or {}, data)
         if kind == "response.output_item.done":
             return self.item_done(data.get("item") or {}, data)
         if kind == "response.function_call_arguments.done":
-            key = self._tool_key(data)
+            key = self._key(data)
             if acc.has_tool(key) and isinstance(data.get("arguments"), str):
                 return (acc.tool_end(key, raw_arguments=data["arguments"]),)
             return ()
@@ -532,15 +540,25 @@ class ResponsesStreamParser:
         return ()
 
     # -- pieces ----------------------------------------------------------------------------------
-    @staticmethod
-    def _tool_key(data: Mapping[str, Any]) -> str:
-        item_id = data.get("item_id")
-        return str(item_id) if item_id else f"output{data.get('output_index', 0)}"
+    def _key(self, data: Mapping[str, Any]) -> str:
+        """The block an item event belongs to: its ``output_index`` (Copilot rotates item ids from
+        one event to the next). The ``item_id`` is used only when a server leaves the index out:
+        the index its ``output_item.added`` gave that id, else the id itself."""
+        index = data.get("output_index")
+        if isinstance(index, int):
+            return f"output{index}"
+        item_id = str(data.get("item_id") or "")
+        return self._key_of_id.get(item_id, item_id or "output0")
 
-    @staticmethod
-    def _item_key(item: Mapping[str, Any], data: Mapping[str, Any] | None) -> str:
-        item_id = item.get("id")
-        return str(item_id) if item_id else f"output{(data or {}).get('output_index', 0)}"
+    def _item_key(self, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> str:
+        index = (data or {}).get("output_index")
+        item_id = str(item.get("id") or "")
+        if isinstance(index, int):
+            key = f"output{index}"
+            if item_id:
+                self._key_of_id[item_id] = key
+            return key
+        return self._key_of_id.get(item_id, item_id or "output0")
 
     def _place(self, key: str, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> int:
         """Record where an item goes (its ``output_index``; else its place in arrival order)."""
@@ -561,15 +579,15 @@ class ResponsesStreamParser:
             self.acc.provider_data = {PROVIDER_DATA_KEY: {"id": response["id"]}}
 
     def _thinking(self, data: Mapping[str, Any], kind: str) -> tuple[StreamDelta, ...]:
-        item_id = str(data.get("item_id", ""))
+        key = self._key(data)
         delta = data.get("delta", "")
         index = data.get("summary_index", data.get("content_index", 0))
-        last = self._summary_index.get(item_id)
-        self._summary_index[item_id] = (kind, index)
+        last = self._summary_index.get(key)
+        self._summary_index[key] = (kind, index)
         if last is not None and last != (kind, index):
             delta = "\n\n" + delta  # a new summary part
-        self._thinking_seen.add(item_id)
-        return (self.acc.thinking(delta, key=item_id),)
+        self._thinking_seen.add(key)
+        return (self.acc.thinking(delta, key=key),)
 
     def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
         key = self._item_key(item, data)
@@ -596,7 +614,8 @@ class ResponsesStreamParser:
         Messages become text blocks (with their ``msg_`` id), reasoning items thinking blocks,
         function calls tool-use blocks; every other item (built-in tool calls, MCP items,
         ``compaction``, types added later) is kept verbatim as an empty :class:`TextBlock` whose
-        ``provider_data["openai_responses"]["item"]`` goes back unchanged next turn."""
+        ``provider_data["openai_responses"]["item"]`` goes back unchanged next turn. The item
+        replaces what its ``output_index`` streamed."""
         acc = self.acc
         self._items_seen += 1
         kind = item.get("type")
@@ -607,29 +626,34 @@ class ResponsesStreamParser:
         if kind == "message":
             our: dict[str, Any] = {"phase": item["phase"]} if item.get("phase") else {}
             if item_id:
-                self._paired.append((index, "message", item_id, item_id, item.get("phase")))
-            if item_id not in self._text_seen:
-                for part in item.get("content") or []:
-                    if part.get("type") == "output_text" and part.get("text"):
-                        out.append(acc.text(part["text"], key=item_id))
-                    elif part.get("type") == "refusal" and part.get("refusal"):
-                        self._refused = True
-                        out.append(acc.text(part["refusal"], key=item_id))
-            elif any(p.get("type") == "refusal" for p in item.get("content") or []):
-                self._refused = True
+                self._paired.append((index, "message", key, item_id, item.get("phase")))
+            texts: list[str] = []
+            for part in item.get("content") or []:
+                if part.get("type") == "output_text" and part.get("text"):
+                    texts.append(part["text"])
+                elif part.get("type") == "refusal":
+                    self._refused = True
+                    if part.get("refusal"):
+                        texts.append(part["refusal"])
+            if key not in self._text_seen:
+                out.extend(acc.text(text, key=key) for text in texts)
+            elif texts:
+                acc.replace_text(key, "".join(texts))
             if our:
-                acc.text_provider_data({PROVIDER_DATA_KEY: our}, key=item_id)
+                acc.text_provider_data({PROVIDER_DATA_KEY: our}, key=key)
         elif kind == "reasoning":
-            if item_id not in self._thinking_seen:
-                texts = [s.get("text", "") for s in item.get("summary") or []]
-                texts += [c.get("text", "") for c in item.get("content") or []]
-                text = "\n\n".join(t for t in texts if t)
+            texts = [s.get("text", "") for s in item.get("summary") or []]
+            texts += [c.get("text", "") for c in item.get("content") or []]
+            text = "\n\n".join(t for t in texts if t)
+            if key not in self._thinking_seen:
                 if text:
-                    out.append(acc.thinking(text, key=item_id))
+                    out.append(acc.thinking(text, key=key))
+            elif text:
+                acc.replace_text(key, text)
             if item.get("encrypted_content"):
-                acc.signature(str(item["encrypted_content"]), key=item_id)
+                acc.signature(str(item["encrypted_content"]), key=key)
             acc.thinking_provider_data(
-                {PROVIDER_DATA_KEY: {"item": dict(item), "issuer": self.provider}}, key=item_id
+                {PROVIDER_DATA_KEY: {"item": dict(item), "issuer": self.provider}}, key=key
             )
         elif kind == "function_call":
             if item_id:

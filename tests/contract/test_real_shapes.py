@@ -9,12 +9,16 @@ from the documented wire formats: see ``targets.py``), and here every target mus
   can produce (the generic scenarios below plus the target's own ``extra_turns``);
 * decode every content encoding the fakes can send (gzip, deflate, br, zstd);
 * send every such answer back on the next turn in a form the strict fake accepts;
-* map the documented stop reasons.
+* map the documented stop reasons;
+* read the shapes particular providers send (Copilot's rotating Responses item ids, Anthropic's
+  ``message_start`` that already holds the answer, its in-stream ``overloaded_error``, a tool call
+  cut by ``max_tokens``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -31,7 +35,7 @@ from dispatch_nb.adapter import Adapter
 
 from ..fakes.provider import WEATHER, ProviderFake, ToolCall, Turn
 from ..fakes.server import ENCODINGS
-from .targets import Target
+from .targets import TARGETS, Target, only
 
 CLOCK = ToolDefinition(name="get_time", description="The time now")
 TOOLS = [WEATHER, CLOCK]
@@ -174,3 +178,54 @@ def test_stop_reasons_map_as_documented(adapter: Adapter, fake: ProviderFake, ta
     response, _ = answer(adapter, fake, Turn(text="Some of it", stop_reason=stop), mode)
     assert response.stop_reason == expected
     assert response.text == "Some of it"
+
+
+# -- Copilot's /responses rotates item ids ----------------------------------------------------------
+COPILOT_RESPONSES = [t for t in TARGETS if t.name == "copilot-responses"]
+
+
+@only(COPILOT_RESPONSES)
+@pytest.mark.parametrize("mode", MODES)
+def test_copilot_rotating_item_ids_give_one_block_per_output_item(
+        adapter: Adapter, fake: ProviderFake, mode: str) -> None:
+    """Copilot (Codex-class models) gives every event of an output item a fresh ``item_id``; only
+    ``output_index`` is stable. One reasoning item, one message and one call are three blocks,
+    each once, and each goes back once next turn."""
+    turn = Turn(thinking="Look the weather up, then answer.", signature="enc-rotated-1",
+                text="Paris is sunny today, 24 °C.", chunk=3,
+                tool_calls=[ToolCall("call_r", "get_weather", {"city": "Paris"})])
+    response, deltas = answer(adapter, fake, turn, mode)
+    assert [b.type for b in response.content] == ["thinking", "text", "tool_use"]
+    assert response.text == turn.text and response.thinking == turn.thinking
+    assert [(c.id, c.arguments) for c in response.tool_calls] == [("call_r", {"city": "Paris"})]
+    assert response.stop_reason == "tool_use"
+    if mode != "json":
+        assert "".join(d.text or "" for d in deltas if d.type == "text_delta") == turn.text
+        assert [d.tool_call_id for d in deltas if d.type == "tool_use_start"] == ["call_r"]
+
+    history = [Message(role="user", content="Go."),
+               Message.model_validate_json(response.to_message().model_dump_json()),
+               Message(role="user", content=[ToolResultBlock(tool_use_id="call_r",
+                                                             content="24 °C")])]
+    fake.push(Turn(text="Enjoy the sun."))
+    second, _ = ask(adapter, history, mode, tools=TOOLS)
+    assert second.text == "Enjoy the sun."
+    sent = [i.get("type", "message") for i in fake.last_request.json["input"]
+            if i.get("role") != "user"]
+    assert sent == ["reasoning", "message", "function_call", "function_call_output"]
+
+
+@only(COPILOT_RESPONSES)
+def test_the_copilot_fake_rotates_item_ids_as_copilot_does(fake: ProviderFake,
+                                                           adapter: Adapter) -> None:
+    """What the tests above read: no two events share an ``item_id``, ``output_index`` repeats."""
+    fake.push(Turn(thinking="Hmm.", text="Rotated.", chunk=2))
+    adapter.chat("Go.")
+    stream = b"".join(fake.responses.render_events(  # type: ignore[attr-defined]
+        Turn(thinking="Hmm.", text="Rotated.", chunk=2), fake.last_request))
+    events = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith(b"data: ")]
+    ids = [e["item_id"] for e in events if "item_id" in e]
+    ids += [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
+    assert len(ids) > 8 and len(set(ids)) == len(ids)
+    indexes = [e["output_index"] for e in events if "item_id" in e]
+    assert set(indexes) == {0, 1} and len(indexes) > 4

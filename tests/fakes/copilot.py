@@ -11,7 +11,9 @@
 Routes (PROTOCOLS.md §3): ``GET /models`` in Copilot's shape (:data:`COPILOT_MODELS`: picker and
 hidden models, a disabled policy, an embeddings model, a ``/responses``-only Codex model),
 ``POST /chat/completions`` rendered by the chat.completions fake with Copilot's quirks, and
-``POST /responses`` rendered by the Responses fake. The fake GitHub's token answers point
+``POST /responses`` rendered by the Responses fake — with a fresh ``item_id`` on every streamed event
+of an item, as Copilot's Codex-class models send it (``rotate_ids``; ``output_index`` stays
+stable). The fake GitHub's token answers point
 ``endpoints.api`` here.
 
 Like the real API, every request without ``Copilot-Integration-Id`` or ``Editor-Version`` gets a
@@ -151,6 +153,7 @@ class CopilotFake(OpenAIChatFake):
         models: list[dict[str, Any]] | None = None,
         claude: bool = True,
         repeat_auth_failures: bool = True,
+        rotate_ids: bool = True,
     ) -> None:
         super().__init__(
             prefix="",
@@ -164,8 +167,9 @@ class CopilotFake(OpenAIChatFake):
         )
         self._owns_github = github is None
         self.github = github if github is not None else FakeGitHub()
-        #: renders ``POST /responses`` (its own server is started but unused)
-        self.responses = OpenAIResponsesFake(prefix="")
+        #: renders ``POST /responses`` (its own server is started but unused); like Copilot's
+        #: Codex-class models, it gives every streamed event of an item a fresh ``item_id``
+        self.responses = OpenAIResponsesFake(prefix="", rotate_ids=rotate_ids)
         self.repeat_auth_failures = repeat_auth_failures
         #: requests refused for missing editor headers or a bearer that is not a current token
         self.rejected: list[RecordedRequest] = []

@@ -7,7 +7,11 @@ a bare ``error`` event or ``response.failed`` (``error_style``). A :class:`Respo
 output items explicitly: built-in tool calls between reasoning items (``[reasoning,
 web_search_call, reasoning, message]``, with each tool's progress events), MCP items,
 ``compaction``; and ``late_reasoning_done`` sends reasoning items' ``output_item.done`` after the
-later items' (an order OpenRouter was seen to use). The item fixtures below (:data:`WEB_SEARCH_CALL`
+later items' (an order OpenRouter was seen to use). ``rotate_ids=True`` gives every event of an
+item a fresh opaque ``item_id`` (``output_item.added``'s item too), as GitHub Copilot's
+``/responses`` does for Codex-class models; only ``output_index`` stays stable, and the complete
+item in ``output_item.done`` / ``response.completed`` carries the id that goes back next turn.
+The item fixtures below (:data:`WEB_SEARCH_CALL`
 ...) are our own, written from the documented item shapes.
 
 ``validate()`` rejects what the real API rejects: ``stop`` (unknown parameter), ``max_output_tokens``
@@ -15,14 +19,16 @@ below 16, nested chat-style tools, ``tool_choice`` naming an unknown function, a
 that is not ``output_text``/``refusal``, a ``function_call_output`` whose ``call_id`` matches no
 earlier ``function_call``, a function call left without output, and reasoning items that are not
 byte-for-byte what this server issued or that lack the item they were paired with (and the paired
-``fc_``/``msg_``/``ws_``... id sent without its reasoning item), and built-in items without their
-required fields. Beyond the API, the fake also rejects an item it issued that comes back altered
+``fc_``/``msg_``/``ws_``... id sent without its reasoning item), an item id sent twice, and built-in
+items without their required fields. Beyond the API, the fake also rejects an item it issued that comes back altered
 (``issued_items``), so a test sees that items go back verbatim.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,11 +141,15 @@ class OpenAIResponsesFake(OpenAIFakeBase):
         api_key: str | None = None,
         models: list[dict[str, Any]] | None = None,
         error_style: str = "error",
+        rotate_ids: bool = False,
     ) -> None:
         super().__init__(prefix=prefix, api_key=api_key, models=models)
         if error_style not in ("error", "failed"):
             raise ValueError("error_style must be 'error' or 'failed'")
         self.error_style = error_style
+        #: every streamed event of an item carries a fresh opaque ``item_id`` (Copilot)
+        self.rotate_ids = rotate_ids
+        self._rotation = itertools.count(1)
         #: reasoning items this server issued, by id, exactly as issued
         self.issued_reasoning: dict[str, dict[str, Any]] = {}
         #: reasoning id → id of the item it was paired with (the one right after it)
@@ -199,9 +209,15 @@ class OpenAIResponsesFake(OpenAIFakeBase):
     def _validate_items(self, items: list[Any]) -> Fail | None:
         calls: set[str] = set()
         pending: list[str] = []
+        ids: set[str] = set()
         for i, item in enumerate(items):
             kind = item.get("type", "message" if "role" in item else None)
             item_id = item.get("id")
+            if item_id in ids:
+                return Fail(400, f"Duplicate item found with id {item_id}. Remove the duplicate "
+                                 "item and try again.")
+            if item_id:
+                ids.add(item_id)
             if item_id and item_id in self.reasoning_of:
                 owner = self.reasoning_of[item_id]
                 if i == 0 or items[i - 1].get("id") != owner:
@@ -281,8 +297,18 @@ class OpenAIResponsesFake(OpenAIFakeBase):
     # -- rendering -------------------------------------------------------------------------------
     def _event(self, data: dict[str, Any]) -> bytes:
         data = {**data, "sequence_number": self._seq}
+        if self.rotate_ids:
+            if "item_id" in data:
+                data["item_id"] = self._opaque_id()
+            if data["type"] == "response.output_item.added" and "id" in data["item"]:
+                data["item"] = {**data["item"], "id": self._opaque_id()}
         self._seq += 1
         return sse_event(data, event=data["type"])
+
+    def _opaque_id(self) -> str:
+        """A fresh id in the shape Copilot rotates through (a long opaque blob)."""
+        seed = f"copilot-rotated-item-{next(self._rotation):06d}".encode()
+        return base64.b64encode(seed * 4).decode()
 
     def _usage(self, turn: Turn) -> dict[str, Any]:
         details: dict[str, int] = {"cached_tokens": turn.cache_read_tokens}
