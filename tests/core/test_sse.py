@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch_nb.sse import ServerSentEvent, SSEDecoder, aiter_sse, iter_sse
@@ -138,7 +138,6 @@ _line = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     lines=st.lists(_line, max_size=25),
     newline=st.sampled_from([b"\n", b"\r", b"\r\n"]),
@@ -156,7 +155,6 @@ def test_any_chunking_gives_identical_events(
         assert isinstance(event.data, str)
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200), st.lists(st.integers(min_value=1, max_value=9), max_size=40))
 def test_arbitrary_bytes_never_crash(data: bytes, cuts: list[int]) -> None:
     assert decode(data, cuts) == decode(data)

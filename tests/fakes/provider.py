@@ -44,7 +44,8 @@ class Drop:
 
 @dataclass
 class Stall:
-    """Send nothing for ``seconds`` (then a normal echo answer)."""
+    """Send nothing for ``seconds`` (then a normal echo answer); a client that hangs up meanwhile
+    ends it (so a long stall costs a test nothing once the call under test has given up)."""
 
     seconds: float
 

@@ -24,6 +24,7 @@ end of the test that caused it (:func:`take_handler_errors`).
 from __future__ import annotations
 
 import json
+import select
 import socket
 import ssl
 import sys
@@ -396,7 +397,18 @@ class LoopbackServer:
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
             def _wait(self, seconds: float) -> bool:
-                return owner.stopping.wait(seconds)
+                """Pause ``seconds``; True (send nothing more) once the server is closing or the
+                client hung up: a stalled reply does not outlive the call that waited for it."""
+                if owner.stopping.is_set():
+                    return True
+                try:  # readable while a reply is pending: the client closed, or close() shut it
+                    readable = select.select([self.connection], [], [], seconds)[0]
+                    if readable and not isinstance(self.connection, ssl.SSLSocket) and \
+                            self.connection.recv(1, socket.MSG_PEEK):
+                        return owner.stopping.wait(seconds)  # a pipelined request: keep pausing
+                except (OSError, ValueError):
+                    return True
+                return bool(readable) or owner.stopping.is_set()
 
             def _send(self, reply: Reply) -> None:
                 encoding = reply.compress or owner.compress

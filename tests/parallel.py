@@ -1,0 +1,106 @@
+"""Running the suite on several processes (pytest-xdist), in any order (pytest-random-order), and
+Hypothesis's profiles. Loaded for the whole session by the top-level ``conftest.py``.
+
+``make test`` runs ``pytest -n auto``. Which tests may go to different worker processes is decided
+here (the scheduler below replaces xdist's ``load`` and ``loadgroup``; ``--dist loadfile`` etc.
+still mean what xdist says): a *unit* runs on one worker, in order, and a worker takes the next
+unit when it is free.
+
+- A test file is one unit: its module- and session-scoped fixtures (a kernel, the embedded
+  model, a Dask cluster, a llama.cpp server) start once, as in a run without ``-n``. That is the
+  default, so a new test file needs nothing special.
+- A notebook under nbval (``notebooks/*.ipynb``) is one unit: its cells run in order in its kernel.
+- The browser tests (``tests/e2e/``) are one unit: one Jupyter server per front end, one browser.
+  It is the longest, so it starts first and the other units fill in around it.
+- The files in :data:`PER_TEST` are split into one unit per test: their tests share nothing
+  costly (each starts its own kernel or server, or is a cheap loopback test) and together they
+  would hold one worker for long.
+
+Order: ``--random-order`` (or ``--random-order-seed=N`` to repeat one) shuffles the tests within
+each file and the files (pytest-random-order; the workers all get the same seed). A notebook's
+cells are put back in the notebook's order after the shuffle.
+
+Hypothesis: ``CI=true`` selects the ``ci`` profile (derandomized: the same examples every run; no
+per-example deadline and no "too slow" health check, which fail on a busy machine); otherwise
+``dev``, which tries more examples, different ones each run. ``HYPOTHESIS_PROFILE=ci`` or ``dev``
+picks one by name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: test files whose tests may run on different workers (see the module docstring)
+PER_TEST: frozenset[str] = frozenset()
+#: the unit of the browser tests
+E2E = "tests/e2e/"
+
+
+def _register_hypothesis_profiles() -> None:
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # the test extra brings it; without it, nothing to configure
+        return
+    quiet = [HealthCheck.too_slow]
+    settings.register_profile("ci", max_examples=300, derandomize=True, deadline=None,
+                              print_blob=True, suppress_health_check=quiet)
+    settings.register_profile("dev", max_examples=1000, deadline=None, print_blob=True,
+                              suppress_health_check=quiet)
+    default = "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", default))
+
+
+_register_hypothesis_profiles()
+
+
+def unit(nodeid: str) -> str:
+    """The unit of work (see the module docstring) that the test ``nodeid`` belongs to."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):  # an xdist_group mark, where xdist applies it
+        return nodeid.rsplit("@", 1)[-1]
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(E2E):
+        return E2E
+    if path in PER_TEST:
+        return nodeid
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N`` (``--dist load``) and ``--dist loadgroup``: units as in the module docstring."""
+    if config.getoption("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
+def _notebook(item: pytest.Item) -> bool:
+    return item.path.suffix == ".ipynb"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> object:
+    """After every other hook (shuffling, the browser tests' own order): each notebook's cells in
+    the notebook's order and, on an xdist worker, the browser tests first."""
+    collected = {id(item): index for index, item in enumerate(items)}
+    result = yield
+    cells = [i for i, item in enumerate(items) if _notebook(item)]
+    by_notebook: dict[Path, list[pytest.Item]] = {}
+    for i in cells:
+        by_notebook.setdefault(items[i].path, []).append(items[i])
+    ordered = {path: iter(sorted(group, key=lambda it: collected[id(it)]))
+               for path, group in by_notebook.items()}
+    for i in cells:
+        items[i] = next(ordered[items[i].path])
+    if hasattr(config, "workerinput"):  # the units are queued in this order
+        items.sort(key=lambda item: not item.nodeid.startswith(E2E))
+    return result
