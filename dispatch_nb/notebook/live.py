@@ -76,15 +76,30 @@ _TEXT_STYLE = (
 )
 _DIM = "color: var(--jp-ui-font-color2, #777); font-size: 0.85em;"
 #: the live view's own styles (sent with the status line): the answer's Markdown blocks sit
-#: flush, one after the other, like the paragraphs of the final output; a block cut in pieces
-#: reads as one (a continued table hides its repeated header, a continued code block its seam).
+#: one after the other exactly like the elements of the final output, which is ONE Markdown
+#: output — so nothing moves when it replaces them. The blocks and the boxes grouping them are
+#: plain block boxes (no flex, no scrolling container), so the margins of two neighbouring
+#: blocks collapse as those of two elements of one output do; and a block's first and last
+#: elements keep their ordinary margins (JupyterLab halves a heading's margin at the edge of an
+#: output and shrinks the last element's), except at the top of the answer. A block cut in
+#: pieces reads as one (a continued table hides its repeated header, a continued code block its
+#: seam).
+_HEADINGS = ",".join(f"h{n}" for n in range(1, 7))
 _CSS = (
     "<style>"
     ".dnb-thinking{" + _TEXT_STYLE + _DIM + "}"
     ".dnb-live .widget-output,.dnb-live .dnb-md{margin:0;padding:0;}"
-    ".dnb-live .dnb-md .jp-OutputArea-child{margin:0;padding:0;}"
+    ".dnb-live .dnb-flow{display:block;overflow:visible;}"
+    ".dnb-live .dnb-md .jp-OutputArea{overflow:visible;}"
+    ".dnb-live .dnb-md .jp-OutputArea-child{display:block;overflow:visible;margin:0;padding:0;}"
     ".dnb-live .dnb-md .jp-OutputArea-prompt{display:none;}"
     ".dnb-live .dnb-md .jp-OutputArea-output{padding-top:0;padding-bottom:0;overflow:visible;}"
+    ".dnb-live .dnb-md .jp-RenderedMarkdown > :last-child{margin-bottom:1em;}"
+    ".dnb-live .dnb-md .jp-RenderedMarkdown > pre:last-child{margin-bottom:1.5em;}"
+    f".dnb-live .dnb-md .jp-RenderedMarkdown > :is({_HEADINGS}):last-child"
+    "{margin-bottom:var(--jp-content-heading-margin-bottom);}"
+    f".dnb-live .dnb-next .jp-RenderedMarkdown > :is({_HEADINGS}):first-child"
+    "{margin-top:var(--jp-content-heading-margin-top);}"
     ".dnb-live .dnb-hide-header thead{visibility:collapse;}"
     ".dnb-live .dnb-has-cont pre,.dnb-live .dnb-has-cont table{margin-bottom:0;}"
     ".dnb-live .dnb-cont pre,.dnb-live .dnb-cont table{margin-top:0;}"
@@ -392,6 +407,8 @@ class _MarkdownRun:
         column = self.column
         out = column._make(column.w.Output, layout=column.segment_layout)
         out.add_class("dnb-md")
+        if column.parts:  # not the top of the answer: its first heading keeps its whole margin
+            out.add_class("dnb-next")
         if block.continued and self.outputs:
             out.add_class("dnb-cont")
             self.outputs[-1].add_class("dnb-has-cont")
@@ -439,6 +456,7 @@ class _WidgetColumn:
         self.segment_layout = self._make(widgets.Layout, margin="0")
         self.segment_style = self._make(HTMLStyle)
         self.body = self._make(widgets.VBox, children=())
+        self.body.add_class("dnb-flow")
         self.status = self._make(
             widgets.HTML, value=_status_html(title, "waiting for the first token…")
         )
@@ -472,6 +490,7 @@ class _WidgetColumn:
         last = self.parts[-1] if self.parts else None
         if last is None or last not in self.groups or len(last._dnb_children) >= BLOCK_SEGMENTS:
             group = self._make(self.w.VBox, children=(), layout=self.segment_layout)
+            group.add_class("dnb-flow")
             group._dnb_children = []
             self.groups.append(group)
             self.parts.append(group)

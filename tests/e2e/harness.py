@@ -28,7 +28,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parents[2]
@@ -406,12 +406,16 @@ _WATCH_JS = """
 
 #: In-page sampler of the *answer's visible text*: every ``interval`` ms, record (time, the text of
 #: the cell's rendered Markdown without footers, notes and math, cell still running, which
-#: rendered elements are on screen, the top of the answer's first heading within its cell). Math is
+#: rendered elements are on screen, the top of the answer's first heading within its cell, and the
+#: tag and top of every block of the answer — headings, paragraphs, lists, code, tables). Math is
 #: left out because it is typeset a moment after its block appears (raw ``$x^2$`` first).
 _ANSWER_SAMPLER_JS = """
 ([index, interval]) => {
   window.__dnbAnswer = [];
   const started = performance.now();
+  const BLOCKS = ['h1', 'h2', 'h3', 'p', 'pre', 'ol', 'ul', 'table', 'blockquote', 'hr']
+    .map((tag) => '.jp-RenderedMarkdown ' + tag + ':not(li ' + tag + '):not(td ' + tag + ')')
+    .join(', ');
   const answerText = (out) => {
     const parts = [];
     for (const md of out.querySelectorAll('.jp-RenderedMarkdown')) {
@@ -438,6 +442,7 @@ _ANSWER_SAMPLER_JS = """
     const running = prompt ? prompt.innerText.includes('*') : false;
     const has = {};
     let top = null;
+    const blocks = [];
     if (out) {
       for (const tag of ['h1', 'h2', 'pre', 'table', 'li', 'strong', 'code', 'mjx-container']) {
         has[tag] = out.querySelector('.jp-RenderedMarkdown ' + tag) !== null;
@@ -445,13 +450,32 @@ _ANSWER_SAMPLER_JS = """
       // relative to the cell, so scrolling (the front end keeps the next cell in view) is not
       // mistaken for the answer moving
       const h1 = out.querySelector('.jp-RenderedMarkdown h1');
-      top = h1 ? h1.getBoundingClientRect().top - cell.getBoundingClientRect().top : null;
+      const cellTop = cell.getBoundingClientRect().top;
+      top = h1 ? h1.getBoundingClientRect().top - cellTop : null;
+      // every block of the answer (headings, paragraphs, lists, code, tables), in order
+      for (const el of out.querySelectorAll(BLOCKS)) {
+        blocks.push([el.tagName.toLowerCase(), el.getBoundingClientRect().top - cellTop]);
+      }
     }
     window.__dnbAnswer.push([performance.now() - started, out ? answerText(out) : '', running,
-                             has, top]);
+                             has, top, blocks]);
   }, interval);
 }
 """
+
+
+class AnswerSample(NamedTuple):
+    """One sample of ``start_answer_sampling``: what the cell's answer showed at ``ms``."""
+
+    ms: float
+    text: str
+    running: bool
+    #: which rendered elements are on screen (``h1``, ``pre``, ``table``, ...)
+    has: dict[str, bool]
+    #: the top of the answer's first heading, in px from the top of its cell
+    top: float | None
+    #: ``(tag, top)`` of every block of the answer, in order (tops in px from the top of the cell)
+    blocks: list[tuple[str, float]]
 
 
 class NotebookPage:
@@ -564,12 +588,16 @@ class NotebookPage:
         """Sample the visible text of the cell's answer (see ``_ANSWER_SAMPLER_JS``)."""
         self.page.evaluate(_ANSWER_SAMPLER_JS, [index, interval_ms])
 
-    def stop_answer_sampling(self) -> list[tuple[float, str, bool, dict[str, bool], float | None]]:
-        """Stop; returns ``(ms, answer text, running, {tag: on screen}, first heading's top)``."""
+    def stop_answer_sampling(self) -> list[AnswerSample]:
+        """Stop; returns the samples (see :class:`AnswerSample`)."""
         samples: list[list[Any]] = self.page.evaluate(
             "() => { clearInterval(window.__dnbAnswerSampler); return window.__dnbAnswer; }"
         )
-        return [(float(t), str(x), bool(r), dict(h), top) for t, x, r, h, top in samples]
+        return [
+            AnswerSample(float(t), str(x), bool(r), dict(h), top,
+                         [(str(tag), float(y)) for tag, y in blocks])
+            for t, x, r, h, top, blocks in samples
+        ]
 
     def start_watching(self, index: int, pattern: str) -> None:
         """Record every distinct match of ``pattern`` (a JS regex, case-insensitive) that

@@ -130,21 +130,39 @@ def test_streamed_answer_renders_markdown_while_it_streams(
     assert nb.output(1).locator(".jupyter-widgets, .widget-output").count() == 0
     nb.screenshot("final-markdown")
 
-    final = _words(samples[-1][1])
+    final = _words(samples[-1].text)
     assert final == expected_answer_text(REPORT), "the final output does not show the whole answer"
-    live = [(t, _words(text), has, top) for t, text, running, has, top in samples if running and text]
-    assert len({text for _, text, _, _ in live}) >= 10, "the answer did not visibly grow"
-    for t, text, _, _ in live:
-        assert final.startswith(text), f"at {t:.0f} ms the page showed what it took back: {text[-200:]}"
-    seen = {tag for _, _, has, _ in live for tag, on in has.items() if on}
+    live = [s._replace(text=_words(s.text)) for s in samples if s.running and s.text]
+    assert len({s.text for s in live}) >= 10, "the answer did not visibly grow"
+    for s in live:
+        assert final.startswith(s.text), (
+            f"at {s.ms:.0f} ms the page showed what it took back: {s.text[-200:]}"
+        )
+    seen = {tag for s in live for tag, on in s.has.items() if on}
     assert {"h1", "h2", "pre", "li", "table", "strong", "code"} <= seen, seen
     # rendered from the first token: the heading is a heading as soon as any text is visible
-    assert live[0][2]["h1"], f"the first text was not rendered Markdown: {live[0]}"
+    assert live[0].has["h1"], f"the first text was not rendered Markdown: {live[0]}"
     # no jump at the end: the answer's first heading stays where it was
-    tops = [top for _, _, _, top in live if top is not None]
-    final_top = samples[-1][4]
+    tops = [s.top for s in live if s.top is not None]
+    final_top = samples[-1].top
     assert tops and final_top is not None, (tops, final_top)
     assert abs(final_top - tops[-1]) <= 6, f"the answer moved when it completed: {tops[-1]} → {final_top}"
+    assert_blocks_stay(live[-1].blocks, samples[-1].blocks)
+
+
+def assert_blocks_stay(live: list[tuple[str, float]], final: list[tuple[str, float]]) -> None:
+    """Every block the live view showed last (headings, paragraphs, lists, code, tables) is the
+    same block at the same height in the final output: nothing below the first heading moves."""
+    assert len(live) >= 8, f"the live view showed too few blocks to compare: {live}"
+    assert [tag for tag, _ in final[: len(live)]] == [tag for tag, _ in live], (
+        f"the final output's blocks are not the live view's:\nlive:  {live}\nfinal: {final}"
+    )
+    moved = [
+        f"{tag} #{i}: {was:.1f} → {now:.1f} px"
+        for i, ((tag, was), (_, now)) in enumerate(zip(live, final, strict=False))
+        if abs(now - was) > 1
+    ]
+    assert not moved, "blocks moved when the answer completed:\n" + "\n".join(moved)
 
 
 def test_notes_stay_and_a_retry_is_one_quiet_line(
