@@ -21,7 +21,8 @@ from ..fakes.openai_responses import OpenAIResponsesFake
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_BACKEND"):
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_BACKEND",
+                 "DISPATCH_NB_COMPATIBLE_API_KEY", "DISPATCH_NB_COMPATIBLE_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -59,8 +60,12 @@ def test_base_url_never_switches_the_backend(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
     from_env = OpenAIAdapter("llama3")
     assert (from_env.backend_mode, from_env.base_url) == ("official", "http://127.0.0.1:8000/v1")
+    # compatible: has its own variable (OPENAI_BASE_URL is OpenAI's)
     compatible = OpenAIAdapter("llama3", backend="compatible")
-    assert compatible.base_url == "http://127.0.0.1:8000/v1"
+    assert (compatible.backend_mode, compatible.base_url) == ("compatible", DEFAULT_COMPATIBLE_URL)
+    monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", "http://127.0.0.1:8001/v1")
+    assert connect("compatible:llama3").base_url == "http://127.0.0.1:8001/v1"
+    assert OpenAIAdapter("llama3").base_url == "http://127.0.0.1:8000/v1"
 
 
 def test_registry_providers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,12 +102,14 @@ def test_compatible_needs_no_key_official_does() -> None:
 def test_key_from_environment_and_never_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env-SECRET")
     with OpenAIResponsesFake(api_key="sk-env-SECRET") as fake:
-        adapter = OpenAIAdapter("gpt-5", base_url=fake.base_url)
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)  # the key's server
+        adapter = OpenAIAdapter("gpt-5")
         assert adapter.chat("hi").text == "echo: hi"
         assert "SECRET" not in repr(adapter)
         assert "backend='official'" in repr(adapter)
     monkeypatch.delenv("OPENAI_API_KEY")
-    late = OpenAIAdapter("gpt-5", base_url="http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    late = OpenAIAdapter("gpt-5")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-late")  # set after the adapter was made: still used
     assert late.auth_headers() == {"authorization": "Bearer sk-late"}
 
@@ -117,10 +124,63 @@ def test_environment_key_never_goes_to_an_explicit_compatible_server(
         OpenAIAdapter("m", backend="compatible", base_url=third_party.base_url,
                       api_key="local-key").chat("hi")
         assert third_party.last_request.header("authorization") == "Bearer local-key"
-        # both from the environment: the user paired them, so the key goes along
-        monkeypatch.setenv("OPENAI_BASE_URL", third_party.base_url)
+        # OpenAI's key never goes to the compatible server, even where the environment points it
+        monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", third_party.base_url)
         OpenAIAdapter("m", backend="compatible").chat("hi")
-        assert third_party.last_request.header("authorization") == "Bearer sk-real-openai-SECRET"
+        connect("compatible:m").chat("hi")
+        assert [r.header("authorization") for r in third_party.requests[-2:]] == [None, None]
+        # its own key, paired with its own base URL in the environment, goes along
+        monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_API_KEY", "local-env-key")
+        connect("compatible:m").chat("hi")
+        assert third_party.last_request.header("authorization") == "Bearer local-env-key"
+        # ... but not to a server named only by base_url=
+        with OpenAIChatFake() as other:
+            connect("compatible:m", base_url=other.base_url).chat("hi")
+            assert other.last_request.header("authorization") is None
+
+
+def test_an_environment_key_is_never_sent_to_another_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OPENAI_API_KEY is for OPENAI_BASE_URL's server (else api.openai.com): an adapter pointed
+    elsewhere with base_url= sends no key and fails naming the model and the URL; the key's own
+    server gets it."""
+    secret = "sk-real-openai-SECRET-0001"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    with OpenAIResponsesFake(api_key=secret) as home, OpenAIResponsesFake() as foreign:
+        monkeypatch.setenv("OPENAI_BASE_URL", home.base_url)
+        adapter = connect("openai:gpt-4.1-mini", base_url=foreign.base_url, max_retries=0)
+        with pytest.raises(AuthenticationError) as info:
+            adapter.chat("hi")
+        message = info.value.message
+        assert "openai:gpt-4.1-mini" in message and foreign.base_url in message
+        assert f"the server OPENAI_BASE_URL names ({home.base_url})" in message
+        assert secret not in message and secret not in repr(info.value)
+        assert foreign.requests == []
+        assert connect("openai:gpt-4.1-mini").chat("hi").text == "echo: hi"
+        assert home.last_request.header("authorization") == f"Bearer {secret}"
+        # the same server under another path is still its server
+        same = OpenAIAdapter("gpt-4.1", base_url=home.base_url.rstrip("/") + "/proxy/v1")
+        assert same.auth_headers() == {"authorization": f"Bearer {secret}"}
+        # saying it for that host: api_key= together with base_url=
+        paired = connect("openai:gpt-4.1-mini", base_url=foreign.base_url, api_key="sk-for-it")
+        paired.chat("hi")
+        assert foreign.last_request.header("authorization") == "Bearer sk-for-it"
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    with OpenAIChatFake() as local:  # OpenAI's key never goes to a local server either
+        with pytest.raises(AuthenticationError, match=r"api\.openai\.com"):
+            OpenAIAdapter("m", base_url=local.base_url, max_retries=0).chat("hi")
+        assert local.requests == []
+
+
+def test_a_refused_key_names_the_model_and_the_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    with OpenAIChatFake(api_key="the-servers-key") as server:
+        monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-not-for-this-server-0000")
+        with pytest.raises(AuthenticationError) as info:
+            connect("compatible:llama3", max_retries=0).chat("hi")
+        assert "compatible:llama3" in info.value.message and server.base_url in info.value.message
+        assert server.last_request.header("authorization") is None
 
 
 def test_extra_headers_and_request_log(caplog: pytest.LogCaptureFixture) -> None:
