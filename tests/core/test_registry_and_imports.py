@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ from dispatch_nb import (
 )
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.registry import parse_model_spec
+
+REPO = Path(__file__).resolve().parents[2]
 
 DESIGN_NAMES = {
     "TextBlock", "ImageBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock",
@@ -186,3 +189,53 @@ def test_bad_arguments_are_clear() -> None:
     assert info.value.code == "invalid_request"
     with pytest.raises(TypeError, match="a tool must be"):
         adapter.chat("hi", tools=[42])
+
+
+def test_installed_distributions_register_providers_through_the_entry_point_group(
+    tmp_path: Path,
+) -> None:
+    """A real distribution (a dist-info on sys.path) declaring ``[dispatch_nb.providers]``: its
+    provider is found the first time the registry is asked, not at ``import dispatch_nb``; a
+    plug-in that cannot be loaded is logged and leaves the others working."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "plugged_dnb.py").write_text(
+        "from dispatch_nb.registry import ProviderDescriptor\n"
+        "DESCRIPTOR = ProviderDescriptor('plugged', 'plugged_dnb_adapter:make',\n"
+        "    display_name='Plugged', key_env='PLUGGED_API_KEY', default_model='p-1')\n"
+    )
+    (site / "plugged_dnb_adapter.py").write_text(
+        "from dispatch_nb.providers.fake import FakeAdapter\n"
+        "def make(model, **options):\n"
+        "    return FakeAdapter(model, base_url='http://127.0.0.1:9', **options)\n"
+    )
+    info = site / "plugged_dnb-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugged-dnb\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[dispatch_nb.providers]\n"
+        "plugged = plugged_dnb:DESCRIPTOR\n"
+        "broken = no_such_module_for_dispatch_nb:DESCRIPTOR\n"
+    )
+    code = (
+        "import sys, dispatch_nb\n"
+        "print('imported at import:', 'plugged_dnb' in sys.modules)\n"
+        "from dispatch_nb import connect, list_providers\n"
+        "from dispatch_nb.registry import get_descriptor\n"
+        "adapter = connect('plugged:p-1', max_tokens=7)\n"
+        "print('adapter:', type(adapter).__name__, adapter.model_name, adapter.default_max_tokens)\n"
+        "print('label:', get_descriptor('plugged').label)\n"
+        "print('listed:', 'plugged' in list_providers(), 'broken' in list_providers())\n"
+        "print('adapter module imported:', 'plugged_dnb_adapter' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env, check=True)
+    assert done.stdout.splitlines() == [
+        "imported at import: False",
+        "adapter: FakeAdapter p-1 7",
+        "label: Plugged",
+        "listed: True False",
+        "adapter module imported: True",
+    ]
+    assert "provider plug-in 'broken'" in done.stderr and "ModuleNotFoundError" in done.stderr

@@ -10,10 +10,14 @@ from dispatch_nb import AuthenticationError, connect
 from dispatch_nb.providers.openai import (
     DEFAULT_COMPATIBLE_URL,
     DEFAULT_OFFICIAL_URL,
+    CompatibleAdapter,
     OpenAIAdapter,
+    ResponsesAdapter,
     connect_compatible,
     connect_official,
 )
+from dispatch_nb.wire.chat_completions import ChatCompletionsWire
+from dispatch_nb.wire.responses import ResponsesWire
 
 from ..fakes.openai_chat import OpenAIChatFake
 from ..fakes.openai_responses import OpenAIResponsesFake
@@ -31,6 +35,27 @@ def test_default_backend_is_official() -> None:
     assert adapter.backend_mode == "official"
     assert adapter.base_url == DEFAULT_OFFICIAL_URL
     assert (adapter.provider_name, adapter.display_name) == ("openai", "OpenAI")
+
+
+def test_openai_adapter_makes_the_adapter_of_its_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two adapters, each with its wire format fixed when made; OpenAIAdapter(...) keeps working
+    and makes the right one."""
+    official = OpenAIAdapter("gpt-4.1", api_key="sk-x", max_tokens=100)
+    assert type(official) is ResponsesAdapter and isinstance(official, OpenAIAdapter)
+    assert isinstance(official.wire, ResponsesWire) and official.default_max_tokens == 100
+    compatible = OpenAIAdapter("llama3", backend="compatible", base_url="http://127.0.0.1:9/v1")
+    assert type(compatible) is CompatibleAdapter and isinstance(compatible, OpenAIAdapter)
+    assert isinstance(compatible.wire, ChatCompletionsWire)
+    assert type(connect("compatible:llama3")) is CompatibleAdapter
+    assert type(connect("openai:gpt-4.1")) is ResponsesAdapter
+    assert type(ResponsesAdapter("gpt-4.1")) is ResponsesAdapter
+    with pytest.raises(ValueError, match="contradicts"):
+        CompatibleAdapter("llama3", backend="official")
+    monkeypatch.setenv("OPENAI_BACKEND", "compatible")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8002/v1")
+    chosen = OpenAIAdapter("llama3")  # OPENAI_* describe the compatible server OPENAI_BACKEND chose
+    assert type(chosen) is CompatibleAdapter and chosen.base_url == "http://127.0.0.1:8002/v1"
+    assert chosen.settings.key_env == "OPENAI_API_KEY"
 
 
 def test_backend_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
