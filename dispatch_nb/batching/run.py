@@ -15,6 +15,7 @@ from typing import Any
 from ..adapter import Adapter
 from ..cache import ResponseCache
 from ..cancel import CancelToken
+from ..registry import find_descriptor
 from .checkpoint import Checkpoint
 from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call
 from .plan import BatchPlan, finish, make_plan, new_result, resolve_adapter
@@ -41,8 +42,10 @@ async def _aclose(adapter: Adapter) -> None:
 
 
 async def _premium(adapter: Adapter, result: BatchResult) -> None:
-    """Copilot bills each model call × the model's premium multiplier."""
-    if adapter.provider_name != "copilot" or not result.model_calls:
+    """A provider that counts premium requests (its descriptor's ``premium_multiplier``: GitHub
+    Copilot) bills each model call × the model's premium multiplier."""
+    descriptor = find_descriptor(adapter.provider_name)
+    if descriptor is None or not descriptor.premium_multiplier or not result.model_calls:
         return
     with contextlib.suppress(Exception):
         for info in await adapter.alist_models():

@@ -389,6 +389,9 @@ class CellRun:
     def _models(self, notes: list[str]) -> list[str]:
         """``-m``'s specs, else the default model (and its hint, added to ``notes``)."""
         specs = self.state.model_specs(self.args.model)
+        changed = self.state.default_note()  # e.g. after %chat key openai: say it once
+        if changed:
+            notes.append(changed)
         if not self.args.model and not self.state.settings.model.strip():
             hint = self.state.default_model()[2]
             if hint:

@@ -20,6 +20,7 @@ from ..auth.token_store import TokenStore, find_github_token
 from ..cache import ResponseCache
 from ..errors import DispatchError
 from ..registry import (
+    base_url_rows,
     find_descriptor,
     get_descriptor,
     key_env_rows,
@@ -33,6 +34,9 @@ from .login import ensure_copilot_login, run_login
 from .state import KernelState
 
 __all__ = ["run"]
+
+#: the login flow the notebook runs itself (the device-login view of :mod:`.login`)
+GITHUB_DEVICE = "github-device"
 
 
 def _key_env(provider: str) -> str | None:
@@ -70,11 +74,31 @@ def run(state: KernelState, args: argparse.Namespace) -> None:
     handler(state, args)
 
 
+def _login_providers() -> list[Any]:
+    """The descriptors of the providers that sign in with a login (``login_flow``)."""
+    return [d for d in list_descriptors() if d.login_flow]
+
+
+def _login_descriptor(name: str | None) -> Any:
+    """The descriptor ``%chat login [PROVIDER]`` is about: the named one, else the first
+    provider with a login; ``UsageError`` when there is none."""
+    if name:
+        descriptor = find_descriptor(name.lower())
+        if descriptor is None:
+            raise UsageError(f"unknown provider {name!r}; providers: {', '.join(list_providers())}")
+        return descriptor
+    logins = _login_providers()
+    if not logins:
+        raise UsageError("no registered provider signs in with a login; use %chat key PROVIDER")
+    return logins[0]
+
+
 def login(state: KernelState, args: argparse.Namespace) -> None:
-    """``%chat login [PROVIDER] [--force]``: the GitHub device login for Copilot (when not logged
-    in already, or with ``--force``); how to give a key otherwise."""
-    provider = (args.target or "copilot").lower()
-    env = _key_env(provider)
+    """``%chat login [PROVIDER] [--force]``: the provider's login (GitHub's device flow for
+    Copilot) when not logged in already, or with ``--force``; how to give a key otherwise."""
+    descriptor = _login_descriptor(args.target)
+    provider = descriptor.name
+    env = descriptor.key_env
     if env is not None:
         is_set = "is set" if os.environ.get(env) else "is not set"
         _show(
@@ -83,18 +107,23 @@ def login(state: KernelState, args: argparse.Namespace) -> None:
             f"starts from. `{env}` {is_set}."
         )
         return
-    if provider != "copilot":
-        raise UsageError(f"%chat login knows copilot (GitHub device login); not {provider!r}")
+    if descriptor.login_flow != GITHUB_DEVICE:
+        names = ", ".join(d.name for d in _login_providers() if d.login_flow == GITHUB_DEVICE)
+        raise UsageError(f"%chat login knows {names} (GitHub device login); not {provider!r}")
+    state.default_note()  # the default before the login, to say if the login changes it
     if not getattr(args, "force", False):
         found = _github_token()
         if found is not None:
             who = _user_of(found)
             _show(
-                f"Already logged in to GitHub Copilot{who} (the token comes from "
+                f"Already logged in to {descriptor.label}{who} (the token comes from "
                 f"{found.source}). `%chat login --force` logs in again."
             )
             return
     run_login(state, force=True)
+    note = state.default_note()
+    if note:
+        _show(note)
 
 
 def _github_token() -> Any:
@@ -120,11 +149,14 @@ def key(state: KernelState, args: argparse.Namespace) -> None:
     provider = (args.target or "").lower()
     env = _key_env(provider)
     if env is None:
+        descriptor = find_descriptor(provider)
+        signs_in = descriptor is not None and descriptor.login_flow
         raise UsageError(
             "%chat key needs a provider that uses an API key: "
             + ", ".join(sorted(_key_providers()))
-            + (" (Copilot signs in with %chat login)" if provider == "copilot" else "")
+            + (f" ({descriptor.label} signs in with %chat login)" if signs_in else "")
         )
+    state.default_note()  # the default before the key, to say if the key changes it
     try:
         value = getpass.getpass(f"{env} (not shown, not saved in the notebook): ")
     except (StdinNotImplementedError, EOFError, OSError):
@@ -139,9 +171,10 @@ def key(state: KernelState, args: argparse.Namespace) -> None:
         return
     os.environ[env] = value
     state.close_adapters()  # the next cell connects with the new key
+    note = state.default_note()
     _show(
         f"`{env}` is set for this kernel (until it restarts). It is not saved in the notebook or "
-        "anywhere else."
+        "anywhere else." + (f"\n\n{note}" if note else "")
     )
 
 
@@ -173,11 +206,12 @@ def status(state: KernelState, args: argparse.Namespace) -> None:
     rows = [("default model", f"`{spec}`" + (f" — {reason}" if reason else ""))]
     if hint:
         rows.append(("hint", hint))
-    rows.append(("GitHub Copilot", _copilot_state()))
+    for descriptor in _login_providers():
+        rows.append((descriptor.label, _login_state(descriptor)))
     for provider, env in key_env_rows():
         rows.append((provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}"))
-    if os.environ.get("OPENAI_BASE_URL"):
-        rows.append(("OpenAI base URL", f"`{os.environ['OPENAI_BASE_URL']}`"))
+    for what, url in base_url_rows():
+        rows.append((what, f"`{url}`"))
     mode = state.cache_mode()
     cache = f"`{mode}`"
     if mode != "off":
@@ -199,22 +233,31 @@ def status(state: KernelState, args: argparse.Namespace) -> None:
     _show(md, plain)
 
 
-def _copilot_state() -> str:
+def _login_state(descriptor: Any) -> str:
+    """The status row of a provider with a login: logged in (as whom, from where) or not."""
     try:
-        found = find_github_token()
+        found = descriptor.login_found()
     except Exception as exc:
         return f"⚠ {exc}"
     if found is None:
         return "not logged in — run `%chat login`"
     user = None
-    try:
-        record = TokenStore().load_record()
-        if record is not None and str(TokenStore().path) == found.source:
-            user = record.user
-    except Exception:
-        pass
+    if descriptor.login_flow == GITHUB_DEVICE:
+        try:
+            record = TokenStore().load_record()
+            if record is not None and str(TokenStore().path) == found:
+                user = record.user
+        except Exception:
+            pass
     who = f" as @{user}" if user else ""
-    return f"logged in{who} (token from {found.source})"
+    return f"logged in{who} (token from {found})"
+
+
+def _logged_in(descriptor: Any) -> bool:
+    try:
+        return descriptor.login_found() is not None
+    except Exception:
+        return False
 
 
 def models(state: KernelState, args: argparse.Namespace) -> None:
@@ -235,12 +278,13 @@ def models(state: KernelState, args: argparse.Namespace) -> None:
     else:
         spec = state.default_model()[0]
         provider = parse_model_spec(spec)[0]
-    if provider == "copilot" and state.cache_mode() != "replay" and _github_token() is None:
+    descriptor = get_descriptor(provider)
+    if descriptor.login_flow and state.cache_mode() != "replay" and not _logged_in(descriptor):
         _show(
-            "*Not logged in to GitHub Copilot*, so its models cannot be listed: run "
-            "`%chat login` first, then `%chat models copilot`.",
-            "Not logged in to GitHub Copilot, so its models cannot be listed: run %chat login "
-            "first, then %chat models copilot.",
+            f"*Not logged in to {descriptor.label}*, so its models cannot be listed: run "
+            f"`%chat login` first, then `%chat models {provider}`.",
+            f"Not logged in to {descriptor.label}, so its models cannot be listed: run "
+            f"%chat login first, then %chat models {provider}.",
         )
         return
     try:

@@ -69,6 +69,8 @@ class KernelState:
         self._threads: ThreadStore | None = None
         self._occurrences: dict[str, int] = {}
         self._occurrence_count: int | None = None
+        #: the default model's provider when this kernel last looked (see :meth:`default_note`)
+        self._default_provider: str | None = None
 
     # -- conversations ---------------------------------------------------------------------------
     @property
@@ -129,15 +131,52 @@ class KernelState:
         resolved = resolve_default_model()
         return resolved.spec, resolved.reason, resolved.login_hint
 
+    def _bare_name_default(self) -> str | None:
+        """The spec a bare model name takes its provider from: ``ChatMagics.model`` when set,
+        else None (the registry's default, the one ``%chat status`` shows)."""
+        return self.settings.model.strip() or None
+
+    def default_note(self) -> str:
+        """One line saying the default provider changed since this kernel last looked (e.g.
+        after ``%chat key openai`` or ``%chat login``), or ``""``; the first look says nothing."""
+        from ..registry import find_descriptor, parse_model_spec
+
+        spec, reason, _hint = self.default_model()
+        try:
+            provider = parse_model_spec(spec, spec)[0] if spec else ""
+        except Exception:
+            return ""
+        previous, self._default_provider = self._default_provider, provider
+        if previous is None or previous == provider:
+            return ""
+        descriptor = find_descriptor(provider)
+        label = descriptor.label if descriptor else provider
+        return (f"The default model is now {spec} ({reason}): -m with a bare model name now "
+                f"means {label}.")
+
     def model_specs(self, value: str | None) -> list[str]:
-        """``-m a,b,c`` → ``["a", "b", "c"]``; nothing → the default model."""
-        if not value or not value.strip():
-            return [self.default_model()[0]]
+        """``-m a,b,c`` → ``["p:a", "p:b", "p:c"]`` (a bare model name gets the default
+        provider, the one ``%chat status`` shows); nothing → the default model."""
         from IPython.core.error import UsageError  # (in memory already: IPython runs this)
 
-        specs = [s.strip() for s in value.split(",") if s.strip()]
-        if not specs:
-            raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")
+        from ..errors import RequestError
+        from ..registry import qualify_model_spec
+
+        if not value or not value.strip():
+            specs = [self.default_model()[0]]
+        else:
+            specs = [s.strip() for s in value.split(",") if s.strip()]
+            if not specs:
+                raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")
+        qualified = []
+        for spec in specs:
+            try:
+                qualified.append(qualify_model_spec(spec, self._bare_name_default()))
+            except RequestError as exc:
+                from .display import explain_error
+
+                raise explain_error(exc, spec=spec) from None
+        specs = qualified
         if len(set(specs)) != len(specs):
             raise UsageError(f"-m lists a model twice: {value}")
         return specs
@@ -159,9 +198,14 @@ class KernelState:
         return cache
 
     def needs_login(self, provider: str, mode: str) -> bool:
-        """True when a call to ``provider`` should first make sure of a GitHub login: Copilot,
-        with ``login_on_demand``, unless the answers are replayed (replay sends nothing)."""
-        return provider == "copilot" and self.settings.login_on_demand and mode != "replay"
+        """True when a call to ``provider`` should first make sure of its login: a provider whose
+        descriptor has a ``login_flow`` (GitHub Copilot), with ``login_on_demand``, unless the
+        answers are replayed (replay sends nothing)."""
+        from ..registry import find_descriptor
+
+        descriptor = find_descriptor(provider)
+        return (descriptor is not None and descriptor.login_flow is not None
+                and self.settings.login_on_demand and mode != "replay")
 
     def adapter(
         self, spec: str, mode: str = "off", *, login: Callable[[], object] | None = None
@@ -176,10 +220,11 @@ class KernelState:
         from ..registry import parse_model_spec
         from ..replay_only import connect_for_cache
 
-        provider, _model = parse_model_spec(spec)
+        provider, _model = parse_model_spec(spec, self._bare_name_default())
         if login is not None and self.needs_login(provider, mode):
             login()
-        adapter = connect_for_cache(spec, mode)  # replay needs no model (nor its extra) either
+        # replay needs no model (nor its extra) either
+        adapter = connect_for_cache(f"{provider}:{_model}", mode)
         if mode != "off":
             from ..cache import CachedAdapter
 

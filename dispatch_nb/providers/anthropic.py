@@ -37,10 +37,13 @@ from ..wire.anthropic import (
     prompt_fields,
     wire_messages,
 )
+from .credentials import EnvCredentials
 
 __all__ = ["AnthropicAdapter", "supports_output_config"]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
+#: its key is for ``ANTHROPIC_BASE_URL``, else api.anthropic.com
+ANTHROPIC_ENV = EnvCredentials("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", DEFAULT_BASE_URL)
 #: context window of every current Claude model (without the 1M-context beta)
 CLAUDE_CONTEXT_TOKENS = 200_000
 
@@ -49,7 +52,9 @@ class AnthropicAdapter(HTTPAdapter):
     """Claude models through Anthropic's Messages API.
 
     ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (read at call time, so setting it later works);
-    ``base_url`` to ``ANTHROPIC_BASE_URL``, else ``https://api.anthropic.com``. ``max_tokens`` is
+    ``base_url`` to ``ANTHROPIC_BASE_URL``, else ``https://api.anthropic.com``. The key from the
+    environment goes only to the server the environment names (``ANTHROPIC_BASE_URL``, else
+    Anthropic's): a server named by ``base_url=`` gets a key only through ``api_key=``. ``max_tokens`` is
     always sent (the API requires it). ``betas`` become the ``anthropic-beta`` header.
 
     Extra chat options: ``thinking`` (``{"type": "enabled", "budget_tokens": N}``,
@@ -130,11 +135,13 @@ class AnthropicAdapter(HTTPAdapter):
         fixed = self.fixed_headers
         if "x-api-key" in fixed or "authorization" in fixed:
             return {}
-        key = self._api_key or os.environ.get("ANTHROPIC_API_KEY")
+        key, kept_back = (self._api_key, "") if self._api_key else \
+            ANTHROPIC_ENV.key_for(self.base_url)
         if not key:
             raise AuthenticationError(
-                "no Anthropic API key: set ANTHROPIC_API_KEY or pass "
-                "AnthropicAdapter(..., api_key=...)",
+                f"no Anthropic API key for anthropic:{self._model} at {self.base_url}: "
+                + (kept_back or "set ANTHROPIC_API_KEY (`%chat key anthropic` in a notebook) or "
+                   "pass AnthropicAdapter(..., api_key=...)"),
                 provider=self.provider_name,
             )
         return {"x-api-key": key}

@@ -1,20 +1,29 @@
 """OpenAI: the official Responses API, or any OpenAI-compatible chat.completions server.
 
-One adapter, two explicit execution paths (no silent fallback from one to the other)::
+Two adapters, each with its wire format fixed when it is made (no silent fallback from one to the
+other): :class:`ResponsesAdapter` (``POST /responses``) and :class:`CompatibleAdapter`
+(``POST /chat/completions``). :class:`OpenAIAdapter` makes the one its ``backend`` names, and both
+are ``OpenAIAdapter`` instances::
 
-    OpenAIAdapter("gpt-4.1")                                  # backend="official": POST /responses
+    OpenAIAdapter("gpt-4.1")                                  # backend="official": a ResponsesAdapter
     OpenAIAdapter("llama3", backend="compatible",
-                  base_url="http://127.0.0.1:11434/v1")       # POST /chat/completions
+                  base_url="http://127.0.0.1:11434/v1")       # a CompatibleAdapter
     connect("openai:gpt-4.1"); connect("compatible:llama3", base_url=...)
 
 Backend: the ``backend`` argument, else ``OPENAI_BACKEND``, else ``"official"``; an unknown value is
-an error. ``base_url`` / ``OPENAI_BASE_URL`` only say where requests go and never switch the backend
-(default ``https://api.openai.com/v1``; for ``compatible`` ``http://127.0.0.1:8080/v1``). API key:
-``api_key``, else ``OPENAI_API_KEY`` (read when a call is made); the official backend without one
-fails at call time with an :class:`~dispatch_nb.errors.AuthenticationError`, a compatible server
-gets it only when there is one. On the compatible backend, ``OPENAI_API_KEY`` from the environment is
-sent only to the environment's server (``OPENAI_BASE_URL`` or the default): a server named with an
-explicit ``base_url=`` gets a key only through ``api_key=``, so your OpenAI key never leaks to it.
+an error. A base URL only says where requests go and never switches the backend.
+
+Where requests go and which key they carry (:mod:`dispatch_nb.providers.credentials`): each
+provider has its own pair of variables — ``openai:`` reads ``OPENAI_BASE_URL`` (default
+``https://api.openai.com/v1``) and ``OPENAI_API_KEY``; ``compatible:`` (and ``backend="compatible"``)
+reads ``DISPATCH_NB_COMPATIBLE_BASE_URL`` (default ``http://127.0.0.1:8080/v1``) and
+``DISPATCH_NB_COMPATIBLE_API_KEY`` — except that with ``OPENAI_BACKEND=compatible`` and no
+``backend=``, the ``OPENAI_*`` pair describes the server. ``base_url=`` and ``api_key=`` win over
+the environment. A key from the environment is sent only to the server its base-URL variable names
+(else the provider's default server), never to another ``base_url=``: pass ``api_key=`` with it.
+The official API refuses calls without a key: such a call fails with an
+:class:`~dispatch_nb.errors.AuthenticationError` naming the model and the URL (and why a key that is
+set was kept back); a compatible server gets a key only when there is one for it.
 
 Per-call options (``adapter.chat(..., **options)``): ``tool_choice`` (``"auto"``, ``"none"``,
 ``"required"`` or a tool name), ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort such as
@@ -24,10 +33,13 @@ Responses API has none), plus ``extra_body`` / ``extra_headers`` / ``max_retries
 
 Structured output (``output=``): ``text.format`` on the Responses API, ``response_format`` on
 chat.completions (see :meth:`OpenAIAdapter.output_mode` and docs/structured-output.md);
-``structured_output=`` chooses another mechanism for every call.
+``structured_output=`` chooses another mechanism for every call. A chat.completions server that
+refuses ``json_schema`` (llama-cpp-python's) is answered with ``json_object`` and a schema from
+then on; what the adapter learnt is kept apart from its wire format, so threads sharing one adapter
+all get the fallback.
 
-The backend is a wire format (:mod:`dispatch_nb.wire`): :class:`~dispatch_nb.wire.responses.ResponsesWire`
-or :class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire`; this module is the provider's
+The wire formats are :class:`~dispatch_nb.wire.responses.ResponsesWire` and
+:class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire`; this module is the provider's
 endpoint, key, model list and defaults.
 """
 
@@ -35,6 +47,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import httpx
@@ -44,14 +58,20 @@ from ..errors import AuthenticationError, DispatchError
 from ..http_adapter import HTTPAdapter
 from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo
+from ..wire.base import WireRequest
 from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire, parse_model_list
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
+from .credentials import EnvCredentials
 
 __all__ = [
     "BACKENDS",
+    "COMPATIBLE_ENV",
     "DEFAULT_COMPATIBLE_URL",
     "DEFAULT_OFFICIAL_URL",
+    "OPENAI_ENV",
+    "CompatibleAdapter",
     "OpenAIAdapter",
+    "ResponsesAdapter",
     "connect_compatible",
     "connect_official",
 ]
@@ -60,8 +80,19 @@ Backend = Literal["official", "compatible"]
 BACKENDS: tuple[str, ...] = ("official", "compatible")
 DEFAULT_OFFICIAL_URL = "https://api.openai.com/v1"
 DEFAULT_COMPATIBLE_URL = "http://127.0.0.1:8080/v1"
+#: OpenAI's variables: its key is for ``OPENAI_BASE_URL``, else api.openai.com
+OPENAI_ENV = EnvCredentials("OPENAI_API_KEY", "OPENAI_BASE_URL", DEFAULT_OFFICIAL_URL)
+#: the compatible server's own variables
+COMPATIBLE_ENV = EnvCredentials("DISPATCH_NB_COMPATIBLE_API_KEY",
+                                "DISPATCH_NB_COMPATIBLE_BASE_URL", DEFAULT_COMPATIBLE_URL)
 
 logger = logging.getLogger("dispatch_nb")
+
+#: the wire format this thread's (or task's) last request was built with: a retry decision judges
+#: the request that failed, not whatever another thread learnt meanwhile
+_sent_with: ContextVar[ChatCompletionsWire | ResponsesWire | None] = ContextVar(
+    "dispatch_nb_openai_sent_with", default=None
+)
 
 
 def _resolve_backend(backend: str | None) -> Backend:
@@ -84,10 +115,22 @@ def _resolve_backend(backend: str | None) -> Backend:
 
 
 class OpenAIAdapter(HTTPAdapter):
-    """OpenAI's Responses API (``backend="official"``) or a chat.completions server
-    (``backend="compatible"``). See the module docstring for the selection rules and options."""
+    """OpenAI's Responses API (``backend="official"``: a :class:`ResponsesAdapter`) or a
+    chat.completions server (``backend="compatible"``: a :class:`CompatibleAdapter`); making an
+    ``OpenAIAdapter`` makes the one its backend names. See the module docstring for the selection
+    rules, credentials and options."""
 
     provider_options: frozenset[str] = frozenset(CHAT_OPTIONS | RESPONSES_OPTIONS)
+    #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
+    backend_mode: Backend
+    #: the wire format, fixed when the adapter is made
+    wire: ChatCompletionsWire | ResponsesWire
+
+    def __new__(cls, model: str, *args: Any, backend: str | None = None,
+                **kwargs: Any) -> OpenAIAdapter:
+        if cls is OpenAIAdapter:
+            cls = ResponsesAdapter if _resolve_backend(backend) == "official" else CompatibleAdapter
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -106,9 +149,10 @@ class OpenAIAdapter(HTTPAdapter):
     ) -> None:
         if not model or not isinstance(model, str):
             raise ValueError("model must be a non-empty string, e.g. 'gpt-4.1'")
-        mode = _resolve_backend(backend)
+        mode = self._check_backend(backend)
+        settings = self._settings(backend)
         default_url = DEFAULT_OFFICIAL_URL if mode == "official" else DEFAULT_COMPATIBLE_URL
-        url = base_url or os.environ.get("OPENAI_BASE_URL", "").strip() or default_url
+        url = base_url or os.environ.get(settings.url_env, "").strip() or default_url
         super().__init__(
             base_url=url,
             headers=headers,
@@ -119,27 +163,41 @@ class OpenAIAdapter(HTTPAdapter):
             max_retries=max_retries,
         )
         self._model = model
-        self._api_key = api_key  # else OPENAI_API_KEY, read at call time
-        # A key from the environment goes only where the environment points: never to a server
-        # named by an explicit base_url on the compatible backend (it may be a third party's).
-        self._env_key_allowed = mode == "official" or base_url is None
-        #: the official API refuses calls without a key; a compatible server may need none
-        self._key_required = mode == "official"
-        self._provider = "openai" if mode == "official" else "compatible"
-        self._display = "OpenAI" if mode == "official" else "OpenAI-compatible server"
-        #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
-        self.backend_mode: Backend = mode
-        #: the wire format: the Responses API (official) or chat.completions (compatible); a
-        #: compatible server that refuses ``json_schema`` gets one with the json_object quirk
-        self.wire: ChatCompletionsWire | ResponsesWire = (
-            ResponsesWire(self._provider) if mode == "official"
-            else ChatCompletionsWire(self._provider)
-        )
+        self._api_key = api_key  # else the environment's key, read at call time
+        #: the environment variables its server and key come from
+        self.settings = settings
+        self.backend_mode = mode
+        self.wire = self._make_wire()
+        #: what this adapter learnt about its server (a chat.completions server that refuses
+        #: ``json_schema``): the wire format to build requests with from then on
+        self._learnt: ChatCompletionsWire | None = None
+        self._learn_lock = threading.Lock()
         #: the per-call options this backend understands (others raise ``TypeError``)
         self.provider_options = self.wire.options
         #: how ``output=`` is asked for: ``auto``, ``native``, ``tool``, ``json_object``
         #: (compatible only) or ``prompt`` (see :meth:`output_mode`)
         self.structured_output = structured_output
+
+    # -- what a subclass fixes -------------------------------------------------------------------
+    _backend: Backend = "official"
+    _provider = "openai"
+    _display = "OpenAI"
+    #: the official API refuses calls without a key: a compatible server may need none
+    _key_required = True
+
+    def _check_backend(self, backend: str | None) -> Backend:
+        if backend is not None and _resolve_backend(backend) != self._backend:
+            raise ValueError(
+                f"backend={backend!r} contradicts {type(self).__name__} (backend "
+                f"{self._backend!r}): use OpenAIAdapter(..., backend=...) to choose"
+            )
+        return self._backend
+
+    def _settings(self, backend: str | None) -> EnvCredentials:
+        return OPENAI_ENV
+
+    def _make_wire(self) -> ChatCompletionsWire | ResponsesWire:
+        raise NotImplementedError
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -156,23 +214,46 @@ class OpenAIAdapter(HTTPAdapter):
 
     def __repr__(self) -> str:
         return (
-            f"OpenAIAdapter(model={self._model!r}, backend={self.backend_mode!r}, "
+            f"{type(self).__name__}(model={self._model!r}, backend={self.backend_mode!r}, "
             f"base_url={self.base_url!r})"
         )
 
     # -- HTTP seams (requests and answers: the wire format's) ------------------------------------
     def auth_headers(self) -> dict[str, str]:
-        key = self._api_key
-        if not key and self._env_key_allowed:
-            key = os.environ.get("OPENAI_API_KEY", "").strip()
+        key, kept_back = (self._api_key, "") if self._api_key else \
+            self.settings.key_for(self.base_url)
         if key:
             return {"authorization": f"Bearer {key}"}
         if self._key_required:
+            why = kept_back or (f"set {self.settings.key_env} (`%chat key {self._provider}` in a "
+                                "notebook) or pass api_key=")
             raise AuthenticationError(
-                "no OpenAI API key: set the OPENAI_API_KEY environment variable or pass api_key=",
+                f"no {self._display} API key for {self._provider}:{self._model} at "
+                f"{self.base_url}: {why}",
                 provider=self.provider_name,
             )
+        if kept_back:
+            logger.info("%s:%s at %s: %s", self._provider, self._model, self.base_url, kept_back)
         return {}
+
+    def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
+        """The wire format's error; a refused or missing key names the model and the URL, and
+        why a key that is set was not sent."""
+        error = super().parse_error(status, body, headers)
+        if isinstance(error, AuthenticationError) and not self._api_key:
+            _key, kept_back = self.settings.key_for(self.base_url)
+            note = f" ({kept_back})" if kept_back else ""
+            error.message = f"{error.message} [{self._provider}:{self._model} at {self.base_url}]{note}"
+        return error
+
+    def _current_wire(self) -> ChatCompletionsWire | ResponsesWire:
+        return self._learnt or self.wire
+
+    def build_request(self, request: ChatRequest) -> WireRequest:
+        wire = self._current_wire()
+        _sent_with.set(wire)
+        return wire.wire_request(request, self.model_name,
+                                 output_mode=self._output_mode(wire, request))
 
     def output_mode(self, request: ChatRequest) -> str | None:
         """Structured output on the wire: ``auto`` / ``native`` is the wire format's own
@@ -181,10 +262,14 @@ class OpenAIAdapter(HTTPAdapter):
         ``json_object`` (the schema in ``{"type": "json_object", "schema": ...}``, what
         llama-cpp-python's server takes — chosen by itself after a server rejects ``json_schema``,
         with a warning); else ``tool`` or ``prompt`` (and ``json_object`` on chat.completions)."""
+        return self._output_mode(self._current_wire(), request)
+
+    def _output_mode(
+        self, wire: ChatCompletionsWire | ResponsesWire, request: ChatRequest
+    ) -> str | None:
         if request.output is None:
             return None
         mode = requested_mode(self, request)
-        wire = self.wire
         if mode in ("auto", "native"):
             return wire.native_output
         if mode in wire.output_modes:
@@ -194,18 +279,26 @@ class OpenAIAdapter(HTTPAdapter):
     def should_retry_now(self, error: DispatchError) -> bool:
         """Resend at once when the error shows a server quirk the wire format can work around
         (llama-cpp-python's server refuses ``response_format`` ``json_schema``: structured output
-        goes as ``json_object`` with a schema from then on)."""
+        goes as ``json_object`` with a schema from then on). Judged by the wire format the failed
+        request was built with, so every thread whose request failed that way resends it."""
         if self.structured_output not in ("auto", "native"):
             return False
-        wire = self.wire.should_resend(error)
-        if wire is None:
+        sent = _sent_with.get() or self.wire
+        if not isinstance(sent, ChatCompletionsWire):
             return False
-        self.wire = wire
-        logger.warning(
-            "%s at %s rejected response_format json_schema; asking for structured output as "
-            "json_object with a schema from now on (structured_output='json_object')",
-            self.display_name, self.base_url,
-        )
+        learnt = sent.should_resend(error)
+        if learnt is None:
+            return False
+        with self._learn_lock:
+            first = self._learnt is None
+            if first:
+                self._learnt = learnt
+        if first:
+            logger.warning(
+                "%s at %s rejected response_format json_schema; asking for structured output "
+                "as json_object with a schema from now on (structured_output='json_object')",
+                self.display_name, self.base_url,
+            )
         return True
 
     # -- models ----------------------------------------------------------------------------------
@@ -217,14 +310,33 @@ class OpenAIAdapter(HTTPAdapter):
         return parse_model_list(await self.aget_json("models"))
 
 
-def _with_backend(backend: Backend, options: dict[str, Any]) -> dict[str, Any]:
-    given = options.pop("backend", None)
-    if given is not None and _resolve_backend(given) != backend:
-        raise ValueError(
-            f"backend={given!r} contradicts the provider: use 'openai:MODEL' for the official "
-            "Responses API and 'compatible:MODEL' for a chat.completions server"
-        )
-    return options
+class ResponsesAdapter(OpenAIAdapter):
+    """OpenAI's Responses API (``POST /responses``): ``OpenAIAdapter(model)`` with the official
+    backend. Its server and key: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``."""
+
+    _backend: Backend = "official"
+
+    def _make_wire(self) -> ResponsesWire:
+        return ResponsesWire(self._provider)
+
+
+class CompatibleAdapter(OpenAIAdapter):
+    """A chat.completions server (llama.cpp, vLLM, Ollama, LM Studio): ``OpenAIAdapter(model,
+    backend="compatible")``, the ``compatible`` provider. Its server and key:
+    ``DISPATCH_NB_COMPATIBLE_BASE_URL`` / ``DISPATCH_NB_COMPATIBLE_API_KEY`` (``OPENAI_*`` when
+    ``OPENAI_BACKEND=compatible`` chose it); a key is optional."""
+
+    _backend: Backend = "compatible"
+    _provider = "compatible"
+    _display = "OpenAI-compatible server"
+    _key_required = False
+
+    def _settings(self, backend: str | None) -> EnvCredentials:
+        chosen_by_env = backend is None and os.environ.get("OPENAI_BACKEND", "").strip()
+        return OPENAI_ENV if chosen_by_env else COMPATIBLE_ENV
+
+    def _make_wire(self) -> ChatCompletionsWire:
+        return ChatCompletionsWire(self._provider)
 
 
 def connect_official(model: str, **options: Any) -> OpenAIAdapter:
@@ -235,5 +347,12 @@ def connect_official(model: str, **options: Any) -> OpenAIAdapter:
 
 def connect_compatible(model: str, **options: Any) -> OpenAIAdapter:
     """The ``compatible`` provider: a chat.completions server at ``base_url`` (default
-    ``OPENAI_BASE_URL``, else ``http://127.0.0.1:8080/v1``); an API key is optional."""
-    return OpenAIAdapter(model, backend="compatible", **_with_backend("compatible", options))
+    ``DISPATCH_NB_COMPATIBLE_BASE_URL``, else ``http://127.0.0.1:8080/v1``); an API key
+    (``api_key=``, else ``DISPATCH_NB_COMPATIBLE_API_KEY``) is optional."""
+    given = options.pop("backend", None)
+    if given is not None and _resolve_backend(given) != "compatible":
+        raise ValueError(
+            f"backend={given!r} contradicts the provider: use 'openai:MODEL' for the official "
+            "Responses API and 'compatible:MODEL' for a chat.completions server"
+        )
+    return CompatibleAdapter(model, backend="compatible", **options)

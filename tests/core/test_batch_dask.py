@@ -50,8 +50,9 @@ def openai_fake() -> Iterator[OpenAIChatFake]:
 @pytest.fixture(scope="module")
 def client(fake: BatchFake, openai_fake: OpenAIChatFake) -> Iterator[Client]:
     # The workers' environment holds the credentials and endpoints; the client's never does.
-    env = {"DISPATCH_NB_FAKE_URL": fake.base_url, "OPENAI_BASE_URL": openai_fake.base_url,
-           "OPENAI_API_KEY": WORKER_KEY, "PYTHONPATH": str(REPO)}
+    env = {"DISPATCH_NB_FAKE_URL": fake.base_url,
+           "DISPATCH_NB_COMPATIBLE_BASE_URL": openai_fake.base_url,
+           "DISPATCH_NB_COMPATIBLE_API_KEY": WORKER_KEY, "PYTHONPATH": str(REPO)}
     with LocalCluster(n_workers=2, processes=True, threads_per_worker=2, env=env,
                       dashboard_address=None) as cluster, Client(cluster) as dask_client:
         yield dask_client
@@ -107,7 +108,7 @@ class GraphSpy(SchedulerPlugin):
 def test_credentials_come_from_the_workers_and_never_enter_the_task_graph(
     client: Client, openai_fake: OpenAIChatFake, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", CLIENT_KEY)  # the client's own key: must not travel
+    monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_API_KEY", CLIENT_KEY)  # the client's: must not travel
     client.register_plugin(GraphSpy())
     rows = [f"graph check {i}" for i in range(12)]
     result = batch("{row}", rows, model="compatible:gpt-4.1", executor=client, concurrency=3,

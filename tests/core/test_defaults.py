@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dispatch_nb.defaults import (
-    ANTHROPIC_DEFAULT,
-    COPILOT_DEFAULT,
-    LOCAL_DEFAULT,
-    OPENAI_DEFAULT,
-    resolve_default_model,
-)
+from dispatch_nb.defaults import resolve_default_model
 from dispatch_nb.providers.local import local_model_available
 
+COPILOT_DEFAULT = "copilot:gpt-4.1"
+OPENAI_DEFAULT = "openai:gpt-4.1"
+ANTHROPIC_DEFAULT = "anthropic:claude-sonnet-4-5"
+LOCAL_DEFAULT = "local:smollm2"
 TOKEN = "ghu_" + "a1B2c3D4e5" * 4
 
 

@@ -4,6 +4,7 @@ registry, the default choice, the status rows, secret scrubbing and replay-only 
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dispatch_nb import connect, get_provider, list_providers, register_provider
+from dispatch_nb import ModelInfo, batch, connect, get_provider, list_providers, register_provider
 from dispatch_nb.cache import CachedAdapter, ResponseCache
 from dispatch_nb.defaults import resolve_default_model
 from dispatch_nb.registry import ProviderDescriptor, get_descriptor
@@ -143,3 +144,107 @@ def test_the_old_registration_forms_still_work() -> None:
         from dispatch_nb import registry
 
         registry._providers.pop("acme-plain", None)
+
+
+# -- what a provider declares instead of being named in the code --------------------------------------
+class PremiumAcme(acme.AcmeAdapter):
+    """An Acme whose models cost premium requests, as Copilot's do."""
+
+    @property
+    def provider_name(self) -> str:
+        return "acme-premium"
+
+    async def alist_models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=self.model_name, premium_multiplier=1.5)]
+
+
+def test_premium_requests_are_counted_for_a_provider_that_declares_them(
+    server: CanonicalFake,
+) -> None:
+    register_provider(ProviderDescriptor("acme-premium", PremiumAcme, premium_multiplier=True))
+    try:
+        model = connect("acme-premium:acme-1", api_key="acme-test-key-0001",
+                        base_url=server.base_url)
+        result = batch("{row}", ["a", "b"], model=model, progress=False)
+        assert result.ok == 2 and result.premium_requests == 3.0
+        plain = connect("acme:acme-1", api_key="acme-test-key-0001", base_url=server.base_url)
+        assert batch("{row}", ["a"], model=plain, progress=False).premium_requests is None
+    finally:
+        from dispatch_nb import registry
+
+        registry._providers.pop("acme-premium", None)
+
+
+def test_a_provider_with_a_login_declares_it(clean_env: Path) -> None:
+    """A second login-based provider is one descriptor: it is the default when its login is
+    found, the notebook makes sure of its login before a call, and status has its row."""
+    from types import SimpleNamespace
+
+    from dispatch_nb.notebook.state import KernelState
+
+    found: dict[str, str] = {}
+    descriptor = ProviderDescriptor(
+        "acme-login", acme.AcmeAdapter, display_name="Acme Login", default_model="acme-2",
+        login_flow="github-device", find_login=lambda env: found.get("where"), default_rank=5,
+    )
+    register_provider(descriptor)
+    try:
+        env = {"DISPATCH_NB_HOME": str(clean_env / "dnb"), "OPENAI_API_KEY": "sk-test-0000"}
+        assert resolve_default_model(env).spec == "openai:gpt-4.1"
+        found["where"] = "acme's token file"
+        chosen = resolve_default_model(env)
+        assert (chosen.spec, chosen.source) == ("acme-login:acme-2", "acme-login")
+        assert chosen.reason == "a Acme Login login was found (acme's token file)"
+        state = KernelState(None, SimpleNamespace(login_on_demand=True))
+        assert state.needs_login("acme-login", "off") and not state.needs_login("acme", "off")
+        assert not state.needs_login("acme-login", "replay")
+    finally:
+        from dispatch_nb import registry
+
+        registry._providers.pop("acme-login", None)
+
+
+#: where a provider's name may be spelled: the providers, their logins and wire formats, the registry
+NAMED_PLACES = ("providers", "auth", "wire")
+
+
+def _strings_naming_a_provider(path: Path, names: set[str]) -> list[str]:
+    """String constants (docstrings aside) that are a provider's name or a ``provider:model``
+    spec of one: code that decides by a provider's name. A name inside prose (an error
+    message's example, "sign in to GitHub Copilot") is not a decision and is allowed."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value) for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+            continue
+        if id(node) in docstrings:
+            continue
+        value = node.value.strip().lower()
+        head, sep, rest = value.partition(":")
+        if value in names or (sep and head in names and rest and " " not in value):
+            found.append(f"{path}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_no_provider_is_named_outside_the_providers_and_the_registry() -> None:
+    """A provider's needs (a login, premium requests, its default) are in its descriptor:
+    no other module spells a built-in provider's name."""
+    import dispatch_nb
+    from dispatch_nb.registry import BUILTIN_PROVIDERS
+
+    root = Path(dispatch_nb.__file__).parent
+    offending = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if relative.parts[0] in NAMED_PLACES or relative.as_posix() == "registry.py":
+            continue
+        offending += _strings_naming_a_provider(path, set(BUILTIN_PROVIDERS))
+    assert offending == []
+    # the scan sees what it must see
+    assert _strings_naming_a_provider(root / "registry.py", {"copilot"})

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,8 @@ from dispatch_nb import (
 )
 from dispatch_nb.providers.fake import FakeAdapter
 from dispatch_nb.registry import parse_model_spec
+
+REPO = Path(__file__).resolve().parents[2]
 
 DESIGN_NAMES = {
     "TextBlock", "ImageBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock",
@@ -53,14 +57,27 @@ def test_import_is_light() -> None:
     assert json.loads(out.stdout) == []
 
 
-def test_parse_model_spec(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DISPATCH_NB_MODEL", raising=False)
+@pytest.fixture
+def nothing_set_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No model, key or login of the developer's own setup."""
+    for name in ("DISPATCH_NB_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BACKEND",
+                 "DISPATCH_NB_GITHUB_TOKEN", "DISPATCH_NB_COMPATIBLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "dnb"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    return tmp_path
+
+
+def test_parse_model_spec(nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_model_spec("openai:gpt-4.1") == ("openai", "gpt-4.1")
-    assert parse_model_spec("gpt-4.1") == ("copilot", "gpt-4.1")
     assert parse_model_spec("compatible:llama3:8b") == ("compatible", "llama3:8b")
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_TOKEN", "ghu_" + "a1B2c3D4e5" * 4)
+    assert parse_model_spec("gpt-4.1") == ("copilot", "gpt-4.1")
     assert parse_model_spec("llama3:8b") == ("copilot", "llama3:8b")
     monkeypatch.setenv("DISPATCH_NB_MODEL", "anthropic:claude-sonnet-4-5")
     assert parse_model_spec("claude-haiku-4-5") == ("anthropic", "claude-haiku-4-5")
+    assert parse_model_spec("gpt-4.1", "openai:gpt-4.1") == ("openai", "gpt-4.1")
     with pytest.raises(RequestError, match=r"available providers: .*anthropic.*openai") as info:
         parse_model_spec("nosuch:model")
     assert info.value.code == "unknown_provider"
@@ -70,6 +87,53 @@ def test_parse_model_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RequestError) as info:
         parse_model_spec("   ")
     assert info.value.code == "invalid_request"
+
+
+def test_a_bare_name_goes_to_the_default_provider_status_shows(
+    nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With only OPENAI_API_KEY set, OpenAI is the default: a bare name is an OpenAI model, not
+    a Copilot one that needs a GitHub login."""
+    from dispatch_nb.defaults import resolve_default_model
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-bare-name-000000")
+    assert resolve_default_model().spec == "openai:gpt-4.1"
+    assert parse_model_spec("gpt-4.1-mini") == ("openai", "gpt-4.1-mini")
+    adapter = connect("gpt-4.1-mini")
+    try:
+        assert (adapter.provider_name, adapter.model_name) == ("openai", "gpt-4.1-mini")
+    finally:
+        adapter.close()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-0000")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    assert parse_model_spec("claude-haiku-4-5") == ("anthropic", "claude-haiku-4-5")
+    # connect() without a spec takes the same default
+    default = connect()
+    try:
+        assert default.provider_name == "anthropic"
+    finally:
+        default.close()
+
+
+def test_a_bare_name_with_nothing_set_up_is_refused_with_the_choices(nothing_set_up: Path) -> None:
+    """No login, key or embedded model: ``connect("gpt4")`` must not make a Copilot adapter that
+    starts a GitHub login; it says how to write the spec."""
+    code = (
+        "import sys; sys.modules['llama_cpp'] = None\n"
+        "from dispatch_nb import connect, RequestError\n"
+        "try:\n"
+        "    adapter = connect('gpt4')\n"
+        "except RequestError as exc:\n"
+        "    print('refused:', exc.message)\n"
+        "else:\n"
+        "    print('made:', adapter.provider_name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.startswith("refused: model 'gpt4': no provider is set up here"), out
+    for choice in ("'copilot:MODEL' (after `%chat login`)", "'openai:MODEL' (OPENAI_API_KEY)",
+                   "'anthropic:MODEL' (ANTHROPIC_API_KEY)", "'local:MODEL'"):
+        assert choice in out
 
 
 def test_register_get_list_and_connect(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,3 +189,53 @@ def test_bad_arguments_are_clear() -> None:
     assert info.value.code == "invalid_request"
     with pytest.raises(TypeError, match="a tool must be"):
         adapter.chat("hi", tools=[42])
+
+
+def test_installed_distributions_register_providers_through_the_entry_point_group(
+    tmp_path: Path,
+) -> None:
+    """A real distribution (a dist-info on sys.path) declaring ``[dispatch_nb.providers]``: its
+    provider is found the first time the registry is asked, not at ``import dispatch_nb``; a
+    plug-in that cannot be loaded is logged and leaves the others working."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "plugged_dnb.py").write_text(
+        "from dispatch_nb.registry import ProviderDescriptor\n"
+        "DESCRIPTOR = ProviderDescriptor('plugged', 'plugged_dnb_adapter:make',\n"
+        "    display_name='Plugged', key_env='PLUGGED_API_KEY', default_model='p-1')\n"
+    )
+    (site / "plugged_dnb_adapter.py").write_text(
+        "from dispatch_nb.providers.fake import FakeAdapter\n"
+        "def make(model, **options):\n"
+        "    return FakeAdapter(model, base_url='http://127.0.0.1:9', **options)\n"
+    )
+    info = site / "plugged_dnb-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugged-dnb\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[dispatch_nb.providers]\n"
+        "plugged = plugged_dnb:DESCRIPTOR\n"
+        "broken = no_such_module_for_dispatch_nb:DESCRIPTOR\n"
+    )
+    code = (
+        "import sys, dispatch_nb\n"
+        "print('imported at import:', 'plugged_dnb' in sys.modules)\n"
+        "from dispatch_nb import connect, list_providers\n"
+        "from dispatch_nb.registry import get_descriptor\n"
+        "adapter = connect('plugged:p-1', max_tokens=7)\n"
+        "print('adapter:', type(adapter).__name__, adapter.model_name, adapter.default_max_tokens)\n"
+        "print('label:', get_descriptor('plugged').label)\n"
+        "print('listed:', 'plugged' in list_providers(), 'broken' in list_providers())\n"
+        "print('adapter module imported:', 'plugged_dnb_adapter' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env, check=True)
+    assert done.stdout.splitlines() == [
+        "imported at import: False",
+        "adapter: FakeAdapter p-1 7",
+        "label: Plugged",
+        "listed: True False",
+        "adapter module imported: True",
+    ]
+    assert "provider plug-in 'broken'" in done.stderr and "ModuleNotFoundError" in done.stderr

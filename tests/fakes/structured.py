@@ -232,11 +232,11 @@ def check_request(fake: Any, body: Any) -> Fail | Reply | None:
     """What the real API answers a structured request it refuses (None: it takes it)."""
     if not isinstance(body, dict):
         return None
-    kind = type(fake).__name__
-    if kind == "AnthropicFake":
+    kinds = {cls.__name__ for cls in type(fake).__mro__}  # a test's subclass is its fake too
+    if "AnthropicFake" in kinds:
         problem = _anthropic_problem(body)
         return Fail(400, problem, "invalid_request_error") if problem else None
-    if kind in ("OpenAIChatFake", "OpenAIResponsesFake", "CopilotFake"):
+    if kinds & {"OpenAIChatFake", "OpenAIResponsesFake", "CopilotFake"}:
         rf = body.get("response_format")
         if getattr(fake, "llama_errors", False) and isinstance(rf, dict) and \
                 rf.get("type") not in ("text", "json_object"):

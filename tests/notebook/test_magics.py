@@ -551,3 +551,65 @@ def test_a_replayed_answer_says_replayed_instead_of_a_latency(shell: Any, fake: 
     assert "| replayed |" in echo and "| replayed |" not in second
     facts = output["metadata"]["dispatch_nb"]["compare"]
     assert facts[0]["replayed"] is True and "replayed" not in facts[1]
+
+
+# -- bare model names and the default provider (%chat status) ----------------------------------------
+
+
+@pytest.fixture
+def openai_only(fake: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """No DISPATCH_NB_MODEL, no GitHub login: only OPENAI_API_KEY (for a loopback Responses
+    server), as a new user with an OpenAI account has it."""
+    from tests.fakes.openai_responses import OpenAIResponsesFake
+
+    with OpenAIResponsesFake(api_key="sk-test-openai-only-0000") as server:
+        monkeypatch.delenv("DISPATCH_NB_MODEL")
+        monkeypatch.delenv("OPENAI_BACKEND", raising=False)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-openai-only-0000")
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        yield server
+
+
+def test_a_bare_model_name_goes_to_the_default_provider_status_shows(
+    shell: Any, openai_only: Any, capsys: Any
+) -> None:
+    run(shell, "%config ChatMagics.login_on_demand = False")  # a Copilot call must not log in
+    run(shell, "%chat status")
+    assert "`openai:gpt-4.1` — OPENAI_API_KEY is set" in shell.front.markdown[0]
+    result = run(shell, "%%chat -m gpt-4.1-mini\nhi")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert openai_only.chat_requests[-1].json["model"] == "gpt-4.1-mini"
+    assert "echo: hi" in capsys.readouterr().out
+
+
+def test_a_bare_model_name_with_nothing_set_up_is_refused(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DISPATCH_NB_MODEL")
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the local extra is not installed
+    error = run(shell, "%%chat -m gpt4\nhi").error_in_exec
+    assert isinstance(error, ChatError), error
+    assert "no provider is set up here" in error.message
+    assert "'copilot:MODEL' (after `%chat login`)" in error.message
+    assert "'openai:MODEL' (OPENAI_API_KEY)" in error.message
+    assert shell.front.markdown == [] or "Sign in" not in "".join(shell.front.markdown)
+
+
+def test_a_changed_default_provider_is_said_once(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.delenv("DISPATCH_NB_MODEL")
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    first = run(shell, "%%chat -m fake:echo\nhi")
+    assert first.error_in_exec is None
+    assert "default model is now" not in capsys.readouterr().out
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-note-0000")  # e.g. %chat key anthropic
+    run(shell, "%%chat -m fake:echo\nagain")
+    lines = capsys.readouterr().out.splitlines()
+    assert ("ℹ The default model is now anthropic:claude-sonnet-4-5 (ANTHROPIC_API_KEY is set): "
+            "-m with a bare model name now means Anthropic.") in lines
+    run(shell, "%%chat -m fake:echo\nonce more")
+    assert "default model is now" not in capsys.readouterr().out

@@ -260,8 +260,31 @@ def test_missing_key_fails_at_call_time(fake: AnthropicFake,
     assert not result and "ANTHROPIC_API_KEY" in result.reason
     assert fake.requests == []  # nothing was sent without a key
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)  # set later, e.g. in a notebook cell
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)  # ... for this server
     assert adapter.chat("Hi").text == "echo: Hi"
     adapter.close()
+
+
+def test_an_environment_key_is_never_sent_to_another_host(
+    fake: AnthropicFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ANTHROPIC_API_KEY is for Anthropic (or ANTHROPIC_BASE_URL): a server named only by
+    base_url= never sees it; the error names the model and the URL."""
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    adapter = AnthropicAdapter(MODEL, base_url=fake.base_url, max_retries=0)
+    with pytest.raises(AuthenticationError) as info:
+        adapter.chat("Hi")
+    message = info.value.message
+    assert f"anthropic:{MODEL}" in message and fake.base_url in message
+    assert "ANTHROPIC_API_KEY is for https://api.anthropic.com" in message and KEY not in message
+    assert fake.requests == []
+    # saying it for that server: api_key= with base_url=
+    paired = AnthropicAdapter(MODEL, api_key=KEY, base_url=fake.base_url, max_retries=0)
+    assert paired.chat("Hi").text == "echo: Hi"
+    assert fake.last_request.header("x-api-key") == KEY
+    adapter.close()
+    paired.close()
 
 
 def test_environment_configuration(fake: AnthropicFake, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -557,3 +557,68 @@ def test_several_choices_are_refused_before_sending() -> None:
         assert fake.chat_requests == []
         adapter_for(fake).chat("x", extra_body={"n": 1})
         assert fake.last_request.json["n"] == 1
+
+
+# -- a server quirk learnt by an adapter that threads share ------------------------------------------
+class _TwoAtOnce(OpenAIChatFake):
+    """llama-cpp-python's server, answering the first two ``json_schema`` requests together: the
+    second one's refusal arrives only after the first thread has resent its request."""
+
+    def _dispatch(self, request: RecordedRequest) -> Reply:
+        if request.method == "POST":
+            kind = (request.json.get("response_format") or {}).get("type")
+            if kind == "json_schema":
+                with self.lock:
+                    n, self.schema_requests = self.schema_requests, self.schema_requests + 1
+                if n < 2:
+                    self.barrier.wait(timeout=20)
+                    if n == 1:
+                        self.resent.wait(timeout=20)
+            elif kind == "json_object":
+                self.resent.set()
+        return super()._dispatch(request)
+
+
+def test_the_json_object_fallback_holds_for_every_thread_sharing_the_adapter(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two threads' json_schema requests are both refused; each resends its own as json_object,
+    though the other thread learnt the quirk first (the wire format the adapter was made with
+    stays as it was)."""
+    import threading
+
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+
+    fake = _TwoAtOnce.llama()
+    fake.lock, fake.schema_requests = threading.Lock(), 0
+    fake.barrier, fake.resent = threading.Barrier(2), threading.Event()
+    with fake:
+        adapter = OpenAIAdapter("smollm2", backend="compatible", base_url=fake.base_url,
+                                max_retries=0)
+        made_with = adapter.wire
+        results: dict[int, Any] = {}
+
+        def ask(i: int) -> None:
+            try:
+                results[i] = adapter.chat(f"city {i}", output=City).parsed
+            except Exception as exc:  # kept for the assertion below
+                results[i] = exc
+
+        with caplog.at_level("WARNING", logger="dispatch_nb"):
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+        assert all(isinstance(results[i], City) for i in range(2)), results
+        kinds = [r.json["response_format"]["type"] for r in fake.chat_requests]
+        assert sorted(kinds) == ["json_object", "json_object", "json_schema", "json_schema"]
+        assert adapter.wire is made_with  # fixed at construction
+        assert isinstance(adapter.chat("one more", output=City).parsed, City)  # learnt once
+        assert fake.last_request.json["response_format"]["type"] == "json_object"
+        warned = [r for r in caplog.records if "rejected response_format" in r.getMessage()]
+        assert len(warned) == 1
+        adapter.close()

@@ -511,7 +511,8 @@ def test_missing_key_fails_at_call_time(monkeypatch: pytest.MonkeyPatch,
     check = adapter.validate()
     assert not check and "OPENAI_API_KEY" in check.reason
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    assert OpenAIAdapter("gpt-5", base_url=fake.base_url).chat("x").text == "echo: x"
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)  # the key is for that server
+    assert OpenAIAdapter("gpt-5").chat("x").text == "echo: x"
 
 
 def test_wrong_key_is_an_authentication_error_without_the_secret(

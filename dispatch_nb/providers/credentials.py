@@ -1,0 +1,71 @@
+"""Which server a key from the environment belongs to: a credential goes only to its own host.
+
+A provider configured by environment variables has a key variable and a server variable
+(``OPENAI_API_KEY`` / ``OPENAI_BASE_URL``, ``DISPATCH_NB_COMPATIBLE_API_KEY`` /
+``DISPATCH_NB_COMPATIBLE_BASE_URL``, ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_BASE_URL``). The key is
+for the server the environment names (else the provider's own default server) and is sent nowhere
+else: an adapter given another server with ``base_url=`` gets a key only through ``api_key=``
+(saying both is saying the key is for that server). Servers are compared by scheme, host and port.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+__all__ = ["EnvCredentials", "same_server"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
+
+
+def same_server(a: str, b: str) -> bool:
+    """Whether two URLs name the same server (scheme, host and port)."""
+    return _origin(a) == _origin(b)
+
+
+@dataclass(frozen=True)
+class EnvCredentials:
+    """A provider's environment settings: ``key_env`` is the key for the server ``url_env`` names
+    (``default_url`` when it is unset)."""
+
+    key_env: str
+    url_env: str
+    default_url: str
+
+    def base_url(self, explicit: str | None, env: Mapping[str, str] | None = None) -> str:
+        """Where requests go: ``explicit``, else ``url_env``, else ``default_url``."""
+        env = os.environ if env is None else env
+        return (explicit or env.get(self.url_env, "").strip() or self.default_url).rstrip("/")
+
+    def home(self, env: Mapping[str, str] | None = None) -> str:
+        """The server the environment's key belongs to."""
+        return self.base_url(None, env)
+
+    def key_for(self, url: str, env: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+        """The environment's key when it belongs to ``url``'s server, and — when a key is set but
+        kept back — why (naming the variables and servers, never the key)."""
+        env = os.environ if env is None else env
+        key = env.get(self.key_env, "").strip()
+        if not key:
+            return None, ""
+        home = self.home(env)
+        if same_server(url, home):
+            return key, ""
+        where = (f"the server {self.url_env} names ({home})" if env.get(self.url_env, "").strip()
+                 else f"{home} ({self.url_env} is not set)")
+        return None, (
+            f"{self.key_env} is for {where}, so it is not sent to {url}: pass api_key= together "
+            f"with base_url= for that server, or set {self.url_env} to it"
+        )
