@@ -105,18 +105,19 @@ async def ask(
     cancel: CancelToken,
 ) -> tuple[Response, Usage, int]:
     """One attempt at one row: ``(response, usage, model calls)``. Without Python tools a single
-    streamed call; with them a fresh :class:`~dispatch_nb.session.Session` runs the tool loop.
-    ``call.options`` pass straight through (``max_tokens``, ``temperature``, ``output``...)."""
+    call (streamed only with ``call.stream``: nobody watches a row's tokens arrive); with them a
+    fresh :class:`~dispatch_nb.session.Session` runs the tool loop. ``call.options`` pass
+    straight through (``max_tokens``, ``temperature``, ``output``...)."""
     if call.runs_tools:
         from ..session import Session
 
         session = Session(adapter, system=call.system, tools=call.tools)
-        response = await session.asend(messages, stream=True, timeout=timeout, cancel=cancel,
-                                       max_retries=0, **call.options)
+        response = await session.asend(messages, stream=call.stream, timeout=timeout,
+                                       cancel=cancel, max_retries=0, **call.options)
         calls = sum(1 for m in session.history if m.role == "assistant")
         return response, session.usage, max(1, calls)
     response = await adapter.achat(
-        messages, system=call.system, tools=call.tools or None, stream=True, timeout=timeout,
+        messages, system=call.system, tools=call.tools or None, stream=call.stream, timeout=timeout,
         cancel=cancel, max_retries=0, **call.options,
     )
     return response, response.usage, 1
@@ -136,7 +137,7 @@ def validate_call(adapter: Adapter, messages: str | list[Message], call: RowCall
 
         as_output(output)  # a bad schema fails here, before any row is sent
     adapter._request(
-        messages, system=call.system, tools=call.tools, stream=True, max_tokens=max_tokens,
+        messages, system=call.system, tools=call.tools, stream=call.stream, max_tokens=max_tokens,
         temperature=temperature, options={**options, "max_retries": 0},
     )
 

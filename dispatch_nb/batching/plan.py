@@ -55,6 +55,7 @@ def make_plan(
     cache: ResponseCache | str | os.PathLike[str] | None,
     options: dict[str, Any],
     namespace: Mapping[str, Any] | None = None,
+    stream: bool = False,
 ) -> BatchPlan:
     """Check the arguments of :func:`batch` and bundle them."""
     check_template(template)
@@ -67,7 +68,9 @@ def make_plan(
             "model must be a model spec such as 'openai:gpt-4.1' or an Adapter, "
             f"not {type(model).__name__}"
         )
-    for reserved in ("stream", "on_delta", "cancel", "messages"):
+    if not isinstance(stream, bool):
+        raise TypeError(f"stream must be True or False, not {stream!r}")
+    for reserved in ("on_delta", "cancel", "messages"):
         if reserved in options:
             raise TypeError(f"batch() sets {reserved} itself; it is not an option here")
     if options.get("max_tokens") is None:
@@ -84,7 +87,7 @@ def make_plan(
         template=template,
         source=RowSource(rows, namespace),
         model=model,
-        call=RowCall(system=system, tools=list(tools or []), options=options),
+        call=RowCall(system=system, tools=list(tools or []), options=options, stream=stream),
         settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
         checkpoint=os.fspath(checkpoint) if checkpoint is not None else None,
         cache=cache,

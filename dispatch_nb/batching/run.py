@@ -126,6 +126,7 @@ def batch(
     namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    stream: bool = False,
     **options: Any,
 ) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
@@ -148,13 +149,16 @@ def batch(
     ``partition_size`` rows. ``progress``: ``None`` (auto), ``True`` or ``False``. ``cancel``: a
     :class:`~dispatch_nb.cancel.CancelToken` that stops the batch (finished rows are kept).
     ``namespace``: names the template may use besides each row's (a notebook's variables).
+    ``stream``: stream each row's answer (default ``False``: a row's tokens are not watched as
+    they arrive, and a plain answer costs the kernel far less CPU); ``True`` is for what needs a
+    stream, such as Anthropic's refusal of long non-streamed requests (a large ``max_tokens``).
 
     Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
     ``.result`` holds every finished row.
     """
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache, namespace=namespace,
+                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
     job = _Job(plan, cancel, progress)
@@ -210,13 +214,14 @@ async def abatch(
     namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    stream: bool = False,
     **options: Any,
 ) -> BatchResult:
     """The async twin of :func:`batch`, on the running event loop. Cancelling the awaiting task
     stops the rows in flight (finished rows stay in the checkpoint) and re-raises."""
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache, namespace=namespace,
+                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
     job = _Job(plan, cancel, progress)
