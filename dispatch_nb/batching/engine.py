@@ -5,6 +5,10 @@ and runs the rest with at most :class:`~dispatch_nb.batching.limiter.AdaptiveLim
 flight — one asyncio task per row in flight, never one per row of the input, so memory does not
 grow with the input beyond the answers themselves.
 
+An error every later row would get too — a rejected credential, an exhausted quota, a model the
+provider does not know (:func:`~dispatch_nb.batching.result.stops_batch`) — stops the batch: the
+rows in flight end as they will, and no other row is sent (each is "not sent", code ``not_sent``).
+
 Retries are the batch's, not the adapter's (each call is made with ``max_retries=0``), so every
 429 reaches the limiter and slows the whole batch. What is retried, and how long to wait, follow
 the adapter's rules (:func:`dispatch_nb.adapter.backoff_delay`: the server's ``retry-after`` up to
@@ -34,7 +38,7 @@ from ..errors import (
 from ..types import Message, Response, Usage
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
-from .result import BatchResult, RowOrigin
+from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
 from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
 
 __all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "prepare_rows", "validate_call"]
@@ -79,6 +83,7 @@ class Stats:
     read: int = 0
     ok: int = 0
     failed: int = 0
+    not_sent: int = 0
     in_flight: int = 0
     resumed: int = 0
     replayed: int = 0
@@ -92,7 +97,7 @@ class Stats:
 
     @property
     def finished(self) -> int:
-        return self.ok + self.failed
+        return self.ok + self.failed + self.not_sent
 
 
 # -- one row's call -------------------------------------------------------------------------------
@@ -176,7 +181,7 @@ def prepare_rows(
             if position == 0:
                 raise
             result._set(position, row_error(position, exc), usage=Usage(), latency=0.0,
-                        attempts=0, origin=RowOrigin.NOT_RUN)
+                        attempts=0, origin=RowOrigin.NOT_SENT)
             stats.failed += 1
             continue
         base = row_key(model, filled.messages, material)
@@ -200,7 +205,8 @@ def prepare_rows(
 class RowRunner:
     """Runs :class:`Pending` rows through ``adapter`` with adaptive concurrency, retries, a
     per-row deadline and one cancel token; each finished row goes to ``result`` and the
-    checkpoint at once."""
+    checkpoint at once. An error :func:`~dispatch_nb.batching.result.stops_batch` stops it
+    (``result.stopped_by``)."""
 
     def __init__(
         self,
@@ -230,6 +236,10 @@ class RowRunner:
         return RequestCancelled(self.cancel.reason or "the batch was cancelled",
                                 provider=self.adapter.provider_name)
 
+    def _not_sent_error(self) -> DispatchError:
+        """The item of a row this batch will not send (it was cancelled or stopped)."""
+        return not_sent(self.result, self.cancel, self.adapter.provider_name)
+
     async def run(self, rows: Iterator[Pending]) -> None:
         """Run every row of ``rows`` (read one at a time, as slots free up)."""
         loop = asyncio.get_running_loop()
@@ -242,16 +252,22 @@ class RowRunner:
                 pass
 
         remove = self.cancel.add_callback(on_cancel)
+        if self.cancel.cancelled:  # before the callback scheduled above has run
+            self._stop()
         tasks: set[asyncio.Task[None]] = set()
         try:
             for pending in rows:
                 if stopped.is_set():
-                    self._not_run(pending)
-                    break  # rows not read yet stay unread (the caller marks them not run)
+                    self._not_sent(pending)
+                    break  # rows not read yet stay unread (the caller marks them not sent)
                 try:
                     epoch = await self.limiter.acquire()
-                except RequestCancelled:
-                    self._not_run(pending)
+                except DispatchError:  # cancelled or stopped while waiting for a slot
+                    self._not_sent(pending)
+                    break
+                if stopped.is_set():  # the slot came free as the batch stopped
+                    self.limiter.release()
+                    self._not_sent(pending)
                     break
                 task = loop.create_task(self._row(pending, epoch))
                 tasks.add(task)
@@ -276,10 +292,19 @@ class RowRunner:
             self._stopped.set()
         self.limiter.cancel_all(self._cancel_error)
 
-    def _not_run(self, pending: Pending) -> None:
-        self.result._set(pending.position, self._cancel_error(), usage=Usage(), latency=0.0,
-                         attempts=0, origin=RowOrigin.NOT_RUN)
-        self.stats.failed += 1
+    def _halt(self, position: int, error: DispatchError) -> None:
+        """Row ``position`` ended with ``error``, which every row would get: send nothing more."""
+        if self.result.stopped_by is not None or self.cancel.cancelled:
+            return
+        self.result.stopped_by = (position, error)
+        if self._stopped is not None:
+            self._stopped.set()
+        self.limiter.cancel_all(self._not_sent_error)
+
+    def _not_sent(self, pending: Pending) -> None:
+        self.result._set(pending.position, self._not_sent_error(), usage=Usage(), latency=0.0,
+                         attempts=0, origin=RowOrigin.NOT_SENT)
+        self.stats.not_sent += 1
 
     async def _sleep(self, seconds: float) -> None:
         assert self._stopped is not None
@@ -305,13 +330,15 @@ class RowRunner:
         holding = True
         stats.in_flight += 1
         item: Response | DispatchError
+        last: DispatchError | None = None  # the error of the row's last attempt
         try:
             while True:
                 if not holding:
                     try:
                         epoch = await self._acquire_before(deadline)
                     except DispatchError as exc:
-                        item = exc
+                        # stopped while waiting to retry: the row was sent, its last error stands
+                        item = last if is_not_sent(exc) and last is not None else exc
                         break
                     holding = True
                 attempts += 1
@@ -324,6 +351,9 @@ class RowRunner:
                         adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel
                     )
                 except DispatchError as exc:
+                    last = exc
+                    if stops_batch(exc):  # before the slot is released: nothing more is sent
+                        self._halt(pending.position, exc)
                     self.limiter.release()
                     holding = False
                     if exc.partial is not None:
@@ -340,6 +370,9 @@ class RowRunner:
                     if self.cancel.cancelled:
                         item = self._cancel_error()
                         item.partial = exc.partial
+                        break
+                    if self.result.stopped_by is not None:
+                        item = exc
                         break
                     continue
                 except Exception as exc:  # a tool or template bug: this row fails, not the batch
@@ -396,7 +429,8 @@ class RowRunner:
             self.stats.rate_limited += 1
             if exc.code != "quota_exceeded":
                 self.limiter.on_rate_limited(epoch, exc.retry_after)
-        if isinstance(exc, RequestCancelled) or self.cancel.cancelled:
+        if isinstance(exc, RequestCancelled) or self.cancel.cancelled \
+                or self.result.stopped_by is not None:
             return None
         if attempts > self.settings.max_retries or not exc.retryable \
                 or exc.code == "quota_exceeded":
@@ -420,8 +454,6 @@ class RowRunner:
             calls = int(getattr(adapter, "model_calls", calls))
         totals.model_calls += calls
         cancelled = isinstance(item, RequestCancelled)
-        if cancelled:
-            origin = RowOrigin.NOT_RUN if attempts == 0 else origin
         self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,
                          origin=origin)
         if isinstance(item, Response):

@@ -16,7 +16,7 @@ from ..cancel import CancelToken
 from ..errors import RequestCancelled
 from ..types import Usage
 from .engine import BatchSettings, Stats, model_id
-from .result import BatchResult, RowOrigin
+from .result import BatchResult, RowOrigin, not_sent
 from .rows import RowCall, RowSource, check_template
 
 __all__ = ["BatchPlan", "finish", "make_plan", "new_result", "resolve_adapter"]
@@ -113,19 +113,26 @@ def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[
     return adapter, owned
 
 
+def mark_not_sent(result: BatchResult, stats: Stats, position: int, cancel: CancelToken) -> None:
+    """Row ``position`` was never sent: the batch was cancelled or stopped first."""
+    result._set(position, not_sent(result, cancel), usage=Usage(), latency=0.0, attempts=0,
+                origin=RowOrigin.NOT_SENT)
+    stats.not_sent += 1
+
+
 def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken) -> None:
-    """Mark rows never read as not run (a cancelled batch over a sized input) and set totals."""
-    total = plan.source.total
-    if total is not None and len(result) < total and cancel.cancelled:
-        reason = cancel.reason or "the batch was cancelled"
-        for position in range(len(result), total):
-            result._set(position, RequestCancelled(f"not sent: {reason}"), usage=Usage(),
-                        latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
-            stats.failed += 1
+    """Mark rows never sent as such (a cancelled or stopped batch over a sized input: the rows
+    not read yet too) and set totals."""
     for position, item in enumerate(result._items):
-        if item is None:  # reserved but never finished (the engine stopped abruptly)
+        if item is None:  # handed out, never finished (the engine stopped abruptly): maybe sent
             result._set(position, RequestCancelled("not finished: the batch was stopped"),
-                        usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
+                        usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.SENT)
+            stats.failed += 1
+    total = plan.source.total
+    if total is not None and len(result) < total \
+            and (cancel.cancelled or result.stopped_by is not None):
+        for position in range(len(result), total):
+            mark_not_sent(result, stats, position, cancel)
     result.interrupted = cancel.cancelled
     result.elapsed = time.monotonic() - stats.started
     if result.resumed:

@@ -178,7 +178,7 @@ def test_a_template_naming_a_missing_column_fails_before_anything_is_sent() -> N
     assert result.texts == ["echo: value 1", None, "echo: value 3"]
     assert isinstance(result[1], RequestError) and "row 1" in result[1].message
     assert (result[1].status_code, result[1].code) == (None, "invalid_request")
-    assert result.origin(1) == "not run"
+    assert result.origin(1) == "not sent" and result.failed == 1 and result.not_sent == 0
 
 
 def test_bad_arguments_are_clear_errors() -> None:
@@ -352,7 +352,9 @@ def test_a_cancel_token_stops_the_batch_promptly_keeping_finished_rows(tmp_path:
     assert in_flight and all(isinstance(result[i], RequestCancelled) for i in in_flight)
     assert all(result[i].code == "cancelled" for i in in_flight)
     assert any(result[i].partial is not None and result[i].partial.text for i in in_flight)
-    assert all(result.origin(i) == "not run" for i in range(30) if result.attempts(i) == 0)
+    never = [i for i in range(30) if result.attempts(i) == 0]
+    assert never and all(result.origin(i) == "not sent" and result[i].code == "not_sent" for i in never)
+    assert result.not_sent == len(never) and result.failed == len(in_flight)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [e["row"] for e in lines] == [0]  # cancelled rows are not written
 
