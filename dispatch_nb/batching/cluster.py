@@ -151,6 +151,10 @@ def run_partition(task: PartitionTask) -> PartitionResult:
         asyncio.run(go())
         if result.stopped_by is not None:  # partitions started from now on send nothing
             _stop(_event(task.cancel_event))
+        for row in pending:  # rows the stopped runner never read
+            if row.position >= len(result) or result[row.position] is None:
+                result._set(row.position, not_sent(result, token, adapter.provider_name),
+                            usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_SENT)
     finally:
         finished.set()
         if watcher is not None:
