@@ -146,8 +146,8 @@ def _headers(events: int) -> dict[str, str]:
     return headers
 
 
-async def run_dispatch(url: str, rows: int, concurrency: int, events: int, pool: int | None,
-                       read_interval: float | None = None) -> int:
+async def run_dispatch(url: str, rows: int, concurrency: int, events: int,
+                       pool: int | None) -> int:
     """Rows answered with the right text."""
     import httpx
 
@@ -162,7 +162,7 @@ async def run_dispatch(url: str, rows: int, concurrency: int, events: int, pool:
     adapter = OpenAIAdapter("bench", backend="compatible", base_url=url, api_key="bench",
                             async_http_client=client)
     result = await abatch("{row}", _rows(rows), model=adapter, concurrency=concurrency,
-                          progress=False, read_interval=read_interval,
+                          progress=False,
                           extra_headers=_headers(events))
     if client is not None:
         await client.aclose()
@@ -221,7 +221,7 @@ def client_main(args: argparse.Namespace) -> None:
         ok = asyncio.run(run_openai(args.url, args.rows, args.concurrency, args.events))
     else:
         ok = asyncio.run(run_dispatch(args.url, args.rows, args.concurrency, args.events,
-                                      args.pool, args.read_interval))
+                                      args.pool))
     wall = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (usage.ru_utime - usage0.ru_utime) + (usage.ru_stime - usage0.ru_stime)
@@ -242,13 +242,11 @@ def server_stats(url: str) -> tuple[int, float]:
 
 
 def measure(url: str, client: str, rows: int, concurrency: int, events: int,
-            pool: int | None = None, read_interval: float | None = None) -> dict[str, Any]:
+            pool: int | None = None) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--client", client, "--url", url, "--rows", str(rows),
            "--concurrency", str(concurrency), "--events", str(events)]
     if pool is not None:
         cmd += ["--pool", str(pool)]
-    if read_interval is not None:
-        cmd += ["--read-interval", str(read_interval)]
     ticks0, clock0 = server_stats(url)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(HERE.parent)}).stdout
@@ -268,8 +266,6 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--pool", type=int)
-    parser.add_argument("--read-interval", type=float,
-                        help="dispatch_nb's read_interval (default: the batch's own choice)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--levels", default="32,256",
                         help="the concurrencies to compare (comma-separated)")
@@ -307,13 +303,10 @@ def main() -> int:
                   f"{'cores':>6} {'peak MB':>8} {'ok':>6} {'import s':>9}", flush=True)
             for concurrency in concurrencies:
                 ideal = math.ceil(rows / concurrency) * stream_s
-                runs: list[tuple[str, str, float | None]] = [
-                    ("dispatch_nb abatch", "dispatch", None),
-                    ("openai SDK AsyncOpenAI + Semaphore + gather", "openai", None)]
-                if concurrency >= 64:  # where the batch paces its reads by default: also without
-                    runs.insert(1, ("dispatch_nb abatch, read_interval=0", "dispatch", 0.0))
-                for label, client, interval in runs:
-                    m = measure(url, client, rows, concurrency, events, read_interval=interval)
+                runs = [("dispatch_nb abatch", "dispatch"),
+                        ("openai SDK AsyncOpenAI + Semaphore + gather", "openai")]
+                for label, client in runs:
+                    m = measure(url, client, rows, concurrency, events)
                     if m["ok"] != rows:
                         wrong.append(f"{label} at concurrency {concurrency}: {m['ok']} of {rows} "
                                      "answers read right")

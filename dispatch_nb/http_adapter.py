@@ -35,7 +35,6 @@ from .sse import SSEDecoder
 from .stream import Accumulator
 from .transport import (
     ABORT_EXTENSION,
-    PACE_EXTENSION,
     READ_EXTENSION,
     RELEASE_EXTENSION,
     LoopClients,
@@ -539,7 +538,6 @@ class HTTPAdapter(Adapter):
                     read = _chunk_reader(
                         response.aiter_bytes() if encoding else response.aiter_raw()
                     )
-                pace = response.extensions.get(PACE_EXTENSION)
                 while True:
                     reading[0] = True
                     chunk = await read()
@@ -554,8 +552,6 @@ class HTTPAdapter(Adapter):
                             return
                     if control.reason is not None or control.deadline is not None:
                         control.check()
-                    if pace is not None:
-                        pace()
                 for event in decoder.end():
                     for delta in parser.feed(event):
                         yield delta

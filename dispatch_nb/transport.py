@@ -35,14 +35,6 @@ coroutine per wake-up instead of a stack of async generators per chunk (httpx's 
 bound stream, the transport's stream, aiohttp's chunk iterator) — at hundreds of concurrent streams,
 a large share of the client's CPU.
 
-Async calls made inside :func:`read_interval` (a batch's rows, by default at concurrency 64 and
-above) get :data:`PACE_EXTENSION` too: after each read, ``pace()`` stops reading the socket until
-the next tick of a clock shared by every paced stream on the event loop. The tick resumes them all
-in one callback, so hundreds of streams are read in one pass of the loop, several events per read,
-instead of one wake-up, one ``recv`` and one parse call per event per stream. Pausing and resuming
-are asyncio's public ``pause_reading`` / ``resume_reading``; a socket aiohttp has paused for its
-own flow control is left alone.
-
 A caller that stops reading a body early (a streamed answer ends at its terminal event, before the
 chunked body's closing bytes) would make the pool drop the connection. A sync response of
 :class:`ThreadedTransport` carries :data:`RELEASE_EXTENSION`: ``release(seconds)`` lets the loop
@@ -58,12 +50,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
-import contextvars
 import importlib.util
 import ipaddress
 import logging
-import math
 import os
 import socket
 import ssl
@@ -82,7 +71,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABORT_EXTENSION",
-    "PACE_EXTENSION",
     "READ_EXTENSION",
     "RELEASE_EXTENSION",
     "TRANSPORT_ENV",
@@ -91,11 +79,8 @@ __all__ = [
     "LoopClients",
     "ThreadedTransport",
     "async_client",
-    "check_read_interval",
-    "current_read_interval",
     "environment_proxies",
     "prepare_async_transport",
-    "read_interval",
     "sync_client",
     "tls_context",
     "transport_name",
@@ -111,8 +96,6 @@ ABORT_EXTENSION = "dispatch_nb.abort"
 RELEASE_EXTENSION = "dispatch_nb.release"
 #: the response extension of an async aiohttp response that reads its raw body (module doc)
 READ_EXTENSION = "dispatch_nb.read"
-#: the response extension of an async aiohttp response read in bursts (:func:`read_interval`)
-PACE_EXTENSION = "dispatch_nb.pace"
 #: bytes the loop thread may read ahead of a sync caller before it stops reading the socket
 HIGH_WATER = 1 << 16
 #: ...and resumes once the caller has taken the buffer below this
@@ -260,96 +243,15 @@ def _reraise(exc: BaseException, reading: bool) -> NoReturn:
     raise translated from (exc.__cause__ if isinstance(exc, httpx.HTTPError) else exc)
 
 
-_READ_INTERVAL: contextvars.ContextVar[float] = contextvars.ContextVar(
-    "dispatch_nb_read_interval", default=0.0
-)
-
-
-@contextlib.contextmanager
-def read_interval(seconds: float) -> Iterator[None]:
-    """Read the streamed answers of async calls made in this context (and in the tasks it starts)
-    in bursts: after each read, a stream's socket is not read again until the next tick of a clock
-    shared by every such stream on the event loop, every ``seconds``. Each read then takes what
-    arrived meanwhile — several events at once — and all the streams are read in the same
-    wake-up. For many concurrent streams whose deltas nobody watches as they arrive (a batch's
-    rows), this cuts the client's CPU per event by several times; each answer ends at most
-    ``seconds`` later. ``0`` reads every event as it arrives (the default). Only the aiohttp
-    transport paces its reads; elsewhere this changes nothing."""
-    token = _READ_INTERVAL.set(check_read_interval(seconds))
-    try:
-        yield
-    finally:
-        _READ_INTERVAL.reset(token)
-
-
-def check_read_interval(seconds: Any) -> float:
-    """``seconds`` as a read interval, or a ValueError that says what one is."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-            or not 0 <= seconds < math.inf:
-        raise ValueError(
-            "read_interval must be a number of seconds >= 0 (such as 0.1; 0 reads every event "
-            f"as it arrives), not {seconds!r}"
-        )
-    return float(seconds)
-
-
-def current_read_interval() -> float:
-    """The :func:`read_interval` in effect here (``0.0``: every event is read as it arrives)."""
-    return _READ_INTERVAL.get()
-
-
-class _ReadClock:
-    """One event loop's clock for paced streams: :meth:`pause` stops reading a socket until the
-    next tick (a multiple of ``interval`` on the loop's clock); the tick resumes every socket
-    paused since, in one callback, so their data is read in one pass of the loop."""
-
-    __slots__ = ("_handle", "_interval", "_loop", "_paused")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
-        self._loop = loop
-        self._interval = interval
-        self._paused: list[asyncio.ReadTransport] = []
-        self._handle: asyncio.TimerHandle | None = None
-
-    def pause(self, transport: asyncio.ReadTransport) -> None:
-        if transport.is_closing() or not transport.is_reading():
-            return  # closed, or paused by aiohttp's own flow control: leave it to aiohttp
-        transport.pause_reading()
-        self._paused.append(transport)
-        if self._handle is None:
-            tick = (math.floor(self._loop.time() / self._interval) + 1) * self._interval
-            self._handle = self._loop.call_at(tick, self._tick)
-
-    def _tick(self) -> None:
-        self._handle = None
-        paused, self._paused = self._paused, []
-        for transport in paused:
-            if transport.is_closing():
-                continue  # closed while paused (a cancelled or broken stream)
-            try:
-                transport.resume_reading()
-            except Exception:  # one transport failing must not leave the others paused
-                logger.debug("resuming a paced stream failed", exc_info=True)
-
-
 class _AiohttpBody(httpx.AsyncByteStream):
     """A response body read by aiohttp, with its errors translated."""
 
-    __slots__ = ("_clock", "_content", "_inner")
+    __slots__ = ("_content", "_inner")
 
-    def __init__(self, inner: httpx.AsyncByteStream, clock: _ReadClock | None = None) -> None:
+    def __init__(self, inner: httpx.AsyncByteStream) -> None:
         self._inner = inner
         response = getattr(inner, "_aiohttp_response", None)  # httpx-aiohttp's response stream
         self._content: aiohttp.StreamReader | None = getattr(response, "content", None)
-        connection = getattr(response, "connection", None)
-        transport = getattr(connection, "transport", None)
-        self._clock = (clock, transport) if clock is not None and transport is not None else None
-
-    def pace(self) -> None:
-        """Stop reading the socket until the clock's next tick: the :data:`PACE_EXTENSION`."""
-        if self._clock is not None:
-            clock, transport = self._clock
-            clock.pause(transport)
 
     async def read(self) -> bytes:
         """Every raw byte that arrived since the last read (waiting for some when none did);
@@ -395,18 +297,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         from httpx_aiohttp import AiohttpTransport as Base  # imports aiohttp
 
         self.limits = limits
-        self._clocks: dict[float, _ReadClock] = {}
         self._inner = Base(
             verify=verify, cert=cert, trust_env=trust_env, limits=limits, proxy=proxy,
             client=self._session,
         )
-
-    def _clock(self, interval: float) -> _ReadClock:
-        """The read clock of this transport's event loop (an aiohttp session lives on one)."""
-        clock = self._clocks.get(interval)
-        if clock is None:
-            clock = self._clocks[interval] = _ReadClock(asyncio.get_running_loop(), interval)
-        return clock
 
     def _session(self) -> aiohttp.ClientSession:
         import aiohttp
@@ -424,13 +318,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             response = await self._inner.handle_async_request(request)
         except Exception as exc:
             _reraise(exc, reading=False)
-        interval = _READ_INTERVAL.get()
-        body = _AiohttpBody(response.stream, self._clock(interval) if interval else None)  # type: ignore[arg-type]
+        body = _AiohttpBody(response.stream)  # type: ignore[arg-type]
         response.stream = body
         if body._content is not None:
             response.extensions[READ_EXTENSION] = body.read
-            if body._clock is not None:
-                response.extensions[PACE_EXTENSION] = body.pace
         return response
 
     async def aclose(self) -> None:

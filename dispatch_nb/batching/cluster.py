@@ -15,7 +15,10 @@ re-runs after its worker died first reads the checkpoint, so rows the dead worke
 sent again — only the rows it had in flight are. A rerun of the whole batch resumes as locally.
 
 Ctrl-C (or the cancel token) sets a Dask ``Event`` the running partitions watch: their rows in
-flight stop within about half a second; partitions not started are cancelled.
+flight stop within about half a second; partitions not started are cancelled. A partition that
+stops at an error every row would get (a rejected key, an exhausted quota, an unknown model) sets
+the same event before it hands its rows back, so partitions started after it send nothing, and
+the client sends no more: rows never sent come back "not sent".
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from ..types import Message, Response, Usage
 from .checkpoint import Checkpoint
 from .engine import BatchSettings, Pending, RowRunner, Stats, validate_call
 from .progress import BatchProgress, progress_mode
-from .result import BatchInterrupted, BatchResult, RowOrigin
+from .result import BatchInterrupted, BatchResult, RowOrigin, is_not_sent, not_sent
 from .rows import RowCall
 
 __all__ = ["PartitionResult", "PartitionTask", "run_on_dask", "run_partition"]
@@ -82,6 +85,8 @@ class PartitionResult:
     rate_limited: int = 0
     model_calls: int = 0
     lowest_concurrency: float = 0.0
+    #: the error every row would get that stopped this partition (``BatchResult.stopped_by``)
+    stopped_by: tuple[int, DispatchError] | None = None
 
 
 def _usage_tuple(usage: Usage) -> tuple[int, int, int, int]:
@@ -144,6 +149,12 @@ def run_partition(task: PartitionTask) -> PartitionResult:
 
     try:
         asyncio.run(go())
+        if result.stopped_by is not None:  # partitions started from now on send nothing
+            _stop(_event(task.cancel_event))
+        for row in pending:  # rows the stopped runner never read
+            if row.position >= len(result) or result[row.position] is None:
+                result._set(row.position, not_sent(result, token, adapter.provider_name),
+                            usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_SENT)
     finally:
         finished.set()
         if watcher is not None:
@@ -152,7 +163,7 @@ def run_partition(task: PartitionTask) -> PartitionResult:
             checkpoint.close()
     out = PartitionResult(retries=result.retries, rate_limited=result.rate_limited,
                           model_calls=result.model_calls,
-                          lowest_concurrency=runner.limiter.lowest)
+                          lowest_concurrency=runner.limiter.lowest, stopped_by=result.stopped_by)
     for position, item in enumerate(result._items):
         if item is None:
             continue
@@ -166,16 +177,28 @@ def run_partition(task: PartitionTask) -> PartitionResult:
     return out
 
 
-def _watch(name: str | None, token: CancelToken,
-           finished: threading.Event) -> threading.Thread | None:
-    """Cancel ``token`` when the batch's Dask event is set (polled from a thread)."""
+def _event(name: str | None) -> Any:
+    """The batch's Dask event, or None (no name, or not inside a worker with a scheduler)."""
     if name is None:
         return None
     distributed = _require_distributed()
     try:
-        event = distributed.Event(name)
+        return distributed.Event(name)
     except Exception:  # not inside a worker with a scheduler (a direct call): nothing to watch
         return None
+
+
+def _watch(name: str | None, token: CancelToken,
+           finished: threading.Event) -> threading.Thread | None:
+    """Cancel ``token`` when the batch's Dask event is set (polled from a thread; checked once
+    at once, so a partition started after the batch stopped sends nothing)."""
+    event = _event(name)
+    if event is None:
+        return None
+    with contextlib.suppress(Exception):
+        if event.is_set():
+            token.cancel("the batch was cancelled")
+            return None
 
     def loop() -> None:
         while not finished.is_set():
@@ -206,7 +229,7 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     """Run ``plan`` (a :class:`~dispatch_nb.batching.run.BatchPlan`) on ``client``'s workers."""
     distributed = _require_distributed()
     from .engine import prepare_rows
-    from .plan import finish
+    from .plan import finish, mark_not_sent
 
     if isinstance(plan.model, Adapter):
         raise TypeError(
@@ -240,7 +263,8 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
 
     def submit_more() -> None:
         nonlocal exhausted
-        while not exhausted and len(outstanding) < ahead and not cancel.cancelled:
+        while not exhausted and len(outstanding) < ahead and not cancel.cancelled \
+                and result.stopped_by is None:
             part = list(itertools.islice(rows, size))
             if not part:
                 exhausted = True
@@ -274,6 +298,9 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
                             origin=RowOrigin.SENT)
                 stats.failed += 1
             return
+        if part.stopped_by is not None and result.stopped_by is None:
+            result.stopped_by = part.stopped_by
+            _stop(stop_event)
         result._totals.retries += part.retries
         result._totals.rate_limited += part.rate_limited
         result._totals.model_calls += part.model_calls
@@ -284,10 +311,14 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
                 else min(low, part.lowest_concurrency)
         for position, item, usage, latency, attempts, origin in part.rows:
             row_usage = _usage(usage)
+            if is_not_sent(item) and not cancel.cancelled:  # the batch stopped: say why
+                item = not_sent(result, cancel, item.provider)
             result._set(position, item, usage=row_usage, latency=latency, attempts=attempts,
                         origin=origin)
             if isinstance(item, Response):
                 stats.ok += 1
+            elif is_not_sent(item):
+                stats.not_sent += 1
             else:
                 stats.failed += 1
             if origin == RowOrigin.SENT:
@@ -306,7 +337,10 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
                 return
             for future in [f for f in outstanding if f.done()]:
                 if future.status == "cancelled":
-                    stats.in_flight -= len(outstanding.pop(future))
+                    positions = outstanding.pop(future)
+                    stats.in_flight -= len(positions)
+                    for position in positions:
+                        mark_not_sent(result, stats, position, cancel)
                     continue
                 collect(future)
             submit_more()

@@ -5,6 +5,10 @@ and runs the rest with at most :class:`~dispatch_nb.batching.limiter.AdaptiveLim
 flight — one asyncio task per row in flight, never one per row of the input, so memory does not
 grow with the input beyond the answers themselves.
 
+An error every later row would get too — a rejected credential, an exhausted quota, a model the
+provider does not know (:func:`~dispatch_nb.batching.result.stops_batch`) — stops the batch: the
+rows in flight end as they will, and no other row is sent (each is "not sent", code ``not_sent``).
+
 Retries are the batch's, not the adapter's (each call is made with ``max_retries=0``), so every
 429 reaches the limiter and slows the whole batch. What is retried, and how long to wait, follow
 the adapter's rules (:func:`dispatch_nb.adapter.backoff_delay`: the server's ``retry-after`` up to
@@ -31,11 +35,10 @@ from ..errors import (
     RateLimitError,
     RequestCancelled,
 )
-from ..transport import check_read_interval, read_interval
 from ..types import Message, Response, Usage
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
-from .result import BatchResult, RowOrigin
+from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
 from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
 
 __all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "prepare_rows", "validate_call"]
@@ -43,20 +46,6 @@ __all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "prepare_row
 log = logging.getLogger("dispatch_nb")
 
 DEFAULT_MAX_RETRIES = 6
-#: from this concurrency up, a batch reads each row's stream in bursts by default
-#: (:func:`~dispatch_nb.transport.read_interval`)...
-PACED_CONCURRENCY = 64
-#: ...at an interval that keeps its reads to about this many a second (0.2 s at concurrency 256)...
-PACED_READS_PER_SECOND = 1280
-#: ...but never longer than this (a row ends at most this much later)
-PACED_MAX_INTERVAL = 0.25
-
-
-def auto_read_interval(concurrency: int) -> float:
-    """The read interval of a batch at ``concurrency`` when none is given."""
-    if concurrency < PACED_CONCURRENCY:
-        return 0.0
-    return min(PACED_MAX_INTERVAL, concurrency / PACED_READS_PER_SECOND)
 
 
 @dataclass
@@ -67,8 +56,6 @@ class BatchSettings:
     max_retries: int = DEFAULT_MAX_RETRIES
     timeout: float | None = None
     retry_backoff: float = BACKOFF_BASE
-    #: seconds between reads of each row's stream (``None``: :func:`auto_read_interval`)
-    read_interval: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
@@ -77,15 +64,6 @@ class BatchSettings:
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, not {self.timeout!r}")
         AdaptiveLimiter(self.concurrency)  # validates concurrency
-        if self.read_interval is not None:
-            self.read_interval = check_read_interval(self.read_interval)
-
-    @property
-    def pace(self) -> float:
-        """The read interval rows run with (see :func:`~dispatch_nb.transport.read_interval`)."""
-        if self.read_interval is not None:
-            return float(self.read_interval)
-        return auto_read_interval(self.concurrency)
 
 
 @dataclass
@@ -105,6 +83,7 @@ class Stats:
     read: int = 0
     ok: int = 0
     failed: int = 0
+    not_sent: int = 0
     in_flight: int = 0
     resumed: int = 0
     replayed: int = 0
@@ -118,7 +97,7 @@ class Stats:
 
     @property
     def finished(self) -> int:
-        return self.ok + self.failed
+        return self.ok + self.failed + self.not_sent
 
 
 # -- one row's call -------------------------------------------------------------------------------
@@ -131,18 +110,19 @@ async def ask(
     cancel: CancelToken,
 ) -> tuple[Response, Usage, int]:
     """One attempt at one row: ``(response, usage, model calls)``. Without Python tools a single
-    streamed call; with them a fresh :class:`~dispatch_nb.session.Session` runs the tool loop.
-    ``call.options`` pass straight through (``max_tokens``, ``temperature``, ``output``...)."""
+    call (streamed only with ``call.stream``: nobody watches a row's tokens arrive); with them a
+    fresh :class:`~dispatch_nb.session.Session` runs the tool loop. ``call.options`` pass
+    straight through (``max_tokens``, ``temperature``, ``output``...)."""
     if call.runs_tools:
         from ..session import Session
 
         session = Session(adapter, system=call.system, tools=call.tools)
-        response = await session.asend(messages, stream=True, timeout=timeout, cancel=cancel,
-                                       max_retries=0, **call.options)
+        response = await session.asend(messages, stream=call.stream, timeout=timeout,
+                                       cancel=cancel, max_retries=0, **call.options)
         calls = sum(1 for m in session.history if m.role == "assistant")
         return response, session.usage, max(1, calls)
     response = await adapter.achat(
-        messages, system=call.system, tools=call.tools or None, stream=True, timeout=timeout,
+        messages, system=call.system, tools=call.tools or None, stream=call.stream, timeout=timeout,
         cancel=cancel, max_retries=0, **call.options,
     )
     return response, response.usage, 1
@@ -162,7 +142,7 @@ def validate_call(adapter: Adapter, messages: str | list[Message], call: RowCall
 
         as_output(output)  # a bad schema fails here, before any row is sent
     adapter._request(
-        messages, system=call.system, tools=call.tools, stream=True, max_tokens=max_tokens,
+        messages, system=call.system, tools=call.tools, stream=call.stream, max_tokens=max_tokens,
         temperature=temperature, options={**options, "max_retries": 0},
     )
 
@@ -201,7 +181,7 @@ def prepare_rows(
             if position == 0:
                 raise
             result._set(position, row_error(position, exc), usage=Usage(), latency=0.0,
-                        attempts=0, origin=RowOrigin.NOT_RUN)
+                        attempts=0, origin=RowOrigin.NOT_SENT)
             stats.failed += 1
             continue
         base = row_key(model, filled.messages, material)
@@ -225,7 +205,8 @@ def prepare_rows(
 class RowRunner:
     """Runs :class:`Pending` rows through ``adapter`` with adaptive concurrency, retries, a
     per-row deadline and one cancel token; each finished row goes to ``result`` and the
-    checkpoint at once."""
+    checkpoint at once. An error :func:`~dispatch_nb.batching.result.stops_batch` stops it
+    (``result.stopped_by``)."""
 
     def __init__(
         self,
@@ -255,6 +236,10 @@ class RowRunner:
         return RequestCancelled(self.cancel.reason or "the batch was cancelled",
                                 provider=self.adapter.provider_name)
 
+    def _not_sent_error(self) -> DispatchError:
+        """The item of a row this batch will not send (it was cancelled or stopped)."""
+        return not_sent(self.result, self.cancel, self.adapter.provider_name)
+
     async def run(self, rows: Iterator[Pending]) -> None:
         """Run every row of ``rows`` (read one at a time, as slots free up)."""
         loop = asyncio.get_running_loop()
@@ -267,45 +252,59 @@ class RowRunner:
                 pass
 
         remove = self.cancel.add_callback(on_cancel)
+        if self.cancel.cancelled:  # before the callback scheduled above has run
+            self._stop()
         tasks: set[asyncio.Task[None]] = set()
-        with read_interval(self.settings.pace):  # the rows' tasks start in its context
-            try:
-                for pending in rows:
-                    if stopped.is_set():
-                        self._not_run(pending)
-                        break  # rows not read yet stay unread (the caller marks them not run)
-                    try:
-                        epoch = await self.limiter.acquire()
-                    except RequestCancelled:
-                        self._not_run(pending)
-                        break
-                    task = loop.create_task(self._row(pending, epoch))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if tasks:
-                    await asyncio.gather(*tasks)
-            except BaseException:
-                # Task cancelled (abatch's caller) or the row source failed: stop the rows in flight,
-                # let them end (their finished answers are kept), then raise.
-                self.cancel.cancel("the batch was stopped")
-                self._stop()
-                if tasks:
-                    await asyncio.wait(tasks, timeout=5.0)
-                raise
-            finally:
-                remove()
-                self.stats.concurrency = self.limiter.limit
-                self.result.lowest_concurrency = self.limiter.lowest
+        try:
+            for pending in rows:
+                if stopped.is_set():
+                    self._not_sent(pending)
+                    break  # rows not read yet stay unread (the caller marks them not sent)
+                try:
+                    epoch = await self.limiter.acquire()
+                except DispatchError:  # cancelled or stopped while waiting for a slot
+                    self._not_sent(pending)
+                    break
+                if stopped.is_set():  # the slot came free as the batch stopped
+                    self.limiter.release()
+                    self._not_sent(pending)
+                    break
+                task = loop.create_task(self._row(pending, epoch))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        except BaseException:
+            # Task cancelled (abatch's caller) or the row source failed: stop the rows in flight,
+            # let them end (their finished answers are kept), then raise.
+            self.cancel.cancel("the batch was stopped")
+            self._stop()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5.0)
+            raise
+        finally:
+            remove()
+            self.stats.concurrency = self.limiter.limit
+            self.result.lowest_concurrency = self.limiter.lowest
 
     def _stop(self) -> None:
         if self._stopped is not None:
             self._stopped.set()
         self.limiter.cancel_all(self._cancel_error)
 
-    def _not_run(self, pending: Pending) -> None:
-        self.result._set(pending.position, self._cancel_error(), usage=Usage(), latency=0.0,
-                         attempts=0, origin=RowOrigin.NOT_RUN)
-        self.stats.failed += 1
+    def _halt(self, position: int, error: DispatchError) -> None:
+        """Row ``position`` ended with ``error``, which every row would get: send nothing more."""
+        if self.result.stopped_by is not None or self.cancel.cancelled:
+            return
+        self.result.stopped_by = (position, error)
+        if self._stopped is not None:
+            self._stopped.set()
+        self.limiter.cancel_all(self._not_sent_error)
+
+    def _not_sent(self, pending: Pending) -> None:
+        self.result._set(pending.position, self._not_sent_error(), usage=Usage(), latency=0.0,
+                         attempts=0, origin=RowOrigin.NOT_SENT)
+        self.stats.not_sent += 1
 
     async def _sleep(self, seconds: float) -> None:
         assert self._stopped is not None
@@ -331,13 +330,15 @@ class RowRunner:
         holding = True
         stats.in_flight += 1
         item: Response | DispatchError
+        last: DispatchError | None = None  # the error of the row's last attempt
         try:
             while True:
                 if not holding:
                     try:
                         epoch = await self._acquire_before(deadline)
                     except DispatchError as exc:
-                        item = exc
+                        # stopped while waiting to retry: the row was sent, its last error stands
+                        item = last if is_not_sent(exc) and last is not None else exc
                         break
                     holding = True
                 attempts += 1
@@ -350,6 +351,9 @@ class RowRunner:
                         adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel
                     )
                 except DispatchError as exc:
+                    last = exc
+                    if stops_batch(exc):  # before the slot is released: nothing more is sent
+                        self._halt(pending.position, exc)
                     self.limiter.release()
                     holding = False
                     if exc.partial is not None:
@@ -366,6 +370,9 @@ class RowRunner:
                     if self.cancel.cancelled:
                         item = self._cancel_error()
                         item.partial = exc.partial
+                        break
+                    if self.result.stopped_by is not None:
+                        item = exc
                         break
                     continue
                 except Exception as exc:  # a tool or template bug: this row fails, not the batch
@@ -422,7 +429,8 @@ class RowRunner:
             self.stats.rate_limited += 1
             if exc.code != "quota_exceeded":
                 self.limiter.on_rate_limited(epoch, exc.retry_after)
-        if isinstance(exc, RequestCancelled) or self.cancel.cancelled:
+        if isinstance(exc, RequestCancelled) or self.cancel.cancelled \
+                or self.result.stopped_by is not None:
             return None
         if attempts > self.settings.max_retries or not exc.retryable \
                 or exc.code == "quota_exceeded":
@@ -446,8 +454,6 @@ class RowRunner:
             calls = int(getattr(adapter, "model_calls", calls))
         totals.model_calls += calls
         cancelled = isinstance(item, RequestCancelled)
-        if cancelled:
-            origin = RowOrigin.NOT_RUN if attempts == 0 else origin
         self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,
                          origin=origin)
         if isinstance(item, Response):

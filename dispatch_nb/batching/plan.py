@@ -16,7 +16,7 @@ from ..cancel import CancelToken
 from ..errors import RequestCancelled
 from ..types import Usage
 from .engine import BatchSettings, Stats, model_id
-from .result import BatchResult, RowOrigin
+from .result import BatchResult, RowOrigin, not_sent
 from .rows import RowCall, RowSource, check_template
 
 __all__ = ["BatchPlan", "finish", "make_plan", "new_result", "resolve_adapter"]
@@ -55,7 +55,7 @@ def make_plan(
     cache: ResponseCache | str | os.PathLike[str] | None,
     options: dict[str, Any],
     namespace: Mapping[str, Any] | None = None,
-    read_interval: float | None = None,
+    stream: bool = False,
 ) -> BatchPlan:
     """Check the arguments of :func:`batch` and bundle them."""
     check_template(template)
@@ -68,7 +68,9 @@ def make_plan(
             "model must be a model spec such as 'openai:gpt-4.1' or an Adapter, "
             f"not {type(model).__name__}"
         )
-    for reserved in ("stream", "on_delta", "cancel", "messages"):
+    if not isinstance(stream, bool):
+        raise TypeError(f"stream must be True or False, not {stream!r}")
+    for reserved in ("on_delta", "cancel", "messages"):
         if reserved in options:
             raise TypeError(f"batch() sets {reserved} itself; it is not an option here")
     if options.get("max_tokens") is None:
@@ -85,9 +87,8 @@ def make_plan(
         template=template,
         source=RowSource(rows, namespace),
         model=model,
-        call=RowCall(system=system, tools=list(tools or []), options=options),
-        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                               read_interval=read_interval),
+        call=RowCall(system=system, tools=list(tools or []), options=options, stream=stream),
+        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
         checkpoint=os.fspath(checkpoint) if checkpoint is not None else None,
         cache=cache,
     )
@@ -112,19 +113,26 @@ def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[
     return adapter, owned
 
 
+def mark_not_sent(result: BatchResult, stats: Stats, position: int, cancel: CancelToken) -> None:
+    """Row ``position`` was never sent: the batch was cancelled or stopped first."""
+    result._set(position, not_sent(result, cancel), usage=Usage(), latency=0.0, attempts=0,
+                origin=RowOrigin.NOT_SENT)
+    stats.not_sent += 1
+
+
 def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken) -> None:
-    """Mark rows never read as not run (a cancelled batch over a sized input) and set totals."""
-    total = plan.source.total
-    if total is not None and len(result) < total and cancel.cancelled:
-        reason = cancel.reason or "the batch was cancelled"
-        for position in range(len(result), total):
-            result._set(position, RequestCancelled(f"not sent: {reason}"), usage=Usage(),
-                        latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
-            stats.failed += 1
+    """Mark rows never sent as such (a cancelled or stopped batch over a sized input: the rows
+    not read yet too) and set totals."""
     for position, item in enumerate(result._items):
-        if item is None:  # reserved but never finished (the engine stopped abruptly)
+        if item is None:  # handed out, never finished (the engine stopped abruptly): maybe sent
             result._set(position, RequestCancelled("not finished: the batch was stopped"),
-                        usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
+                        usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.SENT)
+            stats.failed += 1
+    total = plan.source.total
+    if total is not None and len(result) < total \
+            and (cancel.cancelled or result.stopped_by is not None):
+        for position in range(len(result), total):
+            mark_not_sent(result, stats, position, cancel)
     result.interrupted = cancel.cancelled
     result.elapsed = time.monotonic() - stats.started
     if result.resumed:

@@ -1,8 +1,9 @@
 """A batch's progress bar: tqdm's widget in Jupyter, tqdm's text bar in a terminal, or nothing.
 
-It shows rows finished of the total, then ``ok`` / ``failed`` / ``in flight``, tokens, rows per
-second and an ETA — the rate and ETA count only rows actually sent, so rows read from the
-checkpoint or replayed from the cache (which finish instantly) do not make the ETA lie. It is
+It shows rows finished of the total, then ``ok`` / ``failed`` / ``not sent`` (rows a stopped
+batch never sent) / ``in flight``, tokens, rows per second and an ETA — the rate and ETA count
+only rows actually sent, so rows read from the checkpoint or replayed from the cache (which
+finish instantly) do not make the ETA lie. It is
 refreshed from the counters at most ~10 times a second by whoever waits for the batch, never from
 the rows' own tasks.
 
@@ -69,11 +70,13 @@ def _count(n: int) -> str:
 
 
 def describe(stats: Stats, now: float | None = None) -> str:
-    """The counters as one line: ok / failed / in flight, tokens, rows/s, ETA."""
+    """The counters as one line: ok / failed / not sent / in flight, tokens, rows/s, ETA."""
     now = time.monotonic() if now is None else now
     parts = [f"ok {stats.ok:,}"]
     if stats.failed:
         parts.append(f"failed {stats.failed:,}")
+    if stats.not_sent:
+        parts.append(f"not sent {stats.not_sent:,}")
     parts.append(f"in flight {stats.in_flight}")
     parts.append(f"{_count(stats.input_tokens + stats.output_tokens)} tokens")
     if stats.resumed:

@@ -7,10 +7,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from ..errors import DispatchError
+from ..cancel import CancelToken
+from ..errors import AuthenticationError, DispatchError, ModelUnavailableError, RequestCancelled
 from ..types import Response, Usage
 
-__all__ = ["BatchInterrupted", "BatchResult", "RowOrigin"]
+__all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "is_not_sent", "not_sent",
+           "stops_batch"]
+
+#: the ``code`` of a row's error when the batch never sent the row (it stopped first)
+NOT_SENT = "not_sent"
 
 
 class RowOrigin:
@@ -19,9 +24,43 @@ class RowOrigin:
     SENT = 0  #: asked of the model in this run
     CHECKPOINT = 1  #: answered in an earlier run (read from the checkpoint)
     REPLAYED = 2  #: answered from the response cache (nothing sent)
-    NOT_RUN = 3  #: never sent (the batch was cancelled first, or the template failed)
+    NOT_SENT = 3  #: never sent (the batch stopped first, or the row's template failed)
 
-    NAMES = ("sent", "checkpoint", "replayed", "not run")
+    NAMES = ("sent", "checkpoint", "replayed", "not sent")
+
+
+def stops_batch(error: DispatchError) -> bool:
+    """Whether every later row would end with ``error`` too, so the batch stops sending: a
+    rejected credential, an exhausted quota (not an ordinary rate limit, which is retried) or a
+    model the provider does not know."""
+    return isinstance(error, (AuthenticationError, ModelUnavailableError)) \
+        or error.code == "quota_exceeded"
+
+
+def not_sent(result: BatchResult, cancel: CancelToken,
+             provider: str | None = None) -> DispatchError:
+    """The item of a row ``result``'s batch never sent: code :data:`NOT_SENT`; a
+    :class:`~dispatch_nb.errors.RequestCancelled` when Ctrl-C or the cancel token stopped the
+    batch, else a :class:`~dispatch_nb.errors.DispatchError` whose ``__cause__`` is the error
+    the batch stopped at (:attr:`BatchResult.stopped_by`)."""
+    cause = None
+    if cancel.cancelled:
+        reason = cancel.reason or "the batch was cancelled"
+    elif result.stopped_by is not None:
+        position, cause = result.stopped_by
+        reason = (f"the batch stopped at row {position}'s {type(cause).__name__} "
+                  f"({cause.code}), which every row would get: {cause.message}")
+    else:
+        reason = "the batch was stopped"
+    cls = RequestCancelled if cancel.cancelled else DispatchError
+    error = cls(f"not sent: {reason}", code=NOT_SENT, provider=provider)
+    error.__cause__ = cause
+    return error
+
+
+def is_not_sent(item: Any) -> bool:
+    """Whether ``item`` is a row the batch never sent."""
+    return isinstance(item, DispatchError) and item.code == NOT_SENT
 
 
 @dataclass
@@ -37,12 +76,13 @@ class BatchResult(Sequence[Any]):
     row ended with (one failure never loses the rest).
 
     Totals: ``usage`` (every row's tokens, failed attempts' partial answers included),
-    ``ok`` / ``failed`` counts, ``sent`` (rows asked of the model in this run), ``resumed`` (rows
+    ``ok`` / ``failed`` / ``not_sent`` counts, ``sent`` (rows asked of the model in this run),
+    ``resumed`` (rows
     read from the checkpoint), ``replayed`` (rows answered by the response cache), ``retries``,
     ``rate_limited`` (429s seen), ``model_calls`` (calls that reached the model, tool rounds
     included), ``premium_requests`` (GitHub Copilot: model calls × the model's premium
     multiplier, when known), ``elapsed`` (seconds), ``lowest_concurrency`` (how far rate limits
-    pushed the batch down), ``interrupted``. Per row: :meth:`latency`, :meth:`origin`,
+    pushed the batch down), ``interrupted``, ``stopped_by``. Per row: :meth:`latency`, :meth:`origin`,
     :meth:`usage_of`. :meth:`to_pandas` puts the answers beside the input.
     """
 
@@ -62,6 +102,9 @@ class BatchResult(Sequence[Any]):
         self.elapsed = 0.0
         #: True when Ctrl-C or a cancel token stopped the batch before every row finished
         self.interrupted = False
+        #: ``(row, error)``: the authentication, quota or unknown-model error the batch stopped at
+        #: (the rows after it were not sent), or None
+        self.stopped_by: tuple[int, DispatchError] | None = None
         #: the lowest the adaptive concurrency went (rate limits halve it)
         self.lowest_concurrency: float | None = None
         #: Copilot premium requests this run used (model calls × the model's multiplier), if known
@@ -74,7 +117,7 @@ class BatchResult(Sequence[Any]):
             self._items.append(None)
             self._latency.append(0.0)
             self._attempts.append(0)
-            self._origin.append(RowOrigin.NOT_RUN)
+            self._origin.append(RowOrigin.NOT_SENT)
             self._input_tokens.append(0)
             self._output_tokens.append(0)
 
@@ -115,7 +158,7 @@ class BatchResult(Sequence[Any]):
         return self._attempts[position]
 
     def origin(self, position: int) -> str:
-        """``"sent"``, ``"checkpoint"``, ``"replayed"`` or ``"not run"``."""
+        """``"sent"``, ``"checkpoint"``, ``"replayed"`` or ``"not sent"``."""
         return RowOrigin.NAMES[self._origin[position]]
 
     def usage_of(self, position: int) -> tuple[int, int]:
@@ -130,8 +173,16 @@ class BatchResult(Sequence[Any]):
 
     @property
     def failed(self) -> int:
-        """Rows that ended with an error (cancelled rows included)."""
-        return len(self._items) - self.ok
+        """Rows that ended with an error (rows cancelled in flight included; not rows never
+        sent)."""
+        return len(self._items) - self.ok - self.not_sent
+
+    @property
+    def not_sent(self) -> int:
+        """Rows never sent because the batch stopped first (Ctrl-C, the cancel token, or an
+        error every row would get: :attr:`stopped_by`); each one's item is a
+        :class:`~dispatch_nb.errors.DispatchError` with code ``"not_sent"``."""
+        return sum(1 for item in self._items if is_not_sent(item))
 
     @property
     def sent(self) -> int:
@@ -165,8 +216,9 @@ class BatchResult(Sequence[Any]):
 
     @property
     def errors(self) -> list[tuple[int, DispatchError]]:
-        """``(position, error)`` of every row that failed."""
-        return [(i, item) for i, item in enumerate(self._items) if not isinstance(item, Response)]
+        """``(position, error)`` of every row that failed (not the rows never sent)."""
+        return [(i, item) for i, item in enumerate(self._items)
+                if not isinstance(item, Response) and not is_not_sent(item)]
 
     @property
     def responses(self) -> list[Response | None]:
@@ -179,14 +231,22 @@ class BatchResult(Sequence[Any]):
         return [item.text if isinstance(item, Response) else None for item in self._items]
 
     def raise_for_errors(self) -> BatchResult:
-        """Raise the first row error (with how many rows failed), else return self."""
+        """Raise the first row error (with how many rows failed and how many were not sent), or,
+        when no row failed but some were not sent, the first of those; else return self."""
         errors = self.errors
+        unsent = self.not_sent
+        also = f", {unsent:,} not sent" if unsent else ""
         if errors:
             position, error = errors[0]
             raise type(error)(
-                f"{len(errors)} of {len(self)} rows failed; row {position}: {error.message}",
+                f"{len(errors):,} of {len(self):,} rows failed{also}; row {position}: "
+                f"{error.message}",
                 status_code=error.status_code, provider=error.provider, code=error.code,
             ) from error
+        if unsent:
+            first = next(item for item in self._items if is_not_sent(item))
+            raise type(first)(f"{unsent:,} of {len(self):,} rows were {first.message}",
+                              provider=first.provider, code=first.code) from first
         return self
 
     # -- display ---------------------------------------------------------------------------------
@@ -195,6 +255,8 @@ class BatchResult(Sequence[Any]):
         parts = [f"{len(self):,} rows: {self.ok:,} ok"]
         if self.failed:
             parts[-1] += f", {self.failed:,} failed"
+        if self.not_sent:
+            parts[-1] += f", {self.not_sent:,} not sent"
         origins = []
         if self.resumed:
             origins.append(f"{self.resumed:,} from the checkpoint")
@@ -211,6 +273,9 @@ class BatchResult(Sequence[Any]):
             parts.append(f"{self.rate_limited:,} rate-limited")
         if self.interrupted:
             parts.append("interrupted")
+        if self.stopped_by is not None:
+            position, error = self.stopped_by
+            parts.append(f"stopped at row {position}: {type(error).__name__} ({error.code})")
         return "; ".join(parts) + f"; {self.elapsed:.1f} s"
 
     def __repr__(self) -> str:
@@ -223,16 +288,22 @@ class BatchResult(Sequence[Any]):
             lines.append(f"- row {position}: `{type(error).__name__}`: {error.message[:200]}")
         if len(self.errors) > len(errors):
             lines.append(f"- … {len(self.errors) - len(errors):,} more failed rows (`.errors`)")
+        if self.stopped_by is not None:
+            position, error = self.stopped_by
+            lines.append(f"- not sent: {self.not_sent:,} rows, after row {position}'s "
+                         f"`{type(error).__name__}` (every row would get it): "
+                         f"{error.message[:200]}")
         return "\n".join(lines)
 
     # -- pandas ----------------------------------------------------------------------------------
-    COLUMNS = ("answer", "error", "stop_reason", "input_tokens", "output_tokens", "latency_s",
-               "origin")
+    COLUMNS = ("answer", "error", "status", "stop_reason", "input_tokens", "output_tokens",
+               "latency_s", "origin")
 
     def to_pandas(self, *, prefix: str = "") -> Any:
         """A pandas DataFrame: the input (when it was a DataFrame, a Series or a list kept in
-        memory; not an iterator) with the columns ``answer``, ``error``, ``stop_reason``,
-        ``input_tokens``, ``output_tokens``, ``latency_s`` and ``origin`` added (each name
+        memory; not an iterator) with the columns ``answer``, ``error``, ``status`` (``"ok"``,
+        ``"failed"`` or ``"not sent"``), ``stop_reason``, ``input_tokens``, ``output_tokens``,
+        ``latency_s`` and ``origin`` added (each name
         preceded by ``prefix``), one row per input row, on the input's index. A batch run with
         ``output=`` also has ``parsed``: each row's validated object (``None`` for a failed row);
         ``pd.json_normalize`` turns its fields into columns."""
@@ -248,6 +319,8 @@ class BatchResult(Sequence[Any]):
             f"{prefix}answer": [i.text if isinstance(i, Response) else None for i in self._items],
             f"{prefix}error": [None if isinstance(i, Response) or i is None
                                else f"{type(i).__name__}: {i.message}" for i in self._items],
+            f"{prefix}status": ["ok" if isinstance(i, Response) else "not sent" if is_not_sent(i)
+                                else "failed" for i in self._items],
             f"{prefix}stop_reason": [i.stop_reason if isinstance(i, Response) else None
                                      for i in self._items],
             f"{prefix}input_tokens": list(self._input_tokens),
@@ -299,17 +372,12 @@ class BatchInterrupted(KeyboardInterrupt):
     def __init__(self, result: BatchResult, checkpoint: str | None = None) -> None:
         where = (f"; they are also in {checkpoint}: run the batch again to send only the rest"
                  if checkpoint else "; pass checkpoint='run.jsonl' to resume a batch later")
-        finished = sum(1 for i in range(len(result)) if result.origin(i) != "not run"
-                       and not _is_cancelled(result[i]))
+        finished = sum(1 for i in range(len(result)) if result.origin(i) != "not sent"
+                       and not isinstance(result[i], RequestCancelled))
         super().__init__(
             f"batch interrupted: {finished:,} finished rows are kept in this exception's "
             f".result (in IPython: sys.last_value.result){where}"
         )
-        #: the partial result: finished rows, and RequestCancelled for the others
+        #: the partial result: finished rows, and RequestCancelled for the others (code
+        #: ``"not_sent"`` for rows never sent, ``"cancelled"`` for rows stopped in flight)
         self.result = result
-
-
-def _is_cancelled(item: Any) -> bool:
-    from ..errors import RequestCancelled
-
-    return isinstance(item, RequestCancelled)

@@ -225,11 +225,14 @@ def row_error(position: int, exc: TemplateError) -> RequestError:
 class RowCall:
     """What every row's call carries besides its prompt: the system prompt, tools and the other
     request options (``max_tokens``, ``temperature``, ``stop``...). Adding a request keyword to
-    batches means adding it to ``options``: it then reaches every call and every key."""
+    batches means adding it to ``options``: it then reaches every call and every key.
+    ``stream``: whether each row's answer is streamed (not part of the key: a streamed and a
+    plain answer are the same answer)."""
 
     system: str | None = None
     tools: list[Any] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
 
     @property
     def runs_tools(self) -> bool:

@@ -129,7 +129,7 @@ def batch(
     namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
-    read_interval: float | None = None,
+    stream: bool = False,
     **options: Any,
 ) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
@@ -152,19 +152,16 @@ def batch(
     ``partition_size`` rows. ``progress``: ``None`` (auto), ``True`` or ``False``. ``cancel``: a
     :class:`~dispatch_nb.cancel.CancelToken` that stops the batch (finished rows are kept).
     ``namespace``: names the template may use besides each row's (a notebook's variables).
-    ``read_interval``: seconds between reads of each row's streamed answer (see
-    :func:`~dispatch_nb.transport.read_interval`); a row then ends at most that much later.
-    ``None`` (auto): 0 — every event as it arrives — below ``concurrency`` 64; from 64 up,
-    ``concurrency / 1280`` s, at most 0.25 s (0.2 s at 256), which keeps the batch to about
-    1,280 reads a second: hundreds of streams read event by event would take most of a core.
+    ``stream``: stream each row's answer (default ``False``: a row's tokens are not watched as
+    they arrive, and a plain answer costs the kernel far less CPU); ``True`` is for what needs a
+    stream, such as Anthropic's refusal of long non-streamed requests (a large ``max_tokens``).
 
     Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
     ``.result`` holds every finished row.
     """
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache, namespace=namespace,
-                     read_interval=read_interval,
+                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
     job = _Job(plan, cancel, progress)
@@ -220,15 +217,14 @@ async def abatch(
     namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
-    read_interval: float | None = None,
+    stream: bool = False,
     **options: Any,
 ) -> BatchResult:
     """The async twin of :func:`batch`, on the running event loop. Cancelling the awaiting task
     stops the rows in flight (finished rows stay in the checkpoint) and re-raises."""
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache, namespace=namespace,
-                     read_interval=read_interval,
+                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
     job = _Job(plan, cancel, progress)

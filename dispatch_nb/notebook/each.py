@@ -8,7 +8,9 @@ neither the first row nor the namespace has stops the cell before anything is se
 
 The rows run concurrently with tqdm's progress bar (``batch``'s), then ONE static output remains:
 a table of the input columns with each row's answer (``--schema``: the parsed fields as columns)
-and, when a row failed, its error; the result's summary is the footer. ``-o VAR`` keeps the
+and, when a row failed or was never sent, its error; the result's summary is the footer (``ok``,
+``failed`` and ``not sent`` apart: a batch stops sending at an error every row would get, and
+Ctrl-C stops it, and the rows it never sent are not counted as failed). ``-o VAR`` keeps the
 :class:`~dispatch_nb.batching.BatchResult` (``VAR.to_pandas()``, ``VAR[i].parsed``).
 
 Each row is one independent question: no thread history is sent or recorded. ``-m`` names one
@@ -164,7 +166,7 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         raise ChatInterrupted("interrupted; the finished rows are in the table above"
                               + (f" and in {args.output}" if args.output else "")) from None
     errors = result.errors
-    if errors and len(errors) == len(result):
+    if errors and result.ok == 0:  # every row failed or was never sent: say why once
         raise explain_error(errors[0][1], spec=spec) from None
 
 
@@ -234,6 +236,7 @@ def each_output(
             "rows": len(result),
             "ok": result.ok,
             "failed": result.failed,
+            "not_sent": result.not_sent,
             "footer": footer,
         }
     }

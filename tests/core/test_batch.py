@@ -178,7 +178,7 @@ def test_a_template_naming_a_missing_column_fails_before_anything_is_sent() -> N
     assert result.texts == ["echo: value 1", None, "echo: value 3"]
     assert isinstance(result[1], RequestError) and "row 1" in result[1].message
     assert (result[1].status_code, result[1].code) == (None, "invalid_request")
-    assert result.origin(1) == "not run"
+    assert result.origin(1) == "not sent" and result.failed == 1 and result.not_sent == 0
 
 
 def test_bad_arguments_are_clear_errors() -> None:
@@ -208,8 +208,27 @@ def test_options_reach_every_call() -> None:
     for request in fake.chat_requests:
         body = request.json
         assert body["system"] == "Be brief." and body["max_tokens"] == 33
-        assert body["temperature"] == 0.5 and body["stream"] is True
+        assert body["temperature"] == 0.5 and body["stream"] is False  # rows are not streamed
         assert [t["name"] for t in body["tools"]] == ["lookup"]
+
+
+def test_rows_stream_only_when_asked_and_the_answers_are_the_same(tmp_path: Path) -> None:
+    rows = [f"row {i}" for i in range(6)]
+    with BatchFake(events=5, delay=0.002) as fake:
+        plain = batch("{row}", rows, model=adapter_for(fake), progress=False)
+        streamed = batch("{row}", rows, model=adapter_for(fake), stream=True, progress=False)
+        assert [r.json["stream"] for r in fake.chat_requests] == [False] * 6 + [True] * 6
+        # streaming is not part of what was asked: a streamed run resumes a plain one's checkpoint
+        path = tmp_path / "run.jsonl"
+        batch("{row}", rows[:3], model=adapter_for(fake), checkpoint=path, progress=False)
+        resumed = batch("{row}", rows, model=adapter_for(fake), checkpoint=path, stream=True,
+                        progress=False)
+        assert sum(fake.asked.values()) == 6 + 6 + 3 + 3
+    assert plain.texts == streamed.texts == resumed.texts == [f"echo: {r}" for r in rows]
+    assert [r.usage.output_tokens for r in plain] == [r.usage.output_tokens for r in streamed]
+    assert resumed.resumed == 3 and resumed.sent == 3
+    with pytest.raises(TypeError, match="stream must be True or False"):
+        batch("{row}", rows, model=adapter_for(fake), stream="yes", progress=False)  # type: ignore[arg-type]
 
 
 # -- failures -----------------------------------------------------------------------------------
@@ -285,7 +304,7 @@ def test_dropped_connections_are_retried_and_no_row_is_lost() -> None:
 def test_without_retries_a_dropped_stream_is_the_rows_error_with_its_partial() -> None:
     with BatchFake(drop_first={"row 1"}, events=8) as fake:
         result = batch("{row}", ["row 0", "row 1"], model=adapter_for(fake), max_retries=0,
-                       progress=False)
+                       stream=True, progress=False)
     assert result.texts[0] == "echo: row 0"
     error = result[1]
     assert isinstance(error, dispatch_nb.APIConnectionError) and error.code == "network_error"
@@ -324,7 +343,7 @@ def test_a_cancel_token_stops_the_batch_promptly_keeping_finished_rows(tmp_path:
     with BatchFake(events=40, delay=0.1, fast={"quick"}) as fake:
         threading.Thread(target=cancel_after_the_first_row, daemon=True).start()
         result = batch("{row}", rows, model=adapter_for(fake), concurrency=3, cancel=token,
-                       checkpoint=path, progress=False)
+                       checkpoint=path, stream=True, progress=False)  # streamed: partials kept
         took = time.monotonic() - cancelled[0]
     assert took < 1.0  # rows in flight (each 4 s long) stopped at once
     assert result.interrupted and len(result) == 30
@@ -333,7 +352,9 @@ def test_a_cancel_token_stops_the_batch_promptly_keeping_finished_rows(tmp_path:
     assert in_flight and all(isinstance(result[i], RequestCancelled) for i in in_flight)
     assert all(result[i].code == "cancelled" for i in in_flight)
     assert any(result[i].partial is not None and result[i].partial.text for i in in_flight)
-    assert all(result.origin(i) == "not run" for i in range(30) if result.attempts(i) == 0)
+    never = [i for i in range(30) if result.attempts(i) == 0]
+    assert never and all(result.origin(i) == "not sent" and result[i].code == "not_sent" for i in never)
+    assert result.not_sent == len(never) and result.failed == len(in_flight)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [e["row"] for e in lines] == [0]  # cancelled rows are not written
 
@@ -355,7 +376,7 @@ def test_ctrl_c_stops_promptly_and_keeps_every_finished_row(tmp_path: Path) -> N
         threading.Thread(target=interrupt_after_the_first_row, daemon=True).start()
         with pytest.raises(BatchInterrupted) as caught:
             batch("{row}", [f"row {i}" for i in range(40)], model=adapter, concurrency=4,
-                  checkpoint=path, progress=False)
+                  checkpoint=path, stream=True, progress=False)
         took = time.monotonic() - signalled[0]
     assert isinstance(caught.value, KeyboardInterrupt)
     assert took < 1.0  # rows in flight (each ~1.5 s long) stopped within a second of Ctrl-C

@@ -21,7 +21,7 @@ distributed = pytest.importorskip("distributed")
 from distributed import Client, LocalCluster  # noqa: E402
 from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
 
-from dispatch_nb import Response, batch  # noqa: E402
+from dispatch_nb import AuthenticationError, Response, batch  # noqa: E402
 from dispatch_nb.providers.fake import FakeAdapter  # noqa: E402
 from dispatch_nb.providers.local import local_model_available  # noqa: E402
 
@@ -166,6 +166,29 @@ def test_a_worker_killed_mid_batch_loses_and_duplicates_no_row(client: Client, f
     keys = [e["key"] for e in lines if e["ok"]]
     assert len(keys) == len(set(keys)) == 60
     assert victim not in set(client.run(os.getpid).values())  # it really died
+
+
+def test_a_rejected_key_stops_every_partition(client: Client, fake: BatchFake) -> None:
+    # Every request gets 401. Each partition sends its first rows (concurrency 4), stops at the
+    # first 401 and sets the batch's event: partitions started after it send nothing, and the
+    # client submits no more. At most 4 partitions run at once (2 workers x 2 threads); rows
+    # another partition had in flight when the event was set are cancelled there (failed).
+    fake.api_key = "a key the workers do not have"
+    try:
+        result = batch("{row}", [f"row {i}" for i in range(300)], model="fake:echo",
+                       executor=client, concurrency=4, partition_size=8, progress=False)
+    finally:
+        fake.api_key = None
+    asked = sum(fake.asked.values())
+    assert 4 <= asked <= 4 * 4, f"{asked} requests with a rejected key"
+    assert len(result) == 300 and result.ok == 0
+    assert asked <= result.failed <= 4 * 4 and result.not_sent == 300 - result.failed
+    assert result.stopped_by is not None and isinstance(result.stopped_by[1], AuthenticationError)
+    unsent = [i for i in range(300) if result.origin(i) == "not sent"]
+    assert len(unsent) == result.not_sent
+    assert all(result[i].code == "not_sent" and "the batch stopped at row" in result[i].message
+               for i in unsent)
+    assert "not sent" in repr(result) and "stopped at row" in repr(result)
 
 
 @pytest.mark.local

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import gzip
-import itertools
 import json
 import logging
 import os
@@ -239,36 +238,6 @@ def test_tls_is_verified_against_ssl_cert_file(
         answer(untrusting, mode)
     assert info.value.code == "network_error"
     untrusting.close()
-
-
-def test_a_paced_stream_over_tls_arrives_whole_in_bursts(
-    tls_fake: tuple[CanonicalFake, Path], monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Over TLS the paused transport is asyncio's SSL transport: pausing stops its deliveries.
-    from dispatch_nb.transport import read_interval
-
-    from ..fakes.provider import Turn
-
-    fake, ca_pem = tls_fake
-    monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
-    monkeypatch.setenv("SSL_CERT_FILE", str(ca_pem))
-    text = "".join(f"t{i:02d} " for i in range(25))
-    fake.push(Turn(text=text, chunk=4, delay=0.02))
-    adapter = FakeAdapter("echo", base_url=f"https://127.0.0.1:{fake.server.port}", max_retries=0)
-
-    async def main() -> tuple[str, list[float]]:
-        loop = asyncio.get_running_loop()
-        times: list[float] = []
-        with read_interval(0.2):
-            response = await adapter.achat("q", stream=True,
-                                           on_delta=lambda d: times.append(loop.time()))
-        return response.text, times
-
-    got, times = asyncio.run(main())
-    adapter.close()
-    assert got == text
-    bursts = 1 + sum(1 for a, b in itertools.pairwise(times) if b - a > 0.01)
-    assert bursts <= 6, f"{bursts} bursts of deltas at a 0.2 s read interval"
 
 
 def test_the_tls_context_is_made_once_per_ca_setting(tmp_path: Path,

@@ -13,6 +13,10 @@ busy provider:
 * ``events`` / ``delay``: the answer is that many text deltas, ``delay`` seconds apart
   (``fast={prompt, ...}``: those prompts are answered without delay).
 
+A request that does not ask for a stream (a batch's default) gets the same answer as one JSON body,
+after as long as the stream would have taken; a dropped one gets half the body after half that
+time, then the connection is reset; a stalled one gets nothing for that long.
+
 It counts what it was asked (``asked[prompt]``), the 429s it sent, and the most streams it served
 at once.
 """
@@ -114,4 +118,10 @@ class BatchFake(CanonicalFake):
                     reset_after=max(1, self.events // 2) if dropping else None,
                     stall_after=1 if text in self.stall else None, stall=self.stall.get(text, 0.0))
         turn.events = self.events
-        return self.render(turn, request)
+        reply = self.render(turn, request)
+        if not self.wants_stream(request):  # one JSON body, as late as the stream would end
+            reply.stall = self.stall.get(text, duration / 2 if dropping else duration)
+            if dropping:
+                reply.chunks = [reply.body[: len(reply.body) // 2], reply.body[len(reply.body) // 2:]]
+                reply.reset_after = 1
+        return reply

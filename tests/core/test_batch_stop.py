@@ -1,0 +1,183 @@
+"""A batch stops sending at an error every row would get (a rejected key, an exhausted quota, an
+unknown model), and rows it never sent — after such an error, Ctrl-C or the cancel token — are
+"not sent", counted apart from "failed". Against the provider fakes, counting requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dispatch_nb import (
+    AuthenticationError,
+    CancelToken,
+    DispatchError,
+    ModelUnavailableError,
+    RateLimitError,
+    RequestCancelled,
+    Response,
+    batch,
+)
+from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.openai import OpenAIAdapter
+
+from ..fakes.batching import BatchFake
+from ..fakes.openai_chat import OpenAIChatFake
+from ..fakes.provider import Fail
+
+ROWS = 300
+CONCURRENCY = 16
+KEY = "sk-right-" + "R" * 30
+
+QUOTA = Fail(429, "You exceeded your current quota, please check your plan and billing details.",
+             "insufficient_quota")
+NO_MODEL = Fail(404, "The model `gpt-nope` does not exist or you do not have access to it.",
+                "model_not_found")
+
+
+def openai(fake: OpenAIChatFake, key: str = KEY) -> OpenAIAdapter:
+    return OpenAIAdapter("gpt-4.1-mini", backend="compatible", base_url=fake.base_url,
+                         api_key=key)
+
+
+@pytest.mark.parametrize(
+    ("kind", "error_class", "code"),
+    [("wrong key", AuthenticationError, "authentication_failed"),
+     ("exhausted quota", RateLimitError, "quota_exceeded"),
+     ("unknown model", ModelUnavailableError, "model_unavailable")],
+)
+def test_an_error_every_row_would_get_stops_the_batch(
+    kind: str, error_class: type[DispatchError], code: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    with OpenAIChatFake(api_key=KEY) as fake:
+        if kind == "exhausted quota":
+            fake.push(*[QUOTA] * ROWS)
+        elif kind == "unknown model":
+            fake.push(*[NO_MODEL] * ROWS)
+        adapter = openai(fake, key="sk-wrong-" + "W" * 30 if kind == "wrong key" else KEY)
+        result = batch("row {row}", list(range(ROWS)), model=adapter, concurrency=CONCURRENCY,
+                       progress=True)
+        requests = len(fake.chat_requests)
+    # only the rows already in flight were sent; no retry, nothing after
+    assert requests == CONCURRENCY, f"{requests} requests for a {kind}"
+    assert result.ok == 0 and result.failed == CONCURRENCY
+    assert result.not_sent == ROWS - CONCURRENCY and len(result) == ROWS
+    assert result.stopped_by is not None
+    position, error = result.stopped_by
+    assert isinstance(error, error_class) and error.code == code and position < CONCURRENCY
+    sent = [i for i in range(ROWS) if result.attempts(i) == 1]
+    assert len(sent) == CONCURRENCY
+    assert all(isinstance(result[i], error_class) for i in sent)
+    unsent = [i for i in range(ROWS) if i not in set(sent)]
+    for i in unsent:
+        item = result[i]
+        assert type(item) is DispatchError and item.code == "not_sent"
+        assert result.origin(i) == "not sent" and result.attempts(i) == 0
+        assert item.__cause__ is error and f"row {position}" in item.message
+    summary = repr(result)
+    assert f"{CONCURRENCY} failed, {ROWS - CONCURRENCY} not sent" in summary
+    assert f"stopped at row {position}: {error_class.__name__} ({code})" in summary
+    assert [i for i, _ in result.errors] == sent  # .errors: the failed rows, not the unsent ones
+    assert f"not sent {ROWS - CONCURRENCY}" in capsys.readouterr().err  # the progress bar
+    with pytest.raises(error_class, match=f"{CONCURRENCY} of {ROWS} rows failed, "
+                                          f"{ROWS - CONCURRENCY} not sent"):
+        result.raise_for_errors()
+
+
+def test_the_table_counts_not_sent_rows_apart() -> None:
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"text": [f"t{i}" for i in range(40)]})
+    with OpenAIChatFake(api_key=KEY) as fake:
+        result = batch("{text}", frame, model=openai(fake, key="sk-wrong-" + "W" * 30),
+                       concurrency=4, progress=False)
+        assert len(fake.chat_requests) == 4
+    table = result.to_pandas()
+    assert table["status"].value_counts().to_dict() == {"not sent": 36, "failed": 4}
+    assert list(table["text"]) == list(frame["text"])
+    assert table.loc[table["status"] == "not sent", "error"].str.startswith(
+        "DispatchError: not sent: the batch stopped at row").all()
+
+
+def test_an_ordinary_rate_limit_is_retried_and_does_not_stop_the_batch() -> None:
+    with OpenAIChatFake(api_key=KEY) as fake:
+        fake.push(*[Fail(429, "Rate limit reached", "rate_limit_exceeded",
+                         headers={"retry-after": "0.05"})] * 3)
+        result = batch("row {row}", list(range(20)), model=openai(fake), concurrency=4,
+                       progress=False)
+        requests = len(fake.chat_requests)
+    assert result.ok == 20 and result.stopped_by is None and result.not_sent == 0
+    assert result.rate_limited == 3 and requests == 23
+
+
+def test_a_stopped_batch_reads_no_more_of_a_generator() -> None:
+    read = 0
+
+    def rows() -> Iterator[str]:
+        nonlocal read
+        for i in range(ROWS):
+            read += 1
+            yield f"row {i}"
+
+    with OpenAIChatFake(api_key=KEY) as fake:
+        result = batch("{row}", rows(), model=openai(fake, key="sk-wrong-" + "W" * 30),
+                       concurrency=8, progress=False)
+        assert len(fake.chat_requests) == 8
+    assert read <= 8 + 1 and len(result) == read  # the row waiting for a slot: not sent
+    assert result.failed == 8 and result.not_sent == read - 8
+
+
+def test_a_cancelled_batch_counts_rows_never_sent_apart_from_failed() -> None:
+    token = CancelToken()
+    # plain (not streamed) rows of ~0.3 s, 16 at a time; cancelled while the third round is in
+    # flight (the fake counts a request when it arrives: 48 asked, 32 answered)
+    with BatchFake(events=4, delay=0.1) as fake:
+        adapter = FakeAdapter("echo", base_url=fake.base_url)
+
+        def cancel_after_two_rounds() -> None:
+            deadline = time.monotonic() + 60
+            while sum(fake.asked.values()) < 2 * CONCURRENCY + 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.1)
+            token.cancel("enough")
+
+        threading.Thread(target=cancel_after_two_rounds, daemon=True).start()
+        started = time.monotonic()
+        result = batch("{row}", [f"row {i}" for i in range(ROWS)], model=adapter,
+                       concurrency=CONCURRENCY, cancel=token, progress=False)
+        took = time.monotonic() - started
+        asked = sum(fake.asked.values())
+    assert took < 30 and result.interrupted and len(result) == ROWS
+    assert result.ok >= 32
+    # every row sent is ok or failed (cancelled in flight); every other one is "not sent"
+    assert result.ok + result.failed == asked
+    assert 0 < result.failed <= CONCURRENCY
+    assert result.not_sent == ROWS - asked and result.not_sent >= ROWS - 32 - 2 * CONCURRENCY
+    in_flight = [i for i in range(ROWS) if isinstance(result[i], RequestCancelled)
+                 and result[i].code == "cancelled"]
+    assert len(in_flight) == result.failed and all(result.attempts(i) == 1 for i in in_flight)
+    unsent = [i for i in range(ROWS) if result.origin(i) == "not sent"]
+    assert len(unsent) == result.not_sent
+    assert all(isinstance(result[i], RequestCancelled) and result.origin(i) == "not sent"
+               and "not sent: enough" in result[i].message for i in unsent)
+    assert f"{result.failed} failed, {result.not_sent} not sent" in result.summary()
+    assert "interrupted" in result.summary()
+    assert isinstance(result[0], Response)
+    with pytest.raises(RequestCancelled):
+        result.raise_for_errors()
+
+
+def test_a_rerun_after_the_stop_sends_the_failed_and_the_unsent_rows(tmp_path: Any) -> None:
+    path = tmp_path / "run.jsonl"
+    with BatchFake(api_key="good-key", events=2) as fake:
+        first = batch("{row}", [f"row {i}" for i in range(50)],
+                      model=FakeAdapter("echo", base_url=fake.base_url, api_key="bad-key"),
+                      concurrency=5, checkpoint=path, progress=False)
+        assert sum(fake.asked.values()) == 5
+        again = batch("{row}", [f"row {i}" for i in range(50)],
+                      model=FakeAdapter("echo", base_url=fake.base_url, api_key="good-key"),
+                      concurrency=5, checkpoint=path, progress=False)
+    assert (first.failed, first.not_sent) == (5, 45)
+    assert again.ok == 50 and again.sent == 50 and again.resumed == 0
