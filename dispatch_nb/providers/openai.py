@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -46,6 +46,9 @@ from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo
 from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire, parse_model_list
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
+
+if TYPE_CHECKING:
+    from .batch_api import OpenAIBatchAPI
 
 __all__ = [
     "BACKENDS",
@@ -190,6 +193,15 @@ class OpenAIAdapter(HTTPAdapter):
         if mode in wire.output_modes:
             return mode
         raise unsupported_mode(self, mode, ("auto", "native", *wire.output_modes))
+
+    def batch_api(self) -> OpenAIBatchAPI | None:
+        """OpenAI's Batch API (``batch(..., deferred=True)``): the official API has one; a
+        chat.completions server (``compatible``) has none."""
+        if self._provider != "openai":
+            return None
+        from .batch_api import OpenAIBatchAPI
+
+        return OpenAIBatchAPI(self)
 
     def should_retry_now(self, error: DispatchError) -> bool:
         """Resend at once when the error shows a server quirk the wire format can work around
