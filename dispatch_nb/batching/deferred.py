@@ -203,8 +203,8 @@ class DeferredRun:
         if api is None:
             raise RequestError(
                 f"{adapter.display_name} ({adapter.provider_name}:{adapter.model_name}) has no "
-                "batch API: deferred=True works with openai: and anthropic: models. Run this "
-                "batch live (deferred=False)", provider=adapter.provider_name,
+                "batch API (OpenAI's and Anthropic's APIs have one). Run this batch live "
+                "(deferred=False)", provider=adapter.provider_name,
                 code="batch_unsupported",
             )
         return adapter, api
@@ -330,6 +330,8 @@ class DeferredRun:
         self.stats.ok = self.stats.resumed + self._collected_ok + sum(p.completed for p in live)
         self.stats.failed = self._collected_failed + sum(p.failed for p in live)
         self.stats.in_flight = sum(max(0, p.total - p.completed - p.failed) for p in live)
+        if self.job.parts:
+            self.stats.job = self.job.summary()
 
     def _answer(self, row: _Row, body: Any) -> Response | DispatchError:
         """A job's answer as the Response a live call gives (``parsed`` for ``output=``)."""
