@@ -74,6 +74,8 @@ _EXPORTS: dict[str, str] = {
     "abatch": "batching",
     "BatchResult": "batching",
     "BatchInterrupted": "batching",
+    "BatchJob": "batching",
+    "BatchPendingError": "batching",
     # concrete adapters (imported only when named)
     "CopilotAdapter": "providers.copilot",
     "OpenAIAdapter": "providers.openai",
@@ -114,7 +116,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:
     from .adapter import Adapter, ChatRequest, ValidationResult
-    from .batching import BatchInterrupted, BatchResult, abatch, batch
+    from .batching import BatchInterrupted, BatchJob, BatchPendingError, BatchResult, abatch, batch
     from .cache import CachedAdapter, CacheMissError, ResponseCache
     from .cancel import CancelToken
     from .errors import (

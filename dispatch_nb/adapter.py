@@ -45,6 +45,7 @@ from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, as
 from .validation import check_entry
 
 if TYPE_CHECKING:
+    from .providers.batch_api import BatchAPI
     from .structured import StructuredOutput
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
@@ -320,6 +321,11 @@ class Adapter:
         if mode not in ("auto", "prompt"):
             raise unsupported_mode(self, mode, ("auto", "prompt"))
         return "prompt"
+
+    def batch_api(self) -> BatchAPI | None:
+        """The provider's batch API (half price, answered within 24 h) for ``batch(...,
+        deferred=True)``, or None where the provider has none (the default)."""
+        return None
 
     def should_retry_now(self, error: DispatchError) -> bool:
         """Return True to resend at once after ``error``, outside the retry budget (e.g. after

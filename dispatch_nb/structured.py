@@ -89,6 +89,7 @@ __all__ = [
     "output_tool_choice",
     "prompted",
     "requested_mode",
+    "settle_answer",
     "unsupported_mode",
 ]
 
@@ -911,6 +912,23 @@ def _settled_error(response: Response, spec: StructuredOutput) -> OutputValidati
                      "input": _short(text, 200)}],
         )
     return None
+
+
+def settle_answer(response: Response, output: Any) -> Response:
+    """A whole answer to a request made with ``output=`` that cannot be asked again (a deferred
+    batch row): ``response`` with ``parsed`` set, or the :class:`OutputValidationError` saying
+    why not (raised, the answer as its ``partial``)."""
+    spec = as_output(output)
+    answer = _as_answer(response, None)
+    error = _settled_error(answer, spec)
+    if error is None:
+        try:
+            return answer.model_copy(update={"parsed": spec._validate(answer.text)})
+        except _Invalid as exc:
+            error = OutputValidationError(spec._problem(exc.errors), text=answer.text,
+                                          errors=exc.errors)
+    error.partial = answer
+    raise error
 
 
 # -- one structured call: attempts, retries, the stream the caller sees -------------------------------

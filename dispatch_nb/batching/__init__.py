@@ -21,13 +21,15 @@ The package, one idea per module:
   (shared by the local run and the Dask run)
 * ``run.py``        — :func:`batch` and :func:`abatch`
 * ``cluster.py``    — the same rows on a Dask cluster (``executor=``)
+* ``deferred.py``   — the same rows as provider batch jobs (``deferred=True``)
 
 The guide: docs/batch.md.
 """
 
 from __future__ import annotations
 
+from .deferred import BatchJob, BatchPendingError
 from .result import BatchInterrupted, BatchResult
 from .run import abatch, batch
 
-__all__ = ["BatchInterrupted", "BatchResult", "abatch", "batch"]
+__all__ = ["BatchInterrupted", "BatchJob", "BatchPendingError", "BatchResult", "abatch", "batch"]

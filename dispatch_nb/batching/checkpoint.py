@@ -16,6 +16,12 @@ Each line is appended with one ``write`` under an exclusive ``flock`` (several p
 workers on one machine or a shared filesystem — may append to one file), so a killed kernel or
 worker loses at most the rows that were in flight; a line cut short by a crash is skipped on the
 next read. Secrets are scrubbed as in the response cache.
+
+A batch sent to a provider's batch API (``deferred=True``) also writes one line per provider job
+the moment it is created, and again when its answers are collected::
+
+    {"job":"batch_68…","v":1,"created":"…","part":{"id":"batch_68…","state":"in_progress",…},
+     "keys":["3f9c…","a71e…",…],"collected":false}
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class Checkpoint:
         if self.path.is_dir():
             raise ValueError(f"checkpoint={str(path)!r} is a directory; name a file, e.g. run.jsonl")
         self._answered: dict[str, dict[str, Any]] = {}
+        self._jobs: dict[str, dict[str, Any]] = {}
         self._fd: int | None = None
         # the usual key variables' values (OPENAI_API_KEY...), as the response cache scrubs them
         self._secrets: set[str] = ResponseCache(self.path, mode="off").secrets()
@@ -79,10 +86,11 @@ class Checkpoint:
     def load(self, only: set[str] | None = None) -> int:
         """Read the answered rows (all, or only the keys in ``only``); returns how many."""
         answered: dict[str, dict[str, Any]] = {}
+        jobs: dict[str, dict[str, Any]] = {}
         try:
             fh = open(self.path, "rb")  # noqa: SIM115 - closed by the with below
         except FileNotFoundError:
-            self._answered = answered
+            self._answered, self._jobs = answered, jobs
             return 0
         with fh:
             for number, raw in enumerate(fh, 1):
@@ -92,6 +100,9 @@ class Checkpoint:
                         continue
                 try:
                     entry = json.loads(raw)
+                    if isinstance(entry, dict) and "job" in entry:
+                        jobs[str(entry["job"])] = entry  # a provider job (a later line wins)
+                        continue
                     key = entry["key"]
                     ok = entry["ok"]
                 except (ValueError, KeyError, TypeError):
@@ -103,7 +114,7 @@ class Checkpoint:
                     continue
                 if ok is True and isinstance(entry.get("response"), dict):
                     answered[key] = entry
-        self._answered = answered
+        self._answered, self._jobs = answered, jobs
         return len(answered)
 
     def __len__(self) -> int:
@@ -174,6 +185,23 @@ class Checkpoint:
         self.written += 1
         if clean["ok"]:
             self._answered[key] = clean
+
+    # -- provider jobs (batch(..., deferred=True)) ------------------------------------------------
+    def jobs(self) -> list[dict[str, Any]]:
+        """The provider jobs recorded here whose answers are not all collected yet: each
+        ``{"job": id, "part": {...}, "keys": [...]}``, oldest first."""
+        return [entry for entry in self._jobs.values() if not entry.get("collected")]
+
+    def record_job(self, part: dict[str, Any], keys: list[str], *, collected: bool = False) -> None:
+        """Append a provider job: its state (``part``) and the row keys it holds — written
+        before the job is polled, so a rerun (another kernel, another machine with this file)
+        collects it instead of submitting the rows again."""
+        entry = {"job": part["id"], "v": FORMAT_VERSION, "created": _now(), "part": part,
+                 "keys": keys, "collected": collected}
+        line = (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        with self._locked() as fd:
+            os.write(fd, line)
+        self._jobs[str(part["id"])] = entry
 
     def close(self) -> None:
         """Close the file (idempotent; :meth:`record` reopens it)."""

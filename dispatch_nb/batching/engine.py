@@ -94,6 +94,8 @@ class Stats:
     started: float = field(default_factory=time.monotonic)
     first_sent: float | None = None
     sent_done: int = 0
+    #: a deferred batch's jobs, one line (``openai job batch_…: in_progress, 340 of 1,000 answered``)
+    job: str = ""
 
     @property
     def finished(self) -> int:

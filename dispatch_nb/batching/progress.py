@@ -72,6 +72,9 @@ def _count(n: int) -> str:
 def describe(stats: Stats, now: float | None = None) -> str:
     """The counters as one line: ok / failed / not sent / in flight, tokens, rows/s, ETA."""
     now = time.monotonic() if now is None else now
+    if stats.job:  # a deferred batch: the provider's jobs say where it is
+        return f"{stats.job}; ok {stats.ok:,}" + (f", failed {stats.failed:,}" if stats.failed
+                                                 else "")
     parts = [f"ok {stats.ok:,}"]
     if stats.failed:
         parts.append(f"failed {stats.failed:,}")

@@ -110,6 +110,11 @@ class BatchResult(Sequence[Any]):
         #: Copilot premium requests this run used (model calls × the model's multiplier), if known
         self.premium_requests: float | None = None
         self._totals = _Totals()
+        #: a deferred batch's provider jobs (:class:`~dispatch_nb.batching.deferred.BatchJob`:
+        #: ids, state, counts, times); None for a live batch
+        self.job: Any = None
+        self._plan: Any = None  # what the batch was asked (for retry_failed)
+        self._deferred: Any = None  # the deferred run (for refresh / wait)
 
     # -- filling (the engine) --------------------------------------------------------------------
     def _reserve(self, position: int) -> None:
@@ -249,6 +254,27 @@ class BatchResult(Sequence[Any]):
                               provider=first.provider, code=first.code) from first
         return self
 
+    # -- deferred jobs and retries ---------------------------------------------------------------
+    def refresh(self) -> BatchResult:
+        """A deferred batch: poll its jobs once and collect the rows of every finished one."""
+        from .run import refresh_deferred
+
+        return refresh_deferred(self, wait=False)
+
+    def wait(self) -> BatchResult:
+        """A deferred batch: poll until every job is collected (Ctrl-C cancels the jobs)."""
+        from .run import refresh_deferred
+
+        return refresh_deferred(self, wait=True)
+
+    def retry_failed(self, *, deferred: bool | None = None) -> BatchResult:
+        """Send the rows that failed again — only those — and put their new answers in place
+        (``deferred``: through the provider's batch API or live; default: as this batch ran).
+        Rows not answered yet (a deferred job still running) are left alone."""
+        from .run import retry_failed
+
+        return retry_failed(self, deferred=deferred)
+
     # -- display ---------------------------------------------------------------------------------
     def summary(self) -> str:
         """One line: rows, ok, failed, where answers came from, tokens, time."""
@@ -271,6 +297,8 @@ class BatchResult(Sequence[Any]):
                      f"{self.usage.output_tokens:,} out)")
         if self.rate_limited:
             parts.append(f"{self.rate_limited:,} rate-limited")
+        if self.job is not None:
+            parts.append(self.job.summary())
         if self.interrupted:
             parts.append("interrupted")
         if self.stopped_by is not None:

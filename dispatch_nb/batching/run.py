@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from ..adapter import Adapter
 from ..cache import ResponseCache
 from ..cancel import CancelToken
+from ..errors import DispatchError
 from ..registry import find_descriptor
+from ..types import Usage
 from .checkpoint import Checkpoint
+from .deferred import DeferredRun
 from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call
 from .plan import BatchPlan, finish, make_plan, new_result, resolve_adapter
 from .progress import BatchProgress, progress_mode
@@ -83,12 +87,21 @@ class _Job:
     result, counters and progress bar. The steps both share."""
 
     def __init__(self, plan: BatchPlan, cancel: CancelToken | None,
-                 progress: bool | str | None) -> None:
+                 progress: bool | str | None, *, deferred: bool = False, wait: bool = True,
+                 poll_interval: float | None = None) -> None:
         self.plan = plan
         self.token = cancel if cancel is not None else CancelToken()
         self.progress = progress
         self.result, self.stats = new_result(plan)
+        self.result._plan = plan
         self.bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
+        #: ``deferred=True``: the rows go to the provider's batch API (see :mod:`.deferred`)
+        self.deferred: DeferredRun | None = None
+        self.wait = wait
+        if deferred:
+            self.deferred = DeferredRun(plan, self.result, self.stats, self.token,
+                                        poll_interval=poll_interval)
+            self.result._deferred = self.deferred
 
     def on_dask(self, executor: Any, partition_size: int | None) -> BatchResult:
         """Run on a Dask cluster instead (``executor=``): the cluster keeps its own result and
@@ -99,9 +112,19 @@ class _Job:
                            partition_size=partition_size)
 
     async def run_here(self, *, close_adapter: bool) -> None:
-        """Run the rows on the running event loop."""
-        await run_local(self.plan, self.result, self.stats, self.token,
-                        close_adapter=close_adapter)
+        """Run the rows on the running event loop (or submit them to the provider's batch API
+        and, with ``wait``, collect the answers)."""
+        deferred = self.deferred
+        if deferred is None:
+            await run_local(self.plan, self.result, self.stats, self.token,
+                            close_adapter=close_adapter)
+            return
+        try:
+            await deferred.start()
+            if self.wait:
+                await deferred.wait()
+        finally:
+            deferred.close()
 
     def finish(self) -> None:
         """Account for rows never run, set the totals, close the bar."""
@@ -130,6 +153,9 @@ def batch(
     max_tokens: int | None = None,
     temperature: float | None = None,
     stream: bool = False,
+    deferred: bool = False,
+    wait: bool = True,
+    poll_interval: float | None = None,
     **options: Any,
 ) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
@@ -156,16 +182,28 @@ def batch(
     they arrive, and a plain answer costs the kernel far less CPU); ``True`` is for what needs a
     stream, such as Anthropic's refusal of long non-streamed requests (a large ``max_tokens``).
 
+    ``deferred=True`` sends the rows to the provider's batch API instead (OpenAI's Batch API,
+    Anthropic's Message Batches: half the price, answered within 24 hours): the jobs are recorded
+    in the checkpoint (one under ``$DISPATCH_NB_HOME/batches/`` when ``checkpoint=`` is not given)
+    before they are polled every ``poll_interval`` seconds (default 30), so running the same call
+    again collects them instead of submitting again. ``wait=False`` submits and returns at once:
+    the rows not answered yet are :class:`~dispatch_nb.batching.deferred.BatchPendingError`
+    until ``result.wait()`` / ``result.refresh()``. ``result.job`` tells the jobs' state
+    (``docs/batch.md``, "Deferred").
+
     Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
-    ``.result`` holds every finished row.
+    ``.result`` holds every finished row (a deferred batch asks the provider to cancel its jobs).
     """
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
                      checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
-    job = _Job(plan, cancel, progress)
+    job = _Job(plan, cancel, progress, deferred=deferred, wait=wait, poll_interval=poll_interval)
     if executor is not None:
+        if deferred:
+            raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
+                             "cluster: leave executor= out")
         return job.on_dask(executor, partition_size)
     done = threading.Event()
     failure: list[BaseException] = []
@@ -218,6 +256,9 @@ async def abatch(
     max_tokens: int | None = None,
     temperature: float | None = None,
     stream: bool = False,
+    deferred: bool = False,
+    wait: bool = True,
+    poll_interval: float | None = None,
     **options: Any,
 ) -> BatchResult:
     """The async twin of :func:`batch`, on the running event loop. Cancelling the awaiting task
@@ -227,8 +268,11 @@ async def abatch(
                      checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
-    job = _Job(plan, cancel, progress)
+    job = _Job(plan, cancel, progress, deferred=deferred, wait=wait, poll_interval=poll_interval)
     if executor is not None:
+        if deferred:
+            raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
+                             "cluster: leave executor= out")
         try:
             return await asyncio.to_thread(job.on_dask, executor, partition_size)
         except asyncio.CancelledError:
@@ -248,3 +292,90 @@ async def abatch(
             ticker.cancel()
         job.finish()
     return job.result
+
+
+def _in_thread(work: Callable[[], Awaitable[None]], token: CancelToken) -> None:
+    """Run ``work()`` on an event loop of its own thread (a notebook's main thread already runs
+    one); Ctrl-C cancels ``token`` and waits up to :data:`CANCEL_GRACE` seconds for it to stop."""
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(work())  # type: ignore[arg-type]
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="dispatch_nb-batch", daemon=True).start()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        token.cancel("interrupted (KeyboardInterrupt)")
+        with contextlib.suppress(KeyboardInterrupt):
+            done.wait(CANCEL_GRACE)
+        raise
+    if failure:
+        raise failure[0]
+
+
+def refresh_deferred(result: BatchResult, *, wait: bool) -> BatchResult:
+    """``BatchResult.refresh()`` / ``wait()``."""
+    run = result._deferred
+    if run is None:
+        raise ValueError("refresh() and wait() are for a deferred batch (batch(..., "
+                         "deferred=True)); this one ran live and is complete")
+
+    async def work() -> None:
+        try:
+            if wait:
+                await run.wait()
+            else:
+                await run.refresh()
+        finally:
+            run.close()
+
+    _in_thread(work, run.cancel)
+    return result
+
+
+def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchResult:
+    """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
+    their own with the same plan; their answers replace the errors in ``result``."""
+    from .deferred import BatchPendingError
+    from .rows import RowSource
+
+    plan: BatchPlan | None = result._plan
+    if plan is None:
+        raise ValueError("this BatchResult does not know the batch it came from")
+    failed = [i for i, item in enumerate(result)
+              if isinstance(item, DispatchError) and not isinstance(item, BatchPendingError)]
+    if not failed:
+        return result
+    source = plan.source
+    if source.kept is None:
+        raise ValueError("retry_failed() needs the rows in memory (a list, DataFrame or "
+                         "Series); run the batch again with the same checkpoint= instead")
+    wanted = set(failed)
+    rows = [row for position, row in source if position in wanted]
+    again = dataclasses.replace(plan, source=RowSource(rows, source.extra))
+    use_deferred = (result._deferred is not None) if deferred is None else deferred
+    job = _Job(again, None, False, deferred=use_deferred,
+               poll_interval=result._deferred.poll_interval if result._deferred else None)
+    try:
+        _in_thread(lambda: job.run_here(close_adapter=True), job.token)
+    finally:
+        job.finish()
+    for position, item in zip(failed, job.result, strict=True):
+        index = failed.index(position)
+        result._set(position, item, usage=Usage(), latency=job.result.latency(index),
+                    attempts=job.result.attempts(index), origin=job.result._origin[index])
+        tokens_in, tokens_out = job.result.usage_of(index)
+        result._input_tokens[position], result._output_tokens[position] = tokens_in, tokens_out
+    result.usage = result.usage + job.result.usage
+    result._totals.model_calls += job.result.model_calls
+    if job.result.job is not None:
+        result.job = job.result.job
+        result._deferred = job.deferred
+    return result

@@ -649,4 +649,8 @@ def run_chat_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if args.each is not None:
         run_each_cell(state, args, cell)
         return
+    for flag, given in (("--deferred", args.deferred), ("--checkpoint", args.checkpoint)):
+        if given:
+            raise UsageError(f"{flag} goes with --each (one prompt over many rows), e.g. "
+                             f"%%chat --each df {flag}{'' if flag == '--deferred' else ' run.jsonl'}")
     CellRun(state, args, cell).execute()

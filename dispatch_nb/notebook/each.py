@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from ..errors import DispatchError
 from ..registry import parse_model_spec
 from ..render import parsed_rows, rows_markdown
 from ..types import Response
@@ -143,6 +144,11 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     max_tokens = args.max_tokens if args.max_tokens is not None else settings.max_tokens
     temperature = args.temperature if args.temperature is not None else settings.temperature
     interrupted = False
+    if args.deferred:
+        options["deferred"] = True
+        cache = None  # the checkpoint keeps a deferred batch's answers
+    if args.checkpoint:
+        options["checkpoint"] = args.checkpoint
     try:
         result = batch(fill, rows, model=spec, system=system, max_tokens=max_tokens,
                        temperature=temperature, timeout=settings.timeout, cache=cache, **options)
@@ -152,6 +158,11 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         raise UsageError(f"--each {args.each.strip()}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--each {args.each.strip()}: {exc}") from None
+    except DispatchError as exc:
+        if exc.code != "batch_unsupported":
+            raise
+        raise UsageError(f"--deferred: {spec} has no batch API (OpenAI's and Anthropic's APIs "
+                         "have one); run the cell without --deferred") from None
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
                                        schema=args.schema.strip() if args.schema else None)

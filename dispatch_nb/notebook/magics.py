@@ -251,6 +251,16 @@ class ChatMagics(Magics):
         "({column} is the row's value); shows a result table.",
     )
     @magic_arguments.argument(
+        "--deferred", action="store_true",
+        help="With --each: send the rows as a provider batch job (OpenAI, Anthropic: half the "
+        "price, answered within 24 h); re-running the cell collects the job.",
+    )
+    @magic_arguments.argument(
+        "--checkpoint", metavar="FILE",
+        help="With --each: record each row (and a deferred job) in FILE; a re-run sends only "
+        "the rows not answered there.",
+    )
+    @magic_arguments.argument(
         "--no-stream", action="store_true", help="Wait for the whole answer instead of streaming."
     )
     @magic_arguments.argument(
@@ -281,6 +291,7 @@ class ChatMagics(Magics):
             %%chat -f code                                              (code into the next cell)
             %%chat --schema list[Review] -o reviews                     (a table of objects)
             %%chat --each df -o result                                  (one answer per row)
+            %%chat --each df --deferred -o result                       (as a batch job)
         """
         parser: Any = self.chat_cell.parser  # type: ignore[attr-defined]
         args = parse_magic_line(parser, line)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -38,6 +38,9 @@ from ..wire.anthropic import (
     wire_messages,
 )
 from .credentials import EnvCredentials
+
+if TYPE_CHECKING:
+    from .batch_api import AnthropicBatchAPI
 
 __all__ = ["AnthropicAdapter", "supports_output_config"]
 
@@ -128,6 +131,12 @@ class AnthropicAdapter(HTTPAdapter):
     def max_context_tokens(self) -> int | None:
         """200 000 for Claude models (the standard window), else unknown."""
         return CLAUDE_CONTEXT_TOKENS if self._model.startswith("claude") else None
+
+    def batch_api(self) -> AnthropicBatchAPI:
+        """Anthropic's Message Batches (``batch(..., deferred=True)``)."""
+        from .batch_api import AnthropicBatchAPI
+
+        return AnthropicBatchAPI(self)
 
     # -- auth ----------------------------------------------------------------------------------
     def auth_headers(self) -> dict[str, str]:

@@ -49,7 +49,7 @@ import logging
 import os
 import threading
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -62,6 +62,9 @@ from ..wire.base import WireRequest
 from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire, parse_model_list
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .credentials import EnvCredentials
+
+if TYPE_CHECKING:
+    from .batch_api import OpenAIBatchAPI
 
 __all__ = [
     "BACKENDS",
@@ -275,6 +278,15 @@ class OpenAIAdapter(HTTPAdapter):
         if mode in wire.output_modes:
             return mode
         raise unsupported_mode(self, mode, ("auto", "native", *wire.output_modes))
+
+    def batch_api(self) -> OpenAIBatchAPI | None:
+        """OpenAI's Batch API (``batch(..., deferred=True)``): the official API has one; a
+        chat.completions server (``compatible``) has none."""
+        if self._provider != "openai":
+            return None
+        from .batch_api import OpenAIBatchAPI
+
+        return OpenAIBatchAPI(self)
 
     def should_retry_now(self, error: DispatchError) -> bool:
         """Resend at once when the error shows a server quirk the wire format can work around

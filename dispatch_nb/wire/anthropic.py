@@ -104,6 +104,14 @@ _ERROR_STATUS: dict[str, int] = {
     "overloaded_error": 529,
 }
 
+
+
+def error_status(error_type: Any) -> int:
+    """The HTTP status an Anthropic error type stands for (500 when unknown): for errors that
+    arrive without one (in-stream ``error`` events, Message Batches' ``errored`` results)."""
+    return _ERROR_STATUS.get(str(error_type), 500)
+
+
 _PASS_THROUGH_OPTIONS = ("top_k", "metadata", "service_tier")
 
 

@@ -1,0 +1,488 @@
+"""``batch(..., deferred=True)``: the rows as provider batch jobs — half the price, answered within
+24 hours (usually far sooner), outside the live rate limits.
+
+The rows are filled, keyed and resumed exactly as in a live batch (:func:`.engine.prepare_rows`);
+what differs is how the rows not yet answered are asked:
+
+1. Each row's request body is the one a live, non-streamed call would send (the adapter's own
+   :meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), its ``custom_id`` derived from the
+   row's key. The rows are split into jobs within the provider's limits and submitted
+   (:mod:`dispatch_nb.providers.batch_api`).
+2. Each job — its id and the keys of its rows — is written to the checkpoint **before** it is
+   polled. A batch without ``checkpoint=`` gets one under ``$DISPATCH_NB_HOME/batches/`` named
+   after what it asks, so running the same call again — after a kernel restart, the next morning —
+   finds its jobs. Rows a recorded job holds are collected from it, never submitted again.
+3. The jobs are polled every ``poll_interval`` seconds; a finished job's answers are parsed with the
+   adapter's wire format into the same :class:`~dispatch_nb.types.Response` a live call gives
+   (``parsed`` for ``output=``), each row recorded in the checkpoint as it is read.
+
+Cancelling (Ctrl-C, ``cancel=``) asks the provider to cancel the jobs and collects what finished
+if the provider says so within a few seconds; otherwise a rerun collects it later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..adapter import Adapter, ChatRequest
+from ..cancel import CancelToken
+from ..errors import DispatchError, RequestCancelled, RequestError
+from ..providers.batch_api import BatchAPI, JobPart, RowOutcome
+from ..stream import Accumulator
+from ..types import Response, Usage
+from ..wire.base import WireRequest
+from .checkpoint import Checkpoint
+from .engine import Pending, Stats, prepare_rows
+from .plan import BatchPlan, resolve_adapter
+from .result import BatchResult, RowOrigin
+
+__all__ = ["BatchJob", "BatchPendingError", "DeferredRun", "custom_id"]
+
+log = logging.getLogger("dispatch_nb")
+
+#: seconds between polls of a running job (``poll_interval=``)
+DEFAULT_POLL_INTERVAL = 30.0
+#: seconds a cancelled batch waits for the provider to confirm and hand over what finished
+CANCEL_GRACE = 3.0
+
+
+class BatchPendingError(DispatchError):
+    """A deferred row whose job has not answered yet: ``result.wait()`` / ``result.refresh()``
+    collect it, and so does running the same batch again (its checkpoint knows the job)."""
+
+    default_code = "batch_pending"
+
+
+def custom_id(key: str) -> str:
+    """A row's ``custom_id``: derived from its key, within both providers' rules
+    (``^[a-zA-Z0-9_-]{1,64}$``)."""
+    return "row-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+@dataclass
+class BatchJob:
+    """The provider jobs of a deferred batch (``BatchResult.job``): their ids, state, counts and
+    times. ``state`` is the least finished job's (``validating`` → ``in_progress`` →
+    ``finalizing`` / ``cancelling``), or once every job has ended ``completed`` — or ``failed``,
+    ``expired``, ``cancelled`` when any job ended so."""
+
+    provider: str
+    parts: list[JobPart] = field(default_factory=list)
+    #: the checkpoint file that records the jobs (rerun the batch with it to collect them)
+    checkpoint: str | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return [p.id for p in self.parts]
+
+    @property
+    def state(self) -> str:
+        live = [p.state for p in self.parts if not p.done]
+        for state in ("validating", "in_progress", "finalizing", "cancelling"):
+            if state in live:
+                return state
+        if live:
+            return live[0]
+        ended = {p.state for p in self.parts}
+        for state in ("failed", "expired", "cancelled"):
+            if state in ended:
+                return state
+        return "completed"
+
+    @property
+    def done(self) -> bool:
+        return all(p.done for p in self.parts)
+
+    @property
+    def total(self) -> int:
+        return sum(p.total for p in self.parts)
+
+    @property
+    def completed(self) -> int:
+        return sum(p.completed for p in self.parts)
+
+    @property
+    def failed(self) -> int:
+        return sum(p.failed for p in self.parts)
+
+    @property
+    def created_at(self) -> float | None:
+        times = [p.created_at for p in self.parts if p.created_at is not None]
+        return min(times) if times else None
+
+    @property
+    def ended_at(self) -> float | None:
+        times = [p.ended_at for p in self.parts if p.ended_at is not None]
+        return max(times) if self.done and times else None
+
+    def summary(self) -> str:
+        jobs = f"{len(self.parts)} jobs" if len(self.parts) != 1 else "job " + self.parts[0].id
+        counts = f"{self.completed:,} of {self.total:,} answered"
+        if self.failed:
+            counts += f", {self.failed:,} failed"
+        return f"{self.provider} {jobs}: {self.state}, {counts}"
+
+    def __repr__(self) -> str:
+        return f"BatchJob({self.summary()})"
+
+
+@dataclass
+class _Row:
+    position: int
+    key: str
+    request: ChatRequest
+    wire: WireRequest
+
+
+def request_for(adapter: Adapter, messages: Any, options: dict[str, Any], system: str | None,
+                tools: list[Any]) -> tuple[ChatRequest, WireRequest]:
+    """The request a live, non-streamed call of ``messages`` would send (the same wire code)."""
+    from ..http_adapter import HTTPAdapter
+    from ..structured import as_output
+
+    if not isinstance(adapter, HTTPAdapter):
+        raise TypeError(f"{adapter.display_name} has no batch API")
+    options = dict(options)
+    max_tokens = options.pop("max_tokens", None)
+    temperature = options.pop("temperature", None)
+    output = options.pop("output", None)
+    options.pop("output_retries", None)
+    request = adapter._request(messages, system=system, tools=tools, stream=False,
+                               max_tokens=max_tokens, temperature=temperature, options=options)
+    if output is not None:
+        request = dataclasses.replace(request, output=as_output(output))
+        adapter.output_mode(request)
+    request = adapter._with_output_prompt(request)
+    return request, adapter.build_request(request)
+
+
+class DeferredRun:
+    """One deferred batch: its rows, its jobs, and the steps :func:`batch` / :func:`abatch` and
+    ``BatchResult.refresh()`` / ``wait()`` take."""
+
+    def __init__(self, plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken,
+                 *, poll_interval: float | None = None) -> None:
+        if plan.call.runs_tools:
+            raise ValueError(
+                "deferred=True cannot run Python tools: each row's tool loop needs an answer "
+                "before its next request. Run this batch live (deferred=False)"
+            )
+        if plan.cache is not None:
+            raise ValueError("deferred=True does not take cache=: the checkpoint keeps the "
+                             "answers (run the batch again to read them)")
+        interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
+            raise ValueError(f"poll_interval must be a number of seconds ≥ 0, not {interval!r}")
+        self.plan = plan
+        self.result = result
+        self.stats = stats
+        self.cancel = cancel
+        self.poll_interval = float(interval)
+        self.adapter: Adapter | None = None
+        self.api: BatchAPI | None = None
+        self.checkpoint: Checkpoint | None = None
+        self.rows: dict[str, _Row] = {}
+        self.by_id: dict[str, str] = {}
+        self.parts: dict[str, tuple[JobPart, list[str]]] = {}
+        self.job: BatchJob | None = None
+        self._collected_ok = 0
+        self._collected_failed = 0
+
+    # -- setting up ----------------------------------------------------------------------------
+    def _open_adapter(self) -> tuple[Adapter, BatchAPI]:
+        adapter, _owned = resolve_adapter(self.plan.model, None)
+        api = adapter.batch_api()
+        if api is None:
+            raise RequestError(
+                f"{adapter.display_name} ({adapter.provider_name}:{adapter.model_name}) has no "
+                "batch API (OpenAI's and Anthropic's APIs have one). Run this batch live "
+                "(deferred=False)", provider=adapter.provider_name,
+                code="batch_unsupported",
+            )
+        return adapter, api
+
+    def _default_checkpoint(self, keys: list[str]) -> str:
+        from ..auth.token_store import dispatch_nb_home
+
+        digest = hashlib.sha256("\n".join([self.plan.model_key, *keys]).encode()).hexdigest()
+        return str(dispatch_nb_home() / "batches" / f"{digest[:24]}.jsonl")
+
+    def _read_rows(self, adapter: Adapter) -> list[Pending]:
+        """Every row's key, the rows the checkpoint answers filled in ``result``."""
+        plan = self.plan
+        if plan.checkpoint is not None:
+            self.checkpoint = Checkpoint(plan.checkpoint)
+            self.checkpoint.load()
+        pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
+                                    self.checkpoint, self.result, self.stats))
+        if self.checkpoint is None:
+            keys = [p.key for p in pending]
+            if not keys:
+                return pending
+            path = self._default_checkpoint(keys)
+            self.checkpoint = Checkpoint(path)
+            self.checkpoint.load()
+            plan.checkpoint = path
+            # rows an earlier run of this same call already answered
+            still = []
+            for row in pending:
+                answer = self.checkpoint.answer(row.key)
+                if answer is None:
+                    still.append(row)
+                    continue
+                response, usage, latency = answer
+                self.result._set(row.position, response, usage=usage, latency=latency,
+                                 attempts=0, origin=RowOrigin.CHECKPOINT)
+                self.stats.resumed += 1
+                self.stats.ok += 1
+            pending = still
+        return pending
+
+    async def start(self) -> None:
+        """Read the rows, then collect the rows recorded jobs hold and submit the others
+        (nothing is sent for a provider without a batch API, or when every row is answered)."""
+        adapter, api = self._open_adapter()
+        self.adapter, self.api = adapter, api
+        self.job = BatchJob(adapter.provider_name)
+        self.result.job = self.job
+        pending = self._read_rows(adapter)
+        assert self.job is not None
+        self.job.checkpoint = self.plan.checkpoint
+        for item in pending:
+            request, wire = request_for(adapter, item.messages, self.plan.call.options,
+                                        self.plan.call.system, self.plan.call.tools)
+            self.rows[item.key] = _Row(item.position, item.key, request, wire)
+            self.by_id[custom_id(item.key)] = item.key
+        if not self.rows:
+            return
+        assert self.checkpoint is not None
+        claimed: set[str] = set()
+        for entry in self.checkpoint.jobs():
+            keys = [k for k in entry.get("keys") or [] if isinstance(k, str)]
+            mine = [k for k in keys if k in self.rows]
+            if not mine:
+                continue
+            part = JobPart.from_json(entry["part"])
+            self.parts[part.id] = (part, keys)
+            claimed.update(mine)
+            log.info("batch %s: collecting %d row(s) from %s job %s, submitted earlier",
+                     self.plan.model_key, len(mine), part.provider, part.id)
+        fresh = [key for key in self.rows if key not in claimed]
+        for row in self.rows.values():
+            self._pending(row, "submitting")
+        if fresh:
+            async with api.client() as client:
+                for chunk in self._chunks(api, fresh):
+                    if self.cancel.cancelled:
+                        break
+                    lines = [api.line(custom_id(k), self.rows[k].wire.json) for k in chunk]
+                    part = await api.submit(client, lines)
+                    self.checkpoint.record_job(part.to_json(), chunk)
+                    self.parts[part.id] = (part, chunk)
+                    log.info("batch %s: submitted %d row(s) as %s job %s", self.plan.model_key,
+                             len(chunk), part.provider, part.id)
+        self._show()
+
+    def _chunks(self, api: BatchAPI, keys: list[str]) -> Iterator[list[str]]:
+        """``keys`` in jobs within the provider's limits (requests per job, bytes per job)."""
+        chunk: list[str] = []
+        size = 0
+        for key in keys:
+            row = self.rows[key]
+            length = len(api.line(custom_id(key), row.wire.json)) + 1
+            if chunk and (len(chunk) >= api.max_requests or size + length > api.max_bytes):
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(key)
+            size += length
+        if chunk:
+            yield chunk
+
+    # -- the rows ------------------------------------------------------------------------------
+    def _pending(self, row: _Row, state: str) -> None:
+        where = (f"; its checkpoint {self.plan.checkpoint} knows the job"
+                 if self.plan.checkpoint else "")
+        self.result._set(row.position, BatchPendingError(
+            f"not answered yet: the batch job is {state}. result.wait() or result.refresh() "
+            f"collect it, and so does running the batch again{where}",
+            provider=self.adapter.provider_name if self.adapter else None,
+        ), usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
+
+    def _show(self) -> None:
+        """Refresh ``result.job`` and the progress counters from the jobs."""
+        assert self.job is not None
+        self.job.parts = [part for part, _keys in self.parts.values()]
+        for part, keys in self.parts.values():
+            if not part.done:
+                for key in keys:
+                    row = self.rows.get(key)
+                    if row is not None:
+                        self._pending(row, part.state)
+        live = [part for part, _keys in self.parts.values() if part.refs.get("_collected") is None]
+        self.stats.ok = self.stats.resumed + self._collected_ok + sum(p.completed for p in live)
+        self.stats.failed = self._collected_failed + sum(p.failed for p in live)
+        self.stats.in_flight = sum(max(0, p.total - p.completed - p.failed) for p in live)
+        if self.job.parts:
+            self.stats.job = self.job.summary()
+
+    def _answer(self, row: _Row, body: Any) -> Response | DispatchError:
+        """A job's answer as the Response a live call gives (``parsed`` for ``output=``)."""
+        adapter = self.adapter
+        assert adapter is not None
+        acc = Accumulator(adapter.model_name)
+        try:
+            wire = row.wire.wire
+            if wire is not None:
+                wire.parse_body(body, acc)
+            else:
+                from ..http_adapter import HTTPAdapter
+
+                assert isinstance(adapter, HTTPAdapter)
+                adapter.parse_body(row.request, body, acc)
+            response = acc.finish()
+            if row.request.output is not None:
+                from ..structured import settle_answer
+
+                response = settle_answer(response, row.request.output)
+        except DispatchError as exc:
+            exc.provider = exc.provider or adapter.provider_name
+            return exc
+        return response
+
+    def _missing(self, part: JobPart) -> DispatchError:
+        provider = part.provider
+        if part.state == "expired":
+            return DispatchError("not run: the batch job expired (24 hours) before this request "
+                                 "ran", provider=provider, code="batch_expired")
+        if part.state == "cancelled":
+            return RequestCancelled("not run: the batch job was cancelled first",
+                                    provider=provider)
+        if part.state == "failed":
+            return RequestError(f"the batch job {part.id} failed validation: "
+                                f"{part.message or 'no reason given'}", provider=provider,
+                                code="batch_failed")
+        return DispatchError(f"the batch job {part.id} ({part.state}) has no result for this "
+                             "request", provider=provider)
+
+    def _finish_row(self, row: _Row, item: Response | DispatchError, part: JobPart) -> None:
+        usage = item.usage if isinstance(item, Response) else (
+            item.partial.usage if item.partial is not None else Usage())
+        latency = (part.ended_at - part.created_at
+                   if part.ended_at is not None and part.created_at is not None else 0.0)
+        self.result._set(row.position, item, usage=usage, latency=max(0.0, latency), attempts=1,
+                         origin=RowOrigin.SENT)
+        if isinstance(item, Response):
+            self._collected_ok += 1
+            self.result._totals.model_calls += 1
+        else:
+            self._collected_failed += 1
+        self.stats.input_tokens += usage.input_tokens
+        self.stats.output_tokens += usage.output_tokens
+        self.stats.sent_done += 1
+        if self.checkpoint is not None and not isinstance(item, RequestCancelled):
+            self.checkpoint.record(row.key, row.position, item, usage=usage,
+                                   latency=max(0.0, latency), attempts=1)
+
+    async def _collect(self, client: Any, part: JobPart, keys: list[str]) -> None:
+        assert self.api is not None and self.checkpoint is not None
+        outcomes: list[RowOutcome] = []
+        if part.state != "failed":
+            outcomes = await self.api.results(client, part)
+        seen: set[str] = set()
+        for outcome in outcomes:
+            key = self.by_id.get(outcome.custom_id)
+            row = self.rows.get(key) if key is not None else None
+            if row is None or key in seen or key not in keys:
+                continue  # not a row of this call (or a duplicate line)
+            seen.add(key)
+            item = outcome.error if outcome.error is not None else self._answer(row, outcome.body)
+            self._finish_row(row, item, part)
+        for key in keys:
+            row = self.rows.get(key)
+            if row is not None and key not in seen:
+                self._finish_row(row, self._missing(part), part)
+        part.refs["_collected"] = True
+        # a job that also holds rows of another call stays open for that call to collect
+        self.checkpoint.record_job(part.to_json(), keys,
+                                   collected=all(key in self.rows for key in keys))
+
+    # -- polling -------------------------------------------------------------------------------
+    async def refresh(self) -> bool:
+        """Poll every unfinished job once and collect the finished ones; True when every job
+        is collected."""
+        api = self.api
+        if api is None:
+            return True
+        async with api.client() as client:
+            for job_id, (part, keys) in list(self.parts.items()):
+                if part.refs.get("_collected"):
+                    continue
+                if not part.done:
+                    part = await api.poll(client, part)
+                    self.parts[job_id] = (part, keys)
+                if part.done:
+                    await self._collect(client, part, keys)
+        self._show()
+        return all(p.refs.get("_collected") for p, _k in self.parts.values())
+
+    async def wait(self) -> None:
+        """Poll until every job is collected, or until cancelled (then cancel the jobs)."""
+        wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_cancel() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
+
+        remove = self.cancel.add_callback(on_cancel)
+        try:
+            while not await self.refresh():
+                if self.cancel.cancelled:
+                    await self.cancel_jobs()
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self.poll_interval)
+            log.info("batch %s: %s", self.plan.model_key, self.job.summary() if self.job else "")
+        except asyncio.CancelledError:
+            await asyncio.shield(self.cancel_jobs())
+            raise
+        finally:
+            remove()
+
+    async def cancel_jobs(self) -> None:
+        """Ask the provider to cancel every running job; collect what it hands over within
+        :data:`CANCEL_GRACE` seconds (a rerun collects the rest)."""
+        api = self.api
+        if api is None:
+            return
+        async with api.client() as client:
+            for job_id, (part, keys) in list(self.parts.items()):
+                if part.done:
+                    continue
+                try:
+                    part = await api.cancel(client, part)
+                except DispatchError as exc:
+                    log.warning("could not cancel batch job %s: %s", part.id, exc)
+                    continue
+                self.parts[job_id] = (part, keys)
+                assert self.checkpoint is not None
+                self.checkpoint.record_job(part.to_json(), keys)
+        end = time.monotonic() + CANCEL_GRACE
+        while time.monotonic() < end:
+            if await self.refresh():
+                break
+            await asyncio.sleep(min(0.5, max(self.poll_interval, 0.05)))
+        self._show()
+
+    def close(self) -> None:
+        """Close the checkpoint file (:meth:`refresh` reopens it to record more rows)."""
+        if self.checkpoint is not None:
+            self.checkpoint.close()

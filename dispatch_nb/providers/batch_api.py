@@ -1,0 +1,368 @@
+"""Provider batch APIs: OpenAI's Batch API (Files + Batches) and Anthropic's Message Batches.
+
+Both take many requests as one job, answer within 24 hours at half the live price, outside the
+live rate limits (PROTOCOLS.md §9). This module speaks them; :mod:`dispatch_nb.batching.deferred`
+decides which rows go in which job, keeps the job ids in the batch's checkpoint and turns the
+answers into rows. An adapter whose provider has such an API returns one from
+:meth:`~dispatch_nb.adapter.Adapter.batch_api`; the request bodies are the adapter's own
+(:meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), so a deferred answer parses like a
+live one.
+
+A job's state uses OpenAI's names for both providers: ``validating``, ``in_progress``,
+``finalizing``, ``completed``, ``expired``, ``cancelling``, ``cancelled``, ``failed``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from ..errors import APITimeoutError, DispatchError, RequestCancelled
+
+if TYPE_CHECKING:
+    from ..http_adapter import HTTPAdapter
+
+__all__ = [
+    "DONE_STATES",
+    "JOB_STATES",
+    "AnthropicBatchAPI",
+    "BatchAPI",
+    "JobPart",
+    "OpenAIBatchAPI",
+    "RowOutcome",
+]
+
+JOB_STATES = ("validating", "in_progress", "finalizing", "cancelling", "completed", "expired",
+              "cancelled", "failed")
+DONE_STATES = frozenset({"completed", "expired", "cancelled", "failed"})
+
+#: seconds one job-control request (upload, create, poll, download) may take
+REQUEST_TIMEOUT = 120.0
+
+
+def _unix(value: Any) -> float | None:
+    """A timestamp as Unix seconds: OpenAI sends integers, Anthropic RFC 3339 strings."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass
+class JobPart:
+    """One provider job (a batch splits into several when it is over a provider's limits)."""
+
+    id: str
+    provider: str
+    state: str
+    total: int
+    #: requests that got an answer / that ended with an error, as the provider counts them
+    completed: int = 0
+    failed: int = 0
+    created_at: float | None = None
+    ended_at: float | None = None
+    #: why the whole job failed (a validation error), when it did
+    message: str | None = None
+    #: the provider's references to the results (output / error file ids, results URL)
+    refs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.state in DONE_STATES
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "provider": self.provider, "state": self.state,
+                "total": self.total, "completed": self.completed, "failed": self.failed,
+                "created_at": self.created_at, "ended_at": self.ended_at,
+                "message": self.message, "refs": self.refs}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobPart:
+        return cls(id=str(data["id"]), provider=str(data["provider"]),
+                   state=str(data.get("state") or "validating"), total=int(data.get("total") or 0),
+                   completed=int(data.get("completed") or 0), failed=int(data.get("failed") or 0),
+                   created_at=data.get("created_at"), ended_at=data.get("ended_at"),
+                   message=data.get("message"), refs=dict(data.get("refs") or {}))
+
+
+@dataclass
+class RowOutcome:
+    """One request's result: the endpoint's JSON answer, or the error it ended with."""
+
+    custom_id: str
+    body: Any = None
+    error: DispatchError | None = None
+
+
+class BatchAPI:
+    """What :mod:`dispatch_nb.batching.deferred` needs of a provider's batch API. One object per
+    batch run; every method takes the :class:`httpx.AsyncClient` of the run (:meth:`client`)."""
+
+    #: the most requests one job may hold
+    max_requests: int = 50_000
+    #: the most bytes of requests one job may hold
+    max_bytes: int = 200 * 1024 * 1024
+    #: what a request's ``custom_id`` may look like (checked by the caller's id scheme)
+    provider: str = ""
+
+    def __init__(self, adapter: HTTPAdapter) -> None:
+        self.adapter = adapter
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    def client(self) -> httpx.AsyncClient:
+        """A client for one run of job requests (few, large: no pool of the adapter's)."""
+        return httpx.AsyncClient(timeout=REQUEST_TIMEOUT, follow_redirects=True)
+
+    def url(self, path: str) -> str:
+        if path.startswith(("http://", "https://")):
+            return path
+        return f"{self.adapter.base_url}/{path.lstrip('/')}"
+
+    async def send(self, client: httpx.AsyncClient, method: str, path: str,
+                   **kwargs: Any) -> httpx.Response:
+        """One job request with the adapter's headers and credentials; an HTTP error becomes the
+        matching :class:`DispatchError`, a transport failure an ``APIConnectionError``."""
+        from ..adapter import wrap_transport_error
+        from ..http_adapter import USER_AGENT
+
+        headers = {"user-agent": USER_AGENT, **self.adapter.fixed_headers,
+                   **await self.adapter.aauth_headers(), **kwargs.pop("headers", {})}
+        auth = self.adapter.http_auth()
+        try:
+            response = await client.request(
+                method, self.url(path), headers=headers,
+                auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT, **kwargs,
+            )
+        except httpx.HTTPError as exc:
+            raise wrap_transport_error(exc, self.adapter.provider_name) from None
+        if response.status_code >= 400:
+            raise self.adapter.parse_error(response.status_code, response.content,
+                                           response.headers)
+        return response
+
+    async def send_json(self, client: httpx.AsyncClient, method: str, path: str,
+                        **kwargs: Any) -> Any:
+        response = await self.send(client, method, path, **kwargs)
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            from ..http_adapter import not_an_answer
+
+            raise not_an_answer(response.content, self.adapter.provider_name) from None
+
+    # -- what a provider supplies --------------------------------------------------------------
+    def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
+        """One request as the job's input holds it (its size counts against :attr:`max_bytes`)."""
+        raise NotImplementedError
+
+    async def submit(self, client: httpx.AsyncClient, lines: list[bytes]) -> JobPart:
+        raise NotImplementedError
+
+    async def poll(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
+        raise NotImplementedError
+
+    async def cancel(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
+        raise NotImplementedError
+
+    async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
+        """The results of a finished job (any order; requests that never ran may be missing)."""
+        raise NotImplementedError
+
+
+def _jsonl(data: bytes) -> list[dict[str, Any]]:
+    rows = []
+    for raw in data.splitlines():
+        if raw.strip():
+            value = orjson.loads(raw)
+            if isinstance(value, dict):
+                rows.append(value)
+    return rows
+
+
+class OpenAIBatchAPI(BatchAPI):
+    """OpenAI: upload the JSONL (``POST /files``, purpose ``batch``), create the batch
+    (``POST /batches``), poll ``GET /batches/{id}``, download the output and error files."""
+
+    provider = "openai"
+    max_requests = 50_000
+    max_bytes = 200 * 1024 * 1024
+
+    @property
+    def endpoint(self) -> str:
+        """The batch's ``endpoint``: the wire format's path under the base URL's (``/v1/responses``
+        or ``/v1/chat/completions``)."""
+        wire = self.adapter.wire
+        assert wire is not None
+        prefix = httpx.URL(self.adapter.base_url).path.rstrip("/")
+        return f"{prefix}/{wire.path.lstrip('/')}"
+
+    def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
+        return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": self.endpoint,
+                             "body": body})
+
+    def _part(self, batch: Mapping[str, Any]) -> JobPart:
+        counts = batch.get("request_counts") or {}
+        errors = (batch.get("errors") or {}).get("data") or []
+        message = "; ".join(
+            f"line {e.get('line')}: {e.get('message')}" if e.get("line") is not None
+            else str(e.get("message")) for e in errors
+        ) or None
+        ended = next((batch.get(k) for k in ("completed_at", "failed_at", "expired_at",
+                                              "cancelled_at") if batch.get(k)), None)
+        return JobPart(
+            id=str(batch["id"]), provider=self.provider, state=str(batch.get("status")),
+            total=int(counts.get("total") or 0), completed=int(counts.get("completed") or 0),
+            failed=int(counts.get("failed") or 0), created_at=_unix(batch.get("created_at")),
+            ended_at=_unix(ended), message=message,
+            refs={"input_file_id": batch.get("input_file_id"),
+                  "output_file_id": batch.get("output_file_id"),
+                  "error_file_id": batch.get("error_file_id")},
+        )
+
+    async def submit(self, client: httpx.AsyncClient, lines: list[bytes]) -> JobPart:
+        data = b"\n".join(lines) + b"\n"
+        uploaded = await self.send_json(
+            client, "POST", "files", data={"purpose": "batch"},
+            files={"file": ("dispatch_nb-batch.jsonl", data, "application/jsonl")},
+        )
+        batch = await self.send_json(
+            client, "POST", "batches",
+            json={"input_file_id": uploaded["id"], "endpoint": self.endpoint,
+                  "completion_window": "24h", "metadata": {"created_by": "dispatch_nb"}},
+        )
+        part = self._part(batch)
+        part.total = part.total or len(lines)
+        return part
+
+    async def poll(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
+        polled = self._part(await self.send_json(client, "GET", f"batches/{part.id}"))
+        polled.total = polled.total or part.total
+        return polled
+
+    async def cancel(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
+        polled = self._part(await self.send_json(client, "POST", f"batches/{part.id}/cancel"))
+        polled.total = polled.total or part.total
+        return polled
+
+    async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
+        outcomes: list[RowOutcome] = []
+        for ref in ("output_file_id", "error_file_id"):
+            file_id = part.refs.get(ref)
+            if not file_id:
+                continue
+            content = (await self.send(client, "GET", f"files/{file_id}/content")).content
+            outcomes.extend(self._outcome(line) for line in _jsonl(content))
+        return outcomes
+
+    def _outcome(self, line: Mapping[str, Any]) -> RowOutcome:
+        custom_id = str(line.get("custom_id"))
+        response = line.get("response")
+        provider = self.adapter.provider_name
+        if isinstance(response, Mapping):
+            status = int(response.get("status_code") or 0)
+            body = response.get("body")
+            if 200 <= status < 300:
+                return RowOutcome(custom_id, body=body)
+            raw = orjson.dumps(body) if body is not None else b""
+            return RowOutcome(custom_id, error=self.adapter.parse_error(status, raw,
+                                                                        httpx.Headers()))
+        error = line.get("error") or {}
+        code = str(error.get("code") or "unknown")
+        message = str(error.get("message") or code)
+        if code == "batch_cancelled":
+            return RowOutcome(custom_id, error=RequestCancelled(
+                f"not run: the batch job was cancelled first ({message})", provider=provider))
+        if code == "request_timeout":
+            return RowOutcome(custom_id, error=APITimeoutError(message, provider=provider))
+        return RowOutcome(custom_id, error=DispatchError(message, provider=provider, code=code))
+
+
+_ANTHROPIC_STATES = {"in_progress": "in_progress", "canceling": "cancelling"}
+
+
+class AnthropicBatchAPI(BatchAPI):
+    """Anthropic: ``POST /v1/messages/batches`` with the requests inline, poll
+    ``GET /v1/messages/batches/{id}`` until ``processing_status`` is ``ended``, read the results
+    JSONL at ``results_url``."""
+
+    provider = "anthropic"
+    max_requests = 100_000
+    max_bytes = 256 * 1024 * 1024
+
+    def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
+        return orjson.dumps({"custom_id": custom_id, "params": body})
+
+    def _part(self, batch: Mapping[str, Any]) -> JobPart:
+        counts = batch.get("request_counts") or {}
+        total = sum(int(counts.get(k) or 0) for k in ("processing", "succeeded", "errored",
+                                                       "canceled", "expired"))
+        status = str(batch.get("processing_status"))
+        state = _ANTHROPIC_STATES.get(status)
+        if state is None:  # ended: say how, in the shared vocabulary
+            if batch.get("cancel_initiated_at"):
+                state = "cancelled"
+            elif int(counts.get("expired") or 0) and not int(counts.get("succeeded") or 0):
+                state = "expired"
+            else:
+                state = "completed"
+        return JobPart(
+            id=str(batch["id"]), provider=self.provider, state=state, total=total,
+            completed=int(counts.get("succeeded") or 0),
+            failed=sum(int(counts.get(k) or 0) for k in ("errored", "canceled", "expired")),
+            created_at=_unix(batch.get("created_at")), ended_at=_unix(batch.get("ended_at")),
+            refs={"results_url": batch.get("results_url")},
+        )
+
+    async def submit(self, client: httpx.AsyncClient, lines: list[bytes]) -> JobPart:
+        body = b'{"requests":[' + b",".join(lines) + b"]}"
+        batch = await self.send_json(client, "POST", "v1/messages/batches", content=body,
+                                     headers={"content-type": "application/json"})
+        part = self._part(batch)
+        part.total = part.total or len(lines)
+        return part
+
+    async def poll(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
+        return self._part(await self.send_json(client, "GET", f"v1/messages/batches/{part.id}"))
+
+    async def cancel(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
+        return self._part(await self.send_json(client, "POST",
+                                               f"v1/messages/batches/{part.id}/cancel"))
+
+    async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
+        url = part.refs.get("results_url") or f"v1/messages/batches/{part.id}/results"
+        content = (await self.send(client, "GET", url,
+                                   headers={"accept": "application/binary"})).content
+        return [self._outcome(line) for line in _jsonl(content)]
+
+    def _outcome(self, line: Mapping[str, Any]) -> RowOutcome:
+        custom_id = str(line.get("custom_id"))
+        result = line.get("result") or {}
+        kind = result.get("type")
+        provider = self.adapter.provider_name
+        if kind == "succeeded":
+            return RowOutcome(custom_id, body=result.get("message"))
+        if kind == "errored":
+            from ..wire.anthropic import error_status
+
+            error = result.get("error") or {}
+            status = error_status((error.get("error") or {}).get("type"))
+            return RowOutcome(custom_id, error=self.adapter.parse_error(
+                status, orjson.dumps(error), httpx.Headers()))
+        if kind == "canceled":
+            return RowOutcome(custom_id, error=RequestCancelled(
+                "not run: the batch job was cancelled first", provider=provider))
+        if kind == "expired":
+            return RowOutcome(custom_id, error=DispatchError(
+                "not run: the batch job expired (24 hours) before this request ran",
+                provider=provider, code="batch_expired"))
+        return RowOutcome(custom_id, error=DispatchError(
+            f"unknown batch result type {kind!r}", provider=provider))

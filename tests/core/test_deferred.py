@@ -1,0 +1,341 @@
+"""``batch(..., deferred=True)`` against loopback fakes of OpenAI's Batch API and Anthropic's
+Message Batches (``tests/fakes/batch_api.py``): the same answers as live calls, jobs recorded in
+the checkpoint before polling, resume without re-sending, cancel, expiry, row errors, splitting."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from dispatch_nb import (
+    AnthropicAdapter,
+    BatchPendingError,
+    CancelToken,
+    DispatchError,
+    OpenAIAdapter,
+    RequestCancelled,
+    RequestError,
+    Response,
+    abatch,
+    batch,
+)
+from dispatch_nb.providers.batch_api import OpenAIBatchAPI
+from dispatch_nb.testing import FakeAdapter
+
+from ..contract.test_openai_schema import problems
+from ..fakes.anthropic import AnthropicFake
+from ..fakes.batch_api import AnthropicBatches, OpenAIBatches
+from ..fakes.openai_chat import OpenAIChatFake
+from ..fakes.openai_responses import OpenAIResponsesFake
+from ..fakes.provider import Fail, Turn
+from ..fakes.server import wait_for
+
+KEY = "sk-test-deferred"
+
+
+@pytest.fixture
+def openai() -> Iterator[tuple[OpenAIResponsesFake, OpenAIBatches]]:
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        yield fake, OpenAIBatches(fake)
+
+
+@pytest.fixture
+def anthropic() -> Iterator[tuple[AnthropicFake, AnthropicBatches]]:
+    with AnthropicFake(api_key=KEY) as fake:
+        yield fake, AnthropicBatches(fake)
+
+
+def openai_adapter(fake: OpenAIResponsesFake) -> OpenAIAdapter:
+    return OpenAIAdapter("gpt-4.1-mini", api_key=KEY, base_url=fake.base_url)
+
+
+def anthropic_adapter(fake: AnthropicFake) -> AnthropicAdapter:
+    return AnthropicAdapter("claude-sonnet-4-5", api_key=KEY, base_url=fake.url)
+
+
+def prompts(n: int) -> list[str]:
+    return [f"question {i}" for i in range(n)]
+
+
+def job_lines(batches: OpenAIBatches, index: int = -1) -> list[dict[str, Any]]:
+    return batches.created[index].lines
+
+
+# -- a thousand rows through each provider ----------------------------------------------------
+def test_a_thousand_rows_through_openai(openai: Any, tmp_path: Path) -> None:
+    fake, batches = openai
+    result = batch("{row}", prompts(1000), model=openai_adapter(fake), deferred=True,
+                   poll_interval=0, checkpoint=tmp_path / "run.jsonl", progress=False)
+    assert [r.text for r in result] == [f"echo: question {i}" for i in range(1000)]
+    assert all(r.usage.input_tokens > 0 for r in result)
+    assert len(batches.created) == 1 and len(fake.chat_requests) == 1000
+    assert result.job.state == "completed" and result.job.completed == 1000
+    assert result.job.ids == [batches.created[0].id]
+    assert result.sent == 1000 and result.failed == 0
+    # every line is what the Responses endpoint takes, and validates against OpenAI's spec
+    lines = job_lines(batches)
+    assert {line["url"] for line in lines} == {"/v1/responses"}
+    assert len({line["custom_id"] for line in lines}) == 1000
+    assert all(problems("/responses", line["body"]) is None for line in lines[:50])
+    assert "stream" not in lines[0]["body"] or lines[0]["body"]["stream"] is False
+
+
+def test_a_thousand_rows_through_anthropic(anthropic: Any, tmp_path: Path) -> None:
+    fake, batches = anthropic
+    result = batch("{row}", prompts(1000), model=anthropic_adapter(fake), deferred=True,
+                   poll_interval=0, checkpoint=tmp_path / "run.jsonl", progress=False)
+    assert [r.text for r in result] == [f"echo: question {i}" for i in range(1000)]
+    assert len(batches.created) == 1 and len(fake.chat_requests) == 1000
+    assert result.job.state == "completed" and result.job.provider == "anthropic"
+    assert result.job.ended_at is not None and result.job.created_at is not None
+
+
+def test_a_compatible_server_has_no_batch_api(tmp_path: Path) -> None:
+    with OpenAIChatFake(api_key=KEY) as fake:
+        OpenAIBatches(fake)
+        adapter = OpenAIAdapter("gpt-4.1-mini", api_key=KEY, base_url=fake.base_url,
+                                backend="compatible")
+        with pytest.raises(RequestError) as info:
+            batch("{row}", prompts(3), model=adapter, deferred=True, progress=False)
+        assert info.value.code == "batch_unsupported" and not fake.requests
+        assert "deferred=False" in info.value.message and "gpt-4.1-mini" in info.value.message
+
+
+def test_a_deferred_answer_is_the_live_answer(openai: Any, tmp_path: Path) -> None:
+    fake, batches = openai
+    adapter = openai_adapter(fake)
+    turn = Turn(text="Paris is the capital.", thinking="The user asks about France.")
+    fake.push(turn)
+    live = adapter.chat("capital of France?", max_tokens=50)
+    live_body = fake.last_request.json
+    fake.restart_ids()
+    fake.push(turn)
+    result = batch("{row}", ["capital of France?"], model=adapter, deferred=True,
+                   poll_interval=0, max_tokens=50, checkpoint=tmp_path / "c.jsonl",
+                   progress=False)
+    assert job_lines(batches)[0]["body"] == live_body  # the very body a live call sends
+    assert result[0].model_dump() == live.model_dump()
+
+
+def test_output_rows_are_parsed(anthropic: Any, tmp_path: Path) -> None:
+    class City(BaseModel):
+        name: str
+        population: int
+
+    fake, _batches = anthropic
+    for i in range(3):
+        fake.push(Turn(text=json.dumps({"name": f"city {i}", "population": i * 1000})))
+    result = batch("Describe {row}", ["a", "b", "c"], model=anthropic_adapter(fake),
+                   output=City, deferred=True, poll_interval=0, checkpoint=tmp_path / "o.jsonl",
+                   progress=False)
+    assert [r.parsed for r in result] == [City(name=f"city {i}", population=i * 1000)
+                                          for i in range(3)]
+    assert result.to_pandas()["parsed"].tolist()[0] == City(name="city 0", population=0)
+
+
+def test_an_invalid_structured_answer_is_that_row_s_error(openai: Any, tmp_path: Path) -> None:
+    class Point(BaseModel):
+        x: int
+
+    fake, _batches = openai
+    fake.push(Turn(text='{"x": 1}'), Turn(text='{"x": "not a number"}'))
+    result = batch("{row}", ["p", "q"], model=openai_adapter(fake), output=Point, deferred=True,
+                   poll_interval=0, checkpoint=tmp_path / "p.jsonl", progress=False)
+    assert result[0].parsed == Point(x=1)
+    assert isinstance(result[1], DispatchError) and result[1].code == "output_invalid"
+    assert result[1].partial is not None and "not a number" in result[1].partial.text
+
+
+# -- jobs outlive the kernel ----------------------------------------------------------------------
+def test_submit_returns_at_once_and_a_rerun_collects_without_resending(
+    openai: Any, tmp_path: Path
+) -> None:
+    fake, batches = openai
+    checkpoint = tmp_path / "later.jsonl"
+    adapter = openai_adapter(fake)
+    first = batch("{row}", prompts(20), model=adapter, deferred=True, wait=False,
+                  checkpoint=checkpoint, progress=False)
+    assert all(isinstance(r, BatchPendingError) for r in first)
+    assert first.job.state == "validating" and len(batches.created) == 1
+    assert "result.wait()" in first[0].message
+    # the job is in the checkpoint before anything was polled
+    recorded = [json.loads(line) for line in checkpoint.read_text().splitlines()]
+    assert recorded[0]["job"] == batches.created[0].id and len(recorded[0]["keys"]) == 20
+    assert batches.polls == 0
+    # the same call again — another kernel, the next morning — collects that job
+    again = batch("{row}", prompts(20), model=openai_adapter(fake), deferred=True,
+                  poll_interval=0, checkpoint=checkpoint, progress=False)
+    assert [r.text for r in again] == [f"echo: question {i}" for i in range(20)]
+    assert len(batches.created) == 1 and len(fake.chat_requests) == 20
+    # and once more: every row from the checkpoint, nothing sent, no job
+    third = batch("{row}", prompts(20), model=openai_adapter(fake), deferred=True,
+                  poll_interval=0, checkpoint=checkpoint, progress=False)
+    assert third.resumed == 20 and third.sent == 0 and len(batches.created) == 1
+    # more rows: only the new ones go in a new job
+    more = batch("{row}", prompts(25), model=openai_adapter(fake), deferred=True,
+                 poll_interval=0, checkpoint=checkpoint, progress=False)
+    assert more.resumed == 20 and len(batches.created) == 2
+    assert len(job_lines(batches)) == 5 and more[24].text == "echo: question 24"
+
+
+def test_wait_and_refresh_collect_later(anthropic: Any, tmp_path: Path) -> None:
+    fake, batches = anthropic
+    result = batch("{row}", prompts(4), model=anthropic_adapter(fake), deferred=True,
+                   wait=False, poll_interval=0, checkpoint=tmp_path / "w.jsonl", progress=False)
+    assert result.job.state == "in_progress"
+    batches.stall = True
+    result.refresh()
+    assert result.job.state == "in_progress" and isinstance(result[0], BatchPendingError)
+    batches.stall = False
+    assert result.wait() is result
+    assert result.job.state == "completed" and [r.text for r in result] == [
+        f"echo: question {i}" for i in range(4)]
+
+
+def test_without_a_checkpoint_the_same_call_finds_its_job(
+    openai: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "home"))
+    fake, batches = openai
+    first = batch("{row}", prompts(5), model=openai_adapter(fake), deferred=True, wait=False,
+                  progress=False)
+    path = Path(first.job.checkpoint)
+    assert path.parent == tmp_path / "home" / "batches" and path.exists()
+    again = batch("{row}", prompts(5), model=openai_adapter(fake), deferred=True,
+                  poll_interval=0, progress=False)
+    assert again.job.checkpoint == str(path) and len(batches.created) == 1
+    assert again.ok == 5
+
+
+# -- the rude world ----------------------------------------------------------------------------------
+def test_a_job_in_progress_across_polls_with_results_out_of_order(tmp_path: Path) -> None:
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake, in_progress_polls=4, shuffle=True)
+        result = batch("{row}", prompts(40), model=openai_adapter(fake), deferred=True,
+                       poll_interval=0, checkpoint=tmp_path / "s.jsonl", progress=False)
+    assert [r.text for r in result] == [f"echo: question {i}" for i in range(40)]
+    assert batches.polls >= 6  # validating, 4 × in_progress, finalizing, completed
+
+
+def test_an_expired_job_keeps_what_finished_and_retry_failed_sends_only_the_rest(
+    tmp_path: Path,
+) -> None:
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake, expire_after=6)
+        result = batch("{row}", prompts(10), model=openai_adapter(fake), deferred=True,
+                       poll_interval=0, checkpoint=tmp_path / "e.jsonl", progress=False)
+        assert result.job.state == "expired"
+        assert [r.text for r in result[:6]] == [f"echo: question {i}" for i in range(6)]
+        assert all(isinstance(r, DispatchError) and r.code == "batch_expired"
+                   for r in result[6:])
+        assert "expired" in result[6].message
+        batches.expire_after = None
+        assert result.retry_failed() is result
+        assert len(batches.created) == 2 and len(job_lines(batches)) == 4
+        assert [r.text for r in result] == [f"echo: question {i}" for i in range(10)]
+        assert result.failed == 0
+
+
+def test_row_errors_carry_the_provider_message_and_code(anthropic: Any, tmp_path: Path) -> None:
+    fake, _batches = anthropic
+    fake.push(Turn(text="fine"), Fail(400, "prompt is too long: 250000 tokens > 200000 maximum",
+                                      "invalid_request_error"), Turn(text="also fine"))
+    result = batch("{row}", prompts(3), model=anthropic_adapter(fake), deferred=True,
+                   poll_interval=0, checkpoint=tmp_path / "r.jsonl", progress=False)
+    assert result[0].text == "fine" and result[2].text == "also fine"
+    error = result[1]
+    assert isinstance(error, DispatchError) and error.code == "context_length_exceeded"
+    assert "prompt is too long" in error.message and error.provider == "anthropic"
+    # retry_failed, live this time: only that row is sent
+    sent = len(fake.chat_requests)
+    result.retry_failed(deferred=False)
+    assert len(fake.chat_requests) == sent + 1 and result[1].text == "echo: question 1"
+
+
+def test_a_job_that_fails_validation_fails_its_rows_with_the_reason(
+    openai: Any, tmp_path: Path
+) -> None:
+    fake, batches = openai
+    batches.reject_lines = {2}
+    result = batch("{row}", prompts(3), model=openai_adapter(fake), deferred=True,
+                   poll_interval=0, checkpoint=tmp_path / "v.jsonl", progress=False)
+    assert result.job.state == "failed"
+    assert all(isinstance(r, RequestError) and r.code == "batch_failed" for r in result)
+    assert "line 2: This line is not a valid request." in result[0].message
+    assert not fake.chat_requests
+
+
+def test_cancel_mid_job_cancels_at_the_provider_and_keeps_what_finished(tmp_path: Path) -> None:
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake, per_poll=3, in_progress_polls=100)
+        token = CancelToken()
+        out: list[Any] = []
+
+        def run() -> None:
+            out.append(batch("{row}", prompts(30), model=openai_adapter(fake), deferred=True,
+                             poll_interval=0.01, cancel=token, checkpoint=tmp_path / "x.jsonl",
+                             progress=False))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert wait_for(lambda: len(fake.chat_requests) >= 6, timeout=30)
+        batches.stall = True
+        token.cancel("enough")
+        thread.join(30)
+        assert not thread.is_alive()
+    result = out[0]
+    assert batches.cancels == 1 and result.job.state == "cancelled"
+    answered = [r for r in result if isinstance(r, Response)]
+    assert len(answered) == len(fake.chat_requests) >= 6
+    assert all(isinstance(r, RequestCancelled) for r in result if not isinstance(r, Response))
+    assert result.interrupted
+
+
+def test_large_sets_split_into_jobs_within_the_limits(
+    openai: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake, batches = openai
+    monkeypatch.setattr(OpenAIBatchAPI, "max_requests", 40)
+    result = batch("{row}", prompts(100), model=openai_adapter(fake), deferred=True,
+                   poll_interval=0, checkpoint=tmp_path / "l.jsonl", progress=False)
+    assert [len(job.lines) for job in batches.created] == [40, 40, 20]
+    assert len(result.job.ids) == 3 and result.ok == 100
+    monkeypatch.setattr(OpenAIBatchAPI, "max_requests", 1000)
+    monkeypatch.setattr(OpenAIBatchAPI, "max_bytes", 5000)
+    batch("{row} again", prompts(100), model=openai_adapter(fake), deferred=True,
+          poll_interval=0, checkpoint=tmp_path / "l.jsonl", progress=False)
+    sizes = [sum(len(json.dumps(line, separators=(",", ":"))) + 1 for line in job.lines)
+             for job in batches.created[3:]]
+    assert len(sizes) > 1 and max(sizes) <= 5000
+
+
+def test_providers_without_a_batch_api_refuse_before_sending(tmp_path: Path) -> None:
+    with pytest.raises(RequestError) as info:
+        batch("{row}", prompts(2), model=FakeAdapter("echo"), deferred=True, progress=False)
+    assert info.value.code == "batch_unsupported" and "deferred=False" in info.value.message
+    with pytest.raises(ValueError, match="Python tools"):
+        batch("{row}", prompts(2), model=FakeAdapter("echo"), deferred=True,
+              tools=[lambda city: city], progress=False)
+
+
+def test_a_wrong_key_fails_at_submission(openai: Any, tmp_path: Path) -> None:
+    fake, batches = openai
+    adapter = OpenAIAdapter("gpt-4.1-mini", api_key="sk-wrong", base_url=fake.base_url)
+    with pytest.raises(DispatchError) as info:
+        batch("{row}", prompts(3), model=adapter, deferred=True, progress=False,
+              checkpoint=tmp_path / "k.jsonl")
+    assert info.value.code == "authentication_failed" and not batches.created
+    assert "sk-wrong" not in str(info.value)
+
+
+async def test_abatch_deferred(anthropic: Any, tmp_path: Path) -> None:
+    fake, _batches = anthropic
+    result = await abatch("{row}", prompts(5), model=anthropic_adapter(fake), deferred=True,
+                          poll_interval=0, checkpoint=tmp_path / "a.jsonl", progress=False)
+    assert [r.text for r in result] == [f"echo: question {i}" for i in range(5)]

@@ -1,0 +1,86 @@
+"""A deferred batch outlives its kernel: submitted in one real kernel, collected by the same
+``%%chat --each --deferred`` call in a fresh one, without submitting again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from IPython.core.error import UsageError
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
+
+from tests.fakes.batch_api import OpenAIBatches
+from tests.fakes.openai_responses import OpenAIResponsesFake
+from tests.notebook.conftest import chat_env
+
+KEY = "sk-test-kernel-deferred"
+ROWS = "rows = ['Paris', 'Rome', 'Oslo']"
+
+
+def run_notebook(cells: list[str], env: dict[str, str]) -> nbformat.NotebookNode:
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    NotebookClient(nb, timeout=90, kernel_name="python3", allow_errors=False).execute(env=env)
+    return nb
+
+
+def outputs_text(cell: nbformat.NotebookNode) -> str:
+    parts = []
+    for out in cell.outputs:
+        parts.append(out.get("text", ""))
+        parts.extend(str(v) for k, v in out.get("data", {}).items() if k.startswith("text/"))
+    return "\n".join(parts)
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(240)
+def test_a_job_submitted_in_one_kernel_is_collected_in_the_next(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "cities.jsonl"
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake)
+        env = chat_env()
+        env.update({
+            "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": fake.base_url,
+            "DISPATCH_NB_MODEL": "openai:gpt-4.1-mini",
+            "DISPATCH_NB_HOME": str(tmp_path / "dispatch"), "HOME": str(tmp_path),
+            "XDG_CONFIG_HOME": str(tmp_path / ".config"),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        })
+        first = run_notebook([
+            f"from dispatch_nb import batch\n{ROWS}",
+            f"r = batch('About {{row}}', rows, model='openai:gpt-4.1-mini', deferred=True, "
+            f"wait=False, checkpoint={str(checkpoint)!r}, progress=False)\n"
+            "print(r.job.state, r.job.ids, type(r[0]).__name__)",
+        ], env)
+        printed = outputs_text(first.cells[1])
+        job_id = batches.created[0].id
+        assert f"validating ['{job_id}'] BatchPendingError" in printed
+        assert not fake.chat_requests  # nothing answered yet; the kernel is gone
+        # a new kernel (a restart, the next morning): the same rows, the same checkpoint
+        second = run_notebook([
+            f"%load_ext dispatch_nb\n{ROWS}",
+            f"%%chat --each rows --deferred --checkpoint {checkpoint} -o res\nAbout {{row}}",
+            "print(res.ok, res.job.state, res.job.ids, [r.text for r in res])",
+        ], env)
+    assert len(batches.created) == 1 and len(fake.chat_requests) == 3
+    table = outputs_text(second.cells[1])
+    assert "echo: About Paris" in table and "echo: About Oslo" in table
+    printed = outputs_text(second.cells[2])
+    assert (f"3 completed ['{job_id}'] ['echo: About Paris', 'echo: About Rome', "
+            "'echo: About Oslo']") in printed
+    assert KEY not in table + printed
+
+
+def test_deferred_on_a_provider_without_a_batch_api_says_so(shell: Any, fake: Any) -> None:
+    shell.user_ns["words"] = ["a", "b"]
+    with pytest.raises(UsageError, match="--deferred goes with --each"):
+        shell.run_cell_magic("chat", "--deferred", "Say hi")
+    with pytest.raises(UsageError, match="--checkpoint goes with --each"):
+        shell.run_cell_magic("chat", "--checkpoint run.jsonl", "Say hi")
+    with pytest.raises(UsageError, match=r"--deferred: fake:echo has no batch API .*; run the "
+                       "cell without --deferred"):
+        shell.run_cell_magic("chat", "--each words --deferred", "Say {row}")
+    assert fake.chat_requests == []
