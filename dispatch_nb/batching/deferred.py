@@ -42,7 +42,7 @@ from ..wire.base import WireRequest
 from .checkpoint import Checkpoint
 from .engine import Pending, Stats, prepare_rows
 from .plan import BatchPlan, resolve_adapter
-from .result import BatchResult, RowOrigin
+from .result import NOT_SENT, BatchResult, RowOrigin
 
 __all__ = ["BatchJob", "BatchPendingError", "DeferredRun", "custom_id"]
 
@@ -314,7 +314,7 @@ class DeferredRun:
             f"not answered yet: the batch job is {state}. result.wait() or result.refresh() "
             f"collect it, and so does running the batch again{where}",
             provider=self.adapter.provider_name if self.adapter else None,
-        ), usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_RUN)
+        ), usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_SENT)
 
     def _show(self) -> None:
         """Refresh ``result.job`` and the progress counters from the jobs."""
@@ -363,8 +363,8 @@ class DeferredRun:
             return DispatchError("not run: the batch job expired (24 hours) before this request "
                                  "ran", provider=provider, code="batch_expired")
         if part.state == "cancelled":
-            return RequestCancelled("not run: the batch job was cancelled first",
-                                    provider=provider)
+            return RequestCancelled("not sent: the batch job was cancelled before this request "
+                                    "ran", provider=provider, code=NOT_SENT)
         if part.state == "failed":
             return RequestError(f"the batch job {part.id} failed validation: "
                                 f"{part.message or 'no reason given'}", provider=provider,
@@ -377,8 +377,10 @@ class DeferredRun:
             item.partial.usage if item.partial is not None else Usage())
         latency = (part.ended_at - part.created_at
                    if part.ended_at is not None and part.created_at is not None else 0.0)
-        self.result._set(row.position, item, usage=usage, latency=max(0.0, latency), attempts=1,
-                         origin=RowOrigin.SENT)
+        never_ran = isinstance(item, RequestCancelled)
+        self.result._set(row.position, item, usage=usage, latency=max(0.0, latency),
+                         attempts=0 if never_ran else 1,
+                         origin=RowOrigin.NOT_SENT if never_ran else RowOrigin.SENT)
         if isinstance(item, Response):
             self._collected_ok += 1
             self.result._totals.model_calls += 1

@@ -180,7 +180,14 @@ class BatchResult(Sequence[Any]):
     def failed(self) -> int:
         """Rows that ended with an error (rows cancelled in flight included; not rows never
         sent)."""
-        return len(self._items) - self.ok - self.not_sent
+        return len(self._items) - self.ok - self.not_sent - self.pending
+
+    @property
+    def pending(self) -> int:
+        """A deferred batch's rows whose job has not answered yet
+        (:class:`~dispatch_nb.batching.deferred.BatchPendingError`)."""
+        return sum(1 for item in self._items
+                   if isinstance(item, DispatchError) and item.code == "batch_pending")
 
     @property
     def not_sent(self) -> int:
@@ -283,6 +290,8 @@ class BatchResult(Sequence[Any]):
             parts[-1] += f", {self.failed:,} failed"
         if self.not_sent:
             parts[-1] += f", {self.not_sent:,} not sent"
+        if self.pending:
+            parts[-1] += f", {self.pending:,} not answered yet"
         origins = []
         if self.resumed:
             origins.append(f"{self.resumed:,} from the checkpoint")

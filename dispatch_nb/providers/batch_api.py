@@ -280,7 +280,8 @@ class OpenAIBatchAPI(BatchAPI):
         message = str(error.get("message") or code)
         if code == "batch_cancelled":
             return RowOutcome(custom_id, error=RequestCancelled(
-                f"not run: the batch job was cancelled first ({message})", provider=provider))
+                f"not sent: the batch job was cancelled before this request ran ({message})",
+                provider=provider, code="not_sent"))
         if code == "request_timeout":
             return RowOutcome(custom_id, error=APITimeoutError(message, provider=provider))
         return RowOutcome(custom_id, error=DispatchError(message, provider=provider, code=code))
@@ -359,7 +360,8 @@ class AnthropicBatchAPI(BatchAPI):
                 status, orjson.dumps(error), httpx.Headers()))
         if kind == "canceled":
             return RowOutcome(custom_id, error=RequestCancelled(
-                "not run: the batch job was cancelled first", provider=provider))
+                "not sent: the batch job was cancelled before this request ran",
+                provider=provider, code="not_sent"))
         if kind == "expired":
             return RowOutcome(custom_id, error=DispatchError(
                 "not run: the batch job expired (24 hours) before this request ran",

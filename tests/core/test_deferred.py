@@ -162,6 +162,7 @@ def test_submit_returns_at_once_and_a_rerun_collects_without_resending(
     first = batch("{row}", prompts(20), model=adapter, deferred=True, wait=False,
                   checkpoint=checkpoint, progress=False)
     assert all(isinstance(r, BatchPendingError) for r in first)
+    assert first.pending == 20 and first.failed == 0 and "20 not answered yet" in repr(first)
     assert first.job.state == "validating" and len(batches.created) == 1
     assert "result.wait()" in first[0].message
     # the job is in the checkpoint before anything was polled
@@ -293,7 +294,9 @@ def test_cancel_mid_job_cancels_at_the_provider_and_keeps_what_finished(tmp_path
     assert batches.cancels == 1 and result.job.state == "cancelled"
     answered = [r for r in result if isinstance(r, Response)]
     assert len(answered) == len(fake.chat_requests) >= 6
-    assert all(isinstance(r, RequestCancelled) for r in result if not isinstance(r, Response))
+    assert all(isinstance(r, RequestCancelled) and r.code == "not_sent"
+               for r in result if not isinstance(r, Response))
+    assert result.not_sent == 30 - len(answered) and result.failed == 0
     assert result.interrupted
 
 
