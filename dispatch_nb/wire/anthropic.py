@@ -31,7 +31,13 @@ Wire rules this module owns (PROTOCOLS.md §6):
 * Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
   ``input_tokens`` excludes cache reads and writes, exactly like :class:`~dispatch_nb.types.Usage`.
 * ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
-  the raw value stays in ``response.provider_data["stop_reason"]``.
+  the raw value stays in ``response.provider_data["stop_reason"]``. A ``tool_use`` block that is the
+  last block of an answer cut at ``max_tokens`` has incomplete arguments: it is kept with
+  ``arguments_error`` (and what arrived in ``raw_arguments``), so a session answers it with that
+  error instead of running it.
+* A ``message_start`` whose ``message`` already holds ``content`` (programmatic tool calling: a
+  ``tool_use`` and ``stop_reason`` arrive there, then ``message_stop``, with no content-block
+  events) is read as the complete message it is, as the official SDKs start from it.
 """
 from __future__ import annotations
 
@@ -164,7 +170,7 @@ class MessagesStreamParser:
     Fields of a known block that its canonical block has no place for (``citations``, fields added
     later) are kept in ``provider_data["anthropic"]["extra"]``."""
 
-    __slots__ = ("_extra", "_kinds", "_raw", "_wire_usage", "acc", "complete")
+    __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_wire_usage", "acc", "complete")
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
@@ -173,6 +179,7 @@ class MessagesStreamParser:
         self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self._extra: dict[int, dict[str, Any]] = {}  # known blocks' other fields
         self._wire_usage: dict[str, Any] = {}
+        self._last_tool: int | None = None  # the tool_use block's index when it is the last block
 
     # -- SSE entry points ----------------------------------------------------------------------
     def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
@@ -205,13 +212,17 @@ class MessagesStreamParser:
         if kind == "content_block_stop":
             return self._stop(int(data.get("index", 0)))
         if kind == "message_start":
-            self._message(data.get("message") or {})
-        elif kind == "message_delta":
+            # programmatic tool calling sends the whole answer here (content, stop_reason,
+            # usage) and no content-block events: start from it, as the official SDKs do
+            message = data.get("message") or {}
+            self._message(message)
+            return self._blocks(message.get("content"))
+        if kind == "message_delta":
             delta = data.get("delta") or {}
             self._stop_reason(delta.get("stop_reason"), delta.get("stop_sequence"))
             self._update_usage(data.get("usage"))
         elif kind == "message_stop":
-            self.complete = True
+            self._ended()
         elif kind == "error":
             raise self._error(data.get("error") or {})
         # ping and event types added later are ignored (the docs say new ones may appear)
@@ -256,10 +267,34 @@ class MessagesStreamParser:
         status = _ERROR_STATUS.get(str(error.get("type")), 500)
         return error_for_status(status, message, provider="anthropic", error_type=etype)
 
+    def _ended(self) -> None:
+        """The message is complete. A tool call that is its last block when it stopped at
+        ``max_tokens`` was cut off while its arguments were being written: it stays, with an
+        argument error (a session answers it with that error instead of running it)."""
+        self.complete = True
+        index = self._last_tool
+        if self.acc.stop_reason == "max_tokens" and index is not None:
+            tool = self.acc.tool(index)
+            name = tool.name if tool is not None else "the tool"
+            self.acc.tool_cut(index, (
+                f"the answer reached max_tokens while the arguments of {name} were being "
+                "written, so they are incomplete (a larger max_tokens, or a smaller call, avoids "
+                "it)"))
+
     # -- content blocks ----------------------------------------------------------------------------
+    def _blocks(self, content: Any) -> list[StreamDelta]:
+        """Complete content blocks (a non-streamed message, or one ``message_start`` holds)."""
+        out: list[StreamDelta] = []
+        for index, block in enumerate(content or []):
+            if isinstance(block, dict):
+                out.extend(self._start(index, block))
+                out.extend(self._stop(index))
+        return out
+
     def _start(self, index: int, block: dict[str, Any]) -> Iterable[StreamDelta]:
         acc = self.acc
         btype = block.get("type")
+        self._last_tool = index if btype == "tool_use" else None
         if btype in _KNOWN_FIELDS:
             self._extra[index] = _extra_fields(block, str(btype))
         if btype == "text":
@@ -352,13 +387,9 @@ class MessagesStreamParser:
         if message.get("type") == "error":
             raise self._error(message.get("error") or {})
         self._message({k: v for k, v in message.items() if k not in ("content", "stop_reason")})
-        for index, block in enumerate(message.get("content") or []):
-            if not isinstance(block, dict):
-                continue
-            self._start(index, block)
-            self._stop(index)
+        self._blocks(message.get("content"))
         self._stop_reason(message.get("stop_reason"), message.get("stop_sequence"))
-        self.complete = True
+        self._ended()
 
 
 #: the former name of :class:`MessagesStreamParser`
