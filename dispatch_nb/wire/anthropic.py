@@ -41,17 +41,16 @@ Wire rules this module owns (PROTOCOLS.md §6):
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 
-from ..adapter import ChatRequest
 from ..errors import APIConnectionError, DispatchError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
-from ..structured import output_tool_choice
 from ..types import (
     ImageBlock,
     Message,
@@ -66,6 +65,8 @@ from ..types import (
     Usage,
 )
 from .base import WireRequest, post
+from .request import ChatRequest, OutputSpec, output_tool_choice
+from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -74,6 +75,8 @@ __all__ = [
     "MessagesQuirks",
     "MessagesStreamParser",
     "MessagesWire",
+    "anthropic_schema",
+    "anthropic_schema_ok",
     "merge_delta",
     "prompt_fields",
     "wire_block",
@@ -159,6 +162,64 @@ def _extra_fields(block: Mapping[str, Any], btype: str) -> dict[str, Any]:
     empty, e.g. ``"citations": null``, and fills them with deltas)."""
     known = _KNOWN_FIELDS[btype]
     return {k: v for k, v in block.items() if k not in known and v not in (None, "", [], {})}
+
+
+# -- Anthropic's JSON Schema dialect (output_config) --------------------------------------------
+_ANTHROPIC_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri",
+                                "ipv4", "ipv6", "uuid"})
+_ANTHROPIC_KEEP = frozenset({
+    "type", "description", "title", "enum", "const", "anyOf", "allOf", "$ref", "$defs",
+    "definitions", "properties", "required", "additionalProperties", "items", "format",
+    "pattern", "default", "minItems",
+})
+
+
+def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` the way Anthropic's ``output_config`` takes it: ``additionalProperties: false``
+    on every object, ``oneOf`` as ``anyOf``, and the constraints the API does not enforce
+    (``minimum``, ``maxLength``, ``minItems`` above 1...) dropped and noted in the description
+    (validation still checks them). Raises ``ValueError`` for what it cannot take: a recursive
+    schema, a map type, ``not`` / ``if`` / ``patternProperties``."""
+    if is_recursive(schema):
+        raise ValueError("Anthropic's structured outputs do not take recursive schemas")
+
+    def clean(node: dict[str, Any]) -> dict[str, Any]:
+        if NOT_STRICT & node.keys():
+            raise ValueError(
+                f"Anthropic's structured outputs do not take {sorted(NOT_STRICT & node.keys())}"
+            )
+        if "oneOf" in node:
+            node["anyOf"] = [*node.get("anyOf", []), *node.pop("oneOf")]
+        dropped = {k: node.pop(k) for k in sorted(node.keys() - _ANTHROPIC_KEEP)
+                   if k in {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                            "multipleOf", "minLength", "maxLength", "maxItems", "uniqueItems",
+                            "minProperties", "maxProperties"}}
+        for key in [k for k in node if k not in _ANTHROPIC_KEEP]:
+            del node[key]
+        if isinstance(node.get("minItems"), int) and node["minItems"] > 1:
+            dropped["minItems"] = node.pop("minItems")
+        if node.get("format") is not None and node["format"] not in _ANTHROPIC_FORMATS:
+            dropped["format"] = node.pop("format")
+        if node.get("type") == "object" or "properties" in node:
+            extra = node.get("additionalProperties")
+            if isinstance(extra, dict) and extra:
+                raise ValueError("Anthropic's structured outputs do not take map types "
+                                 "(additionalProperties with a schema)")
+            node["additionalProperties"] = False
+        return with_note(node, dropped)
+
+    out: dict[str, Any] = map_schema(copy.deepcopy(dict(schema)), clean)
+    return out
+
+
+def anthropic_schema_ok(output: OutputSpec) -> bool:
+    """Whether :func:`anthropic_schema` takes ``output``'s schema (else ``tool`` mode is used)."""
+    try:
+        anthropic_schema(output.schema)
+    except ValueError:
+        return False
+    return True
+
 
 
 class MessagesStreamParser:
@@ -483,7 +544,7 @@ class MessagesWire:
         body.update(prompt_fields(system, tools, options))
         if request.output is not None and output_mode == "output_config":
             body["output_config"] = {
-                "format": {"type": "json_schema", "schema": request.output.anthropic_schema()}
+                "format": {"type": "json_schema", "schema": anthropic_schema(request.output.schema)}
             }
         if request.stream:
             body["stream"] = True

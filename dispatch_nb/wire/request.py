@@ -69,8 +69,9 @@ class ChatRequest:
     temperature: float | None = None
     stream: bool = True
     options: dict[str, Any] = field(default_factory=dict)
-    #: what ``output=`` asked for (a :class:`~dispatch_nb.structured.StructuredOutput`);
-    #: providers put it on the wire
+    #: what ``output=`` asked for: a :class:`~dispatch_nb.structured.StructuredOutput`, of which
+    #: the wire formats read the :class:`OutputSpec` part (typed ``Any`` here: the class lives a
+    #: layer above, and structured output reads the rest of it)
     output: Any = None
 
     @property

@@ -304,7 +304,7 @@ def test_anthropic_refusal_keeps_what_came_before_it(
     text that arrived stay, the stop reason says ``refusal``."""
     turn = Turn(thinking="The user asks for something I should not help with.",
                 text="I can start by", stop_reason="refusal")
-    response, deltas = answer(adapter, fake, turn, mode)
+    response, _ = answer(adapter, fake, turn, mode)
     assert response.stop_reason == "refusal"
     assert (response.thinking, response.text) == (turn.thinking, "I can start by")
     assert response.tool_calls == []
