@@ -27,7 +27,7 @@ import logging
 import random
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -41,12 +41,12 @@ from .errors import (
     RequestError,
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
-from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
+from .types import ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
 from .validation import check_entry
+from .wire.request import ChatRequest, requested_mode, unsupported_mode
 
 if TYPE_CHECKING:
     from .providers.batch_api import BatchAPI
-    from .structured import StructuredOutput
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
 
@@ -58,31 +58,6 @@ COMMON_OPTIONS = frozenset({"tool_choice", "stop", "top_p", "extra_body", "extra
 RETRY_AFTER_CAP = 60.0
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 8.0
-
-
-@dataclass
-class ChatRequest:
-    """One call, normalized: what a provider module turns into its wire format."""
-
-    messages: list[Message]
-    system: str | None = None
-    tools: list[ToolDefinition | dict[str, Any]] = field(default_factory=list)
-    max_tokens: int | None = None
-    temperature: float | None = None
-    stream: bool = True
-    options: dict[str, Any] = field(default_factory=dict)
-    #: what ``output=`` asked for (see :mod:`dispatch_nb.structured`); providers put it on the wire
-    output: StructuredOutput | None = None
-
-    @property
-    def function_tools(self) -> list[ToolDefinition]:
-        """Tools defined by name/description/parameters."""
-        return [t for t in self.tools if isinstance(t, ToolDefinition)]
-
-    @property
-    def native_tools(self) -> list[dict[str, Any]]:
-        """Provider built-in tools passed as raw dicts (e.g. ``{"type": "web_search"}``)."""
-        return [t for t in self.tools if isinstance(t, dict)]
 
 
 @dataclass
@@ -315,8 +290,6 @@ class Adapter:
         base puts the schema into the system prompt (``"prompt"``)."""
         if request.output is None:
             return None
-        from .structured import requested_mode, unsupported_mode
-
         mode = requested_mode(self, request)
         if mode not in ("auto", "prompt"):
             raise unsupported_mode(self, mode, ("auto", "prompt"))

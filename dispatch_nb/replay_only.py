@@ -103,7 +103,7 @@ class ReplayOnlyAdapter(Adapter):
         cache's key does not depend on it)."""
         if request.output is None:
             return None
-        from .structured import requested_mode
+        from .wire.request import requested_mode
 
         return requested_mode(self, request)
 

@@ -93,7 +93,7 @@ class _Thinking:
 
 
 class _Tool:
-    __slots__ = ("arguments", "done", "id", "key", "name", "parts", "provider_data")
+    __slots__ = ("arguments", "done", "error", "id", "key", "name", "parts", "provider_data")
 
     def __init__(
         self, key: Hashable, id: str, name: str, provider_data: dict[str, Any] | None
@@ -105,8 +105,15 @@ class _Tool:
         self.provider_data = provider_data
         self.done = False
         self.arguments: dict[str, Any] | None = None
+        self.error: str | None = None  # the arguments are unusable whatever they parse to
 
     def build(self) -> ToolUseBlock:
+        if self.error is not None:
+            raw = "".join(self.parts)
+            if not raw:
+                raw = orjson.dumps(self.arguments or {}).decode()
+            return ToolUseBlock(id=self.id, name=self.name, raw_arguments=raw,
+                                arguments_error=self.error, provider_data=self.provider_data)
         if self.arguments is not None:
             return ToolUseBlock(
                 id=self.id, name=self.name, arguments=self.arguments,
@@ -345,6 +352,12 @@ class Accumulator:
             tool_name=tool.name,
             arguments=built.arguments,
         )
+
+    def tool_cut(self, key: Hashable, reason: str) -> None:
+        """The answer ended while this tool call's arguments were being written (``max_tokens``):
+        the call stays, with ``arguments={}``, what arrived in ``raw_arguments`` and ``reason`` as
+        its ``arguments_error`` (so a session answers it with an error instead of running it)."""
+        self._tools[key].error = reason
 
     def end_open_tools(self) -> list[StreamDelta]:
         """Finish every tool call still open (providers that never say a call ended)."""

@@ -23,8 +23,10 @@ dict or a recursive schema where the provider cannot take one is a ``TypeError``
 (:meth:`~dispatch_nb.adapter.Adapter.output_mode`, shown as ``output=`` in the request log line;
 the table is in docs/structured-output.md). What every mechanism shares lives here: the *wire
 schema* is always an object (a schema whose root is not an object, e.g. ``list[City]``, is
-wrapped as ``{"result": ...}`` and unwrapped after parsing); :func:`openai_strict_schema` and
-:func:`anthropic_schema` rewrite it for those providers' rules; in ``tool`` mode the answer is the
+wrapped as ``{"result": ...}`` and unwrapped after parsing); each wire format rewrites it in its
+server's dialect (:mod:`dispatch_nb.wire.openai_schema`, :func:`dispatch_nb.wire.anthropic.
+anthropic_schema`); the output-mode helpers the providers share (``requested_mode``,
+``output_tool_choice``...) are in :mod:`dispatch_nb.wire.request`; in ``tool`` mode the answer is the
 arguments of one tool named :data:`OUTPUT_TOOL_NAME`, turned back into a text answer here so that
 ``Response.text`` is always the JSON and ``tool_calls`` never shows that tool.
 
@@ -68,6 +70,9 @@ from .types import (
     Usage,
     text_delta,
 )
+from .wire.openai_schema import openai_output_schema
+from .wire.request import OUTPUT_MODES, OUTPUT_TOOL_NAME
+from .wire.schema import is_object_root, is_recursive, map_schema, nullable, resolver
 
 if TYPE_CHECKING:
     from .cancel import CancelToken
@@ -80,292 +85,21 @@ __all__ = [
     "AsyncStructuredResponseStream",
     "StructuredOutput",
     "StructuredResponseStream",
-    "anthropic_schema",
     "aopen_structured",
     "as_output",
-    "is_recursive",
     "open_structured",
-    "openai_strict_schema",
-    "output_tool_choice",
     "prompted",
-    "requested_mode",
     "settle_answer",
-    "unsupported_mode",
 ]
 
 log = logging.getLogger("dispatch_nb")
 
-#: the name of the tool whose arguments are the answer in ``tool`` mode
-OUTPUT_TOOL_NAME = "final_answer"
 #: the property that wraps a schema whose root is not an object (``{"result": [...]}``)
 RESULT_KEY = "result"
 #: how many times an invalid answer is sent back for another try, unless ``output_retries=``
 DEFAULT_OUTPUT_RETRIES = 1
-#: what ``StructuredOutput(mode=...)`` and ``adapter.structured_output`` accept
-OUTPUT_MODES: tuple[str, ...] = ("auto", "native", "tool", "json_object", "prompt")
 
 _NAME_OK = re.compile(r"[^a-zA-Z0-9_-]+")
-
-# -- walking JSON Schemas ---------------------------------------------------------------------------
-_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_ONE_KEYS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-             "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
-
-
-def _map_schema(node: Any, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
-    """A copy of schema ``node`` with ``fn`` applied to every sub-schema, innermost first."""
-    if not isinstance(node, dict):
-        return node
-    out = dict(node)
-    for key in _MAP_KEYS:
-        value = out.get(key)
-        if isinstance(value, dict):
-            out[key] = {name: _map_schema(sub, fn) for name, sub in value.items()}
-    for key in _LIST_KEYS:
-        value = out.get(key)
-        if isinstance(value, list):
-            out[key] = [_map_schema(sub, fn) for sub in value]
-    for key in _ONE_KEYS:
-        value = out.get(key)
-        if isinstance(value, dict):
-            out[key] = _map_schema(value, fn)
-        elif key == "items" and isinstance(value, list):
-            out[key] = [_map_schema(sub, fn) for sub in value]
-    return fn(out)
-
-
-def _refs_in(node: Any) -> Iterator[str]:
-    """Every ``$ref`` in ``node``, not looking inside ``$defs`` / ``definitions``."""
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            yield ref
-        for key, value in node.items():
-            if key in ("$defs", "definitions"):
-                continue
-            if key in _MAP_KEYS and isinstance(value, dict):
-                for sub in value.values():
-                    yield from _refs_in(sub)
-            elif isinstance(value, (dict, list)):
-                yield from _refs_in(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _refs_in(item)
-
-
-def _resolver(root: Mapping[str, Any]) -> Callable[[str], Any]:
-    def resolve(ref: str) -> Any:
-        if ref == "#":
-            return root
-        if not ref.startswith("#/"):
-            return None
-        node: Any = root
-        for part in ref[2:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(node, dict) or part not in node:
-                return None
-            node = node[part]
-        return node
-
-    return resolve
-
-
-def is_recursive(schema: Mapping[str, Any]) -> bool:
-    """Whether following the ``$ref`` s of ``schema`` can lead back to where they started."""
-    resolve = _resolver(schema)
-
-    def visit(node: Any, path: tuple[str, ...]) -> bool:
-        for ref in set(_refs_in(node)):
-            if ref in path:
-                return True
-            target = resolve(ref)
-            if target is not None and visit(target, (*path, ref)):
-                return True
-        return False
-
-    return visit(schema, ("#",))
-
-
-def _nullable(node: Any, resolve: Callable[[str], Any] | None = None) -> bool:
-    if not isinstance(node, dict):
-        return node is True or node == {}
-    kind = node.get("type")
-    if kind == "null" or (isinstance(kind, list) and "null" in kind):
-        return True
-    if "enum" in node and None in node["enum"]:
-        return True
-    if "const" in node and node["const"] is None:
-        return True
-    for key in ("anyOf", "oneOf"):
-        if any(_nullable(sub, resolve) for sub in node.get(key) or []):
-            return True
-    if not node or set(node) <= {"description", "title", "default", "examples"}:
-        return True  # anything goes
-    ref = node.get("$ref")
-    if isinstance(ref, str) and resolve is not None:
-        target = resolve(ref)
-        if target is not None and target is not node:
-            return _nullable(target)
-    return False
-
-
-def _is_object_root(schema: Mapping[str, Any]) -> bool:
-    kind = schema.get("type")
-    composite = any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "enum", "const"))
-    return (kind == "object" or (kind is None and "properties" in schema)) and not composite
-
-
-def _constraint_note(dropped: Mapping[str, Any]) -> str:
-    return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in dropped.items()) + "}"
-
-
-def _with_note(node: dict[str, Any], dropped: dict[str, Any]) -> dict[str, Any]:
-    if dropped:
-        note = _constraint_note(dropped)
-        description = node.get("description")
-        node["description"] = f"{description} {note}" if description else note
-    return node
-
-
-# -- OpenAI strict schemas --------------------------------------------------------------------------
-_OPENAI_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname",
-                             "ipv4", "ipv6", "uuid"})
-#: keywords OpenAI's strict mode honours (everything else is dropped or makes it non-strict)
-_OPENAI_KEEP = frozenset({
-    "type", "description", "title", "enum", "const", "anyOf", "$ref", "$defs", "definitions",
-    "properties", "required", "additionalProperties", "items", "pattern", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "minItems", "maxItems",
-})
-#: constraints OpenAI does not enforce: dropped, noted in the description, checked by us
-_OPENAI_NOTE = frozenset({"minLength", "maxLength", "uniqueItems", "minProperties",
-                          "maxProperties"})
-#: keywords a strict schema cannot express: such a schema is sent with ``strict: false``
-_NOT_STRICT = frozenset({"not", "if", "then", "else", "patternProperties", "dependentSchemas",
-                         "dependentRequired", "propertyNames", "unevaluatedProperties",
-                         "unevaluatedItems", "contains", "prefixItems", "additionalItems"})
-
-
-class _NotStrict(Exception):
-    pass
-
-
-def openai_strict_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``schema`` made strict the way OpenAI's Structured Outputs require, or None when it cannot
-    be (then it is sent with ``strict: false``).
-
-    Every object gets ``additionalProperties: false`` and lists all its properties in
-    ``required``; a property that was optional and does not admit ``null`` becomes
-    ``anyOf: [..., {"type": "null"}]`` (a ``null`` there is dropped again before validation, so the
-    field's default applies); ``oneOf`` becomes ``anyOf``, a one-element ``allOf`` is merged, a
-    ``$ref`` with siblings is inlined; constraints OpenAI does not enforce (``minLength`` ...) are
-    dropped and noted in the description (validation still checks them); ``default`` and other
-    annotations go. A map type (``additionalProperties`` with a schema), ``not``, ``if``,
-    ``patternProperties``... cannot be strict.
-    """
-    root = copy.deepcopy(dict(schema))
-    resolve = _resolver(root)
-
-    def strict(node: dict[str, Any]) -> dict[str, Any]:
-        if _NOT_STRICT & node.keys():
-            raise _NotStrict
-        if "allOf" in node:
-            parts = node.pop("allOf")
-            if len(parts) != 1 or not isinstance(parts[0], dict):
-                raise _NotStrict
-            node = {**parts[0], **node}
-        if "oneOf" in node:
-            node["anyOf"] = [*node.get("anyOf", []), *node.pop("oneOf")]
-        ref = node.get("$ref")
-        if isinstance(ref, str) and len(node) > 1:
-            target = resolve(ref)
-            siblings = {k: v for k, v in node.items() if k != "$ref"}
-            if isinstance(target, dict) and not is_recursive({**root, "$ref": ref}):
-                node = {**strict(copy.deepcopy(target)), **siblings}
-            else:
-                node = {"$ref": ref}  # a recursive reference keeps no siblings
-        dropped = {k: node.pop(k) for k in sorted(_OPENAI_NOTE & node.keys())}
-        if node.get("format") is not None and node["format"] not in _OPENAI_FORMATS:
-            dropped["format"] = node.pop("format")
-        for key in [k for k in node if k not in _OPENAI_KEEP]:
-            del node[key]
-        kind = node.get("type")
-        if kind == "object" or "properties" in node:
-            extra = node.get("additionalProperties")
-            properties = node.get("properties") or {}
-            if isinstance(extra, dict) and extra:
-                raise _NotStrict  # a map: no fixed set of keys to require
-            if extra is True and not properties:
-                raise _NotStrict
-            required = set(node.get("required") or [])
-            fixed: dict[str, Any] = {}
-            for name, sub in properties.items():
-                if name not in required and not _nullable(sub, resolve):
-                    sub = {"anyOf": [sub, {"type": "null"}]}
-                fixed[name] = sub
-            node["properties"] = fixed
-            node["required"] = list(fixed)
-            node["additionalProperties"] = False
-            node.setdefault("type", "object")
-        return _with_note(node, dropped)
-
-    try:
-        out = _map_schema(root, strict)
-    except _NotStrict:
-        return None
-    if not isinstance(out, dict) or not _is_object_root(out):
-        return None
-    return out
-
-
-# -- Anthropic schemas ------------------------------------------------------------------------------
-_ANTHROPIC_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri",
-                                "ipv4", "ipv6", "uuid"})
-_ANTHROPIC_KEEP = frozenset({
-    "type", "description", "title", "enum", "const", "anyOf", "allOf", "$ref", "$defs",
-    "definitions", "properties", "required", "additionalProperties", "items", "format",
-    "pattern", "default", "minItems",
-})
-
-
-def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``schema`` the way Anthropic's ``output_config`` takes it: ``additionalProperties: false``
-    on every object, ``oneOf`` as ``anyOf``, and the constraints the API does not enforce
-    (``minimum``, ``maxLength``, ``minItems`` above 1...) dropped and noted in the description
-    (validation still checks them). Raises ``ValueError`` for what it cannot take: a recursive
-    schema, a map type, ``not`` / ``if`` / ``patternProperties``."""
-    if is_recursive(schema):
-        raise ValueError("Anthropic's structured outputs do not take recursive schemas")
-
-    def clean(node: dict[str, Any]) -> dict[str, Any]:
-        if _NOT_STRICT & node.keys():
-            raise ValueError(
-                f"Anthropic's structured outputs do not take {sorted(_NOT_STRICT & node.keys())}"
-            )
-        if "oneOf" in node:
-            node["anyOf"] = [*node.get("anyOf", []), *node.pop("oneOf")]
-        dropped = {k: node.pop(k) for k in sorted(node.keys() - _ANTHROPIC_KEEP)
-                   if k in {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                            "multipleOf", "minLength", "maxLength", "maxItems", "uniqueItems",
-                            "minProperties", "maxProperties"}}
-        for key in [k for k in node if k not in _ANTHROPIC_KEEP]:
-            del node[key]
-        if isinstance(node.get("minItems"), int) and node["minItems"] > 1:
-            dropped["minItems"] = node.pop("minItems")
-        if node.get("format") is not None and node["format"] not in _ANTHROPIC_FORMATS:
-            dropped["format"] = node.pop("format")
-        if node.get("type") == "object" or "properties" in node:
-            extra = node.get("additionalProperties")
-            if isinstance(extra, dict) and extra:
-                raise ValueError("Anthropic's structured outputs do not take map types "
-                                 "(additionalProperties with a schema)")
-            node["additionalProperties"] = False
-        return _with_note(node, dropped)
-
-    out: dict[str, Any] = _map_schema(copy.deepcopy(dict(schema)), clean)
-    return out
-
 
 # -- what output= asks for ---------------------------------------------------------------------------
 def _type_name(tp: Any) -> str:
@@ -543,7 +277,7 @@ class StructuredOutput:
                 ) from None
             raise
         self._type_adapter = adapter
-        return dict(_map_schema(schema, _drop_titles))
+        return dict(map_schema(schema, _drop_titles))
 
     # -- facts providers use ---------------------------------------------------------------------
     @functools.cached_property
@@ -552,31 +286,9 @@ class StructuredOutput:
         return is_recursive(self.schema)
 
     def openai_schema(self) -> tuple[dict[str, Any], bool]:
-        """``(schema, strict)`` for OpenAI's ``json_schema`` formats and strict tools."""
-        if self.strict is False:
-            return self.schema, False
-        made = openai_strict_schema(self.schema)
-        if made is None:
-            if self.strict:
-                raise ValueError(
-                    f"output schema {self.name!r} cannot be made strict for OpenAI (a map type, "
-                    "not/if/patternProperties...); pass strict=None to send it non-strict"
-                )
-            return self.schema, False
-        return made, True
-
-    def anthropic_schema(self) -> dict[str, Any]:
-        """The schema for Anthropic's ``output_config`` (``ValueError`` when it cannot take it)."""
-        return anthropic_schema(self.schema)
-
-    @functools.cached_property
-    def anthropic_native_ok(self) -> bool:
-        """Whether :meth:`anthropic_schema` works for this schema."""
-        try:
-            self.anthropic_schema()
-        except ValueError:
-            return False
-        return True
+        """``(schema, strict)`` for OpenAI's ``json_schema`` formats and strict tools (the OpenAI
+        dialect: :func:`~dispatch_nb.wire.openai_schema.openai_output_schema`)."""
+        return openai_output_schema(self)
 
     def tool_definition(self) -> ToolDefinition:
         """The tool whose arguments are the answer (``tool`` mode)."""
@@ -706,18 +418,18 @@ def _wire_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     value = {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
     ref = value.get("$ref")
     if isinstance(ref, str) and set(value) <= {"$ref", "$defs", "definitions", "description"}:
-        target = _resolver(value)(ref)
-        if isinstance(target, dict) and _is_object_root(target):
+        target = resolver(value)(ref)
+        if isinstance(target, dict) and is_object_root(target):
             # a recursive model: its definition at the root, the $defs kept for the recursion
             kept = {k: value[k] for k in ("$defs", "definitions") if k in value}
             return {**copy.deepcopy(target), **kept}, False
-    if _is_object_root(value):
+    if is_object_root(value):
         return value, False
     defs: dict[str, Any] = {}
     for key in ("$defs", "definitions"):
         if key in value:
             defs[key] = value.pop(key)
-    inner = _map_schema(
+    inner = map_schema(
         value,
         lambda n: {**n, "$ref": f"#/properties/{RESULT_KEY}"} if n.get("$ref") == "#" else n,
     )
@@ -729,7 +441,7 @@ def _wire_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 def _drop_added_nulls(value: Any, schema: Mapping[str, Any]) -> Any:
     """``value`` without the ``null`` s a strict schema allowed where the schema itself does not
     (optional properties made nullable): their defaults apply instead."""
-    resolve = _resolver(schema)
+    resolve = resolver(schema)
 
     def walk(item: Any, node: Any, depth: int) -> Any:
         if depth > 64 or not isinstance(node, dict):
@@ -748,7 +460,7 @@ def _drop_added_nulls(value: Any, schema: Mapping[str, Any]) -> Any:
             for key, sub in item.items():
                 schema_of = properties.get(key)
                 if (sub is None and schema_of is not None and key not in required
-                        and not _nullable(schema_of, resolve)):
+                        and not nullable(schema_of, resolve)):
                     continue
                 out[key] = walk(sub, schema_of, depth + 1) if schema_of is not None else sub
             return out
@@ -814,44 +526,6 @@ def as_output(output: Any) -> StructuredOutput:
     if isinstance(output, StructuredOutput):
         return output
     return StructuredOutput(output)
-
-
-def requested_mode(adapter: OutputModel, request: OutputRequest) -> str:
-    """The mechanism asked for: the call's ``StructuredOutput(mode=...)``, else the adapter's
-    ``structured_output``; ``auto`` lets the provider choose."""
-    assert request.output is not None
-    mode = request.output.mode
-    if mode == "auto":
-        mode = getattr(adapter, "structured_output", "auto") or "auto"
-        if mode not in OUTPUT_MODES:
-            raise ValueError(f"structured_output must be one of {', '.join(OUTPUT_MODES)}, "
-                             f"not {mode!r}")
-    return mode
-
-
-def unsupported_mode(adapter: OutputModel, mode: str, supported: tuple[str, ...]) -> ValueError:
-    """The error for a mechanism this provider cannot use."""
-    return ValueError(
-        f"{adapter.display_name} cannot use structured output mode {mode!r}; use one of "
-        f"{', '.join(supported)} (auto picks one per model)"
-    )
-
-
-def output_tool_choice(request: OutputRequest, *, can_force: bool = True) -> Any:
-    """The neutral ``tool_choice`` for ``tool`` mode: the output tool by name when it is the
-    only tool, ``"required"`` with other tools (the model calls them, then the output tool),
-    ``"auto"`` when a forced choice is not allowed (Anthropic with thinking); the caller's own
-    ``tool_choice`` wins."""
-    given = request.options.get("tool_choice")
-    if given is not None:
-        return given
-    if not can_force:
-        return "auto"
-    others = [t for t in request.tools if isinstance(t, ToolDefinition)]
-    if any(t.name == OUTPUT_TOOL_NAME for t in others):
-        raise ValueError(f"a tool is named {OUTPUT_TOOL_NAME!r}, the name structured output "
-                         "uses in tool mode; rename it")
-    return "required" if others or request.native_tools else OUTPUT_TOOL_NAME
 
 
 def prompted(request: _Request) -> _Request:

@@ -27,16 +27,18 @@ from ..errors import (
     error_for_status,
 )
 from ..http_adapter import HTTPAdapter, WireRequest, error_details
-from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo, as_messages
 from ..wire.anthropic import (
     DEFAULT_MAX_TOKENS,
     MESSAGES_OPTIONS,
     MessagesQuirks,
     MessagesWire,
+    anthropic_schema,
+    anthropic_schema_ok,
     prompt_fields,
     wire_messages,
 )
+from ..wire.request import requested_mode, unsupported_mode
 from .credentials import EnvCredentials
 
 if TYPE_CHECKING:
@@ -175,11 +177,11 @@ class AnthropicAdapter(HTTPAdapter):
             return None
         mode = requested_mode(self, request)
         if mode == "auto":
-            native = supports_output_config(self._model) and output.anthropic_native_ok
+            native = supports_output_config(self._model) and anthropic_schema_ok(output)
             return "output_config" if native else "tool"
         if mode == "native":
             try:
-                output.anthropic_schema()
+                anthropic_schema(output.schema)
             except ValueError as exc:
                 raise ValueError(f"{exc}: use structured_output='tool' (or mode='tool'), or "
                                  "simplify the schema") from None

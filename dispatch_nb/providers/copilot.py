@@ -94,7 +94,6 @@ from ..errors import (
 )
 from ..http_adapter import HTTPAdapter, WireRequest
 from ..stream import Accumulator
-from ..structured import requested_mode, unsupported_mode
 from ..types import ImageBlock, Message, ModelInfo, StreamDelta, TextBlock
 from ..wire.chat_completions import (
     CHAT_OPTIONS,
@@ -102,6 +101,7 @@ from ..wire.chat_completions import (
     ChatCompletionsWire,
     ChatQuirks,
 )
+from ..wire.request import requested_mode, unsupported_mode
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .copilot_errors import copilot_error
 from .copilot_models import (

@@ -19,9 +19,9 @@ import httpx
 from ..adapter import ChatRequest
 from ..errors import RequestError
 from ..http_adapter import HTTPAdapter
-from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo
 from ..wire.canonical import CANONICAL_OPTIONS, CanonicalWire
+from ..wire.request import requested_mode, unsupported_mode
 
 __all__ = ["FakeAdapter"]
 

@@ -67,7 +67,6 @@ from ..errors import (
     ServerError,
 )
 from ..stream import Accumulator
-from ..structured import requested_mode, unsupported_mode
 from ..types import (
     ImageBlock,
     Message,
@@ -83,6 +82,7 @@ from ..types import (
     Usage,
     as_messages,
 )
+from ..wire.request import requested_mode, unsupported_mode
 
 __all__ = [
     "DEFAULT_MODEL",

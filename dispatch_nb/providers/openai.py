@@ -56,10 +56,10 @@ import httpx
 from ..adapter import ChatRequest
 from ..errors import AuthenticationError, DispatchError
 from ..http_adapter import HTTPAdapter
-from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo
 from ..wire.base import WireRequest
 from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire, parse_model_list
+from ..wire.request import requested_mode, unsupported_mode
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .credentials import EnvCredentials
 

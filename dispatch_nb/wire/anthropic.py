@@ -31,21 +31,26 @@ Wire rules this module owns (PROTOCOLS.md §6):
 * Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
   ``input_tokens`` excludes cache reads and writes, exactly like :class:`~dispatch_nb.types.Usage`.
 * ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
-  the raw value stays in ``response.provider_data["stop_reason"]``.
+  the raw value stays in ``response.provider_data["stop_reason"]``. A ``tool_use`` block that is the
+  last block of an answer cut at ``max_tokens`` has incomplete arguments: it is kept with
+  ``arguments_error`` (and what arrived in ``raw_arguments``), so a session answers it with that
+  error instead of running it.
+* A ``message_start`` whose ``message`` already holds ``content`` (programmatic tool calling: a
+  ``tool_use`` and ``stop_reason`` arrive there, then ``message_stop``, with no content-block
+  events) is read as the complete message it is, as the official SDKs start from it.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 
-from ..adapter import ChatRequest
 from ..errors import APIConnectionError, DispatchError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
-from ..structured import output_tool_choice
 from ..types import (
     ImageBlock,
     Message,
@@ -60,6 +65,8 @@ from ..types import (
     Usage,
 )
 from .base import WireRequest, post
+from .request import ChatRequest, OutputSpec, output_tool_choice
+from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -68,6 +75,8 @@ __all__ = [
     "MessagesQuirks",
     "MessagesStreamParser",
     "MessagesWire",
+    "anthropic_schema",
+    "anthropic_schema_ok",
     "merge_delta",
     "prompt_fields",
     "wire_block",
@@ -163,6 +172,64 @@ def _extra_fields(block: Mapping[str, Any], btype: str) -> dict[str, Any]:
     return {k: v for k, v in block.items() if k not in known and v not in (None, "", [], {})}
 
 
+# -- Anthropic's JSON Schema dialect (output_config) --------------------------------------------
+_ANTHROPIC_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri",
+                                "ipv4", "ipv6", "uuid"})
+_ANTHROPIC_KEEP = frozenset({
+    "type", "description", "title", "enum", "const", "anyOf", "allOf", "$ref", "$defs",
+    "definitions", "properties", "required", "additionalProperties", "items", "format",
+    "pattern", "default", "minItems",
+})
+
+
+def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` the way Anthropic's ``output_config`` takes it: ``additionalProperties: false``
+    on every object, ``oneOf`` as ``anyOf``, and the constraints the API does not enforce
+    (``minimum``, ``maxLength``, ``minItems`` above 1...) dropped and noted in the description
+    (validation still checks them). Raises ``ValueError`` for what it cannot take: a recursive
+    schema, a map type, ``not`` / ``if`` / ``patternProperties``."""
+    if is_recursive(schema):
+        raise ValueError("Anthropic's structured outputs do not take recursive schemas")
+
+    def clean(node: dict[str, Any]) -> dict[str, Any]:
+        if NOT_STRICT & node.keys():
+            raise ValueError(
+                f"Anthropic's structured outputs do not take {sorted(NOT_STRICT & node.keys())}"
+            )
+        if "oneOf" in node:
+            node["anyOf"] = [*node.get("anyOf", []), *node.pop("oneOf")]
+        dropped = {k: node.pop(k) for k in sorted(node.keys() - _ANTHROPIC_KEEP)
+                   if k in {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                            "multipleOf", "minLength", "maxLength", "maxItems", "uniqueItems",
+                            "minProperties", "maxProperties"}}
+        for key in [k for k in node if k not in _ANTHROPIC_KEEP]:
+            del node[key]
+        if isinstance(node.get("minItems"), int) and node["minItems"] > 1:
+            dropped["minItems"] = node.pop("minItems")
+        if node.get("format") is not None and node["format"] not in _ANTHROPIC_FORMATS:
+            dropped["format"] = node.pop("format")
+        if node.get("type") == "object" or "properties" in node:
+            extra = node.get("additionalProperties")
+            if isinstance(extra, dict) and extra:
+                raise ValueError("Anthropic's structured outputs do not take map types "
+                                 "(additionalProperties with a schema)")
+            node["additionalProperties"] = False
+        return with_note(node, dropped)
+
+    out: dict[str, Any] = map_schema(copy.deepcopy(dict(schema)), clean)
+    return out
+
+
+def anthropic_schema_ok(output: OutputSpec) -> bool:
+    """Whether :func:`anthropic_schema` takes ``output``'s schema (else ``tool`` mode is used)."""
+    try:
+        anthropic_schema(output.schema)
+    except ValueError:
+        return False
+    return True
+
+
+
 class MessagesStreamParser:
     """Turns Messages API stream events into deltas; also replays a non-streamed message.
 
@@ -172,7 +239,7 @@ class MessagesStreamParser:
     Fields of a known block that its canonical block has no place for (``citations``, fields added
     later) are kept in ``provider_data["anthropic"]["extra"]``."""
 
-    __slots__ = ("_extra", "_kinds", "_raw", "_wire_usage", "acc", "complete")
+    __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_wire_usage", "acc", "complete")
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
@@ -181,6 +248,7 @@ class MessagesStreamParser:
         self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self._extra: dict[int, dict[str, Any]] = {}  # known blocks' other fields
         self._wire_usage: dict[str, Any] = {}
+        self._last_tool: int | None = None  # the tool_use block's index when it is the last block
 
     # -- SSE entry points ----------------------------------------------------------------------
     def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
@@ -213,13 +281,17 @@ class MessagesStreamParser:
         if kind == "content_block_stop":
             return self._stop(int(data.get("index", 0)))
         if kind == "message_start":
-            self._message(data.get("message") or {})
-        elif kind == "message_delta":
+            # programmatic tool calling sends the whole answer here (content, stop_reason,
+            # usage) and no content-block events: start from it, as the official SDKs do
+            message = data.get("message") or {}
+            self._message(message)
+            return self._blocks(message.get("content"))
+        if kind == "message_delta":
             delta = data.get("delta") or {}
             self._stop_reason(delta.get("stop_reason"), delta.get("stop_sequence"))
             self._update_usage(data.get("usage"))
         elif kind == "message_stop":
-            self.complete = True
+            self._ended()
         elif kind == "error":
             raise self._error(data.get("error") or {})
         # ping and event types added later are ignored (the docs say new ones may appear)
@@ -264,10 +336,34 @@ class MessagesStreamParser:
         status = _ERROR_STATUS.get(str(error.get("type")), 500)
         return error_for_status(status, message, provider="anthropic", error_type=etype)
 
+    def _ended(self) -> None:
+        """The message is complete. A tool call that is its last block when it stopped at
+        ``max_tokens`` was cut off while its arguments were being written: it stays, with an
+        argument error (a session answers it with that error instead of running it)."""
+        self.complete = True
+        index = self._last_tool
+        if self.acc.stop_reason == "max_tokens" and index is not None:
+            tool = self.acc.tool(index)
+            name = tool.name if tool is not None else "the tool"
+            self.acc.tool_cut(index, (
+                f"the answer reached max_tokens while the arguments of {name} were being "
+                "written, so they are incomplete (a larger max_tokens, or a smaller call, avoids "
+                "it)"))
+
     # -- content blocks ----------------------------------------------------------------------------
+    def _blocks(self, content: Any) -> list[StreamDelta]:
+        """Complete content blocks (a non-streamed message, or one ``message_start`` holds)."""
+        out: list[StreamDelta] = []
+        for index, block in enumerate(content or []):
+            if isinstance(block, dict):
+                out.extend(self._start(index, block))
+                out.extend(self._stop(index))
+        return out
+
     def _start(self, index: int, block: dict[str, Any]) -> Iterable[StreamDelta]:
         acc = self.acc
         btype = block.get("type")
+        self._last_tool = index if btype == "tool_use" else None
         if btype in _KNOWN_FIELDS:
             self._extra[index] = _extra_fields(block, str(btype))
         if btype == "text":
@@ -360,13 +456,9 @@ class MessagesStreamParser:
         if message.get("type") == "error":
             raise self._error(message.get("error") or {})
         self._message({k: v for k, v in message.items() if k not in ("content", "stop_reason")})
-        for index, block in enumerate(message.get("content") or []):
-            if not isinstance(block, dict):
-                continue
-            self._start(index, block)
-            self._stop(index)
+        self._blocks(message.get("content"))
         self._stop_reason(message.get("stop_reason"), message.get("stop_sequence"))
-        self.complete = True
+        self._ended()
 
 
 #: the former name of :class:`MessagesStreamParser`
@@ -460,7 +552,7 @@ class MessagesWire:
         body.update(prompt_fields(system, tools, options))
         if request.output is not None and output_mode == "output_config":
             body["output_config"] = {
-                "format": {"type": "json_schema", "schema": request.output.anthropic_schema()}
+                "format": {"type": "json_schema", "schema": anthropic_schema(request.output.schema)}
             }
         if request.stream:
             body["stream"] = True

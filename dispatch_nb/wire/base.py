@@ -2,7 +2,7 @@
 
 A *wire format* (``chat.completions``, OpenAI Responses, Anthropic Messages, the canonical test
 protocol) is a small immutable object: the format's rules plus a frozen description of one server's
-quirks. It is sans-I/O: it turns a :class:`~dispatch_nb.adapter.ChatRequest` into a
+quirks. It is sans-I/O: it turns a :class:`~dispatch_nb.wire.request.ChatRequest` into a
 :class:`WireRequest` (:meth:`WireFormat.wire_request`) and reads the answer, streamed
 (:meth:`WireFormat.stream_parser`) or not (:meth:`WireFormat.parse_body`). The request it builds
 carries the wire format (``WireRequest.wire``), and the HTTP layer
@@ -21,9 +21,9 @@ from ..sse import ServerSentEvent
 from ..types import StreamDelta
 
 if TYPE_CHECKING:
-    from ..adapter import ChatRequest
     from ..errors import DispatchError
     from ..stream import Accumulator
+    from .request import ChatRequest
 
 __all__ = ["StreamParser", "WireFormat", "WireRequest"]
 

@@ -33,9 +33,9 @@ from ..errors import APIConnectionError, error_for_status
 from ..sse import ServerSentEvent
 from ..types import Response, StreamDelta, ToolDefinition, Usage
 from .base import WireRequest, post
+from .request import ChatRequest, output_tool_choice
 
 if TYPE_CHECKING:
-    from ..adapter import ChatRequest
     from ..errors import DispatchError
     from ..stream import Accumulator
 
@@ -153,8 +153,6 @@ class CanonicalWire:
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        from ..structured import output_tool_choice
-
         options = {
             k: v
             for k, v in request.options.items()

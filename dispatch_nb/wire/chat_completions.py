@@ -57,11 +57,9 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..adapter import ChatRequest
 from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
-from ..structured import output_tool_choice
 from ..types import (
     ImageBlock,
     Message,
@@ -76,6 +74,8 @@ from ..types import (
     Usage,
 )
 from .base import WireRequest, post
+from .openai_schema import openai_output_schema
+from .request import ChatRequest, output_tool_choice
 
 __all__ = [
     "CHAT_OPTIONS",
@@ -372,7 +372,7 @@ def chat_response_format(request: ChatRequest, output_mode: str) -> dict[str, An
     assert output is not None
     if output_mode == "json_object":
         return {"type": "json_object", "schema": output.schema}
-    schema, strict = output.openai_schema()
+    schema, strict = openai_output_schema(output)
     spec: dict[str, Any] = {"name": output.name, "schema": schema, "strict": strict}
     if output.description:
         spec["description"] = output.description

@@ -56,11 +56,9 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..adapter import ChatRequest
 from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
-from ..structured import output_tool_choice
 from ..types import (
     ImageBlock,
     Message,
@@ -81,6 +79,8 @@ from .chat_completions import (
     tool_fields,
     tool_result_text,
 )
+from .openai_schema import openai_output_schema
+from .request import ChatRequest, output_tool_choice
 
 __all__ = [
     "MIN_OUTPUT_TOKENS",
@@ -312,7 +312,7 @@ def responses_output_format(request: ChatRequest) -> dict[str, Any]:
     strict when it can be (else ``strict: false``)."""
     output = request.output
     assert output is not None
-    schema, strict = output.openai_schema()
+    schema, strict = openai_output_schema(output)
     fmt: dict[str, Any] = {"type": "json_schema", "name": output.name, "schema": schema,
                            "strict": strict}
     if output.description:
@@ -324,7 +324,7 @@ def _output_tool(request: ChatRequest) -> dict[str, Any]:
     """The flat function tool whose arguments are the answer (``tool`` output mode)."""
     assert request.output is not None
     definition = request.output.tool_definition()
-    schema, strict = request.output.openai_schema()
+    schema, strict = openai_output_schema(request.output)
     return {"type": "function", "name": definition.name, "description": definition.description,
             "parameters": schema, "strict": strict}
 

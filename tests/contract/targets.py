@@ -136,6 +136,10 @@ def _anthropic_turns() -> list[tuple[str, Turn]]:
                                                 WEB_SEARCH_RESULT, cited])),
         ("pause-turn", AnthropicTurn(text="Searching.", content=["text", SERVER_TOOL_USE],
                                      stop_reason="pause_turn")),
+        # programmatic tool calling: the whole answer inside message_start, no block events
+        ("message-start-holds-content", AnthropicTurn(
+            text="Running it.", content=["text", "tools"], start_holds_content=True,
+            tool_calls=[ToolCall("toolu_ptc", "get_weather", {"city": "Oslo"})])),
     ]
 
 

@@ -229,3 +229,108 @@ def test_the_copilot_fake_rotates_item_ids_as_copilot_does(fake: ProviderFake,
     assert len(ids) > 8 and len(set(ids)) == len(ids)
     indexes = [e["output_index"] for e in events if "item_id" in e]
     assert set(indexes) == {0, 1} and len(indexes) > 4
+
+
+# -- Anthropic: shapes the documented protocol allows ------------------------------------------------
+ANTHROPIC = [t for t in TARGETS if t.name == "anthropic"]
+
+
+@only(ANTHROPIC)
+@pytest.mark.parametrize("mode", MODES)
+def test_anthropic_message_start_that_already_holds_the_answer(
+        adapter: Adapter, fake: ProviderFake, mode: str) -> None:
+    """Programmatic tool calling: the ``tool_use`` block and ``stop_reason`` arrive inside
+    ``message_start``, then ``message_stop``; no content-block events. The call is not lost, and
+    its result goes back next turn."""
+    from ..fakes.anthropic import AnthropicTurn
+
+    turn = AnthropicTurn(text="Running the lookup.", content=["text", "tools"],
+                         tool_calls=[ToolCall("toolu_ptc", "get_weather", {"city": "Oslo"})],
+                         input_tokens=40, output_tokens=12, start_holds_content=True)
+    response, deltas = answer(adapter, fake, turn, mode)
+    assert response.text == "Running the lookup."
+    assert [(c.id, c.name, c.arguments) for c in response.tool_calls] == [
+        ("toolu_ptc", "get_weather", {"city": "Oslo"})]
+    assert response.stop_reason == "tool_use"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (40, 12)
+    if mode != "json":
+        assert [d.type for d in deltas] == ["text_delta", "tool_use_start", "tool_use_end"]
+
+    history = [Message(role="user", content="Go."), response.to_message(),
+               Message(role="user", content=[ToolResultBlock(tool_use_id="toolu_ptc",
+                                                             content="9 °C")])]
+    fake.push(Turn(text="Cold."))
+    assert ask(adapter, history, mode, tools=TOOLS)[0].text == "Cold."
+
+
+@only(ANTHROPIC)
+@pytest.mark.parametrize("mode", MODES)
+def test_anthropic_tool_call_cut_by_max_tokens_is_kept_with_an_argument_error(
+        adapter: Adapter, fake: ProviderFake, mode: str) -> None:
+    """``max_tokens`` in the middle of a tool call: the arguments are incomplete. The call stays
+    (with ``arguments_error``, as invalid arguments are; a session answers it with that error
+    instead of running it), the stop reason is ``max_tokens``, and the streamed answer keeps
+    what arrived. Non-streamed, the API gives no partial JSON: the call's error is the same."""
+    cut = '{"city": "Rio de Jan'
+    turn = Turn(text="Let me look.", tool_calls=[ToolCall("toolu_cut", "get_weather", cut)],
+                stop_reason="max_tokens")
+    response, _ = answer(adapter, fake, turn, mode)
+    assert response.stop_reason == "max_tokens"
+    assert response.text == "Let me look."
+    [call] = response.tool_calls
+    assert (call.id, call.name, call.arguments) == ("toolu_cut", "get_weather", {})
+    assert call.arguments_error is not None and "max_tokens" in call.arguments_error
+    assert call.raw_arguments == (cut if mode != "json" else "{}")
+
+    from dispatch_nb.tools import tool
+
+    ran: list[str] = []
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather."""
+        ran.append(city)
+        return "sunny"
+
+    result = get_weather.run(call)
+    assert result.is_error and "max_tokens" in str(result.content) and not ran
+
+
+@only(ANTHROPIC)
+@pytest.mark.parametrize("mode", MODES)
+def test_anthropic_refusal_keeps_what_came_before_it(
+        adapter: Adapter, fake: ProviderFake, mode: str) -> None:
+    """``stop_reason: "refusal"`` (the streaming classifier stopped the answer): the thinking and
+    text that arrived stay, the stop reason says ``refusal``."""
+    turn = Turn(thinking="The user asks for something I should not help with.",
+                text="I can start by", stop_reason="refusal")
+    response, _ = answer(adapter, fake, turn, mode)
+    assert response.stop_reason == "refusal"
+    assert (response.thinking, response.text) == (turn.thinking, "I can start by")
+    assert response.tool_calls == []
+
+
+@only(ANTHROPIC)
+@pytest.mark.parametrize("mode", ["stream", "async-stream"])
+def test_anthropic_in_stream_overloaded_error_keeps_the_partial_answer(
+        make: Any, fake: ProviderFake, mode: str) -> None:
+    """``event: error`` / ``overloaded_error`` in the middle of a tool call: a ``ServerError``
+    with the event's 529 (not retried: the answer had begun), ``partial`` holding the text and
+    the call as far as it came."""
+    from dispatch_nb import ServerError
+
+    from ..fakes.provider import Fail
+
+    fake.push(Turn(text="Checking both.", chunk=4, error_after=6,
+                   error=Fail(529, "Overloaded", "overloaded_error"),
+                   tool_calls=[ToolCall("toolu_o", "get_weather", {"city": "Oslo"})]),
+              Turn(text="a retry would get this"))
+    with pytest.raises(ServerError) as info:
+        ask(make(max_retries=2), [Message(role="user", content="Go.")], mode, tools=TOOLS)
+    error = info.value
+    assert (error.status_code, error.code, error.provider_code) == (
+        529, "server_error", "overloaded_error")
+    assert len(fake.requests) == 1
+    partial = error.partial
+    assert partial is not None and partial.text == "Checking both."
+    assert [c.id for c in partial.tool_calls] == ["toolu_o"]

@@ -1,12 +1,15 @@
 """The import graph's rules, read statically (AST) from ``dispatch_nb/``, function-level imports too.
 
-Layers: the **core** (everything in ``dispatch_nb/`` but ``notebook/``) knows nothing of Jupyter;
-``notebook/`` is built on the core. Two rules:
+Layers: :data:`LAYERS` is the layer diagram of ``docs/architecture.md`` as data (the test reads the
+diagram and checks it says exactly this). The **core** (everything in ``dispatch_nb/`` but
+``notebook/``) knows nothing of Jupyter; ``notebook/`` is built on the core. Three rules:
 
 (a) nothing in the core imports ``dispatch_nb.notebook`` (its entry points aside: ``__main__`` and
     IPython's ``load_ipython_extension`` / ``unload_ipython_extension`` in ``dispatch_nb/__init__``,
     which hand over to ``notebook/magics.py`` lazily);
-(b) no cycle among core modules.
+(b) no cycle among core modules;
+(c) every module belongs to one layer and imports only its own layer and the layers below it
+    (:data:`MAY_IMPORT`), never one above.
 
 Every ``import`` / ``from ... import`` counts, wherever it is written: at module level, inside a
 function (a lazy import is still a dependency), under ``if TYPE_CHECKING:``. ``from pkg import name``
@@ -19,12 +22,31 @@ b`` depends on ``b`` alone); ``import a.b.c`` depends on the deepest of them tha
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "dispatch_nb"
+ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
+
+#: The layers, top to bottom, each with its top-level modules and packages (``__init__``: the
+#: package's own ``__init__.py``). The diagram in docs/architecture.md lists exactly these.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "front ends": ("notebook", "__main__", "testing", "demo", "__init__"),
+    "operations": ("session", "batching", "cache", "turn", "prompting"),
+    "calls": ("adapter", "registry", "http_adapter", "defaults", "providers", "auth",
+              "replay_only"),
+    "answers": ("structured", "tools", "call_control"),
+    "wire": ("wire", "sse", "stream"),
+    "vocabulary": ("types", "errors", "validation", "cancel", "render"),
+    "I/O": ("transport",),
+}
+#: which layers each layer may import: its own and every layer below it
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    name: frozenset(list(LAYERS)[i:]) for i, name in enumerate(LAYERS)
+}
 
 #: functions of a package's ``__init__`` that are entry points (IPython calls them on %load_ext)
 ENTRY_FUNCTIONS = frozenset({"load_ipython_extension", "unload_ipython_extension"})
@@ -62,6 +84,26 @@ class Graph:
     def core_to_notebook(self) -> list[Import]:
         """Rule (a)'s violations."""
         return [i for i in self.imports if self.is_core(i.importer) and self.is_notebook(i.imported)]
+
+    def layer_of(self, module: str, layers: dict[str, tuple[str, ...]]) -> str | None:
+        """The layer ``module`` belongs to (by its top-level module or package), if any."""
+        parts = module.split(".")[1:]
+        top = parts[0] if parts else "__init__"
+        return next((name for name, members in layers.items() if top in members), None)
+
+    def unplaced(self, layers: dict[str, tuple[str, ...]]) -> list[str]:
+        """Rule (c)'s first half: modules in no layer."""
+        return sorted(m for m in self.modules if self.layer_of(m, layers) is None)
+
+    def upward(self, layers: dict[str, tuple[str, ...]]) -> list[tuple[Import, str, str]]:
+        """Rule (c)'s violations: each import of a layer above the importer's, with both layers."""
+        names = list(layers)
+        found = []
+        for i in self.imports:
+            low, high = self.layer_of(i.importer, layers), self.layer_of(i.imported, layers)
+            if low is not None and high is not None and names.index(high) < names.index(low):
+                found.append((i, low, high))
+        return found
 
     def core_cycles(self) -> list[list[str]]:
         """Rule (b)'s violations: the strongly connected groups of core modules (2 or more)."""
@@ -242,12 +284,62 @@ def report(graph: Graph) -> tuple[str, str]:
     return a, b
 
 
+def layer_report(graph: Graph, layers: dict[str, tuple[str, ...]]) -> str:
+    """Rule (c)'s failure message: empty when it holds."""
+    problems = []
+    unplaced = graph.unplaced(layers)
+    if unplaced:
+        problems.append(f"{len(unplaced)} module(s) in no layer (add each to its layer in LAYERS "
+                        "and in the diagram of docs/architecture.md): " + ", ".join(unplaced))
+    upward = graph.upward(layers)
+    if upward:
+        problems.append(
+            f"{len(upward)} upward import(s) (a layer imports only its own and the layers below "
+            "it: move what the lower module needs down into its layer, or pass it in):\n"
+            + "\n".join(f"    {i}   ({low} -> {high})" for i, low, high in upward))
+    return "\n\n".join(problems)
+
+
+def diagram_layers(text: str) -> dict[str, tuple[str, ...]]:
+    """The layer diagram of docs/architecture.md (the code block under "## The layers") as data:
+    each row's name, then the ``name/`` and ``name.py`` entries outside parentheses."""
+    section = text.split("## The layers", 1)[1]
+    block = section.split("```", 2)[1]
+    block = re.sub(r"\([^()]*\)", " ", block)  # descriptions, also across lines
+    layers: dict[str, list[str]] = {}
+    current = None
+    for line in block.splitlines():
+        if not line.strip() or set(line.strip()) <= {"─", "-"}:
+            continue
+        head = re.match(r"^ ?(\S+(?: \S+)*?)\s{2,}", line) if line[:2].strip() else None
+        if head:  # a row starts at the margin with the layer's name; its other lines are indented
+            current = head.group(1)
+            layers[current] = []
+            line = line[head.end():]
+        assert current is not None, f"a diagram line before any layer name: {line!r}"
+        for entry in re.findall(r"([\w]+)(/|\.py)", line):
+            layers[current].append(entry[0])
+    return {name: tuple(members) for name, members in layers.items()}
+
+
 # -- the rules, on dispatch_nb ------------------------------------------------------------------------
 def test_the_core_does_not_import_the_notebook() -> None:
     graph = read_graph()
     assert len(graph.modules) > 30 and graph.imports  # it read the package
     problems, _ = report(graph)
     assert not problems, problems
+
+
+def test_no_layer_imports_a_layer_above_it() -> None:
+    problems = layer_report(read_graph(), LAYERS)
+    assert not problems, problems
+
+
+def test_the_architecture_diagram_is_the_layers_the_test_enforces() -> None:
+    drawn = diagram_layers(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert list(drawn) == list(LAYERS), "the diagram's layers, top to bottom"
+    for name, members in LAYERS.items():
+        assert sorted(drawn[name]) == sorted(members), f"the {name} row of the diagram"
 
 
 def test_what_moved_out_of_the_notebook_is_still_importable_there() -> None:
@@ -353,7 +445,63 @@ def test_an_entry_function_outside_the_package_init_is_not_exempt(tmp_path: Path
         ("pkg.x", "pkg.notebook"), ("pkg.x", "pkg.notebook.magics")]
 
 
+# -- the layer rule, on a small package ------------------------------------------------------------
+SYNTHETIC_LAYERS = {"top": ("ui", "__init__"), "middle": ("calls",), "bottom": ("wire", "types")}
+LAYERED = {
+    "__init__.py": "from .ui import show\n",  # the top layer imports what it likes below
+    "ui.py": "from .calls import call\ndef show():\n    pass\n",
+    "calls.py": "from .wire import body\nfrom . import types\ndef call():\n    pass\n",
+    "wire/__init__.py": "from .body import body\n",
+    "wire/body.py": (
+        "from typing import TYPE_CHECKING\n"
+        "from ..types import T\n"  # same layer: fine
+        "if TYPE_CHECKING:\n"
+        "    from ..calls import call\n"  # upward, for types only
+        "def body():\n"
+        "    from .. import ui\n"  # upward, inside a function
+        "    return ui\n"
+    ),
+    "types.py": "T = int\n",
+}
+
+
+def test_the_checker_finds_every_upward_import(tmp_path: Path) -> None:
+    graph = read_graph(_package(tmp_path, LAYERED))
+    assert graph.unplaced(SYNTHETIC_LAYERS) == []
+    found = [(i.importer, i.imported, i.line, i.where, low, high)
+             for i, low, high in graph.upward(SYNTHETIC_LAYERS)]
+    assert found == [
+        ("pkg.wire.body", "pkg.calls", 4, "under TYPE_CHECKING", "bottom", "middle"),
+        ("pkg.wire.body", "pkg.ui", 6, "in function body", "bottom", "top"),
+    ]
+    problems = layer_report(graph, SYNTHETIC_LAYERS)
+    assert "2 upward import(s)" in problems
+    assert "pkg/wire/body.py:6: from .. import ui   [pkg.wire.body -> pkg.ui, in function body]" \
+        "   (bottom -> top)" in problems
+
+
+def test_the_checker_passes_a_layered_package_and_names_unplaced_modules(tmp_path: Path) -> None:
+    clean = dict(LAYERED)
+    clean["wire/body.py"] = "from ..types import T\n"
+    clean["extra.py"] = ""
+    graph = read_graph(_package(tmp_path, clean))
+    assert graph.upward(SYNTHETIC_LAYERS) == []
+    assert layer_report(graph, SYNTHETIC_LAYERS) == (
+        "1 module(s) in no layer (add each to its layer in LAYERS and in the diagram of "
+        "docs/architecture.md): pkg.extra")
+    del clean["extra.py"]
+    assert layer_report(read_graph(_package(tmp_path / "again", clean)), SYNTHETIC_LAYERS) == ""
+
+
+def test_the_diagram_reader_reads_rows_not_descriptions() -> None:
+    text = ("# A\n\n## The layers\n\n```\n top          ui.py (shows: not/this.py)   __init__.py\n"
+            "              more/ (continued\n              over lines/ x.py)\n ──────\n"
+            " I/O          calls.py\n```\n\n```\nother.py\n```\n")
+    assert diagram_layers(text) == {"top": ("ui", "__init__", "more"), "I/O": ("calls",)}
+
+
 if __name__ == "__main__":
-    found = [text for text in report(read_graph()) if text]
-    print("\n\n".join(found) or "the import graph keeps both rules")
+    graph = read_graph()
+    found = [text for text in (*report(graph), layer_report(graph, LAYERS)) if text]
+    print("\n\n".join(found) or "the import graph keeps its three rules")
     sys.exit(1 if found else 0)

@@ -35,12 +35,10 @@ from dispatch_nb.render import (
     rows_markdown,
 )
 from dispatch_nb.replay_only import ReplayOnlyAdapter
-from dispatch_nb.structured import (
-    OUTPUT_TOOL_NAME,
-    anthropic_schema,
-    is_recursive,
-    openai_strict_schema,
-)
+from dispatch_nb.wire.anthropic import anthropic_schema
+from dispatch_nb.wire.openai_schema import openai_strict_schema
+from dispatch_nb.wire.request import OUTPUT_TOOL_NAME
+from dispatch_nb.wire.schema import is_recursive
 
 from ..fakes.anthropic import AnthropicFake
 from ..fakes.canonical import CanonicalFake

@@ -20,6 +20,10 @@ included: a ``compaction`` block streams as ``content_block_start`` with ``"cont
 ``compaction_delta`` events (as api.anthropic.com streams it), ``server_tool_use`` with
 ``input_json_delta``, a text block with ``citations`` with ``citations_delta`` events; a block sent
 back must be what was issued (a ``compaction`` block without its content is a 400).
+``AnthropicTurn(start_holds_content=True)`` sends the whole answer inside ``message_start``, as
+programmatic tool calling does. A :class:`ToolCall` whose ``arguments`` is a string streams that
+string as it is (cut JSON, for a call that ``max_tokens`` interrupted); the non-streamed answer
+then has ``"input": {}``.
 
 Streams are split into one chunk per content delta (a text piece, a thinking piece, a tool-argument
 fragment); structural events (``message_start``, ``ping``, ``content_block_start``/``stop``) ride
@@ -89,6 +93,10 @@ class AnthropicTurn(Turn):
     ``"redacted"``, ``"text"`` and ``"tools"`` for the blocks the Turn's own fields make."""
 
     content: list[dict[str, Any] | str] | None = None
+    #: stream the whole answer inside ``message_start`` (its ``content``, ``stop_reason`` and
+    #: ``usage``), then ``message_stop``, with no content-block events: what programmatic tool
+    #: calling sends when a tool call comes out of the code execution container
+    start_holds_content: bool = False
 
 
 def _invalid(message: str) -> Fail:
@@ -452,6 +460,12 @@ class AnthropicFake(ProviderFake):
     def render_events(self, turn: Turn, request: RecordedRequest) -> list[bytes]:
         out = _Chunks()
         message = self._message(turn, request)
+        if isinstance(turn, AnthropicTurn) and turn.start_holds_content:
+            out.delta({"type": "message_start", "message": {
+                **message, "content": self._content(turn), "stop_reason": self._wire_stop(turn),
+                "usage": self._usage(turn, turn.output_tokens)}})
+            out.frame({"type": "message_stop"})
+            return out.done()
         out.frame({"type": "message_start",
                    "message": {**message, "content": [], "usage": self._usage(turn, 1)}})
         out.frame({"type": "ping"})

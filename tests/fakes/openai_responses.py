@@ -20,8 +20,8 @@ that is not ``output_text``/``refusal``, a ``function_call_output`` whose ``call
 earlier ``function_call``, a function call left without output, and reasoning items that are not
 byte-for-byte what this server issued or that lack the item they were paired with (and the paired
 ``fc_``/``msg_``/``ws_``... id sent without its reasoning item), an item id sent twice, and built-in
-items without their required fields. Beyond the API, the fake also rejects an item it issued that comes back altered
-(``issued_items``), so a test sees that items go back verbatim.
+items without their required fields. Beyond the API, the fake also rejects an item it issued that
+comes back altered (``issued_items``), so a test sees that items go back verbatim.
 """
 
 from __future__ import annotations
