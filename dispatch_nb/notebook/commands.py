@@ -150,11 +150,11 @@ def key(state: KernelState, args: argparse.Namespace) -> None:
     env = _key_env(provider)
     if env is None:
         descriptor = find_descriptor(provider)
-        signs_in = descriptor is not None and descriptor.login_flow
+        login = (f" ({descriptor.label} signs in with %chat login)"
+                 if descriptor is not None and descriptor.login_flow else "")
         raise UsageError(
             "%chat key needs a provider that uses an API key: "
-            + ", ".join(sorted(_key_providers()))
-            + (f" ({descriptor.label} signs in with %chat login)" if signs_in else "")
+            + ", ".join(sorted(_key_providers())) + login
         )
     state.default_note()  # the default before the key, to say if the key changes it
     try:
