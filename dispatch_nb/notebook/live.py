@@ -891,8 +891,10 @@ class TextView(LiveView):
 
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
+        from .display import terminal_text
+
         for note in self.notes:
-            self._write(f"ℹ {note}\n")
+            self._write(f"ℹ {terminal_text(note)}\n")
 
     def _feed(self, index: int, event: Any) -> None:
         if self.compare:
@@ -950,7 +952,9 @@ class TextView(LiveView):
             if not self.at_line_start:
                 self._write("\n")
             if final.terminal:  # a warning or a hint; the answer itself was printed as it came
-                self._write(final.terminal.rstrip("\n") + "\n")
+                from .display import terminal_text
+
+                self._write(terminal_text(final.terminal.rstrip("\n")) + "\n")
             if footer:
                 self._write(f"[{footer}]\n")
 
