@@ -271,7 +271,8 @@ def test_pending_chat_cell_logs_in_then_answers(
 
 
 def test_compare_renders_columns(open_notebook: Any, fake: CanonicalFake) -> None:
-    """(c) -m a,b streams side by side in columns, then leaves a comparison table."""
+    """(c) -m a,b streams side by side in columns, each headed by its model while it streams,
+    then leaves a comparison table."""
     answer = (
         "A measured answer that streams for a little while, so that both columns are visible "
         "side by side and each one grows on its own, with its own usage and latency at the end."
@@ -293,12 +294,23 @@ def test_compare_renders_columns(open_notebook: Any, fake: CanonicalFake) -> Non
             if box is None:
                 return []
             boxes.append(box)
-        return boxes
+        # where the streamed text of each column is
+        texts = out.locator(".jp-RenderedMarkdown", has_text="A measured answer").evaluate_all(
+            "els => els.map(el => el.getBoundingClientRect()).filter(r => r.width > 0)"
+            ".map(r => ({x: r.x, y: r.y}))"
+        )
+        return [*boxes, texts] if len(texts) >= 2 and nb.prompt(1) == "[*]:" else []
 
-    a, b = wait_until(columns, 30, 0.03, "both model columns to stream")
+    a, b, texts = wait_until(columns, 30, 0.03, "both model columns to stream")
     assert abs(a["y"] - b["y"]) < 40 and b["x"] - a["x"] > 200, (
         f"the models are not side by side: {a} {b}"
     )
+    # each column is headed by its model: the name sits above the text streaming below it
+    for header in (a, b):
+        below = [t for t in texts if abs(t["x"] - header["x"]) < 40]
+        assert below and all(header["y"] + header["height"] <= t["y"] + 1 for t in below), (
+            f"no model header above the column's text: {header} {texts}"
+        )
     nb.screenshot("compare-live")
     nb.wait_done(1, before, timeout=60)
     table = out.locator("table")
