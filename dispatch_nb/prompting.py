@@ -10,9 +10,10 @@
 The rules, chosen so prompts that contain JSON or code survive untouched:
 
 * ``{{`` and ``}}`` are literal braces.
-* ``{expr}`` is evaluated in the given namespace only when ``expr`` mentions a name (``{x}``,
-  ``{df.head()}``, ``{Out[4]}``). Braces around constants or code that does not parse
-  (``{"a": 1}``, ``{}``, ``{ foo bar }``) are left exactly as written.
+* ``{expr}`` is evaluated in the given namespace when ``expr`` mentions a name (``{x}``,
+  ``{df.head()}``, ``{Out[4]}``) or computes something (``{2**10}``, ``{1/0}``). Braces around
+  constants or code that does not parse (``{"a": 1}``, ``{1, 2}``, ``{}``, ``{ foo bar }``) are
+  left exactly as written.
 * An expression naming something undefined is left as written, with a note for the user.
 * An expression that raises anything else is an error: :class:`PromptError`.
 * Without a format spec, values are summarized to a bounded size (``max_chars``): long text is
@@ -153,14 +154,20 @@ def _is_walrus_or_lambda(inner: str, i: int) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _compiled(source: str) -> CodeType | None:
-    """``source`` compiled as an expression, or None when it is not one or names nothing (a batch
-    fills the same template for every row: each expression is parsed once)."""
+    """``source`` compiled as an expression, or None when it is not one or is a plain constant
+    (``"a"``, ``1, 2``: JSON and set literals stay as written; a batch fills the same template
+    for every row: each expression is parsed once)."""
     try:
         tree = ast.parse(source, mode="eval")
     except SyntaxError:
         return None
     if not any(isinstance(node, ast.Name) for node in ast.walk(tree)):
-        return None
+        try:
+            ast.literal_eval(tree)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass  # it computes something ({1/0}, {2**10}): evaluated like any expression
+        else:
+            return None
     return compile(tree, "<%%chat prompt>", "eval")
 
 

@@ -208,9 +208,9 @@ def _md_cell(value: Any) -> str:
     return html.escape(text, quote=False).replace("|", "\\|").replace("\n", "<br>")
 
 
-def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None) -> str:
+def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None, start: int = 1) -> str:
     """Rows (:func:`parsed_rows`) as a GitHub-flavoured Markdown table; columns in order of first
-    appearance; ``index`` (default: when there are several rows) numbers them from 1."""
+    appearance; ``index`` (default: when there are several rows) numbers them from ``start``."""
     if not rows:
         return "*(empty list)*"
     columns: list[str] = []
@@ -219,7 +219,7 @@ def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None) -> s
     numbered = len(rows) > 1 if index is None else index
     head = (["#"] if numbered else []) + [_md_cell(c) for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n, row in enumerate(rows, 1):
+    for n, row in enumerate(rows, start):
         cells = ([str(n)] if numbered else []) + [_md_cell(row.get(c)) for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

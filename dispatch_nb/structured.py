@@ -580,7 +580,9 @@ def _settled_error(response: Response, spec: StructuredOutput) -> OutputValidati
     if response.stop_reason == "max_tokens":
         return OutputValidationError(
             f"the answer was cut off at max_tokens before its JSON was complete ({len(text)} "
-            "characters arrived); pass a larger max_tokens=",
+            "characters arrived); bound the output type's strings and lists "
+            "(Field(max_length=…)) so the whole answer fits — a larger max_tokens= mostly buys "
+            "more rambling",
             text=text, code="output_truncated",
             errors=[{"type": "truncated", "loc": (), "msg": "the answer was cut off at max_tokens",
                      "input": _short(text, 200)}],

@@ -109,13 +109,25 @@ class BatchProgress:
         self._closed = False
 
     def _open(self, stats: Stats) -> None:
+        # tqdm's own rate and ETA are left out: the counters (describe) have the ones that count
+        # only rows actually sent
+        bar_format = (
+            "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+            if stats.total is not None else "{desc}: {n_fmt} rows [{elapsed}{postfix}]"
+        )
         if self.mode == "notebook":
             try:
                 from IPython.display import display
                 from tqdm.notebook import tqdm as notebook_tqdm
 
                 self._bar = notebook_tqdm(total=stats.total, desc=self.description,
-                                          display=False, unit="row", leave=True)
+                                          display=False, unit="row", leave=True,
+                                          bar_format=bar_format)
+                # the counters stay on one line: the bar gives way, not the text
+                _label, gauge, counters = self._bar.container.children
+                gauge.layout.flex = "1 1 auto"
+                gauge.layout.min_width = "60px"
+                counters.layout.flex = "0 0 auto"
                 self._handle = display(self._bar.container, display_id=True)  # type: ignore[no-untyped-call]
                 return
             except Exception:  # no ipywidgets in this kernel: the text bar instead
@@ -124,9 +136,7 @@ class BatchProgress:
 
         self._bar = tqdm(
             total=stats.total, desc=self.description, unit="row", file=sys.stderr,
-            dynamic_ncols=True, mininterval=0.1,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
-            if stats.total is not None else "{desc}: {n_fmt} rows [{elapsed}{postfix}]",
+            dynamic_ncols=True, mininterval=0.1, bar_format=bar_format,
         )
 
     def update(self, stats: Stats) -> None:

@@ -37,9 +37,11 @@ __all__ = [
     "explain_error",
     "extract_code",
     "final_output",
+    "magic_words",
     "notes_markdown",
     "parse_json_answer",
     "parsed_output",
+    "terminal_text",
 ]
 
 FORMATS = ("markdown", "text", "code", "json")
@@ -484,6 +486,24 @@ def compare_output(
 # ------------------------------------------------------------------------------------------------
 # Errors
 
+#: advice a core error gives in the Python API's words, at the end of its message (``; pass a
+#: larger timeout=``, ``: set OPENAI_API_KEY or pass api_key=``, ``; bound ... Field(max_length=…)
+#: ..., or pass a larger max_tokens=``): a magic gives its own advice instead (the fix)
+_API_ADVICE = re.compile(r"(?:[;:]| —) (?:set|pass|use|bound)\b[^;]*?\b[a-z_]+=.*\Z", re.S)
+
+
+def magic_words(text: str) -> str:
+    """A core error's message as a magic says it: the Python API's advice at its end is dropped
+    (the :class:`ChatError`'s fix says it with the magic's options) and ``output=`` is the
+    ``--schema`` value."""
+    text = _API_ADVICE.sub("", text)
+    return re.sub(r"\boutput=(?=\S)", "", text).replace("output= ", "the schema ")
+
+
+def terminal_text(text: str) -> str:
+    """A hint as a terminal shows it: no Markdown backticks around commands."""
+    return text.replace("`", "")
+
 
 class ChatError(Exception):
     """An expected failure of a ``%%chat`` cell, shown as a short message plus the fix.
@@ -500,9 +520,11 @@ class ChatError(Exception):
         self.original = original
 
     def _render_traceback_(self) -> list[str]:
-        lines = [f"{_RED}{_BOLD}{self.title}{_RESET}{_RED}: {self.message}{_RESET}"]
+        """What IPython shows (plain text in a terminal and a notebook alike: no Markdown)."""
+        message = terminal_text(self.message)
+        lines = [f"{_RED}{_BOLD}{self.title}{_RESET}{_RED}: {message}{_RESET}"]
         if self.fix:
-            lines.append(f"→ {self.fix}")
+            lines.append(f"→ {terminal_text(self.fix)}")
         return lines
 
 
@@ -563,7 +585,7 @@ def explain_error(
         return ChatError(type(exc).__name__, str(exc) or repr(exc), original=exc)
     provider = exc.provider or spec.partition(":")[0]
     title = type(exc).__name__
-    message = str(exc)
+    message = str(exc).replace(exc.message, magic_words(exc.message))
     fix = ""
     if isinstance(exc, e.AuthenticationError):
         fix = _credentials_fix(provider)
@@ -591,10 +613,21 @@ def explain_error(
         fix = "The provider failed; run the cell again in a moment."
     elif isinstance(exc, e.RequestCancelled):
         fix = ""
-    elif exc.code == "cache_miss":
+    elif exc.code == "output_truncated":
         fix = (
-            "This answer was never recorded: run the cell once with --cache read-write (or "
-            "record) where the model is reachable, or use --cache off."
+            "Bound the schema's strings and lists (Field(max_length=…), Annotated[list[...], "
+            "Field(max_length=…)]) so the whole answer fits; a larger --max-tokens mostly buys "
+            "more rambling."
+        )
+    elif exc.code == "cache_miss":
+        # the facts only (the cell, the prompt, the model, the file): the fix says what to do
+        path = getattr(exc, "path", None)
+        end = exc.message.find(f" in {path}") if path is not None else -1
+        if end >= 0:
+            message = message.replace(exc.message, exc.message[: end + len(f" in {path}")])
+        fix = (
+            "Replay mode sends nothing to the model: run the cell with --cache off to ask it, or "
+            "with --cache read-write to ask it and record the answer."
         )
     elif type(exc).__name__ == "UnknownProviderError":
         fix = "Write the model as provider:model, e.g. -m openai:gpt-4.1."

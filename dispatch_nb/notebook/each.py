@@ -8,9 +8,10 @@ neither the first row nor the namespace has stops the cell before anything is se
 
 The rows run concurrently with tqdm's progress bar (``batch``'s), then ONE static output remains:
 a table of the input columns with each row's answer (``--schema``: the parsed fields as columns)
-and, when a row failed or was never sent, its error; the result's summary is the footer (``ok``,
-``failed`` and ``not sent`` apart: a batch stops sending at an error every row would get, and
-Ctrl-C stops it, and the rows it never sent are not counted as failed). ``-o VAR`` keeps the
+and, when a row failed or was never sent, its error, its rows numbered from 0 like ``VAR[i]`` and
+``VAR.to_pandas()``; the result's summary is the footer (``ok``, ``failed`` and ``not sent``
+apart: a batch stops sending at an error every row would get, and Ctrl-C stops it, and the rows it
+never sent are not counted as failed). ``-o VAR`` keeps the
 :class:`~dispatch_nb.batching.BatchResult` (``VAR.to_pandas()``, ``VAR[i].parsed``).
 
 Each row is one independent question: no thread history is sent or recorded. ``-m`` names one
@@ -130,6 +131,12 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
             )
         return prompt.text
 
+    # the first row's prompt is made now: a wrong template stops the cell before anything is
+    # sent or shown (no progress bar before the error)
+    try:
+        fill(next(iter(names))[1])
+    except ValueError as exc:  # a TemplateError, or a PromptError ({1/0} raised)
+        raise UsageError(f"--each {args.each.strip()}: {exc}") from None
     try:
         provider, _model = parse_model_spec(spec)
     except Exception as exc:
@@ -236,7 +243,7 @@ def each_output(
     summary = result.summary()
     footer = f"{spec} · --each {name}" + (f" · --schema {schema}" if schema else "")
     footer += f" · {summary}"
-    body = rows_markdown(table, index=True)
+    body = rows_markdown(table, index=True, start=0)  # numbered like VAR[i] and to_pandas()
     md = body + "\n\n" + notes_markdown(notes) + f"<sub>{html.escape(footer, quote=False)}</sub>"
     plain = body + "".join(f"\nℹ {n}" for n in notes) + f"\n\n[{footer}]"
     meta = {

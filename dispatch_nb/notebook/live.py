@@ -237,10 +237,9 @@ def _tool_html(part: ToolPart) -> str:
 
 
 def _status_html(title: str, state: str) -> str:
-    return (
-        f"{_CSS}<div class='dnb-status' style='{_DIM}'><b>{html.escape(title)}</b> · "
-        f"{html.escape(state)}</div>"
-    )
+    """The status line (``title`` in bold, unless empty: a compare column has its own header)."""
+    named = f"<b>{html.escape(title)}</b> · " if title else ""
+    return f"{_CSS}<div class='dnb-status' style='{_DIM}'>{named}{html.escape(state)}</div>"
 
 
 def _markdown_bundle(markdown: str) -> dict[str, Any]:
@@ -457,11 +456,20 @@ class _WidgetColumn:
         self.segment_style = self._make(HTMLStyle)
         self.body = self._make(widgets.VBox, children=())
         self.body.add_class("dnb-flow")
+        #: a compare column (``width``) is headed by its model; the status line then says only
+        #: the state
+        self.label = "" if width else title
         self.status = self._make(
-            widgets.HTML, value=_status_html(title, "waiting for the first token…")
+            widgets.HTML, value=_status_html(self.label, "waiting for the first token…")
         )
+        children: tuple[Any, ...] = (self.body, self.status)
+        if width:
+            header = self._make(
+                widgets.HTML, value=f"<div class='dnb-title'><b>{html.escape(title)}</b></div>"
+            )
+            children = (header, *children)
         layout = {"width": width, "padding": "0 6px"} if width else {}
-        self.box = self._make(widgets.VBox, children=(self.body, self.status), layout=layout)
+        self.box = self._make(widgets.VBox, children=children, layout=layout)
         self.parts: list[Any] = []
         self.parts_dirty = False
         self.runs: list[_Run | _MarkdownRun] = []
@@ -580,7 +588,7 @@ class _WidgetColumn:
             self.body.children = tuple(self.parts)
             self.parts_dirty = False
         if self.state_dirty:
-            self.status.value = _status_html(self.title, self.footer or self.state)
+            self.status.value = _status_html(self.label, self.footer or self.state)
             self.state_dirty = False
 
     def done(self, footer: str, error: str | None) -> None:
@@ -891,8 +899,10 @@ class TextView(LiveView):
 
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
+        from .display import terminal_text
+
         for note in self.notes:
-            self._write(f"ℹ {note}\n")
+            self._write(f"ℹ {terminal_text(note)}\n")
 
     def _feed(self, index: int, event: Any) -> None:
         if self.compare:
@@ -950,7 +960,9 @@ class TextView(LiveView):
             if not self.at_line_start:
                 self._write("\n")
             if final.terminal:  # a warning or a hint; the answer itself was printed as it came
-                self._write(final.terminal.rstrip("\n") + "\n")
+                from .display import terminal_text
+
+                self._write(terminal_text(final.terminal.rstrip("\n")) + "\n")
             if footer:
                 self._write(f"[{footer}]\n")
 

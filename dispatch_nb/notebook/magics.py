@@ -64,9 +64,28 @@ def usage_line(parser: Any) -> str:
     return "usage: " + " ".join(parser.format_usage().replace("::", "").split())
 
 
+def _did_you_mean(parser: Any, message: str) -> str:
+    """`` (did you mean --temperature?)`` for options argparse did not recognize that are close
+    to one the magic has (``--temprature``); ``""`` otherwise."""
+    import difflib
+    import re
+
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    if unknown is None:
+        return ""
+    options = re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", parser.format_usage())
+    guesses = [
+        close[0]
+        for word in unknown.group(1).split()
+        if word.startswith("-")
+        and (close := difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.7))
+    ]
+    return f" (did you mean {' / '.join(dict.fromkeys(guesses))}?)" if guesses else ""
+
+
 def _usage_error(parser: Any, exc: UsageError) -> UsageError:
-    """The argparse message plus the usage line."""
-    return UsageError(f"{exc}\n{usage_line(parser)}")
+    """The argparse message (with a guess for a misspelt option) plus the usage line."""
+    return UsageError(f"{exc}{_did_you_mean(parser, str(exc))}\n{usage_line(parser)}")
 
 
 def parse_magic_line(parser: Any, line: str) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..validation import article
-from .display import ChatError
+from .display import ChatError, magic_words
 
 __all__ = [
     "SCHEMA_ACCEPTED",
@@ -112,4 +112,4 @@ def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
     try:
         return as_output(value)
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"--schema {expression}: {exc}. {SCHEMA_ACCEPTED}.") from None
+        raise UsageError(f"--schema {expression}: {magic_words(str(exc))}. {SCHEMA_ACCEPTED}.") from None

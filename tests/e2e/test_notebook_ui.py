@@ -271,7 +271,8 @@ def test_pending_chat_cell_logs_in_then_answers(
 
 
 def test_compare_renders_columns(open_notebook: Any, fake: CanonicalFake) -> None:
-    """(c) -m a,b streams side by side in columns, then leaves a comparison table."""
+    """(c) -m a,b streams side by side in columns, each headed by its model while it streams,
+    then leaves a comparison table."""
     answer = (
         "A measured answer that streams for a little while, so that both columns are visible "
         "side by side and each one grows on its own, with its own usage and latency at the end."
@@ -293,12 +294,23 @@ def test_compare_renders_columns(open_notebook: Any, fake: CanonicalFake) -> Non
             if box is None:
                 return []
             boxes.append(box)
-        return boxes
+        # where the streamed text of each column is
+        texts = out.locator(".jp-RenderedMarkdown", has_text="A measured answer").evaluate_all(
+            "els => els.map(el => el.getBoundingClientRect()).filter(r => r.width > 0)"
+            ".map(r => ({x: r.x, y: r.y}))"
+        )
+        return [*boxes, texts] if len(texts) >= 2 and nb.prompt(1) == "[*]:" else []
 
-    a, b = wait_until(columns, 30, 0.03, "both model columns to stream")
+    a, b, texts = wait_until(columns, 30, 0.03, "both model columns to stream")
     assert abs(a["y"] - b["y"]) < 40 and b["x"] - a["x"] > 200, (
         f"the models are not side by side: {a} {b}"
     )
+    # each column is headed by its model: the name sits above the text streaming below it
+    for header in (a, b):
+        below = [t for t in texts if abs(t["x"] - header["x"]) < 40]
+        assert below and all(header["y"] + header["height"] <= t["y"] + 1 for t in below), (
+            f"no model header above the column's text: {header} {texts}"
+        )
     nb.screenshot("compare-live")
     nb.wait_done(1, before, timeout=60)
     table = out.locator("table")
@@ -356,3 +368,57 @@ def test_saved_notebook_reopens_with_markdown(
     text = nb.output_text(1)
     assert "Error displaying widget" not in text and "model not found" not in text.lower()
     nb.screenshot("reopened")
+
+
+#: In the page: the progress widget's counters (the text right of the bar), and on how many
+#: lines that text is drawn.
+_PROGRESS_JS = """
+(out) => {
+  const gauge = out.querySelector('.widget-hprogress, .widget-progress');
+  if (!gauge) return null;
+  const counters = gauge.parentElement.lastElementChild;
+  const tops = new Set();
+  const walker = document.createTreeWalker(counters, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    for (const r of range.getClientRects()) if (r.width > 0) tops.add(Math.round(r.top));
+  }
+  return [counters.innerText, tops.size];
+}
+"""
+
+
+def test_each_progress_is_one_line_and_its_table_counts_from_zero(
+    open_notebook: Any, fake: CanonicalFake
+) -> None:
+    """(issue 23) ``%%chat --each``: the progress bar's counters stay on one line and show one
+    rate (the rows actually sent), the result table numbers its rows from 0 like ``res[i]``, and a
+    template that names nothing stops the cell before any bar shows."""
+    for i in range(8):  # answers of different lengths: some rows finish while others stream
+        fake.push(Turn(text="word " * (2 + 3 * i), chunk=5, delay=0.3))
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    nb = open_notebook([LOAD, f"words = {words!r}", "%%chat --each words -o res\nSay {row}",
+                        "%%chat --each words\nSay {typo}"])
+    nb.run(0)
+    nb.run(1)
+    before = nb.start(2)
+    out = nb.output(2)
+    seen: list[tuple[str, int]] = wait_until(
+        lambda: (p := out.evaluate(_PROGRESS_JS)) and "ETA" in p[0] and [p], 40, 0.05,
+        "the progress bar to show a rate and an ETA",
+    )
+    nb.screenshot("each-progress", element=nb.cell(2))
+    text, lines = seen[0]
+    assert lines == 1, f"the progress counters take {lines} lines: {text!r}"
+    assert len(re.findall(r"rows?/s|s/rows?", text)) == 1, f"not one rate: {text!r}"
+    nb.wait_done(2, before, timeout=60)
+    rows = out.locator("table tr")
+    assert rows.nth(1).locator("td").first.inner_text().strip() == "0"
+    assert rows.nth(8).locator("td").nth(1).inner_text().strip() == "theta"
+    nb.screenshot("each-table", element=nb.cell(2))
+    sent = len(fake.chat_requests)
+    text = nb.run(3)
+    assert "UsageError" in text and "{typo} names nothing" in text, text
+    assert "batch" not in text and "%" not in text, f"a progress bar before the error: {text!r}"
+    assert len(fake.chat_requests) == sent

@@ -202,9 +202,9 @@ def test_each_over_a_dataframe_answers_every_row(shell: Any, fake: Any) -> None:
     assert result.success, result.error_in_exec
     assert table(final_markdown(shell)) == [
         ["#", "city", "n", "answer"],
-        ["1", "Paris", "1", "other: Tell me about Paris (1), briefly."],
-        ["2", "Rome", "2", "other: Tell me about Rome (2), briefly."],
-        ["3", "Oslo", "3", "other: Tell me about Oslo (3), briefly."],
+        ["0", "Paris", "1", "other: Tell me about Paris (1), briefly."],
+        ["1", "Rome", "2", "other: Tell me about Rome (2), briefly."],
+        ["2", "Oslo", "3", "other: Tell me about Oslo (3), briefly."],
     ]
     bodies = [r.json for r in fake.chat_requests]
     assert len(bodies) == 3
@@ -222,13 +222,13 @@ def test_each_over_a_list_and_a_series(shell: Any, fake: Any) -> None:
     run(shell, "import pandas as pd\nwords = ['alpha', 'beta']\n"
                "s = pd.Series(['x1', 'y2'], name='code')")
     assert run(shell, "%%chat --each words\nSay {row}").success
-    assert table(final_markdown(shell)) == [["#", "row", "answer"], ["1", "alpha", "echo: Say alpha"],
-                                            ["2", "beta", "echo: Say beta"]]
+    assert table(final_markdown(shell)) == [["#", "row", "answer"], ["0", "alpha", "echo: Say alpha"],
+                                            ["1", "beta", "echo: Say beta"]]
     assert run(shell, "%%chat --each s\nCode {code}").success
-    assert table(final_markdown(shell)) == [["#", "code", "answer"], ["1", "x1", "echo: Code x1"],
-                                            ["2", "y2", "echo: Code y2"]]
+    assert table(final_markdown(shell)) == [["#", "code", "answer"], ["0", "x1", "echo: Code x1"],
+                                            ["1", "y2", "echo: Code y2"]]
     assert run(shell, "%%chat --each words[:1]\nOnly {row}").success  # an expression
-    assert table(final_markdown(shell))[1:] == [["1", "alpha", "echo: Only alpha"]]
+    assert table(final_markdown(shell))[1:] == [["0", "alpha", "echo: Only alpha"]]
 
 
 def test_each_with_a_schema_has_the_parsed_fields_as_columns(shell: Any, fake: Any) -> None:
@@ -237,8 +237,8 @@ def test_each_with_a_schema_has_the_parsed_fields_as_columns(shell: Any, fake: A
     assert result.success, result.error_in_exec
     assert table(final_markdown(shell)) == [
         ["#", "id", "text", "model", "prompt"],
-        ["1", "1", "first", "parse", "Read first"],
-        ["2", "2", "second one", "parse", "Read second one"],
+        ["0", "1", "first", "parse", "Read first"],
+        ["1", "2", "second one", "parse", "Read second one"],
     ]
     res = shell.user_ns["res"]
     assert [r.parsed.prompt for r in res] == ["Read first", "Read second one"]
@@ -308,8 +308,8 @@ def test_ctrl_c_during_each_stops_promptly_and_keeps_the_finished_rows(
     assert took < 3, f"the cell took {took:.1f} s to stop"
     rows = table(final_markdown(shell))
     assert rows[0] == ["#", "row", "answer", "error"]
-    assert rows[1][:3] == ["1", "alpha", "echo: Say alpha"]
-    assert rows[2][:3] == ["2", "beta", "echo: Say beta"]
+    assert rows[1][:3] == ["0", "alpha", "echo: Say alpha"]
+    assert rows[2][:3] == ["1", "beta", "echo: Say beta"]
     assert all(row[2] == "" and "cancel" in row[3].lower() for row in rows[3:]), rows
     res = shell.user_ns["res"]
     assert type(res).__name__ == "BatchResult" and res.ok == 2 and len(res) == 6
@@ -363,10 +363,10 @@ def test_schema_and_each_in_a_real_kernel(tmp_path: Any) -> None:
                                ["2", "echo", "second"]]
     assert table(final(2), 1) == [["field", "fake:echo", "fake:other"],
                                   ["model", "echo", "other"], ["prompt", "Compare.", "Compare."]]
-    assert table(final(3)) == [["#", "city", "answer"], ["1", "Paris", "echo: About Paris"],
-                               ["2", "Rome", "echo: About Rome"]]
-    assert table(final(4)) == [["#", "city", "model", "prompt"], ["1", "Paris", "parse", "Parse Paris"],
-                               ["2", "Rome", "parse", "Parse Rome"]]
+    assert table(final(3)) == [["#", "city", "answer"], ["0", "Paris", "echo: About Paris"],
+                               ["1", "Rome", "echo: About Rome"]]
+    assert table(final(4)) == [["#", "city", "model", "prompt"], ["0", "Paris", "parse", "Parse Paris"],
+                               ["1", "Rome", "parse", "Parse Rome"]]
     printed = "".join(o.get("text", "") for o in nb.cells[5].outputs)
     assert printed.strip() == "second 2 ['echo: About Paris', 'echo: About Rome']"
 
@@ -380,7 +380,7 @@ def test_each_with_a_list_schema_or_a_scalar_type_has_one_answer_cell(shell: Any
         {"model": "echo", "prompt": "List one"}, {"model": "echo", "prompt": "second"}]
     fake.push(Turn(text='{"result": 7}'))
     assert run(shell, "%%chat --each words --schema int\nCount {row}").success
-    assert table(final_markdown(shell)) == [["#", "row", "answer"], ["1", "one", "7"]]
+    assert table(final_markdown(shell)) == [["#", "row", "answer"], ["0", "one", "7"]]
 
 
 def test_each_table_shows_the_first_hundred_rows_and_says_so(shell: Any, fake: Any) -> None:
@@ -388,6 +388,6 @@ def test_each_table_shows_the_first_hundred_rows_and_says_so(shell: Any, fake: A
     assert run(shell, "%%chat --each words -o res\nSay {row}").success
     md = final_markdown(shell)
     rows = table(md)
-    assert len(rows) == 101 and rows[100] == ["100", "w99", "echo: Say w99"]
+    assert len(rows) == 101 and rows[100] == ["99", "w99", "echo: Say w99"]
     assert "The first 100 of 103 rows are shown" in md and "103 rows: 103 ok" in md
     assert len(shell.user_ns["res"]) == 103 and shell.user_ns["res"][102].text == "echo: Say w102"
