@@ -5,10 +5,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 EXTRAS ?= test,notebook,local,e2e,dev
+# test processes (pytest-xdist; tests/parallel.py keeps what must share a process together)
+JOBS   ?= auto
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: demo test test-fast lint e2e bench clean
+.PHONY: demo test test-fast test-shuffled lint e2e bench clean
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,13 +24,17 @@ demo:
 	$(MAKE) --no-print-directory EXTRAS=notebook,local $(VENV)/.installed-notebook,local
 	$(PY) -m dispatch_nb demo
 
-## test: the whole test suite (what CI runs)
+## test: the whole test suite (what CI runs), on every core
 test: $(VENV)/.installed-$(EXTRAS)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(JOBS)
 
 ## test-fast: everything but the real-browser, real-kernel and llama.cpp tests
 test-fast: $(VENV)/.installed-$(EXTRAS)
-	$(PY) -m pytest -m "not e2e and not kernel and not llama and not local"
+	$(PY) -m pytest -n $(JOBS) -m "not e2e and not kernel and not llama and not local"
+
+## test-shuffled: the whole suite in a random order (the seed is printed: --random-order-seed=N repeats it)
+test-shuffled: $(VENV)/.installed-$(EXTRAS)
+	$(PY) -m pytest -n $(JOBS) --random-order
 
 ## e2e: only the real-browser tests (JupyterLab and Notebook 7 in Debian's headless chromium)
 e2e: $(VENV)/.installed-$(EXTRAS)
