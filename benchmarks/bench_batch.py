@@ -1,22 +1,25 @@
 """Prompts over data: ``dispatch_nb.abatch`` against the openai SDK's ``AsyncOpenAI`` plus an
 ``asyncio.Semaphore``, on the same rows, from the same paced loopback server, in one run.
 
-Each row is one streamed chat.completions answer of 200 text events (plus the role, finish and
-usage chunks) sent at 50 events per second — about 4 s per row, like a real model. The server is an
-asyncio process of its own that writes every active stream's next event on one shared clock, so
-hundreds of concurrent streams cost it little. Every client run is a fresh subprocess, so its wall
+Each row is one chat.completions answer of 200 tokens produced at 50 tokens per second — about 4 s
+per row, like a real model. As a batch asks (rows are not streamed), the answer is one JSON body
+sent when its last token would have been; with ``--stream`` both clients stream the rows instead,
+200 text events (plus the role, finish and usage chunks) at 50 events per second. The server is an
+asyncio process of its own that advances every active answer on one shared clock, so hundreds of
+concurrent answers cost it little. Every client run is a fresh subprocess, so its wall
 time, CPU (user + system: the "kernel CPU" a notebook would spend) and peak RSS are its own. Wall
 time and CPU are the batch call's: each client first imports what its first call would load (a
 notebook kernel running a batch has its library loaded already); that import time is shown apart.
 
 Reported per concurrency (32 and 256): wall time against the ideal (ceil(rows / concurrency) ×
-one stream's duration), CPU cores used (CPU seconds / wall seconds), peak memory. Then memory
-flatness: 10,000 vs 100,000 rows streamed from a generator (short answers, no pacing).
+one answer's duration), CPU cores used (CPU seconds / wall seconds), peak memory. Then memory
+flatness: 10,000 vs 100,000 rows from a generator (short answers sent at once).
 
 Targets (issue 18; ratios printed, not asserted): within 1.15× the ideal at concurrency 256, under
 half a core, memory flat in the number of rows.
 
     python benchmarks/bench_batch.py            # the full run (~6 minutes)
+    python benchmarks/bench_batch.py --stream   # the same with every row streamed
     python benchmarks/bench_batch.py --quick    # 200 rows, 40 events (~1 minute)
     python benchmarks/bench_batch.py --smoke    # 40 rows, 10 events: every client once (~20 s)
 
@@ -48,10 +51,12 @@ from stream_server import chat_events  # noqa: E402
 
 
 async def serve(portfile: str, rate: float) -> None:
-    """chat.completions streams of ``x-bench-events`` events, one event per tick of a shared
-    clock at ``rate`` ticks per second (the first event at once)."""
+    """chat.completions answers of ``x-bench-events`` tokens, one token per tick of a shared
+    clock at ``rate`` ticks per second: streamed, one event per tick (the first at once); else one
+    JSON body when the stream's last event would have been sent."""
     rendered: dict[int, list[bytes]] = {}
     active: list[list[Any]] = []  # [writer, chunks, next index, done future]
+    waiting: list[list[Any]] = []  # [ticks left, done future]: answers not streamed
     ticks = [0]  # ticks so far: GET /stats tells the driver the pace the server really kept
 
     def chunks_for(n: int) -> list[bytes]:
@@ -82,6 +87,11 @@ async def serve(portfile: str, rate: float) -> None:
                     stream[2] = index
                     still.append(stream)
             active[:] = still
+            for answer in waiting:
+                answer[0] -= 1
+                if answer[0] <= 0:
+                    answer[1].set_result(None)
+            waiting[:] = [answer for answer in waiting if answer[0] > 0]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -93,8 +103,7 @@ async def serve(portfile: str, rate: float) -> None:
                         name, value = line.split(":", 1)
                         headers[name.strip().lower()] = value.strip()
                 length = int(headers.get("content-length", "0"))
-                if length:
-                    await reader.readexactly(length)
+                request = await reader.readexactly(length) if length else b""
                 if head.startswith(b"GET /stats"):
                     body = json.dumps({"ticks": ticks[0],
                                        "clock": asyncio.get_running_loop().time()}).encode()
@@ -102,7 +111,18 @@ async def serve(portfile: str, rate: float) -> None:
                                  b"content-length: %d\r\n\r\n%s" % (len(body), body))
                     await writer.drain()
                     continue
-                chunks = chunks_for(int(headers.get("x-bench-events", "200")))
+                events = int(headers.get("x-bench-events", "200"))
+                chunks = chunks_for(events)
+                if not json.loads(request or b"{}").get("stream"):  # one JSON body
+                    if not headers.get("x-bench-unpaced"):
+                        done = asyncio.get_running_loop().create_future()
+                        waiting.append([len(chunks) - 2, done])  # the stream's ticks
+                        await done
+                    body = completion(events)
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                    await writer.drain()
+                    continue
                 head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                         b"transfer-encoding: chunked\r\n\r\n")
                 if headers.get("x-bench-unpaced"):  # the whole answer at once
@@ -127,6 +147,16 @@ async def serve(portfile: str, rate: float) -> None:
     clock.cancel()
 
 
+def completion(events: int) -> bytes:
+    """The answer not streamed: one chat.completion with the text the stream would carry."""
+    return json.dumps({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "bench",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": expected_text(events)}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": events, "total_tokens": events + 5},
+    }).encode()
+
+
 # -- the clients (each in its own process) ----------------------------------------------------------
 
 
@@ -147,7 +177,7 @@ def _headers(events: int) -> dict[str, str]:
 
 
 async def run_dispatch(url: str, rows: int, concurrency: int, events: int,
-                       pool: int | None) -> int:
+                       pool: int | None, stream: bool) -> int:
     """Rows answered with the right text."""
     import httpx
 
@@ -162,8 +192,7 @@ async def run_dispatch(url: str, rows: int, concurrency: int, events: int,
     adapter = OpenAIAdapter("bench", backend="compatible", base_url=url, api_key="bench",
                             async_http_client=client)
     result = await abatch("{row}", _rows(rows), model=adapter, concurrency=concurrency,
-                          progress=False,
-                          extra_headers=_headers(events))
+                          progress=False, stream=stream, extra_headers=_headers(events))
     if client is not None:
         await client.aclose()
     await adapter.aclose()
@@ -171,7 +200,7 @@ async def run_dispatch(url: str, rows: int, concurrency: int, events: int,
     return sum(isinstance(r, Response) and r.text == want for r in result)
 
 
-async def run_openai(url: str, rows: int, concurrency: int, events: int) -> int:
+async def run_openai(url: str, rows: int, concurrency: int, events: int, stream: bool) -> int:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=2)
@@ -179,12 +208,17 @@ async def run_openai(url: str, rows: int, concurrency: int, events: int) -> int:
 
     async def one(prompt: str) -> str:
         async with semaphore:
-            stream = await client.chat.completions.create(
+            if not stream:
+                answer = await client.chat.completions.create(
+                    model="bench", messages=[{"role": "user", "content": prompt}],
+                    extra_headers=_headers(events))
+                return answer.choices[0].message.content or ""
+            chunks = await client.chat.completions.create(
                 model="bench", messages=[{"role": "user", "content": prompt}], stream=True,
                 stream_options={"include_usage": True},
                 extra_headers=_headers(events))
             parts = []
-            async for chunk in stream:
+            async for chunk in chunks:
                 if chunk.choices and chunk.choices[0].delta.content:
                     parts.append(chunk.choices[0].delta.content)
             return "".join(parts)
@@ -218,10 +252,11 @@ def client_main(args: argparse.Namespace) -> None:
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     if args.client == "openai":
-        ok = asyncio.run(run_openai(args.url, args.rows, args.concurrency, args.events))
+        ok = asyncio.run(run_openai(args.url, args.rows, args.concurrency, args.events,
+                                    args.stream))
     else:
         ok = asyncio.run(run_dispatch(args.url, args.rows, args.concurrency, args.events,
-                                      args.pool))
+                                      args.pool, args.stream))
     wall = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (usage.ru_utime - usage0.ru_utime) + (usage.ru_stime - usage0.ru_stime)
@@ -242,9 +277,11 @@ def server_stats(url: str) -> tuple[int, float]:
 
 
 def measure(url: str, client: str, rows: int, concurrency: int, events: int,
-            pool: int | None = None) -> dict[str, Any]:
+            pool: int | None = None, stream: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--client", client, "--url", url, "--rows", str(rows),
            "--concurrency", str(concurrency), "--events", str(events)]
+    if stream:
+        cmd.append("--stream")
     if pool is not None:
         cmd += ["--pool", str(pool)]
     ticks0, clock0 = server_stats(url)
@@ -266,6 +303,8 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--pool", type=int)
+    parser.add_argument("--stream", action="store_true",
+                        help="stream every row (both clients); default: plain answers, as batch()")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--levels", default="32,256",
                         help="the concurrencies to compare (comma-separated)")
@@ -295,8 +334,10 @@ def main() -> int:
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{portfile.read_text()}/v1"
             stream_s = (len(chat_events(events)) - 1) / args.rate
-            print(f"{rows:,} rows, each a {events}-event stream at {args.rate:g} events/s "
-                  f"({stream_s:.2f} s a row); every client in a fresh process\n", flush=True)
+            how = "streamed" if args.stream else "not streamed: one JSON body when done"
+            print(f"{rows:,} rows, each a {events}-token answer at {args.rate:g} tokens/s "
+                  f"({stream_s:.2f} s a row, {how}); every client in a fresh process\n",
+                  flush=True)
             print("× ideal: against the nominal pace; × paced: against the pace the server really "
                   "kept (it shares the machine)\n", flush=True)
             print(f"{'client':<44} {'conc':>5} {'wall s':>8} {'× ideal':>8} {'× paced':>8} "
@@ -306,7 +347,7 @@ def main() -> int:
                 runs = [("dispatch_nb abatch", "dispatch"),
                         ("openai SDK AsyncOpenAI + Semaphore + gather", "openai")]
                 for label, client in runs:
-                    m = measure(url, client, rows, concurrency, events)
+                    m = measure(url, client, rows, concurrency, events, stream=args.stream)
                     if m["ok"] != rows:
                         wrong.append(f"{label} at concurrency {concurrency}: {m['ok']} of {rows} "
                                      "answers read right")
@@ -317,7 +358,7 @@ def main() -> int:
                           f"{m['import']:>9.2f}", flush=True)
                 print(f"{'ideal':<44} {concurrency:>5} {ideal:>8.2f}", flush=True)
             if not args.no_memory:
-                print("\nMemory against the number of rows (rows from a generator, 5-event answers "
+                print("\nMemory against the number of rows (rows from a generator, 5-token answers "
                       "sent at once, concurrency 256):", flush=True)
                 peaks = {}
                 for n in (small, large):

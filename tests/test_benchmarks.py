@@ -31,5 +31,5 @@ def test_every_benchmark_runs_and_every_client_reads_the_right_text() -> None:
     assert "all 23 clients read every stream correctly" in run.stdout, report[-3000:]
     assert "%%chat streaming 40 events at 100/s into a real kernel" in run.stdout
     assert "heavy modules imported by %load_ext:       none" in run.stdout
-    assert "40 rows, each a 10-event stream" in run.stdout
+    assert "40 rows, each a 10-token answer" in run.stdout
     assert "every client read every answer right" in run.stdout

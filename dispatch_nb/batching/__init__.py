@@ -13,10 +13,11 @@ The package, one idea per module:
 
 * ``rows.py``       — reading the input lazily, filling the template, each row's key
 * ``limiter.py``    — adaptive concurrency (AIMD: a 429 halves it, successes grow it back)
-* ``engine.py``     — running rows on one event loop: retries, deadlines, cancellation
-* ``checkpoint.py`` — the JSON-lines file a rerun resumes from
+* ``engine.py``     — running rows on one event loop: retries, deadlines, cancellation, and the
+  stop at an error every row would get
+* ``checkpoint.py`` — the response cache, keyed by row, that a rerun resumes from
 * ``progress.py``   — the tqdm bar (widget in Jupyter, text in a terminal)
-* ``result.py``     — :class:`BatchResult`, :class:`BatchInterrupted`
+* ``result.py``     — :class:`BatchResult` (ok / failed / not sent), :class:`BatchInterrupted`
 * ``plan.py``       — the checked arguments, the adapter rows go through, the final accounting
   (shared by the local run and the Dask run)
 * ``run.py``        — :func:`batch` and :func:`abatch`

@@ -1,56 +1,51 @@
-"""A batch's checkpoint: one JSON line per finished row, written the moment the row finishes.
+"""A batch's checkpoint: a :class:`~dispatch_nb.cache.ResponseCache` whose keys are the rows.
 
-::
+Each answered row is recorded the moment it finishes, as one line in the response cache's own
+format (docs/record-replay.md), keyed by the row — :func:`~dispatch_nb.batching.rows.row_key`: the
+model, the filled prompt and the request options (``…#1`` for a repeat of a row) — with the row's
+facts beside the answer::
 
-    {"key":"3f9c…","v":1,"row":17,"ok":true,"created":"2026-…Z","latency":1.204,"attempts":1,
-     "usage":{…},"response":{…the Response as JSON…}}
-    {"key":"a71e…","v":1,"row":18,"ok":false,"created":"…","latency":30.0,"attempts":3,
-     "usage":{…},"error":{"type":"RateLimitError","message":"…","status_code":429,"code":"rate_limited"}}
+    {"v":1,"key":"3f9c…","provider":"openai","model":"gpt-4.1-mini","created":"2026-…Z",
+     "label":"row 17","request":{"messages":1,"last_user":"Classify…"},"streamed":false,
+     "response":{…the Response…},"row":17,"latency":1.204,"attempts":1,"usage":{…}}
 
-``key`` is what was asked (:func:`~dispatch_nb.batching.rows.row_key`: the model, the filled prompt
-and the request options), so a rerun — the same rows, more rows, or the rows in another order —
-finds every answered row and sends only the others. A row that failed is written too (so the file
-says why) but counts as not answered: the next run sends it again. Cancelled rows are not written.
+A rerun — the same rows, more rows, or the rows in another order — finds every answered row and
+sends only the others. Rows that failed are not written (the result holds their errors; the next
+run sends them again), nor are rows cancelled or never sent.
 
-Each line is appended with one ``write`` under an exclusive ``flock`` (several processes — Dask
-workers on one machine or a shared filesystem — may append to one file), so a killed kernel or
-worker loses at most the rows that were in flight; a line cut short by a crash is skipped on the
-next read. Secrets are scrubbed as in the response cache.
+The file is the response cache's: appended under a lock and an ``flock`` (Dask workers on one
+machine or a shared filesystem may append to one file), so a killed kernel or worker loses at
+most the rows in flight; a line cut short by a crash is skipped; secrets are scrubbed; the last
+line of a key wins. Checkpoints written before this format (one line per finished row, failed rows
+too) resume as they are: their answered lines are cache entries already.
 
-A batch sent to a provider's batch API (``deferred=True``) also writes one line per provider job
-the moment it is created, and again when its answers are collected::
+A batch sent to a provider's batch API (``deferred=True``) also records each provider job the
+moment it is created — before it is polled — and again as its state changes, keyed ``job:<id>``::
 
-    {"job":"batch_68…","v":1,"created":"…","part":{"id":"batch_68…","state":"in_progress",…},
+    {"v":1,"key":"job:batch_68…","created":"…","job":{"id":"batch_68…","state":"in_progress",…},
      "keys":["3f9c…","a71e…",…],"collected":false}
+
+so a rerun (another kernel, another machine with this file) collects the job instead of submitting
+its rows again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import json
-import logging
+import functools
 import os
-import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..cache import ResponseCache, scrub_secrets
-from ..errors import DispatchError
-from ..types import Response, Usage
+from ..cache import ResponseCache
+from ..types import Message, Response, Usage
 
-try:  # POSIX; elsewhere one process writes at a time anyway
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+__all__ = ["Checkpoint", "shared_checkpoint"]
 
-__all__ = ["Checkpoint"]
-
-log = logging.getLogger("dispatch_nb")
-
+#: the version of the cache's lines
 FORMAT_VERSION = 1
-_KEY = re.compile(rb'^\{"key":"([^"]+)"')
+#: characters of the last user message kept in a line (as the response cache keeps)
+PREVIEW_CHARS = 200
 
 
 def _now() -> str:
@@ -59,152 +54,85 @@ def _now() -> str:
     )
 
 
-class Checkpoint:
-    """The JSON-lines file at ``path`` (created on the first finished row)."""
+def _request_facts(messages: str | list[Message]) -> dict[str, Any]:
+    """What the cache keeps of a request: how many messages, the last user message's start."""
+    if isinstance(messages, str):
+        count, text = 1, messages
+    else:
+        count = len(messages)
+        text = next((m.text for m in reversed(messages) if m.role == "user"), "")
+    text = " ".join(text.split())
+    if len(text) > PREVIEW_CHARS:
+        text = text[: PREVIEW_CHARS - 1] + "…"
+    return {"messages": count, "last_user": text}
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+class Checkpoint:
+    """The checkpoint at ``path``: a response cache in ``read-write`` mode (``cache``: one made
+    already, e.g. :func:`shared_checkpoint`'s)."""
+
+    def __init__(self, path: str | os.PathLike[str], cache: ResponseCache | None = None) -> None:
         self.path = Path(path).expanduser().absolute()
         if self.path.is_dir():
             raise ValueError(f"checkpoint={str(path)!r} is a directory; name a file, e.g. run.jsonl")
-        self._answered: dict[str, dict[str, Any]] = {}
-        self._jobs: dict[str, dict[str, Any]] = {}
-        self._fd: int | None = None
-        # the usual key variables' values (OPENAI_API_KEY...), as the response cache scrubs them
-        self._secrets: set[str] = ResponseCache(self.path, mode="off").secrets()
+        #: the store
+        self.cache = cache if cache is not None else ResponseCache(self.path, mode="read-write")
         #: rows this object wrote
         self.written = 0
 
     def __repr__(self) -> str:
-        return f"Checkpoint({str(self.path)!r}, answered={len(self._answered)})"
-
-    def add_secret(self, value: str) -> None:
-        """Never write ``value``."""
-        if value:
-            self._secrets.add(value)
-
-    # -- reading ---------------------------------------------------------------------------------
-    def load(self, only: set[str] | None = None) -> int:
-        """Read the answered rows (all, or only the keys in ``only``); returns how many."""
-        answered: dict[str, dict[str, Any]] = {}
-        jobs: dict[str, dict[str, Any]] = {}
-        try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - closed by the with below
-        except FileNotFoundError:
-            self._answered, self._jobs = answered, jobs
-            return 0
-        with fh:
-            for number, raw in enumerate(fh, 1):
-                if only is not None:
-                    match = _KEY.match(raw)
-                    if match is not None and match.group(1).decode("ascii", "replace") not in only:
-                        continue
-                try:
-                    entry = json.loads(raw)
-                    if isinstance(entry, dict) and "job" in entry:
-                        jobs[str(entry["job"])] = entry  # a provider job (a later line wins)
-                        continue
-                    key = entry["key"]
-                    ok = entry["ok"]
-                except (ValueError, KeyError, TypeError):
-                    if raw.strip():
-                        log.warning("%s line %d is not a checkpoint entry (cut short by a crash?); "
-                                    "ignoring it", self.path, number)
-                    continue
-                if only is not None and key not in only:
-                    continue
-                if ok is True and isinstance(entry.get("response"), dict):
-                    answered[key] = entry
-        self._answered, self._jobs = answered, jobs
-        return len(answered)
-
-    def __len__(self) -> int:
-        return len(self._answered)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._answered
+        return f"Checkpoint({str(self.path)!r})"
 
     def answer(self, key: str) -> tuple[Response, Usage, float] | None:
-        """The recorded answer for ``key`` (response, usage, latency), or None."""
-        entry = self._answered.get(key)
+        """The recorded answer of the row keyed ``key`` (response, usage, latency), or None."""
+        entry = self.cache.get(key)
         if entry is None:
             return None
         response = Response.model_validate(entry["response"])
         usage = Usage.model_validate(entry.get("usage") or response.usage.model_dump())
         return response, usage, float(entry.get("latency") or 0.0)
 
-    # -- writing ---------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[int]:
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        fd = self._fd
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield fd
-        finally:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def record(
-        self,
-        key: str,
-        position: int,
-        item: Response | DispatchError,
-        *,
-        usage: Usage,
-        latency: float,
-        attempts: int,
-    ) -> None:
-        """Append one finished row (a ``Response``, or the ``DispatchError`` it ended with)."""
-        entry: dict[str, Any] = {
-            "key": key,
+    def record(self, key: str, position: int, messages: str | list[Message], response: Response,
+               *, provider: str, model: str, streamed: bool, usage: Usage, latency: float,
+               attempts: int) -> None:
+        """Write one answered row."""
+        self.cache.put({
             "v": FORMAT_VERSION,
-            "row": position,
-            "ok": isinstance(item, Response),
+            "key": key,
+            "provider": provider,
+            "model": model,
             "created": _now(),
+            "label": f"row {position}",
+            "request": _request_facts(messages),
+            "streamed": streamed,
+            "response": response.model_dump(mode="json", exclude_none=True),
+            "row": position,
             "latency": round(latency, 3),
             "attempts": attempts,
             "usage": usage.model_dump(mode="json"),
-        }
-        if isinstance(item, Response):
-            entry["response"] = item.model_dump(mode="json", exclude_none=True)
-        else:
-            entry["error"] = {
-                "type": type(item).__name__,
-                "message": item.message,
-                "status_code": item.status_code,
-                "code": item.code,
-            }
-        clean = scrub_secrets(entry, self._secrets)
-        clean["key"] = key
-        line = (json.dumps(clean, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        with self._locked() as fd:
-            os.write(fd, line)
+        })
         self.written += 1
-        if clean["ok"]:
-            self._answered[key] = clean
 
-    # -- provider jobs (batch(..., deferred=True)) ------------------------------------------------
+
+    # -- provider jobs (batch(..., deferred=True)) ----------------------------------------------
     def jobs(self) -> list[dict[str, Any]]:
-        """The provider jobs recorded here whose answers are not all collected yet: each
-        ``{"job": id, "part": {...}, "keys": [...]}``, oldest first."""
-        return [entry for entry in self._jobs.values() if not entry.get("collected")]
+        """The provider jobs recorded here whose answers are not all collected yet, oldest first:
+        each ``{"job": {…the job's state…}, "keys": [row keys]}``."""
+        return [entry for entry in self.cache.entries()
+                if isinstance(entry.get("job"), dict) and not entry.get("collected")]
 
-    def record_job(self, part: dict[str, Any], keys: list[str], *, collected: bool = False) -> None:
-        """Append a provider job: its state (``part``) and the row keys it holds — written
-        before the job is polled, so a rerun (another kernel, another machine with this file)
-        collects it instead of submitting the rows again."""
-        entry = {"job": part["id"], "v": FORMAT_VERSION, "created": _now(), "part": part,
-                 "keys": keys, "collected": collected}
-        line = (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        with self._locked() as fd:
-            os.write(fd, line)
-        self._jobs[str(part["id"])] = entry
+    def record_job(self, job: dict[str, Any], keys: list[str], *, collected: bool = False) -> None:
+        """Record a provider job: its state and the keys of the rows it holds."""
+        self.cache.put({"v": FORMAT_VERSION, "key": f"job:{job['id']}", "created": _now(),
+                        "job": job, "keys": keys, "collected": collected})
 
-    def close(self) -> None:
-        """Close the file (idempotent; :meth:`record` reopens it)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+
+@functools.lru_cache(maxsize=16)
+def _cache(path: str) -> ResponseCache:
+    return ResponseCache(path, mode="read-write")
+
+
+def shared_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """The checkpoint at ``path`` over this process's one cache of it, so that each Dask partition
+    a worker runs reads only what was appended since the last one did."""
+    return Checkpoint(path, cache=_cache(str(Path(path).expanduser().absolute())))

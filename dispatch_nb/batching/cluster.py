@@ -37,7 +37,7 @@ from ..cache import ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..types import Message, Response, Usage
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, shared_checkpoint
 from .engine import BatchSettings, Pending, RowRunner, Stats, validate_call
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult, RowOrigin, is_not_sent, not_sent
@@ -111,17 +111,15 @@ def run_partition(task: PartitionTask) -> PartitionResult:
     adapter, _ = resolve_adapter(task.model, cache)
     result = BatchResult(model=task.model)
     stats = Stats()
-    checkpoint = Checkpoint(task.checkpoint) if task.checkpoint is not None else None
+    checkpoint = shared_checkpoint(task.checkpoint) if task.checkpoint is not None else None
     pending: list[Pending] = []
-    if checkpoint is not None:
-        if not checkpoint.path.exists():
-            raise FileNotFoundError(
-                f"the checkpoint {checkpoint.path} is not reachable from this Dask worker: with "
-                "executor=, the checkpoint must be on a filesystem the workers share with the "
-                "client (the same machine, or a shared mount)"
-            )
-        # A partition re-run after its worker died: rows that worker finished are not sent again.
-        checkpoint.load(only={key for _, _, key in task.rows})
+    if checkpoint is not None and not checkpoint.path.exists():
+        raise FileNotFoundError(
+            f"the checkpoint {checkpoint.path} is not reachable from this Dask worker: with "
+            "executor=, the checkpoint must be on a filesystem the workers share with the "
+            "client (the same machine, or a shared mount)"
+        )
+    # A partition re-run after its worker died: rows that worker finished are not sent again.
     for position, messages, key in task.rows:
         answer = checkpoint.answer(key) if checkpoint is not None else None
         if answer is not None:
@@ -159,8 +157,6 @@ def run_partition(task: PartitionTask) -> PartitionResult:
         finished.set()
         if watcher is not None:
             watcher.join(CANCEL_POLL * 2)
-        if checkpoint is not None:
-            checkpoint.close()
     out = PartitionResult(retries=result.retries, rate_limited=result.rate_limited,
                           model_calls=result.model_calls,
                           lowest_concurrency=runner.limiter.lowest, stopped_by=result.stopped_by)
@@ -246,7 +242,6 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     cache_spec = (str(cache.path.absolute()), cache.mode, cache.pace) if cache is not None else None
     checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
     if checkpoint is not None:
-        checkpoint.load()
         checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
         checkpoint.path.touch()  # the workers check they see this file (a shared filesystem)
     result = BatchResult(plan.source, model=plan.model_key)
@@ -367,8 +362,6 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
             raise
     finally:
         remove_callback()
-        if checkpoint is not None:
-            checkpoint.close()
     finish(plan, result, stats, cancel)
     bar.close(stats, result.summary())
     return result

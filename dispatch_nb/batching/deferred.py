@@ -220,7 +220,6 @@ class DeferredRun:
         plan = self.plan
         if plan.checkpoint is not None:
             self.checkpoint = Checkpoint(plan.checkpoint)
-            self.checkpoint.load()
         pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
                                     self.checkpoint, self.result, self.stats))
         if self.checkpoint is None:
@@ -229,7 +228,6 @@ class DeferredRun:
                 return pending
             path = self._default_checkpoint(keys)
             self.checkpoint = Checkpoint(path)
-            self.checkpoint.load()
             plan.checkpoint = path
             # rows an earlier run of this same call already answered
             still = []
@@ -270,7 +268,7 @@ class DeferredRun:
             mine = [k for k in keys if k in self.rows]
             if not mine:
                 continue
-            part = JobPart.from_json(entry["part"])
+            part = JobPart.from_json(entry["job"])
             self.parts[part.id] = (part, keys)
             claimed.update(mine)
             log.info("batch %s: collecting %d row(s) from %s job %s, submitted earlier",
@@ -389,8 +387,11 @@ class DeferredRun:
         self.stats.input_tokens += usage.input_tokens
         self.stats.output_tokens += usage.output_tokens
         self.stats.sent_done += 1
-        if self.checkpoint is not None and not isinstance(item, RequestCancelled):
-            self.checkpoint.record(row.key, row.position, item, usage=usage,
+        if self.checkpoint is not None and isinstance(item, Response):
+            assert self.adapter is not None
+            self.checkpoint.record(row.key, row.position, row.request.messages, item,
+                                   provider=self.adapter.provider_name,
+                                   model=self.adapter.model_name, streamed=False, usage=usage,
                                    latency=max(0.0, latency), attempts=1)
 
     async def _collect(self, client: Any, part: JobPart, keys: list[str]) -> None:
@@ -485,6 +486,4 @@ class DeferredRun:
         self._show()
 
     def close(self) -> None:
-        """Close the checkpoint file (:meth:`refresh` reopens it to record more rows)."""
-        if self.checkpoint is not None:
-            self.checkpoint.close()
+        """Nothing to release: the checkpoint writes each line as it comes."""

@@ -455,7 +455,6 @@ class RowRunner:
         elif self._labelled:
             calls = int(getattr(adapter, "model_calls", calls))
         totals.model_calls += calls
-        cancelled = isinstance(item, RequestCancelled)
         self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,
                          origin=origin)
         if isinstance(item, Response):
@@ -466,10 +465,12 @@ class RowRunner:
             stats.sent_done += 1
         stats.input_tokens += usage.input_tokens
         stats.output_tokens += usage.output_tokens
-        if self.checkpoint is not None and not cancelled:
+        if self.checkpoint is not None and isinstance(item, Response):
             try:
-                self.checkpoint.record(pending.key, pending.position, item, usage=usage,
-                                       latency=latency, attempts=attempts)
+                self.checkpoint.record(pending.key, pending.position, pending.messages, item,
+                                       provider=self.adapter.provider_name,
+                                       model=self.adapter.model_name, streamed=self.call.stream,
+                                       usage=usage, latency=latency, attempts=attempts)
             except OSError as exc:
                 log.warning("could not write row %d to the checkpoint %s: %s", pending.position,
                             self.checkpoint.path, exc)

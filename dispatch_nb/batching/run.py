@@ -63,8 +63,6 @@ async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: 
     adapter, owned = resolve_adapter(plan.model, plan.cache)
     checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
     try:
-        if checkpoint is not None:
-            checkpoint.load()
         rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint,
                             result, stats)
         first = next(rows, None)
@@ -76,8 +74,6 @@ async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: 
         await runner.run(itertools.chain([first], rows))
         await _premium(adapter, result)
     finally:
-        if checkpoint is not None:
-            checkpoint.close()
         if owned or close_adapter:
             await _aclose(adapter)
 

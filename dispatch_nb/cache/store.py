@@ -163,6 +163,7 @@ class ResponseCache:
         self._lock = _lock_for(self.path)
         self._entries: dict[str, dict[str, Any]] = {}
         self._stamp: tuple[int, int, int] | None = None
+        self._read: tuple[int, int, int] = (0, 0, 0)  # (inode, bytes, lines) already in _entries
 
     def __repr__(self) -> str:
         return f"ResponseCache(path={str(self.path)!r}, mode={self.mode!r}, pace={self.pace!r})"
@@ -200,27 +201,43 @@ class ResponseCache:
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def _refresh(self) -> None:
+        """Read what the file gained since the last look: only the lines appended since, unless
+        the file was replaced or shrank (then all of it), so appending N answers reads each
+        line once, not the whole file N times."""
         stamp = self._file_stamp()
         if stamp == self._stamp:
             return
-        entries: dict[str, dict[str, Any]] = {}
+        inode, offset, number = self._read
+        if stamp is None or stamp[0] != inode or stamp[1] < offset:
+            self._entries, inode, offset, number = {}, stamp[0] if stamp else 0, 0, 0
         if stamp is not None:
             with open(self.path, "rb") as fh:
-                for number, raw in enumerate(fh, 1):
-                    if not raw.strip():
-                        continue
-                    try:
-                        entry = json.loads(raw)
-                        key = entry["key"]
-                        if not isinstance(key, str) or not isinstance(entry["response"], dict):
-                            raise TypeError("not an entry")
-                    except (ValueError, KeyError, TypeError):
-                        log.warning("%s line %d is not a cache entry; ignoring it", self.path,
-                                    number)
-                        continue
-                    entries[key] = entry  # the last line with a key wins
-        self._entries = entries
+                fh.seek(offset)
+                data = fh.read()
+            whole = data.rfind(b"\n") + 1  # a last line without its newline: maybe being written
+            for raw in data[:whole].splitlines():
+                number += 1
+                self._add(raw, number)
+            if data[whole:].strip():
+                self._add(data[whole:], number + 1, quiet=True)  # read again next time
+            offset += whole
+        self._read = (inode, offset, number)
         self._stamp = stamp
+
+    def _add(self, raw: bytes, number: int, quiet: bool = False) -> None:
+        if not raw.strip():
+            return
+        try:
+            entry = json.loads(raw)
+            key = entry["key"]
+            if not isinstance(key, str) or not isinstance(entry.get("response",
+                                                                     entry.get("job")), dict):
+                raise TypeError("not an entry")  # an answer, or a batch checkpoint's job
+        except (ValueError, KeyError, TypeError):
+            if not quiet:
+                log.warning("%s line %d is not a cache entry; ignoring it", self.path, number)
+            return
+        self._entries[key] = entry  # the last line with a key wins
 
     def entries(self) -> list[dict[str, Any]]:
         """Every recorded entry, in file order (duplicates resolved: last wins)."""

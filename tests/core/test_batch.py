@@ -425,8 +425,13 @@ def test_a_resumed_run_sends_exactly_the_missing_rows(tmp_path: Path) -> None:
         result = batch("{row}", first, model=adapter_for(fake), checkpoint=path, progress=False)
     assert result.ok == 8 and result.failed == 2
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(lines) == 10 and sum(e["ok"] for e in lines) == 8  # failures say why, too
-    assert {e["error"]["code"] for e in lines if not e["ok"]} == {"invalid_request"}
+    # the checkpoint is a response cache of the answered rows, keyed by row; failures are in the
+    # result (and sent again next time), not in the file
+    assert sorted(e["row"] for e in lines) == [0, 1, 2, 4, 5, 6, 8, 9]
+    assert all(e["label"] == f"row {e['row']}" and e["streamed"] is False for e in lines)
+    stored = ResponseCache(path, mode="replay")
+    assert [Response.model_validate(stored.get(e["key"])["response"]).text  # type: ignore[index]
+            for e in lines] == [f"echo: row {e['row']}" for e in lines]
 
     # Again: the rows reordered, five new ones, and the server fixed: only 3, 7 and the new ones.
     second = list(reversed(first)) + [f"row {i}" for i in range(10, 15)]
@@ -450,6 +455,62 @@ def test_a_resumed_run_sends_exactly_the_missing_rows(tmp_path: Path) -> None:
         batch("{row}", first[:2], model=adapter_for(fake), checkpoint=path, system="Other.",
               progress=False)
         assert sum(fake.asked.values()) == 2
+
+
+def test_a_checkpoint_written_in_the_earlier_format_resumes(tmp_path: Path) -> None:
+    # One line per finished row, failed rows too (with no response): the answered lines are read
+    # as cache entries, the failed one is sent again.
+    from dispatch_nb.batching.rows import RowCall, row_key
+
+    material = RowCall().key_material()
+    old = []
+    for i, ok in ((0, True), (1, False), (2, True)):
+        line: dict[str, Any] = {"key": row_key("fake:echo", f"row {i}", material), "v": 1,
+                                "row": i, "ok": ok, "created": "2026-11-20T10:00:00Z",
+                                "latency": 1.5, "attempts": 1, "usage": {"input_tokens": 2,
+                                                                         "output_tokens": 4}}
+        if ok:
+            line["response"] = {"model": "echo", "content": [{"type": "text",
+                                                              "text": f"old answer {i}"}]}
+        else:
+            line["error"] = {"type": "RequestError", "message": "bad", "status_code": 400,
+                             "code": "invalid_request"}
+        old.append(json.dumps(line))
+    path = tmp_path / "old.jsonl"
+    path.write_text("\n".join(old) + "\n")
+    with BatchFake() as fake:
+        result = batch("{row}", [f"row {i}" for i in range(4)], model=adapter_for(fake),
+                       checkpoint=path, progress=False)
+        assert sorted(fake.asked) == ["row 1", "row 3"]
+    assert result.texts == ["old answer 0", "echo: row 1", "old answer 2", "echo: row 3"]
+    assert result.resumed == 2 and result.usage_of(0) == (2, 4) and result.latency(0) == 1.5
+
+
+def test_a_checkpoint_line_being_written_is_read_once_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Another process appends a row in two writes: the half line is not an answer yet (and no
+    # warning), the whole one is, and the lines read before are not read again.
+    from dispatch_nb.batching.checkpoint import Checkpoint
+
+    path = tmp_path / "run.jsonl"
+    with BatchFake() as fake:
+        batch("{row}", ["a"], model=adapter_for(fake), checkpoint=path, progress=False)
+    first = path.read_text()
+    checkpoint = Checkpoint(path)
+    key_a = json.loads(first)["key"]
+    assert checkpoint.answer(key_a) is not None
+    line = first.replace(key_a, "k2").replace("echo: a", "echo: b")
+    with open(path, "a") as fh:
+        fh.write(line[:40])
+    with caplog.at_level("WARNING", logger="dispatch_nb"):
+        assert checkpoint.answer("k2") is None
+    assert "not a cache entry" not in caplog.text
+    with open(path, "a") as fh:
+        fh.write(line[40:])
+    answer = checkpoint.answer("k2")
+    assert answer is not None and answer[0].text == "echo: b"
+    assert checkpoint.answer(key_a) is not None
 
 
 def test_repeated_rows_each_get_an_answer_and_resume(tmp_path: Path) -> None:
