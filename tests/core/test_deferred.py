@@ -167,7 +167,8 @@ def test_submit_returns_at_once_and_a_rerun_collects_without_resending(
     assert "result.wait()" in first[0].message
     # the job is in the checkpoint before anything was polled
     recorded = [json.loads(line) for line in checkpoint.read_text().splitlines()]
-    assert recorded[0]["job"] == batches.created[0].id and len(recorded[0]["keys"]) == 20
+    assert recorded[0]["job"]["id"] == batches.created[0].id and len(recorded[0]["keys"]) == 20
+    assert recorded[0]["key"] == f"job:{batches.created[0].id}"
     assert batches.polls == 0
     # the same call again — another kernel, the next morning — collects that job
     again = batch("{row}", prompts(20), model=openai_adapter(fake), deferred=True,
