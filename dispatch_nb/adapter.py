@@ -41,10 +41,11 @@ from .errors import (
     RequestError,
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
-from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
+from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, Usage, as_messages
 from .validation import check_entry
 
 if TYPE_CHECKING:
+    from .cost import Cost
     from .structured import StructuredOutput
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
@@ -459,6 +460,27 @@ class Adapter:
             output,
         )
 
+    def price_call(self, request: ChatRequest, model: str, usage: Usage) -> Cost | None:
+        """What one successful call with ``usage`` cost (docs/cost.md): ``genai-prices``' price
+        for this provider's ``price_provider`` and the model asked for (else the model the
+        server named); ``None`` when unknown. Copilot adds its premium requests."""
+        from .cost import price
+
+        return (price(self.provider_name, self.model_name, usage)
+                or (price(self.provider_name, model, usage) if model else None))
+
+    def _priced(self, request: ChatRequest, acc: Accumulator) -> None:
+        """The attempt succeeded: price its usage (only the successful attempt is billed) and
+        enter it in this process's ledger (``%chat cost``)."""
+        from .cost import ledger
+
+        try:
+            acc.cost = self.price_call(request, acc.model, acc.usage)
+        except Exception as exc:  # a price lookup never fails a call
+            logger.warning("could not price %s %s: %s", self.provider_name, self.model_name, exc)
+            acc.cost = None
+        ledger.record(self.provider_name, self.model_name, acc.usage, acc.cost)
+
     def _retries(self, request: ChatRequest) -> int:
         value = request.options.get("max_retries")
         return self.max_retries if value is None else int(value)
@@ -478,6 +500,7 @@ class Adapter:
                         yield from self.stream_once(request, acc, control)
                     else:
                         self.complete_once(request, acc, control)
+                    self._priced(request, acc)
                     return
                 except DispatchError as exc:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)
@@ -508,6 +531,7 @@ class Adapter:
                             yield delta
                     else:
                         await self.acomplete_once(request, acc, control)
+                    self._priced(request, acc)
                     return
                 except DispatchError as exc:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)

@@ -87,6 +87,9 @@ class ProviderDescriptor:
     default_rank: int | None = None
     #: ``status`` shows a row for its ``key_env`` (one row per variable)
     status_row: bool = True
+    #: the ``genai-prices`` provider id its answers are priced under (``None``: the price is
+    #: unknown, shown as unknown — never zero; see docs/cost.md)
+    price_provider: str | None = None
 
     def __post_init__(self) -> None:
         name = self.name
@@ -135,11 +138,12 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         login_hint="Run `%chat login` to sign in to GitHub Copilot (or set "
                    "DISPATCH_NB_GITHUB_TOKEN).",
         secret_env=("DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "COPILOT_API_KEY"),
+        price_provider="github-copilot",
     ),
     ProviderDescriptor(
         "openai", "dispatch_nb.providers.openai:connect_official", display_name="OpenAI",
         key_env="OPENAI_API_KEY", default_model="gpt-4.1", default_max_tokens=4096,
-        default_rank=10,
+        default_rank=10, price_provider="openai",
     ),
     ProviderDescriptor(
         "compatible", "dispatch_nb.providers.openai:connect_compatible",
@@ -151,7 +155,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
     ProviderDescriptor(
         "anthropic", "dispatch_nb.providers.anthropic:AnthropicAdapter", display_name="Anthropic",
         key_env="ANTHROPIC_API_KEY", default_model="claude-sonnet-4-5", default_max_tokens=4096,
-        default_rank=20,
+        default_rank=20, price_provider="anthropic",
     ),
     ProviderDescriptor(
         "local", "dispatch_nb.providers.local:LocalAdapter", display_name="Embedded model",

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from .cost import Cost
 from .errors import DispatchError, RequestCancelled
 from .types import (
     RedactedThinkingBlock,
@@ -151,6 +152,7 @@ class Accumulator:
         "_items",
         "_last",
         "_tools",
+        "cost",
         "model",
         "provider_data",
         "started",
@@ -171,6 +173,8 @@ class Accumulator:
         self.usage = Usage()
         self.stop_reason: StopReason | None = None
         self.provider_data: dict[str, Any] | None = None
+        #: the answer's price, set once the call succeeded (docs/cost.md)
+        self.cost: Cost | None = None
         #: True once any delta has been produced (then a failure must not be retried)
         self.started = False
 
@@ -426,6 +430,7 @@ class Accumulator:
             stop_reason=self.stop_reason,
             usage=self.usage,
             provider_data=self.provider_data,
+            cost=self.cost,
         )
 
     def finish(self) -> Response:
