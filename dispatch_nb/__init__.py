@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "APITimeoutError": "errors",
     "RequestCancelled": "errors",
     "OutputValidationError": "errors",
+    "BudgetExceededError": "errors",
     # structured output
     "StructuredOutput": "structured",
     "StructuredResponseStream": "structured",
@@ -80,6 +81,12 @@ _EXPORTS: dict[str, str] = {
     "AnthropicAdapter": "providers.anthropic",
     "LocalAdapter": "providers.local",
     "FakeAdapter": "providers.fake",
+    # what answers cost (docs/cost.md)
+    "Cost": "cost",
+    "CostTotal": "cost",
+    "Estimate": "cost",
+    "Budget": "cost",
+    "estimate": "cost",
 }
 
 __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension", "__version__"])

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
@@ -38,6 +38,8 @@ __all__ = [
     "Cost",
     "CostTotal",
     "Estimate",
+    "add_costs",
+    "estimate",
     "format_usd",
     "ledger",
     "price",
@@ -58,15 +60,17 @@ def _usd(value: Decimal | None) -> str:
 
 
 def format_usd(value: Decimal) -> str:
-    """``$0.0031``: two significant digits below a cent, cents above."""
+    """``$0.0031``: two significant digits below a cent, up to four places below a dollar,
+    cents from a dollar up (halves rounded up)."""
     if value == 0:
         return "$0"
+    if abs(value) >= 1:
+        return f"${value.quantize(Decimal('0.01'), ROUND_HALF_UP):,}"
     if abs(value) >= Decimal("0.01"):
-        return f"${value:,.2f}" if abs(value) >= 1 else f"${value:.4f}".rstrip("0")
-    digits = f"{value:.2e}"  # 3.10e-03 → two significant digits
-    mantissa, exponent = digits.split("e")
-    places = -int(exponent) + 1
-    return f"${value:.{places}f}"
+        text = f"{value.quantize(Decimal('0.0001'), ROUND_HALF_UP)}".rstrip("0")
+        return "$" + (text + "0" if len(text.split(".")[1]) < 2 else text)
+    places = -value.adjusted() + 1  # two significant digits
+    return f"${value.quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)}"
 
 
 def _premium(value: float) -> str:
@@ -120,6 +124,21 @@ class Cost(BaseModel):
 
     def __str__(self) -> str:
         return self.label()
+
+
+def _sum(a: Any, b: Any) -> Any:
+    return None if a is None or b is None else a + b
+
+
+def add_costs(a: Cost | None, b: Cost | None) -> Cost | None:
+    """The cost of two calls that make one answer (e.g. the attempts of ``output=``); ``None``
+    when either is unknown."""
+    if a is None or b is None:
+        return None
+    return Cost(usd=_sum(a.usd, b.usd), input_usd=_sum(a.input_usd, b.input_usd),
+                output_usd=_sum(a.output_usd, b.output_usd),
+                premium_requests=_sum(a.premium_requests, b.premium_requests),
+                source=b.source, replayed=a.replayed and b.replayed)
 
 
 def _genai() -> Any:

@@ -27,12 +27,14 @@ from ..adapter import BACKOFF_BASE, Adapter, backoff_delay
 from ..cancel import CancelToken
 from ..errors import (
     APITimeoutError,
+    BudgetExceededError,
     DispatchError,
     RateLimitError,
     RequestCancelled,
 )
 from ..transport import check_read_interval, read_interval
 from ..types import Message, Response, Usage
+from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
 from .result import BatchResult, RowOrigin
@@ -129,6 +131,7 @@ async def ask(
     *,
     timeout: float | None,
     cancel: CancelToken,
+    session_options: dict[str, Any] | None = None,
 ) -> tuple[Response, Usage, int]:
     """One attempt at one row: ``(response, usage, model calls)``. Without Python tools a single
     streamed call; with them a fresh :class:`~dispatch_nb.session.Session` runs the tool loop.
@@ -136,7 +139,8 @@ async def ask(
     if call.runs_tools:
         from ..session import Session
 
-        session = Session(adapter, system=call.system, tools=call.tools)
+        session = Session(adapter, system=call.system, tools=call.tools,
+                          **(session_options or {}))
         response = await session.asend(messages, stream=True, timeout=timeout, cancel=cancel,
                                        max_retries=0, **call.options)
         calls = sum(1 for m in session.history if m.role == "assistant")
@@ -238,6 +242,7 @@ class RowRunner:
         cancel: CancelToken,
         checkpoint: Checkpoint | None = None,
         on_row: Callable[[int, Response | DispatchError], None] | None = None,
+        budget: RowBudget | None = None,
     ) -> None:
         self.adapter = adapter
         self.call = call
@@ -247,6 +252,8 @@ class RowRunner:
         self.cancel = cancel
         self.checkpoint = checkpoint
         self.on_row = on_row
+        #: ``budget=``: asked before each attempt, told how it ended (batching/budget.py)
+        self.budget = budget
         self.limiter = AdaptiveLimiter(settings.concurrency)
         self._labelled = callable(getattr(adapter, "with_label", None))
         self._stopped: asyncio.Event | None = None
@@ -345,11 +352,22 @@ class RowRunner:
                 if remaining is not None and remaining <= 0:
                     item = self._timeout_error(began)
                     break
+                budget, reserved = self.budget, None
+                if budget is not None:
+                    try:
+                        reserved = await budget.reserve(pending.messages, self.cancel)
+                    except BudgetExceededError as exc:
+                        attempts -= 1  # not sent
+                        item = exc
+                        break
                 try:
                     response, row_usage, row_calls = await ask(
-                        adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel
+                        adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel,
+                        session_options=budget.session_options() if budget else None,
                     )
                 except DispatchError as exc:
+                    if budget is not None and reserved is not None:
+                        budget.settle(reserved, exc.partial, failed=True)
                     self.limiter.release()
                     holding = False
                     if exc.partial is not None:
@@ -369,6 +387,8 @@ class RowRunner:
                         break
                     continue
                 except Exception as exc:  # a tool or template bug: this row fails, not the batch
+                    if budget is not None and reserved is not None:
+                        budget.settle(reserved, None, failed=True)
                     self.limiter.release()
                     holding = False
                     item = DispatchError(
@@ -377,6 +397,8 @@ class RowRunner:
                     )
                     item.__cause__ = exc
                     break
+                if budget is not None and reserved is not None:
+                    budget.settle(reserved, response, failed=False)
                 self.limiter.release()
                 holding = False
                 self.limiter.on_success()
@@ -446,7 +468,7 @@ class RowRunner:
             calls = int(getattr(adapter, "model_calls", calls))
         totals.model_calls += calls
         cancelled = isinstance(item, RequestCancelled)
-        if cancelled:
+        if cancelled or isinstance(item, BudgetExceededError):
             origin = RowOrigin.NOT_RUN if attempts == 0 else origin
         self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,
                          origin=origin)

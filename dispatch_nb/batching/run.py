@@ -15,6 +15,8 @@ from typing import Any
 from ..adapter import Adapter
 from ..cache import ResponseCache
 from ..cancel import CancelToken
+from ..cost import Budget
+from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call
 from .plan import BatchPlan, finish, make_plan, new_result, resolve_adapter
@@ -64,8 +66,12 @@ async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: 
         if first is None:
             return
         validate_call(adapter, first.messages, plan.call)
+        budget = None
+        if result.budget is not None:
+            budget = RowBudget(result.budget, adapter, plan.call)
+            budget.worst(first.messages)  # an unknown price or max_tokens fails before sending
         runner = RowRunner(adapter, plan.call, plan.settings, result=result, stats=stats,
-                           cancel=cancel, checkpoint=checkpoint)
+                           cancel=cancel, checkpoint=checkpoint, budget=budget)
         await runner.run(itertools.chain([first], rows))
         await _premium(adapter, result)
     finally:
@@ -80,11 +86,12 @@ class _Job:
     result, counters and progress bar. The steps both share."""
 
     def __init__(self, plan: BatchPlan, cancel: CancelToken | None,
-                 progress: bool | str | None) -> None:
+                 progress: bool | str | None, budget: Budget | float | str | None = None) -> None:
         self.plan = plan
         self.token = cancel if cancel is not None else CancelToken()
         self.progress = progress
         self.result, self.stats = new_result(plan)
+        self.result.budget = Budget.of(budget)
         self.bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
 
     def on_dask(self, executor: Any, partition_size: int | None) -> BatchResult:
@@ -92,6 +99,9 @@ class _Job:
         bar."""
         from .cluster import run_on_dask
 
+        if self.result.budget is not None:
+            raise ValueError("budget= is kept by one process: run the batch without executor= "
+                             "to give it a budget")
         return run_on_dask(self.plan, executor, cancel=self.token, progress=self.progress,
                            partition_size=partition_size)
 
@@ -127,6 +137,7 @@ def batch(
     max_tokens: int | None = None,
     temperature: float | None = None,
     read_interval: float | None = None,
+    budget: Budget | float | str | None = None,
     **options: Any,
 ) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
@@ -154,6 +165,10 @@ def batch(
     ``None`` (auto): 0 — every event as it arrives — below ``concurrency`` 64; from 64 up,
     ``concurrency / 1280`` s, at most 0.25 s (0.2 s at 256), which keeps the batch to about
     1,280 reads a second: hundreds of streams read event by event would take most of a core.
+    ``budget``: US dollars this run may spend (docs/cost.md): before each row its worst case
+    (prompt + ``max_tokens`` of output) must fit in what is left, else the row is not sent and
+    ends as :class:`~dispatch_nb.errors.BudgetExceededError`; rows from the checkpoint or the
+    cache cost nothing now. ``result.cost`` is what the run spent.
 
     Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
     ``.result`` holds every finished row.
@@ -164,7 +179,7 @@ def batch(
                      read_interval=read_interval,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
-    job = _Job(plan, cancel, progress)
+    job = _Job(plan, cancel, progress, budget)
     if executor is not None:
         return job.on_dask(executor, partition_size)
     done = threading.Event()
@@ -218,6 +233,7 @@ async def abatch(
     max_tokens: int | None = None,
     temperature: float | None = None,
     read_interval: float | None = None,
+    budget: Budget | float | str | None = None,
     **options: Any,
 ) -> BatchResult:
     """The async twin of :func:`batch`, on the running event loop. Cancelling the awaiting task
@@ -228,7 +244,7 @@ async def abatch(
                      read_interval=read_interval,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
-    job = _Job(plan, cancel, progress)
+    job = _Job(plan, cancel, progress, budget)
     if executor is not None:
         try:
             return await asyncio.to_thread(job.on_dask, executor, partition_size)
