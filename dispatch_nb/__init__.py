@@ -84,9 +84,9 @@ _EXPORTS: dict[str, str] = {
     # what answers cost (docs/cost.md)
     "Cost": "cost",
     "CostTotal": "cost",
-    "Estimate": "cost",
-    "Budget": "cost",
-    "estimate": "cost",
+    "Estimate": "estimates",
+    "Budget": "budget",
+    "estimate": "estimates",
 }
 
 __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension", "__version__"])

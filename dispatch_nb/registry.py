@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .adapter import Adapter
+from .cost import PRICE_PROVIDERS
 from .errors import RequestError
 from .validation import describe
 
@@ -167,6 +168,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
     ),
 )
 _providers: dict[str, ProviderDescriptor] = {d.name: d for d in _BUILTIN}
+PRICE_PROVIDERS.update({d.name: d.price_provider for d in _BUILTIN})
 #: the names registered by dispatch_nb itself
 BUILTIN_PROVIDERS = frozenset(_providers)
 
@@ -204,6 +206,7 @@ def register_provider(
                 "to replace it"
             )
         _providers[descriptor.name] = descriptor
+        PRICE_PROVIDERS[descriptor.name] = descriptor.price_provider
 
 
 def list_providers() -> list[str]:

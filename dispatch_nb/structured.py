@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import orjson
 
-from .cost import Cost, add_costs
 from .call_control import TurnControl
+from .cost import Cost, add_costs
 from .errors import APITimeoutError, DispatchError, OutputValidationError
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import (

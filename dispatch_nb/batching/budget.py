@@ -7,8 +7,10 @@ from decimal import Decimal
 from typing import Any
 
 from ..adapter import Adapter
+from ..budget import Budget
 from ..cancel import CancelToken
-from ..cost import Budget, attempt_cost, worst_case
+from ..cost import attempt_cost
+from ..estimates import worst_case
 from ..types import Message, Response, as_messages
 from .rows import RowCall
 

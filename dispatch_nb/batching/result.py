@@ -7,7 +7,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from ..cost import Budget, CostTotal, format_usd
+from ..budget import Budget
+from ..cost import CostTotal, format_usd
 from ..errors import BudgetExceededError, DispatchError
 from ..types import Response, Usage
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..adapter import Adapter
+from ..budget import Budget
 from ..cache import ResponseCache
 from ..cancel import CancelToken
-from ..cost import Budget
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..adapter import Adapter
-from ..cost import Budget, CostTotal
+from ..budget import Budget
+from ..cost import CostTotal
 from ..tools import Tool
 from ..types import Message, Response, ToolDefinition, Usage
 from ..validation import check_call, describe

@@ -20,9 +20,8 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
-
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..call_control import TurnControl
 from ..cancel import CancelToken
@@ -45,7 +44,8 @@ from .stream import TurnState
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
-    from ..cost import Budget, CostTotal
+    from ..budget import Budget
+    from ..cost import CostTotal
     from ..turn import TurnAccumulator
 
 __all__ = ["NonBlockingLock", "ToolLoop", "Turn"]
@@ -311,7 +311,7 @@ class ToolLoop:
         ``max_tokens`` of output) or raise :class:`BudgetExceededError` — nothing is sent."""
         if self.budget is None:
             return None
-        from ..cost import worst_case
+        from ..estimates import worst_case
 
         worst = worst_case(self._adapter, self._wire_history(), system=kwargs.get("system"),
                            tools=kwargs.get("tools"), max_tokens=kwargs.get("max_tokens"))
