@@ -307,11 +307,24 @@ class CellRun:
 
     def execute(self) -> None:
         """Plan, run, finish and record the cell; raise what went wrong last."""
-        self.plan()
+        plan = self.plan()
+        if getattr(self.args, "estimate", False):
+            self.show_estimates(plan)  # --estimate: nothing is sent
+            return
         self.run()
         self.finish()
         self.record()
         self.raise_failure()
+
+    def show_estimates(self, plan: CellPlan) -> None:
+        """``--estimate``: what each model's call would cost (docs/cost.md); nothing is sent."""
+        from ..estimates import estimate
+        from .each import show_estimate
+
+        for call in plan.calls:
+            messages = [*call.history, call.user]
+            show_estimate(estimate(messages, model=call.adapter, max_tokens=call.max_tokens,
+                                   system=call.system), call.spec)
 
     # -- 1. plan ---------------------------------------------------------------------------------
     def plan(self) -> CellPlan:
