@@ -309,7 +309,7 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat cost``: this kernel's spend by model — calls, tokens in / out / cached, dollars,
     Copilot premium requests (and what they would cost at GitHub's overage price) — and what
     replayed answers saved."""
-    from ..cost import PREMIUM_REQUEST_USD, CostTotal, format_usd, ledger
+    from ..cost import PREMIUM_REQUEST_USD, CostTotal, format_usd, ledger, premium_words
 
     rows = ledger.rows()
     if not rows:
@@ -348,12 +348,13 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
              + (f" (and {total.unknown} answers whose price is unknown)" if total.unknown else "")
              + "."]
     if premium:
-        notes.append(f"GitHub Copilot: {premium:g} premium requests — "
+        notes.append(f"GitHub Copilot: {premium_words(premium)} — "
                      f"{format_usd(PREMIUM_REQUEST_USD * Decimal(str(premium)))} at GitHub's "
                      f"published overage price of {format_usd(PREMIUM_REQUEST_USD)} per premium "
                      "request (within your plan's allowance they cost nothing extra).")
     if saved.replayed:
-        notes.append(f"Replayed from the response cache: {saved.replayed} answers, which cost "
+        notes.append(f"Replayed from the response cache: {saved.replayed:,} answer"
+                     f"{'' if saved.replayed == 1 else 's'}, which cost "
                      f"{format_usd(saved.saved_usd)} when recorded and nothing now.")
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)

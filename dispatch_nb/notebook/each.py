@@ -234,9 +234,7 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
 
     go.on_click(clicked)
     stop.on_click(clicked)
-    from IPython.display import display
-
-    display(box)
+    ipy_display(box)
 
 
 def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,

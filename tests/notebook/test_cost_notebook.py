@@ -4,7 +4,9 @@ in a real kernel (nbclient) against the loopback Responses fake, with a real mod
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -13,11 +15,16 @@ import genai_prices
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from IPython.core.error import UsageError
 from nbformat.v4 import new_code_cell, new_notebook
 
-from dispatch_nb.cost import format_usd
+from dispatch_nb.cache import CachedAdapter, ResponseCache
+from dispatch_nb.cost import format_usd, ledger
+from dispatch_nb.providers.copilot import CopilotAdapter
+from dispatch_nb.providers.openai import OpenAIAdapter
+from tests.fakes.copilot import CopilotFake
 from tests.fakes.openai_responses import OpenAIResponsesFake
-from tests.notebook.conftest import chat_env
+from tests.notebook.conftest import chat_env, run
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -107,3 +114,51 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "8"  # calls
     assert format_usd(one * 8) in row
+
+
+def test_a_terminal_asks_y_or_n_before_a_large_each(shell: Any, fake: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Terminal IPython (no kernel): a y/N question; "n" sends nothing, "y" sends the rows."""
+    run(shell, "%config ChatMagics.confirm_rows = 2\nrows = ['a', 'b', 'c']")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    assert run(shell, "%%chat --each rows -o no\nSay {row}").success
+    assert fake.chat_requests == [] and "no" not in shell.user_ns
+    assert "Nothing was sent" in shell.front.outputs[-1]["data"]["text/plain"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    assert run(shell, "%%chat --each rows -o yes\nSay {row}").success
+    assert sorted(fake.last_user_text(r) for r in fake.chat_requests) == ["Say a", "Say b",
+                                                                          "Say c"]
+    assert shell.user_ns["yes"].ok == 3
+    with pytest.raises(UsageError, match="--limit takes a positive number"):
+        shell.run_cell_magic("chat", "--each rows --limit 0", "Say {row}")
+
+
+def test_chat_cost_shows_premium_requests_and_what_replays_saved(
+        shell: Any, tmp_path: Path) -> None:
+    """``%chat cost`` counts every answer of this process: a Copilot call (its premium request
+    at GitHub's overage price, labelled) and an OpenAI answer recorded, then replayed."""
+    ledger.clear()
+    with CopilotFake() as copilot:
+        github = copilot.github
+        adapter = CopilotAdapter("claude-sonnet-4", github_token=github.github_token,
+                                 github_url=github.github_url, github_api_url=github.api_url)
+        adapter.chat("hi")
+        adapter.close()
+    with OpenAIResponsesFake(api_key="sk-test") as openai:
+        cached = CachedAdapter(OpenAIAdapter("gpt-4.1", backend="official",
+                                             base_url=openai.base_url, api_key="sk-test"),
+                               ResponseCache(tmp_path / "c.jsonl", mode="read-write"))
+        first = cached.chat("hello")
+        cached.chat("hello")
+        cached.close()
+    assert first.cost is not None and first.cost.usd is not None
+    assert run(shell, "%chat cost").success
+    shown = shell.front.outputs[-1]["data"]["text/markdown"]
+    copilot_row = next(line for line in shown.splitlines() if "copilot:claude-sonnet-4" in line)
+    assert [c.strip() for c in copilot_row.strip("|").split("|")][6] == "1"  # premium requests
+    assert "1 premium request — $0.04 at GitHub's published overage price" in shown
+    openai_row = next(line for line in shown.splitlines() if "openai:gpt-4.1" in line)
+    cells = [c.strip() for c in openai_row.strip("|").split("|")]
+    assert cells[1] == "1" and cells[5] == format_usd(first.cost.usd)
+    assert cells[7] == f"1 ({format_usd(first.cost.usd)})"
+    assert "Replayed from the response cache: 1 answer, " in shown
