@@ -14,8 +14,8 @@ from typing import Any
 import genai_prices
 import nbformat
 import pytest
-from nbclient import NotebookClient
 from IPython.core.error import UsageError
+from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from dispatch_nb.cache import CachedAdapter, ResponseCache
