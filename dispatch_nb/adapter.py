@@ -34,6 +34,7 @@ import httpx
 
 from .call_control import CallControl
 from .cancel import CancelToken
+from .cost import Cost, ledger, price, warm_up
 from .errors import (
     APIConnectionError,
     AuthenticationError,
@@ -45,7 +46,6 @@ from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, Us
 from .validation import check_entry
 
 if TYPE_CHECKING:
-    from .cost import Cost
     from .structured import StructuredOutput
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
@@ -464,16 +464,12 @@ class Adapter:
         """What one successful call with ``usage`` cost (docs/cost.md): ``genai-prices``' price
         for this provider's ``price_provider`` and the model asked for (else the model the
         server named); ``None`` when unknown. Copilot adds its premium requests."""
-        from .cost import price
-
         return (price(self.provider_name, self.model_name, usage)
                 or (price(self.provider_name, model, usage) if model else None))
 
     def _priced(self, request: ChatRequest, acc: Accumulator) -> None:
         """The attempt succeeded: price its usage (only the successful attempt is billed) and
         enter it in this process's ledger (``%chat cost``)."""
-        from .cost import ledger
-
         try:
             acc.cost = self.price_call(request, acc.model, acc.usage)
         except Exception as exc:  # a price lookup never fails a call
@@ -491,6 +487,7 @@ class Adapter:
         retries = self._retries(request)
         attempt = 0
         error: BaseException | None = None
+        warm_up(self.provider_name)  # the price data loads while the request is under way
         control.start()
         try:
             while True:
@@ -521,6 +518,7 @@ class Adapter:
         retries = self._retries(request)
         attempt = 0
         error: BaseException | None = None
+        warm_up(self.provider_name)  # the price data loads while the request is under way
         control.start_async(asyncio.get_running_loop())
         try:
             while True:

@@ -167,6 +167,33 @@ def price(provider: str, model: str, usage: UsageLike, *, when: datetime | None 
                 premium_requests=premium_requests, source=source)
 
 
+_warming: list[threading.Thread] = []
+_warm_lock = threading.Lock()
+
+
+def warm_up(provider: str) -> None:
+    """Load ``genai-prices`` (its data takes a moment to import) on a background thread, once,
+    when a priced provider's first request starts — so pricing its answer does not hold up the
+    event loop. Does nothing for providers without a price."""
+    if _warming or not PRICE_PROVIDERS.get(provider):
+        return
+    with _warm_lock:
+        if _warming:
+            return
+        thread = threading.Thread(target=_load, name="dispatch_nb-prices", daemon=True)
+        _warming.append(thread)
+    thread.start()
+
+
+def _load() -> None:
+    genai = _genai()
+    if genai is not None:
+        try:
+            genai.calc_price(genai.Usage(input_tokens=1), "gpt-4.1", provider_id="openai")
+        except LookupError:
+            pass
+
+
 def genai_usage(usage: UsageLike) -> Any:
     """``usage`` as a ``genai_prices.Usage`` (input tokens include cache reads and writes)."""
     genai = _genai()
