@@ -241,6 +241,9 @@ class Adapter:
         """The async twin of :meth:`list_models`."""
         return await asyncio.to_thread(self.list_models)
 
+    #: how :meth:`count_tokens` counts, as :func:`dispatch_nb.estimate` reports it
+    token_counter = "count_tokens"
+
     def count_tokens(
         self,
         messages: Any,

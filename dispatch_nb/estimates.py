@@ -153,7 +153,7 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
         total = 0
         sample = [_count(adapter, m, system) for m in prompts[:COUNTED_ROWS]]
         if sample and all(n >= 0 for n in sample):
-            counted_by = ("tokenizer" if adapter.provider_name == "local" else "count_tokens")
+            counted_by = str(getattr(adapter, "token_counter", "count_tokens"))
             total = sum(sample)
             exact = len(prompts) <= COUNTED_ROWS
             if not exact:
@@ -190,6 +190,9 @@ def _premium_estimate(adapter: Adapter, calls: int) -> float | None:
         return None
     try:
         value = multiplier()
+        if value is None:  # the model list is read once (GET /models: no prompt is sent)
+            adapter.list_models()
+            value = multiplier()
     except Exception:
         return None
     return None if value is None else float(value) * calls

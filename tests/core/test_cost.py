@@ -358,3 +358,13 @@ def test_cost_is_exported() -> None:
     assert dispatch_nb.Cost is Cost
     for name in ("Cost", "CostTotal", "Estimate", "Budget", "estimate", "BudgetExceededError"):
         assert name in dispatch_nb.__all__
+
+
+def test_estimate_counts_copilot_premium_requests_without_sending_a_prompt() -> None:
+    with CopilotFake() as fake:
+        adapter = _copilot("claude-sonnet-4")(fake)
+        est = estimate("Rate {n}", ROWS[:3], model=adapter, max_tokens=10)
+        assert fake.chat_requests == []
+        assert est.premium_requests == 3 and "3 premium requests" in est.summary()
+        assert est.high_usd is not None and est.low_usd is not None and est.high_usd > est.low_usd
+        adapter.close()
