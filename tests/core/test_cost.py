@@ -368,3 +368,12 @@ def test_estimate_counts_copilot_premium_requests_without_sending_a_prompt() -> 
         assert est.premium_requests == 3 and "3 premium requests" in est.summary()
         assert est.high_usd is not None and est.low_usd is not None and est.high_usd > est.low_usd
         adapter.close()
+
+
+def test_a_response_shows_its_price_in_its_footer() -> None:
+    with OpenAIResponsesFake(api_key="sk-test") as fake:
+        fake.push(USAGE)
+        response = _openai(fake).chat("hi")
+    assert response.cost is not None and response.cost.usd is not None
+    assert f"· {format_usd(response.cost.usd)}" in response._repr_markdown_()
+    assert "$" not in Response(model="x")._repr_markdown_()
