@@ -358,7 +358,7 @@ class RowRunner:
                         reserved = await budget.reserve(pending.messages, self.cancel)
                     except BudgetExceededError as exc:
                         attempts -= 1  # not sent
-                        item = exc
+                        item = self._cancel_error() if self.cancel.cancelled else exc
                         break
                 try:
                     response, row_usage, row_calls = await ask(
