@@ -1,5 +1,6 @@
-"""What answers cost: :class:`Cost` per answer, :class:`CostTotal` sums, :func:`estimate` before
-sending, :class:`Budget` for ``budget=`` (see docs/cost.md).
+"""What answers cost: :class:`Cost` per answer, :class:`CostTotal` sums, the process's
+:data:`ledger` (``%chat cost``); :mod:`dispatch_nb.estimates` says what a request could cost
+before it is sent and :mod:`dispatch_nb.budget` keeps ``budget=`` (see docs/cost.md).
 
 Prices come from ``genai-prices`` (pydantic's maintained price database), its data bundled with
 the installed package: nothing is fetched at run time. A provider's answers are priced under the
@@ -54,10 +55,6 @@ PRICE_PROVIDERS: dict[str, str | None] = {}
 #: GitHub's published overage price of one Copilot premium request (what the ``%chat cost``
 #: table multiplies premium requests by, labelled as such)
 PREMIUM_REQUEST_USD = Decimal("0.04")
-
-
-def _usd(value: Decimal | None) -> str:
-    return "unknown" if value is None else format_usd(value)
 
 
 def format_usd(value: Decimal) -> str:
