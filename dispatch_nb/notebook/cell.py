@@ -659,4 +659,10 @@ def run_chat_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if args.each is not None:
         run_each_cell(state, args, cell)
         return
+    each_only = [name for name, given in (("--budget", args.budget is not None),
+                                          ("--limit", args.limit is not None),
+                                          ("--yes", args.yes)) if given]
+    if each_only:
+        raise UsageError(f"{', '.join(each_only)} appl{'ies' if len(each_only) == 1 else 'y'} "
+                         "to --each cells (a budget for a conversation: Session(budget=...))")
     CellRun(state, args, cell).execute()

@@ -162,3 +162,11 @@ def test_chat_cost_shows_premium_requests_and_what_replays_saved(
     assert cells[1] == "1" and cells[5] == format_usd(first.cost.usd)
     assert cells[7] == f"1 ({format_usd(first.cost.usd)})"
     assert "Replayed from the response cache: 1 answer, " in shown
+
+
+def test_each_only_options_are_refused_elsewhere(shell: Any, fake: Any) -> None:
+    with pytest.raises(UsageError, match="--budget applies to --each cells"):
+        shell.run_cell_magic("chat", "--budget 0.5", "Hello")
+    with pytest.raises(UsageError, match="--limit, --yes apply to --each cells"):
+        shell.run_cell_magic("chat", "--limit 3 --yes", "Hello")
+    assert fake.chat_requests == []
