@@ -60,12 +60,24 @@ def _max_tokens(adapter: Adapter, max_tokens: int | None) -> int:
     return int(value)
 
 
+#: bytes a structured request may add around its schema (the instructions of prompt mode)
+OUTPUT_PROMPT_BYTES = 1024
+
+
 def worst_case(adapter: Adapter, messages: list[Message], *, system: str | None = None,
-               tools: Iterable[Any] | None = None, max_tokens: int | None = None) -> Decimal:
-    """The most one request can cost: :func:`token_bound` input tokens and ``max_tokens`` output.
-    Raises ``ValueError`` when the model's price is unknown (a budget cannot be kept then)."""
-    usage = Usage(input_tokens=token_bound(messages, system, tools),
-                  output_tokens=_max_tokens(adapter, max_tokens))
+               tools: Iterable[Any] | None = None, max_tokens: int | None = None,
+               output: Any = None) -> Decimal:
+    """The most one request can cost: :func:`token_bound` input tokens (with ``output=``'s
+    schema, which may be sent in the prompt) and ``max_tokens`` output. Raises ``ValueError``
+    when the model's price is unknown (a budget cannot be kept then)."""
+    bound = token_bound(messages, system, tools)
+    if output is not None:
+        import json
+
+        from .structured import as_output
+
+        bound += len(json.dumps(as_output(output).schema).encode()) + OUTPUT_PROMPT_BYTES
+    usage = Usage(input_tokens=bound, output_tokens=_max_tokens(adapter, max_tokens))
     cost = price(adapter.provider_name, adapter.model_name, usage)
     if cost is None or cost.usd is None:
         raise ValueError(

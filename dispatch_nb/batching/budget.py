@@ -37,7 +37,8 @@ class RowBudget:
         """The most one attempt of this row can cost (``ValueError`` when the price is
         unknown)."""
         one = worst_case(self.adapter, as_messages(messages), system=self.call.system,
-                         tools=self.call.tools, max_tokens=self.call.options.get("max_tokens"))
+                         tools=self.call.tools, max_tokens=self.call.options.get("max_tokens"),
+                         output=self.call.options.get("output"))
         return one * self.calls
 
     async def reserve(self, messages: str | list[Message], cancel: CancelToken) -> Decimal:

@@ -314,7 +314,8 @@ class ToolLoop:
         from ..estimates import worst_case
 
         worst = worst_case(self._adapter, self._wire_history(), system=kwargs.get("system"),
-                           tools=kwargs.get("tools"), max_tokens=kwargs.get("max_tokens"))
+                           tools=kwargs.get("tools"), max_tokens=kwargs.get("max_tokens"),
+                           output=kwargs.get("output"))
         if kwargs.get("output") is not None:
             retries = kwargs.get("output_retries")
             worst *= 2 if retries is None else 1 + int(retries)

@@ -377,3 +377,30 @@ def test_a_response_shows_its_price_in_its_footer() -> None:
     assert response.cost is not None and response.cost.usd is not None
     assert f"· {format_usd(response.cost.usd)}" in response._repr_markdown_()
     assert "$" not in Response(model="x")._repr_markdown_()
+
+
+def test_a_structured_row_reserves_its_schema_and_its_retry() -> None:
+    """``output=`` may send the schema in the prompt and ask twice: its worst case counts both, so
+    a budget that fits a plain row refuses the structured one before anything is sent."""
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):
+        positive: bool
+        reason: str
+
+    with OpenAIResponsesFake(api_key="sk-test") as fake:
+        adapter = _openai(fake)
+        plain = worst_case(adapter, [Message(role="user", content="Row 000")], max_tokens=1000)
+        structured = worst_case(adapter, [Message(role="user", content="Row 000")],
+                                max_tokens=1000, output=Verdict)
+        assert structured > plain
+        budget = plain + (2 * structured - plain) / 2  # fits a plain row, not 2 structured calls
+        refused = batch("Row {n}", ROWS[:2], model=adapter, max_tokens=1000, budget=budget,
+                        output=Verdict, progress=False)
+        assert fake.chat_requests == []
+        assert all(isinstance(item, BudgetExceededError) for item in refused)
+        fake.push(ROW)
+        sent = batch("Row {n}", ROWS[:1], model=adapter, max_tokens=1000, budget=budget,
+                     progress=False)
+        assert sent.ok == 1 and len(fake.chat_requests) == 1
+        adapter.close()
