@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "APITimeoutError": "errors",
     "RequestCancelled": "errors",
     "OutputValidationError": "errors",
+    "BudgetExceededError": "errors",
     # structured output
     "StructuredOutput": "structured",
     "StructuredResponseStream": "structured",
@@ -82,6 +83,12 @@ _EXPORTS: dict[str, str] = {
     "AnthropicAdapter": "providers.anthropic",
     "LocalAdapter": "providers.local",
     "FakeAdapter": "providers.fake",
+    # what answers cost (docs/cost.md)
+    "Cost": "cost",
+    "CostTotal": "cost",
+    "Estimate": "estimates",
+    "Budget": "budget",
+    "estimate": "estimates",
 }
 
 __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension", "__version__"])

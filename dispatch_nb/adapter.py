@@ -34,6 +34,7 @@ import httpx
 
 from .call_control import CallControl
 from .cancel import CancelToken
+from .cost import Cost, ledger, price, warm_up
 from .errors import (
     APIConnectionError,
     AuthenticationError,
@@ -41,7 +42,7 @@ from .errors import (
     RequestError,
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
-from .types import ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
+from .types import ModelInfo, Response, StreamDelta, ToolDefinition, Usage, as_messages
 from .validation import check_entry
 from .wire.request import ChatRequest, requested_mode, unsupported_mode
 
@@ -215,6 +216,9 @@ class Adapter:
     async def alist_models(self) -> list[ModelInfo]:
         """The async twin of :meth:`list_models`."""
         return await asyncio.to_thread(self.list_models)
+
+    #: how :meth:`count_tokens` counts, as :func:`dispatch_nb.estimate` reports it
+    token_counter = "count_tokens"
 
     def count_tokens(
         self,
@@ -438,6 +442,23 @@ class Adapter:
             output,
         )
 
+    def price_call(self, request: ChatRequest, model: str, usage: Usage) -> Cost | None:
+        """What one successful call with ``usage`` cost (docs/cost.md): ``genai-prices``' price
+        for this provider's ``price_provider`` and the model asked for (else the model the
+        server named); ``None`` when unknown. Copilot adds its premium requests."""
+        return (price(self.provider_name, self.model_name, usage)
+                or (price(self.provider_name, model, usage) if model else None))
+
+    def _priced(self, request: ChatRequest, acc: Accumulator) -> None:
+        """The attempt succeeded: price its usage (only the successful attempt is billed) and
+        enter it in this process's ledger (``%chat cost``)."""
+        try:
+            acc.cost = self.price_call(request, acc.model, acc.usage)
+        except Exception as exc:  # a price lookup never fails a call
+            logger.warning("could not price %s %s: %s", self.provider_name, self.model_name, exc)
+            acc.cost = None
+        ledger.record(self.provider_name, self.model_name, acc.usage, acc.cost)
+
     def _retries(self, request: ChatRequest) -> int:
         value = request.options.get("max_retries")
         return self.max_retries if value is None else int(value)
@@ -448,6 +469,7 @@ class Adapter:
         retries = self._retries(request)
         attempt = 0
         error: BaseException | None = None
+        warm_up(self.provider_name)  # the price data loads while the request is under way
         control.start()
         try:
             while True:
@@ -457,6 +479,7 @@ class Adapter:
                         yield from self.stream_once(request, acc, control)
                     else:
                         self.complete_once(request, acc, control)
+                    self._priced(request, acc)
                     return
                 except DispatchError as exc:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)
@@ -477,6 +500,7 @@ class Adapter:
         retries = self._retries(request)
         attempt = 0
         error: BaseException | None = None
+        warm_up(self.provider_name)  # the price data loads while the request is under way
         control.start_async(asyncio.get_running_loop())
         try:
             while True:
@@ -487,6 +511,7 @@ class Adapter:
                             yield delta
                     else:
                         await self.acomplete_once(request, acc, control)
+                    self._priced(request, acc)
                     return
                 except DispatchError as exc:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)

@@ -43,6 +43,7 @@ __all__ = [
     "APIConnectionError",
     "APITimeoutError",
     "AuthenticationError",
+    "BudgetExceededError",
     "ContextLengthError",
     "DispatchError",
     "ModelUnavailableError",
@@ -224,6 +225,15 @@ class RequestCancelled(DispatchError):
     """The call was cancelled (``CancelToken.cancel()`` or a keyboard interrupt)."""
 
     default_code = "cancelled"
+
+
+class BudgetExceededError(DispatchError):
+    """Not sent: what is left of ``budget=`` does not cover this request's worst case (its input
+    estimate plus ``max_tokens`` of output). Nothing was sent for it; not retryable — run it
+    again with a larger budget (a checkpointed batch resumes where it stopped). See
+    docs/cost.md."""
+
+    default_code = "budget_exceeded"
 
 
 # ---------------------------------------------------------------------------------------------

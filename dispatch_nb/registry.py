@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .adapter import Adapter
+from .cost import PRICE_PROVIDERS
 from .errors import RequestError
 from .validation import describe
 
@@ -119,6 +120,9 @@ class ProviderDescriptor:
     premium_multiplier: bool = False
     #: one line for the user when it is the default only because nothing else is set up
     default_note: str = ""
+    #: the ``genai-prices`` provider id its answers are priced under (``None``: the price is
+    #: unknown, shown as unknown — never zero; see docs/cost.md)
+    price_provider: str | None = None
 
     def __post_init__(self) -> None:
         name = self.name
@@ -201,12 +205,12 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
                    "DISPATCH_NB_GITHUB_TOKEN).",
         secret_env=("DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "COPILOT_API_KEY"),
         login_flow="github-device", find_login="dispatch_nb.providers.github_login:find_login",
-        premium_multiplier=True, default_rank=0,
+        premium_multiplier=True, default_rank=0, price_provider="github-copilot",
     ),
     ProviderDescriptor(
         "openai", "dispatch_nb.providers.openai:connect_official", display_name="OpenAI",
         key_env="OPENAI_API_KEY", default_model="gpt-4.1", default_max_tokens=4096,
-        default_rank=10, base_url_env="OPENAI_BASE_URL",
+        default_rank=10, base_url_env="OPENAI_BASE_URL", price_provider="openai",
     ),
     ProviderDescriptor(
         "compatible", "dispatch_nb.providers.openai:connect_compatible",
@@ -220,7 +224,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
     ProviderDescriptor(
         "anthropic", "dispatch_nb.providers.anthropic:AnthropicAdapter", display_name="Anthropic",
         key_env="ANTHROPIC_API_KEY", default_model="claude-sonnet-4-5", default_max_tokens=4096,
-        default_rank=20, base_url_env="ANTHROPIC_BASE_URL",
+        default_rank=20, base_url_env="ANTHROPIC_BASE_URL", price_provider="anthropic",
     ),
     ProviderDescriptor(
         "local", "dispatch_nb.providers.local:LocalAdapter", display_name="Embedded model",
@@ -234,6 +238,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
     ),
 )
 _providers: dict[str, ProviderDescriptor] = {d.name: d for d in _BUILTIN}
+PRICE_PROVIDERS.update({d.name: d.price_provider for d in _BUILTIN})
 #: the names registered by dispatch_nb itself
 BUILTIN_PROVIDERS = frozenset(_providers)
 _plugins_loaded = False
@@ -312,6 +317,7 @@ def register_provider(
                 "to replace it"
             )
         _providers[descriptor.name] = descriptor
+        PRICE_PROVIDERS[descriptor.name] = descriptor.price_provider
 
 
 def list_providers() -> list[str]:

@@ -84,13 +84,16 @@ def footer_line(
     stop_reason: str | None = None,
     retries: Sequence[str] = (),
     notes: Iterable[str] = (),
+    cost: Any = None,
 ) -> str:
     """The one footer of an answer, for ``Response._repr_markdown_`` and ``%%chat`` alike:
-    ``model · 1,234 in / 7 out tokens · 1.2 s · 2 rounds · stop: max_tokens · retried once
-    (rate limited, HTTP 429) · note``.
+    ``model · 1,234 in / 7 out tokens · $0.0031 · 1.2 s · 2 rounds · stop: max_tokens · retried
+    once (rate limited, HTTP 429) · note``.
 
-    Tokens are left out when none were counted; a replayed answer says ``replayed`` where the
-    latency would be; ``end_turn`` (the usual stop) is not shown.
+    Tokens are left out when none were counted; ``cost`` (a :class:`~dispatch_nb.cost.Cost`, or
+    the :class:`~dispatch_nb.cost.CostTotal` of a turn's rounds) shows when it is known (Copilot:
+    ``1 premium request``); a replayed answer says ``replayed`` where the latency would be;
+    ``end_turn`` (the usual stop) is not shown.
     """
     parts: list[str] = []
     if model:
@@ -100,6 +103,9 @@ def footer_line(
         if usage.cache_read_tokens:
             tokens += f" ({usage.cache_read_tokens:,} cached)"
         parts.append(tokens)
+    money = _cost_words(cost)
+    if money:
+        parts.append(money)
     if replayed:
         parts.append("replayed")
     elif latency is not None:
@@ -117,6 +123,22 @@ def footer_line(
     return " · ".join(parts)
 
 
+def _cost_words(cost: Any) -> str:
+    """A cost's words for a footer, ``""`` when nothing about it is known."""
+    from .cost import Cost, CostTotal, format_usd
+
+    if isinstance(cost, Cost):
+        return "" if cost.usd is None and cost.premium_requests is None else cost.label()
+    if isinstance(cost, CostTotal) and cost.calls:
+        if cost.unknown == cost.calls and cost.premium_requests is None:
+            return ""
+        if cost.replayed == cost.calls:
+            return f"{format_usd(cost.saved_usd)} when recorded, $0 now"
+        words = str(cost) if cost.unknown == 0 or cost.calls > cost.unknown else ""
+        return words
+    return ""
+
+
 def footer_text(
     response: _Answer, *, latency: float | None = None, extra: dict[str, Any] | None = None
 ) -> str:
@@ -128,6 +150,7 @@ def footer_text(
         latency=latency,
         stop_reason=response.stop_reason,
         notes=[f"{key} {value}" for key, value in (extra or {}).items()],
+        cost=getattr(response, "cost", None),
     )
 
 

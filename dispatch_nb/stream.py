@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from .cost import Cost
 from .errors import DispatchError, RequestCancelled
 from .types import (
     RedactedThinkingBlock,
@@ -158,6 +159,7 @@ class Accumulator:
         "_items",
         "_last",
         "_tools",
+        "cost",
         "model",
         "provider_data",
         "started",
@@ -178,6 +180,8 @@ class Accumulator:
         self.usage = Usage()
         self.stop_reason: StopReason | None = None
         self.provider_data: dict[str, Any] | None = None
+        #: the answer's price, set once the call succeeded (docs/cost.md)
+        self.cost: Cost | None = None
         #: True once any delta has been produced (then a failure must not be retried)
         self.started = False
 
@@ -448,6 +452,7 @@ class Accumulator:
             stop_reason=self.stop_reason,
             usage=self.usage,
             provider_data=self.provider_data,
+            cost=self.cost,
         )
 
     def finish(self) -> Response:

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 import orjson
 
 from .call_control import TurnControl
+from .cost import Cost, add_costs
 from .errors import APITimeoutError, DispatchError, OutputValidationError
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import (
@@ -634,6 +635,7 @@ class _Call:
         self.attempt = 0
         self.inner: ResponseStream | AsyncResponseStream | None = None
         self.usage = Usage()  # of the finished attempts
+        self.cost: Cost | None = None  # of the finished attempts (None: unknown)
         self.final: Response | None = None
         self.tool_parts: list[str] = []  # the output tool's arguments as they stream
         self.text_parts: list[str] = []
@@ -707,8 +709,9 @@ class _Call:
         """The attempt ended with ``raw``: True when the call is done (``final`` set), False
         when the errors went back to the model for another try. Raises what is left."""
         self.usage = self.usage + raw.usage
+        self.cost = raw.cost if self.attempt <= 1 else add_costs(self.cost, raw.cost)
         answer = _as_answer(raw, "".join(self.tool_parts) or None)
-        answer = answer.model_copy(update={"usage": self.usage})
+        answer = answer.model_copy(update={"usage": self.usage, "cost": self.cost})
         if answer.tool_calls:
             self.final = answer  # the model asks for tools: a session runs them and asks again
             return True

@@ -30,6 +30,8 @@ from pydantic import (
     model_serializer,
 )
 
+from .cost import Cost
+
 __all__ = [
     "Block",
     "ContentBlock",
@@ -272,12 +274,17 @@ class Response(_Model):
     usage: Usage = Field(default_factory=Usage)
     provider_data: ProviderData = None
     parsed: Any = None
+    #: what this answer cost (docs/cost.md): priced from ``usage`` when it arrived, kept as
+    #: recorded when it is replayed; ``None`` when the price is unknown
+    cost: Cost | None = None
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if self.parsed is None:
             data.pop("parsed", None)  # dumps of plain answers stay exactly as they were
+        if self.cost is None:
+            data.pop("cost", None)
         return data
 
     @property

@@ -31,11 +31,13 @@ from ..adapter import BACKOFF_BASE, Adapter, backoff_delay
 from ..cancel import CancelToken
 from ..errors import (
     APITimeoutError,
+    BudgetExceededError,
     DispatchError,
     RateLimitError,
     RequestCancelled,
 )
 from ..types import Message, Response, Usage
+from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
 from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
@@ -110,6 +112,7 @@ async def ask(
     *,
     timeout: float | None,
     cancel: CancelToken,
+    session_options: dict[str, Any] | None = None,
 ) -> tuple[Response, Usage, int]:
     """One attempt at one row: ``(response, usage, model calls)``. Without Python tools a single
     call (streamed only with ``call.stream``: nobody watches a row's tokens arrive); with them a
@@ -118,7 +121,8 @@ async def ask(
     if call.runs_tools:
         from ..session import Session
 
-        session = Session(adapter, system=call.system, tools=call.tools)
+        session = Session(adapter, system=call.system, tools=call.tools,
+                          **(session_options or {}))
         response = await session.asend(messages, stream=call.stream, timeout=timeout,
                                        cancel=cancel, max_retries=0, **call.options)
         calls = sum(1 for m in session.history if m.role == "assistant")
@@ -221,6 +225,7 @@ class RowRunner:
         cancel: CancelToken,
         checkpoint: Checkpoint | None = None,
         on_row: Callable[[int, Response | DispatchError], None] | None = None,
+        budget: RowBudget | None = None,
     ) -> None:
         self.adapter = adapter
         self.call = call
@@ -230,6 +235,8 @@ class RowRunner:
         self.cancel = cancel
         self.checkpoint = checkpoint
         self.on_row = on_row
+        #: ``budget=``: asked before each attempt, told how it ended (batching/budget.py)
+        self.budget = budget
         self.limiter = AdaptiveLimiter(settings.concurrency)
         self._labelled = callable(getattr(adapter, "with_label", None))
         self._stopped: asyncio.Event | None = None
@@ -348,12 +355,23 @@ class RowRunner:
                 if remaining is not None and remaining <= 0:
                     item = self._timeout_error(began)
                     break
+                budget, reserved = self.budget, None
+                if budget is not None:
+                    try:
+                        reserved = await budget.reserve(pending.messages, self.cancel)
+                    except BudgetExceededError as exc:
+                        attempts -= 1  # not sent
+                        item = self._cancel_error() if self.cancel.cancelled else exc
+                        break
                 try:
                     response, row_usage, row_calls = await ask(
-                        adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel
+                        adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel,
+                        session_options=budget.session_options() if budget else None,
                     )
                 except DispatchError as exc:
                     last = exc
+                    if budget is not None and reserved is not None:
+                        budget.settle(reserved, exc.partial, failed=True)
                     if stops_batch(exc):  # before the slot is released: nothing more is sent
                         self._halt(pending.position, exc)
                     self.limiter.release()
@@ -378,6 +396,8 @@ class RowRunner:
                         break
                     continue
                 except Exception as exc:  # a tool or template bug: this row fails, not the batch
+                    if budget is not None and reserved is not None:
+                        budget.settle(reserved, None, failed=True)
                     self.limiter.release()
                     holding = False
                     item = DispatchError(
@@ -386,6 +406,8 @@ class RowRunner:
                     )
                     item.__cause__ = exc
                     break
+                if budget is not None and reserved is not None:
+                    budget.settle(reserved, response, failed=False)
                 self.limiter.release()
                 holding = False
                 self.limiter.on_success()
@@ -455,10 +477,14 @@ class RowRunner:
         elif self._labelled:
             calls = int(getattr(adapter, "model_calls", calls))
         totals.model_calls += calls
+        if isinstance(item, BudgetExceededError) and attempts == 0:
+            origin = RowOrigin.NOT_SENT  # over the budget: never sent
         self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,
                          origin=origin)
         if isinstance(item, Response):
             stats.ok += 1
+        elif is_not_sent(item):
+            stats.not_sent += 1
         else:
             stats.failed += 1
         if origin == RowOrigin.SENT:

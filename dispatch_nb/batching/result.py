@@ -7,8 +7,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from ..budget import Budget
 from ..cancel import CancelToken
-from ..errors import AuthenticationError, DispatchError, ModelUnavailableError, RequestCancelled
+from ..cost import CostTotal, format_usd
+from ..errors import (
+    AuthenticationError,
+    BudgetExceededError,
+    DispatchError,
+    ModelUnavailableError,
+    RequestCancelled,
+)
 from ..types import Response, Usage
 
 __all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "is_not_sent", "not_sent",
@@ -59,8 +67,8 @@ def not_sent(result: BatchResult, cancel: CancelToken,
 
 
 def is_not_sent(item: Any) -> bool:
-    """Whether ``item`` is a row the batch never sent."""
-    return isinstance(item, DispatchError) and item.code == NOT_SENT
+    """Whether ``item`` is a row the batch never sent (stopped first, or over its budget)."""
+    return isinstance(item, DispatchError) and item.code in (NOT_SENT, "budget_exceeded")
 
 
 @dataclass
@@ -109,6 +117,8 @@ class BatchResult(Sequence[Any]):
         self.lowest_concurrency: float | None = None
         #: Copilot premium requests this run used (model calls × the model's multiplier), if known
         self.premium_requests: float | None = None
+        #: ``budget=`` of the run (its ``spent`` and ``remaining``), if one was given
+        self.budget: Budget | None = None
         self._totals = _Totals()
         #: a deferred batch's provider jobs (:class:`~dispatch_nb.batching.deferred.BatchJob`:
         #: ids, state, counts, times); None for a live batch
@@ -227,6 +237,17 @@ class BatchResult(Sequence[Any]):
         return self._totals.model_calls
 
     @property
+    def cost(self) -> CostTotal:
+        """What this run's answers cost (docs/cost.md): rows sent now at their price, replayed
+        rows as saved; rows read from the checkpoint were paid for by the run that answered
+        them and are not counted. Answers whose price is unknown are counted in ``unknown``."""
+        total = CostTotal()
+        for item, origin in zip(self._items, self._origin, strict=False):
+            if isinstance(item, Response) and origin != RowOrigin.CHECKPOINT:
+                total.add(item.cost)
+        return total
+
+    @property
     def errors(self) -> list[tuple[int, DispatchError]]:
         """``(position, error)`` of every row that failed (not the rows never sent)."""
         return [(i, item) for i, item in enumerate(self._items)
@@ -304,6 +325,13 @@ class BatchResult(Sequence[Any]):
         tokens = self.usage.input_tokens + self.usage.output_tokens
         parts.append(f"{tokens:,} tokens ({self.usage.input_tokens:,} in, "
                      f"{self.usage.output_tokens:,} out)")
+        cost = self.cost
+        if cost.calls and (cost.calls > cost.unknown or cost.premium_requests is not None):
+            parts.append(str(cost) + (f" of a {format_usd(self.budget.usd)} budget"
+                                      if self.budget is not None else ""))
+        over = sum(1 for item in self._items if isinstance(item, BudgetExceededError))
+        if over:
+            parts.append(f"{over:,} of the rows not sent were over the budget")
         if self.rate_limited:
             parts.append(f"{self.rate_limited:,} rate-limited")
         if self.job is not None:

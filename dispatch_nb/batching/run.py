@@ -14,11 +14,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from ..adapter import Adapter
+from ..budget import Budget
 from ..cache import ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..registry import find_descriptor
 from ..types import Usage
+from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .deferred import DeferredRun
 from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call
@@ -69,8 +71,12 @@ async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: 
         if first is None:
             return
         validate_call(adapter, first.messages, plan.call)
+        budget = None
+        if result.budget is not None:
+            budget = RowBudget(result.budget, adapter, plan.call)
+            budget.worst(first.messages)  # an unknown price or max_tokens fails before sending
         runner = RowRunner(adapter, plan.call, plan.settings, result=result, stats=stats,
-                           cancel=cancel, checkpoint=checkpoint)
+                           cancel=cancel, checkpoint=checkpoint, budget=budget)
         await runner.run(itertools.chain([first], rows))
         await _premium(adapter, result)
     finally:
@@ -83,13 +89,15 @@ class _Job:
     result, counters and progress bar. The steps both share."""
 
     def __init__(self, plan: BatchPlan, cancel: CancelToken | None,
-                 progress: bool | str | None, *, deferred: bool = False, wait: bool = True,
+                 progress: bool | str | None, budget: Budget | float | str | None = None, *,
+                 deferred: bool = False, wait: bool = True,
                  poll_interval: float | None = None) -> None:
         self.plan = plan
         self.token = cancel if cancel is not None else CancelToken()
         self.progress = progress
         self.result, self.stats = new_result(plan)
         self.result._plan = plan
+        self.result.budget = Budget.of(budget)
         self.bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
         #: ``deferred=True``: the rows go to the provider's batch API (see :mod:`.deferred`)
         self.deferred: DeferredRun | None = None
@@ -104,6 +112,9 @@ class _Job:
         bar."""
         from .cluster import run_on_dask
 
+        if self.result.budget is not None:
+            raise ValueError("budget= is kept by one process: run the batch without executor= "
+                             "to give it a budget")
         return run_on_dask(self.plan, executor, cancel=self.token, progress=self.progress,
                            partition_size=partition_size)
 
@@ -149,6 +160,7 @@ def batch(
     max_tokens: int | None = None,
     temperature: float | None = None,
     stream: bool = False,
+    budget: Budget | float | str | None = None,
     deferred: bool = False,
     wait: bool = True,
     poll_interval: float | None = None,
@@ -177,6 +189,10 @@ def batch(
     ``stream``: stream each row's answer (default ``False``: a row's tokens are not watched as
     they arrive, and a plain answer costs the kernel far less CPU); ``True`` is for what needs a
     stream, such as Anthropic's refusal of long non-streamed requests (a large ``max_tokens``).
+    ``budget``: US dollars this run may spend (docs/cost.md): before each row its worst case
+    (prompt + ``max_tokens`` of output) must fit in what is left, else the row is not sent and
+    ends as :class:`~dispatch_nb.errors.BudgetExceededError`; rows from the checkpoint or the
+    cache cost nothing now. ``result.cost`` is what the run spent.
 
     ``deferred=True`` sends the rows to the provider's batch API instead (OpenAI's Batch API,
     Anthropic's Message Batches: half the price, answered within 24 hours): the jobs are recorded
@@ -195,7 +211,8 @@ def batch(
                      checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
-    job = _Job(plan, cancel, progress, deferred=deferred, wait=wait, poll_interval=poll_interval)
+    job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
+               poll_interval=poll_interval)
     if executor is not None:
         if deferred:
             raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
@@ -252,6 +269,7 @@ async def abatch(
     max_tokens: int | None = None,
     temperature: float | None = None,
     stream: bool = False,
+    budget: Budget | float | str | None = None,
     deferred: bool = False,
     wait: bool = True,
     poll_interval: float | None = None,
@@ -264,7 +282,8 @@ async def abatch(
                      checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
-    job = _Job(plan, cancel, progress, deferred=deferred, wait=wait, poll_interval=poll_interval)
+    job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
+               poll_interval=poll_interval)
     if executor is not None:
         if deferred:
             raise ValueError("deferred=True runs the rows at the provider, not on a Dask "

@@ -40,12 +40,22 @@ class _Replayed(Accumulator):
     """A replay's accumulator: fed the recorded deltas as they are replayed (``partial``), it
     finishes with the recorded response itself."""
 
-    def __init__(self, final: Response) -> None:
+    def __init__(self, final: Response, provider: str = "", model: str = "") -> None:
         super().__init__(final.model)
         self._final = final
+        self._provider = provider
+        self._model = model or final.model
 
     def finish(self) -> Response:
-        return self._final.model_copy(deep=True)
+        """The recorded answer; its cost is the recorded one, marked replayed (nothing is spent
+        now), and entered in the ledger as saved."""
+        from ..cost import ledger
+
+        final = self._final.model_copy(deep=True)
+        if final.cost is not None:
+            final.cost = final.cost.model_copy(update={"replayed": True})
+        ledger.record(self._provider, self._model, final.usage, final.cost)
+        return final
 
 
 class _Mirror(Accumulator):
@@ -228,11 +238,11 @@ class CachedAdapter(Adapter):
         return self._arecording(key, request, self.inner.aopen_stream(request, timeout, cancel))
 
     # -- replaying and recording ----------------------------------------------------------------
-    @staticmethod
-    def _replay_parts(entry: dict[str, Any]) -> tuple[list[tuple[float, StreamDelta]], _Replayed]:
+    def _replay_parts(self, entry: dict[str, Any]) -> tuple[list[tuple[float, StreamDelta]], _Replayed]:
         """The recorded deltas and the replay's accumulator (fed each delta as it is replayed,
         ending in the recorded response)."""
-        return _entry_deltas(entry), _Replayed(Response.model_validate(entry["response"]))
+        return _entry_deltas(entry), _Replayed(Response.model_validate(entry["response"]),
+                                               self.inner.provider_name, self.inner.model_name)
 
     def _replay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
                 cancel: CancelToken | None) -> ResponseStream:

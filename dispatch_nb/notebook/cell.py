@@ -307,11 +307,24 @@ class CellRun:
 
     def execute(self) -> None:
         """Plan, run, finish and record the cell; raise what went wrong last."""
-        self.plan()
+        plan = self.plan()
+        if getattr(self.args, "estimate", False):
+            self.show_estimates(plan)  # --estimate: nothing is sent
+            return
         self.run()
         self.finish()
         self.record()
         self.raise_failure()
+
+    def show_estimates(self, plan: CellPlan) -> None:
+        """``--estimate``: what each model's call would cost (docs/cost.md); nothing is sent."""
+        from ..estimates import estimate
+        from .each import show_estimate
+
+        for call in plan.calls:
+            messages = [*call.history, call.user]
+            show_estimate(estimate(messages, model=call.adapter, max_tokens=call.max_tokens,
+                                   system=call.system), call.spec)
 
     # -- 1. plan ---------------------------------------------------------------------------------
     def plan(self) -> CellPlan:
@@ -649,8 +662,12 @@ def run_chat_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if args.each is not None:
         run_each_cell(state, args, cell)
         return
-    for flag, given in (("--deferred", args.deferred), ("--checkpoint", args.checkpoint)):
-        if given:
-            raise UsageError(f"{flag} goes with --each (one prompt over many rows), e.g. "
-                             f"%%chat --each df {flag}{'' if flag == '--deferred' else ' run.jsonl'}")
+    each_only = [name for name, given in (
+        ("--budget", args.budget is not None), ("--limit", args.limit is not None),
+        ("--yes", args.yes), ("--deferred", args.deferred),
+        ("--checkpoint", args.checkpoint is not None)) if given]
+    if each_only:
+        raise UsageError(f"{', '.join(each_only)} appl{'ies' if len(each_only) == 1 else 'y'} "
+                         f"to --each cells (one prompt over many rows: %%chat --each df "
+                         f"{each_only[0]} ...); a budget for a conversation: Session(budget=...)")
     CellRun(state, args, cell).execute()

@@ -1,4 +1,5 @@
-"""The ``%chat`` subcommands: ``login``, ``logout``, ``status``, ``models``, ``history``, ``reset``.
+"""The ``%chat`` subcommands: ``login``, ``logout``, ``status``, ``models``, ``history``, ``reset``,
+``key``, ``cost``.
 
 Each shows one small static output — Markdown where a kernel renders it, and its own plain-text
 version for a terminal (no ``**`` or backticks there) — and never prints a secret: tokens and keys
@@ -12,6 +13,7 @@ import argparse
 import getpass
 import os
 import re
+from decimal import Decimal
 from typing import Any
 
 from IPython.core.error import StdinNotImplementedError, UsageError
@@ -70,6 +72,7 @@ def run(state: KernelState, args: argparse.Namespace) -> None:
         "history": history,
         "reset": reset,
         "key": key,
+        "cost": cost,
     }[args.command]
     handler(state, args)
 
@@ -344,3 +347,59 @@ def reset(state: KernelState, args: argparse.Namespace) -> None:
     name = args.target or state.settings.thread
     cleared = state.threads.reset(name)
     _show(f"Cleared thread `{name}`." if cleared else f"*There is no thread `{name}`.*")
+
+
+def cost(state: KernelState, args: argparse.Namespace) -> None:
+    """``%chat cost``: this kernel's spend by model — calls, tokens in / out / cached, dollars,
+    Copilot premium requests (and what they would cost at GitHub's overage price) — and what
+    replayed answers saved."""
+    from ..cost import PREMIUM_REQUEST_USD, CostTotal, format_usd, ledger, premium_words
+
+    rows = ledger.rows()
+    if not rows:
+        _show("*No model has answered in this kernel yet.*")
+        return
+    table: list[dict[str, Any]] = []
+    total = CostTotal()
+    premium = 0.0
+    saved = CostTotal()
+    for row in rows:
+        c = row.cost
+        if c.calls == c.replayed and c.unknown == 0 and row.calls == 0:
+            usd = "—"
+        elif c.unknown == c.calls:
+            usd = "unknown"
+        else:
+            usd = format_usd(c.usd) + (f" (+{c.unknown} unknown)" if c.unknown else "")
+        line: dict[str, Any] = {
+            "model": f"{row.provider}:{row.model}", "calls": row.calls,
+            "tokens in": row.input_tokens, "out": row.output_tokens, "cached": row.cached_tokens,
+            "USD": usd,
+            "premium requests": "" if c.premium_requests is None else f"{c.premium_requests:g}",
+            "replayed (saved)": (f"{c.replayed} ({format_usd(c.saved_usd)})" if c.replayed
+                                 else ""),
+        }
+        table.append(line)
+        total.calls += c.calls
+        total.usd += c.usd
+        total.unknown += c.unknown
+        saved.replayed += c.replayed
+        saved.saved_usd += c.saved_usd
+        premium += c.premium_requests or 0
+    from ..render import rows_markdown
+
+    notes = [f"Spent in this kernel: **{format_usd(total.usd)}**"
+             + (f" (and {total.unknown} answers whose price is unknown)" if total.unknown else "")
+             + "."]
+    if premium:
+        notes.append(f"GitHub Copilot: {premium_words(premium)} — "
+                     f"{format_usd(PREMIUM_REQUEST_USD * Decimal(str(premium)))} at GitHub's "
+                     f"published overage price of {format_usd(PREMIUM_REQUEST_USD)} per premium "
+                     "request (within your plan's allowance they cost nothing extra).")
+    if saved.replayed:
+        notes.append(f"Replayed from the response cache: {saved.replayed:,} answer"
+                     f"{'' if saved.replayed == 1 else 's'}, which cost "
+                     f"{format_usd(saved.saved_usd)} when recorded and nothing now.")
+    notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
+    body = rows_markdown(table, index=False)
+    _show(body + "\n\n" + "\n\n".join(notes))

@@ -104,7 +104,17 @@ class Transcript(TurnAccumulator):
             stop_reason=self.stop_reason,
             retries=self.retries,
             notes=[note] if note else (),
+            cost=self.cost(),
         )
+
+    def cost(self) -> Any:
+        """The turn's cost: one round's :class:`~dispatch_nb.cost.Cost`, or the
+        :class:`~dispatch_nb.cost.CostTotal` of several rounds."""
+        if len(self.rounds) == 1:
+            return self.rounds[0].cost
+        from ..cost import CostTotal
+
+        return CostTotal.of(r.cost for r in self.rounds) if self.rounds else None
 
     def markdown(self) -> str:
         """The transcript as Markdown: thinking collapsed, text, tool calls with their results."""

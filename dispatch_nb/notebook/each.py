@@ -97,7 +97,6 @@ def _refuse(args: argparse.Namespace, specs: list[str]) -> None:
 def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> None:
     """Run one ``%%chat --each`` cell (see the module docstring)."""
     # batching (and tqdm) are imported by --each cells only
-    from ..batching import BatchInterrupted, batch
     from ..batching.rows import RowSource, TemplateError, _undefined
 
     shell = state.shell
@@ -108,6 +107,10 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     _refuse(args, specs)
     spec = specs[0]
     rows = _rows_value(args.each, namespace)
+    if args.limit is not None:
+        if args.limit <= 0:
+            raise UsageError(f"--limit takes a positive number of rows, not {args.limit}")
+        rows = _head(rows, args.limit)
     template = re.sub(r"\A(?:[ \t]*\n)+", "", cell).rstrip()
     if not template:
         raise UsageError("the %%chat cell is empty: write the prompt (with {column} placeholders) "
@@ -150,6 +153,109 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         options["output"] = schema
     max_tokens = args.max_tokens if args.max_tokens is not None else settings.max_tokens
     temperature = args.temperature if args.temperature is not None else settings.temperature
+    if args.budget is not None:
+        options["budget"] = args.budget
+
+    def estimated() -> Any:
+        from ..estimates import estimate
+
+        try:
+            return estimate(fill, rows, model=spec, max_tokens=max_tokens, system=system)
+        except TemplateError as exc:
+            raise UsageError(f"--each {args.each.strip()}: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--each {args.each.strip()}: {exc}") from None
+
+    if args.estimate:
+        show_estimate(estimated(), f"--each {args.each.strip()}")
+        return
+    if len(rows) > settings.confirm_rows and not args.yes:
+        ask_first(state, len(rows), estimated(),
+                  lambda: _run_rows(state, args, spec, fill, rows, system, max_tokens,
+                                    temperature, cache, options))
+        return
+    _run_rows(state, args, spec, fill, rows, system, max_tokens, temperature, cache, options)
+
+
+def _head(rows: Any, limit: int) -> Any:
+    """The first ``limit`` rows (a list, tuple, Series or DataFrame)."""
+    return rows[:limit] if isinstance(rows, (list, tuple)) else rows.head(limit)
+
+
+def show_estimate(est: Any, what: str) -> None:
+    """``--estimate``: what the cell would cost; nothing was sent."""
+    text = est.summary()
+    note = ("input tokens approximated (about 4 characters a token)" if est.counted_by ==
+            "approximation" else f"input tokens: {est.counted_by}")
+    md = (f"**Estimate** ({what}) — nothing was sent\n\n{html.escape(text, quote=False)}\n\n"
+          f"<sub>{html.escape(note, quote=False)}; the most output assumes every answer uses "
+          f"max_tokens ({est.max_tokens:,}); prices: {html.escape(est.source or 'unknown')}"
+          "</sub>")
+    ipy_display({"text/markdown": md, "text/plain": f"Estimate ({what}), nothing was sent: "
+                 f"{text}\n[{note}]"}, raw=True,
+                metadata={"dispatch_nb": {"estimate": est.model_dump(mode="json")}})
+
+
+def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
+    """A large ``--each`` asks first: the row count and the estimate, then a button in the cell
+    (a y/N prompt in terminal IPython); nothing is sent before the answer."""
+    from .live import detect_mode
+
+    question = (f"--each has {count:,} rows (more than ChatMagics.confirm_rows = "
+                f"{state.settings.confirm_rows:,}): {est.summary()}")
+    mode = detect_mode(state.shell, state.settings.live)
+    if mode != "widget":
+        if mode == "text":
+            try:
+                answer = input(question + "\nSend them? [y/N] ")
+            except (EOFError, OSError):
+                answer = ""
+            if answer.strip().lower() in ("y", "yes"):
+                run()
+                return
+        ipy_display({"text/markdown": html.escape(question, quote=False) + "\n\n*Nothing was "
+                     "sent.* Run the cell again with `--yes` to send them, or `--limit N` for "
+                     "the first N rows.",
+                     "text/plain": question + "\nNothing was sent: run again with --yes, or "
+                     "--limit N for the first N rows."}, raw=True)
+        return
+    import ipywidgets as widgets
+
+    label = widgets.HTML(f"<b>{html.escape(question)}</b><br>Nothing has been sent.")
+    go = widgets.Button(description=f"Send {count:,} rows", button_style="warning",
+                        tooltip="Send every row to the model")
+    stop = widgets.Button(description="Cancel")
+    out = widgets.Output()
+    box = widgets.VBox([label, widgets.HBox([go, stop]), out])
+    box.add_class("dispatch-nb-confirm")
+
+    def clicked(button: Any) -> None:
+        go.disabled = stop.disabled = True
+        if button is stop:
+            label.value = f"{html.escape(question)}<br>Cancelled: nothing was sent."
+            return
+        label.value = f"{html.escape(question)}<br>Sending…"
+        with out:
+            try:
+                run()
+            except Exception as exc:  # shown in the cell: the cell itself has finished
+                print(f"{type(exc).__name__}: {exc}")
+        label.value = f"{html.escape(question)}<br>Sent."
+
+    go.on_click(clicked)
+    stop.on_click(clicked)
+    ipy_display(box)
+
+
+def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,
+              system: str | None, max_tokens: int | None, temperature: float | None,
+              cache: Any, options: dict[str, Any]) -> None:
+    """Send the rows and show the result table (after a confirmation when one was asked)."""
+    from ..batching import BatchInterrupted, batch
+    from ..batching.rows import TemplateError
+
+    namespace = state.shell.user_ns
+    settings = state.settings
     interrupted = False
     if args.deferred:
         options["deferred"] = True

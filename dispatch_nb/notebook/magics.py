@@ -165,6 +165,10 @@ class ChatMagics(Magics):
     ).tag(config=True)
     max_tool_rounds = Int(8, help="Tool-calling rounds one --tools cell may run.").tag(config=True)
     update_rate = Float(20.0, help="The most live-view updates per second.").tag(config=True)
+    confirm_rows = Int(
+        1000, help="%%chat --each over more rows than this shows the row count and the estimate "
+        "and waits for a confirmation (--yes skips it, --limit N runs the first N rows).",
+    ).tag(config=True)
     login_on_demand = Bool(
         True,
         help="When a %%chat cell needs a GitHub Copilot login, show the login and continue.",
@@ -278,6 +282,22 @@ class ChatMagics(Magics):
         "--checkpoint", metavar="FILE",
         help="With --each: record each row (and a deferred job) in FILE; a re-run sends only "
         "the rows not answered there.",
+    )
+    @magic_arguments.argument(
+        "--budget", type=float, metavar="USD",
+        help="--each: US dollars the rows may spend; a row whose worst case does not fit is not "
+        "sent (BudgetExceededError).",
+    )
+    @magic_arguments.argument(
+        "--limit", type=int, metavar="N", help="--each: run the first N rows only."
+    )
+    @magic_arguments.argument(
+        "--yes", action="store_true",
+        help="--each: run a large batch without asking first (see ChatMagics.confirm_rows).",
+    )
+    @magic_arguments.argument(
+        "--estimate", action="store_true",
+        help="Show what the cell would cost (tokens, USD range) without sending anything.",
     )
     @magic_arguments.argument(
         "--no-stream", action="store_true", help="Wait for the whole answer instead of streaming."

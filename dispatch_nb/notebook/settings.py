@@ -55,6 +55,9 @@ class Settings(Protocol):
     def max_tokens(self) -> int | None: ...
 
     @property
+    def confirm_rows(self) -> int: ...
+
+    @property
     def temperature(self) -> float | None: ...
 
     @property

@@ -64,7 +64,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -94,7 +94,7 @@ from ..errors import (
 )
 from ..http_adapter import HTTPAdapter, WireRequest
 from ..stream import Accumulator
-from ..types import ImageBlock, Message, ModelInfo, StreamDelta, TextBlock
+from ..types import ImageBlock, Message, ModelInfo, StreamDelta, TextBlock, Usage
 from ..wire.chat_completions import (
     CHAT_OPTIONS,
     REASONING_FIELDS,
@@ -117,6 +117,9 @@ from .copilot_models import (
     output_limit,
     picker_models,
 )
+
+if TYPE_CHECKING:
+    from ..cost import Cost
 
 __all__ = [
     "COPILOT_API_VERSION",
@@ -495,6 +498,26 @@ class CopilotAdapter(HTTPAdapter):
         await self._acheck_model()
         async for delta in super().astream_once(request, acc, control):
             yield delta
+
+    # -- cost ------------------------------------------------------------------------------------
+    def premium_multiplier(self) -> float | None:
+        """Premium requests one user-initiated call of this model costs: ``billing.multiplier``
+        of its ``/models`` entry (0 for included models; None while the list is unknown)."""
+        entry = self._find_entry(self._raw_models or [])
+        info = copilot_model_info(entry) if entry is not None else None
+        return info.premium_multiplier if info is not None else None
+
+    def price_call(self, request: ChatRequest, model: str, usage: Usage) -> Cost | None:
+        """The dollar price (genai-prices' ``github-copilot`` rates) and the premium requests:
+        the model's multiplier for a call someone typed, 0 for the calls a tool loop makes on its
+        own (``X-Initiator: agent`` is not billed as a premium request)."""
+        from ..cost import price
+
+        multiplier = self.premium_multiplier()
+        premium = None
+        if multiplier is not None:
+            premium = multiplier if initiator_for(request.messages) == "user" else 0.0
+        return price(self.provider_name, self.model_name, usage, premium_requests=premium)
 
     # -- models ----------------------------------------------------------------------------------
     def _find_entry(self, raw: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

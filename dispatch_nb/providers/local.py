@@ -478,6 +478,7 @@ class LocalAdapter(Adapter):
     """
 
     provider_options = frozenset({"seed", *_PASSTHROUGH_OPTIONS})
+    token_counter = "tokenizer"
 
     def __init__(
         self,

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..adapter import Adapter
+from ..budget import Budget
+from ..cost import CostTotal
 from ..tools import Tool
 from ..types import Message, Response, ToolDefinition, Usage
 from ..validation import check_call, describe
@@ -48,6 +50,7 @@ class Session(ToolLoop):
         id: str | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        budget: Budget | float | str | None = None,
     ) -> None:
         # Every argument is checked before an adapter is made (and long before any request).
         check_call(
@@ -84,6 +87,10 @@ class Session(ToolLoop):
         self._system = system
         self._history: list[Message] = []
         self._usage = Usage()
+        self._cost = CostTotal()
+        #: ``budget=``: US dollars this session may spend (docs/cost.md); a call whose worst
+        #: case does not fit is not sent (:class:`~dispatch_nb.errors.BudgetExceededError`)
+        self.budget = Budget.of(budget)
         self._lock = threading.Lock()
         self._tools: list[SessionTool] = []
         self._handlers: dict[str, Tool] = {}
@@ -148,6 +155,13 @@ class Session(ToolLoop):
     def usage(self) -> Usage:
         """Tokens used by every model call of this session, failed ones included."""
         return self._usage
+
+    @property
+    def cost(self) -> CostTotal:
+        """What this session's answers cost (docs/cost.md): the sum of every model call's
+        ``Response.cost``; replayed answers count 0 (and as saved), unknown prices are counted
+        in ``unknown``. Not reset by :meth:`clear_history`."""
+        return self._cost
 
     def clear_history(self) -> None:
         """Forget the conversation (the id, settings, tools and cumulative usage stay)."""

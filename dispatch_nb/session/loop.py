@@ -20,10 +20,12 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..call_control import TurnControl
 from ..cancel import CancelToken
+from ..errors import BudgetExceededError
 from ..tools import Tool, error_result
 from ..types import (
     Message,
@@ -42,6 +44,8 @@ from .stream import TurnState
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
+    from ..budget import Budget
+    from ..cost import CostTotal
     from ..turn import TurnAccumulator
 
 __all__ = ["NonBlockingLock", "ToolLoop", "Turn"]
@@ -127,6 +131,8 @@ class ToolLoop:
     _system: str | None
     _history: list[Message]
     _usage: Usage
+    _cost: CostTotal
+    budget: Budget | None
     _lock: threading.Lock
     _tools: list[SessionTool]
     _handlers: dict[str, Tool]
@@ -138,7 +144,9 @@ class ToolLoop:
         with self._turn(content, options) as (turn, message):
             while True:
                 kwargs = turn.call_kwargs(self._tool_payload())
+                reserved = None
                 try:
+                    reserved = self._reserve(kwargs)
                     if streaming:
                         with self._adapter.stream(self._wire_history(), **kwargs) as stream:
                             state.stream = stream
@@ -147,10 +155,12 @@ class ToolLoop:
                     else:
                         response = self._adapter.chat(self._wire_history(), **kwargs)
                 except BaseException as exc:
+                    self._settle(reserved, getattr(exc, "partial", None), failed=True)
                     self._call_failed(turn, message, exc)
                     raise
                 finally:
                     state.stream = None
+                self._settle(reserved, response, failed=False)
                 yield self._answered(turn, state, response)
                 action = self._next_action(turn, response)
                 if action == "tools":
@@ -184,7 +194,9 @@ class ToolLoop:
         with self._turn(content, options) as (turn, message):
             while True:
                 kwargs = turn.call_kwargs(self._tool_payload())
+                reserved = None
                 try:
+                    reserved = self._reserve(kwargs)
                     if streaming:
                         astream = self._adapter.astream(self._wire_history(), **kwargs)
                         async with astream:
@@ -195,10 +207,12 @@ class ToolLoop:
                     else:
                         response = await self._adapter.achat(self._wire_history(), **kwargs)
                 except BaseException as exc:
+                    self._settle(reserved, getattr(exc, "partial", None), failed=True)
                     self._call_failed(turn, message, exc)
                     raise
                 finally:
                     state.stream = None
+                self._settle(reserved, response, failed=False)
                 yield self._answered(turn, state, response)
                 action = self._next_action(turn, response)
                 if action == "tools":
@@ -292,11 +306,34 @@ class ToolLoop:
                 out.append(message)
         return out
 
+    def _reserve(self, kwargs: dict[str, Any]) -> Decimal | None:
+        """``budget=``: reserve the next call's worst case (its history's token bound +
+        ``max_tokens`` of output) or raise :class:`BudgetExceededError` — nothing is sent."""
+        if self.budget is None:
+            return None
+        from ..estimates import worst_case
+
+        worst = worst_case(self._adapter, self._wire_history(), system=kwargs.get("system"),
+                           tools=kwargs.get("tools"), max_tokens=kwargs.get("max_tokens"),
+                           output=kwargs.get("output"))
+        if kwargs.get("output") is not None:
+            retries = kwargs.get("output_retries")
+            worst *= 2 if retries is None else 1 + int(retries)
+        return self.budget.reserve(worst)
+
+    def _settle(self, reserved: Decimal | None, response: Any, *, failed: bool) -> None:
+        if reserved is not None and self.budget is not None:
+            from ..cost import attempt_cost
+
+            partial = response if isinstance(response, Response) else None
+            self.budget.settle(reserved, attempt_cost(partial, failed, reserved))
+
     def _answered(self, turn: Turn, state: TurnState, response: Response) -> MessageDoneEvent:
         """A model call answered: count it, add its usage and answer to the session, and make
         it the turn's response so far."""
         turn.calls += 1
         self._usage = self._usage + response.usage
+        self._cost.add(response.cost)
         self.last_response = response
         if response.content:  # providers reject an empty assistant message
             self._history.append(response.to_message())
@@ -324,7 +361,7 @@ class ToolLoop:
             self._usage = self._usage + partial.usage
         if (
             turn.calls == 0
-            and isinstance(exc, (TypeError, ValueError))
+            and isinstance(exc, (TypeError, ValueError, BudgetExceededError))
             and self._history
             and self._history[-1] is message
         ):

@@ -422,3 +422,24 @@ def test_each_progress_is_one_line_and_its_table_counts_from_zero(
     assert "UsageError" in text and "{typo} names nothing" in text, text
     assert "batch" not in text and "%" not in text, f"a progress bar before the error: {text!r}"
     assert len(fake.chat_requests) == sent
+def test_a_large_each_waits_for_the_button(open_notebook: Any, fake: CanonicalFake) -> None:
+    """(e) `--each` over more rows than ChatMagics.confirm_rows shows the row count and the
+    estimate with a button; nothing is sent until it is clicked, then the rows run in the cell."""
+    nb = open_notebook([LOAD + "\nrows = ['one', 'two', 'three', 'four', 'five']",
+                        "%config ChatMagics.confirm_rows = 3",
+                        "%%chat --each rows -o res\nSay {row}"])
+    nb.run(0)
+    nb.run(1)
+    before = len(fake.chat_requests)
+    nb.run(2)
+    button = nb.output(2).get_by_role("button", name="Send 5 rows")
+    button.wait_for(timeout=30_000)
+    assert "5 rows" in nb.output_text(2) and "confirm_rows = 3" in nb.output_text(2)
+    assert len(fake.chat_requests) == before, "rows were sent before the confirmation"
+    nb.screenshot("each-confirm")
+    button.click()
+    nb.wait_output(2, lambda text: "5 rows: 5 ok" in text, timeout=60)
+    sent = [fake.last_user_text(r) for r in fake.chat_requests[before:]]
+    assert sorted(sent) == sorted(f"Say {w}" for w in ("one", "two", "three", "four", "five"))
+    assert "echo: Say three" in nb.output_text(2)
+    nb.screenshot("each-confirmed")

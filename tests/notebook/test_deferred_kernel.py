@@ -76,9 +76,9 @@ def test_a_job_submitted_in_one_kernel_is_collected_in_the_next(tmp_path: Path) 
 
 def test_deferred_on_a_provider_without_a_batch_api_says_so(shell: Any, fake: Any) -> None:
     shell.user_ns["words"] = ["a", "b"]
-    with pytest.raises(UsageError, match="--deferred goes with --each"):
+    with pytest.raises(UsageError, match="--deferred applies to --each cells"):
         shell.run_cell_magic("chat", "--deferred", "Say hi")
-    with pytest.raises(UsageError, match="--checkpoint goes with --each"):
+    with pytest.raises(UsageError, match="--checkpoint applies to --each cells"):
         shell.run_cell_magic("chat", "--checkpoint run.jsonl", "Say hi")
     with pytest.raises(UsageError, match=r"--deferred: fake:echo has no batch API .*; run the "
                        "cell without --deferred"):

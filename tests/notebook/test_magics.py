@@ -50,9 +50,11 @@ def test_generated_help_lists_every_option(shell: Any) -> None:
     doc = shell.find_cell_magic("chat").__doc__
     for option in ("-m SPEC", "-s SYSTEM", "-t THREAD", "--new", "--max-tokens N", "--temperature T",
                    "--tools NAMES", "-f", "-o VAR", "--no-stream", "--no-history",
-                   "--no-interpolate", "--cache MODE"):
+                   "--no-interpolate", "--cache MODE", "--estimate", "--budget USD",
+                   "--limit N", "--yes"):
         assert option in doc, option
-    assert "{login,logout,status,models,history,reset,key}" in shell.find_line_magic("chat").__doc__
+    assert "{login,logout,status,models,history,reset,key,cost}" in \
+        shell.find_line_magic("chat").__doc__
 
 
 def test_bad_options_raise_usage_error_with_the_usage_line(shell: Any, fake: Any) -> None:

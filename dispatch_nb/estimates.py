@@ -1,0 +1,212 @@
+"""Before sending: what a request could cost. :func:`estimate` (``dispatch_nb.estimate``) for a
+cell or a batch, :func:`worst_case` for a budget (docs/cost.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from .cost import format_usd, premium_words, price
+from .types import Message, Usage, as_messages
+
+if TYPE_CHECKING:
+    from .adapter import Adapter
+
+__all__ = ["Estimate", "approximate_tokens", "estimate", "token_bound", "worst_case"]
+
+#: chars per token of the approximation used where no tokenizer is at hand
+CHARS_PER_TOKEN = 4
+#: tokens a request adds per message, and once, around what the text counts (roles, framing)
+MESSAGE_OVERHEAD_TOKENS = 8
+REQUEST_OVERHEAD_TOKENS = 16
+
+
+def _text_of(messages: list[Message], system: str | None, tools: Iterable[Any] | None) -> str:
+    parts = [system or ""]
+    for message in messages:
+        for block in message.blocks:
+            parts.append(block.model_dump_json(exclude={"type", "provider_data"}))
+    for tool in tools or ():
+        dump = getattr(tool, "model_dump_json", None)
+        parts.append(dump() if dump is not None else str(tool))
+    return "".join(parts)
+
+
+def token_bound(messages: list[Message], system: str | None = None,
+                tools: Iterable[Any] | None = None) -> int:
+    """An upper bound of a request's input tokens without a tokenizer: its UTF-8 bytes (a BPE
+    token is at least one byte) plus framing. What a budget reserves, so it cannot be beaten."""
+    text = _text_of(messages, system, tools)
+    return (len(text.encode()) + REQUEST_OVERHEAD_TOKENS
+            + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1))
+
+
+def approximate_tokens(messages: list[Message], system: str | None = None,
+                       tools: Iterable[Any] | None = None) -> int:
+    """About how many input tokens: ~4 characters a token, plus framing. An approximation."""
+    text = _text_of(messages, system, tools)
+    return (-(-len(text) // CHARS_PER_TOKEN) + REQUEST_OVERHEAD_TOKENS
+            + MESSAGE_OVERHEAD_TOKENS * len(messages))
+
+
+def _max_tokens(adapter: Adapter, max_tokens: int | None) -> int:
+    value = max_tokens if max_tokens is not None else adapter.default_max_tokens
+    if value is None:
+        raise ValueError(f"budget= needs max_tokens= for {adapter.provider_name}:"
+                         f"{adapter.model_name} (the most one answer may cost depends on it)")
+    return int(value)
+
+
+#: bytes a structured request may add around its schema (the instructions of prompt mode)
+OUTPUT_PROMPT_BYTES = 1024
+
+
+def worst_case(adapter: Adapter, messages: list[Message], *, system: str | None = None,
+               tools: Iterable[Any] | None = None, max_tokens: int | None = None,
+               output: Any = None) -> Decimal:
+    """The most one request can cost: :func:`token_bound` input tokens (with ``output=``'s
+    schema, which may be sent in the prompt) and ``max_tokens`` output. Raises ``ValueError``
+    when the model's price is unknown (a budget cannot be kept then)."""
+    bound = token_bound(messages, system, tools)
+    if output is not None:
+        import json
+
+        from .structured import as_output
+
+        bound += len(json.dumps(as_output(output).schema).encode()) + OUTPUT_PROMPT_BYTES
+    usage = Usage(input_tokens=bound, output_tokens=_max_tokens(adapter, max_tokens))
+    cost = price(adapter.provider_name, adapter.model_name, usage)
+    if cost is None or cost.usd is None:
+        raise ValueError(
+            f"budget= needs a known price, and {adapter.provider_name}:{adapter.model_name} has "
+            "none in genai-prices' data (see docs/cost.md); drop budget= for this model"
+        )
+    return cost.usd
+
+
+class Estimate(BaseModel):
+    """What a cell or a batch would cost, before anything is sent (:func:`estimate`).
+
+    ``input_tokens`` is the provider's own count where it has one (``counted_by``:
+    ``"count_tokens"`` for Anthropic's endpoint, ``"tokenizer"`` for the embedded model) and
+    otherwise ``"approximation"`` (about 4 characters a token); ``approximate`` says whether the
+    number is one. ``max_output_usd`` is the most the output could cost (every row writing
+    ``max_tokens``); the answer costs between ``low_usd`` (the input alone) and ``high_usd``
+    (input + the most output). ``None`` where the price is unknown.
+    """
+
+    model: str
+    rows: int
+    input_tokens: int
+    counted_by: str
+    approximate: bool
+    max_tokens: int
+    input_usd: Decimal | None = None
+    max_output_usd: Decimal | None = None
+    low_usd: Decimal | None = None
+    high_usd: Decimal | None = None
+    premium_requests: float | None = None
+    source: str = ""
+
+    def summary(self) -> str:
+        """One line: rows, tokens, the USD range."""
+        rows = f"{self.rows:,} row{'s' if self.rows != 1 else ''} · " if self.rows != 1 else ""
+        tokens = (f"{'~' if self.approximate else ''}{self.input_tokens:,} input tokens "
+                  f"({self.counted_by})")
+        if self.low_usd is not None and self.high_usd is not None:
+            money = f"{format_usd(self.low_usd)} – {format_usd(self.high_usd)}"
+        else:
+            money = "price unknown"
+        text = (f"{self.model}: {rows}{tokens} + at most {self.rows * self.max_tokens:,} output "
+                f"tokens · {money}")
+        if self.premium_requests is not None:
+            text += f" · {premium_words(self.premium_requests)}"
+        return text
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _count(adapter: Adapter, messages: list[Message], system: str | None) -> int:
+    try:
+        return int(adapter.count_tokens(messages, system=system))
+    except Exception:
+        return -1
+
+
+#: rows counted by the provider's own counter; more rows are scaled from these (approximate)
+COUNTED_ROWS = 20
+
+
+def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
+             max_tokens: int | None = None, system: str | None = None,
+             namespace: Any = None) -> Estimate:
+    """What sending ``template`` (once, or filled from each of ``rows`` as :func:`batch` would)
+    to ``model`` could cost — nothing is sent to the model. See :class:`Estimate`."""
+    from .batching.rows import RowSource, fill_template
+    from .registry import connect
+
+    owned = isinstance(model, str)
+    adapter = connect(model) if isinstance(model, str) else model
+    try:
+        prompts: list[list[Message]] = []
+        if rows is None:
+            prompts.append(as_messages(template))
+        else:
+            source = RowSource(rows, namespace=namespace)
+            for _position, row in source:
+                filled = fill_template(template, row, source.namespace(row))
+                prompts.append(as_messages(filled.messages))
+        limit = _max_tokens(adapter, max_tokens)
+        counted_by, exact = "approximation", False
+        total = 0
+        sample = [_count(adapter, m, system) for m in prompts[:COUNTED_ROWS]]
+        if sample and all(n >= 0 for n in sample):
+            counted_by = str(getattr(adapter, "token_counter", "count_tokens"))
+            total = sum(sample)
+            exact = len(prompts) <= COUNTED_ROWS
+            if not exact:
+                chars = sum(len(_text_of(m, system, None)) for m in prompts[:COUNTED_ROWS])
+                rest = sum(len(_text_of(m, system, None)) for m in prompts[COUNTED_ROWS:])
+                total += round(rest * total / max(chars, 1))
+                counted_by += f" for the first {COUNTED_ROWS} rows, scaled"
+        else:
+            total = sum(approximate_tokens(m, system) for m in prompts)
+        premium = _premium_estimate(adapter, len(prompts))
+        low = price(adapter.provider_name, adapter.model_name, Usage(input_tokens=total))
+        high = price(adapter.provider_name, adapter.model_name,
+                     Usage(input_tokens=total, output_tokens=limit * len(prompts)))
+        known = low is not None and high is not None and low.usd is not None \
+            and high.usd is not None
+        return Estimate(
+            model=f"{adapter.provider_name}:{adapter.model_name}", rows=len(prompts),
+            input_tokens=total, counted_by=counted_by, approximate=not exact, max_tokens=limit,
+            input_usd=low.usd if known and low else None,
+            max_output_usd=(high.usd - low.usd) if known and high and low and high.usd is not None
+            and low.usd is not None else None,
+            low_usd=low.usd if known and low else None,
+            high_usd=high.usd if known and high else None,
+            premium_requests=premium, source=high.source if high is not None else "",
+        )
+    finally:
+        if owned:
+            adapter.close()
+
+
+def _premium_estimate(adapter: Adapter, calls: int) -> float | None:
+    multiplier = getattr(adapter, "premium_multiplier", None)
+    if not callable(multiplier):
+        return None
+    try:
+        value = multiplier()
+        if value is None:  # the model list is read once (GET /models: no prompt is sent)
+            adapter.list_models()
+            value = multiplier()
+    except Exception:
+        return None
+    return None if value is None else float(value) * calls
+
+

@@ -1,0 +1,172 @@
+"""What answers cost, in the notebook (docs/cost.md): the footer's price, ``%%chat --estimate``,
+``%chat cost``, ``--budget`` and the large ``--each`` that asks first (``--limit``, ``--yes``) —
+in a real kernel (nbclient) against the loopback Responses fake, with a real model name."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import genai_prices
+import nbformat
+import pytest
+from IPython.core.error import UsageError
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
+
+from dispatch_nb.cache import CachedAdapter, ResponseCache
+from dispatch_nb.cost import format_usd, ledger
+from dispatch_nb.providers.copilot import CopilotAdapter
+from dispatch_nb.providers.openai import OpenAIAdapter
+from tests.fakes.copilot import CopilotFake
+from tests.fakes.openai_responses import OpenAIResponsesFake
+from tests.notebook.conftest import chat_env, run
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def _price(input_tokens: int, output_tokens: int) -> Decimal:
+    price: Decimal = genai_prices.calc_price(
+        genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens), "gpt-4.1",
+        provider_id="openai").total_price
+    return price
+
+
+def _shown(cell: Any) -> str:
+    texts = []
+    for output in cell.outputs:
+        data = output.get("data", {})
+        texts.append(str(data.get("text/markdown", data.get("text/plain", ""))))
+        texts.append(str(output.get("text", "")))
+    return "\n".join(texts)
+
+
+def kernel_env(fake: OpenAIResponsesFake, tmp_path: Path) -> dict[str, str]:
+    env = chat_env()
+    env.update({
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_API_KEY": "sk-test",
+        "DISPATCH_NB_MODEL": "openai:gpt-4.1",
+        "DISPATCH_NB_HOME": str(tmp_path / "dispatch"),
+        "DISPATCH_NB_CACHE_FILE": str(tmp_path / "cache.jsonl"),
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_HOME": str(tmp_path / ".config"),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+    })
+    env.pop("OPENAI_BACKEND", None)
+    return env
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(240)
+def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
+    cells = [
+        "%load_ext dispatch_nb\n"
+        "big = [f'row {i:04d}' for i in range(1500)]\nsmall = ['a', 'b', 'c']",     # 0
+        "%%chat\nHello there",                                                     # 1
+        "%%chat --estimate --max-tokens 100\nHello there",                        # 2
+        "%%chat --each big -o never\nSay {row}",                                   # 3
+        "%%chat --each big --limit 4 -o limited\nSay {row}",                       # 4
+        "%config ChatMagics.confirm_rows = 2\n",                                   # 5
+        "%%chat --each small -o asked\nSay {row}",                                 # 6
+        "%%chat --each small --yes --budget 0.50 -o yes\nSay {row}",               # 7
+        "%%chat --each big --estimate --max-tokens 10\nSay {row}",                 # 8
+        "print('never' in dir(), 'asked' in dir(), limited.sent, yes.sent, "
+        "yes.budget.usd)",                                                         # 9
+        "%chat cost",                                                              # 10
+    ]
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    with OpenAIResponsesFake(api_key="sk-test") as fake:
+        client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False)
+        client.execute(env=kernel_env(fake, tmp_path))
+        sent = [fake.last_user_text(r) for r in fake.chat_requests]
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    nb = nbformat.read(path, as_version=4)
+
+    # nothing was sent by --estimate or by the runs that asked first
+    assert sent == ["Hello there", *[f"Say row {i:04d}" for i in range(4)], "Say a", "Say b",
+                    "Say c"] or sorted(sent) == sorted(
+        ["Hello there", *[f"Say row {i:04d}" for i in range(4)], "Say a", "Say b", "Say c"])
+    # the footer shows the answer's price (the fake's echo usage: 12 in / 7 out)
+    one = _price(12, 7)
+    assert f"· {format_usd(one)} ·" in _shown(nb.cells[1])
+    estimate = _shown(nb.cells[2])
+    assert "nothing was sent" in estimate and "openai:gpt-4.1" in estimate
+    assert "approximat" in estimate
+    asked = _shown(nb.cells[3])
+    assert "1,500 rows" in asked and "ChatMagics.confirm_rows = 1,000" in asked
+    assert any(WIDGET_MIME in o.get("data", {}) for o in nb.cells[3].outputs)  # the button
+    assert "4 rows: 4 ok" in _shown(nb.cells[4])
+    assert "3 rows" in _shown(nb.cells[6]) and "confirm_rows = 2" in _shown(nb.cells[6])
+    assert "of a $0.50 budget" in _shown(nb.cells[7])
+    big_estimate = _shown(nb.cells[8])
+    assert "1,500 rows" in big_estimate and "15,000 output tokens" in big_estimate
+    printed = _shown(nb.cells[9]).strip()
+    assert printed == "False False 4 3 0.5"
+    table = _shown(nb.cells[10])
+    assert "openai:gpt-4.1" in table
+    row = next(line for line in table.splitlines() if "openai:gpt-4.1" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "8"  # calls
+    assert format_usd(one * 8) in row
+
+
+def test_a_terminal_asks_y_or_n_before_a_large_each(shell: Any, fake: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Terminal IPython (no kernel): a y/N question; "n" sends nothing, "y" sends the rows."""
+    run(shell, "%config ChatMagics.confirm_rows = 2\nrows = ['a', 'b', 'c']")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    assert run(shell, "%%chat --each rows -o no\nSay {row}").success
+    assert fake.chat_requests == [] and "no" not in shell.user_ns
+    assert "Nothing was sent" in shell.front.outputs[-1]["data"]["text/plain"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    assert run(shell, "%%chat --each rows -o yes\nSay {row}").success
+    assert sorted(fake.last_user_text(r) for r in fake.chat_requests) == ["Say a", "Say b",
+                                                                          "Say c"]
+    assert shell.user_ns["yes"].ok == 3
+    with pytest.raises(UsageError, match="--limit takes a positive number"):
+        shell.run_cell_magic("chat", "--each rows --limit 0", "Say {row}")
+
+
+def test_chat_cost_shows_premium_requests_and_what_replays_saved(
+        shell: Any, tmp_path: Path) -> None:
+    """``%chat cost`` counts every answer of this process: a Copilot call (its premium request
+    at GitHub's overage price, labelled) and an OpenAI answer recorded, then replayed."""
+    ledger.clear()
+    with CopilotFake() as copilot:
+        github = copilot.github
+        adapter = CopilotAdapter("claude-sonnet-4", github_token=github.github_token,
+                                 github_url=github.github_url, github_api_url=github.api_url)
+        adapter.chat("hi")
+        adapter.close()
+    with OpenAIResponsesFake(api_key="sk-test") as openai:
+        cached = CachedAdapter(OpenAIAdapter("gpt-4.1", backend="official",
+                                             base_url=openai.base_url, api_key="sk-test"),
+                               ResponseCache(tmp_path / "c.jsonl", mode="read-write"))
+        first = cached.chat("hello")
+        cached.chat("hello")
+        cached.close()
+    assert first.cost is not None and first.cost.usd is not None
+    assert run(shell, "%chat cost").success
+    shown = shell.front.outputs[-1]["data"]["text/markdown"]
+    copilot_row = next(line for line in shown.splitlines() if "copilot:claude-sonnet-4" in line)
+    assert [c.strip() for c in copilot_row.strip("|").split("|")][6] == "1"  # premium requests
+    assert "1 premium request — $0.04 at GitHub's published overage price" in shown
+    openai_row = next(line for line in shown.splitlines() if "openai:gpt-4.1" in line)
+    cells = [c.strip() for c in openai_row.strip("|").split("|")]
+    assert cells[1] == "1" and cells[5] == format_usd(first.cost.usd)
+    assert cells[7] == f"1 ({format_usd(first.cost.usd)})"
+    assert "Replayed from the response cache: 1 answer, " in shown
+
+
+def test_each_only_options_are_refused_elsewhere(shell: Any, fake: Any) -> None:
+    with pytest.raises(UsageError, match="--budget applies to --each cells"):
+        shell.run_cell_magic("chat", "--budget 0.5", "Hello")
+    with pytest.raises(UsageError, match="--limit, --yes apply to --each cells"):
+        shell.run_cell_magic("chat", "--limit 3 --yes", "Hello")
+    assert fake.chat_requests == []
