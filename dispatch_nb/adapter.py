@@ -28,7 +28,7 @@ import random
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
@@ -45,9 +45,6 @@ from .stream import Accumulator, AsyncResponseStream, ResponseStream
 from .types import ModelInfo, Response, StreamDelta, ToolDefinition, Usage, as_messages
 from .validation import check_entry
 from .wire.request import ChatRequest, requested_mode, unsupported_mode
-
-if TYPE_CHECKING:
-    from .providers.batch_api import BatchAPI
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
 
@@ -299,9 +296,10 @@ class Adapter:
             raise unsupported_mode(self, mode, ("auto", "prompt"))
         return "prompt"
 
-    def batch_api(self) -> BatchAPI | None:
-        """The provider's batch API (half price, answered within 24 h) for ``batch(...,
-        deferred=True)``, or None where the provider has none (the default)."""
+    def batch_api(self) -> Any:
+        """The provider's batch API (a :class:`~dispatch_nb.providers.batch_api.BatchAPI`: half
+        the price, answered within 24 h) for ``batch(..., deferred=True)``, or None where the
+        provider has none (the default)."""
         return None
 
     def should_retry_now(self, error: DispatchError) -> bool:

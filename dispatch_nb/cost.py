@@ -149,11 +149,12 @@ def _genai() -> Any:
 
 
 def price(provider: str, model: str, usage: UsageLike, *, when: datetime | None = None,
-          premium_requests: float | None = None) -> Cost | None:
+          premium_requests: float | None = None, batch: bool = False) -> Cost | None:
     """The :class:`Cost` of ``usage`` on ``provider:model`` (dispatch_nb's provider names), or
-    ``None`` when its price is unknown. ``when``: the time of the request (default: now)."""
+    ``None`` when its price is unknown. ``when``: the time of the request (default: now).
+    ``batch``: answered through the provider's batch API, at its batch price."""
     price_id = PRICE_PROVIDERS.get(provider)
-    found = _calc(price_id, model, usage, when) if price_id and model else None
+    found = _calc(price_id, model, usage, when, batch) if price_id and model else None
     if found is None:
         if premium_requests is None:
             return None
@@ -186,7 +187,7 @@ def _load() -> None:
     genai = _genai()
     if genai is not None:
         try:
-            genai.calc_price(genai.Usage(input_tokens=1), "gpt-4.1", provider_id="openai")
+            genai.calc_price(genai.Usage(input_tokens=1), "gpt-4.1")  # loads the price data
         except LookupError:
             pass
 
@@ -203,18 +204,20 @@ def genai_usage(usage: UsageLike) -> Any:
     )
 
 
-def _calc(price_id: str, model: str, usage: UsageLike, when: datetime | None) -> tuple[Any, str] | None:
+def _calc(price_id: str, model: str, usage: UsageLike, when: datetime | None,
+          batch: bool = False) -> tuple[Any, str] | None:
     genai = _genai()
     if genai is None:
         return None
     when = when or datetime.now(timezone.utc)
     try:
         calc = genai.calc_price(genai_usage(usage), model, provider_id=price_id,
-                                genai_request_timestamp=when)
+                                genai_request_timestamp=when,
+                                price_context={"processing": "batch"} if batch else None)
     except LookupError:
         return None
-    source = (f"genai-prices {genai.__version__} ({calc.provider.id} {calc.model.id}, "
-              f"prices of {when.date().isoformat()})")
+    source = (f"genai-prices {genai.__version__} ({calc.provider.id} {calc.model.id}"
+              f"{', batch price' if batch else ''}, prices of {when.date().isoformat()})")
     return calc, source
 
 

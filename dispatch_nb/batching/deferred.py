@@ -27,10 +27,11 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
@@ -44,6 +45,9 @@ from .engine import Pending, Stats, prepare_rows
 from .plan import BatchPlan, resolve_adapter
 from .result import NOT_SENT, BatchResult, RowOrigin
 
+if TYPE_CHECKING:
+    from ..cost import Cost
+
 __all__ = ["BatchJob", "BatchPendingError", "DeferredRun", "custom_id"]
 
 log = logging.getLogger("dispatch_nb")
@@ -51,7 +55,9 @@ log = logging.getLogger("dispatch_nb")
 #: seconds between polls of a running job (``poll_interval=``)
 DEFAULT_POLL_INTERVAL = 30.0
 #: seconds a cancelled batch waits for the provider to confirm and hand over what finished
-CANCEL_GRACE = 3.0
+PROVIDER_CANCEL_GRACE = 3.0
+#: seconds Ctrl-C waits for a deferred batch's thread to cancel its jobs and stop
+INTERRUPT_GRACE = 5.0
 
 
 class BatchPendingError(DispatchError):
@@ -346,6 +352,7 @@ class DeferredRun:
                 assert isinstance(adapter, HTTPAdapter)
                 adapter.parse_body(row.request, body, acc)
             response = acc.finish()
+            response.cost = self._price(response)
             if row.request.output is not None:
                 from ..structured import settle_answer
 
@@ -354,6 +361,22 @@ class DeferredRun:
             exc.provider = exc.provider or adapter.provider_name
             return exc
         return response
+
+    def _price(self, response: Response) -> Cost | None:
+        """A deferred answer's cost: the provider's batch price for its usage (entered in this
+        process's ledger, ``%chat cost``)."""
+        from ..cost import ledger, price
+
+        adapter = self.adapter
+        assert adapter is not None
+        try:
+            cost = price(adapter.provider_name, adapter.model_name, response.usage, batch=True)
+        except Exception as exc:  # a price lookup never fails a row
+            log.warning("could not price %s %s: %s", adapter.provider_name, adapter.model_name,
+                        exc)
+            cost = None
+        ledger.record(adapter.provider_name, adapter.model_name, response.usage, cost)
+        return cost
 
     def _missing(self, part: JobPart) -> DispatchError:
         provider = part.provider
@@ -462,7 +485,7 @@ class DeferredRun:
 
     async def cancel_jobs(self) -> None:
         """Ask the provider to cancel every running job; collect what it hands over within
-        :data:`CANCEL_GRACE` seconds (a rerun collects the rest)."""
+        PROVIDER_CANCEL_GRACE seconds (a rerun collects the rest)."""
         api = self.api
         if api is None:
             return
@@ -478,12 +501,50 @@ class DeferredRun:
                 self.parts[job_id] = (part, keys)
                 assert self.checkpoint is not None
                 self.checkpoint.record_job(part.to_json(), keys)
-        end = time.monotonic() + CANCEL_GRACE
+        end = time.monotonic() + PROVIDER_CANCEL_GRACE
         while time.monotonic() < end:
             if await self.refresh():
                 break
             await asyncio.sleep(min(0.5, max(self.poll_interval, 0.05)))
         self._show()
 
+    def run_sync(self, *, wait: bool) -> None:
+        """``BatchResult.refresh()`` (``wait=False``) / ``wait()``, from a thread that may run an
+        event loop of its own (a notebook's)."""
+
+        async def work() -> None:
+            if wait:
+                await self.wait()
+            else:
+                await self.refresh()
+
+        in_thread(work, self.cancel)
+
     def close(self) -> None:
         """Nothing to release: the checkpoint writes each line as it comes."""
+
+
+def in_thread(work: Callable[[], Awaitable[None]], token: CancelToken) -> None:
+    """Run ``work()`` on an event loop of its own thread (a notebook's main thread already runs
+    one); Ctrl-C cancels ``token`` and waits up to :data:`INTERRUPT_GRACE` seconds for it to stop."""
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(work())  # type: ignore[arg-type]
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="dispatch_nb-batch", daemon=True).start()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        token.cancel("interrupted (KeyboardInterrupt)")
+        with contextlib.suppress(KeyboardInterrupt):
+            done.wait(INTERRUPT_GRACE)
+        raise
+    if failure:
+        raise failure[0]

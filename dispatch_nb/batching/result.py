@@ -125,6 +125,7 @@ class BatchResult(Sequence[Any]):
         self.job: Any = None
         self._plan: Any = None  # what the batch was asked (for retry_failed)
         self._deferred: Any = None  # the deferred run (for refresh / wait)
+        self._retry: Any = None  # run.retry_failed (for retry_failed)
 
     # -- filling (the engine) --------------------------------------------------------------------
     def _reserve(self, position: int) -> None:
@@ -285,23 +286,28 @@ class BatchResult(Sequence[Any]):
     # -- deferred jobs and retries ---------------------------------------------------------------
     def refresh(self) -> BatchResult:
         """A deferred batch: poll its jobs once and collect the rows of every finished one."""
-        from .run import refresh_deferred
-
-        return refresh_deferred(self, wait=False)
+        self._deferred_run().run_sync(wait=False)
+        return self
 
     def wait(self) -> BatchResult:
         """A deferred batch: poll until every job is collected (Ctrl-C cancels the jobs)."""
-        from .run import refresh_deferred
+        self._deferred_run().run_sync(wait=True)
+        return self
 
-        return refresh_deferred(self, wait=True)
+    def _deferred_run(self) -> Any:
+        if self._deferred is None:
+            raise ValueError("refresh() and wait() are for a deferred batch (batch(..., "
+                             "deferred=True)); this one ran live and is complete")
+        return self._deferred
 
     def retry_failed(self, *, deferred: bool | None = None) -> BatchResult:
         """Send the rows that failed again — only those — and put their new answers in place
         (``deferred``: through the provider's batch API or live; default: as this batch ran).
         Rows not answered yet (a deferred job still running) are left alone."""
-        from .run import retry_failed
-
-        return retry_failed(self, deferred=deferred)
+        if self._retry is None:
+            raise ValueError("this BatchResult does not know the batch it came from")
+        result: BatchResult = self._retry(self, deferred=deferred)
+        return result
 
     # -- display ---------------------------------------------------------------------------------
     def summary(self) -> str:
@@ -309,8 +315,12 @@ class BatchResult(Sequence[Any]):
         parts = [f"{len(self):,} rows: {self.ok:,} ok"]
         if self.failed:
             parts[-1] += f", {self.failed:,} failed"
+        over = sum(1 for item in self._items if isinstance(item, BudgetExceededError))
         if self.not_sent:
             parts[-1] += f", {self.not_sent:,} not sent"
+            if over:
+                parts[-1] += (" (over budget)" if over == self.not_sent
+                              else f" ({over:,} over budget)")
         if self.pending:
             parts[-1] += f", {self.pending:,} not answered yet"
         origins = []
@@ -329,9 +339,6 @@ class BatchResult(Sequence[Any]):
         if cost.calls and (cost.calls > cost.unknown or cost.premium_requests is not None):
             parts.append(str(cost) + (f" of a {format_usd(self.budget.usd)} budget"
                                       if self.budget is not None else ""))
-        over = sum(1 for item in self._items if isinstance(item, BudgetExceededError))
-        if over:
-            parts.append(f"{over:,} of the rows not sent were over the budget")
         if self.rate_limited:
             parts.append(f"{self.rate_limited:,} rate-limited")
         if self.job is not None:

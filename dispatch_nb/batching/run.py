@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..adapter import Adapter
@@ -22,7 +22,7 @@ from ..registry import find_descriptor
 from ..types import Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .deferred import DeferredRun
+from .deferred import DeferredRun, in_thread
 from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call
 from .plan import BatchPlan, finish, make_plan, new_result, resolve_adapter
 from .progress import BatchProgress, progress_mode
@@ -97,6 +97,7 @@ class _Job:
         self.progress = progress
         self.result, self.stats = new_result(plan)
         self.result._plan = plan
+        self.result._retry = retry_failed
         self.result.budget = Budget.of(budget)
         self.bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
         #: ``deferred=True``: the rows go to the provider's batch API (see :mod:`.deferred`)
@@ -309,52 +310,6 @@ async def abatch(
     return job.result
 
 
-def _in_thread(work: Callable[[], Awaitable[None]], token: CancelToken) -> None:
-    """Run ``work()`` on an event loop of its own thread (a notebook's main thread already runs
-    one); Ctrl-C cancels ``token`` and waits up to :data:`CANCEL_GRACE` seconds for it to stop."""
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            asyncio.run(work())  # type: ignore[arg-type]
-        except BaseException as exc:
-            failure.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="dispatch_nb-batch", daemon=True).start()
-    try:
-        done.wait()
-    except KeyboardInterrupt:
-        token.cancel("interrupted (KeyboardInterrupt)")
-        with contextlib.suppress(KeyboardInterrupt):
-            done.wait(CANCEL_GRACE)
-        raise
-    if failure:
-        raise failure[0]
-
-
-def refresh_deferred(result: BatchResult, *, wait: bool) -> BatchResult:
-    """``BatchResult.refresh()`` / ``wait()``."""
-    run = result._deferred
-    if run is None:
-        raise ValueError("refresh() and wait() are for a deferred batch (batch(..., "
-                         "deferred=True)); this one ran live and is complete")
-
-    async def work() -> None:
-        try:
-            if wait:
-                await run.wait()
-            else:
-                await run.refresh()
-        finally:
-            run.close()
-
-    _in_thread(work, run.cancel)
-    return result
-
-
 def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchResult:
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
     their own with the same plan; their answers replace the errors in ``result``."""
@@ -379,7 +334,7 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
     job = _Job(again, None, False, deferred=use_deferred,
                poll_interval=result._deferred.poll_interval if result._deferred else None)
     try:
-        _in_thread(lambda: job.run_here(close_adapter=True), job.token)
+        in_thread(lambda: job.run_here(close_adapter=True), job.token)
     finally:
         job.finish()
     for position, item in zip(failed, job.result, strict=True):

@@ -120,7 +120,11 @@ def test_a_deferred_answer_is_the_live_answer(openai: Any, tmp_path: Path) -> No
                    poll_interval=0, max_tokens=50, checkpoint=tmp_path / "c.jsonl",
                    progress=False)
     assert job_lines(batches)[0]["body"] == live_body  # the very body a live call sends
-    assert result[0].model_dump() == live.model_dump()
+    assert result[0].model_dump(exclude={"cost"}) == live.model_dump(exclude={"cost"})
+    # at the batch price: half of the live one, from genai-prices' own batch prices
+    assert live.cost is not None and result[0].cost is not None
+    assert result[0].cost.usd * 2 == live.cost.usd and "batch price" in result[0].cost.source
+    assert result.cost.usd == result[0].cost.usd
 
 
 def test_output_rows_are_parsed(anthropic: Any, tmp_path: Path) -> None:

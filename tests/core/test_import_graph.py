@@ -35,12 +35,12 @@ ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
 #: package's own ``__init__.py``). The diagram in docs/architecture.md lists exactly these.
 LAYERS: dict[str, tuple[str, ...]] = {
     "front ends": ("notebook", "__main__", "testing", "demo", "__init__"),
-    "operations": ("session", "batching", "cache", "turn", "prompting"),
+    "operations": ("session", "batching", "cache", "turn", "prompting", "estimates", "budget"),
     "calls": ("adapter", "registry", "http_adapter", "defaults", "providers", "auth",
               "replay_only"),
     "answers": ("structured", "tools", "call_control"),
     "wire": ("wire", "sse", "stream"),
-    "vocabulary": ("types", "errors", "validation", "cancel", "render"),
+    "vocabulary": ("types", "errors", "validation", "cancel", "render", "cost"),
     "I/O": ("transport",),
 }
 #: which layers each layer may import: its own and every layer below it
