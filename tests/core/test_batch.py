@@ -81,6 +81,27 @@ def test_a_wide_batch_runs_all_its_streams_at_once_on_reused_connections() -> No
     assert connections <= 260, f"{connections} connections for 400 rows at concurrency 200"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("concurrency", [8, 64, 256])
+def test_every_answer_arrives_whole_at_any_concurrency(concurrency: int, stream: bool) -> None:
+    # (kept from the paced-reads tests: whatever the concurrency, sync or async, every answer whole)
+    with BatchFake(events=6, delay=0.005) as fake:
+        adapter = adapter_for(fake)
+        result = batch("row {row}", list(range(12)), model=adapter, concurrency=concurrency,
+                       stream=stream, progress=False)
+
+        async def main() -> list[str]:
+            answers = await abatch("row {row}", list(range(6)), model=adapter,
+                                   concurrency=concurrency, stream=stream, progress=False)
+            return [r.text for r in answers]
+
+        texts = asyncio.run(main())
+        adapter.close()
+    assert [r.text for r in result] == [f"echo: row {i}" for i in range(12)]
+    assert texts == [f"echo: row {i}" for i in range(6)]
+    assert all(r.usage.output_tokens == 6 for r in result)
+
+
 class _WordFake(CanonicalFake):
     """Answers every request with JSON about the prompt's last word (``{"word", "length"}``)."""
 
