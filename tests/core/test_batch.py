@@ -534,6 +534,20 @@ def test_a_checkpoint_line_being_written_is_read_once_whole(
     assert checkpoint.answer(key_a) is not None
 
 
+def test_a_batch_reads_each_checkpoint_line_once_while_it_appends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A line cut short by a crash starts the file: it is reported once, not once per row appended
+    # (the store reads only what was appended since it last looked).
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"key": "cut short\n')
+    with BatchFake() as fake, caplog.at_level("WARNING", logger="dispatch_nb"):
+        result = batch("{row}", [f"row {i}" for i in range(30)], model=adapter_for(fake),
+                       concurrency=4, checkpoint=path, progress=False)
+    assert result.ok == 30 and len(path.read_text().splitlines()) == 31
+    assert caplog.text.count("line 1 is not a cache entry") == 1, caplog.text
+
+
 def test_repeated_rows_each_get_an_answer_and_resume(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     with BatchFake() as fake:
