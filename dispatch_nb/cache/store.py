@@ -213,14 +213,13 @@ class ResponseCache:
         if stamp is not None:
             with open(self.path, "rb") as fh:
                 fh.seek(offset)
-                data = fh.read()
-            whole = data.rfind(b"\n") + 1  # a last line without its newline: maybe being written
-            for raw in data[:whole].splitlines():
-                number += 1
-                self._add(raw, number)
-            if data[whole:].strip():
-                self._add(data[whole:], number + 1, quiet=True)  # read again next time
-            offset += whole
+                for raw in fh:
+                    if not raw.endswith(b"\n"):  # maybe still being written: read again next time
+                        self._add(raw, number + 1, quiet=True)
+                        break
+                    number += 1
+                    offset += len(raw)
+                    self._add(raw, number)
         self._read = (inode, offset, number)
         self._stamp = stamp
 

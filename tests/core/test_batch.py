@@ -81,6 +81,27 @@ def test_a_wide_batch_runs_all_its_streams_at_once_on_reused_connections() -> No
     assert connections <= 260, f"{connections} connections for 400 rows at concurrency 200"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("concurrency", [8, 64, 256])
+def test_every_answer_arrives_whole_at_any_concurrency(concurrency: int, stream: bool) -> None:
+    # (kept from the paced-reads tests: whatever the concurrency, sync or async, every answer whole)
+    with BatchFake(events=6, delay=0.005) as fake:
+        adapter = adapter_for(fake)
+        result = batch("row {row}", list(range(12)), model=adapter, concurrency=concurrency,
+                       stream=stream, progress=False)
+
+        async def main() -> list[str]:
+            answers = await abatch("row {row}", list(range(6)), model=adapter,
+                                   concurrency=concurrency, stream=stream, progress=False)
+            return [r.text for r in answers]
+
+        texts = asyncio.run(main())
+        adapter.close()
+    assert [r.text for r in result] == [f"echo: row {i}" for i in range(12)]
+    assert texts == [f"echo: row {i}" for i in range(6)]
+    assert all(r.usage.output_tokens == 6 for r in result)
+
+
 class _WordFake(CanonicalFake):
     """Answers every request with JSON about the prompt's last word (``{"word", "length"}``)."""
 
@@ -511,6 +532,20 @@ def test_a_checkpoint_line_being_written_is_read_once_whole(
     answer = checkpoint.answer("k2")
     assert answer is not None and answer[0].text == "echo: b"
     assert checkpoint.answer(key_a) is not None
+
+
+def test_a_batch_reads_each_checkpoint_line_once_while_it_appends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A line cut short by a crash starts the file: it is reported once, not once per row appended
+    # (the store reads only what was appended since it last looked).
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"key": "cut short\n')
+    with BatchFake() as fake, caplog.at_level("WARNING", logger="dispatch_nb"):
+        result = batch("{row}", [f"row {i}" for i in range(30)], model=adapter_for(fake),
+                       concurrency=4, checkpoint=path, progress=False)
+    assert result.ok == 30 and len(path.read_text().splitlines()) == 31
+    assert caplog.text.count("line 1 is not a cache entry") == 1, caplog.text
 
 
 def test_repeated_rows_each_get_an_answer_and_resume(tmp_path: Path) -> None:

@@ -87,6 +87,34 @@ def test_an_error_every_row_would_get_stops_the_batch(
         result.raise_for_errors()
 
 
+@pytest.mark.parametrize(
+    ("fail", "error_class", "code"),
+    [(Fail(402, "Your credit balance is too low to access the Anthropic API.", "billing_error"),
+      RateLimitError, "quota_exceeded"),
+     (Fail(404, "model: claude-nope", "not_found_error"), ModelUnavailableError,
+      "model_unavailable"),
+     (Fail(401, "invalid x-api-key", "authentication_error"), AuthenticationError,
+      "authentication_failed")],
+    ids=["billing", "unknown model", "wrong key"],
+)
+def test_anthropic_errors_every_row_would_get_stop_the_batch(
+    fail: Fail, error_class: type[DispatchError], code: str,
+) -> None:
+    from dispatch_nb.providers.anthropic import AnthropicAdapter
+
+    from ..fakes.anthropic import AnthropicFake
+
+    with AnthropicFake() as fake:
+        fake.push(*[fail] * 100)
+        adapter = AnthropicAdapter("claude-nope", base_url=fake.base_url, api_key="sk-ant-test")
+        result = batch("row {row}", list(range(100)), model=adapter, concurrency=8,
+                       progress=False)
+        assert len(fake.chat_requests) == 8
+    assert (result.failed, result.not_sent) == (8, 92)
+    assert result.stopped_by is not None
+    assert isinstance(result.stopped_by[1], error_class) and result.stopped_by[1].code == code
+
+
 def test_the_table_counts_not_sent_rows_apart() -> None:
     pd = pytest.importorskip("pandas")
     frame = pd.DataFrame({"text": [f"t{i}" for i in range(40)]})
