@@ -17,6 +17,12 @@ the parser of the answer (``stream_parser`` / ``parse_body``); the
 answer with the format its request was built for. The :class:`~dispatch_nb.wire.base.WireFormat`
 protocol is what a new format implements. docs/providers.md shows how a provider is built from one.
 
+What every format is given is ``wire.request``'s :class:`~dispatch_nb.wire.request.ChatRequest`
+(with the output-mode helpers providers share); each format owns its JSON Schema dialect
+(``wire.openai_schema`` for both OpenAI formats, ``wire.anthropic.anthropic_schema``), over the
+schema walking of ``wire.schema``. Nothing in ``wire/`` imports a layer above it
+(docs/architecture.md).
+
 Names are imported lazily (``from dispatch_nb.wire import ChatCompletionsWire`` loads only that
 format's module).
 """
@@ -27,6 +33,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .base import StreamParser, WireFormat, WireRequest
+from .request import ChatRequest
 
 if TYPE_CHECKING:
     from .anthropic import MessagesQuirks, MessagesWire
@@ -38,6 +45,7 @@ __all__ = [
     "CanonicalWire",
     "ChatCompletionsWire",
     "ChatQuirks",
+    "ChatRequest",
     "MessagesQuirks",
     "MessagesWire",
     "ResponsesQuirks",
