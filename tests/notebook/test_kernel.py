@@ -361,6 +361,34 @@ def test_chat_key_asks_through_stdin_and_keeps_the_key_out_of_every_output(
     kernel.execute(f"import os; os.environ['OPENAI_API_KEY'] = {SECRETS['OPENAI_API_KEY']!r}")
 
 
+def test_chat_key_says_when_the_default_provider_changes(kernel: Kernel, servers: Any) -> None:
+    """With no model, key or login, ``%chat key anthropic`` makes Anthropic the default: the
+    output says so in one line, so a bare ``-m`` name is not a surprise."""
+    saved = ("DISPATCH_NB_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+    kernel.execute("import os; _saved = {k: os.environ.pop(k, None) for k in %r}" % (saved,))
+    try:
+        msg_id = kernel.kc.execute("%chat key anthropic", allow_stdin=True)
+        request = kernel.kc.get_stdin_msg(timeout=30)
+        assert "ANTHROPIC_API_KEY" in request["content"]["prompt"]
+        kernel.kc.input("sk-ant-typed-for-the-note-0001")
+        shown = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = kernel.kc.get_iopub_msg(timeout=5)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            shown.append(msg["content"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        text = json.dumps(shown)
+        assert "The default model is now anthropic:claude-sonnet-4-5 (ANTHROPIC_API_KEY is set)" \
+            in text
+        assert "sk-ant-typed-for-the-note" not in text
+    finally:
+        kernel.execute("import os\nfor _k, _v in _saved.items():\n"
+                       "    os.environ.pop(_k, None) if _v is None else os.environ.__setitem__(_k, _v)")
+
+
 def test_interrupting_a_running_tool_ends_the_cell_at_once(kernel: Kernel, servers: Any) -> None:
     fake, _ = servers
     kernel.execute('%config ChatMagics.live = "widget"')
