@@ -7,6 +7,7 @@ headers) is in tests/e2e/test_notebook_ui.py.
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any
 
 import pytest
@@ -114,3 +115,19 @@ def test_a_misspelt_option_gets_a_did_you_mean(shell: Any, fake: Any) -> None:
         shell.run_cell_magic("chat", "--zzz", "hello")
     assert "did you mean" not in str(info.value)
     assert fake.chat_requests == []
+
+
+def test_a_refused_port_names_the_url_plainly(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """10. Nothing listens at the URL: the error names that URL as written (http://...), not
+    aiohttp's "Cannot connect to host ... ssl:default"."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("DISPATCH_NB_FAKE_URL", f"http://127.0.0.1:{port}")
+    error = run(shell, "%%chat\nhello").error_in_exec
+    assert isinstance(error, ChatError) and error.title == "APIConnectionError"
+    text = shown(error)
+    assert f"could not connect to http://127.0.0.1:{port}/" in text, text
+    assert "ssl" not in text and "Cannot connect to host" not in text, text
