@@ -153,7 +153,8 @@ def _urls(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    # a terminal shows no Markdown: hints name commands without backticks
+    print(f"error: {message.replace('`', '')}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -187,10 +188,10 @@ def _login(args: argparse.Namespace) -> int:
         try:
             found = find_github_token(token_path=store.path, github_url=github_url)
         except TokenStoreError as exc:
-            return _fail(f"{exc.message}\nOr run `login --force` to replace it.")
+            return _fail(f"{exc.message}\nOr run login --force to replace it.")
         if found is not None:
             print(f"Already logged in: the GitHub token comes from {found.source}.")
-            print("Run `python -m dispatch_nb login --force` to log in again.")
+            print("Run python -m dispatch_nb login --force to log in again.")
             return EXIT_OK
     saved = False
 
@@ -229,7 +230,7 @@ def _logout_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--github-url", metavar="URL", help=argparse.SUPPRESS)
 
 
-@command("logout", help="Remove the GitHub token saved by `login`.", arguments=_logout_arguments)
+@command("logout", help="Remove the GitHub token saved by login.", arguments=_logout_arguments)
 def _logout(args: argparse.Namespace) -> int:
     store = TokenStore(args.token_path)
     try:
@@ -304,7 +305,7 @@ def _status(args: argparse.Namespace) -> int:
         else:
             print(f"{label:<16}{env} is not set")
     if os.environ.get("OPENAI_BASE_URL"):
-        print(f"{'OpenAI base URL:':<16}{os.environ['OPENAI_BASE_URL']}")
+        print(f"{'OpenAI base URL:':<16} {os.environ['OPENAI_BASE_URL']}")
     from .defaults import LOCAL_DEFAULT, _local_available, resolve_default_model
 
     if _local_available():
@@ -319,7 +320,7 @@ def _status(args: argparse.Namespace) -> int:
         if _print_models(manager, github_url, api_url) != EXIT_OK:
             return EXIT_FAILED
     if not working:
-        print("Nothing would work yet: log in with `python -m dispatch_nb login`, set an API key, "
+        print("Nothing would work yet: log in with python -m dispatch_nb login, set an API key, "
               "or install the embedded model.")
         return EXIT_FAILED
     return EXIT_OK
@@ -341,7 +342,7 @@ def _copilot_status(args: argparse.Namespace, github_url: str, api_url: str) -> 
         _fail(exc.message)
         return None
     if found is None:
-        print("GitHub token:   none. Log in with `python -m dispatch_nb login`.")
+        print("GitHub token:   none. Log in with python -m dispatch_nb login.")
         print("Copilot:        not logged in")
         return ""
     print(f"GitHub token:   {mask_token(found.token)}, from {found.source}")
