@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from ..adapter import Adapter, ChatRequest, ValidationResult
 from ..cancel import CancelToken
+from ..render import mark_replayed
 from ..stream import Accumulator, AsyncResponseStream, ResponseStream
 from ..types import ModelInfo, Response, StreamDelta
 from .keys import _adapter_secrets, cache_key
@@ -45,7 +46,9 @@ class _Replayed(Accumulator):
         self._final = final
 
     def finish(self) -> Response:
-        return self._final.model_copy(deep=True)
+        response = self._final.model_copy(deep=True)
+        mark_replayed(response)  # its footer says "replayed", as a %%chat cell's does
+        return response
 
 
 class _Mirror(Accumulator):
