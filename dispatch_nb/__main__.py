@@ -153,7 +153,8 @@ def _urls(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    # a terminal shows no Markdown: hints name commands without backticks
+    print(f"error: {message.replace('`', '')}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -187,10 +188,10 @@ def _login(args: argparse.Namespace) -> int:
         try:
             found = find_github_token(token_path=store.path, github_url=github_url)
         except TokenStoreError as exc:
-            return _fail(f"{exc.message}\nOr run `login --force` to replace it.")
+            return _fail(f"{exc.message}\nOr run login --force to replace it.")
         if found is not None:
             print(f"Already logged in: the GitHub token comes from {found.source}.")
-            print("Run `python -m dispatch_nb login --force` to log in again.")
+            print("Run python -m dispatch_nb login --force to log in again.")
             return EXIT_OK
     saved = False
 
@@ -229,7 +230,7 @@ def _logout_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--github-url", metavar="URL", help=argparse.SUPPRESS)
 
 
-@command("logout", help="Remove the GitHub token saved by `login`.", arguments=_logout_arguments)
+@command("logout", help="Remove the GitHub token saved by login.", arguments=_logout_arguments)
 def _logout(args: argparse.Namespace) -> int:
     store = TokenStore(args.token_path)
     try:
@@ -307,7 +308,7 @@ def _status(args: argparse.Namespace) -> int:
     from .registry import base_url_rows, list_descriptors
 
     for name, value in base_url_rows():
-        print(f"{name + ':':<16}{value}")
+        print(f"{name + ':':<15} {value}")
     for descriptor in list_descriptors():
         if descriptor.available is None:
             continue
@@ -324,7 +325,7 @@ def _status(args: argparse.Namespace) -> int:
         if _print_models(manager, github_url, api_url) != EXIT_OK:
             return EXIT_FAILED
     if not working:
-        print("Nothing would work yet: log in with `python -m dispatch_nb login`, set an API key, "
+        print("Nothing would work yet: log in with python -m dispatch_nb login, set an API key, "
               "or install the embedded model.")
         return EXIT_FAILED
     return EXIT_OK
@@ -346,7 +347,7 @@ def _copilot_status(args: argparse.Namespace, github_url: str, api_url: str) -> 
         _fail(exc.message)
         return None
     if found is None:
-        print("GitHub token:   none. Log in with `python -m dispatch_nb login`.")
+        print("GitHub token:   none. Log in with python -m dispatch_nb login.")
         print("Copilot:        not logged in")
         return ""
     print(f"GitHub token:   {mask_token(found.token)}, from {found.source}")

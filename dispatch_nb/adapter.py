@@ -811,6 +811,13 @@ def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:
             f"the server did not answer in time ({type(exc).__name__})", provider=provider
         )
     text = str(exc) or type(exc).__name__
-    return APIConnectionError(f"could not reach the server or the connection broke: {text}",
+    try:  # the URL httpx was sending to (without its query, which may hold a key)
+        url = exc.request.url.copy_with(query=None) if isinstance(exc, httpx.RequestError) else None
+    except RuntimeError:  # no request attached
+        url = None
+    if isinstance(exc, httpx.ConnectError) and url is not None:
+        return APIConnectionError(f"could not connect to {url}: {text}", provider=provider)
+    where = f" ({url})" if url is not None else ""
+    return APIConnectionError(f"could not reach the server or the connection broke{where}: {text}",
                               provider=provider)
 

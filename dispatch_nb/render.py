@@ -28,6 +28,8 @@ __all__ = [
     "flatten_parsed",
     "footer_line",
     "footer_text",
+    "is_replayed",
+    "mark_replayed",
     "markdown_to_html",
     "parsed_html",
     "parsed_markdown",
@@ -137,17 +139,34 @@ def _cost_words(cost: Any) -> str:
         words = str(cost) if cost.unknown == 0 or cost.calls > cost.unknown else ""
         return words
     return ""
+#: the attribute that marks an answer the response cache replayed (see :func:`mark_replayed`)
+_REPLAYED = "_dispatch_nb_replayed"
+
+
+def mark_replayed(response: object) -> None:
+    """Mark ``response`` as replayed from the response cache (``dispatch_nb.cache`` does, for
+    every answer it replays), so its footer says ``replayed`` as a ``%%chat`` cell's does. The
+    mark is not a field: a replayed answer stays equal (``==``) to the recorded one, and its
+    dumps are the same."""
+    object.__setattr__(response, _REPLAYED, True)
+
+
+def is_replayed(response: object) -> bool:
+    """True for an answer the response cache replayed (:func:`mark_replayed`)."""
+    return getattr(response, _REPLAYED, False) is True
 
 
 def footer_text(
     response: _Answer, *, latency: float | None = None, extra: dict[str, Any] | None = None
 ) -> str:
-    """A response's footer (:func:`footer_line`): ``model · 12 in / 7 out tokens · 1.2 s``;
-    ``extra`` adds ``key value`` items at the end."""
+    """A response's footer (:func:`footer_line`): ``model · 12 in / 7 out tokens · 1.2 s``
+    (``replayed`` for an answer the response cache replayed); ``extra`` adds ``key value``
+    items at the end."""
     return footer_line(
         model=response.model,
         usage=response.usage,
         latency=latency,
+        replayed=is_replayed(response),
         stop_reason=response.stop_reason,
         notes=[f"{key} {value}" for key, value in (extra or {}).items()],
         cost=getattr(response, "cost", None),

@@ -10,24 +10,27 @@ built here — its extra is not installed (``ImportError``) or its model file is
 (``ModelUnavailableError``) — :func:`connect_for_cache` returns a :class:`ReplayOnlyAdapter`
 with the same provider name, model name, default ``max_tokens`` (from the provider's
 :class:`~dispatch_nb.registry.ProviderDescriptor`) and accepted options, so the keys come out
-the same. Anything that would really need the model raises the original error::
+the same. Anything that would really need the model raises the original error.
 
-    from dispatch_nb.cache import CachedAdapter, ResponseCache
-    from dispatch_nb.replay_only import connect_for_cache
+:func:`cached_model` is the recipe for Python code (docs/record-replay.md): the model behind
+the response cache, built the way ``%%chat`` builds it::
 
-    cache = ResponseCache("lesson.dispatch-cache.jsonl", mode="replay")
-    model = CachedAdapter(connect_for_cache("local:smollm2", cache.mode), cache)
-    model.chat("Explain recursion in one sentence.")   # replayed, llama.cpp or not
+    from dispatch_nb.replay_only import cached_model
 
-``%%chat`` uses the same function, so a notebook in replay mode needs neither the model nor a
-login (a ``copilot:`` cell does not show the device login in replay mode).
+    model = cached_model("local:smollm2", "lesson.dispatch-cache.jsonl")  # mode: $DISPATCH_NB_CACHE
+    answer = model.chat("Explain recursion in one sentence.")  # replayed, llama.cpp or not
+    answer            # its footer says "replayed", as a %%chat cell's does
+
+``%%chat`` uses :func:`connect_for_cache` too, so a notebook in replay mode needs neither the
+model nor a login (a ``copilot:`` cell does not show the device login in replay mode).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .adapter import Adapter, ChatRequest, ValidationResult
 from .call_control import CallControl
@@ -45,7 +48,10 @@ from .registry import (
 from .stream import Accumulator
 from .types import ModelInfo, StreamDelta
 
-__all__ = ["ReplayOnlyAdapter", "connect_for_cache"]
+if TYPE_CHECKING:
+    from .cache import CachedAdapter, ResponseCache
+
+__all__ = ["ReplayOnlyAdapter", "cached_model", "connect_for_cache"]
 
 class ReplayOnlyAdapter(Adapter):
     """Stands in for an adapter that cannot be built here, inside a replaying cache.
@@ -201,3 +207,26 @@ def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
         return ReplayOnlyAdapter(
             _registry_name(factory, name), model, reason=exc, max_tokens=max_tokens, provider_options=accepted
         )
+
+
+def cached_model(
+    spec: str,
+    cache: ResponseCache | str | os.PathLike[str] | None = None,
+    *,
+    label: str | None = None,
+    **options: Any,
+) -> CachedAdapter:
+    """``spec``'s model behind the response cache, as ``%%chat`` builds it: a
+    :class:`~dispatch_nb.cache.CachedAdapter` around :func:`connect_for_cache` (in ``replay`` mode
+    neither the model, nor its extra, nor a login is needed).
+
+    ``cache`` is a :class:`~dispatch_nb.cache.ResponseCache` or the cache file's path (``None``:
+    ``$DISPATCH_NB_CACHE_FILE``, else the notebook's file); a path's mode comes from
+    ``$DISPATCH_NB_CACHE`` (``off`` when unset). ``label`` names the cell in recorded lines and
+    misses; ``options`` go to :func:`~dispatch_nb.connect`. A replayed answer's footer says
+    ``replayed``."""
+    from .cache import CachedAdapter, ResponseCache
+
+    if not isinstance(cache, ResponseCache):
+        cache = ResponseCache(cache)
+    return CachedAdapter(connect_for_cache(spec, cache.mode, **options), cache, label=label)

@@ -23,6 +23,9 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 #: a wall-clock measurement in an output ("2.4 s", "0.00 s"), or the word a replayed answer shows
 #: in its place: this run's timing, not the answer (a fresh recording has timings, its replay not)
 _SECONDS = re.compile(r"\b\d+\.\d+ s\b|\breplayed\b")
+#: a footer's wall clock ("· 2.4 s", or "· replayed" in its place), which a Python answer's footer
+#: shows only when replayed (a live one has no latency to show): left out altogether
+_FOOTER_TIME = re.compile(r"(\S) · (?:\d+\.\d+ s|replayed)\b")
 #: metadata keys that describe this run rather than the answer (timings, the live rendering used)
 _RUN_KEYS = frozenset({"latency_s", "time_to_first_token_s", "live", "replayed"})
 _CREDENTIALS = ("DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "OPENAI_API_KEY",
@@ -41,7 +44,7 @@ def kernel_env(home: Path, **extra: str) -> dict[str, str]:
 
 def _strip_timings(value: Any) -> Any:
     if isinstance(value, str):
-        return _SECONDS.sub("<t> s", value)
+        return _SECONDS.sub("<t> s", _FOOTER_TIME.sub(r"\1", value))
     if isinstance(value, list):
         return [_strip_timings(v) for v in value]
     if isinstance(value, dict):

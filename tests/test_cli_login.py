@@ -305,6 +305,20 @@ def test_status_reports_every_provider_and_works_with_a_key_alone(
     assert "sk-status-test-secret" not in out
 
 
+def test_status_puts_a_space_after_every_label_and_no_backticks(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23.10: ``OpenAI base URL: http://…``, not ``URL:http://…`` (a label as long as the
+    column); and a terminal shows no Markdown backticks."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1")
+    main(["status"])
+    out = capsys.readouterr().out
+    assert "OpenAI base URL: http://127.0.0.1:8080/v1" in out
+    assert "`" not in out, out
+    glued = [line for line in out.splitlines() if re.match(r"^[A-Z][\w ]*:(?! )\S", line)]
+    assert not glued, glued
+
+
 def test_status_runs_as_a_subprocess(github: FakeGitHub, env: dict[str, str]) -> None:
     env["DISPATCH_NB_GITHUB_TOKEN"] = github.github_token
     result = subprocess.run(

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from ..adapter import Adapter, ChatRequest, ValidationResult
 from ..cancel import CancelToken
+from ..render import mark_replayed
 from ..stream import Accumulator, AsyncResponseStream, ResponseStream
 from ..types import ModelInfo, Response, StreamDelta
 from .keys import _adapter_secrets, cache_key
@@ -48,13 +49,15 @@ class _Replayed(Accumulator):
 
     def finish(self) -> Response:
         """The recorded answer; its cost is the recorded one, marked replayed (nothing is spent
-        now), and entered in the ledger as saved."""
+        now), and entered in the ledger as saved; its footer says "replayed", as a %%chat
+        cell's does."""
         from ..cost import ledger
 
         final = self._final.model_copy(deep=True)
         if final.cost is not None:
             final.cost = final.cost.model_copy(update={"replayed": True})
         ledger.record(self._provider, self._model, final.usage, final.cost)
+        mark_replayed(final)
         return final
 
 

@@ -7,6 +7,7 @@ headers) is in tests/e2e/test_notebook_ui.py.
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any
 
 import pytest
@@ -114,3 +115,50 @@ def test_a_misspelt_option_gets_a_did_you_mean(shell: Any, fake: Any) -> None:
         shell.run_cell_magic("chat", "--zzz", "hello")
     assert "did you mean" not in str(info.value)
     assert fake.chat_requests == []
+
+
+def test_a_refused_port_names_the_url_plainly(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """10. Nothing listens at the URL: the error names that URL as written (http://...), not
+    aiohttp's "Cannot connect to host ... ssl:default"."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("DISPATCH_NB_FAKE_URL", f"http://127.0.0.1:{port}")
+    error = run(shell, "%%chat\nhello").error_in_exec
+    assert isinstance(error, ChatError) and error.title == "APIConnectionError"
+    text = shown(error)
+    assert f"could not connect to http://127.0.0.1:{port}/" in text, text
+    assert "ssl" not in text and "Cannot connect to host" not in text, text
+
+
+def test_the_python_recipe_replays_and_says_so(
+    shell: Any, fake: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """10. One recipe for replaying from Python (``cached_model``, docs/record-replay.md): a
+    replayed answer is the recorded one (``==``) and its footer says "replayed" as %%chat's
+    does; nothing is sent."""
+    path = tmp_path / "lesson.dispatch-cache.jsonl"
+    shell.user_ns["path"] = str(path)
+    run(shell, REVIEW + "from dispatch_nb.replay_only import cached_model")
+    monkeypatch.setenv("DISPATCH_NB_CACHE", "record")
+    fake.push(Turn(text='{"product": "kettle", "stars": 5}'))
+    result = run(shell, "llm = cached_model('fake:echo', path)\n"
+                        "first = llm.chat('Review: a great kettle.', output=Review)")
+    assert result.success, result.error_in_exec
+    recorded = shell.user_ns["first"]._repr_markdown_()  # what Out shows
+    assert "replayed" not in recorded and "kettle" in recorded
+    sent = len(fake.chat_requests)
+    monkeypatch.setenv("DISPATCH_NB_CACHE", "replay")
+    result = run(shell, "llm = cached_model('fake:echo', path)\n"
+                        "again = llm.chat('Review: a great kettle.', output=Review)")
+    assert result.success, result.error_in_exec
+    assert len(fake.chat_requests) == sent
+    shown_md = shell.user_ns["again"]._repr_markdown_()
+    assert re.search(r"<sub>echo · .*replayed</sub>", shown_md), shown_md
+    assert shell.user_ns["again"] == shell.user_ns["first"]
+    assert shell.user_ns["again"].parsed.stars == 5
+    run(shell, "with llm.stream('Review: a great kettle.', output=Review) as s:\n"
+               "    list(s)\nstreamed = s.response")
+    assert "replayed" in shell.user_ns["streamed"]._repr_markdown_()
