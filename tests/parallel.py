@@ -35,7 +35,9 @@ from typing import Any
 import pytest
 
 #: test files whose tests may run on different workers (see the module docstring)
-PER_TEST: frozenset[str] = frozenset()
+PER_TEST: frozenset[str] = frozenset({
+    "tests/test_notebooks.py",  # each example notebook replayed twice, each run in a new kernel
+})
 #: the unit of the browser tests
 E2E = "tests/e2e/"
 
@@ -75,6 +77,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getoption("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    # units are queued as collected (the browser tests first), not largest-count first: the
+    # browser tests are few but the longest
+    config.option.loadscopereorder = False
 
     class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
