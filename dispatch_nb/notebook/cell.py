@@ -111,6 +111,8 @@ class CallPlan:
     max_tool_rounds: int
     #: ``--schema``: the StructuredOutput the answer must match (None: plain text)
     output: Any = None
+    #: ``--approve``: "auto" or "ask" (None: ask before MCP tools only)
+    approve: str | None = None
 
 
 @dataclass
@@ -167,6 +169,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
             max_tool_rounds=plan.max_tool_rounds,
             max_tokens=plan.max_tokens,
             temperature=plan.temperature,
+            approve=plan.approve,
         )
         session.history = list(plan.history)
         start = len(session.history)
@@ -323,6 +326,14 @@ class CellRun:
         check_limits(args)
         specs = self._models(prompt.notes)
         tools = resolve_tools(args.tools, self.namespace)
+        if getattr(args, "mcp", None):
+            from .mcp_servers import resolve_servers  # only for --mcp
+
+            tools += resolve_servers(args.mcp)
+        if getattr(args, "context", None):
+            from ..context import context_tools  # only for --context
+
+            tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
         schema = self._schema()
         mode = self.state.cache_mode(args.cache)
         system = args.system if args.system is not None else (settings.system or None)
@@ -343,6 +354,7 @@ class CellRun:
             "tools": tools,
             "max_tool_rounds": settings.max_tool_rounds,
             "output": schema,
+            "approve": getattr(args, "approve", None),
         }
         calls = [
             CallPlan(spec=spec, adapter=adapter, **common)
