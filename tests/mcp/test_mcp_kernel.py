@@ -80,7 +80,8 @@ def test_mcp_approval_and_context_in_a_kernel(fake: CanonicalFake, tmp_path: Pat
     assert "shape: (3, 1)" in sent and "price" in sent and "describe():" in sent
     assert refused["is_error"] and "hush-123" not in json.dumps(fake.chat_requests[-1].json)
     assert listed["content"] == "df: DataFrame"
-    assert sent in json.loads(text(nb.cells[5]).replace("\\\\n", "\\n")).__str__() or \
-        sent.splitlines()[0] in text(nb.cells[5])
+    shown = nb.cells[5].outputs[0].data["text/markdown"]
+    assert f"```\n{sent}\n```" in shown  # the folded result shows exactly what the fake received
+    assert "denied: " in nb.cells[3].outputs[0].data["text/markdown"]  # the decision is saved
     assert "calc: running" in text(nb.cells[6]) and "add, fail" in text(nb.cells[6])
     assert "removed MCP server calc" in text(nb.cells[7])
