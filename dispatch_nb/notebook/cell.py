@@ -123,6 +123,21 @@ class CallResult:
     produced: list[Message]
 
 
+def _answering(feed: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    """``feed`` for the live view, with approval requests answered on this (the kernel's)
+    thread."""
+
+    def on_event(index: int, event: Any) -> None:
+        if getattr(event, "type", None) == "approval_request":
+            from .approval import answer_here
+
+            answer_here(event)
+        else:
+            feed(index, event)
+
+    return on_event
+
+
 def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
     """The function a worker thread runs for ``plan``."""
     options: dict[str, Any] = {}
@@ -161,6 +176,9 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
 
     def with_tools(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         from ..session import Session  # only for --tools
+        from .approval import asking_through
+
+        asking_through(emit)  # "ask" asks in this cell (this worker thread's context)
 
         session = Session(
             plan.adapter,
@@ -452,7 +470,7 @@ class CellRun:
         view.start(plan.prompt.notes)
         try:
             try:
-                run_jobs(jobs, view.feed, tick=view.tick, on_done=self._job_done,
+                run_jobs(jobs, _answering(view.feed), tick=view.tick, on_done=self._job_done,
                          on_interrupt=view.interrupt)
             except KeyboardInterrupt:
                 self.interrupted = True
