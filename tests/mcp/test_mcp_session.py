@@ -235,3 +235,13 @@ def test_server_filesystem(fake: CanonicalFake, adapter: FakeAdapter, tmp_path: 
     assert text_of(inside) == "buy milk" and not inside["is_error"]
     assert outside["is_error"] and "denied" in text_of(outside).lower()
     assert json.dumps(fake.chat_requests[0].json["tools"])  # schemas went as the server gave them
+
+
+def test_adapter_chat_declares_a_servers_tools(
+    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer
+) -> None:
+    fake.push(Turn(tool_calls=[Call("d1", "add", {"a": 4, "b": 5})]))
+    response = adapter.chat("4+5?", tools=[sdk_server])
+    assert "add" in fake.tool_names_of(fake.chat_requests[-1])
+    call = response.tool_calls[0]
+    assert sdk_server.call(call.name, call.arguments).text == "9"
