@@ -97,8 +97,8 @@ class ValidationResult:
 
 def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[str, Any]]:
     """Accept ToolDefinition, ``{"name", "description", "parameters"}`` dicts, ``@tool`` objects,
-    plain typed functions and MCP servers (their listed tools); dicts without ``name`` (e.g. ``{"type": "web_search"}``) are
-    provider built-in tools and pass through untouched."""
+    plain typed functions and MCP servers (their listed tools); dicts without ``name`` (e.g.
+    ``{"type": "web_search"}``) are provider built-in tools and pass through untouched."""
     if not tools:
         return []
     out: list[ToolDefinition | dict[str, Any]] = []

@@ -21,6 +21,13 @@ reads — the turn goes on. The session's deadline and Ctrl-C hold while a serve
 
 Every server connection lives on the library's private event-loop thread, so one server can be
 used from sync code, from async code and from a notebook alike.
+
+**Record and replay.** When a session talks through a :class:`~dispatch_nb.cache.CachedAdapter`,
+its servers' tool listings and call results go into the same cache file (lines with ``"kind":
+"mcp_tools"`` / ``"mcp_call"``, keyed by server name, tool and arguments): ``record`` calls the
+server and records, ``read-write`` replays what was recorded and records the rest, ``replay``
+replays what was recorded — without starting the server — and asks the server only for what was
+never recorded.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import re
@@ -46,6 +54,7 @@ from .transport import loop_thread
 from .types import TextBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
 
 if TYPE_CHECKING:
+    from .cache.store import ResponseCache
     from .call_control import TurnControl
 
 __all__ = ["MCPServer", "MCPTool"]
@@ -411,19 +420,17 @@ class MCPServer:
                                 f"{self._describe(failure)}")
         return call_result(call.id, work.result())
 
-    def _run_sync(self, call: ToolUseBlock, remote_name: str) -> ToolResultBlock:
-        return run_sync(self._call(call, remote_name))
-
-    def tools_for(self, taken: set[str]) -> list[MCPTool]:
-        """This server's listed tools as :class:`MCPTool` s; a name in ``taken`` gets the
-        server's name as a prefix."""
+    def tools_for(self, taken: set[str], cache: ResponseCache | None = None,
+                  listed: list[ToolDefinition] | None = None) -> list[MCPTool]:
+        """This server's listed tools (or ``listed``) as :class:`MCPTool` s; a name in ``taken``
+        gets the server's name as a prefix; ``cache`` records and replays their calls."""
         out = []
-        for definition in self._tools or []:
+        for definition in self._tools or [] if listed is None else listed:
             exposed = definition.name
             if exposed in taken:
                 exposed = _prefixed(self.name, definition.name)
             taken.add(exposed)
-            out.append(MCPTool(self, definition, exposed))
+            out.append(MCPTool(self, definition, exposed, cache))
         return out
 
 
@@ -434,9 +441,11 @@ class MCPTool(Tool):
     server: MCPServer
     remote_name: str
 
-    def __init__(self, server: MCPServer, definition: ToolDefinition, name: str) -> None:
+    def __init__(self, server: MCPServer, definition: ToolDefinition, name: str,
+                 cache: ResponseCache | None = None) -> None:
         # Not Tool.__init__: the schema is the server's, not a Python signature's.
         self.server = server
+        self.cache = cache
         self.remote_name = definition.name
         self.name = name
         self.description = definition.description
@@ -454,10 +463,25 @@ class MCPTool(Tool):
         return f"MCPTool(name={self.name!r}, server={self.server.name!r})"
 
     def run(self, call: ToolUseBlock) -> ToolResultBlock:
-        return self.server._run_sync(call, self.remote_name)
+        return run_sync(self.arun(call))
 
     async def arun(self, call: ToolUseBlock) -> ToolResultBlock:
-        return await _await_on_loop(self.server._call(call, self.remote_name))
+        key = _call_key(self.server.name, self.remote_name, call.arguments)
+        if self.cache is not None and self.cache.reads:
+            entry = self.cache.get(key)
+            if entry is not None:
+                recorded = ToolResultBlock.model_validate(entry["response"]["result"])
+                return recorded.model_copy(update={"tool_use_id": call.id})
+        result = await _await_on_loop(self.server._call(call, self.remote_name))
+        if self.cache is not None and self.cache.writes:
+            self.cache.put({
+                "v": 1, "key": key, "kind": "mcp_call", "created": _now(),
+                "label": f"mcp:{self.server.name}/{self.remote_name}",
+                "request": {"server": self.server.name, "tool": self.remote_name,
+                            "arguments": call.arguments},
+                "response": {"result": result.model_dump(mode="json", exclude_none=True)},
+            })
+        return result
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -518,19 +542,51 @@ def _prefixed(server: str, name: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]', '_', server)}_{name}"[:64]
 
 
-async def gather_tools(servers: list[MCPServer], taken: set[str]) -> list[MCPTool]:
+def _key(payload: dict[str, Any]) -> str:
+    import hashlib
+
+    return hashlib.sha256(pydantic_core.to_json(payload).decode().encode()).hexdigest()
+
+
+def _call_key(server: str, tool: str, arguments: dict[str, Any]) -> str:
+    canonical = json.loads(json.dumps(arguments, sort_keys=True, default=str))
+    return _key({"mcp_call": server, "tool": tool, "arguments": canonical})
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+async def gather_tools(servers: list[MCPServer], taken: set[str],
+                       cache: ResponseCache | None = None) -> list[MCPTool]:
     """List every server (each lazily started; again after a change) and return their tools,
-    prefixed where a name clashes. A server that cannot start adds no tools (it is logged)."""
+    prefixed where a name clashes. A server that cannot start adds no tools (it is logged).
+    With ``cache`` a recorded listing is replayed (the server is not started) and a new one
+    is recorded."""
+    listings: dict[str, list[ToolDefinition] | None] = {}
+
     async def one(server: MCPServer) -> None:
+        key = _key({"mcp_tools": server.name})
+        if cache is not None and cache.reads and server.state != "running":
+            entry = cache.get(key)
+            if entry is not None:
+                listings[server.name] = [ToolDefinition.model_validate(t)
+                                         for t in entry["response"]["tools"]]
+                return
         try:
-            await _await_on_loop(asyncio.wait_for(server._list(), START_TIMEOUT))
+            tools = await _await_on_loop(asyncio.wait_for(server._list(), START_TIMEOUT))
         except Exception as exc:
             logger.warning("MCP server %s: %s", server.name, server.error or exc)
+            return
+        if cache is not None and cache.writes:
+            cache.put({"v": 1, "key": key, "kind": "mcp_tools", "created": _now(),
+                       "label": f"mcp:{server.name}", "request": {"server": server.name},
+                       "response": {"tools": [t.model_dump(mode="json") for t in tools]}})
 
     await asyncio.gather(*(one(s) for s in servers))
     out: list[MCPTool] = []
     for server in servers:
-        out.extend(server.tools_for(taken))
+        out.extend(server.tools_for(taken, cache, listings.get(server.name)))
     return out
 
 

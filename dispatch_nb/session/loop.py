@@ -322,7 +322,9 @@ class ToolLoop:
         from ..mcp import gather_tools
 
         own = [t for t in self._tools if isinstance(t, Tool)]
-        self._server_tools = await gather_tools(self._servers, {t.name for t in own})
+        cache = getattr(self._adapter, "cache", None)  # a CachedAdapter records and replays
+        self._server_tools = await gather_tools(
+            self._servers, {t.name for t in own}, cache if hasattr(cache, "reads") else None)
         self._handlers = {t.name: t for t in [*own, *self._server_tools]}
 
     # -- shared steps ----------------------------------------------------------------------------

@@ -245,3 +245,30 @@ def test_adapter_chat_declares_a_servers_tools(
     assert "add" in fake.tool_names_of(fake.chat_requests[-1])
     call = response.tool_calls[0]
     assert sdk_server.call(call.name, call.arguments).text == "9"
+
+
+def test_record_then_replay_without_the_server(
+    fake: CanonicalFake, adapter: FakeAdapter, tmp_path: Path
+) -> None:
+    """A session through a CachedAdapter records the server's listing and results; replaying
+    needs no server at all (its command would fail to start)."""
+    from dispatch_nb.cache import CachedAdapter, ResponseCache
+
+    path = tmp_path / "lesson.dispatch-cache.jsonl"
+    script = (Turn(tool_calls=[Call("r1", "add", {"a": 20, "b": 22})]), Turn(text="42"))
+    fake.push(*script)
+    live = sdk_stdio(name="calc")
+    recording = CachedAdapter(adapter, ResponseCache(path, "record"))
+    with Session(recording, tools=[live], approve="auto") as session:
+        session.send("20+22?")
+    kinds = [json.loads(line).get("kind") for line in path.read_text().splitlines()]
+    assert kinds.count("mcp_tools") == 1 and kinds.count("mcp_call") == 1
+    requests = len(fake.chat_requests)
+
+    gone = MCPServer.stdio("/nonexistent/mcp-server", name="calc")
+    replaying = CachedAdapter(adapter, ResponseCache(path, "replay"))
+    stream = Session(replaying, tools=[gone], approve="auto").stream("20+22?")
+    events = [e for e in stream if isinstance(e, ToolResultEvent)]
+    assert stream.response is not None and stream.response.text == "42"
+    assert events[0].result.text == "42" and events[0].tool_name == "add"
+    assert gone.state == "stopped" and len(fake.chat_requests) == requests  # nothing ran live
