@@ -281,7 +281,9 @@ class ToolLoop:
         handler = self._handlers.get(call.name)
         if handler is None:
             return self._unknown_tool(call), None
-        approval, denied = await asyncio.to_thread(self._approval, turn, call, handler)
+        approval, denied = None, None
+        if self._policy(turn, handler) != "auto":  # a person or a function decides
+            approval, denied = await asyncio.to_thread(self._approval, turn, call, handler)
         if denied is not None:
             return denied, approval
         return await handler.arun(call), approval
@@ -293,7 +295,7 @@ class ToolLoop:
         Python tools run without asking unless ``approve`` says otherwise, MCP tools are asked
         about (``"ask"``) by default; "Always" holds for the rest of the session."""
         server = getattr(handler, "server", None)
-        policy = turn.approve if turn.approve is not None else ("ask" if server else "auto")
+        policy = self._policy(turn, handler)
         if policy == "auto":
             return None, None
         if policy == "ask" and call.name in self._always:
@@ -315,6 +317,13 @@ class ToolLoop:
                 call.id, f"{call.name} was not run: the user denied it ({reason})"
             )
         return decision, None
+
+    @staticmethod
+    def _policy(turn: Turn, handler: Tool) -> Any:
+        """The turn's ``approve``; without one, "ask" for MCP tools and "auto" for the rest."""
+        if turn.approve is not None:
+            return turn.approve
+        return "ask" if hasattr(handler, "server") else "auto"
 
     async def _alist_servers(self) -> None:
         """List the session's MCP servers (started on first use; listed again after a change)
