@@ -272,3 +272,26 @@ def test_record_then_replay_without_the_server(
     assert stream.response is not None and stream.response.text == "42"
     assert events[0].result.text == "42" and events[0].tool_name == "add"
     assert gone.state == "stopped" and len(fake.chat_requests) == requests  # nothing ran live
+
+
+def test_cancel_stops_a_turn_while_a_server_works(
+    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer
+) -> None:
+    import threading
+
+    from dispatch_nb import RequestCancelled
+    from dispatch_nb.session import CancelToken
+
+    fake.push(Turn(tool_calls=[Call("x1", "slow", {"seconds": 60})]), Turn(text="never"))
+    session = Session(adapter, tools=[sdk_server], approve="auto")
+    token = CancelToken()
+    timer = threading.Timer(4, token.cancel)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(RequestCancelled):
+        session.send("go", cancel=token)
+    assert time.monotonic() - started < 30  # not the tool's 60 s
+    timer.cancel()
+    fake.script.clear()  # the cancelled turn never asked for its second answer
+    fake.push(Turn(tool_calls=[Call("x2", "add", {"a": 1, "b": 1})]), Turn(text="2"))
+    assert session.send("again").text == "2"  # the server still serves the session
