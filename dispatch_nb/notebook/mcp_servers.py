@@ -100,7 +100,7 @@ def _add(words: list[str]) -> None:
     if old is not None:
         old.close()
     _servers[name] = server
-    print(f"added MCP server {name} (started on first use): {server!r}")
+    print(f"added MCP server {name} (it starts when a cell first uses it)")
 
 
 def _list() -> None:
