@@ -41,7 +41,6 @@ import logging
 import os
 import re
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Coroutine, Mapping
@@ -154,7 +153,6 @@ class MCPServer:
         self._tools: list[ToolDefinition] | None = None
         self._stale = True
         self._stderr: TextIO | None = None
-        self._lock = threading.Lock()
         _live.add(self)
 
     @classmethod
