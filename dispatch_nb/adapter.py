@@ -70,9 +70,9 @@ class ValidationResult:
 
 
 def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[str, Any]]:
-    """Accept ToolDefinition, ``{"name", "description", "parameters"}`` dicts, ``@tool`` objects
-    and plain typed functions; dicts without ``name`` (e.g. ``{"type": "web_search"}``) are
-    provider built-in tools and pass through untouched."""
+    """Accept ToolDefinition, ``{"name", "description", "parameters"}`` dicts, ``@tool`` objects,
+    plain typed functions and MCP servers (their listed tools); dicts without ``name`` (e.g.
+    ``{"type": "web_search"}``) are provider built-in tools and pass through untouched."""
     if not tools:
         return []
     out: list[ToolDefinition | dict[str, Any]] = []
@@ -94,6 +94,10 @@ def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[s
                 out.append(dict(t))
         elif isinstance(getattr(t, "definition", None), ToolDefinition):
             out.append(t.definition)
+        elif type(t).__name__ == "MCPServer" and hasattr(t, "list_tools"):
+            # an MCP server declares its tools (started and listed now); the calls come back
+            # to the caller (server.call(...)), a Session runs them
+            out.extend(t.list_tools())
         elif callable(t):
             from .tools import tool as make_tool
 

@@ -371,6 +371,12 @@ def _shared_loop() -> _LoopThread:
     return runner
 
 
+def loop_thread() -> asyncio.AbstractEventLoop:
+    """The library's private event loop (started on first use; it runs on a daemon thread):
+    long-lived async clients (MCP servers) live there, whichever thread or loop calls them."""
+    return _shared_loop().loop
+
+
 @atexit.register
 def _close_at_exit() -> None:
     runner = _loop_thread

@@ -59,7 +59,7 @@ class TextPart:
 class ToolRun:
     """A tool call the model made (its arguments as they stream) and, once it ran, its result."""
 
-    __slots__ = ("abandoned", "call", "duration", "is_error", "result")
+    __slots__ = ("abandoned", "approval", "call", "duration", "is_error", "result")
 
     def __init__(self, call: Any) -> None:
         #: the accumulator's record of the call (``id``, ``name``, ``parts``, ``arguments``)
@@ -70,6 +70,8 @@ class ToolRun:
         self.duration: float | None = None
         #: True when the turn was interrupted while this tool still ran (its result is dropped)
         self.abandoned = False
+        #: the approval decision, when one was asked for ("approved", "denied: …")
+        self.approval: str | None = None
 
     @property
     def id(self) -> str:
@@ -171,6 +173,7 @@ class TurnAccumulator:
             run.result = result.text
             run.is_error = result.is_error
             run.duration = event.duration
+            run.approval = event.approval
 
     def finish(self, response: Response | None) -> None:
         """Take usage, model and stop reason from ``response`` when no round supplied them (a

@@ -446,6 +446,9 @@ class ToolResultEvent(_Model):
     result: ToolResultBlock
     tool_name: str = ""
     duration: float = 0.0
+    #: the approval decision when one was asked for: "approved", "approved (always)",
+    #: "denied: reason" (None: the tool ran without asking)
+    approval: str | None = None
 
 
 class MessageDoneEvent(_Model):

@@ -17,7 +17,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
-NOTEBOOK_NAMES = ("quickstart", "prompt-engineering", "tools", "teaching", "structured-output")
+NOTEBOOK_NAMES = ("quickstart", "prompt-engineering", "tools", "teaching", "structured-output", "mcp")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 #: a wall-clock measurement in an output ("2.4 s", "0.00 s"), or the word a replayed answer shows

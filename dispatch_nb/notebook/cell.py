@@ -111,6 +111,8 @@ class CallPlan:
     max_tool_rounds: int
     #: ``--schema``: the StructuredOutput the answer must match (None: plain text)
     output: Any = None
+    #: ``--approve``: "auto" or "ask" (None: ask before MCP tools only)
+    approve: str | None = None
 
 
 @dataclass
@@ -119,6 +121,21 @@ class CallResult:
 
     response: Response
     produced: list[Message]
+
+
+def _answering(feed: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    """``feed`` for the live view, with approval requests answered on this (the kernel's)
+    thread."""
+
+    def on_event(index: int, event: Any) -> None:
+        if getattr(event, "type", None) == "approval_request":
+            from .approval import answer_here
+
+            answer_here(event)
+        else:
+            feed(index, event)
+
+    return on_event
 
 
 def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
@@ -159,6 +176,9 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
 
     def with_tools(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         from ..session import Session  # only for --tools
+        from .approval import asking_through
+
+        asking_through(emit)  # "ask" asks in this cell (this worker thread's context)
 
         session = Session(
             plan.adapter,
@@ -167,6 +187,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
             max_tool_rounds=plan.max_tool_rounds,
             max_tokens=plan.max_tokens,
             temperature=plan.temperature,
+            approve=plan.approve,
         )
         session.history = list(plan.history)
         start = len(session.history)
@@ -336,6 +357,14 @@ class CellRun:
         check_limits(args)
         specs = self._models(prompt.notes)
         tools = resolve_tools(args.tools, self.namespace)
+        if getattr(args, "mcp", None):
+            from .mcp_servers import resolve_servers  # only for --mcp
+
+            tools += resolve_servers(args.mcp)
+        if getattr(args, "context", None):
+            from ..context import context_tools  # only for --context
+
+            tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
         schema = self._schema()
         mode = self.state.cache_mode(args.cache)
         system = args.system if args.system is not None else (settings.system or None)
@@ -356,6 +385,7 @@ class CellRun:
             "tools": tools,
             "max_tool_rounds": settings.max_tool_rounds,
             "output": schema,
+            "approve": getattr(args, "approve", None),
         }
         calls = [
             CallPlan(spec=spec, adapter=adapter, **common)
@@ -456,7 +486,7 @@ class CellRun:
         view.start(plan.prompt.notes)
         try:
             try:
-                run_jobs(jobs, view.feed, tick=view.tick, on_done=self._job_done,
+                run_jobs(jobs, _answering(view.feed), tick=view.tick, on_done=self._job_done,
                          on_interrupt=view.interrupt)
             except KeyboardInterrupt:
                 self.interrupted = True

@@ -191,6 +191,10 @@ def _code_span(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def _escape_approval(text: str) -> str:
+    return text.replace("<", "&lt;").replace(">", "&gt;")[:300]
+
+
 def tool_markdown(part: ToolPart) -> str:
     """One tool call (and its result) as Markdown."""
     call = f"🔧 **{part.name}** {_code_span(_short(part.arguments_text, 300))}"
@@ -200,6 +204,9 @@ def tool_markdown(part: ToolPart) -> str:
         return call + "\n"
     label = "⚠ error" if part.is_error else "→"
     took = f" <sub>{part.duration:.2f} s</sub>" if part.duration else ""
+    approval = getattr(part, "approval", None)
+    if approval:
+        call += f" <sub>{_escape_approval(approval)}</sub>"
     result = part.result
     if len(result) <= 200 and "\n" not in result:
         return f"{call} {label} {_code_span(result)}{took}\n"

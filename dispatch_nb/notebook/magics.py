@@ -256,6 +256,20 @@ class ChatMagics(Magics):
         "functions).",
     )
     @magic_arguments.argument(
+        "--mcp", metavar="NAMES",
+        help="Comma-separated MCP servers whose tools the model may call (%%chat mcp add, or "
+        "mcp.json).",
+    )
+    @magic_arguments.argument(
+        "--approve", choices=("auto", "ask"), type=str.lower, metavar="auto|ask",
+        help="Run tool calls at once (auto) or ask first (ask; the default for MCP tools).",
+    )
+    @magic_arguments.argument(
+        "--context", metavar="NAMES",
+        help="Comma-separated variables the model may read (never run) through describe() and "
+        "list_variables().",
+    )
+    @magic_arguments.argument(
         "-f", "--format", choices=FORMATS, type=str.lower, metavar="markdown|text|code|json",
         help="markdown (default), text, code (into the next cell) or json.",
     )
@@ -356,6 +370,11 @@ class ChatMagics(Magics):
         ``models [PROVIDER]``, ``history [THREAD]``, ``reset [THREAD]``, ``key PROVIDER`` (type an
         API key; it is kept in this kernel's environment only). Prompts go in a ``%%chat`` cell."""
         parser: Any = self.chat_line.parser  # type: ignore[attr-defined]
+        if line.split()[:1] == ["mcp"]:
+            from .mcp_servers import mcp_command  # not at %load_ext
+
+            mcp_command(line.strip()[3:])
+            return
         if not line.strip():
             raise UsageError(
                 "%chat needs a command: " + ", ".join(SUBCOMMANDS) + ". Prompts go in a "

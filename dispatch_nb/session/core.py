@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..adapter import Adapter
+from ..approval import check_approve
 from ..budget import Budget
 from ..cost import CostTotal
 from ..tools import Tool
@@ -23,6 +24,7 @@ from .serialization import dumps, loads, restore_tools
 from .stream import AsyncSessionStream, SessionStream, TurnState
 
 if TYPE_CHECKING:
+    from ..mcp import MCPServer, MCPTool
     from ..turn import TurnAccumulator
 
 __all__ = ["Session"]
@@ -51,12 +53,14 @@ class Session(ToolLoop):
         max_tokens: int | None = None,
         temperature: float | None = None,
         budget: Budget | float | str | None = None,
+        approve: Any = None,
     ) -> None:
         # Every argument is checked before an adapter is made (and long before any request).
         check_call(
             "Session: ", system=system, max_tool_rounds=max_tool_rounds, id=id,
             max_tokens=max_tokens, temperature=temperature,
         )
+        check_approve(approve)
         if isinstance(model_or_adapter, Adapter):
             self._adapter, self._owns_adapter = model_or_adapter, False
         elif model_or_adapter is None or isinstance(model_or_adapter, str):
@@ -94,6 +98,11 @@ class Session(ToolLoop):
         self._lock = threading.Lock()
         self._tools: list[SessionTool] = []
         self._handlers: dict[str, Tool] = {}
+        self._servers: list[MCPServer] = []
+        self._server_tools: list[MCPTool] = []
+        #: who approves tool calls: "auto", "ask" or a function (None: ask for MCP tools only)
+        self._approve = approve
+        self._always: set[str] = set()
         self.set_tools(tools)
 
     # -- configuration -------------------------------------------------------------------------
@@ -123,14 +132,25 @@ class Session(ToolLoop):
         return list(self._tools)
 
     @property
+    def servers(self) -> list[MCPServer]:
+        """The MCP servers whose tools this session offers."""
+        return list(self._servers)
+
+    @property
     def unhandled_tools(self) -> list[str]:
         """Names of declared tools without a Python handler: their calls come back to you."""
         return [t.name for t in self._tools if isinstance(t, ToolDefinition)]
 
     def set_tools(self, tools: Iterable[Any] | None) -> None:
         """Replace the tools (``None`` or ``[]``: none). Plain functions are wrapped with
-        :func:`tool`; a ``Tool``'s name must be unique."""
-        out = session_tools(tools)
+        :func:`tool`; a ``Tool``'s name must be unique. An :class:`~dispatch_nb.mcp.MCPServer`
+        brings its tools (listed at the next turn)."""
+        from ..mcp import MCPServer
+
+        items = list(tools or [])
+        self._servers = [t for t in items if isinstance(t, MCPServer)]
+        self._server_tools = []
+        out = session_tools([t for t in items if not isinstance(t, MCPServer)])
         names = [t.name for t in out if not isinstance(t, dict)]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -172,12 +192,17 @@ class Session(ToolLoop):
             self.last_turn = None
 
     def close(self) -> None:
-        """Release the adapter's connections if this session created the adapter."""
+        """Stop its MCP servers; release the adapter's connections if this session created
+        the adapter."""
+        for server in self._servers:
+            server.close()
         if self._owns_adapter:
             self._adapter.close()
 
     async def aclose(self) -> None:
         """The async twin of :meth:`close`."""
+        for server in self._servers:
+            await server.aclose()
         if self._owns_adapter:
             aclose = getattr(self._adapter, "aclose", None)
             if aclose is not None:

@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Seque
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..approval import ToolCall, check_approve, decide
 from ..call_control import TurnControl
 from ..cancel import CancelToken
 from ..errors import BudgetExceededError
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from ..adapter import Adapter
     from ..budget import Budget
     from ..cost import CostTotal
+    from ..mcp import MCPServer, MCPTool
     from ..turn import TurnAccumulator
 
 __all__ = ["NonBlockingLock", "ToolLoop", "Turn"]
@@ -72,6 +74,9 @@ class Turn:
         )
         timeout: float | None = options.pop("timeout", None)
         cancel = options.pop("cancel", None)
+        #: this turn's approval policy (``approve=``; default: the session's)
+        self.approve = options.pop("approve", loop._approve)
+        check_approve(self.approve)
         if cancel is not None and not isinstance(cancel, CancelToken):
             raise TypeError(f"cancel must be a CancelToken, not {type(cancel).__name__}")
         self.system = options.pop("system", loop._system)
@@ -136,6 +141,10 @@ class ToolLoop:
     _lock: threading.Lock
     _tools: list[SessionTool]
     _handlers: dict[str, Tool]
+    _servers: list[MCPServer]
+    _server_tools: list[MCPTool]
+    _approve: Any
+    _always: set[str]
 
     # -- the loop, sync --------------------------------------------------------------------------
     def _run(
@@ -143,6 +152,10 @@ class ToolLoop:
     ) -> Generator[StreamEvent, None, None]:
         with self._turn(content, options) as (turn, message):
             while True:
+                if self._servers:
+                    from ..mcp import run_sync
+
+                    run_sync(self._alist_servers(), turn.control, "while listing MCP tools")
                 kwargs = turn.call_kwargs(self._tool_payload())
                 reserved = None
                 try:
@@ -178,9 +191,9 @@ class ToolLoop:
             for i, call in enumerate(calls):
                 turn.control.check(WHILE_TOOLS)
                 started = time.monotonic()
-                handler = self._handlers.get(call.name)
-                result = done[i] = handler.run(call) if handler else self._unknown_tool(call)
-                yield self._tool_event(call, result, time.monotonic() - started)
+                result, approval = self._run_one(turn, call)
+                done[i] = result
+                yield self._tool_event(call, result, time.monotonic() - started, approval)
         except BaseException as exc:
             self._append_results(calls, done, exc)
             raise
@@ -193,6 +206,9 @@ class ToolLoop:
     ) -> AsyncGenerator[StreamEvent, None]:
         with self._turn(content, options) as (turn, message):
             while True:
+                if self._servers:
+                    await turn.control.run_async(
+                        asyncio.ensure_future(self._alist_servers()), "while listing MCP tools")
                 kwargs = turn.call_kwargs(self._tool_payload())
                 reserved = None
                 try:
@@ -231,11 +247,11 @@ class ToolLoop:
         (which cancel the calls still running)."""
         done: list[ToolResultBlock | None] = [None] * len(calls)
         durations = [0.0] * len(calls)
+        approvals: list[str | None] = [None] * len(calls)
 
         async def one(i: int, call: ToolUseBlock) -> None:
             started = time.monotonic()
-            handler = self._handlers.get(call.name)
-            done[i] = await handler.arun(call) if handler else self._unknown_tool(call)
+            done[i], approvals[i] = await self._arun_one(turn, call)
             durations[i] = time.monotonic() - started
 
         try:
@@ -252,10 +268,87 @@ class ToolLoop:
         self._append_results(calls, done)
         turn.rounds += 1
         return [
-            self._tool_event(call, result, duration)
-            for call, result, duration in zip(calls, done, durations, strict=True)
+            self._tool_event(call, result, duration, approval)
+            for call, result, duration, approval in zip(calls, done, durations, approvals,
+                                                        strict=True)
             if result is not None
         ]
+
+    # -- one tool call: approval, then the Python function or the MCP server ---------------------
+    def _run_one(self, turn: Turn, call: ToolUseBlock) -> tuple[ToolResultBlock, str | None]:
+        """Run one call in the sync loop: ask for approval if needed, then run it (an MCP tool
+        on the library's loop thread, under the turn's deadline and Ctrl-C)."""
+        handler = self._handlers.get(call.name)
+        if handler is None:
+            return self._unknown_tool(call), None
+        approval, denied = self._approval(turn, call, handler)
+        if denied is not None:
+            return denied, approval
+        if handler.is_async and hasattr(handler, "server"):
+            from ..mcp import run_sync
+
+            return run_sync(handler.arun(call), turn.control, WHILE_TOOLS), approval
+        return handler.run(call), approval
+
+    async def _arun_one(self, turn: Turn, call: ToolUseBlock) -> tuple[ToolResultBlock, str | None]:
+        """The async loop's :meth:`_run_one` (approval asked on a worker thread)."""
+        handler = self._handlers.get(call.name)
+        if handler is None:
+            return self._unknown_tool(call), None
+        approval, denied = None, None
+        if self._policy(turn, handler) != "auto":  # a person or a function decides
+            approval, denied = await asyncio.to_thread(self._approval, turn, call, handler)
+        if denied is not None:
+            return denied, approval
+        return await handler.arun(call), approval
+
+    def _approval(
+        self, turn: Turn, call: ToolUseBlock, handler: Tool
+    ) -> tuple[str | None, ToolResultBlock | None]:
+        """``(decision, denial result or None)`` for ``call`` under the turn's ``approve``:
+        Python tools run without asking unless ``approve`` says otherwise, MCP tools are asked
+        about (``"ask"``) by default; "Always" holds for the rest of the session."""
+        server = getattr(handler, "server", None)
+        policy = self._policy(turn, handler)
+        if policy == "auto":
+            return None, None
+        if policy == "ask" and call.name in self._always:
+            return "approved (always)", None
+        request = ToolCall(
+            id=call.id, name=call.name, arguments=dict(call.arguments),
+            server=getattr(server, "name", None), description=handler.description,
+        )
+        decision = decide(policy, request, turn.control.remaining())
+        if decision is None:
+            return None, None
+        if turn.control.expired():
+            decision = "denied: no answer within the turn's deadline"
+        if decision == "approved (always)":
+            self._always.add(call.name)
+        if decision.startswith("denied"):
+            reason = decision.removeprefix("denied:").strip()
+            return decision, error_result(
+                call.id, f"{call.name} was not run: the user denied it ({reason})"
+            )
+        return decision, None
+
+    @staticmethod
+    def _policy(turn: Turn, handler: Tool) -> Any:
+        """The turn's ``approve``; without one, "ask" for MCP tools and "auto" for the rest."""
+        if turn.approve is not None:
+            return turn.approve
+        return "ask" if hasattr(handler, "server") else "auto"
+
+    async def _alist_servers(self) -> None:
+        """List the session's MCP servers (started on first use; listed again after a change)
+        and make their tools callable; a clashing name gets the server's name as a prefix."""
+        from ..mcp import gather_tools
+
+        own = [t for t in self._tools if isinstance(t, Tool)]
+        cache = getattr(self._adapter, "cache", None)  # a CachedAdapter records and replays
+        self._server_tools = await gather_tools(
+            self._servers, {t.name for t in own}, cache if hasattr(cache, "reads") else None)
+        self._handlers = {t.name: t for t in [*own, *self._server_tools]}
 
     # -- shared steps ----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -274,7 +367,8 @@ class ToolLoop:
         return NonBlockingLock(self._lock)
 
     def _tool_payload(self) -> list[ToolDefinition | dict[str, Any]]:
-        return [t.definition if isinstance(t, Tool) else t for t in self._tools]
+        return [t.definition if isinstance(t, Tool) else t
+                for t in [*self._tools, *self._server_tools]]
 
     def _start(self, content: Any) -> Message:
         """The user message for ``content``, checked against what the model is waiting for."""
@@ -401,7 +495,8 @@ class ToolLoop:
         return [self._tool_event(c, r, 0.0) for c, r in zip(response.tool_calls, results, strict=True)]
 
     def _unknown_tool(self, call: ToolUseBlock) -> ToolResultBlock:
-        names = ", ".join(t.name for t in self._tools if not isinstance(t, dict)) or "none"
+        names = ", ".join(t.name for t in [*self._tools, *self._server_tools]
+                          if not isinstance(t, dict)) or "none"
         return error_result(call.id, f"unknown tool {call.name!r}; available tools: {names}")
 
     def _append_results(
@@ -421,5 +516,7 @@ class ToolLoop:
         self._history.append(Message(role="user", content=blocks))
 
     @staticmethod
-    def _tool_event(call: ToolUseBlock, result: ToolResultBlock, duration: float) -> ToolResultEvent:
-        return ToolResultEvent(result=result, tool_name=call.name, duration=duration)
+    def _tool_event(call: ToolUseBlock, result: ToolResultBlock, duration: float,
+                    approval: str | None = None) -> ToolResultEvent:
+        return ToolResultEvent(result=result, tool_name=call.name, duration=duration,
+                               approval=approval)

@@ -35,7 +35,8 @@ ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
 #: package's own ``__init__.py``). The diagram in docs/architecture.md lists exactly these.
 LAYERS: dict[str, tuple[str, ...]] = {
     "front ends": ("notebook", "__main__", "testing", "demo", "__init__"),
-    "operations": ("session", "batching", "cache", "turn", "prompting", "estimates", "budget"),
+    "operations": ("session", "batching", "cache", "turn", "prompting", "estimates", "budget",
+                   "mcp", "approval", "context"),
     "calls": ("adapter", "registry", "http_adapter", "defaults", "providers", "auth",
               "replay_only"),
     "answers": ("structured", "tools", "call_control"),

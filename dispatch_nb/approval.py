@@ -1,0 +1,109 @@
+"""Approval before a tool runs: ``approve="auto" | "ask" | function(ToolCall) -> bool | str``.
+
+::
+
+    Session(model, tools=[server, my_function], approve="ask")
+    Session(model, tools=[server], approve=lambda call: call.name != "delete_file" or "not today")
+
+``"auto"`` runs every call. ``"ask"`` asks a person before each call: in the notebook with
+Approve / Deny / Always-for-this-tool buttons in the cell, in a terminal with a y/N prompt; no
+answer within the turn's deadline is a denial. A function gets a :class:`ToolCall` and returns
+``True`` (run it), ``False`` (deny it) or a string (deny it; the string is the reason the model
+reads). Without ``approve=`` a session runs Python tools at once and asks before MCP tools.
+
+A denied call never runs: the model gets an ``is_error`` tool result saying it was denied and why,
+and the decision is kept on the turn's :class:`~dispatch_nb.types.ToolResultEvent`
+(``approval``: ``"approved"``, ``"approved (always)"`` or ``"denied: …"``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ALWAYS", "Approve", "ToolCall", "check_approve", "decide", "set_asker"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model asked for, as an approval function sees it."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    #: the MCP server the tool comes from (None: a Python tool)
+    server: str | None = None
+    description: str = ""
+
+
+#: what ``approve=`` takes
+Approve = str | Callable[[ToolCall], "bool | str"]
+
+#: an asker's answer meaning "approve this call and every later call of this tool in this session"
+ALWAYS = "always"
+
+#: who answers ``"ask"``: ``(call, seconds_left or None) -> True | False | ALWAYS | reason``
+Asker = Callable[[ToolCall, "float | None"], "bool | str"]
+
+_asker: Asker | None = None
+_asker_lock = threading.Lock()
+
+
+def set_asker(asker: Asker | None) -> Asker | None:
+    """Install the function that answers ``approve="ask"`` (a front end does this: the
+    notebook's buttons). Returns the previous one. ``None``: the terminal prompt."""
+    global _asker
+    with _asker_lock:
+        previous, _asker = _asker, asker
+    return previous
+
+
+def check_approve(approve: Any) -> None:
+    """Raise a clear error unless ``approve`` is ``None``, ``"auto"``, ``"ask"`` or a function."""
+    if approve is None or approve in ("auto", "ask") or callable(approve):
+        return
+    raise ValueError(
+        f"approve must be 'auto', 'ask' or a function (ToolCall) -> bool | str, not {approve!r}"
+    )
+
+
+def _terminal(call: ToolCall, seconds: float | None) -> bool | str:
+    """The y/N prompt of a terminal (IPython or plain Python); no terminal: a denial."""
+    if not (sys.stdin and sys.stdin.isatty()):
+        return (
+            "no one was there to approve it (no notebook and no terminal): run with "
+            "approve='auto' or an approval function"
+        )
+    arguments = ", ".join(f"{k}={v!r}" for k, v in call.arguments.items())
+    where = f" (MCP server {call.server})" if call.server else ""
+    answer = input(f"Run tool {call.name}{where}({arguments})? [y/N/a=always] ").strip().lower()
+    if answer in ("a", "always"):
+        return ALWAYS
+    return answer in ("y", "yes") or "the user said no"
+
+
+def decide(approve: Any, call: ToolCall, seconds: float | None) -> str | None:
+    """Ask ``approve`` about ``call``: ``None`` when it may run without asking (``"auto"``),
+    else ``"approved"``, ``"approved (always)"`` or ``"denied: reason"``. Blocks while a
+    person answers (``seconds``: the time left in the turn)."""
+    if approve == "auto":
+        return None
+    if approve == "ask":
+        asker = _asker or _terminal
+        answer = asker(call, seconds)
+    else:
+        answer = approve(call)
+    if answer == ALWAYS and approve == "ask":
+        return "approved (always)"
+    if answer is True:
+        return "approved"
+    if isinstance(answer, str) and answer.strip():
+        return f"denied: {answer.strip()}"
+    if answer is False or answer is None or isinstance(answer, str):
+        return "denied: the user did not approve it"
+    raise TypeError(
+        f"an approval function must return True, False or a reason (str), not {answer!r}"
+    )

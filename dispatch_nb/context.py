@@ -1,0 +1,88 @@
+"""The kernel as context, read-only: tools that describe named variables to the model.
+
+``context_tools(namespace, ["df", "orders"])`` gives two tools: ``list_variables()`` (the allowed
+names that exist, with their types) and ``describe(name)`` (a DataFrame's shape, dtypes, a few rows
+and ``describe()``; an array's shape and dtype; a clipped ``repr`` otherwise). Nothing is run: a
+name outside the allowed ones is refused, and each answer is cut to ``max_bytes`` UTF-8 bytes, so
+what leaves the kernel is bounded and exactly what the tool result shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .tools import Tool
+
+__all__ = ["DEFAULT_MAX_BYTES", "context_tools", "describe_value"]
+
+#: most UTF-8 bytes one context tool call sends to the model
+DEFAULT_MAX_BYTES = 4000
+_ROWS = 5
+
+
+def _clip(text: str, max_bytes: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    marker = "\n… (cut)"
+    return data[: max_bytes - len(marker.encode())].decode("utf-8", "ignore") + marker
+
+
+def describe_value(name: str, value: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """A short, read-only description of ``value`` (never calls anything but reprs)."""
+    kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+    lines = [f"{name}: {kind}"]
+    shape = getattr(value, "shape", None)
+    if hasattr(value, "dtypes") and hasattr(value, "head") and hasattr(value, "describe"):
+        lines.append(f"shape: {shape}")
+        lines.append("dtypes:\n" + value.dtypes.to_string())
+        lines.append(f"first {_ROWS} rows:\n" + value.head(_ROWS).to_string())
+        try:
+            lines.append("describe():\n" + value.describe().to_string())
+        except Exception as exc:  # a frame pandas cannot summarise
+            lines.append(f"describe() failed: {exc}")
+    elif shape is not None and hasattr(value, "dtype"):
+        lines.append(f"shape: {shape}")
+        lines.append(f"dtype: {value.dtype}")
+    else:
+        if hasattr(value, "__len__"):
+            try:
+                lines.append(f"len: {len(value)}")
+            except Exception:
+                pass
+        lines.append("repr: " + repr(value)[:max_bytes])
+    return _clip("\n".join(lines), max_bytes)
+
+
+def context_tools(
+    namespace: Mapping[str, Any], names: Iterable[str], max_bytes: int = DEFAULT_MAX_BYTES
+) -> list[Tool]:
+    """The ``list_variables`` and ``describe`` tools over ``names`` of ``namespace``."""
+    allowed = [n for n in dict.fromkeys(names) if n]
+    if not allowed:
+        raise ValueError("--context needs the names of variables the model may read")
+
+    def list_variables() -> str:
+        """List the variables of the user's Python session you may read, with their types."""
+        rows = [
+            f"{n}: {type(namespace[n]).__name__}" for n in allowed if n in namespace
+        ]
+        return _clip("\n".join(rows) or "(none of the allowed variables exist yet)", max_bytes)
+
+    def describe(name: str) -> str:
+        """Describe one variable of the user's Python session: its type; a DataFrame's shape,
+        dtypes, first rows and summary statistics; an array's shape and dtype; else its repr.
+
+        Args:
+            name: The variable's name (one of those list_variables shows).
+        """
+        if name not in allowed:
+            raise ValueError(
+                f"{name!r} is not shared with you; you may read: {', '.join(allowed)}"
+            )
+        if name not in namespace:
+            raise ValueError(f"{name!r} is not defined yet")
+        return describe_value(name, namespace[name], max_bytes)
+
+    return [Tool(list_variables), Tool(describe)]

@@ -1,0 +1,118 @@
+"""The notebook's MCP servers: ``%chat mcp add|list|remove`` and ``%%chat --mcp NAMES``.
+
+Servers are kept by name in the kernel (started on first use, stopped at kernel shutdown); a name
+not added yet is looked up in ``.dispatch_nb/mcp.json`` or ``mcp.json`` in the working directory,
+in the ``{"mcpServers": {name: {"command", "args", "env", "cwd"} | {"url", "headers"}}}`` format
+other MCP clients use.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from ..mcp import MCPServer
+
+__all__ = ["CONFIG_FILES", "mcp_command", "resolve_servers"]
+
+CONFIG_FILES = (Path(".dispatch_nb") / "mcp.json", Path("mcp.json"))
+
+#: the kernel's servers by name
+_servers: dict[str, MCPServer] = {}
+
+USAGE = (
+    "%chat mcp add NAME -- COMMAND ARGS… | %chat mcp add NAME --url URL | %chat mcp list | "
+    "%chat mcp remove NAME"
+)
+
+
+def _from_config(name: str) -> MCPServer | None:
+    for path in CONFIG_FILES:
+        if not path.is_file():
+            continue
+        try:
+            entries = json.loads(path.read_text()).get("mcpServers", {})
+        except (ValueError, AttributeError) as exc:
+            raise UsageError(f"{path}: not an mcpServers JSON file ({exc})") from None
+        entry = entries.get(name)
+        if isinstance(entry, dict):
+            if "url" in entry:
+                return MCPServer.http(entry["url"], entry.get("headers"), name=name)
+            if "command" in entry:
+                return MCPServer.stdio(entry["command"], *entry.get("args", []),
+                                       env=entry.get("env"), cwd=entry.get("cwd"), name=name)
+            raise UsageError(f"{path}: server {name!r} needs a command or a url")
+    return None
+
+
+def resolve_servers(names: str | None) -> list[MCPServer]:
+    """``--mcp a,b`` → the servers (added with ``%chat mcp add`` or found in mcp.json)."""
+    out: list[MCPServer] = []
+    for name in (n.strip() for n in (names or "").split(",")):
+        if not name:
+            continue
+        server = _servers.get(name) or _from_config(name)
+        if server is None:
+            raise UsageError(
+                f"no MCP server named {name!r}: add it with %chat mcp add {name} -- COMMAND ARGS… "
+                f"(or --url URL), or list it in {CONFIG_FILES[0]} or mcp.json"
+            )
+        _servers[name] = server
+        out.append(server)
+    return out
+
+
+def mcp_command(line: str) -> None:
+    """Run ``%chat mcp …`` (``line`` is what follows ``mcp``)."""
+    words = shlex.split(line)
+    if not words:
+        raise UsageError(USAGE)
+    verb, rest = words[0], words[1:]
+    if verb == "add":
+        _add(rest)
+    elif verb == "list":
+        _list()
+    elif verb == "remove" and len(rest) == 1:
+        server = _servers.pop(rest[0], None)
+        if server is None:
+            raise UsageError(f"no MCP server named {rest[0]!r}")
+        server.close()
+        print(f"removed MCP server {rest[0]}")
+    else:
+        raise UsageError(USAGE)
+
+
+def _add(words: list[str]) -> None:
+    if not words or words[0].startswith("-"):
+        raise UsageError(USAGE)
+    name, rest = words[0], words[1:]
+    if rest[:1] == ["--url"] and len(rest) == 2:
+        server = MCPServer.http(rest[1], name=name)
+    elif rest[:1] == ["--"] and len(rest) >= 2:
+        server = MCPServer.stdio(rest[1], *rest[2:], name=name)
+    else:
+        raise UsageError(USAGE)
+    old = _servers.pop(name, None)
+    if old is not None:
+        old.close()
+    _servers[name] = server
+    print(f"added MCP server {name} (it starts when a cell first uses it)")
+
+
+def _list() -> None:
+    if not _servers:
+        print("no MCP servers: add one with " + USAGE.split(" | ")[0])
+        return
+    for name, server in _servers.items():
+        tools = ", ".join(t.name for t in server.tools) or "(not listed yet)"
+        error = f" — {server.error}" if server.error else ""
+        print(f"{name}: {server.state}{error}\n  tools: {tools}")
+
+
+def servers() -> dict[str, Any]:
+    """The kernel's servers by name (a copy)."""
+    return dict(_servers)

@@ -1,0 +1,37 @@
+"""The kernel as context: read-only tools over allowed names, bounded bytes (with the canonical
+fake as the model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dispatch_nb.context import context_tools
+from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.session import Session
+
+from ..fakes.canonical import CanonicalFake
+from ..fakes.provider import ToolCall, Turn
+
+
+def test_only_allowed_names_and_bounded_bytes(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+
+    class Loud:
+        def __repr__(self) -> str:
+            return "x" * 100_000
+
+    namespace: dict[str, Any] = {"grid": np.zeros((3, 4), dtype="float32"), "big": Loud(),
+                                 "token": "sk-hidden"}
+    fake.push(Turn(tool_calls=[ToolCall("c1", "describe", {"name": "grid"}),
+                               ToolCall("c2", "describe", {"name": "big"}),
+                               ToolCall("c3", "describe", {"name": "token"}),
+                               ToolCall("c4", "list_variables", {})]), Turn(text="ok"))
+    tools = context_tools(namespace, ["grid", "big", "missing"], max_bytes=500)
+    Session(adapter, tools=tools).send("look")
+    body = fake.chat_requests[-1].json
+    grid, big, token, listed = [b["content"] for b in body["messages"][-1]["content"]]
+    assert "shape: (3, 4)" in grid and "dtype: float32" in grid
+    assert len(big.encode()) <= 500 and big.endswith("(cut)")
+    assert "not shared with you" in token and "sk-hidden" not in str(body)
+    assert listed == "grid: ndarray\nbig: Loud"  # a name that does not exist is not listed

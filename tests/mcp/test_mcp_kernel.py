@@ -1,0 +1,142 @@
+"""``%chat mcp`` and ``%%chat --mcp / --approve / --context`` in a real kernel (nbclient), with the
+SDK-written MCP server over stdio and the canonical loopback fake as the model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
+
+from tests.fakes.canonical import CanonicalFake
+from tests.fakes.provider import ToolCall, Turn
+from tests.notebook.conftest import chat_env
+
+from .conftest import SDK_SERVER
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[CanonicalFake]:
+    with CanonicalFake() as server:
+        yield server
+
+
+def tool_results(fake: CanonicalFake) -> list[dict[str, Any]]:
+    last = fake.chat_requests[-1].json["messages"][-1]
+    return [b for b in last["content"] if b.get("type") == "tool_result"]
+
+
+def text(cell: Any) -> str:
+    return json.dumps(cell.get("outputs", []))
+
+
+def test_mcp_approval_and_context_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> None:
+    target = tmp_path / "touched.txt"
+    cells = [
+        "%load_ext dispatch_nb",
+        f"%chat mcp add calc -- {sys.executable} {SDK_SERVER} stdio",
+        "%%chat --mcp calc --approve auto\nAdd 2 and 3.",
+        "%%chat --mcp calc\nTouch a file.",
+        "import pandas as pd\ndf = pd.DataFrame({'price': [1.5, 2.5, 4.0]})\nsecret = 'hush-123'",
+        "%%chat --context df\nWhat is in df?",
+        "%chat mcp list",
+        "%chat mcp remove calc",
+    ]
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    env = chat_env()
+    env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_MODEL": "fake:echo",
+                "DISPATCH_NB_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)})
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False)
+    with client.setup_kernel(env=env, cwd=str(tmp_path)):
+        for index in (0, 1):
+            client.execute_cell(nb.cells[index], index)
+        fake.push(Turn(tool_calls=[ToolCall("k1", "add", {"a": 2, "b": 3})]), Turn(text="It is 5."))
+        client.execute_cell(nb.cells[2], 2)
+        assert [r["content"] for r in tool_results(fake)] == ["5"]
+        fake.push(Turn(tool_calls=[ToolCall("k2", "touch", {"path": str(target)})]),
+                  Turn(text="Denied."))
+        client.execute_cell(nb.cells[3], 3)
+        denial = tool_results(fake)[0]
+        assert denial["is_error"] and "touch was not run: the user denied it" in denial["content"]
+        assert "cannot ask" in denial["content"]  # nbclient has no input box
+        client.execute_cell(nb.cells[4], 4)
+        fake.push(Turn(tool_calls=[ToolCall("k3", "describe", {"name": "df"}),
+                                   ToolCall("k4", "describe", {"name": "secret"}),
+                                   ToolCall("k5", "list_variables", {})]), Turn(text="Prices."))
+        client.execute_cell(nb.cells[5], 5)
+        described, refused, listed = tool_results(fake)
+        for index in (6, 7):
+            client.execute_cell(nb.cells[index], index)
+    assert not target.exists()  # the denied call never ran
+    assert "It is 5." in text(nb.cells[2])
+    assert "denied" in text(nb.cells[3])
+    sent = described["content"]
+    assert "shape: (3, 1)" in sent and "price" in sent and "describe():" in sent
+    assert refused["is_error"] and "hush-123" not in json.dumps(fake.chat_requests[-1].json)
+    assert listed["content"] == "df: DataFrame"
+    shown = nb.cells[5].outputs[0].data["text/markdown"]
+    assert f"```\n{sent}\n```" in shown  # the folded result shows exactly what the fake received
+    assert "denied: " in nb.cells[3].outputs[0].data["text/markdown"]  # the decision is saved
+    assert "calc: running" in text(nb.cells[6]) and "add, fail" in text(nb.cells[6])
+    assert "removed MCP server calc" in text(nb.cells[7])
+
+
+def test_ask_in_a_kernel_with_an_input_box(fake: CanonicalFake, tmp_path: Path) -> None:
+    """A front end with an input box (stdin): "n" denies (the file is never made), "a" approves
+    this tool for the rest of the kernel (a later cell's call is not asked about)."""
+    from jupyter_client.manager import KernelManager
+
+    target = tmp_path / "touched.txt"
+    env = chat_env()
+    env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_MODEL": "fake:echo",
+                "DISPATCH_NB_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)})
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env=env, cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    prompts: list[str] = []
+    answers: list[str] = []
+
+    def run(code: str) -> str:
+        out: list[str] = []
+
+        def on_stdin(msg: dict[str, Any]) -> None:
+            prompts.append(msg["content"]["prompt"])
+            kc.input(answers.pop(0))
+
+        def on_output(msg: dict[str, Any]) -> None:
+            out.append(json.dumps(msg["content"]))
+
+        reply = kc.execute_interactive(code, allow_stdin=True, stdin_hook=on_stdin,
+                                       output_hook=on_output, timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+
+    try:
+        kc.wait_for_ready(timeout=60)
+        run("%load_ext dispatch_nb")
+        run(f"%chat mcp add calc -- {sys.executable} {SDK_SERVER} stdio")
+        fake.push(Turn(tool_calls=[ToolCall("s1", "touch", {"path": str(target)})]),
+                  Turn(text="ok"))
+        answers.append("n")
+        shown = run("%%chat --mcp calc\nTouch it.")
+        assert not target.exists() and len(prompts) == 1
+        assert str(target).replace("\\", "\\\\") in shown  # the arguments were shown in full
+        assert "the user said no" in tool_results(fake)[0]["content"]
+        fake.push(Turn(tool_calls=[ToolCall("s2", "add", {"a": 1, "b": 2})]), Turn(text="3"))
+        answers.append("a")
+        run("%%chat --mcp calc\nAdd.")
+        assert tool_results(fake)[0]["content"] == "3" and len(prompts) == 2
+        fake.push(Turn(tool_calls=[ToolCall("s3", "add", {"a": 2, "b": 2})]), Turn(text="4"))
+        run("%%chat --mcp calc\nAdd again.")
+        assert tool_results(fake)[0]["content"] == "4" and len(prompts) == 2  # always holds
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
