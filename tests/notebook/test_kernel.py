@@ -365,7 +365,7 @@ def test_chat_key_says_when_the_default_provider_changes(kernel: Kernel, servers
     """With no model, key or login, ``%chat key anthropic`` makes Anthropic the default: the
     output says so in one line, so a bare ``-m`` name is not a surprise."""
     saved = ("DISPATCH_NB_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")
-    kernel.execute("import os; _saved = {k: os.environ.pop(k, None) for k in %r}" % (saved,))
+    kernel.execute(f"import os; _saved = {{k: os.environ.pop(k, None) for k in {saved!r}}}")
     try:
         msg_id = kernel.kc.execute("%chat key anthropic", allow_stdin=True)
         request = kernel.kc.get_stdin_msg(timeout=30)
