@@ -29,8 +29,8 @@ _FOOTER_TIME = re.compile(r"(\S) · (?:\d+\.\d+ s|replayed)\b")
 #: metadata keys that describe this run rather than the answer (timings, the live rendering used)
 _RUN_KEYS = frozenset({"latency_s", "time_to_first_token_s", "live", "replayed"})
 _CREDENTIALS = ("DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "OPENAI_API_KEY",
-                "ANTHROPIC_API_KEY", "DISPATCH_NB_MODEL", "DISPATCH_NB_CACHE",
-                "DISPATCH_NB_CACHE_FILE", "DISPATCH_NB_LIVE")
+                "ANTHROPIC_API_KEY", "DISPATCH_NB_COMPATIBLE_API_KEY", "DISPATCH_NB_MODEL",
+                "DISPATCH_NB_CACHE", "DISPATCH_NB_CACHE_FILE", "DISPATCH_NB_LIVE")
 
 
 def kernel_env(home: Path, **extra: str) -> dict[str, str]:

@@ -41,7 +41,7 @@ def test_demo_runs_the_quickstart_on_the_embedded_model(tmp_path: Path) -> None:
     done = demo(home=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert "Model: local:smollm2 (no GitHub login and no API key" in out
+    assert "Model: local:smollm2 (no login and no API key is set up" in out
     assert "response cache: off" in out
     for prompt, _recorded in _chat_cells():
         assert prompt.strip() in out  # each prompt is printed before its answer

@@ -129,8 +129,7 @@ class OpenAIAdapter(HTTPAdapter):
     #: the wire format, fixed when the adapter is made
     wire: ChatCompletionsWire | ResponsesWire
 
-    def __new__(cls, model: str, *args: Any, backend: str | None = None,
-                **kwargs: Any) -> OpenAIAdapter:
+    def __new__(cls, *args: Any, backend: str | None = None, **kwargs: Any) -> OpenAIAdapter:
         if cls is OpenAIAdapter:
             cls = ResponsesAdapter if _resolve_backend(backend) == "official" else CompatibleAdapter
         return super().__new__(cls)

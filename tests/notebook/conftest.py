@@ -142,6 +142,6 @@ def chat_env() -> dict[str, str]:
     """Environment for a kernel that must find nothing of the developer's own setup."""
     env = dict(os.environ)
     for key in ("DISPATCH_NB_GITHUB_TOKEN", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DISPATCH_NB_LIVE",
-                "DISPATCH_NB_CACHE"):
+                "DISPATCH_NB_CACHE", "DISPATCH_NB_COMPATIBLE_API_KEY"):
         env.pop(key, None)
     return env
