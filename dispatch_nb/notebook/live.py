@@ -89,7 +89,7 @@ _CSS = (
     "<style>"
     ".dnb-thinking{" + _TEXT_STYLE + _DIM + "}"
     ".dnb-live .widget-output,.dnb-live .dnb-md{margin:0;padding:0;}"
-    ".dnb-live .dnb-flow{display:block;overflow:visible;}"
+    ".dnb-live.dnb-flow,.dnb-live .dnb-flow{display:block;overflow:visible;}"
     ".dnb-live .dnb-md .jp-OutputArea{overflow:visible;}"
     ".dnb-live .dnb-md .jp-OutputArea-child{display:block;overflow:visible;margin:0;padding:0;}"
     ".dnb-live .dnb-md .jp-OutputArea-prompt{display:none;}"
@@ -406,7 +406,8 @@ class _MarkdownRun:
         column = self.column
         out = column._make(column.w.Output, layout=column.segment_layout)
         out.add_class("dnb-md")
-        if column.parts:  # not the top of the answer: its first heading keeps its whole margin
+        if column.parts or column.after_notes:  # not the top of the output: its first heading
+            # keeps its whole margin
             out.add_class("dnb-next")
         if block.continued and self.outputs:
             out.add_class("dnb-cont")
@@ -471,6 +472,8 @@ class _WidgetColumn:
         layout = {"width": width, "padding": "0 6px"} if width else {}
         self.box = self._make(widgets.VBox, children=children, layout=layout)
         self.parts: list[Any] = []
+        #: notes sit above the answer (its first block is not the top of the output)
+        self.after_notes = False
         self.parts_dirty = False
         self.runs: list[_Run | _MarkdownRun] = []
         self.current: _Run | _MarkdownRun | None = None
@@ -645,9 +648,15 @@ class WidgetView(LiveView):
             self._extra.append(row)
             children.append(row)
         else:
-            children.append(self.columns[0].box)
+            # one answer: its notes, blocks and status line flow like the final output's elements
+            column = self.columns[0]
+            column.box.add_class("dnb-flow")
+            column.after_notes = bool(self.notes)
+            children.append(column.box)
         self.root = widgets.VBox(children)
         self.root.add_class("dnb-live")
+        if not self.compare:
+            self.root.add_class("dnb-flow")
         self._extra.append(self.root)
         self.handle = ipy_display(self.root, display_id=True)
 

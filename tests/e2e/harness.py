@@ -408,7 +408,8 @@ _WATCH_JS = """
 #: In-page sampler of the *answer's visible text*: every ``interval`` ms, record (time, the text of
 #: the cell's rendered Markdown without footers, notes and math, cell still running, which
 #: rendered elements are on screen, the top of the answer's first heading within its cell, and the
-#: tag and top of every block of the answer — headings, paragraphs, lists, code, tables). Math is
+#: tag and top of every block of the answer — headings, paragraphs, lists, code, tables — and
+#: whether the live view's widgets are still on screen). Math is
 #: left out because it is typeset a moment after its block appears (raw ``$x^2$`` first).
 _ANSWER_SAMPLER_JS = """
 ([index, interval]) => {
@@ -458,8 +459,9 @@ _ANSWER_SAMPLER_JS = """
         blocks.push([el.tagName.toLowerCase(), el.getBoundingClientRect().top - cellTop]);
       }
     }
+    const widget = out ? out.querySelector('.dnb-live') !== null : false;
     window.__dnbAnswer.push([performance.now() - started, out ? answerText(out) : '', running,
-                             has, top, blocks]);
+                             has, top, blocks, widget]);
   }, interval);
 }
 """
@@ -477,6 +479,8 @@ class AnswerSample(NamedTuple):
     top: float | None
     #: ``(tag, top)`` of every block of the answer, in order (tops in px from the top of the cell)
     blocks: list[tuple[str, float]]
+    #: the live view (its widgets) is on screen, not yet the final output
+    live: bool
 
 
 class NotebookPage:
@@ -596,8 +600,8 @@ class NotebookPage:
         )
         return [
             AnswerSample(float(t), str(x), bool(r), dict(h), top,
-                         [(str(tag), float(y)) for tag, y in blocks])
-            for t, x, r, h, top, blocks in samples
+                         [(str(tag), float(y)) for tag, y in blocks], bool(widget))
+            for t, x, r, h, top, blocks, widget in samples
         ]
 
     def start_watching(self, index: int, pattern: str) -> None:

@@ -147,13 +147,16 @@ def test_streamed_answer_renders_markdown_while_it_streams(
     final_top = samples[-1].top
     assert tops and final_top is not None, (tops, final_top)
     assert abs(final_top - tops[-1]) <= 6, f"the answer moved when it completed: {tops[-1]} → {final_top}"
-    assert_blocks_stay(live[-1].blocks, samples[-1].blocks)
+    on_screen = [s for s in samples if s.live]  # the live view itself, not the final output yet
+    assert_blocks_stay(on_screen[-1].blocks, samples[-1].blocks)
 
 
-def assert_blocks_stay(live: list[tuple[str, float]], final: list[tuple[str, float]]) -> None:
+def assert_blocks_stay(
+    live: list[tuple[str, float]], final: list[tuple[str, float]], at_least: int = 8
+) -> None:
     """Every block the live view showed last (headings, paragraphs, lists, code, tables) is the
     same block at the same height in the final output: nothing below the first heading moves."""
-    assert len(live) >= 8, f"the live view showed too few blocks to compare: {live}"
+    assert len(live) >= at_least, f"the live view showed too few blocks to compare: {live}"
     assert [tag for tag, _ in final[: len(live)]] == [tag for tag, _ in live], (
         f"the final output's blocks are not the live view's:\nlive:  {live}\nfinal: {final}"
     )
@@ -169,20 +172,28 @@ def test_notes_stay_and_a_retry_is_one_quiet_line(
     open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
 ) -> None:
     """(6, 7) an interpolation note stays above the answer, in the final output and the saved
-    notebook; a 429 shows as one quiet status line while the cell waits, then as a note in the
-    footer — never as a red stderr box, and never saved."""
+    notebook, and neither it nor the answer below it moves when the answer completes; a 429 shows
+    as one quiet status line while the cell waits, then as a note in the footer — never as a red
+    stderr box, and never saved."""
     fake.push(
         Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "1.5"}),
-        Turn(text="The answer, after one retry.", chunk=4, delay=0.02),
+        Turn(text="# After a retry\n\nThe answer, after one retry.\n\n## Then\n\nMore text.",
+             chunk=4, delay=0.04),
     )
     nb = open_notebook([LOAD, "%%chat\nExplain {nope} please."])
     nb.run(0)
     nb.start_watching(1, r"retrying in \d+ s|retried once \([^)]*\)")
+    nb.start_answer_sampling(1, interval_ms=40)
     before = nb.start(1)
     wait_until(lambda: "retrying in" in nb.output_text(1), 30, 0.05, "the retry status line")
     nb.screenshot("retry-status", element=nb.cell(1))
     nb.wait_done(1, before, timeout=60)
+    nb.page.wait_for_timeout(300)
+    samples = nb.stop_answer_sampling()
     seen = nb.stop_watching()
+    live = [s for s in samples if s.live and "Then" in s.text]
+    assert live and not samples[-1].live, "the live view never showed the second heading"
+    assert_blocks_stay(live[-1].blocks, samples[-1].blocks, at_least=4)
     assert any(s.startswith("retrying in") for s in seen), seen
     text = nb.output_text(1)
     assert "The answer, after one retry." in text
