@@ -36,7 +36,8 @@ _MISSING = missing_requirements()
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark (or skip) the browser tests and run them last, in the order pytest grouped them by
     front end: the quick tests report first, and the servers and the browser (Playwright's own
-    event loop) never stay alive while other tests run."""
+    event loop) never stay alive while other tests run. (Under ``pytest -n`` they are one unit
+    that a worker runs first, alone, while the others run the rest: ``tests/parallel.py``.)"""
     here = Path(__file__).parent
     browser_tests: list[pytest.Item] = []
     others: list[pytest.Item] = []
