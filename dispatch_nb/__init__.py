@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "ToolDefinition": "types",
     "Usage": "types",
     "Response": "types",
+    "RetryEvent": "types",
     "StreamDelta": "types",
     "StreamEvent": "types",
     "ToolResultEvent": "types",
@@ -79,7 +80,7 @@ _EXPORTS: dict[str, str] = {
     "OpenAIAdapter": "providers.openai",
     "AnthropicAdapter": "providers.anthropic",
     "LocalAdapter": "providers.local",
-    "FakeAdapter": "providers.fake",
+    "FakeAdapter": "testing",
 }
 
 __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension", "__version__"])
@@ -132,7 +133,6 @@ if TYPE_CHECKING:
     )
     from .providers.anthropic import AnthropicAdapter
     from .providers.copilot import CopilotAdapter
-    from .providers.fake import FakeAdapter
     from .providers.local import LocalAdapter
     from .providers.openai import OpenAIAdapter
     from .registry import connect, get_provider, list_providers, register_provider
@@ -143,6 +143,7 @@ if TYPE_CHECKING:
         StructuredOutput,
         StructuredResponseStream,
     )
+    from .testing import FakeAdapter
     from .types import (
         Block,
         ErrorEvent,
@@ -152,6 +153,7 @@ if TYPE_CHECKING:
         ModelInfo,
         RedactedThinkingBlock,
         Response,
+        RetryEvent,
         StopReason,
         StreamDelta,
         StreamEvent,

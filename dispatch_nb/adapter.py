@@ -14,10 +14,6 @@ rest so every adapter behaves alike: argument normalization, the total ``timeout
 error, and one log line per request on the ``dispatch_nb`` logger. HTTP providers subclass
 :class:`~dispatch_nb.http_adapter.HTTPAdapter`, which implements the attempt from a wire format
 (:mod:`dispatch_nb.wire`); docs/providers.md lists every seam.
-
-The seams are public methods. Their former private names (``_stream_once``, ``_complete_once``,
-``_astream_once``, ``_acomplete_once``, ``_should_retry_now``, ``_open``, ``_aopen``) still work, to
-override and to call: a subclass that defines either name gets both (:data:`LEGACY_SEAMS`).
 """
 
 from __future__ import annotations
@@ -41,7 +37,15 @@ from .errors import (
     RequestError,
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
-from .types import Message, ModelInfo, Response, StreamDelta, ToolDefinition, as_messages
+from .types import (
+    Message,
+    ModelInfo,
+    Response,
+    RetryEvent,
+    StreamDelta,
+    ToolDefinition,
+    as_messages,
+)
 from .validation import check_entry
 
 if TYPE_CHECKING:
@@ -53,6 +57,14 @@ logger = logging.getLogger("dispatch_nb")
 
 #: options every adapter understands (providers add their own)
 COMMON_OPTIONS = frozenset({"tool_choice", "stop", "top_p", "extra_body", "extra_headers", "max_retries"})
+
+#: a retried error's class → how a :class:`RetryEvent` says it
+_RETRY_REASONS = {
+    "RateLimitError": "rate limited",
+    "ServerError": "the server failed",
+    "APIConnectionError": "the connection failed",
+    "APITimeoutError": "the request timed out",
+}
 
 RETRY_AFTER_CAP = 60.0
 BACKOFF_BASE = 0.5
@@ -152,18 +164,6 @@ def backoff_delay(
     return float(delay * (1 - 0.25 * random.random()))
 
 
-#: public seam → its former private name, kept as an alias (see :meth:`Adapter.__init_subclass__`)
-LEGACY_SEAMS: dict[str, str] = {
-    "stream_once": "_stream_once",
-    "complete_once": "_complete_once",
-    "astream_once": "_astream_once",
-    "acomplete_once": "_acomplete_once",
-    "should_retry_now": "_should_retry_now",
-    "open_stream": "_open",
-    "aopen_stream": "_aopen",
-}
-
-
 class Adapter:
     """Base class of every provider adapter. See the module docstring for the contract.
 
@@ -172,17 +172,6 @@ class Adapter:
     may override :meth:`output_mode` (how ``output=`` goes on the wire), :meth:`should_retry_now`
     (resend at once after an error), and a wrapper :meth:`open_stream` / :meth:`aopen_stream`.
     """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Keep each seam's public and former private name one method: a subclass that
-        overrides one of the two names overrides both (:data:`LEGACY_SEAMS`)."""
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__
-        for public, private in LEGACY_SEAMS.items():
-            if private in own and public not in own:
-                setattr(cls, public, own[private])
-            elif public in own and private not in own:
-                setattr(cls, private, own[public])
 
     #: extra ``**options`` this provider accepts besides :data:`COMMON_OPTIONS`
     provider_options: frozenset[str] = frozenset()
@@ -404,11 +393,13 @@ class Adapter:
             raise control.error() from exc
         delay = self._retry_decision(exc, acc, attempt, retries, control)
         if delay is not None:
-            self._log_retry(exc, attempt, delay)
             acc.reset()
         return delay
 
-    def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
+    def _retry_event(self, exc: DispatchError, attempt: int, delay: float) -> RetryEvent:
+        """The stream's :class:`RetryEvent` for retry ``attempt`` (0-based) after ``exc``; the
+        same retry is logged as a WARNING for loggers (marked ``dispatch_nb_event``: a front end
+        that shows the event need not show the line)."""
         logger.warning(
             "retrying %s %s after %s (attempt %d, waiting %.2fs)",
             self.provider_name,
@@ -417,7 +408,12 @@ class Adapter:
             + (f" [HTTP {exc.status_code}]" if exc.status_code else ""),
             attempt + 1,
             delay,
+            extra={"dispatch_nb_event": "retry"},
         )
+        reason = _RETRY_REASONS.get(type(exc).__name__, type(exc).__name__)
+        if exc.status_code:
+            reason += f", HTTP {exc.status_code}"
+        return RetryEvent(attempt=attempt + 1, wait=delay, reason=reason)
 
     def _log_request(
         self,
@@ -483,6 +479,7 @@ class Adapter:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)
                     if delay is None:
                         raise
+                    yield self._retry_event(exc, attempt, delay)
                     control.sleep(delay)
                     attempt += 1
         except BaseException as exc:
@@ -513,6 +510,7 @@ class Adapter:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)
                     if delay is None:
                         raise
+                    yield self._retry_event(exc, attempt, delay)
                     await control.asleep(delay)
                     attempt += 1
         except BaseException as exc:
@@ -722,14 +720,6 @@ class Adapter:
                         await result
             return deltas.response
 
-    # -- the seams' former names (LEGACY_SEAMS; subclasses get both names by __init_subclass__) --
-    _stream_once = stream_once
-    _complete_once = complete_once
-    _astream_once = astream_once
-    _acomplete_once = acomplete_once
-    _should_retry_now = should_retry_now
-    _open = open_stream
-    _aopen = aopen_stream
 
 #: deltas a worker thread may run ahead of an async consumer (see _thread_bridge)
 BRIDGE_BUFFER = 64
@@ -793,11 +783,6 @@ def _thread_bridge(
                 await asyncio.to_thread(thread.join, 5)
 
     return run()
-
-
-def is_connection_error(exc: BaseException) -> bool:
-    """Whether an httpx exception means the network failed (as opposed to a protocol error)."""
-    return isinstance(exc, (httpx.TransportError, OSError))
 
 
 def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:

@@ -158,7 +158,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         default_model="smollm2", default_max_tokens=512,
     ),
     ProviderDescriptor(
-        "fake", "dispatch_nb.providers.fake:FakeAdapter", display_name="Fake (canonical protocol)",
+        "fake", "dispatch_nb.providers.fake:CanonicalAdapter", display_name="Fake (canonical protocol)",
         default_model="echo", default_max_tokens=1024,
     ),
 )

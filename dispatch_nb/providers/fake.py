@@ -23,10 +23,10 @@ from ..structured import requested_mode, unsupported_mode
 from ..types import ModelInfo
 from ..wire.canonical import CANONICAL_OPTIONS, CanonicalWire
 
-__all__ = ["FakeAdapter"]
+__all__ = ["CanonicalAdapter"]
 
 
-class FakeAdapter(HTTPAdapter):
+class CanonicalAdapter(HTTPAdapter):
     """Talks to a server speaking the canonical protocol (see the module docstring)."""
 
     provider_options = CANONICAL_OPTIONS

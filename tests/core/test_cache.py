@@ -39,7 +39,7 @@ from dispatch_nb.cache import (
     resolve_cache_mode,
     scrub_secrets,
 )
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import Fail, ToolCall, Turn
@@ -71,14 +71,14 @@ def path(tmp_path: Path) -> Path:
 def cached(fake: CanonicalFake, path: Path, mode: str, **kw: Any) -> CachedAdapter:
     pace = kw.pop("pace", "instant")
     label = kw.pop("label", None)
-    inner = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, **kw)
+    inner = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0, **kw)
     return CachedAdapter(inner, ResponseCache(path, mode, pace=pace), label=label)
 
 
 def offline(url: str, path: Path, mode: str = "replay", **kw: Any) -> CachedAdapter:
     """A cached adapter whose model server is gone: any real request fails to connect."""
     pace = kw.pop("pace", "instant")
-    inner = FakeAdapter("echo", base_url=url, max_retries=0)
+    inner = CanonicalAdapter("echo", base_url=url, max_retries=0)
     return CachedAdapter(inner, ResponseCache(path, mode, pace=pace), **kw)
 
 
@@ -99,7 +99,7 @@ def test_replay_offline_gives_identical_response_and_deltas(fake: CanonicalFake,
     fake.close()  # from here on, the model is unreachable
 
     with pytest.raises(APIConnectionError) as info:
-        FakeAdapter("echo", base_url=url, max_retries=0).chat("Weather in Paris?")
+        CanonicalAdapter("echo", base_url=url, max_retries=0).chat("Weather in Paris?")
     assert info.value.code == "network_error"
 
     player = offline(url, path)

@@ -26,7 +26,7 @@ from dispatch_nb.batching.engine import (
     BatchSettings,
     auto_read_interval,
 )
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.transport import (
     PACE_EXTENSION,
     READ_EXTENSION,
@@ -143,7 +143,7 @@ def test_httpx_transport_is_not_paced(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- through an adapter ------------------------------------------------------------------------------
-def paced_answer(adapter: FakeAdapter, interval: float, prompt: str = "q") -> tuple[Response, int]:
+def paced_answer(adapter: CanonicalAdapter, interval: float, prompt: str = "q") -> tuple[Response, int]:
     """The streamed answer read at ``interval``, and how many bursts its deltas came in."""
 
     async def main() -> tuple[Response, int]:
@@ -158,7 +158,7 @@ def paced_answer(adapter: FakeAdapter, interval: float, prompt: str = "q") -> tu
 
 
 def test_a_paced_answer_is_whole_and_its_deltas_come_in_bursts(
-    fake: CanonicalFake, adapter: FakeAdapter, monkeypatch: pytest.MonkeyPatch
+    fake: CanonicalFake, adapter: CanonicalAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
     text = "".join(f"w{i:02d} " for i in range(25))
@@ -177,7 +177,7 @@ def test_a_paced_answer_is_whole_and_its_deltas_come_in_bursts(
 
 
 def test_a_paced_stream_cut_mid_way_keeps_its_partial_answer(
-    fake: CanonicalFake, adapter: FakeAdapter, monkeypatch: pytest.MonkeyPatch
+    fake: CanonicalFake, adapter: CanonicalAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
     fake.push(Turn(text="abcdefghijklmnopqrstuvwxyz", chunk=2, delay=EVENT_GAP, reset_after=8))
@@ -190,7 +190,7 @@ def test_a_paced_stream_cut_mid_way_keeps_its_partial_answer(
 
 
 def test_a_paced_stream_gives_its_connection_back(
-    fake: CanonicalFake, adapter: FakeAdapter, monkeypatch: pytest.MonkeyPatch
+    fake: CanonicalFake, adapter: CanonicalAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
     for i in range(3):
@@ -208,8 +208,8 @@ def test_a_paced_stream_gives_its_connection_back(
 
 
 # -- the batch ---------------------------------------------------------------------------------------
-class IntervalRecorder(FakeAdapter):
-    """A FakeAdapter that notes the read interval each call runs under."""
+class IntervalRecorder(CanonicalAdapter):
+    """A CanonicalAdapter that notes the read interval each call runs under."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -263,13 +263,13 @@ def test_the_automatic_interval_grows_with_concurrency_up_to_its_cap() -> None:
 def test_a_bad_interval_fails_the_batch_before_any_row_is_sent() -> None:
     with BatchFake() as fake:
         with pytest.raises(ValueError, match="read_interval must be a number of seconds"):
-            batch("row {row}", [1, 2], model=FakeAdapter("echo", base_url=fake.base_url),
+            batch("row {row}", [1, 2], model=CanonicalAdapter("echo", base_url=fake.base_url),
                   read_interval=-1, progress=False)
         assert sum(fake.asked.values()) == 0
 
 
 def test_a_stream_cancelled_while_paused_leaves_the_others_reading(
-    fake: CanonicalFake, adapter: FakeAdapter, monkeypatch: pytest.MonkeyPatch
+    fake: CanonicalFake, adapter: CanonicalAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
     text = "".join(f"c{i:02d} " for i in range(30))

@@ -17,7 +17,7 @@ from dispatch_nb import (
     list_providers,
     register_provider,
 )
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.registry import parse_model_spec
 
 DESIGN_NAMES = {
@@ -77,14 +77,14 @@ def test_register_get_list_and_connect(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def factory(model: str, **options: object) -> Adapter:
         made.append((model, options))
-        return FakeAdapter(model, base_url="http://127.0.0.1:9")
+        return CanonicalAdapter(model, base_url="http://127.0.0.1:9")
 
     register_provider("unit-test-provider", factory)
     try:
         assert "unit-test-provider" in list_providers()
         assert get_provider("unit-test-provider") is factory
         adapter = connect("unit-test-provider:m1", max_tokens=5)
-        assert isinstance(adapter, FakeAdapter) and made == [("m1", {"max_tokens": 5})]
+        assert isinstance(adapter, CanonicalAdapter) and made == [("m1", {"max_tokens": 5})]
         with pytest.raises(ValueError, match="already registered"):
             register_provider("unit-test-provider", factory)
         register_provider("unit-test-provider", factory, replace=True)
@@ -115,7 +115,7 @@ def test_base_adapter_defaults() -> None:
 
 
 def test_bad_arguments_are_clear() -> None:
-    adapter = FakeAdapter("echo", base_url="http://127.0.0.1:9")
+    adapter = CanonicalAdapter("echo", base_url="http://127.0.0.1:9")
     with pytest.raises(TypeError, match=r"does not understand option.*bogus"):
         adapter.chat("hi", bogus=1)
     with pytest.raises(ValueError, match="temperature"):

@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from dispatch_nb import APIConnectionError
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.transport import (
     READ_EXTENSION,
     TRANSPORT_ENV,
@@ -62,7 +62,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return str(request.param)
 
 
-def answer(adapter: FakeAdapter, mode: str, prompt: str = "hello") -> str:
+def answer(adapter: CanonicalAdapter, mode: str, prompt: str = "hello") -> str:
     """The streamed answer's text, through the sync or the async API."""
     if mode == "sync":
         with adapter.stream(prompt) as stream:
@@ -89,10 +89,10 @@ def run_python(code: str, **env: str) -> str:
 CALL_AND_REPORT = """
     import sys
     {prelude}
-    from dispatch_nb.providers.fake import FakeAdapter
+    from dispatch_nb.providers.fake import CanonicalAdapter
     from tests.fakes.canonical import CanonicalFake
     with CanonicalFake() as fake:
-        adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
         text = adapter.chat("hi", stream=True).text
         adapter.close()
     from dispatch_nb.transport import transport_name
@@ -139,7 +139,7 @@ def test_without_aiohttp_calls_use_httpx() -> None:
 def test_an_unknown_transport_is_a_clear_error(fake: CanonicalFake,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TRANSPORT_ENV, "curl")
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     with pytest.raises(ValueError, match=r"DISPATCH_NB_TRANSPORT must be 'aiohttp' or 'httpx', "
                                          r"not 'curl'"):
         adapter.chat("hi")
@@ -178,7 +178,7 @@ def test_requests_go_through_the_proxy_from_the_environment(
     # The fake serves absolute-form requests as a forward proxy would after forwarding them: the
     # answer can only come back through it (the host below does not resolve).
     monkeypatch.setenv("HTTP_PROXY", fake.base_url)
-    adapter = FakeAdapter("echo", base_url="http://llm.invalid", max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url="http://llm.invalid", max_retries=0)
     assert answer(adapter, mode) == "echo: hello"
     assert fake.chat_requests[-1].header("host") == "llm.invalid"
     adapter.close()
@@ -193,11 +193,11 @@ def test_no_proxy_hosts_are_reached_directly(
         dead = closed.getsockname()[1]  # nothing listens here once closed
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead}")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     assert answer(adapter, mode) == "echo: hello"
     adapter.close()
     monkeypatch.delenv("NO_PROXY")  # and without the exception, the dead proxy is used
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     with pytest.raises(APIConnectionError) as info:
         answer(adapter, mode)
     assert info.value.code == "network_error"
@@ -229,12 +229,12 @@ def test_tls_is_verified_against_ssl_cert_file(
     fake, ca_pem = tls_fake
     base_url = f"https://127.0.0.1:{fake.server.port}"
     monkeypatch.setenv("SSL_CERT_FILE", str(ca_pem))
-    adapter = FakeAdapter("echo", base_url=base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=base_url, max_retries=0)
     assert answer(adapter, mode) == "echo: hello"
     adapter.close()
     monkeypatch.delenv("SSL_CERT_FILE")
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
-    untrusting = FakeAdapter("echo", base_url=base_url, max_retries=0)
+    untrusting = CanonicalAdapter("echo", base_url=base_url, max_retries=0)
     with pytest.raises(APIConnectionError, match=r"(?i)certificate") as info:
         answer(untrusting, mode)
     assert info.value.code == "network_error"
@@ -254,7 +254,7 @@ def test_a_paced_stream_over_tls_arrives_whole_in_bursts(
     monkeypatch.setenv("SSL_CERT_FILE", str(ca_pem))
     text = "".join(f"t{i:02d} " for i in range(25))
     fake.push(Turn(text=text, chunk=4, delay=0.02))
-    adapter = FakeAdapter("echo", base_url=f"https://127.0.0.1:{fake.server.port}", max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=f"https://127.0.0.1:{fake.server.port}", max_retries=0)
 
     async def main() -> tuple[str, list[float]]:
         loop = asyncio.get_running_loop()
@@ -288,7 +288,7 @@ def test_the_tls_context_is_made_once_per_ca_setting(tmp_path: Path,
 def test_one_pool_per_event_loop_closed_when_the_loop_ends(
     transport: str, fake: CanonicalFake, caplog: pytest.LogCaptureFixture
 ) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
 
     async def two_calls(tag: str) -> int:
         first = await adapter.achat(f"{tag} 1", stream=True)
@@ -308,7 +308,7 @@ def test_one_pool_per_event_loop_closed_when_the_loop_ends(
 def test_aclose_closes_this_loops_pool_and_the_adapter_stays_usable(
     transport: str, fake: CanonicalFake
 ) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
 
     async def main() -> str:
         await adapter.achat("one")
@@ -320,7 +320,7 @@ def test_aclose_closes_this_loops_pool_and_the_adapter_stays_usable(
 
 
 def test_sync_pool_is_reused_and_closed(transport: str, fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     assert [adapter.chat(p, stream=s).text for p, s in [("x", True), ("y", False)]] == [
         "echo: x", "echo: y"]
     assert fake.server.open_connections == 1
@@ -332,7 +332,7 @@ def test_sync_pool_is_reused_and_closed(transport: str, fake: CanonicalFake) -> 
 
 def test_a_forgotten_sync_adapter_releases_its_connections(transport: str,
                                                            fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     assert adapter.chat("x").text == "echo: x"
     del adapter
     gc.collect()
@@ -348,7 +348,7 @@ def test_a_forgotten_async_adapter_on_a_living_loop_closes_its_pool_on_that_loop
     loop = asyncio.new_event_loop()
     try:
         with caplog.at_level(logging.ERROR):
-            adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+            adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
             assert loop.run_until_complete(adapter.achat("x", stream=True)).text == "echo: x"
             assert fake.server.open_connections == 1
             del adapter
@@ -434,7 +434,7 @@ def test_a_long_stream_arrives_whole_and_in_order(transport: str) -> None:
     done = b'data: {"type": "done", "stop_reason": "end_turn"}\n\n'
     reply = Reply.sse([b"".join(pieces[i : i + 7]) for i in range(0, len(pieces), 7)] + [done])
     with LoopbackServer(lambda request: reply) as server:
-        adapter = FakeAdapter("echo", base_url=server.url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=server.url, max_retries=0)
         text = answer(adapter, "sync")
         assert text == "".join(f"{i:06d}" for i in range(20_000))
         assert answer(adapter, "async") == text
@@ -457,10 +457,10 @@ def test_a_request_body_is_sent_whole(transport: str) -> None:
 def test_a_forked_child_makes_its_own_http_thread() -> None:
     out = run_python("""
         import os
-        from dispatch_nb.providers.fake import FakeAdapter
+        from dispatch_nb.providers.fake import CanonicalAdapter
         from tests.fakes.canonical import CanonicalFake
         with CanonicalFake() as fake:
-            adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=20)
+            adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=20)
             print(adapter.chat("parent").text, flush=True)
             pid = os.fork()  # the parent's HTTP thread does not exist in the child
             if pid == 0:
