@@ -7,13 +7,16 @@ Every adapter offers the same four entry points with the same keywords::
     adapter.stream(messages, **same) -> ResponseStream          # iterate for StreamDelta
     await adapter.achat(...) / adapter.astream(...)             # the async twins
 
-A subclass supplies one attempt of a call (:meth:`Adapter.stream_once` / :meth:`Adapter.complete_once`
-and their async twins) that drives an :class:`~dispatch_nb.stream.Accumulator`. The base adds the
-rest so every adapter behaves alike: argument normalization, the total ``timeout`` deadline,
-``cancel`` tokens, retries with backoff (never after output reached the caller), ``partial`` on every
-error, and one log line per request on the ``dispatch_nb`` logger. HTTP providers subclass
-:class:`~dispatch_nb.http_adapter.HTTPAdapter`, which implements the attempt from a wire format
-(:mod:`dispatch_nb.wire`); docs/providers.md lists every seam.
+A subclass supplies one attempt of a call, async (:meth:`Adapter.astream_once`, optionally
+:meth:`Adapter.acomplete_once`; a provider whose work blocks gives :meth:`Adapter.stream_once`
+instead, run on a worker thread), that drives an :class:`~dispatch_nb.stream.Accumulator`. The
+call itself is one coroutine; the sync entry points run it on the library's event-loop thread
+(:mod:`dispatch_nb.bridge`). The base adds the rest so every adapter behaves alike: argument
+normalization, the total ``timeout`` deadline, ``cancel`` tokens, retries with backoff (never
+after output reached the caller; each one a :class:`~dispatch_nb.types.RetryEvent` of the stream),
+``partial`` on every error, and one log line per request on the ``dispatch_nb`` logger. HTTP
+providers subclass :class:`~dispatch_nb.http_adapter.HTTPAdapter`, which implements the attempt
+from a wire format (:mod:`dispatch_nb.wire`); docs/providers.md lists every seam.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from .bridge import SyncIterator
 from .call_control import CallControl
 from .cancel import CancelToken
 from .errors import (
@@ -167,8 +171,8 @@ def backoff_delay(
 class Adapter:
     """Base class of every provider adapter. See the module docstring for the contract.
 
-    Subclasses must supply :attr:`model_name` and one attempt of a call: :meth:`stream_once`
-    (and optionally :meth:`complete_once`, :meth:`astream_once`, :meth:`acomplete_once`). They
+    Subclasses must supply :attr:`model_name` and one attempt of a call: :meth:`astream_once`
+    (and optionally :meth:`acomplete_once`), or :meth:`stream_once` when it blocks. They
     may override :meth:`output_mode` (how ``output=`` goes on the wire), :meth:`should_retry_now`
     (resend at once after an error), and a wrapper :meth:`open_stream` / :meth:`aopen_stream`.
     """
@@ -269,31 +273,34 @@ class Adapter:
         return f"{type(self).__name__}(model={model!r})"
 
     # -- what subclasses supply ---------------------------------------------------------------
+    async def astream_once(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> AsyncIterator[StreamDelta]:
+        """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure.
+        The one implementation of a call: sync calls run it on the library's event-loop thread.
+
+        ``control`` is the call's deadline and cancel token: a cancel or the deadline cancels
+        the task (the attempt sees ``CancelledError``; ``control.error()`` says why). The base
+        retries a failed attempt (with ``acc`` reset) while nothing reached the caller. The
+        default runs :meth:`stream_once` (a blocking provider's attempt) on a worker thread."""
+        async for delta in _thread_bridge(lambda: self.stream_once(request, acc, control),
+                                          control):
+            yield delta
+
     def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
-        """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure.
-
-        ``control`` is the call's deadline and cancel token: check it (``control.check()``) where
-        waiting may block, and register an abort hook (``control.on_abort``) that unblocks I/O.
-        The base retries a failed attempt (with ``acc`` reset) while nothing reached the caller."""
-        raise NotImplementedError(f"{type(self).__name__} must implement stream_once")
-
-    def complete_once(self, request: ChatRequest, acc: Accumulator, control: CallControl) -> None:
-        """One non-streaming attempt; the default consumes a streaming attempt silently."""
-        for _ in self.stream_once(request, acc, control):
-            pass
-
-    def astream_once(
-        self, request: ChatRequest, acc: Accumulator, control: CallControl
-    ) -> AsyncIterator[StreamDelta]:
-        """The async attempt; the default runs :meth:`stream_once` on a worker thread."""
-        return _thread_bridge(lambda: self.stream_once(request, acc, control), control)
+        """One attempt of a provider whose work blocks (an in-process model): run on a worker
+        thread by the default :meth:`astream_once`. Check ``control`` (``control.check()``)
+        between steps: that is how a cancel or the deadline reaches it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement astream_once (or stream_once, if it blocks)"
+        )
 
     async def acomplete_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> None:
-        """The async non-streaming attempt; the default consumes :meth:`astream_once`."""
+        """One non-streaming attempt; the default consumes :meth:`astream_once` silently."""
         async for _ in self.astream_once(request, acc, control):
             pass
 
@@ -370,11 +377,12 @@ class Adapter:
     def _retry_decision(
         self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
     ) -> float | None:
-        """Seconds to wait before retrying, or None to give up and raise."""
+        """Seconds to wait before retrying, or None to give up and raise (``-1.0``: resend at
+        once, outside the retry budget: :meth:`should_retry_now`)."""
         if acc.started or control.reason is not None:
             return None
         if self.should_retry_now(exc):
-            return 0.0
+            return -1.0
         if attempt >= retries or not exc.retryable or exc.code == "quota_exceeded":
             return None
         delay = backoff_delay(attempt, exc.retry_after, self.retry_backoff)
@@ -393,13 +401,13 @@ class Adapter:
             raise control.error() from exc
         delay = self._retry_decision(exc, acc, attempt, retries, control)
         if delay is not None:
+            self._log_retry(exc, attempt, max(delay, 0.0))
             acc.reset()
         return delay
 
-    def _retry_event(self, exc: DispatchError, attempt: int, delay: float) -> RetryEvent:
-        """The stream's :class:`RetryEvent` for retry ``attempt`` (0-based) after ``exc``; the
-        same retry is logged as a WARNING for loggers (marked ``dispatch_nb_event``: a front end
-        that shows the event need not show the line)."""
+    def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
+        """The WARNING line of a retry or resend, for loggers (marked ``dispatch_nb_event``: a
+        front end that shows the stream's :class:`RetryEvent` need not show the line)."""
         logger.warning(
             "retrying %s %s after %s (attempt %d, waiting %.2fs)",
             self.provider_name,
@@ -410,6 +418,10 @@ class Adapter:
             delay,
             extra={"dispatch_nb_event": "retry"},
         )
+
+    @staticmethod
+    def _retry_event(exc: DispatchError, attempt: int, delay: float) -> RetryEvent:
+        """The stream's :class:`RetryEvent` for retry ``attempt`` (0-based) after ``exc``."""
         reason = _RETRY_REASONS.get(type(exc).__name__, type(exc).__name__)
         if exc.status_code:
             reason += f", HTTP {exc.status_code}"
@@ -459,36 +471,6 @@ class Adapter:
         value = request.options.get("max_retries")
         return self.max_retries if value is None else int(value)
 
-    def _deltas(
-        self, request: ChatRequest, acc: Accumulator, control: CallControl
-    ) -> Iterator[StreamDelta]:
-        retries = self._retries(request)
-        attempt = 0
-        error: BaseException | None = None
-        control.start()
-        try:
-            while True:
-                control.check()
-                try:
-                    if request.stream:
-                        yield from self.stream_once(request, acc, control)
-                    else:
-                        self.complete_once(request, acc, control)
-                    return
-                except DispatchError as exc:
-                    delay = self._next_attempt(exc, acc, attempt, retries, control)
-                    if delay is None:
-                        raise
-                    yield self._retry_event(exc, attempt, delay)
-                    control.sleep(delay)
-                    attempt += 1
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            control.stop()
-            self._log_request(request, acc, control, attempt, error)
-
     async def _adeltas(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
@@ -510,8 +492,9 @@ class Adapter:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)
                     if delay is None:
                         raise
-                    yield self._retry_event(exc, attempt, delay)
-                    await control.asleep(delay)
+                    if delay >= 0:  # a retry, not a resend that works around a quirk
+                        yield self._retry_event(exc, attempt, delay)
+                        await control.asleep(delay)
                     attempt += 1
         except BaseException as exc:
             error = exc
@@ -525,13 +508,14 @@ class Adapter:
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
     ) -> ResponseStream:
         """One normalized call as the :class:`ResponseStream` that :meth:`stream` returns and
-        :meth:`chat` drains (a call with ``request.stream`` false produces no deltas). The seam
-        a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`), with its async twin
-        :meth:`aopen_stream`."""
+        :meth:`chat` drains (a call with ``request.stream`` false produces no deltas but its
+        retries). The seam a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`),
+        with its async twin :meth:`aopen_stream`: the same coroutine, run on the library's
+        event-loop thread (:class:`~dispatch_nb.bridge.SyncIterator`)."""
         request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)
-        return ResponseStream(self._deltas(request, acc, control), acc)
+        return ResponseStream(SyncIterator(lambda: self._adeltas(request, acc, control)), acc)
 
     def aopen_stream(
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None

@@ -169,7 +169,6 @@ class FakeAdapter(CanonicalAdapter):
         super().__init__(
             model,
             base_url=FAKE_BASE_URL,
-            http_client=httpx.Client(transport=transport),
             async_http_client=httpx.AsyncClient(transport=transport),
             **options,
         )

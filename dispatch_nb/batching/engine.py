@@ -31,7 +31,6 @@ from ..errors import (
     RateLimitError,
     RequestCancelled,
 )
-from ..transport import check_read_interval, read_interval
 from ..types import Message, Response, Usage
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
@@ -43,22 +42,6 @@ __all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "prepare_row
 log = logging.getLogger("dispatch_nb")
 
 DEFAULT_MAX_RETRIES = 6
-#: from this concurrency up, a batch reads each row's stream in bursts by default
-#: (:func:`~dispatch_nb.transport.read_interval`)...
-PACED_CONCURRENCY = 64
-#: ...at an interval that keeps its reads to about this many a second (0.2 s at concurrency 256)...
-PACED_READS_PER_SECOND = 1280
-#: ...but never longer than this (a row ends at most this much later)
-PACED_MAX_INTERVAL = 0.25
-
-
-def auto_read_interval(concurrency: int) -> float:
-    """The read interval of a batch at ``concurrency`` when none is given."""
-    if concurrency < PACED_CONCURRENCY:
-        return 0.0
-    return min(PACED_MAX_INTERVAL, concurrency / PACED_READS_PER_SECOND)
-
-
 @dataclass
 class BatchSettings:
     """How rows are run (the same locally and on every Dask worker)."""
@@ -67,8 +50,6 @@ class BatchSettings:
     max_retries: int = DEFAULT_MAX_RETRIES
     timeout: float | None = None
     retry_backoff: float = BACKOFF_BASE
-    #: seconds between reads of each row's stream (``None``: :func:`auto_read_interval`)
-    read_interval: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
@@ -77,15 +58,6 @@ class BatchSettings:
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, not {self.timeout!r}")
         AdaptiveLimiter(self.concurrency)  # validates concurrency
-        if self.read_interval is not None:
-            self.read_interval = check_read_interval(self.read_interval)
-
-    @property
-    def pace(self) -> float:
-        """The read interval rows run with (see :func:`~dispatch_nb.transport.read_interval`)."""
-        if self.read_interval is not None:
-            return float(self.read_interval)
-        return auto_read_interval(self.concurrency)
 
 
 @dataclass
@@ -268,34 +240,33 @@ class RowRunner:
 
         remove = self.cancel.add_callback(on_cancel)
         tasks: set[asyncio.Task[None]] = set()
-        with read_interval(self.settings.pace):  # the rows' tasks start in its context
-            try:
-                for pending in rows:
-                    if stopped.is_set():
-                        self._not_run(pending)
-                        break  # rows not read yet stay unread (the caller marks them not run)
-                    try:
-                        epoch = await self.limiter.acquire()
-                    except RequestCancelled:
-                        self._not_run(pending)
-                        break
-                    task = loop.create_task(self._row(pending, epoch))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if tasks:
-                    await asyncio.gather(*tasks)
-            except BaseException:
-                # Task cancelled (abatch's caller) or the row source failed: stop the rows in flight,
-                # let them end (their finished answers are kept), then raise.
-                self.cancel.cancel("the batch was stopped")
-                self._stop()
-                if tasks:
-                    await asyncio.wait(tasks, timeout=5.0)
-                raise
-            finally:
-                remove()
-                self.stats.concurrency = self.limiter.limit
-                self.result.lowest_concurrency = self.limiter.lowest
+        try:
+            for pending in rows:
+                if stopped.is_set():
+                    self._not_run(pending)
+                    break  # rows not read yet stay unread (the caller marks them not run)
+                try:
+                    epoch = await self.limiter.acquire()
+                except RequestCancelled:
+                    self._not_run(pending)
+                    break
+                task = loop.create_task(self._row(pending, epoch))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        except BaseException:
+            # Task cancelled (abatch's caller) or the row source failed: stop the rows in flight,
+            # let them end (their finished answers are kept), then raise.
+            self.cancel.cancel("the batch was stopped")
+            self._stop()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5.0)
+            raise
+        finally:
+            remove()
+            self.stats.concurrency = self.limiter.limit
+            self.result.lowest_concurrency = self.limiter.lowest
 
     def _stop(self) -> None:
         if self._stopped is not None:

@@ -55,7 +55,6 @@ def make_plan(
     cache: ResponseCache | str | os.PathLike[str] | None,
     options: dict[str, Any],
     namespace: Mapping[str, Any] | None = None,
-    read_interval: float | None = None,
 ) -> BatchPlan:
     """Check the arguments of :func:`batch` and bundle them."""
     check_template(template)
@@ -86,8 +85,7 @@ def make_plan(
         source=RowSource(rows, namespace),
         model=model,
         call=RowCall(system=system, tools=list(tools or []), options=options),
-        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                               read_interval=read_interval),
+        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
         checkpoint=os.fspath(checkpoint) if checkpoint is not None else None,
         cache=cache,
     )

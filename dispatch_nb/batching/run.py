@@ -126,7 +126,6 @@ def batch(
     namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
-    read_interval: float | None = None,
     **options: Any,
 ) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
@@ -149,8 +148,6 @@ def batch(
     ``partition_size`` rows. ``progress``: ``None`` (auto), ``True`` or ``False``. ``cancel``: a
     :class:`~dispatch_nb.cancel.CancelToken` that stops the batch (finished rows are kept).
     ``namespace``: names the template may use besides each row's (a notebook's variables).
-    ``read_interval``: seconds between reads of each row's streamed answer (see
-    :func:`~dispatch_nb.transport.read_interval`); a row then ends at most that much later.
     ``None`` (auto): 0 — every event as it arrives — below ``concurrency`` 64; from 64 up,
     ``concurrency / 1280`` s, at most 0.25 s (0.2 s at 256), which keeps the batch to about
     1,280 reads a second: hundreds of streams read event by event would take most of a core.
@@ -161,7 +158,6 @@ def batch(
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
                      checkpoint=checkpoint, cache=cache, namespace=namespace,
-                     read_interval=read_interval,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
     job = _Job(plan, cancel, progress)
@@ -217,7 +213,6 @@ async def abatch(
     namespace: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
-    read_interval: float | None = None,
     **options: Any,
 ) -> BatchResult:
     """The async twin of :func:`batch`, on the running event loop. Cancelling the awaiting task
@@ -225,7 +220,6 @@ async def abatch(
     plan = make_plan(template, rows, model=model, system=system, tools=tools,
                      concurrency=concurrency, max_retries=max_retries, timeout=timeout,
                      checkpoint=checkpoint, cache=cache, namespace=namespace,
-                     read_interval=read_interval,
                      options={"max_tokens": max_tokens, "temperature": temperature,
                               "output": output, **options})
     job = _Job(plan, cancel, progress)

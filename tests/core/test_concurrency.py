@@ -106,13 +106,14 @@ def test_a_slow_consumer_slows_the_server() -> None:
     piece = sse({"type": "text", "text": "x" * 4000})
     chunks = CountingChunks([piece * 16] * 640 + [DONE])  # ~41 MB, 10,240 deltas
     # A fixed receive buffer: loopback sockets otherwise grow theirs to tens of MB.
-    small_buffer = httpx.HTTPTransport(
+    small_buffer = httpx.AsyncHTTPTransport(
         socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)]
     )
     reply = Reply(headers={"content-type": "text/event-stream"}, chunks=chunks)
-    with LoopbackServer(lambda request: reply) as server, \
-            httpx.Client(transport=small_buffer) as client:
-        adapter = CanonicalAdapter("echo", base_url=server.url, max_retries=0, http_client=client)
+    with LoopbackServer(lambda request: reply) as server:
+        client = httpx.AsyncClient(transport=small_buffer)
+        adapter = CanonicalAdapter("echo", base_url=server.url, max_retries=0,
+                                   async_http_client=client)
         session = Session(adapter)
         with session.stream("go") as events:
             next(events)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import gzip
-import itertools
 import json
 import logging
 import os
@@ -34,11 +33,8 @@ from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.transport import (
     READ_EXTENSION,
     TRANSPORT_ENV,
-    AbortableHTTPTransport,
-    ThreadedTransport,
+    AiohttpTransport,
     async_client,
-    environment_proxies,
-    sync_client,
     transport_name,
 )
 
@@ -147,30 +143,13 @@ def test_an_unknown_transport_is_a_clear_error(fake: CanonicalFake,
 
 def test_clients_use_the_chosen_transport(transport: str) -> None:
     assert transport_name() == transport
-    with sync_client(httpx.Timeout(5)) as client:
-        used = client._transport  # httpx keeps no public handle on it
-        assert isinstance(used, ThreadedTransport if transport == "aiohttp"
-                          else AbortableHTTPTransport)
+    client = async_client(httpx.Timeout(5))
+    used = client._transport  # httpx keeps no public handle on it
+    assert isinstance(used, AiohttpTransport if transport == "aiohttp"
+                      else httpx.AsyncHTTPTransport)
 
 
 # -- proxies -------------------------------------------------------------------------------------
-def test_environment_proxies_follow_httpx_rules(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HTTPS_PROXY", "proxy.corp:3128")
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.corp:3128")
-    monkeypatch.setenv("NO_PROXY", "localhost, 10.0.0.1,::1,.internal.corp,example.com")
-    assert environment_proxies() == {
-        "http://": "http://proxy.corp:3128",
-        "https://": "http://proxy.corp:3128",
-        "all://localhost": None,
-        "all://10.0.0.1": None,
-        "all://[::1]": None,
-        "all://*.internal.corp": None,
-        "all://*example.com": None,
-    }
-    monkeypatch.setenv("NO_PROXY", "*")
-    assert environment_proxies() == {}
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_requests_go_through_the_proxy_from_the_environment(
     transport: str, mode: str, fake: CanonicalFake, monkeypatch: pytest.MonkeyPatch
@@ -239,36 +218,6 @@ def test_tls_is_verified_against_ssl_cert_file(
         answer(untrusting, mode)
     assert info.value.code == "network_error"
     untrusting.close()
-
-
-def test_a_paced_stream_over_tls_arrives_whole_in_bursts(
-    tls_fake: tuple[CanonicalFake, Path], monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Over TLS the paused transport is asyncio's SSL transport: pausing stops its deliveries.
-    from dispatch_nb.transport import read_interval
-
-    from ..fakes.provider import Turn
-
-    fake, ca_pem = tls_fake
-    monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
-    monkeypatch.setenv("SSL_CERT_FILE", str(ca_pem))
-    text = "".join(f"t{i:02d} " for i in range(25))
-    fake.push(Turn(text=text, chunk=4, delay=0.02))
-    adapter = CanonicalAdapter("echo", base_url=f"https://127.0.0.1:{fake.server.port}", max_retries=0)
-
-    async def main() -> tuple[str, list[float]]:
-        loop = asyncio.get_running_loop()
-        times: list[float] = []
-        with read_interval(0.2):
-            response = await adapter.achat("q", stream=True,
-                                           on_delta=lambda d: times.append(loop.time()))
-        return response.text, times
-
-    got, times = asyncio.run(main())
-    adapter.close()
-    assert got == text
-    bursts = 1 + sum(1 for a, b in itertools.pairwise(times) if b - a > 0.01)
-    assert bursts <= 6, f"{bursts} bursts of deltas at a 0.2 s read interval"
 
 
 def test_the_tls_context_is_made_once_per_ca_setting(tmp_path: Path,
@@ -379,10 +328,6 @@ def test_content_encoding_is_left_to_httpx(transport: str, encoding: str) -> Non
     chunks = compressed(encoding)
     reply = Reply.sse(chunks, headers={"content-encoding": encoding})
     with LoopbackServer(lambda request: reply) as server:
-        with sync_client(httpx.Timeout(5)) as client, client.stream("GET", server.url) as r:
-            assert b"".join(r.iter_bytes()) == b"".join(EVENTS)
-        with sync_client(httpx.Timeout(5)) as client, client.stream("GET", server.url) as r:
-            assert b"".join(r.iter_raw()) == b"".join(chunks)  # raw: as sent
 
         async def main() -> tuple[bytes, bytes]:
             async with async_client(httpx.Timeout(5)) as client:
@@ -427,7 +372,7 @@ def test_an_aiohttp_body_reads_directly_as_aiter_raw_would(monkeypatch: pytest.M
     assert got[2] == got[3] == "RemoteProtocolError"
 
 
-# -- the threaded transport's hand-over ----------------------------------------------------------
+# -- sync calls over the event-loop thread --------------------------------------------------------
 def test_a_long_stream_arrives_whole_and_in_order(transport: str) -> None:
     pieces = [f"data: {json.dumps({'type': 'text', 'text': f'{i:06d}'})}\n\n".encode()
               for i in range(20_000)]
@@ -449,8 +394,13 @@ def test_a_request_body_is_sent_whole(transport: str) -> None:
         return Reply.json({"ok": True})
 
     payload = {"text": "é" * 100_000}
-    with LoopbackServer(handler) as server, sync_client(httpx.Timeout(5)) as client:
-        assert client.post(server.url, json=payload).json() == {"ok": True}
+
+    async def main(url: str) -> Any:
+        async with async_client(httpx.Timeout(5)) as client:
+            return (await client.post(url, json=payload)).json()
+
+    with LoopbackServer(handler) as server:
+        assert asyncio.run(main(server.url)) == {"ok": True}
     assert seen == [payload]
 
 
@@ -472,82 +422,3 @@ def test_a_forked_child_makes_its_own_http_thread() -> None:
             adapter.close()
     """)
     assert out.splitlines() == ["echo: parent", "echo: child"]
-
-
-# -- httpx's own sync transport, abortable -------------------------------------------------------
-def test_abortable_transport_is_a_plain_transport_on_httpcores_pool(fake: CanonicalFake) -> None:
-    """``AbortableHTTPTransport`` is an ``httpx.BaseTransport`` over httpcore's public connection
-    pool (its network backend given through the pool's constructor): an abort through
-    ``ABORT_EXTENSION`` stops a request waiting for its headers on a reused keep-alive
-    connection at once, and httpcore's errors come out as httpx's."""
-    import threading
-    import time
-
-    import httpcore
-
-    from dispatch_nb.transport import ABORT_EXTENSION
-
-    from ..fakes.provider import Stall
-
-    transport = AbortableHTTPTransport(limits=httpx.Limits(max_connections=3))
-    assert isinstance(transport, httpx.BaseTransport)
-    assert isinstance(transport.pool, httpcore.ConnectionPool)
-    with httpx.Client(transport=transport, base_url=fake.base_url) as client:
-        assert client.get("/models").status_code == 200
-        assert fake.server.open_connections == 1  # kept alive in the pool
-        fake.push(Stall(3.0))
-        hooks: list[Any] = []
-
-        def register(hook: Any) -> Any:
-            hooks.append(hook)
-            return lambda: hooks.remove(hook) if hook in hooks else None
-
-        aborted_at: list[float] = []
-
-        def abort() -> None:
-            aborted_at.append(time.monotonic())
-            for hook in list(hooks):
-                hook()
-
-        timer = threading.Timer(0.3, abort)
-        timer.start()
-        with pytest.raises(httpx.TransportError):
-            client.post("/chat", json={"model": "echo", "messages": []},
-                        extensions={ABORT_EXTENSION: register})
-        timer.join()
-        assert time.monotonic() - aborted_at[0] < 0.5  # not the 3 s stall
-        assert hooks == []  # the request's hooks were removed with it
-        assert client.get("/models").status_code == 200  # the pool goes on
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        dead = closed.getsockname()[1]
-    with httpx.Client(transport=AbortableHTTPTransport()) as client, \
-            pytest.raises(httpx.ConnectError):
-        client.get(f"http://127.0.0.1:{dead}/")
-
-
-
-def test_a_closed_threaded_transport_is_closed_once() -> None:
-    # Closing a sync client closes its async transport on the loop thread and waits; nothing is
-    # left for the garbage collector (or the interpreter's exit, which stops the loop thread) to
-    # close again: that second close, merely scheduled, was destroyed pending at exit ("Task was
-    # destroyed but it is pending!" after a script that closed its adapter).
-    import time
-
-    closes: list[float] = []
-
-    class Inner(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            return httpx.Response(200, text="ok")
-
-        async def aclose(self) -> None:
-            closes.append(time.monotonic())
-
-    transport = ThreadedTransport(Inner)
-    with httpx.Client(transport=transport) as client:
-        assert client.get("http://inner.invalid/").text == "ok"
-    assert len(closes) == 1
-    del client, transport
-    gc.collect()
-    time.sleep(0.2)  # a close scheduled on the loop thread would have run by now
-    assert len(closes) == 1

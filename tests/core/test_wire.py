@@ -172,7 +172,7 @@ class SaysOneFormatSpeaksAnother(HTTPAdapter):
 
     def __init__(self, handler: CanonicalHandler) -> None:
         transport = httpx.MockTransport(handler)
-        super().__init__(base_url="http://wire.test", http_client=httpx.Client(transport=transport),
+        super().__init__(base_url="http://wire.test",
                          async_http_client=httpx.AsyncClient(transport=transport))
 
     @property
