@@ -730,8 +730,9 @@ def _thread_bridge(
                 stop.set()
 
         def worker() -> None:
-            items = make()
+            items: Iterator[StreamDelta] | None = None
             try:
+                items = make()  # an attempt that fails at once raises here
                 for item in items:
                     while not credit.acquire(timeout=0.1):
                         if stop.is_set():
@@ -749,6 +750,7 @@ def _thread_bridge(
 
         thread = threading.Thread(target=worker, name="dispatch_nb-bridge", daemon=True)
         thread.start()
+        ended = False  # the worker said it is done (or failed): it stops by itself
         try:
             while True:
                 kind, value = await queue.get()
@@ -756,14 +758,17 @@ def _thread_bridge(
                     credit.release()
                     yield value
                 elif kind == "done":
+                    ended = True
                     return
                 else:
+                    ended = True
                     raise value
         finally:
             stop.set()
             credit.release()
             if thread.is_alive():
-                control.abort("cancel")
+                if not ended:
+                    control.abort("cancel")
                 await asyncio.to_thread(thread.join, 5)
 
     return run()

@@ -566,3 +566,25 @@ def test_opaque_signatures_are_never_rewritten_by_patterns() -> None:
     # an exact known secret is removed even from opaque fields
     assert scrub_secrets({"signature": "x sk-real-key-12345678"},
                          secrets={"sk-real-key-12345678"}) == {"signature": "x [REDACTED]"}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_retried_call_records_its_answer_not_its_retries(
+    fake: CanonicalFake, tmp_path: Path, asynchronous: bool
+) -> None:
+    fake.push(Fail(503, "busy"), Turn(text="after a retry", chunk=4))
+    inner = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=1)
+    inner.retry_backoff = 0.01
+    model = CachedAdapter(inner, ResponseCache(tmp_path / "c.jsonl", mode="record"))
+
+    async def astreamed() -> list[Any]:
+        async with model.astream("q") as stream:
+            return [d async for d in stream]
+
+    seen = asyncio.run(astreamed()) if asynchronous else list(model.stream("q"))
+    assert [d.type for d in seen][0] == "retry"  # the caller saw the retry...
+    entry = json.loads((tmp_path / "c.jsonl").read_text().splitlines()[-1])
+    assert "retry" not in {d["type"] for d in entry["deltas"]}  # ...the recording did not keep it
+    replayed = CachedAdapter(inner, ResponseCache(tmp_path / "c.jsonl", mode="replay"))
+    assert [d.type for d in replayed.stream("q")] == [d.type for d in seen[1:]]
+    inner.close()
