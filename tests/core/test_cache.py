@@ -582,7 +582,7 @@ def test_a_retried_call_records_its_answer_not_its_retries(
             return [d async for d in stream]
 
     seen = asyncio.run(astreamed()) if asynchronous else list(model.stream("q"))
-    assert [d.type for d in seen][0] == "retry"  # the caller saw the retry...
+    assert seen[0].type == "retry"  # the caller saw the retry...
     entry = json.loads((tmp_path / "c.jsonl").read_text().splitlines()[-1])
     assert "retry" not in {d["type"] for d in entry["deltas"]}  # ...the recording did not keep it
     replayed = CachedAdapter(inner, ResponseCache(tmp_path / "c.jsonl", mode="replay"))
