@@ -238,7 +238,6 @@ def load_client(client: str) -> None:
         import openai  # noqa: F401  (httpx, pydantic, anyio)
     else:
         import aiohttp  # noqa: F401  (the default transport, imported by the first client)
-        import httpx_aiohttp  # noqa: F401
 
         import dispatch_nb.batching.engine
         import dispatch_nb.providers.openai

@@ -96,7 +96,7 @@ def _adapter(spec: str, base: str, transport: str) -> Any:
     import httpx
 
     from dispatch_nb import connect
-    from dispatch_nb.transport import async_client, sync_client
+    from dispatch_nb.transport import async_client
 
     options: dict[str, Any] = {}
     if transport != "aiohttp":  # the default; otherwise hand the adapter clients of that transport
@@ -104,7 +104,7 @@ def _adapter(spec: str, base: str, transport: str) -> Any:
         os.environ["DISPATCH_NB_TRANSPORT"] = transport
         try:
             timeout = httpx.Timeout(300, connect=15)
-            options = {"http_client": sync_client(timeout), "async_http_client": async_client(timeout)}
+            options = {"async_http_client": async_client(timeout)}
         finally:
             if previous is None:
                 del os.environ["DISPATCH_NB_TRANSPORT"]

@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "ToolDefinition": "types",
     "Usage": "types",
     "Response": "types",
+    "RetryEvent": "types",
     "StreamDelta": "types",
     "StreamEvent": "types",
     "ToolResultEvent": "types",
@@ -82,7 +83,7 @@ _EXPORTS: dict[str, str] = {
     "OpenAIAdapter": "providers.openai",
     "AnthropicAdapter": "providers.anthropic",
     "LocalAdapter": "providers.local",
-    "FakeAdapter": "providers.fake",
+    "FakeAdapter": "testing",
     # what answers cost (docs/cost.md)
     "Cost": "cost",
     "CostTotal": "cost",
@@ -141,7 +142,6 @@ if TYPE_CHECKING:
     )
     from .providers.anthropic import AnthropicAdapter
     from .providers.copilot import CopilotAdapter
-    from .providers.fake import FakeAdapter
     from .providers.local import LocalAdapter
     from .providers.openai import OpenAIAdapter
     from .registry import connect, get_provider, list_providers, register_provider
@@ -152,6 +152,7 @@ if TYPE_CHECKING:
         StructuredOutput,
         StructuredResponseStream,
     )
+    from .testing import FakeAdapter
     from .types import (
         Block,
         ErrorEvent,
@@ -161,6 +162,7 @@ if TYPE_CHECKING:
         ModelInfo,
         RedactedThinkingBlock,
         Response,
+        RetryEvent,
         StopReason,
         StreamDelta,
         StreamEvent,

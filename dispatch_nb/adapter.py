@@ -7,17 +7,16 @@ Every adapter offers the same four entry points with the same keywords::
     adapter.stream(messages, **same) -> ResponseStream          # iterate for StreamDelta
     await adapter.achat(...) / adapter.astream(...)             # the async twins
 
-A subclass supplies one attempt of a call (:meth:`Adapter.stream_once` / :meth:`Adapter.complete_once`
-and their async twins) that drives an :class:`~dispatch_nb.stream.Accumulator`. The base adds the
-rest so every adapter behaves alike: argument normalization, the total ``timeout`` deadline,
-``cancel`` tokens, retries with backoff (never after output reached the caller), ``partial`` on every
-error, and one log line per request on the ``dispatch_nb`` logger. HTTP providers subclass
-:class:`~dispatch_nb.http_adapter.HTTPAdapter`, which implements the attempt from a wire format
-(:mod:`dispatch_nb.wire`); docs/providers.md lists every seam.
-
-The seams are public methods. Their former private names (``_stream_once``, ``_complete_once``,
-``_astream_once``, ``_acomplete_once``, ``_should_retry_now``, ``_open``, ``_aopen``) still work, to
-override and to call: a subclass that defines either name gets both (:data:`LEGACY_SEAMS`).
+A subclass supplies one attempt of a call, async (:meth:`Adapter.astream_once`, optionally
+:meth:`Adapter.acomplete_once`; a provider whose work blocks gives :meth:`Adapter.stream_once`
+instead, run on a worker thread), that drives an :class:`~dispatch_nb.stream.Accumulator`. The
+call itself is one coroutine; the sync entry points run it on the library's event-loop thread
+(:mod:`dispatch_nb.bridge`). The base adds the rest so every adapter behaves alike: argument
+normalization, the total ``timeout`` deadline, ``cancel`` tokens, retries with backoff (never
+after output reached the caller; each one a :class:`~dispatch_nb.types.RetryEvent` of the stream),
+``partial`` on every error, and one log line per request on the ``dispatch_nb`` logger. HTTP
+providers subclass :class:`~dispatch_nb.http_adapter.HTTPAdapter`, which implements the attempt
+from a wire format (:mod:`dispatch_nb.wire`); docs/providers.md lists every seam.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from .bridge import SyncIterator
 from .call_control import CallControl
 from .cancel import CancelToken
 from .cost import Cost, ledger, price, warm_up
@@ -42,7 +42,15 @@ from .errors import (
     RequestError,
 )
 from .stream import Accumulator, AsyncResponseStream, ResponseStream
-from .types import ModelInfo, Response, StreamDelta, ToolDefinition, Usage, as_messages
+from .types import (
+    ModelInfo,
+    Response,
+    RetryEvent,
+    StreamDelta,
+    ToolDefinition,
+    Usage,
+    as_messages,
+)
 from .validation import check_entry
 from .wire.request import ChatRequest, requested_mode, unsupported_mode
 
@@ -52,6 +60,14 @@ logger = logging.getLogger("dispatch_nb")
 
 #: options every adapter understands (providers add their own)
 COMMON_OPTIONS = frozenset({"tool_choice", "stop", "top_p", "extra_body", "extra_headers", "max_retries"})
+
+#: a retried error's class → how a :class:`RetryEvent` says it
+_RETRY_REASONS = {
+    "RateLimitError": "rate limited",
+    "ServerError": "the server failed",
+    "APIConnectionError": "the connection failed",
+    "APITimeoutError": "the request timed out",
+}
 
 RETRY_AFTER_CAP = 60.0
 BACKOFF_BASE = 0.5
@@ -130,37 +146,14 @@ def backoff_delay(
     return float(delay * (1 - 0.25 * random.random()))
 
 
-#: public seam → its former private name, kept as an alias (see :meth:`Adapter.__init_subclass__`)
-LEGACY_SEAMS: dict[str, str] = {
-    "stream_once": "_stream_once",
-    "complete_once": "_complete_once",
-    "astream_once": "_astream_once",
-    "acomplete_once": "_acomplete_once",
-    "should_retry_now": "_should_retry_now",
-    "open_stream": "_open",
-    "aopen_stream": "_aopen",
-}
-
-
 class Adapter:
     """Base class of every provider adapter. See the module docstring for the contract.
 
-    Subclasses must supply :attr:`model_name` and one attempt of a call: :meth:`stream_once`
-    (and optionally :meth:`complete_once`, :meth:`astream_once`, :meth:`acomplete_once`). They
+    Subclasses must supply :attr:`model_name` and one attempt of a call: :meth:`astream_once`
+    (and optionally :meth:`acomplete_once`), or :meth:`stream_once` when it blocks. They
     may override :meth:`output_mode` (how ``output=`` goes on the wire), :meth:`should_retry_now`
     (resend at once after an error), and a wrapper :meth:`open_stream` / :meth:`aopen_stream`.
     """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Keep each seam's public and former private name one method: a subclass that
-        overrides one of the two names overrides both (:data:`LEGACY_SEAMS`)."""
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__
-        for public, private in LEGACY_SEAMS.items():
-            if private in own and public not in own:
-                setattr(cls, public, own[private])
-            elif public in own and private not in own:
-                setattr(cls, private, own[public])
 
     #: extra ``**options`` this provider accepts besides :data:`COMMON_OPTIONS`
     provider_options: frozenset[str] = frozenset()
@@ -261,31 +254,34 @@ class Adapter:
         return f"{type(self).__name__}(model={model!r})"
 
     # -- what subclasses supply ---------------------------------------------------------------
+    async def astream_once(
+        self, request: ChatRequest, acc: Accumulator, control: CallControl
+    ) -> AsyncIterator[StreamDelta]:
+        """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure.
+        The one implementation of a call: sync calls run it on the library's event-loop thread.
+
+        ``control`` is the call's deadline and cancel token: a cancel or the deadline cancels
+        the task (the attempt sees ``CancelledError``; ``control.error()`` says why). The base
+        retries a failed attempt (with ``acc`` reset) while nothing reached the caller. The
+        default runs :meth:`stream_once` (a blocking provider's attempt) on a worker thread."""
+        async for delta in _thread_bridge(lambda: self.stream_once(request, acc, control),
+                                          control):
+            yield delta
+
     def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
-        """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure.
-
-        ``control`` is the call's deadline and cancel token: check it (``control.check()``) where
-        waiting may block, and register an abort hook (``control.on_abort``) that unblocks I/O.
-        The base retries a failed attempt (with ``acc`` reset) while nothing reached the caller."""
-        raise NotImplementedError(f"{type(self).__name__} must implement stream_once")
-
-    def complete_once(self, request: ChatRequest, acc: Accumulator, control: CallControl) -> None:
-        """One non-streaming attempt; the default consumes a streaming attempt silently."""
-        for _ in self.stream_once(request, acc, control):
-            pass
-
-    def astream_once(
-        self, request: ChatRequest, acc: Accumulator, control: CallControl
-    ) -> AsyncIterator[StreamDelta]:
-        """The async attempt; the default runs :meth:`stream_once` on a worker thread."""
-        return _thread_bridge(lambda: self.stream_once(request, acc, control), control)
+        """One attempt of a provider whose work blocks (an in-process model): run on a worker
+        thread by the default :meth:`astream_once`. Check ``control`` (``control.check()``)
+        between steps: that is how a cancel or the deadline reaches it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement astream_once (or stream_once, if it blocks)"
+        )
 
     async def acomplete_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> None:
-        """The async non-streaming attempt; the default consumes :meth:`astream_once`."""
+        """One non-streaming attempt; the default consumes :meth:`astream_once` silently."""
         async for _ in self.astream_once(request, acc, control):
             pass
 
@@ -366,11 +362,12 @@ class Adapter:
     def _retry_decision(
         self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
     ) -> float | None:
-        """Seconds to wait before retrying, or None to give up and raise."""
+        """Seconds to wait before retrying, or None to give up and raise (``-1.0``: resend at
+        once, outside the retry budget: :meth:`should_retry_now`)."""
         if acc.started or control.reason is not None:
             return None
         if self.should_retry_now(exc):
-            return 0.0
+            return -1.0
         if attempt >= retries or not exc.retryable or exc.code == "quota_exceeded":
             return None
         delay = backoff_delay(attempt, exc.retry_after, self.retry_backoff)
@@ -389,11 +386,13 @@ class Adapter:
             raise control.error() from exc
         delay = self._retry_decision(exc, acc, attempt, retries, control)
         if delay is not None:
-            self._log_retry(exc, attempt, delay)
+            self._log_retry(exc, attempt, max(delay, 0.0))
             acc.reset()
         return delay
 
     def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
+        """The WARNING line of a retry or resend, for loggers (marked ``dispatch_nb_event``: a
+        front end that shows the stream's :class:`RetryEvent` need not show the line)."""
         logger.warning(
             "retrying %s %s after %s (attempt %d, waiting %.2fs)",
             self.provider_name,
@@ -402,7 +401,16 @@ class Adapter:
             + (f" [HTTP {exc.status_code}]" if exc.status_code else ""),
             attempt + 1,
             delay,
+            extra={"dispatch_nb_event": "retry"},
         )
+
+    @staticmethod
+    def _retry_event(exc: DispatchError, attempt: int, delay: float) -> RetryEvent:
+        """The stream's :class:`RetryEvent` for retry ``attempt`` (0-based) after ``exc``."""
+        reason = _RETRY_REASONS.get(type(exc).__name__, type(exc).__name__)
+        if exc.status_code:
+            reason += f", HTTP {exc.status_code}"
+        return RetryEvent(attempt=attempt + 1, wait=delay, reason=reason)
 
     def _log_request(
         self,
@@ -465,37 +473,6 @@ class Adapter:
         value = request.options.get("max_retries")
         return self.max_retries if value is None else int(value)
 
-    def _deltas(
-        self, request: ChatRequest, acc: Accumulator, control: CallControl
-    ) -> Iterator[StreamDelta]:
-        retries = self._retries(request)
-        attempt = 0
-        error: BaseException | None = None
-        warm_up(self.provider_name)  # the price data loads while the request is under way
-        control.start()
-        try:
-            while True:
-                control.check()
-                try:
-                    if request.stream:
-                        yield from self.stream_once(request, acc, control)
-                    else:
-                        self.complete_once(request, acc, control)
-                    self._priced(request, acc)
-                    return
-                except DispatchError as exc:
-                    delay = self._next_attempt(exc, acc, attempt, retries, control)
-                    if delay is None:
-                        raise
-                    control.sleep(delay)
-                    attempt += 1
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            control.stop()
-            self._log_request(request, acc, control, attempt, error)
-
     async def _adeltas(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
@@ -519,7 +496,9 @@ class Adapter:
                     delay = self._next_attempt(exc, acc, attempt, retries, control)
                     if delay is None:
                         raise
-                    await control.asleep(delay)
+                    if delay >= 0:  # a retry, not a resend that works around a quirk
+                        yield self._retry_event(exc, attempt, delay)
+                        await control.asleep(delay)
                     attempt += 1
         except BaseException as exc:
             error = exc
@@ -533,13 +512,14 @@ class Adapter:
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
     ) -> ResponseStream:
         """One normalized call as the :class:`ResponseStream` that :meth:`stream` returns and
-        :meth:`chat` drains (a call with ``request.stream`` false produces no deltas). The seam
-        a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`), with its async twin
-        :meth:`aopen_stream`."""
+        :meth:`chat` drains (a call with ``request.stream`` false produces no deltas but its
+        retries). The seam a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`),
+        with its async twin :meth:`aopen_stream`: the same coroutine, run on the library's
+        event-loop thread (:class:`~dispatch_nb.bridge.SyncIterator`)."""
         request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)
-        return ResponseStream(self._deltas(request, acc, control), acc)
+        return ResponseStream(SyncIterator(lambda: self._adeltas(request, acc, control)), acc)
 
     def aopen_stream(
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
@@ -728,14 +708,6 @@ class Adapter:
                         await result
             return deltas.response
 
-    # -- the seams' former names (LEGACY_SEAMS; subclasses get both names by __init_subclass__) --
-    _stream_once = stream_once
-    _complete_once = complete_once
-    _astream_once = astream_once
-    _acomplete_once = acomplete_once
-    _should_retry_now = should_retry_now
-    _open = open_stream
-    _aopen = aopen_stream
 
 #: deltas a worker thread may run ahead of an async consumer (see _thread_bridge)
 BRIDGE_BUFFER = 64
@@ -762,8 +734,9 @@ def _thread_bridge(
                 stop.set()
 
         def worker() -> None:
-            items = make()
+            items: Iterator[StreamDelta] | None = None
             try:
+                items = make()  # an attempt that fails at once raises here
                 for item in items:
                     while not credit.acquire(timeout=0.1):
                         if stop.is_set():
@@ -781,6 +754,7 @@ def _thread_bridge(
 
         thread = threading.Thread(target=worker, name="dispatch_nb-bridge", daemon=True)
         thread.start()
+        ended = False  # the worker said it is done (or failed): it stops by itself
         try:
             while True:
                 kind, value = await queue.get()
@@ -788,22 +762,20 @@ def _thread_bridge(
                     credit.release()
                     yield value
                 elif kind == "done":
+                    ended = True
                     return
                 else:
+                    ended = True
                     raise value
         finally:
             stop.set()
             credit.release()
             if thread.is_alive():
-                control.abort("cancel")
+                if not ended:
+                    control.abort("cancel")
                 await asyncio.to_thread(thread.join, 5)
 
     return run()
-
-
-def is_connection_error(exc: BaseException) -> bool:
-    """Whether an httpx exception means the network failed (as opposed to a protocol error)."""
-    return isinstance(exc, (httpx.TransportError, OSError))
 
 
 def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:

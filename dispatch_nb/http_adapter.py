@@ -4,9 +4,10 @@ A provider module subclasses :class:`HTTPAdapter` and stays sans-I/O: a wire for
 (:mod:`dispatch_nb.wire`) builds a :class:`WireRequest` from a
 :class:`~dispatch_nb.adapter.ChatRequest` and gives the :class:`StreamParser` (or body parser) of its
 answer; the provider adds its endpoint, credentials and error mapping. This module owns all I/O,
-sync and async alike: sending, status handling, reading raw byte chunks into the SSE decoder
-(with the parser the request's wire format gives), closing the connection on cancel or deadline,
-and connection-error mapping.
+one async implementation (sync calls run it on the library's event-loop thread,
+:mod:`dispatch_nb.bridge`): sending, status handling, reading raw byte chunks into the SSE decoder
+(with the parser the request's wire format gives), stopping on cancel or deadline (the task is
+cancelled), and connection-error mapping.
 
 Tests inject an ``httpx`` transport or point ``base_url`` at a loopback server; nothing is patched.
 """
@@ -14,15 +15,15 @@ Tests inject an ``httpx`` transport or point ``base_url`` at a loopback server; 
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+import importlib.util
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
 import orjson
 
 from .adapter import Adapter, ChatRequest, wrap_transport_error
+from .bridge import run_sync
 from .call_control import CallControl
 from .errors import (
     APIConnectionError,
@@ -33,15 +34,7 @@ from .errors import (
 )
 from .sse import SSEDecoder
 from .stream import Accumulator
-from .transport import (
-    ABORT_EXTENSION,
-    READ_EXTENSION,
-    RELEASE_EXTENSION,
-    LoopClients,
-    async_client,
-    prepare_async_transport,
-    sync_client,
-)
+from .transport import READ_EXTENSION, LoopClients, async_client, prepare_async_transport
 from .types import StreamDelta
 from .wire.base import StreamParser, WireFormat, WireRequest
 
@@ -100,53 +93,10 @@ def not_an_answer(body: bytes, provider: str | None) -> APIConnectionError:
     return APIConnectionError(message, provider=provider, code="unexpected_response", retryable=False)
 
 
-def _shutdown_stream(network_stream: Any) -> None:
-    sock = network_stream.get_extra_info("socket") if network_stream is not None else None
-    if isinstance(sock, socket.socket):
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
 #: after a streamed answer's terminal event, how long the rest of the body (the chunked body's
 #: closing bytes, normally already on their way) may take to arrive; read to its end, the connection
 #: goes back to the pool; a server that keeps the stream open longer loses its connection instead
 RELEASE_SECONDS = 0.25
-
-
-def _release(response: httpx.Response) -> None:
-    """The answer is complete: let its connection go back to the pool (the caller then closes)."""
-    release = response.extensions.get(RELEASE_EXTENSION)
-    if release is not None:  # our threaded transport reads the rest in the background
-        release(RELEASE_SECONDS)
-        return
-    # httpx's own transport: read the rest here, with the socket shut down if that takes too long.
-    # The transport's stream is read directly (not iter_raw, which closes the response at the end
-    # and so hands the connection back to the pool): the connection stays this call's until the
-    # caller closes the response, after the timer can no longer fire — a late timer must never shut
-    # down a connection another request has taken from the pool meanwhile.
-    network_stream = response.extensions.get("network_stream")
-    lock = threading.Lock()
-    reading = [True]
-
-    def expire() -> None:
-        with lock:
-            if reading[0]:
-                _shutdown_stream(network_stream)
-
-    timer = threading.Timer(RELEASE_SECONDS, expire)
-    timer.daemon = True
-    timer.start()
-    try:
-        for _ in response.stream:  # type: ignore[union-attr]
-            pass
-    except Exception:  # a broken or shut-down connection: the pool drops it
-        pass
-    finally:
-        with lock:
-            reading[0] = False
-        timer.cancel()
 
 
 async def _arelease(read: Callable[[], Awaitable[bytes]]) -> None:
@@ -175,25 +125,6 @@ def _chunk_reader(chunks: AsyncIterator[bytes]) -> Callable[[], Awaitable[bytes]
     return read
 
 
-def _within_deadline(timeout: httpx.Timeout, control: CallControl) -> httpx.Timeout:
-    """The client's timeouts, with connect/write/pool waits cut to the call's deadline.
-
-    A blocked TCP connect has no socket to shut down yet, so the deadline can only reach it
-    through httpx's own timeout. Reads are stopped by the abort hooks instead."""
-    remaining = control.remaining()
-    if remaining is None:
-        return timeout
-    cap = remaining + 0.05  # a hair later: the deadline timer fires first, with its clearer error
-
-    def cut(value: float | None) -> float:
-        return cap if value is None else min(value, cap)
-
-    return httpx.Timeout(
-        connect=cut(timeout.connect), read=timeout.read, write=cut(timeout.write),
-        pool=cut(timeout.pool),
-    )
-
-
 class HTTPAdapter(Adapter):
     """Base for HTTP providers: a provider is an endpoint, credentials and a wire format.
 
@@ -209,6 +140,9 @@ class HTTPAdapter(Adapter):
     * :meth:`parse_error` — the :class:`DispatchError` for an HTTP error answer;
     * :meth:`auth_headers` / :meth:`aauth_headers` (static credentials), :meth:`http_auth` (an
       :class:`httpx.Auth` flow for credentials that need a round trip) and :attr:`base_url`.
+
+    ``async_http_client``: an ``httpx.AsyncClient`` every request goes through (a test's
+    ``httpx.MockTransport``, say); by default one is made per event loop.
     """
 
     #: the wire format of this adapter's requests (see the class docstring)
@@ -219,7 +153,6 @@ class HTTPAdapter(Adapter):
         *,
         base_url: str,
         headers: Mapping[str, str] | None = None,
-        http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         connect_timeout: float = 15.0,
         read_timeout: float = 300.0,
@@ -230,12 +163,9 @@ class HTTPAdapter(Adapter):
         super().__init__(max_tokens=max_tokens, timeout=timeout, max_retries=max_retries)
         self._base_url = base_url.rstrip("/")
         self._extra_headers = dict(headers or {})
-        self._http = http_client
-        self._owns_http = http_client is None
         self._async_http_given = async_http_client
         self._http_timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
         self._async_clients = LoopClients(lambda: async_client(self._http_timeout))
-        self._client_lock = threading.Lock()
         self._parsed_urls: dict[str, httpx.URL] = {}
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -292,21 +222,14 @@ class HTTPAdapter(Adapter):
 
         For credentials that need a round trip — a token to fetch, refresh after a 401 and retry
         with — where :meth:`auth_headers` (static headers) is not enough. httpx runs the flow
-        inside ``send``, sync and async alike, for chats and plain JSON requests."""
+        inside ``send``, for chats and plain JSON requests."""
         return None
 
-    def _send_auth(self) -> httpx.Auth | httpx._client.UseClientDefault:
+    def _send_auth(self) -> Any:
         auth = self.http_auth()
         return httpx.USE_CLIENT_DEFAULT if auth is None else auth
 
     # -- clients ---------------------------------------------------------------------------------
-    def _client(self) -> httpx.Client:
-        if self._http is None:
-            with self._client_lock:
-                if self._http is None:
-                    self._http = sync_client(self._http_timeout)
-        return self._http
-
     def _aclient(self) -> httpx.AsyncClient:
         if self._async_http_given is not None:
             return self._async_http_given
@@ -320,19 +243,15 @@ class HTTPAdapter(Adapter):
         return self._aclient()
 
     def close(self) -> None:
-        """Close the sync connection pool (async pools close when their event loop ends)."""
-        with self._client_lock:
-            if self._http is not None and self._owns_http:
-                self._http.close()
-                self._http = None
+        """Close the connection pool of the library's event loop (sync calls' pool; async pools
+        close when their event loop ends). The adapter stays usable."""
+        from .bridge import running_loop
+
+        if running_loop() is not None:
+            run_sync(self._async_clients.aclose())
 
     async def aclose(self) -> None:
-        """Close the connection pools, sync and this loop's async one."""
-        self.close()
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
+        """Close this event loop's connection pool (the adapter stays usable)."""
         await self._async_clients.aclose()
 
     def _url(self, url: str) -> str:
@@ -401,13 +320,14 @@ class HTTPAdapter(Adapter):
 
     @staticmethod
     def _decodable_encodings() -> frozenset[str]:
-        """The content codings the installed httpx decodes (its decoder table; gzip and deflate
-        where that table cannot be read)."""
-        try:
-            from httpx._decoders import SUPPORTED_DECODERS
-        except ImportError:  # pragma: no cover - a future httpx that moved its table
-            return frozenset({"gzip", "deflate"})
-        return frozenset(c for c in SUPPORTED_DECODERS if c != "identity")
+        """The content codings httpx decodes here: gzip and deflate always, br with ``brotli``
+        (or ``brotlicffi``) installed, zstd with ``zstandard`` (httpx's optional extras)."""
+        codings = {"gzip", "deflate"}
+        if any(importlib.util.find_spec(name) for name in ("brotli", "brotlicffi")):
+            codings.add("br")
+        if importlib.util.find_spec("zstandard"):
+            codings.add("zstd")
+        return frozenset(codings)
 
     def _undecodable(self, response: httpx.Response | None, exc: Exception) -> DispatchError:
         encoding = response.headers.get("content-encoding", "?") if response is not None else "?"
@@ -417,77 +337,7 @@ class HTTPAdapter(Adapter):
             provider=self.provider_name,
         )
 
-    # -- one attempt, sync -----------------------------------------------------------------------
-    def stream_once(
-        self, request: ChatRequest, acc: Accumulator, control: CallControl
-    ) -> Iterator[StreamDelta]:
-        wire = self.build_request(request)
-        client = self._client()
-        connected: list[Any] = []
-
-        def trace(name: str, info: Mapping[str, Any]) -> None:
-            if name == "connection.connect_tcp.complete":
-                stream = info.get("return_value")
-                connected.append(control.on_abort(lambda: _shutdown_stream(stream)))
-
-        try:
-            headers = self._headers(wire, self.auth_headers(), request)
-            http_request = client.build_request(
-                wire.method,
-                self._parsed_url(wire.url),
-                headers=headers,
-                content=self._body(wire, request),
-                extensions={"trace": trace, ABORT_EXTENSION: control.on_abort},
-                timeout=_within_deadline(client.timeout, control),
-            )
-            response = client.send(http_request, stream=True, auth=self._send_auth())
-        except httpx.HTTPError as exc:
-            control.check()
-            raise wrap_transport_error(exc, self.provider_name) from None
-        finally:
-            for remove in connected:
-                remove()
-        network_stream = response.extensions.get("network_stream")
-        remove_hook = control.on_abort(lambda: _shutdown_stream(network_stream))
-        try:
-            control.check()
-            if response.status_code >= 400:
-                raise self.parse_error(response.status_code, response.read(), response.headers)
-            content_type = response.headers.get("content-type", "")
-            if request.stream and "text/event-stream" in content_type:
-                parser = self._parser(wire, request, acc)
-                decoder = SSEDecoder()
-                encoding = self._content_encoding(response)
-                chunks = response.iter_bytes() if encoding else response.iter_raw()
-                for chunk in chunks:
-                    for event in decoder.feed(chunk):
-                        yield from parser.feed(event)
-                        if parser.complete:
-                            _release(response)
-                            return
-                    if control.reason is not None:
-                        control.check()
-                for event in decoder.end():
-                    yield from parser.feed(event)
-                control.check()
-                yield from parser.end()
-            else:
-                self._content_encoding(response)  # an encoding httpx cannot decode: say so
-                body = response.read()
-                self._parse_body(wire, request, self._json(body), acc)
-        except DispatchError:
-            raise  # ours already (APIConnectionError is an OSError too)
-        except httpx.DecodingError as exc:
-            control.check()
-            raise self._undecodable(response, exc) from None
-        except (httpx.HTTPError, OSError) as exc:
-            control.check()
-            raise wrap_transport_error(exc, self.provider_name) from None
-        finally:
-            remove_hook()
-            response.close()
-
-    # -- one attempt, async ----------------------------------------------------------------------
+    # -- one attempt -----------------------------------------------------------------------------
     async def astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
@@ -630,15 +480,26 @@ class HTTPAdapter(Adapter):
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         """POST ``body`` as JSON with this adapter's headers and auth, and return the response
-        whatever its status (read an error with :meth:`parse_error`); a transport failure raises
-        the mapped :class:`DispatchError` (an :class:`APIConnectionError`). For a provider's side
-        requests (token counting); chats go through :meth:`build_request`."""
+        (read) whatever its status (read an error with :meth:`parse_error`); a transport failure
+        raises the mapped :class:`DispatchError` (an :class:`APIConnectionError`). For a
+        provider's side requests (token counting); chats go through :meth:`build_request`."""
+        return run_sync(self.apost_json(url, body, headers=headers))
+
+    async def apost_json(
+        self,
+        url: str,
+        body: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """The async twin of :meth:`post_json`."""
         sent = {"user-agent": USER_AGENT, "accept": "application/json",
                 "content-type": "application/json", **self._extra_headers,
-                **self.auth_headers(), **(headers or {})}
+                **(await self.aauth_headers()), **(headers or {})}
         try:
-            return self._client().post(self._url(url), headers=sent, content=orjson.dumps(body),
-                                       auth=self._send_auth())
+            return await (await self._aclient_ready()).post(
+                self._url(url), headers=sent, content=orjson.dumps(body), auth=self._send_auth()
+            )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
 
@@ -655,14 +516,7 @@ class HTTPAdapter(Adapter):
         ``timeout`` bounds the whole exchange (model lists and checks are small: a stalled server
         must not hang ``validate()`` or ``%chat status``). ``auth``: this request's
         :class:`httpx.Auth` instead of :meth:`http_auth`'s."""
-        try:
-            response = self._client().get(
-                self._url(url), headers=self._json_headers(self.auth_headers(), headers),
-                timeout=timeout, auth=auth if auth is not None else self._send_auth(),
-            )
-        except httpx.HTTPError as exc:
-            raise wrap_transport_error(exc, self.provider_name) from None
-        return self._json_answer(response)
+        return run_sync(self.aget_json(url, headers=headers, timeout=timeout, auth=auth))
 
     async def aget_json(
         self,

@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeVar
 
 import pydantic_core
 
+from .bridge import loop_thread
 from .tools import MAX_ERROR_CHARS, Tool, error_result
-from .transport import loop_thread
 from .types import TextBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
 
 if TYPE_CHECKING:

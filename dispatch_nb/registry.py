@@ -233,7 +233,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         default_note=EMBEDDED_MODEL_NOTE,
     ),
     ProviderDescriptor(
-        "fake", "dispatch_nb.providers.fake:FakeAdapter", display_name="Fake (canonical protocol)",
+        "fake", "dispatch_nb.providers.fake:CanonicalAdapter", display_name="Fake (canonical protocol)",
         default_model="echo", default_max_tokens=1024,
     ),
 )

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from .cost import Cost
-from .errors import DispatchError, RequestCancelled
+from .errors import RequestCancelled
 from .types import (
     RedactedThinkingBlock,
     Response,
@@ -465,15 +465,15 @@ class Accumulator:
         return self.snapshot()
 
 
-def _attach_partial(exc: BaseException, acc: Accumulator) -> None:
-    if isinstance(exc, DispatchError):
-        if exc.partial is None:
-            exc.partial = acc.snapshot()
-    elif getattr(exc, "partial", None) is None:
-        try:
-            exc.partial = acc.snapshot()  # type: ignore[attr-defined]
-        except Exception:
-            pass
+def attach_partial(exc: BaseException, partial: Response | Accumulator | None) -> None:
+    """Give ``exc`` what arrived (``partial``: a response, or the accumulator that has it) unless
+    it already carries some; a ``KeyboardInterrupt`` gets it too."""
+    if partial is None or getattr(exc, "partial", None) is not None:
+        return
+    try:
+        exc.partial = partial.snapshot() if isinstance(partial, Accumulator) else partial  # type: ignore[attr-defined]
+    except Exception:  # an exception type that takes no attributes
+        pass
 
 
 class _Logged:
@@ -572,13 +572,13 @@ class _DeltaStream:
     def _failed(self, exc: BaseException) -> None:
         """Iterating raised ``exc``: remember it and attach what arrived (the caller closes)."""
         self._error = exc
-        _attach_partial(exc, self._acc)
+        attach_partial(exc, self._acc)
 
     def _left(self, exc: BaseException | None) -> None:
         """The ``with`` block is left (the caller closes): an exception raised in its body (e.g.
         Ctrl-C) keeps what arrived."""
         if exc is not None and self._response is None:
-            _attach_partial(exc, self._acc)
+            attach_partial(exc, self._acc)
 
     def _finish(self) -> None:
         if self._on_close is not None:

@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from .providers.fake import FakeAdapter as _FakeProviderAdapter
+from .providers.fake import CanonicalAdapter
 from .wire.canonical import (
     Fail,
     ToolCall,
@@ -147,7 +147,7 @@ class _FrameStream(httpx.SyncByteStream, httpx.AsyncByteStream):
             yield frame
 
 
-class FakeAdapter(_FakeProviderAdapter):
+class FakeAdapter(CanonicalAdapter):
     """The ``fake`` provider answered in-process by a :class:`CanonicalHandler`: a real adapter
     (chat, stream, async, tools, sessions, caches) with a scripted model and no server.
 
@@ -169,7 +169,6 @@ class FakeAdapter(_FakeProviderAdapter):
         super().__init__(
             model,
             base_url=FAKE_BASE_URL,
-            http_client=httpx.Client(transport=transport),
             async_http_client=httpx.AsyncClient(transport=transport),
             **options,
         )

@@ -16,7 +16,6 @@ item ids). It survives ``model_dump()`` / ``model_validate()`` and JSON round tr
 from __future__ import annotations
 
 import base64
-import html
 import json
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
@@ -42,6 +41,7 @@ __all__ = [
     "ModelInfo",
     "RedactedThinkingBlock",
     "Response",
+    "RetryEvent",
     "StopReason",
     "StreamDelta",
     "StreamEvent",
@@ -387,7 +387,7 @@ class ModelInfo(_Model):
 
 
 DeltaType = Literal[
-    "text_delta", "thinking_delta", "tool_use_start", "tool_use_delta", "tool_use_end"
+    "text_delta", "thinking_delta", "tool_use_start", "tool_use_delta", "tool_use_end", "retry"
 ]
 
 
@@ -398,6 +398,7 @@ class StreamDelta(_Model):
     * ``tool_use_start``: ``tool_call_id`` and ``tool_name``.
     * ``tool_use_delta``: ``argument_delta`` is the next fragment of the JSON arguments.
     * ``tool_use_end``: ``arguments`` holds the parsed arguments.
+    * ``retry``: a :class:`RetryEvent` (no part of the answer).
     """
 
     type: DeltaType
@@ -435,6 +436,18 @@ def text_delta(type: Literal["text_delta", "thinking_delta"], text: str) -> Stre
     _object_setattr(delta, "__pydantic_extra__", None)
     _object_setattr(delta, "__pydantic_private__", None)
     return delta
+
+
+class RetryEvent(StreamDelta):
+    """A stream's event: the attempt failed before any output and is retried. ``attempt`` counts
+    the retries (1 for the first), ``wait`` is the seconds before it is sent, ``reason`` says why
+    (``"rate limited, HTTP 429"``). It is a :class:`StreamDelta` of type ``retry`` that carries no
+    text, so code that reads deltas by their type passes it by."""
+
+    type: Literal["retry"] = "retry"
+    attempt: int = 1
+    wait: float = 0.0
+    reason: str = ""
 
 
 class ToolResultEvent(_Model):
@@ -492,7 +505,3 @@ def as_messages(messages: str | Message | dict[str, Any] | Iterable[Any]) -> lis
             )
     return out
 
-
-def escape_html(text: str) -> str:
-    """HTML-escape text for rich reprs."""
-    return html.escape(text, quote=False)

@@ -13,7 +13,7 @@ contract suite's ``fake`` in ``tests/contract/conftest.py``):
 
 - ``fake``: the canonical-protocol fake (``tests/fakes/canonical.py``) on a loopback port, closed
   after the test;
-- ``adapter``: a ``FakeAdapter("echo")`` pointed at it, without retries, closed after the test.
+- ``adapter``: a ``CanonicalAdapter("echo")`` pointed at it, without retries, closed after the test.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from tests.fakes.server import take_handler_errors
 
 if TYPE_CHECKING:
-    from dispatch_nb.providers.fake import FakeAdapter
+    from dispatch_nb.providers.fake import CanonicalAdapter
     from tests.fakes.canonical import CanonicalFake
 
 
@@ -51,9 +51,9 @@ def fake() -> Iterator[CanonicalFake]:
 
 
 @pytest.fixture
-def adapter(fake: CanonicalFake) -> Iterator[FakeAdapter]:
-    from dispatch_nb.providers.fake import FakeAdapter
+def adapter(fake: CanonicalFake) -> Iterator[CanonicalAdapter]:
+    from dispatch_nb.providers.fake import CanonicalAdapter
 
-    a = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    a = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     yield a
     a.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dispatch_nb import ServerError
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 
 from .fakes.server import LoopbackServer, RecordedRequest, Reply, take_handler_errors
 
@@ -29,7 +29,7 @@ def _crash(request: RecordedRequest) -> Reply:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_crashing_fake_is_a_test_bug_not_a_retried_server_error(stream: bool) -> None:
     with LoopbackServer(_crash) as server:
-        adapter = FakeAdapter(base_url=server.url, max_retries=2)
+        adapter = CanonicalAdapter(base_url=server.url, max_retries=2)
         with pytest.raises(ServerError) as info:
             adapter.chat("hi", stream=stream)
     assert info.value.status_code == 500 and info.value.code == "server_error"
@@ -57,12 +57,12 @@ def _run(pytester: pytest.Pytester, *args: str, require_all: bool) -> pytest.Run
 def test_the_suite_fails_a_test_whose_fake_crashed(pytester: pytest.Pytester) -> None:
     pytester.makeconftest("from tests.conftest import _fakes_must_not_crash  # noqa: F401\n")
     pytester.makepyfile(test_inner=(
-        "from dispatch_nb.providers.fake import FakeAdapter\n"
+        "from dispatch_nb.providers.fake import CanonicalAdapter\n"
         "from tests.fakes.server import LoopbackServer\n"
         "def crash(request):\n    raise KeyError('a typo in the fake')\n"
         "def test_swallows_the_error():\n"
         "    with LoopbackServer(crash) as server:\n"
-        "        try:\n            FakeAdapter(base_url=server.url).chat('hi')\n"
+        "        try:\n            CanonicalAdapter(base_url=server.url).chat('hi')\n"
         "        except Exception:\n            pass  # a test that only expects *an* error\n"
     ))
     result = _run(pytester, require_all=False)

@@ -1,31 +1,24 @@
 """Short-lived HTTP clients for the auth calls, sharing one TLS context.
 
 A login or a token exchange is a request or two, so each gets its own client (no pool to close,
-no event-loop affinity). Building a TLS context loads the CA bundle (tens of milliseconds), so
-that part is done once per process and reused.
+no event-loop affinity). The TLS context (loading the CA bundle takes tens of milliseconds)
+is the one :func:`dispatch_nb.transport.tls_context` shares with every client.
 """
 
 from __future__ import annotations
 
-import functools
-import ssl
-
 import httpx
+
+from ..transport import tls_context
 
 __all__ = ["async_client", "sync_client"]
 
 
-@functools.lru_cache(maxsize=1)
-def _tls_context() -> ssl.SSLContext:
-    # the same context httpx would build per client (honours SSL_CERT_FILE / SSL_CERT_DIR)
-    return httpx.create_ssl_context()
-
-
 def sync_client(timeout: float) -> httpx.Client:
     """A new ``httpx.Client`` with the shared TLS context."""
-    return httpx.Client(timeout=timeout, verify=_tls_context())
+    return httpx.Client(timeout=timeout, verify=tls_context())
 
 
 def async_client(timeout: float) -> httpx.AsyncClient:
     """A new ``httpx.AsyncClient`` with the shared TLS context."""
-    return httpx.AsyncClient(timeout=timeout, verify=_tls_context())
+    return httpx.AsyncClient(timeout=timeout, verify=tls_context())

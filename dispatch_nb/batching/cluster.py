@@ -89,11 +89,6 @@ class PartitionResult:
     stopped_by: tuple[int, DispatchError] | None = None
 
 
-def _usage_tuple(usage: Usage) -> tuple[int, int, int, int]:
-    return (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
-            usage.cache_creation_tokens)
-
-
 def _usage(values: tuple[int, int, int, int]) -> Usage:
     return Usage(input_tokens=values[0], output_tokens=values[1], cache_read_tokens=values[2],
                  cache_creation_tokens=values[3])

@@ -55,42 +55,19 @@ The file beside a notebook: :func:`default_cache_path` (``$DISPATCH_NB_CACHE_FIL
 
 The package has one module per job: :mod:`~dispatch_nb.cache.keys` (the key and secret
 scrubbing), :mod:`~dispatch_nb.cache.store` (the JSONL file, modes and paths) and
-:mod:`~dispatch_nb.cache.adapter` (the :class:`CachedAdapter` wrapper); every name is importable
-from ``dispatch_nb.cache`` itself.
+:mod:`~dispatch_nb.cache.adapter` (the :class:`CachedAdapter` wrapper); the public names are
+importable from ``dispatch_nb.cache`` itself.
 """
 
 from __future__ import annotations
 
-from .adapter import CachedAdapter, _Mirror, _Replayed, deltas_for
-from .keys import (
-    _KEY_IGNORED_OPTIONS,
-    _MIN_SECRET,
-    _OPAQUE_KEYS,
-    _SECRET_ATTR,
-    _SECRET_ENV,
-    _SECRET_PATTERNS,
-    FORMAT_VERSION,
-    REDACTED,
-    _adapter_secrets,
-    _canonical,
-    _key_material,
-    cache_key,
-    scrub_secrets,
-    secret_env_names,
-)
+from .adapter import CachedAdapter
+from .keys import cache_key, scrub_secrets
 from .store import (
-    _PREVIEW_CHARS,
     CACHE_MODES,
     CACHE_SUFFIX,
     CacheMissError,
-    CacheMode,
     ResponseCache,
-    _dump_json_line,
-    _entry_deltas,
-    _last_user_text,
-    _lock_for,
-    _now,
-    _preview,
     default_cache_path,
     resolve_cache_mode,
 )
@@ -106,9 +83,3 @@ __all__ = [
     "resolve_cache_mode",
     "scrub_secrets",
 ]
-
-# the names this module had before it became a package (kept importable)
-_COMPAT = (CacheMode, FORMAT_VERSION, REDACTED, deltas_for, secret_env_names, _adapter_secrets,
-           _canonical, _key_material, _KEY_IGNORED_OPTIONS, _MIN_SECRET, _OPAQUE_KEYS, _SECRET_ATTR,
-           _SECRET_ENV, _SECRET_PATTERNS, _PREVIEW_CHARS, _dump_json_line, _entry_deltas,
-           _last_user_text, _lock_for, _now, _preview, _Mirror, _Replayed)

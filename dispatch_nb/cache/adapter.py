@@ -315,7 +315,8 @@ class CachedAdapter(Adapter):
         def run() -> Iterator[StreamDelta]:
             try:
                 for delta in inner:
-                    seen.append((time.monotonic() - began, delta))
+                    if delta.type != "retry":  # a retry is no part of the answer
+                        seen.append((time.monotonic() - began, delta))
                     yield delta
                 response = inner.response
             finally:
@@ -332,7 +333,8 @@ class CachedAdapter(Adapter):
         async def run() -> AsyncIterator[StreamDelta]:
             try:
                 async for delta in inner:
-                    seen.append((time.monotonic() - began, delta))
+                    if delta.type != "retry":  # a retry is no part of the answer
+                        seen.append((time.monotonic() - began, delta))
                     yield delta
                 response = inner.response
             finally:

@@ -29,12 +29,13 @@ from IPython.core.error import UsageError
 
 from ..cache import CachedAdapter
 from ..cancel import CancelToken
-from ..errors import DispatchError, RequestCancelled
+from ..errors import DispatchError, ModelUnavailableError, RequestCancelled
 from ..types import (
     ErrorEvent,
     Message,
     MessageDoneEvent,
     Response,
+    RetryEvent,
     StreamDelta,
     TextBlock,
     Usage,
@@ -55,7 +56,7 @@ from .live import LiveView, detect_mode, has_kernel, make_view
 from .login import ensure_copilot_login
 from .options import check_limits, check_output_name, resolve_schema, resolve_tools
 from .prompt import Prompt, PromptError, build_prompt
-from .runner import Job, JobOutcome, RetryEvent, run_jobs
+from .runner import Job, JobOutcome, run_jobs
 from .state import KernelState
 from .threads import ChatThread, cell_identity, cell_key, turn_from
 
@@ -166,8 +167,9 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
                     emit(delta)
             response = stream.response
         else:
-            response = plan.adapter.chat(
-                messages, system=plan.system, cancel=cancel, stream=False, **options
+            response = plan.adapter.chat(  # on_delta: only retries, as nothing streams
+                messages, system=plan.system, cancel=cancel, stream=False, on_delta=emit,
+                **options,
             )
             for delta in response_events(response):
                 emit(delta)
@@ -662,7 +664,9 @@ class CellRun:
                 raise ChatInterrupted(self._interrupted_message()) from None
             if not isinstance(failure, (DispatchError, ChatError)):
                 raise failure
-            available = _available_models(plan.calls[0])
+            # only a model the provider does not offer is explained by its model list
+            available = (_available_models(plan.calls[0])
+                         if isinstance(failure, ModelUnavailableError) else None)
             raise explain_error(
                 failure, spec=failed_spec, available=available, context=self.context
             ) from None

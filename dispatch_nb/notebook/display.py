@@ -84,10 +84,6 @@ class Transcript(TurnAccumulator):
         else:
             super().feed(event)
 
-    def add_response(self, response: Response) -> None:
-        """Count one finished model round (usage adds up over tool rounds)."""
-        self.add_round(response)
-
     # -- reading ---------------------------------------------------------------------------------
     def footer(self, latency: float | None, *, note: str | None = None) -> str:
         """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``); a replayed answer

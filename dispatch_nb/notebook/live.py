@@ -40,7 +40,6 @@ background thread.
 from __future__ import annotations
 
 import html
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,7 +62,6 @@ __all__ = [
 ]
 
 MODES = ("auto", "widget", "display", "text")
-LIVE_ENV = "DISPATCH_NB_LIVE"
 #: the most characters one live thinking segment holds
 SEGMENT_CHARS = 600
 #: the most segments (or Markdown blocks) one box of the widget view holds
@@ -121,12 +119,6 @@ def ipy_clear_output(wait: bool = False) -> None:
     from IPython.display import clear_output
 
     clear_output(wait=wait)  # type: ignore[no-untyped-call]
-
-
-def default_mode() -> str:
-    """``$DISPATCH_NB_LIVE`` when it names a mode, else ``auto``."""
-    value = os.environ.get(LIVE_ENV, "").strip().lower()
-    return value if value in MODES else "auto"
 
 
 def has_kernel(shell: Any) -> bool:
@@ -247,10 +239,9 @@ def _markdown_bundle(markdown: str) -> dict[str, Any]:
 
 
 def retry_state(event: Any) -> str:
-    """The quiet status line of a retry: ``↻ rate limited, HTTP 429 — retrying in 2 s (1 of 2)``."""
-    wait = f"in {event.delay:.0f} s" if event.delay >= 1 else "now"
-    of = f" ({event.attempt} of {event.retries})" if event.retries else ""
-    return f"↻ {event.reason} — retrying {wait}{of}"
+    """The quiet status line of a retry: ``↻ rate limited, HTTP 429 — retrying in 2 s``."""
+    wait = f"in {event.wait:.0f} s" if event.wait >= 1 else "now"
+    return f"↻ {event.reason} — retrying {wait}"
 
 
 class LiveView:

@@ -14,11 +14,14 @@ The design (no event loop involved, so nothing depends on — or patches — the
   it is running a synchronous tool, which no token can stop — is **abandoned**: its outcome says
   ``RequestCancelled``, its thread finishes in the background and whatever it still produces is
   dropped. :func:`run_jobs` then re-raises the interrupt, so the caller can show what arrived.
-* Log records of the ``dispatch_nb`` logger made on a job's thread while the jobs run — the
-  adapter's retry lines — become events of that job (:class:`RetryEvent`, :class:`NoteEvent`):
-  the live view shows them as a quiet status line and the footer counts them, instead of Python's
-  last-resort handler printing them to stderr (red boxes saved with the notebook). No handler of
-  ours remains on the logger after the cell; records of other threads are handled as before.
+* A retry is an event of the stream the job reads (:class:`~dispatch_nb.types.RetryEvent`): the
+  live view shows it as a quiet status line and the footer counts it. Other warnings of the
+  ``dispatch_nb`` logger made on behalf of a job while the jobs run — on its thread, or in the
+  library's event-loop task it started (the task runs in the job's context) — become
+  :class:`NoteEvent` s of that job, shown with the answer, instead of Python's last-resort handler
+  printing them to stderr (red boxes saved with the notebook). A record that is already an event
+  (``dispatch_nb_event``, as the retry line is) is not shown twice. No handler of ours remains on
+  the logger after the cell; records made for no job are handled as before.
 
 This works the same inside ipykernel's running asyncio loop, in terminal IPython and after the
 user's own ``await`` cells. Compare mode is simply several jobs.
@@ -26,6 +29,7 @@ user's own ``await`` cells. Compare mode is simply several jobs.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import re
@@ -37,30 +41,12 @@ from typing import Any
 
 from ..cancel import CancelToken
 from ..errors import RequestCancelled
+from ..types import RetryEvent
 
-__all__ = ["Job", "JobOutcome", "NoteEvent", "RetryEvent", "run_jobs"]
+__all__ = ["Job", "JobOutcome", "NoteEvent", "run_jobs"]
 
 #: how long to wait for cancelled jobs to wind down after Ctrl-C before abandoning them
 ABANDON_AFTER = 0.5
-
-_REASONS = {
-    "RateLimitError": "rate limited",
-    "ServerError": "the server failed",
-    "APIConnectionError": "the connection failed",
-    "APITimeoutError": "the request timed out",
-}
-
-
-@dataclass
-class RetryEvent:
-    """The adapter is about to retry a failed request (taken from its log line)."""
-
-    reason: str
-    attempt: int = 1
-    delay: float = 0.0
-    retries: int = 0
-    type: str = "retry"
-
 
 @dataclass
 class NoteEvent:
@@ -70,43 +56,21 @@ class NoteEvent:
     type: str = "note"
 
 
-def _retry_event(record: logging.LogRecord) -> RetryEvent | None:
-    """A :class:`RetryEvent` from the adapter's ``retrying ...`` log record, else None."""
-    args = record.args
-    if not (isinstance(record.msg, str) and record.msg.startswith("retrying ")):
-        return None
-    if not (isinstance(args, tuple) and len(args) == 5):
-        return RetryEvent(reason=record.getMessage().removeprefix("retrying "))
-    _provider, _model, what, attempt, delay = args
-    name, _, rest = str(what).partition(": ")
-    reason = _REASONS.get(name, name)
-    status = rest.rsplit("[HTTP ", 1)
-    if len(status) == 2:
-        reason += f", HTTP {status[1].rstrip(']')}"
-    try:
-        return RetryEvent(reason=reason, attempt=int(str(attempt)), delay=float(str(delay)))
-    except ValueError:
-        return RetryEvent(reason=reason)
-
-
 class _JobLogCapture(logging.Handler):
-    """Routes ``dispatch_nb`` log records made on a job's thread to that job (see the module
-    docstring); records of other threads get the handling they would have had without us."""
+    """Routes ``dispatch_nb`` log records made for a job to that job (see the module docstring);
+    other records get the handling they would have had without us."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.emitters: dict[int, Emit] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        emit = self.emitters.get(record.thread or 0)
+        emit = _JOB_EMIT.get()
         if emit is None:
             if logging.lastResort is not None and not _other_handlers(record.name):
                 logging.lastResort.handle(record)
             return
-        retry = _retry_event(record)
-        if retry is not None:
-            emit(retry)
-            return
+        if getattr(record, "dispatch_nb_event", None) is not None:
+            return  # the job's stream has it as an event
         message = record.getMessage()
         if message.startswith("tool ") and " raised " in message:
             return  # the tool's line already shows its error
@@ -126,6 +90,10 @@ def _other_handlers(name: str) -> bool:
     return False
 
 Emit = Callable[[Any], None]
+#: the job a log record is made for (set on the job's thread; tasks it starts inherit it)
+_JOB_EMIT: contextvars.ContextVar[Emit | None] = contextvars.ContextVar(
+    "dispatch_nb_job_emit", default=None
+)
 
 
 @dataclass
@@ -205,7 +173,7 @@ def run_jobs(
                     outcome.first_output = time.monotonic()
                 events.put((index, event))
 
-            capture.emitters[threading.get_ident()] = emit
+            _JOB_EMIT.set(emit)  # the thread's own context: gone with the thread
             result: Any = None
             error: BaseException | None = None
             try:
@@ -213,7 +181,7 @@ def run_jobs(
             except BaseException as exc:  # handed to the main thread, which decides
                 error = exc
             finally:
-                capture.emitters.pop(threading.get_ident(), None)
+                _JOB_EMIT.set(None)
                 with lock:
                     if not job.abandoned:
                         outcome.result, outcome.error = result, error

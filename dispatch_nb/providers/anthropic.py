@@ -82,7 +82,6 @@ class AnthropicAdapter(HTTPAdapter):
         max_tokens: int = DEFAULT_MAX_TOKENS,
         timeout: float | None = None,
         max_retries: int = 2,
-        http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         headers: Mapping[str, str] | None = None,
         anthropic_version: str = "2023-06-01",
@@ -99,7 +98,6 @@ class AnthropicAdapter(HTTPAdapter):
         super().__init__(
             base_url=url,
             headers=extra,
-            http_client=http_client,
             async_http_client=async_http_client,
             max_tokens=max_tokens,
             timeout=timeout,

@@ -63,7 +63,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
@@ -256,7 +256,6 @@ class CopilotAdapter(HTTPAdapter):
                 "openai-intent": OPENAI_INTENT,
                 "x-github-api-version": COPILOT_API_VERSION,
             },
-            http_client=http_client,
             async_http_client=async_http_client,
             max_tokens=max_tokens,
             timeout=timeout,
@@ -486,12 +485,6 @@ class CopilotAdapter(HTTPAdapter):
         return copilot_error(status, body, headers, available=available)
 
     # -- one attempt: the model check first ------------------------------------------------------
-    def stream_once(
-        self, request: ChatRequest, acc: Accumulator, control: CallControl
-    ) -> Iterator[StreamDelta]:
-        self._check_model()
-        yield from super().stream_once(request, acc, control)
-
     async def astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:

@@ -23,10 +23,10 @@ from ..types import ModelInfo
 from ..wire.canonical import CANONICAL_OPTIONS, CanonicalWire
 from ..wire.request import requested_mode, unsupported_mode
 
-__all__ = ["FakeAdapter"]
+__all__ = ["CanonicalAdapter"]
 
 
-class FakeAdapter(HTTPAdapter):
+class CanonicalAdapter(HTTPAdapter):
     """Talks to a server speaking the canonical protocol (see the module docstring)."""
 
     provider_options = CANONICAL_OPTIONS
@@ -40,7 +40,6 @@ class FakeAdapter(HTTPAdapter):
         base_url: str | None = None,
         api_key: str | None = None,
         max_tokens: int | None = 1024,
-        http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         timeout: float | None = None,
         max_retries: int = 2,
@@ -54,7 +53,6 @@ class FakeAdapter(HTTPAdapter):
             )
         super().__init__(
             base_url=url,
-            http_client=http_client,
             async_http_client=async_http_client,
             max_tokens=max_tokens,
             timeout=timeout,

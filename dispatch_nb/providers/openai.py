@@ -144,7 +144,6 @@ class OpenAIAdapter(HTTPAdapter):
         max_tokens: int | None = 4096,
         timeout: float | None = None,
         max_retries: int = 2,
-        http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         headers: dict[str, str] | None = None,
         structured_output: str = "auto",
@@ -158,7 +157,6 @@ class OpenAIAdapter(HTTPAdapter):
         super().__init__(
             base_url=url,
             headers=headers,
-            http_client=http_client,
             async_http_client=async_http_client,
             max_tokens=max_tokens,
             timeout=timeout,

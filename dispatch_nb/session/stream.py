@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
 from ..errors import RequestCancelled
-from ..stream import AsyncResponseStream, ResponseStream
+from ..stream import AsyncResponseStream, ResponseStream, attach_partial
 from ..turn import TurnAccumulator
 from ..types import ErrorEvent, Response, StreamEvent
 
@@ -88,7 +88,7 @@ class _TurnStream:
     def _interrupted(self, exc: BaseException) -> None:
         """Ctrl-C or task cancellation: raised at once, with what arrived attached."""
         self._finished = True
-        _attach_partial(exc, self.partial)
+        attach_partial(exc, self.partial)
 
 
 class SessionStream(_TurnStream):
@@ -146,7 +146,7 @@ class SessionStream(_TurnStream):
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if exc is not None:
-            _attach_partial(exc, self.partial)
+            attach_partial(exc, self.partial)
         self.close()
 
 
@@ -205,13 +205,6 @@ class AsyncSessionStream(_TurnStream):
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if exc is not None:
-            _attach_partial(exc, self.partial)
+            attach_partial(exc, self.partial)
         await self.aclose()
 
-
-def _attach_partial(exc: BaseException, partial: Response | None) -> None:
-    if partial is not None and getattr(exc, "partial", None) is None:
-        try:
-            exc.partial = partial  # type: ignore[attr-defined]
-        except Exception:
-            pass

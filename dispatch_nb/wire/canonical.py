@@ -15,7 +15,7 @@ adapter exercises the whole shared HTTP machinery (SSE, errors, retries, deadlin
     GET  {base_url}/models → {"data": [ModelInfo...]}
 
 Client side: :class:`CanonicalWire` (what the ``fake`` provider,
-:class:`~dispatch_nb.providers.fake.FakeAdapter`, speaks) builds the request body and gives the
+:class:`~dispatch_nb.providers.fake.CanonicalAdapter`, speaks) builds the request body and gives the
 parsers of the answer. Server side: a scripted answer (:class:`Turn`, :class:`Fail`,
 :class:`ToolCall`) rendered as stream events (:func:`canonical_events`, :func:`stream_events`) or a
 JSON body (:func:`canonical_body`) — what :mod:`dispatch_nb.testing`'s in-process handler and the

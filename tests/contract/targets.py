@@ -63,9 +63,9 @@ def only(targets: list[Target]) -> pytest.MarkDecorator:
 
 
 def _fake_adapter(fake: ProviderFake, **kw: Any) -> Adapter:
-    from dispatch_nb.providers.fake import FakeAdapter
+    from dispatch_nb.providers.fake import CanonicalAdapter
 
-    return FakeAdapter("echo", base_url=fake.base_url, **kw)
+    return CanonicalAdapter("echo", base_url=fake.base_url, **kw)
 
 
 def _acme_adapter(fake: ProviderFake, **kw: Any) -> Adapter:

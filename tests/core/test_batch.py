@@ -33,7 +33,7 @@ from dispatch_nb import (
 from dispatch_nb.batching.limiter import AdaptiveLimiter
 from dispatch_nb.batching.rows import TemplateError
 from dispatch_nb.cache import CacheMissError, ResponseCache
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 
 from ..fakes.batching import BatchFake
 from ..fakes.canonical import CanonicalFake
@@ -43,8 +43,8 @@ from ..fakes.server import RecordedRequest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def adapter_for(fake: BatchFake) -> FakeAdapter:
-    return FakeAdapter("echo", base_url=fake.base_url)
+def adapter_for(fake: BatchFake) -> CanonicalAdapter:
+    return CanonicalAdapter("echo", base_url=fake.base_url)
 
 
 def reviews(n: int) -> list[dict[str, Any]]:
@@ -119,11 +119,11 @@ def test_output_validates_every_row_into_parsed_and_a_parsed_column() -> None:
     pd = pytest.importorskip("pandas")
     frame = pd.DataFrame({"w": ["alpha", "be", "gamma"]})
     with _WordFake() as fake:
-        result = batch("Describe {w}", frame, model=FakeAdapter("echo", base_url=fake.base_url),
+        result = batch("Describe {w}", frame, model=CanonicalAdapter("echo", base_url=fake.base_url),
                        output=Word, concurrency=2, progress=False)
         assert all(r.json["output"]["schema"]["properties"].keys() == {"word", "length"}
                    for r in fake.chat_requests)
-        plain = batch("Describe {w}", frame, model=FakeAdapter("echo", base_url=fake.base_url),
+        plain = batch("Describe {w}", frame, model=CanonicalAdapter("echo", base_url=fake.base_url),
                       progress=False)
     assert [r.parsed for r in result] == [Word(word="alpha", length=5), Word(word="be", length=2),
                                           Word(word="gamma", length=5)]
@@ -569,8 +569,8 @@ def test_a_killed_kernel_loses_at_most_the_rows_in_flight(tmp_path: Path) -> Non
     with BatchFake(events=10, delay=0.03) as fake:
         script = (
             "import sys; from dispatch_nb import batch; from dispatch_nb.providers.fake import "
-            "FakeAdapter\n"
-            f"batch('{{row}}', {rows!r}, model=FakeAdapter('echo', base_url={fake.base_url!r}), "
+            "CanonicalAdapter\n"
+            f"batch('{{row}}', {rows!r}, model=CanonicalAdapter('echo', base_url={fake.base_url!r}), "
             f"concurrency=3, checkpoint={str(path)!r}, progress=False)\n"
         )
         kernel = subprocess.Popen([sys.executable, "-c", script], env={**os.environ,

@@ -22,7 +22,7 @@ from distributed import Client, LocalCluster  # noqa: E402
 from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
 
 from dispatch_nb import AuthenticationError, Response, batch  # noqa: E402
-from dispatch_nb.providers.fake import FakeAdapter  # noqa: E402
+from dispatch_nb.providers.fake import CanonicalAdapter  # noqa: E402
 from dispatch_nb.providers.local import local_model_available  # noqa: E402
 
 from ..fakes.batching import BatchFake  # noqa: E402
@@ -124,7 +124,7 @@ def test_credentials_come_from_the_workers_and_never_enter_the_task_graph(
     assert b"sk-" not in graph
 
     with pytest.raises(TypeError, match="spec string"):
-        batch("{row}", rows, model=FakeAdapter("echo", base_url="http://127.0.0.1:9"),
+        batch("{row}", rows, model=CanonicalAdapter("echo", base_url="http://127.0.0.1:9"),
               executor=client)
 
 

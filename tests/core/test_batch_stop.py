@@ -21,7 +21,7 @@ from dispatch_nb import (
     Response,
     batch,
 )
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.providers.openai import OpenAIAdapter
 
 from ..fakes.batching import BatchFake
@@ -162,7 +162,7 @@ def test_a_cancelled_batch_counts_rows_never_sent_apart_from_failed() -> None:
     # plain (not streamed) rows of ~0.3 s, 16 at a time; cancelled while the third round is in
     # flight (the fake counts a request when it arrives: 48 asked, 32 answered)
     with BatchFake(events=4, delay=0.1) as fake:
-        adapter = FakeAdapter("echo", base_url=fake.base_url)
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url)
 
         def cancel_after_two_rounds() -> None:
             deadline = time.monotonic() + 60
@@ -201,11 +201,11 @@ def test_a_rerun_after_the_stop_sends_the_failed_and_the_unsent_rows(tmp_path: A
     path = tmp_path / "run.jsonl"
     with BatchFake(api_key="good-key", events=2) as fake:
         first = batch("{row}", [f"row {i}" for i in range(50)],
-                      model=FakeAdapter("echo", base_url=fake.base_url, api_key="bad-key"),
+                      model=CanonicalAdapter("echo", base_url=fake.base_url, api_key="bad-key"),
                       concurrency=5, checkpoint=path, progress=False)
         assert sum(fake.asked.values()) == 5
         again = batch("{row}", [f"row {i}" for i in range(50)],
-                      model=FakeAdapter("echo", base_url=fake.base_url, api_key="good-key"),
+                      model=CanonicalAdapter("echo", base_url=fake.base_url, api_key="good-key"),
                       concurrency=5, checkpoint=path, progress=False)
     assert (first.failed, first.not_sent) == (5, 45)
     assert again.ok == 50 and again.sent == 50 and again.resumed == 0

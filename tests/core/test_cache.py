@@ -39,7 +39,7 @@ from dispatch_nb.cache import (
     resolve_cache_mode,
     scrub_secrets,
 )
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import Fail, ToolCall, Turn
@@ -71,14 +71,14 @@ def path(tmp_path: Path) -> Path:
 def cached(fake: CanonicalFake, path: Path, mode: str, **kw: Any) -> CachedAdapter:
     pace = kw.pop("pace", "instant")
     label = kw.pop("label", None)
-    inner = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, **kw)
+    inner = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0, **kw)
     return CachedAdapter(inner, ResponseCache(path, mode, pace=pace), label=label)
 
 
 def offline(url: str, path: Path, mode: str = "replay", **kw: Any) -> CachedAdapter:
     """A cached adapter whose model server is gone: any real request fails to connect."""
     pace = kw.pop("pace", "instant")
-    inner = FakeAdapter("echo", base_url=url, max_retries=0)
+    inner = CanonicalAdapter("echo", base_url=url, max_retries=0)
     return CachedAdapter(inner, ResponseCache(path, mode, pace=pace), **kw)
 
 
@@ -99,7 +99,7 @@ def test_replay_offline_gives_identical_response_and_deltas(fake: CanonicalFake,
     fake.close()  # from here on, the model is unreachable
 
     with pytest.raises(APIConnectionError) as info:
-        FakeAdapter("echo", base_url=url, max_retries=0).chat("Weather in Paris?")
+        CanonicalAdapter("echo", base_url=url, max_retries=0).chat("Weather in Paris?")
     assert info.value.code == "network_error"
 
     player = offline(url, path)
@@ -566,3 +566,25 @@ def test_opaque_signatures_are_never_rewritten_by_patterns() -> None:
     # an exact known secret is removed even from opaque fields
     assert scrub_secrets({"signature": "x sk-real-key-12345678"},
                          secrets={"sk-real-key-12345678"}) == {"signature": "x [REDACTED]"}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_retried_call_records_its_answer_not_its_retries(
+    fake: CanonicalFake, tmp_path: Path, asynchronous: bool
+) -> None:
+    fake.push(Fail(503, "busy"), Turn(text="after a retry", chunk=4))
+    inner = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=1)
+    inner.retry_backoff = 0.01
+    model = CachedAdapter(inner, ResponseCache(tmp_path / "c.jsonl", mode="record"))
+
+    async def astreamed() -> list[Any]:
+        async with model.astream("q") as stream:
+            return [d async for d in stream]
+
+    seen = asyncio.run(astreamed()) if asynchronous else list(model.stream("q"))
+    assert seen[0].type == "retry"  # the caller saw the retry...
+    entry = json.loads((tmp_path / "c.jsonl").read_text().splitlines()[-1])
+    assert "retry" not in {d["type"] for d in entry["deltas"]}  # ...the recording did not keep it
+    replayed = CachedAdapter(inner, ResponseCache(tmp_path / "c.jsonl", mode="replay"))
+    assert [d.type for d in replayed.stream("q")] == [d.type for d in seen[1:]]
+    inner.close()

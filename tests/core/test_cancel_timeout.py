@@ -30,7 +30,7 @@ from dispatch_nb import (
     RequestCancelled,
     ToolResultBlock,
 )
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session, tool
 
 from ..fakes.canonical import CanonicalFake
@@ -53,7 +53,7 @@ def closed_by_client(fake: CanonicalFake, timeout: float = 4.0) -> bool:
 
 # -- deadlines -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("reused", [False, True], ids=["new-connection", "keep-alive"])
-def test_deadline_before_headers_sync(fake: CanonicalFake, adapter: FakeAdapter,
+def test_deadline_before_headers_sync(fake: CanonicalFake, adapter: CanonicalAdapter,
                                       reused: bool) -> None:
     if reused:
         adapter.chat("warm up")  # a finished JSON answer leaves the connection in the pool
@@ -71,7 +71,7 @@ def test_deadline_before_headers_sync(fake: CanonicalFake, adapter: FakeAdapter,
 
 
 @pytest.mark.parametrize("reused", [False, True], ids=["new-connection", "keep-alive"])
-def test_deadline_before_headers_async(fake: CanonicalFake, adapter: FakeAdapter,
+def test_deadline_before_headers_async(fake: CanonicalFake, adapter: CanonicalAdapter,
                                        reused: bool) -> None:
     async def main() -> float:
         if reused:
@@ -88,7 +88,7 @@ def test_deadline_before_headers_async(fake: CanonicalFake, adapter: FakeAdapter
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_deadline_mid_stream_keeps_partial(fake: CanonicalFake, adapter: FakeAdapter,
+def test_deadline_mid_stream_keeps_partial(fake: CanonicalFake, adapter: CanonicalAdapter,
                                            mode: str) -> None:
     fake.push(Turn(text="abcdefghijkl", chunk=2, stall_after=3, stall=STALL))
 
@@ -134,7 +134,7 @@ def unanswered_port() -> Iterator[int]:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_deadline_while_connecting(unanswered_port: int, mode: str) -> None:
-    adapter = FakeAdapter("echo", base_url=f"http://127.0.0.1:{unanswered_port}", max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=f"http://127.0.0.1:{unanswered_port}", max_retries=0)
 
     def run() -> Any:
         if mode == "sync":
@@ -150,7 +150,7 @@ def test_deadline_while_connecting(unanswered_port: int, mode: str) -> None:
 
 
 def test_adapter_default_timeout(fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, timeout=0.3, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, timeout=0.3, max_retries=0)
     fake.push(Stall(STALL))
     with pytest.raises(APITimeoutError, match=r"0\.3 s timeout") as info:
         adapter.chat("x")
@@ -159,7 +159,7 @@ def test_adapter_default_timeout(fake: CanonicalFake) -> None:
 
 
 def test_session_deadline_covers_the_whole_tool_loop(fake: CanonicalFake,
-                                                     adapter: FakeAdapter) -> None:
+                                                     adapter: CanonicalAdapter) -> None:
     @tool
     def slowish() -> str:
         time.sleep(0.3)
@@ -179,7 +179,7 @@ def test_session_deadline_covers_the_whole_tool_loop(fake: CanonicalFake,
     assert [m.role for m in session.history] == ["user", "assistant", "user"]
 
 
-def test_session_deadline_while_tools_run(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_session_deadline_while_tools_run(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     ran: list[str] = []
     adapter.chat("warm up")  # (a first call in a process imports its transport: not timed here)
     timeout = 1.5  # room for the model's answer (the first request) on a busy machine
@@ -207,7 +207,7 @@ def test_session_deadline_while_tools_run(fake: CanonicalFake, adapter: FakeAdap
 
 
 def test_async_session_deadline_cancels_async_tools(fake: CanonicalFake,
-                                                    adapter: FakeAdapter) -> None:
+                                                    adapter: CanonicalAdapter) -> None:
     finished: list[str] = []
 
     @tool
@@ -246,7 +246,7 @@ def cancel_later(token: CancelToken, after: threading.Event, delay: float,
     return thread
 
 
-def test_cancel_from_another_thread_mid_stream(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_cancel_from_another_thread_mid_stream(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Turn(text="abcdefghijkl", chunk=2, stall_after=3, stall=STALL))
     token, streaming, at = CancelToken(), threading.Event(), []
     thread = cancel_later(token, streaming, 0.15, at)
@@ -262,7 +262,7 @@ def test_cancel_from_another_thread_mid_stream(fake: CanonicalFake, adapter: Fak
 
 
 def test_cancel_before_headers_on_a_reused_connection(fake: CanonicalFake,
-                                                      adapter: FakeAdapter) -> None:
+                                                      adapter: CanonicalAdapter) -> None:
     adapter.chat("warm up")
     fake.push(Stall(STALL))
     token, now, at = CancelToken(), threading.Event(), []
@@ -278,7 +278,7 @@ def test_cancel_before_headers_on_a_reused_connection(fake: CanonicalFake,
 
 
 def test_cancel_async_from_another_task_and_thread(fake: CanonicalFake,
-                                                   adapter: FakeAdapter) -> None:
+                                                   adapter: CanonicalAdapter) -> None:
     fake.push(Turn(text="z" * 100, chunk=1, stall_after=5, stall=STALL),
               Turn(text="y" * 100, chunk=1, stall_after=5, stall=STALL))
 
@@ -318,7 +318,7 @@ def test_cancel_async_from_another_task_and_thread(fake: CanonicalFake,
 
 
 def test_cancel_during_retry_backoff(fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=2)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=2)
     fake.push(Fail(503, "busy", headers={"retry-after": "5"}), Turn(text="never"))
     token, asked, at = CancelToken(), threading.Event(), []
     # cancel 0.2 s into the 5 s backoff (counted from the first answer: the machine may be slow)
@@ -334,7 +334,7 @@ def test_cancel_during_retry_backoff(fake: CanonicalFake) -> None:
 
 
 def test_cancelled_token_stops_a_session_and_async_tools(fake: CanonicalFake,
-                                                          adapter: FakeAdapter) -> None:
+                                                          adapter: CanonicalAdapter) -> None:
     finished: list[str] = []
     token, at = CancelToken(), []
 
@@ -369,7 +369,7 @@ def test_cancelled_token_stops_a_session_and_async_tools(fake: CanonicalFake,
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------
-def test_keyboard_interrupt_in_on_delta(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_keyboard_interrupt_in_on_delta(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Turn(text="k" * 400, chunk=2, delay=0.01))
     session = Session(adapter)
     seen: list[str] = []
@@ -388,7 +388,7 @@ def test_keyboard_interrupt_in_on_delta(fake: CanonicalFake, adapter: FakeAdapte
     assert session.send("after").text == "echo: goafter"
 
 
-def test_sigint_while_blocked_in_a_sync_stream(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_sigint_while_blocked_in_a_sync_stream(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("SIGINT is delivered to the main thread")
     fake.push(Turn(text="abcdefghij", chunk=2, stall_after=3, stall=STALL))
@@ -434,8 +434,8 @@ class KeyCheckingFake(CanonicalFake):
 
 def test_validate_reports_whether_credentials_work() -> None:
     with KeyCheckingFake() as fake:
-        good = FakeAdapter("echo", base_url=fake.base_url, api_key="good-key")
-        bad = FakeAdapter("echo", base_url=fake.base_url, api_key="bad-key")
+        good = CanonicalAdapter("echo", base_url=fake.base_url, api_key="good-key")
+        bad = CanonicalAdapter("echo", base_url=fake.base_url, api_key="bad-key")
         result = good.validate()
         assert result and result.ok and "accepted" in result.reason
         result = bad.validate()
@@ -446,20 +446,20 @@ def test_validate_reports_whether_credentials_work() -> None:
         url = fake.base_url
         good.close()
         bad.close()
-    gone = FakeAdapter("echo", base_url=url, api_key="good-key")
+    gone = CanonicalAdapter("echo", base_url=url, api_key="good-key")
     result = gone.validate()
     assert not result.ok and "could not be checked" in result.reason
     gone.close()
 
 
-def test_the_deadline_counts_from_the_first_read(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_the_deadline_counts_from_the_first_read(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Turn(text="in time", chunk=2))
     stream = adapter.stream("x", timeout=0.3)
     time.sleep(0.4)  # created long before it is read: the clock has not started yet
     assert "".join(d.text or "" for d in stream) == "in time"
 
 
-class _SlowAuthAdapter(FakeAdapter):
+class _SlowAuthAdapter(CanonicalAdapter):
     """Authentication that takes a while (a token refresh), as Copilot's does."""
 
     async def aauth_headers(self) -> dict[str, str]:

@@ -16,7 +16,7 @@ import httpx
 
 from dispatch_nb.adapter import BRIDGE_BUFFER, Adapter, ChatRequest
 from dispatch_nb.call_control import CallControl
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session
 from dispatch_nb.stream import Accumulator
 from dispatch_nb.types import StreamDelta
@@ -28,7 +28,7 @@ SESSIONS = 64
 
 
 def test_64_threads_share_one_adapter(fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=30)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=30)
     barrier = threading.Barrier(SESSIONS)
     problems: list[str] = []
 
@@ -62,7 +62,7 @@ def test_64_threads_share_one_adapter(fake: CanonicalFake) -> None:
 
 
 def test_64_tasks_share_one_adapter(fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=30)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=30)
 
     async def converse(i: int) -> tuple[str, str]:
         session = Session(adapter)
@@ -106,13 +106,14 @@ def test_a_slow_consumer_slows_the_server() -> None:
     piece = sse({"type": "text", "text": "x" * 4000})
     chunks = CountingChunks([piece * 16] * 640 + [DONE])  # ~41 MB, 10,240 deltas
     # A fixed receive buffer: loopback sockets otherwise grow theirs to tens of MB.
-    small_buffer = httpx.HTTPTransport(
+    small_buffer = httpx.AsyncHTTPTransport(
         socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)]
     )
     reply = Reply(headers={"content-type": "text/event-stream"}, chunks=chunks)
-    with LoopbackServer(lambda request: reply) as server, \
-            httpx.Client(transport=small_buffer) as client:
-        adapter = FakeAdapter("echo", base_url=server.url, max_retries=0, http_client=client)
+    with LoopbackServer(lambda request: reply) as server:
+        client = httpx.AsyncClient(transport=small_buffer)
+        adapter = CanonicalAdapter("echo", base_url=server.url, max_retries=0,
+                                   async_http_client=client)
         session = Session(adapter)
         with session.stream("go") as events:
             next(events)
@@ -131,7 +132,7 @@ def test_memory_stays_flat_over_100k_deltas() -> None:
     chunks = [event * per_chunk for _ in range(deltas // per_chunk)] + [DONE]
     reply = Reply.sse(chunks)  # built before measuring: the server only sends it
     with LoopbackServer(lambda request: reply) as server:
-        adapter = FakeAdapter("echo", base_url=server.url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=server.url, max_retries=0)
         session = Session(adapter)
         session.send("warm up", stream=True)  # imports, connection pool, caches
         session.clear_history()
@@ -168,7 +169,7 @@ class CountingAdapter(Adapter):
     def model_name(self) -> str:
         return "counting"
 
-    def _stream_once(
+    def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
         try:

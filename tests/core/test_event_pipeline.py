@@ -29,7 +29,7 @@ from dispatch_nb import (
 )
 from dispatch_nb.cache import CachedAdapter, ResponseCache
 from dispatch_nb.notebook.display import Transcript
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.render import footer_line, footer_text
 from dispatch_nb.stream import Accumulator
 from dispatch_nb.turn import TextPart, ToolRun, TurnAccumulator
@@ -121,8 +121,8 @@ def fake() -> Iterator[CanonicalFake]:
 
 
 @pytest.fixture
-def adapter(fake: CanonicalFake) -> Iterator[FakeAdapter]:
-    a = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+def adapter(fake: CanonicalFake) -> Iterator[CanonicalAdapter]:
+    a = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     yield a
     a.close()
 
@@ -134,7 +134,7 @@ RICH = Turn(text="Let me look that up for you, it will take a second.",
 
 
 def test_a_stream_kept_log_is_exactly_what_it_yielded(fake: CanonicalFake,
-                                                      adapter: FakeAdapter) -> None:
+                                                      adapter: CanonicalAdapter) -> None:
     fake.push(RICH)
     with adapter.stream("Weather?").keep_events() as stream:
         seen = list(stream)
@@ -150,7 +150,7 @@ def test_a_stream_kept_log_is_exactly_what_it_yielded(fake: CanonicalFake,
 
 
 def test_a_stream_log_without_keep_events_is_the_compact_accumulator(
-    fake: CanonicalFake, adapter: FakeAdapter
+    fake: CanonicalFake, adapter: CanonicalAdapter
 ) -> None:
     fake.push(RICH)
     with adapter.stream("Weather?") as stream:
@@ -163,14 +163,14 @@ def test_a_stream_log_without_keep_events_is_the_compact_accumulator(
 
 
 async def test_an_async_stream_keeps_its_log_too(fake: CanonicalFake,
-                                                 adapter: FakeAdapter) -> None:
+                                                 adapter: CanonicalAdapter) -> None:
     fake.push(RICH)
     async with adapter.astream("Weather?").keep_events() as stream:
         seen = [delta async for delta in stream]
     assert stream.events == seen and stream.response.text == RICH.text
 
 
-def test_closing_a_logged_stream_releases_it(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_closing_a_logged_stream_releases_it(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(RICH, Turn(text="still usable"))
     stream = adapter.stream("Weather?").keep_events()
     first = next(stream)
@@ -195,7 +195,7 @@ def get_weather(city: str) -> dict[str, object]:
 
 
 def test_a_session_turn_collected_by_the_turn_accumulator(fake: CanonicalFake,
-                                                          adapter: FakeAdapter) -> None:
+                                                          adapter: CanonicalAdapter) -> None:
     fake.push(RICH, Turn(text="It is 21 °C in Paris.", input_tokens=50, output_tokens=9))
     session = Session(adapter, tools=[get_weather])
     turn = TurnAccumulator()
@@ -219,7 +219,7 @@ def test_a_session_turn_collected_by_the_turn_accumulator(fake: CanonicalFake,
 
 @pytest.mark.parametrize("mode", ["send", "asend"])
 def test_a_session_collects_each_turn_in_its_own_turn_accumulator(
-    fake: CanonicalFake, adapter: FakeAdapter, mode: str
+    fake: CanonicalFake, adapter: CanonicalAdapter, mode: str
 ) -> None:
     # The session's own turn state is a TurnAccumulator (rounds and tool results as they happen),
     # kept as session.last_turn: the same thing a caller feeding the events by hand collects.
@@ -251,7 +251,7 @@ def test_a_cache_round_trip_goes_through_the_shared_accumulator(fake: CanonicalF
                                                                 tmp_path: Path) -> None:
     path = tmp_path / "c.dispatch-cache.jsonl"
     fake.push(RICH)
-    inner = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    inner = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     with CachedAdapter(inner, ResponseCache(path, "record")).stream("Weather?") as live:
         recorded_deltas = list(live)
     recorded = live.response

@@ -30,7 +30,7 @@ import pytest
 import trustme
 
 from dispatch_nb import APIConnectionError, APITimeoutError, CancelToken, RequestCancelled
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import Stall, Turn, sse_event
@@ -81,13 +81,13 @@ def tls_fake(ca: Any, trusted: None) -> Iterator[CanonicalFake]:
 
 
 @pytest.fixture
-def tls_adapter(tls_fake: CanonicalFake) -> Iterator[FakeAdapter]:
-    adapter = FakeAdapter("echo", base_url=tls_fake.base_url, max_retries=0)
+def tls_adapter(tls_fake: CanonicalFake) -> Iterator[CanonicalAdapter]:
+    adapter = CanonicalAdapter("echo", base_url=tls_fake.base_url, max_retries=0)
     yield adapter
     adapter.close()
 
 
-def test_https_works_and_is_https(tls_fake: CanonicalFake, tls_adapter: FakeAdapter) -> None:
+def test_https_works_and_is_https(tls_fake: CanonicalFake, tls_adapter: CanonicalAdapter) -> None:
     assert tls_fake.base_url.startswith("https://127.0.0.1:")
     assert tls_adapter.chat("over TLS", stream=True).text == "echo: over TLS"
     assert asyncio.run(tls_adapter.achat("again", stream=True)).text == "echo: again"
@@ -95,7 +95,7 @@ def test_https_works_and_is_https(tls_fake: CanonicalFake, tls_adapter: FakeAdap
 
 def test_an_untrusted_certificate_is_a_clear_connection_error(ca: Any) -> None:
     with CanonicalFake(tls=tls_context(ca)) as fake:  # (no SSL_CERT_FILE: the CA is unknown)
-        adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
         with pytest.raises(APIConnectionError) as info:
             adapter.chat("hi")
         adapter.close()
@@ -104,7 +104,7 @@ def test_an_untrusted_certificate_is_a_clear_connection_error(ca: Any) -> None:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_cancel_mid_stream_over_tls(tls_fake: CanonicalFake, tls_adapter: FakeAdapter,
+def test_cancel_mid_stream_over_tls(tls_fake: CanonicalFake, tls_adapter: CanonicalAdapter,
                                     mode: str) -> None:
     tls_fake.push(Turn(text="abcdefghijkl", chunk=2, stall_after=3, stall=2.0))
     token, streaming, at = CancelToken(), threading.Event(), []
@@ -128,7 +128,7 @@ def test_cancel_mid_stream_over_tls(tls_fake: CanonicalFake, tls_adapter: FakeAd
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_deadline_mid_stream_over_tls(tls_fake: CanonicalFake, tls_adapter: FakeAdapter,
+def test_deadline_mid_stream_over_tls(tls_fake: CanonicalFake, tls_adapter: CanonicalAdapter,
                                       mode: str) -> None:
     tls_fake.push(Turn(text="abcdefghijkl", chunk=2, stall_after=3, stall=2.0))
 
@@ -148,7 +148,7 @@ def test_deadline_mid_stream_over_tls(tls_fake: CanonicalFake, tls_adapter: Fake
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_deadline_before_headers_on_a_reused_tls_connection(
-    tls_fake: CanonicalFake, tls_adapter: FakeAdapter, mode: str
+    tls_fake: CanonicalFake, tls_adapter: CanonicalAdapter, mode: str
 ) -> None:
     async def twice() -> None:
         await tls_adapter.achat("warm up")
@@ -201,7 +201,7 @@ def silent_tls_port() -> Iterator[int]:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_deadline_during_a_tls_handshake_that_never_ends(silent_tls_port: int, trusted: None,
                                                          mode: str) -> None:
-    adapter = FakeAdapter("echo", base_url=f"https://127.0.0.1:{silent_tls_port}", max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=f"https://127.0.0.1:{silent_tls_port}", max_retries=0)
 
     def run() -> Any:
         if mode == "sync":
@@ -227,7 +227,7 @@ def _no_done(request: RecordedRequest) -> Reply:
 @pytest.mark.parametrize("mode", ["stream", "async-stream", "async-chat"])
 def test_a_stream_that_ends_without_its_terminal_event(mode: str) -> None:
     with LoopbackServer(_no_done) as server:
-        adapter = FakeAdapter("echo", base_url=server.url, max_retries=2)
+        adapter = CanonicalAdapter("echo", base_url=server.url, max_retries=2)
         seen: list[str] = []
 
         async def consume() -> None:
@@ -260,7 +260,7 @@ def test_a_stream_that_ends_without_its_terminal_event(mode: str) -> None:
 @pytest.mark.parametrize("where", ["before-headers", "mid-stream"])
 def test_asyncio_wait_for_cancels_the_call_and_closes_its_connection(fake: CanonicalFake,
                                                                      where: str) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     if where == "before-headers":
         fake.push(Stall(3.0))
     else:
@@ -281,7 +281,7 @@ def test_asyncio_wait_for_cancels_the_call_and_closes_its_connection(fake: Canon
 
 
 def test_asyncio_timeout_around_a_stream_keeps_what_arrived(fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     fake.push(Turn(text="abcdefgh", chunk=2, stall_after=2, stall=3.0))
     seen: list[str] = []
 
@@ -317,7 +317,7 @@ def test_text_stream_yields_only_the_text_and_leaves_the_response(fake: Canonica
 
     fake.push(Turn(text="Grüße aus Köln!", chunk=3, thinking="hmm", signature="sig",
                    tool_calls=[ToolCall("c1", "look", {"q": "x"})]))
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     with adapter.stream("hi") as stream:
         pieces = list(stream.text_stream)
     assert pieces == ["Grü", "ße ", "aus", " Kö", "ln!"]
@@ -329,7 +329,7 @@ def test_text_stream_yields_only_the_text_and_leaves_the_response(fake: Canonica
 
 def test_leaving_text_stream_early_closes_the_connection(fake: CanonicalFake) -> None:
     fake.push(Turn(text="y" * 400, chunk=4, delay=0.01))
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     with adapter.stream("hi") as stream:
         for piece in stream.text_stream:
             if piece:
@@ -345,7 +345,7 @@ def test_leaving_text_stream_early_closes_the_connection(fake: CanonicalFake) ->
 
 def test_text_stream_raises_the_error_with_what_arrived() -> None:
     with LoopbackServer(_no_done) as server:
-        adapter = FakeAdapter("echo", base_url=server.url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=server.url, max_retries=0)
         pieces: list[str] = []
 
         def read() -> None:
@@ -367,7 +367,7 @@ def test_a_cancel_callback_that_raises_does_not_stop_the_cancel(
     fake: CanonicalFake, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.push(Turn(text="abcdefghijkl", chunk=2, stall_after=3, stall=2.0))
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     token, streaming, at = CancelToken(), threading.Event(), []
     after: list[str] = []
 
@@ -406,7 +406,7 @@ def test_a_cancel_callback_that_raises_does_not_stop_the_cancel(
 def test_a_connection_the_server_closed_while_idle_is_not_an_error(mode: str) -> None:
     # (a non-streamed answer, read to its end, leaves its connection in the pool for the next call)
     with CanonicalFake(idle_timeout=0.2) as fake:
-        adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
 
         async def both() -> list[str]:
             first = await adapter.achat("first")
@@ -430,7 +430,7 @@ def test_a_server_that_closes_every_connection_after_its_answer(mode: str) -> No
     # Keep-alive advertised, the connection closed right after each answer. A call that races the
     # close is retried (it never reached the server); no answer is lost, none is asked twice.
     with CanonicalFake(idle_timeout=0) as fake:
-        adapter = FakeAdapter("echo", base_url=fake.base_url)
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url)
         adapter.retry_backoff = 0.01
 
         async def many() -> list[str]:
@@ -447,7 +447,7 @@ def test_a_server_that_closes_every_connection_after_its_answer(mode: str) -> No
 
 
 def test_non_streamed_answers_reuse_their_connection(fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     for i in range(4):
         adapter.chat(f"q{i}", stream=False)
 
@@ -476,7 +476,7 @@ def test_streamed_answers_reuse_their_connection(
     # (and, to a real provider, TLS) handshake. Here the closing bytes come 50 ms after the event.
     for i in range(4):
         fake.push(Turn(text=f"answer {i}", stall_after=10**6, stall=0.05))
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
 
     async def four() -> list[str]:
         return [(await adapter.achat(f"q{i}", stream=True)).text for i in range(4)]
@@ -497,7 +497,7 @@ def test_a_stream_kept_open_after_its_terminal_event_does_not_hold_the_call(
     # The server sends every event, then keeps the body open: the answer is complete, so the call
     # returns at once (the connection, never finished, is dropped), and the next call still works.
     fake.push(Turn(text="complete", stall_after=10**6, stall=30))
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
 
     async def two() -> list[str]:
         return [(await adapter.achat(q, stream=True)).text for q in ("first", "second")]

@@ -19,7 +19,7 @@ from dispatch_nb import (
     list_providers,
     register_provider,
 )
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.registry import parse_model_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,14 +141,14 @@ def test_register_get_list_and_connect(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def factory(model: str, **options: object) -> Adapter:
         made.append((model, options))
-        return FakeAdapter(model, base_url="http://127.0.0.1:9")
+        return CanonicalAdapter(model, base_url="http://127.0.0.1:9")
 
     register_provider("unit-test-provider", factory)
     try:
         assert "unit-test-provider" in list_providers()
         assert get_provider("unit-test-provider") is factory
         adapter = connect("unit-test-provider:m1", max_tokens=5)
-        assert isinstance(adapter, FakeAdapter) and made == [("m1", {"max_tokens": 5})]
+        assert isinstance(adapter, CanonicalAdapter) and made == [("m1", {"max_tokens": 5})]
         with pytest.raises(ValueError, match="already registered"):
             register_provider("unit-test-provider", factory)
         register_provider("unit-test-provider", factory, replace=True)
@@ -179,7 +179,7 @@ def test_base_adapter_defaults() -> None:
 
 
 def test_bad_arguments_are_clear() -> None:
-    adapter = FakeAdapter("echo", base_url="http://127.0.0.1:9")
+    adapter = CanonicalAdapter("echo", base_url="http://127.0.0.1:9")
     with pytest.raises(TypeError, match=r"does not understand option.*bogus"):
         adapter.chat("hi", bogus=1)
     with pytest.raises(ValueError, match="temperature"):
@@ -205,9 +205,9 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "    display_name='Plugged', key_env='PLUGGED_API_KEY', default_model='p-1')\n"
     )
     (site / "plugged_dnb_adapter.py").write_text(
-        "from dispatch_nb.providers.fake import FakeAdapter\n"
+        "from dispatch_nb.providers.fake import CanonicalAdapter\n"
         "def make(model, **options):\n"
-        "    return FakeAdapter(model, base_url='http://127.0.0.1:9', **options)\n"
+        "    return CanonicalAdapter(model, base_url='http://127.0.0.1:9', **options)\n"
     )
     info = site / "plugged_dnb-1.0.dist-info"
     info.mkdir()

@@ -23,10 +23,11 @@ from dispatch_nb import (
     AuthenticationError,
     RateLimitError,
     RequestError,
+    RetryEvent,
     ServerError,
 )
 from dispatch_nb.adapter import BACKOFF_CAP, RETRY_AFTER_CAP, backoff_delay
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session
 
 from ..fakes.canonical import CanonicalFake
@@ -37,10 +38,10 @@ SECRET = "sk-test-SECRET-value-0123456789"
 
 @pytest.fixture
 def make(fake: CanonicalFake) -> Iterator[Any]:
-    made: list[FakeAdapter] = []
+    made: list[CanonicalAdapter] = []
 
-    def build(**kw: Any) -> FakeAdapter:
-        adapter = FakeAdapter("echo", base_url=fake.base_url, api_key=SECRET, **kw)
+    def build(**kw: Any) -> CanonicalAdapter:
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url, api_key=SECRET, **kw)
         adapter.retry_backoff = 0.01
         made.append(adapter)
         return adapter
@@ -112,7 +113,7 @@ def test_max_retries_per_adapter_and_per_call(make: Any, fake: CanonicalFake) ->
     with pytest.raises(ValueError, match="max_retries"):
         make().chat("x", max_retries=-1)
     with pytest.raises(ValueError, match="max_retries"):
-        FakeAdapter("echo", base_url=fake.base_url, max_retries=-1)
+        CanonicalAdapter("echo", base_url=fake.base_url, max_retries=-1)
 
 
 @pytest.mark.parametrize("status", [408, 409, 502, 503, 504, 529])
@@ -295,3 +296,27 @@ def test_one_info_line_per_request_and_never_a_secret(
         rendered = record.getMessage() + repr(record.args) + str(record.exc_text or "")
         assert SECRET not in rendered
     assert SECRET not in caplog.text
+
+
+# -- retries are events of the stream ------------------------------------------------------------
+def test_a_retry_is_an_event_among_the_stream_s_deltas(make: Any, fake: CanonicalFake) -> None:
+    fake.push(Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "0.1"}),
+              Fail(503, "unavailable"), Turn(text="ok"))
+    with make().stream("x") as stream:
+        events = list(stream)
+    retries = [e for e in events if isinstance(e, RetryEvent)]
+    assert [(r.type, r.attempt, r.reason) for r in retries] == [
+        ("retry", 1, "rate limited, HTTP 429"), ("retry", 2, "the server failed, HTTP 503")]
+    assert retries[0].wait == 0.1 and retries[1].wait > 0
+    assert events.index(retries[-1]) < next(i for i, e in enumerate(events)
+                                             if e.type == "text_delta")
+    assert stream.response.text == "ok"
+
+
+async def test_an_async_stream_has_its_retries_as_events(make: Any, fake: CanonicalFake) -> None:
+    fake.push(Fail(500, "oops"), Turn(text="ok"))
+    seen: list[Any] = []
+    response = await make().achat("x", stream=True, on_delta=seen.append)
+    assert response.text == "ok"
+    assert [(e.attempt, e.reason) for e in seen if isinstance(e, RetryEvent)] == [
+        (1, "the server failed, HTTP 500")]

@@ -33,7 +33,7 @@ from dispatch_nb import (
     ToolUseBlock,
     Usage,
 )
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import CancelToken, Session, tool
 
 from ..fakes.canonical import CanonicalFake
@@ -76,7 +76,7 @@ def _reset_calls() -> None:
 
 
 # -- conversations -------------------------------------------------------------------------------
-def test_send_keeps_a_conversation(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_send_keeps_a_conversation(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     session = Session(adapter, system="Be brief.", max_tokens=50, temperature=0.3)
     first = session.send("Hello")
     second = session.send([TextBlock("How"), " are you?"])
@@ -89,7 +89,7 @@ def test_send_keeps_a_conversation(fake: CanonicalFake, adapter: FakeAdapter) ->
     assert session.last_response == second
 
 
-def test_per_call_options_beat_session_defaults(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_per_call_options_beat_session_defaults(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     session = Session(adapter, system="default", max_tokens=50)
     session.send("x", max_tokens=7, system="just this turn", temperature=1.5)
     assert (sent(fake)["max_tokens"], sent(fake)["system"], sent(fake)["temperature"]) == (
@@ -102,7 +102,7 @@ def test_per_call_options_beat_session_defaults(fake: CanonicalFake, adapter: Fa
     assert sent(fake)["system"] is None
 
 
-def test_content_forms(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_content_forms(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     session = Session(adapter)
     session.send(Message(role="user", content="as a message"))
     session.send({"role": "user", "content": "as a dict"})
@@ -125,7 +125,7 @@ def test_content_forms(fake: CanonicalFake, adapter: FakeAdapter) -> None:
     assert len(fake.chat_requests) == 3
 
 
-def test_session_ids(adapter: FakeAdapter) -> None:
+def test_session_ids(adapter: CanonicalAdapter) -> None:
     a, b = Session(adapter), Session(adapter)
     assert a.id != b.id and uuid.UUID(hex=a.id).hex == a.id
     assert Session(adapter, id="thread-7").id == "thread-7"
@@ -134,7 +134,7 @@ def test_session_ids(adapter: FakeAdapter) -> None:
 def test_session_from_a_model_spec(fake: CanonicalFake, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DISPATCH_NB_FAKE_URL", fake.base_url)
     with Session("fake:echo") as session:
-        assert isinstance(session.adapter, FakeAdapter) and session.model == "echo"
+        assert isinstance(session.adapter, CanonicalAdapter) and session.model == "echo"
         assert session.send("spec").text == "echo: spec"
     with pytest.raises(TypeError, match="Adapter or a model spec"):
         Session(3.14)  # type: ignore[arg-type]
@@ -142,7 +142,7 @@ def test_session_from_a_model_spec(fake: CanonicalFake, monkeypatch: pytest.Monk
         Session("fake:echo", max_tool_rounds=-1)
 
 
-def test_clear_history_keeps_usage_and_settings(adapter: FakeAdapter) -> None:
+def test_clear_history_keeps_usage_and_settings(adapter: CanonicalAdapter) -> None:
     session = Session(adapter, system="s", tools=[add])
     session.send("x")
     usage = session.usage
@@ -151,7 +151,7 @@ def test_clear_history_keeps_usage_and_settings(adapter: FakeAdapter) -> None:
     assert session.system == "s" and session.tools == [add]
 
 
-def test_history_can_be_replaced(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_history_can_be_replaced(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     session = Session(adapter)
     session.history = [{"role": "user", "content": "earlier"},
                        Message(role="assistant", content="noted")]
@@ -159,7 +159,7 @@ def test_history_can_be_replaced(fake: CanonicalFake, adapter: FakeAdapter) -> N
     assert roles(fake) == ["user", "assistant", "user"]
 
 
-def test_thinking_signatures_go_back_verbatim(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_thinking_signatures_go_back_verbatim(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Turn(text="Done.", thinking="Let me think.", signature="sig-abc=="))
     session = Session(adapter)
     session.send("think", stream=True)
@@ -171,7 +171,7 @@ def test_thinking_signatures_go_back_verbatim(fake: CanonicalFake, adapter: Fake
 
 
 # -- the tool loop -------------------------------------------------------------------------------
-def test_tool_loop_runs_calls_in_order(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_tool_loop_runs_calls_in_order(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(
         Turn(text="Checking.", tool_calls=[ToolCall("c1", "get_weather", {"city": "Paris"}),
                                            ToolCall("c2", "add", {"a": 2, "b": 3}),
@@ -191,7 +191,7 @@ def test_tool_loop_runs_calls_in_order(fake: CanonicalFake, adapter: FakeAdapter
     assert session.usage.input_tokens == 24 and not session.tool_limit_reached
 
 
-def test_plain_functions_are_wrapped_as_tools(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_plain_functions_are_wrapped_as_tools(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     def multiply(a: int, b: int) -> int:
         """Multiply two integers."""
         return a * b
@@ -203,7 +203,7 @@ def test_plain_functions_are_wrapped_as_tools(fake: CanonicalFake, adapter: Fake
     assert sent(fake, 0)["tools"][0]["description"] == "Multiply two integers."
 
 
-def test_tool_problems_go_back_to_the_model(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_tool_problems_go_back_to_the_model(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     @tool
     def explode() -> str:
         raise RuntimeError("the database is down")
@@ -227,7 +227,7 @@ def test_tool_problems_go_back_to_the_model(fake: CanonicalFake, adapter: FakeAd
 
 
 def test_max_tool_rounds_stops_a_runaway_loop(
-    fake: CanonicalFake, adapter: FakeAdapter, caplog: pytest.LogCaptureFixture
+    fake: CanonicalFake, adapter: CanonicalAdapter, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.push(*[Turn(text=f"round {i}", tool_calls=[ToolCall(f"c{i}", "add", {"a": i, "b": 1})])
                 for i in range(4)])
@@ -252,7 +252,7 @@ def test_max_tool_rounds_stops_a_runaway_loop(
     assert roles(fake)[-1] == "user" and roles(fake).count("user") == 5
 
 
-def test_max_tool_rounds_zero_never_runs_tools(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_max_tool_rounds_zero_never_runs_tools(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Turn(tool_calls=[ToolCall("c1", "add", {"a": 1, "b": 1})]))
     session = Session(adapter, tools=[add], max_tool_rounds=0)
     assert session.send("x").tool_calls[0].id == "c1"
@@ -260,7 +260,7 @@ def test_max_tool_rounds_zero_never_runs_tools(fake: CanonicalFake, adapter: Fak
 
 
 def test_declared_tools_without_handlers_come_back_to_the_caller(
-    fake: CanonicalFake, adapter: FakeAdapter
+    fake: CanonicalFake, adapter: CanonicalAdapter
 ) -> None:
     lookup = ToolDefinition(name="lookup", description="Client-side lookup",
                             parameters={"type": "object", "properties": {"q": {"type": "string"}}})
@@ -276,7 +276,7 @@ def test_declared_tools_without_handlers_come_back_to_the_caller(
     assert sent(fake)["messages"][-1]["content"][0]["tool_use_id"] == "l1"
 
 
-def test_set_tools(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_set_tools(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     session = Session(adapter, tools=[add])
     session.set_tools([get_weather, {"type": "web_search"}])
     session.send("x")
@@ -291,7 +291,7 @@ def test_set_tools(fake: CanonicalFake, adapter: FakeAdapter) -> None:
 
 
 # -- streams -------------------------------------------------------------------------------------
-def test_stream_events(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_stream_events(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(
         Turn(text="Let me see.", chunk=4, tool_calls=[ToolCall("c1", "add", {"a": 1, "b": 2})],
              input_tokens=10, output_tokens=5),
@@ -318,7 +318,7 @@ def test_stream_events(fake: CanonicalFake, adapter: FakeAdapter) -> None:
     assert session.usage == Usage(input_tokens=30, output_tokens=8)
 
 
-def test_stream_is_lazy_and_response_finishes_it(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_stream_is_lazy_and_response_finishes_it(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     session = Session(adapter)
     stream = session.stream("lazy")
     assert fake.chat_requests == [] and session.history == []
@@ -326,7 +326,7 @@ def test_stream_is_lazy_and_response_finishes_it(fake: CanonicalFake, adapter: F
     assert len(session.history) == 2
 
 
-def test_stream_error_event_then_raise(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_stream_error_event_then_raise(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Fail(400, "bad request"))
     session = Session(adapter)
     seen: list[Any] = []
@@ -353,7 +353,7 @@ def test_stream_error_event_then_raise(fake: CanonicalFake, adapter: FakeAdapter
 
 
 def test_failure_mid_stream_keeps_history_consistent(
-    fake: CanonicalFake, adapter: FakeAdapter
+    fake: CanonicalFake, adapter: CanonicalAdapter
 ) -> None:
     fake.push(Turn(text="abcdefgh", chunk=2, error_after=2,
                    error=Fail(529, "Overloaded", "overloaded_error")))
@@ -373,7 +373,7 @@ def test_failure_mid_stream_keeps_history_consistent(
 
 
 def test_failure_after_a_tool_round_keeps_the_round(
-    fake: CanonicalFake, adapter: FakeAdapter
+    fake: CanonicalFake, adapter: CanonicalAdapter
 ) -> None:
     fake.push(Turn(tool_calls=[ToolCall("c1", "add", {"a": 1, "b": 1})]),
               Fail(500, "server fell over"))
@@ -386,7 +386,7 @@ def test_failure_after_a_tool_round_keeps_the_round(
     assert session.send("try again").text == "echo: try again"
 
 
-def test_one_turn_at_a_time(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_one_turn_at_a_time(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Turn(text="slow answer", chunk=1, delay=0.01))
     session = Session(adapter)
     stream = session.stream("first")
@@ -399,7 +399,7 @@ def test_one_turn_at_a_time(fake: CanonicalFake, adapter: FakeAdapter) -> None:
     assert [m.text for m in session.history] == ["first", "third", "echo: firstthird"]
 
 
-def test_closing_a_stream_early_ends_the_turn(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_closing_a_stream_early_ends_the_turn(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Turn(text="x" * 200, chunk=1, delay=0.005))
     session = Session(adapter)
     with session.stream("go") as stream:
@@ -414,7 +414,7 @@ def test_closing_a_stream_early_ends_the_turn(fake: CanonicalFake, adapter: Fake
 
 # -- async ---------------------------------------------------------------------------------------
 def test_async_tools_run_concurrently_in_call_order(
-    fake: CanonicalFake, adapter: FakeAdapter
+    fake: CanonicalFake, adapter: CanonicalAdapter
 ) -> None:
     order: list[str] = []
 
@@ -452,7 +452,7 @@ def test_async_tools_run_concurrently_in_call_order(
     assert [r["content"] for r in results] == ["A", "B", "C", "D"]  # ...returned in call order
 
 
-def test_astream_events_and_errors(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_astream_events_and_errors(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     fake.push(Turn(text="hi there", chunk=3, tool_calls=[ToolCall("c1", "add", {"a": 2, "b": 2})]),
               Turn(text="four"), Fail(401, "bad key"))
     session = Session(adapter, tools=[add])
@@ -496,7 +496,7 @@ def rich_history() -> list[Message]:
     ]
 
 
-def test_to_json_restores_exactly(adapter: FakeAdapter) -> None:
+def test_to_json_restores_exactly(adapter: CanonicalAdapter) -> None:
     session = Session(adapter, system="sys", tools=[add, {"type": "web_search"}],
                       max_tool_rounds=3, id="abc", max_tokens=99, temperature=0.5)
     session.history = rich_history()
@@ -521,7 +521,7 @@ def test_to_json_restores_exactly(adapter: FakeAdapter) -> None:
 
 
 def test_from_json_reattaches_handlers_and_names_missing_ones(
-    fake: CanonicalFake, adapter: FakeAdapter, monkeypatch: pytest.MonkeyPatch
+    fake: CanonicalFake, adapter: CanonicalAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session = Session(adapter, tools=[add, get_weather], id="resume-me")
     session.send("hello")
@@ -543,7 +543,7 @@ def test_from_json_reattaches_handlers_and_names_missing_ones(
     restored.close()
 
 
-def test_from_json_rejects_other_documents(adapter: FakeAdapter) -> None:
+def test_from_json_rejects_other_documents(adapter: CanonicalAdapter) -> None:
     with pytest.raises(ValueError, match="not JSON"):
         Session.from_json("{nope", adapter=adapter)
     with pytest.raises(ValueError, match="format"):
@@ -577,7 +577,7 @@ def test_cancel_token_is_reexported() -> None:
     ],
 )
 def test_chat_and_stream_refuse_bad_arguments_before_any_request(
-    adapter: FakeAdapter, fake: CanonicalFake, kwargs: dict[str, Any], error: type, says: str
+    adapter: CanonicalAdapter, fake: CanonicalFake, kwargs: dict[str, Any], error: type, says: str
 ) -> None:
     for call in (adapter.chat, adapter.stream):
         with pytest.raises(error) as caught:
@@ -591,7 +591,7 @@ def test_chat_and_stream_refuse_bad_arguments_before_any_request(
 
 @pytest.mark.parametrize("messages", [42, None, 3.5, [42], ["hi", object()]])
 def test_chat_refuses_messages_it_cannot_send(
-    adapter: FakeAdapter, fake: CanonicalFake, messages: Any
+    adapter: CanonicalAdapter, fake: CanonicalFake, messages: Any
 ) -> None:
     with pytest.raises(TypeError, match="messages must be a str, a Message, a dict"):
         adapter.chat(messages)
@@ -599,7 +599,7 @@ def test_chat_refuses_messages_it_cannot_send(
 
 
 def test_session_checks_its_arguments_and_model_spec_before_any_request(
-    adapter: FakeAdapter, fake: CanonicalFake
+    adapter: CanonicalAdapter, fake: CanonicalFake
 ) -> None:
     with pytest.raises(TypeError, match=r"Session: max_tokens must be .* not '100' \(a str\)"):
         Session(adapter, max_tokens="100")
@@ -645,7 +645,7 @@ def test_connect_refuses_none_non_strings_and_provider_names() -> None:
 
 
 def test_lone_surrogates_are_replaced_with_one_warning(
-    adapter: FakeAdapter, fake: CanonicalFake
+    adapter: CanonicalAdapter, fake: CanonicalFake
 ) -> None:
     name = b"caf\xe9.txt".decode("utf-8", "surrogateescape")  # what os.listdir gives
     with pytest.warns(UnicodeWarning, match="1 character in the message could not be encoded"):

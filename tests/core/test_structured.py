@@ -24,7 +24,7 @@ from dispatch_nb import (
 )
 from dispatch_nb.cache import CachedAdapter, ResponseCache
 from dispatch_nb.providers.anthropic import AnthropicAdapter, supports_output_config
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.providers.openai import OpenAIAdapter
 from dispatch_nb.render import (
     compare_parsed_markdown,
@@ -206,7 +206,7 @@ def test_parsed_survives_dumps_sensibly() -> None:
 # -- mechanisms per provider ----------------------------------------------------------------------
 def test_prompt_mode_puts_the_schema_in_the_system_prompt() -> None:
     with CanonicalFake() as fake:
-        adapter = FakeAdapter("echo", base_url=fake.base_url)
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url)
         adapter.structured_output = "prompt"
         fake.push(Turn(text='Here you are: ```json\n{"result": [{"label": "text"}]}\n```'))
         response = adapter.chat("Tags?", system="Be brief.", output=list[Tag])
@@ -285,14 +285,14 @@ def test_cache_records_and_replays_structured_answers(tmp_path: Any) -> None:
     path = tmp_path / "c.jsonl"
     with CanonicalFake() as fake:
         fake.push(Turn(text='{"result": [{"label": "a", "weight": 3}]}'))
-        live = CachedAdapter(FakeAdapter("echo", base_url=fake.base_url),
+        live = CachedAdapter(CanonicalAdapter("echo", base_url=fake.base_url),
                              ResponseCache(path, mode="record"))
         recorded = live.chat("Tags?", output=list[Tag], stream=True)
         assert recorded.parsed == [Tag(label="a", weight=3)]
         plain_request = len(fake.chat_requests)
         live.chat("Tags?")  # the same prompt without output= is another request
         assert len(fake.chat_requests) == plain_request + 1
-    replay = CachedAdapter(FakeAdapter("echo", base_url="http://127.0.0.1:9"),
+    replay = CachedAdapter(CanonicalAdapter("echo", base_url="http://127.0.0.1:9"),
                            ResponseCache(path, mode="replay"))
     with replay.stream("Tags?", output=list[Tag]) as stream:
         partials = [stream.partial_parsed for _ in stream]
@@ -304,7 +304,7 @@ def test_cache_records_and_replays_structured_answers(tmp_path: Any) -> None:
         replay.chat("Tags?", output=Tag)  # another schema: another request
     # where the recording's provider cannot be built (binder: no extra), replay works the same
     stand_in = ReplayOnlyAdapter("fake", "echo", reason=ImportError("no fake here"),
-                                 max_tokens=1024, provider_options=FakeAdapter.provider_options)
+                                 max_tokens=1024, provider_options=CanonicalAdapter.provider_options)
     offline = CachedAdapter(stand_in, ResponseCache(path, mode="replay"))
     assert offline.chat("Tags?", output=list[Tag]).parsed == recorded.parsed
 
@@ -312,7 +312,7 @@ def test_cache_records_and_replays_structured_answers(tmp_path: Any) -> None:
 def test_timeout_is_one_budget_for_every_attempt() -> None:
     with CanonicalFake() as fake:
         fake.push(Turn(text='{"result": "not a list"}'), Stall(3.0))
-        adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
         started = time.monotonic()
         with pytest.raises(APITimeoutError) as info:
             adapter.chat("Tags?", output=list[Tag], timeout=1.0)
@@ -326,7 +326,7 @@ def test_timeout_is_one_budget_for_every_attempt() -> None:
 async def test_async_session_with_output() -> None:
     with CanonicalFake() as fake:
         fake.push(Turn(text='{"label": "x"}'))
-        session = Session(FakeAdapter("echo", base_url=fake.base_url))
+        session = Session(CanonicalAdapter("echo", base_url=fake.base_url))
         answer = await session.asend("Tag?", output=Tag)
         assert answer.parsed == Tag(label="x")
         assert session.usage.output_tokens == answer.usage.output_tokens

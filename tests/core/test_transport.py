@@ -29,15 +29,12 @@ import httpx
 import pytest
 
 from dispatch_nb import APIConnectionError
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.transport import (
     READ_EXTENSION,
     TRANSPORT_ENV,
-    AbortableHTTPTransport,
-    ThreadedTransport,
+    AiohttpTransport,
     async_client,
-    environment_proxies,
-    sync_client,
     transport_name,
 )
 
@@ -61,7 +58,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return str(request.param)
 
 
-def answer(adapter: FakeAdapter, mode: str, prompt: str = "hello") -> str:
+def answer(adapter: CanonicalAdapter, mode: str, prompt: str = "hello") -> str:
     """The streamed answer's text, through the sync or the async API."""
     if mode == "sync":
         with adapter.stream(prompt) as stream:
@@ -88,10 +85,10 @@ def run_python(code: str, **env: str) -> str:
 CALL_AND_REPORT = """
     import sys
     {prelude}
-    from dispatch_nb.providers.fake import FakeAdapter
+    from dispatch_nb.providers.fake import CanonicalAdapter
     from tests.fakes.canonical import CanonicalFake
     with CanonicalFake() as fake:
-        adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
         text = adapter.chat("hi", stream=True).text
         adapter.close()
     from dispatch_nb.transport import transport_name
@@ -138,7 +135,7 @@ def test_without_aiohttp_calls_use_httpx() -> None:
 def test_an_unknown_transport_is_a_clear_error(fake: CanonicalFake,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TRANSPORT_ENV, "curl")
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     with pytest.raises(ValueError, match=r"DISPATCH_NB_TRANSPORT must be 'aiohttp' or 'httpx', "
                                          r"not 'curl'"):
         adapter.chat("hi")
@@ -146,30 +143,13 @@ def test_an_unknown_transport_is_a_clear_error(fake: CanonicalFake,
 
 def test_clients_use_the_chosen_transport(transport: str) -> None:
     assert transport_name() == transport
-    with sync_client(httpx.Timeout(5)) as client:
-        used = client._transport  # httpx keeps no public handle on it
-        assert isinstance(used, ThreadedTransport if transport == "aiohttp"
-                          else AbortableHTTPTransport)
+    client = async_client(httpx.Timeout(5))
+    used = client._transport  # httpx keeps no public handle on it
+    assert isinstance(used, AiohttpTransport if transport == "aiohttp"
+                      else httpx.AsyncHTTPTransport)
 
 
 # -- proxies -------------------------------------------------------------------------------------
-def test_environment_proxies_follow_httpx_rules(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HTTPS_PROXY", "proxy.corp:3128")
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.corp:3128")
-    monkeypatch.setenv("NO_PROXY", "localhost, 10.0.0.1,::1,.internal.corp,example.com")
-    assert environment_proxies() == {
-        "http://": "http://proxy.corp:3128",
-        "https://": "http://proxy.corp:3128",
-        "all://localhost": None,
-        "all://10.0.0.1": None,
-        "all://[::1]": None,
-        "all://*.internal.corp": None,
-        "all://*example.com": None,
-    }
-    monkeypatch.setenv("NO_PROXY", "*")
-    assert environment_proxies() == {}
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_requests_go_through_the_proxy_from_the_environment(
     transport: str, mode: str, fake: CanonicalFake, monkeypatch: pytest.MonkeyPatch
@@ -177,7 +157,7 @@ def test_requests_go_through_the_proxy_from_the_environment(
     # The fake serves absolute-form requests as a forward proxy would after forwarding them: the
     # answer can only come back through it (the host below does not resolve).
     monkeypatch.setenv("HTTP_PROXY", fake.base_url)
-    adapter = FakeAdapter("echo", base_url="http://llm.invalid", max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url="http://llm.invalid", max_retries=0)
     assert answer(adapter, mode) == "echo: hello"
     assert fake.chat_requests[-1].header("host") == "llm.invalid"
     adapter.close()
@@ -192,11 +172,11 @@ def test_no_proxy_hosts_are_reached_directly(
         dead = closed.getsockname()[1]  # nothing listens here once closed
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead}")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     assert answer(adapter, mode) == "echo: hello"
     adapter.close()
     monkeypatch.delenv("NO_PROXY")  # and without the exception, the dead proxy is used
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     with pytest.raises(APIConnectionError) as info:
         answer(adapter, mode)
     assert info.value.code == "network_error"
@@ -228,12 +208,12 @@ def test_tls_is_verified_against_ssl_cert_file(
     fake, ca_pem = tls_fake
     base_url = f"https://127.0.0.1:{fake.server.port}"
     monkeypatch.setenv("SSL_CERT_FILE", str(ca_pem))
-    adapter = FakeAdapter("echo", base_url=base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=base_url, max_retries=0)
     assert answer(adapter, mode) == "echo: hello"
     adapter.close()
     monkeypatch.delenv("SSL_CERT_FILE")
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
-    untrusting = FakeAdapter("echo", base_url=base_url, max_retries=0)
+    untrusting = CanonicalAdapter("echo", base_url=base_url, max_retries=0)
     with pytest.raises(APIConnectionError, match=r"(?i)certificate") as info:
         answer(untrusting, mode)
     assert info.value.code == "network_error"
@@ -257,7 +237,7 @@ def test_the_tls_context_is_made_once_per_ca_setting(tmp_path: Path,
 def test_one_pool_per_event_loop_closed_when_the_loop_ends(
     transport: str, fake: CanonicalFake, caplog: pytest.LogCaptureFixture
 ) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
 
     async def two_calls(tag: str) -> int:
         first = await adapter.achat(f"{tag} 1", stream=True)
@@ -277,7 +257,7 @@ def test_one_pool_per_event_loop_closed_when_the_loop_ends(
 def test_aclose_closes_this_loops_pool_and_the_adapter_stays_usable(
     transport: str, fake: CanonicalFake
 ) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
 
     async def main() -> str:
         await adapter.achat("one")
@@ -289,7 +269,7 @@ def test_aclose_closes_this_loops_pool_and_the_adapter_stays_usable(
 
 
 def test_sync_pool_is_reused_and_closed(transport: str, fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     assert [adapter.chat(p, stream=s).text for p, s in [("x", True), ("y", False)]] == [
         "echo: x", "echo: y"]
     assert fake.server.open_connections == 1
@@ -301,7 +281,7 @@ def test_sync_pool_is_reused_and_closed(transport: str, fake: CanonicalFake) -> 
 
 def test_a_forgotten_sync_adapter_releases_its_connections(transport: str,
                                                            fake: CanonicalFake) -> None:
-    adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     assert adapter.chat("x").text == "echo: x"
     del adapter
     gc.collect()
@@ -317,7 +297,7 @@ def test_a_forgotten_async_adapter_on_a_living_loop_closes_its_pool_on_that_loop
     loop = asyncio.new_event_loop()
     try:
         with caplog.at_level(logging.ERROR):
-            adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+            adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
             assert loop.run_until_complete(adapter.achat("x", stream=True)).text == "echo: x"
             assert fake.server.open_connections == 1
             del adapter
@@ -348,10 +328,6 @@ def test_content_encoding_is_left_to_httpx(transport: str, encoding: str) -> Non
     chunks = compressed(encoding)
     reply = Reply.sse(chunks, headers={"content-encoding": encoding})
     with LoopbackServer(lambda request: reply) as server:
-        with sync_client(httpx.Timeout(5)) as client, client.stream("GET", server.url) as r:
-            assert b"".join(r.iter_bytes()) == b"".join(EVENTS)
-        with sync_client(httpx.Timeout(5)) as client, client.stream("GET", server.url) as r:
-            assert b"".join(r.iter_raw()) == b"".join(chunks)  # raw: as sent
 
         async def main() -> tuple[bytes, bytes]:
             async with async_client(httpx.Timeout(5)) as client:
@@ -396,14 +372,14 @@ def test_an_aiohttp_body_reads_directly_as_aiter_raw_would(monkeypatch: pytest.M
     assert got[2] == got[3] == "RemoteProtocolError"
 
 
-# -- the threaded transport's hand-over ----------------------------------------------------------
+# -- sync calls over the event-loop thread --------------------------------------------------------
 def test_a_long_stream_arrives_whole_and_in_order(transport: str) -> None:
     pieces = [f"data: {json.dumps({'type': 'text', 'text': f'{i:06d}'})}\n\n".encode()
               for i in range(20_000)]
     done = b'data: {"type": "done", "stop_reason": "end_turn"}\n\n'
     reply = Reply.sse([b"".join(pieces[i : i + 7]) for i in range(0, len(pieces), 7)] + [done])
     with LoopbackServer(lambda request: reply) as server:
-        adapter = FakeAdapter("echo", base_url=server.url, max_retries=0)
+        adapter = CanonicalAdapter("echo", base_url=server.url, max_retries=0)
         text = answer(adapter, "sync")
         assert text == "".join(f"{i:06d}" for i in range(20_000))
         assert answer(adapter, "async") == text
@@ -418,18 +394,23 @@ def test_a_request_body_is_sent_whole(transport: str) -> None:
         return Reply.json({"ok": True})
 
     payload = {"text": "é" * 100_000}
-    with LoopbackServer(handler) as server, sync_client(httpx.Timeout(5)) as client:
-        assert client.post(server.url, json=payload).json() == {"ok": True}
+
+    async def main(url: str) -> Any:
+        async with async_client(httpx.Timeout(5)) as client:
+            return (await client.post(url, json=payload)).json()
+
+    with LoopbackServer(handler) as server:
+        assert asyncio.run(main(server.url)) == {"ok": True}
     assert seen == [payload]
 
 
 def test_a_forked_child_makes_its_own_http_thread() -> None:
     out = run_python("""
         import os
-        from dispatch_nb.providers.fake import FakeAdapter
+        from dispatch_nb.providers.fake import CanonicalAdapter
         from tests.fakes.canonical import CanonicalFake
         with CanonicalFake() as fake:
-            adapter = FakeAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=20)
+            adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0, timeout=20)
             print(adapter.chat("parent").text, flush=True)
             pid = os.fork()  # the parent's HTTP thread does not exist in the child
             if pid == 0:
@@ -441,82 +422,3 @@ def test_a_forked_child_makes_its_own_http_thread() -> None:
             adapter.close()
     """)
     assert out.splitlines() == ["echo: parent", "echo: child"]
-
-
-# -- httpx's own sync transport, abortable -------------------------------------------------------
-def test_abortable_transport_is_a_plain_transport_on_httpcores_pool(fake: CanonicalFake) -> None:
-    """``AbortableHTTPTransport`` is an ``httpx.BaseTransport`` over httpcore's public connection
-    pool (its network backend given through the pool's constructor): an abort through
-    ``ABORT_EXTENSION`` stops a request waiting for its headers on a reused keep-alive
-    connection at once, and httpcore's errors come out as httpx's."""
-    import threading
-    import time
-
-    import httpcore
-
-    from dispatch_nb.transport import ABORT_EXTENSION
-
-    from ..fakes.provider import Stall
-
-    transport = AbortableHTTPTransport(limits=httpx.Limits(max_connections=3))
-    assert isinstance(transport, httpx.BaseTransport)
-    assert isinstance(transport.pool, httpcore.ConnectionPool)
-    with httpx.Client(transport=transport, base_url=fake.base_url) as client:
-        assert client.get("/models").status_code == 200
-        assert fake.server.open_connections == 1  # kept alive in the pool
-        fake.push(Stall(3.0))
-        hooks: list[Any] = []
-
-        def register(hook: Any) -> Any:
-            hooks.append(hook)
-            return lambda: hooks.remove(hook) if hook in hooks else None
-
-        aborted_at: list[float] = []
-
-        def abort() -> None:
-            aborted_at.append(time.monotonic())
-            for hook in list(hooks):
-                hook()
-
-        timer = threading.Timer(0.3, abort)
-        timer.start()
-        with pytest.raises(httpx.TransportError):
-            client.post("/chat", json={"model": "echo", "messages": []},
-                        extensions={ABORT_EXTENSION: register})
-        timer.join()
-        assert time.monotonic() - aborted_at[0] < 0.5  # not the 3 s stall
-        assert hooks == []  # the request's hooks were removed with it
-        assert client.get("/models").status_code == 200  # the pool goes on
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        dead = closed.getsockname()[1]
-    with httpx.Client(transport=AbortableHTTPTransport()) as client, \
-            pytest.raises(httpx.ConnectError):
-        client.get(f"http://127.0.0.1:{dead}/")
-
-
-
-def test_a_closed_threaded_transport_is_closed_once() -> None:
-    # Closing a sync client closes its async transport on the loop thread and waits; nothing is
-    # left for the garbage collector (or the interpreter's exit, which stops the loop thread) to
-    # close again: that second close, merely scheduled, was destroyed pending at exit ("Task was
-    # destroyed but it is pending!" after a script that closed its adapter).
-    import time
-
-    closes: list[float] = []
-
-    class Inner(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            return httpx.Response(200, text="ok")
-
-        async def aclose(self) -> None:
-            closes.append(time.monotonic())
-
-    transport = ThreadedTransport(Inner)
-    with httpx.Client(transport=transport) as client:
-        assert client.get("http://inner.invalid/").text == "ok"
-    assert len(closes) == 1
-    del client, transport
-    gc.collect()
-    time.sleep(0.2)  # a close scheduled on the loop thread would have run by now
-    assert len(closes) == 1

@@ -17,7 +17,7 @@ import pytest
 
 from dispatch_nb import APITimeoutError, CancelToken, RequestCancelled, ToolResultEvent
 from dispatch_nb.call_control import CallControl, TurnControl
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session, tool
 
 from ..fakes.canonical import CanonicalFake
@@ -36,14 +36,14 @@ def fake() -> Iterator[CanonicalFake]:
 
 
 @pytest.fixture
-def adapter(fake: CanonicalFake) -> Iterator[FakeAdapter]:
-    a = FakeAdapter("echo", base_url=fake.base_url, max_retries=0)
+def adapter(fake: CanonicalFake) -> Iterator[CanonicalAdapter]:
+    a = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     yield a
     a.close()
 
 
 def test_a_turn_control_is_one_budget_for_several_calls(fake: CanonicalFake,
-                                                        adapter: FakeAdapter) -> None:
+                                                        adapter: CanonicalAdapter) -> None:
     adapter.chat("warm up")  # the first call of a process pays for imports and the client
     fake.push(Stall(0.3), Stall(3.0))
     with TurnControl(timeout=0.6, provider="fake") as turn:
@@ -58,7 +58,7 @@ def test_a_turn_control_is_one_budget_for_several_calls(fake: CanonicalFake,
 
 
 def test_a_shorter_call_timeout_still_applies_within_a_turn(fake: CanonicalFake,
-                                                            adapter: FakeAdapter) -> None:
+                                                            adapter: CanonicalAdapter) -> None:
     fake.push(Stall(2.0))
     with TurnControl(timeout=30) as turn, pytest.raises(APITimeoutError) as info:
         adapter.chat("a", cancel=turn, timeout=0.3)
@@ -88,7 +88,7 @@ def test_cancelling_the_callers_token_cancels_the_turn_and_detaches() -> None:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_session_deadline_spans_two_model_calls_and_a_tool(fake: CanonicalFake,
-                                                           adapter: FakeAdapter,
+                                                           adapter: CanonicalAdapter,
                                                            mode: str) -> None:
     @tool
     def pause() -> str:
@@ -136,7 +136,7 @@ def test_session_deadline_spans_two_model_calls_and_a_tool(fake: CanonicalFake,
 
 
 def test_cancel_reaches_the_model_call_running_now(fake: CanonicalFake,
-                                                   adapter: FakeAdapter) -> None:
+                                                   adapter: CanonicalAdapter) -> None:
     @tool
     def quick() -> str:
         return "ok"
@@ -168,7 +168,7 @@ def test_cancel_reaches_the_model_call_running_now(fake: CanonicalFake,
 
 
 def test_cancel_reaches_async_tools_running_now(fake: CanonicalFake,
-                                                adapter: FakeAdapter) -> None:
+                                                adapter: CanonicalAdapter) -> None:
     finished: list[str] = []
 
     @tool
@@ -204,7 +204,7 @@ def test_cancel_reaches_async_tools_running_now(fake: CanonicalFake,
 
 
 def test_a_structured_call_inside_a_turn_never_outlives_it(fake: CanonicalFake,
-                                                           adapter: FakeAdapter) -> None:
+                                                           adapter: CanonicalAdapter) -> None:
     # A structured call's attempts share one control of their own; inside a turn it ends at the
     # turn's deadline even when the call itself was given more time.
     adapter.chat("warm up")

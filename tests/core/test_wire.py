@@ -172,7 +172,7 @@ class SaysOneFormatSpeaksAnother(HTTPAdapter):
 
     def __init__(self, handler: CanonicalHandler) -> None:
         transport = httpx.MockTransport(handler)
-        super().__init__(base_url="http://wire.test", http_client=httpx.Client(transport=transport),
+        super().__init__(base_url="http://wire.test",
                          async_http_client=httpx.AsyncClient(transport=transport))
 
     @property
@@ -207,20 +207,7 @@ def test_an_http_adapter_without_a_wire_format_says_which_seam_is_missing() -> N
         Bare(base_url="http://x.test").build_request(request())
 
 
-# -- the adapter seams: public, former private names kept -----------------------------------------
-class OldStyle(Adapter):
-    """A subclass written against the former private seam."""
-
-    @property
-    def model_name(self) -> str:
-        return "old"
-
-    def _stream_once(self, request: ChatRequest, acc: Accumulator,
-                     control: CallControl) -> Iterator[StreamDelta]:
-        yield acc.text("old seam")
-        acc.stop_reason = "end_turn"
-
-
+# -- the adapter seams ----------------------------------------------------------------------------
 class NewStyle(Adapter):
     @property
     def model_name(self) -> str:
@@ -233,25 +220,19 @@ class NewStyle(Adapter):
 
 
 class Wrapper(NewStyle):
-    """Overrides the former name of the wrapper seam and calls the base through it."""
+    """Overrides the wrapper seam and calls the base through it."""
 
     opened = 0
 
-    def _open(self, request: ChatRequest, timeout: float | None, cancel: Any) -> Any:
+    def open_stream(self, request: ChatRequest, timeout: float | None, cancel: Any) -> Any:
         Wrapper.opened += 1
-        return super()._open(request, timeout, cancel)
+        return super().open_stream(request, timeout, cancel)
 
 
-async def test_old_and_new_seam_names_are_one_method() -> None:
-    assert OldStyle().chat("x").text == "old seam"
-    assert (await OldStyle().achat("x", stream=True)).text == "old seam"
-    assert OldStyle.stream_once is OldStyle._stream_once
+async def test_the_public_seams_are_the_ones_called() -> None:
     assert NewStyle().chat("x", stream=True).text == "new seam"
-    assert NewStyle._stream_once is NewStyle.stream_once
-    assert Adapter._should_retry_now is Adapter.should_retry_now
+    assert (await NewStyle().achat("x", stream=True)).text == "new seam"
     assert Wrapper().chat("x").text == "new seam" and Wrapper.opened == 1
-    assert (await Wrapper().achat("x")).text == "new seam"
-    assert Wrapper.open_stream is Wrapper._open
 
 
 def test_the_former_module_paths_still_give_the_same_objects() -> None:

@@ -8,14 +8,14 @@ from typing import Any
 import numpy as np
 
 from dispatch_nb.context import context_tools
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session
 
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import ToolCall, Turn
 
 
-def test_only_allowed_names_and_bounded_bytes(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_only_allowed_names_and_bounded_bytes(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
 
     class Loud:
         def __repr__(self) -> str:

@@ -16,7 +16,7 @@ import pytest
 from dispatch_nb import APITimeoutError, ToolResultEvent
 from dispatch_nb.approval import ALWAYS, ToolCall, set_asker
 from dispatch_nb.mcp import MCPServer
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session, tool
 
 from ..fakes.canonical import CanonicalFake
@@ -37,7 +37,7 @@ def text_of(block: dict[str, Any]) -> str:
 
 
 def test_tools_are_listed_lazily_once_and_pass_as_they_are(
-    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer
+    fake: CanonicalFake, adapter: CanonicalAdapter, sdk_server: MCPServer
 ) -> None:
     session = Session(adapter, tools=[sdk_server], approve="auto")
     assert sdk_server.state == "stopped"  # nothing starts before the first turn
@@ -58,7 +58,7 @@ def test_tools_are_listed_lazily_once_and_pass_as_they_are(
 
 
 def test_a_clashing_name_gets_the_server_prefix(
-    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer
+    fake: CanonicalFake, adapter: CanonicalAdapter, sdk_server: MCPServer
 ) -> None:
     @tool
     def add(a: int, b: int) -> int:
@@ -74,7 +74,7 @@ def test_a_clashing_name_gets_the_server_prefix(
 
 
 def test_errors_crashes_and_slow_tools_become_results(
-    fake: CanonicalFake, adapter: FakeAdapter
+    fake: CanonicalFake, adapter: CanonicalAdapter
 ) -> None:
     server = sdk_stdio(name="calc", timeout=2)
     fake.push(
@@ -93,7 +93,7 @@ def test_errors_crashes_and_slow_tools_become_results(
     session.close()
 
 
-def test_a_slow_tool_under_the_session_deadline(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_a_slow_tool_under_the_session_deadline(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     server = sdk_stdio(name="calc", timeout=300)
     session = Session(adapter, tools=[server], approve="auto")
     fake.push(Turn(text="hi"))
@@ -108,7 +108,7 @@ def test_a_slow_tool_under_the_session_deadline(fake: CanonicalFake, adapter: Fa
 
 
 def test_a_list_change_is_seen_at_the_next_round(
-    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer
+    fake: CanonicalFake, adapter: CanonicalAdapter, sdk_server: MCPServer
 ) -> None:
     fake.push(Turn(tool_calls=[Call("c1", "learn", {"name": "owl"})]),
               Turn(tool_calls=[Call("c2", "owl", {})]), Turn(text="ok"))
@@ -120,7 +120,7 @@ def test_a_list_change_is_seen_at_the_next_round(
 
 # -- approval ----------------------------------------------------------------------------------
 def test_mcp_tools_ask_by_default_and_a_denied_call_never_runs(
-    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer, tmp_path: Path
+    fake: CanonicalFake, adapter: CanonicalAdapter, sdk_server: MCPServer, tmp_path: Path
 ) -> None:
     target = tmp_path / "touched.txt"
     fake.push(Turn(tool_calls=[Call("c1", "touch", {"path": str(target)})]), Turn(text="ok"))
@@ -133,7 +133,7 @@ def test_mcp_tools_ask_by_default_and_a_denied_call_never_runs(
 
 
 def test_an_approval_function_decides_and_its_reason_reaches_the_model(
-    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer, tmp_path: Path
+    fake: CanonicalFake, adapter: CanonicalAdapter, sdk_server: MCPServer, tmp_path: Path
 ) -> None:
     seen: list[ToolCall] = []
 
@@ -155,7 +155,7 @@ def test_an_approval_function_decides_and_its_reason_reaches_the_model(
 
 
 def test_python_tools_too_when_asked_and_always_holds_for_the_session(
-    fake: CanonicalFake, adapter: FakeAdapter
+    fake: CanonicalFake, adapter: CanonicalAdapter
 ) -> None:
     ran: list[int] = []
 
@@ -188,7 +188,7 @@ def test_python_tools_too_when_asked_and_always_holds_for_the_session(
 
 
 def test_async_session_over_streamable_http(
-    fake: CanonicalFake, adapter: FakeAdapter, http_url: str, tmp_path: Path
+    fake: CanonicalFake, adapter: CanonicalAdapter, http_url: str, tmp_path: Path
 ) -> None:
     target = tmp_path / "async.txt"
     server = MCPServer.http(http_url, headers={"X-Test": "1"}, name="web")
@@ -207,7 +207,7 @@ def test_async_session_over_streamable_http(
 
 
 # -- the reference servers nobody here wrote --------------------------------------------------------
-def test_server_everything(fake: CanonicalFake, adapter: FakeAdapter) -> None:
+def test_server_everything(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
     server = npm_server(EVERYTHING, "stdio", name="everything")
     fake.push(Turn(tool_calls=[Call("c1", "echo", {"message": "hello"}),
                                Call("c2", "get-sum", {"a": 2, "b": 5}),
@@ -223,7 +223,7 @@ def test_server_everything(fake: CanonicalFake, adapter: FakeAdapter) -> None:
     assert server.state == "stopped"
 
 
-def test_server_filesystem(fake: CanonicalFake, adapter: FakeAdapter, tmp_path: Path) -> None:
+def test_server_filesystem(fake: CanonicalFake, adapter: CanonicalAdapter, tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("buy milk")
     server = npm_server(FILESYSTEM, str(tmp_path), name="files")
     fake.push(Turn(tool_calls=[Call("c1", "read_text_file", {"path": str(tmp_path / "notes.txt")}),
@@ -238,7 +238,7 @@ def test_server_filesystem(fake: CanonicalFake, adapter: FakeAdapter, tmp_path: 
 
 
 def test_adapter_chat_declares_a_servers_tools(
-    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer
+    fake: CanonicalFake, adapter: CanonicalAdapter, sdk_server: MCPServer
 ) -> None:
     fake.push(Turn(tool_calls=[Call("d1", "add", {"a": 4, "b": 5})]))
     response = adapter.chat("4+5?", tools=[sdk_server])
@@ -248,7 +248,7 @@ def test_adapter_chat_declares_a_servers_tools(
 
 
 def test_record_then_replay_without_the_server(
-    fake: CanonicalFake, adapter: FakeAdapter, tmp_path: Path
+    fake: CanonicalFake, adapter: CanonicalAdapter, tmp_path: Path
 ) -> None:
     """A session through a CachedAdapter records the server's listing and results; replaying
     needs no server at all (its command would fail to start)."""
@@ -275,7 +275,7 @@ def test_record_then_replay_without_the_server(
 
 
 def test_cancel_stops_a_turn_while_a_server_works(
-    fake: CanonicalFake, adapter: FakeAdapter, sdk_server: MCPServer
+    fake: CanonicalFake, adapter: CanonicalAdapter, sdk_server: MCPServer
 ) -> None:
     import threading
 

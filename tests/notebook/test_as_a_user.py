@@ -201,12 +201,12 @@ def test_a_retry_is_one_quiet_status_line_and_a_footer_note(
 
 
 def test_a_retry_in_the_widget_status_line(shell: Any, fake: Any) -> None:
+    from dispatch_nb import RetryEvent
     from dispatch_nb.notebook.live import WidgetView
-    from dispatch_nb.notebook.runner import RetryEvent
 
     view = WidgetView(["fake:echo"], rate=1000)
     view.start()
-    view.feed(0, RetryEvent(reason="rate limited, HTTP 429", attempt=1, delay=2.0))
+    view.feed(0, RetryEvent(reason="rate limited, HTTP 429", attempt=1, wait=2.0))
     view.tick()
     status = view.columns[0].status.value
     assert "↻ rate limited, HTTP 429 — retrying in 2 s" in status

@@ -330,6 +330,15 @@ def test_unknown_model_lists_the_available_ones(shell: Any, fake: Any) -> None:
     assert isinstance(error, ChatError) and "Available models: echo" in error.fix
 
 
+def test_only_an_unknown_model_asks_for_the_model_list(shell: Any, fake: Any) -> None:
+    fake.push(Fail(401, "bad key", "authentication_error"))
+    assert isinstance(run(shell, "%%chat\nhi").error_in_exec, ChatError)
+    assert not [r for r in fake.requests if r.path.endswith("/models")]  # nothing to explain
+    fake.push(Fail(404, "The model `nope` does not exist", "model_not_found"))
+    assert isinstance(run(shell, "%%chat -m fake:nope\nhi").error_in_exec, ChatError)
+    assert [r for r in fake.requests if r.path.endswith("/models")]
+
+
 def test_unknown_provider_is_short(shell: Any, fake: Any) -> None:
     error = run(shell, "%%chat -m nosuch:model\nhi").error_in_exec
     assert isinstance(error, ChatError) and "available providers" in error.message

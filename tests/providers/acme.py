@@ -11,13 +11,13 @@ import os
 from typing import Any
 
 from dispatch_nb.errors import AuthenticationError
-from dispatch_nb.providers.fake import FakeAdapter
+from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.registry import ProviderDescriptor, register_provider
 
 DEFAULT_URL = "https://api.acme.invalid/v1"
 
 
-class AcmeAdapter(FakeAdapter):
+class AcmeAdapter(CanonicalAdapter):
     """Acme's chat models: the canonical protocol, authenticated with ``ACME_API_KEY``."""
 
     def __init__(

@@ -1,0 +1,253 @@
+"""Sync calls over the async core: the library's private event-loop thread.
+
+Every I/O path of dispatch_nb is a coroutine. A sync entry point (``chat``, ``stream``,
+``Session.send``, ``list_models``...) runs that same coroutine as a task on one event loop that a
+daemon thread of this module keeps, and the calling thread waits for what it produces:
+
+* :func:`run_sync` waits for a coroutine's result;
+* :class:`SyncIterator` iterates an async iterator: the task puts every item into a buffer as it
+  comes, and the calling thread takes everything that arrived since it last looked, sleeping only
+  when nothing did (at most :data:`HIGH_WATER` items wait; then the task waits for the caller).
+
+The calling thread never runs the loop (no nest-asyncio), so this works the same inside Jupyter's
+running loop, in a script and in worker threads. Stopping works from every side: ``close()`` (or
+leaving the loop early) and Ctrl-C in the calling thread cancel the task and wait for it to unwind;
+a :class:`~dispatch_nb.cancel.CancelToken` or a deadline reach the task through its
+:class:`~dispatch_nb.call_control.CallControl`, as in an async call. The task runs in a copy of the
+caller's :mod:`contextvars` context, so what the caller set (a log handler's routing, say) holds in
+it. Clients made on the loop (one per loop: :class:`~dispatch_nb.transport.LoopClients`) close when
+the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextvars
+import os
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Generic, TypeVar
+
+__all__ = ["HIGH_WATER", "SyncIterator", "loop_thread", "run_sync"]
+
+T = TypeVar("T")
+
+#: items the task may put ahead of the calling thread before it waits for the caller
+HIGH_WATER = 256
+#: ...and it goes on once the caller has taken the buffer down to this
+LOW_WATER = 64
+#: seconds ``close()`` waits for a cancelled task to unwind (its connection to close)
+CLOSE_WAIT = 5.0
+
+
+class _LoopThread:
+    """One event loop on a daemon thread, shared by every sync call of the process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="dispatch_nb-loop",
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Close the loop's async generators (the clients made on it), then stop it."""
+        if not self.thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.loop.shutdown_asyncgens(), self.loop).result(5)
+        except Exception:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(2)
+
+
+_loop_thread: _LoopThread | None = None
+_loop_thread_lock = threading.Lock()
+
+
+def _runner() -> _LoopThread:
+    global _loop_thread
+    runner = _loop_thread
+    if runner is None or runner.pid != os.getpid():  # none yet, or forked: threads do not survive
+        with _loop_thread_lock:
+            runner = _loop_thread
+            if runner is None or runner.pid != os.getpid():
+                runner = _loop_thread = _LoopThread()
+    return runner
+
+
+def loop_thread() -> asyncio.AbstractEventLoop:
+    """The library's private event loop (started on first use; it runs on a daemon thread):
+    long-lived async clients (MCP servers) live there, whichever thread or loop calls them."""
+    return _runner().loop
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The private loop when its thread runs in this process (None: no sync call made one)."""
+    runner = _loop_thread
+    if runner is None or runner.pid != os.getpid() or not runner.thread.is_alive():
+        return None
+    return runner.loop
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    if running_loop() is not None and _loop_thread is not None:
+        _loop_thread.stop()
+
+
+def _loop_for_caller() -> asyncio.AbstractEventLoop:
+    runner = _runner()
+    if _on_loop_thread():
+        raise RuntimeError(
+            "a sync dispatch_nb call was made inside dispatch_nb's own event loop (from async "
+            "code it runs): use the async method (achat, astream, asend...) there"
+        )
+    return runner.loop
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the private loop and return its result (or raise its error). Ctrl-C in
+    the calling thread cancels it, waits for it to unwind, and raises ``KeyboardInterrupt``."""
+    loop = _loop_for_caller()
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return future.result()
+    except BaseException:
+        if not future.done():
+            future.cancel()  # the task is cancelled on its loop
+            try:
+                future.exception(CLOSE_WAIT)
+            except BaseException:
+                pass
+        raise
+
+
+class SyncIterator(Generic[T]):
+    """Iterate the async iterator ``make()`` gives, from a sync thread (see the module docstring).
+
+    ``make`` is called on the loop's thread. :meth:`close` cancels the task and waits for it."""
+
+    __slots__ = ("_done", "_error", "_items", "_loop", "_make", "_paused", "_resume",
+                 "_sleeping", "_task", "_wake")
+
+    def __init__(self, make: Callable[[], AsyncIterator[T]]) -> None:
+        self._make = make
+        self._items: deque[T] = deque()
+        self._wake = threading.Event()
+        self._sleeping = False  # the caller is (about to be) blocked on _wake
+        self._done = False
+        self._error: BaseException | None = None
+        self._paused = False
+        self._resume: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the calling thread ----------------------------------------------------------------------
+    def __iter__(self) -> SyncIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        items = self._items
+        while True:
+            if items:
+                item = items.popleft()
+                if self._paused and len(items) <= LOW_WATER:
+                    self._paused = False
+                    self._loop.call_soon_threadsafe(self._go_on)  # type: ignore[union-attr]
+                return item
+            if self._done:
+                if self._error is not None:
+                    error, self._error = self._error, None
+                    raise error
+                raise StopIteration
+            if self._loop is None:
+                self._start()
+            else:
+                self._sleep()
+
+    def _start(self) -> None:
+        loop = self._loop = _loop_for_caller()
+        loop.call_soon_threadsafe(self._begin, context=contextvars.copy_context())
+
+    def _sleep(self) -> None:
+        self._wake.clear()
+        self._sleeping = True
+        if self._items or self._done:
+            self._sleeping = False  # it came meanwhile
+            return
+        self._wake.wait()
+        self._sleeping = False
+
+    def close(self) -> None:
+        """Stop the task (idempotent) and wait for it to unwind (its connection closed)."""
+        loop = self._loop
+        if loop is None or self._done:
+            self._done = True
+            return
+        done = threading.Event()
+
+        def cancel() -> None:
+            current = self._task
+            if current is None or current.done():
+                done.set()
+            else:
+                current.add_done_callback(lambda _: done.set())
+                current.cancel()
+
+        try:
+            loop.call_soon_threadsafe(cancel)
+        except RuntimeError:  # the loop is gone (interpreter shutdown)
+            return
+        if not _on_loop_thread():
+            done.wait(CLOSE_WAIT)
+        self._done = True
+        self._items.clear()
+
+    # -- the loop thread -------------------------------------------------------------------------
+    def _begin(self) -> None:
+        if self._done:
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def _go_on(self) -> None:
+        if self._resume is not None:
+            self._resume.set()
+
+    async def _run(self) -> None:
+        items = self._items
+        iterator: AsyncIterator[T] | None = None
+        try:
+            iterator = self._make()
+            async for item in iterator:
+                items.append(item)
+                if self._sleeping:
+                    self._sleeping = False
+                    self._wake.set()
+                if len(items) > HIGH_WATER:
+                    if self._resume is None:
+                        self._resume = asyncio.Event()
+                    self._resume.clear()
+                    self._paused = True
+                    if len(items) > LOW_WATER:  # not taken meanwhile
+                        await self._resume.wait()
+                    self._paused = False
+        except BaseException as exc:  # handed to the caller (a cancel is the caller's own doing)
+            self._error = exc
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except BaseException:
+                    pass
+            self._done = True
+            self._wake.set()
+
+
+def _on_loop_thread() -> bool:
+    runner = _loop_thread
+    return runner is not None and threading.current_thread() is runner.thread
