@@ -12,10 +12,10 @@ with the same provider name, model name, default ``max_tokens`` (from the provid
 :class:`~dispatch_nb.registry.ProviderDescriptor`) and accepted options, so the keys come out
 the same. Anything that would really need the model raises the original error.
 
-:func:`cached_model` is the recipe for Python code (docs/record-replay.md): the model behind
-the response cache, built the way ``%%chat`` builds it::
+:func:`dispatch_nb.cache.cached_model` is the recipe for Python code (docs/record-replay.md): the
+model behind the response cache, built the way ``%%chat`` builds it::
 
-    from dispatch_nb.replay_only import cached_model
+    from dispatch_nb.cache import cached_model
 
     model = cached_model("local:smollm2", "lesson.dispatch-cache.jsonl")  # mode: $DISPATCH_NB_CACHE
     answer = model.chat("Explain recursion in one sentence.")  # replayed, llama.cpp or not
@@ -28,9 +28,8 @@ model nor a login (a ``copilot:`` cell does not show the device login in replay 
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .adapter import Adapter, ChatRequest, ValidationResult
 from .call_control import CallControl
@@ -48,10 +47,7 @@ from .registry import (
 from .stream import Accumulator
 from .types import ModelInfo, StreamDelta
 
-if TYPE_CHECKING:
-    from .cache import CachedAdapter, ResponseCache
-
-__all__ = ["ReplayOnlyAdapter", "cached_model", "connect_for_cache"]
+__all__ = ["ReplayOnlyAdapter", "connect_for_cache"]
 
 class ReplayOnlyAdapter(Adapter):
     """Stands in for an adapter that cannot be built here, inside a replaying cache.
@@ -207,26 +203,3 @@ def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
         return ReplayOnlyAdapter(
             _registry_name(factory, name), model, reason=exc, max_tokens=max_tokens, provider_options=accepted
         )
-
-
-def cached_model(
-    spec: str,
-    cache: ResponseCache | str | os.PathLike[str] | None = None,
-    *,
-    label: str | None = None,
-    **options: Any,
-) -> CachedAdapter:
-    """``spec``'s model behind the response cache, as ``%%chat`` builds it: a
-    :class:`~dispatch_nb.cache.CachedAdapter` around :func:`connect_for_cache` (in ``replay`` mode
-    neither the model, nor its extra, nor a login is needed).
-
-    ``cache`` is a :class:`~dispatch_nb.cache.ResponseCache` or the cache file's path (``None``:
-    ``$DISPATCH_NB_CACHE_FILE``, else the notebook's file); a path's mode comes from
-    ``$DISPATCH_NB_CACHE`` (``off`` when unset). ``label`` names the cell in recorded lines and
-    misses; ``options`` go to :func:`~dispatch_nb.connect`. A replayed answer's footer says
-    ``replayed``."""
-    from .cache import CachedAdapter, ResponseCache
-
-    if not isinstance(cache, ResponseCache):
-        cache = ResponseCache(cache)
-    return CachedAdapter(connect_for_cache(spec, cache.mode, **options), cache, label=label)

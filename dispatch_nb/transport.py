@@ -149,7 +149,10 @@ def _translate(exc: BaseException, reading: bool) -> BaseException:
     elif isinstance(original, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)):
         new = httpx.ProxyError(text)
     elif isinstance(original, aiohttp.ClientConnectorError):
-        new = httpx.ConnectError(text)
+        # the reason alone: aiohttp's text names "ssl:default" even for an http:// URL
+        reason = original.os_error
+        new = httpx.ConnectError(os.strerror(reason.errno) if isinstance(reason, ConnectionRefusedError)
+                                 and reason.errno else reason.strerror or str(reason) or text)
     elif isinstance(original, aiohttp.ServerDisconnectedError):
         new = httpx.RemoteProtocolError(
             "the server closed the connection " + ("mid-answer" if reading else "without answering")

@@ -61,7 +61,7 @@ importable from ``dispatch_nb.cache`` itself.
 
 from __future__ import annotations
 
-from .adapter import CachedAdapter
+from .adapter import CachedAdapter, cached_model
 from .keys import cache_key, scrub_secrets
 from .store import (
     CACHE_MODES,
@@ -79,6 +79,7 @@ __all__ = [
     "CachedAdapter",
     "ResponseCache",
     "cache_key",
+    "cached_model",
     "default_cache_path",
     "resolve_cache_mode",
     "scrub_secrets",

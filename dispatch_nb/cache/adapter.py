@@ -342,3 +342,26 @@ class CachedAdapter(Adapter):
             self._store_answer(key, request, began, seen, response)
 
         return AsyncResponseStream(run(), _Mirror(inner))
+
+
+def cached_model(
+    spec: str,
+    cache: ResponseCache | str | os.PathLike[str] | None = None,
+    *,
+    label: str | None = None,
+    **options: Any,
+) -> CachedAdapter:
+    """``spec``'s model behind the response cache, as ``%%chat`` builds it: a
+    :class:`CachedAdapter` around :func:`~dispatch_nb.replay_only.connect_for_cache` (in
+    ``replay`` mode neither the model, nor its extra, nor a login is needed).
+
+    ``cache`` is a :class:`~dispatch_nb.cache.ResponseCache` or the cache file's path (``None``:
+    ``$DISPATCH_NB_CACHE_FILE``, else the notebook's file); a path's mode comes from
+    ``$DISPATCH_NB_CACHE`` (``off`` when unset). ``label`` names the cell in recorded lines and
+    misses; ``options`` go to :func:`~dispatch_nb.connect`. A replayed answer's footer says
+    ``replayed``."""
+    from ..replay_only import connect_for_cache
+
+    if not isinstance(cache, ResponseCache):
+        cache = ResponseCache(cache)
+    return CachedAdapter(connect_for_cache(spec, cache.mode, **options), cache, label=label)

@@ -141,7 +141,7 @@ def test_the_python_recipe_replays_and_says_so(
     does; nothing is sent."""
     path = tmp_path / "lesson.dispatch-cache.jsonl"
     shell.user_ns["path"] = str(path)
-    run(shell, REVIEW + "from dispatch_nb.replay_only import cached_model")
+    run(shell, REVIEW + "from dispatch_nb.cache import cached_model")
     monkeypatch.setenv("DISPATCH_NB_CACHE", "record")
     fake.push(Turn(text='{"product": "kettle", "stars": 5}'))
     result = run(shell, "llm = cached_model('fake:echo', path)\n"
