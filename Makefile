@@ -24,8 +24,14 @@ demo:
 	$(MAKE) --no-print-directory EXTRAS=notebook,local $(VENV)/.installed-notebook,local
 	$(PY) -m dispatch_nb demo
 
+# the reference MCP servers the MCP tests run over stdio (the locked npm packages)
+MCP_SERVERS := tests/mcp_servers/node_modules/.package-lock.json
+$(MCP_SERVERS): tests/mcp_servers/package-lock.json
+	@command -v npm >/dev/null || { echo "the MCP tests need node and npm (apt-get install nodejs npm)"; exit 1; }
+	cd tests/mcp_servers && npm ci --no-audit --no-fund --loglevel=error
+
 ## test: the whole test suite (what CI runs), on every core
-test: $(VENV)/.installed-$(EXTRAS)
+test: $(VENV)/.installed-$(EXTRAS) $(MCP_SERVERS)
 	$(PY) -m pytest -n $(JOBS)
 
 ## test-fast: everything but the real-browser, real-kernel and llama.cpp tests
