@@ -241,10 +241,11 @@ def test_in_stream_overload_after_output_is_not_retried(make: Any, fake: Canonic
 def test_a_stalling_server_hits_the_deadline(make: Any, fake: CanonicalFake) -> None:
     fake.push(Stall(5.0), Turn(text="never"))
     started = time.monotonic()
-    with pytest.raises(APITimeoutError, match=r"within the 0.3 s timeout \(waited 0.3 s\)") as info:
+    with pytest.raises(APITimeoutError,
+                       match=r"within the 0.3 s timeout \(waited \d+\.\d s\)") as info:
         make().chat("x", stream=True, timeout=0.3)
     assert info.value.code == "timeout"
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.5  # the deadline, not the 5 s stall
     assert len(fake.chat_requests) == 1  # a deadline is never retried
 
 

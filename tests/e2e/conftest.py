@@ -66,21 +66,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     setattr(item, f"rep_{report.when}", report)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def canonical_fake() -> Iterator[CanonicalFake]:
     """The ``fake`` provider's server; the kernels reach it through DISPATCH_NB_FAKE_URL."""
     with CanonicalFake() as fake:
         yield fake
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def copilot_fake() -> Iterator[CopilotFake]:
     """The Copilot API fake and its fake GitHub (device flow, token exchange pointing here)."""
     with CopilotFake() as copilot:
         yield copilot
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def github_fake(copilot_fake: CopilotFake) -> FakeGitHub:
     """The fake GitHub the kernels log in to (DISPATCH_NB_GITHUB_URL / _API_URL)."""
     return copilot_fake.github
@@ -102,7 +102,7 @@ def fake(canonical_fake: CanonicalFake) -> Iterator[CanonicalFake]:
     canonical_fake.script.clear()
 
 
-@pytest.fixture(scope="session", params=["lab", "notebook"])
+@pytest.fixture(scope="package", params=["lab", "notebook"])
 def jupyter(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
@@ -134,7 +134,7 @@ def jupyter(
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One headless chromium (fresh profile) for the whole session."""
     with launch_browser(tmp_path_factory.mktemp("chromium-profile")) as context:
