@@ -91,7 +91,7 @@ def run(server: str, transport: str, events: int, rate: int) -> dict[str, float]
     env.update(
         DISPATCH_NB_TRANSPORT=transport,
         DISPATCH_NB_MODEL="compatible:bench",
-        OPENAI_BASE_URL=f"{server}/paced{rate}/{events}/v1",
+        DISPATCH_NB_COMPATIBLE_BASE_URL=f"{server}/paced{rate}/{events}/v1",
         DISPATCH_NB_HOME=str(home / "dispatch"),
         DISPATCH_NB_CACHE="off",
         HOME=str(home),

@@ -22,6 +22,7 @@ from a wire format (:mod:`dispatch_nb.wire`); docs/providers.md lists every seam
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 import threading
@@ -752,7 +753,10 @@ def _thread_bridge(
                 if close is not None:
                     close()
 
-        thread = threading.Thread(target=worker, name="dispatch_nb-bridge", daemon=True)
+        # the worker sees this task's context (e.g. which thread a sync call is made for)
+        context = contextvars.copy_context()
+        thread = threading.Thread(target=context.run, args=(worker,), name="dispatch_nb-bridge",
+                                  daemon=True)
         thread.start()
         ended = False  # the worker said it is done (or failed): it stops by itself
         try:

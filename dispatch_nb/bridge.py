@@ -99,6 +99,24 @@ def _stop_at_exit() -> None:
         _loop_thread.stop()
 
 
+#: the thread that made the sync call a task on the private loop is running for (None: an async
+#: caller); code that must tell two calls of one thread apart (the embedded model's lock) reads it
+CALLER_THREAD: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "dispatch_nb_caller_thread", default=None)
+
+
+def caller_thread() -> int:
+    """The thread a call is made for: the sync caller's when a sync call runs on the private loop
+    (or on a worker it starts), else the current thread."""
+    return CALLER_THREAD.get() or threading.get_ident()
+
+
+def _caller_context() -> contextvars.Context:
+    context = contextvars.copy_context()
+    context.run(CALLER_THREAD.set, threading.get_ident())
+    return context
+
+
 def _loop_for_caller() -> asyncio.AbstractEventLoop:
     runner = _runner()
     if _on_loop_thread():
@@ -113,7 +131,13 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the private loop and return its result (or raise its error). Ctrl-C in
     the calling thread cancels it, waits for it to unwind, and raises ``KeyboardInterrupt``."""
     loop = _loop_for_caller()
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    caller = threading.get_ident()
+
+    async def for_caller() -> T:
+        CALLER_THREAD.set(caller)  # in this task's own context
+        return await coro
+
+    future = asyncio.run_coroutine_threadsafe(for_caller(), loop)
     try:
         return future.result()
     except BaseException:
@@ -171,7 +195,7 @@ class SyncIterator(Generic[T]):
 
     def _start(self) -> None:
         loop = self._loop = _loop_for_caller()
-        loop.call_soon_threadsafe(self._begin, context=contextvars.copy_context())
+        loop.call_soon_threadsafe(self._begin, context=_caller_context())
 
     def _sleep(self) -> None:
         self._wake.clear()

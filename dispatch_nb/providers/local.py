@@ -58,6 +58,7 @@ from typing import Any
 import orjson
 
 from ..adapter import Adapter, ChatRequest, ValidationResult
+from ..bridge import caller_thread
 from ..call_control import CallControl
 from ..errors import (
     ContextLengthError,
@@ -222,7 +223,7 @@ class _LoadedModel:
     @contextlib.contextmanager
     def generation(self, control: CallControl, *, dry_run: bool = False) -> Iterator[_Generation]:
         """Hold the model for one generation; waiting for it honours ``control``."""
-        me = threading.get_ident()
+        me = caller_thread()  # the sync caller's thread, when this runs on a worker for it
         while not self.lock.acquire(timeout=0.01):
             if self.owner == me:
                 raise RequestError(

@@ -184,6 +184,7 @@ def test_a_rejected_key_stops_every_partition(client: Client, fake: BatchFake) -
     assert len(result) == 300 and result.ok == 0
     assert asked <= result.failed <= 4 * 4 and result.not_sent == 300 - result.failed
     assert result.stopped_by is not None and isinstance(result.stopped_by[1], AuthenticationError)
+    assert result.stopped_by[1].code == "authentication_failed"
     unsent = [i for i in range(300) if result.origin(i) == "not sent"]
     assert len(unsent) == result.not_sent
     assert all(result[i].code == "not_sent" and "the batch stopped at row" in result[i].message

@@ -193,8 +193,9 @@ def test_a_cancelled_batch_counts_rows_never_sent_apart_from_failed() -> None:
     assert f"{result.failed} failed, {result.not_sent} not sent" in result.summary()
     assert "interrupted" in result.summary()
     assert isinstance(result[0], Response)
-    with pytest.raises(RequestCancelled):
+    with pytest.raises(RequestCancelled) as info:
         result.raise_for_errors()
+    assert info.value.code == "not_sent"
 
 
 def test_a_rerun_after_the_stop_sends_the_failed_and_the_unsent_rows(tmp_path: Any) -> None:

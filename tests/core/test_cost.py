@@ -257,7 +257,8 @@ def test_a_batch_sends_exactly_the_rows_its_budget_fits_and_resumes(tmp_path: Pa
         assert result.sent == fits and result.ok == fits
         assert result.cost.usd == actual * fits <= budget
         assert result.budget is not None and result.budget.spent == actual * fits
-        over = [item for item in result if isinstance(item, BudgetExceededError)]
+        over = [item for item in result if isinstance(item, BudgetExceededError)
+                and item.code == "budget_exceeded"]
         assert len(over) == 200 - fits
         assert over[0].code == "budget_exceeded" and not over[0].retryable
         assert "not sent (over budget)" in result.summary()
@@ -398,7 +399,8 @@ def test_a_structured_row_reserves_its_schema_and_its_retry() -> None:
         refused = batch("Row {n}", ROWS[:2], model=adapter, max_tokens=1000, budget=budget,
                         output=Verdict, progress=False)
         assert fake.chat_requests == []
-        assert all(isinstance(item, BudgetExceededError) for item in refused)
+        assert all(isinstance(item, BudgetExceededError) and item.code == "budget_exceeded"
+                   for item in refused)
         fake.push(ROW)
         sent = batch("Row {n}", ROWS[:1], model=adapter, max_tokens=1000, budget=budget,
                      progress=False)

@@ -165,7 +165,7 @@ def test_submit_returns_at_once_and_a_rerun_collects_without_resending(
     adapter = openai_adapter(fake)
     first = batch("{row}", prompts(20), model=adapter, deferred=True, wait=False,
                   checkpoint=checkpoint, progress=False)
-    assert all(isinstance(r, BatchPendingError) for r in first)
+    assert all(isinstance(r, BatchPendingError) and r.code == "batch_pending" for r in first)
     assert first.pending == 20 and first.failed == 0 and "20 not answered yet" in repr(first)
     assert first.job.state == "validating" and len(batches.created) == 1
     assert "result.wait()" in first[0].message
@@ -198,6 +198,7 @@ def test_wait_and_refresh_collect_later(anthropic: Any, tmp_path: Path) -> None:
     batches.stall = True
     result.refresh()
     assert result.job.state == "in_progress" and isinstance(result[0], BatchPendingError)
+    assert result[0].code == "batch_pending"
     batches.stall = False
     assert result.wait() is result
     assert result.job.state == "completed" and [r.text for r in result] == [

@@ -233,7 +233,7 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
                           timeout=60, env=env, check=True)
     assert done.stdout.splitlines() == [
         "imported at import: False",
-        "adapter: FakeAdapter p-1 7",
+        "adapter: CanonicalAdapter p-1 7",
         "label: Plugged",
         "listed: True False",
         "adapter module imported: True",

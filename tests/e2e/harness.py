@@ -624,10 +624,16 @@ class NotebookPage:
         self.cell(0).locator(".jp-InputArea-editor .cm-content").click()
         self.page.keyboard.press("Escape")
         self.page.keyboard.press("ControlOrMeta+s")
-        wait_until(lambda: path.stat().st_mtime_ns != before, timeout, 0.1,
-                   f"{self.path} to be saved")
-        # the contents API writes atomically, but give a second write (checkpoint) no chance to race
-        return self.server.read_notebook(self.path)
+        def saved() -> dict[str, Any] | None:
+            if path.stat().st_mtime_ns == before:
+                return None
+            try:
+                return self.server.read_notebook(self.path)
+            except json.JSONDecodeError:  # caught while the server writes it: look again
+                return None
+
+        content: dict[str, Any] = wait_until(saved, timeout, 0.1, f"{self.path} to be saved")
+        return content
 
     def screenshot(self, scenario: str, *, element: Any = None, upto_cell: int | None = None
                    ) -> Path:

@@ -16,7 +16,7 @@ import pytest
 from ..fakes.canonical import CanonicalFake
 from ..fakes.copilot import CopilotFake
 from ..fakes.github import FakeGitHub
-from ..fakes.provider import Fail, Turn
+from ..fakes.provider import Fail, Stall, Turn
 from .harness import JupyterServer, NotebookPage, update_doc_image, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -406,8 +406,8 @@ def test_each_progress_is_one_line_and_its_table_counts_from_zero(
     """(issue 23) ``%%chat --each``: the progress bar's counters stay on one line and show one
     rate (the rows actually sent), the result table numbers its rows from 0 like ``res[i]``, and a
     template that names nothing stops the cell before any bar shows."""
-    for i in range(8):  # answers of different lengths: some rows finish while others stream
-        fake.push(Turn(text="word " * (2 + 3 * i), chunk=5, delay=0.3))
+    for i in range(8):  # rows are not streamed: each answer arrives whole, one after another
+        fake.push(Stall(1.0 + 0.6 * i))
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
     nb = open_notebook([LOAD, f"words = {words!r}", "%%chat --each words -o res\nSay {row}",
                         "%%chat --each words\nSay {typo}"])

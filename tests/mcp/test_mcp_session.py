@@ -100,8 +100,9 @@ def test_a_slow_tool_under_the_session_deadline(fake: CanonicalFake, adapter: Ca
     session.send("warm up")  # the server starts within this turn
     fake.push(Turn(tool_calls=[Call("c1", "slow", {"seconds": 60})]), Turn(text="never"))
     started = time.monotonic()
-    with pytest.raises(APITimeoutError):
+    with pytest.raises(APITimeoutError) as info:
         session.send("go", timeout=3)
+    assert info.value.code == "timeout"
     assert time.monotonic() - started < 30
     assert "not run" in text_of(session.history[-1].model_dump()["content"][0])
     session.close()
@@ -288,8 +289,9 @@ def test_cancel_stops_a_turn_while_a_server_works(
     timer = threading.Timer(4, token.cancel)
     timer.start()
     started = time.monotonic()
-    with pytest.raises(RequestCancelled):
+    with pytest.raises(RequestCancelled) as info:
         session.send("go", cancel=token)
+    assert info.value.code == "cancelled"
     assert time.monotonic() - started < 30  # not the tool's 60 s
     timer.cancel()
     fake.script.clear()  # the cancelled turn never asked for its second answer

@@ -387,6 +387,8 @@ def test_chat_key_says_when_the_default_provider_changes(kernel: Kernel, servers
     finally:
         kernel.execute("import os\nfor _k, _v in _saved.items():\n"
                        "    os.environ.pop(_k, None) if _v is None else os.environ.__setitem__(_k, _v)")
+        # the module's kernel takes the restored default as known (later tests expect no note)
+        kernel.execute("get_ipython()._dispatch_nb_magics.state.default_note()")
 
 
 def test_interrupting_a_running_tool_ends_the_cell_at_once(kernel: Kernel, servers: Any) -> None:

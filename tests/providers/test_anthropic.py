@@ -276,6 +276,7 @@ def test_an_environment_key_is_never_sent_to_another_host(
     with pytest.raises(AuthenticationError) as info:
         adapter.chat("Hi")
     message = info.value.message
+    assert info.value.code == "authentication_failed"
     assert f"anthropic:{MODEL}" in message and fake.base_url in message
     assert "ANTHROPIC_API_KEY is for https://api.anthropic.com" in message and KEY not in message
     assert fake.requests == []

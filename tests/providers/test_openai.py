@@ -178,6 +178,7 @@ def test_an_environment_key_is_never_sent_to_another_host(
         with pytest.raises(AuthenticationError) as info:
             adapter.chat("hi")
         message = info.value.message
+        assert info.value.code == "authentication_failed"
         assert "openai:gpt-4.1-mini" in message and foreign.base_url in message
         assert f"the server OPENAI_BASE_URL names ({home.base_url})" in message
         assert secret not in message and secret not in repr(info.value)
@@ -193,8 +194,9 @@ def test_an_environment_key_is_never_sent_to_another_host(
         assert foreign.last_request.header("authorization") == "Bearer sk-for-it"
     monkeypatch.delenv("OPENAI_BASE_URL")
     with OpenAIChatFake() as local:  # OpenAI's key never goes to a local server either
-        with pytest.raises(AuthenticationError, match=r"api\.openai\.com"):
+        with pytest.raises(AuthenticationError, match=r"api\.openai\.com") as info:
             OpenAIAdapter("m", base_url=local.base_url, max_retries=0).chat("hi")
+        assert info.value.code == "authentication_failed"
         assert local.requests == []
 
 
@@ -204,6 +206,7 @@ def test_a_refused_key_names_the_model_and_the_url(monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv("OPENAI_API_KEY", "sk-not-for-this-server-0000")
         with pytest.raises(AuthenticationError) as info:
             connect("compatible:llama3", max_retries=0).chat("hi")
+        assert info.value.code == "authentication_failed"
         assert "compatible:llama3" in info.value.message and server.base_url in info.value.message
         assert server.last_request.header("authorization") is None
 
