@@ -66,10 +66,11 @@ OUTPUT_PROMPT_BYTES = 1024
 
 def worst_case(adapter: Adapter, messages: list[Message], *, system: str | None = None,
                tools: Iterable[Any] | None = None, max_tokens: int | None = None,
-               output: Any = None) -> Decimal:
+               output: Any = None, batch: bool = False) -> Decimal:
     """The most one request can cost: :func:`token_bound` input tokens (with ``output=``'s
-    schema, which may be sent in the prompt) and ``max_tokens`` output. Raises ``ValueError``
-    when the model's price is unknown (a budget cannot be kept then)."""
+    schema, which may be sent in the prompt) and ``max_tokens`` output (``batch``: at the
+    provider's batch price). Raises ``ValueError`` when the model's price is unknown (a budget
+    cannot be kept then)."""
     bound = token_bound(messages, system, tools)
     if output is not None:
         import json
@@ -78,7 +79,7 @@ def worst_case(adapter: Adapter, messages: list[Message], *, system: str | None 
 
         bound += len(json.dumps(as_output(output).schema).encode()) + OUTPUT_PROMPT_BYTES
     usage = Usage(input_tokens=bound, output_tokens=_max_tokens(adapter, max_tokens))
-    cost = price(adapter.provider_name, adapter.model_name, usage)
+    cost = price(adapter.provider_name, adapter.model_name, usage, batch=batch)
     if cost is None or cost.usd is None:
         raise ValueError(
             f"budget= needs a known price, and {adapter.provider_name}:{adapter.model_name} has "

@@ -31,11 +31,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
-from ..errors import DispatchError, RequestCancelled, RequestError
+from ..cost import attempt_cost
+from ..errors import BudgetExceededError, DispatchError, RequestCancelled, RequestError
 from ..providers.batch_api import BatchAPI, JobPart, RowOutcome
 from ..stream import Accumulator
 from ..types import Response, Usage
@@ -201,6 +203,7 @@ class DeferredRun:
         self.job: BatchJob | None = None
         self._collected_ok = 0
         self._collected_failed = 0
+        self._reserved: dict[str, Decimal] = {}  # budget= reservations of the rows submitted
 
     # -- setting up ----------------------------------------------------------------------------
     def _open_adapter(self) -> tuple[Adapter, BatchAPI]:
@@ -282,6 +285,7 @@ class DeferredRun:
         fresh = [key for key in self.rows if key not in claimed]
         for row in self.rows.values():
             self._pending(row, "submitting")
+        fresh = self._within_budget(fresh)
         if fresh:
             async with api.client() as client:
                 for chunk in self._chunks(api, fresh):
@@ -294,6 +298,31 @@ class DeferredRun:
                     log.info("batch %s: submitted %d row(s) as %s job %s", self.plan.model_key,
                              len(chunk), part.provider, part.id)
         self._show()
+
+    def _within_budget(self, keys: list[str]) -> list[str]:
+        """With ``budget=``: the rows whose worst case (at the batch price) still fits, each
+        reserved; the others end as :class:`~dispatch_nb.errors.BudgetExceededError`, not sent.
+        Rows collected from a job an earlier run submitted cost this run nothing."""
+        budget = self.result.budget
+        if budget is None or not keys:
+            return keys
+        from .budget import RowBudget
+
+        assert self.adapter is not None
+        worst = RowBudget(budget, self.adapter, self.plan.call).worst
+        kept = []
+        for key in keys:
+            row = self.rows[key]
+            try:
+                self._reserved[key] = budget.reserve(worst(row.request.messages, batch=True))
+            except BudgetExceededError as exc:
+                exc.provider = self.adapter.provider_name
+                self.result._set(row.position, exc, usage=Usage(), latency=0.0, attempts=0,
+                                 origin=RowOrigin.NOT_SENT)
+                del self.rows[key]
+                continue
+            kept.append(key)
+        return kept
 
     def _chunks(self, api: BatchAPI, keys: list[str]) -> Iterator[list[str]]:
         """``keys`` in jobs within the provider's limits (requests per job, bytes per job)."""
@@ -398,6 +427,11 @@ class DeferredRun:
             item.partial.usage if item.partial is not None else Usage())
         latency = (part.ended_at - part.created_at
                    if part.ended_at is not None and part.created_at is not None else 0.0)
+        reserved = self._reserved.pop(row.key, None)
+        if reserved is not None and self.result.budget is not None:
+            answer = item if isinstance(item, Response) else item.partial
+            self.result.budget.settle(reserved, attempt_cost(answer, not isinstance(item, Response),
+                                                             reserved))
         never_ran = isinstance(item, RequestCancelled)
         self.result._set(row.position, item, usage=usage, latency=max(0.0, latency),
                          attempts=0 if never_ran else 1,

@@ -348,3 +348,34 @@ async def test_abatch_deferred(anthropic: Any, tmp_path: Path) -> None:
     result = await abatch("{row}", prompts(5), model=anthropic_adapter(fake), deferred=True,
                           poll_interval=0, checkpoint=tmp_path / "a.jsonl", progress=False)
     assert [r.text for r in result] == [f"echo: question {i}" for i in range(5)]
+
+
+def test_a_budget_sends_only_the_rows_whose_batch_price_fits(openai: Any, tmp_path: Path) -> None:
+    from decimal import Decimal
+
+    from dispatch_nb import BudgetExceededError
+    from dispatch_nb.estimates import worst_case
+    from dispatch_nb.types import Message
+
+    fake, batches = openai
+    adapter = openai_adapter(fake)
+    rows = [f"row {i:02d}" for i in range(20)]
+    worst = worst_case(adapter, [Message(role="user", content=rows[0])], max_tokens=500,
+                       batch=True)
+    live = worst_case(adapter, [Message(role="user", content=rows[0])], max_tokens=500)
+    assert worst * 2 == live  # reserved at the batch price: half the live one
+    budget = worst * 7 + worst / 2
+    result = batch("{row}", rows, model=adapter, max_tokens=500, budget=budget, deferred=True,
+                   poll_interval=0, checkpoint=tmp_path / "b.jsonl", progress=False)
+    assert len(job_lines(batches)) == 7 and len(fake.chat_requests) == 7
+    assert [r.text for r in result[:7]] == [f"echo: row {i:02d}" for i in range(7)]
+    over = [r for r in result[7:] if isinstance(r, BudgetExceededError)]
+    assert len(over) == 13 and all(r.code == "budget_exceeded" for r in over)
+    assert result.not_sent == 13 and result.failed == 0
+    assert result.cost.usd <= budget and result.budget.spent == result.cost.usd
+    assert result.budget.reserved == Decimal(0)
+    # a resumed run with a larger budget sends only the rest, in a new job
+    more = batch("{row}", rows, model=openai_adapter(fake), max_tokens=500, budget=worst * 20,
+                 deferred=True, poll_interval=0, checkpoint=tmp_path / "b.jsonl", progress=False)
+    assert more.resumed == 7 and len(batches.created) == 2 and len(job_lines(batches)) == 13
+    assert more.ok == 20
