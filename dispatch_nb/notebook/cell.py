@@ -701,7 +701,9 @@ def run_chat_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         ("--yes", args.yes), ("--deferred", args.deferred),
         ("--checkpoint", args.checkpoint is not None)) if given]
     if each_only:
+        budget = ("; a budget for a conversation: Session(budget=...)"
+                  if "--budget" in each_only else "")
         raise UsageError(f"{', '.join(each_only)} appl{'ies' if len(each_only) == 1 else 'y'} "
                          f"to --each cells (one prompt over many rows: %%chat --each df "
-                         f"{each_only[0]} ...); a budget for a conversation: Session(budget=...)")
+                         f"{each_only[0]} ...){budget}")
     CellRun(state, args, cell).execute()
