@@ -287,6 +287,7 @@ class DeferredRun:
             self._pending(row, "submitting")
         fresh = self._within_budget(fresh)
         if fresh:
+            submitted: set[str] = set()
             async with api.client() as client:
                 for chunk in self._chunks(api, fresh):
                     if self.cancel.cancelled:
@@ -295,8 +296,14 @@ class DeferredRun:
                     part = await api.submit(client, lines)
                     self.checkpoint.record_job(part.to_json(), chunk)
                     self.parts[part.id] = (part, chunk)
+                    submitted.update(chunk)
                     log.info("batch %s: submitted %d row(s) as %s job %s", self.plan.model_key,
                              len(chunk), part.provider, part.id)
+            for key in fresh:  # cancelled before their job was submitted: never sent
+                if key not in submitted:
+                    self._finish_row(self.rows[key], RequestCancelled(
+                        f"not sent: {self.cancel.reason or 'the batch was cancelled'}",
+                        provider=adapter.provider_name, code=NOT_SENT), None)
         self._show()
 
     def _within_budget(self, keys: list[str]) -> list[str]:
@@ -422,11 +429,12 @@ class DeferredRun:
         return DispatchError(f"the batch job {part.id} ({part.state}) has no result for this "
                              "request", provider=provider)
 
-    def _finish_row(self, row: _Row, item: Response | DispatchError, part: JobPart) -> None:
+    def _finish_row(self, row: _Row, item: Response | DispatchError,
+                    part: JobPart | None) -> None:
         usage = item.usage if isinstance(item, Response) else (
             item.partial.usage if item.partial is not None else Usage())
-        latency = (part.ended_at - part.created_at
-                   if part.ended_at is not None and part.created_at is not None else 0.0)
+        latency = (part.ended_at - part.created_at if part is not None
+                   and part.ended_at is not None and part.created_at is not None else 0.0)
         reserved = self._reserved.pop(row.key, None)
         if reserved is not None and self.result.budget is not None:
             answer = item if isinstance(item, Response) else item.partial

@@ -379,3 +379,18 @@ def test_a_budget_sends_only_the_rows_whose_batch_price_fits(openai: Any, tmp_pa
                  deferred=True, poll_interval=0, checkpoint=tmp_path / "b.jsonl", progress=False)
     assert more.resumed == 7 and len(batches.created) == 2 and len(job_lines(batches)) == 13
     assert more.ok == 20
+
+
+def test_rows_cancelled_before_their_job_is_submitted_are_not_sent(
+    openai: Any, tmp_path: Path
+) -> None:
+    fake, batches = openai
+    token = CancelToken()
+    token.cancel("changed my mind")
+    result = batch("{row}", prompts(5), model=openai_adapter(fake), deferred=True,
+                   poll_interval=0, cancel=token, checkpoint=tmp_path / "n.jsonl",
+                   progress=False)
+    assert not batches.created and not fake.requests
+    assert result.not_sent == 5 and result.failed == 0 and result.pending == 0
+    assert all(isinstance(r, RequestCancelled) and r.code == "not_sent"
+               and "changed my mind" in r.message for r in result)
