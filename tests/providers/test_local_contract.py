@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from dispatch_nb import (
-    APITimeoutError,
     CancelToken,
     Message,
     RequestCancelled,
@@ -31,7 +30,7 @@ from dispatch_nb import (
 from dispatch_nb.providers.local import LocalAdapter, local_model_available
 
 from ..fakes.provider import WEATHER
-from .test_local import mid_answer_timeout
+from .test_local import timed_out_mid_answer
 
 pytestmark = [
     pytest.mark.local,
@@ -148,13 +147,17 @@ def test_response_json_round_trip(tools_adapter: LocalAdapter) -> None:
 
 def test_timeout_mid_stream_keeps_partial(adapter: LocalAdapter) -> None:
     # a deadline mid-answer (the CI machine is shared: measure, do not guess)
-    timeout = round(mid_answer_timeout(adapter, LONG), 2)
-    with pytest.raises(APITimeoutError) as info:
-        adapter.chat(LONG, stream=True, max_tokens=300, temperature=0, timeout=timeout)
-    assert info.value.code == "timeout"
-    assert isinstance(info.value, TimeoutError)
-    assert f"{timeout:g}" in info.value.message
-    assert info.value.partial is not None and info.value.partial.text
+    used: list[float] = []
+
+    def call(deadline: float) -> None:
+        used.append(round(deadline, 2))
+        adapter.chat(LONG, stream=True, max_tokens=300, temperature=0, timeout=used[-1])
+
+    error, _ = timed_out_mid_answer(adapter, LONG, call)
+    assert error.code == "timeout"
+    assert isinstance(error, TimeoutError)
+    assert f"{used[-1]:g}" in error.message
+    assert error.partial is not None and error.partial.text
 
 
 def test_cancel_mid_stream_keeps_partial(adapter: LocalAdapter) -> None:
