@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from .cancel import CancelToken
+from .clock import monotonic
 from .errors import APITimeoutError, DispatchError, RequestCancelled
 
 __all__ = ["CallControl", "TurnControl"]
@@ -81,7 +82,7 @@ class CallControl:
     def _restart_clock(self) -> None:
         # The deadline counts from the first read of the stream, not from when it was created.
         # A call inside a turn never outlives the turn: its deadline is the earlier of the two.
-        self.started_at = time.monotonic()
+        self.started_at = monotonic()
         own = self.started_at + self.timeout if self.timeout is not None else None
         turn = self.turn.deadline if self.turn is not None else None
         self._turn_bound = turn is not None and (own is None or turn <= own)
@@ -157,14 +158,14 @@ class CallControl:
         """Seconds left before the deadline (None: no deadline)."""
         if self.deadline is None:
             return None
-        return max(0.0, self.deadline - time.monotonic())
+        return max(0.0, self.deadline - monotonic())
 
     def _waited(self) -> float:
         return self._aborted_after if self._aborted_after is not None else self.elapsed()
 
     def elapsed(self) -> float:
         """Seconds since the call started."""
-        return time.monotonic() - self.started_at
+        return monotonic() - self.started_at
 
     def error(self) -> DispatchError:
         """The error that describes why the call was aborted."""
@@ -181,7 +182,7 @@ class CallControl:
 
     def check(self) -> None:
         """Raise the abort error if the call has been aborted (or the deadline has passed)."""
-        if self.reason is None and self.deadline is not None and time.monotonic() >= self.deadline:
+        if self.reason is None and self.deadline is not None and monotonic() >= self.deadline:
             self.abort("timeout")
         if self.reason is not None:
             raise self.error()
@@ -200,7 +201,7 @@ class CallControl:
         remaining = self.remaining()
         if remaining is not None and seconds >= remaining:
             seconds = remaining
-        end = time.monotonic() + seconds
+        end = time.monotonic() + seconds  # a real wait, whatever clock the deadline reads
         while self.reason is None:
             left = end - time.monotonic()
             if left <= 0:
@@ -238,7 +239,7 @@ class TurnControl(CancelToken):
         #: the caller's token: cancelling it cancels the turn
         self.parent = cancel
         self.provider = provider
-        self.started_at = time.monotonic()
+        self.started_at = monotonic()
         self.deadline = self.started_at + timeout if timeout is not None else None
         #: the enclosing turn whose deadline comes first (a turn inside a turn never outlives it)
         self.outer: TurnControl | None = None
@@ -265,17 +266,17 @@ class TurnControl(CancelToken):
     # -- queries ---------------------------------------------------------------------------------
     def elapsed(self) -> float:
         """Seconds since the turn started."""
-        return time.monotonic() - self.started_at
+        return monotonic() - self.started_at
 
     def remaining(self) -> float | None:
         """Seconds left of the turn's budget (None: no deadline)."""
         if self.deadline is None:
             return None
-        return max(0.0, self.deadline - time.monotonic())
+        return max(0.0, self.deadline - monotonic())
 
     def expired(self) -> bool:
         """True once the turn's deadline has passed."""
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        return self.deadline is not None and monotonic() >= self.deadline
 
     def timeout_error(self, where: str = "") -> APITimeoutError:
         """The error of a turn whose deadline passed (``where``: what it was doing)."""

@@ -32,11 +32,13 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 
+from .clock import set_clock
 from .providers.fake import CanonicalAdapter
 from .wire.canonical import (
     Fail,
@@ -55,6 +57,7 @@ __all__ = [
     "CanonicalHandler",
     "Fail",
     "FakeAdapter",
+    "ManualClock",
     "ToolCall",
     "Turn",
     "canonical_body",
@@ -182,3 +185,50 @@ class FakeAdapter(CanonicalAdapter):
     def requests(self) -> list[dict[str, Any]]:
         """The JSON bodies of the chat requests made so far."""
         return self.handler.bodies
+
+
+class ManualClock:
+    """A clock for deadlines that moves only when the test moves it.
+
+    ``with ManualClock() as clock:`` makes every deadline dispatch_nb reads (a call's
+    ``timeout=``, a session turn's) count on this clock until the block ends; :meth:`advance`
+    moves it. ``tick`` moves it by that many seconds each time a deadline is read, which is once
+    or twice per streamed chunk or token: with ``tick=1``, a ``timeout=40`` passes a few dozen
+    chunks into an answer on any machine, fast or loaded::
+
+        with ManualClock(tick=1):
+            model.chat(prompt, timeout=40)       # APITimeoutError, error.partial holds the start
+
+    A deadline passed on this clock is noticed at the next check (between two chunks or tokens),
+    not while a read is blocked. Real waits (retry backoffs, a server's silence) still take real
+    time.
+    """
+
+    def __init__(self, *, tick: float = 0.0) -> None:
+        if tick < 0:
+            raise ValueError(f"tick must be 0 or more seconds, not {tick!r}")
+        self.tick = tick
+        self._now = time.monotonic()
+        self._lock = threading.Lock()
+        self._previous: Callable[[], float] | None = None
+
+    def __call__(self) -> float:
+        with self._lock:
+            now = self._now
+            self._now += self.tick
+            return now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
+        if seconds < 0:
+            raise ValueError("a clock only moves forward: give advance() 0 or more seconds")
+        with self._lock:
+            self._now += seconds
+
+    def __enter__(self) -> ManualClock:
+        self._previous = set_clock(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        set_clock(self._previous)
+        self._previous = None

@@ -32,6 +32,7 @@ from dispatch_nb import (
 )
 from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session, tool
+from dispatch_nb.testing import ManualClock
 
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import Fail, Stall, ToolCall, Turn
@@ -108,6 +109,41 @@ def test_deadline_mid_stream_keeps_partial(fake: CanonicalFake, adapter: Canonic
     assert info.value.partial is not None and info.value.partial.text == "abcdef"
     assert re.search(r"within the 0\.4 s timeout \(waited \d+\.\d s\)", info.value.message)
     assert closed_by_client(fake)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_test_clock_moves_the_deadline(fake: CanonicalFake, adapter: CanonicalAdapter,
+                                         mode: str) -> None:
+    # dispatch_nb.testing.ManualClock: the deadline counts on a clock the test moves, one second
+    # each time it is read (once per read from the socket). The server sends 125 chunks, one each
+    # 10 ms, and the deadline is 20 s: only that clock can stop the call, and only part-way.
+    text = " ".join(f"w{i}" for i in range(100))
+    fake.push(*[Turn(text=text, chunk=4, delay=0.01)] * 2)
+
+    def run() -> Any:
+        if mode == "sync":
+            return adapter.chat("x", stream=True, timeout=20)
+        return asyncio.run(adapter.achat("x", stream=True, timeout=20))
+
+    with ManualClock(tick=1), pytest.raises(APITimeoutError) as info:
+        run()
+    partial = info.value.partial
+    assert partial is not None and partial.text and len(partial.text) < len(text)
+    assert text.startswith(partial.text)
+    assert re.search(r"within the 20 s timeout \(waited 2\d\.\d s\)", info.value.message)
+    # the real clock is back after the block: the same call ends normally
+    assert run().text == text
+
+
+def test_a_manual_clock_moves_only_forward() -> None:
+    with pytest.raises(ValueError, match="0 or more"):
+        ManualClock(tick=-1)
+    with ManualClock() as clock:
+        with pytest.raises(ValueError, match="only moves forward"):
+            clock.advance(-1)
+        before = clock()
+        clock.advance(5)
+        assert clock() == before + 5 == clock()  # no tick: it stays put until moved
 
 
 @pytest.fixture

@@ -6,13 +6,11 @@ ms each). Skipped when the ``local`` extra is not installed.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,6 +36,7 @@ from dispatch_nb.providers.local import (
     local_model_available,
     smollm2_path,
 )
+from dispatch_nb.testing import ManualClock
 
 from ..fakes.provider import WEATHER
 
@@ -280,81 +279,31 @@ def test_cancel_during_a_long_prompt_evaluation(local: LocalAdapter) -> None:
     timer.join()
 
 
-def first_token_seconds(adapter: LocalAdapter, prompt: str) -> float:
-    """How long this machine, now, takes to the first token of ``prompt``."""
-    began = time.monotonic()
-    with adapter.stream(prompt, max_tokens=2) as stream:
-        next(iter(stream))
-        return time.monotonic() - began
+#: a deadline that passes part-way into :data:`LONG`'s answer on any machine: under
+#: ``ManualClock(tick=1)`` each read of the deadline (one or two per token) moves the clock a second
+MID_ANSWER = 40
 
 
-class MidAnswer(float):
-    """A deadline (seconds) that falls in the middle of an answer on this machine, now; ``text``
-    is the whole answer and ``total`` how long it took."""
-
-    text: str
-    total: float
-
-
-def mid_answer_timeout(adapter: LocalAdapter, prompt: str, max_tokens: int = 300) -> MidAnswer:
-    """A deadline that falls in the middle of this answer on this machine, now.
-
-    The answer is deterministic (temperature 0, fixed seed), so the same call with this deadline
-    is cut after its first token and well before its last, however loaded the machine is.
-    """
-    adapter.chat("hi", max_tokens=1)  # load the model first: loading is not answering
-    began = time.monotonic()
-    first: float | None = None
-    with adapter.stream(prompt, max_tokens=max_tokens, temperature=0) as stream:
-        for delta in stream:
-            if first is None and delta.text:
-                first = time.monotonic() - began
-    total = time.monotonic() - began
-    assert first is not None and stream.response.usage.output_tokens >= 40, "need a long answer"
-    deadline = MidAnswer(first + (total - first) * 0.4)
-    deadline.text, deadline.total = stream.response.text, total
-    return deadline
+def whole_answer(adapter: LocalAdapter, prompt: str = LONG, max_tokens: int = 300) -> str:
+    """The whole answer to ``prompt`` (temperature 0: the same every time)."""
+    text = adapter.chat(prompt, max_tokens=max_tokens, temperature=0).text
+    assert len(text.split()) > MID_ANSWER, "need an answer longer than the deadline"
+    return text
 
 
-def timed_out_mid_answer(adapter: LocalAdapter, prompt: str,
-                         call: Callable[[MidAnswer], Any]) -> tuple[APITimeoutError, MidAnswer]:
-    """``call(deadline)`` with a deadline measured to fall mid-answer, and the
-    :class:`APITimeoutError` it raised. The machine's speed can change between the measurement
-    and the call (a shared CI machine): when the answer then ended before the deadline, or the
-    deadline came before its first token, measure again (three times at most)."""
-    for _ in range(3):
-        deadline = mid_answer_timeout(adapter, prompt)
-        try:
-            call(deadline)
-        except APITimeoutError as exc:
-            if exc.partial is not None and exc.partial.text:
-                return exc, deadline
-            continue  # slower now: the deadline came before the first token
-    pytest.fail("a deadline measured to fall mid-answer never did, three times")
-
-
-def cut_short(partial: Any, whole: MidAnswer) -> bool:
+def cut_short(partial: Any, whole: str) -> bool:
     """``partial`` is a piece of the answer: some of it, not all of it (the deadline stopped it
     part-way, not after the last token)."""
-    return partial is not None and bool(partial.text) and len(partial.text) < len(whole.text) \
-        and whole.text.startswith(partial.text)
+    return partial is not None and bool(partial.text) and len(partial.text) < len(whole) \
+        and whole.startswith(partial.text)
 
 
 def test_timeout_keeps_the_partial_answer(local: LocalAdapter) -> None:
-    # a deadline mid-answer (the CI machine is shared: measure, do not guess)
-    took: list[float] = []
-
-    def call(timeout: MidAnswer) -> None:
-        began = time.monotonic()
-        try:
-            local.chat(LONG, max_tokens=300, temperature=0, timeout=timeout)
-        finally:
-            took.append(time.monotonic() - began)
-
-    error, timeout = timed_out_mid_answer(local, LONG, call)
-    assert error.code == "timeout"
-    assert took[-1] < timeout.total  # stopped at the deadline, not at the end
-    assert cut_short(error.partial, timeout)
+    whole = whole_answer(local)
+    with ManualClock(tick=1), pytest.raises(APITimeoutError) as info:
+        local.chat(LONG, max_tokens=300, temperature=0, timeout=MID_ANSWER)
+    assert info.value.code == "timeout"
+    assert cut_short(info.value.partial, whole)  # stopped at the deadline, not at the end
 
 
 def test_threads_share_one_model_safely(local: LocalAdapter) -> None:
@@ -414,23 +363,26 @@ async def test_async_stream_cancel_and_timeout(local: LocalAdapter) -> None:
     assert "".join(t or "" for t in texts) == stream.response.text == sync.text
     assert stream.response.usage == sync.usage
 
+    whole = whole_answer(local, max_tokens=400)
     token = CancelToken()
-    task = asyncio.create_task(local.achat(LONG, max_tokens=400, cancel=token))
-    await asyncio.sleep(0.3)
-    cancelled_at = time.monotonic()
-    token.cancel()
-    with pytest.raises(RequestCancelled) as raised:
-        await task
-    assert raised.value.code == "cancelled"
-    assert time.monotonic() - cancelled_at < 0.1
+    seen = ""
 
-    timeout = mid_answer_timeout(local, LONG)
-    began = time.monotonic()
-    with pytest.raises(APITimeoutError) as info:
-        await local.achat(LONG, max_tokens=300, temperature=0, timeout=timeout)
+    async def cancel_at_the_first_text() -> None:
+        nonlocal seen
+        async for delta in local.astream(LONG, max_tokens=400, temperature=0, cancel=token):
+            seen += delta.text or ""
+            if seen:
+                token.cancel()  # stops between two tokens (the ms are measured in the sync test)
+
+    with pytest.raises(RequestCancelled) as raised:
+        await cancel_at_the_first_text()
+    assert raised.value.code == "cancelled"
+    assert cut_short(raised.value.partial, whole) and raised.value.partial.text.startswith(seen)
+
+    with ManualClock(tick=1), pytest.raises(APITimeoutError) as info:
+        await local.achat(LONG, max_tokens=400, temperature=0, timeout=MID_ANSWER)
     assert info.value.code == "timeout"
-    assert time.monotonic() - began < timeout.total  # stopped at the deadline, not at the end
-    assert cut_short(info.value.partial, timeout)
+    assert cut_short(info.value.partial, whole)  # stopped at the deadline, not at the end
     assert (await local.achat("Say hi.", max_tokens=3)).text
 
 

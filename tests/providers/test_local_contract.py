@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dispatch_nb import (
+    APITimeoutError,
     CancelToken,
     Message,
     RequestCancelled,
@@ -28,9 +29,10 @@ from dispatch_nb import (
     ToolUseBlock,
 )
 from dispatch_nb.providers.local import LocalAdapter, local_model_available
+from dispatch_nb.testing import ManualClock
 
 from ..fakes.provider import WEATHER
-from .test_local import timed_out_mid_answer
+from .test_local import MID_ANSWER, cut_short, whole_answer
 
 pytestmark = [
     pytest.mark.local,
@@ -146,18 +148,14 @@ def test_response_json_round_trip(tools_adapter: LocalAdapter) -> None:
 
 
 def test_timeout_mid_stream_keeps_partial(adapter: LocalAdapter) -> None:
-    # a deadline mid-answer (the CI machine is shared: measure, do not guess)
-    used: list[float] = []
-
-    def call(deadline: float) -> None:
-        used.append(round(deadline, 2))
-        adapter.chat(LONG, stream=True, max_tokens=300, temperature=0, timeout=used[-1])
-
-    error, _ = timed_out_mid_answer(adapter, LONG, call)
+    whole = whole_answer(adapter, LONG)
+    with ManualClock(tick=1), pytest.raises(APITimeoutError) as info:
+        adapter.chat(LONG, stream=True, max_tokens=300, temperature=0, timeout=MID_ANSWER)
+    error = info.value
     assert error.code == "timeout"
     assert isinstance(error, TimeoutError)
-    assert f"{used[-1]:g}" in error.message
-    assert error.partial is not None and error.partial.text
+    assert f"{MID_ANSWER:g} s timeout" in error.message
+    assert cut_short(error.partial, whole)
 
 
 def test_cancel_mid_stream_keeps_partial(adapter: LocalAdapter) -> None:
