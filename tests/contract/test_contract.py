@@ -302,9 +302,13 @@ def test_async_cancel_and_errors(make: Any, fake: ProviderFake) -> None:
             await adapter.achat("x")
         assert (raised.value.status_code, raised.value.code) == (401, "authentication_failed")
         token = CancelToken()
-        asyncio.get_running_loop().call_later(0.15, token.cancel)
+
+        def cancel_at_the_first_text(delta: Any) -> None:
+            if delta.text:
+                token.cancel()
+
         with pytest.raises(RequestCancelled) as info:
-            await adapter.achat("x", stream=True, cancel=token)
+            await adapter.achat("x", stream=True, cancel=token, on_delta=cancel_at_the_first_text)
         assert info.value.code == "cancelled"
         return info.value
 

@@ -159,26 +159,29 @@ def test_a_stopped_batch_reads_no_more_of_a_generator() -> None:
 
 def test_a_cancelled_batch_counts_rows_never_sent_apart_from_failed() -> None:
     token = CancelToken()
-    # plain (not streamed) rows of ~0.3 s, 16 at a time; cancelled while the third round is in
-    # flight (the fake counts a request when it arrives: 48 asked, 32 answered)
-    with BatchFake(events=4, delay=0.1) as fake:
+    # plain (not streamed) rows, 16 at a time: the first 32 are answered at once, the others not
+    # until the client hangs up. A row is asked only when another has ended, so once 48 were
+    # asked, 32 are answered and 16 are in flight, waiting: the cancel comes then.
+    answered = 2 * CONCURRENCY
+    rows = [f"row {i}" for i in range(ROWS)]
+    with BatchFake(events=4, fast=set(rows[:answered]),
+                   stall={row: 60.0 for row in rows[answered:]}) as fake:
         adapter = CanonicalAdapter("echo", base_url=fake.base_url)
 
         def cancel_after_two_rounds() -> None:
             deadline = time.monotonic() + 60
-            while sum(fake.asked.values()) < 2 * CONCURRENCY + 1 and time.monotonic() < deadline:
+            while sum(fake.asked.values()) < answered + CONCURRENCY and time.monotonic() < deadline:
                 time.sleep(0.01)
-            time.sleep(0.1)
             token.cancel("enough")
 
         threading.Thread(target=cancel_after_two_rounds, daemon=True).start()
         started = time.monotonic()
-        result = batch("{row}", [f"row {i}" for i in range(ROWS)], model=adapter,
+        result = batch("{row}", rows, model=adapter,
                        concurrency=CONCURRENCY, cancel=token, progress=False)
         took = time.monotonic() - started
         asked = sum(fake.asked.values())
     assert took < 30 and result.interrupted and len(result) == ROWS
-    assert result.ok >= 32
+    assert result.ok >= 32 and result.failed == CONCURRENCY
     # every row sent is ok or failed (cancelled in flight); every other one is "not sent"
     assert result.ok + result.failed == asked
     assert 0 < result.failed <= CONCURRENCY

@@ -9,6 +9,7 @@ reaches whatever runs now (a model call's socket, async tools). Real loopback fa
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from dispatch_nb import APITimeoutError, CancelToken, RequestCancelled, ToolResu
 from dispatch_nb.call_control import CallControl, TurnControl
 from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session, tool
+from dispatch_nb.testing import ManualClock
 
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import Stall, ToolCall, Turn
@@ -27,6 +29,15 @@ from ..fakes.server import wait_for
 #: a cancel wakes a blocked call at once ("within 100 ms"), not at the next poll or when the
 #: server answers: this much, with room for a busy 2-core machine, is far less than any stall here
 CANCEL_BUDGET = 0.5
+#: how long a stalled answer sends nothing (ended early by the client hanging up)
+STALL = 6.0
+
+
+def reported_wait(message: str, budget: float) -> float:
+    """The seconds an :class:`APITimeoutError` for a ``budget``-second timeout says it waited."""
+    found = re.search(rf"within the {budget:g} s timeout \(waited (\d+\.\d) s", message)
+    assert found, message
+    return float(found.group(1))
 
 
 @pytest.fixture
@@ -45,14 +56,16 @@ def adapter(fake: CanonicalFake) -> Iterator[CanonicalAdapter]:
 def test_a_turn_control_is_one_budget_for_several_calls(fake: CanonicalFake,
                                                         adapter: CanonicalAdapter) -> None:
     adapter.chat("warm up")  # the first call of a process pays for imports and the client
-    fake.push(Stall(0.3), Stall(3.0))
-    with TurnControl(timeout=0.6, provider="fake") as turn:
-        assert adapter.chat("a", cancel=turn).text == "echo: a"  # spends ~0.3 s of the 0.6
+    fake.push(Turn(text="echo: a"), Stall(STALL))
+    with ManualClock() as clock, TurnControl(timeout=60, provider="fake") as turn:
+        assert adapter.chat("a", cancel=turn).text == "echo: a"
+        clock.advance(59.7)  # the first call took all but 0.3 s of the turn's minute
+        started = time.monotonic()
         with pytest.raises(APITimeoutError) as info:
             adapter.chat("b", stream=True, cancel=turn)
-        waited = time.monotonic() - turn.started_at
-    assert 0.6 <= waited < 0.85, waited  # the turn's 0.6 s, not 0.6 s more for the second call
-    assert "within the 0.6 s timeout (waited 0.6 s)" in info.value.message
+    # the turn's last 0.3 s, not a minute more for the second call: it ended long before the stall
+    assert time.monotonic() - started < STALL / 2
+    assert reported_wait(info.value.message, 60) >= 59.7
     assert info.value.code == "timeout"
     assert wait_for(lambda: fake.server.open_connections == 0)
 
@@ -90,14 +103,16 @@ def test_cancelling_the_callers_token_cancels_the_turn_and_detaches() -> None:
 def test_session_deadline_spans_two_model_calls_and_a_tool(fake: CanonicalFake,
                                                            adapter: CanonicalAdapter,
                                                            mode: str) -> None:
+    clock = ManualClock()
+
     @tool
     def pause() -> str:
-        time.sleep(0.3)
+        clock.advance(59.5)  # the tool takes all but 0.5 s of the turn's minute
         return "paused"
 
     @tool
     async def apause() -> str:
-        await asyncio.sleep(0.3)
+        clock.advance(59.5)
         return "paused"
 
     name = "pause" if mode == "sync" else "apause"
@@ -108,27 +123,28 @@ def test_session_deadline_spans_two_model_calls_and_a_tool(fake: CanonicalFake,
     else:
         asyncio.run(adapter.achat("warm up"))
     fake.push(Turn(tool_calls=[ToolCall("t1", name)], delay=0.05),
-              Turn(text="abcdefghijkl", chunk=2, stall_after=2, stall=3.0))
+              Turn(text="abcdefghijkl", chunk=2, stall_after=2, stall=STALL))
     session = Session(adapter, tools=[pause, apause])
     events: list[object] = []
 
     async def run_async() -> None:
-        async for event in session.astream("go", timeout=0.9):
+        async for event in session.astream("go", timeout=60):
             events.append(event)
 
     def run() -> None:
         if mode == "sync":
-            events.extend(session.stream("go", timeout=0.9))
+            events.extend(session.stream("go", timeout=60))
         else:
             asyncio.run(run_async())
 
     started = time.monotonic()
-    with pytest.raises(APITimeoutError) as info:
+    with clock, pytest.raises(APITimeoutError) as info:
         run()
-    waited = time.monotonic() - started
     assert info.value.code == "timeout"
-    assert 0.9 <= waited < 1.25, waited  # one 0.9 s budget for call, tool and call
-    assert "within the 0.9 s timeout (waited 0.9 s)" in info.value.message
+    # one minute's budget for call, tool and call: the second call had the last 0.5 s, not a
+    # minute of its own, and ended long before the stall would have ended it
+    assert time.monotonic() - started < STALL / 2
+    assert reported_wait(info.value.message, 60) >= 59.5
     assert any(isinstance(e, ToolResultEvent) for e in events)  # the tool ran inside the budget
     assert info.value.partial is not None and info.value.partial.text == "abcd"
     assert [m.role for m in session.history] == ["user", "assistant", "user"]
