@@ -30,6 +30,37 @@ if TYPE_CHECKING:
     from tests.fakes.canonical import CanonicalFake
 
 
+#: the test files whose OpenAI tests have every request body checked against OpenAI's published
+#: schema by the fakes (tests/fakes/openai_schema.py; tests/contract/test_openai_schema.py)
+CHECKED_SUITES = (
+    "tests/contract/test_contract.py",
+    "tests/contract/test_downstream.py",
+    "tests/contract/test_real_shapes.py",
+    "tests/providers/test_openai_chat.py",
+    "tests/providers/test_openai_responses.py",
+    "tests/providers/test_openai.py",
+)
+
+
+def checks_openai_bodies(nodeid: str) -> bool:
+    """Whether the test ``nodeid`` is one of the OpenAI tests of :data:`CHECKED_SUITES`."""
+    return nodeid.partition("::")[0] in CHECKED_SUITES and "openai" in nodeid.lower()
+
+
+@pytest.fixture(autouse=True)
+def _openai_bodies_follow_the_schema(request: pytest.FixtureRequest) -> Iterator[None]:
+    from tests.fakes.openai_schema import checking
+
+    if not checks_openai_bodies(request.node.nodeid):
+        yield
+        return
+    checking.set()
+    try:
+        yield
+    finally:
+        checking.clear()
+
+
 @pytest.fixture(autouse=True)
 def _fakes_must_not_crash() -> Iterator[None]:
     yield

@@ -1,95 +1,26 @@
 """Every request body the two OpenAI paths produce conforms to OpenAI's published request schemas.
 
-The contract suites (``test_contract.py``, ``test_downstream.py``) and the OpenAI provider tests are
-re-run for the OpenAI targets in a subprocess with :data:`RECORD_BODIES_ENV` set, so the fakes
-record every body they receive; each is then validated against ``CreateResponse`` or
-``CreateChatCompletionRequest`` in ``tests/specs/openai.openapi.json`` (OpenAI's published spec,
-vendored so that every clone validates), with the relaxations ``tests/specs/README.md`` lists for
-the ways the spec is stricter than the API.
+The OpenAI fakes check each chat request they receive against ``CreateResponse`` or
+``CreateChatCompletionRequest`` (``tests/fakes/openai_schema.py``) while the contract suites
+(``test_contract.py``, ``test_downstream.py``, ``test_real_shapes.py``) and the OpenAI provider
+tests run for the OpenAI targets (:data:`CHECKED_SUITES`, switched on in ``tests/conftest.py``); a
+body off the schema fails the test that sent it. This module checks the checker.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import os
-import subprocess
-import sys
-from functools import cache
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
+import pytest
 
-from ..fakes.openai_chat import RECORD_BODIES_ENV
+from dispatch_nb import ServerError
+from dispatch_nb.providers.openai import OpenAIAdapter
 
-REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO / "tests" / "specs" / "openai.openapi.json"
-SPEC_URI = "urn:dispatch-nb:openai-openapi"
-SCHEMA_FOR = {"/chat/completions": "CreateChatCompletionRequest", "/responses": "CreateResponse"}
-SUITES = [
-    "tests/contract/test_contract.py",
-    "tests/contract/test_downstream.py",
-    "tests/contract/test_real_shapes.py",
-    "tests/providers/test_openai_chat.py",
-    "tests/providers/test_openai_responses.py",
-    "tests/providers/test_openai.py",
-]
-
-#: component → required properties real clients may omit (specs/README.md)
-OPTIONAL_IN_PRACTICE = {
-    "OutputMessage": {"id", "status", "type"},
-    "OutputTextContent": {"annotations", "logprobs"},
-    "InputImageContent": {"detail"},
-}
-
-
-def _relax(node: Any) -> None:
-    """``nullable: true`` beside a ``type`` admits null; ``oneOf`` is read as ``anyOf``."""
-    if isinstance(node, dict):
-        if node.get("nullable") is True and "type" in node:
-            types = node["type"] if isinstance(node["type"], list) else [node["type"]]
-            node["type"] = [*types, "null"] if "null" not in types else types
-            if isinstance(node.get("enum"), list) and None not in node["enum"]:
-                node["enum"].append(None)
-        if "oneOf" in node:
-            alternatives = node.pop("oneOf")
-            if "anyOf" in node:
-                node.setdefault("allOf", []).append({"anyOf": alternatives})
-            else:
-                node["anyOf"] = alternatives
-        for value in node.values():
-            _relax(value)
-    elif isinstance(node, list):
-        for value in node:
-            _relax(value)
-
-
-@cache
-def validator(component: str) -> Draft202012Validator:
-    spec = copy.deepcopy(json.loads(SPEC.read_text(encoding="utf-8")))
-    _relax(spec)
-    schemas = spec["components"]["schemas"]
-    for name, optional in OPTIONAL_IN_PRACTICE.items():
-        schemas[name]["required"] = [r for r in schemas[name].get("required", [])
-                                     if r not in optional]
-    registry = Registry().with_resource(
-        SPEC_URI, Resource.from_contents(spec, default_specification=DRAFT202012)
-    )
-    return Draft202012Validator(
-        {"$ref": f"{SPEC_URI}#/components/schemas/{component}"}, registry=registry
-    )
-
-
-def problems(endpoint: str, body: dict[str, Any]) -> str | None:
-    error = best_match(validator(SCHEMA_FOR[endpoint]).iter_errors(body))
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    return f"{endpoint} at {where or '(root)'}: {error.message[:300]}"
+from ..conftest import CHECKED_SUITES, checks_openai_bodies
+from ..fakes.openai_chat import OpenAIChatFake
+from ..fakes.openai_schema import SCHEMA_FOR, SPEC, checking, problems
+from ..fakes.server import take_handler_errors
 
 
 def test_the_vendored_spec_is_openais() -> None:
@@ -110,20 +41,33 @@ def test_validator_is_not_vacuous() -> None:
     assert problems("/chat/completions", {**chat, "messages": [{"role": "tool", "content": "x"}]})
 
 
-def test_every_recorded_request_body_conforms(tmp_path: Path) -> None:
-    record = tmp_path / "bodies.jsonl"
-    env = {**os.environ, RECORD_BODIES_ENV: str(record)}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITES, "-k", "openai"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert run.returncode == 0, f"the recorded suites failed:\n{run.stdout[-4000:]}"
-    lines = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
-    counts = {endpoint: sum(1 for r in lines if r["endpoint"] == endpoint) for endpoint in SCHEMA_FOR}
-    assert counts["/responses"] >= 50 and counts["/chat/completions"] >= 50, counts
-    found: dict[str, str] = {}
-    for record_line in lines:
-        problem = problems(record_line["endpoint"], record_line["body"])
-        if problem is not None:
-            found.setdefault(problem, json.dumps(record_line["body"])[:1500])
-    assert not found, "\n\n".join(f"{p}\n  body: {b}" for p, b in found.items())
+def test_the_suites_that_send_openai_requests_are_checked(request: pytest.FixtureRequest) -> None:
+    assert len(CHECKED_SUITES) >= 6
+    assert all(checks_openai_bodies(f"{suite}::test_x[openai-responses]") for suite in CHECKED_SUITES)
+    assert checks_openai_bodies("tests/providers/test_openai_chat.py::test_x")
+    assert not checks_openai_bodies("tests/contract/test_contract.py::test_x[anthropic]")
+    assert not checks_openai_bodies("tests/core/test_cache.py::test_openai_x")
+    assert checking.is_set() == checks_openai_bodies(request.node.nodeid)
+
+
+@pytest.fixture
+def checked() -> Iterator[None]:
+    checking.set()
+    yield
+    checking.clear()
+
+
+def test_a_body_off_the_schema_fails_the_test_that_sent_it(checked: None) -> None:
+    with OpenAIChatFake() as fake:
+        adapter = OpenAIAdapter("smollm2", backend="compatible", base_url=fake.base_url,
+                                max_retries=0)
+        assert adapter.chat("hi").text  # a body dispatch_nb builds conforms
+        assert take_handler_errors() == []
+        # one that does not (max_tokens must be an integer) is a crash of the fake: a 500 here,
+        # and the test that sent it fails at its teardown with the schema's complaint
+        with pytest.raises(ServerError) as info:
+            adapter.chat("hi", extra_body={"max_completion_tokens": "many"})
+        assert info.value.status_code == 500
+    crashes = take_handler_errors()
+    assert len(crashes) == 1 and "off OpenAI's schema" in crashes[0]
+    assert "max_completion_tokens" in crashes[0]

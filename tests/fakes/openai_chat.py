@@ -30,22 +30,16 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from .openai_schema import check_body, checking
 from .provider import Fail, ProviderFake, ToolCall, Turn, sse_event
 from .server import RecordedRequest, Reply
 
-__all__ = ["RECORD_BODIES_ENV", "REFERENCE_PART", "ChatTurn", "OpenAIChatFake", "OpenAIFakeBase",
+__all__ = ["REFERENCE_PART", "ChatTurn", "OpenAIChatFake", "OpenAIFakeBase",
            "group_frames"]
 
-#: when set to a file path, every OpenAI fake appends each chat request it receives there as one
-#: JSON line ``{"endpoint": "/chat/completions" | "/responses", "body": {...}}`` (the schema
-#: conformance test re-runs the suites with it)
-RECORD_BODIES_ENV = "DISPATCH_NB_RECORD_OPENAI_BODIES"
-_record_lock = threading.Lock()
 
 _DEFAULT_TYPE = {
     400: "invalid_request_error",
@@ -135,11 +129,8 @@ class OpenAIFakeBase(ProviderFake):
 
     # -- routing ---------------------------------------------------------------------------------
     def _dispatch(self, request: RecordedRequest) -> Reply:
-        record = os.environ.get(RECORD_BODIES_ENV)
-        if record and self.is_chat(request) and request.body:
-            line = json.dumps({"endpoint": self.chat_path, "body": json.loads(request.body)})
-            with _record_lock, open(record, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+        if checking.is_set() and self.is_chat(request) and request.body:
+            check_body(self.chat_path, json.loads(request.body))  # OpenAI's published schema
         return super()._dispatch(request)
 
     def is_chat(self, request: RecordedRequest) -> bool:
