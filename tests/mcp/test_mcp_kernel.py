@@ -4,7 +4,9 @@ SDK-written MCP server over stdio and the canonical loopback fake as the model."
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,15 +90,27 @@ def test_mcp_approval_and_context_in_a_kernel(fake: CanonicalFake, tmp_path: Pat
     assert "removed MCP server calc" in text(nb.cells[7])
 
 
+def without_ipywidgets(env: dict[str, str], tmp_path: Path) -> None:
+    """Make ``import ipywidgets`` fail in the kernel ``env`` starts (a kernel without it)."""
+    shadow = tmp_path / "no-ipywidgets" / "ipywidgets"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('ipywidgets is not installed')\n")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(shadow.parent), env.get("PYTHONPATH", "")) if p
+    )
+
+
 def test_ask_in_a_kernel_with_an_input_box(fake: CanonicalFake, tmp_path: Path) -> None:
-    """A front end with an input box (stdin): "n" denies (the file is never made), "a" approves
-    this tool for the rest of the kernel (a later cell's call is not asked about)."""
+    """Without ipywidgets, a front end with an input box (stdin) is asked there: "n" denies (the
+    file is never made), "a" approves this tool for the rest of the kernel (a later cell's call
+    is not asked about)."""
     from jupyter_client.manager import KernelManager
 
     target = tmp_path / "touched.txt"
     env = chat_env()
     env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_MODEL": "fake:echo",
                 "DISPATCH_NB_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)})
+    without_ipywidgets(env, tmp_path)
     km = KernelManager(kernel_name="python3")
     km.start_kernel(env=env, cwd=str(tmp_path))
     kc = km.client()
@@ -137,6 +151,82 @@ def test_ask_in_a_kernel_with_an_input_box(fake: CanonicalFake, tmp_path: Path) 
         fake.push(Turn(tool_calls=[ToolCall("s3", "add", {"a": 2, "b": 2})]), Turn(text="4"))
         run("%%chat --mcp calc\nAdd again.")
         assert tool_results(fake)[0]["content"] == "4" and len(prompts) == 2  # always holds
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_buttons_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> None:
+    """A front end that asks (stdin allowed) gets Approve / Deny / Always buttons while the cell
+    runs; their clicks (comm messages, as JupyterLab sends them) reach the kernel although the
+    cell is busy. Deny: the file is never made; Always: a later cell's call is not asked about;
+    no click before the deadline: a denial."""
+    from jupyter_client.manager import KernelManager
+
+    target = tmp_path / "touched.txt"
+    env = chat_env()
+    env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_MODEL": "fake:echo",
+                "DISPATCH_NB_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)})
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env=env, cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    asked: list[str] = []  # the headline of each set of buttons shown
+    clicks: list[str] = []  # which button to click, in order
+    lock = threading.Lock()
+
+    def run(code: str, ok: bool = True) -> str:
+        out: list[str] = []
+        buttons: dict[str, str] = {}  # description -> comm id
+
+        def on_output(msg: dict[str, Any]) -> None:
+            out.append(json.dumps(msg["content"]))
+            if msg["msg_type"] != "comm_open":
+                return
+            state = msg["content"]["data"].get("state", {})
+            if "Approve tool call" in str(state.get("value", "")):
+                asked.append(state["value"])
+            if state.get("_model_name") == "ButtonModel":
+                buttons[state["description"]] = msg["content"]["comm_id"]
+                with lock:
+                    wanted = clicks[0] if clicks else None
+                if wanted is not None and wanted in buttons:
+                    clicks.pop(0)
+                    kc.shell_channel.send(kc.session.msg("comm_msg", {
+                        "comm_id": buttons[wanted],
+                        "data": {"method": "custom", "content": {"event": "click"}}}))
+
+        reply = kc.execute_interactive(code, allow_stdin=True, output_hook=on_output,
+                                       stdin_hook=lambda msg: None, timeout=120)
+        assert not ok or reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+
+    try:
+        kc.wait_for_ready(timeout=60)
+        run("%load_ext dispatch_nb")
+        run(f"%chat mcp add calc -- {sys.executable} {SDK_SERVER} stdio")
+        fake.push(Turn(tool_calls=[ToolCall("w1", "touch", {"path": str(target)})]),
+                  Turn(text="ok"))
+        clicks.append("Deny")
+        shown = run("%%chat --mcp calc\nTouch it.")
+        assert not target.exists() and len(asked) == 1, "the denied tool ran"
+        assert "touch" in asked[0] and str(target) in asked[0]  # the arguments, in full
+        assert "the user said no" in tool_results(fake)[0]["content"]
+        assert "denied: the user said no" in shown  # the decision replaces the buttons
+        fake.push(Turn(tool_calls=[ToolCall("w2", "add", {"a": 1, "b": 2})]), Turn(text="3"))
+        clicks.append("Always allow add")
+        shown = run("%%chat --mcp calc\nAdd.")
+        assert tool_results(fake)[0]["content"] == "3" and len(asked) == 2
+        assert "approved (always)" in shown
+        fake.push(Turn(tool_calls=[ToolCall("w3", "add", {"a": 2, "b": 2})]), Turn(text="4"))
+        run("%%chat --mcp calc\nAdd again.")
+        assert tool_results(fake)[0]["content"] == "4" and len(asked) == 2  # always holds
+        fake.push(Turn(tool_calls=[ToolCall("w4", "touch", {"path": str(target)})]),
+                  Turn(text="late"))
+        run("%config ChatMagics.timeout = 5")
+        shown = run("%%chat --mcp calc\nTouch it, nobody will click.", ok=False)
+        assert "denied: no answer within the turn's deadline" in shown
+        assert not target.exists() and len(asked) == 3
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
