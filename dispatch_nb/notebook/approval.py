@@ -138,7 +138,7 @@ class _Subshell:
         if "kernel subshells" not in kernel.kernel_info.get("supported_features", ()):
             return None
         from ipykernel.connect import get_connection_file
-        from jupyter_client import BlockingKernelClient
+        from jupyter_client.blocking.client import BlockingKernelClient
 
         client = BlockingKernelClient(connection_file=get_connection_file())
         client.load_connection_file()
@@ -158,14 +158,14 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     deadline). False when buttons cannot work here (then nothing was shown)."""
     from IPython import get_ipython
 
-    shell = get_ipython()  # type: ignore[no-untyped-call]
-    kernel = getattr(shell, "kernel", None)
+    shell = get_ipython()
+    kernel: Any = getattr(shell, "kernel", None)
     parent = kernel.get_parent("shell") if kernel is not None else None
     if not parent or not parent.get("content", {}).get("allow_stdin", False):
         return False  # no kernel, or a front end that does not ask (nbclient, voilà)
     try:
         import ipywidgets as widgets
-        from IPython.display import Markdown, display
+        from IPython.display import display
 
         subshell = _Subshell.get(kernel)
     except Exception:  # no ipywidgets / jupyter_client, or the kernel refused a subshell
@@ -212,7 +212,9 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         decision = ("approved" if request.answer is True
                     else "approved (always)" if request.answer == ALWAYS
                     else f"denied: {request.answer}")
-        handle.update(Markdown(f"`{call.name}` {decision}"))
+        shown = f"{call.name} {decision}"
+        handle.update({"text/plain": shown, "text/markdown": f"`{call.name}` {decision}"},
+                      raw=True)
         for widget in (*buttons, *box.children, box):
             widget.close()
     return True
