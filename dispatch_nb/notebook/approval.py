@@ -209,12 +209,8 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
                 request.answer = "no answer within the turn's deadline"
                 break
     finally:
-        decision = ("approved" if request.answer is True
-                    else "approved (always)" if request.answer == ALWAYS
-                    else f"denied: {request.answer}")
-        shown = f"{call.name} {decision}"
-        handle.update({"text/plain": shown, "text/markdown": f"`{call.name}` {decision}"},
-                      raw=True)
+        # the buttons go; the decision is shown (and saved) with the tool call in the answer
+        handle.update({"text/html": ""}, raw=True)
         for widget in (*buttons, *box.children, box):
             widget.close()
     return True
