@@ -90,6 +90,29 @@ def test_mcp_approval_and_context_in_a_kernel(fake: CanonicalFake, tmp_path: Pat
     assert "removed MCP server calc" in text(nb.cells[7])
 
 
+def test_session_context_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> None:
+    """``Session(context="df")`` opened in a notebook cell: the model reads ``df`` of the kernel
+    (the fake receives its description) and nothing else (``secret`` is refused)."""
+    cells = [
+        "import pandas as pd\ndf = pd.DataFrame({'price': [1.5, 2.5, 4.0]})\nsecret = 'hush-123'",
+        "from dispatch_nb import Session\n"
+        "session = Session('fake:echo', context='df')\n"
+        "print(session.send('What is in df?').text)",
+    ]
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    env = chat_env()
+    env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_HOME": str(tmp_path / "home"),
+                "HOME": str(tmp_path)})
+    fake.push(Turn(tool_calls=[ToolCall("x1", "describe", {"name": "df"}),
+                               ToolCall("x2", "describe", {"name": "secret"})]),
+              Turn(text="Three prices."))
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute(env=env, cwd=str(tmp_path))
+    described, refused = tool_results(fake)
+    assert "shape: (3, 1)" in described["content"] and "price" in described["content"]
+    assert refused["is_error"] and "hush-123" not in json.dumps(fake.chat_requests[-1].json)
+    assert "Three prices." in text(nb.cells[1])
+
+
 def without_ipywidgets(env: dict[str, str], tmp_path: Path) -> None:
     """Make ``import ipywidgets`` fail in the kernel ``env`` starts (a kernel without it)."""
     shadow = tmp_path / "no-ipywidgets" / "ipywidgets"
