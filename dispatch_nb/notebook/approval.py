@@ -168,6 +168,7 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         from IPython.display import display
 
         subshell = _Subshell.get(kernel)
+        ident = kernel._parent_ident["shell"]  # the cell's request, restored below
     except Exception:  # no ipywidgets / jupyter_client, or the kernel refused a subshell
         return False
     if subshell is None:
@@ -176,7 +177,6 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     call = request.call
     headline, arguments = _describe(call)
     clicked = threading.Event()
-    ident = kernel._parent_ident["shell"]
     # the widgets' comms are opened under the subshell: the front end's clicks go to its thread
     kernel.set_parent(ident, {**parent, "header": {**parent["header"], "subshell_id": subshell}})
     try:
@@ -189,9 +189,10 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         ]
         answers: list[bool | str] = [True, "the user said no", ALWAYS]
 
-        def on_click(button: Any) -> None:
-            request.answer = answers[buttons.index(button)]
-            clicked.set()
+        def on_click(button: Any) -> None:  # on the subshell's thread; the first click counts
+            if not clicked.is_set():
+                request.answer = answers[buttons.index(button)]
+                clicked.set()
 
         for button in buttons:
             button.on_click(on_click)
