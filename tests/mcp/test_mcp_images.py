@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dispatch_nb import ImageBlock, ToolResultBlock
+from dispatch_nb import ImageBlock, ToolResultBlock, ToolResultEvent
 from dispatch_nb.mcp import MCPServer
 from dispatch_nb.providers.anthropic import AnthropicAdapter
 from dispatch_nb.providers.fake import CanonicalAdapter
@@ -105,3 +106,28 @@ def test_a_text_only_tool_result_is_unchanged() -> None:
         {"type": "text", "text": "see "}, ImageBlock.from_bytes(PNG, "image/png")])
     assert isinstance(mixed.content, list) and isinstance(mixed.content[1], ImageBlock)
     assert mixed.text == "see [image image/png, 8 bytes]" and len(mixed.images) == 1
+
+
+def test_an_image_result_replays_without_the_server(
+    everything: MCPServer, fake: CanonicalFake, adapter: CanonicalAdapter, tmp_path: Path
+) -> None:
+    """Recorded through a CachedAdapter, the image comes back from the cache file as an image
+    (and the model call that carried it replays too) without starting the server."""
+    from dispatch_nb.cache import CachedAdapter, ResponseCache
+
+    path = tmp_path / "images.dispatch-cache.jsonl"
+    recording = CachedAdapter(adapter, ResponseCache(path, "record"))
+    ask_for_the_image(recording, fake, everything)
+    recorded = fake.chat_requests[-1].json["messages"][-1]["content"]
+    requests = len(fake.chat_requests)
+
+    gone = MCPServer.stdio("/nonexistent/mcp-server", name="everything")
+    replaying = CachedAdapter(adapter, ResponseCache(path, "replay"))
+    with Session(replaying, tools=[gone], approve="auto") as session:
+        stream = session.stream("Show me the image.")
+        events = [e for e in stream if isinstance(e, ToolResultEvent)]
+    assert stream.response is not None and stream.response.text == "A logo."
+    (image,) = events[0].result.images
+    assert image.media_type == "image/png" and base64.b64decode(image.source).startswith(PNG)
+    assert image.source == recorded[0]["content"][1]["source"]
+    assert gone.state == "stopped" and len(fake.chat_requests) == requests  # nothing ran live
