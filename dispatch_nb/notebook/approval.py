@@ -1,6 +1,7 @@
-"""``approve="ask"`` in a notebook: the turn (on a worker thread) hands the call to the kernel's
-thread, which shows the tool and its arguments in full with Approve / Deny / Always buttons
-(ipywidgets) in the cell. No answer within the turn's deadline is a denial.
+"""``approve="ask"`` in a notebook: a ``%%chat`` turn (on a worker thread) hands the call to the
+kernel's thread — a ``Session`` used in a cell is on that thread already — which shows the tool
+and its arguments in full with Approve / Deny / Always buttons (ipywidgets) in the cell. No answer
+within the turn's deadline is a denial. ``%load_ext dispatch_nb`` installs this asker.
 
 A cell's thread is busy while the buttons wait, so the kernel cannot handle their clicks there:
 the buttons' comm is opened from a kernel subshell (the Jupyter protocol's
@@ -50,14 +51,17 @@ class ApprovalRequest:
 
 def _ask(call: ToolCall, seconds: float | None) -> bool | str:
     emit = _emit.get()
-    if emit is None:  # not inside a %%chat cell: the terminal's prompt (or a denial)
-        from ..approval import _terminal
-
-        return _terminal(call, seconds)
     if call.name in _always:
         return ALWAYS
     request = ApprovalRequest(call, seconds)
-    emit(request)
+    if emit is not None:  # a %%chat cell's worker: its kernel thread asks
+        emit(request)
+    elif threading.current_thread() is threading.main_thread():  # session.send() in a cell
+        answer_here(request)
+    else:  # another thread outside a %%chat cell: the terminal's prompt (or a denial)
+        from ..approval import _terminal
+
+        return _terminal(call, seconds)
     if not request.done.wait(seconds):
         return "no answer within the turn's deadline"
     if request.answer == ALWAYS:

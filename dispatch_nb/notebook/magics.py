@@ -398,6 +398,9 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.user_ns.setdefault("Err", magics.errors)
     ipython.user_ns_hidden.setdefault("Err", magics.errors)
     ipython._dispatch_nb_magics = magics
+    from .approval import install
+
+    install()  # approve="ask" asks in the cell, for %%chat and for a Session used in a cell
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -23,6 +23,8 @@ from .conftest import SDK_SERVER
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
 
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[CanonicalFake]:
@@ -204,19 +206,21 @@ def test_buttons_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> None:
 
         def on_output(msg: dict[str, Any]) -> None:
             out.append(json.dumps(msg["content"]))
-            if msg["msg_type"] != "comm_open":
-                return
-            state = msg["content"]["data"].get("state", {})
-            if "Approve tool call" in str(state.get("value", "")):
-                asked.append(state["value"])
-            if state.get("_model_name") == "ButtonModel":
-                buttons[state["description"]] = msg["content"]["comm_id"]
+            if msg["msg_type"] == "comm_open":
+                state = msg["content"]["data"].get("state", {})
+                if "Approve tool call" in str(state.get("value", "")):
+                    asked.append(state["value"])
+                if state.get("_model_name") == "ButtonModel":
+                    buttons[state["description"]] = msg["content"]["comm_id"]
+            shown = msg["content"].get("data", {})
+            if msg["msg_type"] == "display_data" and WIDGET in shown:  # on screen: click
                 with lock:
-                    wanted = clicks[0] if clicks else None
-                if wanted is not None and wanted in buttons:
-                    clicks.pop(0)
+                    wanted = clicks[0] if clicks and clicks[0] in buttons else None
+                    if wanted is not None:
+                        clicks.pop(0)
+                if wanted is not None:
                     kc.shell_channel.send(kc.session.msg("comm_msg", {
-                        "comm_id": buttons[wanted],
+                        "comm_id": buttons.pop(wanted),
                         "data": {"method": "custom", "content": {"event": "click"}}}))
 
         reply = kc.execute_interactive(code, allow_stdin=True, output_hook=on_output,
@@ -244,12 +248,23 @@ def test_buttons_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> None:
         fake.push(Turn(tool_calls=[ToolCall("w3", "add", {"a": 2, "b": 2})]), Turn(text="4"))
         run("%%chat --mcp calc\nAdd again.")
         assert tool_results(fake)[0]["content"] == "4" and len(asked) == 2  # always holds
+        session_cell = (  # a Session used in a cell asks with the same buttons
+            "from dispatch_nb import Session\nfrom dispatch_nb.mcp import MCPServer\n"
+            f"server = MCPServer.stdio({sys.executable!r}, {str(SDK_SERVER)!r}, 'stdio')\n"
+            "with Session('fake:echo', tools=[server]) as session:\n"
+            "    print(session.send('Touch it.').text)")
+        fake.push(Turn(tool_calls=[ToolCall("w5", "touch", {"path": str(target)})]),
+                  Turn(text="not touched"))
+        clicks.append("Deny")
+        shown = run(session_cell)
+        assert len(asked) == 3 and "not touched" in shown and not target.exists()
+        assert "the user said no" in tool_results(fake)[0]["content"]
         fake.push(Turn(tool_calls=[ToolCall("w4", "touch", {"path": str(target)})]),
                   Turn(text="late"))
         run("%config ChatMagics.timeout = 5")
         shown = run("%%chat --mcp calc\nTouch it, nobody will click.", ok=False)
         assert "denied: no answer within the turn's deadline" in shown
-        assert not target.exists() and len(asked) == 3
+        assert not target.exists() and len(asked) == 4
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
