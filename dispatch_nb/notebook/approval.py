@@ -1,7 +1,7 @@
 """``approve="ask"`` in a notebook: a ``%%chat`` turn (on a worker thread) hands the call to the
 kernel's thread — a ``Session`` used in a cell is on that thread already — which shows the tool
 and its arguments in full with Approve / Deny / Always buttons (ipywidgets) in the cell. No answer
-within the turn's deadline is a denial. ``%load_ext dispatch_nb`` installs this asker.
+within the turn's deadline is a denial. ``%load_ext dispatch_nb`` installs :func:`ask` as the asker.
 
 A cell's thread is busy while the buttons wait, so the kernel cannot handle their clicks there:
 the buttons' comm is opened from a kernel subshell (the Jupyter protocol's
@@ -25,7 +25,7 @@ from typing import Any
 
 from ..approval import ALWAYS, ToolCall, set_asker
 
-__all__ = ["ApprovalRequest", "answer_here", "asking_through", "install"]
+__all__ = ["ApprovalRequest", "answer_here", "ask", "asking_through", "install"]
 
 #: the current cell's ``emit`` (set on its worker thread; asyncio.to_thread carries it along)
 _emit: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
@@ -49,7 +49,8 @@ class ApprovalRequest:
         self.done = threading.Event()
 
 
-def _ask(call: ToolCall, seconds: float | None) -> bool | str:
+def ask(call: ToolCall, seconds: float | None) -> bool | str:
+    """The kernel's asker (see the module docstring)."""
     emit = _emit.get()
     if call.name in _always:
         return ALWAYS
@@ -73,7 +74,7 @@ def install() -> None:
     """Make the kernel's cells answer ``approve="ask"`` (idempotent)."""
     global _installed
     if not _installed:
-        set_asker(_ask)
+        set_asker(ask)
         _installed = True
 
 
