@@ -73,6 +73,12 @@ def check_approve(approve: Any) -> None:
 def _terminal(call: ToolCall, seconds: float | None) -> bool | str:
     """The y/N prompt of a terminal (IPython or plain Python); no terminal: a denial."""
     if not (sys.stdin and sys.stdin.isatty()):
+        if "ipykernel" in sys.modules:
+            return (
+                "no one was asked: a notebook asks in %%chat cells, and in a session's turn "
+                "run in a cell after %load_ext dispatch_nb; else use approve='auto' or an "
+                "approval function"
+            )
         return (
             "no one was there to approve it (no notebook and no terminal): run with "
             "approve='auto' or an approval function"

@@ -5,6 +5,10 @@ names that exist, with their types) and ``describe(name)`` (a DataFrame's shape,
 and ``describe()``; an array's shape and dtype; a clipped ``repr`` otherwise). Nothing is run: a
 name outside the allowed ones is refused, and each answer is cut to ``max_bytes`` UTF-8 bytes, so
 what leaves the kernel is bounded and exactly what the tool result shows.
+
+``Session(model, context="df,orders")`` (or a list of names) gives a session opened in a notebook
+or IPython the same two tools over the user's variables; ``context={"df": df}`` names the values
+itself and works anywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 from .tools import Tool
 
-__all__ = ["DEFAULT_MAX_BYTES", "context_tools", "describe_value"]
+__all__ = ["DEFAULT_MAX_BYTES", "context_tools", "describe_value", "session_context"]
 
 #: most UTF-8 bytes one context tool call sends to the model
 DEFAULT_MAX_BYTES = 4000
@@ -86,3 +90,31 @@ def context_tools(
         return describe_value(name, namespace[name], max_bytes)
 
     return [Tool(list_variables), Tool(describe)]
+
+
+def session_context(context: Any) -> list[Tool]:
+    """The tools of ``Session(context=...)``: names (``"df,orders"`` or a list of names) of the
+    IPython user namespace's variables, or a mapping ``{name: value}`` read instead."""
+    if isinstance(context, Mapping):
+        return context_tools(context, [str(name) for name in context])
+    if isinstance(context, str):
+        names = [n.strip() for n in context.split(",")]
+    elif isinstance(context, Iterable) and all(isinstance(n, str) for n in context):
+        names = [n.strip() for n in context]
+    else:
+        raise TypeError(
+            "context= takes the names of variables the model may read ('df,orders' or "
+            f"['df', 'orders']) or a mapping {{'df': df}}, not {type(context).__name__}"
+        )
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        shell = None
+    else:
+        shell = get_ipython()
+    if shell is None:
+        raise ValueError(
+            "context= with names reads a notebook's (IPython's) variables; outside IPython "
+            "pass the values: context={'df': df}"
+        )
+    return context_tools(shell.user_ns, names)

@@ -14,8 +14,10 @@ session (``session.close()``) or when the process exits. Each tool's name, descr
 schema pass to the model as the server gives them; a name that clashes with another tool gets the
 server's name as a prefix (``files_read_file``).
 
-A call runs on the server. Its text and structured content come back as the tool result (images,
-audio and resources as a short note naming their type and size); a tool error (``isError``), a
+A call runs on the server. Its text, images and structured content come back as the tool result
+(an image goes to the model as an image where its API takes images in tool results — Anthropic,
+OpenAI Responses — else as a note saying it could not be sent; audio and resources as a short note
+naming their type and size); a tool error (``isError``), a
 server that crashed, stopped or took longer than ``timeout`` seconds become a tool result the model
 reads — the turn goes on. The session's deadline and Ctrl-C hold while a server works.
 
@@ -50,7 +52,7 @@ import pydantic_core
 
 from .bridge import loop_thread
 from .tools import MAX_ERROR_CHARS, Tool, error_result
-from .types import TextBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
+from .types import ImageBlock, TextBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
 
 if TYPE_CHECKING:
     from .cache.store import ResponseCache
@@ -484,14 +486,17 @@ class MCPTool(Tool):
 
 # -- results ---------------------------------------------------------------------------------------
 def call_result(tool_use_id: str, result: Any) -> ToolResultBlock:
-    """A ``CallToolResult`` as the tool result the model reads: text as it is; structured content
-    as JSON when no text came with it; images, audio and resources as a short note."""
-    parts: list[str] = []
+    """A ``CallToolResult`` as the tool result the model reads: text as it is; images as image
+    blocks; structured content as JSON when no text came with it; audio and resources as a
+    short note."""
+    parts: list[str | ImageBlock] = []
     for block in result.content or []:
         kind = getattr(block, "type", "")
         if kind == "text":
             parts.append(block.text)
-        elif kind in ("image", "audio"):
+        elif kind == "image":
+            parts.append(ImageBlock(source=block.data, media_type=block.mime_type))
+        elif kind == "audio":
             size = len(block.data) * 3 // 4
             parts.append(f"[{kind} {block.mime_type}, {size} bytes]")
         elif kind == "resource_link":
@@ -504,11 +509,13 @@ def call_result(tool_use_id: str, result: Any) -> ToolResultBlock:
     if structured is not None and not parts:
         parts.append(pydantic_core.to_json(structured).decode())
     if getattr(result, "is_error", False):
-        text = "\n".join(parts) or "the tool reported an error"
+        text = "\n".join(p for p in parts if isinstance(p, str)) or "the tool reported an error"
         return error_result(tool_use_id, text[:MAX_ERROR_CHARS])
-    if len(parts) <= 1:
-        return ToolResultBlock(tool_use_id=tool_use_id, content=parts[0] if parts else "")
-    return ToolResultBlock(tool_use_id=tool_use_id, content=[TextBlock(text=p) for p in parts])
+    if len(parts) <= 1 and not any(isinstance(p, ImageBlock) for p in parts):
+        return ToolResultBlock(tool_use_id=tool_use_id, content=str(parts[0]) if parts else "")
+    return ToolResultBlock(tool_use_id=tool_use_id, content=[
+        p if isinstance(p, ImageBlock) else TextBlock(text=p) for p in parts
+    ])
 
 
 def _connection_lost(exc: BaseException) -> bool:

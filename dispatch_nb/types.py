@@ -139,20 +139,37 @@ class ToolUseBlock(_Model):
 
 
 class ToolResultBlock(_Model):
-    """The result of running a tool, sent back in a user turn."""
+    """The result of running a tool, sent back in a user turn: text, or a list of text and
+    image blocks (an MCP tool's image goes to the model as an image where the API takes one)."""
 
     type: Literal["tool_result"] = "tool_result"
     tool_use_id: str
-    content: str | list[TextBlock] = ""
+    content: str | list[TextBlock | ImageBlock] = ""
     is_error: bool = False
     provider_data: ProviderData = None
 
     @property
     def text(self) -> str:
-        """The result as one string."""
+        """The result as one string; an image is a short ``[image media/type, N bytes]`` note."""
         if isinstance(self.content, str):
             return self.content
-        return "".join(b.text for b in self.content)
+        return "".join(
+            b.text if isinstance(b, TextBlock) else _image_note(b) for b in self.content
+        )
+
+    @property
+    def images(self) -> list[ImageBlock]:
+        """The images in the result."""
+        if isinstance(self.content, str):
+            return []
+        return [b for b in self.content if isinstance(b, ImageBlock)]
+
+
+def _image_note(image: ImageBlock) -> str:
+    if image.is_url:
+        return f"[image {image.source}]"
+    media_type, data = image.as_base64()
+    return f"[image {media_type}, {len(data) * 3 // 4 - data[-2:].count('=')} bytes]"
 
 
 class ThinkingBlock(_Model):

@@ -1,21 +1,31 @@
-"""``approve="ask"`` in a notebook: the turn (on a worker thread) hands the call to the kernel's
-thread, which shows the tool and its arguments in full and asks with the front end's input box
-(``y`` approve, ``n`` or a reason deny, ``a`` always for this tool). A front end without an input
-box (nbclient, a voilà page) denies, saying how to approve instead; in terminal IPython this is
-the terminal's prompt. No answer within the turn's deadline is a denial.
+"""``approve="ask"`` in a notebook: a ``%%chat`` turn (on a worker thread) hands the call to the
+kernel's thread — a ``Session`` used in a cell is on that thread already — which shows the tool
+and its arguments in full with Approve / Deny / Always buttons (ipywidgets) in the cell. No answer
+within the turn's deadline is a denial. ``%load_ext dispatch_nb`` installs :func:`ask` as the asker.
+
+A cell's thread is busy while the buttons wait, so the kernel cannot handle their clicks there:
+the buttons' comm is opened from a kernel subshell (the Jupyter protocol's
+``create_subshell_request``, ipykernel 7+), and ipykernel routes a comm's messages to the subshell
+that opened it, whose own thread runs the click handler. Where that cannot work (no ipywidgets,
+an ipykernel without subshells) the call is asked in the front end's input box instead (``y``
+approve, ``n`` or a reason deny, ``a`` always for this tool); a front end that cannot ask at all
+(nbclient, a voilà page: no input box) denies, saying how to approve instead. In terminal IPython
+this is the terminal's prompt.
 """
 
 from __future__ import annotations
 
 import contextvars
+import html
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..approval import ALWAYS, ToolCall, set_asker
 
-__all__ = ["ApprovalRequest", "answer_here", "asking_through", "install"]
+__all__ = ["ApprovalRequest", "answer_here", "ask", "asking_through", "install"]
 
 #: the current cell's ``emit`` (set on its worker thread; asyncio.to_thread carries it along)
 _emit: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
@@ -31,22 +41,28 @@ class ApprovalRequest:
 
     type = "approval_request"
 
-    def __init__(self, call: ToolCall) -> None:
+    def __init__(self, call: ToolCall, seconds: float | None = None) -> None:
         self.call = call
+        #: when the turn's deadline passes (``time.monotonic()``; None: no deadline)
+        self.deadline = None if seconds is None else time.monotonic() + seconds
         self.answer: bool | str = "no answer"
         self.done = threading.Event()
 
 
-def _ask(call: ToolCall, seconds: float | None) -> bool | str:
+def ask(call: ToolCall, seconds: float | None) -> bool | str:
+    """The kernel's asker (see the module docstring)."""
     emit = _emit.get()
-    if emit is None:  # not inside a %%chat cell: the terminal's prompt (or a denial)
+    if call.name in _always:
+        return ALWAYS
+    request = ApprovalRequest(call, seconds)
+    if emit is not None:  # a %%chat cell's worker: its kernel thread asks
+        emit(request)
+    elif threading.current_thread() is threading.main_thread():  # session.send() in a cell
+        answer_here(request)
+    else:  # another thread outside a %%chat cell: the terminal's prompt (or a denial)
         from ..approval import _terminal
 
         return _terminal(call, seconds)
-    if call.name in _always:
-        return ALWAYS
-    request = ApprovalRequest(call)
-    emit(request)
     if not request.done.wait(seconds):
         return "no answer within the turn's deadline"
     if request.answer == ALWAYS:
@@ -58,7 +74,7 @@ def install() -> None:
     """Make the kernel's cells answer ``approve="ask"`` (idempotent)."""
     global _installed
     if not _installed:
-        set_asker(_ask)
+        set_asker(ask)
         _installed = True
 
 
@@ -68,28 +84,139 @@ def asking_through(emit: Callable[[Any], None]) -> contextvars.Token[Any]:
     return _emit.set(emit)
 
 
+def _parse(text: str) -> bool | str:
+    """An answer typed in the input box: y, a(lways), n / nothing, or a reason (a denial)."""
+    lowered = text.strip().lower()
+    if lowered in ("a", "always"):
+        return ALWAYS
+    if lowered in ("y", "yes"):
+        return True
+    if lowered in ("", "n", "no"):
+        return "the user said no"
+    return text.strip()
+
+
 def answer_here(request: ApprovalRequest) -> None:
-    """On the kernel's thread: show the call in full and ask (the front end's input box)."""
-    call = request.call
-    where = f" from MCP server {call.server}" if call.server else ""
-    print(f"Approve tool call {call.name}{where}?\n"
-          + json.dumps(call.arguments, indent=2, ensure_ascii=False), flush=True)
+    """On the kernel's thread: show the call in full and ask — with buttons where the front end
+    can click them while the cell runs, else in the front end's input box."""
     try:
-        text = input("[y]es / [n]o (or a reason) / [a]lways for this tool: ").strip()
+        if not _ask_with_buttons(request):
+            _ask_in_input_box(request)
+    finally:
+        request.done.set()
+
+
+def _describe(call: ToolCall) -> tuple[str, str]:
+    """The call's headline and its arguments in full (JSON)."""
+    where = f" from MCP server {call.server}" if call.server else ""
+    return f"Approve tool call {call.name}{where}?", json.dumps(
+        call.arguments, indent=2, ensure_ascii=False
+    )
+
+
+def _ask_in_input_box(request: ApprovalRequest) -> None:
+    headline, arguments = _describe(request.call)
+    print(f"{headline}\n{arguments}", flush=True)
+    try:
+        text = input("[y]es / [n]o (or a reason) / [a]lways for this tool: ")
     except Exception:  # no input box (StdinNotImplementedError, EOF): a denial saying why
         request.answer = (
             "this front end cannot ask (it has no input box): use --approve auto or an "
             "approval function"
         )
     else:
-        lowered = text.lower()
-        if lowered in ("a", "always"):
-            request.answer = ALWAYS
-        elif lowered in ("y", "yes"):
-            request.answer = True
-        elif lowered in ("", "n", "no"):
-            request.answer = "the user said no"
-        else:
-            request.answer = text
+        request.answer = _parse(text)
+
+
+class _Subshell:
+    """This kernel's subshell for approval buttons, made once through the kernel's own control
+    channel (a client of the kernel's connection file)."""
+
+    id: str | None = None
+    tried = False
+
+    @classmethod
+    def get(cls, kernel: Any) -> str | None:
+        if cls.tried:
+            return cls.id
+        cls.tried = True
+        if "kernel subshells" not in kernel.kernel_info.get("supported_features", ()):
+            return None
+        from ipykernel.connect import get_connection_file
+        from jupyter_client.blocking.client import BlockingKernelClient
+
+        client = BlockingKernelClient(connection_file=get_connection_file())
+        client.load_connection_file()
+        client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+        try:
+            client.control_channel.send(client.session.msg("create_subshell_request", {}))
+            reply = client.control_channel.get_msg(timeout=10)
+        finally:
+            client.stop_channels()
+        if reply["content"].get("status") == "ok":
+            cls.id = reply["content"]["subshell_id"]
+        return cls.id
+
+
+def _ask_with_buttons(request: ApprovalRequest) -> bool:
+    """Show the call with Approve / Deny / Always buttons and wait for a click (or the turn's
+    deadline). False when buttons cannot work here (then nothing was shown)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    kernel: Any = getattr(shell, "kernel", None)
+    parent = kernel.get_parent("shell") if kernel is not None else None
+    if not parent or not parent.get("content", {}).get("allow_stdin", False):
+        return False  # no kernel, or a front end that does not ask (nbclient, voilà)
+    try:
+        import ipywidgets as widgets
+        from IPython.display import display
+
+        subshell = _Subshell.get(kernel)
+        ident = kernel._parent_ident["shell"]  # the cell's request, restored below
+    except Exception:  # no ipywidgets / jupyter_client, or the kernel refused a subshell
+        return False
+    if subshell is None:
+        return False
+
+    call = request.call
+    headline, arguments = _describe(call)
+    clicked = threading.Event()
+    # the widgets' comms are opened under the subshell: the front end's clicks go to its thread
+    kernel.set_parent(ident, {**parent, "header": {**parent["header"], "subshell_id": subshell}})
+    try:
+        buttons = [
+            widgets.Button(description="Approve", button_style="success", icon="check"),
+            widgets.Button(description="Deny", button_style="danger", icon="times"),
+            widgets.Button(description=f"Always allow {call.name}", icon="check-double",
+                           tooltip="approve this tool for the rest of the session",
+                           layout=widgets.Layout(width="auto")),
+        ]
+        answers: list[bool | str] = [True, "the user said no", ALWAYS]
+
+        def on_click(button: Any) -> None:  # on the subshell's thread; the first click counts
+            if not clicked.is_set():
+                request.answer = answers[buttons.index(button)]
+                clicked.set()
+
+        for button in buttons:
+            button.on_click(on_click)
+        box = widgets.VBox([
+            widgets.HTML(f"<b>{html.escape(headline)}</b>"
+                         f"<pre style='margin:4px 0'>{html.escape(arguments)}</pre>"),
+            widgets.HBox(buttons),
+        ])
     finally:
-        request.done.set()
+        kernel.set_parent(ident, parent)
+    handle = display(box, display_id=True)  # type: ignore[no-untyped-call]
+    try:
+        while not clicked.wait(0.1):  # short waits: Ctrl-C reaches this thread
+            if request.deadline is not None and time.monotonic() >= request.deadline:
+                request.answer = "no answer within the turn's deadline"
+                break
+    finally:
+        # the buttons go; the decision is shown (and saved) with the tool call in the answer
+        handle.update({"text/html": ""}, raw=True)
+        for widget in (*buttons, *box.children, box):
+            widget.close()
+    return True

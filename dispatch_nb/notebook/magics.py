@@ -398,6 +398,16 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.user_ns.setdefault("Err", magics.errors)
     ipython.user_ns_hidden.setdefault("Err", magics.errors)
     ipython._dispatch_nb_magics = magics
+    from ..approval import set_asker
+
+    set_asker(_ask_in_cell)  # approve="ask" asks in the cell, also for a Session used in a cell
+
+
+def _ask_in_cell(call: Any, seconds: float | None) -> bool | str:
+    """``approve="ask"`` in this kernel: ``notebook/approval.py``, imported when first asked."""
+    from .approval import ask
+
+    return ask(call, seconds)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

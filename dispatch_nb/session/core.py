@@ -38,6 +38,8 @@ class Session(ToolLoop):
     ``tools`` are ``@tool`` functions, plain typed functions (wrapped automatically),
     ``ToolDefinition`` s or dicts (declared to the model; their calls come back to you) and
     provider built-in tool dicts. ``max_tokens`` / ``temperature`` are defaults for every turn.
+    ``approve`` decides who approves tool calls (:mod:`dispatch_nb.approval`); ``context`` names
+    variables the model may read through read-only tools (:func:`~dispatch_nb.context.session_context`).
     ``id`` (default: a random hex uuid) survives :meth:`to_json`. See the module docstring for
     the tool loop and what happens on failures.
     """
@@ -54,6 +56,7 @@ class Session(ToolLoop):
         temperature: float | None = None,
         budget: Budget | float | str | None = None,
         approve: Any = None,
+        context: Any = None,
     ) -> None:
         # Every argument is checked before an adapter is made (and long before any request).
         check_call(
@@ -61,6 +64,10 @@ class Session(ToolLoop):
             max_tokens=max_tokens, temperature=temperature,
         )
         check_approve(approve)
+        if context is not None:  # read-only tools over the notebook's variables (context.py)
+            from ..context import session_context
+
+            tools = [*(tools or []), *session_context(context)]
         if isinstance(model_or_adapter, Adapter):
             self._adapter, self._owns_adapter = model_or_adapter, False
         elif model_or_adapter is None or isinstance(model_or_adapter, str):

@@ -671,7 +671,12 @@ def wire_block(block: Any) -> dict[str, Any] | None:
         if isinstance(block.content, str):
             content = block.content
         else:
-            content = [{"type": "text", "text": b.text} for b in block.content if b.text]
+            content = [  # text and images, as Anthropic's tool_result content takes them
+                w for w in (
+                    {"type": "text", "text": b.text} if isinstance(b, TextBlock) else wire_block(b)
+                    for b in block.content if not isinstance(b, TextBlock) or b.text
+                ) if w is not None
+            ]
         out: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": block.tool_use_id,

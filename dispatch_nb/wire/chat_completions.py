@@ -127,8 +127,12 @@ _FINISH: dict[str, StopReason] = {
 # -- request ---------------------------------------------------------------------------------------
 def tool_result_text(block: ToolResultBlock) -> str:
     """A tool result as the text a model reads; errors are marked ``Error: ...`` (the OpenAI wire
-    formats have no error flag)."""
+    formats have no error flag). chat.completions tool messages carry text only, so an image
+    is a note saying so."""
     text = block.text
+    if block.images:
+        text += (f"\n({len(block.images)} image(s) in this tool result could not be sent: "
+                 "this API takes only text in tool results)")
     if block.is_error and not text.lower().startswith("error"):
         return f"Error: {text}"
     return text

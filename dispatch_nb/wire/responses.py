@@ -241,7 +241,7 @@ def responses_input(
                     {
                         "type": "function_call_output",
                         "call_id": block.tool_use_id,
-                        "output": tool_result_text(block),
+                        "output": _tool_output(block),
                     }
                 )
             elif isinstance(block, TextBlock):
@@ -253,6 +253,23 @@ def responses_input(
                 )
         if parts:
             items.append({"type": "message", "role": "user", "content": parts})
+    return items
+
+
+def _tool_output(block: ToolResultBlock) -> str | list[dict[str, Any]]:
+    """A ``function_call_output``'s ``output``: the text, or with images a list of
+    ``input_text`` / ``input_image`` items."""
+    if not block.images or isinstance(block.content, str):
+        return tool_result_text(block)
+    items: list[dict[str, Any]] = []
+    if block.is_error:
+        items.append({"type": "input_text", "text": "Error:"})
+    for part in block.content:
+        if isinstance(part, ImageBlock):
+            detail = (part.provider_data or {}).get("detail", "auto")
+            items.append({"type": "input_image", "image_url": part.as_data_url(), "detail": detail})
+        elif part.text:
+            items.append({"type": "input_text", "text": part.text})
     return items
 
 

@@ -1,6 +1,7 @@
-"""Approval in the browser: a ``%%chat --mcp`` cell asks before an MCP tool runs (the call in
-full, then the front end's input box); typing "n" denies it and the tool provably never runs
-(``touch`` would create a file)."""
+"""Approval in the browser: a ``%%chat --mcp`` cell shows the MCP call in full with Approve / Deny /
+Always buttons (ipywidgets) while the cell runs. Clicking the real **Deny** button denies it and
+the tool provably never runs (``touch`` would create a file); clicking **Always** runs it and a
+later cell's call of the same tool is not asked about."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ from typing import Any
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import ToolCall, Turn
 from ..mcp.conftest import SDK_SERVER
-from .harness import JupyterServer
+from .harness import JupyterServer, update_doc_image
 
 LOAD = "%load_ext dispatch_nb"
+
+
+def approval_box(nb: Any, index: int) -> Any:
+    """The cell's Approve / Deny / Always widget once it is on screen."""
+    box = nb.cell(index).locator(".widget-vbox", has_text="Approve tool call")
+    box.wait_for(state="visible", timeout=90_000)  # the server starts, the model asks
+    return box
 
 
 def test_deny_in_the_browser_never_runs_the_tool(
@@ -26,14 +34,40 @@ def test_deny_in_the_browser_never_runs_the_tool(
     nb.run(0)
     nb.run(1)
     before = nb.start(2)
-    box = nb.cell(2).locator("input.jp-Stdin-input")
-    box.wait_for(state="visible", timeout=90_000)  # the server starts, the model asks
-    assert str(target) in nb.output_text(2)  # the tool and its arguments, in full
-    assert "touch" in nb.output_text(2)
-    box.fill("n")
-    box.press("Enter")
+    box = approval_box(nb, 2)
+    assert str(target) in box.inner_text()  # the tool and its arguments, in full
+    assert "touch" in box.inner_text()
+    shot = nb.screenshot("approval-buttons", element=box)
+    update_doc_image(shot, "approval-buttons.png")
+    box.get_by_role("button", name="Deny").click()
     nb.wait_done(2, before, timeout=90)
     text = nb.wait_output(2, lambda t: "I did not touch it." in t, 30, "the final answer")
     assert not target.exists(), "the denied tool ran"
-    assert "denied" in text
+    assert "denied: the user said no" in text  # the decision, saved with the output
+    assert "the user said no" in fake.chat_requests[-1].body.decode()
     nb.screenshot("approval-denied")
+
+
+def test_always_in_the_browser_holds_for_the_session(
+    open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
+) -> None:
+    first = jupyter.root / f"always-1-{jupyter.frontend.name}.txt"
+    second = jupyter.root / f"always-2-{jupyter.frontend.name}.txt"
+    fake.push(Turn(tool_calls=[ToolCall("a1", "touch", {"path": str(first)})]),
+              Turn(text="Touched once."),
+              Turn(tool_calls=[ToolCall("a2", "touch", {"path": str(second)})]),
+              Turn(text="Touched twice."))
+    nb = open_notebook([LOAD, f"%chat mcp add calc -- {sys.executable} {SDK_SERVER} stdio",
+                        "%%chat --mcp calc\nTouch the first file.",
+                        "%%chat --mcp calc\nTouch the second file."])
+    nb.run(0)
+    nb.run(1)
+    before = nb.start(2)
+    approval_box(nb, 2).get_by_role("button", name="Always allow touch").click()
+    nb.wait_done(2, before, timeout=90)
+    text = nb.wait_output(2, lambda t: "Touched once." in t, 30, "the first answer")
+    assert first.exists() and "approved (always)" in text
+    nb.run(3, timeout=90)  # not asked again: it would wait for a click until the test timed out
+    text = nb.wait_output(3, lambda t: "Touched twice." in t, 30, "the second answer")
+    assert second.exists()
+    assert nb.cell(3).locator(".widget-vbox", has_text="Approve tool call").count() == 0

@@ -304,6 +304,15 @@ class AnthropicFake(ProviderFake):
                 return _invalid(f"{where}.input: Input should be a valid dictionary")
         if btype == "tool_result" and role != "user":
             return _invalid(f"{where}: tool_result blocks may only appear in user turns")
+        if btype == "tool_result" and isinstance(block.get("content"), list):
+            for k, part in enumerate(block["content"]):  # text, image, document, search_result
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in ("text", "image", "document", "search_result"):
+                    return _invalid(f"{where}.content.{k}: Input tag {kind!r} does not match "
+                                    "any of the expected tags")
+                failed = self._check_block(i, j, role, part)
+                if failed is not None:
+                    return failed
         if btype == "thinking":
             if role != "assistant":
                 return _invalid(f"{where}: thinking blocks may only appear in assistant turns")

@@ -35,3 +35,26 @@ def test_only_allowed_names_and_bounded_bytes(fake: CanonicalFake, adapter: Cano
     assert len(big.encode()) <= 500 and big.endswith("(cut)")
     assert "not shared with you" in token and "sk-hidden" not in str(body)
     assert listed == "grid: ndarray\nbig: Loud"  # a name that does not exist is not listed
+
+
+def test_session_context_with_a_mapping(fake: CanonicalFake, adapter: CanonicalAdapter) -> None:
+    """``Session(context={name: value})``: the model reads those values through the same two
+    tools, next to the session's own tools."""
+    import pytest
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    fake.push(Turn(tool_calls=[ToolCall("m1", "describe", {"name": "grid"}),
+                               ToolCall("m2", "describe", {"name": "other"}),
+                               ToolCall("m3", "add", {"a": 1, "b": 2})]), Turn(text="ok"))
+    session = Session(adapter, tools=[add], context={"grid": np.ones((2, 5))})
+    session.send("look")
+    assert fake.tool_names_of(fake.chat_requests[0]) == ["add", "list_variables", "describe"]
+    grid, other, total = [b["content"] for b in fake.chat_requests[-1].json["messages"][-1]["content"]]
+    assert "shape: (2, 5)" in grid and "not shared with you" in other and total == "3"
+    with pytest.raises(ValueError, match=r"outside IPython pass the values: context=\{'df': df\}"):
+        Session(adapter, context="df")  # names need a notebook's variables
+    with pytest.raises(TypeError, match="context= takes the names of variables"):
+        Session(adapter, context=42)

@@ -219,7 +219,8 @@ def test_server_everything(fake: CanonicalFake, adapter: CanonicalAdapter) -> No
         session.send("go", timeout=120)
     echo, total, image, structured = results(fake)
     assert text_of(echo) == "Echo: hello" and "7" in text_of(total)
-    assert "[image image/png," in text_of(image)
+    assert [p["type"] for p in image["content"]] == ["text", "image", "text"]  # a real image
+    assert image["content"][1]["media_type"] == "image/png"
     assert "temperature" in text_of(structured)
     assert server.state == "stopped"
 
