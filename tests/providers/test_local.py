@@ -284,7 +284,7 @@ def test_cancel_during_a_long_prompt_evaluation(local: LocalAdapter) -> None:
 MID_ANSWER = 40
 
 
-def whole_answer(adapter: LocalAdapter, prompt: str = LONG, max_tokens: int = 300) -> str:
+def whole_answer(adapter: LocalAdapter, prompt: str = LONG, max_tokens: int = 100) -> str:
     """The whole answer to ``prompt`` (temperature 0: the same every time)."""
     text = adapter.chat(prompt, max_tokens=max_tokens, temperature=0).text
     assert len(text.split()) > MID_ANSWER, "need an answer longer than the deadline"
@@ -301,7 +301,7 @@ def cut_short(partial: Any, whole: str) -> bool:
 def test_timeout_keeps_the_partial_answer(local: LocalAdapter) -> None:
     whole = whole_answer(local)
     with ManualClock(tick=1), pytest.raises(APITimeoutError) as info:
-        local.chat(LONG, max_tokens=300, temperature=0, timeout=MID_ANSWER)
+        local.chat(LONG, max_tokens=100, temperature=0, timeout=MID_ANSWER)
     assert info.value.code == "timeout"
     assert cut_short(info.value.partial, whole)  # stopped at the deadline, not at the end
 
@@ -363,13 +363,13 @@ async def test_async_stream_cancel_and_timeout(local: LocalAdapter) -> None:
     assert "".join(t or "" for t in texts) == stream.response.text == sync.text
     assert stream.response.usage == sync.usage
 
-    whole = whole_answer(local, max_tokens=400)
+    whole = whole_answer(local, max_tokens=160)  # more than the bridge's buffer of 64
     token = CancelToken()
     seen = ""
 
     async def cancel_at_the_first_text() -> None:
         nonlocal seen
-        async for delta in local.astream(LONG, max_tokens=400, temperature=0, cancel=token):
+        async for delta in local.astream(LONG, max_tokens=160, temperature=0, cancel=token):
             seen += delta.text or ""
             if seen:
                 token.cancel()  # stops between two tokens (the ms are measured in the sync test)
@@ -380,7 +380,7 @@ async def test_async_stream_cancel_and_timeout(local: LocalAdapter) -> None:
     assert cut_short(raised.value.partial, whole) and raised.value.partial.text.startswith(seen)
 
     with ManualClock(tick=1), pytest.raises(APITimeoutError) as info:
-        await local.achat(LONG, max_tokens=400, temperature=0, timeout=MID_ANSWER)
+        await local.achat(LONG, max_tokens=160, temperature=0, timeout=MID_ANSWER)
     assert info.value.code == "timeout"
     assert cut_short(info.value.partial, whole)  # stopped at the deadline, not at the end
     assert (await local.achat("Say hi.", max_tokens=3)).text

@@ -150,7 +150,7 @@ def test_response_json_round_trip(tools_adapter: LocalAdapter) -> None:
 def test_timeout_mid_stream_keeps_partial(adapter: LocalAdapter) -> None:
     whole = whole_answer(adapter, LONG)
     with ManualClock(tick=1), pytest.raises(APITimeoutError) as info:
-        adapter.chat(LONG, stream=True, max_tokens=300, temperature=0, timeout=MID_ANSWER)
+        adapter.chat(LONG, stream=True, max_tokens=100, temperature=0, timeout=MID_ANSWER)
     error = info.value
     assert error.code == "timeout"
     assert isinstance(error, TimeoutError)
