@@ -127,6 +127,7 @@ def test_a_test_clock_moves_the_deadline(fake: CanonicalFake, adapter: Canonical
 
     with ManualClock(tick=1), pytest.raises(APITimeoutError) as info:
         run()
+    assert info.value.code == "timeout"
     partial = info.value.partial
     assert partial is not None and partial.text and len(partial.text) < len(text)
     assert text.startswith(partial.text)
