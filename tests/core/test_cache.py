@@ -220,12 +220,12 @@ def test_replay_honours_cancel_and_timeout(fake: CanonicalFake, path: Path) -> N
         player.chat("long", stream=True, on_delta=on_delta, cancel=token)
     assert info.value.code == "cancelled"
     assert info.value.partial is not None and info.value.partial.text == "".join(seen)
-    began = time.monotonic()
     with pytest.raises(APITimeoutError) as timed_out:
-        player.chat("long", stream=True, timeout=0.2)
+        player.chat("long", stream=True, timeout=0.2)  # the recording lasts 0.8 s
     assert timed_out.value.code == "timeout"
-    assert time.monotonic() - began < 0.35
-    assert timed_out.value.partial is not None and timed_out.value.partial.text.startswith("x")
+    partial = timed_out.value.partial
+    # stopped at the deadline, part-way through the recording, keeping what was replayed
+    assert partial is not None and partial.text.startswith("x") and len(partial.text) < 40
 
 
 # -- misses and modes -----------------------------------------------------------------------------
