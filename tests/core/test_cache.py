@@ -220,8 +220,10 @@ def test_replay_honours_cancel_and_timeout(fake: CanonicalFake, path: Path) -> N
         player.chat("long", stream=True, on_delta=on_delta, cancel=token)
     assert info.value.code == "cancelled"
     assert info.value.partial is not None and info.value.partial.text == "".join(seen)
+    recorded_at = [d["t"] for d in lines(path)[0]["deltas"]]  # 40 deltas, ~0.02 s apart
+    midway = (recorded_at[0] + recorded_at[-1]) / 2
     with pytest.raises(APITimeoutError) as timed_out:
-        player.chat("long", stream=True, timeout=0.2)  # the recording lasts 0.8 s
+        player.chat("long", stream=True, timeout=midway)
     assert timed_out.value.code == "timeout"
     partial = timed_out.value.partial
     # stopped at the deadline, part-way through the recording, keeping what was replayed
