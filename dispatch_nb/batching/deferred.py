@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -54,7 +55,9 @@ __all__ = ["BatchJob", "BatchPendingError", "DeferredRun", "custom_id"]
 
 log = logging.getLogger("dispatch_nb")
 
-#: seconds between polls of a running job (``poll_interval=``)
+#: seconds between polls of a running job (``poll_interval=``, else this environment variable,
+#: else :data:`DEFAULT_POLL_INTERVAL`; ``%%chat --each --deferred`` reads the variable)
+POLL_INTERVAL_ENV = "DISPATCH_NB_POLL_INTERVAL"
 DEFAULT_POLL_INTERVAL = 30.0
 #: seconds a cancelled batch waits for the provider to confirm and hand over what finished
 PROVIDER_CANCEL_GRACE = 3.0
@@ -186,7 +189,14 @@ class DeferredRun:
         if plan.cache is not None:
             raise ValueError("deferred=True does not take cache=: the checkpoint keeps the "
                              "answers (run the batch again to read them)")
-        interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
+        interval: Any = poll_interval
+        if interval is None:
+            setting = os.environ.get(POLL_INTERVAL_ENV, "").strip()
+            try:
+                interval = float(setting) if setting else DEFAULT_POLL_INTERVAL
+            except ValueError:
+                raise ValueError(f"{POLL_INTERVAL_ENV} must be a number of seconds ≥ 0, not "
+                                 f"{setting!r}") from None
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
             raise ValueError(f"poll_interval must be a number of seconds ≥ 0, not {interval!r}")
         self.plan = plan

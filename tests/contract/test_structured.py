@@ -30,10 +30,10 @@ from dispatch_nb import (
 from dispatch_nb.adapter import Adapter
 from dispatch_nb.structured import OUTPUT_TOOL_NAME
 
+from ..fakes.openai_schema import SPEC, problems
 from ..fakes.provider import ProviderFake, ToolCall, Turn
 from ..fakes.structured import mechanism_of, requested_schema
 from .targets import TARGETS, Target, _copilot_adapter, _copilot_fake, target_fixture
-from .test_openai_schema import SPEC, problems
 
 
 def _anthropic_tool_adapter(fake: ProviderFake, **kw: Any) -> Adapter:

@@ -28,11 +28,11 @@ from dispatch_nb import (
 from dispatch_nb.providers.batch_api import OpenAIBatchAPI
 from dispatch_nb.testing import FakeAdapter
 
-from ..contract.test_openai_schema import problems
 from ..fakes.anthropic import AnthropicFake
 from ..fakes.batch_api import AnthropicBatches, OpenAIBatches
 from ..fakes.openai_chat import OpenAIChatFake
 from ..fakes.openai_responses import OpenAIResponsesFake
+from ..fakes.openai_schema import problems
 from ..fakes.provider import Fail, Turn
 from ..fakes.server import wait_for
 
@@ -84,6 +84,21 @@ def test_a_thousand_rows_through_openai(openai: Any, tmp_path: Path) -> None:
     assert len({line["custom_id"] for line in lines}) == 1000
     assert [problems("/responses", line["body"]) for line in lines] == [None] * 1000
     assert "stream" not in lines[0]["body"] or lines[0]["body"]["stream"] is False
+
+
+def test_the_poll_interval_comes_from_the_environment(openai: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # what %%chat --each --deferred (which takes no poll_interval=) is told through
+    fake, batches = openai
+    batches.in_progress_polls = 3  # the job answers only after several polls
+    monkeypatch.setenv("DISPATCH_NB_POLL_INTERVAL", "0")
+    result = batch("{row}", prompts(3), model=openai_adapter(fake), deferred=True,
+                   checkpoint=tmp_path / "run.jsonl", progress=False)
+    assert result.job.state == "completed" and result[0].text == "echo: question 0"
+    monkeypatch.setenv("DISPATCH_NB_POLL_INTERVAL", "soon")
+    with pytest.raises(ValueError, match="DISPATCH_NB_POLL_INTERVAL must be a number of seconds"):
+        batch("{row}", prompts(3), model=openai_adapter(fake), deferred=True,
+              checkpoint=tmp_path / "other.jsonl", progress=False)
 
 
 def test_a_thousand_rows_through_anthropic(anthropic: Any, tmp_path: Path) -> None:

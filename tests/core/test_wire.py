@@ -34,7 +34,7 @@ from dispatch_nb.wire import (
     WireFormat,
 )
 
-from ..contract.test_openai_schema import problems
+from ..fakes.openai_schema import problems
 
 
 class City(BaseModel):

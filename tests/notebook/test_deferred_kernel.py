@@ -48,6 +48,7 @@ def test_a_job_submitted_in_one_kernel_is_collected_in_the_next(tmp_path: Path) 
             "DISPATCH_NB_HOME": str(tmp_path / "dispatch"), "HOME": str(tmp_path),
             "XDG_CONFIG_HOME": str(tmp_path / ".config"),
             "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            "DISPATCH_NB_POLL_INTERVAL": "0.1",  # the fake's job ends after a poll or two
         })
         first = run_notebook([
             f"from dispatch_nb import batch\n{ROWS}",
