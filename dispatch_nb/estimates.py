@@ -144,9 +144,10 @@ COUNTED_ROWS = 20
 
 def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
              max_tokens: int | None = None, system: str | None = None,
-             namespace: Any = None) -> Estimate:
+             namespace: Any = None, batch: bool = False) -> Estimate:
     """What sending ``template`` (once, or filled from each of ``rows`` as :func:`batch` would)
-    to ``model`` could cost — nothing is sent to the model. See :class:`Estimate`."""
+    to ``model`` could cost — nothing is sent to the model. See :class:`Estimate`.
+    ``batch=True``: at the provider's batch price (``batch(..., deferred=True)``)."""
     from .batching.rows import RowSource, fill_template
     from .registry import connect
 
@@ -177,9 +178,10 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
         else:
             total = sum(approximate_tokens(m, system) for m in prompts)
         premium = _premium_estimate(adapter, len(prompts))
-        low = price(adapter.provider_name, adapter.model_name, Usage(input_tokens=total))
+        low = price(adapter.provider_name, adapter.model_name, Usage(input_tokens=total),
+                    batch=batch)
         high = price(adapter.provider_name, adapter.model_name,
-                     Usage(input_tokens=total, output_tokens=limit * len(prompts)))
+                     Usage(input_tokens=total, output_tokens=limit * len(prompts)), batch=batch)
         known = low is not None and high is not None and low.usd is not None \
             and high.usd is not None
         return Estimate(

@@ -79,6 +79,8 @@ class Checkpoint:
         self.cache = cache if cache is not None else ResponseCache(self.path, mode="read-write")
         #: rows this object wrote
         self.written = 0
+        #: the keys of the rows whose answers this object read (:meth:`answer`)
+        self.read: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self.path)!r})"
@@ -88,6 +90,7 @@ class Checkpoint:
         entry = self.cache.get(key)
         if entry is None:
             return None
+        self.read.add(key)
         response = Response.model_validate(entry["response"])
         usage = Usage.model_validate(entry.get("usage") or response.usage.model_dump())
         return response, usage, float(entry.get("latency") or 0.0)
@@ -115,11 +118,12 @@ class Checkpoint:
 
 
     # -- provider jobs (batch(..., deferred=True)) ----------------------------------------------
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self, *, collected: bool = False) -> list[dict[str, Any]]:
         """The provider jobs recorded here whose answers are not all collected yet, oldest first:
-        each ``{"job": {…the job's state…}, "keys": [row keys]}``."""
+        each ``{"job": {…the job's state…}, "keys": [row keys]}``; ``collected=True``: the
+        collected ones too."""
         return [entry for entry in self.cache.entries()
-                if isinstance(entry.get("job"), dict) and not entry.get("collected")]
+                if isinstance(entry.get("job"), dict) and (collected or not entry.get("collected"))]
 
     def record_job(self, job: dict[str, Any], keys: list[str], *, collected: bool = False) -> None:
         """Record a provider job: its state and the keys of the rows it holds."""

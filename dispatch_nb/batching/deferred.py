@@ -278,7 +278,11 @@ class DeferredRun:
                                         self.plan.call.system, self.plan.call.tools)
             self.rows[item.key] = _Row(item.position, item.key, request, wire)
             self.by_id[custom_id(item.key)] = item.key
+        self._answered_jobs()
         if not self.rows:
+            self.job.parts = [part for part, _keys in self.parts.values()]
+            if self.job.parts:
+                self.stats.job = self.job.summary()
             return
         assert self.checkpoint is not None
         claimed: set[str] = set()
@@ -315,6 +319,18 @@ class DeferredRun:
                         f"not sent: {self.cancel.reason or 'the batch was cancelled'}",
                         provider=adapter.provider_name, code=NOT_SENT), None)
         self._show()
+
+    def _answered_jobs(self) -> None:
+        """The jobs, recorded and collected, that answered the rows read from the checkpoint: in
+        ``result.job`` as they ended (nothing is asked of the provider, no key is needed)."""
+        if self.checkpoint is None or not self.checkpoint.read:
+            return
+        for entry in self.checkpoint.jobs(collected=True):
+            keys = [k for k in entry.get("keys") or [] if isinstance(k, str)]
+            if entry.get("collected") and self.checkpoint.read.intersection(keys):
+                part = JobPart.from_json(entry["job"])
+                part.refs["_collected"] = True
+                self.parts[part.id] = (part, keys)
 
     def _within_budget(self, keys: list[str]) -> list[str]:
         """With ``budget=``: the rows whose worst case (at the batch price) still fits, each

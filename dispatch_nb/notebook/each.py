@@ -160,7 +160,8 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         from ..estimates import estimate
 
         try:
-            return estimate(fill, rows, model=spec, max_tokens=max_tokens, system=system)
+            return estimate(fill, rows, model=spec, max_tokens=max_tokens, system=system,
+                            batch=bool(args.deferred))
         except TemplateError as exc:
             raise UsageError(f"--each {args.each.strip()}: {exc}") from None
         except (TypeError, ValueError) as exc:

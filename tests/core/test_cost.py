@@ -353,6 +353,18 @@ def test_estimate_without_a_counter_says_it_approximates() -> None:
         adapter.close()
 
 
+def test_estimate_for_a_deferred_batch_is_at_the_batch_price() -> None:
+    with OpenAIResponsesFake(api_key="sk-test") as fake:
+        adapter = _openai(fake)
+        live = estimate("Rate {n}", ROWS[:3], model=adapter, max_tokens=50)
+        deferred = estimate("Rate {n}", ROWS[:3], model=adapter, max_tokens=50, batch=True)
+        assert fake.requests == []
+        adapter.close()
+    assert live.low_usd and live.high_usd and deferred.low_usd and deferred.high_usd
+    assert deferred.low_usd * 2 == live.low_usd and deferred.high_usd * 2 == live.high_usd
+    assert "batch price" in deferred.source and "batch price" not in live.source
+
+
 def test_cost_is_exported() -> None:
     import dispatch_nb
 

@@ -205,6 +205,31 @@ def test_submit_returns_at_once_and_a_rerun_collects_without_resending(
     assert len(job_lines(batches)) == 5 and more[24].text == "echo: question 24"
 
 
+def test_a_finished_checkpoint_needs_no_key_or_server_and_names_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = tmp_path / "done.jsonl"
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake)
+        done = batch("{row}", prompts(6), model=openai_adapter(fake), deferred=True,
+                     poll_interval=0, checkpoint=checkpoint, progress=False)
+        job_id = batches.created[0].id
+    # the server is gone and there is no key: the checkpoint file and the model's name only
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    before = checkpoint.read_bytes()
+    again = batch("{row}", prompts(6), model="openai:gpt-4.1-mini", deferred=True, wait=False,
+                  checkpoint=checkpoint, progress=False)
+    assert [r.text for r in again] == [r.text for r in done]
+    assert again.resumed == 6 and again.sent == 0 and again.wait() is again
+    # result.job: the job that answered these rows, as it ended
+    assert again.job.ids == [job_id] and again.job.state == "completed"
+    assert (again.job.completed, again.job.total) == (6, 6)
+    assert again.job.created_at == done.job.created_at and again.job.ended_at is not None
+    assert f"job {job_id}: completed, 6 of 6 answered" in again.summary()
+    assert checkpoint.read_bytes() == before  # read, not written
+
+
 def test_wait_and_refresh_collect_later(anthropic: Any, tmp_path: Path) -> None:
     fake, batches = anthropic
     result = batch("{row}", prompts(4), model=anthropic_adapter(fake), deferred=True,

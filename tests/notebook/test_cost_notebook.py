@@ -78,6 +78,8 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
         "print('never' in dir(), 'asked' in dir(), limited.sent, yes.sent, "
         "yes.budget.usd)",                                                         # 9
         "%chat cost",                                                              # 10
+        "%%chat --each small --estimate --max-tokens 10\nSay {row}",               # 11
+        "%%chat --each small --deferred --estimate --max-tokens 10\nSay {row}",    # 12
     ]
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
     with OpenAIResponsesFake(api_key="sk-test") as fake:
@@ -114,6 +116,10 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "8"  # calls
     assert format_usd(one * 8) in row
+    # --deferred --estimate: at the batch price, half the live one
+    live, deferred = (nb.cells[i].outputs[0].metadata["dispatch_nb"]["estimate"] for i in (11, 12))
+    assert Decimal(deferred["high_usd"]) * 2 == Decimal(live["high_usd"]) > 0
+    assert "batch price" in deferred["source"] and "batch price" not in live["source"]
 
 
 def test_a_terminal_asks_y_or_n_before_a_large_each(shell: Any, fake: Any,
