@@ -37,6 +37,7 @@ import pytest
 #: test files whose tests may run on different workers (see the module docstring)
 PER_TEST: frozenset[str] = frozenset({
     "tests/test_notebooks.py",  # each example notebook replayed twice, each run in a new kernel
+    "tests/test_benchmarks.py",  # each benchmark's smoke run: a minute or two each, apart
 })
 #: the unit of the browser tests
 E2E = "tests/e2e/"
