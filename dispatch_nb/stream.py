@@ -37,7 +37,13 @@ from .types import (
     text_delta,
 )
 
-__all__ = ["Accumulator", "AsyncResponseStream", "ResponseStream", "parse_tool_arguments"]
+__all__ = [
+    "Accumulator",
+    "AsyncResponseStream",
+    "ResponseStream",
+    "parse_tool_arguments",
+    "sync_stream",
+]
 
 
 def parse_tool_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
@@ -747,3 +753,65 @@ class AsyncResponseStream(_DeltaStream):
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         self._left(exc)
         await self.aclose()
+
+
+class _Mirror(Accumulator):
+    """The accumulator of a stream that passes another stream's deltas on: its answer is that
+    stream's, nothing is accumulated twice (nor finished twice)."""
+
+    def __init__(self, inner: AsyncResponseStream) -> None:
+        super().__init__("")
+        self._inner = inner
+
+    def snapshot(self) -> Response:
+        return self._inner.partial
+
+    def finish(self) -> Response:
+        return self._inner.response
+
+
+class _Taken(Accumulator):
+    """What a sync caller has taken of another stream: fed each delta on the caller's thread as
+    the caller takes it (so ``partial`` is what the caller has seen); the answer is that
+    stream's."""
+
+    def __init__(self, inner: AsyncResponseStream) -> None:
+        super().__init__(inner.partial.model)
+        self._inner = inner
+
+    def finish(self) -> Response:
+        return self._inner.response
+
+
+class _Fed:
+    """Deltas passed on as they are, each fed to ``acc`` first."""
+
+    __slots__ = ("acc", "deltas")
+
+    def __init__(self, deltas: Iterator[StreamDelta], acc: Accumulator) -> None:
+        self.deltas = deltas
+        self.acc = acc
+
+    def __iter__(self) -> _Fed:
+        return self
+
+    def __next__(self) -> StreamDelta:
+        delta = next(self.deltas)
+        self.acc.feed(delta)
+        return delta
+
+    def close(self) -> None:
+        close = getattr(self.deltas, "close", None)
+        if close is not None:
+            close()
+
+
+def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
+    """``inner`` for a sync caller: its coroutine runs on the library's event-loop thread
+    (:class:`~dispatch_nb.bridge.SyncIterator`), the calling thread takes its deltas; closing the
+    sync stream (or Ctrl-C) cancels it there. ``partial`` is what the caller has taken so far,
+    ``response`` is ``inner``'s."""
+    from .bridge import SyncIterator
+
+    taken = _Taken(inner)
+    return ResponseStream(_Fed(SyncIterator(lambda: inner), taken), taken)
