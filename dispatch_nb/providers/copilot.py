@@ -573,17 +573,6 @@ class CopilotAdapter(HTTPAdapter):
         self._entry = entry
         self.backend_mode = self._backend_for(self.route)
 
-    def _check_model(self) -> None:
-        if self._entry is not None:
-            return
-        try:
-            raw = self._load_models()
-        except (ServerError, RequestError) as exc:
-            log.debug("GitHub Copilot: no model list (%s); routing %s by its name",
-                      exc.message, self._model)
-            return
-        self._use_models(raw)
-
     async def _acheck_model(self) -> None:
         if self._entry is not None:
             return

@@ -64,7 +64,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireRequest, post
+from .base import PostsBody
 from .request import ChatRequest, OutputSpec, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
@@ -508,7 +508,7 @@ class MessagesQuirks:
 
 
 @dataclass(frozen=True)
-class MessagesWire:
+class MessagesWire(PostsBody):
     """Anthropic's Messages API for one server: ``POST v1/messages``, its body, its parsers."""
 
     provider: str = "anthropic"
@@ -567,16 +567,6 @@ class MessagesWire:
             if options.get(name) is not None:
                 body[name] = options[name]
         return body
-
-    def wire_request(
-        self,
-        request: ChatRequest,
-        model: str,
-        *,
-        output_mode: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> WireRequest:
-        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
 
     def stream_parser(self, acc: Accumulator) -> MessagesStreamParser:
         return MessagesStreamParser(acc)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..stream import Accumulator
     from .request import ChatRequest
 
-__all__ = ["StreamParser", "WireFormat", "WireRequest"]
+__all__ = ["PostsBody", "StreamParser", "WireFormat", "WireRequest"]
 
 
 class StreamParser(Protocol):
@@ -119,6 +119,17 @@ class WireRequest:
     wire: WireFormat | None = None
 
 
-def post(wire: WireFormat, body: dict[str, Any], headers: dict[str, str] | None) -> WireRequest:
-    """``POST {wire.path}`` with ``body``, carrying ``wire`` (the wire formats' ``wire_request``)."""
-    return WireRequest("POST", wire.path, json=body, headers=dict(headers or {}), wire=wire)
+class PostsBody:
+    """Mixed into every wire format: its request is ``POST {path}`` with its body."""
+
+    def wire_request(
+        self: WireFormat,
+        request: ChatRequest,
+        model: str,
+        *,
+        output_mode: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> WireRequest:
+        """``POST {path}`` with :meth:`build_body`, carrying this wire format."""
+        body = self.build_body(request, model, output_mode=output_mode)
+        return WireRequest("POST", self.path, json=body, headers=dict(headers or {}), wire=self)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import APIConnectionError, error_for_status
 from ..sse import ServerSentEvent
 from ..types import Response, StreamDelta, ToolDefinition, Usage
-from .base import WireRequest, post
+from .base import PostsBody
 from .request import ChatRequest, output_tool_choice
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def parse_canonical_body(body: Any, acc: Accumulator) -> None:
 
 # -- client: the wire format -----------------------------------------------------------------------
 @dataclass(frozen=True)
-class CanonicalWire:
+class CanonicalWire(PostsBody):
     """The canonical protocol: ``POST chat`` with the call's canonical types as JSON."""
 
     provider: str = "fake"
@@ -179,16 +179,6 @@ class CanonicalWire:
             body["output"] = {"name": output.name, "description": output.description,
                               "schema": output.schema}
         return body
-
-    def wire_request(
-        self,
-        request: ChatRequest,
-        model: str,
-        *,
-        output_mode: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> WireRequest:
-        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
 
     def stream_parser(self, acc: Accumulator) -> CanonicalStreamParser:
         return CanonicalStreamParser(acc)

@@ -70,7 +70,7 @@ from ..types import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .base import WireRequest, post
+from .base import PostsBody
 from .chat_answers import (
     ECHOED_REASONING_FIELD,
     PROVIDER_DATA_KEY,
@@ -470,7 +470,7 @@ class ChatQuirks:
 
 
 @dataclass(frozen=True)
-class ChatCompletionsWire:
+class ChatCompletionsWire(PostsBody):
     """OpenAI chat.completions for one server: ``POST chat/completions``, its body, its parsers.
 
     ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks`::
@@ -512,16 +512,6 @@ class ChatCompletionsWire:
             include_usage=q.include_usage, echo_reasoning=q.echo_reasoning,
             reasoning_provider=q.reasoning_provider, output_mode=output_mode,
         )
-
-    def wire_request(
-        self,
-        request: ChatRequest,
-        model: str,
-        *,
-        output_mode: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> WireRequest:
-        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
 
     def stream_parser(self, acc: Accumulator) -> ChatStreamParser:
         q = self.quirks

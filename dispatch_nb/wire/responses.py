@@ -71,7 +71,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireRequest, post
+from .base import PostsBody
 from .chat_completions import (
     map_tool_choice,
     status_for_error_code,
@@ -760,7 +760,7 @@ class ResponsesQuirks:
 
 
 @dataclass(frozen=True)
-class ResponsesWire:
+class ResponsesWire(PostsBody):
     """The OpenAI Responses API for one server: ``POST responses``, its body, its parsers.
 
     ``provider``: the name errors (and the reasoning items' issuer) carry; ``quirks``: the
@@ -787,16 +787,6 @@ class ResponsesWire:
             request, model, provider=self.provider,
             encrypted_reasoning=self.quirks.encrypted_reasoning, output_mode=output_mode,
         )
-
-    def wire_request(
-        self,
-        request: ChatRequest,
-        model: str,
-        *,
-        output_mode: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> WireRequest:
-        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
 
     def stream_parser(self, acc: Accumulator) -> ResponsesStreamParser:
         return ResponsesStreamParser(acc, provider=self.provider)
