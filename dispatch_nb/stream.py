@@ -482,21 +482,22 @@ def attach_partial(exc: BaseException, partial: Response | Accumulator | None) -
         pass
 
 
-class _Logged:
-    """Deltas passed on as they are, each appended (a reference) to ``log``."""
+class _Tapped:
+    """Deltas passed on as they are, each handed to ``tap`` first (appended to a log, fed to an
+    accumulator)."""
 
-    __slots__ = ("deltas", "log")
+    __slots__ = ("deltas", "tap")
 
-    def __init__(self, deltas: Iterator[StreamDelta], log: list[StreamDelta]) -> None:
+    def __init__(self, deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> None:
         self.deltas = deltas
-        self.log = log
+        self.tap = tap
 
-    def __iter__(self) -> _Logged:
+    def __iter__(self) -> _Tapped:
         return self
 
     def __next__(self) -> StreamDelta:
         delta = next(self.deltas)
-        self.log.append(delta)
+        self.tap(delta)
         return delta
 
     def close(self) -> None:
@@ -506,7 +507,7 @@ class _Logged:
 
 
 class _ALogged:
-    """The async twin of :class:`_Logged`."""
+    """The async twin of :class:`_Tapped` that appends to ``log``."""
 
     __slots__ = ("deltas", "log")
 
@@ -630,7 +631,7 @@ class ResponseStream(_DeltaStream):
         iterating); returns the stream. Costs a reference per delta and keeps the deltas alive,
         so it is off unless asked for."""
         if self._log is None:
-            self._deltas = _Logged(self._deltas, self._logging())
+            self._deltas = _Tapped(self._deltas, self._logging().append)
         return self
 
     def until_done(self) -> Response:
@@ -783,29 +784,6 @@ class _Taken(Accumulator):
         return self._inner.response
 
 
-class _Fed:
-    """Deltas passed on as they are, each fed to ``acc`` first."""
-
-    __slots__ = ("acc", "deltas")
-
-    def __init__(self, deltas: Iterator[StreamDelta], acc: Accumulator) -> None:
-        self.deltas = deltas
-        self.acc = acc
-
-    def __iter__(self) -> _Fed:
-        return self
-
-    def __next__(self) -> StreamDelta:
-        delta = next(self.deltas)
-        self.acc.feed(delta)
-        return delta
-
-    def close(self) -> None:
-        close = getattr(self.deltas, "close", None)
-        if close is not None:
-            close()
-
-
 def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
     """``inner`` for a sync caller: its coroutine runs on the library's event-loop thread
     (:class:`~dispatch_nb.bridge.SyncIterator`), the calling thread takes its deltas; closing the
@@ -814,4 +792,4 @@ def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
     from .bridge import SyncIterator
 
     taken = _Taken(inner)
-    return ResponseStream(_Fed(SyncIterator(lambda: inner), taken), taken)
+    return ResponseStream(_Tapped(SyncIterator(lambda: inner), taken.feed), taken)

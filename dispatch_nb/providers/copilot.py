@@ -286,17 +286,12 @@ class CopilotAdapter(HTTPAdapter):
         self.structured_output = structured_output
 
     # -- identity --------------------------------------------------------------------------------
+    provider_name = PROVIDER
+    display_name = "GitHub Copilot"
+
     @property
     def model_name(self) -> str:
         return self._model
-
-    @property
-    def provider_name(self) -> str:
-        return PROVIDER
-
-    @property
-    def display_name(self) -> str:
-        return "GitHub Copilot"
 
     @property
     def github_url(self) -> str:
