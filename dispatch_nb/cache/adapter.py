@@ -26,15 +26,9 @@ from ..types import ModelInfo, Response, StreamDelta
 from .keys import _adapter_secrets, cache_key
 from .store import CacheMissError, ResponseCache, _entry_deltas, _last_user_text, _preview
 
-__all__ = ["CachedAdapter", "deltas_for"]
+__all__ = ["CachedAdapter"]
 
 log = logging.getLogger("dispatch_nb")
-
-
-def deltas_for(response: Response) -> list[StreamDelta]:
-    """The deltas a stream of ``response`` would have produced (for answers recorded
-    unstreamed): :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`."""
-    return response.deltas()
 
 
 class _Replayed(Accumulator):

@@ -461,9 +461,6 @@ class MessagesStreamParser:
         self._ended()
 
 
-#: the former name of :class:`MessagesStreamParser`
-_MessageParser = MessagesStreamParser
-
 #: per-call options the Messages format understands (besides the common ones)
 MESSAGES_OPTIONS = frozenset({"thinking", "stop_sequences", "betas", *_PASS_THROUGH_OPTIONS})
 
