@@ -64,7 +64,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import PostsBody
+from .base import WireBase
 from .request import ChatRequest, OutputSpec, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
@@ -505,20 +505,16 @@ class MessagesQuirks:
 
 
 @dataclass(frozen=True)
-class MessagesWire(PostsBody):
+class MessagesWire(WireBase):
     """Anthropic's Messages API for one server: ``POST v1/messages``, its body, its parsers."""
 
     provider: str = "anthropic"
     quirks: MessagesQuirks = MessagesQuirks()
 
-    #: the format's name (the adapter's backend in logs)
-    name: ClassVar[str] = "messages"
-    #: where requests go, relative to the base URL
-    path: ClassVar[str] = "v1/messages"
-    #: the per-call options the format understands
-    options: ClassVar[frozenset[str]] = MESSAGES_OPTIONS
-    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
-    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
+    name = "messages"
+    path = "v1/messages"
+    options = MESSAGES_OPTIONS
+    output_modes = ("tool", "prompt")
     #: how ``output=`` goes natively
     native_output: ClassVar[str] = "output_config"
 

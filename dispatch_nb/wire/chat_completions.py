@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import orjson
 
@@ -70,7 +70,7 @@ from ..types import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .base import PostsBody
+from .base import WireBase
 from .chat_answers import (
     ECHOED_REASONING_FIELD,
     PROVIDER_DATA_KEY,
@@ -470,7 +470,7 @@ class ChatQuirks:
 
 
 @dataclass(frozen=True)
-class ChatCompletionsWire(PostsBody):
+class ChatCompletionsWire(WireBase):
     """OpenAI chat.completions for one server: ``POST chat/completions``, its body, its parsers.
 
     ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks`::
@@ -484,14 +484,10 @@ class ChatCompletionsWire(PostsBody):
     provider: str
     quirks: ChatQuirks = ChatQuirks()
 
-    #: the format's name (the adapter's backend in logs)
-    name: ClassVar[str] = "chat.completions"
-    #: where requests go, relative to the base URL
-    path: ClassVar[str] = "chat/completions"
-    #: the per-call options the format understands
-    options: ClassVar[frozenset[str]] = CHAT_OPTIONS
-    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
-    output_modes: ClassVar[tuple[str, ...]] = ("tool", "json_object", "prompt")
+    name = "chat.completions"
+    path = "chat/completions"
+    options = CHAT_OPTIONS
+    output_modes = ("tool", "json_object", "prompt")
 
     @property
     def native_output(self) -> str:

@@ -71,7 +71,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import PostsBody
+from .base import WireBase
 from .chat_completions import (
     map_tool_choice,
     status_for_error_code,
@@ -760,7 +760,7 @@ class ResponsesQuirks:
 
 
 @dataclass(frozen=True)
-class ResponsesWire(PostsBody):
+class ResponsesWire(WireBase):
     """The OpenAI Responses API for one server: ``POST responses``, its body, its parsers.
 
     ``provider``: the name errors (and the reasoning items' issuer) carry; ``quirks``: the
@@ -769,14 +769,10 @@ class ResponsesWire(PostsBody):
     provider: str
     quirks: ResponsesQuirks = ResponsesQuirks()
 
-    #: the format's name (the adapter's backend in logs)
-    name: ClassVar[str] = "responses"
-    #: where requests go, relative to the base URL
-    path: ClassVar[str] = "responses"
-    #: the per-call options the format understands
-    options: ClassVar[frozenset[str]] = RESPONSES_OPTIONS
-    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
-    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
+    name = "responses"
+    path = "responses"
+    options = RESPONSES_OPTIONS
+    output_modes = ("tool", "prompt")
     #: how ``output=`` goes natively
     native_output: ClassVar[str] = "text.format"
 
