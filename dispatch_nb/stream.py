@@ -37,7 +37,13 @@ from .types import (
     text_delta,
 )
 
-__all__ = ["Accumulator", "AsyncResponseStream", "ResponseStream", "parse_tool_arguments"]
+__all__ = [
+    "Accumulator",
+    "AsyncResponseStream",
+    "ResponseStream",
+    "parse_tool_arguments",
+    "sync_stream",
+]
 
 
 def parse_tool_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
@@ -476,21 +482,22 @@ def attach_partial(exc: BaseException, partial: Response | Accumulator | None) -
         pass
 
 
-class _Logged:
-    """Deltas passed on as they are, each appended (a reference) to ``log``."""
+class _Tapped:
+    """Deltas passed on as they are, each handed to ``tap`` first (appended to a log, fed to an
+    accumulator)."""
 
-    __slots__ = ("deltas", "log")
+    __slots__ = ("deltas", "tap")
 
-    def __init__(self, deltas: Iterator[StreamDelta], log: list[StreamDelta]) -> None:
+    def __init__(self, deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> None:
         self.deltas = deltas
-        self.log = log
+        self.tap = tap
 
-    def __iter__(self) -> _Logged:
+    def __iter__(self) -> _Tapped:
         return self
 
     def __next__(self) -> StreamDelta:
         delta = next(self.deltas)
-        self.log.append(delta)
+        self.tap(delta)
         return delta
 
     def close(self) -> None:
@@ -500,7 +507,7 @@ class _Logged:
 
 
 class _ALogged:
-    """The async twin of :class:`_Logged`."""
+    """The async twin of :class:`_Tapped` that appends to ``log``."""
 
     __slots__ = ("deltas", "log")
 
@@ -624,7 +631,7 @@ class ResponseStream(_DeltaStream):
         iterating); returns the stream. Costs a reference per delta and keeps the deltas alive,
         so it is off unless asked for."""
         if self._log is None:
-            self._deltas = _Logged(self._deltas, self._logging())
+            self._deltas = _Tapped(self._deltas, self._logging().append)
         return self
 
     def until_done(self) -> Response:
@@ -747,3 +754,42 @@ class AsyncResponseStream(_DeltaStream):
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         self._left(exc)
         await self.aclose()
+
+
+class _Mirror(Accumulator):
+    """The accumulator of a stream that passes another stream's deltas on: its answer is that
+    stream's, nothing is accumulated twice (nor finished twice)."""
+
+    def __init__(self, inner: AsyncResponseStream) -> None:
+        super().__init__("")
+        self._inner = inner
+
+    def snapshot(self) -> Response:
+        return self._inner.partial
+
+    def finish(self) -> Response:
+        return self._inner.response
+
+
+class _Taken(Accumulator):
+    """What a sync caller has taken of another stream: fed each delta on the caller's thread as
+    the caller takes it (so ``partial`` is what the caller has seen); the answer is that
+    stream's."""
+
+    def __init__(self, inner: AsyncResponseStream) -> None:
+        super().__init__(inner.partial.model)
+        self._inner = inner
+
+    def finish(self) -> Response:
+        return self._inner.response
+
+
+def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
+    """``inner`` for a sync caller: its coroutine runs on the library's event-loop thread
+    (:class:`~dispatch_nb.bridge.SyncIterator`), the calling thread takes its deltas; closing the
+    sync stream (or Ctrl-C) cancels it there. ``partial`` is what the caller has taken so far,
+    ``response`` is ``inner``'s."""
+    from .bridge import SyncIterator
+
+    taken = _Taken(inner)
+    return ResponseStream(_Tapped(SyncIterator(lambda: inner), taken.feed), taken)

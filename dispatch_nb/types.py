@@ -63,7 +63,6 @@ StopReason = Literal[
     "refusal",
     "pause_turn",
 ]
-STOP_REASONS: tuple[str, ...] = StopReason.__args__  # type: ignore[attr-defined]
 
 ProviderData = dict[str, Any] | None
 

@@ -305,20 +305,11 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
                 item = not_sent(result, cancel, item.provider)
             result._set(position, item, usage=row_usage, latency=latency, attempts=attempts,
                         origin=origin)
-            if isinstance(item, Response):
-                stats.ok += 1
-            elif is_not_sent(item):
-                stats.not_sent += 1
-            else:
-                stats.failed += 1
-            if origin == RowOrigin.SENT:
-                stats.sent_done += 1
-                if stats.first_sent is None:
-                    stats.first_sent = stats.started
+            stats.count(item, origin, row_usage)
+            if origin == RowOrigin.SENT and stats.first_sent is None:
+                stats.first_sent = stats.started
             elif origin == RowOrigin.REPLAYED:
                 stats.replayed += 1
-            stats.input_tokens += row_usage.input_tokens
-            stats.output_tokens += row_usage.output_tokens
 
     def pump(deadline: float | None) -> None:
         submit_more()

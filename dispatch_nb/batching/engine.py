@@ -103,6 +103,19 @@ class Stats:
     def finished(self) -> int:
         return self.ok + self.failed + self.not_sent
 
+    def count(self, item: Any, origin: int, usage: Usage) -> None:
+        """One row ended as ``item`` (an answer or an error); ``origin``: a :class:`RowOrigin` code."""
+        if isinstance(item, Response):
+            self.ok += 1
+        elif is_not_sent(item):
+            self.not_sent += 1
+        else:
+            self.failed += 1
+        if origin == RowOrigin.SENT:
+            self.sent_done += 1
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+
 
 # -- one row's call -------------------------------------------------------------------------------
 async def ask(
@@ -481,16 +494,7 @@ class RowRunner:
             origin = RowOrigin.NOT_SENT  # over the budget: never sent
         self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,
                          origin=origin)
-        if isinstance(item, Response):
-            stats.ok += 1
-        elif is_not_sent(item):
-            stats.not_sent += 1
-        else:
-            stats.failed += 1
-        if origin == RowOrigin.SENT:
-            stats.sent_done += 1
-        stats.input_tokens += usage.input_tokens
-        stats.output_tokens += usage.output_tokens
+        stats.count(item, origin, usage)
         if self.checkpoint is not None and isinstance(item, Response):
             try:
                 self.checkpoint.record(pending.key, pending.position, pending.messages, item,

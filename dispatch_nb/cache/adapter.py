@@ -15,26 +15,20 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Literal
 
 from ..adapter import Adapter, ChatRequest, ValidationResult
 from ..cancel import CancelToken
 from ..render import mark_replayed
-from ..stream import Accumulator, AsyncResponseStream, ResponseStream
+from ..stream import Accumulator, AsyncResponseStream, ResponseStream, _Mirror, sync_stream
 from ..types import ModelInfo, Response, StreamDelta
 from .keys import _adapter_secrets, cache_key
 from .store import CacheMissError, ResponseCache, _entry_deltas, _last_user_text, _preview
 
-__all__ = ["CachedAdapter", "deltas_for"]
+__all__ = ["CachedAdapter"]
 
 log = logging.getLogger("dispatch_nb")
-
-
-def deltas_for(response: Response) -> list[StreamDelta]:
-    """The deltas a stream of ``response`` would have produced (for answers recorded
-    unstreamed): :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`."""
-    return response.deltas()
 
 
 class _Replayed(Accumulator):
@@ -59,21 +53,6 @@ class _Replayed(Accumulator):
         ledger.record(self._provider, self._model, final.usage, final.cost)
         mark_replayed(final)
         return final
-
-
-class _Mirror(Accumulator):
-    """The accumulator of a stream that passes another stream's deltas on (while recording
-    them): its answer is that stream's, nothing is accumulated twice."""
-
-    def __init__(self, inner: ResponseStream | AsyncResponseStream) -> None:
-        super().__init__("")
-        self._inner = inner
-
-    def snapshot(self) -> Response:
-        return self._inner.partial
-
-    def finish(self) -> Response:
-        return self._inner.response
 
 
 class CachedAdapter(Adapter):
@@ -216,20 +195,12 @@ class CachedAdapter(Adapter):
 
     def open_stream(self, request: ChatRequest, timeout: float | None,
                     cancel: CancelToken | None) -> ResponseStream:
-        """The answer as a stream: replayed, or from the model (recorded when the mode writes)."""
-        if self.cache.mode == "off":
-            self.model_calls += 1
-            return self.inner.open_stream(request, timeout, cancel)
-        key, entry = self._lookup(request)
-        if entry is not None:
-            self.replayed_calls += 1
-            return self._replay(entry, request.stream, timeout, cancel)
-        self.model_calls += 1
-        return self._recording(key, request, self.inner.open_stream(request, timeout, cancel))
+        """The sync view of :meth:`aopen_stream` (its coroutine on the library's loop thread)."""
+        return sync_stream(self.aopen_stream(request, timeout, cancel))
 
     def aopen_stream(self, request: ChatRequest, timeout: float | None,
                      cancel: CancelToken | None) -> AsyncResponseStream:
-        """The async twin of :meth:`open_stream`."""
+        """The answer as a stream: replayed, or from the model (recorded when the mode writes)."""
         if self.cache.mode == "off":
             self.model_calls += 1
             return self.inner.aopen_stream(request, timeout, cancel)
@@ -247,35 +218,9 @@ class CachedAdapter(Adapter):
         return _entry_deltas(entry), _Replayed(Response.model_validate(entry["response"]),
                                                self.inner.provider_name, self.inner.model_name)
 
-    def _replay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
-                cancel: CancelToken | None) -> ResponseStream:
-        """Replay ``entry``; an unstreamed call takes as long but yields no deltas."""
-        deltas, acc = self._replay_parts(entry)
-        control = self.inner._control(timeout, cancel)
-        paced = self.cache.pace == "recorded"
-
-        def run() -> Iterator[StreamDelta]:
-            control.start()
-            began = time.monotonic()
-            try:
-                for t, delta in deltas:
-                    if paced:
-                        wait = t - (time.monotonic() - began)
-                        if wait > 0:
-                            control.sleep(wait)
-                    control.check()
-                    acc.feed(delta)
-                    if streamed:
-                        yield delta
-                control.check()
-            finally:
-                control.stop()
-
-        return ResponseStream(run(), acc)
-
     def _areplay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
                  cancel: CancelToken | None) -> AsyncResponseStream:
-        """The async twin of :meth:`_replay`."""
+        """Replay ``entry``; an unstreamed call takes as long but yields no deltas."""
         deltas, acc = self._replay_parts(entry)
         control = self.inner._control(timeout, cancel)
         paced = self.cache.pace == "recorded"
@@ -307,23 +252,6 @@ class CachedAdapter(Adapter):
             elapsed = time.monotonic() - began
             seen = [(elapsed, d) for d in response.deltas()]
         self._store(key, request, seen, response, streamed=request.stream)
-
-    def _recording(self, key: str, request: ChatRequest, inner: ResponseStream) -> ResponseStream:
-        began = time.monotonic()
-        seen: list[tuple[float, StreamDelta]] = []
-
-        def run() -> Iterator[StreamDelta]:
-            try:
-                for delta in inner:
-                    if delta.type != "retry":  # a retry is no part of the answer
-                        seen.append((time.monotonic() - began, delta))
-                    yield delta
-                response = inner.response
-            finally:
-                inner.close()
-            self._store_answer(key, request, began, seen, response)
-
-        return ResponseStream(run(), _Mirror(inner))
 
     def _arecording(self, key: str, request: ChatRequest,
                     inner: AsyncResponseStream) -> AsyncResponseStream:

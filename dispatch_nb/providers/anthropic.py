@@ -115,17 +115,12 @@ class AnthropicAdapter(HTTPAdapter):
         self.structured_output = structured_output
 
     # -- identity ------------------------------------------------------------------------------
+    provider_name = "anthropic"
+    display_name = "Anthropic"
+
     @property
     def model_name(self) -> str:
         return self._model
-
-    @property
-    def provider_name(self) -> str:
-        return "anthropic"
-
-    @property
-    def display_name(self) -> str:
-        return "Anthropic"
 
     @property
     def max_context_tokens(self) -> int | None:

@@ -286,17 +286,12 @@ class CopilotAdapter(HTTPAdapter):
         self.structured_output = structured_output
 
     # -- identity --------------------------------------------------------------------------------
+    provider_name = PROVIDER
+    display_name = "GitHub Copilot"
+
     @property
     def model_name(self) -> str:
         return self._model
-
-    @property
-    def provider_name(self) -> str:
-        return PROVIDER
-
-    @property
-    def display_name(self) -> str:
-        return "GitHub Copilot"
 
     @property
     def github_url(self) -> str:
@@ -572,17 +567,6 @@ class CopilotAdapter(HTTPAdapter):
             )
         self._entry = entry
         self.backend_mode = self._backend_for(self.route)
-
-    def _check_model(self) -> None:
-        if self._entry is not None:
-            return
-        try:
-            raw = self._load_models()
-        except (ServerError, RequestError) as exc:
-            log.debug("GitHub Copilot: no model list (%s); routing %s by its name",
-                      exc.message, self._model)
-            return
-        self._use_models(raw)
 
     async def _acheck_model(self) -> None:
         if self._entry is not None:

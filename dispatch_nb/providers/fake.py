@@ -61,17 +61,12 @@ class CanonicalAdapter(HTTPAdapter):
         self._model = model
         self._api_key = api_key
 
+    provider_name = "fake"
+    display_name = "Fake (canonical protocol)"
+
     @property
     def model_name(self) -> str:
         return self._model
-
-    @property
-    def provider_name(self) -> str:
-        return "fake"
-
-    @property
-    def display_name(self) -> str:
-        return "Fake (canonical protocol)"
 
     def auth_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}

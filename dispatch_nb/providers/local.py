@@ -543,17 +543,12 @@ class LocalAdapter(Adapter):
         self.verbose = verbose
 
     # -- identity --------------------------------------------------------------------------------
+    provider_name = "local"
+    display_name = "Local model (llama.cpp)"
+
     @property
     def model_name(self) -> str:
         return self._model
-
-    @property
-    def provider_name(self) -> str:
-        return "local"
-
-    @property
-    def display_name(self) -> str:
-        return "Local model (llama.cpp)"
 
     @property
     def max_context_tokens(self) -> int | None:

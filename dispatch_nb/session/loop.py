@@ -168,13 +168,11 @@ class ToolLoop:
                     else:
                         response = self._adapter.chat(self._wire_history(), **kwargs)
                 except BaseException as exc:
-                    self._settle(reserved, getattr(exc, "partial", None), failed=True)
-                    self._call_failed(turn, message, exc)
+                    self._call_failed(turn, message, exc, reserved)
                     raise
                 finally:
                     state.stream = None
-                self._settle(reserved, response, failed=False)
-                yield self._answered(turn, state, response)
+                yield self._answered(turn, state, response, reserved)
                 action = self._next_action(turn, response)
                 if action == "tools":
                     yield from self._collected(state, self._run_tools(turn, response.tool_calls))
@@ -223,13 +221,11 @@ class ToolLoop:
                     else:
                         response = await self._adapter.achat(self._wire_history(), **kwargs)
                 except BaseException as exc:
-                    self._settle(reserved, getattr(exc, "partial", None), failed=True)
-                    self._call_failed(turn, message, exc)
+                    self._call_failed(turn, message, exc, reserved)
                     raise
                 finally:
                     state.stream = None
-                self._settle(reserved, response, failed=False)
-                yield self._answered(turn, state, response)
+                yield self._answered(turn, state, response, reserved)
                 action = self._next_action(turn, response)
                 if action == "tools":
                     for event in self._collected(state, await self._arun_tools(
@@ -422,9 +418,11 @@ class ToolLoop:
             partial = response if isinstance(response, Response) else None
             self.budget.settle(reserved, attempt_cost(partial, failed, reserved))
 
-    def _answered(self, turn: Turn, state: TurnState, response: Response) -> MessageDoneEvent:
-        """A model call answered: count it, add its usage and answer to the session, and make
-        it the turn's response so far."""
+    def _answered(self, turn: Turn, state: TurnState, response: Response,
+                  reserved: Decimal | None) -> MessageDoneEvent:
+        """A model call answered: settle its budget reservation, count it, add its usage and
+        answer to the session, and make it the turn's response so far."""
+        self._settle(reserved, response, failed=False)
         turn.calls += 1
         self._usage = self._usage + response.usage
         self._cost.add(response.cost)
@@ -444,13 +442,16 @@ class ToolLoop:
             state.collected.add_result(event)
             yield event
 
-    def _call_failed(self, turn: Turn, message: Message, exc: BaseException) -> None:
+    def _call_failed(self, turn: Turn, message: Message, exc: BaseException,
+                     reserved: Decimal | None) -> None:
         """A model call failed with ``exc`` (raised as it is: a call that ran out of the turn's
-        time already raises the turn's timeout error): count the usage of what arrived.
+        time already raises the turn's timeout error): settle its budget reservation, count the
+        usage of what arrived.
 
         A turn whose first call was refused before anything was sent (bad options: TypeError,
         ValueError) leaves no trace in history."""
         partial = getattr(exc, "partial", None)
+        self._settle(reserved, partial, failed=True)
         if isinstance(partial, Response):
             self._usage = self._usage + partial.usage
         if (

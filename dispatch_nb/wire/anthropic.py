@@ -64,7 +64,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireRequest, post
+from .base import WireBase
 from .request import ChatRequest, OutputSpec, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
@@ -461,9 +461,6 @@ class MessagesStreamParser:
         self._ended()
 
 
-#: the former name of :class:`MessagesStreamParser`
-_MessageParser = MessagesStreamParser
-
 #: per-call options the Messages format understands (besides the common ones)
 MESSAGES_OPTIONS = frozenset({"thinking", "stop_sequences", "betas", *_PASS_THROUGH_OPTIONS})
 
@@ -508,20 +505,16 @@ class MessagesQuirks:
 
 
 @dataclass(frozen=True)
-class MessagesWire:
+class MessagesWire(WireBase):
     """Anthropic's Messages API for one server: ``POST v1/messages``, its body, its parsers."""
 
     provider: str = "anthropic"
     quirks: MessagesQuirks = MessagesQuirks()
 
-    #: the format's name (the adapter's backend in logs)
-    name: ClassVar[str] = "messages"
-    #: where requests go, relative to the base URL
-    path: ClassVar[str] = "v1/messages"
-    #: the per-call options the format understands
-    options: ClassVar[frozenset[str]] = MESSAGES_OPTIONS
-    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
-    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
+    name = "messages"
+    path = "v1/messages"
+    options = MESSAGES_OPTIONS
+    output_modes = ("tool", "prompt")
     #: how ``output=`` goes natively
     native_output: ClassVar[str] = "output_config"
 
@@ -567,16 +560,6 @@ class MessagesWire:
             if options.get(name) is not None:
                 body[name] = options[name]
         return body
-
-    def wire_request(
-        self,
-        request: ChatRequest,
-        model: str,
-        *,
-        output_mode: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> WireRequest:
-        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
 
     def stream_parser(self, acc: Accumulator) -> MessagesStreamParser:
         return MessagesStreamParser(acc)

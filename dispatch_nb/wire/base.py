@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..sse import ServerSentEvent
 from ..types import StreamDelta
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..stream import Accumulator
     from .request import ChatRequest
 
-__all__ = ["StreamParser", "WireFormat", "WireRequest"]
+__all__ = ["StreamParser", "WireBase", "WireFormat", "WireRequest"]
 
 
 class StreamParser(Protocol):
@@ -119,6 +119,27 @@ class WireRequest:
     wire: WireFormat | None = None
 
 
-def post(wire: WireFormat, body: dict[str, Any], headers: dict[str, str] | None) -> WireRequest:
-    """``POST {wire.path}`` with ``body``, carrying ``wire`` (the wire formats' ``wire_request``)."""
-    return WireRequest("POST", wire.path, json=body, headers=dict(headers or {}), wire=wire)
+class WireBase:
+    """What every wire format shares (each is a frozen dataclass built on this): the class-level
+    facts it sets, and its request, ``POST {path}`` with its body."""
+
+    #: the format's name (the adapter's backend in logs)
+    name: ClassVar[str]
+    #: where requests go, relative to the base URL
+    path: ClassVar[str]
+    #: the per-call options the format understands
+    options: ClassVar[frozenset[str]]
+    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
+    output_modes: ClassVar[tuple[str, ...]]
+
+    def wire_request(
+        self: WireFormat,
+        request: ChatRequest,
+        model: str,
+        *,
+        output_mode: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> WireRequest:
+        """``POST {path}`` with :meth:`build_body`, carrying this wire format."""
+        body = self.build_body(request, model, output_mode=output_mode)
+        return WireRequest("POST", self.path, json=body, headers=dict(headers or {}), wire=self)

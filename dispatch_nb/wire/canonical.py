@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import APIConnectionError, error_for_status
 from ..sse import ServerSentEvent
 from ..types import Response, StreamDelta, ToolDefinition, Usage
-from .base import WireRequest, post
+from .base import WireBase
 from .request import ChatRequest, output_tool_choice
 
 if TYPE_CHECKING:
@@ -134,19 +134,15 @@ def parse_canonical_body(body: Any, acc: Accumulator) -> None:
 
 # -- client: the wire format -----------------------------------------------------------------------
 @dataclass(frozen=True)
-class CanonicalWire:
+class CanonicalWire(WireBase):
     """The canonical protocol: ``POST chat`` with the call's canonical types as JSON."""
 
     provider: str = "fake"
 
-    #: the format's name (the adapter's backend in logs)
-    name: ClassVar[str] = "canonical"
-    #: where requests go, relative to the base URL
-    path: ClassVar[str] = "chat"
-    #: the per-call options the format understands
-    options: ClassVar[frozenset[str]] = CANONICAL_OPTIONS
-    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
-    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
+    name = "canonical"
+    path = "chat"
+    options = CANONICAL_OPTIONS
+    output_modes = ("tool", "prompt")
     #: how ``output=`` goes natively: the body's ``output`` (name, description, schema)
     native_output: ClassVar[str] = "canonical"
 
@@ -179,16 +175,6 @@ class CanonicalWire:
             body["output"] = {"name": output.name, "description": output.description,
                               "schema": output.schema}
         return body
-
-    def wire_request(
-        self,
-        request: ChatRequest,
-        model: str,
-        *,
-        output_mode: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> WireRequest:
-        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
 
     def stream_parser(self, acc: Accumulator) -> CanonicalStreamParser:
         return CanonicalStreamParser(acc)

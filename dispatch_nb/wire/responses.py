@@ -71,7 +71,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireRequest, post
+from .base import WireBase
 from .chat_completions import (
     map_tool_choice,
     status_for_error_code,
@@ -777,7 +777,7 @@ class ResponsesQuirks:
 
 
 @dataclass(frozen=True)
-class ResponsesWire:
+class ResponsesWire(WireBase):
     """The OpenAI Responses API for one server: ``POST responses``, its body, its parsers.
 
     ``provider``: the name errors (and the reasoning items' issuer) carry; ``quirks``: the
@@ -786,14 +786,10 @@ class ResponsesWire:
     provider: str
     quirks: ResponsesQuirks = ResponsesQuirks()
 
-    #: the format's name (the adapter's backend in logs)
-    name: ClassVar[str] = "responses"
-    #: where requests go, relative to the base URL
-    path: ClassVar[str] = "responses"
-    #: the per-call options the format understands
-    options: ClassVar[frozenset[str]] = RESPONSES_OPTIONS
-    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
-    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
+    name = "responses"
+    path = "responses"
+    options = RESPONSES_OPTIONS
+    output_modes = ("tool", "prompt")
     #: how ``output=`` goes natively
     native_output: ClassVar[str] = "text.format"
 
@@ -804,16 +800,6 @@ class ResponsesWire:
             request, model, provider=self.provider,
             encrypted_reasoning=self.quirks.encrypted_reasoning, output_mode=output_mode,
         )
-
-    def wire_request(
-        self,
-        request: ChatRequest,
-        model: str,
-        *,
-        output_mode: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> WireRequest:
-        return post(self, self.build_body(request, model, output_mode=output_mode), headers)
 
     def stream_parser(self, acc: Accumulator) -> ResponsesStreamParser:
         return ResponsesStreamParser(acc, provider=self.provider)

@@ -238,16 +238,11 @@ async def test_the_public_seams_are_the_ones_called() -> None:
 
 
 def test_the_former_module_paths_still_give_the_same_objects() -> None:
-    from dispatch_nb.providers import copilot, copilot_errors, copilot_models, openai_chat, openai_responses
-    from dispatch_nb.wire import chat_completions, responses
+    from dispatch_nb.providers import copilot, copilot_errors, copilot_models
 
-    assert openai_chat.ChatStreamParser is chat_completions.ChatStreamParser
-    assert openai_chat.build_chat_body is chat_completions.build_chat_body
-    assert openai_responses.build_responses_body is responses.build_responses_body
     assert copilot.copilot_error is copilot_errors.copilot_error
     assert copilot.copilot_model_info is copilot_models.copilot_model_info
     assert copilot.copilot_endpoint(None, "gpt-5-codex") == "responses"
-    assert set(openai_chat.__all__) == set(chat_completions.__all__)
 
 
 def test_post_json_is_the_public_seam_for_side_requests() -> None:

@@ -81,7 +81,7 @@ REPORT = (
 def test_widget_view_renders_markdown_blocks_each_finished_block_sent_once(
     shell: Any, fake: Any
 ) -> None:
-    from dispatch_nb.notebook.live import WidgetView
+    from dispatch_nb.notebook.live_widget import WidgetView
     from dispatch_nb.types import StreamDelta
 
     view = WidgetView(["fake:echo"], rate=1000)
@@ -202,7 +202,7 @@ def test_a_retry_is_one_quiet_status_line_and_a_footer_note(
 
 def test_a_retry_in_the_widget_status_line(shell: Any, fake: Any) -> None:
     from dispatch_nb import RetryEvent
-    from dispatch_nb.notebook.live import WidgetView
+    from dispatch_nb.notebook.live_widget import WidgetView
 
     view = WidgetView(["fake:echo"], rate=1000)
     view.start()

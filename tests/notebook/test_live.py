@@ -169,7 +169,7 @@ def test_what_a_growing_answer_shows_is_never_taken_back(answer: str) -> None:
 
 
 def test_thinking_segments_end_between_words() -> None:
-    from dispatch_nb.notebook.live import _Segments
+    from dispatch_nb.notebook.live_widget import _Segments
 
     segments = _Segments(50)
     text = " ".join(f"thought{i}" for i in range(60))

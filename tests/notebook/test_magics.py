@@ -129,7 +129,7 @@ def test_one_static_output_replaces_the_live_view(shell: Any, fake: Any, live: s
 def test_widget_view_shows_text_thinking_and_tools_then_closes_its_widgets(shell: Any, fake: Any) -> None:
     import ipywidgets
 
-    from dispatch_nb.notebook.live import WidgetView
+    from dispatch_nb.notebook.live_widget import WidgetView
 
     view = WidgetView(["fake:echo"])
     view.start(["a note"])

@@ -15,8 +15,8 @@ import pytest
 
 from dispatch_nb import Message
 from dispatch_nb.providers.openai import OpenAIAdapter
-from dispatch_nb.providers.openai_chat import ChatStreamParser
 from dispatch_nb.stream import Accumulator
+from dispatch_nb.wire.chat_completions import ChatStreamParser
 
 from ..fakes.openai_chat import REFERENCE_PART, ChatTurn, OpenAIChatFake
 from ..fakes.provider import Turn

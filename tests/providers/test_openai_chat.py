@@ -23,14 +23,14 @@ from dispatch_nb import (
 )
 from dispatch_nb.adapter import ChatRequest
 from dispatch_nb.providers.openai import OpenAIAdapter
-from dispatch_nb.providers.openai_chat import (
+from dispatch_nb.sse import SSEDecoder
+from dispatch_nb.stream import Accumulator
+from dispatch_nb.wire.chat_completions import (
     ChatStreamParser,
     build_chat_body,
     chat_messages,
     chat_usage,
 )
-from dispatch_nb.sse import SSEDecoder
-from dispatch_nb.stream import Accumulator
 
 from ..fakes.openai_chat import OpenAIChatFake
 from ..fakes.provider import WEATHER, Fail, ToolCall, Turn, sse_event

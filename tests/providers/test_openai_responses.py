@@ -23,7 +23,7 @@ from dispatch_nb import (
     ToolUseBlock,
 )
 from dispatch_nb.providers.openai import OpenAIAdapter
-from dispatch_nb.providers.openai_responses import is_reasoning_model, responses_usage
+from dispatch_nb.wire.responses import is_reasoning_model, responses_usage
 
 from ..fakes.openai_responses import (
     CODE_INTERPRETER_CALL,
@@ -444,7 +444,7 @@ def test_late_reasoning_done_events_round_trip(fake: OpenAIResponsesFake, mode: 
 
 def test_builtin_items_from_another_issuer_or_without_their_reasoning_stay_home() -> None:
     from dispatch_nb.adapter import ChatRequest
-    from dispatch_nb.providers.openai_responses import build_responses_body
+    from dispatch_nb.wire.responses import build_responses_body
 
     def turn(issuer: str) -> Message:
         rs = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "E"}
@@ -538,7 +538,7 @@ def test_list_models(fake: OpenAIResponsesFake) -> None:
 def test_encrypted_reasoning_goes_back_only_to_its_issuer() -> None:
     from dispatch_nb import Message, TextBlock, ThinkingBlock
     from dispatch_nb.adapter import ChatRequest
-    from dispatch_nb.providers.openai_responses import build_responses_body
+    from dispatch_nb.wire.responses import build_responses_body
 
     def turn(issuer: str) -> Message:
         item = {"type": "reasoning", "id": f"rs_{issuer}", "summary": [],

@@ -1,0 +1,465 @@
+"""The ``widget`` rendering of the live view (see :mod:`dispatch_nb.notebook.live`): a small
+ipywidgets tree per model — the answer as rendered Markdown, one ``Output`` widget per block,
+thinking in a collapsed accordion cut in segments, one line per tool call, and a status line that
+becomes the footer. No update re-sends more than one segment's text, one block or one box's list
+of children.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+from .blocks import Block, MarkdownBlocks, stable_prefix
+from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, ipy_display
+
+if TYPE_CHECKING:
+    from .display import FinalOutput, ToolPart
+
+__all__ = ["SEGMENT_CHARS", "WidgetView"]
+
+#: the most characters one live thinking segment holds
+SEGMENT_CHARS = 600
+#: the most segments (or Markdown blocks) one box of the widget view holds
+BLOCK_SEGMENTS = 16
+
+#: the live view's own styles (sent with the status line): the answer's Markdown blocks sit
+#: one after the other exactly like the elements of the final output, which is ONE Markdown
+#: output — so nothing moves when it replaces them. The blocks and the boxes grouping them are
+#: plain block boxes (no flex, no scrolling container), so the margins of two neighbouring
+#: blocks collapse as those of two elements of one output do; and a block's first and last
+#: elements keep their ordinary margins (JupyterLab halves a heading's margin at the edge of an
+#: output and shrinks the last element's), except at the top of the answer. A block cut in
+#: pieces reads as one (a continued table hides its repeated header, a continued code block its
+#: seam).
+_HEADINGS = ",".join(f"h{n}" for n in range(1, 7))
+_CSS = (
+    "<style>"
+    ".dnb-thinking{" + _TEXT_STYLE + _DIM + "}"
+    ".dnb-live .widget-output,.dnb-live .dnb-md{margin:0;padding:0;}"
+    ".dnb-live.dnb-flow,.dnb-live .dnb-flow{display:block;overflow:visible;}"
+    ".dnb-live .dnb-md .jp-OutputArea{overflow:visible;}"
+    ".dnb-live .dnb-md .jp-OutputArea-child{display:block;overflow:visible;margin:0;padding:0;}"
+    ".dnb-live .dnb-md .jp-OutputArea-prompt{display:none;}"
+    ".dnb-live .dnb-md .jp-OutputArea-output{padding-top:0;padding-bottom:0;overflow:visible;}"
+    ".dnb-live .dnb-md .jp-RenderedMarkdown > :last-child{margin-bottom:1em;}"
+    ".dnb-live .dnb-md .jp-RenderedMarkdown > pre:last-child{margin-bottom:1.5em;}"
+    f".dnb-live .dnb-md .jp-RenderedMarkdown > :is({_HEADINGS}):last-child"
+    "{margin-bottom:var(--jp-content-heading-margin-bottom);}"
+    f".dnb-live .dnb-next .jp-RenderedMarkdown > :is({_HEADINGS}):first-child"
+    "{margin-top:var(--jp-content-heading-margin-top);}"
+    ".dnb-live .dnb-hide-header thead{visibility:collapse;}"
+    ".dnb-live .dnb-has-cont pre,.dnb-live .dnb-has-cont table{margin-bottom:0;}"
+    ".dnb-live .dnb-cont pre,.dnb-live .dnb-cont table{margin-top:0;}"
+    ".dnb-live .dnb-has-cont .jp-RenderedMarkdown > :last-child{margin-bottom:0;}"
+    ".dnb-live .dnb-cont .jp-RenderedMarkdown > :first-child{margin-top:0;}"
+    "</style>"
+)
+
+
+
+class _Segments:
+    """Text cut into chunks of at most ``limit`` characters, never inside a word (a chunk ends at
+    a space when it can); tracks which chunks changed."""
+
+    __slots__ = ("chunks", "dirty", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[str] = []
+        self.dirty: set[int] = set()
+
+    def add(self, text: str) -> list[int]:
+        """Append ``text``; returns the indexes of chunks it created."""
+        created: list[int] = []
+        if not text:
+            return created
+        if not self.chunks:
+            self.chunks.append("")
+            created.append(0)
+        last = self.chunks[-1] + text
+        while len(last) > self.limit:
+            window = last[: self.limit]
+            cut = max(window.rfind(" "), window.rfind("\n"))
+            cut = cut + 1 if cut >= self.limit // 2 else self.limit
+            self.chunks[-1] = last[:cut]
+            self.dirty.add(len(self.chunks) - 1)
+            last = last[cut:]
+            self.chunks.append("")
+            created.append(len(self.chunks) - 1)
+        self.chunks[-1] = last
+        self.dirty.add(len(self.chunks) - 1)
+        return created
+
+    def text(self, index: int) -> str:
+        return self.chunks[index]
+
+    def take_dirty(self) -> list[int]:
+        dirty = sorted(self.dirty)
+        self.dirty.clear()
+        return dirty
+
+
+def _tool_html(part: ToolPart) -> str:
+    from .display import tool_line
+
+    icon = "⏳" if part.result is None else ("⚠️" if part.is_error else "🔧")
+    icon = "⏹" if part.abandoned else icon
+    took = f" <span style='{_DIM}'>{part.duration:.2f} s</span>" if part.duration else ""
+    return (
+        f"<div style='{_TEXT_STYLE} font-family: var(--jp-code-font-family, monospace); "
+        f"font-size: 0.9em;'>{icon} {html.escape(tool_line(part, 300))}{took}</div>"
+    )
+
+
+def _status_html(title: str, state: str) -> str:
+    """The status line (``title`` in bold, unless empty: a compare column has its own header)."""
+    named = f"<b>{html.escape(title)}</b> · " if title else ""
+    return f"{_CSS}<div class='dnb-status' style='{_DIM}'>{named}{html.escape(state)}</div>"
+
+
+def _markdown_bundle(markdown: str) -> dict[str, Any]:
+    return {"output_type": "display_data", "data": {"text/markdown": markdown}, "metadata": {}}
+
+
+class _Run:
+    """A stretch of thinking as widgets: segments of at most ``segment_chars`` characters,
+    grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no update ever re-sends more than
+    one segment's text or one block's list of children."""
+
+    kind = "thinking"
+
+    def __init__(self, segment_chars: int, inner: Any) -> None:
+        self.segments = _Segments(segment_chars)
+        self.widgets: list[Any] = []
+        self.blocks: list[Any] = []
+        self.dirty_blocks: set[int] = set()
+        self.inner = inner  # the accordion's box
+        self.inner_dirty = False
+
+
+class _MarkdownRun:
+    """A stretch of answer text as rendered Markdown: one ``Output`` widget per block (see the
+    module docstring), grouped in boxes of at most :data:`BLOCK_SEGMENTS`."""
+
+    kind = "text"
+
+    def __init__(self, column: _WidgetColumn, limit: int) -> None:
+        self.column = column
+        self.blocks = MarkdownBlocks(limit)
+        self.outputs: list[Any] = []
+        self.current: Any = None  # the Output showing the block still growing
+        self.shown = ""
+        self.dirty = False
+
+    def add(self, text: str) -> None:
+        self.blocks.feed(text)
+        self.dirty = True
+
+    def _output_for(self, block: Block) -> Any:
+        if self.current is not None:
+            return self.current
+        column = self.column
+        out = column._make(column.w.Output, layout=column.segment_layout)
+        out.add_class("dnb-md")
+        if column.parts or column.after_notes:  # not the top of the output: its first heading
+            # keeps its whole margin
+            out.add_class("dnb-next")
+        if block.continued and self.outputs:
+            out.add_class("dnb-cont")
+            self.outputs[-1].add_class("dnb-has-cont")
+        if block.hide_header:
+            out.add_class("dnb-hide-header")
+        self.outputs.append(out)
+        column.place(out)
+        self.current = out
+        self.shown = ""
+        return out
+
+    def _show(self, out: Any, markdown: str) -> None:
+        if markdown != self.shown:
+            out.outputs = (_markdown_bundle(markdown),)
+            self.shown = markdown
+
+    def flush(self, final: bool = False) -> None:
+        if not self.dirty and not final:
+            return
+        self.dirty = False
+        finished, current = self.blocks.take()
+        for block in finished:
+            self._show(self._output_for(block), block.source)
+            self.current = None
+        markdown = current.source.rstrip() if final else stable_prefix(current.source)
+        if markdown.strip():
+            self._show(self._output_for(current), markdown)
+
+
+class _WidgetColumn:
+    """One model's live view as ipywidgets: the body (text / thinking / tool parts), then the
+    status line, which becomes the footer."""
+
+    def __init__(self, widgets: Any, title: str, segment_chars: int, width: str | None) -> None:
+        from ipywidgets.widgets.widget_string import HTMLStyle
+
+        from .blocks import BLOCK_LIMIT
+
+        self.w = widgets
+        self.title = title
+        self.segment_chars = segment_chars
+        self.block_limit = BLOCK_LIMIT
+        self.created: list[Any] = []
+        # Segments share one layout and one style model: one comm per segment, not three.
+        self.segment_layout = self._make(widgets.Layout, margin="0")
+        self.segment_style = self._make(HTMLStyle)
+        self.body = self._make(widgets.VBox, children=())
+        self.body.add_class("dnb-flow")
+        #: a compare column (``width``) is headed by its model; the status line then says only
+        #: the state
+        self.label = "" if width else title
+        self.status = self._make(
+            widgets.HTML, value=_status_html(self.label, "waiting for the first token…")
+        )
+        children: tuple[Any, ...] = (self.body, self.status)
+        if width:
+            header = self._make(
+                widgets.HTML, value=f"<div class='dnb-title'><b>{html.escape(title)}</b></div>"
+            )
+            children = (header, *children)
+        layout = {"width": width, "padding": "0 6px"} if width else {}
+        self.box = self._make(widgets.VBox, children=children, layout=layout)
+        self.parts: list[Any] = []
+        #: notes sit above the answer (its first block is not the top of the output)
+        self.after_notes = False
+        self.parts_dirty = False
+        self.runs: list[_Run | _MarkdownRun] = []
+        self.current: _Run | _MarkdownRun | None = None
+        self.groups: list[Any] = []  # boxes of Markdown blocks in the body
+        self.dirty_groups: set[int] = set()
+        self.accordions: list[Any] = []
+        self.tools: dict[str, tuple[Any, ToolPart]] = {}
+        self.dirty_tools: set[str] = set()
+        self.state = "waiting for the first token…"
+        self.state_dirty = False
+        self.footer = ""
+
+    def _make(self, cls: Any, **kw: Any) -> Any:
+        widget = cls(**kw)
+        self.created.append(widget)
+        return widget
+
+    def set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.state_dirty = True
+
+    def place(self, widget: Any) -> None:
+        """Put a new Markdown block widget at the end of the body (in groups of 16)."""
+        last = self.parts[-1] if self.parts else None
+        if last is None or last not in self.groups or len(last._dnb_children) >= BLOCK_SEGMENTS:
+            group = self._make(self.w.VBox, children=(), layout=self.segment_layout)
+            group.add_class("dnb-flow")
+            group._dnb_children = []
+            self.groups.append(group)
+            self.parts.append(group)
+            self.parts_dirty = True
+            last = group
+        last._dnb_children.append(widget)
+        self.dirty_groups.add(self.groups.index(last))
+
+    def _open(self, kind: str) -> _Run | _MarkdownRun:
+        if self.current is not None and self.current.kind == kind:
+            return self.current
+        self._settle()
+        run: _Run | _MarkdownRun
+        if kind == "thinking":
+            inner = self._make(self.w.VBox, children=())
+            accordion = self._make(self.w.Accordion, children=(inner,), selected_index=None)
+            accordion.set_title(0, "Thinking…")
+            self.accordions.append(accordion)
+            self.parts.append(accordion)
+            self.parts_dirty = True
+            run = _Run(self.segment_chars, inner)
+        else:
+            run = _MarkdownRun(self, self.block_limit)
+        self.runs.append(run)
+        self.current = run
+        return run
+
+    def _settle(self) -> None:
+        """The text before a tool call or thinking is complete: show all of it."""
+        if isinstance(self.current, _MarkdownRun):
+            self.current.flush(final=True)
+        self.current = None
+
+    def add_text(self, kind: str, text: str) -> None:
+        run = self._open(kind)
+        if isinstance(run, _MarkdownRun):
+            run.add(text)
+            return
+        for _ in run.segments.add(text):
+            segment = self._make(
+                self.w.HTML, value="", layout=self.segment_layout, style=self.segment_style
+            )
+            run.widgets.append(segment)
+            if not run.blocks or len(run.blocks[-1]._dnb_children) >= BLOCK_SEGMENTS:
+                block = self._make(self.w.VBox, children=(), layout=self.segment_layout)
+                block._dnb_children = []
+                run.blocks.append(block)
+                run.inner_dirty = True
+            run.blocks[-1]._dnb_children.append(segment)
+            run.dirty_blocks.add(len(run.blocks) - 1)
+
+    def tool_started(self, part: ToolPart) -> None:
+        self._settle()
+        line = self._make(self.w.HTML, value=_tool_html(part))
+        self.tools[part.id] = (line, part)
+        self.parts.append(line)
+        self.parts_dirty = True
+
+    def tool_changed(self, tool_id: str) -> None:
+        if tool_id in self.tools:
+            self.dirty_tools.add(tool_id)
+
+    def flush(self, final: bool = False) -> None:
+        for run in self.runs:
+            if isinstance(run, _MarkdownRun):
+                run.flush(final=final)
+                continue
+            for i in run.segments.take_dirty():
+                text = html.escape(run.segments.text(i))
+                run.widgets[i].value = f"<div class='dnb-thinking'>{text}</div>"
+            for b in sorted(run.dirty_blocks):
+                block = run.blocks[b]
+                block.children = tuple(block._dnb_children)
+            run.dirty_blocks.clear()
+            if run.inner_dirty:
+                run.inner.children = tuple(run.blocks)
+                run.inner_dirty = False
+        for g in sorted(self.dirty_groups):
+            group = self.groups[g]
+            group.children = tuple(group._dnb_children)
+        self.dirty_groups.clear()
+        for tool_id in sorted(self.dirty_tools):
+            line, part = self.tools[tool_id]
+            line.value = _tool_html(part)
+        self.dirty_tools.clear()
+        if self.parts_dirty:
+            self.body.children = tuple(self.parts)
+            self.parts_dirty = False
+        if self.state_dirty:
+            self.status.value = _status_html(self.label, self.footer or self.state)
+            self.state_dirty = False
+
+    def done(self, footer: str, error: str | None) -> None:
+        for accordion in self.accordions:
+            accordion.set_title(0, "Thinking")
+        self.flush(final=True)
+        self.footer = footer + (f" · ⚠ {error}" if error else "")
+        self.state_dirty = True
+
+    def abandon(self, parts: list[ToolPart]) -> None:
+        for part in parts:
+            self.tool_changed(part.id)
+
+    def close(self) -> None:
+        for widget in reversed(self.created):
+            try:
+                widget.close()
+            except Exception:
+                pass
+        self.created.clear()
+
+
+class WidgetView(LiveView):
+    """The ipywidgets rendering (see the module docstring)."""
+
+    mode = "widget"
+
+    def __init__(
+        self, titles: list[str], *, rate: float = DEFAULT_RATE, segment_chars: int = SEGMENT_CHARS
+    ) -> None:
+        super().__init__(titles, rate=rate)
+        self.segment_chars = segment_chars
+        self.columns: list[_WidgetColumn] = []
+        self.root: Any = None
+        self.handle: Any = None
+        self._extra: list[Any] = []
+
+    def start(self, notes: list[str] | None = None) -> None:
+        super().start(notes)
+        import ipywidgets as widgets
+        width = f"{100 / len(self.titles):.2f}%" if self.compare else None
+        self.columns = [_WidgetColumn(widgets, t, self.segment_chars, width) for t in self.titles]
+        children: list[Any] = []
+        if self.notes:
+            from .display import notes_markdown
+
+            note = widgets.Output()
+            note.add_class("dnb-md")
+            note.outputs = (_markdown_bundle(notes_markdown(self.notes).rstrip("\n")),)
+            self._extra.append(note)
+            children.append(note)
+        if self.compare:
+            row = widgets.HBox([c.box for c in self.columns], layout={"width": "100%"})
+            self._extra.append(row)
+            children.append(row)
+        else:
+            # one answer: its notes, blocks and status line flow like the final output's elements
+            column = self.columns[0]
+            column.box.add_class("dnb-flow")
+            column.after_notes = bool(self.notes)
+            children.append(column.box)
+        self.root = widgets.VBox(children)
+        self.root.add_class("dnb-live")
+        if not self.compare:
+            self.root.add_class("dnb-flow")
+        self._extra.append(self.root)
+        self.handle = ipy_display(self.root, display_id=True)
+
+    def _state_changed(self, index: int) -> None:
+        if self.columns:
+            self.columns[index].set_state(self.states[index])
+
+    def _feed(self, index: int, event: Any) -> None:
+        column = self.columns[index]
+        kind = getattr(event, "type", None)
+        if kind == "text_delta":
+            column.add_text("text", event.text or "")
+        elif kind == "thinking_delta":
+            column.add_text("thinking", event.text or "")
+        elif kind == "tool_use_start":
+            transcript = self.transcripts[index]
+            column.tool_started(transcript.tools[-1])
+        elif kind in ("tool_use_end", "tool_use_delta"):
+            column.tool_changed(event.tool_call_id or "")
+        elif kind == "tool_result":
+            column.tool_changed(event.result.tool_use_id)
+            column._settle()
+
+    def _flush(self) -> None:
+        for column in self.columns:
+            column.flush()
+
+    def interrupt(self) -> None:
+        for index, column in enumerate(self.columns):
+            if not self.ended[index]:
+                column.abandon(self.transcripts[index].abandon_tools())
+        super().interrupt()
+
+    def _job_done(self, index: int, footer: str, error: str | None) -> None:
+        self.columns[index].done(footer, error)
+
+    def _finish(self, final: FinalOutput) -> None:
+        if self.handle is not None:
+            self.handle.update(final.data, metadata=final.metadata, raw=True)
+        self.close()
+
+    def close(self) -> None:
+        for column in self.columns:
+            column.close()
+        for widget in self._extra:
+            try:
+                widget.close()
+            except Exception:
+                pass
+        self._extra.clear()
