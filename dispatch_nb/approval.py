@@ -75,9 +75,10 @@ def _terminal(call: ToolCall, seconds: float | None) -> bool | str:
     if not (sys.stdin and sys.stdin.isatty()):
         if "ipykernel" in sys.modules:
             return (
-                "no one was asked: a notebook asks in %%chat cells, and in a session's turn "
-                "run in a cell after %load_ext dispatch_nb; else use approve='auto' or an "
-                "approval function"
+                "no one was asked: a notebook asks in %%chat cells and in session.send() / "
+                "session.stream() run in a cell after %load_ext dispatch_nb, not in an async "
+                "turn (await session.asend(...)) or another thread; there, use approve='auto' "
+                "or an approval function"
             )
         return (
             "no one was there to approve it (no notebook and no terminal): run with "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from .cost import format_usd, premium_words, price
-from .types import Message, Usage, as_messages
+from .types import ImageBlock, Message, ToolResultBlock, Usage, as_messages
 
 if TYPE_CHECKING:
     from .adapter import Adapter
@@ -22,33 +22,47 @@ CHARS_PER_TOKEN = 4
 #: tokens a request adds per message, and once, around what the text counts (roles, framing)
 MESSAGE_OVERHEAD_TOKENS = 8
 REQUEST_OVERHEAD_TOKENS = 16
+#: tokens an image costs at most (providers scale an image down before they count it: Anthropic
+#: ~1,600 tokens at most, OpenAI's high detail a few thousand), and about what it costs
+IMAGE_TOKEN_BOUND = 6000
+IMAGE_TOKENS = 1600
 
 
-def _text_of(messages: list[Message], system: str | None, tools: Iterable[Any] | None) -> str:
-    parts = [system or ""]
+def _text_of(messages: list[Message], system: str | None,
+             tools: Iterable[Any] | None) -> tuple[str, int]:
+    """The request's text as JSON (what framing and text cost) and its number of images (counted
+    apart: an image's bytes are not its tokens)."""
+    parts, images = [system or ""], 0
     for message in messages:
         for block in message.blocks:
+            if isinstance(block, ImageBlock):
+                images += 1
+                continue
+            if isinstance(block, ToolResultBlock) and block.images:
+                images += len(block.images)
+                block = block.model_copy(update={"content": [
+                    b for b in block.content if not isinstance(b, ImageBlock)]})
             parts.append(block.model_dump_json(exclude={"type", "provider_data"}))
     for tool in tools or ():
         dump = getattr(tool, "model_dump_json", None)
         parts.append(dump() if dump is not None else str(tool))
-    return "".join(parts)
+    return "".join(parts), images
 
 
 def token_bound(messages: list[Message], system: str | None = None,
                 tools: Iterable[Any] | None = None) -> int:
     """An upper bound of a request's input tokens without a tokenizer: its UTF-8 bytes (a BPE
     token is at least one byte) plus framing. What a budget reserves, so it cannot be beaten."""
-    text = _text_of(messages, system, tools)
-    return (len(text.encode()) + REQUEST_OVERHEAD_TOKENS
+    text, images = _text_of(messages, system, tools)
+    return (len(text.encode()) + IMAGE_TOKEN_BOUND * images + REQUEST_OVERHEAD_TOKENS
             + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1))
 
 
 def approximate_tokens(messages: list[Message], system: str | None = None,
                        tools: Iterable[Any] | None = None) -> int:
     """About how many input tokens: ~4 characters a token, plus framing. An approximation."""
-    text = _text_of(messages, system, tools)
-    return (-(-len(text) // CHARS_PER_TOKEN) + REQUEST_OVERHEAD_TOKENS
+    text, images = _text_of(messages, system, tools)
+    return (-(-len(text) // CHARS_PER_TOKEN) + IMAGE_TOKENS * images + REQUEST_OVERHEAD_TOKENS
             + MESSAGE_OVERHEAD_TOKENS * len(messages))
 
 
@@ -171,8 +185,8 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
             total = sum(sample)
             exact = len(prompts) <= COUNTED_ROWS
             if not exact:
-                chars = sum(len(_text_of(m, system, None)) for m in prompts[:COUNTED_ROWS])
-                rest = sum(len(_text_of(m, system, None)) for m in prompts[COUNTED_ROWS:])
+                chars = sum(approximate_tokens(m, system) for m in prompts[:COUNTED_ROWS])
+                rest = sum(approximate_tokens(m, system) for m in prompts[COUNTED_ROWS:])
                 total += round(rest * total / max(chars, 1))
                 counted_by += f" for the first {COUNTED_ROWS} rows, scaled"
         else:

@@ -485,6 +485,11 @@ class MCPTool(Tool):
 
 
 # -- results ---------------------------------------------------------------------------------------
+#: the image types every provider that reads images in tool results takes, and the size Anthropic
+#: allows per image (OpenAI allows more): a larger or other image is described in text instead
+MODEL_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+
 def call_result(tool_use_id: str, result: Any) -> ToolResultBlock:
     """A ``CallToolResult`` as the tool result the model reads: text as it is; images as image
     blocks; structured content as JSON when no text came with it; audio and resources as a
@@ -495,7 +500,12 @@ def call_result(tool_use_id: str, result: Any) -> ToolResultBlock:
         if kind == "text":
             parts.append(block.text)
         elif kind == "image":
-            parts.append(ImageBlock(source=block.data, media_type=block.mime_type))
+            size = len(block.data) * 3 // 4 - block.data[-2:].count("=")  # base64's bytes
+            if block.mime_type in MODEL_IMAGE_TYPES and size <= MAX_IMAGE_BYTES:
+                parts.append(ImageBlock(source=block.data, media_type=block.mime_type))
+            else:  # a model would refuse it (and with it the whole request): say what it was
+                parts.append(f"[image {block.mime_type}, {size} bytes: not shown to the model, "
+                             "which takes PNG, JPEG, GIF or WebP images of at most 5 MB]")
         elif kind == "audio":
             size = len(block.data) * 3 // 4
             parts.append(f"[{kind} {block.mime_type}, {size} bytes]")

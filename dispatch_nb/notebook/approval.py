@@ -32,8 +32,9 @@ _emit: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.Contex
     "dispatch_nb_approval_emit", default=None
 )
 _installed = False
-#: tools the person approved "always" in this kernel (every later cell runs them without asking)
-_always: set[str] = set()
+#: tools the person approved "always" in this kernel, by (MCP server, name): every later cell
+#: runs them without asking (a tool of the same name from another server is still asked about)
+_always: set[tuple[str | None, str]] = set()
 
 
 class ApprovalRequest:
@@ -52,7 +53,7 @@ class ApprovalRequest:
 def ask(call: ToolCall, seconds: float | None) -> bool | str:
     """The kernel's asker (see the module docstring)."""
     emit = _emit.get()
-    if call.name in _always:
+    if (call.server, call.name) in _always:
         return ALWAYS
     request = ApprovalRequest(call, seconds)
     if emit is not None:  # a %%chat cell's worker: its kernel thread asks
@@ -66,7 +67,7 @@ def ask(call: ToolCall, seconds: float | None) -> bool | str:
     if not request.done.wait(seconds):
         return "no answer within the turn's deadline"
     if request.answer == ALWAYS:
-        _always.add(call.name)
+        _always.add((call.server, call.name))
     return request.answer
 
 
@@ -189,7 +190,7 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
             widgets.Button(description="Approve", button_style="success", icon="check"),
             widgets.Button(description="Deny", button_style="danger", icon="times"),
             widgets.Button(description=f"Always allow {call.name}", icon="check-double",
-                           tooltip="approve this tool for the rest of the session",
+                           tooltip="approve this tool for the rest of this kernel",
                            layout=widgets.Layout(width="auto")),
         ]
         answers: list[bool | str] = [True, "the user said no", ALWAYS]
@@ -208,7 +209,11 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         ])
     finally:
         kernel.set_parent(ident, parent)
-    handle = display(box, display_id=True)  # type: ignore[no-untyped-call]
+    # a front end that cannot show widgets (jupyter console, qtconsole) shows the text instead
+    view = {**box._repr_mimebundle_(), "text/plain": (
+        f"{headline}\n{arguments}\nThis front end cannot show the Approve / Deny buttons: "
+        "interrupt the cell to deny, and run with --approve auto or an approval function here.")}
+    handle = display(view, raw=True, display_id=True)  # type: ignore[no-untyped-call]
     try:
         while not clicked.wait(0.1):  # short waits: Ctrl-C reaches this thread
             if request.deadline is not None and time.monotonic() >= request.deadline:

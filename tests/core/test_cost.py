@@ -418,3 +418,22 @@ def test_a_structured_row_reserves_its_schema_and_its_retry() -> None:
                      progress=False)
         assert sent.ok == 1 and len(fake.chat_requests) == 1
         adapter.close()
+
+
+def test_an_image_counts_as_a_bounded_number_of_tokens_not_as_its_bytes() -> None:
+    # a screenshot an MCP tool returned stays in the turn's history: a budget reserves a bounded
+    # number of tokens for it, not one per byte of its base64 (which would stop every later call)
+    from dispatch_nb.estimates import IMAGE_TOKEN_BOUND, IMAGE_TOKENS, approximate_tokens, token_bound
+    from dispatch_nb.types import ImageBlock, TextBlock, ToolResultBlock
+
+    def history(image_bytes: int) -> list[Message]:
+        image = ImageBlock.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * image_bytes, "image/png")
+        result = ToolResultBlock(tool_use_id="c1", content=[TextBlock(text="the screen"), image])
+        return [Message("user", "Look."), Message("user", [result])]
+
+    small, large = history(10), history(500_000)
+    assert token_bound(large) == token_bound(small) < IMAGE_TOKEN_BOUND + 200
+    assert token_bound(small) > IMAGE_TOKEN_BOUND  # the image is counted, as a bound
+    assert approximate_tokens(large) == approximate_tokens(small) < IMAGE_TOKENS + 100
+    assert token_bound([Message("user", [TextBlock(text="hi"), large[1].blocks[0].images[0]])]) \
+        > IMAGE_TOKEN_BOUND  # an image the user sends counts the same

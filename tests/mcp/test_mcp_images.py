@@ -131,3 +131,28 @@ def test_an_image_result_replays_without_the_server(
     assert image.media_type == "image/png" and base64.b64decode(image.source).startswith(PNG)
     assert image.source == recorded[0]["content"][1]["source"]
     assert gone.state == "stopped" and len(fake.chat_requests) == requests  # nothing ran live
+
+
+def test_an_image_no_model_takes_is_described_in_text() -> None:
+    # an SVG, or a PNG over 5 MB, would make the provider refuse the whole request: the model
+    # reads what it was instead, and a PNG it takes still comes as an image
+    from mcp.types import CallToolResult, ImageContent, TextContent
+
+    from dispatch_nb.mcp import call_result
+
+    def image(data: bytes, mime: str) -> ImageContent:
+        return ImageContent(type="image", data=base64.b64encode(data).decode(), mimeType=mime)
+
+    result = call_result("c1", CallToolResult(content=[
+        TextContent(type="text", text="Three pictures."),
+        image(b"<svg/>", "image/svg+xml"),
+        image(PNG + b"\0" * (6 * 1024 * 1024), "image/png"),
+        image(PNG, "image/png"),
+    ]))
+    assert isinstance(result.content, list)
+    texts = [b.text for b in result.content if not isinstance(b, ImageBlock)]
+    assert texts[0] == "Three pictures."
+    assert texts[1].startswith("[image image/svg+xml, 6 bytes: not shown to the model")
+    assert texts[2].startswith("[image image/png, 6291464 bytes: not shown to the model")
+    assert [b.media_type for b in result.images] == ["image/png"]
+    assert result.images[0].as_base64()[1] == base64.b64encode(PNG).decode()
