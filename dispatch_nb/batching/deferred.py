@@ -213,6 +213,8 @@ class DeferredRun:
         self.job: BatchJob | None = None
         self._collected_ok = 0
         self._collected_failed = 0
+        #: the ids of the jobs this run has collected (or read, collected, from the checkpoint)
+        self.collected: set[str] = set()
         self._reserved: dict[str, Decimal] = {}  # budget= reservations of the rows submitted
 
     # -- setting up ----------------------------------------------------------------------------
@@ -329,7 +331,7 @@ class DeferredRun:
             keys = [k for k in entry.get("keys") or [] if isinstance(k, str)]
             if entry.get("collected") and self.checkpoint.read.intersection(keys):
                 part = JobPart.from_json(entry["job"])
-                part.refs["_collected"] = True
+                self.collected.add(part.id)
                 self.parts[part.id] = (part, keys)
 
     def _within_budget(self, keys: list[str]) -> list[str]:
@@ -392,7 +394,7 @@ class DeferredRun:
                     row = self.rows.get(key)
                     if row is not None:
                         self._pending(row, part.state)
-        live = [part for part, _keys in self.parts.values() if part.refs.get("_collected") is None]
+        live = [part for part, _keys in self.parts.values() if part.id not in self.collected]
         self.stats.ok = self.stats.resumed + self._collected_ok + sum(p.completed for p in live)
         self.stats.failed = self._collected_failed + sum(p.failed for p in live)
         self.stats.in_flight = sum(max(0, p.total - p.completed - p.failed) for p in live)
@@ -503,7 +505,7 @@ class DeferredRun:
             row = self.rows.get(key)
             if row is not None and key not in seen:
                 self._finish_row(row, self._missing(part), part)
-        part.refs["_collected"] = True
+        self.collected.add(part.id)
         # a job that also holds rows of another call stays open for that call to collect
         self.checkpoint.record_job(part.to_json(), keys,
                                    collected=all(key in self.rows for key in keys))
@@ -517,7 +519,7 @@ class DeferredRun:
             return True
         async with api.client() as client:
             for job_id, (part, keys) in list(self.parts.items()):
-                if part.refs.get("_collected"):
+                if part.id in self.collected:
                     continue
                 if not part.done:
                     part = await api.poll(client, part)
@@ -525,7 +527,7 @@ class DeferredRun:
                 if part.done:
                     await self._collect(client, part, keys)
         self._show()
-        return all(p.refs.get("_collected") for p, _k in self.parts.values())
+        return all(p.id in self.collected for p, _k in self.parts.values())
 
     async def wait(self) -> None:
         """Poll until every job is collected, or until cancelled (then cancel the jobs)."""

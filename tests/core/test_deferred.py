@@ -205,6 +205,24 @@ def test_submit_returns_at_once_and_a_rerun_collects_without_resending(
     assert len(job_lines(batches)) == 5 and more[24].text == "echo: question 24"
 
 
+def test_a_job_collected_by_a_call_with_fewer_rows_stays_open_for_the_rest(
+    openai: Any, tmp_path: Path
+) -> None:
+    fake, batches = openai
+    checkpoint = tmp_path / "shared.jsonl"
+    batch("{row}", prompts(6), model=openai_adapter(fake), deferred=True, wait=False,
+          checkpoint=checkpoint, progress=False)
+    # a call over half the rows collects its half of the job (the job holds the other half too)
+    half = batch("{row}", prompts(3), model=openai_adapter(fake), deferred=True,
+                 poll_interval=0, checkpoint=checkpoint, progress=False)
+    assert [r.text for r in half] == [f"echo: question {i}" for i in range(3)]
+    # the whole call, later (another process): its other half comes from the same job
+    whole = batch("{row}", prompts(6), model=openai_adapter(fake), deferred=True,
+                  poll_interval=0, checkpoint=checkpoint, progress=False, wait=True)
+    assert [r.text for r in whole] == [f"echo: question {i}" for i in range(6)]
+    assert whole.resumed == 3 and len(batches.created) == 1 and len(fake.chat_requests) == 6
+
+
 def test_a_finished_checkpoint_needs_no_key_or_server_and_names_its_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
