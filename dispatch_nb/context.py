@@ -65,7 +65,8 @@ def context_tools(
     """The ``list_variables`` and ``describe`` tools over ``names`` of ``namespace``."""
     allowed = [n for n in dict.fromkeys(names) if n]
     if not allowed:
-        raise ValueError("--context needs the names of variables the model may read")
+        raise ValueError("context (--context, context=) needs the names of variables the model "
+                         "may read, e.g. 'df,orders'")
 
     def list_variables() -> str:
         """List the variables of the user's Python session you may read, with their types."""
@@ -97,10 +98,10 @@ def session_context(context: Any) -> list[Tool]:
     IPython user namespace's variables, or a mapping ``{name: value}`` read instead."""
     if isinstance(context, Mapping):
         return context_tools(context, [str(name) for name in context])
-    if isinstance(context, str):
-        names = [n.strip() for n in context.split(",")]
-    elif isinstance(context, Iterable) and all(isinstance(n, str) for n in context):
-        names = [n.strip() for n in context]
+    given = context.split(",") if isinstance(context, str) else (
+        list(context) if isinstance(context, Iterable) else None)
+    if given is not None and all(isinstance(n, str) for n in given):
+        names = [n.strip() for n in given]
     else:
         raise TypeError(
             "context= takes the names of variables the model may read ('df,orders' or "

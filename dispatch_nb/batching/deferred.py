@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
@@ -190,15 +191,15 @@ class DeferredRun:
             raise ValueError("deferred=True does not take cache=: the checkpoint keeps the "
                              "answers (run the batch again to read them)")
         interval: Any = poll_interval
+        name = "poll_interval"
         if interval is None:
             setting = os.environ.get(POLL_INTERVAL_ENV, "").strip()
-            try:
-                interval = float(setting) if setting else DEFAULT_POLL_INTERVAL
-            except ValueError:
-                raise ValueError(f"{POLL_INTERVAL_ENV} must be a number of seconds ≥ 0, not "
-                                 f"{setting!r}") from None
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
-            raise ValueError(f"poll_interval must be a number of seconds ≥ 0, not {interval!r}")
+            name, interval = POLL_INTERVAL_ENV, setting or DEFAULT_POLL_INTERVAL
+            with contextlib.suppress(ValueError):
+                interval = float(interval)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
+                or not math.isfinite(interval) or interval < 0:
+            raise ValueError(f"{name} must be a number of seconds ≥ 0, not {interval!r}")
         self.plan = plan
         self.result = result
         self.stats = stats

@@ -110,6 +110,9 @@ def parse_magic_line(parser: Any, line: str) -> Any:
 class ChatMagics(Magics):
     """The ``%%chat`` cell magic and the ``%chat`` line magic (see ``docs/notebook.md``)."""
 
+    #: the approval asker that was installed before ``%load_ext`` (put back by ``%unload_ext``)
+    previous_asker: Any = None
+
     model = Unicode(
         "",
         help="Default model spec ('provider:model'). Empty: $DISPATCH_NB_MODEL, else the built-in "
@@ -400,7 +403,8 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython._dispatch_nb_magics = magics
     from ..approval import set_asker
 
-    set_asker(_ask_in_cell)  # approve="ask" asks in the cell, also for a Session used in a cell
+    # approve="ask" asks in the cell, also for a Session used in a cell (until %unload_ext)
+    magics.previous_asker = set_asker(_ask_in_cell)
 
 
 def _ask_in_cell(call: Any, seconds: float | None) -> bool | str:
@@ -431,4 +435,7 @@ def unload_ipython_extension(ipython: Any) -> None:
         del ipython.user_ns["Err"]
         ipython.user_ns_hidden.pop("Err", None)
     magics.close_adapters()
+    from ..approval import set_asker
+
+    set_asker(magics.previous_asker)
     del ipython._dispatch_nb_magics

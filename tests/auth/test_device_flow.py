@@ -357,7 +357,7 @@ def test_a_code_expiring_during_the_wait_stops_at_expiry(github: FakeGitHub) -> 
 CANCEL_BUDGET = 0.5
 
 
-def test_cancel_stops_a_waiting_poll_within_100_ms(github: FakeGitHub) -> None:
+def test_cancel_stops_a_waiting_poll_at_once(github: FakeGitHub) -> None:
     github.interval = 30
     flow = DeviceFlow(github_url=github.github_url, min_interval=0)
     code = flow.start()
@@ -430,7 +430,7 @@ async def test_apoll_failures(
     assert flow.state == state
 
 
-async def test_apoll_cancel_stops_the_wait_within_100_ms(github: FakeGitHub) -> None:
+async def test_apoll_cancel_stops_the_wait_at_once(github: FakeGitHub) -> None:
     github.interval = 30
     flow = DeviceFlow(github_url=github.github_url, min_interval=0)
     code = await flow.astart()

@@ -19,7 +19,7 @@ from dispatch_nb.providers.openai import OpenAIAdapter
 
 from ..conftest import CHECKED_SUITES, checks_openai_bodies
 from ..fakes.openai_chat import OpenAIChatFake
-from ..fakes.openai_schema import SCHEMA_FOR, SPEC, checking, problems
+from ..fakes.openai_schema import REPO, SCHEMA_FOR, SPEC, checking, problems
 from ..fakes.server import take_handler_errors
 
 
@@ -43,6 +43,7 @@ def test_validator_is_not_vacuous() -> None:
 
 def test_the_suites_that_send_openai_requests_are_checked(request: pytest.FixtureRequest) -> None:
     assert len(CHECKED_SUITES) >= 6
+    assert all((REPO / suite).is_file() for suite in CHECKED_SUITES)  # none renamed away
     assert all(checks_openai_bodies(f"{suite}::test_x[openai-responses]") for suite in CHECKED_SUITES)
     assert checks_openai_bodies("tests/providers/test_openai_chat.py::test_x")
     assert not checks_openai_bodies("tests/contract/test_contract.py::test_x[anthropic]")

@@ -95,10 +95,14 @@ def test_the_poll_interval_comes_from_the_environment(openai: Any, tmp_path: Pat
     result = batch("{row}", prompts(3), model=openai_adapter(fake), deferred=True,
                    checkpoint=tmp_path / "run.jsonl", progress=False)
     assert result.job.state == "completed" and result[0].text == "echo: question 0"
-    monkeypatch.setenv("DISPATCH_NB_POLL_INTERVAL", "soon")
-    with pytest.raises(ValueError, match="DISPATCH_NB_POLL_INTERVAL must be a number of seconds"):
+    for bad in ("soon", "nan", "inf", "-1"):
+        monkeypatch.setenv("DISPATCH_NB_POLL_INTERVAL", bad)
+        with pytest.raises(ValueError, match="DISPATCH_NB_POLL_INTERVAL must be a number of sec"):
+            batch("{row}", prompts(3), model=openai_adapter(fake), deferred=True,
+                  checkpoint=tmp_path / "other.jsonl", progress=False)
+    with pytest.raises(ValueError, match="poll_interval must be a number of seconds"):
         batch("{row}", prompts(3), model=openai_adapter(fake), deferred=True,
-              checkpoint=tmp_path / "other.jsonl", progress=False)
+              poll_interval=float("nan"), checkpoint=tmp_path / "other.jsonl", progress=False)
 
 
 def test_a_thousand_rows_through_anthropic(anthropic: Any, tmp_path: Path) -> None:

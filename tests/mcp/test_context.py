@@ -58,3 +58,7 @@ def test_session_context_with_a_mapping(fake: CanonicalFake, adapter: CanonicalA
         Session(adapter, context="df")  # names need a notebook's variables
     with pytest.raises(TypeError, match="context= takes the names of variables"):
         Session(adapter, context=42)
+    with pytest.raises(TypeError, match="context= takes the names of variables"):
+        Session(adapter, context=iter(["df", 3]))
+    with pytest.raises(ValueError, match=r"needs the names of variables the model may read"):
+        Session(adapter, context={})

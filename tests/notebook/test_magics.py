@@ -46,6 +46,25 @@ def test_load_ext_imports_no_heavy_module() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_unload_ext_puts_back_the_approval_asker_it_replaced(shell: Any) -> None:
+    from dispatch_nb.approval import set_asker
+
+    def mine(call: Any, seconds: float | None) -> bool:
+        return True
+
+    shell.run_line_magic("unload_ext", "dispatch_nb")  # (the fixture loaded it)
+    before = set_asker(mine)
+    try:
+        shell.run_line_magic("load_ext", "dispatch_nb")
+        loaded = set_asker(None)
+        set_asker(loaded)
+        assert loaded is not mine and loaded is not None  # cells ask while it is loaded
+        shell.run_line_magic("unload_ext", "dispatch_nb")
+        assert set_asker(before) is mine  # and what was there before is back
+    finally:
+        shell.run_line_magic("load_ext", "dispatch_nb")  # for the fixture's teardown
+
+
 def test_generated_help_lists_every_option(shell: Any) -> None:
     doc = shell.find_cell_magic("chat").__doc__
     for option in ("-m SPEC", "-s SYSTEM", "-t THREAD", "--new", "--max-tokens N", "--temperature T",
