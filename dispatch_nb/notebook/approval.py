@@ -18,12 +18,15 @@ from __future__ import annotations
 import contextvars
 import html
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ..approval import ALWAYS, ToolCall, set_asker
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ApprovalRequest", "answer_here", "ask", "asking_through", "install"]
 
@@ -140,8 +143,8 @@ class _Subshell:
     def get(cls, kernel: Any) -> str | None:
         if cls.tried:
             return cls.id
-        cls.tried = True
         if "kernel subshells" not in kernel.kernel_info.get("supported_features", ()):
+            cls.tried = True
             return None
         from ipykernel.connect import get_connection_file
         from jupyter_client.blocking.client import BlockingKernelClient
@@ -154,6 +157,7 @@ class _Subshell:
             reply = client.control_channel.get_msg(timeout=10)
         finally:
             client.stop_channels()
+        cls.tried = True  # an answer: a subshell, or a refusal (a timeout is tried again)
         if reply["content"].get("status") == "ok":
             cls.id = reply["content"]["subshell_id"]
         return cls.id
@@ -175,7 +179,9 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
 
         subshell = _Subshell.get(kernel)
         ident = kernel._parent_ident["shell"]  # the cell's request, restored below
-    except Exception:  # no ipywidgets / jupyter_client, or the kernel refused a subshell
+    except Exception as exc:  # no ipywidgets / jupyter_client, no answer about a subshell
+        log.debug("approval buttons cannot be used here (%s: %s); asking in the input box",
+                  type(exc).__name__, exc)
         return False
     if subshell is None:
         return False
