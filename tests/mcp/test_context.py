@@ -3,6 +3,10 @@ fake as the model)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,8 +58,16 @@ def test_session_context_with_a_mapping(fake: CanonicalFake, adapter: CanonicalA
     assert fake.tool_names_of(fake.chat_requests[0]) == ["add", "list_variables", "describe"]
     grid, other, total = [b["content"] for b in fake.chat_requests[-1].json["messages"][-1]["content"]]
     assert "shape: (2, 5)" in grid and "not shared with you" in other and total == "3"
-    with pytest.raises(ValueError, match=r"outside IPython pass the values: context=\{'df': df\}"):
-        Session(adapter, context="df")  # names need a notebook's variables
+    # names need a notebook's variables: outside IPython (a fresh process: this one may have
+    # made an IPython shell for another test) they are refused, saying what to pass instead
+    outside = subprocess.run(
+        [sys.executable, "-c", "from dispatch_nb import Session\n"
+         "try:\n    Session('fake:echo', context='df')\n"
+         "except ValueError as exc:\n    print(exc)\n"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+            str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))})
+    assert "outside IPython pass the values: context={'df': df}" in outside.stdout, outside
     with pytest.raises(TypeError, match="context= takes the names of variables"):
         Session(adapter, context=42)
     with pytest.raises(TypeError, match="context= takes the names of variables"):

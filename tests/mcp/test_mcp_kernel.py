@@ -26,8 +26,10 @@ pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fake() -> Iterator[CanonicalFake]:
+    # one per test (each starts its own kernel): a turn one test leaves unanswered (a deadline
+    # denial) must not answer the next test's cell, in whatever order they run
     with CanonicalFake() as server:
         yield server
 

@@ -41,6 +41,15 @@ def servers() -> Iterator[tuple[CanonicalFake, FakeGitHub]]:
         yield fake, github
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left_scripted(servers: tuple[CanonicalFake, FakeGitHub]) -> Iterator[None]:
+    """The module's kernel and fake are shared: a turn one test scripted and did not use (its
+    cell was interrupted) must not answer the next test's cell, in whatever order they run."""
+    servers[0].script.clear()
+    yield
+    servers[0].script.clear()
+
+
 def kernel_env(fake: CanonicalFake, github: FakeGitHub, home: Any) -> dict[str, str]:
     env = chat_env()
     env.update(SECRETS)
