@@ -485,7 +485,7 @@ class LoopbackServer:
         self.port = self._server.server_address[1]
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.005}, daemon=True
         )
 
     @property
