@@ -595,9 +595,14 @@ class NotebookPage:
 
     def stop_answer_sampling(self) -> list[AnswerSample]:
         """Stop; returns the samples (see :class:`AnswerSample`)."""
-        samples: list[list[Any]] = self.page.evaluate(
-            "() => { clearInterval(window.__dnbAnswerSampler); return window.__dnbAnswer; }"
-        )
+        return self._answer_samples("clearInterval(window.__dnbAnswerSampler); ")
+
+    def answer_sampled(self, predicate: Callable[[AnswerSample], bool]) -> bool:
+        """Whether a sample taken so far (sampling goes on) satisfies ``predicate``."""
+        return any(predicate(sample) for sample in self._answer_samples())
+
+    def _answer_samples(self, stop: str = "") -> list[AnswerSample]:
+        samples: list[list[Any]] = self.page.evaluate(f"() => {{ {stop}return window.__dnbAnswer; }}")
         return [
             AnswerSample(float(t), str(x), bool(r), dict(h), top,
                          [(str(tag), float(y)) for tag, y in blocks], bool(widget))

@@ -9,6 +9,7 @@ with DISPATCH_NB_UPDATE_DOC_IMAGES=1 the live view and the login widget are copi
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import pytest
@@ -103,24 +104,34 @@ def test_streamed_answer_renders_markdown_while_it_streams(
     """(a) a %%chat cell shows rendered Markdown from the first token; the visible text only
     grows (every sample is a prefix of the final answer), the final text is the whole answer,
     and nothing above the footer moves when the answer is complete."""
-    fake.push(Turn(text=REPORT, chunk=3, delay=0.03, input_tokens=21, output_tokens=140))
+    # every piece is sent, then the stream's end waits until the live view has shown it all (so
+    # a slow machine cannot skip from a half-drawn live view straight to the final output)
+    shown = threading.Event()
+    fake.push(Turn(text=REPORT, chunk=3, delay=0.03, input_tokens=21, output_tokens=140,
+                   stall_after=-(-len(REPORT) // 3), hold=shown))
     nb = open_notebook([LOAD, "%%chat\nWrite a short report with a heading, code and a table."])
     nb.run(0)
     nb.start_answer_sampling(1, interval_ms=40)
     before = nb.start(1)
-    # mid-stream: the code block and the list are rendered while the cell still runs
-    wait_until(
-        lambda: nb.prompt(1) == "[*]:"
-        and nb.output(1).locator(".jp-RenderedMarkdown ol li").count() >= 2,
-        40, 0.03, "the live view to render the code block and the list",
-    )
-    # a taller window for the picture, so it shows the status line below the growing answer
-    nb.page.set_viewport_size({"width": 1200, "height": 1250})
-    nb.page.wait_for_timeout(150)
-    shot = nb.screenshot("live-view", upto_cell=1)
-    nb.page.set_viewport_size({"width": 1200, "height": 900})
-    if jupyter.frontend.name == "lab":
-        update_doc_image(shot, "live-view.png")
+    try:
+        # mid-stream: the code block and the list are rendered while the cell still runs
+        wait_until(
+            lambda: nb.prompt(1) == "[*]:"
+            and nb.output(1).locator(".jp-RenderedMarkdown ol li").count() >= 2,
+            40, 0.03, "the live view to render the code block and the list",
+        )
+        # a taller window for the picture, so it shows the status line below the growing answer
+        nb.page.set_viewport_size({"width": 1200, "height": 1250})
+        nb.page.wait_for_timeout(150)
+        shot = nb.screenshot("live-view", upto_cell=1)
+        nb.page.set_viewport_size({"width": 1200, "height": 900})
+        if jupyter.frontend.name == "lab":
+            update_doc_image(shot, "live-view.png")
+        wait_until(lambda: nb.answer_sampled(
+                       lambda s: s.live and "That is the whole report." in _words(s.text)),
+                   40, 0.05, "the live view to show the answer's last line")
+    finally:
+        shown.set()
     nb.wait_done(1, before, timeout=60)
     nb.page.wait_for_timeout(300)
     samples = nb.stop_answer_sampling()
@@ -175,18 +186,26 @@ def test_notes_stay_and_a_retry_is_one_quiet_line(
     notebook, and neither it nor the answer below it moves when the answer completes; a 429 shows
     as one quiet status line while the cell waits, then as a note in the footer — never as a red
     stderr box, and never saved."""
+    answer = "# After a retry\n\nThe answer, after one retry.\n\n## Then\n\nMore text."
+    # the stream pauses once the second heading is sent, until the live view has shown it
+    shown = threading.Event()
+    then_sent = -(-(answer.index("## Then") + len("## Then")) // 4)  # pieces of 4 characters
     fake.push(
         Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "1.5"}),
-        Turn(text="# After a retry\n\nThe answer, after one retry.\n\n## Then\n\nMore text.",
-             chunk=4, delay=0.04),
+        Turn(text=answer, chunk=4, delay=0.04, stall_after=then_sent, hold=shown),
     )
     nb = open_notebook([LOAD, "%%chat\nExplain {nope} please."])
     nb.run(0)
     nb.start_watching(1, r"retrying in \d+ s|retried once \([^)]*\)")
     nb.start_answer_sampling(1, interval_ms=40)
     before = nb.start(1)
-    wait_until(lambda: "retrying in" in nb.output_text(1), 30, 0.05, "the retry status line")
-    nb.screenshot("retry-status", element=nb.cell(1))
+    try:
+        wait_until(lambda: "retrying in" in nb.output_text(1), 30, 0.05, "the retry status line")
+        nb.screenshot("retry-status", element=nb.cell(1))
+        wait_until(lambda: nb.answer_sampled(lambda s: s.live and "Then" in s.text), 30, 0.05,
+                   "the live view to show the second heading")
+    finally:
+        shown.set()
     nb.wait_done(1, before, timeout=60)
     nb.page.wait_for_timeout(300)
     samples = nb.stop_answer_sampling()

@@ -60,6 +60,7 @@ class Turn(testing.Turn):
     reset_after: int | None = None  # drop the connection after this many events
     stall_after: int | None = None  # stall this many events in ...
     stall: float = 0.0  # ... for this long
+    hold: threading.Event | None = None  # ... or until the test sets this event
 
 
 ScriptItem = Turn | Fail | Drop | Stall
@@ -172,6 +173,7 @@ class ProviderFake:
             reset_after=item.reset_after,
             stall_after=item.stall_after,
             stall=item.stall,
+            hold=item.hold,
         )
 
     # -- what a protocol supplies ----------------------------------------------------------------

@@ -76,7 +76,8 @@ class Reply:
     ``chunks`` streams the body piece by piece (with ``delay`` seconds between pieces);
     ``reset_after`` drops the connection after that many chunks; ``stall`` sleeps that long before
     anything is sent (or, with ``stall_after``, after that many chunks; with ``stall_after`` at
-    least the number of chunks, after the last one, before the body's end). ``compress`` sends the body
+    least the number of chunks, after the last one, before the body's end); ``hold``, with
+    ``stall_after``, pauses there until the test sets that event instead. ``compress`` sends the body
     with that ``Content-Encoding`` (see :data:`ENCODINGS`; ``None``: the server's default).
     """
 
@@ -89,6 +90,7 @@ class Reply:
     reset_before_headers: bool = False
     stall: float = 0.0
     stall_after: int | None = None
+    hold: threading.Event | None = None
     compress: str | None = None
 
     @classmethod
@@ -410,6 +412,16 @@ class LoopbackServer:
                     return True
                 return bool(readable) or owner.stopping.is_set()
 
+            def _pause(self, reply: Reply) -> bool:
+                """The pause at ``stall_after``: until ``reply.hold`` is set, or ``stall``
+                seconds; True (send nothing more) as :meth:`_wait`."""
+                if reply.hold is None:
+                    return self._wait(reply.stall)
+                while not reply.hold.wait(0.02):
+                    if self._wait(0):
+                        return True
+                return False
+
             def _send(self, reply: Reply) -> None:
                 encoding = reply.compress or owner.compress
                 # rudeness shapes the event stream itself, so it comes before any compression
@@ -446,7 +458,7 @@ class LoopbackServer:
                         if (
                             reply.stall_after is not None
                             and i == reply.stall_after
-                            and self._wait(reply.stall)
+                            and self._pause(reply)
                         ):
                             return
                         if i and reply.delay and self._wait(reply.delay):
@@ -461,7 +473,7 @@ class LoopbackServer:
                     if (  # every event sent, the body kept open (a stream that never ends)
                         reply.stall_after is not None
                         and reply.stall_after >= len(reply.chunks)
-                        and self._wait(reply.stall)
+                        and self._pause(reply)
                     ):
                         return
                     self.wfile.write(b"0\r\n\r\n")
