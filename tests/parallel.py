@@ -43,6 +43,12 @@ PER_TEST: frozenset[str] = frozenset({
 E2E = "tests/e2e/"
 
 
+#: The embedded model reads prompts on every core by default; with a test process per core, its
+#: threads then wait on each other's descheduled siblings, spinning: on 2 cores the model's tests
+#: took twice the CPU. One thread each (kernels and subprocesses inherit it) unless set already.
+os.environ.setdefault("DISPATCH_NB_LOCAL_THREADS", "1")
+
+
 def _register_hypothesis_profiles() -> None:
     try:
         from hypothesis import HealthCheck, settings

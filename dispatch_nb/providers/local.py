@@ -313,8 +313,8 @@ def _load(path: Path, n_ctx: int, chat_format: str | None, n_threads: int | None
         }
         if chat_format is not None:
             kwargs["chat_format"] = chat_format
-        if n_threads is not None:
-            kwargs["n_threads"] = n_threads
+        if n_threads is not None:  # both phases: reading the prompt and generating
+            kwargs["n_threads"] = kwargs["n_threads_batch"] = n_threads
         try:
             llama = cls(**kwargs)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -468,6 +468,24 @@ def _map_stop(finish: str | None, gen: _Generation, request: ChatRequest,
     return "end_turn"
 
 
+#: the CPU threads llama.cpp uses when ``n_threads=`` is not given (e.g. ``1`` on a shared machine)
+THREADS_ENV = "DISPATCH_NB_LOCAL_THREADS"
+
+
+def _threads(n_threads: int | None) -> int | None:
+    """``n_threads``, else :data:`THREADS_ENV`'s value, else None (llama-cpp-python's choice)."""
+    value: object = n_threads
+    source = "n_threads"
+    if n_threads is None:
+        value, source = os.environ.get(THREADS_ENV, "").strip(), THREADS_ENV
+        if not value:
+            return None
+    text = str(value)
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{source} must be a whole number of threads, 1 or more, not {value!r}")
+    return int(text)
+
+
 # -- the adapter ----------------------------------------------------------------------------------
 class LocalAdapter(Adapter):
     """A GGUF model run in this process by llama.cpp (see the module docstring).
@@ -536,7 +554,7 @@ class LocalAdapter(Adapter):
         #: the GGUF file this adapter runs
         self.model_path = path
         self.n_ctx = n_ctx
-        self.n_threads = n_threads
+        self.n_threads = _threads(n_threads)
         self.chat_format = chat_format
         #: the sampling seed of every call (``-1``: a random seed per call)
         self.seed = DEFAULT_SEED if seed is None else seed

@@ -136,6 +136,26 @@ def test_loaded_once_and_shared(local: LocalAdapter) -> None:
     assert different._loaded() is not local._loaded()
 
 
+def test_threads_come_from_the_argument_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCH_NB_LOCAL_THREADS", "1")
+    single = LocalAdapter(max_tokens=4)
+    assert single.n_threads == 1
+    llama = single._loaded().llama
+    assert (llama.n_threads, llama.n_threads_batch) == (1, 1)  # reading the prompt too
+    assert single.chat("Say hi.").usage.output_tokens == 4
+    assert LocalAdapter(n_threads=2).n_threads == 2  # the argument wins
+    monkeypatch.setenv("DISPATCH_NB_LOCAL_THREADS", "")
+    assert LocalAdapter().n_threads is None  # llama-cpp-python's choice
+    for bad in ("0", "two", "1.5", "-1"):
+        monkeypatch.setenv("DISPATCH_NB_LOCAL_THREADS", bad)
+        with pytest.raises(ValueError, match="DISPATCH_NB_LOCAL_THREADS must be a whole number"):
+            LocalAdapter()
+    monkeypatch.delenv("DISPATCH_NB_LOCAL_THREADS")
+    with pytest.raises(ValueError, match="n_threads must be a whole number"):
+        LocalAdapter(n_threads=0)
+
+
 def test_validate_list_models_and_count_tokens(local: LocalAdapter) -> None:
     assert local.validate()
     [info] = local.list_models()
