@@ -41,6 +41,23 @@ PER_TEST: frozenset[str] = frozenset({
 })
 #: the unit of the browser tests
 E2E = "tests/e2e/"
+#: the longest units after the browser tests, longest first (``--durations``, docs/testing.md):
+#: queued before the rest, so that no long unit starts last and leaves the other workers idle
+LONGEST: tuple[str, ...] = (
+    "tests/test_binder.py",
+    "tests/providers/test_local.py",
+    "tests/providers/test_local_contract.py",
+    "tests/contract/test_contract.py",
+    "tests/test_demo.py",
+    "tests/notebook/test_kernel.py",
+    "tests/mcp/test_mcp_session.py",
+    "tests/mcp/test_mcp_kernel.py",
+    "tests/test_suite_rules.py",
+    "tests/core/test_batch_dask.py",
+    "tests/integration/test_llama_server.py",
+    "tests/notebook/test_as_a_user.py",
+    "tests/core/test_batch.py",
+)
 
 
 #: The embedded model reads prompts on every core by default; with a test process per core, its
@@ -96,6 +113,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return UnitScheduling(config, log)
 
 
+def queue_rank(nodeid: str) -> int:
+    """Where the unit of ``nodeid`` is queued: the browser tests (0), then :data:`LONGEST` in
+    order, then every other unit as collected."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(E2E):
+        return 0
+    return 1 + LONGEST.index(path) if path in LONGEST else 1 + len(LONGEST)
+
+
 def _notebook(item: pytest.Item) -> bool:
     return item.path.suffix == ".ipynb"
 
@@ -103,7 +129,7 @@ def _notebook(item: pytest.Item) -> bool:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> object:
     """After every other hook (shuffling, the browser tests' own order): each notebook's cells in
-    the notebook's order and, on an xdist worker, the browser tests first."""
+    the notebook's order and, on an xdist worker, the longest units first (:func:`queue_rank`)."""
     collected = {id(item): index for index, item in enumerate(items)}
     result = yield
     cells = [i for i, item in enumerate(items) if _notebook(item)]
@@ -115,5 +141,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for i in cells:
         items[i] = next(ordered[items[i].path])
     if hasattr(config, "workerinput"):  # the units are queued in this order
-        items.sort(key=lambda item: not item.nodeid.startswith(E2E))
+        items.sort(key=lambda item: queue_rank(item.nodeid))
     return result

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.parallel import unit
+from tests.parallel import LONGEST, queue_rank, unit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,6 +24,15 @@ def test_units() -> None:
         "tests/test_notebooks.py::test_x[tools]")
     # an xdist_group mark, where xdist writes it into the node id
     assert unit("tests/core/test_sse.py::test_a@kernel") == unit("tests/core/test_x.py::t@kernel")
+
+
+def test_the_longest_units_are_queued_first() -> None:
+    ranks = [queue_rank("tests/e2e/test_smoke.py::test_print_renders[lab]"),
+             *(queue_rank(f"{path}::test_x") for path in LONGEST),
+             queue_rank("tests/core/test_sse.py::test_a")]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+    for path in LONGEST:  # a renamed or moved file must be renamed here too
+        assert (REPO / path).is_file(), path
 
 
 def test_a_module_fixture_starts_once_per_file_on_two_workers(
