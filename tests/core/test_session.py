@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 import uuid
 from typing import Any
@@ -416,37 +417,48 @@ def test_closing_a_stream_early_ends_the_turn(fake: CanonicalFake, adapter: Cano
 def test_async_tools_run_concurrently_in_call_order(
     fake: CanonicalFake, adapter: CanonicalAdapter
 ) -> None:
+    """The four calls run at once: each tool waits until all four have started (run one after
+    another, the first would wait in vain), then B (the shortest wait) finishes first."""
     order: list[str] = []
+    started: set[str] = set()
+    all_started = threading.Event()
+
+    def begin(name: str) -> None:
+        started.add(name)
+        if len(started) == 4:
+            all_started.set()
 
     @tool
     async def slow(name: str, seconds: float) -> str:
+        begin(name)
+        for _ in range(1000):  # up to 10 s
+            if all_started.is_set():
+                break
+            await asyncio.sleep(0.01)
         await asyncio.sleep(seconds)
         order.append(name)
-        return name
+        return name if all_started.is_set() else f"{name} ran alone"
 
     @tool
     def blocking(name: str) -> str:
+        begin(name)
+        together = all_started.wait(10)
         time.sleep(0.3)
         order.append(name)
-        return name
+        return name if together else f"{name} ran alone"
 
     fake.push(
         Turn(tool_calls=[ToolCall("a", "slow", {"name": "A", "seconds": 0.3}),
-                         ToolCall("b", "slow", {"name": "B", "seconds": 0.1}),
+                         ToolCall("b", "slow", {"name": "B", "seconds": 0.01}),
                          ToolCall("c", "blocking", {"name": "C"}),
                          ToolCall("d", "blocking", {"name": "D"})]),
         Turn(text="all done"),
     )
     session = Session(adapter, tools=[slow, blocking])
 
-    async def main() -> tuple[Response, float]:
-        started = time.monotonic()
-        response = await session.asend("go")
-        return response, time.monotonic() - started
-
-    response, elapsed = asyncio.run(main())
+    response = asyncio.run(session.asend("go"))
     assert response.text == "all done"
-    assert elapsed < 0.9, elapsed  # sequentially it would take 1.0 s
+    assert all_started.is_set(), f"only {sorted(started)} ever ran at once"
     assert order[0] == "B"  # finished first...
     results = sent(fake)["messages"][2]["content"]
     assert [r["content"] for r in results] == ["A", "B", "C", "D"]  # ...returned in call order
