@@ -67,7 +67,9 @@ def parse_tool_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
 _BATCH = 256
 
 
-class _Text:
+class _Prose:
+    """An open text or thinking block: its text so far, as fragments."""
+
     __slots__ = ("batches", "key", "parts", "provider_data")
 
     def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
@@ -76,27 +78,34 @@ class _Text:
         self.batches: list[str] = []  # earlier parts, joined _BATCH at a time
         self.provider_data = provider_data
 
+    def add(self, text: str) -> None:
+        parts = self.parts
+        parts.append(text)
+        if len(parts) >= _BATCH:
+            self.batches.append("".join(parts))
+            parts.clear()
+
+    def joined(self) -> str:
+        return "".join([*self.batches, *self.parts])
+
+
+class _Text(_Prose):
+    __slots__ = ()
+
     def build(self) -> TextBlock:
-        return TextBlock(text="".join([*self.batches, *self.parts]),
-                         provider_data=self.provider_data)
+        return TextBlock(text=self.joined(), provider_data=self.provider_data)
 
 
-class _Thinking:
-    __slots__ = ("batches", "key", "parts", "provider_data", "signature")
+class _Thinking(_Prose):
+    __slots__ = ("signature",)
 
     def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
-        self.key = key
-        self.parts: list[str] = []
-        self.batches: list[str] = []
+        super().__init__(key, provider_data)
         self.signature: list[str] | None = None
-        self.provider_data = provider_data
 
     def build(self) -> ThinkingBlock:
         sig = "".join(self.signature) if self.signature is not None else None
-        return ThinkingBlock(
-            thinking="".join([*self.batches, *self.parts]), signature=sig,
-            provider_data=self.provider_data,
-        )
+        return ThinkingBlock(thinking=self.joined(), signature=sig, provider_data=self.provider_data)
 
 
 class _Tool:
@@ -203,11 +212,7 @@ class Accumulator:
             self._last = last
         elif provider_data is not None:
             last.provider_data = provider_data
-        parts = last.parts
-        parts.append(text)
-        if len(parts) >= _BATCH:
-            last.batches.append("".join(parts))
-            parts.clear()
+        last.add(text)
         self.started = True
         return text_delta("text_delta", text)
 
@@ -215,12 +220,7 @@ class Accumulator:
         self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
     ) -> StreamDelta:
         """Append visible reasoning (to the open thinking block with this key, else a new one)."""
-        block = self._thinking_block(key, provider_data)
-        parts = block.parts
-        parts.append(text)
-        if len(parts) >= _BATCH:
-            block.batches.append("".join(parts))
-            parts.clear()
+        self._thinking_block(key, provider_data).add(text)
         self.started = True
         return text_delta("thinking_delta", text)
 
@@ -390,17 +390,7 @@ class Accumulator:
         calls."""
         kind = delta.type
         if kind == "text_delta":
-            last = self._last
-            if not (type(last) is _Text and last.key is None):
-                last = _Text(None, None)
-                self._items.append(last)
-                self._last = last
-            parts = last.parts
-            parts.append(delta.text or "")
-            if len(parts) >= _BATCH:
-                last.batches.append("".join(parts))
-                parts.clear()
-            self.started = True
+            self.text(delta.text or "")
         elif kind == "thinking_delta":
             self.thinking(delta.text or "")
         elif kind == "tool_use_start":
@@ -440,9 +430,9 @@ class Accumulator:
         for item in self._items:
             kind = type(item)
             if kind is _Text:
-                yield "text", "".join([*item.batches, *item.parts])
+                yield "text", item.joined()
             elif kind is _Thinking:
-                yield "thinking", "".join([*item.batches, *item.parts])
+                yield "thinking", item.joined()
             elif kind is _Tool:
                 yield "tool", item
             else:

@@ -48,17 +48,20 @@ _FINISH: dict[str, StopReason] = {
 }
 
 
-def chat_usage(usage: Mapping[str, Any]) -> Usage:
+def chat_usage(
+    usage: Mapping[str, Any], input_field: str = "prompt_tokens", output_field: str = "completion_tokens"
+) -> Usage:
     """chat.completions usage → :class:`Usage`: ``input_tokens`` excludes cached prompt tokens,
     which become ``cache_read_tokens`` (``cache_write_tokens``, where sent, become
-    ``cache_creation_tokens``)."""
-    prompt = int(usage.get("prompt_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
+    ``cache_creation_tokens``). The Responses API names the fields ``input_tokens`` /
+    ``output_tokens`` (its details: ``input_tokens_details``)."""
+    prompt = int(usage.get(input_field) or 0)
+    details = usage.get(f"{input_field}_details") or {}
     cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
     written = int(details.get("cache_write_tokens") or 0) if isinstance(details, dict) else 0
     return Usage(
         input_tokens=max(0, prompt - cached - written),
-        output_tokens=int(usage.get("completion_tokens") or 0),
+        output_tokens=int(usage.get(output_field) or 0),
         cache_read_tokens=cached,
         cache_creation_tokens=written,
     )
