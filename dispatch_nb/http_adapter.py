@@ -23,7 +23,7 @@ import httpx
 import orjson
 
 from .adapter import Adapter, ChatRequest, wrap_transport_error
-from .bridge import run_sync
+from .bridge import run_sync, same_parameters
 from .call_control import CallControl
 from .errors import (
     APIConnectionError,
@@ -503,7 +503,7 @@ class HTTPAdapter(Adapter):
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
 
-    def get_json(
+    async def aget_json(
         self,
         url: str,
         *,
@@ -516,17 +516,6 @@ class HTTPAdapter(Adapter):
         ``timeout`` bounds the whole exchange (model lists and checks are small: a stalled server
         must not hang ``validate()`` or ``%chat status``). ``auth``: this request's
         :class:`httpx.Auth` instead of :meth:`http_auth`'s."""
-        return run_sync(self.aget_json(url, headers=headers, timeout=timeout, auth=auth))
-
-    async def aget_json(
-        self,
-        url: str,
-        *,
-        headers: Mapping[str, str] | None = None,
-        timeout: float = JSON_REQUEST_TIMEOUT,
-        auth: httpx.Auth | None = None,
-    ) -> Any:
-        """The async twin of :meth:`get_json`."""
         try:
             response = await (await self._aclient_ready()).get(
                 self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
@@ -535,3 +524,8 @@ class HTTPAdapter(Adapter):
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
         return self._json_answer(response)
+
+    @same_parameters(aget_json)
+    def get_json(self, *args: Any, **kwargs: Any) -> Any:
+        """The sync twin of :meth:`aget_json`."""
+        return run_sync(self.aget_json(*args, **kwargs))
