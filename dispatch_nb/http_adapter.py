@@ -206,8 +206,13 @@ class HTTPAdapter(Adapter):
             provider=self.provider_name,
             error_type=etype,
             headers=headers,
-            request_id=headers.get("x-request-id") or headers.get("request-id"),
+            request_id=self.error_request_id(body, headers),
         )
+
+    def error_request_id(self, body: bytes, headers: httpx.Headers) -> str | None:
+        """The id the server gave a failed request (support asks for it), for :meth:`parse_error`."""
+        request_id: str | None = headers.get("x-request-id") or headers.get("request-id")
+        return request_id
 
     def auth_headers(self) -> dict[str, str]:
         """Headers that authenticate a request (may refresh a token)."""

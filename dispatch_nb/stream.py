@@ -19,7 +19,7 @@ collected by :class:`~dispatch_nb.turn.TurnAccumulator`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -519,11 +519,18 @@ class _ALogged:
             await aclose()
 
 
-class _DeltaStream:
-    """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the accumulator,
-    the final response or the error that ended the stream, and the ``on_close`` callback."""
+_D = TypeVar("_D", bound="Iterator[StreamDelta] | AsyncIterator[StreamDelta]")
 
-    def __init__(self, accumulator: Accumulator, on_close: Callable[[], None] | None) -> None:
+
+class _DeltaStream(Generic[_D]):
+    """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the deltas, the
+    accumulator, the final response or the error that ended the stream, and the ``on_close``
+    callback."""
+
+    def __init__(
+        self, deltas: _D, accumulator: Accumulator, *, on_close: Callable[[], None] | None = None
+    ) -> None:
+        self._deltas: _D = deltas
         self._acc = accumulator
         self._log: list[StreamDelta] | None = None
         self._response: Response | None = None
@@ -583,22 +590,12 @@ class _DeltaStream:
             callback()
 
 
-class ResponseStream(_DeltaStream):
+class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
     """Iterate for :class:`StreamDelta` s; ``.response`` is the final :class:`Response`.
 
     A context manager: leaving the ``with`` block (or :meth:`close`) ends the HTTP stream. An error
     raised while iterating carries ``partial``; so does a ``KeyboardInterrupt``.
     """
-
-    def __init__(
-        self,
-        deltas: Iterator[StreamDelta],
-        accumulator: Accumulator,
-        *,
-        on_close: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(accumulator, on_close)
-        self._deltas = deltas
 
     def __iter__(self) -> ResponseStream:
         return self
@@ -675,18 +672,8 @@ class ResponseStream(_DeltaStream):
             pass
 
 
-class AsyncResponseStream(_DeltaStream):
+class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
     """The async twin of :class:`ResponseStream` (``async for``, ``async with``, ``aclose``)."""
-
-    def __init__(
-        self,
-        deltas: AsyncIterator[StreamDelta],
-        accumulator: Accumulator,
-        *,
-        on_close: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(accumulator, on_close)
-        self._deltas = deltas
 
     def __aiter__(self) -> AsyncResponseStream:
         return self

@@ -24,9 +24,8 @@ from ..errors import (
     DispatchError,
     ModelUnavailableError,
     RequestError,
-    error_for_status,
 )
-from ..http_adapter import HTTPAdapter, WireRequest, error_details
+from ..http_adapter import HTTPAdapter, WireRequest
 from ..types import ModelInfo, as_messages
 from ..wire.anthropic import (
     DEFAULT_MAX_TOKENS,
@@ -190,9 +189,9 @@ class AnthropicAdapter(HTTPAdapter):
             headers=self._beta_header(request.options.get("betas")),
         )
 
-    def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
-        message, etype = error_details(body)
-        request_id = headers.get("request-id") or headers.get("x-request-id")
+    def error_request_id(self, body: bytes, headers: httpx.Headers) -> str | None:
+        """Anthropic's ``request-id`` header, else the body's ``request_id``."""
+        request_id: str | None = headers.get("request-id") or headers.get("x-request-id")
         if request_id is None:
             try:
                 data = orjson.loads(body)
@@ -200,14 +199,7 @@ class AnthropicAdapter(HTTPAdapter):
                 data = None
             if isinstance(data, dict) and isinstance(data.get("request_id"), str):
                 request_id = data["request_id"]
-        return error_for_status(
-            status,
-            message,
-            provider=self.provider_name,
-            error_type=etype,
-            headers=headers,
-            request_id=request_id,
-        )
+        return request_id
 
     # -- models, tokens, validation ------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:

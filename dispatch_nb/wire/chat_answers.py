@@ -25,7 +25,6 @@ __all__ = [
     "chat_error",
     "chat_stop_reason",
     "chat_usage",
-    "parse_chat_completion",
     "parse_model_list",
     "status_for_error_code",
 ]
@@ -390,45 +389,31 @@ class ChatStreamParser:
             )
         return self._finish()
 
-
-def parse_chat_completion(
-    body: Any,
-    acc: Accumulator,
-    *,
-    provider: str,
-    reasoning_fields: Sequence[str] = REASONING_FIELDS,
-    signature_field: str | None = "reasoning_opaque",
-    reasoning_provider: str | None = None,
-) -> None:
-    """Fill ``acc`` from a non-streamed ``chat.completion`` body (every choice is read)."""
-    if not isinstance(body, dict):
-        raise APIConnectionError(
-            f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
-        )
-    parser = ChatStreamParser(
-        acc,
-        provider=provider,
-        reasoning_fields=reasoning_fields,
-        signature_field=signature_field,
-        reasoning_provider=reasoning_provider,
-    )
-    chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
-    choices = []
-    for choice in body.get("choices") or []:
-        message = dict(choice.get("message") or {})
-        calls = message.get("tool_calls")
-        if calls:
-            message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)]
-        choices.append(
-            {
-                "index": choice.get("index", 0),
-                "delta": message,
-                "finish_reason": choice.get("finish_reason") or "stop",
-            }
-        )
-    chunk["choices"] = choices
-    parser.feed_chunk(chunk)
-    parser._finish()
+    def parse_completion(self, body: Any) -> None:
+        """Fill the accumulator from a non-streamed ``chat.completion`` body (every choice is
+        read)."""
+        if not isinstance(body, dict):
+            raise APIConnectionError(
+                f"the server answered with an unexpected body: {str(body)[:200]!r}",
+                provider=self.provider,
+            )
+        chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
+        choices = []
+        for choice in body.get("choices") or []:
+            message = dict(choice.get("message") or {})
+            calls = message.get("tool_calls")
+            if calls:
+                message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)]
+            choices.append(
+                {
+                    "index": choice.get("index", 0),
+                    "delta": message,
+                    "finish_reason": choice.get("finish_reason") or "stop",
+                }
+            )
+        chunk["choices"] = choices
+        self.feed_chunk(chunk)
+        self._finish()
 
 
 def parse_model_list(body: Any) -> list[ModelInfo]:
