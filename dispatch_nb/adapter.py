@@ -186,8 +186,12 @@ class Adapter:
     # -- identity ------------------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        """The model this adapter talks to."""
-        raise NotImplementedError(f"{type(self).__name__} must define model_name")
+        """The model this adapter talks to: ``_model``, which a subclass sets (or it overrides
+        this property)."""
+        model: str | None = getattr(self, "_model", None)
+        if model is None:
+            raise NotImplementedError(f"{type(self).__name__} must define model_name")
+        return model
 
     @property
     def provider_name(self) -> str:

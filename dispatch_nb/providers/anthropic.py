@@ -118,10 +118,6 @@ class AnthropicAdapter(HTTPAdapter):
     display_name = "Anthropic"
 
     @property
-    def model_name(self) -> str:
-        return self._model
-
-    @property
     def max_context_tokens(self) -> int | None:
         """200 000 for Claude models (the standard window), else unknown."""
         return CLAUDE_CONTEXT_TOKENS if self._model.startswith("claude") else None
