@@ -584,10 +584,10 @@ class Adapter:
             if asynchronous:
                 return self.aopen_stream(request, timeout, cancel)
             return self.open_stream(request, timeout, cancel)
-        from .structured import aopen_structured, open_structured
+        from .structured import open_structured
 
-        opener = aopen_structured if asynchronous else open_structured
-        return opener(self, request, output, call.output_retries, timeout, cancel)
+        return open_structured(self, request, output, call.output_retries, timeout, cancel,
+                               asynchronous=asynchronous)
 
     def _streaming(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
         """:meth:`stream` / :meth:`astream`: always streamed (``stream=`` and ``on_delta=``, which

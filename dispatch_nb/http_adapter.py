@@ -462,7 +462,7 @@ class HTTPAdapter(Adapter):
     def _json_headers(
         self, auth: Mapping[str, str], headers: Mapping[str, str] | None
     ) -> dict[str, str]:
-        """The headers of a plain JSON GET: ours, the adapter's, ``auth``, then ``headers``."""
+        """The headers of a plain JSON request: ours, the adapter's, ``auth``, then ``headers``."""
         return {"user-agent": USER_AGENT, "accept": "application/json", **self._extra_headers,
                 **auth, **(headers or {})}
 
@@ -477,7 +477,7 @@ class HTTPAdapter(Adapter):
         """The headers every request of this adapter carries (the constructor's ``headers``)."""
         return dict(self._extra_headers)
 
-    def post_json(
+    async def apost_json(
         self,
         url: str,
         body: Any,
@@ -488,25 +488,19 @@ class HTTPAdapter(Adapter):
         (read) whatever its status (read an error with :meth:`parse_error`); a transport failure
         raises the mapped :class:`DispatchError` (an :class:`APIConnectionError`). For a
         provider's side requests (token counting); chats go through :meth:`build_request`."""
-        return run_sync(self.apost_json(url, body, headers=headers))
-
-    async def apost_json(
-        self,
-        url: str,
-        body: Any,
-        *,
-        headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
-        """The async twin of :meth:`post_json`."""
-        sent = {"user-agent": USER_AGENT, "accept": "application/json",
-                "content-type": "application/json", **self._extra_headers,
-                **(await self.aauth_headers()), **(headers or {})}
+        sent = {"content-type": "application/json",
+                **self._json_headers(await self.aauth_headers(), headers)}
         try:
             return await (await self._aclient_ready()).post(
                 self._url(url), headers=sent, content=orjson.dumps(body), auth=self._send_auth()
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
+
+    @same_parameters(apost_json)
+    def post_json(self, *args: Any, **kwargs: Any) -> httpx.Response:
+        """The sync twin of :meth:`apost_json`."""
+        return run_sync(self.apost_json(*args, **kwargs))
 
     async def aget_json(
         self,
