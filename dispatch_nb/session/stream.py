@@ -53,11 +53,11 @@ class _TurnStream(Generic[_E]):
         self._events = events
         self._state = state
         self._raise = raise_errors
+        #: the exception that ended the turn, if one did
+        self.error: Exception | None = None
         self._finished = False
         self._raised = False
         self._closed = False
-        #: the exception that ended the turn, if one did
-        self.error: Exception | None = None
 
     @property
     def partial(self) -> Response | None:

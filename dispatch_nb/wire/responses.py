@@ -781,8 +781,6 @@ class ResponsesWire(WireBase):
     name = "responses"
     path = "responses"
     options = RESPONSES_OPTIONS
-    output_modes = ("tool", "prompt")
-    #: how ``output=`` goes natively
     native_output: ClassVar[str] = "text.format"
 
     def build_body(
