@@ -568,6 +568,13 @@ class _DeltaStream(Generic[_D]):
         :class:`~dispatch_nb.structured.StructuredResponseStream`."""
         return None
 
+    def _final(self) -> Response | None:
+        """The final response (None while the stream has not ended); the error that ended it
+        instead, raised."""
+        if self._response is None and self._error is not None:
+            raise self._error
+        return self._response
+
     def _ended(self) -> None:
         """The deltas ran out: the answer is final."""
         self._response = self._acc.finish()
@@ -630,15 +637,14 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
     @property
     def response(self) -> Response:
         """The final response; reading it consumes any deltas not yet iterated."""
-        if self._response is None:
-            if self._error is not None:
-                raise self._error
-            if self._closed:
-                raise RequestCancelled(
-                    "the stream was closed before it finished", partial=self._acc.snapshot()
-                )
-            return self.until_done()
-        return self._response
+        response = self._final()
+        if response is not None:
+            return response
+        if self._closed:
+            raise RequestCancelled(
+                "the stream was closed before it finished", partial=self._acc.snapshot()
+            )
+        return self.until_done()
 
     @property
     def text_stream(self) -> Iterator[str]:
@@ -707,13 +713,12 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
     @property
     def response(self) -> Response:
         """The final response (iterate to the end first, or use :meth:`until_done`)."""
-        if self._response is None:
-            if self._error is not None:
-                raise self._error
+        response = self._final()
+        if response is None:
             raise RuntimeError(
                 "the stream has not finished: iterate it to the end or await until_done()"
             )
-        return self._response
+        return response
 
     async def aclose(self) -> None:
         """End the stream and release the connection (idempotent)."""
