@@ -28,11 +28,11 @@ import random
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
-from .bridge import SyncIterator
+from .bridge import SyncIterator, same_parameters
 from .call_control import CallControl
 from .cancel import CancelToken
 from .cost import Cost, ledger, price, warm_up
@@ -186,8 +186,12 @@ class Adapter:
     # -- identity ------------------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        """The model this adapter talks to."""
-        raise NotImplementedError(f"{type(self).__name__} must define model_name")
+        """The model this adapter talks to: ``_model``, which a subclass sets (or it overrides
+        this property)."""
+        model: str | None = getattr(self, "_model", None)
+        if model is None:
+            raise NotImplementedError(f"{type(self).__name__} must define model_name")
+        return model
 
     @property
     def provider_name(self) -> str:
@@ -540,48 +544,15 @@ class Adapter:
             return prompted(request)
         return request
 
-    def _start(
-        self,
-        messages: Any,
-        *,
-        asynchronous: bool,
-        stream: bool,
-        system: str | None,
-        tools: Iterable[Any] | None,
-        max_tokens: int | None,
-        temperature: float | None,
-        timeout: float | None,
-        cancel: CancelToken | None,
-        output: Any,
-        output_retries: int | None,
-        options: dict[str, Any],
-    ) -> Any:
-        """The step the four entry points share once their arguments are checked: normalize
-        them into a :class:`ChatRequest` and open its stream — plain (:meth:`open_stream` /
-        :meth:`aopen_stream`), or validated against ``output=`` (with retries). Returns a
-        :class:`ResponseStream`, or an :class:`AsyncResponseStream` when ``asynchronous``."""
-        request = self._request(
-            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
-            temperature=temperature, options=options,
-        )
-        if output is None:
-            if output_retries is not None:
-                raise TypeError("output_retries= needs output= (the type or schema to validate)")
-            if asynchronous:
-                return self.aopen_stream(request, timeout, cancel)
-            return self.open_stream(request, timeout, cancel)
-        from .structured import aopen_structured, open_structured
-
-        opener = aopen_structured if asynchronous else open_structured
-        return opener(self, request, output, output_retries, timeout, cancel)
-
     # -- public entry points ---------------------------------------------------------------------
-    def stream(
+    def _prepare(
         self,
         messages: Any,
         *,
         system: str | None = None,
         tools: Iterable[Any] | None = None,
+        stream: bool = False,
+        on_delta: Callable[[StreamDelta], Any] | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
         timeout: float | None = None,
@@ -589,7 +560,44 @@ class Adapter:
         output: Any = None,
         output_retries: int | None = None,
         **options: Any,
-    ) -> ResponseStream:
+    ) -> _Call:
+        """The parameters of the four entry points, written once (:meth:`chat` says what they
+        mean): checked and normalized into a :class:`ChatRequest`, before anything is sent."""
+        messages, system = check_entry(
+            messages, system=system, max_tokens=max_tokens, temperature=temperature,
+            timeout=timeout, cancel=cancel, stream=stream,
+        )
+        request = self._request(
+            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
+            temperature=temperature, options=options,
+        )
+        if output is None and output_retries is not None:
+            raise TypeError("output_retries= needs output= (the type or schema to validate)")
+        return _Call(request, timeout, cancel, output, output_retries, on_delta)
+
+    def _open(self, call: _Call, *, asynchronous: bool) -> Any:
+        """Open a prepared call's stream — plain (:meth:`open_stream` / :meth:`aopen_stream`),
+        or validated against ``output=`` (with retries). Returns a :class:`ResponseStream`, or
+        an :class:`AsyncResponseStream` when ``asynchronous``."""
+        request, timeout, cancel, output = call.request, call.timeout, call.cancel, call.output
+        if output is None:
+            if asynchronous:
+                return self.aopen_stream(request, timeout, cancel)
+            return self.open_stream(request, timeout, cancel)
+        from .structured import open_structured
+
+        return open_structured(self, request, output, call.output_retries, timeout, cancel,
+                               asynchronous=asynchronous)
+
+    def _streaming(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        """:meth:`stream` / :meth:`astream`: always streamed (``stream=`` and ``on_delta=``, which
+        :meth:`chat` takes, are ignored)."""
+        kwargs.pop("on_delta", None)
+        kwargs["stream"] = True
+        return self._prepare(*args, **kwargs)
+
+    @same_parameters(_prepare, hide=("stream", "on_delta"))
+    def stream(self, *args: Any, **kwargs: Any) -> ResponseStream:
         """Start a streaming call: iterate the result for deltas, then read ``.response``.
 
         ``output`` (a pydantic model class, a type, or a JSON Schema dict) asks for a structured
@@ -597,117 +605,56 @@ class Adapter:
         an invalid answer is sent back ``output_retries`` times (default 1) before
         :class:`~dispatch_nb.errors.OutputValidationError` (docs/structured-output.md).
         """
-        options.pop("stream", None)
-        options.pop("on_delta", None)
-        messages, system = check_entry(
-            messages, system=system, max_tokens=max_tokens, temperature=temperature,
-            timeout=timeout, cancel=cancel,
-        )
-        stream: ResponseStream = self._start(
-            messages, asynchronous=False, stream=True, system=system, tools=tools,
-            max_tokens=max_tokens, temperature=temperature, timeout=timeout, cancel=cancel,
-            output=output, output_retries=output_retries, options=options,
-        )
+        stream: ResponseStream = self._open(self._streaming(args, kwargs), asynchronous=False)
         return stream
 
-    def chat(
-        self,
-        messages: Any,
-        *,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-        stream: bool = False,
-        on_delta: Callable[[StreamDelta], Any] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        output: Any = None,
-        output_retries: int | None = None,
-        **options: Any,
-    ) -> Response:
+    @same_parameters(_prepare)
+    def chat(self, *args: Any, **kwargs: Any) -> Response:
         """Send ``messages`` and return the :class:`Response`.
 
         With ``stream=True`` the answer is streamed and ``on_delta`` sees every delta. With
         ``output=`` (a pydantic model class, a type, or a JSON Schema dict) the answer is
         validated into ``Response.parsed`` (see :meth:`stream`).
         """
-        messages, system = check_entry(
-            messages, system=system, max_tokens=max_tokens, temperature=temperature,
-            timeout=timeout, cancel=cancel, stream=stream,
-        )
-        call: ResponseStream = self._start(
-            messages, asynchronous=False, stream=stream, system=system, tools=tools,
-            max_tokens=max_tokens, temperature=temperature, timeout=timeout, cancel=cancel,
-            output=output, output_retries=output_retries, options=options,
-        )
-        with call as deltas:
+        call = self._prepare(*args, **kwargs)
+        on_delta = call.on_delta
+        deltas: ResponseStream
+        with self._open(call, asynchronous=False) as deltas:
             for delta in deltas:
                 if on_delta is not None:
                     on_delta(delta)
             return deltas.response
 
-    def astream(
-        self,
-        messages: Any,
-        *,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        output: Any = None,
-        output_retries: int | None = None,
-        **options: Any,
-    ) -> AsyncResponseStream:
+    @same_parameters(_prepare, hide=("stream", "on_delta"))
+    def astream(self, *args: Any, **kwargs: Any) -> AsyncResponseStream:
         """The async twin of :meth:`stream` (``async for delta in adapter.astream(...)``)."""
-        options.pop("stream", None)
-        options.pop("on_delta", None)
-        messages, system = check_entry(
-            messages, system=system, max_tokens=max_tokens, temperature=temperature,
-            timeout=timeout, cancel=cancel,
-        )
-        stream: AsyncResponseStream = self._start(
-            messages, asynchronous=True, stream=True, system=system, tools=tools,
-            max_tokens=max_tokens, temperature=temperature, timeout=timeout, cancel=cancel,
-            output=output, output_retries=output_retries, options=options,
-        )
+        stream: AsyncResponseStream = self._open(self._streaming(args, kwargs), asynchronous=True)
         return stream
 
-    async def achat(
-        self,
-        messages: Any,
-        *,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-        stream: bool = False,
-        on_delta: Callable[[StreamDelta], Any] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        output: Any = None,
-        output_retries: int | None = None,
-        **options: Any,
-    ) -> Response:
+    @same_parameters(_prepare)
+    async def achat(self, *args: Any, **kwargs: Any) -> Response:
         """The async twin of :meth:`chat`. ``on_delta`` may be a plain or an async function."""
-        messages, system = check_entry(
-            messages, system=system, max_tokens=max_tokens, temperature=temperature,
-            timeout=timeout, cancel=cancel, stream=stream,
-        )
-        call: AsyncResponseStream = self._start(
-            messages, asynchronous=True, stream=stream, system=system, tools=tools,
-            max_tokens=max_tokens, temperature=temperature, timeout=timeout, cancel=cancel,
-            output=output, output_retries=output_retries, options=options,
-        )
-        async with call as deltas:
+        call = self._prepare(*args, **kwargs)
+        on_delta = call.on_delta
+        deltas: AsyncResponseStream
+        async with self._open(call, asynchronous=True) as deltas:
             async for delta in deltas:
                 if on_delta is not None:
                     result = on_delta(delta)
                     if asyncio.iscoroutine(result):
                         await result
             return deltas.response
+
+
+class _Call(NamedTuple):
+    """One entry point's call, checked (:meth:`Adapter._prepare`) and ready to open."""
+
+    request: ChatRequest
+    timeout: float | None
+    cancel: CancelToken | None
+    output: Any
+    output_retries: int | None
+    on_delta: Callable[[StreamDelta], Any] | None
 
 
 #: deltas a worker thread may run ahead of an async consumer (see _thread_bridge)

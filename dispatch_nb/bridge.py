@@ -24,15 +24,17 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import inspect
 import os
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from typing import Any, Generic, ParamSpec, TypeVar
 
-__all__ = ["HIGH_WATER", "SyncIterator", "loop_thread", "run_sync"]
+__all__ = ["HIGH_WATER", "SyncIterator", "loop_thread", "run_sync", "same_parameters"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: items the task may put ahead of the calling thread before it waits for the caller
 HIGH_WATER = 256
@@ -40,6 +42,26 @@ HIGH_WATER = 256
 LOW_WATER = 64
 #: seconds ``close()`` waits for a cancelled task to unwind (its connection to close)
 CLOSE_WAIT = 5.0
+
+
+def same_parameters(
+    of: Callable[P, object], *, hide: Iterable[str] = ()
+) -> Callable[[Callable[..., T]], Callable[P, T]]:
+    """Give the decorated function (written ``(*args, **kwargs)``, passing them on) the parameters
+    of ``of``: type checkers see them, and so does :func:`inspect.signature` (less those named in
+    ``hide``, which it accepts and ignores); it keeps its own return annotation and docstring.
+    How a sync entry point and its async twin share one list of keywords."""
+
+    def decorate(func: Callable[..., T]) -> Callable[P, T]:
+        signature = inspect.signature(of)
+        params = [p for p in signature.parameters.values() if p.name not in set(hide)]
+        returns = inspect.signature(func).return_annotation
+        func.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=params, return_annotation=returns
+        )
+        return func
+
+    return decorate
 
 
 class _LoopThread:

@@ -45,7 +45,6 @@ class CallControl:
         "_remove_cancel",
         "_timer",
         "_turn_bound",
-        "_wake",
         "cancel",
         "deadline",
         "provider",
@@ -74,8 +73,7 @@ class CallControl:
         self._aborted_after: float | None = None
         self._hooks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._timer: threading.Timer | asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._remove_cancel: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -87,18 +85,6 @@ class CallControl:
         turn = self.turn.deadline if self.turn is not None else None
         self._turn_bound = turn is not None and (own is None or turn <= own)
         self.deadline = turn if self._turn_bound else own
-
-    def start(self) -> None:
-        """Arm the deadline timer (a thread) and the cancel callback."""
-        self._restart_clock()
-        if self.cancel is not None:
-            self._remove_cancel = self.cancel.add_callback(lambda: self.abort("cancel"))
-        remaining = self.remaining()
-        if remaining is not None and self.reason is None:
-            timer = threading.Timer(remaining, self.abort, args=("timeout",))
-            timer.daemon = True
-            timer.start()
-            self._timer = timer
 
     def start_async(self, loop: asyncio.AbstractEventLoop) -> None:
         """Arm the deadline on the event loop and the cancel callback."""
@@ -129,7 +115,6 @@ class CallControl:
             self.reason = reason
             self._aborted_after = self.elapsed()
             hooks = list(self._hooks)
-        self._wake.set()
         for hook in hooks:
             try:
                 hook()
@@ -187,17 +172,8 @@ class CallControl:
         if self.reason is not None:
             raise self.error()
 
-    def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` (e.g. a retry backoff), waking early on abort; then :meth:`check`."""
-        remaining = self.remaining()
-        if remaining is not None and seconds >= remaining:
-            seconds = remaining
-        if seconds > 0:
-            self._wake.wait(seconds)
-        self.check()
-
     async def asleep(self, seconds: float) -> None:
-        """The async twin of :meth:`sleep`."""
+        """Wait ``seconds`` (e.g. a retry backoff), waking early on abort; then :meth:`check`."""
         remaining = self.remaining()
         if remaining is not None and seconds >= remaining:
             seconds = remaining

@@ -23,7 +23,7 @@ import httpx
 import orjson
 
 from .adapter import Adapter, ChatRequest, wrap_transport_error
-from .bridge import run_sync
+from .bridge import run_sync, same_parameters
 from .call_control import CallControl
 from .errors import (
     APIConnectionError,
@@ -206,8 +206,13 @@ class HTTPAdapter(Adapter):
             provider=self.provider_name,
             error_type=etype,
             headers=headers,
-            request_id=headers.get("x-request-id") or headers.get("request-id"),
+            request_id=self.error_request_id(body, headers),
         )
+
+    def error_request_id(self, body: bytes, headers: httpx.Headers) -> str | None:
+        """The id the server gave a failed request (support asks for it), for :meth:`parse_error`."""
+        request_id: str | None = headers.get("x-request-id") or headers.get("request-id")
+        return request_id
 
     def auth_headers(self) -> dict[str, str]:
         """Headers that authenticate a request (may refresh a token)."""
@@ -457,7 +462,7 @@ class HTTPAdapter(Adapter):
     def _json_headers(
         self, auth: Mapping[str, str], headers: Mapping[str, str] | None
     ) -> dict[str, str]:
-        """The headers of a plain JSON GET: ours, the adapter's, ``auth``, then ``headers``."""
+        """The headers of a plain JSON request: ours, the adapter's, ``auth``, then ``headers``."""
         return {"user-agent": USER_AGENT, "accept": "application/json", **self._extra_headers,
                 **auth, **(headers or {})}
 
@@ -472,7 +477,7 @@ class HTTPAdapter(Adapter):
         """The headers every request of this adapter carries (the constructor's ``headers``)."""
         return dict(self._extra_headers)
 
-    def post_json(
+    async def apost_json(
         self,
         url: str,
         body: Any,
@@ -483,19 +488,8 @@ class HTTPAdapter(Adapter):
         (read) whatever its status (read an error with :meth:`parse_error`); a transport failure
         raises the mapped :class:`DispatchError` (an :class:`APIConnectionError`). For a
         provider's side requests (token counting); chats go through :meth:`build_request`."""
-        return run_sync(self.apost_json(url, body, headers=headers))
-
-    async def apost_json(
-        self,
-        url: str,
-        body: Any,
-        *,
-        headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
-        """The async twin of :meth:`post_json`."""
-        sent = {"user-agent": USER_AGENT, "accept": "application/json",
-                "content-type": "application/json", **self._extra_headers,
-                **(await self.aauth_headers()), **(headers or {})}
+        sent = {"content-type": "application/json",
+                **self._json_headers(await self.aauth_headers(), headers)}
         try:
             return await (await self._aclient_ready()).post(
                 self._url(url), headers=sent, content=orjson.dumps(body), auth=self._send_auth()
@@ -503,7 +497,12 @@ class HTTPAdapter(Adapter):
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
 
-    def get_json(
+    @same_parameters(apost_json)
+    def post_json(self, *args: Any, **kwargs: Any) -> httpx.Response:
+        """The sync twin of :meth:`apost_json`."""
+        return run_sync(self.apost_json(*args, **kwargs))
+
+    async def aget_json(
         self,
         url: str,
         *,
@@ -516,17 +515,6 @@ class HTTPAdapter(Adapter):
         ``timeout`` bounds the whole exchange (model lists and checks are small: a stalled server
         must not hang ``validate()`` or ``%chat status``). ``auth``: this request's
         :class:`httpx.Auth` instead of :meth:`http_auth`'s."""
-        return run_sync(self.aget_json(url, headers=headers, timeout=timeout, auth=auth))
-
-    async def aget_json(
-        self,
-        url: str,
-        *,
-        headers: Mapping[str, str] | None = None,
-        timeout: float = JSON_REQUEST_TIMEOUT,
-        auth: httpx.Auth | None = None,
-    ) -> Any:
-        """The async twin of :meth:`get_json`."""
         try:
             response = await (await self._aclient_ready()).get(
                 self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
@@ -535,3 +523,8 @@ class HTTPAdapter(Adapter):
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
         return self._json_answer(response)
+
+    @same_parameters(aget_json)
+    def get_json(self, *args: Any, **kwargs: Any) -> Any:
+        """The sync twin of :meth:`aget_json`."""
+        return run_sync(self.aget_json(*args, **kwargs))

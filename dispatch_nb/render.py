@@ -20,10 +20,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-# This module never imports dispatch_nb.types (which imports it, lazily, for the rich reprs): it
-# renders anything shaped like a Response, described by the protocols below.
-
 __all__ = [
+    "code_span",
     "compare_parsed_markdown",
     "flatten_parsed",
     "footer_line",
@@ -36,6 +34,7 @@ __all__ = [
     "parsed_rows",
     "response_markdown",
     "rows_markdown",
+    "short_line",
 ]
 
 
@@ -74,6 +73,21 @@ class _Answer(Protocol):
     def thinking(self) -> str: ...
     @property
     def tool_calls(self) -> Sequence[_Call]: ...
+
+
+def code_span(text: str) -> str:
+    """``text`` as one Markdown code span, fenced with more backticks than it holds."""
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def short_line(text: str, limit: int = 200) -> str:
+    """``text`` on one line (runs of whitespace made one space), cut to ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def footer_line(

@@ -75,10 +75,6 @@ class ReplayOnlyAdapter(Adapter):
         self.provider_options = provider_options
 
     @property
-    def model_name(self) -> str:
-        return self._model
-
-    @property
     def provider_name(self) -> str:
         return self._provider
 

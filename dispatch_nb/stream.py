@@ -19,7 +19,7 @@ collected by :class:`~dispatch_nb.turn.TurnAccumulator`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -67,7 +67,9 @@ def parse_tool_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
 _BATCH = 256
 
 
-class _Text:
+class _Prose:
+    """An open text or thinking block: its text so far, as fragments."""
+
     __slots__ = ("batches", "key", "parts", "provider_data")
 
     def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
@@ -76,27 +78,34 @@ class _Text:
         self.batches: list[str] = []  # earlier parts, joined _BATCH at a time
         self.provider_data = provider_data
 
+    def add(self, text: str) -> None:
+        parts = self.parts
+        parts.append(text)
+        if len(parts) >= _BATCH:
+            self.batches.append("".join(parts))
+            parts.clear()
+
+    def joined(self) -> str:
+        return "".join([*self.batches, *self.parts])
+
+
+class _Text(_Prose):
+    __slots__ = ()
+
     def build(self) -> TextBlock:
-        return TextBlock(text="".join([*self.batches, *self.parts]),
-                         provider_data=self.provider_data)
+        return TextBlock(text=self.joined(), provider_data=self.provider_data)
 
 
-class _Thinking:
-    __slots__ = ("batches", "key", "parts", "provider_data", "signature")
+class _Thinking(_Prose):
+    __slots__ = ("signature",)
 
     def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
-        self.key = key
-        self.parts: list[str] = []
-        self.batches: list[str] = []
+        super().__init__(key, provider_data)
         self.signature: list[str] | None = None
-        self.provider_data = provider_data
 
     def build(self) -> ThinkingBlock:
         sig = "".join(self.signature) if self.signature is not None else None
-        return ThinkingBlock(
-            thinking="".join([*self.batches, *self.parts]), signature=sig,
-            provider_data=self.provider_data,
-        )
+        return ThinkingBlock(thinking=self.joined(), signature=sig, provider_data=self.provider_data)
 
 
 class _Tool:
@@ -203,11 +212,7 @@ class Accumulator:
             self._last = last
         elif provider_data is not None:
             last.provider_data = provider_data
-        parts = last.parts
-        parts.append(text)
-        if len(parts) >= _BATCH:
-            last.batches.append("".join(parts))
-            parts.clear()
+        last.add(text)
         self.started = True
         return text_delta("text_delta", text)
 
@@ -215,12 +220,7 @@ class Accumulator:
         self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
     ) -> StreamDelta:
         """Append visible reasoning (to the open thinking block with this key, else a new one)."""
-        block = self._thinking_block(key, provider_data)
-        parts = block.parts
-        parts.append(text)
-        if len(parts) >= _BATCH:
-            block.batches.append("".join(parts))
-            parts.clear()
+        self._thinking_block(key, provider_data).add(text)
         self.started = True
         return text_delta("thinking_delta", text)
 
@@ -390,17 +390,7 @@ class Accumulator:
         calls."""
         kind = delta.type
         if kind == "text_delta":
-            last = self._last
-            if not (type(last) is _Text and last.key is None):
-                last = _Text(None, None)
-                self._items.append(last)
-                self._last = last
-            parts = last.parts
-            parts.append(delta.text or "")
-            if len(parts) >= _BATCH:
-                last.batches.append("".join(parts))
-                parts.clear()
-            self.started = True
+            self.text(delta.text or "")
         elif kind == "thinking_delta":
             self.thinking(delta.text or "")
         elif kind == "tool_use_start":
@@ -440,9 +430,9 @@ class Accumulator:
         for item in self._items:
             kind = type(item)
             if kind is _Text:
-                yield "text", "".join([*item.batches, *item.parts])
+                yield "text", item.joined()
             elif kind is _Thinking:
-                yield "thinking", "".join([*item.batches, *item.parts])
+                yield "thinking", item.joined()
             elif kind is _Tool:
                 yield "tool", item
             else:
@@ -529,11 +519,18 @@ class _ALogged:
             await aclose()
 
 
-class _DeltaStream:
-    """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the accumulator,
-    the final response or the error that ended the stream, and the ``on_close`` callback."""
+_D = TypeVar("_D", bound="Iterator[StreamDelta] | AsyncIterator[StreamDelta]")
 
-    def __init__(self, accumulator: Accumulator, on_close: Callable[[], None] | None) -> None:
+
+class _DeltaStream(Generic[_D]):
+    """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the deltas, the
+    accumulator, the final response or the error that ended the stream, and the ``on_close``
+    callback."""
+
+    def __init__(
+        self, deltas: _D, accumulator: Accumulator, *, on_close: Callable[[], None] | None = None
+    ) -> None:
+        self._deltas: _D = deltas
         self._acc = accumulator
         self._log: list[StreamDelta] | None = None
         self._response: Response | None = None
@@ -571,6 +568,13 @@ class _DeltaStream:
         :class:`~dispatch_nb.structured.StructuredResponseStream`."""
         return None
 
+    def _final(self) -> Response | None:
+        """The final response (None while the stream has not ended); the error that ended it
+        instead, raised."""
+        if self._response is None and self._error is not None:
+            raise self._error
+        return self._response
+
     def _ended(self) -> None:
         """The deltas ran out: the answer is final."""
         self._response = self._acc.finish()
@@ -593,22 +597,12 @@ class _DeltaStream:
             callback()
 
 
-class ResponseStream(_DeltaStream):
+class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
     """Iterate for :class:`StreamDelta` s; ``.response`` is the final :class:`Response`.
 
     A context manager: leaving the ``with`` block (or :meth:`close`) ends the HTTP stream. An error
     raised while iterating carries ``partial``; so does a ``KeyboardInterrupt``.
     """
-
-    def __init__(
-        self,
-        deltas: Iterator[StreamDelta],
-        accumulator: Accumulator,
-        *,
-        on_close: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(accumulator, on_close)
-        self._deltas = deltas
 
     def __iter__(self) -> ResponseStream:
         return self
@@ -643,15 +637,14 @@ class ResponseStream(_DeltaStream):
     @property
     def response(self) -> Response:
         """The final response; reading it consumes any deltas not yet iterated."""
-        if self._response is None:
-            if self._error is not None:
-                raise self._error
-            if self._closed:
-                raise RequestCancelled(
-                    "the stream was closed before it finished", partial=self._acc.snapshot()
-                )
-            return self.until_done()
-        return self._response
+        response = self._final()
+        if response is not None:
+            return response
+        if self._closed:
+            raise RequestCancelled(
+                "the stream was closed before it finished", partial=self._acc.snapshot()
+            )
+        return self.until_done()
 
     @property
     def text_stream(self) -> Iterator[str]:
@@ -685,18 +678,8 @@ class ResponseStream(_DeltaStream):
             pass
 
 
-class AsyncResponseStream(_DeltaStream):
+class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
     """The async twin of :class:`ResponseStream` (``async for``, ``async with``, ``aclose``)."""
-
-    def __init__(
-        self,
-        deltas: AsyncIterator[StreamDelta],
-        accumulator: Accumulator,
-        *,
-        on_close: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(accumulator, on_close)
-        self._deltas = deltas
 
     def __aiter__(self) -> AsyncResponseStream:
         return self
@@ -730,13 +713,12 @@ class AsyncResponseStream(_DeltaStream):
     @property
     def response(self) -> Response:
         """The final response (iterate to the end first, or use :meth:`until_done`)."""
-        if self._response is None:
-            if self._error is not None:
-                raise self._error
+        response = self._final()
+        if response is None:
             raise RuntimeError(
                 "the stream has not finished: iterate it to the end or await until_done()"
             )
-        return self._response
+        return response
 
     async def aclose(self) -> None:
         """End the stream and release the connection (idempotent)."""

@@ -86,7 +86,6 @@ __all__ = [
     "AsyncStructuredResponseStream",
     "StructuredOutput",
     "StructuredResponseStream",
-    "aopen_structured",
     "as_output",
     "open_structured",
     "prompted",
@@ -864,23 +863,12 @@ def open_structured(
     output_retries: int | None,
     timeout: float | None,
     cancel: CancelToken | None,
-) -> StructuredResponseStream:
-    """The stream of ``request`` made with ``output=``: attempts until the answer validates."""
+    *,
+    asynchronous: bool = False,
+) -> StructuredResponseStream | AsyncStructuredResponseStream:
+    """The stream of ``request`` made with ``output=``: attempts until the answer validates (an
+    :class:`AsyncStructuredResponseStream` when ``asynchronous``)."""
     retries = _retries(output_retries)
-    return StructuredResponseStream(_Call(adapter, _prepare(adapter, request, output), retries,
-                                          timeout, cancel))
-
-
-def aopen_structured(
-    adapter: OutputModel,
-    request: OutputRequest,
-    output: Any,
-    output_retries: int | None,
-    timeout: float | None,
-    cancel: CancelToken | None,
-) -> AsyncStructuredResponseStream:
-    """The async twin of :func:`open_structured`."""
-    retries = _retries(output_retries)
-    return AsyncStructuredResponseStream(_Call(adapter, _prepare(adapter, request, output),
-                                               retries, timeout, cancel))
+    call = _Call(adapter, _prepare(adapter, request, output), retries, timeout, cancel)
+    return AsyncStructuredResponseStream(call) if asynchronous else StructuredResponseStream(call)
 

@@ -164,17 +164,17 @@ def clean_messages(messages: Any) -> Any:
     from .types import Message, TextBlock
 
     if isinstance(messages, str):
-        return clean_text(messages, "the message", stacklevel=5)
+        return clean_text(messages, "the message", stacklevel=6)
     if isinstance(messages, Message):
         content = messages.content
         if isinstance(content, str):
-            cleaned = clean_text(content, "the message", stacklevel=5)
+            cleaned = clean_text(content, "the message", stacklevel=6)
             return messages if cleaned is content else messages.model_copy(update={"content": cleaned})
         blocks = []
         changed = False
         for block in content:
             if isinstance(block, TextBlock):
-                text = clean_text(block.text, "the message", stacklevel=5)
+                text = clean_text(block.text, "the message", stacklevel=6)
                 if text is not block.text:
                     block = block.model_copy(update={"text": text})
                     changed = True
@@ -207,5 +207,5 @@ def check_entry(
     if cancel is not None and not isinstance(cancel, CancelToken):
         raise TypeError(f"cancel must be a CancelToken or None — not {_describe(cancel)}")
     if system is not None:
-        system = clean_text(system, "the system prompt", stacklevel=4)
+        system = clean_text(system, "the system prompt", stacklevel=5)
     return clean_messages(messages), system

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from ..adapter import BACKOFF_BASE, Adapter, backoff_delay
@@ -221,37 +221,28 @@ def prepare_rows(
 
 
 # -- running rows ---------------------------------------------------------------------------------
+@dataclass(eq=False, repr=False)
 class RowRunner:
     """Runs :class:`Pending` rows through ``adapter`` with adaptive concurrency, retries, a
     per-row deadline and one cancel token; each finished row goes to ``result`` and the
     checkpoint at once. An error :func:`~dispatch_nb.batching.result.stops_batch` stops it
     (``result.stopped_by``)."""
 
-    def __init__(
-        self,
-        adapter: Adapter,
-        call: RowCall,
-        settings: BatchSettings,
-        *,
-        result: BatchResult,
-        stats: Stats,
-        cancel: CancelToken,
-        checkpoint: Checkpoint | None = None,
-        on_row: Callable[[int, Response | DispatchError], None] | None = None,
-        budget: RowBudget | None = None,
-    ) -> None:
-        self.adapter = adapter
-        self.call = call
-        self.settings = settings
-        self.result = result
-        self.stats = stats
-        self.cancel = cancel
-        self.checkpoint = checkpoint
-        self.on_row = on_row
-        #: ``budget=``: asked before each attempt, told how it ended (batching/budget.py)
-        self.budget = budget
-        self.limiter = AdaptiveLimiter(settings.concurrency)
-        self._labelled = callable(getattr(adapter, "with_label", None))
+    adapter: Adapter
+    call: RowCall
+    settings: BatchSettings
+    _: KW_ONLY
+    result: BatchResult
+    stats: Stats
+    cancel: CancelToken
+    checkpoint: Checkpoint | None = None
+    on_row: Callable[[int, Response | DispatchError], None] | None = None
+    #: ``budget=``: asked before each attempt, told how it ended (batching/budget.py)
+    budget: RowBudget | None = None
+
+    def __post_init__(self) -> None:
+        self.limiter = AdaptiveLimiter(self.settings.concurrency)
+        self._labelled = callable(getattr(self.adapter, "with_label", None))
         self._stopped: asyncio.Event | None = None
 
     def _cancel_error(self) -> RequestCancelled:

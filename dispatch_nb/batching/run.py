@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..adapter import Adapter
+from ..bridge import same_parameters
 from ..budget import Budget
 from ..cache import ResponseCache
 from ..cancel import CancelToken
@@ -107,17 +108,20 @@ class _Job:
             self.deferred = DeferredRun(plan, self.result, self.stats, self.token,
                                         poll_interval=poll_interval)
             self.result._deferred = self.deferred
+        #: ``executor=``: a Dask client to run the rows on, in partitions of ``partition_size``
+        self.executor: Any = None
+        self.partition_size: int | None = None
 
-    def on_dask(self, executor: Any, partition_size: int | None) -> BatchResult:
-        """Run on a Dask cluster instead (``executor=``): the cluster keeps its own result and
+    def on_dask(self) -> BatchResult:
+        """Run on the Dask cluster of ``executor=`` instead: the cluster keeps its own result and
         bar."""
         from .cluster import run_on_dask
 
         if self.result.budget is not None:
             raise ValueError("budget= is kept by one process: run the batch without executor= "
                              "to give it a budget")
-        return run_on_dask(self.plan, executor, cancel=self.token, progress=self.progress,
-                           partition_size=partition_size)
+        return run_on_dask(self.plan, self.executor, cancel=self.token, progress=self.progress,
+                           partition_size=self.partition_size)
 
     async def run_here(self, *, close_adapter: bool) -> None:
         """Run the rows on the running event loop (or submit them to the provider's batch API
@@ -140,7 +144,7 @@ class _Job:
         self.bar.close(self.stats, self.result.summary())
 
 
-def batch(
+def _job(
     template: Any,
     rows: Any,
     *,
@@ -166,7 +170,25 @@ def batch(
     wait: bool = True,
     poll_interval: float | None = None,
     **options: Any,
-) -> BatchResult:
+) -> _Job:
+    """The parameters of :func:`batch` and :func:`abatch`, written once (:func:`batch` says what
+    they mean): the batch planned, as the job both run."""
+    plan = make_plan(template, rows, model=model, system=system, tools=tools,
+                     concurrency=concurrency, max_retries=max_retries, timeout=timeout,
+                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
+                     options={"max_tokens": max_tokens, "temperature": temperature,
+                              "output": output, **options})
+    job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
+               poll_interval=poll_interval)
+    if executor is not None and deferred:
+        raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
+                         "cluster: leave executor= out")
+    job.executor, job.partition_size = executor, partition_size
+    return job
+
+
+@same_parameters(_job)
+def batch(*args: Any, **kwargs: Any) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
     (each row's ``Response`` or ``DispatchError``, in input order).
 
@@ -207,18 +229,9 @@ def batch(
     Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
     ``.result`` holds every finished row (a deferred batch asks the provider to cancel its jobs).
     """
-    plan = make_plan(template, rows, model=model, system=system, tools=tools,
-                     concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
-                     options={"max_tokens": max_tokens, "temperature": temperature,
-                              "output": output, **options})
-    job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
-               poll_interval=poll_interval)
-    if executor is not None:
-        if deferred:
-            raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
-                             "cluster: leave executor= out")
-        return job.on_dask(executor, partition_size)
+    job = _job(*args, **kwargs)
+    if job.executor is not None:
+        return job.on_dask()
     done = threading.Event()
     failure: list[BaseException] = []
 
@@ -242,55 +255,21 @@ def batch(
             while not done.wait(PROGRESS_INTERVAL) and time.monotonic() < end:
                 job.bar.update(job.stats)
         job.finish()
-        raise BatchInterrupted(job.result, plan.checkpoint) from None
+        raise BatchInterrupted(job.result, job.plan.checkpoint) from None
     job.finish()
     if failure:
         raise failure[0]
     return job.result
 
 
-async def abatch(
-    template: Any,
-    rows: Any,
-    *,
-    model: Adapter | str | None = None,
-    output: Any = None,
-    system: str | None = None,
-    tools: Iterable[Any] | None = None,
-    concurrency: int = 16,
-    max_retries: int = DEFAULT_MAX_RETRIES,
-    timeout: float | None = None,
-    checkpoint: str | os.PathLike[str] | None = None,
-    executor: Any = None,
-    progress: bool | str | None = None,
-    cache: ResponseCache | str | os.PathLike[str] | None = None,
-    cancel: CancelToken | None = None,
-    partition_size: int | None = None,
-    namespace: Mapping[str, Any] | None = None,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    stream: bool = False,
-    budget: Budget | float | str | None = None,
-    deferred: bool = False,
-    wait: bool = True,
-    poll_interval: float | None = None,
-    **options: Any,
-) -> BatchResult:
+@same_parameters(_job)
+async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
     """The async twin of :func:`batch`, on the running event loop. Cancelling the awaiting task
     stops the rows in flight (finished rows stay in the checkpoint) and re-raises."""
-    plan = make_plan(template, rows, model=model, system=system, tools=tools,
-                     concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
-                     options={"max_tokens": max_tokens, "temperature": temperature,
-                              "output": output, **options})
-    job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
-               poll_interval=poll_interval)
-    if executor is not None:
-        if deferred:
-            raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
-                             "cluster: leave executor= out")
+    job = _job(*args, **kwargs)
+    if job.executor is not None:
         try:
-            return await asyncio.to_thread(job.on_dask, executor, partition_size)
+            return await asyncio.to_thread(job.on_dask)
         except asyncio.CancelledError:
             job.token.cancel("the awaiting task was cancelled")
             raise

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..render import code_span, short_line
 from ..turn import ToolRun, TurnAccumulator
 
 if TYPE_CHECKING:
@@ -163,28 +164,15 @@ class Transcript(TurnAccumulator):
         return facts
 
 
-def _short(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def tool_line(part: ToolPart, limit: int = 160) -> str:
     """``name({"x": 1}) → result`` on one line."""
-    line = f"{part.name}({_short(part.arguments_text, limit)})"
+    line = f"{part.name}({short_line(part.arguments_text, limit)})"
     if part.abandoned:
         line += " ⏹ abandoned (interrupted while it ran)"
     elif part.result is not None:
         arrow = "⚠" if part.is_error else "→"
-        line += f" {arrow} {_short(part.result, limit)}"
+        line += f" {arrow} {short_line(part.result, limit)}"
     return line
-
-
-def _code_span(text: str) -> str:
-    fence = "`"
-    while fence in text:
-        fence += "`"
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _escape_approval(text: str) -> str:
@@ -193,7 +181,7 @@ def _escape_approval(text: str) -> str:
 
 def tool_markdown(part: ToolPart) -> str:
     """One tool call (and its result) as Markdown."""
-    call = f"🔧 **{part.name}** {_code_span(_short(part.arguments_text, 300))}"
+    call = f"🔧 **{part.name}** {code_span(short_line(part.arguments_text, 300))}"
     if part.abandoned:
         return f"{call} ⏹ *abandoned: still running when the cell was interrupted*\n"
     if part.result is None:
@@ -205,7 +193,7 @@ def tool_markdown(part: ToolPart) -> str:
         call += f" <sub>{_escape_approval(approval)}</sub>"
     result = part.result
     if len(result) <= 200 and "\n" not in result:
-        return f"{call} {label} {_code_span(result)}{took}\n"
+        return f"{call} {label} {code_span(result)}{took}\n"
     return (
         f"{call} {label}{took}\n\n<details><summary>result ({len(result):,} characters)"
         f"</summary>\n\n```\n{result[:4000]}\n```\n\n</details>\n"
@@ -455,7 +443,7 @@ def compare_output(
         replayed = e.transcript.replayed and not e.error
         latency = "replayed" if replayed else f"{e.latency:.2f} s" if e.latency is not None else "–"
         ttft = "–" if replayed else f"{e.ttft:.2f} s" if e.ttft is not None else "–"
-        stop = "⚠ " + _short(e.error, 60) if e.error else (e.transcript.stop_reason or "–")
+        stop = "⚠ " + short_line(e.error, 60) if e.error else (e.transcript.stop_reason or "–")
         model = e.transcript.model or e.spec
         name = e.spec if model == e.spec.partition(":")[2] or model == e.spec else f"{e.spec} ({model})"
         rows.append(f"| `{name}` | {tokens} | {latency} | {ttft} | {stop.replace('|', '/')} |")

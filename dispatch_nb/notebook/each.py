@@ -38,7 +38,7 @@ from ..validation import article
 from .display import ChatInterrupted, explain_error, notes_markdown
 from .live import ipy_display
 from .login import ensure_copilot_login
-from .options import check_limits, resolve_schema
+from .options import check_limits, evaluate_option, resolve_schema
 from .prompt import build_prompt
 from .state import KernelState
 
@@ -59,18 +59,7 @@ def _rows_value(expression: str, namespace: dict[str, Any]) -> Any:
     """``--each NAME`` → the rows (``NAME`` may be an expression such as ``df.head(20)``)."""
     from ..batching.rows import _is_dataframe, _is_series
 
-    expression = expression.strip()
-    if not expression:
-        raise UsageError(f"--each needs a name: {ACCEPTED}")
-    try:
-        value = eval(expression, namespace)  # the user's own expression, in their kernel
-    except NameError as exc:
-        raise UsageError(f"--each {expression}: {exc}. {ACCEPTED}.") from None
-    except Exception as exc:
-        raise UsageError(
-            f"--each {expression} could not be evaluated ({type(exc).__name__}: {exc}). "
-            f"{ACCEPTED}."
-        ) from None
+    expression, value = evaluate_option("--each", expression, namespace, ACCEPTED)
     if not (isinstance(value, (list, tuple)) or _is_dataframe(value) or _is_series(value)):
         raise UsageError(f"--each {expression} is {article(type(value).__name__)}. {ACCEPTED}.")
     if len(value) == 0:

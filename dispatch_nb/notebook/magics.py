@@ -194,7 +194,7 @@ class ChatMagics(Magics):
         #: the modules that run cells and commands receive it
         self.state = KernelState(shell, self)
 
-    # -- the state, as earlier versions exposed it -----------------------------------------------
+    # -- the state tests and users read ----------------------------------------------------------
     @property
     def errors(self) -> ErrorLog:
         """``Err``: the exceptions of earlier cells by execution count."""
@@ -209,20 +209,6 @@ class ChatMagics(Magics):
     def login_view(self) -> Any:
         """The last login view (None before any login)."""
         return self.state.login_view
-
-    @property
-    def execution_count(self) -> int | None:
-        """The number (``In[n]``) of the cell running now, when IPython counts it."""
-        return self.state.execution_count
-
-    @property
-    def cell_id(self) -> str | None:
-        """The front end's id of the cell running now (None when it sent none)."""
-        return self.state.cell_id
-
-    def next_occurrence(self, base: str) -> int:
-        """How many chat calls with identity ``base`` this execution already made."""
-        return self.state.next_occurrence(base)
 
     def close_adapters(self) -> None:
         """Close every cached adapter (they are recreated on demand)."""

@@ -79,6 +79,27 @@ def resolve_tools(names: str | None, namespace: dict[str, Any]) -> list[Any]:
     return out
 
 
+def evaluate_option(
+    option: str, expression: str, namespace: dict[str, Any], accepted: str
+) -> tuple[str, Any]:
+    """``option NAME`` → ``(NAME stripped, its value)``: ``NAME`` may be an expression, evaluated
+    in the namespace; none, a missing name or a failing expression is a ``UsageError`` that ends
+    with ``accepted`` (what the option takes)."""
+    expression = expression.strip()
+    if not expression:
+        raise UsageError(f"{option} needs a name: {accepted}")
+    try:
+        value = eval(expression, namespace)  # the user's own expression, in their kernel
+    except NameError as exc:
+        raise UsageError(f"{option} {expression}: {exc}. {accepted}.") from None
+    except Exception as exc:
+        raise UsageError(
+            f"{option} {expression} could not be evaluated ({type(exc).__name__}: {exc}). "
+            f"{accepted}."
+        ) from None
+    return expression, value
+
+
 def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
     """``--schema NAME`` → a checked :class:`~dispatch_nb.structured.StructuredOutput` (None
     without the option). ``NAME`` may be an expression such as ``list[Review]``, evaluated in the
@@ -86,18 +107,7 @@ def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
     accepted; the schema is built and checked here, before anything is sent."""
     if expression is None:
         return None
-    expression = expression.strip()
-    if not expression:
-        raise UsageError(f"--schema needs a name: {SCHEMA_ACCEPTED}")
-    try:
-        value = eval(expression, namespace)  # the user's own expression, in their kernel
-    except NameError as exc:
-        raise UsageError(f"--schema {expression}: {exc}. {SCHEMA_ACCEPTED}.") from None
-    except Exception as exc:
-        raise UsageError(
-            f"--schema {expression} could not be evaluated ({type(exc).__name__}: {exc}). "
-            f"{SCHEMA_ACCEPTED}."
-        ) from None
+    expression, value = evaluate_option("--schema", expression, namespace, SCHEMA_ACCEPTED)
     from ..structured import StructuredOutput, as_output  # only for --schema
 
     schema_like = (

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..render import code_span, short_line
+
 if TYPE_CHECKING:
     from ..types import Message, Response
 
@@ -92,10 +94,10 @@ class Turn:
             for block in message.content:
                 if isinstance(block, ToolUseBlock):
                     args = json.dumps(block.arguments, ensure_ascii=False)
-                    steps.append(("call", _short(f"{block.name}({args})")))
+                    steps.append(("call", short_line(f"{block.name}({args})")))
                 elif isinstance(block, ToolResultBlock):
                     prefix = "⚠ " if block.is_error else ""
-                    steps.append(("result", prefix + _short(block.text)))
+                    steps.append(("result", prefix + short_line(block.text)))
         return steps
 
     @property
@@ -166,9 +168,9 @@ class ChatThread:
             parts.append(f"---\n**{i}. You**{meta}\n\n{_quote(turn.prompt)}\n")
             for kind, text in turn.steps():
                 if kind == "call":
-                    parts.append(f"🔧 {_code(text)}\n")
+                    parts.append(f"🔧 {code_span(text)}\n")
                 elif kind == "result":
-                    parts.append(f"→ {_code(text)}\n")
+                    parts.append(f"→ {code_span(text)}\n")
             parts.append(f"**Assistant**\n\n{_quote(turn.answer) or '*(no text)*'}\n")
         return "\n".join(parts)
 
@@ -184,19 +186,6 @@ class ChatThread:
             lines.append(f"Assistant: {turn.answer}")
             out.append("\n".join(lines))
         return "\n\n".join(out)
-
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _code(text: str) -> str:
-    fence = "`"
-    while fence in text:
-        fence += "`"
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _quote(text: str) -> str:

@@ -24,9 +24,8 @@ from ..errors import (
     DispatchError,
     ModelUnavailableError,
     RequestError,
-    error_for_status,
 )
-from ..http_adapter import HTTPAdapter, WireRequest, error_details
+from ..http_adapter import HTTPAdapter, WireRequest
 from ..types import ModelInfo, as_messages
 from ..wire.anthropic import (
     DEFAULT_MAX_TOKENS,
@@ -119,10 +118,6 @@ class AnthropicAdapter(HTTPAdapter):
     display_name = "Anthropic"
 
     @property
-    def model_name(self) -> str:
-        return self._model
-
-    @property
     def max_context_tokens(self) -> int | None:
         """200 000 for Claude models (the standard window), else unknown."""
         return CLAUDE_CONTEXT_TOKENS if self._model.startswith("claude") else None
@@ -190,9 +185,9 @@ class AnthropicAdapter(HTTPAdapter):
             headers=self._beta_header(request.options.get("betas")),
         )
 
-    def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
-        message, etype = error_details(body)
-        request_id = headers.get("request-id") or headers.get("x-request-id")
+    def error_request_id(self, body: bytes, headers: httpx.Headers) -> str | None:
+        """Anthropic's ``request-id`` header, else the body's ``request_id``."""
+        request_id: str | None = headers.get("request-id") or headers.get("x-request-id")
         if request_id is None:
             try:
                 data = orjson.loads(body)
@@ -200,14 +195,7 @@ class AnthropicAdapter(HTTPAdapter):
                 data = None
             if isinstance(data, dict) and isinstance(data.get("request_id"), str):
                 request_id = data["request_id"]
-        return error_for_status(
-            status,
-            message,
-            provider=self.provider_name,
-            error_type=etype,
-            headers=headers,
-            request_id=request_id,
-        )
+        return request_id
 
     # -- models, tokens, validation ------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:

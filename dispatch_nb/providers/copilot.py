@@ -290,10 +290,6 @@ class CopilotAdapter(HTTPAdapter):
     display_name = "GitHub Copilot"
 
     @property
-    def model_name(self) -> str:
-        return self._model
-
-    @property
     def github_url(self) -> str:
         """The GitHub this adapter logs in to (device flow, token file host)."""
         return self._github_url

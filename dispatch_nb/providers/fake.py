@@ -64,10 +64,6 @@ class CanonicalAdapter(HTTPAdapter):
     provider_name = "fake"
     display_name = "Fake (canonical protocol)"
 
-    @property
-    def model_name(self) -> str:
-        return self._model
-
     def auth_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 

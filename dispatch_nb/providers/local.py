@@ -565,10 +565,6 @@ class LocalAdapter(Adapter):
     display_name = "Local model (llama.cpp)"
 
     @property
-    def model_name(self) -> str:
-        return self._model
-
-    @property
     def max_context_tokens(self) -> int | None:
         return self.n_ctx
 

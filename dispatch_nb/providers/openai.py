@@ -180,8 +180,8 @@ class OpenAIAdapter(HTTPAdapter):
 
     # -- what a subclass fixes -------------------------------------------------------------------
     _backend: Backend = "official"
-    _provider = "openai"
-    _display = "OpenAI"
+    provider_name = "openai"
+    display_name = "OpenAI"
     #: the official API refuses calls without a key: a compatible server may need none
     _key_required = True
 
@@ -200,18 +200,6 @@ class OpenAIAdapter(HTTPAdapter):
         raise NotImplementedError
 
     # -- identity --------------------------------------------------------------------------------
-    @property
-    def model_name(self) -> str:
-        return self._model
-
-    @property
-    def provider_name(self) -> str:
-        return self._provider
-
-    @property
-    def display_name(self) -> str:
-        return self._display
-
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(model={self._model!r}, backend={self.backend_mode!r}, "
@@ -225,15 +213,15 @@ class OpenAIAdapter(HTTPAdapter):
         if key:
             return {"authorization": f"Bearer {key}"}
         if self._key_required:
-            why = kept_back or (f"set {self.settings.key_env} (`%chat key {self._provider}` in a "
+            why = kept_back or (f"set {self.settings.key_env} (`%chat key {self.provider_name}` in a "
                                 "notebook) or pass api_key=")
             raise AuthenticationError(
-                f"no {self._display} API key for {self._provider}:{self._model} at "
+                f"no {self.display_name} API key for {self.provider_name}:{self._model} at "
                 f"{self.base_url}: {why}",
                 provider=self.provider_name,
             )
         if kept_back:
-            logger.info("%s:%s at %s: %s", self._provider, self._model, self.base_url, kept_back)
+            logger.info("%s:%s at %s: %s", self.provider_name, self._model, self.base_url, kept_back)
         return {}
 
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
@@ -243,7 +231,7 @@ class OpenAIAdapter(HTTPAdapter):
         if isinstance(error, AuthenticationError) and not self._api_key:
             _key, kept_back = self.settings.key_for(self.base_url)
             note = f" ({kept_back})" if kept_back else ""
-            error.message = f"{error.message} [{self._provider}:{self._model} at {self.base_url}]{note}"
+            error.message = f"{error.message} [{self.provider_name}:{self._model} at {self.base_url}]{note}"
         return error
 
     def _current_wire(self) -> ChatCompletionsWire | ResponsesWire:
@@ -279,7 +267,7 @@ class OpenAIAdapter(HTTPAdapter):
     def batch_api(self) -> OpenAIBatchAPI | None:
         """OpenAI's Batch API (``batch(..., deferred=True)``): the official API has one; a
         chat.completions server (``compatible``) has none."""
-        if self._provider != "openai":
+        if self.provider_name != "openai":
             return None
         from .batch_api import OpenAIBatchAPI
 
@@ -326,7 +314,7 @@ class ResponsesAdapter(OpenAIAdapter):
     _backend: Backend = "official"
 
     def _make_wire(self) -> ResponsesWire:
-        return ResponsesWire(self._provider)
+        return ResponsesWire(self.provider_name)
 
 
 class CompatibleAdapter(OpenAIAdapter):
@@ -336,8 +324,8 @@ class CompatibleAdapter(OpenAIAdapter):
     ``OPENAI_BACKEND=compatible`` chose it); a key is optional."""
 
     _backend: Backend = "compatible"
-    _provider = "compatible"
-    _display = "OpenAI-compatible server"
+    provider_name = "compatible"
+    display_name = "OpenAI-compatible server"
     _key_required = False
 
     def _settings(self, backend: str | None) -> EnvCredentials:
@@ -345,7 +333,7 @@ class CompatibleAdapter(OpenAIAdapter):
         return OPENAI_ENV if chosen_by_env else COMPATIBLE_ENV
 
     def _make_wire(self) -> ChatCompletionsWire:
-        return ChatCompletionsWire(self._provider)
+        return ChatCompletionsWire(self.provider_name)
 
 
 def connect_official(model: str, **options: Any) -> OpenAIAdapter:

@@ -157,9 +157,7 @@ class ToolLoop:
 
                     run_sync(self._alist_servers(), turn.control, "while listing MCP tools")
                 kwargs = turn.call_kwargs(self._tool_payload())
-                reserved = None
-                try:
-                    reserved = self._reserve(kwargs)
+                with self._model_call(turn, message, state, kwargs) as reserved:
                     if streaming:
                         with self._adapter.stream(self._wire_history(), **kwargs) as stream:
                             state.stream = stream
@@ -167,11 +165,6 @@ class ToolLoop:
                         response = stream.response
                     else:
                         response = self._adapter.chat(self._wire_history(), **kwargs)
-                except BaseException as exc:
-                    self._call_failed(turn, message, exc, reserved)
-                    raise
-                finally:
-                    state.stream = None
                 yield self._answered(turn, state, response, reserved)
                 action = self._next_action(turn, response)
                 if action == "tools":
@@ -208,9 +201,7 @@ class ToolLoop:
                     await turn.control.run_async(
                         asyncio.ensure_future(self._alist_servers()), "while listing MCP tools")
                 kwargs = turn.call_kwargs(self._tool_payload())
-                reserved = None
-                try:
-                    reserved = self._reserve(kwargs)
+                with self._model_call(turn, message, state, kwargs) as reserved:
                     if streaming:
                         astream = self._adapter.astream(self._wire_history(), **kwargs)
                         async with astream:
@@ -220,11 +211,6 @@ class ToolLoop:
                         response = astream.response
                     else:
                         response = await self._adapter.achat(self._wire_history(), **kwargs)
-                except BaseException as exc:
-                    self._call_failed(turn, message, exc, reserved)
-                    raise
-                finally:
-                    state.stream = None
                 yield self._answered(turn, state, response, reserved)
                 action = self._next_action(turn, response)
                 if action == "tools":
@@ -417,6 +403,22 @@ class ToolLoop:
 
             partial = response if isinstance(response, Response) else None
             self.budget.settle(reserved, attempt_cost(partial, failed, reserved))
+
+    @contextlib.contextmanager
+    def _model_call(self, turn: Turn, message: Message, state: TurnState,
+                    kwargs: dict[str, Any]) -> Iterator[Decimal | None]:
+        """Around one model call of the sync or the async loop: reserve its budget (the value
+        given), and on any failure (an interrupt, the caller closing the turn) settle the call
+        as :meth:`_call_failed` says; either way the turn has no model call streaming after."""
+        reserved = None
+        try:
+            reserved = self._reserve(kwargs)
+            yield reserved
+        except BaseException as exc:
+            self._call_failed(turn, message, exc, reserved)
+            raise
+        finally:
+            state.stream = None
 
     def _answered(self, turn: Turn, state: TurnState, response: Response,
                   reserved: Decimal | None) -> MessageDoneEvent:

@@ -11,7 +11,7 @@ ends); ``KeyboardInterrupt`` and task cancellation are raised at once, with ``pa
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Generator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..errors import RequestCancelled
 from ..stream import AsyncResponseStream, ResponseStream, attach_partial
@@ -39,18 +39,25 @@ class TurnState:
 
 
 
-class _TurnStream:
-    """What :class:`SessionStream` and :class:`AsyncSessionStream` share: the turn's state, the
-    error that ended it, and what happens when its events end, fail or are interrupted."""
+_E = TypeVar(
+    "_E", bound="Generator[StreamEvent, None, None] | AsyncGenerator[StreamEvent, None]"
+)
 
-    def __init__(self, state: TurnState, raise_errors: bool) -> None:
+
+class _TurnStream(Generic[_E]):
+    """What :class:`SessionStream` and :class:`AsyncSessionStream` share: the turn's events and
+    state, the error that ended it, and what happens when its events end, fail or are
+    interrupted."""
+
+    def __init__(self, events: _E, state: TurnState, raise_errors: bool) -> None:
+        self._events = events
         self._state = state
         self._raise = raise_errors
+        #: the exception that ended the turn, if one did
+        self.error: Exception | None = None
         self._finished = False
         self._raised = False
         self._closed = False
-        #: the exception that ended the turn, if one did
-        self.error: Exception | None = None
 
     @property
     def partial(self) -> Response | None:
@@ -79,31 +86,25 @@ class _TurnStream:
             raise self.error
         return True
 
-    def _failed(self, exc: Exception) -> ErrorEvent:
-        """The turn failed: the event that says so (the error is raised on the next step)."""
+    def _failed(self, exc: BaseException) -> ErrorEvent:
+        """The turn failed: the event that says so (the error is raised on the next step). Ctrl-C
+        or task cancellation (not an ``Exception``) is raised at once, with what arrived
+        attached."""
         self._finished = True
+        if not isinstance(exc, Exception):
+            attach_partial(exc, self.partial)
+            raise exc
         self.error = exc
         return ErrorEvent(error=exc)
 
-    def _interrupted(self, exc: BaseException) -> None:
-        """Ctrl-C or task cancellation: raised at once, with what arrived attached."""
-        self._finished = True
-        attach_partial(exc, self.partial)
 
-
-class SessionStream(_TurnStream):
+class SessionStream(_TurnStream[Generator[StreamEvent, None, None]]):
     """What :meth:`Session.stream` returns: iterate for events; a context manager.
 
     ``response`` is the final :class:`Response` (reading it finishes the turn); ``partial`` is what
     the current model turn has produced so far; ``error`` is the failure, if any; ``close()`` ends
     the turn and its HTTP stream (the unfinished answer stays out of history).
     """
-
-    def __init__(
-        self, events: Generator[StreamEvent, None, None], state: TurnState, raise_errors: bool
-    ) -> None:
-        super().__init__(state, raise_errors)
-        self._events = events
 
     def __iter__(self) -> SessionStream:
         return self
@@ -116,11 +117,8 @@ class SessionStream(_TurnStream):
         except StopIteration:
             self._finished = True
             raise
-        except Exception as exc:
-            return self._failed(exc)
         except BaseException as exc:
-            self._interrupted(exc)
-            raise
+            return self._failed(exc)
 
     @property
     def response(self) -> Response:
@@ -150,14 +148,8 @@ class SessionStream(_TurnStream):
         self.close()
 
 
-class AsyncSessionStream(_TurnStream):
+class AsyncSessionStream(_TurnStream[AsyncGenerator[StreamEvent, None]]):
     """The async twin of :class:`SessionStream` (``async for``, ``async with``, ``aclose``)."""
-
-    def __init__(
-        self, events: AsyncGenerator[StreamEvent, None], state: TurnState, raise_errors: bool
-    ) -> None:
-        super().__init__(state, raise_errors)
-        self._events = events
 
     def __aiter__(self) -> AsyncSessionStream:
         return self
@@ -170,11 +162,8 @@ class AsyncSessionStream(_TurnStream):
         except StopAsyncIteration:
             self._finished = True
             raise
-        except Exception as exc:
-            return self._failed(exc)
         except BaseException as exc:
-            self._interrupted(exc)
-            raise
+            return self._failed(exc)
 
     async def until_done(self) -> Response:
         """Consume the rest of the turn and return its final response."""

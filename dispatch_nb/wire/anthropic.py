@@ -514,8 +514,6 @@ class MessagesWire(WireBase):
     name = "messages"
     path = "v1/messages"
     options = MESSAGES_OPTIONS
-    output_modes = ("tool", "prompt")
-    #: how ``output=`` goes natively
     native_output: ClassVar[str] = "output_config"
 
     def build_body(

@@ -130,7 +130,7 @@ class WireBase:
     #: the per-call options the format understands
     options: ClassVar[frozenset[str]]
     #: the structured-output modes a call may ask for besides ``auto`` / ``native``
-    output_modes: ClassVar[tuple[str, ...]]
+    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
 
     def wire_request(
         self: WireFormat,

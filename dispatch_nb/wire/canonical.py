@@ -142,7 +142,6 @@ class CanonicalWire(WireBase):
     name = "canonical"
     path = "chat"
     options = CANONICAL_OPTIONS
-    output_modes = ("tool", "prompt")
     #: how ``output=`` goes natively: the body's ``output`` (name, description, schema)
     native_output: ClassVar[str] = "canonical"
 

@@ -25,7 +25,6 @@ __all__ = [
     "chat_error",
     "chat_stop_reason",
     "chat_usage",
-    "parse_chat_completion",
     "parse_model_list",
     "status_for_error_code",
 ]
@@ -48,17 +47,20 @@ _FINISH: dict[str, StopReason] = {
 }
 
 
-def chat_usage(usage: Mapping[str, Any]) -> Usage:
+def chat_usage(
+    usage: Mapping[str, Any], input_field: str = "prompt_tokens", output_field: str = "completion_tokens"
+) -> Usage:
     """chat.completions usage → :class:`Usage`: ``input_tokens`` excludes cached prompt tokens,
     which become ``cache_read_tokens`` (``cache_write_tokens``, where sent, become
-    ``cache_creation_tokens``)."""
-    prompt = int(usage.get("prompt_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
+    ``cache_creation_tokens``). The Responses API names the fields ``input_tokens`` /
+    ``output_tokens`` (its details: ``input_tokens_details``)."""
+    prompt = int(usage.get(input_field) or 0)
+    details = usage.get(f"{input_field}_details") or {}
     cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
     written = int(details.get("cache_write_tokens") or 0) if isinstance(details, dict) else 0
     return Usage(
         input_tokens=max(0, prompt - cached - written),
-        output_tokens=int(usage.get("completion_tokens") or 0),
+        output_tokens=int(usage.get(output_field) or 0),
         cache_read_tokens=cached,
         cache_creation_tokens=written,
     )
@@ -387,45 +389,31 @@ class ChatStreamParser:
             )
         return self._finish()
 
-
-def parse_chat_completion(
-    body: Any,
-    acc: Accumulator,
-    *,
-    provider: str,
-    reasoning_fields: Sequence[str] = REASONING_FIELDS,
-    signature_field: str | None = "reasoning_opaque",
-    reasoning_provider: str | None = None,
-) -> None:
-    """Fill ``acc`` from a non-streamed ``chat.completion`` body (every choice is read)."""
-    if not isinstance(body, dict):
-        raise APIConnectionError(
-            f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
-        )
-    parser = ChatStreamParser(
-        acc,
-        provider=provider,
-        reasoning_fields=reasoning_fields,
-        signature_field=signature_field,
-        reasoning_provider=reasoning_provider,
-    )
-    chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
-    choices = []
-    for choice in body.get("choices") or []:
-        message = dict(choice.get("message") or {})
-        calls = message.get("tool_calls")
-        if calls:
-            message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)]
-        choices.append(
-            {
-                "index": choice.get("index", 0),
-                "delta": message,
-                "finish_reason": choice.get("finish_reason") or "stop",
-            }
-        )
-    chunk["choices"] = choices
-    parser.feed_chunk(chunk)
-    parser._finish()
+    def parse_completion(self, body: Any) -> None:
+        """Fill the accumulator from a non-streamed ``chat.completion`` body (every choice is
+        read)."""
+        if not isinstance(body, dict):
+            raise APIConnectionError(
+                f"the server answered with an unexpected body: {str(body)[:200]!r}",
+                provider=self.provider,
+            )
+        chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
+        choices = []
+        for choice in body.get("choices") or []:
+            message = dict(choice.get("message") or {})
+            calls = message.get("tool_calls")
+            if calls:
+                message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)]
+            choices.append(
+                {
+                    "index": choice.get("index", 0),
+                    "delta": message,
+                    "finish_reason": choice.get("finish_reason") or "stop",
+                }
+            )
+        chunk["choices"] = choices
+        self.feed_chunk(chunk)
+        self._finish()
 
 
 def parse_model_list(body: Any) -> list[ModelInfo]:

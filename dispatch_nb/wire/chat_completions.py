@@ -10,8 +10,8 @@ Used by the ``compatible`` backend of :class:`~dispatch_nb.providers.openai.Open
     parser = wire.stream_parser(acc)                         # feed(ServerSentEvent) -> deltas
     wire.parse_body(json_body, acc)
 
-The functions underneath (:func:`build_chat_body`, :class:`ChatStreamParser`,
-:func:`parse_chat_completion`) take the same quirks as plain keyword arguments. The answer side
+What is underneath (:func:`build_chat_body`, :class:`ChatStreamParser` and its
+:meth:`~ChatStreamParser.parse_completion`) takes the same quirks as plain keyword arguments. The answer side
 (the stream parser, usage, stop reasons, errors) lives in :mod:`~dispatch_nb.wire.chat_answers`;
 this module re-exports it.
 
@@ -79,7 +79,6 @@ from .chat_answers import (
     chat_error,
     chat_stop_reason,
     chat_usage,
-    parse_chat_completion,
     parse_model_list,
     status_for_error_code,
 )
@@ -102,7 +101,6 @@ __all__ = [
     "chat_tools",
     "chat_usage",
     "map_tool_choice",
-    "parse_chat_completion",
     "parse_model_list",
     "status_for_error_code",
     "tool_arguments_text",
@@ -521,11 +519,7 @@ class ChatCompletionsWire(WireBase):
         )
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
-        q = self.quirks
-        parse_chat_completion(
-            body, acc, provider=self.provider, reasoning_fields=q.reasoning_fields,
-            signature_field=q.signature_field, reasoning_provider=q.reasoning_provider,
-        )
+        self.stream_parser(acc).parse_completion(body)
 
     def should_resend(self, error: DispatchError) -> ChatCompletionsWire | None:
         """The wire format to resend a request with after ``error``, when the error shows a quirk

@@ -73,6 +73,7 @@ from ..types import (
 )
 from .base import WireBase
 from .chat_completions import (
+    chat_usage,
     map_tool_choice,
     status_for_error_code,
     tool_arguments_text,
@@ -429,16 +430,7 @@ def build_responses_body(
 def responses_usage(usage: Mapping[str, Any]) -> Usage:
     """Responses usage → :class:`Usage` (cached input tokens → ``cache_read_tokens``, excluded
     from ``input_tokens``)."""
-    total_in = int(usage.get("input_tokens") or 0)
-    details = usage.get("input_tokens_details") or {}
-    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-    written = int(details.get("cache_write_tokens") or 0) if isinstance(details, dict) else 0
-    return Usage(
-        input_tokens=max(0, total_in - cached - written),
-        output_tokens=int(usage.get("output_tokens") or 0),
-        cache_read_tokens=cached,
-        cache_creation_tokens=written,
-    )
+    return chat_usage(usage, "input_tokens", "output_tokens")
 
 
 def responses_error(error: Any, *, provider: str, default_status: int = 500) -> DispatchError:
@@ -789,8 +781,6 @@ class ResponsesWire(WireBase):
     name = "responses"
     path = "responses"
     options = RESPONSES_OPTIONS
-    output_modes = ("tool", "prompt")
-    #: how ``output=`` goes natively
     native_output: ClassVar[str] = "text.format"
 
     def build_body(
