@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import functools
 import inspect
 import os
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 __all__ = ["HIGH_WATER", "SyncIterator", "loop_thread", "run_sync", "same_parameters"]
 
@@ -50,16 +51,37 @@ def same_parameters(
     """Give the decorated function (written ``(*args, **kwargs)``, passing them on) the parameters
     of ``of``: type checkers see them, and so does :func:`inspect.signature` (less those named in
     ``hide``, which it accepts and ignores); it keeps its own return annotation and docstring.
-    How a sync entry point and its async twin share one list of keywords."""
+    How a sync entry point and its async twin share one list of keywords.
+
+    Arguments that do not fit ``of`` raise :class:`TypeError` naming the decorated function (not
+    ``of``) as soon as it is called — for an async function, when it is awaited."""
 
     def decorate(func: Callable[..., T]) -> Callable[P, T]:
         signature = inspect.signature(of)
-        params = [p for p in signature.parameters.values() if p.name not in set(hide)]
-        returns = inspect.signature(func).return_annotation
-        func.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=params, return_annotation=returns
+        hidden = set(hide)
+        params = [p for p in signature.parameters.values() if p.name not in hidden]
+        public = signature.replace(
+            parameters=params, return_annotation=inspect.signature(func).return_annotation
         )
-        return func
+
+        def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{func.__qualname__}(): {exc}") from None
+
+        async def checked_async(*args: Any, **kwargs: Any) -> Any:
+            check(args, kwargs)
+            return await func(*args, **kwargs)  # type: ignore[misc]
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            check(args, kwargs)
+            return func(*args, **kwargs)
+
+        wrapper: Any = checked_async if inspect.iscoroutinefunction(func) else checked
+        functools.update_wrapper(wrapper, func)
+        wrapper.__signature__ = public
+        return cast("Callable[P, T]", wrapper)
 
     return decorate
 

@@ -205,6 +205,10 @@ class Accumulator:
         self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
     ) -> StreamDelta:
         """Append text (to the open text block with this key, else a new one)."""
+        self._add_text(text, key, provider_data)
+        return text_delta("text_delta", text)
+
+    def _add_text(self, text: str, key: Hashable, provider_data: dict[str, Any] | None) -> None:
         last = self._last
         if not (type(last) is _Text and last.key == key):
             last = _Text(key, provider_data)
@@ -214,7 +218,6 @@ class Accumulator:
             last.provider_data = provider_data
         last.add(text)
         self.started = True
-        return text_delta("text_delta", text)
 
     def thinking(
         self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
@@ -389,8 +392,8 @@ class Accumulator:
         <dispatch_nb.types.Response.deltas>`, it rebuilds that response's text, thinking and tool
         calls."""
         kind = delta.type
-        if kind == "text_delta":
-            self.text(delta.text or "")
+        if kind == "text_delta":  # (the hot path of a replay or a live view: no delta is built)
+            self._add_text(delta.text or "", None, None)
         elif kind == "thinking_delta":
             self.thinking(delta.text or "")
         elif kind == "tool_use_start":

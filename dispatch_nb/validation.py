@@ -23,6 +23,8 @@ with U+FFFD (``�``) and says how many it replaced.
 
 from __future__ import annotations
 
+import inspect
+import os
 import re
 import warnings
 from collections.abc import Mapping
@@ -150,11 +152,29 @@ def surrogate_note(count: int, where: str = "the prompt") -> str:
     ).replace("were replaced", "was replaced" if count == 1 else "were replaced")
 
 
-def clean_text(text: str, where: str, *, stacklevel: int = 3) -> str:
-    """``text`` without lone surrogates; warns once (one line) when it replaced any."""
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by the function calling this one name the
+    first line outside dispatch_nb: the user's call, however many of the library's frames lie
+    between (sync or async entry point, a session, a magic)."""
+    frame = inspect.currentframe()
+    level = 0
+    frame = frame.f_back if frame is not None else None  # the function that will warn: level 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level += 1
+        frame = frame.f_back
+    return level + 1
+
+
+def clean_text(text: str, where: str) -> str:
+    """``text`` without lone surrogates; warns once (one line, naming the caller's line) when
+    it replaced any."""
     cleaned, count = replace_lone_surrogates(text)
     if count:
-        warnings.warn(surrogate_note(count, where), UnicodeWarning, stacklevel=stacklevel)
+        warnings.warn(surrogate_note(count, where), UnicodeWarning,
+                      stacklevel=caller_stacklevel())
     return cleaned
 
 
@@ -164,17 +184,17 @@ def clean_messages(messages: Any) -> Any:
     from .types import Message, TextBlock
 
     if isinstance(messages, str):
-        return clean_text(messages, "the message", stacklevel=6)
+        return clean_text(messages, "the message")
     if isinstance(messages, Message):
         content = messages.content
         if isinstance(content, str):
-            cleaned = clean_text(content, "the message", stacklevel=6)
+            cleaned = clean_text(content, "the message")
             return messages if cleaned is content else messages.model_copy(update={"content": cleaned})
         blocks = []
         changed = False
         for block in content:
             if isinstance(block, TextBlock):
-                text = clean_text(block.text, "the message", stacklevel=6)
+                text = clean_text(block.text, "the message")
                 if text is not block.text:
                     block = block.model_copy(update={"text": text})
                     changed = True
@@ -207,5 +227,5 @@ def check_entry(
     if cancel is not None and not isinstance(cancel, CancelToken):
         raise TypeError(f"cancel must be a CancelToken or None — not {_describe(cancel)}")
     if system is not None:
-        system = clean_text(system, "the system prompt", stacklevel=5)
+        system = clean_text(system, "the system prompt")
     return clean_messages(messages), system

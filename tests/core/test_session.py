@@ -667,3 +667,39 @@ def test_lone_surrogates_are_replaced_with_one_warning(
     with pytest.warns(UnicodeWarning, match="in the system prompt"):
         adapter.chat("hi", system="be \udcff")
     assert sent(fake)["system"] == "be \ufffd"
+
+
+def test_the_surrogate_warning_names_the_callers_line(adapter: CanonicalAdapter) -> None:
+    """Whichever entry point, sync or async, the warning points at the line that called it."""
+
+    async def achat(text: str) -> None:
+        await adapter.achat(text)
+
+    async def astream(text: str) -> None:
+        async with adapter.astream(text) as deltas:
+            async for _ in deltas:
+                pass
+
+    def stream(text: str) -> None:
+        with adapter.stream(text) as deltas:
+            list(deltas)
+
+    calls = {
+        "chat": lambda text: adapter.chat(text),
+        "stream": stream,
+        "achat": lambda text: asyncio.run(achat(text)),
+        "astream": lambda text: asyncio.run(astream(text)),
+    }
+    for name, call in calls.items():
+        with pytest.warns(UnicodeWarning) as caught:
+            call("caf\udce9")
+        assert [w.filename for w in caught] == [__file__], name
+
+
+def test_wrong_arguments_name_the_entry_point(adapter: CanonicalAdapter) -> None:
+    with pytest.raises(TypeError, match=r"^Adapter.chat\(\): missing a required"):
+        adapter.chat()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^Adapter.stream\(\): too many positional"):
+        adapter.stream("x", "y")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^Adapter.achat\(\): missing a required"):
+        asyncio.run(adapter.achat())  # type: ignore[call-arg]

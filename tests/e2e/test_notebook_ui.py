@@ -112,8 +112,8 @@ def test_streamed_answer_renders_markdown_while_it_streams(
     nb = open_notebook([LOAD, "%%chat\nWrite a short report with a heading, code and a table."])
     nb.run(0)
     nb.start_answer_sampling(1, interval_ms=40)
-    before = nb.start(1)
     try:
+        before = nb.start(1)
         # mid-stream: the code block and the list are rendered while the cell still runs
         wait_until(
             lambda: nb.prompt(1) == "[*]:"
@@ -198,8 +198,8 @@ def test_notes_stay_and_a_retry_is_one_quiet_line(
     nb.run(0)
     nb.start_watching(1, r"retrying in \d+ s|retried once \([^)]*\)")
     nb.start_answer_sampling(1, interval_ms=40)
-    before = nb.start(1)
     try:
+        before = nb.start(1)
         wait_until(lambda: "retrying in" in nb.output_text(1), 30, 0.05, "the retry status line")
         nb.screenshot("retry-status", element=nb.cell(1))
         wait_until(lambda: nb.answer_sampled(lambda s: s.live and "Then" in s.text), 30, 0.05,

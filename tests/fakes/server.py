@@ -69,6 +69,10 @@ class RecordedRequest:
         return self.headers.get(name.lower())
 
 
+#: the longest a reply waits for its ``hold`` (a test that failed before setting it)
+HOLD_LIMIT = 120.0
+
+
 @dataclass
 class Reply:
     """What the server answers.
@@ -92,6 +96,10 @@ class Reply:
     stall_after: int | None = None
     hold: threading.Event | None = None
     compress: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.hold is not None and self.stall_after is None:
+            raise ValueError("hold= pauses at stall_after=: give both")
 
     @classmethod
     def json(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
@@ -413,12 +421,14 @@ class LoopbackServer:
                 return bool(readable) or owner.stopping.is_set()
 
             def _pause(self, reply: Reply) -> bool:
-                """The pause at ``stall_after``: until ``reply.hold`` is set, or ``stall``
-                seconds; True (send nothing more) as :meth:`_wait`."""
+                """The pause at ``stall_after``: until ``reply.hold`` is set (at most
+                :data:`HOLD_LIMIT` seconds), or ``stall`` seconds; True (send nothing more) as
+                :meth:`_wait`."""
                 if reply.hold is None:
                     return self._wait(reply.stall)
+                end = time.monotonic() + HOLD_LIMIT
                 while not reply.hold.wait(0.02):
-                    if self._wait(0):
+                    if self._wait(0) or time.monotonic() > end:
                         return True
                 return False
 
