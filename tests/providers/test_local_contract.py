@@ -182,7 +182,9 @@ def test_close_ends_the_stream(adapter: LocalAdapter) -> None:
     assert first.type == "text_delta"
     stream.close()
     assert list(stream) == []
-    assert stream.partial.text == first.text
+    # what arrived: what the caller took, and any token that came while it closed the stream
+    # (the model runs ahead of the caller on the library's thread), as the contract suite says
+    assert stream.partial.text.startswith(first.text)
     assert adapter.chat("Hi", max_tokens=2).usage.output_tokens == 2  # the model is free again
 
 
