@@ -18,6 +18,8 @@ contract suite's ``fake`` in ``tests/contract/conftest.py``):
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -59,6 +61,16 @@ def _openai_bodies_follow_the_schema(request: pytest.FixtureRequest) -> Iterator
         yield
     finally:
         checking.clear()
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises_keyboard_interrupt() -> None:
+    """Ctrl-C raises KeyboardInterrupt in every test, whatever ran before in the process:
+    nbclient hands SIGINT to its event loop while it runs a kernel and gives it back only if the
+    kernel's clean-up succeeds — on a loaded machine a slow shutdown left later tests of that
+    process with a Ctrl-C that did nothing."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
