@@ -65,10 +65,13 @@ def _openai_bodies_follow_the_schema(request: pytest.FixtureRequest) -> Iterator
 
 @pytest.fixture(autouse=True)
 def _ctrl_c_raises_keyboard_interrupt() -> None:
-    """Ctrl-C raises KeyboardInterrupt in every test, whatever ran before in the process:
-    nbclient hands SIGINT to its event loop while it runs a kernel and gives it back only if the
-    kernel's clean-up succeeds — on a loaded machine a slow shutdown left later tests of that
-    process with a Ctrl-C that did nothing."""
+    """Ctrl-C raises KeyboardInterrupt in every test, whatever ran before in the process.
+
+    pytest-xdist starts its test processes with SIGINT ignored; it became Python's handler again
+    only once nbclient had run a kernel in that process (asyncio's ``remove_signal_handler`` puts
+    ``default_int_handler`` back). So the Ctrl-C tests passed only in a process that happened to
+    run a kernel before them: a change of order (three processes, the longest files first) left
+    five of them with a Ctrl-C that did nothing."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
