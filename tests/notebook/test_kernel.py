@@ -307,7 +307,10 @@ def test_cell_id_from_the_front_end_identifies_the_turn(kernel: Kernel, servers:
             metadata={"cellId": cell_id},
         )
         kernel.kc.shell_channel.send(msg)
-        reply = kernel.kc.get_shell_msg(timeout=30)
+        while True:  # this request's reply (an earlier request's may still be waiting unread)
+            reply = kernel.kc.get_shell_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                break
         assert reply["content"]["status"] == "ok", reply["content"]
 
     execute_with_cell_id("%%chat\nfirst version", "cell-1")
