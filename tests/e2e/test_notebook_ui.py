@@ -386,6 +386,10 @@ def test_saved_notebook_reopens_with_markdown(
     jupyter.shutdown_kernels()
     wait_until(lambda: not jupyter.listing("/api/kernels"), 20, 0.2, "the kernel to stop")
     nb.reload()
+    # the reopened page renders its outputs a moment after the cells appear (a loaded machine
+    # showed the heading's element before its text)
+    wait_until(lambda: "Streaming report" in nb.output_text(1), 30, 0.1,
+               "the reopened notebook to show the saved answer")
     _assert_report_rendered(_final_markdown(nb, 1))
     assert all(k["id"] != old_kernel for k in jupyter.listing("/api/kernels"))
     # the front end starts a fresh kernel for the reopened notebook: stop that one too, and the
