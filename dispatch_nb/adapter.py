@@ -225,7 +225,15 @@ class Adapter:
         system: str | None = None,
         tools: Iterable[Any] | None = None,
     ) -> int:
-        """Tokens the prompt would use, or ``-1`` where the provider cannot count."""
+        """Tokens the prompt would use, or ``-1`` where the provider cannot count. The arguments
+        are checked as a call checks them."""
+        return self._count_tokens(self._request(
+            messages, system=system, tools=tools, stream=False, max_tokens=None,
+            temperature=None, options={},
+        ))
+
+    def _count_tokens(self, request: ChatRequest) -> int:
+        """What a provider that can count overrides: the tokens of ``request``'s prompt."""
         return -1
 
     def validate(self) -> ValidationResult:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from .cancel import CancelToken
+from .cancel import CancelToken, remover
 from .clock import monotonic
 from .errors import APITimeoutError, DispatchError, RequestCancelled
 
@@ -126,15 +126,7 @@ class CallControl:
         with self._lock:
             if self.reason is None:
                 self._hooks.append(hook)
-
-                def remove() -> None:
-                    with self._lock:
-                        try:
-                            self._hooks.remove(hook)
-                        except ValueError:
-                            pass
-
-                return remove
+                return remover(self._lock, self._hooks, hook)
         hook()
         return lambda: None
 

@@ -42,7 +42,8 @@ class CancelToken:
                 return
             self.reason = reason
             self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks = list(self._callbacks)  # a remover may run during the loop below
+            self._callbacks.clear()
         for callback in callbacks:
             try:
                 callback()
@@ -55,15 +56,7 @@ class CancelToken:
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(callback)
-
-                def remove() -> None:
-                    with self._lock:
-                        try:
-                            self._callbacks.remove(callback)
-                        except ValueError:
-                            pass
-
-                return remove
+                return remover(self._lock, self._callbacks, callback)
         callback()
         return lambda: None
 
@@ -78,3 +71,17 @@ class CancelToken:
 
     def __repr__(self) -> str:
         return f"CancelToken(cancelled={self.cancelled})"
+
+
+def remover(lock: threading.Lock, callbacks: list[Callable[[], None]],
+            callback: Callable[[], None]) -> Callable[[], None]:
+    """A function that takes ``callback`` out of ``callbacks`` (under ``lock``); idempotent."""
+
+    def remove() -> None:
+        with lock:
+            try:
+                callbacks.remove(callback)
+            except ValueError:
+                pass
+
+    return remove

@@ -152,6 +152,7 @@ class HTTPAdapter(Adapter):
         self,
         *,
         base_url: str,
+        model: str | None = None,
         headers: Mapping[str, str] | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         connect_timeout: float = 15.0,
@@ -161,6 +162,8 @@ class HTTPAdapter(Adapter):
         max_retries: int = 2,
     ) -> None:
         super().__init__(max_tokens=max_tokens, timeout=timeout, max_retries=max_retries)
+        if model is not None:
+            self._model = model  # what Adapter.model_name gives
         self._base_url = base_url.rstrip("/")
         self._extra_headers = dict(headers or {})
         self._async_http_given = async_http_client

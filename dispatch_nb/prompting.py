@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 import functools
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
@@ -98,8 +98,9 @@ def build_prompt(
     return Prompt("".join(out), notes)
 
 
-def _matching_brace(text: str, start: int) -> int:
-    """Index of the ``}`` closing the ``{`` at ``start`` (nesting and quotes respected), or -1."""
+def _outside_quotes(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """``(index, character, nesting depth after it)`` for each character of ``text`` from
+    ``start`` that is not inside a string literal (backslash escapes respected)."""
     depth = 0
     quote: str | None = None
     i = start
@@ -107,43 +108,39 @@ def _matching_brace(text: str, start: int) -> int:
         c = text[i]
         if quote:
             if c == "\\":
-                i += 2
-                continue
-            if c == quote:
+                i += 1
+            elif c == quote:
                 quote = None
         elif c in "'\"":
             quote = c
-        elif c in "{[(":
-            depth += 1
-        elif c in "}])":
-            depth -= 1
-            if depth == 0:
-                return i if c == "}" else -1
+        else:
+            if c in "{[(":
+                depth += 1
+            elif c in "}])":
+                depth -= 1
+            yield i, c, depth
         i += 1
+
+
+def _matching_brace(text: str, start: int) -> int:
+    """Index of the ``}`` closing the ``{`` at ``start`` (nesting and quotes respected), or -1."""
+    for i, c, depth in _outside_quotes(text, start):
+        if depth == 0:
+            return i if c == "}" else -1
     return -1
 
 
 def _split_spec(inner: str) -> tuple[str, str | None, str]:
     """``expr!r:>10`` → (``expr``, ``r``, ``>10``): the top-level conversion and format spec."""
-    depth = 0
-    quote: str | None = None
-    for i, c in enumerate(inner):
-        if quote:
-            if c == quote:
-                quote = None
+    for i, c, depth in _outside_quotes(inner):
+        if depth:
             continue
-        if c in "'\"":
-            quote = c
-        elif c in "[({":
-            depth += 1
-        elif c in "])}":
-            depth -= 1
-        elif depth == 0 and c == "!" and inner[i + 1 : i + 2] in ("r", "s", "a") and (
+        if c == "!" and inner[i + 1 : i + 2] in ("r", "s", "a") and (
             i + 2 == len(inner) or inner[i + 2] == ":"
         ):
             spec = inner[i + 3 :] if i + 2 < len(inner) else ""
             return inner[:i], inner[i + 1], spec
-        elif depth == 0 and c == ":" and not _is_walrus_or_lambda(inner, i):
+        if c == ":" and not _is_walrus_or_lambda(inner, i):
             return inner[:i], None, inner[i + 1 :]
     return inner, None, ""
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 import orjson
 
-from ..adapter import ChatRequest, ValidationResult, normalize_tools
+from ..adapter import ChatRequest, ValidationResult
 from ..errors import (
     APIConnectionError,
     AuthenticationError,
@@ -26,7 +26,7 @@ from ..errors import (
     RequestError,
 )
 from ..http_adapter import HTTPAdapter, WireRequest
-from ..types import ModelInfo, as_messages
+from ..types import ModelInfo
 from ..wire.anthropic import (
     DEFAULT_MAX_TOKENS,
     MESSAGES_OPTIONS,
@@ -94,15 +94,9 @@ class AnthropicAdapter(HTTPAdapter):
             url = url[: -len("/v1")]  # paths below already start with v1/
         extra = {"anthropic-version": anthropic_version}
         extra.update({k.lower(): v for k, v in (headers or {}).items()})
-        super().__init__(
-            base_url=url,
-            headers=extra,
-            async_http_client=async_http_client,
-            max_tokens=max_tokens,
-            timeout=timeout,
-            max_retries=max_retries,
-        )
-        self._model = model
+        super().__init__(base_url=url, model=model, headers=extra,
+                         async_http_client=async_http_client, max_tokens=max_tokens,
+                         timeout=timeout, max_retries=max_retries)
         self._api_key = api_key
         self._betas = list(betas or [])
         #: the wire format: Anthropic's Messages API (``max_tokens`` defaults to this adapter's)
@@ -212,12 +206,7 @@ class AnthropicAdapter(HTTPAdapter):
                 break
         return models
 
-    def count_tokens(
-        self,
-        messages: Any,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-    ) -> int:
+    def _count_tokens(self, request: ChatRequest) -> int:
         """Input tokens the prompt would use (``POST /v1/messages/count_tokens``).
 
         Raises :class:`AuthenticationError` (no or rejected key), :class:`ModelUnavailableError`
@@ -227,9 +216,9 @@ class AnthropicAdapter(HTTPAdapter):
         """
         body: dict[str, Any] = {
             "model": self._model,
-            "messages": wire_messages(as_messages(messages)),
+            "messages": wire_messages(request.messages),
         }
-        body.update(prompt_fields(system, normalize_tools(tools), {}))
+        body.update(prompt_fields(request.system, request.tools, {}))
         try:
             response = self.post_json("v1/messages/count_tokens", body,
                                       headers=self._beta_header())

@@ -250,18 +250,16 @@ class CopilotAdapter(HTTPAdapter):
         cached = self._manager.cached
         super().__init__(
             base_url=cached.endpoints_api if cached is not None else DEFAULT_COPILOT_API_URL,
+            model=model,
             headers={
                 **_EDITOR_HEADERS_LOWER,
                 "copilot-integration-id": COPILOT_INTEGRATION_ID,
                 "openai-intent": OPENAI_INTENT,
                 "x-github-api-version": COPILOT_API_VERSION,
             },
-            async_http_client=async_http_client,
-            max_tokens=max_tokens,
-            timeout=timeout,
+            async_http_client=async_http_client, max_tokens=max_tokens, timeout=timeout,
             max_retries=max_retries,
         )
-        self._model = model
         self._github_token_arg = github_token
         self._token_path = token_path
         self._client_id = client_id

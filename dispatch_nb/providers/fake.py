@@ -51,14 +51,8 @@ class CanonicalAdapter(HTTPAdapter):
                 "that speaks dispatch_nb's canonical protocol",
                 provider="fake",
             )
-        super().__init__(
-            base_url=url,
-            async_http_client=async_http_client,
-            max_tokens=max_tokens,
-            timeout=timeout,
-            max_retries=max_retries,
-        )
-        self._model = model
+        super().__init__(base_url=url, model=model, async_http_client=async_http_client,
+                         max_tokens=max_tokens, timeout=timeout, max_retries=max_retries)
         self._api_key = api_key
 
     provider_name = "fake"

@@ -50,7 +50,7 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,6 @@ from ..types import (
     ToolResultBlock,
     ToolUseBlock,
     Usage,
-    as_messages,
 )
 from ..wire.request import requested_mode, unsupported_mode
 
@@ -612,17 +611,8 @@ class LocalAdapter(Adapter):
             return ValidationResult(False, str(exc))
         return ValidationResult(True, f"loaded {model.name} from {self.model_path}")
 
-    def count_tokens(
-        self,
-        messages: Any,
-        system: str | None = None,
-        tools: Iterable[Any] | None = None,
-    ) -> int:
+    def _count_tokens(self, request: ChatRequest) -> int:
         """The prompt's tokens, exactly as a call would render and tokenize it (no generation)."""
-        request = self._request(
-            as_messages(messages), system=system, tools=tools, stream=True, max_tokens=None,
-            temperature=None, options={},
-        )
         kwargs = self._chat_kwargs(request)
         kwargs["stream"] = False
         model = self._loaded()

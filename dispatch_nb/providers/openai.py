@@ -154,15 +154,9 @@ class OpenAIAdapter(HTTPAdapter):
         settings = self._settings(backend)
         default_url = DEFAULT_OFFICIAL_URL if mode == "official" else DEFAULT_COMPATIBLE_URL
         url = base_url or os.environ.get(settings.url_env, "").strip() or default_url
-        super().__init__(
-            base_url=url,
-            headers=headers,
-            async_http_client=async_http_client,
-            max_tokens=max_tokens,
-            timeout=timeout,
-            max_retries=max_retries,
-        )
-        self._model = model
+        super().__init__(base_url=url, model=model, headers=headers,
+                         async_http_client=async_http_client, max_tokens=max_tokens,
+                         timeout=timeout, max_retries=max_retries)
         self._api_key = api_key  # else the environment's key, read at call time
         #: the environment variables its server and key come from
         self.settings = settings

@@ -26,8 +26,11 @@ def approval_box(nb: Any, index: int) -> Any:
 def test_deny_in_the_browser_never_runs_the_tool(
     open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
 ) -> None:
-    target = jupyter.root / f"touched-{jupyter.frontend.name}.txt"
-    fake.push(Turn(tool_calls=[ToolCall("b1", "touch", {"path": str(target)})]),
+    # a path relative to the notebook (the kernel's and so the MCP server's working directory, as
+    # the next test shows), as a user would give it: the screenshot in docs/ shows no temp path
+    name = f"touched-{jupyter.frontend.name}.txt"
+    target = jupyter.root / name
+    fake.push(Turn(tool_calls=[ToolCall("b1", "touch", {"path": name})]),
               Turn(text="I did not touch it."))
     nb = open_notebook([LOAD, f"%chat mcp add calc -- {sys.executable} {SDK_SERVER} stdio",
                         "%%chat --mcp calc\nTouch the file."])
@@ -35,7 +38,7 @@ def test_deny_in_the_browser_never_runs_the_tool(
     nb.run(1)
     before = nb.start(2)
     box = approval_box(nb, 2)
-    assert str(target) in box.inner_text()  # the tool and its arguments, in full
+    assert f'"path": "{name}"' in box.inner_text()  # the tool and its arguments, in full
     assert "touch" in box.inner_text()
     shot = nb.screenshot("approval-buttons", element=box)
     update_doc_image(shot, "approval-buttons.png")
@@ -51,11 +54,11 @@ def test_deny_in_the_browser_never_runs_the_tool(
 def test_always_in_the_browser_holds_for_the_session(
     open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
 ) -> None:
-    first = jupyter.root / f"always-1-{jupyter.frontend.name}.txt"
-    second = jupyter.root / f"always-2-{jupyter.frontend.name}.txt"
-    fake.push(Turn(tool_calls=[ToolCall("a1", "touch", {"path": str(first)})]),
+    # relative paths land beside the notebook (which the deny test relies on)
+    first, second = (f"always-{n}-{jupyter.frontend.name}.txt" for n in (1, 2))
+    fake.push(Turn(tool_calls=[ToolCall("a1", "touch", {"path": first})]),
               Turn(text="Touched once."),
-              Turn(tool_calls=[ToolCall("a2", "touch", {"path": str(second)})]),
+              Turn(tool_calls=[ToolCall("a2", "touch", {"path": second})]),
               Turn(text="Touched twice."))
     nb = open_notebook([LOAD, f"%chat mcp add calc -- {sys.executable} {SDK_SERVER} stdio",
                         "%%chat --mcp calc\nTouch the first file.",
@@ -66,8 +69,8 @@ def test_always_in_the_browser_holds_for_the_session(
     approval_box(nb, 2).get_by_role("button", name="Always allow touch").click()
     nb.wait_done(2, before, timeout=90)
     text = nb.wait_output(2, lambda t: "Touched once." in t, 30, "the first answer")
-    assert first.exists() and "approved (always)" in text
+    assert (jupyter.root / first).exists() and "approved (always)" in text
     nb.run(3, timeout=90)  # not asked again: it would wait for a click until the test timed out
     text = nb.wait_output(3, lambda t: "Touched twice." in t, 30, "the second answer")
-    assert second.exists()
+    assert (jupyter.root / second).exists()
     assert nb.cell(3).locator(".widget-vbox", has_text="Approve tool call").count() == 0
