@@ -97,7 +97,9 @@ def execute(path: Path, env: dict[str, str], timeout: float = 120.0) -> Any:
         )
         nb.cells.append(probe)
         client.execute_cell(probe, len(nb.cells) - 1)
-    prefix, has_llama = probe.outputs[0]["text"].split()
+    # the two lines may come as one stream output or two (a busy kernel flushes in between)
+    printed = "".join(o.get("text", "") for o in probe.outputs if o.get("name") == "stdout")
+    prefix, has_llama = printed.split()
     nb.cells.pop()
     nb.metadata["kernel_probe"] = {"prefix": prefix, "llama_cpp": has_llama == "True"}
     return nb
