@@ -27,7 +27,6 @@ import contextvars
 import functools
 import inspect
 import os
-import queue
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
@@ -201,15 +200,13 @@ class SyncIterator(Generic[T]):
     ``make`` is called on the loop's thread. :meth:`close` cancels the task and waits for it."""
 
     __slots__ = ("_done", "_error", "_items", "_loop", "_make", "_paused", "_resume",
-                 "_sleeping", "_task", "_wakes")
+                 "_sleeping", "_task", "_wake")
 
     def __init__(self, make: Callable[[], AsyncIterator[T]]) -> None:
         self._make = make
         self._items: deque[T] = deque()
-        # the task wakes a sleeping caller with a token here (a C-level queue: far cheaper per
-        # wake than a threading.Event; a token left over from a race only wakes it once for nothing)
-        self._wakes: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._sleeping = False  # the caller is (about to be) blocked on _wakes
+        self._wake = threading.Event()
+        self._sleeping = False  # the caller is (about to be) blocked on _wake
         self._done = False
         self._error: BaseException | None = None
         self._paused = False
@@ -245,11 +242,12 @@ class SyncIterator(Generic[T]):
         loop.call_soon_threadsafe(self._begin, context=_caller_context())
 
     def _sleep(self) -> None:
+        self._wake.clear()
         self._sleeping = True
         if self._items or self._done:
             self._sleeping = False  # it came meanwhile
             return
-        self._wakes.get()
+        self._wake.wait()
         self._sleeping = False
 
     def close(self) -> None:
@@ -296,7 +294,7 @@ class SyncIterator(Generic[T]):
                 items.append(item)
                 if self._sleeping:
                     self._sleeping = False
-                    self._wakes.put(None)
+                    self._wake.set()
                 if len(items) > HIGH_WATER:
                     if self._resume is None:
                         self._resume = asyncio.Event()
@@ -315,7 +313,7 @@ class SyncIterator(Generic[T]):
                 except BaseException:
                     pass
             self._done = True
-            self._wakes.put(None)
+            self._wake.set()
 
 
 def _on_loop_thread() -> bool:
