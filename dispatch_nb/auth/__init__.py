@@ -14,78 +14,16 @@ notebook widget both drive these objects.
 
 from __future__ import annotations
 
-from .copilot_auth import CopilotAuth, token_rejected
-from .copilot_token import (
-    DEFAULT_COPILOT_API_URL,
-    EDITOR_HEADERS,
-    GITHUB_API_VERSION,
-    CopilotToken,
-    CopilotTokenManager,
-    GitHubTokenProvider,
-)
-from .device_flow import (
-    DeviceCode,
-    DeviceCodeExpired,
-    DeviceFlow,
-    DeviceFlowDenied,
-    DeviceFlowError,
-    DeviceFlowState,
-    DeviceFlowUnsupported,
-    StateCallback,
-    afetch_github_user,
-    fetch_github_user,
-)
-from .endpoints import (
-    COPILOT_CLIENT_ID,
-    default_github_api_url,
-    default_github_url,
-    github_api_url_for,
-)
-from .login import LoginResult, device_login
-from .token_store import (
-    FoundToken,
-    StoredToken,
-    TokenStore,
-    TokenStoreError,
-    copilot_config_dir,
-    default_token_path,
-    dispatch_nb_home,
-    find_github_token,
-    mask_token,
-)
+# each module's public names are the package's (as asyncio's __init__ does it)
+from . import copilot_auth, copilot_token, device_flow, endpoints, login, token_store
+from .copilot_auth import *  # noqa: F403
+from .copilot_token import *  # noqa: F403
+from .device_flow import *  # noqa: F403
+from .endpoints import *  # noqa: F403
+from .login import *  # noqa: F403
+from .token_store import *  # noqa: F403
 
 __all__ = [
-    "COPILOT_CLIENT_ID",
-    "DEFAULT_COPILOT_API_URL",
-    "EDITOR_HEADERS",
-    "GITHUB_API_VERSION",
-    "CopilotAuth",
-    "CopilotToken",
-    "CopilotTokenManager",
-    "DeviceCode",
-    "DeviceCodeExpired",
-    "DeviceFlow",
-    "DeviceFlowDenied",
-    "DeviceFlowError",
-    "DeviceFlowState",
-    "DeviceFlowUnsupported",
-    "FoundToken",
-    "GitHubTokenProvider",
-    "LoginResult",
-    "StateCallback",
-    "StoredToken",
-    "TokenStore",
-    "TokenStoreError",
-    "afetch_github_user",
-    "copilot_config_dir",
-    "default_github_api_url",
-    "default_github_url",
-    "default_token_path",
-    "device_login",
-    "dispatch_nb_home",
-    "fetch_github_user",
-    "find_github_token",
-    "github_api_url_for",
-    "mask_token",
-    "token_rejected",
+    *copilot_auth.__all__, *copilot_token.__all__, *device_flow.__all__, *endpoints.__all__,
+    *login.__all__, *token_store.__all__,
 ]
