@@ -189,6 +189,12 @@ def test_bad_arguments_are_clear() -> None:
     assert info.value.code == "invalid_request"
     with pytest.raises(TypeError, match="a tool must be"):
         adapter.chat("hi", tools=[42])
+    # count_tokens checks what a call checks, then says -1: this provider cannot count
+    assert adapter.count_tokens("hi", system="Be brief.", tools=[{"type": "web_search"}]) == -1
+    with pytest.raises(RequestError, match="nothing to send"):
+        adapter.count_tokens([])
+    with pytest.raises(TypeError, match="a tool must be"):
+        adapter.count_tokens("hi", tools=[42])
 
 
 def test_installed_distributions_register_providers_through_the_entry_point_group(
