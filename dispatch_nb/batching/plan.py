@@ -13,10 +13,10 @@ from typing import Any
 from ..adapter import Adapter
 from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
-from ..errors import RequestCancelled
+from ..errors import DispatchError, RequestCancelled
 from ..types import Usage
 from .engine import BatchSettings, Stats, model_id
-from .result import BatchResult, RowOrigin, not_sent
+from .result import NOT_SENT, BatchResult, RowOrigin, not_sent
 from .rows import RowCall, RowSource, check_template
 
 __all__ = ["BatchPlan", "finish", "make_plan", "new_result", "resolve_adapter"]
@@ -128,6 +128,11 @@ def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelTok
             result._set(position, RequestCancelled("not finished: the batch was stopped"),
                         usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.SENT)
             stats.failed += 1
+        elif isinstance(item, DispatchError) and item.code == NOT_SENT and item.__cause__ is None \
+                and result.stopped_by is not None and not cancel.cancelled:
+            # marked before the row that stopped the batch was known (a Dask partition that saw
+            # the stop event and was collected before the partition that set it): say why now
+            result._items[position] = not_sent(result, cancel, item.provider)
     total = plan.source.total
     if total is not None and len(result) < total \
             and (cancel.cancelled or result.stopped_by is not None):

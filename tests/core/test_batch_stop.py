@@ -129,6 +129,35 @@ def test_the_table_counts_not_sent_rows_apart() -> None:
         "DispatchError: not sent: the batch stopped at row").all()
 
 
+def test_rows_marked_before_the_stopping_row_was_known_say_why_at_the_end() -> None:
+    """On Dask, a partition that saw the batch's stop event can be collected before the partition
+    whose 401 set it (a run beside a CPU hog did so): its unsent rows were marked while
+    ``stopped_by`` was still unknown. The batch's end says why for them too."""
+    from dispatch_nb.batching.plan import finish, make_plan, mark_not_sent, new_result
+    from dispatch_nb.batching.result import RowOrigin
+    from dispatch_nb.types import Usage
+
+    plan = make_plan("{row}", ["a", "b", "c"], model="fake:echo", system=None, tools=None,
+                     concurrency=2, max_retries=0, timeout=None, checkpoint=None, cache=None,
+                     options={})
+    result, stats = new_result(plan)
+    cancel = CancelToken()
+    mark_not_sent(result, stats, 2, cancel)  # collected first: nothing known yet
+    assert result[2].message == "not sent: the batch was stopped"
+    rejected = AuthenticationError("the key was rejected", code="authentication_failed")
+    result.stopped_by = (0, rejected)  # then the partition that stopped the batch
+    result._set(0, rejected, usage=Usage(), latency=0.1, attempts=1,
+                origin=RowOrigin.SENT)
+    mark_not_sent(result, stats, 1, cancel)
+    finish(plan, result, stats, cancel)
+    for position in (1, 2):
+        assert result[position].code == "not_sent"
+        assert result[position].message.startswith("not sent: the batch stopped at row 0's "
+                                                    "AuthenticationError (authentication_failed)")
+        assert result[position].__cause__ is rejected
+    assert result.not_sent == 2 and result.failed == 1
+
+
 def test_an_ordinary_rate_limit_is_retried_and_does_not_stop_the_batch() -> None:
     with OpenAIChatFake(api_key=KEY) as fake:
         fake.push(*[Fail(429, "Rate limit reached", "rate_limit_exceeded",
