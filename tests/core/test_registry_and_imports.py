@@ -191,8 +191,9 @@ def test_bad_arguments_are_clear() -> None:
         adapter.chat("hi", tools=[42])
     # count_tokens checks what a call checks, then says -1: this provider cannot count
     assert adapter.count_tokens("hi", system="Be brief.", tools=[{"type": "web_search"}]) == -1
-    with pytest.raises(RequestError, match="nothing to send"):
+    with pytest.raises(RequestError, match="nothing to send") as counted:
         adapter.count_tokens([])
+    assert counted.value.code == "invalid_request"
     with pytest.raises(TypeError, match="a tool must be"):
         adapter.count_tokens("hi", tools=[42])
 
