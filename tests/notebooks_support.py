@@ -3,7 +3,7 @@
 Used by the replay tests (tests/test_notebooks.py) and, as a standalone script, inside the fresh
 virtualenv of the binder test (tests/test_binder.py): ``python notebooks_support.py OUT.json
 NOTEBOOK...`` executes each notebook with nbclient and writes their normalized outputs as JSON.
-Only the standard library, nbformat and nbclient are imported.
+Only the standard library, nbformat, nbclient and kernels.py (beside it) are imported.
 """
 
 from __future__ import annotations
@@ -81,11 +81,15 @@ def normalized_outputs(nb: Any) -> list[list[dict[str, Any]]]:
 def execute(path: Path, env: dict[str, str], timeout: float = 120.0) -> Any:
     """Run the notebook at ``path`` in a fresh kernel (working directory: its folder)."""
     import nbformat
-    from nbclient import NotebookClient
+
+    try:
+        from tests.kernels import notebook_client
+    except ModuleNotFoundError:  # run as a script: its own folder is first on sys.path
+        from kernels import notebook_client  # type: ignore[no-redef]
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = notebook_client(nb, timeout=timeout, allow_errors=False,
+                             resources={"metadata": {"path": str(path.parent)}})
     with client.setup_kernel(env=env):
         for index, cell in enumerate(nb.cells):
             if cell.cell_type == "code":

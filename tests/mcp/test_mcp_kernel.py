@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from tests.fakes.canonical import CanonicalFake
 from tests.fakes.provider import ToolCall, Turn
+from tests.kernels import IPCKernelManager, notebook_client
 from tests.notebook.conftest import chat_env
 
 from .conftest import SDK_SERVER
@@ -59,7 +59,7 @@ def test_mcp_approval_and_context_in_a_kernel(fake: CanonicalFake, tmp_path: Pat
     env = chat_env()
     env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_MODEL": "fake:echo",
                 "DISPATCH_NB_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)})
-    client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False)
+    client = notebook_client(nb, timeout=120, allow_errors=False)
     with client.setup_kernel(env=env, cwd=str(tmp_path)):
         for index in (0, 1):
             client.execute_cell(nb.cells[index], index)
@@ -110,7 +110,7 @@ def test_session_context_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> Non
     fake.push(Turn(tool_calls=[ToolCall("x1", "describe", {"name": "df"}),
                                ToolCall("x2", "describe", {"name": "secret"})]),
               Turn(text="Three prices."))
-    NotebookClient(nb, timeout=120, kernel_name="python3").execute(env=env, cwd=str(tmp_path))
+    notebook_client(nb, timeout=120).execute(env=env, cwd=str(tmp_path))
     described, refused = tool_results(fake)
     assert "shape: (3, 1)" in described["content"] and "price" in described["content"]
     assert refused["is_error"] and "hush-123" not in json.dumps(fake.chat_requests[-1].json)
@@ -131,14 +131,12 @@ def test_ask_in_a_kernel_with_an_input_box(fake: CanonicalFake, tmp_path: Path) 
     """Without ipywidgets, a front end with an input box (stdin) is asked there: "n" denies (the
     file is never made), "a" approves this tool for the rest of the kernel (a later cell's call
     is not asked about)."""
-    from jupyter_client.manager import KernelManager
-
     target = tmp_path / "touched.txt"
     env = chat_env()
     env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_MODEL": "fake:echo",
                 "DISPATCH_NB_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)})
     without_ipywidgets(env, tmp_path)
-    km = KernelManager(kernel_name="python3")
+    km = IPCKernelManager(kernel_name="python3")
     km.start_kernel(env=env, cwd=str(tmp_path))
     kc = km.client()
     kc.start_channels()
@@ -188,13 +186,11 @@ def test_buttons_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> None:
     runs; their clicks (comm messages, as JupyterLab sends them) reach the kernel although the
     cell is busy. Deny: the file is never made; Always: a later cell's call is not asked about;
     no click before the deadline: a denial."""
-    from jupyter_client.manager import KernelManager
-
     target = tmp_path / "touched.txt"
     env = chat_env()
     env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_MODEL": "fake:echo",
                 "DISPATCH_NB_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)})
-    km = KernelManager(kernel_name="python3")
+    km = IPCKernelManager(kernel_name="python3")
     km.start_kernel(env=env, cwd=str(tmp_path))
     kc = km.client()
     kc.start_channels()

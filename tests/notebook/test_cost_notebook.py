@@ -15,7 +15,6 @@ import genai_prices
 import nbformat
 import pytest
 from IPython.core.error import UsageError
-from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from dispatch_nb.cache import CachedAdapter, ResponseCache
@@ -24,6 +23,7 @@ from dispatch_nb.providers.copilot import CopilotAdapter
 from dispatch_nb.providers.openai import OpenAIAdapter
 from tests.fakes.copilot import CopilotFake
 from tests.fakes.openai_responses import OpenAIResponsesFake
+from tests.kernels import notebook_client
 from tests.notebook.conftest import chat_env, run
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -83,7 +83,7 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     ]
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
     with OpenAIResponsesFake(api_key="sk-test") as fake:
-        client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False)
+        client = notebook_client(nb, timeout=120, allow_errors=False)
         client.execute(env=kernel_env(fake, tmp_path))
         sent = [fake.last_user_text(r) for r in fake.chat_requests]
     path = tmp_path / "saved.ipynb"

@@ -10,11 +10,11 @@ from typing import Any
 import nbformat
 import pytest
 from IPython.core.error import UsageError
-from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from tests.fakes.batch_api import OpenAIBatches
 from tests.fakes.openai_responses import OpenAIResponsesFake
+from tests.kernels import notebook_client
 from tests.notebook.conftest import chat_env
 
 KEY = "sk-test-kernel-deferred"
@@ -23,7 +23,7 @@ ROWS = "rows = ['Paris', 'Rome', 'Oslo']"
 
 def run_notebook(cells: list[str], env: dict[str, str]) -> nbformat.NotebookNode:
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
-    NotebookClient(nb, timeout=90, kernel_name="python3", allow_errors=False).execute(env=env)
+    notebook_client(nb, timeout=90, allow_errors=False).execute(env=env)
     return nb
 
 

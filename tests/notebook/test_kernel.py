@@ -19,13 +19,12 @@ from typing import Any
 
 import nbformat
 import pytest
-from jupyter_client.manager import KernelManager
-from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from tests.fakes.canonical import CanonicalFake
 from tests.fakes.github import FakeGitHub
 from tests.fakes.provider import Fail, ToolCall, Turn
+from tests.kernels import IPCKernelManager, notebook_client
 from tests.notebook.compare_output import sections, table_rows
 from tests.notebook.conftest import chat_env
 
@@ -90,7 +89,7 @@ def test_notebook_in_a_real_kernel(servers: tuple[CanonicalFake, FakeGitHub], tm
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
     nb.cells[6].metadata["tags"] = ["raises-exception"]
     nb.cells[8].metadata["tags"] = ["raises-exception"]
-    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=False)
+    client = notebook_client(nb, timeout=60, allow_errors=False)
 
     def approve_then_deny() -> None:
         first = github.wait_for_device_code(timeout=60)
@@ -174,7 +173,7 @@ class Kernel:
     """A kernel driven with jupyter_client, collecting every iopub message of an execution."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.km = KernelManager(kernel_name="python3")
+        self.km = IPCKernelManager(kernel_name="python3")
         self.km.start_kernel(env=env)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -344,7 +343,7 @@ def test_recorded_notebook_keeps_every_turn_and_every_note(
         "print([t.prompt for t in get_ipython()._dispatch_nb_magics.threads.get('default')])",
     ]
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
-    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=False)
+    client = notebook_client(nb, timeout=60, allow_errors=False)
     before = len(fake.chat_requests)
     with client.setup_kernel(env=kernel_env(fake, github, tmp_path)):
         for index in range(len(cells)):

@@ -18,7 +18,6 @@ from typing import Any
 import nbformat
 import pytest
 from IPython.core.error import UsageError
-from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from dispatch_nb.notebook.display import ChatInterrupted
@@ -26,6 +25,7 @@ from tests.fakes.batching import BatchFake
 from tests.fakes.canonical import CanonicalFake
 from tests.fakes.provider import Fail, Turn
 from tests.fakes.server import RecordedRequest, wait_for
+from tests.kernels import notebook_client
 from tests.notebook.conftest import chat_env, run, serve_fake
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -343,7 +343,7 @@ def test_schema_and_each_in_a_real_kernel(tmp_path: Any) -> None:
             "XDG_CONFIG_HOME": str(tmp_path / ".config"),
             "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
         })
-        client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=False)
+        client = notebook_client(nb, timeout=60, allow_errors=False)
         client.execute(env=env)
     path = tmp_path / "saved.ipynb"
     nbformat.write(nb, path)
