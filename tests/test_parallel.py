@@ -53,7 +53,9 @@ def test_a_module_fixture_starts_once_per_file_on_two_workers(
                 pass
             """})
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "tests.parallel")
+    # xdist and the scheduler only: every installed plugin would cost each process ~5 s of CPU
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "-p", "tests.parallel")
     result.assert_outcomes(passed=12)
     starts = sorted(log.read_text().split("\n")[:-1])
     assert [line.split()[0] for line in starts] == ["a", "b"]  # once per file, not per worker

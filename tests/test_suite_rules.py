@@ -42,7 +42,10 @@ def test_a_crashing_fake_is_a_test_bug_not_a_retried_server_error(stream: bool) 
 
 
 def _run(pytester: pytest.Pytester, *args: str, require_all: bool) -> pytest.RunResult:
-    env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    # only the plugins a run names (-p): autoloading every installed one (hypothesis, nbval,
+    # playwright; jsonschema's format grammar) costs each run about 5 s of CPU
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     if require_all:
         env["DISPATCH_NB_REQUIRE_ALL"] = "1"
     with pytest.MonkeyPatch.context() as mp:
