@@ -308,7 +308,11 @@ def test_compare_renders_columns(open_notebook: Any, fake: CanonicalFake) -> Non
         "A measured answer that streams for a little while, so that both columns are visible "
         "side by side and each one grows on its own, with its own usage and latency at the end."
     )
-    fake.push(Turn(text=answer, chunk=4, delay=0.04), Turn(text=answer, chunk=4, delay=0.04))
+    # both streams pause a dozen pieces in (past "A measured") until the test has seen the two
+    # columns stream: a busy machine cannot skip from an empty cell to the finished table
+    shown = threading.Event()
+    fake.push(*(Turn(text=answer, chunk=4, delay=0.04, stall_after=12, hold=shown)
+                for _ in range(2)))
     nb = open_notebook([LOAD, "%%chat -m fake:a,fake:b\nCompare yourselves."])
     nb.run(0)
     before = nb.start(1)
@@ -332,17 +336,20 @@ def test_compare_renders_columns(open_notebook: Any, fake: CanonicalFake) -> Non
         )
         return [*boxes, texts] if len(texts) >= 2 and nb.prompt(1) == "[*]:" else []
 
-    a, b, texts = wait_until(columns, 30, 0.03, "both model columns to stream")
-    assert abs(a["y"] - b["y"]) < 40 and b["x"] - a["x"] > 200, (
-        f"the models are not side by side: {a} {b}"
-    )
-    # each column is headed by its model: the name sits above the text streaming below it
-    for header in (a, b):
-        below = [t for t in texts if abs(t["x"] - header["x"]) < 40]
-        assert below and all(header["y"] + header["height"] <= t["y"] + 1 for t in below), (
-            f"no model header above the column's text: {header} {texts}"
+    try:
+        a, b, texts = wait_until(columns, 30, 0.03, "both model columns to stream")
+        assert abs(a["y"] - b["y"]) < 40 and b["x"] - a["x"] > 200, (
+            f"the models are not side by side: {a} {b}"
         )
-    nb.screenshot("compare-live")
+        # each column is headed by its model: the name sits above the text streaming below it
+        for header in (a, b):
+            below = [t for t in texts if abs(t["x"] - header["x"]) < 40]
+            assert below and all(header["y"] + header["height"] <= t["y"] + 1 for t in below), (
+                f"no model header above the column's text: {header} {texts}"
+            )
+        nb.screenshot("compare-live")
+    finally:
+        shown.set()
     nb.wait_done(1, before, timeout=60)
     table = out.locator("table")
     table.first.wait_for(timeout=20_000)
