@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager, KernelManager
-from traitlets import CaselessStrEnum, default
+from traitlets import CaselessStrEnum, HasTraits, default
 
 _FOLDER: str | None = None
 
@@ -38,8 +38,8 @@ def _endpoint() -> str:
     return os.path.join(_FOLDER, uuid.uuid4().hex[:12])
 
 
-class IPCKernelManager(KernelManager):
-    """A ``KernelManager`` whose kernel listens on ipc sockets of its own."""
+class _IPC(HasTraits):
+    """What makes a kernel manager's kernel listen on ipc sockets of its own."""
 
     transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
 
@@ -48,14 +48,12 @@ class IPCKernelManager(KernelManager):
         return _endpoint()
 
 
-class AsyncIPCKernelManager(AsyncKernelManager):
+class IPCKernelManager(_IPC, KernelManager):
+    """A ``KernelManager`` on ipc sockets."""
+
+
+class AsyncIPCKernelManager(_IPC, AsyncKernelManager):
     """The same for nbclient, whose kernel manager is the asynchronous one."""
-
-    transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
-
-    @default("ip")
-    def _ip_default(self) -> str:
-        return _endpoint()
 
 
 def notebook_client(nb: Any, **kwargs: Any) -> Any:
