@@ -5,7 +5,8 @@ the httpx transport; the naive httpx loop; the openai SDK with its default and i
 the anthropic SDK; litellm; simonw/llm) reads the same streams from one loopback server running in
 another process, in two modes: one TCP write per event (what real APIs do) and the whole body in
 one write. Each client's text is checked against the answer the server spelled. Clients take turns
-in every round, so load from elsewhere spreads over all of them; the best round counts.
+in every round, so load from elsewhere spreads over all of them; the best round counts. The
+server gets a core of its own, the clients the others (``--shared-cores``: not; see ``isolate``).
 
 Reported per event: the client process's CPU time (``time.process_time``: every thread, the
 dispatch_nb HTTP thread included — the fair measure on a shared machine) and the wall time. Ratios
@@ -50,9 +51,12 @@ SDK_DEFAULT = {"chat": "openai SDK chat", "responses": "openai SDK responses",
 TARGET_SDK, TARGET_SDK_AIOHTTP, TARGET_NAIVE = 20.0, 15.0, 0.5
 
 
-def start_server() -> tuple[subprocess.Popen[bytes], str]:
+def start_server(*, own_core: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the loopback server in a process of its own; ``own_core``: see :func:`isolate`."""
     portfile = Path(tempfile.mkdtemp()) / "port"
     proc = subprocess.Popen([sys.executable, str(HERE / "stream_server.py"), str(portfile)])
+    if own_core:
+        print(isolate(proc.pid))
     for _ in range(400):
         if portfile.exists() and portfile.read_text().strip():
             break
@@ -60,6 +64,22 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
     port = portfile.read_text().strip()
     portfile.unlink()
     return proc, f"http://127.0.0.1:{port}"
+
+
+def isolate(server_pid: int) -> str:
+    """Give the server (which stands for a remote API) a core of its own and this process the
+    others, when there are two or more (Linux). Sharing cores, the server takes turns with the
+    client's threads, and how fast it writes decides how many events each read of the client
+    brings: on a 2-core machine that moved a two-thread client (dispatch_nb's sync calls) by up to
+    2 µs per event from run to run. Returns a line saying what it did."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    if len(cores) < 2:
+        return "(the server shares the cores with the clients: fewer than 2 here)"
+    server, clients = {cores[-1]}, set(cores[:-1])
+    os.sched_setaffinity(server_pid, server)
+    for thread in os.listdir("/proc/self/task"):  # this process's threads now and to come
+        os.sched_setaffinity(int(thread), clients)
+    return f"(the server runs on core {cores[-1]}, the clients on {sorted(clients)})"
 
 
 class Runner:
@@ -265,6 +285,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="run only clients whose name contains this")
     ap.add_argument("--memory-events", type=int, default=100_000)
     ap.add_argument("--plots", type=Path, help="write PNG plots (and results.md) to this folder")
+    ap.add_argument("--shared-cores", action="store_true",
+                    help="let the server share the cores with the clients (see isolate())")
     ap.add_argument("--smoke", action="store_true",
                     help="every client once with a small N; fail if any is missing or wrong")
     args = ap.parse_args()
@@ -277,7 +299,7 @@ def main() -> int:
     clients = [c for c in clients if available(c)]
     failures = [f"{c.name}: not installed" for c in missing] if args.smoke else []
 
-    proc, server = start_server()
+    proc, server = start_server(own_core=not (args.shared_cores or args.smoke))
     runner = Runner(collect=not args.smoke)
     results: dict[str, dict[str, tuple[float, float]]] = {}
     mem: list[tuple[str, int, int]] = []

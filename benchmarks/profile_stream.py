@@ -122,7 +122,7 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=40_000)
     ap.add_argument("--out", type=Path, default=HERE.parent / "docs" / "benchmarks")
     args = ap.parse_args()
-    proc, server = start_server()
+    proc, server = start_server(own_core=True)
     base = f"{server}/event/{args.events}"
     try:
         print(f"CPU us per event, {args.events:,} events, one write per event (best of 5):")
