@@ -20,6 +20,7 @@ parser without a decode/encode round trip::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any
 
@@ -70,6 +71,12 @@ class ServerSentEvent:
     __hash__ = None  # type: ignore[assignment]
 
 
+@functools.lru_cache(maxsize=256)
+def _name(raw: bytes) -> str:
+    """An ``event:`` name, decoded (a stream repeats a few names thousands of times)."""
+    return raw.decode("utf-8", "replace")
+
+
 class SSEDecoder:
     """A pure state machine: ``feed(bytes)`` → events; ``end()`` flushes at end of stream."""
 
@@ -102,13 +109,13 @@ class SSEDecoder:
         ):
             # Fastest path: the chunk is exactly one complete event, ``data: ...`` or
             # ``event: ...`` + ``data: ...``, and nothing is pending (one HTTP chunk per event).
-            if not self._buf and chunk[-2:] == b"\n\n":
-                if chunk[:6] == b"data: " and chunk.count(b"\n") == 2:
+            if not self._buf and chunk.endswith(b"\n\n"):
+                if chunk.startswith(b"data: ") and chunk.count(b"\n") == 2:
                     return [ServerSentEvent(chunk[6:-2], None, self._last_id, None)]
-                if chunk[:7] == b"event: " and chunk.count(b"\n") == 3:
+                if chunk.startswith(b"event: ") and chunk.count(b"\n") == 3:
                     end = chunk.index(b"\n")
-                    if chunk[end + 1 : end + 7] == b"data: ":
-                        name = chunk[7:end].decode("utf-8", "replace")
+                    if chunk.startswith(b"data: ", end + 1):
+                        name = _name(chunk[7:end])
                         return [ServerSentEvent(chunk[end + 7 : -2], name, self._last_id, None)]
             return self._feed_blocks(chunk)
         if self._skip_lf:
@@ -157,7 +164,7 @@ class SSEDecoder:
                     and block[end + 1 : end + 7] == b"data: "
                     and block.find(b"\n", end + 7) < 0
                 ):
-                    name = block[7:end].decode("utf-8", "replace")
+                    name = _name(block[7:end])
                     append(ServerSentEvent(block[end + 7 :], name, self._last_id, None))
                     continue
             for line in block.split(b"\n"):

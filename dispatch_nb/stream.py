@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from .bridge import SyncIterator
 from .cost import Cost
 from .errors import RequestCancelled
 from .types import (
@@ -205,7 +206,15 @@ class Accumulator:
         self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
     ) -> StreamDelta:
         """Append text (to the open text block with this key, else a new one)."""
-        self._add_text(text, key, provider_data)
+        last = self._last
+        if type(last) is _Text and last.key == key and provider_data is None:
+            parts = last.parts  # the hot path of every stream: _Text.add, inline
+            parts.append(text)
+            if len(parts) >= _BATCH:
+                last.batches.append("".join(parts))
+                parts.clear()
+        else:
+            self._add_text(text, key, provider_data)
         return text_delta("text_delta", text)
 
     def _add_text(self, text: str, key: Hashable, provider_data: dict[str, Any] | None) -> None:
@@ -607,8 +616,26 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
     raised while iterating carries ``partial``; so does a ``KeyboardInterrupt``.
     """
 
-    def __iter__(self) -> ResponseStream:
+    def __iter__(self) -> Iterator[StreamDelta]:
+        source = self._deltas
+        if isinstance(source, SyncIterator):  # a loop takes the deltas a batch at a time
+            return self._batched(source)
         return self
+
+    def _batched(self, source: SyncIterator[StreamDelta]) -> Iterator[StreamDelta]:
+        """:meth:`__next__` without a call per delta."""
+        while self._response is None and not self._closed:
+            try:
+                batch = source.batch()
+            except BaseException as exc:
+                self._failed(exc)
+                self.close()
+                raise
+            if batch is None:
+                self._ended()
+                return
+            while batch and not self._closed:
+                yield batch.popleft()
 
     def __next__(self) -> StreamDelta:
         if self._response is not None or self._closed:
@@ -774,7 +801,5 @@ def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
     (:class:`~dispatch_nb.bridge.SyncIterator`), the calling thread takes its deltas; closing the
     sync stream (or Ctrl-C) cancels it there. ``partial`` is what the caller has taken so far,
     ``response`` is ``inner``'s."""
-    from .bridge import SyncIterator
-
     taken = _Taken(inner)
     return ResponseStream(_Tapped(SyncIterator(lambda: inner), taken.feed), taken)

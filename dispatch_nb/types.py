@@ -426,7 +426,11 @@ class StreamDelta(_Model):
 
 
 _object_new = object.__new__
-_object_setattr = object.__setattr__
+_set_dict = object.__setattr__
+#: pydantic's own slots, set directly (their descriptors: cheaper than ``object.__setattr__``)
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def text_delta(type: Literal["text_delta", "thinking_delta"], text: str) -> StreamDelta:
@@ -436,21 +440,11 @@ def text_delta(type: Literal["text_delta", "thinking_delta"], text: str) -> Stre
     the cost. Only for values the library produced itself (``text`` is a ``str``).
     """
     delta = _object_new(StreamDelta)
-    _object_setattr(
-        delta,
-        "__dict__",
-        {
-            "type": type,
-            "text": text,
-            "tool_call_id": None,
-            "tool_name": None,
-            "argument_delta": None,
-            "arguments": None,
-        },
-    )
-    _object_setattr(delta, "__pydantic_fields_set__", {"type", "text"})
-    _object_setattr(delta, "__pydantic_extra__", None)
-    _object_setattr(delta, "__pydantic_private__", None)
+    _set_dict(delta, "__dict__", {"type": type, "text": text, "tool_call_id": None,
+                                  "tool_name": None, "argument_delta": None, "arguments": None})
+    _set_fields_set(delta, {"type", "text"})
+    _set_extra(delta, None)
+    _set_private(delta, None)
     return delta
 
 

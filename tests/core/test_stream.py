@@ -97,3 +97,69 @@ def test_fast_text_deltas_equal_validated_ones() -> None:
     assert fast.model_dump(exclude_unset=True) == slow.model_dump(exclude_unset=True)
     assert fast.model_dump_json() == slow.model_dump_json()
     assert StreamDelta.model_validate(fast.model_dump()) == fast
+
+
+# -- a sync stream over the bridge: the caller takes batches ---------------------------------------
+def _bridged(n: int, *, fail_after: int | None = None) -> tuple[ResponseStream, Accumulator]:
+    """A sync stream of ``n`` text deltas made by a coroutine on the library's loop thread (as
+    every adapter's ``stream()`` is), a few at a time, so the caller takes them in batches."""
+    import asyncio
+
+    from dispatch_nb.bridge import SyncIterator
+    from dispatch_nb.errors import APIConnectionError
+
+    acc = Accumulator("m")
+
+    async def deltas():  # type: ignore[no-untyped-def]
+        for i in range(n):
+            if i == fail_after:
+                raise APIConnectionError("the connection dropped", provider="fake")
+            yield acc.text(f"{i},")
+            if i % 7 == 6:
+                await asyncio.sleep(0.001)
+
+    return ResponseStream(SyncIterator(deltas), acc), acc
+
+
+def test_a_loop_left_half_way_loses_nothing() -> None:
+    stream, _ = _bridged(500)
+    seen: list[str] = []
+    with stream:
+        for delta in stream:
+            seen.append(delta.text or "")
+            if len(seen) == 3:
+                break  # in the middle of a batch
+        seen.append(next(stream).text or "")  # the 4th, from the batch the loop left
+        for delta in stream:
+            seen.append(delta.text or "")
+            if len(seen) == 250:
+                break
+        seen += [d.text or "" for d in stream]
+    assert seen == [f"{i}," for i in range(500)]
+    assert stream.response.text == "".join(seen)
+
+
+def test_close_inside_the_loop_ends_it() -> None:
+    stream, _ = _bridged(500)
+    seen = []
+    for delta in stream:
+        seen.append(delta)
+        if len(seen) == 2:
+            stream.close()
+    assert len(seen) == 2
+    assert list(stream) == []
+
+
+def test_an_error_mid_stream_keeps_what_arrived() -> None:
+    import pytest
+
+    from dispatch_nb.errors import APIConnectionError
+
+    stream, _ = _bridged(100, fail_after=40)
+    seen: list[str | None] = []
+    with pytest.raises(APIConnectionError) as caught:
+        seen.extend(delta.text for delta in stream)
+    assert caught.value.partial is not None
+    assert caught.value.partial.text == "".join(f"{i}," for i in range(40))
+    assert len(seen) == 40
+    assert list(stream) == []  # closed by the error
