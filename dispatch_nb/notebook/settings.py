@@ -13,64 +13,31 @@ __all__ = ["Settings"]
 
 
 class Settings(Protocol):
-    """The ``ChatMagics`` traits a cell reads (``docs/notebook.md``, Configuration); read-only."""
+    """The ``ChatMagics`` traits a cell reads (``docs/notebook.md``, Configuration); the cell
+    code only reads them."""
 
-    @property
-    def model(self) -> str: ...
+    model: str
+    system: str
+    stream: bool
+    history_length: int
+    thread: str
+    cache: str
+    cache_file: str
+    format: str
+    live: str
+    interpolate: bool
+    max_value_chars: int
+    max_rows: int
+    max_tokens: int | None
+    confirm_rows: int
+    max_tool_rounds: int
+    update_rate: float
+    login_on_demand: bool
+    login_min_interval: float
 
-    @property
-    def system(self) -> str: ...
-
-    @property
-    def stream(self) -> bool: ...
-
-    @property
-    def history_length(self) -> int: ...
-
-    @property
-    def thread(self) -> str: ...
-
-    @property
-    def cache(self) -> str: ...
-
-    @property
-    def cache_file(self) -> str: ...
-
-    @property
-    def format(self) -> str: ...
-
-    @property
-    def live(self) -> str: ...
-
-    @property
-    def interpolate(self) -> bool: ...
-
-    @property
-    def max_value_chars(self) -> int: ...
-
-    @property
-    def max_rows(self) -> int: ...
-
-    @property
-    def max_tokens(self) -> int | None: ...
-
-    @property
-    def confirm_rows(self) -> int: ...
-
+    # read-only members (a property accepts a narrower type): the checker reads these two
+    # Float(None, allow_none=True) traits as ``int | None``
     @property
     def temperature(self) -> float | None: ...
-
     @property
     def timeout(self) -> float | None: ...
-
-    @property
-    def max_tool_rounds(self) -> int: ...
-
-    @property
-    def update_rate(self) -> float: ...
-
-    @property
-    def login_on_demand(self) -> bool: ...
-
-    @property
-    def login_min_interval(self) -> float: ...
