@@ -159,6 +159,7 @@ def test_an_error_mid_stream_keeps_what_arrived() -> None:
     seen: list[str | None] = []
     with pytest.raises(APIConnectionError) as caught:
         seen.extend(delta.text for delta in stream)
+    assert caught.value.code == "network_error"
     assert caught.value.partial is not None
     assert caught.value.partial.text == "".join(f"{i}," for i in range(40))
     assert len(seen) == 40
