@@ -105,16 +105,19 @@ class SSEDecoder:
             and not self._has_data
             and self._event is None
             and self._retry is None
-            and b"\r" not in chunk
+            and 13 not in chunk  # no b"\r" (an int is found by memchr: 8x faster here)
         ):
             # Fastest path: the chunk is exactly one complete event, ``data: ...`` or
-            # ``event: ...`` + ``data: ...``, and nothing is pending (one HTTP chunk per event).
+            # ``event: ...`` + ``data: ...``, and nothing is pending (one HTTP chunk per event):
+            # its only line feeds are the data line's and the blank line's (and the event line's)
             if not self._buf and chunk.endswith(b"\n\n"):
-                if chunk.startswith(b"data: ") and chunk.count(b"\n") == 2:
-                    return [ServerSentEvent(chunk[6:-2], None, self._last_id, None)]
-                if chunk.startswith(b"event: ") and chunk.count(b"\n") == 3:
-                    end = chunk.index(b"\n")
-                    if chunk.startswith(b"data: ", end + 1):
+                blank = len(chunk) - 2  # the data line's line feed: the last but one byte
+                if chunk.startswith(b"data: "):
+                    if chunk.find(b"\n", 6) == blank:
+                        return [ServerSentEvent(chunk[6:-2], None, self._last_id, None)]
+                elif chunk.startswith(b"event: "):
+                    end = chunk.find(b"\n", 7)
+                    if chunk.startswith(b"data: ", end + 1) and chunk.find(b"\n", end + 7) == blank:
                         name = _name(chunk[7:end])
                         return [ServerSentEvent(chunk[end + 7 : -2], name, self._last_id, None)]
             return self._feed_blocks(chunk)

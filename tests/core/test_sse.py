@@ -158,3 +158,14 @@ def test_any_chunking_gives_identical_events(
 @given(st.binary(max_size=200), st.lists(st.integers(min_value=1, max_value=9), max_size=40))
 def test_arbitrary_bytes_never_crash(data: bytes, cuts: list[int]) -> None:
     assert decode(data, cuts) == decode(data)
+
+
+@given(events=st.lists(st.lists(_line, min_size=1, max_size=4), max_size=12))
+def test_each_event_in_its_own_chunk_gives_identical_events(events: list[list[bytes]]) -> None:
+    """The one-event-per-chunk fast path (the shape APIs send) against byte-by-byte decoding,
+    over events of any lines: several data lines, ids, comments, names, empty values."""
+    chunks = [b"\n".join(lines) + b"\n\n" for lines in events]
+    decoder = SSEDecoder()
+    by_chunk = [event for chunk in chunks for event in decoder.feed(chunk)] + decoder.end()
+    data = b"".join(chunks)
+    assert by_chunk == decode(data, [1] * len(data))
