@@ -501,10 +501,6 @@ class ResponsesStreamParser:
             return ()
         if not isinstance(data, dict):
             return ()
-        return self.feed_event(data)
-
-    def feed_event(self, data: dict[str, Any]) -> Iterable[StreamDelta]:
-        """Deltas for one decoded event payload."""
         kind = data.get("type")
         acc = self.acc
         if kind == "response.output_text.delta":  # the hot path: _key's common case, inline
