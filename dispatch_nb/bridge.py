@@ -39,6 +39,8 @@ P = ParamSpec("P")
 
 #: items the task may put ahead of the calling thread before it waits for the caller
 HIGH_WATER = 256
+#: ...and it goes on once the caller has taken the buffer down to this, or starts on a batch
+LOW_WATER = 64
 #: seconds ``close()`` waits for a cancelled task to unwind (its connection to close)
 CLOSE_WAIT = 5.0
 
@@ -197,13 +199,12 @@ class SyncIterator(Generic[T]):
 
     ``make`` is called on the loop's thread. :meth:`close` cancels the task and waits for it."""
 
-    __slots__ = ("_batch", "_done", "_error", "_items", "_loop", "_make", "_paused", "_resume",
-                 "_sleeping", "_task", "_wake")
+    __slots__ = ("_done", "_error", "_items", "_loop", "_make", "_paused", "_resume", "_sleeping",
+                 "_task", "_wake")
 
     def __init__(self, make: Callable[[], AsyncIterator[T]]) -> None:
         self._make = make
-        self._items: deque[T] = deque()  # filled by the task
-        self._batch: deque[T] = deque()  # what the caller took of it
+        self._items: deque[T] = deque()  # the task appends, the caller pops
         self._wake = threading.Event()
         self._sleeping = False  # the caller is (about to be) blocked on _wake
         self._done = False
@@ -218,27 +219,29 @@ class SyncIterator(Generic[T]):
         return self
 
     def __next__(self) -> T:
-        batch = self._batch or self.batch()
+        items = self._items
+        if items:
+            item = items.popleft()
+            if self._paused and len(items) <= LOW_WATER:
+                self._go_on_soon()
+            return item
+        batch = self.batch()
         if batch is None:
             raise StopIteration
         return batch.popleft()
 
     def batch(self) -> deque[T] | None:
-        """What is left of the batch the caller took, else everything that arrived since
-        (waiting while nothing did); ``None`` at the end. The caller pops what it uses, so a
-        batch it leaves half-read is picked up by the next call. Raises the task's error."""
-        if self._batch:
-            return self._batch
+        """The items that arrived and are not taken yet, waiting while there are none; ``None``
+        at the end. The caller pops the ``len()`` it finds (everything that arrived since it
+        last looked) while the task goes on appending. Raises the task's error."""
+        items = self._items
         while True:
-            if self._items:
-                batch, self._items = self._items, deque()
-                if self._paused:
-                    self._paused = False
-                    self._loop.call_soon_threadsafe(self._go_on)  # type: ignore[union-attr]
-                self._batch = batch
-                return batch
+            if self._paused:  # the caller is about to take what waits: the task may go on
+                self._go_on_soon()
+            if items:
+                return items
             if self._done:
-                if self._items:  # the last items came after the first look
+                if items:  # the last items came after the first look
                     continue
                 if self._error is not None:
                     error, self._error = self._error, None
@@ -248,6 +251,10 @@ class SyncIterator(Generic[T]):
                 self._start()
             else:
                 self._sleep()
+
+    def _go_on_soon(self) -> None:
+        self._paused = False
+        self._loop.call_soon_threadsafe(self._go_on)  # type: ignore[union-attr]
 
     def _start(self) -> None:
         loop = self._loop = _loop_for_caller()
@@ -286,7 +293,6 @@ class SyncIterator(Generic[T]):
             done.wait(CLOSE_WAIT)
         self._done = True
         self._items.clear()
-        self._batch.clear()
 
     # -- the loop thread -------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -299,11 +305,11 @@ class SyncIterator(Generic[T]):
             self._resume.set()
 
     async def _run(self) -> None:
+        items = self._items
         iterator: AsyncIterator[T] | None = None
         try:
             iterator = self._make()
             async for item in iterator:
-                items = self._items
                 items.append(item)
                 if self._sleeping:
                     self._sleeping = False
@@ -313,7 +319,7 @@ class SyncIterator(Generic[T]):
                         self._resume = asyncio.Event()
                     self._resume.clear()
                     self._paused = True
-                    if self._items:  # not taken meanwhile
+                    if len(items) > LOW_WATER:  # not taken meanwhile
                         await self._resume.wait()
                     self._paused = False
         except BaseException as exc:  # handed to the caller (a cancel is the caller's own doing)

@@ -623,19 +623,25 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
         return self
 
     def _batched(self, source: SyncIterator[StreamDelta]) -> Iterator[StreamDelta]:
-        """:meth:`__next__` without a call per delta."""
+        """:meth:`__next__` without a call per delta: take what arrived since the last look, a
+        batch at a time (what a loop left half-way is there for the next one)."""
         while self._response is None and not self._closed:
             try:
                 batch = source.batch()
-            except BaseException as exc:
+                if batch is not None:
+                    for _ in range(len(batch)):
+                        if self._closed:
+                            return
+                        yield batch.popleft()
+                    continue
+            except GeneratorExit:  # the loop was left (break): the stream stays open
+                raise
+            except BaseException as exc:  # Ctrl-C included, wherever it lands
                 self._failed(exc)
                 self.close()
                 raise
-            if batch is None:
-                self._ended()
-                return
-            while batch and not self._closed:
-                yield batch.popleft()
+            self._ended()
+            return
 
     def __next__(self) -> StreamDelta:
         if self._response is not None or self._closed:

@@ -218,3 +218,70 @@ def test_async_over_a_sync_adapter_is_pull_based_too() -> None:
     assert ahead <= BRIDGE_BUFFER + 2, ahead
     assert rest == 4_999
     assert early_produced <= BRIDGE_BUFFER + 5  # closing the stream stopped the worker
+
+
+def test_the_bridge_hands_over_every_item_however_the_threads_interleave(
+    monkeypatch: Any,
+) -> None:
+    """The loop thread and the caller, stopped for a moment on random lines of the hand-over
+    (a trace hook, as a debugger's or coverage's would be, lets the other thread run there): every
+    item arrives once and in order, by ``next()`` and by batches, through the pauses of a small
+    buffer, and nothing hangs."""
+    import random
+    import sys
+
+    from dispatch_nb import bridge
+
+    monkeypatch.setattr(bridge, "HIGH_WATER", 4)
+    monkeypatch.setattr(bridge, "LOW_WATER", 1)
+    rng = random.Random(25)
+    names = {"_run", "batch", "_sleep", "_go_on", "_go_on_soon", "__next__", "take"}
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name not in names:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and rng.random() < 0.3:
+                time.sleep(rng.random() * 0.0005)
+            return local
+
+        return local
+
+    async def source(n: int):  # type: ignore[no-untyped-def]
+        for i in range(n):
+            yield i
+            if rng.random() < 0.2:
+                await asyncio.sleep(0)
+
+    def take(it: bridge.SyncIterator[int], by_next: bool, got: list[list[int]]) -> None:
+        sys.settrace(tracer)
+        out: list[int] = []
+        while True:
+            if by_next or rng.random() < 0.2:
+                try:
+                    out.append(next(it))
+                except StopIteration:
+                    break
+                continue
+            batch = it.batch()
+            if batch is None:
+                break
+            out += [batch.popleft() for _ in range(len(batch))]
+        got.append(out)
+
+    threading.settrace(tracer)
+    try:
+        for trial in range(30):
+            n = rng.randint(0, 40)
+            got: list[list[int]] = []
+            caller = threading.Thread(
+                target=take, daemon=True,
+                args=(bridge.SyncIterator(lambda n=n: source(n)), trial % 3 == 0, got),
+            )
+            caller.start()
+            caller.join(20)
+            assert not caller.is_alive(), f"trial {trial}: the hand-over hung"
+            assert got == [list(range(n))], f"trial {trial}"
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
