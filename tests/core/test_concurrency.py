@@ -270,7 +270,23 @@ def test_the_bridge_hands_over_every_item_however_the_threads_interleave(
             out += [batch.popleft() for _ in range(len(batch))]
         got.append(out)
 
-    threading.settrace(tracer)
+    def on_loop_thread(trace: Any) -> Any:
+        """Set the library's loop thread's trace function (it may run since an earlier test);
+        returns the one it had."""
+        had: list[Any] = []
+
+        def swap() -> None:
+            had.append(sys.gettrace())
+            sys.settrace(trace)
+
+        done = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop)
+        loop.call_soon_threadsafe(swap)
+        done.result(5)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(5)
+        return had[0]
+
+    loop = bridge.loop_thread()
+    loop_had = on_loop_thread(tracer)
     try:
         for trial in range(30):
             n = rng.randint(0, 40)
@@ -284,4 +300,4 @@ def test_the_bridge_hands_over_every_item_however_the_threads_interleave(
             assert not caller.is_alive(), f"trial {trial}: the hand-over hung"
             assert got == [list(range(n))], f"trial {trial}"
     finally:
-        threading.settrace(None)  # type: ignore[arg-type]
+        on_loop_thread(loop_had)
