@@ -253,12 +253,9 @@ class MessagesStreamParser:
     # -- SSE entry points ----------------------------------------------------------------------
     def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
         try:
-            data = orjson.loads(event.raw)
-        except orjson.JSONDecodeError:
-            try:
-                data = event.json()  # invalid UTF-8 in the text: replaced
-            except ValueError:
-                return ()  # empty, or not JSON: nothing we can use (robust parsing, PROTOCOLS §0)
+            data = event.json()
+        except ValueError:
+            return ()  # empty, or not JSON: nothing we can use (robust parsing, PROTOCOLS §0)
         if not isinstance(data, dict):
             return ()
         return self.handle(data, event.event)

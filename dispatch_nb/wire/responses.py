@@ -503,9 +503,8 @@ class ResponsesStreamParser:
             return ()
         kind = data.get("type")
         acc = self.acc
-        if kind == "response.output_text.delta":  # the hot path: _key's common case, inline
-            index = data.get("output_index")
-            key = f"output{index}" if type(index) is int else self._key(data)
+        if kind == "response.output_text.delta":
+            key = self._key(data)
             self._text_seen.add(key)
             return (acc.text(data.get("delta", ""), key=key),)
         if kind == "response.function_call_arguments.delta":
