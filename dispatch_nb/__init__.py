@@ -11,86 +11,32 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_EXPORTS: dict[str, str] = {
-    # types
-    "TextBlock": "types",
-    "ImageBlock": "types",
-    "ToolUseBlock": "types",
-    "ToolResultBlock": "types",
-    "ThinkingBlock": "types",
-    "RedactedThinkingBlock": "types",
-    "Block": "types",
-    "Message": "types",
-    "ToolDefinition": "types",
-    "Usage": "types",
-    "Response": "types",
-    "RetryEvent": "types",
-    "StreamDelta": "types",
-    "StreamEvent": "types",
-    "ToolResultEvent": "types",
-    "MessageDoneEvent": "types",
-    "ErrorEvent": "types",
-    "ModelInfo": "types",
-    "StopReason": "types",
-    # errors
-    "DispatchError": "errors",
-    "AuthenticationError": "errors",
-    "RateLimitError": "errors",
-    "ServerError": "errors",
-    "RequestError": "errors",
-    "ContextLengthError": "errors",
-    "ModelUnavailableError": "errors",
-    "APIConnectionError": "errors",
-    "APITimeoutError": "errors",
-    "RequestCancelled": "errors",
-    "OutputValidationError": "errors",
-    "BudgetExceededError": "errors",
-    # structured output
-    "StructuredOutput": "structured",
-    "StructuredResponseStream": "structured",
-    "AsyncStructuredResponseStream": "structured",
-    # adapters and streams
-    "Adapter": "adapter",
-    "ChatRequest": "adapter",
-    "ValidationResult": "adapter",
-    "ResponseStream": "stream",
-    "AsyncResponseStream": "stream",
-    "CancelToken": "cancel",
-    # registry
-    "connect": "registry",
-    "register_provider": "registry",
-    "get_provider": "registry",
-    "list_providers": "registry",
-    # sessions and tools
-    "Session": "session",
-    "tool": "session",
-    "Tool": "session",
-    "SessionStream": "session",
-    "AsyncSessionStream": "session",
-    # record / replay
-    "ResponseCache": "cache",
-    "CachedAdapter": "cache",
-    "CacheMissError": "cache",
-    # prompts over data
-    "batch": "batching",
-    "abatch": "batching",
-    "BatchResult": "batching",
-    "BatchInterrupted": "batching",
-    "BatchJob": "batching",
-    "BatchPendingError": "batching",
-    # concrete adapters (imported only when named)
-    "CopilotAdapter": "providers.copilot",
-    "OpenAIAdapter": "providers.openai",
-    "AnthropicAdapter": "providers.anthropic",
-    "LocalAdapter": "providers.local",
-    "FakeAdapter": "testing",
-    # what answers cost (docs/cost.md)
-    "Cost": "cost",
-    "CostTotal": "cost",
-    "Estimate": "estimates",
-    "Budget": "budget",
-    "estimate": "estimates",
+#: each public name's module, imported on first use (the TYPE_CHECKING imports below name them too)
+_MODULES: dict[str, str] = {
+    "types": "TextBlock ImageBlock ToolUseBlock ToolResultBlock ThinkingBlock RedactedThinkingBlock "
+    "Block Message ToolDefinition Usage Response RetryEvent StreamDelta StreamEvent ToolResultEvent "
+    "MessageDoneEvent ErrorEvent ModelInfo StopReason",
+    "errors": "DispatchError AuthenticationError RateLimitError ServerError RequestError "
+    "ContextLengthError ModelUnavailableError APIConnectionError APITimeoutError RequestCancelled "
+    "OutputValidationError BudgetExceededError",
+    "structured": "StructuredOutput StructuredResponseStream AsyncStructuredResponseStream",
+    "adapter": "Adapter ChatRequest ValidationResult",
+    "stream": "ResponseStream AsyncResponseStream",
+    "cancel": "CancelToken",
+    "registry": "connect register_provider get_provider list_providers",
+    "session": "Session tool Tool SessionStream AsyncSessionStream",
+    "cache": "ResponseCache CachedAdapter CacheMissError",
+    "batching": "batch abatch BatchResult BatchInterrupted BatchJob BatchPendingError",
+    "providers.copilot": "CopilotAdapter",
+    "providers.openai": "OpenAIAdapter",
+    "providers.anthropic": "AnthropicAdapter",
+    "providers.local": "LocalAdapter",
+    "testing": "FakeAdapter",
+    "cost": "Cost CostTotal",
+    "estimates": "Estimate estimate",
+    "budget": "Budget",
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names.split()}
 
 __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension", "__version__"])
 

@@ -268,14 +268,15 @@ class Accumulator:
                 item.provider_data = provider_data
                 return
 
-    def replace_text(self, key: Hashable, text: str) -> None:
+    def replace_text(self, key: Hashable, text: str) -> bool:
         """Replace the text of the text or thinking block with this key (a provider's finished
-        item is the final word on what its deltas streamed)."""
+        item is the final word on what its deltas streamed); False when there is none."""
         for item in reversed(self._items):
             if type(item) in (_Text, _Thinking) and item.key == key:
                 item.batches = [text]
                 item.parts = []
-                return
+                return True
+        return False
 
     def redacted_thinking(
         self, data: str, *, provider_data: dict[str, Any] | None = None

@@ -50,6 +50,7 @@ and a bare ``error`` event raise the mapped :class:`DispatchError`. Usage: ``inp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -448,6 +449,12 @@ def responses_error(error: Any, *, provider: str, default_status: int = 500) -> 
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _output_key(index: int) -> str:
+    """The block key of an ``output_index`` (one string per index: keys compare by identity)."""
+    return f"output{index}"
+
+
 class ResponsesStreamParser:
     """Turns Responses API SSE events into deltas through ``acc`` (see the module docstring).
 
@@ -464,8 +471,6 @@ class ResponsesStreamParser:
         "_reasoning_at",
         "_refused",
         "_summary_index",
-        "_text_seen",
-        "_thinking_seen",
         "acc",
         "complete",
         "provider",
@@ -476,8 +481,6 @@ class ResponsesStreamParser:
         self.provider = provider
         #: True once a terminal event (completed / incomplete) arrived
         self.complete = False
-        self._text_seen: set[str] = set()
-        self._thinking_seen: set[str] = set()
         self._summary_index: dict[str, tuple[str, int]] = {}
         self._args: dict[str, list[str]] = {}
         self._refused = False
@@ -504,9 +507,7 @@ class ResponsesStreamParser:
         kind = data.get("type")
         acc = self.acc
         if kind == "response.output_text.delta":
-            key = self._key(data)
-            self._text_seen.add(key)
-            return (acc.text(data.get("delta", ""), key=key),)
+            return (acc.text(data.get("delta", ""), key=self._key(data)),)
         if kind == "response.function_call_arguments.delta":
             key = self._key(data)
             if acc.has_tool(key):
@@ -516,10 +517,8 @@ class ResponsesStreamParser:
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             return self._thinking(data, kind)
         if kind == "response.refusal.delta":
-            key = self._key(data)
             self._refused = True
-            self._text_seen.add(key)
-            return (acc.text(data.get("delta", ""), key=key),)
+            return (acc.text(data.get("delta", ""), key=self._key(data)),)
         if kind == "response.output_item.added":
             return self._item_added(data.get("item") or {}, data)
         if kind == "response.output_item.done":
@@ -551,7 +550,7 @@ class ResponsesStreamParser:
         the index its ``output_item.added`` gave that id, else the id itself."""
         index = data.get("output_index")
         if isinstance(index, int):
-            return f"output{index}"
+            return _output_key(index)
         item_id = str(data.get("item_id") or "")
         return self._key_of_id.get(item_id, item_id or "output0")
 
@@ -559,7 +558,7 @@ class ResponsesStreamParser:
         index = (data or {}).get("output_index")
         item_id = str(item.get("id") or "")
         if isinstance(index, int):
-            key = f"output{index}"
+            key = _output_key(index)
             if item_id:
                 self._key_of_id[item_id] = key
             return key
@@ -591,7 +590,6 @@ class ResponsesStreamParser:
         self._summary_index[key] = (kind, index)
         if last is not None and last != (kind, index):
             delta = "\n\n" + delta  # a new summary part
-        self._thinking_seen.add(key)
         return (self.acc.thinking(delta, key=key),)
 
     def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
@@ -640,21 +638,16 @@ class ResponsesStreamParser:
                     self._refused = True
                     if part.get("refusal"):
                         texts.append(part["refusal"])
-            if key not in self._text_seen:
+            if texts and not acc.replace_text(key, "".join(texts)):  # nothing streamed
                 out.extend(acc.text(text, key=key) for text in texts)
-            elif texts:
-                acc.replace_text(key, "".join(texts))
             if our:
                 acc.text_provider_data({PROVIDER_DATA_KEY: our}, key=key)
         elif kind == "reasoning":
             texts = [s.get("text", "") for s in item.get("summary") or []]
             texts += [c.get("text", "") for c in item.get("content") or []]
             text = "\n\n".join(t for t in texts if t)
-            if key not in self._thinking_seen:
-                if text:
-                    out.append(acc.thinking(text, key=key))
-            elif text:
-                acc.replace_text(key, text)
+            if text and not acc.replace_text(key, text):  # nothing streamed
+                out.append(acc.thinking(text, key=key))
             if item.get("encrypted_content"):
                 acc.signature(str(item["encrypted_content"]), key=key)
             acc.thinking_provider_data(
