@@ -63,6 +63,8 @@ class DispatchError(Exception):
     """Base of every error an adapter raises."""
 
     default_code = "unknown"
+    #: whether the same request may succeed when sent again, unless the raiser said (``retryable=``)
+    default_retryable = False
     #: seconds the server asked us to wait before retrying (``retry-after``), if it said
     retry_after: float | None = None
 
@@ -92,9 +94,7 @@ class DispatchError(Exception):
     @property
     def retryable(self) -> bool:
         """Whether sending the same request again may succeed."""
-        if self._retryable is not None:
-            return self._retryable
-        return False
+        return self.default_retryable if self._retryable is None else self._retryable
 
     def __str__(self) -> str:
         where = f"{self.provider}: " if self.provider else ""
@@ -145,10 +145,7 @@ class ServerError(DispatchError):
     """The provider failed (5xx, 529 overloaded). Usually worth retrying."""
 
     default_code = "server_error"
-
-    @property
-    def retryable(self) -> bool:
-        return True if self._retryable is None else self._retryable
+    default_retryable = True
 
 
 class RequestError(DispatchError):
@@ -209,10 +206,7 @@ class APIConnectionError(DispatchError, ConnectionError):
     """The server could not be reached, or the connection broke."""
 
     default_code = "network_error"
-
-    @property
-    def retryable(self) -> bool:
-        return True if self._retryable is None else self._retryable
+    default_retryable = True
 
 
 class APITimeoutError(APIConnectionError, TimeoutError):
