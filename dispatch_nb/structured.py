@@ -760,6 +760,9 @@ class _CallAccumulator(Accumulator):
 
 
 def _run(call: _Call) -> Iterator[StreamDelta]:
+    # Not _arun over the bridge: each attempt is already a bridged stream, and the caller's thread
+    # transforms its deltas here, so partial_parsed grows with what the caller has taken (over the
+    # bridge the loop thread runs ahead: tests/contract/test_structured.py, grows a partial object)
     try:
         while True:
             inner: ResponseStream = call.open(call.next_request(), call.adapter.open_stream)
