@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from ..cancel import CancelToken
 from .device_flow import DeviceCode, DeviceFlow, StateCallback, fetch_github_user
 from .endpoints import default_github_api_url
@@ -59,7 +57,6 @@ def device_login(
     on_done: Callable[[LoginResult], Any] | None = None,
     on_error: Callable[[BaseException], Any] | None = None,
     cancel: CancelToken | None = None,
-    http_client: httpx.Client | None = None,
     keep_unsaved: bool = False,
 ) -> LoginResult:
     """Run GitHub's device flow to the end and save the token; return what happened.
@@ -80,9 +77,7 @@ def device_login(
         if on_code is not None:
             on_code(code)
         token = flow.poll(code, cancel=cancel, on_state=on_state)
-        user = fetch_github_user(
-            token, github_api_url or default_github_api_url(flow.github_url), http_client=http_client
-        )
+        user = fetch_github_user(token, github_api_url or default_github_api_url(flow.github_url))
         try:
             path: Path | None = store.save(token, user=user, github_url=flow.github_url)
             save_error: OSError | None = None

@@ -84,6 +84,7 @@ from ..auth import (
     device_login,
     find_github_token,
 )
+from ..bridge import run_sync
 from ..call_control import CallControl
 from ..errors import (
     AuthenticationError,
@@ -230,7 +231,6 @@ class CopilotAdapter(HTTPAdapter):
         on_device_code: Callable[[DeviceCode], Any] | None = None,
         timeout: float | None = None,
         max_retries: int = 2,
-        http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         token_manager: CopilotTokenManager | None = None,
         structured_output: str = "auto",
@@ -244,7 +244,6 @@ class CopilotAdapter(HTTPAdapter):
         self._manager = token_manager or CopilotTokenManager(
             self._github_token,
             github_api_url=self._github_api_url,
-            http_client=http_client,
             async_http_client=async_http_client,
         )
         cached = self._manager.cached
@@ -264,7 +263,6 @@ class CopilotAdapter(HTTPAdapter):
         self._token_path = token_path
         self._client_id = client_id
         self._on_device_code = on_device_code
-        self._given_http = http_client
         self._login_lock = threading.Lock()
         self._login_token: str | None = None
         self._token_source: str | None = None
@@ -327,8 +325,7 @@ class CopilotAdapter(HTTPAdapter):
             except DispatchError as exc:
                 self._models_failed = True
                 log.debug("no Copilot model list for max_context_tokens: %s", exc.message)
-        entry = self._find_entry(self._raw_models or [])
-        info = copilot_model_info(entry) if entry is not None else None
+        info = self._info()
         if info is not None and info.max_context_tokens:
             return info.max_context_tokens
         return fallback_context_tokens(self._model)
@@ -380,12 +377,10 @@ class CopilotAdapter(HTTPAdapter):
             assert self._on_device_code is not None
             store = TokenStore(self._token_path)
             result = device_login(
-                DeviceFlow(self._client_id, github_url=self._github_url,
-                           http_client=self._given_http),
+                DeviceFlow(self._client_id, github_url=self._github_url),
                 store=store,
                 github_api_url=self._github_api_url,
                 on_code=self._on_device_code,
-                http_client=self._given_http,
                 keep_unsaved=True,
             )
             self._login_token = result.token
@@ -485,8 +480,7 @@ class CopilotAdapter(HTTPAdapter):
     def premium_multiplier(self) -> float | None:
         """Premium requests one user-initiated call of this model costs: ``billing.multiplier``
         of its ``/models`` entry (0 for included models; None while the list is unknown)."""
-        entry = self._find_entry(self._raw_models or [])
-        info = copilot_model_info(entry) if entry is not None else None
+        info = self._info()
         return info.premium_multiplier if info is not None else None
 
     def price_call(self, request: ChatRequest, model: str, usage: Usage) -> Cost | None:
@@ -502,38 +496,23 @@ class CopilotAdapter(HTTPAdapter):
         return price(self.provider_name, self.model_name, usage, premium_requests=premium)
 
     # -- models ----------------------------------------------------------------------------------
-    def _find_entry(self, raw: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-        return find_entry(raw, self._model)
+    def _info(self) -> ModelInfo | None:
+        entry = find_entry(self._raw_models or [], self._model)
+        return copilot_model_info(entry) if entry is not None else None
 
-    def _store_models(self, body: Any) -> list[dict[str, Any]]:
-        raw = model_entries(body)
-        self._raw_models = raw
-        self._models_failed = False
-        log.debug("GitHub Copilot lists %d models", len(raw))
-        return raw
-
-    def _models_url(self) -> str:
-        return f"{self.base_url}/models"
-
-    def _models_headers(self) -> dict[str, str]:
-        return {"x-request-id": str(uuid.uuid4())}
+    async def _aload_models(self, refresh: bool = False, *, login: bool = True) -> list[dict[str, Any]]:
+        if self._raw_models is None or refresh:
+            body = await self.aget_json(f"{self.base_url}/models",
+                                        headers={"x-request-id": str(uuid.uuid4())},
+                                        auth=self._auth if login else self._auth_no_login)
+            self._raw_models = model_entries(body)
+            self._models_failed = False
+            log.debug("GitHub Copilot lists %d models", len(self._raw_models))
+        return self._raw_models
 
     def _load_models(self, refresh: bool = False, *, login: bool = True) -> list[dict[str, Any]]:
-        raw = self._raw_models
-        if raw is not None and not refresh:
-            return raw
-        with self._models_lock:
-            if self._raw_models is not None and not refresh:
-                return self._raw_models
-            body = self.get_json(self._models_url(), headers=self._models_headers(),
-                                 auth=self._auth if login else self._auth_no_login)
-            return self._store_models(body)
-
-    async def _aload_models(self, refresh: bool = False) -> list[dict[str, Any]]:
-        if self._raw_models is not None and not refresh:
-            return self._raw_models
-        body = await self.aget_json(self._models_url(), headers=self._models_headers())
-        return self._store_models(body)
+        with self._models_lock:  # one GET /models for all threads
+            return run_sync(self._aload_models(refresh, login=login))
 
     def _picker_infos(self) -> list[ModelInfo]:
         return picker_models(self._raw_models or [])
@@ -550,7 +529,7 @@ class CopilotAdapter(HTTPAdapter):
         return self._picker_infos()
 
     def _use_models(self, raw: list[dict[str, Any]]) -> None:
-        entry = self._find_entry(raw)
+        entry = find_entry(raw, self._model)
         if entry is None:
             available = [m.id for m in self._picker_infos()]
             raise ModelUnavailableError(
@@ -585,7 +564,7 @@ class CopilotAdapter(HTTPAdapter):
             return ValidationResult(False, f"GitHub Copilot: {exc.message}")
         except DispatchError as exc:
             return ValidationResult(False, f"GitHub Copilot could not be checked: {exc}")
-        if self._find_entry(self._raw_models or []) is None:
+        if find_entry(self._raw_models or [], self._model) is None:
             return ValidationResult(
                 False,
                 f"GitHub Copilot accepted the login, but has no model {self._model!r}; "
