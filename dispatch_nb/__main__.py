@@ -262,10 +262,10 @@ def _status_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _print_models(manager: CopilotTokenManager, github_url: str, api_url: str) -> int:
+def _print_models(args: argparse.Namespace, github_url: str, api_url: str) -> int:
     from .providers.copilot import CopilotAdapter
 
-    adapter = CopilotAdapter(github_url=github_url, github_api_url=api_url, token_manager=manager)
+    adapter = CopilotAdapter(github_url=github_url, github_api_url=api_url, token_path=args.token_path)
     try:
         models = adapter.list_models()
     except DispatchError as exc:
@@ -320,21 +320,13 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{label:<16}not installed (pip install 'dispatch-nb[local]')")
     resolved = resolve_default_model()
     print(f"{'Default model:':<16}{resolved.spec} ({resolved.reason})")
-    if copilot and getattr(args, "models", False):
-        manager = CopilotTokenManager(_found_token(args, github_url), github_api_url=api_url)
-        if _print_models(manager, github_url, api_url) != EXIT_OK:
-            return EXIT_FAILED
+    if copilot and args.models and _print_models(args, github_url, api_url) != EXIT_OK:
+        return EXIT_FAILED
     if not working:
         print("Nothing would work yet: log in with python -m dispatch_nb login, set an API key, "
               "or install the embedded model.")
         return EXIT_FAILED
     return EXIT_OK
-
-
-def _found_token(args: argparse.Namespace, github_url: str) -> str:
-    found = find_github_token(token_path=args.token_path, github_url=github_url)
-    assert found is not None
-    return found.token
 
 
 def _copilot_status(args: argparse.Namespace, github_url: str, api_url: str) -> str | None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import contextlib
 import json
 import logging
@@ -50,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeVar
 
 import pydantic_core
 
-from .bridge import loop_thread
+from . import bridge
 from .tools import MAX_ERROR_CHARS, Tool, error_result
 from .types import ImageBlock, TextBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
 
@@ -76,41 +75,25 @@ State = Literal["stopped", "running", "failed"]
 _live: weakref.WeakSet[MCPServer] = weakref.WeakSet()
 
 
-def _on_loop(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-    return asyncio.run_coroutine_threadsafe(coro, loop_thread())
-
-
 async def _await_on_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the private loop from any loop (cancelling this cancels it there)."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:  # pragma: no cover - always called from a coroutine
-        running = None
-    if running is loop_thread():
+    loop = bridge.loop_thread()
+    if asyncio.get_running_loop() is loop:
         return await coro
-    return await asyncio.wrap_future(_on_loop(coro))
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
 def run_sync(coro: Coroutine[Any, Any, T], control: TurnControl | None = None,
              where: str = "") -> T:
-    """Run ``coro`` on the private loop and wait for it from this thread, under ``control``'s
-    deadline and cancel switch; Ctrl-C cancels it there and is raised here."""
-    if control is not None:
-        work = coro
+    """:func:`dispatch_nb.bridge.run_sync` under ``control``'s deadline and cancel switch."""
+    if control is None:
+        return bridge.run_sync(coro)
 
-        async def controlled() -> T:
-            result: T = await control.run_async(asyncio.ensure_future(work), where)
-            return result
+    async def controlled() -> T:
+        result: T = await control.run_async(asyncio.ensure_future(coro), where)
+        return result
 
-        coro = controlled()
-    future = _on_loop(coro)
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        with contextlib.suppress(BaseException):
-            future.result(5)
-        raise
+    return bridge.run_sync(controlled())
 
 
 class MCPServer:
