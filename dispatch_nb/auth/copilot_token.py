@@ -35,7 +35,6 @@ change without notice (see ``docs/copilot-login.md``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -49,8 +48,6 @@ import httpx
 
 from ..bridge import CALLER_THREAD, run_sync
 from ..errors import (
-    APIConnectionError,
-    APITimeoutError,
     AuthenticationError,
     DispatchError,
     RateLimitError,
@@ -59,6 +56,7 @@ from ..errors import (
     parse_retry_after,
 )
 from ..transport import tls_context
+from .device_flow import body_fields, transport_error
 from .endpoints import default_github_api_url
 
 __all__ = [
@@ -342,7 +340,7 @@ class CopilotTokenManager:
                 async with httpx.AsyncClient(timeout=self._timeout, verify=tls_context()) as client:
                     response = await client.get(self.token_url, headers=headers)
         except httpx.TransportError as exc:
-            raise self._transport_error(exc) from None
+            raise transport_error(exc, self.github_api_url, PROVIDER, " for a Copilot token") from None
         return self._parse(response, pat=_is_personal_access_token(github_token))
 
     # -- shared ----------------------------------------------------------------------------------
@@ -370,20 +368,9 @@ class CopilotTokenManager:
             **EDITOR_HEADERS,
         }
 
-    def _transport_error(self, exc: httpx.TransportError) -> DispatchError:
-        if isinstance(exc, httpx.TimeoutException):
-            return APITimeoutError(
-                f"{self.github_api_url} did not answer the Copilot token request in time",
-                provider=PROVIDER,
-            )
-        return APIConnectionError(
-            f"could not reach {self.github_api_url} for a Copilot token ({type(exc).__name__}: {exc})",
-            provider=PROVIDER,
-        )
-
     def _parse(self, response: httpx.Response, *, pat: bool) -> CopilotToken:
         status = response.status_code
-        data = _json_object(response.content)
+        data = body_fields(response.content)
         if status == 200:
             try:
                 return CopilotToken.from_response(data, fetched_at=self._clock())
@@ -466,14 +453,6 @@ class CopilotTokenManager:
 
 def _is_personal_access_token(token: str) -> bool:
     return token.startswith(("ghp_", "github_pat_"))
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body) if body else {}
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _positive(value: Any) -> float | None:

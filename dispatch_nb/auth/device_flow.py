@@ -35,6 +35,7 @@ Neither the device code nor the token ever appears in a repr, a log record or an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -216,7 +217,7 @@ class DeviceFlow:
                     url, json=body, headers={"Accept": "application/json", "User-Agent": USER_AGENT}
                 )
             except httpx.TransportError as exc:
-                raise _transport_error(exc, self.github_url) from None
+                raise transport_error(exc, self.github_url) from None
 
     def _unsupported(self, detail: str, status: int | None, error: str | None) -> DeviceFlowError:
         return DeviceFlowUnsupported(
@@ -231,7 +232,7 @@ class DeviceFlow:
 
     def _parse_device_code(self, response: httpx.Response) -> DeviceCode:
         status = response.status_code
-        data = _body_fields(response.content)
+        data = body_fields(response.content)
         error = _str(data.get("error"))
         if error in ("unauthorized_client", "device_flow_disabled"):
             raise self._unsupported(f"GitHub says {error}", status, error)
@@ -365,19 +366,19 @@ class _PollRun:
         if self.cancel is not None and self.cancel.cancelled:
             raise self.cancelled()
         if self.code.expired:
-            raise self.fail(
-                DeviceFlowState.EXPIRED,
-                DeviceCodeExpired(
-                    "The login code expired before it was approved. Start the login again "
-                    "(`python -m dispatch_nb login` or `%chat login`).",
-                    provider=PROVIDER,
-                ),
-            )
+            raise self.expired()
 
     def next_delay(self) -> float:
         """Seconds to wait before the next request (cut short when the code expires sooner)."""
         self.check()
         return max(0.0, min(self.interval, self.code.seconds_left()))
+
+    def expired(self, provider_code: str | None = None) -> DispatchError:
+        return self.fail(DeviceFlowState.EXPIRED, DeviceCodeExpired(
+            "The login code expired before it was approved. Start the login again "
+            "(`python -m dispatch_nb login` or `%chat login`).",
+            provider=PROVIDER, provider_code=provider_code,
+        ))
 
     def fail(self, state: DeviceFlowState, error: DispatchError) -> DispatchError:
         self.emit(state, message=error.message, error=error.provider_code or error.code)
@@ -405,7 +406,7 @@ class _PollRun:
     def handle(self, response: httpx.Response) -> str | None:
         """The token, or None to keep polling; raises for the final failures."""
         status = response.status_code
-        data = _body_fields(response.content)
+        data = body_fields(response.content)
         error = _str(data.get("error"))
         if not error:
             if status >= 500 or status == 429:
@@ -440,49 +441,32 @@ class _PollRun:
 
     def _final_error(self, error: str, status: int, description: str | None) -> DispatchError:
         flow = self.flow
-        kw: dict[str, Any] = {"provider": PROVIDER, "provider_code": error}
         if error in ("expired_token", "token_expired"):
-            return self.fail(
-                DeviceFlowState.EXPIRED,
-                DeviceCodeExpired(
-                    "The login code expired before it was approved. Start the login again "
-                    "(`python -m dispatch_nb login` or `%chat login`).",
-                    **kw,
-                ),
-            )
+            return self.expired(error)
+        kw: dict[str, Any] = {"provider": PROVIDER, "provider_code": error}
         if error == "access_denied":
-            return self.fail(
-                DeviceFlowState.DENIED,
-                DeviceFlowDenied(
-                    "The login was declined on GitHub (access denied). Start the login again "
-                    "if that was a mistake.",
-                    **kw,
-                ),
-            )
-        message: str
-        cls: type[DeviceFlowError] = DeviceFlowError
-        if error == "incorrect_device_code":
-            message = "GitHub does not recognise this login code. Start the login again."
-        elif error == "incorrect_client_credentials":
-            message = (
+            return self.fail(DeviceFlowState.DENIED, DeviceFlowDenied(
+                "The login was declined on GitHub (access denied). Start the login again if that "
+                "was a mistake.", **kw,
+            ))
+        message = {
+            "incorrect_device_code": "GitHub does not recognise this login code. Start the login again.",
+            "incorrect_client_credentials": (
                 f"GitHub at {flow.github_url} rejected the client id {flow.client_id!r}. "
                 "Check the client_id argument (or the GitHub URL, for GitHub Enterprise)."
-            )
-        elif error == "unsupported_grant_type":
-            message = (
+            ),
+            "unsupported_grant_type": (
                 "GitHub rejected the grant type of the token request. This is a bug in "
                 "dispatch_nb; please report it."
-            )
-        elif error == "device_flow_disabled":
-            cls = DeviceFlowUnsupported
-            message = (
+            ),
+            "device_flow_disabled": (
                 f"The device flow is disabled for client id {flow.client_id!r} at "
                 f"{flow.github_url}. Set DISPATCH_NB_GITHUB_TOKEN to a GitHub token instead."
-            )
-        else:
-            message = f"GitHub refused the login ({error})."
+            ),
+        }.get(error, f"GitHub refused the login ({error}).")
         if description:
             message = f"{message} GitHub says: {description}"
+        cls = DeviceFlowUnsupported if error == "device_flow_disabled" else DeviceFlowError
         return self.fail(DeviceFlowState.ERROR, cls(message, status_code=status or None, **kw))
 
 
@@ -508,7 +492,7 @@ async def afetch_github_user(token: str, api_url: str | None = None, *, timeout:
     if response.status_code != 200:
         log.debug("GET /user answered HTTP %d", response.status_code)
         return None
-    return _str(_body_fields(response.content).get("login"))
+    return _str(body_fields(response.content).get("login"))
 
 
 @same_parameters(afetch_github_user)
@@ -518,7 +502,7 @@ def fetch_github_user(*args: Any, **kwargs: Any) -> str | None:
 
 
 # -- small parsing helpers -----------------------------------------------------------------------
-def _body_fields(body: bytes) -> dict[str, Any]:
+def body_fields(body: bytes) -> dict[str, Any]:
     """A JSON object body, or a form-encoded one (GitHub's answer without ``Accept``); else {}."""
     if not body:
         return {}
@@ -537,15 +521,9 @@ def _str(value: Any) -> str | None:
 
 
 def _number(value: Any, default: float) -> float:
-    if isinstance(value, bool):
-        return default
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError):
             return float(value)
-        except ValueError:
-            return default
     return default
 
 
@@ -566,7 +544,10 @@ def _http_error(response: httpx.Response, data: Mapping[str, Any], doing: str) -
     return DeviceFlowError(text, **kw)
 
 
-def _transport_error(exc: httpx.TransportError, url: str) -> DispatchError:
+def transport_error(exc: httpx.TransportError, url: str, provider: str = PROVIDER,
+                    what: str = "") -> DispatchError:
+    """A network failure reaching ``url`` (``what``: for what, e.g. " for a Copilot token")."""
     if isinstance(exc, httpx.TimeoutException):
-        return APITimeoutError(f"{url} did not answer in time", provider=PROVIDER)
-    return APIConnectionError(f"could not reach {url} ({type(exc).__name__}: {exc})", provider=PROVIDER)
+        return APITimeoutError(f"{url} did not answer in time{what}", provider=provider)
+    return APIConnectionError(f"could not reach {url}{what} ({type(exc).__name__}: {exc})",
+                              provider=provider)
