@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -541,9 +542,7 @@ def _prefixed(server: str, name: str) -> str:
 
 
 def _key(payload: dict[str, Any]) -> str:
-    import hashlib
-
-    return hashlib.sha256(pydantic_core.to_json(payload).decode().encode()).hexdigest()
+    return hashlib.sha256(pydantic_core.to_json(payload)).hexdigest()
 
 
 def _call_key(server: str, tool: str, arguments: dict[str, Any]) -> str:

@@ -117,6 +117,8 @@ TOOL_CHAT_FORMATS = frozenset({"chatml-function-calling"})
 N_CTX_STEP = 256
 
 INSTALL_HINT = "pip install 'dispatch-nb[local]'"
+NO_LLAMA_CPP = ("the local provider needs llama-cpp-python, which is not installed: "
+                f"{INSTALL_HINT} (the first install builds llama.cpp and takes a few minutes)")
 
 _PASSTHROUGH_OPTIONS = ("top_k", "min_p", "repeat_penalty", "response_format")
 
@@ -169,10 +171,7 @@ def _import_llama_cpp() -> Any:
     try:
         import llama_cpp
     except ImportError as exc:
-        raise ImportError(
-            "the local provider needs llama-cpp-python, which is not installed: "
-            f"{INSTALL_HINT} (the first install builds llama.cpp and takes a few minutes)"
-        ) from exc
+        raise ImportError(NO_LLAMA_CPP) from exc
     return llama_cpp
 
 
@@ -253,13 +252,8 @@ def clear_model_cache() -> None:
         models = list(_models.values())
         _models.clear()
     for model in models:
-        with model.lock:
-            close = getattr(model.llama, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:
-                    pass
+        with model.lock, contextlib.suppress(Exception):
+            model.llama.close()
 
 
 def _llama_class(llama_cpp: Any) -> Any:
@@ -546,10 +540,7 @@ class LocalAdapter(Adapter):
             path = found
             self._model = model
         if not llama_cpp_installed():
-            raise ImportError(
-                "the local provider needs llama-cpp-python, which is not installed: "
-                f"{INSTALL_HINT} (the first install builds llama.cpp and takes a few minutes)"
-            )
+            raise ImportError(NO_LLAMA_CPP)
         #: the GGUF file this adapter runs
         self.model_path = path
         self.n_ctx = n_ctx
