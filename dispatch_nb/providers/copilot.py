@@ -6,52 +6,28 @@
     CopilotAdapter("claude-sonnet-4", on_device_code=lambda code: print(code.user_code))
 
 This uses GitHub's **undocumented** Copilot API the way the Copilot editor plugins do (PROTOCOLS.md
-§1–§3, ``docs/copilot-login.md``): a GitHub token (from the ``github_token`` argument,
-``$DISPATCH_NB_GITHUB_TOKEN``, our token file, or a Copilot editor login) is exchanged for a
-short-lived Copilot token (:class:`~dispatch_nb.auth.CopilotTokenManager`: refreshed before it runs
-out and once after a 401/403, one exchange at a time however many threads or tasks share the
-adapter), and requests go to the token's ``endpoints.api`` with editor headers.
+§1–§3; ``docs/copilot-login.md`` says what the user sees: models, premium requests, errors): a
+GitHub token (the ``github_token`` argument, ``$DISPATCH_NB_GITHUB_TOKEN``, our token file, or a
+Copilot editor login) is exchanged for a short-lived Copilot token
+(:class:`~dispatch_nb.auth.CopilotTokenManager`), put on each request by
+:class:`~dispatch_nb.auth.CopilotAuth` (a new one and one resend after a 401/403), and requests go
+to the token's ``endpoints.api`` with editor headers. No GitHub or Copilot token ever appears in a
+repr, a log record or an exception message.
 
 **Not signed in**: with ``on_device_code`` the adapter runs GitHub's device flow on first use — it
 calls ``on_device_code(DeviceCode)`` so a UI can show the code, polls until it is approved, and
-stores the token (mode 0600) — else it raises :class:`~dispatch_nb.errors.AuthenticationError`
-("not signed in to GitHub Copilot: run `python -m dispatch_nb login` or `%chat login`").
+stores the token (mode 0600) — else it raises :class:`~dispatch_nb.errors.AuthenticationError`.
 
-**Models**: ``GET /models`` is read once per adapter, on the first call (or ``list_models()``): it
-tells which endpoint a model speaks (``/chat/completions``, else ``/responses`` when that is the only
-one listed), and an unknown model name becomes a
-:class:`~dispatch_nb.errors.ModelUnavailableError` listing the models on offer. ``list_models()``
-shows what the editors' model pickers show (``model_picker_enabled``, ``capabilities.type ==
-"chat"``, policy enabled or absent), with the premium-request multiplier of each.
+**Models**: ``GET /models`` is read once per adapter, on the first call: it tells which endpoint a
+model speaks (``/chat/completions``, else ``/responses`` when that is the only one listed; the
+catalogue is :mod:`.copilot_models`), and an unknown model name becomes a
+:class:`~dispatch_nb.errors.ModelUnavailableError` listing the models on offer.
 
-**Requests**: a wire format per model (:data:`COPILOT_WIRES`; the request names the one it was built
-with, and its answer is read with that one). chat.completions through
-:class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire` with :data:`COPILOT_CHAT_QUIRKS`
-(Copilot's stream quirks included:
-empty-choices first chunks, Claude's reused tool-call index, text and tools in different choices,
-``stop`` with tool calls, usage on any chunk); Claude's ``reasoning_text`` / ``reasoning_opaque``
-become a :class:`~dispatch_nb.types.ThinkingBlock` (``signature`` = the opaque value, provider data
-``{"openai_chat": {"field": "reasoning_text", "provider": "copilot"}}``) that is sent back on the
-next assistant message — only thinking marked as Copilot's is. ``/responses`` models go through
-:class:`~dispatch_nb.wire.responses.ResponsesWire`. Headers: ``Authorization: Bearer <Copilot token>``,
-``Copilot-Integration-Id``, ``Editor-Version``, ``Editor-Plugin-Version``, ``User-Agent``,
-``OpenAI-Intent``, ``X-GitHub-Api-Version``, a fresh ``X-Request-Id`` per request,
-``X-Initiator: user`` for a turn the user typed and ``agent`` when the last message is anything else
-(tool results: proxies count only user turns as premium requests; the ``initiator`` option
-overrides it), and ``Copilot-Vision-Request: true`` when a message holds an image.
-
-The model catalogue (which models, which endpoint, limits) is :mod:`.copilot_models`; the error
-table :mod:`.copilot_errors`; this module is the provider: endpoint, login and token, model list,
-headers, defaults.
-
-**Errors** (PROTOCOLS.md §3.6, :func:`~dispatch_nb.providers.copilot_errors.copilot_error`):
-401/403 → a new Copilot token and one retry, then :class:`~dispatch_nb.errors.AuthenticationError`;
-402 → :class:`~dispatch_nb.errors.RateLimitError` with code ``quota_exceeded`` (not retried; the
-message says when the quota resets when GitHub says); 429 → ``RateLimitError`` with
-``retry_after``; 466 (client too old), 422 (content filter), 400 →
-:class:`~dispatch_nb.errors.RequestError`; 5xx → :class:`~dispatch_nb.errors.ServerError`
-(retried). Token-exchange problems (``no_copilot_access``...) come from the token manager. No
-GitHub or Copilot token ever appears in a repr, a log record or an exception message.
+**Requests**: a wire format per model (:data:`COPILOT_WIRES`). On chat.completions,
+:data:`COPILOT_CHAT_QUIRKS` reads Claude's ``reasoning_text`` / ``reasoning_opaque`` as a
+:class:`~dispatch_nb.types.ThinkingBlock` marked as Copilot's, sent back on the next assistant
+message. ``X-Initiator`` is ``user`` for a turn someone typed and ``agent`` otherwise (tool
+results): only user turns count as premium requests. Errors: :mod:`.copilot_errors`.
 """
 
 from __future__ import annotations
