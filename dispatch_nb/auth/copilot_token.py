@@ -310,7 +310,7 @@ class CopilotTokenManager:
         if self._async_holder is not None and self._async_holder == CALLER_THREAD.get():
             # A sync get() blocks the thread whose event loop runs the exchange holding the lock:
             # that exchange cannot finish while we wait for it, so exchange on our own.
-            return self._store(await self._aexchange())
+            return await self._aexchange()
         async with self._async_lock():
             token = self._fresh()
             if token is not None:
@@ -325,14 +325,25 @@ class CopilotTokenManager:
                 token = self._fresh()
                 if token is not None:
                     return token
-                return self._store(await self._aexchange())
+                return await self._aexchange()
             finally:
                 self._async_holder = None
                 self._lock.release()
 
     async def _aexchange(self) -> CopilotToken:
+        """Exchange the GitHub token for a new Copilot token, and keep it."""
         github_token = self._provider()
-        headers = self._headers(github_token)
+        if not github_token:
+            raise AuthenticationError(
+                f"There is no GitHub token to exchange for a Copilot token. Log in: {_LOGIN_HINT}.",
+                provider=PROVIDER,
+            )
+        headers = {
+            "Authorization": f"token {github_token}",
+            "Accept": "application/json",
+            "X-GitHub-Api-Version": GITHUB_API_VERSION,
+            **EDITOR_HEADERS,
+        }
         try:
             if self._async_http is not None:
                 response = await self._async_http.get(self.token_url, headers=headers, timeout=self._timeout)
@@ -341,11 +352,14 @@ class CopilotTokenManager:
                     response = await client.get(self.token_url, headers=headers)
         except httpx.TransportError as exc:
             raise transport_error(exc, self.github_api_url, PROVIDER, " for a Copilot token") from None
-        return self._parse(response, pat=_is_personal_access_token(github_token))
-
-    # -- shared ----------------------------------------------------------------------------------
-    def _store(self, token: CopilotToken) -> CopilotToken:
-        self._token = token
+        data = body_fields(response.content)
+        if response.status_code != 200:
+            raise self._error(response, data, pat=github_token.startswith(("ghp_", "github_pat_")))
+        try:
+            token = self._token = CopilotToken.from_response(data, fetched_at=self._clock())
+        except ValueError:
+            raise ServerError("GitHub's answer to the Copilot token request holds no token",
+                              status_code=200, provider=PROVIDER) from None
         self.exchanges += 1
         log.debug(
             "got a Copilot token for %s (expires in %.0f s, refresh in %.0f s)",
@@ -354,33 +368,6 @@ class CopilotTokenManager:
             token.refresh_at - token.fetched_at,
         )
         return token
-
-    def _headers(self, github_token: str) -> dict[str, str]:
-        if not github_token:
-            raise AuthenticationError(
-                f"There is no GitHub token to exchange for a Copilot token. Log in: {_LOGIN_HINT}.",
-                provider=PROVIDER,
-            )
-        return {
-            "Authorization": f"token {github_token}",
-            "Accept": "application/json",
-            "X-GitHub-Api-Version": GITHUB_API_VERSION,
-            **EDITOR_HEADERS,
-        }
-
-    def _parse(self, response: httpx.Response, *, pat: bool) -> CopilotToken:
-        status = response.status_code
-        data = body_fields(response.content)
-        if status == 200:
-            try:
-                return CopilotToken.from_response(data, fetched_at=self._clock())
-            except ValueError:
-                raise ServerError(
-                    "GitHub's answer to the Copilot token request holds no token",
-                    status_code=status,
-                    provider=PROVIDER,
-                ) from None
-        raise self._error(response, data, pat=pat)
 
     def _error(self, response: httpx.Response, data: Mapping[str, Any], *, pat: bool) -> DispatchError:
         status = response.status_code
@@ -449,10 +436,6 @@ class CopilotTokenManager:
             provider=PROVIDER,
             headers=response.headers,
         )
-
-
-def _is_personal_access_token(token: str) -> bool:
-    return token.startswith(("ghp_", "github_pat_"))
 
 
 def _positive(value: Any) -> float | None:
