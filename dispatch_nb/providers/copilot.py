@@ -222,9 +222,8 @@ class CopilotAdapter(HTTPAdapter):
             github_api_url=self._github_api_url,
             async_http_client=async_http_client,
         )
-        cached = self._manager.cached
         super().__init__(
-            base_url=cached.endpoints_api if cached is not None else DEFAULT_COPILOT_API_URL,
+            base_url=DEFAULT_COPILOT_API_URL,  # until a token names its API (the base_url property)
             model=model,
             headers={
                 **_EDITOR_HEADERS_LOWER,
