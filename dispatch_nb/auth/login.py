@@ -2,19 +2,8 @@
 
 :func:`device_login` is the one routine the terminal (``python -m dispatch_nb login``), the
 adapter (a first call with ``on_device_code``) and the notebook (``%chat login``) run; each shows
-it its own way through callbacks::
-
-    result = device_login(
-        DeviceFlow(github_url=url),
-        store=TokenStore(),
-        on_code=show,              # the DeviceCode to show (user code, verification URI)
-        on_state=status,           # pending / slow_down... while polling (DeviceFlow's on_state)
-        on_done=saved,             # the LoginResult (who, where the token is)
-        on_error=failed,           # any exception, before it propagates
-        cancel=cancel_token,       # stops the poll at once (RequestCancelled)
-    )
-
-Nothing here prints or imports IPython; the token never appears in a result's repr.
+it its own way through its callbacks. Nothing here prints or imports IPython; the token never
+appears in a result's repr.
 """
 
 from __future__ import annotations
