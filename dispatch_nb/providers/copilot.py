@@ -503,8 +503,17 @@ class CopilotAdapter(HTTPAdapter):
         await self._aload_models(refresh)
         return self._picker_infos()
 
-    def _use_models(self, raw: list[dict[str, Any]]) -> None:
-        entry = find_entry(raw, self._model)
+    async def _acheck_model(self) -> None:
+        """Read the model list once: the model's entry routes it, and a model not listed is an
+        error naming those that are (no list: route by the name)."""
+        if self._entry is not None:
+            return
+        try:
+            entry = find_entry(await self._aload_models(), self._model)
+        except (ServerError, RequestError) as exc:
+            log.debug("GitHub Copilot: no model list (%s); routing %s by its name",
+                      exc.message, self._model)
+            return
         if entry is None:
             available = [m.id for m in self._picker_infos()]
             raise ModelUnavailableError(
@@ -515,17 +524,6 @@ class CopilotAdapter(HTTPAdapter):
             )
         self._entry = entry
         self.backend_mode = self._backend_for(self.route)
-
-    async def _acheck_model(self) -> None:
-        if self._entry is not None:
-            return
-        try:
-            raw = await self._aload_models()
-        except (ServerError, RequestError) as exc:
-            log.debug("GitHub Copilot: no model list (%s); routing %s by its name",
-                      exc.message, self._model)
-            return
-        self._use_models(raw)
 
     # -- validate --------------------------------------------------------------------------------
     def validate(self) -> ValidationResult:
