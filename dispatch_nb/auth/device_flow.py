@@ -199,22 +199,13 @@ class DeviceFlow:
             f"state={self.state.value if self.state else None!r})"
         )
 
-    # -- URLs and bodies (sans-I/O) --------------------------------------------------------------
-    @property
-    def device_code_url(self) -> str:
-        """``{github_url}/login/device/code``."""
-        return f"{self.github_url}/login/device/code"
-
-    @property
-    def access_token_url(self) -> str:
-        """``{github_url}/login/oauth/access_token``."""
-        return f"{self.github_url}/login/oauth/access_token"
-
-    async def _post(self, url: str, body: dict[str, str]) -> httpx.Response:
+    # -- requests and answers --------------------------------------------------------------------
+    async def _post(self, path: str, body: dict[str, str]) -> httpx.Response:
         async with httpx.AsyncClient(timeout=self.timeout, verify=tls_context()) as client:
             try:
                 return await client.post(
-                    url, json=body, headers={"Accept": "application/json", "User-Agent": USER_AGENT}
+                    f"{self.github_url}{path}", json=body,
+                    headers={"Accept": "application/json", "User-Agent": USER_AGENT},
                 )
             except httpx.TransportError as exc:
                 raise transport_error(exc, self.github_url) from None
@@ -272,7 +263,7 @@ class DeviceFlow:
     async def astart(self) -> DeviceCode:
         """The async twin of :meth:`start`."""
         body = {"client_id": self.client_id, "scope": self.scope}
-        return self._parse_device_code(await self._post(self.device_code_url, body))
+        return self._parse_device_code(await self._post("/login/device/code", body))
 
     # -- poll ------------------------------------------------------------------------------------
     def poll(
@@ -316,7 +307,7 @@ class DeviceFlow:
                     await unless_cancelled(asyncio.sleep(run.next_delay()))
                     run.check()
                     try:
-                        response = await unless_cancelled(self._post(self.access_token_url, body))
+                        response = await unless_cancelled(self._post("/login/oauth/access_token", body))
                     except APIConnectionError as exc:  # timeouts included
                         run.transient(exc)
                         continue
