@@ -209,9 +209,8 @@ def _logout(args: argparse.Namespace) -> int:
     else:
         print(f"No GitHub token is saved in {store.path}; nothing to remove.")
     print(f"Copilot editor logins ({copilot_config_dir()}) are not touched.")
-    github_url = (args.github_url or default_github_url()).rstrip("/")
     try:
-        remaining = find_github_token(token_path=store.path, github_url=github_url)
+        remaining = find_github_token(token_path=store.path, github_url=args.github_url)
     except TokenStoreError:
         remaining = None
     if remaining is not None:
