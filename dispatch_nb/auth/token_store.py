@@ -250,17 +250,6 @@ def copilot_config_dir() -> Path:
     return base / "github-copilot"
 
 
-def _read_editor_file(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        log.debug("ignoring the Copilot editor file %s: %s", path, type(exc).__name__)
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _editor_token(path: Path, host: str, client_id: str) -> str | None:
     """The ``oauth_token`` for ``host`` in an apps.json / hosts.json file.
 
@@ -268,8 +257,15 @@ def _editor_token(path: Path, host: str, client_id: str) -> str | None:
     (hosts.json). An entry for our client id wins; otherwise the first key that starts with the
     host (the rule zed uses).
     """
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        log.debug("ignoring the Copilot editor file %s: %s", path, type(exc).__name__)
+        return None
     first: str | None = None
-    for key, entry in (_read_editor_file(path) or {}).items():
+    for key, entry in (data if isinstance(data, dict) else {}).items():
         if not isinstance(key, str) or not isinstance(entry, dict):
             continue
         token = entry.get("oauth_token")
