@@ -70,7 +70,6 @@ from ..errors import (
 from ..stream import Accumulator
 from ..types import (
     ImageBlock,
-    Message,
     ModelInfo,
     RedactedThinkingBlock,
     StopReason,
@@ -350,16 +349,6 @@ def _install_abort_callback(llama_cpp: Any, model: _LoadedModel) -> None:
 
 
 # -- canonical messages → llama-cpp-python chat messages ------------------------------------------
-def _tool_names(messages: list[Message]) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for message in messages:
-        if isinstance(message.content, list):
-            for block in message.content:
-                if isinstance(block, ToolUseBlock):
-                    names[block.id] = block.name
-    return names
-
-
 def _chat_messages(request: ChatRequest, *, function_calling: bool) -> list[dict[str, Any]]:
     """The conversation in llama-cpp-python's (OpenAI-style) message format.
 
@@ -374,7 +363,8 @@ def _chat_messages(request: ChatRequest, *, function_calling: bool) -> list[dict
         system = TOOLS_SYSTEM_PROMPT
     if system:
         out.append({"role": "system", "content": system})
-    names = _tool_names(request.messages)
+    names = {block.id: block.name for message in request.messages if isinstance(message.content, list)
+             for block in message.content if isinstance(block, ToolUseBlock)}
     for message in request.messages:
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
