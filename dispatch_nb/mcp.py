@@ -47,6 +47,7 @@ import time
 import weakref
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeVar
+from urllib.parse import urlsplit
 
 import pydantic_core
 
@@ -528,13 +529,9 @@ def _connection_lost(exc: BaseException) -> bool:
 
 
 def _default_name(command: str | None, url: str | None) -> str:
-    if url is not None:
-        from urllib.parse import urlsplit
-
-        host = urlsplit(url).hostname or "server"
-        return re.sub(r"[^A-Za-z0-9_-]", "_", host)
-    base = os.path.basename(command or "server")
-    return re.sub(r"[^A-Za-z0-9_-]", "_", base) or "server"
+    """The URL's host name, else the command's file name, as a tool-name prefix may use it."""
+    base = urlsplit(url).hostname if url is not None else os.path.basename(command or "")
+    return re.sub(r"[^A-Za-z0-9_-]", "_", base or "") or "server"
 
 
 def _prefixed(server: str, name: str) -> str:
