@@ -7,13 +7,8 @@
     status [--github-url URL] [--token-path P] [--models] every provider that could work here
     demo   [--notebook P] [-m SPEC] [--cache MODE]        run the quickstart notebook, print answers
 
-A command is one function registered with :func:`command`; its options come from an optional
-``arguments(parser)`` function::
-
-    @command("hello", help="Say hello.", arguments=lambda p: p.add_argument("name"))
-    def _hello(args: argparse.Namespace) -> int:
-        print(f"hello {args.name}")
-        return 0
+A command is a handler and an ``arguments(parser)`` function that adds its options, listed in
+:data:`COMMANDS`.
 """
 
 from __future__ import annotations
@@ -24,7 +19,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .auth import (
@@ -45,7 +39,7 @@ from .auth.login import LoginResult, device_login
 from .auth.token_store import GITHUB_TOKEN_ENV
 from .errors import DispatchError
 
-__all__ = ["COMMANDS", "Command", "build_parser", "command", "main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 #: runs a command; returns the exit status
 Handler = Callable[[argparse.Namespace], int]
@@ -58,30 +52,6 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-@dataclass(frozen=True)
-class Command:
-    """A subcommand: its name, one-line help, handler and option builder."""
-
-    name: str
-    help: str
-    run: Handler
-    arguments: Arguments | None = None
-
-
-#: every subcommand, in the order ``--help`` lists them
-COMMANDS: dict[str, Command] = {}
-
-
-def command(name: str, *, help: str, arguments: Arguments | None = None) -> Callable[[Handler], Handler]:
-    """Register the decorated function as the subcommand ``name``."""
-
-    def register(run: Handler) -> Handler:
-        COMMANDS[name] = Command(name, help, run, arguments)
-        return run
-
-    return register
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered command."""
     parser = argparse.ArgumentParser(
@@ -91,11 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages (never secrets)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for cmd in COMMANDS.values():
-        sub = commands.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        if cmd.arguments is not None:
-            cmd.arguments(sub)
-        sub.set_defaults(_run=cmd.run)
+    for name, (text, run, arguments) in COMMANDS.items():
+        sub = commands.add_parser(name, help=text, description=text)
+        arguments(sub)
+        sub.set_defaults(_run=run)
     return parser
 
 
@@ -180,7 +149,6 @@ def _show_state(state: DeviceFlowState, info: Any) -> None:
         print(f"GitHub asked us to check less often (every {info['interval']:g} s).", flush=True)
 
 
-@command("login", help="Log in to GitHub Copilot with GitHub's device flow.", arguments=_login_arguments)
 def _login(args: argparse.Namespace) -> int:
     github_url, api_url = _urls(args)
     store = TokenStore(args.token_path)
@@ -230,7 +198,6 @@ def _logout_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--github-url", metavar="URL", help=argparse.SUPPRESS)
 
 
-@command("logout", help="Remove the GitHub token saved by login.", arguments=_logout_arguments)
 def _logout(args: argparse.Namespace) -> int:
     store = TokenStore(args.token_path)
     try:
@@ -242,9 +209,8 @@ def _logout(args: argparse.Namespace) -> int:
     else:
         print(f"No GitHub token is saved in {store.path}; nothing to remove.")
     print(f"Copilot editor logins ({copilot_config_dir()}) are not touched.")
-    github_url = (args.github_url or default_github_url()).rstrip("/")
     try:
-        remaining = find_github_token(token_path=store.path, github_url=github_url)
+        remaining = find_github_token(token_path=store.path, github_url=args.github_url)
     except TokenStoreError:
         remaining = None
     if remaining is not None:
@@ -262,10 +228,10 @@ def _status_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _print_models(manager: CopilotTokenManager, github_url: str, api_url: str) -> int:
+def _print_models(args: argparse.Namespace, github_url: str, api_url: str) -> int:
     from .providers.copilot import CopilotAdapter
 
-    adapter = CopilotAdapter(github_url=github_url, github_api_url=api_url, token_manager=manager)
+    adapter = CopilotAdapter(github_url=github_url, github_api_url=api_url, token_path=args.token_path)
     try:
         models = adapter.list_models()
     except DispatchError as exc:
@@ -283,12 +249,6 @@ def _print_models(manager: CopilotTokenManager, github_url: str, api_url: str) -
     return EXIT_OK
 
 
-@command(
-    "status",
-    help="Show every provider dispatch_nb could use here (Copilot, OpenAI, Anthropic, the "
-    "embedded model) and which model runs by default; exit 0 when any would work.",
-    arguments=_status_arguments,
-)
 def _status(args: argparse.Namespace) -> int:
     github_url, api_url = _urls(args)
     copilot = _copilot_status(args, github_url, api_url)
@@ -320,21 +280,13 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{label:<16}not installed (pip install 'dispatch-nb[local]')")
     resolved = resolve_default_model()
     print(f"{'Default model:':<16}{resolved.spec} ({resolved.reason})")
-    if copilot and getattr(args, "models", False):
-        manager = CopilotTokenManager(_found_token(args, github_url), github_api_url=api_url)
-        if _print_models(manager, github_url, api_url) != EXIT_OK:
-            return EXIT_FAILED
+    if copilot and args.models and _print_models(args, github_url, api_url) != EXIT_OK:
+        return EXIT_FAILED
     if not working:
         print("Nothing would work yet: log in with python -m dispatch_nb login, set an API key, "
               "or install the embedded model.")
         return EXIT_FAILED
     return EXIT_OK
-
-
-def _found_token(args: argparse.Namespace, github_url: str) -> str:
-    found = find_github_token(token_path=args.token_path, github_url=github_url)
-    assert found is not None
-    return found.token
 
 
 def _copilot_status(args: argparse.Namespace, github_url: str, api_url: str) -> str | None:
@@ -389,17 +341,22 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@command(
-    "demo",
-    help="Run the quickstart notebook end to end in a Jupyter kernel, printing each prompt and "
-    "answer.",
-    arguments=_demo_arguments,
-)
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args.notebook, model=args.model, cache=args.cache, timeout=args.timeout).status
 
+
+#: every subcommand, in the order ``--help`` lists them: (one-line help, handler, its options)
+COMMANDS: dict[str, tuple[str, Handler, Arguments]] = {
+    "login": ("Log in to GitHub Copilot with GitHub's device flow.", _login, _login_arguments),
+    "logout": ("Remove the GitHub token saved by login.", _logout, _logout_arguments),
+    "status": ("Show every provider dispatch_nb could use here (Copilot, OpenAI, Anthropic, the "
+               "embedded model) and which model runs by default; exit 0 when any would work.",
+               _status, _status_arguments),
+    "demo": ("Run the quickstart notebook end to end in a Jupyter kernel, printing each prompt and "
+             "answer.", _demo, _demo_arguments),
+}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -47,10 +47,11 @@ import time
 import weakref
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeVar
+from urllib.parse import urlsplit
 
 import pydantic_core
 
-from .bridge import loop_thread
+from . import bridge
 from .tools import MAX_ERROR_CHARS, Tool, error_result
 from .types import ImageBlock, TextBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
 
@@ -76,41 +77,25 @@ State = Literal["stopped", "running", "failed"]
 _live: weakref.WeakSet[MCPServer] = weakref.WeakSet()
 
 
-def _on_loop(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-    return asyncio.run_coroutine_threadsafe(coro, loop_thread())
-
-
 async def _await_on_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the private loop from any loop (cancelling this cancels it there)."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:  # pragma: no cover - always called from a coroutine
-        running = None
-    if running is loop_thread():
+    loop = bridge.loop_thread()
+    if asyncio.get_running_loop() is loop:
         return await coro
-    return await asyncio.wrap_future(_on_loop(coro))
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
 def run_sync(coro: Coroutine[Any, Any, T], control: TurnControl | None = None,
              where: str = "") -> T:
-    """Run ``coro`` on the private loop and wait for it from this thread, under ``control``'s
-    deadline and cancel switch; Ctrl-C cancels it there and is raised here."""
-    if control is not None:
-        work = coro
+    """:func:`dispatch_nb.bridge.run_sync` under ``control``'s deadline and cancel switch."""
+    if control is None:
+        return bridge.run_sync(coro)
 
-        async def controlled() -> T:
-            result: T = await control.run_async(asyncio.ensure_future(work), where)
-            return result
+    async def controlled() -> T:
+        result: T = await control.run_async(asyncio.ensure_future(coro), where)
+        return result
 
-        coro = controlled()
-    future = _on_loop(coro)
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        with contextlib.suppress(BaseException):
-            future.result(5)
-        raise
+    return bridge.run_sync(controlled())
 
 
 class MCPServer:
@@ -544,13 +529,9 @@ def _connection_lost(exc: BaseException) -> bool:
 
 
 def _default_name(command: str | None, url: str | None) -> str:
-    if url is not None:
-        from urllib.parse import urlsplit
-
-        host = urlsplit(url).hostname or "server"
-        return re.sub(r"[^A-Za-z0-9_-]", "_", host)
-    base = os.path.basename(command or "server")
-    return re.sub(r"[^A-Za-z0-9_-]", "_", base) or "server"
+    """The URL's host name, else the command's file name, as a tool-name prefix may use it."""
+    base = urlsplit(url).hostname if url is not None else os.path.basename(command or "")
+    return re.sub(r"[^A-Za-z0-9_-]", "_", base or "") or "server"
 
 
 def _prefixed(server: str, name: str) -> str:
@@ -558,9 +539,7 @@ def _prefixed(server: str, name: str) -> str:
 
 
 def _key(payload: dict[str, Any]) -> str:
-    import hashlib
-
-    return hashlib.sha256(pydantic_core.to_json(payload).decode().encode()).hexdigest()
+    return hashlib.sha256(pydantic_core.to_json(payload)).hexdigest()
 
 
 def _call_key(server: str, tool: str, arguments: dict[str, Any]) -> str:

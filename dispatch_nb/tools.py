@@ -194,11 +194,7 @@ def tool(
         if isinstance(function, Tool) and name is None and description is None:
             return function
         return Tool(function, name=name, description=description)
-
-    def decorate(fn: Callable[..., Any]) -> Tool:
-        return Tool(fn, name=name, description=description)
-
-    return decorate
+    return functools.partial(Tool, name=name, description=description)
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -352,14 +348,10 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
             i = _google_section(lines, i + 1, _indent(line), params)
         elif stripped.lower() in _NUMPY_PARAM_HEADERS and _is_numpy_rule(next_line):
             i = _numpy_section(lines, i + 2, _indent(line), params)
-        elif _SPHINX_PARAM.match(stripped):
-            match = _SPHINX_PARAM.match(stripped)
-            assert match is not None
+        elif match := _SPHINX_PARAM.match(stripped):
             text = [match.group(2).strip()]
             i += 1
-            while i < len(lines) and lines[i].strip() and not _SPHINX_FIELD.match(
-                lines[i].strip()
-            ):
+            while i < len(lines) and lines[i].strip() and not _SPHINX_FIELD.match(lines[i].strip()):
                 text.append(lines[i].strip())
                 i += 1
             params[match.group(1)] = " ".join(t for t in text if t)

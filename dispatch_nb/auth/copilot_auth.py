@@ -92,13 +92,13 @@ class CopilotAuth(httpx.Auth):
         token = self._manager.get()
         self._apply(request, token, base)
         response = yield request
-        if response.status_code not in REFRESH_STATUSES:
-            return
-        if not token_rejected(response.status_code, response.read()):
+        # (the status first: an answer that cannot be a refusal is not read here)
+        if response.status_code not in REFRESH_STATUSES or not token_rejected(
+            response.status_code, response.read()
+        ):
             return
         self._manager.invalidate(token)  # only this token: concurrent 401s cause one exchange
-        base = token.endpoints_api
-        self._apply(request, self._manager.get(), base)
+        self._apply(request, self._manager.get(), token.endpoints_api)
         yield request
 
     async def async_auth_flow(
@@ -110,11 +110,10 @@ class CopilotAuth(httpx.Auth):
         token = await self._manager.aget()
         self._apply(request, token, base)
         response = yield request
-        if response.status_code not in REFRESH_STATUSES:
-            return
-        if not token_rejected(response.status_code, await response.aread()):
+        if response.status_code not in REFRESH_STATUSES or not token_rejected(
+            response.status_code, await response.aread()
+        ):
             return
         self._manager.invalidate(token)
-        base = token.endpoints_api
-        self._apply(request, await self._manager.aget(), base)
+        self._apply(request, await self._manager.aget(), token.endpoints_api)
         yield request

@@ -15,8 +15,9 @@ fresh token look expired), else 5 minutes before ``expires_at``; and never soone
 after it was fetched, so a skewed clock cannot cause a storm of exchanges.
 
 **Single flight.** However many threads and event loops share a manager, one exchange runs at a
-time and everyone waiting gets its result: a ``threading.Lock`` with a double check for threads, an
-``asyncio.Lock`` per event loop for tasks, and an async refresh holds the thread lock too.
+time and everyone waiting gets its result: an ``asyncio.Lock`` per event loop for tasks, and a
+``threading.Lock`` across loops (a sync :meth:`~CopilotTokenManager.get` runs ``aget`` on the
+library's event-loop thread).
 
 **Errors** from the token endpoint::
 
@@ -34,7 +35,6 @@ change without notice (see ``docs/copilot-login.md``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -46,9 +46,8 @@ from typing import Any
 
 import httpx
 
+from ..bridge import CALLER_THREAD, run_sync
 from ..errors import (
-    APIConnectionError,
-    APITimeoutError,
     AuthenticationError,
     DispatchError,
     RateLimitError,
@@ -56,7 +55,8 @@ from ..errors import (
     error_for_status,
     parse_retry_after,
 )
-from ._http import async_client, sync_client
+from ..transport import tls_context
+from .device_flow import body_fields, transport_error
 from .endpoints import default_github_api_url
 
 __all__ = [
@@ -233,7 +233,6 @@ class CopilotTokenManager:
         github_token_provider: str | GitHubTokenProvider,
         *,
         github_api_url: str | None = None,
-        http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         timeout: float = 30.0,
@@ -248,7 +247,6 @@ class CopilotTokenManager:
         else:
             self._provider = github_token_provider
         self.github_api_url = (github_api_url or default_github_api_url()).rstrip("/")
-        self._http = http_client
         self._async_http = async_http_client
         self._clock = clock
         self._timeout = timeout
@@ -257,7 +255,7 @@ class CopilotTokenManager:
         self._async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]
         self._async_locks = weakref.WeakKeyDictionary()
         self._async_locks_guard = threading.Lock()
-        # the thread whose event loop runs an async exchange holding self._lock
+        # the thread whose event loop runs the async exchange that holds self._lock
         self._async_holder: int | None = None
         #: how many exchanges this manager has made (diagnostics)
         self.exchanges = 0
@@ -292,36 +290,10 @@ class CopilotTokenManager:
         if token is None or self._token is token:
             self._token = None
 
-    # -- sync ------------------------------------------------------------------------------------
     def get(self) -> CopilotToken:
         """A valid Copilot token, exchanging (once, for all threads) when needed."""
-        token = self._fresh()
-        if token is not None:
-            return token
-        if self._async_holder == threading.get_ident():
-            # An async exchange on this thread's own event loop holds the lock and cannot finish
-            # while we block it; waiting would deadlock, so exchange on our own.
-            return self._store(self._exchange())
-        with self._lock:
-            token = self._fresh()
-            if token is not None:
-                return token
-            return self._store(self._exchange())
+        return self._fresh() or run_sync(self.aget())
 
-    def _exchange(self) -> CopilotToken:
-        github_token = self._provider()
-        headers = self._headers(github_token)
-        try:
-            if self._http is not None:
-                response = self._http.get(self.token_url, headers=headers, timeout=self._timeout)
-            else:
-                with sync_client(self._timeout) as client:
-                    response = client.get(self.token_url, headers=headers)
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc) from None
-        return self._parse(response, pat=_is_personal_access_token(github_token))
-
-    # -- async -----------------------------------------------------------------------------------
     def _async_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
         with self._async_locks_guard:
@@ -335,13 +307,17 @@ class CopilotTokenManager:
         token = self._fresh()
         if token is not None:
             return token
+        if self._async_holder is not None and self._async_holder == CALLER_THREAD.get():
+            # A sync get() blocks the thread whose event loop runs the exchange holding the lock:
+            # that exchange cannot finish while we wait for it, so exchange on our own.
+            return await self._aexchange()
         async with self._async_lock():
             token = self._fresh()
             if token is not None:
                 return token
-            # Also exclude sync callers in other threads, without blocking the event loop. A
+            # Also exclude the tasks of other event loops, without blocking this one. A
             # threading.Lock has nothing to await, and a helper thread blocked in acquire() would
-            # leak the lock if this task were cancelled, so poll (only while a sync refresh runs).
+            # leak the lock if this task were cancelled, so poll (only while another refresh runs).
             while not self._lock.acquire(blocking=False):  # noqa: ASYNC110
                 await asyncio.sleep(0.005)
             self._async_holder = threading.get_ident()
@@ -349,27 +325,41 @@ class CopilotTokenManager:
                 token = self._fresh()
                 if token is not None:
                     return token
-                return self._store(await self._aexchange())
+                return await self._aexchange()
             finally:
                 self._async_holder = None
                 self._lock.release()
 
     async def _aexchange(self) -> CopilotToken:
+        """Exchange the GitHub token for a new Copilot token, and keep it."""
         github_token = self._provider()
-        headers = self._headers(github_token)
+        if not github_token:
+            raise AuthenticationError(
+                f"There is no GitHub token to exchange for a Copilot token. Log in: {_LOGIN_HINT}.",
+                provider=PROVIDER,
+            )
+        headers = {
+            "Authorization": f"token {github_token}",
+            "Accept": "application/json",
+            "X-GitHub-Api-Version": GITHUB_API_VERSION,
+            **EDITOR_HEADERS,
+        }
         try:
             if self._async_http is not None:
                 response = await self._async_http.get(self.token_url, headers=headers, timeout=self._timeout)
             else:
-                async with async_client(self._timeout) as client:
+                async with httpx.AsyncClient(timeout=self._timeout, verify=tls_context()) as client:
                     response = await client.get(self.token_url, headers=headers)
         except httpx.TransportError as exc:
-            raise self._transport_error(exc) from None
-        return self._parse(response, pat=_is_personal_access_token(github_token))
-
-    # -- shared ----------------------------------------------------------------------------------
-    def _store(self, token: CopilotToken) -> CopilotToken:
-        self._token = token
+            raise transport_error(exc, self.github_api_url, PROVIDER, " for a Copilot token") from None
+        data = body_fields(response.content)
+        if response.status_code != 200:
+            raise self._error(response, data, pat=github_token.startswith(("ghp_", "github_pat_")))
+        try:
+            token = self._token = CopilotToken.from_response(data, fetched_at=self._clock())
+        except ValueError:
+            raise ServerError("GitHub's answer to the Copilot token request holds no token",
+                              status_code=200, provider=PROVIDER) from None
         self.exchanges += 1
         log.debug(
             "got a Copilot token for %s (expires in %.0f s, refresh in %.0f s)",
@@ -378,44 +368,6 @@ class CopilotTokenManager:
             token.refresh_at - token.fetched_at,
         )
         return token
-
-    def _headers(self, github_token: str) -> dict[str, str]:
-        if not github_token:
-            raise AuthenticationError(
-                f"There is no GitHub token to exchange for a Copilot token. Log in: {_LOGIN_HINT}.",
-                provider=PROVIDER,
-            )
-        return {
-            "Authorization": f"token {github_token}",
-            "Accept": "application/json",
-            "X-GitHub-Api-Version": GITHUB_API_VERSION,
-            **EDITOR_HEADERS,
-        }
-
-    def _transport_error(self, exc: httpx.TransportError) -> DispatchError:
-        if isinstance(exc, httpx.TimeoutException):
-            return APITimeoutError(
-                f"{self.github_api_url} did not answer the Copilot token request in time",
-                provider=PROVIDER,
-            )
-        return APIConnectionError(
-            f"could not reach {self.github_api_url} for a Copilot token ({type(exc).__name__}: {exc})",
-            provider=PROVIDER,
-        )
-
-    def _parse(self, response: httpx.Response, *, pat: bool) -> CopilotToken:
-        status = response.status_code
-        data = _json_object(response.content)
-        if status == 200:
-            try:
-                return CopilotToken.from_response(data, fetched_at=self._clock())
-            except ValueError:
-                raise ServerError(
-                    "GitHub's answer to the Copilot token request holds no token",
-                    status_code=status,
-                    provider=PROVIDER,
-                ) from None
-        raise self._error(response, data, pat=pat)
 
     def _error(self, response: httpx.Response, data: Mapping[str, Any], *, pat: bool) -> DispatchError:
         status = response.status_code
@@ -484,18 +436,6 @@ class CopilotTokenManager:
             provider=PROVIDER,
             headers=response.headers,
         )
-
-
-def _is_personal_access_token(token: str) -> bool:
-    return token.startswith(("ghp_", "github_pat_"))
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body) if body else {}
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _positive(value: Any) -> float | None:

@@ -10,8 +10,10 @@
 ``poll`` waits ``interval`` seconds between requests, obeys ``slow_down``, stops when the code
 expires, and reports every change of :class:`DeviceFlowState` through ``flow.state`` and the
 ``on_state(state, info)`` callback, so a notebook widget and a terminal prompt can drive the same
-flow. A :class:`~dispatch_nb.cancel.CancelToken` stops the wait at once and raises
-:class:`~dispatch_nb.errors.RequestCancelled`. ``astart`` / ``apoll`` are the async twins.
+flow. A :class:`~dispatch_nb.cancel.CancelToken` stops the wait (and a request on the wire) at
+once and raises :class:`~dispatch_nb.errors.RequestCancelled`. ``astart`` / ``apoll`` are the
+implementation; ``start`` / ``poll`` run them on the library's event-loop thread
+(:func:`~dispatch_nb.bridge.run_sync`), so ``on_state`` is called from that thread.
 
 GitHub answers the token endpoint with HTTP 200 and an ``error`` field until the user approves, so
 the body decides, never the status. The outcomes::
@@ -37,7 +39,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
@@ -46,6 +48,8 @@ from urllib.parse import parse_qsl
 
 import httpx
 
+from ..bridge import run_sync, same_parameters
+from ..call_control import TurnControl
 from ..cancel import CancelToken
 from ..errors import (
     APIConnectionError,
@@ -57,7 +61,7 @@ from ..errors import (
     ServerError,
     parse_retry_after,
 )
-from ._http import async_client, sync_client
+from ..transport import tls_context
 from .endpoints import COPILOT_CLIENT_ID, default_github_api_url, default_github_url
 
 __all__ = [
@@ -170,8 +174,6 @@ class DeviceFlow:
         *,
         github_url: str | None = None,
         scope: str = "read:user",
-        http_client: httpx.Client | None = None,
-        async_http_client: httpx.AsyncClient | None = None,
         min_interval: float = 1.0,
         slow_down_step: float = 5.0,
         timeout: float = 30.0,
@@ -186,8 +188,6 @@ class DeviceFlow:
         self.slow_down_step = slow_down_step
         self.timeout = timeout
         self.max_transient_errors = max_transient_errors
-        self._http = http_client
-        self._async_http = async_http_client
         #: the current state; ``None`` until :meth:`poll` starts
         self.state: DeviceFlowState | None = None
         #: the polling interval in force (seconds); ``None`` until :meth:`poll` starts
@@ -199,29 +199,16 @@ class DeviceFlow:
             f"state={self.state.value if self.state else None!r})"
         )
 
-    # -- URLs and bodies (sans-I/O) --------------------------------------------------------------
-    @property
-    def device_code_url(self) -> str:
-        """``{github_url}/login/device/code``."""
-        return f"{self.github_url}/login/device/code"
-
-    @property
-    def access_token_url(self) -> str:
-        """``{github_url}/login/oauth/access_token``."""
-        return f"{self.github_url}/login/oauth/access_token"
-
-    def _headers(self) -> dict[str, str]:
-        return {"Accept": "application/json", "User-Agent": USER_AGENT}
-
-    def _device_code_body(self) -> dict[str, str]:
-        return {"client_id": self.client_id, "scope": self.scope}
-
-    def _token_body(self, code: DeviceCode) -> dict[str, str]:
-        return {
-            "client_id": self.client_id,
-            "device_code": code.device_code,
-            "grant_type": GRANT_TYPE,
-        }
+    # -- requests and answers --------------------------------------------------------------------
+    async def _post(self, path: str, body: dict[str, str]) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=self.timeout, verify=tls_context()) as client:
+            try:
+                return await client.post(
+                    f"{self.github_url}{path}", json=body,
+                    headers={"Accept": "application/json", "User-Agent": USER_AGENT},
+                )
+            except httpx.TransportError as exc:
+                raise transport_error(exc, self.github_url) from None
 
     def _unsupported(self, detail: str, status: int | None, error: str | None) -> DeviceFlowError:
         return DeviceFlowUnsupported(
@@ -236,7 +223,7 @@ class DeviceFlow:
 
     def _parse_device_code(self, response: httpx.Response) -> DeviceCode:
         status = response.status_code
-        data = _body_fields(response.content)
+        data = body_fields(response.content)
         error = _str(data.get("error"))
         if error in ("unauthorized_client", "device_flow_disabled"):
             raise self._unsupported(f"GitHub says {error}", status, error)
@@ -271,25 +258,12 @@ class DeviceFlow:
     def start(self) -> DeviceCode:
         """Ask GitHub for a device code and a user code. Raises :class:`DeviceFlowUnsupported`
         when this GitHub or client id has no device flow."""
-        with self._client() as client:
-            try:
-                response = client.post(
-                    self.device_code_url, json=self._device_code_body(), headers=self._headers()
-                )
-            except httpx.TransportError as exc:
-                raise _transport_error(exc, self.github_url) from None
-        return self._parse_device_code(response)
+        return run_sync(self.astart())
 
     async def astart(self) -> DeviceCode:
         """The async twin of :meth:`start`."""
-        async with self._aclient() as client:
-            try:
-                response = await client.post(
-                    self.device_code_url, json=self._device_code_body(), headers=self._headers()
-                )
-            except httpx.TransportError as exc:
-                raise _transport_error(exc, self.github_url) from None
-        return self._parse_device_code(response)
+        body = {"client_id": self.client_id, "scope": self.scope}
+        return self._parse_device_code(await self._post("/login/device/code", body))
 
     # -- poll ------------------------------------------------------------------------------------
     def poll(
@@ -303,35 +277,9 @@ class DeviceFlow:
 
         Raises :class:`DeviceCodeExpired`, :class:`DeviceFlowDenied`, :class:`DeviceFlowError`,
         or :class:`~dispatch_nb.errors.RequestCancelled` (within milliseconds of
-        ``cancel.cancel()``; a request already on the wire finishes first).
+        ``cancel.cancel()``, a request on the wire included).
         """
-        run = _PollRun(self, code, cancel, on_state)
-        try:
-            run.begin()
-            with self._client() as client:
-                while True:
-                    delay = run.next_delay()
-                    if cancel is not None:
-                        if cancel.wait(delay):
-                            raise run.cancelled()
-                    elif delay > 0:
-                        time.sleep(delay)
-                    run.check()
-                    try:
-                        response = client.post(
-                            self.access_token_url,
-                            json=self._token_body(code),
-                            headers=self._headers(),
-                        )
-                    except httpx.TransportError as exc:
-                        run.transient(_transport_error(exc, self.github_url))
-                        continue
-                    token = run.handle(response)
-                    if token is not None:
-                        return token
-        except KeyboardInterrupt:
-            run.interrupted()
-            raise
+        return run_sync(self.apoll(code, cancel=cancel, on_state=on_state))
 
     async def apoll(
         self,
@@ -340,29 +288,28 @@ class DeviceFlow:
         cancel: CancelToken | None = None,
         on_state: StateCallback | None = None,
     ) -> str:
-        """The async twin of :meth:`poll`; ``cancel`` also aborts a request on the wire."""
+        """The async twin of :meth:`poll`."""
         run = _PollRun(self, code, cancel, on_state)
+        body = {"client_id": self.client_id, "device_code": code.device_code, "grant_type": GRANT_TYPE}
+
+        async def unless_cancelled(awaitable: Awaitable[_T]) -> _T:
+            # ends a wait, or a request on the wire, as soon as ``cancel`` fires
+            try:
+                result: _T = await control.run_async(asyncio.ensure_future(awaitable))
+            except RequestCancelled:
+                raise run.cancelled() from None
+            return result
+
         try:
             run.begin()
-            async with self._aclient() as client:
+            with TurnControl(cancel=cancel, provider=PROVIDER) as control:
                 while True:
-                    delay = run.next_delay()
-                    if await _sleep_or_cancel(delay, cancel):
-                        raise run.cancelled()
+                    await unless_cancelled(asyncio.sleep(run.next_delay()))
                     run.check()
                     try:
-                        response = await _race_cancel(
-                            client.post(
-                                self.access_token_url,
-                                json=self._token_body(code),
-                                headers=self._headers(),
-                            ),
-                            cancel,
-                        )
-                    except _Cancelled:
-                        raise run.cancelled() from None
-                    except httpx.TransportError as exc:
-                        run.transient(_transport_error(exc, self.github_url))
+                        response = await unless_cancelled(self._post("/login/oauth/access_token", body))
+                    except APIConnectionError as exc:  # timeouts included
+                        run.transient(exc)
                         continue
                     token = run.handle(response)
                     if token is not None:
@@ -371,26 +318,9 @@ class DeviceFlow:
             run.interrupted()
             raise
 
-    # -- clients ---------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _client(self) -> Iterator[httpx.Client]:
-        if self._http is not None:
-            yield self._http
-            return
-        with sync_client(self.timeout) as client:
-            yield client
-
-    @contextlib.asynccontextmanager
-    async def _aclient(self) -> AsyncIterator[httpx.AsyncClient]:
-        if self._async_http is not None:
-            yield self._async_http
-            return
-        async with async_client(self.timeout) as client:
-            yield client
-
 
 class _PollRun:
-    """The state machine of one :meth:`DeviceFlow.poll` call, shared by the sync and async loops."""
+    """The state machine of one :meth:`DeviceFlow.apoll` call."""
 
     def __init__(
         self,
@@ -427,19 +357,19 @@ class _PollRun:
         if self.cancel is not None and self.cancel.cancelled:
             raise self.cancelled()
         if self.code.expired:
-            raise self.fail(
-                DeviceFlowState.EXPIRED,
-                DeviceCodeExpired(
-                    "The login code expired before it was approved. Start the login again "
-                    "(`python -m dispatch_nb login` or `%chat login`).",
-                    provider=PROVIDER,
-                ),
-            )
+            raise self.expired()
 
     def next_delay(self) -> float:
         """Seconds to wait before the next request (cut short when the code expires sooner)."""
         self.check()
         return max(0.0, min(self.interval, self.code.seconds_left()))
+
+    def expired(self, provider_code: str | None = None) -> DispatchError:
+        return self.fail(DeviceFlowState.EXPIRED, DeviceCodeExpired(
+            "The login code expired before it was approved. Start the login again "
+            "(`python -m dispatch_nb login` or `%chat login`).",
+            provider=PROVIDER, provider_code=provider_code,
+        ))
 
     def fail(self, state: DeviceFlowState, error: DispatchError) -> DispatchError:
         self.emit(state, message=error.message, error=error.provider_code or error.code)
@@ -467,7 +397,7 @@ class _PollRun:
     def handle(self, response: httpx.Response) -> str | None:
         """The token, or None to keep polling; raises for the final failures."""
         status = response.status_code
-        data = _body_fields(response.content)
+        data = body_fields(response.content)
         error = _str(data.get("error"))
         if not error:
             if status >= 500 or status == 429:
@@ -502,172 +432,68 @@ class _PollRun:
 
     def _final_error(self, error: str, status: int, description: str | None) -> DispatchError:
         flow = self.flow
-        kw: dict[str, Any] = {"provider": PROVIDER, "provider_code": error}
         if error in ("expired_token", "token_expired"):
-            return self.fail(
-                DeviceFlowState.EXPIRED,
-                DeviceCodeExpired(
-                    "The login code expired before it was approved. Start the login again "
-                    "(`python -m dispatch_nb login` or `%chat login`).",
-                    **kw,
-                ),
-            )
+            return self.expired(error)
+        kw: dict[str, Any] = {"provider": PROVIDER, "provider_code": error}
         if error == "access_denied":
-            return self.fail(
-                DeviceFlowState.DENIED,
-                DeviceFlowDenied(
-                    "The login was declined on GitHub (access denied). Start the login again "
-                    "if that was a mistake.",
-                    **kw,
-                ),
-            )
-        message: str
-        cls: type[DeviceFlowError] = DeviceFlowError
-        if error == "incorrect_device_code":
-            message = "GitHub does not recognise this login code. Start the login again."
-        elif error == "incorrect_client_credentials":
-            message = (
+            return self.fail(DeviceFlowState.DENIED, DeviceFlowDenied(
+                "The login was declined on GitHub (access denied). Start the login again if that "
+                "was a mistake.", **kw,
+            ))
+        message = {
+            "incorrect_device_code": "GitHub does not recognise this login code. Start the login again.",
+            "incorrect_client_credentials": (
                 f"GitHub at {flow.github_url} rejected the client id {flow.client_id!r}. "
                 "Check the client_id argument (or the GitHub URL, for GitHub Enterprise)."
-            )
-        elif error == "unsupported_grant_type":
-            message = (
+            ),
+            "unsupported_grant_type": (
                 "GitHub rejected the grant type of the token request. This is a bug in "
                 "dispatch_nb; please report it."
-            )
-        elif error == "device_flow_disabled":
-            cls = DeviceFlowUnsupported
-            message = (
+            ),
+            "device_flow_disabled": (
                 f"The device flow is disabled for client id {flow.client_id!r} at "
                 f"{flow.github_url}. Set DISPATCH_NB_GITHUB_TOKEN to a GitHub token instead."
-            )
-        else:
-            message = f"GitHub refused the login ({error})."
+            ),
+        }.get(error, f"GitHub refused the login ({error}).")
         if description:
             message = f"{message} GitHub says: {description}"
+        cls = DeviceFlowUnsupported if error == "device_flow_disabled" else DeviceFlowError
         return self.fail(DeviceFlowState.ERROR, cls(message, status_code=status or None, **kw))
 
 
-# -- async waiting -------------------------------------------------------------------------------
-class _Cancelled(Exception):
-    """Internal: the CancelToken fired while awaiting something."""
-
-
-async def _wait_cancel(cancel: CancelToken, timeout: float | None) -> bool:
-    """Wait until ``cancel`` fires (True) or ``timeout`` passes (False); never blocks the loop."""
-    if cancel.cancelled:
-        return True
-    loop = asyncio.get_running_loop()
-    event = asyncio.Event()
-
-    def wake() -> None:
-        with contextlib.suppress(RuntimeError):  # the loop may be closed by now
-            loop.call_soon_threadsafe(event.set)
-
-    remove = cancel.add_callback(wake)
-    try:
-        await asyncio.wait_for(event.wait(), timeout)
-        return True
-    except asyncio.TimeoutError:
-        return cancel.cancelled
-    finally:
-        remove()
-
-
-async def _sleep_or_cancel(delay: float, cancel: CancelToken | None) -> bool:
-    """Sleep ``delay`` seconds; True if ``cancel`` fired meanwhile."""
-    if cancel is None:
-        await asyncio.sleep(delay)
-        return False
-    return await _wait_cancel(cancel, delay)
-
-
-async def _race_cancel(awaitable: Awaitable[_T], cancel: CancelToken | None) -> _T:
-    """Await ``awaitable``; if ``cancel`` fires first, abandon it and raise ``_Cancelled``."""
-    if cancel is None:
-        return await awaitable
-    task = asyncio.ensure_future(awaitable)
-    waiter = asyncio.ensure_future(_wait_cancel(cancel, None))
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        raise _Cancelled
-    finally:
-        for pending in (task, waiter):
-            if not pending.done():
-                pending.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await pending
-
-
 # -- the GitHub user -----------------------------------------------------------------------------
-def _user_request(token: str, api_url: str | None) -> tuple[str, dict[str, str]]:
+async def afetch_github_user(token: str, api_url: str | None = None, *, timeout: float = 10.0) -> str | None:
+    """The login name of the token's owner (``GET {api_url}/user``), or None if that fails.
+
+    Never raises for HTTP or network trouble: it only decorates "approved as <login>".
+    ``api_url`` defaults to ``$DISPATCH_NB_GITHUB_API_URL`` else ``https://api.github.com``.
+    """
     url = f"{(api_url or default_github_api_url()).rstrip('/')}/user"
     headers = {
         "Authorization": f"token {token}",
         "Accept": "application/vnd.github+json",
         "User-Agent": USER_AGENT,
     }
-    return url, headers
-
-
-def _login_from(response: httpx.Response) -> str | None:
+    try:
+        async with httpx.AsyncClient(timeout=timeout, verify=tls_context()) as client:
+            response = await client.get(url, headers=headers)
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+        log.debug("GET /user failed: %s", type(exc).__name__)
+        return None
     if response.status_code != 200:
         log.debug("GET /user answered HTTP %d", response.status_code)
         return None
-    login = _body_fields(response.content).get("login")
-    return login if isinstance(login, str) and login else None
+    return _str(body_fields(response.content).get("login"))
 
 
-def fetch_github_user(
-    token: str,
-    api_url: str | None = None,
-    *,
-    http_client: httpx.Client | None = None,
-    timeout: float = 10.0,
-) -> str | None:
-    """The login name of the token's owner (``GET {api_url}/user``), or None if that fails.
-
-    Never raises for HTTP or network trouble: it only decorates "approved as <login>".
-    ``api_url`` defaults to ``$DISPATCH_NB_GITHUB_API_URL`` else ``https://api.github.com``.
-    """
-    url, headers = _user_request(token, api_url)
-    try:
-        if http_client is not None:
-            response = http_client.get(url, headers=headers, timeout=timeout)
-        else:
-            with sync_client(timeout) as client:
-                response = client.get(url, headers=headers)
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
-        log.debug("GET /user failed: %s", type(exc).__name__)
-        return None
-    return _login_from(response)
-
-
-async def afetch_github_user(
-    token: str,
-    api_url: str | None = None,
-    *,
-    http_client: httpx.AsyncClient | None = None,
-    timeout: float = 10.0,
-) -> str | None:
-    """The async twin of :func:`fetch_github_user`."""
-    url, headers = _user_request(token, api_url)
-    try:
-        if http_client is not None:
-            response = await http_client.get(url, headers=headers, timeout=timeout)
-        else:
-            async with async_client(timeout) as client:
-                response = await client.get(url, headers=headers)
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
-        log.debug("GET /user failed: %s", type(exc).__name__)
-        return None
-    return _login_from(response)
+@same_parameters(afetch_github_user)
+def fetch_github_user(*args: Any, **kwargs: Any) -> str | None:
+    """The sync twin of :func:`afetch_github_user`."""
+    return run_sync(afetch_github_user(*args, **kwargs))
 
 
 # -- small parsing helpers -----------------------------------------------------------------------
-def _body_fields(body: bytes) -> dict[str, Any]:
+def body_fields(body: bytes) -> dict[str, Any]:
     """A JSON object body, or a form-encoded one (GitHub's answer without ``Accept``); else {}."""
     if not body:
         return {}
@@ -686,15 +512,9 @@ def _str(value: Any) -> str | None:
 
 
 def _number(value: Any, default: float) -> float:
-    if isinstance(value, bool):
-        return default
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError):
             return float(value)
-        except ValueError:
-            return default
     return default
 
 
@@ -715,7 +535,10 @@ def _http_error(response: httpx.Response, data: Mapping[str, Any], doing: str) -
     return DeviceFlowError(text, **kw)
 
 
-def _transport_error(exc: httpx.TransportError, url: str) -> DispatchError:
+def transport_error(exc: httpx.TransportError, url: str, provider: str = PROVIDER,
+                    what: str = "") -> DispatchError:
+    """A network failure reaching ``url`` (``what``: for what, e.g. " for a Copilot token")."""
     if isinstance(exc, httpx.TimeoutException):
-        return APITimeoutError(f"{url} did not answer in time", provider=PROVIDER)
-    return APIConnectionError(f"could not reach {url} ({type(exc).__name__}: {exc})", provider=PROVIDER)
+        return APITimeoutError(f"{url} did not answer in time{what}", provider=provider)
+    return APIConnectionError(f"could not reach {url}{what} ({type(exc).__name__}: {exc})",
+                              provider=provider)

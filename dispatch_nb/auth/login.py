@@ -2,19 +2,8 @@
 
 :func:`device_login` is the one routine the terminal (``python -m dispatch_nb login``), the
 adapter (a first call with ``on_device_code``) and the notebook (``%chat login``) run; each shows
-it its own way through callbacks::
-
-    result = device_login(
-        DeviceFlow(github_url=url),
-        store=TokenStore(),
-        on_code=show,              # the DeviceCode to show (user code, verification URI)
-        on_state=status,           # pending / slow_down... while polling (DeviceFlow's on_state)
-        on_done=saved,             # the LoginResult (who, where the token is)
-        on_error=failed,           # any exception, before it propagates
-        cancel=cancel_token,       # stops the poll at once (RequestCancelled)
-    )
-
-Nothing here prints or imports IPython; the token never appears in a result's repr.
+it its own way through its callbacks. Nothing here prints or imports IPython; the token never
+appears in a result's repr.
 """
 
 from __future__ import annotations
@@ -24,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from ..cancel import CancelToken
 from .device_flow import DeviceCode, DeviceFlow, StateCallback, fetch_github_user
@@ -59,7 +46,6 @@ def device_login(
     on_done: Callable[[LoginResult], Any] | None = None,
     on_error: Callable[[BaseException], Any] | None = None,
     cancel: CancelToken | None = None,
-    http_client: httpx.Client | None = None,
     keep_unsaved: bool = False,
 ) -> LoginResult:
     """Run GitHub's device flow to the end and save the token; return what happened.
@@ -80,9 +66,7 @@ def device_login(
         if on_code is not None:
             on_code(code)
         token = flow.poll(code, cancel=cancel, on_state=on_state)
-        user = fetch_github_user(
-            token, github_api_url or default_github_api_url(flow.github_url), http_client=http_client
-        )
+        user = fetch_github_user(token, github_api_url or default_github_api_url(flow.github_url))
         try:
             path: Path | None = store.save(token, user=user, github_url=flow.github_url)
             save_error: OSError | None = None

@@ -194,15 +194,12 @@ class TokenStore:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
         fd = os.open(tmp, flags, 0o600)
         try:
-            try:
+            with os.fdopen(fd, "wb") as file:
                 if hasattr(os, "fchmod"):
-                    os.fchmod(fd, 0o600)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                    os.fchmod(fd, 0o600)  # os.open's mode is filtered by the umask
+                file.write(data)
+                file.flush()
                 os.fsync(fd)
-            finally:
-                os.close(fd)
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -233,16 +230,12 @@ def _make_private_dir(directory: Path) -> None:
 def _fsync_dir(directory: Path) -> None:
     if sys.platform == "win32":
         return
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # -- editor logins -------------------------------------------------------------------------------
@@ -257,17 +250,6 @@ def copilot_config_dir() -> Path:
     return base / "github-copilot"
 
 
-def _read_editor_file(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        log.debug("ignoring the Copilot editor file %s: %s", path, type(exc).__name__)
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _editor_token(path: Path, host: str, client_id: str) -> str | None:
     """The ``oauth_token`` for ``host`` in an apps.json / hosts.json file.
 
@@ -275,25 +257,25 @@ def _editor_token(path: Path, host: str, client_id: str) -> str | None:
     (hosts.json). An entry for our client id wins; otherwise the first key that starts with the
     host (the rule zed uses).
     """
-    data = _read_editor_file(path)
-    if not data:
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
         return None
-    candidates: list[tuple[int, str]] = []
-    for key, entry in data.items():
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        log.debug("ignoring the Copilot editor file %s: %s", path, type(exc).__name__)
+        return None
+    first: str | None = None
+    for key, entry in (data if isinstance(data, dict) else {}).items():
         if not isinstance(key, str) or not isinstance(entry, dict):
             continue
         token = entry.get("oauth_token")
-        if not isinstance(token, str) or not token:
-            continue
         lowered = key.lower()
-        if not lowered.startswith(host):
+        if not isinstance(token, str) or not token or not lowered.startswith(host):
             continue
-        exact = lowered == f"{host}:{client_id.lower()}" or entry.get("githubAppId") == client_id
-        candidates.append((0 if exact else 1, token))
-    if not candidates:
-        return None
-    candidates.sort(key=lambda item: item[0])
-    return candidates[0][1]
+        if lowered == f"{host}:{client_id.lower()}" or entry.get("githubAppId") == client_id:
+            return token
+        first = first or token
+    return first
 
 
 def find_github_token(

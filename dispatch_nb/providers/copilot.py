@@ -6,52 +6,28 @@
     CopilotAdapter("claude-sonnet-4", on_device_code=lambda code: print(code.user_code))
 
 This uses GitHub's **undocumented** Copilot API the way the Copilot editor plugins do (PROTOCOLS.md
-§1–§3, ``docs/copilot-login.md``): a GitHub token (from the ``github_token`` argument,
-``$DISPATCH_NB_GITHUB_TOKEN``, our token file, or a Copilot editor login) is exchanged for a
-short-lived Copilot token (:class:`~dispatch_nb.auth.CopilotTokenManager`: refreshed before it runs
-out and once after a 401/403, one exchange at a time however many threads or tasks share the
-adapter), and requests go to the token's ``endpoints.api`` with editor headers.
+§1–§3; ``docs/copilot-login.md`` says what the user sees: models, premium requests, errors): a
+GitHub token (the ``github_token`` argument, ``$DISPATCH_NB_GITHUB_TOKEN``, our token file, or a
+Copilot editor login) is exchanged for a short-lived Copilot token
+(:class:`~dispatch_nb.auth.CopilotTokenManager`), put on each request by
+:class:`~dispatch_nb.auth.CopilotAuth` (a new one and one resend after a 401/403), and requests go
+to the token's ``endpoints.api`` with editor headers. No GitHub or Copilot token ever appears in a
+repr, a log record or an exception message.
 
 **Not signed in**: with ``on_device_code`` the adapter runs GitHub's device flow on first use — it
 calls ``on_device_code(DeviceCode)`` so a UI can show the code, polls until it is approved, and
-stores the token (mode 0600) — else it raises :class:`~dispatch_nb.errors.AuthenticationError`
-("not signed in to GitHub Copilot: run `python -m dispatch_nb login` or `%chat login`").
+stores the token (mode 0600) — else it raises :class:`~dispatch_nb.errors.AuthenticationError`.
 
-**Models**: ``GET /models`` is read once per adapter, on the first call (or ``list_models()``): it
-tells which endpoint a model speaks (``/chat/completions``, else ``/responses`` when that is the only
-one listed), and an unknown model name becomes a
-:class:`~dispatch_nb.errors.ModelUnavailableError` listing the models on offer. ``list_models()``
-shows what the editors' model pickers show (``model_picker_enabled``, ``capabilities.type ==
-"chat"``, policy enabled or absent), with the premium-request multiplier of each.
+**Models**: ``GET /models`` is read once per adapter, on the first call: it tells which endpoint a
+model speaks (``/chat/completions``, else ``/responses`` when that is the only one listed; the
+catalogue is :mod:`.copilot_models`), and an unknown model name becomes a
+:class:`~dispatch_nb.errors.ModelUnavailableError` listing the models on offer.
 
-**Requests**: a wire format per model (:data:`COPILOT_WIRES`; the request names the one it was built
-with, and its answer is read with that one). chat.completions through
-:class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire` with :data:`COPILOT_CHAT_QUIRKS`
-(Copilot's stream quirks included:
-empty-choices first chunks, Claude's reused tool-call index, text and tools in different choices,
-``stop`` with tool calls, usage on any chunk); Claude's ``reasoning_text`` / ``reasoning_opaque``
-become a :class:`~dispatch_nb.types.ThinkingBlock` (``signature`` = the opaque value, provider data
-``{"openai_chat": {"field": "reasoning_text", "provider": "copilot"}}``) that is sent back on the
-next assistant message — only thinking marked as Copilot's is. ``/responses`` models go through
-:class:`~dispatch_nb.wire.responses.ResponsesWire`. Headers: ``Authorization: Bearer <Copilot token>``,
-``Copilot-Integration-Id``, ``Editor-Version``, ``Editor-Plugin-Version``, ``User-Agent``,
-``OpenAI-Intent``, ``X-GitHub-Api-Version``, a fresh ``X-Request-Id`` per request,
-``X-Initiator: user`` for a turn the user typed and ``agent`` when the last message is anything else
-(tool results: proxies count only user turns as premium requests; the ``initiator`` option
-overrides it), and ``Copilot-Vision-Request: true`` when a message holds an image.
-
-The model catalogue (which models, which endpoint, limits) is :mod:`.copilot_models`; the error
-table :mod:`.copilot_errors`; this module is the provider: endpoint, login and token, model list,
-headers, defaults.
-
-**Errors** (PROTOCOLS.md §3.6, :func:`~dispatch_nb.providers.copilot_errors.copilot_error`):
-401/403 → a new Copilot token and one retry, then :class:`~dispatch_nb.errors.AuthenticationError`;
-402 → :class:`~dispatch_nb.errors.RateLimitError` with code ``quota_exceeded`` (not retried; the
-message says when the quota resets when GitHub says); 429 → ``RateLimitError`` with
-``retry_after``; 466 (client too old), 422 (content filter), 400 →
-:class:`~dispatch_nb.errors.RequestError`; 5xx → :class:`~dispatch_nb.errors.ServerError`
-(retried). Token-exchange problems (``no_copilot_access``...) come from the token manager. No
-GitHub or Copilot token ever appears in a repr, a log record or an exception message.
+**Requests**: a wire format per model (:data:`COPILOT_WIRES`). On chat.completions,
+:data:`COPILOT_CHAT_QUIRKS` reads Claude's ``reasoning_text`` / ``reasoning_opaque`` as a
+:class:`~dispatch_nb.types.ThinkingBlock` marked as Copilot's, sent back on the next assistant
+message. ``X-Initiator`` is ``user`` for a turn someone typed and ``agent`` otherwise (tool
+results): only user turns count as premium requests. Errors: :mod:`.copilot_errors`.
 """
 
 from __future__ import annotations
@@ -84,6 +60,7 @@ from ..auth import (
     device_login,
     find_github_token,
 )
+from ..bridge import run_sync
 from ..call_control import CallControl
 from ..errors import (
     AuthenticationError,
@@ -230,7 +207,6 @@ class CopilotAdapter(HTTPAdapter):
         on_device_code: Callable[[DeviceCode], Any] | None = None,
         timeout: float | None = None,
         max_retries: int = 2,
-        http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         token_manager: CopilotTokenManager | None = None,
         structured_output: str = "auto",
@@ -244,12 +220,10 @@ class CopilotAdapter(HTTPAdapter):
         self._manager = token_manager or CopilotTokenManager(
             self._github_token,
             github_api_url=self._github_api_url,
-            http_client=http_client,
             async_http_client=async_http_client,
         )
-        cached = self._manager.cached
         super().__init__(
-            base_url=cached.endpoints_api if cached is not None else DEFAULT_COPILOT_API_URL,
+            base_url=DEFAULT_COPILOT_API_URL,  # until a token names its API (the base_url property)
             model=model,
             headers={
                 **_EDITOR_HEADERS_LOWER,
@@ -264,7 +238,6 @@ class CopilotAdapter(HTTPAdapter):
         self._token_path = token_path
         self._client_id = client_id
         self._on_device_code = on_device_code
-        self._given_http = http_client
         self._login_lock = threading.Lock()
         self._login_token: str | None = None
         self._token_source: str | None = None
@@ -327,8 +300,7 @@ class CopilotAdapter(HTTPAdapter):
             except DispatchError as exc:
                 self._models_failed = True
                 log.debug("no Copilot model list for max_context_tokens: %s", exc.message)
-        entry = self._find_entry(self._raw_models or [])
-        info = copilot_model_info(entry) if entry is not None else None
+        info = self._info()
         if info is not None and info.max_context_tokens:
             return info.max_context_tokens
         return fallback_context_tokens(self._model)
@@ -380,12 +352,10 @@ class CopilotAdapter(HTTPAdapter):
             assert self._on_device_code is not None
             store = TokenStore(self._token_path)
             result = device_login(
-                DeviceFlow(self._client_id, github_url=self._github_url,
-                           http_client=self._given_http),
+                DeviceFlow(self._client_id, github_url=self._github_url),
                 store=store,
                 github_api_url=self._github_api_url,
                 on_code=self._on_device_code,
-                http_client=self._given_http,
                 keep_unsaved=True,
             )
             self._login_token = result.token
@@ -485,8 +455,7 @@ class CopilotAdapter(HTTPAdapter):
     def premium_multiplier(self) -> float | None:
         """Premium requests one user-initiated call of this model costs: ``billing.multiplier``
         of its ``/models`` entry (0 for included models; None while the list is unknown)."""
-        entry = self._find_entry(self._raw_models or [])
-        info = copilot_model_info(entry) if entry is not None else None
+        info = self._info()
         return info.premium_multiplier if info is not None else None
 
     def price_call(self, request: ChatRequest, model: str, usage: Usage) -> Cost | None:
@@ -502,38 +471,23 @@ class CopilotAdapter(HTTPAdapter):
         return price(self.provider_name, self.model_name, usage, premium_requests=premium)
 
     # -- models ----------------------------------------------------------------------------------
-    def _find_entry(self, raw: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-        return find_entry(raw, self._model)
+    def _info(self) -> ModelInfo | None:
+        entry = find_entry(self._raw_models or [], self._model)
+        return copilot_model_info(entry) if entry is not None else None
 
-    def _store_models(self, body: Any) -> list[dict[str, Any]]:
-        raw = model_entries(body)
-        self._raw_models = raw
-        self._models_failed = False
-        log.debug("GitHub Copilot lists %d models", len(raw))
-        return raw
-
-    def _models_url(self) -> str:
-        return f"{self.base_url}/models"
-
-    def _models_headers(self) -> dict[str, str]:
-        return {"x-request-id": str(uuid.uuid4())}
+    async def _aload_models(self, refresh: bool = False, *, login: bool = True) -> list[dict[str, Any]]:
+        if self._raw_models is None or refresh:
+            body = await self.aget_json(f"{self.base_url}/models",
+                                        headers={"x-request-id": str(uuid.uuid4())},
+                                        auth=self._auth if login else self._auth_no_login)
+            self._raw_models = model_entries(body)
+            self._models_failed = False
+            log.debug("GitHub Copilot lists %d models", len(self._raw_models))
+        return self._raw_models
 
     def _load_models(self, refresh: bool = False, *, login: bool = True) -> list[dict[str, Any]]:
-        raw = self._raw_models
-        if raw is not None and not refresh:
-            return raw
-        with self._models_lock:
-            if self._raw_models is not None and not refresh:
-                return self._raw_models
-            body = self.get_json(self._models_url(), headers=self._models_headers(),
-                                 auth=self._auth if login else self._auth_no_login)
-            return self._store_models(body)
-
-    async def _aload_models(self, refresh: bool = False) -> list[dict[str, Any]]:
-        if self._raw_models is not None and not refresh:
-            return self._raw_models
-        body = await self.aget_json(self._models_url(), headers=self._models_headers())
-        return self._store_models(body)
+        with self._models_lock:  # one GET /models for all threads
+            return run_sync(self._aload_models(refresh, login=login))
 
     def _picker_infos(self) -> list[ModelInfo]:
         return picker_models(self._raw_models or [])
@@ -549,8 +503,17 @@ class CopilotAdapter(HTTPAdapter):
         await self._aload_models(refresh)
         return self._picker_infos()
 
-    def _use_models(self, raw: list[dict[str, Any]]) -> None:
-        entry = self._find_entry(raw)
+    async def _acheck_model(self) -> None:
+        """Read the model list once: the model's entry routes it, and a model not listed is an
+        error naming those that are (no list: route by the name)."""
+        if self._entry is not None:
+            return
+        try:
+            entry = find_entry(await self._aload_models(), self._model)
+        except (ServerError, RequestError) as exc:
+            log.debug("GitHub Copilot: no model list (%s); routing %s by its name",
+                      exc.message, self._model)
+            return
         if entry is None:
             available = [m.id for m in self._picker_infos()]
             raise ModelUnavailableError(
@@ -561,17 +524,6 @@ class CopilotAdapter(HTTPAdapter):
             )
         self._entry = entry
         self.backend_mode = self._backend_for(self.route)
-
-    async def _acheck_model(self) -> None:
-        if self._entry is not None:
-            return
-        try:
-            raw = await self._aload_models()
-        except (ServerError, RequestError) as exc:
-            log.debug("GitHub Copilot: no model list (%s); routing %s by its name",
-                      exc.message, self._model)
-            return
-        self._use_models(raw)
 
     # -- validate --------------------------------------------------------------------------------
     def validate(self) -> ValidationResult:
@@ -585,7 +537,7 @@ class CopilotAdapter(HTTPAdapter):
             return ValidationResult(False, f"GitHub Copilot: {exc.message}")
         except DispatchError as exc:
             return ValidationResult(False, f"GitHub Copilot could not be checked: {exc}")
-        if self._find_entry(self._raw_models or []) is None:
+        if find_entry(self._raw_models or [], self._model) is None:
             return ValidationResult(
                 False,
                 f"GitHub Copilot accepted the login, but has no model {self._model!r}; "

@@ -70,7 +70,6 @@ from ..errors import (
 from ..stream import Accumulator
 from ..types import (
     ImageBlock,
-    Message,
     ModelInfo,
     RedactedThinkingBlock,
     StopReason,
@@ -117,6 +116,8 @@ TOOL_CHAT_FORMATS = frozenset({"chatml-function-calling"})
 N_CTX_STEP = 256
 
 INSTALL_HINT = "pip install 'dispatch-nb[local]'"
+NO_LLAMA_CPP = ("the local provider needs llama-cpp-python, which is not installed: "
+                f"{INSTALL_HINT} (the first install builds llama.cpp and takes a few minutes)")
 
 _PASSTHROUGH_OPTIONS = ("top_k", "min_p", "repeat_penalty", "response_format")
 
@@ -169,10 +170,7 @@ def _import_llama_cpp() -> Any:
     try:
         import llama_cpp
     except ImportError as exc:
-        raise ImportError(
-            "the local provider needs llama-cpp-python, which is not installed: "
-            f"{INSTALL_HINT} (the first install builds llama.cpp and takes a few minutes)"
-        ) from exc
+        raise ImportError(NO_LLAMA_CPP) from exc
     return llama_cpp
 
 
@@ -253,13 +251,8 @@ def clear_model_cache() -> None:
         models = list(_models.values())
         _models.clear()
     for model in models:
-        with model.lock:
-            close = getattr(model.llama, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:
-                    pass
+        with model.lock, contextlib.suppress(Exception):
+            model.llama.close()
 
 
 def _llama_class(llama_cpp: Any) -> Any:
@@ -356,16 +349,6 @@ def _install_abort_callback(llama_cpp: Any, model: _LoadedModel) -> None:
 
 
 # -- canonical messages → llama-cpp-python chat messages ------------------------------------------
-def _tool_names(messages: list[Message]) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for message in messages:
-        if isinstance(message.content, list):
-            for block in message.content:
-                if isinstance(block, ToolUseBlock):
-                    names[block.id] = block.name
-    return names
-
-
 def _chat_messages(request: ChatRequest, *, function_calling: bool) -> list[dict[str, Any]]:
     """The conversation in llama-cpp-python's (OpenAI-style) message format.
 
@@ -380,7 +363,8 @@ def _chat_messages(request: ChatRequest, *, function_calling: bool) -> list[dict
         system = TOOLS_SYSTEM_PROMPT
     if system:
         out.append({"role": "system", "content": system})
-    names = _tool_names(request.messages)
+    names = {block.id: block.name for message in request.messages if isinstance(message.content, list)
+             for block in message.content if isinstance(block, ToolUseBlock)}
     for message in request.messages:
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
@@ -546,10 +530,7 @@ class LocalAdapter(Adapter):
             path = found
             self._model = model
         if not llama_cpp_installed():
-            raise ImportError(
-                "the local provider needs llama-cpp-python, which is not installed: "
-                f"{INSTALL_HINT} (the first install builds llama.cpp and takes a few minutes)"
-            )
+            raise ImportError(NO_LLAMA_CPP)
         #: the GGUF file this adapter runs
         self.model_path = path
         self.n_ctx = n_ctx
