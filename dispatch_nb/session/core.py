@@ -20,7 +20,7 @@ from ..types import Message, Response, ToolDefinition, Usage
 from ..validation import check_call, describe
 from .inputs import SessionTool, session_tools
 from .loop import ToolLoop
-from .serialization import dumps, loads, restore_tools
+from .serialization import SavedSession, loads, restore_tools
 from .stream import AsyncSessionStream, SessionStream, TurnState
 
 if TYPE_CHECKING:
@@ -290,18 +290,19 @@ class Session(ToolLoop):
         """The whole session as JSON: id, model, settings, system prompt, tool definitions (not
         their Python handlers), history (thinking signatures, provider data, tool calls
         included) and usage. :meth:`from_json` restores it exactly."""
-        return dumps(
+        return SavedSession(
             id=self.id,
             model=f"{self._adapter.provider_name}:{self._adapter.model_name}",
             system=self._system,
             max_tool_rounds=self.max_tool_rounds,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
-            tools=self._tools,
+            tools=[t.definition if isinstance(t, Tool) else t
+                   for t in self._tools if not isinstance(t, dict)],
+            builtin_tools=[t for t in self._tools if isinstance(t, dict)],
             history=self._history,
             usage=self._usage,
-            indent=indent,
-        )
+        ).dumps(indent=indent)
 
     @classmethod
     def from_json(
