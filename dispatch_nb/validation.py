@@ -80,15 +80,12 @@ def describe(value: Any) -> str:
     return f"{text} ({article(type(value).__name__)})" if value is not None else "None"
 
 
-_describe = describe
-
-
 def _raise_for(error: ValidationError, values: Mapping[str, Any], where: str) -> None:
     first = error.errors()[0]
     name = str(first["loc"][0]) if first["loc"] else "?"
     value = values.get(name)
     accepted = ACCEPTED.get(name, "something else")
-    message = f"{where}{name} must be {accepted} — not {_describe(value)}"
+    message = f"{where}{name} must be {accepted} — not {describe(value)}"
     kind = str(first.get("type", ""))
     # A number of the right kind that is out of range is a ValueError; anything else a TypeError.
     range_error = kind.startswith(("greater_than", "less_than", "finite_number"))
@@ -115,17 +112,15 @@ def check_messages(messages: Any) -> None:
 
     if ok(messages):
         return
-    if isinstance(messages, (list, tuple)):
-        for i, item in enumerate(messages):
-            if not ok(item):
-                raise TypeError(
-                    "messages must be a str, a Message, a dict with 'role' and 'content', or a "
-                    f"list of those — item {i} is {_describe(item)}"
-                )
+    if not isinstance(messages, (list, tuple)):
+        wrong = f"not {describe(messages)}"
+    elif (i := next((i for i, item in enumerate(messages) if not ok(item)), None)) is not None:
+        wrong = f"item {i} is {describe(messages[i])}"
+    else:
         return
     raise TypeError(
-        "messages must be a str, a Message, a dict with 'role' and 'content', or a list of "
-        f"those — not {_describe(messages)}"
+        f"messages must be a str, a Message, a dict with 'role' and 'content', or a list of "
+        f"those — {wrong}"
     )
 
 
@@ -145,11 +140,11 @@ def replace_lone_surrogates(text: str) -> tuple[str, int]:
 
 def surrogate_note(count: int, where: str = "the prompt") -> str:
     """The one line that says what :func:`replace_lone_surrogates` did."""
-    noun = "character" if count == 1 else "characters"
+    noun, verb = ("character", "was") if count == 1 else ("characters", "were")
     return (
         f"{count} {noun} in {where} could not be encoded (lone surrogates, e.g. from a file name "
-        "that is not UTF-8) and were replaced with �."
-    ).replace("were replaced", "was replaced" if count == 1 else "were replaced")
+        f"that is not UTF-8) and {verb} replaced with �."
+    )
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -225,7 +220,7 @@ def check_entry(
         stream=stream,
     )
     if cancel is not None and not isinstance(cancel, CancelToken):
-        raise TypeError(f"cancel must be a CancelToken or None — not {_describe(cancel)}")
+        raise TypeError(f"cancel must be a CancelToken or None — not {describe(cancel)}")
     if system is not None:
         system = clean_text(system, "the system prompt")
     return clean_messages(messages), system
