@@ -245,8 +245,7 @@ class Session(ToolLoop):
         ``on_delta``, ``max_retries``, ``tool_choice``...
         """
         state = TurnState(self.model)
-        events = self._run(content, chat_options, state, streaming=False)
-        for _ in events:
+        for _ in self._run(content, chat_options, state, streaming=False):
             pass
         assert state.response is not None
         return state.response
@@ -258,8 +257,6 @@ class Session(ToolLoop):
         as the model writes, a ``ToolResultEvent`` per tool call, a ``MessageDoneEvent`` per
         model turn, and on failure an ``ErrorEvent`` (then the error is raised, unless
         ``raise_errors=False``). Nothing happens until you iterate."""
-        chat_options.pop("stream", None)
-        chat_options.pop("on_delta", None)
         state = TurnState(self.model)
         return SessionStream(
             self._run(content, chat_options, state, streaming=True), state, raise_errors
@@ -277,13 +274,10 @@ class Session(ToolLoop):
         self, content: Any, *, raise_errors: bool = True, **chat_options: Any
     ) -> AsyncSessionStream:
         """The async twin of :meth:`stream` (``async for event in session.astream(...)``)."""
-        chat_options.pop("stream", None)
-        chat_options.pop("on_delta", None)
         state = TurnState(self.model)
         return AsyncSessionStream(
             self._arun(content, chat_options, state, streaming=True), state, raise_errors
         )
-
 
     # -- serialization (the format: dispatch_nb.session.serialization) ---------------------------
     def to_json(self, *, indent: bool = False) -> str:

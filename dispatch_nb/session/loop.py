@@ -59,11 +59,12 @@ WHILE_TOOLS = "while running tools"
 class Turn:
     """One ``send``: the options of its model calls, its :class:`TurnControl`, rounds so far."""
 
-    def __init__(self, loop: ToolLoop, options: dict[str, Any]) -> None:
+    def __init__(self, loop: ToolLoop, options: dict[str, Any], streaming: bool) -> None:
         options = dict(options)
         if "tools" in options:
             raise TypeError("a session's tools are set with Session(tools=...) or set_tools()")
-        options.pop("messages", None)
+        for ignored in ("messages", "stream", "on_delta") if streaming else ("messages",):
+            options.pop(ignored, None)
         check_call(
             **{k: options[k] for k in ("system", "max_tokens", "temperature", "timeout")
                if k in options}
@@ -127,7 +128,7 @@ class ToolLoop:
     def _run(
         self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
     ) -> Generator[StreamEvent, None, None]:
-        with self._turn(content, options) as (turn, message):
+        with self._turn(content, options, streaming) as (turn, message):
             while True:
                 if self._servers:
                     from ..mcp import run_sync
@@ -172,7 +173,7 @@ class ToolLoop:
     async def _arun(
         self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
     ) -> AsyncGenerator[StreamEvent, None]:
-        with self._turn(content, options) as (turn, message):
+        with self._turn(content, options, streaming) as (turn, message):
             while True:
                 if self._servers:
                     await turn.control.run_async(
@@ -311,10 +312,11 @@ class ToolLoop:
 
     # -- shared steps ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _turn(self, content: Any, options: dict[str, Any]) -> Iterator[tuple[Turn, Message]]:
+    def _turn(self, content: Any, options: dict[str, Any],
+              streaming: bool) -> Iterator[tuple[Turn, Message]]:
         """Begin a turn: its options and control, the user's message checked and added to
         history, the session held for this turn alone; the control lets go at the end."""
-        turn = Turn(self, options)
+        turn = Turn(self, options, streaming)
         with turn.control:
             message = self._start(content)
             with self._turn_lock():
