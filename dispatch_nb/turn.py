@@ -56,22 +56,20 @@ class TextPart:
     text: str
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class ToolRun:
     """A tool call the model made (its arguments as they stream) and, once it ran, its result."""
 
-    __slots__ = ("abandoned", "approval", "call", "duration", "is_error", "result")
-
-    def __init__(self, call: Any) -> None:
-        #: the accumulator's record of the call (``id``, ``name``, ``parts``, ``arguments``)
-        self.call = call
-        #: the result's text, once the tool ran
-        self.result: str | None = None
-        self.is_error = False
-        self.duration: float | None = None
-        #: True when the turn was interrupted while this tool still ran (its result is dropped)
-        self.abandoned = False
-        #: the approval decision, when one was asked for ("approved", "denied: …")
-        self.approval: str | None = None
+    #: the accumulator's record of the call (``id``, ``name``, ``parts``, ``arguments``)
+    call: Any
+    #: the result's text, once the tool ran
+    result: str | None = None
+    is_error: bool = False
+    duration: float | None = None
+    #: True when the turn was interrupted while this tool still ran (its result is dropped)
+    abandoned: bool = False
+    #: the approval decision, when one was asked for ("approved", "denied: …")
+    approval: str | None = None
 
     @property
     def id(self) -> str:
