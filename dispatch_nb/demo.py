@@ -85,16 +85,6 @@ def _error_text(outputs: list[Any]) -> str:
     return ""
 
 
-def _resolve_model(model: str | None) -> tuple[str, str, bool]:
-    """The model spec, why it was chosen, and whether it can answer without a login."""
-    if model:
-        return model, "--model", True
-    from .defaults import resolve_default_model
-
-    resolved = resolve_default_model()
-    return resolved.spec, resolved.reason, not resolved.needs_login
-
-
 def run_demo(
     notebook: str | os.PathLike[str] | None = None,
     *,
@@ -133,7 +123,12 @@ def run_demo(
             "pip install 'dispatch-nb[notebook]'")
         return DemoResult(1)
 
-    spec, reason, usable = _resolve_model(model)
+    spec, reason, usable = model or "", "--model", True
+    if not model:
+        from .defaults import resolve_default_model
+
+        resolved = resolve_default_model()
+        spec, reason, usable = resolved.spec, resolved.reason, not resolved.needs_login
     if not usable:
         say("error: no model can answer here: install the embedded model with "
             "pip install 'dispatch-nb[local]', log in to GitHub Copilot with "
@@ -146,8 +141,7 @@ def run_demo(
     say()
 
     nb: Any = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
-    env = dict(os.environ)
-    env.update({"DISPATCH_NB_CACHE": cache, "DISPATCH_NB_LIVE": "display"})
+    env = {**os.environ, "DISPATCH_NB_CACHE": cache, "DISPATCH_NB_LIVE": "display"}
     client = NotebookClient(
         nb, timeout=timeout, kernel_name=kernel_name, allow_errors=False,
         resources={"metadata": {"path": str(path.parent.resolve())}},
