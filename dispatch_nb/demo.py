@@ -17,26 +17,14 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-__all__ = ["DemoResult", "default_notebook", "run_demo"]
+__all__ = ["default_notebook", "run_demo"]
 
 #: the notebook the demo runs, relative to a clone of the repository
 QUICKSTART = Path("notebooks") / "quickstart.ipynb"
 _SUB = re.compile(r"</?sub>")
-
-
-@dataclass
-class DemoResult:
-    """What a demo run did: the exit status, the model, and the answers printed."""
-
-    status: int
-    model: str = ""
-    answers: int = 0
-    seconds: float = 0.0
 
 
 def default_notebook() -> Path | None:
@@ -91,29 +79,24 @@ def run_demo(
     model: str | None = None,
     cache: str = "off",
     timeout: float = 600.0,
-    out: TextIO | None = None,
-    kernel_name: str = "python3",
-    on_answer: Callable[[str, str], None] | None = None,
-) -> DemoResult:
-    """Execute ``notebook`` (default: the quickstart) and print each ``%%chat`` prompt and answer.
+) -> int:
+    """Execute ``notebook`` (default: the quickstart) and print each ``%%chat`` prompt and answer;
+    return the exit status (see the module docstring).
 
     ``model`` overrides the notebook's model for every ``%%chat`` cell (default: the best model
     available here); ``cache`` is the response-cache mode of the run (``off``: the model answers);
-    ``timeout`` bounds each cell in seconds. ``on_answer(prompt, answer)`` is called per answer.
+    ``timeout`` bounds each cell in seconds.
     """
-    import sys
-
-    stream = out if out is not None else sys.stdout
 
     def say(text: str = "") -> None:
-        print(text, file=stream, flush=True)
+        print(text, flush=True)
 
     path = Path(notebook) if notebook is not None else default_notebook()
     if path is None or not path.is_file():
         where = path if path is not None else QUICKSTART
         say(f"error: no notebook at {where}; run the demo from a clone of the repository, or pass "
             "--notebook PATH")
-        return DemoResult(1)
+        return 1
     try:
         import nbformat
         from nbclient import NotebookClient
@@ -121,7 +104,7 @@ def run_demo(
     except ImportError as exc:
         say(f"error: the demo needs nbclient and ipykernel ({exc.name} is missing): "
             "pip install 'dispatch-nb[notebook]'")
-        return DemoResult(1)
+        return 1
 
     spec, reason, usable = model or "", "--model", True
     if not model:
@@ -133,7 +116,7 @@ def run_demo(
         say("error: no model can answer here: install the embedded model with "
             "pip install 'dispatch-nb[local]', log in to GitHub Copilot with "
             "`python -m dispatch_nb login`, or set OPENAI_API_KEY / ANTHROPIC_API_KEY")
-        return DemoResult(1, spec)
+        return 1
     say(f"Running {path} in a Jupyter kernel")
     say(f"Model: {spec} ({reason}); response cache: {cache}")
     if spec.startswith("local:"):
@@ -143,7 +126,7 @@ def run_demo(
     nb: Any = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
     env = {**os.environ, "DISPATCH_NB_CACHE": cache, "DISPATCH_NB_LIVE": "display"}
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name=kernel_name, allow_errors=False,
+        nb, timeout=timeout, kernel_name="python3", allow_errors=False,
         resources={"metadata": {"path": str(path.parent.resolve())}},
     )
     overrides = f'%config ChatMagics.model = "{spec}"\n%config ChatMagics.cache = "{cache}"'
@@ -169,7 +152,7 @@ def run_demo(
                 except CellExecutionError:
                     say("error: this cell failed:")
                     say(_indent(_error_text(cell.outputs) or "(no error output)"))
-                    return DemoResult(1, spec, answers, time.monotonic() - started)
+                    return 1
                 if not configured and "%load_ext dispatch_nb" in cell.source:
                     # Every %%chat below uses the chosen model and cache mode.
                     extra = nbformat.v4.new_code_cell(overrides)  # type: ignore[no-untyped-call]
@@ -177,12 +160,9 @@ def run_demo(
                     client.execute_cell(extra, len(nb.cells) - 1)
                     configured = True
                 if chat is not None:
-                    answer = _answer_text(cell.outputs)
                     answers += 1
-                    say(_indent(answer or "(no answer)"))
+                    say(_indent(_answer_text(cell.outputs) or "(no answer)"))
                     say()
-                    if on_answer is not None:
-                        on_answer(chat[1], answer)
                 else:
                     printed = _stream_text(cell.outputs)
                     if printed.strip():
@@ -190,7 +170,6 @@ def run_demo(
                         say()
     except (DeadKernelError, TimeoutError, RuntimeError) as exc:
         say(f"error: {type(exc).__name__}: {exc}")
-        return DemoResult(1, spec, answers, time.monotonic() - started)
-    seconds = time.monotonic() - started
-    say(f"Done: {answers} answers from {spec} in {seconds:.0f} s.")
-    return DemoResult(0, spec, answers, seconds)
+        return 1
+    say(f"Done: {answers} answers from {spec} in {time.monotonic() - started:.0f} s.")
+    return 0
