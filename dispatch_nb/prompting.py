@@ -279,9 +279,8 @@ def _describe_table(
     else:
         body = _table_text(value)
         head = f"{kind} with {size}:\n"
-    text = head + body
-    if len(text) > max_chars:
-        text = text[:max_chars] + f"\n… [{len(text) - max_chars:,} more characters not shown]"
+    text, cut = _cut(head + body, max_chars, name)
+    if cut:
         note = f"{{{name}}} ({kind}, {size}) was summarized to {max_chars:,} characters."
     return text, note
 
