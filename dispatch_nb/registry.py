@@ -449,11 +449,10 @@ def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
             continue
         if reason is None:
             continue
-        hint = descriptor.default_note
         if not descriptor.key_env and descriptor.find_login is None:  # runs for lack of others
             reason += "".join(f"; {p}" for p in problems)
-        return Resolution(f"{descriptor.name}:{descriptor.example_model}", reason, hint,
-                          descriptor.name)
+        return Resolution(f"{descriptor.name}:{descriptor.example_model}", reason,
+                          descriptor.default_note, descriptor.name)
     note = "".join(f"; {p}" for p in problems)
     for descriptor in ranked:
         if descriptor.login_flow:
