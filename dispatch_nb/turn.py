@@ -80,11 +80,6 @@ class ToolRun:
         return str(self.call.name) or "?"
 
     @property
-    def raw_arguments(self) -> list[str]:
-        """The fragments of the arguments as they streamed."""
-        return list(self.call.parts)
-
-    @property
     def arguments(self) -> dict[str, Any] | None:
         """The arguments once the call ended (None while they stream)."""
         if not self.call.done:
@@ -223,15 +218,6 @@ class TurnAccumulator:
     def response(self) -> Response | None:
         """The last round's answer (None before a round ended)."""
         return self.rounds[-1] if self.rounds else None
-
-    def partial(self) -> Response:
-        """Everything that streamed as one ``Response`` (the turn's usage, model and stop)."""
-        snapshot = self.answer.snapshot()
-        return snapshot.model_copy(update={
-            "model": self.model or snapshot.model,
-            "usage": self.usage or Usage(),
-            "stop_reason": self.stop_reason,
-        })
 
     def messages(self) -> list[Message]:
         """The history the turn added after the user's message: each round's answer (an empty
