@@ -150,7 +150,7 @@ def _cost_words(cost: Any) -> str:
             return ""
         if cost.replayed == cost.calls:
             return f"{format_usd(cost.saved_usd)} when recorded, $0 now"
-        return str(cost) if cost.unknown == 0 or cost.calls > cost.unknown else ""
+        return str(cost) if cost.calls > cost.unknown else ""
     return ""
 
 

@@ -77,10 +77,9 @@ class Turn:
         if cancel is not None and not isinstance(cancel, CancelToken):
             raise TypeError(f"cancel must be a CancelToken, not {type(cancel).__name__}")
         self.system = options.pop("system", loop._system)
-        if options.get("max_tokens") is None:
-            options["max_tokens"] = loop.max_tokens
-        if options.get("temperature") is None:
-            options["temperature"] = loop.temperature
+        for default in ("max_tokens", "temperature"):  # the session's, unless this turn sets one
+            if options.get(default) is None:
+                options[default] = getattr(loop, default)
         self.options = options
         #: the turn's deadline and cancel switch, handed to each model call
         self.control = TurnControl(timeout=timeout, cancel=cancel,
