@@ -4,14 +4,10 @@ A turn is what one ``send`` / one ``%%chat`` cell produces: one or more model ro
 stream of :class:`~dispatch_nb.types.StreamDelta` ending in a
 :class:`~dispatch_nb.types.MessageDoneEvent`) with the tool results between them
 (:class:`~dispatch_nb.types.ToolResultEvent`). :class:`TurnAccumulator` takes those events, in
-the order a :class:`~dispatch_nb.session.SessionStream` yields them, and keeps
-
-* ``answer``: everything that streamed, rounds one after another, in one
-  :class:`~dispatch_nb.stream.Accumulator` (fed with :meth:`Accumulator.feed
-  <dispatch_nb.stream.Accumulator.feed>`, the one place deltas become blocks again);
-* ``rounds``: each round's final :class:`~dispatch_nb.types.Response` (usage, stop reason and
-  provider data included), and ``usage``, their sum;
-* ``tools``: each tool call as a :class:`ToolRun` (arguments as they stream, then the result).
+the order a :class:`~dispatch_nb.session.SessionStream` yields them, and keeps what streamed in
+one :class:`~dispatch_nb.stream.Accumulator` (:meth:`Accumulator.feed
+<dispatch_nb.stream.Accumulator.feed>` is the one place deltas become blocks again), each round's
+final :class:`~dispatch_nb.types.Response` and each tool call as a :class:`ToolRun`.
 
 It serves the notebook (its transcript is a ``TurnAccumulator``), the response cache (a replay is
 rebuilt through the same ``Accumulator.feed``) and sessions (:meth:`add_round` /
