@@ -98,8 +98,6 @@ class CallControl(_Clock):
         #: the turn this call belongs to (when ``cancel`` is a :class:`TurnControl`)
         self.turn = cancel if isinstance(cancel, TurnControl) else None
         self.provider = provider
-        self.deadline: float | None = None
-        self._turn_bound = False  # the turn's deadline comes before the call's own
         self._restart_clock()
         self.reason: AbortReason | None = None
         self._aborted_after: float | None = None
@@ -115,6 +113,7 @@ class CallControl(_Clock):
         self.started_at = monotonic()
         own = self.started_at + self.timeout if self.timeout is not None else None
         turn = self.turn.deadline if self.turn is not None else None
+        #: the turn's deadline comes before the call's own
         self._turn_bound = turn is not None and (own is None or turn <= own)
         self.deadline = turn if self._turn_bound else own
 
