@@ -106,15 +106,11 @@ class ReplayOnlyAdapter(Adapter):
 def _defaults(name: str, factory: Any, model: str,
               options: dict[str, Any]) -> tuple[str, int | None, frozenset[str]]:
     """The registry name, default ``max_tokens`` and accepted options of what ``factory(model,
-    **options)`` would build, read without calling it, from the provider's descriptor.
-
-    ``factory`` is a registered factory, a ``functools.partial`` of one (its keywords win over the
-    descriptor's defaults, ``options`` over both), or None when its module cannot be imported here
-    (then the descriptor registered under ``name`` says). The name is the one the adapter class
-    reports as ``provider_name``: ``local`` for ``functools.partial(LocalAdapter, ...)`` registered
-    under another name. A factory registered without a descriptor (``register_provider(name,
-    callable)``) that is no other provider's has its defaults read from its signature, as the only
-    place they are written."""
+    **options)`` would build (``factory``: None when its module cannot be imported), read without
+    calling it: from the provider's descriptor, else the factory's signature (registered without
+    one), then a ``functools.partial``'s keywords and ``options``, each winning over the one
+    before. The name is the one the adapter class reports: ``local`` for
+    ``functools.partial(LocalAdapter, ...)`` registered under another name."""
     target = getattr(factory, "func", factory)  # functools.partial
     descriptor = get_descriptor(name) if factory is None else _descriptor_of(target)
     if inspect.isclass(target) and descriptor is not None:
