@@ -24,6 +24,7 @@ with U+FFFD (``�``) and says how many it replaced.
 from __future__ import annotations
 
 import inspect
+import operator
 import os
 import re
 import warnings
@@ -180,21 +181,15 @@ def clean_messages(messages: Any) -> Any:
 
     if isinstance(messages, str):
         return clean_text(messages, "the message")
+    if isinstance(messages, TextBlock):  # a block of a Message's content
+        text = clean_text(messages.text, "the message")
+        return messages if text is messages.text else messages.model_copy(update={"text": text})
     if isinstance(messages, Message):
         content = messages.content
-        if isinstance(content, str):
-            cleaned = clean_text(content, "the message")
-            return messages if cleaned is content else messages.model_copy(update={"content": cleaned})
-        blocks = []
-        changed = False
-        for block in content:
-            if isinstance(block, TextBlock):
-                text = clean_text(block.text, "the message")
-                if text is not block.text:
-                    block = block.model_copy(update={"text": text})
-                    changed = True
-            blocks.append(block)
-        return messages.model_copy(update={"content": blocks}) if changed else messages
+        cleaned = clean_messages(content)
+        if cleaned is content or (isinstance(content, list) and all(map(operator.is_, cleaned, content))):
+            return messages
+        return messages.model_copy(update={"content": cleaned})
     if isinstance(messages, (list, tuple)):
         return [clean_messages(m) for m in messages]
     return messages
