@@ -113,7 +113,7 @@ class CallControl(_Clock):
         self.started_at = monotonic()
         own = self.started_at + self.timeout if self.timeout is not None else None
         turn = self.turn.deadline if self.turn is not None else None
-        #: the turn's deadline comes before the call's own
+        # the turn's deadline comes before the call's own
         self._turn_bound = turn is not None and (own is None or turn <= own)
         self.deadline = turn if self._turn_bound else own
 
