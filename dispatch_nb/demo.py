@@ -60,10 +60,6 @@ def _answer_text(outputs: list[Any]) -> str:
     return ""
 
 
-def _stream_text(outputs: list[Any]) -> str:
-    return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-
-
 def _error_text(outputs: list[Any]) -> str:
     for output in outputs:
         if output.get("output_type") == "error":
@@ -164,7 +160,8 @@ def run_demo(
                     say(_indent(_answer_text(cell.outputs) or "(no answer)"))
                     say()
                 else:
-                    printed = _stream_text(cell.outputs)
+                    printed = "".join(o.get("text", "") for o in cell.outputs
+                                      if o.get("output_type") == "stream")
                     if printed.strip():
                         say(_indent(printed))
                         say()

@@ -28,7 +28,6 @@ import operator
 import os
 import re
 import warnings
-from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -81,18 +80,6 @@ def describe(value: Any) -> str:
     return f"{text} ({article(type(value).__name__)})" if value is not None else "None"
 
 
-def _raise_for(error: ValidationError, values: Mapping[str, Any], where: str) -> None:
-    first = error.errors()[0]
-    name = str(first["loc"][0]) if first["loc"] else "?"
-    value = values.get(name)
-    accepted = ACCEPTED.get(name, "something else")
-    message = f"{where}{name} must be {accepted} — not {describe(value)}"
-    kind = str(first.get("type", ""))
-    # A number of the right kind that is out of range is a ValueError; anything else a TypeError.
-    range_error = kind.startswith(("greater_than", "less_than", "finite_number"))
-    raise (ValueError if range_error else TypeError)(message) from None
-
-
 def check_call(where: str = "", **values: Any) -> None:
     """Check the given keyword arguments (only those present) against :class:`CallArguments`;
     raise ``TypeError`` / ``ValueError`` naming the argument, what it accepts and what it got.
@@ -100,7 +87,14 @@ def check_call(where: str = "", **values: Any) -> None:
     try:
         CallArguments.model_validate(values)
     except ValidationError as exc:
-        _raise_for(exc, values, where)
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "?"
+        message = (f"{where}{name} must be {ACCEPTED.get(name, 'something else')} — not "
+                   f"{describe(values.get(name))}")
+        # A number of the right kind that is out of range is a ValueError; anything else a TypeError.
+        range_error = str(first.get("type", "")).startswith(
+            ("greater_than", "less_than", "finite_number"))
+        raise (ValueError if range_error else TypeError)(message) from None
 
 
 def check_messages(messages: Any) -> None:
