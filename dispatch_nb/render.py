@@ -39,34 +39,29 @@ __all__ = [
 
 
 class _Usage(Protocol):
-    @property
-    def input_tokens(self) -> int: ...
-    @property
-    def output_tokens(self) -> int: ...
-    @property
-    def cache_read_tokens(self) -> int: ...
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+
     @property
     def total_tokens(self) -> int: ...
 
 
 class _Call(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def arguments(self) -> dict[str, Any]: ...
+    name: str
+    arguments: dict[str, Any]
 
 
 class _Answer(Protocol):
     """What rendering reads of a :class:`~dispatch_nb.types.Response`."""
 
-    @property
-    def model(self) -> str: ...
+    model: str
+    parsed: Any
+
     @property
     def usage(self) -> _Usage: ...
     @property
     def stop_reason(self) -> str | None: ...
-    @property
-    def parsed(self) -> Any: ...
     @property
     def text(self) -> str: ...
     @property
