@@ -344,7 +344,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(args.notebook, model=args.model, cache=args.cache, timeout=args.timeout).status
+    return run_demo(args.notebook, model=args.model, cache=args.cache, timeout=args.timeout)
 
 
 #: every subcommand, in the order ``--help`` lists them: (one-line help, handler, its options)

@@ -98,11 +98,7 @@ def decide(approve: Any, call: ToolCall, seconds: float | None) -> str | None:
     person answers (``seconds``: the time left in the turn)."""
     if approve == "auto":
         return None
-    if approve == "ask":
-        asker = _asker or _terminal
-        answer = asker(call, seconds)
-    else:
-        answer = approve(call)
+    answer = (_asker or _terminal)(call, seconds) if approve == "ask" else approve(call)
     if answer == ALWAYS and approve == "ask":
         return "approved (always)"
     if answer is True:

@@ -35,7 +35,39 @@ def _checked(timeout: float | None) -> float | None:
     return timeout
 
 
-class CallControl:
+class _Clock:
+    """The deadline arithmetic a call and a turn share (their slots hold the attributes)."""
+
+    __slots__ = ()
+    deadline: float | None
+    started_at: float
+    timeout: float | None
+    provider: str | None
+
+    def elapsed(self) -> float:
+        """Seconds since the call or turn started."""
+        return monotonic() - self.started_at
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - monotonic())
+
+    def expired(self) -> bool:
+        """True once the deadline has passed."""
+        return self.deadline is not None and monotonic() >= self.deadline
+
+    def _timeout_error(self, waited: float, where: str = "") -> APITimeoutError:
+        return APITimeoutError(
+            f"no complete answer within the {self.timeout:g} s timeout (waited "
+            f"{waited:.1f} s{', ' + where if where else ''}); pass a larger timeout= or "
+            "try again",
+            provider=self.provider,
+        )
+
+
+class CallControl(_Clock):
     """Deadline + cancel token + abort hooks for one call (sync or async)."""
 
     __slots__ = (
@@ -66,8 +98,6 @@ class CallControl:
         #: the turn this call belongs to (when ``cancel`` is a :class:`TurnControl`)
         self.turn = cancel if isinstance(cancel, TurnControl) else None
         self.provider = provider
-        self.deadline: float | None = None
-        self._turn_bound = False  # the turn's deadline comes before the call's own
         self._restart_clock()
         self.reason: AbortReason | None = None
         self._aborted_after: float | None = None
@@ -83,6 +113,7 @@ class CallControl:
         self.started_at = monotonic()
         own = self.started_at + self.timeout if self.timeout is not None else None
         turn = self.turn.deadline if self.turn is not None else None
+        # the turn's deadline comes before the call's own
         self._turn_bound = turn is not None and (own is None or turn <= own)
         self.deadline = turn if self._turn_bound else own
 
@@ -131,35 +162,19 @@ class CallControl:
         return lambda: None
 
     # -- queries ---------------------------------------------------------------------------------
-    def remaining(self) -> float | None:
-        """Seconds left before the deadline (None: no deadline)."""
-        if self.deadline is None:
-            return None
-        return max(0.0, self.deadline - monotonic())
-
-    def _waited(self) -> float:
-        return self._aborted_after if self._aborted_after is not None else self.elapsed()
-
-    def elapsed(self) -> float:
-        """Seconds since the call started."""
-        return monotonic() - self.started_at
-
     def error(self) -> DispatchError:
         """The error that describes why the call was aborted."""
         if self.reason == "timeout" and self._turn_bound and self.turn is not None:
             return self.turn.timeout_error()
         if self.reason == "timeout":
-            return APITimeoutError(
-                f"no complete answer within the {self.timeout:g} s timeout "
-                f"(waited {self._waited():.1f} s); pass a larger timeout= or try again",
-                provider=self.provider,
-            )
+            waited = self._aborted_after
+            return self._timeout_error(waited if waited is not None else self.elapsed())
         reason = self.cancel.reason if self.cancel is not None else None
         return RequestCancelled(reason or "the request was cancelled", provider=self.provider)
 
     def check(self) -> None:
         """Raise the abort error if the call has been aborted (or the deadline has passed)."""
-        if self.reason is None and self.deadline is not None and monotonic() >= self.deadline:
+        if self.reason is None and self.expired():
             self.abort("timeout")
         if self.reason is not None:
             raise self.error()
@@ -178,7 +193,7 @@ class CallControl:
         self.check()
 
 
-class TurnControl(CancelToken):
+class TurnControl(CancelToken, _Clock):
     """One deadline and one cancel switch for a whole turn: every model call and tool run of it.
 
     Create it once per turn (``with TurnControl(timeout=..., cancel=token) as turn:``) and hand it
@@ -232,30 +247,11 @@ class TurnControl(CancelToken):
         self.close()
 
     # -- queries ---------------------------------------------------------------------------------
-    def elapsed(self) -> float:
-        """Seconds since the turn started."""
-        return monotonic() - self.started_at
-
-    def remaining(self) -> float | None:
-        """Seconds left of the turn's budget (None: no deadline)."""
-        if self.deadline is None:
-            return None
-        return max(0.0, self.deadline - monotonic())
-
-    def expired(self) -> bool:
-        """True once the turn's deadline has passed."""
-        return self.deadline is not None and monotonic() >= self.deadline
-
     def timeout_error(self, where: str = "") -> APITimeoutError:
         """The error of a turn whose deadline passed (``where``: what it was doing)."""
         if self.outer is not None:
             return self.outer.timeout_error(where)
-        return APITimeoutError(
-            f"no complete answer within the {self.timeout:g} s timeout (waited "
-            f"{self.elapsed():.1f} s{', ' + where if where else ''}); pass a larger timeout= or "
-            "try again",
-            provider=self.provider,
-        )
+        return self._timeout_error(self.elapsed(), where)
 
     def check(self, where: str = "") -> None:
         """Raise if the turn was cancelled (:class:`RequestCancelled`) or its deadline passed

@@ -13,6 +13,7 @@ itself and works anywhere.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -100,22 +101,16 @@ def session_context(context: Any) -> list[Tool]:
         return context_tools(context, [str(name) for name in context])
     given = context.split(",") if isinstance(context, str) else (
         list(context) if isinstance(context, Iterable) else None)
-    if given is not None and all(isinstance(n, str) for n in given):
-        names = [n.strip() for n in given]
-    else:
+    if given is None or not all(isinstance(n, str) for n in given):
         raise TypeError(
             "context= takes the names of variables the model may read ('df,orders' or "
             f"['df', 'orders']) or a mapping {{'df': df}}, not {type(context).__name__}"
         )
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        shell = None
-    else:
-        shell = get_ipython()
+    ipython = sys.modules.get("IPython")  # a notebook or IPython has imported it
+    shell = ipython.get_ipython() if ipython is not None else None
     if shell is None:
         raise ValueError(
             "context= with names reads a notebook's (IPython's) variables; outside IPython "
             "pass the values: context={'df': df}"
         )
-    return context_tools(shell.user_ns, names)
+    return context_tools(shell.user_ns, [n.strip() for n in given])

@@ -17,26 +17,14 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-__all__ = ["DemoResult", "default_notebook", "run_demo"]
+__all__ = ["default_notebook", "run_demo"]
 
 #: the notebook the demo runs, relative to a clone of the repository
 QUICKSTART = Path("notebooks") / "quickstart.ipynb"
 _SUB = re.compile(r"</?sub>")
-
-
-@dataclass
-class DemoResult:
-    """What a demo run did: the exit status, the model, and the answers printed."""
-
-    status: int
-    model: str = ""
-    answers: int = 0
-    seconds: float = 0.0
 
 
 def default_notebook() -> Path | None:
@@ -72,10 +60,6 @@ def _answer_text(outputs: list[Any]) -> str:
     return ""
 
 
-def _stream_text(outputs: list[Any]) -> str:
-    return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-
-
 def _error_text(outputs: list[Any]) -> str:
     for output in outputs:
         if output.get("output_type") == "error":
@@ -85,45 +69,30 @@ def _error_text(outputs: list[Any]) -> str:
     return ""
 
 
-def _resolve_model(model: str | None) -> tuple[str, str, bool]:
-    """The model spec, why it was chosen, and whether it can answer without a login."""
-    if model:
-        return model, "--model", True
-    from .defaults import resolve_default_model
-
-    resolved = resolve_default_model()
-    return resolved.spec, resolved.reason, not resolved.needs_login
-
-
 def run_demo(
     notebook: str | os.PathLike[str] | None = None,
     *,
     model: str | None = None,
     cache: str = "off",
     timeout: float = 600.0,
-    out: TextIO | None = None,
-    kernel_name: str = "python3",
-    on_answer: Callable[[str, str], None] | None = None,
-) -> DemoResult:
-    """Execute ``notebook`` (default: the quickstart) and print each ``%%chat`` prompt and answer.
+) -> int:
+    """Execute ``notebook`` (default: the quickstart) and print each ``%%chat`` prompt and answer;
+    return the exit status (see the module docstring).
 
     ``model`` overrides the notebook's model for every ``%%chat`` cell (default: the best model
     available here); ``cache`` is the response-cache mode of the run (``off``: the model answers);
-    ``timeout`` bounds each cell in seconds. ``on_answer(prompt, answer)`` is called per answer.
+    ``timeout`` bounds each cell in seconds.
     """
-    import sys
-
-    stream = out if out is not None else sys.stdout
 
     def say(text: str = "") -> None:
-        print(text, file=stream, flush=True)
+        print(text, flush=True)
 
     path = Path(notebook) if notebook is not None else default_notebook()
     if path is None or not path.is_file():
         where = path if path is not None else QUICKSTART
         say(f"error: no notebook at {where}; run the demo from a clone of the repository, or pass "
             "--notebook PATH")
-        return DemoResult(1)
+        return 1
     try:
         import nbformat
         from nbclient import NotebookClient
@@ -131,14 +100,19 @@ def run_demo(
     except ImportError as exc:
         say(f"error: the demo needs nbclient and ipykernel ({exc.name} is missing): "
             "pip install 'dispatch-nb[notebook]'")
-        return DemoResult(1)
+        return 1
 
-    spec, reason, usable = _resolve_model(model)
+    spec, reason, usable = model or "", "--model", True
+    if not model:
+        from .defaults import resolve_default_model
+
+        resolved = resolve_default_model()
+        spec, reason, usable = resolved.spec, resolved.reason, not resolved.needs_login
     if not usable:
         say("error: no model can answer here: install the embedded model with "
             "pip install 'dispatch-nb[local]', log in to GitHub Copilot with "
             "`python -m dispatch_nb login`, or set OPENAI_API_KEY / ANTHROPIC_API_KEY")
-        return DemoResult(1, spec)
+        return 1
     say(f"Running {path} in a Jupyter kernel")
     say(f"Model: {spec} ({reason}); response cache: {cache}")
     if spec.startswith("local:"):
@@ -146,10 +120,9 @@ def run_demo(
     say()
 
     nb: Any = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
-    env = dict(os.environ)
-    env.update({"DISPATCH_NB_CACHE": cache, "DISPATCH_NB_LIVE": "display"})
+    env = {**os.environ, "DISPATCH_NB_CACHE": cache, "DISPATCH_NB_LIVE": "display"}
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name=kernel_name, allow_errors=False,
+        nb, timeout=timeout, kernel_name="python3", allow_errors=False,
         resources={"metadata": {"path": str(path.parent.resolve())}},
     )
     overrides = f'%config ChatMagics.model = "{spec}"\n%config ChatMagics.cache = "{cache}"'
@@ -175,7 +148,7 @@ def run_demo(
                 except CellExecutionError:
                     say("error: this cell failed:")
                     say(_indent(_error_text(cell.outputs) or "(no error output)"))
-                    return DemoResult(1, spec, answers, time.monotonic() - started)
+                    return 1
                 if not configured and "%load_ext dispatch_nb" in cell.source:
                     # Every %%chat below uses the chosen model and cache mode.
                     extra = nbformat.v4.new_code_cell(overrides)  # type: ignore[no-untyped-call]
@@ -183,20 +156,17 @@ def run_demo(
                     client.execute_cell(extra, len(nb.cells) - 1)
                     configured = True
                 if chat is not None:
-                    answer = _answer_text(cell.outputs)
                     answers += 1
-                    say(_indent(answer or "(no answer)"))
+                    say(_indent(_answer_text(cell.outputs) or "(no answer)"))
                     say()
-                    if on_answer is not None:
-                        on_answer(chat[1], answer)
                 else:
-                    printed = _stream_text(cell.outputs)
+                    printed = "".join(o.get("text", "") for o in cell.outputs
+                                      if o.get("output_type") == "stream")
                     if printed.strip():
                         say(_indent(printed))
                         say()
     except (DeadKernelError, TimeoutError, RuntimeError) as exc:
         say(f"error: {type(exc).__name__}: {exc}")
-        return DemoResult(1, spec, answers, time.monotonic() - started)
-    seconds = time.monotonic() - started
-    say(f"Done: {answers} answers from {spec} in {seconds:.0f} s.")
-    return DemoResult(0, spec, answers, seconds)
+        return 1
+    say(f"Done: {answers} answers from {spec} in {time.monotonic() - started:.0f} s.")
+    return 0

@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 import functools
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
@@ -140,13 +140,9 @@ def _split_spec(inner: str) -> tuple[str, str | None, str]:
         ):
             spec = inner[i + 3 :] if i + 2 < len(inner) else ""
             return inner[:i], inner[i + 1], spec
-        if c == ":" and not _is_walrus_or_lambda(inner, i):
+        if c == ":" and inner[i + 1 : i + 2] != "=" and "lambda" not in inner[:i]:  # := / lambda
             return inner[:i], None, inner[i + 1 :]
     return inner, None, ""
-
-
-def _is_walrus_or_lambda(inner: str, i: int) -> bool:
-    return inner[i + 1 : i + 2] == "=" or "lambda" in inner[:i]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -193,28 +189,31 @@ def _substitute(
             "Write {{ and }} for literal braces, or use --no-interpolate."
         ) from None
     if conversion or spec:
-        if conversion == "r":
-            value = repr(value)
-        elif conversion == "a":
-            value = ascii(value)
-        elif conversion == "s":
-            value = str(value)
+        if conversion:
+            value = _CONVERSIONS[conversion](value)
         try:
             text = format(value, spec)
         except (TypeError, ValueError) as exc:
             raise PromptError(f"{literal}: bad format spec {spec!r}: {exc}") from None
-        return _cut(text, max_chars, source, notes)
-    text, note = describe_value(value, max_chars=max_chars, max_rows=max_rows, name=source)
+        text, note = _cut(text, max_chars, source)
+    else:
+        text, note = describe_value(value, max_chars=max_chars, max_rows=max_rows, name=source)
     if note:
         notes.append(note)
     return text
 
 
-def _cut(text: str, max_chars: int, name: str, notes: list[str]) -> str:
+_CONVERSIONS: dict[str, Callable[[Any], str]] = {"r": repr, "a": ascii, "s": str}
+
+
+def _cut(text: str, max_chars: int, name: str) -> tuple[str, str | None]:
+    """``text`` cut to ``max_chars``, and the note saying so (``None``: it fits)."""
     if len(text) <= max_chars:
-        return text
-    notes.append(f"{{{name}}} ({len(text):,} characters) was cut to {max_chars:,}.")
-    return text[:max_chars] + f"\n… [{len(text) - max_chars:,} more characters not shown]"
+        return text, None
+    return (
+        text[:max_chars] + f"\n… [{len(text) - max_chars:,} more characters not shown]",
+        f"{{{name}}} ({len(text):,} characters) was cut to {max_chars:,}.",
+    )
 
 
 def describe_value(
@@ -239,13 +238,7 @@ def describe_value(
             text = str(value)
         except Exception as exc:  # a broken __str__ must not break the prompt
             text = f"<{type(value).__name__} object: str() failed with {exc!r}>"
-    if len(text) <= max_chars:
-        return text, None
-    omitted = len(text) - max_chars
-    return (
-        text[:max_chars] + f"\n… [{omitted:,} more characters not shown]",
-        f"{{{name}}} ({len(text):,} characters) was cut to {max_chars:,}.",
-    )
+    return _cut(text, max_chars, name)
 
 
 def _is_table(value: Any) -> bool:
@@ -263,9 +256,7 @@ def _table_text(value: Any) -> str:
     if callable(to_markdown):
         try:
             return str(to_markdown())
-        except ImportError:  # pandas needs the optional ``tabulate`` for to_markdown
-            pass
-        except Exception:
+        except Exception:  # e.g. ImportError: pandas needs the optional ``tabulate`` for it
             pass
     to_string = getattr(value, "to_string", None)
     if callable(to_string):
@@ -288,9 +279,8 @@ def _describe_table(
     else:
         body = _table_text(value)
         head = f"{kind} with {size}:\n"
-    text = head + body
-    if len(text) > max_chars:
-        text = text[:max_chars] + f"\n… [{len(text) - max_chars:,} more characters not shown]"
+    text, cut = _cut(head + body, max_chars, name)
+    if cut:
         note = f"{{{name}}} ({kind}, {size}) was summarized to {max_chars:,} characters."
     return text, note
 

@@ -311,7 +311,7 @@ def register_provider(
         descriptor = ProviderDescriptor(name, factory)
     _load_plugins()
     with _lock:
-        if _providers.get(descriptor.name) is not None and not replace:
+        if descriptor.name in _providers and not replace:
             raise ValueError(
                 f"a provider named {descriptor.name!r} is already registered; pass replace=True "
                 "to replace it"
@@ -331,7 +331,7 @@ def list_descriptors() -> list[ProviderDescriptor]:
     """Every registered provider's descriptor, in registration order (built-ins first)."""
     _load_plugins()
     with _lock:
-        return [d for d in _providers.values() if d is not None]
+        return list(_providers.values())
 
 
 def get_descriptor(name: str) -> ProviderDescriptor:
@@ -415,12 +415,6 @@ class Resolution:
         return self.source == "login"
 
 
-def _ranked() -> list[ProviderDescriptor]:
-    """The registered providers that may be the default, in order (their ``default_rank``)."""
-    ranked = [d for d in list_descriptors() if d.default_rank is not None]
-    return sorted(ranked, key=lambda d: d.default_rank or 0)
-
-
 def _ready(descriptor: ProviderDescriptor, env: Mapping[str, str]) -> str | None:
     """Why ``descriptor`` can run here (the reason ``%chat status`` shows), or None."""
     if descriptor.key_env:
@@ -445,7 +439,8 @@ def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
     if spec:
         return Resolution(spec, "DISPATCH_NB_MODEL is set", "", "env")
     problems: list[str] = []
-    ranked = _ranked()
+    ranked = sorted((d for d in list_descriptors() if d.default_rank is not None),
+                    key=lambda d: d.default_rank or 0)
     for descriptor in ranked:
         try:
             reason = _ready(descriptor, env)
@@ -454,11 +449,10 @@ def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
             continue
         if reason is None:
             continue
-        hint = descriptor.default_note
         if not descriptor.key_env and descriptor.find_login is None:  # runs for lack of others
             reason += "".join(f"; {p}" for p in problems)
-        return Resolution(f"{descriptor.name}:{descriptor.example_model}", reason, hint,
-                          descriptor.name)
+        return Resolution(f"{descriptor.name}:{descriptor.example_model}", reason,
+                          descriptor.default_note, descriptor.name)
     note = "".join(f"; {p}" for p in problems)
     for descriptor in ranked:
         if descriptor.login_flow:
@@ -473,17 +467,6 @@ def default_model_spec() -> str:
     else an API key in the environment, else the embedded model, else ``copilot:gpt-4.1``, which
     then needs a login)."""
     return resolve_default_model().spec
-
-
-def _bare_name_default() -> str:
-    """The default spec a bare model name takes its provider from; an error when nothing is set
-    up (a bare name must not start a login or reach a provider the user did not choose)."""
-    resolved = resolve_default_model()
-    if resolved.needs_login:
-        raise RequestError(
-            "no provider is set up here, so a bare model name has none; " + _choices()
-        )
-    return resolved.spec
 
 
 def _choices() -> str:
@@ -528,20 +511,33 @@ def parse_model_spec(spec: str, default: str | None = None) -> tuple[str, str]:
                 f"unknown provider {head!r} in model spec {spec!r}; "
                 f"available providers: {', '.join(list_providers())}"
             )
-    if not sep:
-        _check_bare_model(spec)
-    try:
-        fallback = (default or "").strip() or _bare_name_default()
-    except RequestError as exc:
-        raise RequestError(f"model {spec!r}: {exc.message}") from None
+    elif (named := find_descriptor(spec)) is not None:  # connect("openai") names no model
+        raise RequestError(
+            f"{spec!r} is a provider, not a model: write it as '{spec}:MODEL' "
+            f"(e.g. '{spec}:{named.example_model}')"
+        )
+    fallback = (default or "").strip()
+    if not fallback:
+        resolved = resolve_default_model()
+        if resolved.needs_login:  # a bare name must not start a login or reach an unchosen provider
+            raise RequestError(f"model {spec!r}: no provider is set up here, so a bare model name "
+                               "has none; " + _choices())
+        fallback = resolved.spec
     provider, dsep, _ = fallback.partition(":")
     if not dsep or find_descriptor(provider) is None:
         raise RequestError(
             f"the default model {fallback!r} must be 'provider:model' with a registered "
             f"provider, e.g. 'openai:gpt-4.1'; providers: {', '.join(list_providers())}"
         )
-    if not sep:
-        _check_plain_word(spec, provider)
+    if not sep and re.fullmatch(r"[A-Za-z]+", spec):
+        # A plain word without a version or size ("nope", "claude") is no model name: model names
+        # carry one (gpt-4.1, claude-sonnet-4-5, llama3, o3); provider:NAME passes any name.
+        raise UnknownProviderError(
+            f"{spec!r} is neither 'provider:model' nor a model name (model names have a version, "
+            f"e.g. 'gpt-4.1', 'claude-sonnet-4-5'); write it as 'provider:model', e.g. "
+            f"'{provider}:{spec}' if {provider} really has a model called {spec!r}; "
+            f"providers: {', '.join(list_providers())}"
+        )
     return provider, spec
 
 
@@ -549,30 +545,6 @@ def qualify_model_spec(spec: str, default: str | None = None) -> str:
     """``spec`` as ``"provider:model"`` (see :func:`parse_model_spec`)."""
     provider, model = parse_model_spec(spec, default)
     return f"{provider}:{model}"
-
-
-def _check_bare_model(name: str) -> None:
-    """A bare name is a model of the default provider: a provider's name (``connect("openai")``)
-    is not one."""
-    descriptor = find_descriptor(name)
-    if descriptor is not None:
-        raise RequestError(
-            f"{name!r} is a provider, not a model: write it as '{name}:MODEL' "
-            f"(e.g. '{name}:{descriptor.example_model}')"
-        )
-
-
-def _check_plain_word(name: str, provider: str) -> None:
-    """Refuse a plain word without a version or size (``"nope"``, ``"claude"``) as a bare model
-    name — model names carry one (``gpt-4.1``, ``claude-sonnet-4-5``, ``llama3``, ``o3``).
-    ``provider:NAME`` always passes the name through as it is."""
-    if re.fullmatch(r"[A-Za-z]+", name):
-        raise UnknownProviderError(
-            f"{name!r} is neither 'provider:model' nor a model name (model names have a version, "
-            f"e.g. 'gpt-4.1', 'claude-sonnet-4-5'); write it as 'provider:model', e.g. "
-            f"'{provider}:{name}' if {provider} really has a model called {name!r}; "
-            f"providers: {', '.join(list_providers())}"
-        )
 
 
 class _Default:

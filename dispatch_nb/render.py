@@ -39,34 +39,29 @@ __all__ = [
 
 
 class _Usage(Protocol):
-    @property
-    def input_tokens(self) -> int: ...
-    @property
-    def output_tokens(self) -> int: ...
-    @property
-    def cache_read_tokens(self) -> int: ...
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+
     @property
     def total_tokens(self) -> int: ...
 
 
 class _Call(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def arguments(self) -> dict[str, Any]: ...
+    name: str
+    arguments: dict[str, Any]
 
 
 class _Answer(Protocol):
     """What rendering reads of a :class:`~dispatch_nb.types.Response`."""
 
-    @property
-    def model(self) -> str: ...
+    model: str
+    parsed: Any
+
     @property
     def usage(self) -> _Usage: ...
     @property
     def stop_reason(self) -> str | None: ...
-    @property
-    def parsed(self) -> Any: ...
     @property
     def text(self) -> str: ...
     @property
@@ -150,9 +145,10 @@ def _cost_words(cost: Any) -> str:
             return ""
         if cost.replayed == cost.calls:
             return f"{format_usd(cost.saved_usd)} when recorded, $0 now"
-        words = str(cost) if cost.unknown == 0 or cost.calls > cost.unknown else ""
-        return words
+        return str(cost) if cost.calls > cost.unknown else ""
     return ""
+
+
 #: the attribute that marks an answer the response cache replayed (see :func:`mark_replayed`)
 _REPLAYED = "_dispatch_nb_replayed"
 
@@ -222,7 +218,6 @@ def markdown_to_html(text: str) -> str | None:
         from markdown_it import MarkdownIt
     except ImportError:
         return None
-    # CommonMark plus GFM tables and strikethrough ("gfm-like" would also need linkify-it-py).
     md = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
     return str(md.render(text))
 
@@ -269,16 +264,16 @@ def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None, star
     appearance; ``index`` (default: when there are several rows) numbers them from ``start``."""
     if not rows:
         return "*(empty list)*"
-    columns: list[str] = []
-    for row in rows:
-        columns += [c for c in row if c not in columns]
+    columns = list(dict.fromkeys(c for row in rows for c in row))
     numbered = len(rows) > 1 if index is None else index
     head = (["#"] if numbered else []) + [_md_cell(c) for c in columns]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n, row in enumerate(rows, start):
-        cells = ([str(n)] if numbered else []) + [_md_cell(row.get(c)) for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _md_table(head, [([str(n)] if numbered else []) + [_md_cell(row.get(c)) for c in columns]
+                            for n, row in enumerate(rows, start)])
+
+
+def _md_table(head: list[str], body: Iterable[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(cells) + " |" for cells in body)])
 
 
 def _raw_json(response: _Answer) -> str:
@@ -288,13 +283,17 @@ def _raw_json(response: _Answer) -> str:
         return response.text
 
 
+def _json_details(response: _Answer, summary: str = "JSON") -> str:
+    """The raw JSON of ``response``, folded (a fence inside it cannot close the block)."""
+    raw = _raw_json(response).replace("```", "`\u200b``")
+    return f"\n<details><summary>{summary}</summary>\n\n```json\n{raw}\n```\n\n</details>"
+
+
 def parsed_markdown(
     response: _Answer, *, footer: bool = True, latency: float | None = None
 ) -> str:
     """A structured answer as Markdown: its table, the raw JSON folded below, a small footer."""
-    out = [rows_markdown(parsed_rows(response.parsed))]
-    raw = _raw_json(response).replace("```", "`\u200b``")
-    out.append(f"\n<details><summary>JSON</summary>\n\n```json\n{raw}\n```\n\n</details>")
+    out = [rows_markdown(parsed_rows(response.parsed)), _json_details(response)]
     if footer:
         out.append(f"\n<sub>{html.escape(footer_text(response, latency=latency))}</sub>")
     return "\n".join(out)
@@ -304,9 +303,7 @@ def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None
     """A structured answer as HTML (no Markdown renderer needed): its table, the raw JSON in a
     folded ``<details>``, a small footer."""
     rows = parsed_rows(response.parsed)
-    columns: list[str] = []
-    for row in rows:
-        columns += [c for c in row if c not in columns]
+    columns = list(dict.fromkeys(c for row in rows for c in row))
     numbered = len(rows) > 1
 
     def cell(value: Any, tag: str = "td") -> str:
@@ -352,18 +349,8 @@ def compare_parsed_markdown(answers: Sequence[tuple[str, _Answer]]) -> str:
     """Several models' structured answers as one Markdown table: a row per field (list items
     numbered, ``items.2.name``), a column per model; each model's raw JSON folded below."""
     flat = [(label, flatten_parsed(r.parsed)) for label, r in answers]
-    paths: list[str] = []
-    for _, fields in flat:
-        paths += [p for p in fields if p not in paths]
-    head = ["field", *[_md_cell(label) for label, _ in flat]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for path in paths:
-        cells = [_md_cell(path)] + [
-            _md_cell(fields[path]) if path in fields else "—" for _, fields in flat
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    for label, response in answers:
-        raw = _raw_json(response).replace("```", "`\u200b``")
-        lines.append(f"\n<details><summary>JSON: {html.escape(label)}</summary>\n\n```json\n"
-                     f"{raw}\n```\n\n</details>")
-    return "\n".join(lines)
+    paths = list(dict.fromkeys(p for _, fields in flat for p in fields))
+    table = _md_table(["field", *[_md_cell(label) for label, _ in flat]], (
+        [_md_cell(path), *[_md_cell(fields[path]) if path in fields else "—" for _, fields in flat]]
+        for path in paths))
+    return "\n".join([table, *(_json_details(r, f"JSON: {html.escape(label)}") for label, r in answers)])

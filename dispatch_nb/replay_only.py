@@ -12,17 +12,9 @@ with the same provider name, model name, default ``max_tokens`` (from the provid
 :class:`~dispatch_nb.registry.ProviderDescriptor`) and accepted options, so the keys come out
 the same. Anything that would really need the model raises the original error.
 
-:func:`dispatch_nb.cache.cached_model` is the recipe for Python code (docs/record-replay.md): the
-model behind the response cache, built the way ``%%chat`` builds it::
-
-    from dispatch_nb.cache import cached_model
-
-    model = cached_model("local:smollm2", "lesson.dispatch-cache.jsonl")  # mode: $DISPATCH_NB_CACHE
-    answer = model.chat("Explain recursion in one sentence.")  # replayed, llama.cpp or not
-    answer            # its footer says "replayed", as a %%chat cell's does
-
-``%%chat`` uses :func:`connect_for_cache` too, so a notebook in replay mode needs neither the
-model nor a login (a ``copilot:`` cell does not show the device login in replay mode).
+``%%chat`` and :func:`dispatch_nb.cache.cached_model` (the recipe for Python code:
+docs/record-replay.md) build their model with :func:`connect_for_cache`, so a notebook in replay
+mode needs neither the model nor a login (a ``copilot:`` cell does not show the device login).
 """
 
 from __future__ import annotations
@@ -111,26 +103,25 @@ class ReplayOnlyAdapter(Adapter):
         raise self._unavailable()
 
 
-def _factory_defaults(factory: Any, model: str, options: dict[str, Any]) -> tuple[int | None,
-                                                                                  frozenset[str]]:
-    """The default ``max_tokens`` and the accepted options of what ``factory(model, **options)``
-    would build, read without calling it, from the provider's descriptor.
-
-    ``factory`` is a registered factory or a ``functools.partial`` of one (its keywords win over
-    the descriptor's defaults, ``options`` over both). A factory registered without a descriptor
-    (``register_provider(name, callable)``) that is no other provider's has its defaults read
-    from its signature, as the only place they are written."""
+def _defaults(name: str, factory: Any, model: str,
+              options: dict[str, Any]) -> tuple[str, int | None, frozenset[str]]:
+    """The registry name, default ``max_tokens`` and accepted options of what ``factory(model,
+    **options)`` would build (``factory``: None when its module cannot be imported), read without
+    calling it: from the provider's descriptor, else the factory's signature (registered without
+    one), then a ``functools.partial``'s keywords and ``options``, each winning over the one
+    before. The name is the one the adapter class reports: ``local`` for
+    ``functools.partial(LocalAdapter, ...)`` registered under another name."""
     target = getattr(factory, "func", factory)  # functools.partial
-    bound_keywords: dict[str, Any] = dict(getattr(factory, "keywords", None) or {})
-    descriptor = _descriptor_of(target)
-    max_tokens: int | None = None
+    descriptor = get_descriptor(name) if factory is None else _descriptor_of(target)
+    if inspect.isclass(target) and descriptor is not None:
+        name = descriptor.name
     accepted: Any = None
     if descriptor is not None and descriptor.default_max_tokens is not None:
-        max_tokens = descriptor.default_max_tokens
+        max_tokens: int | None = descriptor.default_max_tokens
         accepted = descriptor.provider_options
     else:
         max_tokens = _signature_max_tokens(factory, model)
-    for source in (bound_keywords, options):
+    for source in (getattr(factory, "keywords", None) or {}, options):
         value = source.get("max_tokens")
         if isinstance(value, int) and not isinstance(value, bool):
             max_tokens = value
@@ -138,7 +129,7 @@ def _factory_defaults(factory: Any, model: str, options: dict[str, Any]) -> tupl
             max_tokens = None
     if accepted is None:
         accepted = getattr(target, "provider_options", frozenset())
-    return max_tokens, frozenset(accepted) if isinstance(accepted, (set, frozenset)) else frozenset()
+    return name, max_tokens, frozenset(accepted) if isinstance(accepted, (set, frozenset)) else frozenset()
 
 
 def _signature_max_tokens(factory: Any, model: str) -> int | None:
@@ -163,17 +154,6 @@ def _descriptor_of(target: Any) -> ProviderDescriptor | None:
     return None
 
 
-def _registry_name(factory: Any, fallback: str) -> str:
-    """The registry name of the adapter class ``factory`` builds (``provider_name`` is "the
-    provider's registry name"): ``local`` for ``functools.partial(LocalAdapter, ...)`` registered
-    under another name. Built-in names come first; ``fallback`` when no name matches."""
-    target = getattr(factory, "func", factory)
-    if not inspect.isclass(target):
-        return fallback
-    descriptor = _descriptor_of(target)
-    return descriptor.name if descriptor is not None else fallback
-
-
 def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
     """``connect(spec, **options)``; in ``replay`` mode, a :class:`ReplayOnlyAdapter` instead when
     the provider cannot be built here (its extra is not installed, its model file is missing).
@@ -189,13 +169,7 @@ def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
         try:
             factory = get_provider(name)
         except ImportError:  # the provider's module itself cannot be imported here
-            descriptor = get_descriptor(name)
-            max_tokens = options.get("max_tokens", descriptor.default_max_tokens)
-            return ReplayOnlyAdapter(
-                name, model, reason=exc, max_tokens=max_tokens,
-                provider_options=descriptor.provider_options or frozenset(),
-            )
-        max_tokens, accepted = _factory_defaults(factory, model, options)
-        return ReplayOnlyAdapter(
-            _registry_name(factory, name), model, reason=exc, max_tokens=max_tokens, provider_options=accepted
-        )
+            factory = None
+        name, max_tokens, accepted = _defaults(name, factory, model, options)
+        return ReplayOnlyAdapter(name, model, reason=exc, max_tokens=max_tokens,
+                                 provider_options=accepted)

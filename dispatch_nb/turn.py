@@ -4,14 +4,10 @@ A turn is what one ``send`` / one ``%%chat`` cell produces: one or more model ro
 stream of :class:`~dispatch_nb.types.StreamDelta` ending in a
 :class:`~dispatch_nb.types.MessageDoneEvent`) with the tool results between them
 (:class:`~dispatch_nb.types.ToolResultEvent`). :class:`TurnAccumulator` takes those events, in
-the order a :class:`~dispatch_nb.session.SessionStream` yields them, and keeps
-
-* ``answer``: everything that streamed, rounds one after another, in one
-  :class:`~dispatch_nb.stream.Accumulator` (fed with :meth:`Accumulator.feed
-  <dispatch_nb.stream.Accumulator.feed>`, the one place deltas become blocks again);
-* ``rounds``: each round's final :class:`~dispatch_nb.types.Response` (usage, stop reason and
-  provider data included), and ``usage``, their sum;
-* ``tools``: each tool call as a :class:`ToolRun` (arguments as they stream, then the result).
+the order a :class:`~dispatch_nb.session.SessionStream` yields them, and keeps what streamed in
+one :class:`~dispatch_nb.stream.Accumulator` (:meth:`Accumulator.feed
+<dispatch_nb.stream.Accumulator.feed>` is the one place deltas become blocks again), each round's
+final :class:`~dispatch_nb.types.Response` and each tool call as a :class:`ToolRun`.
 
 It serves the notebook (its transcript is a ``TurnAccumulator``), the response cache (a replay is
 rebuilt through the same ``Accumulator.feed``) and sessions (:meth:`add_round` /
@@ -56,22 +52,20 @@ class TextPart:
     text: str
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class ToolRun:
     """A tool call the model made (its arguments as they stream) and, once it ran, its result."""
 
-    __slots__ = ("abandoned", "approval", "call", "duration", "is_error", "result")
-
-    def __init__(self, call: Any) -> None:
-        #: the accumulator's record of the call (``id``, ``name``, ``parts``, ``arguments``)
-        self.call = call
-        #: the result's text, once the tool ran
-        self.result: str | None = None
-        self.is_error = False
-        self.duration: float | None = None
-        #: True when the turn was interrupted while this tool still ran (its result is dropped)
-        self.abandoned = False
-        #: the approval decision, when one was asked for ("approved", "denied: …")
-        self.approval: str | None = None
+    #: the accumulator's record of the call (``id``, ``name``, ``parts``, ``arguments``)
+    call: Any
+    #: the result's text, once the tool ran
+    result: str | None = None
+    is_error: bool = False
+    duration: float | None = None
+    #: True when the turn was interrupted while this tool still ran (its result is dropped)
+    abandoned: bool = False
+    #: the approval decision, when one was asked for ("approved", "denied: …")
+    approval: str | None = None
 
     @property
     def id(self) -> str:
@@ -80,11 +74,6 @@ class ToolRun:
     @property
     def name(self) -> str:
         return str(self.call.name) or "?"
-
-    @property
-    def raw_arguments(self) -> list[str]:
-        """The fragments of the arguments as they streamed."""
-        return list(self.call.parts)
 
     @property
     def arguments(self) -> dict[str, Any] | None:
@@ -225,15 +214,6 @@ class TurnAccumulator:
     def response(self) -> Response | None:
         """The last round's answer (None before a round ended)."""
         return self.rounds[-1] if self.rounds else None
-
-    def partial(self) -> Response:
-        """Everything that streamed as one ``Response`` (the turn's usage, model and stop)."""
-        snapshot = self.answer.snapshot()
-        return snapshot.model_copy(update={
-            "model": self.model or snapshot.model,
-            "usage": self.usage or Usage(),
-            "stop_reason": self.stop_reason,
-        })
 
     def messages(self) -> list[Message]:
         """The history the turn added after the user's message: each round's answer (an empty

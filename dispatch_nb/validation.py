@@ -24,10 +24,10 @@ with U+FFFD (``�``) and says how many it replaced.
 from __future__ import annotations
 
 import inspect
+import operator
 import os
 import re
 import warnings
-from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -80,21 +80,6 @@ def describe(value: Any) -> str:
     return f"{text} ({article(type(value).__name__)})" if value is not None else "None"
 
 
-_describe = describe
-
-
-def _raise_for(error: ValidationError, values: Mapping[str, Any], where: str) -> None:
-    first = error.errors()[0]
-    name = str(first["loc"][0]) if first["loc"] else "?"
-    value = values.get(name)
-    accepted = ACCEPTED.get(name, "something else")
-    message = f"{where}{name} must be {accepted} — not {_describe(value)}"
-    kind = str(first.get("type", ""))
-    # A number of the right kind that is out of range is a ValueError; anything else a TypeError.
-    range_error = kind.startswith(("greater_than", "less_than", "finite_number"))
-    raise (ValueError if range_error else TypeError)(message) from None
-
-
 def check_call(where: str = "", **values: Any) -> None:
     """Check the given keyword arguments (only those present) against :class:`CallArguments`;
     raise ``TypeError`` / ``ValueError`` naming the argument, what it accepts and what it got.
@@ -102,7 +87,14 @@ def check_call(where: str = "", **values: Any) -> None:
     try:
         CallArguments.model_validate(values)
     except ValidationError as exc:
-        _raise_for(exc, values, where)
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "?"
+        message = (f"{where}{name} must be {ACCEPTED.get(name, 'something else')} — not "
+                   f"{describe(values.get(name))}")
+        # A number of the right kind that is out of range is a ValueError; anything else a TypeError.
+        range_error = str(first.get("type", "")).startswith(
+            ("greater_than", "less_than", "finite_number"))
+        raise (ValueError if range_error else TypeError)(message) from None
 
 
 def check_messages(messages: Any) -> None:
@@ -115,17 +107,15 @@ def check_messages(messages: Any) -> None:
 
     if ok(messages):
         return
-    if isinstance(messages, (list, tuple)):
-        for i, item in enumerate(messages):
-            if not ok(item):
-                raise TypeError(
-                    "messages must be a str, a Message, a dict with 'role' and 'content', or a "
-                    f"list of those — item {i} is {_describe(item)}"
-                )
+    if not isinstance(messages, (list, tuple)):
+        wrong = f"not {describe(messages)}"
+    elif (i := next((i for i, item in enumerate(messages) if not ok(item)), None)) is not None:
+        wrong = f"item {i} is {describe(messages[i])}"
+    else:
         return
     raise TypeError(
-        "messages must be a str, a Message, a dict with 'role' and 'content', or a list of "
-        f"those — not {_describe(messages)}"
+        f"messages must be a str, a Message, a dict with 'role' and 'content', or a list of "
+        f"those — {wrong}"
     )
 
 
@@ -145,11 +135,11 @@ def replace_lone_surrogates(text: str) -> tuple[str, int]:
 
 def surrogate_note(count: int, where: str = "the prompt") -> str:
     """The one line that says what :func:`replace_lone_surrogates` did."""
-    noun = "character" if count == 1 else "characters"
+    noun, verb = ("character", "was") if count == 1 else ("characters", "were")
     return (
         f"{count} {noun} in {where} could not be encoded (lone surrogates, e.g. from a file name "
-        "that is not UTF-8) and were replaced with �."
-    ).replace("were replaced", "was replaced" if count == 1 else "were replaced")
+        f"that is not UTF-8) and {verb} replaced with �."
+    )
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -185,21 +175,15 @@ def clean_messages(messages: Any) -> Any:
 
     if isinstance(messages, str):
         return clean_text(messages, "the message")
+    if isinstance(messages, TextBlock):  # a block of a Message's content
+        text = clean_text(messages.text, "the message")
+        return messages if text is messages.text else messages.model_copy(update={"text": text})
     if isinstance(messages, Message):
         content = messages.content
-        if isinstance(content, str):
-            cleaned = clean_text(content, "the message")
-            return messages if cleaned is content else messages.model_copy(update={"content": cleaned})
-        blocks = []
-        changed = False
-        for block in content:
-            if isinstance(block, TextBlock):
-                text = clean_text(block.text, "the message")
-                if text is not block.text:
-                    block = block.model_copy(update={"text": text})
-                    changed = True
-            blocks.append(block)
-        return messages.model_copy(update={"content": blocks}) if changed else messages
+        cleaned = clean_messages(content)
+        if cleaned is content or (isinstance(content, list) and all(map(operator.is_, cleaned, content))):
+            return messages
+        return messages.model_copy(update={"content": cleaned})
     if isinstance(messages, (list, tuple)):
         return [clean_messages(m) for m in messages]
     return messages
@@ -225,7 +209,7 @@ def check_entry(
         stream=stream,
     )
     if cancel is not None and not isinstance(cancel, CancelToken):
-        raise TypeError(f"cancel must be a CancelToken or None — not {_describe(cancel)}")
+        raise TypeError(f"cancel must be a CancelToken or None — not {describe(cancel)}")
     if system is not None:
         system = clean_text(system, "the system prompt")
     return clean_messages(messages), system

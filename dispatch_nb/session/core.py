@@ -20,7 +20,7 @@ from ..types import Message, Response, ToolDefinition, Usage
 from ..validation import check_call, describe
 from .inputs import SessionTool, session_tools
 from .loop import ToolLoop
-from .serialization import dumps, loads, restore_tools
+from .serialization import SavedSession, loads, restore_tools
 from .stream import AsyncSessionStream, SessionStream, TurnState
 
 if TYPE_CHECKING:
@@ -245,8 +245,7 @@ class Session(ToolLoop):
         ``on_delta``, ``max_retries``, ``tool_choice``...
         """
         state = TurnState(self.model)
-        events = self._run(content, chat_options, state, streaming=False)
-        for _ in events:
+        for _ in self._run(content, chat_options, state, streaming=False):
             pass
         assert state.response is not None
         return state.response
@@ -258,8 +257,6 @@ class Session(ToolLoop):
         as the model writes, a ``ToolResultEvent`` per tool call, a ``MessageDoneEvent`` per
         model turn, and on failure an ``ErrorEvent`` (then the error is raised, unless
         ``raise_errors=False``). Nothing happens until you iterate."""
-        chat_options.pop("stream", None)
-        chat_options.pop("on_delta", None)
         state = TurnState(self.model)
         return SessionStream(
             self._run(content, chat_options, state, streaming=True), state, raise_errors
@@ -277,31 +274,29 @@ class Session(ToolLoop):
         self, content: Any, *, raise_errors: bool = True, **chat_options: Any
     ) -> AsyncSessionStream:
         """The async twin of :meth:`stream` (``async for event in session.astream(...)``)."""
-        chat_options.pop("stream", None)
-        chat_options.pop("on_delta", None)
         state = TurnState(self.model)
         return AsyncSessionStream(
             self._arun(content, chat_options, state, streaming=True), state, raise_errors
         )
-
 
     # -- serialization (the format: dispatch_nb.session.serialization) ---------------------------
     def to_json(self, *, indent: bool = False) -> str:
         """The whole session as JSON: id, model, settings, system prompt, tool definitions (not
         their Python handlers), history (thinking signatures, provider data, tool calls
         included) and usage. :meth:`from_json` restores it exactly."""
-        return dumps(
+        return SavedSession(
             id=self.id,
             model=f"{self._adapter.provider_name}:{self._adapter.model_name}",
             system=self._system,
             max_tool_rounds=self.max_tool_rounds,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
-            tools=self._tools,
+            tools=[t.definition if isinstance(t, Tool) else t
+                   for t in self._tools if not isinstance(t, dict)],
+            builtin_tools=[t for t in self._tools if isinstance(t, dict)],
             history=self._history,
             usage=self._usage,
-            indent=indent,
-        )
+        ).dumps(indent=indent)
 
     @classmethod
     def from_json(

@@ -1,15 +1,11 @@
-"""The turn loop of a session: one ``send`` from the user's message to the model's final answer.
+"""The turn loop of a session: one ``send`` from the user's message to the model's final answer
+(the rules: :mod:`dispatch_nb.session`).
 
-Each turn has one :class:`~dispatch_nb.call_control.TurnControl` — its total deadline
-(``timeout=``) and cancel switch (``cancel=``) — made once and handed to every model call of the
-turn (as ``cancel=``) and checked before every tool run; the loop itself keeps no clock. After each
-model answer that asks for tools, the loop runs them (in call order; concurrently in the async
-loop), appends the results and asks again, until the model answers without tool calls (see
-:mod:`dispatch_nb.session` for the rules on failures and ``max_tool_rounds``).
-
+Each turn has one :class:`~dispatch_nb.call_control.TurnControl`, handed to every model call of
+the turn (as ``cancel=``) and checked before every tool run; the loop itself keeps no clock.
 :class:`ToolLoop` is the part of :class:`~dispatch_nb.session.Session` that runs turns; the sync
-(:meth:`ToolLoop._run`) and async (:meth:`ToolLoop._arun`) loops differ only in how they wait and
-share every other step.
+(:meth:`ToolLoop._run`: tools in order, on the caller's thread) and async (:meth:`ToolLoop._arun`:
+tools concurrently) loops differ only in how they wait and share every other step.
 """
 
 from __future__ import annotations
@@ -50,7 +46,7 @@ if TYPE_CHECKING:
     from ..mcp import MCPServer, MCPTool
     from ..turn import TurnAccumulator
 
-__all__ = ["NonBlockingLock", "ToolLoop", "Turn"]
+__all__ = ["ToolLoop", "Turn"]
 
 logger = logging.getLogger("dispatch_nb")
 
@@ -63,11 +59,12 @@ WHILE_TOOLS = "while running tools"
 class Turn:
     """One ``send``: the options of its model calls, its :class:`TurnControl`, rounds so far."""
 
-    def __init__(self, loop: ToolLoop, options: dict[str, Any]) -> None:
+    def __init__(self, loop: ToolLoop, options: dict[str, Any], streaming: bool) -> None:
         options = dict(options)
         if "tools" in options:
             raise TypeError("a session's tools are set with Session(tools=...) or set_tools()")
-        options.pop("messages", None)
+        for ignored in ("messages", "stream", "on_delta") if streaming else ("messages",):
+            options.pop(ignored, None)
         check_call(
             **{k: options[k] for k in ("system", "max_tokens", "temperature", "timeout")
                if k in options}
@@ -80,10 +77,9 @@ class Turn:
         if cancel is not None and not isinstance(cancel, CancelToken):
             raise TypeError(f"cancel must be a CancelToken, not {type(cancel).__name__}")
         self.system = options.pop("system", loop._system)
-        if options.get("max_tokens") is None:
-            options["max_tokens"] = loop.max_tokens
-        if options.get("temperature") is None:
-            options["temperature"] = loop.temperature
+        for default in ("max_tokens", "temperature"):  # the session's, unless this turn sets one
+            if options.get(default) is None:
+                options[default] = getattr(loop, default)
         self.options = options
         #: the turn's deadline and cancel switch, handed to each model call
         self.control = TurnControl(timeout=timeout, cancel=cancel,
@@ -100,25 +96,6 @@ class Turn:
         if self.control.timeout is not None:
             kwargs["timeout"] = self.control.timeout
         return kwargs
-
-
-class NonBlockingLock:
-    """One turn at a time per session: a second concurrent turn is a mistake, not a wait."""
-
-    __slots__ = ("_lock",)
-
-    def __init__(self, lock: threading.Lock) -> None:
-        self._lock = lock
-
-    def __enter__(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError(
-                "this session is already running a turn; wait for it to finish (or close its "
-                "stream), or use one Session per concurrent conversation"
-            )
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
 
 
 class ToolLoop:
@@ -150,7 +127,7 @@ class ToolLoop:
     def _run(
         self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
     ) -> Generator[StreamEvent, None, None]:
-        with self._turn(content, options) as (turn, message):
+        with self._turn(content, options, streaming) as (turn, message):
             while True:
                 if self._servers:
                     from ..mcp import run_sync
@@ -195,7 +172,7 @@ class ToolLoop:
     async def _arun(
         self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
     ) -> AsyncGenerator[StreamEvent, None]:
-        with self._turn(content, options) as (turn, message):
+        with self._turn(content, options, streaming) as (turn, message):
             while True:
                 if self._servers:
                     await turn.control.run_async(
@@ -334,10 +311,11 @@ class ToolLoop:
 
     # -- shared steps ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _turn(self, content: Any, options: dict[str, Any]) -> Iterator[tuple[Turn, Message]]:
+    def _turn(self, content: Any, options: dict[str, Any],
+              streaming: bool) -> Iterator[tuple[Turn, Message]]:
         """Begin a turn: its options and control, the user's message checked and added to
         history, the session held for this turn alone; the control lets go at the end."""
-        turn = Turn(self, options)
+        turn = Turn(self, options, streaming)
         with turn.control:
             message = self._start(content)
             with self._turn_lock():
@@ -345,8 +323,18 @@ class ToolLoop:
                 self.tool_limit_reached = False
                 yield turn, message
 
-    def _turn_lock(self) -> NonBlockingLock:
-        return NonBlockingLock(self._lock)
+    @contextlib.contextmanager
+    def _turn_lock(self) -> Iterator[None]:
+        """One turn at a time per session: a second concurrent turn is a mistake, not a wait."""
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                "this session is already running a turn; wait for it to finish (or close its "
+                "stream), or use one Session per concurrent conversation"
+            )
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _tool_payload(self) -> list[ToolDefinition | dict[str, Any]]:
         return [t.definition if isinstance(t, Tool) else t
@@ -355,10 +343,10 @@ class ToolLoop:
     def _start(self, content: Any) -> Message:
         """The user message for ``content``, checked against what the model is waiting for."""
         message = user_message(content)
-        waiting = self._pending_tool_calls()
-        if waiting:
+        if self._history and self._history[-1].role == "assistant":
             answered = {b.tool_use_id for b in message.blocks if isinstance(b, ToolResultBlock)}
-            missing = [c for c in waiting if c.id not in answered]
+            missing = [b for b in self._history[-1].blocks
+                       if isinstance(b, ToolUseBlock) and b.id not in answered]
             if missing:
                 listed = ", ".join(f"{c.name} (id {c.id!r})" for c in missing)
                 raise ValueError(
@@ -366,11 +354,6 @@ class ToolLoop:
                     "with session.send([ToolResultBlock(tool_use_id=..., content=...), ...])"
                 )
         return message
-
-    def _pending_tool_calls(self) -> list[ToolUseBlock]:
-        if not self._history or self._history[-1].role != "assistant":
-            return []
-        return [b for b in self._history[-1].blocks if isinstance(b, ToolUseBlock)]
 
     def _wire_history(self) -> list[Message]:
         """History as sent: consecutive messages of one role merged into one."""

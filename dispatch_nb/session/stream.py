@@ -38,7 +38,6 @@ class TurnState:
         return self.collected.response
 
 
-
 _E = TypeVar(
     "_E", bound="Generator[StreamEvent, None, None] | AsyncGenerator[StreamEvent, None]"
 )
