@@ -174,8 +174,7 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
         else:
             source = RowSource(rows, namespace=namespace)
             for _position, row in source:
-                filled = fill_template(template, row, source.namespace(row))
-                prompts.append(as_messages(filled.messages))
+                prompts.append(as_messages(fill_template(template, row, source.namespace(row))))
         limit = _max_tokens(adapter, max_tokens)
         counted_by, exact = "approximation", False
         total = 0

@@ -31,40 +31,26 @@ its rows again.
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..cache import ResponseCache
+from ..cache.keys import FORMAT_VERSION
+from ..cache.store import _now, _preview
 from ..types import Message, Response, Usage
 
 __all__ = ["Checkpoint", "shared_checkpoint"]
-
-#: the version of the cache's lines
-FORMAT_VERSION = 1
-#: characters of the last user message kept in a line (as the response cache keeps)
-PREVIEW_CHARS = 200
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace(
-        "+00:00", "Z"
-    )
 
 
 def _request_facts(messages: str | list[Message]) -> dict[str, Any]:
     """What the cache keeps of a request: how many messages, the last user message's start."""
     if isinstance(messages, str):
-        count, text = 1, messages
-    else:
-        count = len(messages)
-        text = next((m.text for m in reversed(messages) if m.role == "user"), "")
-    text = " ".join(text.split())
-    if len(text) > PREVIEW_CHARS:
-        text = text[: PREVIEW_CHARS - 1] + "…"
-    return {"messages": count, "last_user": text}
+        return {"messages": 1, "last_user": _preview(messages)}
+    text = next((m.text for m in reversed(messages) if m.role == "user"), "")
+    return {"messages": len(messages), "last_user": _preview(text)}
 
 
 class Checkpoint:
@@ -77,8 +63,6 @@ class Checkpoint:
             raise ValueError(f"checkpoint={str(path)!r} is a directory; name a file, e.g. run.jsonl")
         #: the store
         self.cache = cache if cache is not None else ResponseCache(self.path, mode="read-write")
-        #: rows this object wrote
-        self.written = 0
         #: the keys of the rows whose answers this object read (:meth:`answer`)
         self.read: set[str] = set()
 
@@ -114,16 +98,15 @@ class Checkpoint:
             "attempts": attempts,
             "usage": usage.model_dump(mode="json"),
         })
-        self.written += 1
-
 
     # -- provider jobs (batch(..., deferred=True)) ----------------------------------------------
-    def jobs(self, *, collected: bool = False) -> list[dict[str, Any]]:
-        """The provider jobs recorded here whose answers are not all collected yet, oldest first:
-        each ``{"job": {…the job's state…}, "keys": [row keys]}``; ``collected=True``: the
-        collected ones too."""
-        return [entry for entry in self.cache.entries()
-                if isinstance(entry.get("job"), dict) and (collected or not entry.get("collected"))]
+    def jobs(self, *, collected: bool = False) -> Iterator[tuple[dict[str, Any], list[str]]]:
+        """The provider jobs recorded here whose answers are not all collected yet (or, with
+        ``collected=True``, the collected ones), oldest first: each job's state and the keys of
+        its rows."""
+        for entry in self.cache.entries():
+            if isinstance(entry.get("job"), dict) and collected == bool(entry.get("collected")):
+                yield entry["job"], [k for k in entry.get("keys") or [] if isinstance(k, str)]
 
     def record_job(self, job: dict[str, Any], keys: list[str], *, collected: bool = False) -> None:
         """Record a provider job: its state and the keys of the rows it holds."""

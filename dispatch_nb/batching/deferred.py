@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -40,14 +39,15 @@ from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
 from ..cost import attempt_cost
 from ..errors import BudgetExceededError, DispatchError, RequestCancelled, RequestError
-from ..providers.batch_api import BatchAPI, JobPart, RowOutcome
+from ..providers.batch_api import BatchAPI, JobPart, RowOutcome, cancelled_error, expired_error
 from ..stream import Accumulator
 from ..types import Response, Usage
 from ..wire.base import WireRequest
 from .checkpoint import Checkpoint
-from .engine import Pending, Stats, prepare_rows
+from .engine import Pending, Stats, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
 from .result import NOT_SENT, BatchResult, RowOrigin
+from .rows import RowCall
 
 if TYPE_CHECKING:
     from ..cost import Cost
@@ -62,8 +62,10 @@ POLL_INTERVAL_ENV = "DISPATCH_NB_POLL_INTERVAL"
 DEFAULT_POLL_INTERVAL = 30.0
 #: seconds a cancelled batch waits for the provider to confirm and hand over what finished
 PROVIDER_CANCEL_GRACE = 3.0
-#: seconds Ctrl-C waits for a deferred batch's thread to cancel its jobs and stop
+#: seconds Ctrl-C waits for a batch's thread to stop its rows in flight (or cancel its jobs)
 INTERRUPT_GRACE = 5.0
+#: seconds between progress refreshes while a batch's thread runs
+TICK = 0.1
 
 
 class BatchPendingError(DispatchError):
@@ -98,16 +100,11 @@ class BatchJob:
     @property
     def state(self) -> str:
         live = [p.state for p in self.parts if not p.done]
-        for state in ("validating", "in_progress", "finalizing", "cancelling"):
-            if state in live:
-                return state
         if live:
-            return live[0]
+            return next((s for s in ("validating", "in_progress", "finalizing", "cancelling")
+                         if s in live), live[0])
         ended = {p.state for p in self.parts}
-        for state in ("failed", "expired", "cancelled"):
-            if state in ended:
-                return state
-        return "completed"
+        return next((s for s in ("failed", "expired", "cancelled") if s in ended), "completed")
 
     @property
     def done(self) -> bool:
@@ -154,23 +151,14 @@ class _Row:
     wire: WireRequest
 
 
-def request_for(adapter: Adapter, messages: Any, options: dict[str, Any], system: str | None,
-                tools: list[Any]) -> tuple[ChatRequest, WireRequest]:
+def request_for(adapter: Adapter, messages: Any, call: RowCall) -> tuple[ChatRequest, WireRequest]:
     """The request a live, non-streamed call of ``messages`` would send (the same wire code)."""
     from ..http_adapter import HTTPAdapter
-    from ..structured import as_output
 
     if not isinstance(adapter, HTTPAdapter):
         raise TypeError(f"{adapter.display_name} has no batch API")
-    options = dict(options)
-    max_tokens = options.pop("max_tokens", None)
-    temperature = options.pop("temperature", None)
-    output = options.pop("output", None)
-    options.pop("output_retries", None)
-    request = adapter._request(messages, system=system, tools=tools, stream=False,
-                               max_tokens=max_tokens, temperature=temperature, options=options)
-    if output is not None:
-        request = dataclasses.replace(request, output=as_output(output))
+    request = chat_request(adapter, messages, call, stream=False)
+    if request.output is not None:
         adapter.output_mode(request)
     request = adapter._with_output_prompt(request)
     return request, adapter.build_request(request)
@@ -219,7 +207,28 @@ class DeferredRun:
         self._reserved: dict[str, Decimal] = {}  # budget= reservations of the rows submitted
 
     # -- setting up ----------------------------------------------------------------------------
-    def _open_adapter(self) -> tuple[Adapter, BatchAPI]:
+    def _read_rows(self) -> list[Pending]:
+        """The rows to ask; the rows the checkpoint answers go in ``result``."""
+        plan = self.plan
+        if plan.checkpoint is not None:
+            self.checkpoint = Checkpoint(plan.checkpoint)
+        pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
+                                    self.checkpoint, self.result, self.stats))
+        if self.checkpoint is None and pending:  # one named after what the batch asks
+            from ..auth.token_store import dispatch_nb_home
+
+            keys = "\n".join([plan.model_key, *(p.key for p in pending)])
+            digest = hashlib.sha256(keys.encode()).hexdigest()
+            plan.checkpoint = str(dispatch_nb_home() / "batches" / f"{digest[:24]}.jsonl")
+            self.checkpoint = Checkpoint(plan.checkpoint)
+            # rows an earlier run of this same call already answered
+            pending = [p for p in pending if not resume(self.result, self.stats, p.position,
+                                                        self.checkpoint.answer(p.key))]
+        return pending
+
+    async def start(self) -> None:
+        """Read the rows, then collect the rows recorded jobs hold and submit the others
+        (nothing is sent for a provider without a batch API, or when every row is answered)."""
         adapter, _owned = resolve_adapter(self.plan.model, None)
         api = adapter.batch_api()
         if api is None:
@@ -229,56 +238,12 @@ class DeferredRun:
                 "(deferred=False)", provider=adapter.provider_name,
                 code="batch_unsupported",
             )
-        return adapter, api
-
-    def _default_checkpoint(self, keys: list[str]) -> str:
-        from ..auth.token_store import dispatch_nb_home
-
-        digest = hashlib.sha256("\n".join([self.plan.model_key, *keys]).encode()).hexdigest()
-        return str(dispatch_nb_home() / "batches" / f"{digest[:24]}.jsonl")
-
-    def _read_rows(self, adapter: Adapter) -> list[Pending]:
-        """Every row's key, the rows the checkpoint answers filled in ``result``."""
-        plan = self.plan
-        if plan.checkpoint is not None:
-            self.checkpoint = Checkpoint(plan.checkpoint)
-        pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                    self.checkpoint, self.result, self.stats))
-        if self.checkpoint is None:
-            keys = [p.key for p in pending]
-            if not keys:
-                return pending
-            path = self._default_checkpoint(keys)
-            self.checkpoint = Checkpoint(path)
-            plan.checkpoint = path
-            # rows an earlier run of this same call already answered
-            still = []
-            for row in pending:
-                answer = self.checkpoint.answer(row.key)
-                if answer is None:
-                    still.append(row)
-                    continue
-                response, usage, latency = answer
-                self.result._set(row.position, response, usage=usage, latency=latency,
-                                 attempts=0, origin=RowOrigin.CHECKPOINT)
-                self.stats.resumed += 1
-                self.stats.ok += 1
-            pending = still
-        return pending
-
-    async def start(self) -> None:
-        """Read the rows, then collect the rows recorded jobs hold and submit the others
-        (nothing is sent for a provider without a batch API, or when every row is answered)."""
-        adapter, api = self._open_adapter()
         self.adapter, self.api = adapter, api
-        self.job = BatchJob(adapter.provider_name)
-        self.result.job = self.job
-        pending = self._read_rows(adapter)
-        assert self.job is not None
+        self.job = self.result.job = BatchJob(adapter.provider_name)
+        pending = self._read_rows()
         self.job.checkpoint = self.plan.checkpoint
         for item in pending:
-            request, wire = request_for(adapter, item.messages, self.plan.call.options,
-                                        self.plan.call.system, self.plan.call.tools)
+            request, wire = request_for(adapter, item.messages, self.plan.call)
             self.rows[item.key] = _Row(item.position, item.key, request, wire)
             self.by_id[custom_id(item.key)] = item.key
         self._answered_jobs()
@@ -289,12 +254,11 @@ class DeferredRun:
             return
         assert self.checkpoint is not None
         claimed: set[str] = set()
-        for entry in self.checkpoint.jobs():
-            keys = [k for k in entry.get("keys") or [] if isinstance(k, str)]
+        for job, keys in self.checkpoint.jobs():
             mine = [k for k in keys if k in self.rows]
             if not mine:
                 continue
-            part = JobPart.from_json(entry["job"])
+            part = JobPart.from_json(job)
             self.parts[part.id] = (part, keys)
             claimed.update(mine)
             log.info("batch %s: collecting %d row(s) from %s job %s, submitted earlier",
@@ -328,10 +292,9 @@ class DeferredRun:
         ``result.job`` as they ended (nothing is asked of the provider, no key is needed)."""
         if self.checkpoint is None or not self.checkpoint.read:
             return
-        for entry in self.checkpoint.jobs(collected=True):
-            keys = [k for k in entry.get("keys") or [] if isinstance(k, str)]
-            if entry.get("collected") and self.checkpoint.read.intersection(keys):
-                part = JobPart.from_json(entry["job"])
+        for job, keys in self.checkpoint.jobs(collected=True):
+            if self.checkpoint.read.intersection(keys):
+                part = JobPart.from_json(job)
                 self.collected.add(part.id)
                 self.parts[part.id] = (part, keys)
 
@@ -446,11 +409,9 @@ class DeferredRun:
     def _missing(self, part: JobPart) -> DispatchError:
         provider = part.provider
         if part.state == "expired":
-            return DispatchError("not run: the batch job expired (24 hours) before this request "
-                                 "ran", provider=provider, code="batch_expired")
+            return expired_error(provider)
         if part.state == "cancelled":
-            return RequestCancelled("not sent: the batch job was cancelled before this request "
-                                    "ran", provider=provider, code=NOT_SENT)
+            return cancelled_error(provider)
         if part.state == "failed":
             return RequestError(f"the batch job {part.id} failed validation: "
                                 f"{part.message or 'no reason given'}", provider=provider,
@@ -475,7 +436,7 @@ class DeferredRun:
                          origin=RowOrigin.NOT_SENT if never_ran else RowOrigin.SENT)
         if isinstance(item, Response):
             self._collected_ok += 1
-            self.result._totals.model_calls += 1
+            self.result.model_calls += 1
         else:
             self._collected_failed += 1
         self.stats.input_tokens += usage.input_tokens
@@ -582,40 +543,38 @@ class DeferredRun:
     def run_sync(self, *, wait: bool) -> None:
         """``BatchResult.refresh()`` (``wait=False``) / ``wait()``, from a thread that may run an
         event loop of its own (a notebook's)."""
-
-        async def work() -> None:
-            if wait:
-                await self.wait()
-            else:
-                await self.refresh()
-
-        in_thread(work, self.cancel)
-
-    def close(self) -> None:
-        """Nothing to release: the checkpoint writes each line as it comes."""
+        in_thread(self.wait if wait else self.refresh, self.cancel)
 
 
-def in_thread(work: Callable[[], Awaitable[None]], token: CancelToken) -> None:
+def in_thread(work: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken,
+              tick: Callable[[], None] | None = None) -> None:
     """Run ``work()`` on an event loop of its own thread (a notebook's main thread already runs
-    one); Ctrl-C cancels ``token`` and waits up to :data:`INTERRUPT_GRACE` seconds for it to stop."""
+    one), calling ``tick()`` every :data:`TICK` seconds meanwhile (a progress bar); Ctrl-C
+    cancels ``token``, waits up to :data:`INTERRUPT_GRACE` seconds for it to stop and raises."""
     done = threading.Event()
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            asyncio.run(work())  # type: ignore[arg-type]
+            asyncio.run(work())
         except BaseException as exc:
             failure.append(exc)
         finally:
             done.set()
 
+    def wait(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not done.wait(TICK) and time.monotonic() < end:
+            if tick is not None:
+                tick()
+
     threading.Thread(target=run, name="dispatch_nb-batch", daemon=True).start()
     try:
-        done.wait()
+        wait(math.inf)
     except KeyboardInterrupt:
         token.cancel("interrupted (KeyboardInterrupt)")
         with contextlib.suppress(KeyboardInterrupt):
-            done.wait(INTERRUPT_GRACE)
+            wait(INTERRUPT_GRACE)
         raise
     if failure:
         raise failure[0]

@@ -21,13 +21,14 @@ covers all its attempts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from ..adapter import BACKOFF_BASE, Adapter, backoff_delay
+from ..adapter import BACKOFF_BASE, Adapter, ChatRequest, backoff_delay
 from ..cancel import CancelToken
 from ..errors import (
     APITimeoutError,
@@ -43,7 +44,8 @@ from .limiter import AdaptiveLimiter
 from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
 from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
 
-__all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "prepare_rows", "validate_call"]
+__all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "chat_request", "prepare_rows",
+           "resume"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -147,23 +149,24 @@ async def ask(
     return response, response.usage, 1
 
 
-def validate_call(adapter: Adapter, messages: str | list[Message], call: RowCall) -> None:
-    """Raise the adapter's own TypeError / ValueError for options it rejects, before any row is
-    sent (an unknown option would otherwise fail every row alike)."""
-    options = dict(call.options)
+def chat_request(adapter: Adapter, messages: str | list[Message], call: RowCall, *,
+                 stream: bool, **options: Any) -> ChatRequest:
+    """The request of one row's call, checked by the adapter: made for the first row before any
+    row is sent, it raises the adapter's own TypeError / ValueError for an option it rejects (or
+    a bad ``output=`` schema), which would otherwise fail every row alike."""
+    options = {**call.options, **options}
     max_tokens = options.pop("max_tokens", None)
     temperature = options.pop("temperature", None)
     # output= / output_retries= are arguments of the call (validated answers), not wire options
     output = options.pop("output", None)
     options.pop("output_retries", None)
+    request = adapter._request(messages, system=call.system, tools=call.tools, stream=stream,
+                               max_tokens=max_tokens, temperature=temperature, options=options)
     if output is not None:
         from ..structured import as_output
 
-        as_output(output)  # a bad schema fails here, before any row is sent
-    adapter._request(
-        messages, system=call.system, tools=call.tools, stream=call.stream, max_tokens=max_tokens,
-        temperature=temperature, options={**options, "max_retries": 0},
-    )
+        request = dataclasses.replace(request, output=as_output(output))
+    return request
 
 
 def model_id(model: Adapter | str) -> str:
@@ -195,7 +198,7 @@ def prepare_rows(
         stats.read = position + 1
         result._reserve(position)
         try:
-            filled = fill_template(template, row, source.namespace(row))
+            messages = fill_template(template, row, source.namespace(row))
         except TemplateError as exc:
             if position == 0:
                 raise
@@ -203,21 +206,25 @@ def prepare_rows(
                         attempts=0, origin=RowOrigin.NOT_SENT)
             stats.failed += 1
             continue
-        base = row_key(model, filled.messages, material)
+        base = row_key(model, messages, material)
         occurrence = seen.get(base, 0)
         seen[base] = occurrence + 1
         key = base if occurrence == 0 else f"{base}#{occurrence}"
-        answer = checkpoint.answer(key) if checkpoint is not None else None
-        if answer is not None:
-            response, usage, latency = answer
-            result._set(position, response, usage=usage, latency=latency, attempts=0,
-                        origin=RowOrigin.CHECKPOINT)
-            stats.resumed += 1
-            stats.ok += 1
-            stats.input_tokens += usage.input_tokens
-            stats.output_tokens += usage.output_tokens
-            continue
-        yield Pending(position, filled.messages, key)
+        if checkpoint is None or not resume(result, stats, position, checkpoint.answer(key)):
+            yield Pending(position, messages, key)
+
+
+def resume(result: BatchResult, stats: Stats, position: int,
+           answer: tuple[Response, Usage, float] | None, origin: int = RowOrigin.CHECKPOINT) -> bool:
+    """Put ``answer``, a checkpoint's (:meth:`.Checkpoint.answer`), in ``result`` as row
+    ``position``'s; False when there is none (the row is to be sent)."""
+    if answer is None:
+        return False
+    response, usage, latency = answer
+    result._set(position, response, usage=usage, latency=latency, attempts=0, origin=origin)
+    stats.resumed += 1
+    stats.count(response, origin, usage)
+    return True
 
 
 # -- running rows ---------------------------------------------------------------------------------
@@ -327,7 +334,7 @@ class RowRunner:
             pass
 
     async def _row(self, pending: Pending, epoch: int) -> None:
-        settings, stats, totals = self.settings, self.stats, self.result._totals
+        settings, stats = self.settings, self.stats
         began = time.monotonic()
         if stats.first_sent is None:
             stats.first_sent = began
@@ -389,7 +396,7 @@ class RowRunner:
                                 and time.monotonic() >= deadline - 0.05:
                             item = self._timeout_error(began, exc)
                         break
-                    totals.retries += 1
+                    self.result.retries += 1
                     await self._sleep(delay)
                     if self.cancel.cancelled:
                         item = self._cancel_error()
@@ -453,7 +460,7 @@ class RowRunner:
                      deadline: float | None) -> float | None:
         """Seconds to wait before retrying after ``exc``, or None to give up."""
         if isinstance(exc, RateLimitError):
-            self.result._totals.rate_limited += 1
+            self.result.rate_limited += 1
             self.stats.rate_limited += 1
             if exc.code != "quota_exceeded":
                 self.limiter.on_rate_limited(epoch, exc.retry_after)
@@ -472,7 +479,7 @@ class RowRunner:
 
     def _finish(self, pending: Pending, item: Response | DispatchError, adapter: Adapter,
                 usage: Usage, latency: float, attempts: int, calls: int) -> None:
-        stats, totals = self.stats, self.result._totals
+        stats = self.stats
         origin = RowOrigin.SENT
         if getattr(adapter, "replayed_calls", 0) and not getattr(adapter, "model_calls", 0):
             origin = RowOrigin.REPLAYED
@@ -480,7 +487,7 @@ class RowRunner:
             calls = 0
         elif self._labelled:
             calls = int(getattr(adapter, "model_calls", calls))
-        totals.model_calls += calls
+        self.result.model_calls += calls
         if isinstance(item, BudgetExceededError) and attempts == 0:
             origin = RowOrigin.NOT_SENT  # over the budget: never sent
         self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,

@@ -3,6 +3,7 @@ final accounting — what the local run (:mod:`.run`) and the Dask run (:mod:`.c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -19,7 +20,7 @@ from .engine import BatchSettings, Stats, model_id
 from .result import NOT_SENT, BatchResult, RowOrigin, not_sent
 from .rows import RowCall, RowSource, check_template
 
-__all__ = ["BatchPlan", "finish", "make_plan", "new_result", "resolve_adapter"]
+__all__ = ["BatchPlan", "aclose_adapter", "finish", "make_plan", "new_result", "resolve_adapter"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -111,6 +112,16 @@ def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[
     if cache is not None and cache.mode != "off":
         adapter = CachedAdapter(adapter, cache)
     return adapter, owned
+
+
+async def aclose_adapter(adapter: Adapter) -> None:
+    """Close an adapter the batch built (its ``aclose`` where it has one); errors are ignored."""
+    aclose = getattr(adapter, "aclose", None)
+    with contextlib.suppress(Exception):
+        if aclose is not None:
+            await aclose()
+        else:
+            adapter.close()
 
 
 def mark_not_sent(result: BatchResult, stats: Stats, position: int, cancel: CancelToken) -> None:

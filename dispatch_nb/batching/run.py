@@ -8,8 +8,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import threading
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,9 +21,9 @@ from ..registry import find_descriptor
 from ..types import Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .deferred import DeferredRun, in_thread
-from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call
-from .plan import BatchPlan, finish, make_plan, new_result, resolve_adapter
+from .deferred import TICK, DeferredRun, in_thread
+from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, chat_request, prepare_rows
+from .plan import BatchPlan, aclose_adapter, finish, make_plan, new_result, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
 
@@ -33,19 +31,6 @@ __all__ = ["abatch", "batch"]
 
 log = logging.getLogger("dispatch_nb")
 
-#: seconds Ctrl-C waits for the rows in flight to stop
-CANCEL_GRACE = 5.0
-#: seconds between progress refreshes
-PROGRESS_INTERVAL = 0.1
-
-
-async def _aclose(adapter: Adapter) -> None:
-    aclose = getattr(adapter, "aclose", None)
-    with contextlib.suppress(Exception):
-        if aclose is not None:
-            await aclose()
-        else:
-            adapter.close()
 
 
 async def _premium(adapter: Adapter, result: BatchResult) -> None:
@@ -71,7 +56,7 @@ async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: 
         first = next(rows, None)
         if first is None:
             return
-        validate_call(adapter, first.messages, plan.call)
+        chat_request(adapter, first.messages, plan.call, stream=plan.call.stream, max_retries=0)
         budget = None
         if result.budget is not None:
             budget = RowBudget(result.budget, adapter, plan.call)
@@ -82,7 +67,7 @@ async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: 
         await _premium(adapter, result)
     finally:
         if owned or close_adapter:
-            await _aclose(adapter)
+            await aclose_adapter(adapter)
 
 
 class _Job:
@@ -131,12 +116,9 @@ class _Job:
             await run_local(self.plan, self.result, self.stats, self.token,
                             close_adapter=close_adapter)
             return
-        try:
-            await deferred.start()
-            if self.wait:
-                await deferred.wait()
-        finally:
-            deferred.close()
+        await deferred.start()
+        if self.wait:
+            await deferred.wait()
 
     def finish(self) -> None:
         """Account for rows never run, set the totals, close the bar."""
@@ -232,33 +214,16 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
     job = _job(*args, **kwargs)
     if job.executor is not None:
         return job.on_dask()
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            asyncio.run(job.run_here(close_adapter=True))
-        except BaseException as exc:
-            failure.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=work, name="dispatch_nb-batch", daemon=True)
-    thread.start()
     try:
-        while not done.wait(PROGRESS_INTERVAL):
-            job.bar.update(job.stats)
+        in_thread(lambda: job.run_here(close_adapter=True), job.token,
+                  lambda: job.bar.update(job.stats))
     except KeyboardInterrupt:
-        job.token.cancel("interrupted (KeyboardInterrupt)")
-        end = time.monotonic() + CANCEL_GRACE
-        with contextlib.suppress(KeyboardInterrupt):
-            while not done.wait(PROGRESS_INTERVAL) and time.monotonic() < end:
-                job.bar.update(job.stats)
         job.finish()
         raise BatchInterrupted(job.result, job.plan.checkpoint) from None
+    except BaseException:
+        job.finish()
+        raise
     job.finish()
-    if failure:
-        raise failure[0]
     return job.result
 
 
@@ -277,7 +242,7 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
     async def refresh() -> None:
         while True:
             job.bar.update(job.stats)
-            await asyncio.sleep(PROGRESS_INTERVAL)
+            await asyncio.sleep(TICK)
 
     ticker = asyncio.create_task(refresh()) if job.bar.mode != "off" else None
     try:
@@ -323,7 +288,7 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
         tokens_in, tokens_out = job.result.usage_of(index)
         result._input_tokens[position], result._output_tokens[position] = tokens_in, tokens_out
     result.usage = result.usage + job.result.usage
-    result._totals.model_calls += job.result.model_calls
+    result.model_calls += job.result.model_calls
     if job.result.job is not None:
         result.job = job.result.job
         result._deferred = job.deferred
