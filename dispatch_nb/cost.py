@@ -192,26 +192,20 @@ def _load() -> None:
             pass
 
 
-def genai_usage(usage: UsageLike) -> Any:
-    """``usage`` as a ``genai_prices.Usage`` (input tokens include cache reads and writes)."""
-    genai = _genai()
-    assert genai is not None
-    return genai.Usage(
-        input_tokens=usage.input_tokens + usage.cache_read_tokens + usage.cache_creation_tokens,
-        cache_read_tokens=usage.cache_read_tokens,
-        cache_write_tokens=usage.cache_creation_tokens,
-        output_tokens=usage.output_tokens,
-    )
-
-
 def _calc(price_id: str, model: str, usage: UsageLike, when: datetime | None,
           batch: bool = False) -> tuple[Any, str] | None:
     genai = _genai()
     if genai is None:
         return None
     when = when or datetime.now(timezone.utc)
+    # genai-prices' input tokens include cache reads and writes
+    priced = genai.Usage(
+        input_tokens=usage.input_tokens + usage.cache_read_tokens + usage.cache_creation_tokens,
+        cache_read_tokens=usage.cache_read_tokens, cache_write_tokens=usage.cache_creation_tokens,
+        output_tokens=usage.output_tokens,
+    )
     try:
-        calc = genai.calc_price(genai_usage(usage), model, provider_id=price_id,
+        calc = genai.calc_price(priced, model, provider_id=price_id,
                                 genai_request_timestamp=when,
                                 price_context={"processing": "batch"} if batch else None)
     except LookupError:

@@ -195,16 +195,15 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
                     batch=batch)
         high = price(adapter.provider_name, adapter.model_name,
                      Usage(input_tokens=total, output_tokens=limit * len(prompts)), batch=batch)
-        known = low is not None and high is not None and low.usd is not None \
-            and high.usd is not None
+        low_usd = low.usd if low is not None else None
+        high_usd = high.usd if high is not None else None
+        known = low_usd is not None and high_usd is not None
         return Estimate(
             model=f"{adapter.provider_name}:{adapter.model_name}", rows=len(prompts),
             input_tokens=total, counted_by=counted_by, approximate=not exact, max_tokens=limit,
-            input_usd=low.usd if known and low else None,
-            max_output_usd=(high.usd - low.usd) if known and high and low and high.usd is not None
-            and low.usd is not None else None,
-            low_usd=low.usd if known and low else None,
-            high_usd=high.usd if known and high else None,
+            input_usd=low_usd if known else None, low_usd=low_usd if known else None,
+            max_output_usd=high_usd - low_usd if high_usd is not None and low_usd is not None
+            else None, high_usd=high_usd if known else None,
             premium_requests=premium, source=high.source if high is not None else "",
         )
     finally:

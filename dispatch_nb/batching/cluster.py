@@ -317,27 +317,25 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
             if outstanding:
                 time.sleep(0.05)
 
-    try:
-        try:
-            pump(None)
-        except KeyboardInterrupt:
-            cancel.cancel("interrupted (KeyboardInterrupt)")
-            _stop(stop_event)
-            with contextlib.suppress(KeyboardInterrupt, Exception):
-                pump(time.monotonic() + CANCEL_GRACE)
-            _cancel_rest(client, outstanding)
-            finish(plan, result, stats, cancel)
-            bar.close(stats, result.summary())
-            raise BatchInterrupted(result, plan.checkpoint) from None
-        except BaseException:
-            cancel.cancel("the batch failed")
-            _stop(stop_event)
-            _cancel_rest(client, outstanding)
-            raise
+    interrupted = False
+    try:  # cancelling the token sets the stop event (its callback)
+        pump(None)
+    except KeyboardInterrupt:
+        interrupted = True
+        cancel.cancel("interrupted (KeyboardInterrupt)")
+        with contextlib.suppress(KeyboardInterrupt, Exception):
+            pump(time.monotonic() + CANCEL_GRACE)
+        _cancel_rest(client, outstanding)
+    except BaseException:
+        cancel.cancel("the batch failed")
+        _cancel_rest(client, outstanding)
+        raise
     finally:
         remove_callback()
     finish(plan, result, stats, cancel)
     bar.close(stats, result.summary())
+    if interrupted:
+        raise BatchInterrupted(result, plan.checkpoint) from None
     return result
 
 

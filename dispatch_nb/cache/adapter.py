@@ -35,11 +35,11 @@ class _Replayed(Accumulator):
     """A replay's accumulator: fed the recorded deltas as they are replayed (``partial``), it
     finishes with the recorded response itself."""
 
-    def __init__(self, final: Response, provider: str = "", model: str = "") -> None:
+    def __init__(self, final: Response, provider: str, model: str) -> None:
         super().__init__(final.model)
         self._final = final
         self._provider = provider
-        self._model = model or final.model
+        self._model = model
 
     def finish(self) -> Response:
         """The recorded answer; its cost is the recorded one, marked replayed (nothing is spent
@@ -171,14 +171,19 @@ class CachedAdapter(Adapter):
             provider=self.inner.provider_name, key=key, label=self.label, path=self.cache.path,
         )
 
-    def _store(self, key: str, request: ChatRequest, deltas: list[tuple[float, StreamDelta]],
-               response: Response, streamed: bool) -> None:
+    def _store(self, key: str, request: ChatRequest, began: float,
+               deltas: list[tuple[float, StreamDelta]], response: Response) -> None:
+        """Record a finished call: its deltas as they streamed, or for an unstreamed call the
+        deltas the response would have streamed, all at the time it arrived."""
         if not self.cache.writes:
             return
+        if not request.stream:
+            elapsed = time.monotonic() - began
+            deltas = [(elapsed, d) for d in response.deltas()]
         try:
             self.cache.record(
                 key, provider=self.inner.provider_name, model=self.inner.model_name,
-                request=request, deltas=deltas, response=response, streamed=streamed,
+                request=request, deltas=deltas, response=response, streamed=request.stream,
                 label=self.label, secrets=_adapter_secrets(self.inner),
             )
         except OSError as exc:
@@ -212,16 +217,12 @@ class CachedAdapter(Adapter):
         return self._arecording(key, request, self.inner.aopen_stream(request, timeout, cancel))
 
     # -- replaying and recording ----------------------------------------------------------------
-    def _replay_parts(self, entry: dict[str, Any]) -> tuple[list[tuple[float, StreamDelta]], _Replayed]:
-        """The recorded deltas and the replay's accumulator (fed each delta as it is replayed,
-        ending in the recorded response)."""
-        return _entry_deltas(entry), _Replayed(Response.model_validate(entry["response"]),
-                                               self.inner.provider_name, self.inner.model_name)
-
     def _areplay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
                  cancel: CancelToken | None) -> AsyncResponseStream:
         """Replay ``entry``; an unstreamed call takes as long but yields no deltas."""
-        deltas, acc = self._replay_parts(entry)
+        deltas = _entry_deltas(entry)
+        acc = _Replayed(Response.model_validate(entry["response"]), self.inner.provider_name,
+                        self.inner.model_name)
         control = self.inner._control(timeout, cancel)
         paced = self.cache.pace == "recorded"
 
@@ -244,15 +245,6 @@ class CachedAdapter(Adapter):
 
         return AsyncResponseStream(run(), acc)
 
-    def _store_answer(self, key: str, request: ChatRequest, began: float,
-                      seen: list[tuple[float, StreamDelta]], response: Response) -> None:
-        """Record a finished call: its deltas as they streamed, or for an unstreamed call the
-        deltas the response would have streamed, all at the time it arrived."""
-        if not request.stream:
-            elapsed = time.monotonic() - began
-            seen = [(elapsed, d) for d in response.deltas()]
-        self._store(key, request, seen, response, streamed=request.stream)
-
     def _arecording(self, key: str, request: ChatRequest,
                     inner: AsyncResponseStream) -> AsyncResponseStream:
         began = time.monotonic()
@@ -267,7 +259,7 @@ class CachedAdapter(Adapter):
                 response = inner.response
             finally:
                 await inner.aclose()
-            self._store_answer(key, request, began, seen, response)
+            self._store(key, request, began, seen, response)
 
         return AsyncResponseStream(run(), _Mirror(inner))
 

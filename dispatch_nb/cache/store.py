@@ -99,16 +99,11 @@ def default_cache_path(env: dict[str, str] | None = None) -> Path:
 
 # -- the file -------------------------------------------------------------------------------------
 _path_locks: dict[str, threading.Lock] = {}
-_path_locks_guard = threading.Lock()
 
 
 def _lock_for(path: Path) -> threading.Lock:
-    key = str(path.resolve())
-    with _path_locks_guard:
-        lock = _path_locks.get(key)
-        if lock is None:
-            lock = _path_locks[key] = threading.Lock()
-        return lock
+    # dict.setdefault is atomic: every thread gets the one lock of the file
+    return _path_locks.setdefault(str(path.resolve()), threading.Lock())
 
 
 def _now() -> str:
@@ -362,7 +357,7 @@ class ResponseCache:
             "provider": provider,
             "model": model,
             "created": _now(),
-            "label": label,
+            **({"label": label} if label is not None else {}),
             "request": {
                 "messages": len(request.messages),
                 "last_user": _preview(_last_user_text(request)),
@@ -374,8 +369,6 @@ class ResponseCache:
             ],
             "response": response.model_dump(mode="json", exclude_none=True),
         }
-        if label is None:
-            del entry["label"]
         return self.put(entry, secrets=secrets)
 
 
