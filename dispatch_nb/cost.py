@@ -7,10 +7,6 @@ the installed package: nothing is fetched at run time. A provider's answers are 
 ``genai-prices`` provider id of its :class:`~dispatch_nb.registry.ProviderDescriptor`
 (``price_provider``); a provider without one (the embedded model, OpenAI-compatible servers) or a
 model the data does not know has an unknown price: ``None``, never zero.
-
-Usage maps onto ``genai-prices``' like this: its ``input_tokens`` are all input tokens (ours plus
-cache reads and writes), ``cache_read_tokens`` / ``cache_write_tokens`` are priced at their own
-rates, and reasoning tokens are part of ``output_tokens`` (as every provider reports them).
 """
 
 from __future__ import annotations
@@ -198,7 +194,8 @@ def _calc(price_id: str, model: str, usage: UsageLike, when: datetime | None,
     if genai is None:
         return None
     when = when or datetime.now(timezone.utc)
-    # genai-prices' input tokens include cache reads and writes
+    # genai-prices' input tokens are all of them (ours plus cache reads and writes), the cache's
+    # priced at their own rates; reasoning tokens are output tokens, as every provider reports them
     priced = genai.Usage(
         input_tokens=usage.input_tokens + usage.cache_read_tokens + usage.cache_creation_tokens,
         cache_read_tokens=usage.cache_read_tokens, cache_write_tokens=usage.cache_creation_tokens,

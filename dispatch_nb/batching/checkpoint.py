@@ -1,32 +1,14 @@
 """A batch's checkpoint: a :class:`~dispatch_nb.cache.ResponseCache` whose keys are the rows.
 
-Each answered row is recorded the moment it finishes, as one line in the response cache's own
-format (docs/record-replay.md), keyed by the row — :func:`~dispatch_nb.batching.rows.row_key`: the
-model, the filled prompt and the request options (``…#1`` for a repeat of a row) — with the row's
-facts beside the answer::
+Each answered row is recorded the moment it finishes, in the cache's own line format, keyed by
+:func:`~dispatch_nb.batching.rows.row_key` (``…#1`` for a repeat of a row) with the row's facts
+(``row``, ``latency``, ``attempts``, ``usage``) beside the answer; a rerun sends only the rows not
+answered there. Rows that failed, were cancelled or were never sent are not written. See
+docs/batch.md, "Resuming: the checkpoint".
 
-    {"v":1,"key":"3f9c…","provider":"openai","model":"gpt-4.1-mini","created":"2026-…Z",
-     "label":"row 17","request":{"messages":1,"last_user":"Classify…"},"streamed":false,
-     "response":{…the Response…},"row":17,"latency":1.204,"attempts":1,"usage":{…}}
-
-A rerun — the same rows, more rows, or the rows in another order — finds every answered row and
-sends only the others. Rows that failed are not written (the result holds their errors; the next
-run sends them again), nor are rows cancelled or never sent.
-
-The file is the response cache's: appended under a lock and an ``flock`` (Dask workers on one
-machine or a shared filesystem may append to one file), so a killed kernel or worker loses at
-most the rows in flight; a line cut short by a crash is skipped; secrets are scrubbed; the last
-line of a key wins. Checkpoints written before this format (one line per finished row, failed rows
-too) resume as they are: their answered lines are cache entries already.
-
-A batch sent to a provider's batch API (``deferred=True``) also records each provider job the
-moment it is created — before it is polled — and again as its state changes, keyed ``job:<id>``::
-
-    {"v":1,"key":"job:batch_68…","created":"…","job":{"id":"batch_68…","state":"in_progress",…},
-     "keys":["3f9c…","a71e…",…],"collected":false}
-
-so a rerun (another kernel, another machine with this file) collects the job instead of submitting
-its rows again.
+A deferred batch (``deferred=True``) also records each provider job — before it is polled, and
+again as its state changes — keyed ``job:<id>`` with the keys of its rows, so a rerun (another
+kernel, another machine) collects the job instead of submitting its rows again.
 """
 
 from __future__ import annotations

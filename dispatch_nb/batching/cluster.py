@@ -1,24 +1,12 @@
 """The same batch on a Dask cluster: ``batch(..., executor=distributed.Client(...))``.
 
-The client reads the rows, fills the template, skips rows the checkpoint already answered, and
-submits the rest in partitions of ``partition_size`` rows — a few partitions ahead of the workers,
-never the whole input at once. Each partition runs on a worker with the local engine
-(:class:`~dispatch_nb.batching.engine.RowRunner`: adaptive concurrency, retries, deadlines), with
-an adapter the worker builds itself from the model **spec**: credentials come from the worker's
-environment or token store and are never part of the task graph (a task carries the spec, the
-filled prompts, the request options, the cache and checkpoint paths — no adapter, no key).
-Results come back per partition and are put in input order.
-
-Checkpoint: workers append each row to the checkpoint file as it finishes (the path must be
-reachable from the workers: the same machine, or a shared filesystem). A partition that Dask
-re-runs after its worker died first reads the checkpoint, so rows the dead worker finished are not
-sent again — only the rows it had in flight are. A rerun of the whole batch resumes as locally.
-
-Ctrl-C (or the cancel token) sets a Dask ``Event`` the running partitions watch: their rows in
-flight stop within about half a second; partitions not started are cancelled. A partition that
-stops at an error every row would get (a rejected key, an exhausted quota, an unknown model) sets
-the same event before it hands its rows back, so partitions started after it send nothing, and
-the client sends no more: rows never sent come back "not sent".
+The client reads, fills and resumes the rows and submits the rest in partitions of
+``partition_size`` rows, a few partitions ahead of the workers. Each partition runs the local
+engine (:class:`~dispatch_nb.batching.engine.RowRunner`) on a worker, through an adapter the
+worker builds from the model **spec**: credentials never enter the task graph. Workers append to
+the checkpoint as rows finish, and a partition Dask re-runs after its worker died reads it first.
+Ctrl-C, the cancel token, or a partition stopped by an error every row would get sets a Dask
+``Event`` the partitions watch. See docs/batch.md, "On a Dask cluster".
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """``batch(..., deferred=True)``: the rows as provider batch jobs — half the price, answered within
-24 hours (usually far sooner), outside the live rate limits.
+24 hours, outside the live rate limits (docs/batch.md, "Deferred").
 
-The rows are filled, keyed and resumed exactly as in a live batch (:func:`.engine.prepare_rows`);
-what differs is how the rows not yet answered are asked:
-
-1. Each row's request body is the one a live, non-streamed call would send (the adapter's own
-   :meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), its ``custom_id`` derived from the
-   row's key. The rows are split into jobs within the provider's limits and submitted
-   (:mod:`dispatch_nb.providers.batch_api`).
-2. Each job — its id and the keys of its rows — is written to the checkpoint **before** it is
-   polled. A batch without ``checkpoint=`` gets one under ``$DISPATCH_NB_HOME/batches/`` named
-   after what it asks, so running the same call again — after a kernel restart, the next morning —
-   finds its jobs. Rows a recorded job holds are collected from it, never submitted again.
-3. The jobs are polled every ``poll_interval`` seconds; a finished job's answers are parsed with the
-   adapter's wire format into the same :class:`~dispatch_nb.types.Response` a live call gives
-   (``parsed`` for ``output=``), each row recorded in the checkpoint as it is read.
-
-Cancelling (Ctrl-C, ``cancel=``) asks the provider to cancel the jobs and collects what finished
-if the provider says so within a few seconds; otherwise a rerun collects it later.
+Rows are filled, keyed and resumed as in a live batch (:func:`.engine.prepare_rows`). Each row's
+body is the one a live, non-streamed call would send (the adapter's own
+:meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), its ``custom_id`` derived from its
+key; the rows go in jobs within the provider's limits (:mod:`dispatch_nb.providers.batch_api`).
+Each job is written to the checkpoint **before** it is polled (a batch without ``checkpoint=``
+gets one under ``$DISPATCH_NB_HOME/batches/`` named after what it asks), so running the same call
+again collects its jobs instead of submitting the rows again. A finished job's answers are parsed
+by the adapter's wire format into the :class:`~dispatch_nb.types.Response` a live call gives.
+Cancelling asks the provider to cancel the jobs and collects what it hands over within a few
+seconds; a rerun collects the rest.
 """
 
 from __future__ import annotations

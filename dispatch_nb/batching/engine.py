@@ -1,21 +1,16 @@
 """The batch engine: rows through one adapter on one event loop, adaptively concurrent.
 
-``run_rows`` reads rows lazily, fills the template, skips rows the checkpoint has answered,
-and runs the rest with at most :class:`~dispatch_nb.batching.limiter.AdaptiveLimiter`-many in
-flight — one asyncio task per row in flight, never one per row of the input, so memory does not
-grow with the input beyond the answers themselves.
-
-An error every later row would get too — a rejected credential, an exhausted quota, a model the
-provider does not know (:func:`~dispatch_nb.batching.result.stops_batch`) — stops the batch: the
-rows in flight end as they will, and no other row is sent (each is "not sent", code ``not_sent``).
+``prepare_rows`` reads rows lazily, fills the template and skips rows the checkpoint has answered;
+``RowRunner`` runs the rest, one asyncio task per row *in flight* (never one per row of the input,
+so memory does not grow with the input beyond the answers themselves).
 
 Retries are the batch's, not the adapter's (each call is made with ``max_retries=0``), so every
-429 reaches the limiter and slows the whole batch. What is retried, and how long to wait, follow
-the adapter's rules (:func:`dispatch_nb.adapter.backoff_delay`: the server's ``retry-after`` up to
-60 s, else exponential backoff with jitter; 429, 408/409, 5xx, 529 and broken connections are
-retried, quota errors and bad requests are not) — with one difference: a stream that broke half way
-is retried too, since nobody has seen its partial answer. ``timeout`` is a deadline per row that
-covers all its attempts.
+429 reaches the :class:`~dispatch_nb.batching.limiter.AdaptiveLimiter` and slows the whole batch;
+what is retried and how long to wait follow :func:`dispatch_nb.adapter.backoff_delay`, except that
+a stream that broke half way is retried too (nobody saw its partial answer). ``timeout`` is a
+deadline per row covering all its attempts. An error every later row would get too
+(:func:`~dispatch_nb.batching.result.stops_batch`) stops the batch: rows in flight end as they
+will and no other row is sent. See docs/batch.md, "Rate limits, retries, deadlines" and "Stopping".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """A batch's progress bar: tqdm's widget in Jupyter, tqdm's text bar in a terminal, or nothing.
 
-It shows rows finished of the total, then ``ok`` / ``failed`` / ``not sent`` (rows a stopped
-batch never sent) / ``in flight``, tokens, rows per second and an ETA — the rate and ETA count
-only rows actually sent, so rows read from the checkpoint or replayed from the cache (which
-finish instantly) do not make the ETA lie. It is
-refreshed from the counters at most ~10 times a second by whoever waits for the batch, never from
-the rows' own tasks.
-
-In Jupyter the widget is replaced, when the batch ends, by one static text line (the result's
-summary), so a saved notebook shows that line on GitHub or nbviewer instead of a dead widget.
-
-``progress=None`` (the default) shows the widget in a Jupyter kernel and the text bar when stderr
-is a terminal, nothing otherwise (CI logs, pipes); ``True`` forces a bar; ``False`` turns it off.
+Refreshed from the :class:`~.engine.Stats` counters by whoever waits for the batch, never from the
+rows' own tasks; rate and ETA count only rows actually sent, so rows from the checkpoint or the
+cache do not make the ETA lie. In Jupyter the widget gives way, when the batch ends, to one static
+line that a saved notebook shows (docs/batch.md, "Progress").
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Rows in, prompts out: reading a batch's input lazily and filling the template for each row.
 
-Input: a list (or any sequence) of str or dicts, a pandas ``DataFrame`` or ``Series`` (duck-typed:
-pandas is never imported here), or any iterable — read one row at a time, never loaded whole.
-
-Each row becomes a namespace for the template, with the rules of ``%%chat`` interpolation
-(:func:`dispatch_nb.prompting.build_prompt`, a pure standard-library function)::
-
-    "Classify this review: {review}"          # a dict key / DataFrame column
-    "Rate {row} from 1 to 5"                  # a str row (or the whole row, whatever it is)
-    "{title!r} has {len(body)} characters"    # any expression, conversions, format specs
-    'Answer as JSON: {{"label": ...}}'        # {{ and }} are literal braces
-
-A mapping row's keys are names (``{review}``); ``{row}`` is always the whole row (unless the row
-has its own ``row`` key). A Series row is also named by the Series' name. ``namespace=`` adds names
-every row may use (a notebook's variables, say); the row's own names win. A name the first row
-lacks stops the batch before anything is sent (a typo in a column name would otherwise send every
-row with the placeholder left in); a later row lacking it fails alone with a
-:class:`~dispatch_nb.errors.RequestError`.
-
-A template may also be a function ``template(row) -> str | list[Message]``.
+Input: a sequence of str or dicts, a pandas ``DataFrame`` or ``Series`` (duck-typed: pandas is
+never imported here), or any iterable, read one row at a time. Each row is filled with the rules
+of ``%%chat`` interpolation (:func:`dispatch_nb.prompting.build_prompt`); a template may also be a
+function ``template(row) -> str | list[Message]``. See docs/batch.md, "Rows and the template".
 """
 
 from __future__ import annotations
