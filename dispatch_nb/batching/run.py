@@ -14,7 +14,7 @@ from typing import Any
 from ..adapter import Adapter
 from ..bridge import same_parameters
 from ..budget import Budget
-from ..cache import ResponseCache
+from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..registry import find_descriptor
@@ -22,15 +22,22 @@ from ..types import Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .deferred import TICK, DeferredRun, in_thread
-from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, chat_request, prepare_rows
-from .plan import BatchPlan, aclose_adapter, finish, make_plan, new_result, resolve_adapter
+from .engine import (
+    DEFAULT_MAX_RETRIES,
+    BatchSettings,
+    RowRunner,
+    Stats,
+    chat_request,
+    prepare_rows,
+)
+from .plan import BatchPlan, aclose_adapter, finish, new_result, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
+from .rows import RowCall, RowSource, check_template
 
 __all__ = ["abatch", "batch"]
 
 log = logging.getLogger("dispatch_nb")
-
 
 
 async def _premium(adapter: Adapter, result: BatchResult) -> None:
@@ -154,12 +161,37 @@ def _job(
     **options: Any,
 ) -> _Job:
     """The parameters of :func:`batch` and :func:`abatch`, written once (:func:`batch` says what
-    they mean): the batch planned, as the job both run."""
-    plan = make_plan(template, rows, model=model, system=system, tools=tools,
-                     concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
-                     options={"max_tokens": max_tokens, "temperature": temperature,
-                              "output": output, **options})
+    they mean), checked: the batch planned, as the job both run."""
+    check_template(template)
+    if model is None:
+        from ..registry import default_model_spec
+
+        model = default_model_spec()
+    if not isinstance(model, (Adapter, str)):
+        raise TypeError(
+            "model must be a model spec such as 'openai:gpt-4.1' or an Adapter, "
+            f"not {type(model).__name__}"
+        )
+    if not isinstance(stream, bool):
+        raise TypeError(f"stream must be True or False, not {stream!r}")
+    for reserved in ("on_delta", "cancel", "messages"):
+        if reserved in options:
+            raise TypeError(f"batch() sets {reserved} itself; it is not an option here")
+    named = {"max_tokens": max_tokens, "temperature": temperature, "output": output}
+    options.update({k: v for k, v in named.items() if v is not None})
+    if cache is not None and not isinstance(cache, ResponseCache):
+        cache = ResponseCache(cache)
+    if isinstance(model, CachedAdapter) and cache is not None:
+        raise ValueError("model is already a CachedAdapter: give the response cache only once")
+    plan = BatchPlan(
+        template=template,
+        source=RowSource(rows, namespace),
+        model=model,
+        call=RowCall(system=system, tools=list(tools or []), options=options, stream=stream),
+        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
+        checkpoint=os.fspath(checkpoint) if checkpoint is not None else None,
+        cache=cache,
+    )
     job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
                poll_interval=poll_interval)
     if executor is not None and deferred:
