@@ -1,4 +1,4 @@
-"""A batch's plan: its arguments checked and bundled, the adapter its rows go through, and its
+"""A batch's plan (its arguments, checked by :mod:`.run`), the adapter its rows go through, and its
 final accounting — what the local run (:mod:`.run`) and the Dask run (:mod:`.cluster`) share."""
 
 from __future__ import annotations
