@@ -18,11 +18,11 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Literal
 
-from ..adapter import Adapter, ChatRequest, ValidationResult
+from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
 from ..render import mark_replayed
 from ..stream import Accumulator, AsyncResponseStream, ResponseStream, _Mirror, sync_stream
-from ..types import ModelInfo, Response, StreamDelta
+from ..types import Response, StreamDelta
 from .keys import _adapter_secrets, cache_key
 from .store import CacheMissError, ResponseCache, _entry_deltas, _last_user_text, _preview
 
@@ -53,6 +53,17 @@ class _Replayed(Accumulator):
         ledger.record(self._provider, self._model, final.usage, final.cost)
         mark_replayed(final)
         return final
+
+
+class _Inner:
+    """A :class:`CachedAdapter` member that is the wrapped adapter's (``Adapter`` defines it, so
+    ``__getattr__`` would not be asked)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else getattr(obj.inner, self.name)
 
 
 class CachedAdapter(Adapter):
@@ -105,41 +116,17 @@ class CachedAdapter(Adapter):
         """The same adapter and cache, with another label."""
         return CachedAdapter(self.inner, self.cache, label=label)
 
-    # -- identity: the wrapped adapter's ---------------------------------------------------------
-    @property
-    def model_name(self) -> str:
-        return self.inner.model_name
-
-    @property
-    def provider_name(self) -> str:
-        return self.inner.provider_name
-
-    @property
-    def display_name(self) -> str:
-        return self.inner.display_name
-
-    @property
-    def max_context_tokens(self) -> int | None:
-        return self.inner.max_context_tokens
-
-    def list_models(self) -> list[ModelInfo]:
-        return self.inner.list_models()
-
-    async def alist_models(self) -> list[ModelInfo]:
-        return await self.inner.alist_models()
-
-    def count_tokens(self, messages: Any, system: str | None = None,
-                     tools: Iterable[Any] | None = None) -> int:
-        return self.inner.count_tokens(messages, system=system, tools=tools)
-
-    def validate(self) -> ValidationResult:
-        return self.inner.validate()
-
-    def output_mode(self, request: ChatRequest) -> str | None:
-        return self.inner.output_mode(request)
-
-    def close(self) -> None:
-        self.inner.close()
+    # -- identity and the rest: the wrapped adapter's -------------------------------------------
+    model_name = _Inner()
+    provider_name = _Inner()
+    display_name = _Inner()
+    max_context_tokens = _Inner()
+    list_models = _Inner()
+    alist_models = _Inner()
+    count_tokens = _Inner()
+    validate = _Inner()
+    output_mode = _Inner()
+    close = _Inner()
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("inner")
