@@ -197,13 +197,13 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
                      Usage(input_tokens=total, output_tokens=limit * len(prompts)), batch=batch)
         low_usd = low.usd if low is not None else None
         high_usd = high.usd if high is not None else None
-        known = low_usd is not None and high_usd is not None
+        if low_usd is None or high_usd is None:  # a range needs both ends
+            low_usd = high_usd = None
         return Estimate(
             model=f"{adapter.provider_name}:{adapter.model_name}", rows=len(prompts),
             input_tokens=total, counted_by=counted_by, approximate=not exact, max_tokens=limit,
-            input_usd=low_usd if known else None, low_usd=low_usd if known else None,
-            max_output_usd=high_usd - low_usd if high_usd is not None and low_usd is not None
-            else None, high_usd=high_usd if known else None,
+            input_usd=low_usd, low_usd=low_usd, high_usd=high_usd,
+            max_output_usd=None if low_usd is None or high_usd is None else high_usd - low_usd,
             premium_requests=premium, source=high.source if high is not None else "",
         )
     finally:

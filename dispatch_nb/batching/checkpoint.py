@@ -21,18 +21,10 @@ from typing import Any
 
 from ..cache import ResponseCache
 from ..cache.keys import FORMAT_VERSION
-from ..cache.store import _now, _preview
-from ..types import Message, Response, Usage
+from ..cache.store import _now, request_summary
+from ..types import Message, Response, Usage, as_messages
 
 __all__ = ["Checkpoint", "shared_checkpoint"]
-
-
-def _request_facts(messages: str | list[Message]) -> dict[str, Any]:
-    """What the cache keeps of a request: how many messages, the last user message's start."""
-    if isinstance(messages, str):
-        return {"messages": 1, "last_user": _preview(messages)}
-    text = next((m.text for m in reversed(messages) if m.role == "user"), "")
-    return {"messages": len(messages), "last_user": _preview(text)}
 
 
 class Checkpoint:
@@ -72,7 +64,7 @@ class Checkpoint:
             "model": model,
             "created": _now(),
             "label": f"row {position}",
-            "request": _request_facts(messages),
+            "request": request_summary(as_messages(messages)),
             "streamed": streamed,
             "response": response.model_dump(mode="json", exclude_none=True),
             "row": position,

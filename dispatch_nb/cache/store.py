@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from ..adapter import ChatRequest
 from ..errors import RequestError
-from ..types import Response, StreamDelta
+from ..types import Message, Response, StreamDelta
 from .keys import FORMAT_VERSION, scrub_secrets, secret_env_names
 
 try:  # POSIX; elsewhere the in-process lock alone guards writes
@@ -117,8 +117,8 @@ def _preview(text: str) -> str:
     return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 1] + "…"
 
 
-def _last_user_text(request: ChatRequest) -> str:
-    for message in reversed(request.messages):
+def _last_user_text(messages: list[Message]) -> str:
+    for message in reversed(messages):
         if message.role == "user":
             text = message.text
             if text:
@@ -126,6 +126,12 @@ def _last_user_text(request: ChatRequest) -> str:
             kinds = sorted({b.type for b in message.blocks})
             return f"({', '.join(kinds)})"
     return ""
+
+
+def request_summary(messages: list[Message]) -> dict[str, Any]:
+    """What a cache line keeps of a request: how many messages, the last user message's start
+    (for reviewers; the prompt itself lives in the notebook)."""
+    return {"messages": len(messages), "last_user": _preview(_last_user_text(messages))}
 
 
 def _dump_json_line(entry: dict[str, Any]) -> bytes:
@@ -358,10 +364,7 @@ class ResponseCache:
             "model": model,
             "created": _now(),
             **({"label": label} if label is not None else {}),
-            "request": {
-                "messages": len(request.messages),
-                "last_user": _preview(_last_user_text(request)),
-            },
+            "request": request_summary(request.messages),
             "streamed": streamed,
             "deltas": [
                 {"t": round(max(t, 0.0), 3), **d.model_dump(mode="json", exclude_none=True)}
