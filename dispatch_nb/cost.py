@@ -11,6 +11,7 @@ model the data does not know has an unknown price: ``None``, never zero.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -150,13 +151,30 @@ def price(provider: str, model: str, usage: UsageLike, *, when: datetime | None 
     ``None`` when its price is unknown. ``when``: the time of the request (default: now).
     ``batch``: answered through the provider's batch API, at its batch price."""
     price_id = PRICE_PROVIDERS.get(provider)
-    found = _calc(price_id, model, usage, when, batch) if price_id and model else None
-    if found is None:
+    genai = _genai() if price_id and model else None
+    calc = None
+    when = when or datetime.now(timezone.utc)
+    if genai is not None:
+        # genai-prices' input tokens are all of them (ours plus cache reads and writes), the
+        # cache's priced at their own rates; reasoning tokens are output tokens, as every
+        # provider reports them
+        priced = genai.Usage(
+            input_tokens=usage.input_tokens + usage.cache_read_tokens
+            + usage.cache_creation_tokens, cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_creation_tokens, output_tokens=usage.output_tokens,
+        )
+        with contextlib.suppress(LookupError):
+            calc = genai.calc_price(priced, model, provider_id=price_id,
+                                    genai_request_timestamp=when,
+                                    price_context={"processing": "batch"} if batch else None)
+    if calc is None:
         if premium_requests is None:
             return None
         return Cost(usd=None, premium_requests=premium_requests,
                     source=f"GitHub Copilot /models multiplier (no dollar price for {model})")
-    calc, source = found
+    assert genai is not None
+    source = (f"genai-prices {genai.__version__} ({calc.provider.id} {calc.model.id}"
+              f"{', batch price' if batch else ''}, prices of {when.date().isoformat()})")
     return Cost(usd=calc.total_price, input_usd=calc.input_price, output_usd=calc.output_price,
                 premium_requests=premium_requests, source=source)
 
@@ -182,34 +200,8 @@ def warm_up(provider: str) -> None:
 def _load() -> None:
     genai = _genai()
     if genai is not None:
-        try:
+        with contextlib.suppress(LookupError):
             genai.calc_price(genai.Usage(input_tokens=1), "gpt-4.1")  # loads the price data
-        except LookupError:
-            pass
-
-
-def _calc(price_id: str, model: str, usage: UsageLike, when: datetime | None,
-          batch: bool = False) -> tuple[Any, str] | None:
-    genai = _genai()
-    if genai is None:
-        return None
-    when = when or datetime.now(timezone.utc)
-    # genai-prices' input tokens are all of them (ours plus cache reads and writes), the cache's
-    # priced at their own rates; reasoning tokens are output tokens, as every provider reports them
-    priced = genai.Usage(
-        input_tokens=usage.input_tokens + usage.cache_read_tokens + usage.cache_creation_tokens,
-        cache_read_tokens=usage.cache_read_tokens, cache_write_tokens=usage.cache_creation_tokens,
-        output_tokens=usage.output_tokens,
-    )
-    try:
-        calc = genai.calc_price(priced, model, provider_id=price_id,
-                                genai_request_timestamp=when,
-                                price_context={"processing": "batch"} if batch else None)
-    except LookupError:
-        return None
-    source = (f"genai-prices {genai.__version__} ({calc.provider.id} {calc.model.id}"
-              f"{', batch price' if batch else ''}, prices of {when.date().isoformat()})")
-    return calc, source
 
 
 # -- sums -----------------------------------------------------------------------------------------
