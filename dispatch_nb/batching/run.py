@@ -290,7 +290,6 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
     their own with the same plan; their answers replace the errors in ``result``."""
     from .deferred import BatchPendingError
-    from .rows import RowSource
 
     plan: BatchPlan | None = result._plan
     if plan is None:
@@ -313,13 +312,14 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
         in_thread(lambda: job.run_here(close_adapter=True), job.token)
     finally:
         job.finish()
-    for position, item in zip(failed, job.result, strict=True):
-        index = failed.index(position)
-        result._set(position, item, usage=Usage(), latency=job.result.latency(index),
-                    attempts=job.result.attempts(index), origin=job.result._origin[index])
-        tokens_in, tokens_out = job.result.usage_of(index)
+    again_result = job.result
+    for index, (position, item) in enumerate(zip(failed, again_result, strict=True)):
+        tokens_in, tokens_out = again_result.usage_of(index)
+        result._set(position, item, usage=Usage(), latency=again_result.latency(index),
+                    attempts=again_result.attempts(index), origin=again_result._origin[index])
         result._input_tokens[position], result._output_tokens[position] = tokens_in, tokens_out
-    result.usage = result.usage + job.result.usage
+    # the whole usage (cache tokens too), which the rows' own counts do not hold
+    result.usage = result.usage + again_result.usage
     result.model_calls += job.result.model_calls
     if job.result.job is not None:
         result.job = job.result.job
