@@ -79,7 +79,6 @@ class Stats:
     """Live counters for the progress display (read from another thread: plain ints)."""
 
     total: int | None = None
-    read: int = 0
     ok: int = 0
     failed: int = 0
     not_sent: int = 0
@@ -89,7 +88,6 @@ class Stats:
     input_tokens: int = 0
     output_tokens: int = 0
     rate_limited: int = 0
-    concurrency: float = 0.0
     started: float = field(default_factory=time.monotonic)
     first_sent: float | None = None
     sent_done: int = 0
@@ -190,7 +188,6 @@ def prepare_rows(
     material = call.key_material()
     seen: dict[str, int] = {}
     for position, row in source:
-        stats.read = position + 1
         result._reserve(position)
         try:
             messages = fill_template(template, row, source.namespace(row))
@@ -299,7 +296,6 @@ class RowRunner:
             raise
         finally:
             remove()
-            self.stats.concurrency = self.limiter.limit
             self.result.lowest_concurrency = self.limiter.lowest
 
     def _stop(self) -> None:
