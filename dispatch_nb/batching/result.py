@@ -350,9 +350,6 @@ class BatchResult(Sequence[Any]):
         return "\n".join(lines)
 
     # -- pandas ----------------------------------------------------------------------------------
-    COLUMNS = ("answer", "error", "status", "stop_reason", "input_tokens", "output_tokens",
-               "latency_s", "origin")
-
     def to_pandas(self, *, prefix: str = "") -> Any:
         """A pandas DataFrame: the input (when it was a DataFrame, a Series or a list kept in
         memory; not an iterator) with the columns ``answer``, ``error``, ``status`` (``"ok"``,
