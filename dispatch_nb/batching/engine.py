@@ -336,8 +336,7 @@ class RowRunner:
             label = f"{base}, row {pending.position}" if base else f"row {pending.position}"
             adapter = self.adapter.with_label(label)  # type: ignore[attr-defined]
         usage = Usage()
-        attempts = 0
-        calls = 0
+        attempts = calls = 0
         holding = True
         stats.in_flight += 1
         item: Response | DispatchError
@@ -365,58 +364,52 @@ class RowRunner:
                         attempts -= 1  # not sent
                         item = self._cancel_error() if self.cancel.cancelled else exc
                         break
+                error: DispatchError | None = None
                 try:
-                    response, row_usage, row_calls = await ask(
+                    response, row_usage, calls = await ask(
                         adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel,
                         session_options=budget.session_options() if budget else None,
                     )
                 except DispatchError as exc:
-                    last = exc
-                    if budget is not None and reserved is not None:
-                        budget.settle(reserved, exc.partial, failed=True)
-                    if stops_batch(exc):  # before the slot is released: nothing more is sent
-                        self._halt(pending.position, exc)
-                    self.limiter.release()
-                    holding = False
-                    if exc.partial is not None:
-                        usage = usage + exc.partial.usage
-                    delay = self._retry_delay(exc, attempts, epoch, deadline)
-                    if delay is None:
-                        item = exc
-                        if isinstance(exc, APITimeoutError) and deadline is not None \
-                                and time.monotonic() >= deadline - 0.05:
-                            item = self._timeout_error(began, exc)
-                        break
-                    self.result.retries += 1
-                    await self._sleep(delay)
-                    if self.cancel.cancelled:
-                        item = self._cancel_error()
-                        item.partial = exc.partial
-                        break
-                    if self.result.stopped_by is not None:
-                        item = exc
-                        break
-                    continue
+                    error = exc
                 except Exception as exc:  # a tool or template bug: this row fails, not the batch
-                    if budget is not None and reserved is not None:
-                        budget.settle(reserved, None, failed=True)
-                    self.limiter.release()
-                    holding = False
-                    item = DispatchError(
+                    # (a plain DispatchError: neither retried nor stopping the batch)
+                    error = DispatchError(
                         f"row {pending.position} failed: {type(exc).__name__}: {exc}",
                         provider=self.adapter.provider_name,
                     )
-                    item.__cause__ = exc
-                    break
+                    error.__cause__ = exc
                 if budget is not None and reserved is not None:
-                    budget.settle(reserved, response, failed=False)
+                    budget.settle(reserved, response if error is None else error.partial,
+                                  failed=error is not None)
+                if error is not None and stops_batch(error):
+                    self._halt(pending.position, error)  # before the slot is released
                 self.limiter.release()
                 holding = False
-                self.limiter.on_success()
-                usage = usage + row_usage
-                calls = row_calls
-                item = response
-                break
+                if error is None:
+                    self.limiter.on_success()
+                    usage = usage + row_usage
+                    item = response
+                    break
+                last = error
+                if error.partial is not None:
+                    usage = usage + error.partial.usage
+                delay = self._retry_delay(error, attempts, epoch, deadline)
+                if delay is None:
+                    item = error
+                    if isinstance(error, APITimeoutError) and deadline is not None \
+                            and time.monotonic() >= deadline - 0.05:
+                        item = self._timeout_error(began, error)
+                    break
+                self.result.retries += 1
+                await self._sleep(delay)
+                if self.cancel.cancelled:
+                    item = self._cancel_error()
+                    item.partial = error.partial
+                    break
+                if self.result.stopped_by is not None:
+                    item = error
+                    break
         finally:
             if holding:
                 self.limiter.release()
