@@ -16,6 +16,7 @@ will and no other row is sent. See docs/batch.md, "Rate limits, retries, deadlin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -258,10 +259,8 @@ class RowRunner:
         stopped = self._stopped = asyncio.Event()
 
         def on_cancel() -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to stop
                 loop.call_soon_threadsafe(self._stop)
-            except RuntimeError:  # the loop is closed: nothing left to stop
-                pass
 
         remove = self.cancel.add_callback(on_cancel)
         if self.cancel.cancelled:  # before the callback scheduled above has run
@@ -319,10 +318,8 @@ class RowRunner:
 
     async def _sleep(self, seconds: float) -> None:
         assert self._stopped is not None
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
 
     async def _row(self, pending: Pending, epoch: int) -> None:
         settings, stats = self.settings, self.stats

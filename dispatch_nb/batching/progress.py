@@ -8,6 +8,7 @@ line that a saved notebook shows (docs/batch.md, "Progress").
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any
@@ -148,16 +149,11 @@ class BatchProgress:
         """Final counters; in Jupyter, replace the widget by the one-line ``summary``."""
         if self.mode == "off" or self._closed:
             return
-        self.update(stats)
+        self.update(stats)  # opens the bar if no update did
         self._closed = True
-        bar = self._bar
-        if bar is None:
+        if self._handle is None:
+            self._bar.close()
             return
-        if self._handle is not None:
-            try:
-                bar.close()
-                self._handle.update({"text/plain": f"{self.description}: {summary}"}, raw=True)
-            except Exception:
-                pass
-            return
-        bar.close()
+        with contextlib.suppress(Exception):
+            self._bar.close()
+            self._handle.update({"text/plain": f"{self.description}: {summary}"}, raw=True)
