@@ -215,11 +215,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"),
-                      default=repr).encode("ascii")
-
-
 def row_key(model: str, messages: str | list[Message], call_material: Mapping[str, Any]) -> str:
     """The key of a row's request: SHA-256 of the model (``provider:model``), the filled prompt
     and the request options (:func:`~.engine.prepare_rows` adds ``#n`` to the ``n``-th repeat of
@@ -228,6 +223,6 @@ def row_key(model: str, messages: str | list[Message], call_material: Mapping[st
         prompt: Any = messages
     else:
         prompt = [m.model_dump(mode="json", exclude_none=True) for m in messages]
-    return hashlib.sha256(
-        _canonical({"v": 1, "model": model, "prompt": prompt, **call_material})
-    ).hexdigest()
+    canonical = json.dumps({"v": 1, "model": model, "prompt": prompt, **call_material},
+                           sort_keys=True, ensure_ascii=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
