@@ -26,7 +26,6 @@ from .engine import (
     DEFAULT_MAX_RETRIES,
     BatchSettings,
     RowRunner,
-    Stats,
     chat_request,
     prepare_rows,
 )
@@ -50,31 +49,6 @@ async def _premium(adapter: Adapter, result: BatchResult) -> None:
         for info in await adapter.alist_models():
             if info.id == adapter.model_name and info.premium_multiplier is not None:
                 result.premium_requests = result.model_calls * info.premium_multiplier
-
-
-async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken,
-                    *, close_adapter: bool) -> None:
-    """Run ``plan`` on the running event loop, filling ``result``."""
-    adapter, owned = resolve_adapter(plan.model, plan.cache)
-    checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
-    try:
-        rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint,
-                            result, stats)
-        first = next(rows, None)
-        if first is None:
-            return
-        chat_request(adapter, first.messages, plan.call, stream=plan.call.stream, max_retries=0)
-        budget = None
-        if result.budget is not None:
-            budget = RowBudget(result.budget, adapter, plan.call)
-            budget.worst(first.messages)  # an unknown price or max_tokens fails before sending
-        runner = RowRunner(adapter, plan.call, plan.settings, result=result, stats=stats,
-                           cancel=cancel, checkpoint=checkpoint, budget=budget)
-        await runner.run(itertools.chain([first], rows))
-        await _premium(adapter, result)
-    finally:
-        if owned or close_adapter:
-            await aclose_adapter(adapter)
 
 
 class _Job:
@@ -118,14 +92,34 @@ class _Job:
     async def run_here(self, *, close_adapter: bool) -> None:
         """Run the rows on the running event loop (or submit them to the provider's batch API
         and, with ``wait``, collect the answers)."""
-        deferred = self.deferred
-        if deferred is None:
-            await run_local(self.plan, self.result, self.stats, self.token,
-                            close_adapter=close_adapter)
+        if self.deferred is not None:
+            await self.deferred.start()
+            if self.wait:
+                await self.deferred.wait()
             return
-        await deferred.start()
-        if self.wait:
-            await deferred.wait()
+        plan, result = self.plan, self.result
+        adapter, owned = resolve_adapter(plan.model, plan.cache)
+        checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
+        try:
+            rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
+                                checkpoint, result, self.stats)
+            first = next(rows, None)
+            if first is None:
+                return
+            chat_request(adapter, first.messages, plan.call, stream=plan.call.stream,
+                         max_retries=0)  # an option the adapter rejects fails before sending
+            budget = None
+            if result.budget is not None:
+                budget = RowBudget(result.budget, adapter, plan.call)
+                budget.worst(first.messages)  # an unknown price or max_tokens fails here too
+            runner = RowRunner(adapter, plan.call, plan.settings, result=result,
+                               stats=self.stats, cancel=self.token, checkpoint=checkpoint,
+                               budget=budget)
+            await runner.run(itertools.chain([first], rows))
+            await _premium(adapter, result)
+        finally:
+            if owned or close_adapter:
+                await aclose_adapter(adapter)
 
     def finish(self) -> None:
         """Account for rows never run, set the totals, close the bar."""
