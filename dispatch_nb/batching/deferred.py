@@ -40,7 +40,6 @@ from .checkpoint import Checkpoint
 from .engine import Pending, Stats, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
 from .result import NOT_SENT, BatchResult, RowOrigin
-from .rows import RowCall
 
 if TYPE_CHECKING:
     from ..cost import Cost
@@ -144,19 +143,6 @@ class _Row:
     wire: WireRequest
 
 
-def request_for(adapter: Adapter, messages: Any, call: RowCall) -> tuple[ChatRequest, WireRequest]:
-    """The request a live, non-streamed call of ``messages`` would send (the same wire code)."""
-    from ..http_adapter import HTTPAdapter
-
-    if not isinstance(adapter, HTTPAdapter):
-        raise TypeError(f"{adapter.display_name} has no batch API")
-    request = chat_request(adapter, messages, call, stream=False)
-    if request.output is not None:
-        adapter.output_mode(request)
-    request = adapter._with_output_prompt(request)
-    return request, adapter.build_request(request)
-
-
 class DeferredRun:
     """One deferred batch: its rows, its jobs, and the steps :func:`batch` / :func:`abatch` and
     ``BatchResult.refresh()`` / ``wait()`` take."""
@@ -235,11 +221,26 @@ class DeferredRun:
         self.job = self.result.job = BatchJob(adapter.provider_name)
         pending = self._read_rows()
         self.job.checkpoint = self.plan.checkpoint
-        for item in pending:
-            request, wire = request_for(adapter, item.messages, self.plan.call)
-            self.rows[item.key] = _Row(item.position, item.key, request, wire)
+        from ..http_adapter import HTTPAdapter
+
+        if not isinstance(adapter, HTTPAdapter):
+            raise TypeError(f"{adapter.display_name} has no batch API")
+        for item in pending:  # the request a live, non-streamed call sends (the same wire code)
+            request = chat_request(adapter, item.messages, self.plan.call, stream=False)
+            if request.output is not None:
+                adapter.output_mode(request)
+            request = adapter._with_output_prompt(request)
+            self.rows[item.key] = _Row(item.position, item.key, request,
+                                       adapter.build_request(request))
             self.by_id[custom_id(item.key)] = item.key
-        self._answered_jobs()
+        if self.checkpoint is not None and self.checkpoint.read:
+            # the jobs, recorded and collected, that answered the rows read from the checkpoint:
+            # in result.job as they ended (nothing is asked of the provider, no key is needed)
+            for job, keys in self.checkpoint.jobs(collected=True):
+                if self.checkpoint.read.intersection(keys):
+                    part = JobPart.from_json(job)
+                    self.collected.add(part.id)
+                    self.parts[part.id] = (part, keys)
         if not self.rows:
             self.job.parts = [part for part, _keys in self.parts.values()]
             if self.job.parts:
@@ -279,17 +280,6 @@ class DeferredRun:
                         f"not sent: {self.cancel.reason or 'the batch was cancelled'}",
                         provider=adapter.provider_name, code=NOT_SENT), None)
         self._show()
-
-    def _answered_jobs(self) -> None:
-        """The jobs, recorded and collected, that answered the rows read from the checkpoint: in
-        ``result.job`` as they ended (nothing is asked of the provider, no key is needed)."""
-        if self.checkpoint is None or not self.checkpoint.read:
-            return
-        for job, keys in self.checkpoint.jobs(collected=True):
-            if self.checkpoint.read.intersection(keys):
-                part = JobPart.from_json(job)
-                self.collected.add(part.id)
-                self.parts[part.id] = (part, keys)
 
     def _within_budget(self, keys: list[str]) -> list[str]:
         """With ``budget=``: the rows whose worst case (at the batch price) still fits, each
