@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
-from ..cost import attempt_cost
+from ..cost import attempt_cost, ledger, price
 from ..errors import BudgetExceededError, DispatchError, RequestCancelled, RequestError
 from ..providers.batch_api import BatchAPI, JobPart, RowOutcome, cancelled_error, expired_error
 from ..stream import Accumulator
@@ -40,9 +40,6 @@ from .checkpoint import Checkpoint
 from .engine import Pending, Stats, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
 from .result import NOT_SENT, BatchResult, RowOrigin
-
-if TYPE_CHECKING:
-    from ..cost import Cost
 
 __all__ = ["BatchJob", "BatchPendingError", "DeferredRun", "custom_id"]
 
@@ -363,7 +360,15 @@ class DeferredRun:
                 assert isinstance(adapter, HTTPAdapter)
                 adapter.parse_body(row.request, body, acc)
             response = acc.finish()
-            response.cost = self._price(response)
+            # the provider's batch price for its usage, entered in this process's ledger
+            try:
+                response.cost = price(adapter.provider_name, adapter.model_name, response.usage,
+                                      batch=True)
+            except Exception as exc:  # a price lookup never fails a row
+                log.warning("could not price %s %s: %s", adapter.provider_name,
+                            adapter.model_name, exc)
+            ledger.record(adapter.provider_name, adapter.model_name, response.usage,
+                          response.cost)
             if row.request.output is not None:
                 from ..structured import settle_answer
 
@@ -372,22 +377,6 @@ class DeferredRun:
             exc.provider = exc.provider or adapter.provider_name
             return exc
         return response
-
-    def _price(self, response: Response) -> Cost | None:
-        """A deferred answer's cost: the provider's batch price for its usage (entered in this
-        process's ledger, ``%chat cost``)."""
-        from ..cost import ledger, price
-
-        adapter = self.adapter
-        assert adapter is not None
-        try:
-            cost = price(adapter.provider_name, adapter.model_name, response.usage, batch=True)
-        except Exception as exc:  # a price lookup never fails a row
-            log.warning("could not price %s %s: %s", adapter.provider_name, adapter.model_name,
-                        exc)
-            cost = None
-        ledger.record(adapter.provider_name, adapter.model_name, response.usage, cost)
-        return cost
 
     def _missing(self, part: JobPart) -> DispatchError:
         provider = part.provider
