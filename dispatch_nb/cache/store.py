@@ -322,10 +322,7 @@ class ResponseCache:
                     fh.write(_dump_json_line(entry))
                 fh.flush()
                 os.fsync(fh.fileno())
-            if self.path.exists():
-                os.chmod(tmp, self.path.stat().st_mode & 0o777)
-            else:
-                os.chmod(tmp, 0o644)
+            os.chmod(tmp, self.path.stat().st_mode & 0o777 if self.path.exists() else 0o644)
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
