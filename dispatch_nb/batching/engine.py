@@ -55,7 +55,6 @@ class BatchSettings:
     concurrency: int = 16
     max_retries: int = DEFAULT_MAX_RETRIES
     timeout: float | None = None
-    retry_backoff: float = BACKOFF_BASE
 
     def __post_init__(self) -> None:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
@@ -451,7 +450,7 @@ class RowRunner:
         if attempts > self.settings.max_retries or not exc.retryable \
                 or exc.code == "quota_exceeded":
             return None
-        delay = backoff_delay(attempts - 1, exc.retry_after, self.settings.retry_backoff)
+        delay = backoff_delay(attempts - 1, exc.retry_after, BACKOFF_BASE)
         if delay is None:
             return None
         if deadline is not None and time.monotonic() + delay >= deadline:
