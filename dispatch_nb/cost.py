@@ -145,15 +145,15 @@ def _genai() -> Any:
     return genai_prices
 
 
-def price(provider: str, model: str, usage: UsageLike, *, when: datetime | None = None,
-          premium_requests: float | None = None, batch: bool = False) -> Cost | None:
-    """The :class:`Cost` of ``usage`` on ``provider:model`` (dispatch_nb's provider names), or
-    ``None`` when its price is unknown. ``when``: the time of the request (default: now).
-    ``batch``: answered through the provider's batch API, at its batch price."""
+def price(provider: str, model: str, usage: UsageLike, *, premium_requests: float | None = None,
+          batch: bool = False) -> Cost | None:
+    """The :class:`Cost` of ``usage`` on ``provider:model`` (dispatch_nb's provider names) now,
+    or ``None`` when its price is unknown. ``batch``: answered through the provider's batch
+    API, at its batch price."""
     price_id = PRICE_PROVIDERS.get(provider)
     genai = _genai() if price_id and model else None
     calc = None
-    when = when or datetime.now(timezone.utc)
+    when = datetime.now(timezone.utc)
     if genai is not None:
         # genai-prices' input tokens are all of them (ours plus cache reads and writes), the
         # cache's priced at their own rates; reasoning tokens are output tokens, as every

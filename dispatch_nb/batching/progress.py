@@ -62,9 +62,8 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def describe(stats: Stats, now: float | None = None) -> str:
+def describe(stats: Stats) -> str:
     """The counters as one line: ok / failed / not sent / in flight, tokens, rows/s, ETA."""
-    now = time.monotonic() if now is None else now
     if stats.job:  # a deferred batch: the provider's jobs say where it is
         return f"{stats.job}; ok {stats.ok:,}" + (f", failed {stats.failed:,}" if stats.failed
                                                  else "")
@@ -82,7 +81,7 @@ def describe(stats: Stats, now: float | None = None) -> str:
     if stats.rate_limited:
         parts.append(f"429×{stats.rate_limited}")
     if stats.first_sent is not None and stats.sent_done:
-        rate = stats.sent_done / max(now - stats.first_sent, 1e-6)
+        rate = stats.sent_done / max(time.monotonic() - stats.first_sent, 1e-6)
         parts.append(f"{rate:.1f} rows/s")
         if stats.total is not None:
             left = stats.total - stats.finished
