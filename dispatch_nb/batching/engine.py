@@ -267,14 +267,11 @@ class RowRunner:
         tasks: set[asyncio.Task[None]] = set()
         try:
             for pending in rows:
-                if stopped.is_set():
+                try:  # raises at once when the batch stopped (_stop and _halt cancel the limiter)
+                    epoch = await self.limiter.acquire()
+                except DispatchError:  # cancelled or stopped (or while waiting for a slot)
                     self._not_sent(pending)
                     break  # rows not read yet stay unread (the caller marks them not sent)
-                try:
-                    epoch = await self.limiter.acquire()
-                except DispatchError:  # cancelled or stopped while waiting for a slot
-                    self._not_sent(pending)
-                    break
                 if stopped.is_set():  # the slot came free as the batch stopped
                     self.limiter.release()
                     self._not_sent(pending)
