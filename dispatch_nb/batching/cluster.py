@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import threading
 import time
 import uuid
@@ -250,6 +251,10 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     def collect(future: Any) -> None:
         positions = outstanding.pop(future)
         stats.in_flight -= len(positions)
+        if future.status == "cancelled":
+            for position in positions:
+                mark_not_sent(result, stats, position, cancel)
+            return
         try:
             part: PartitionResult = future.result()
         except (TypeError, ValueError, FileNotFoundError):
@@ -287,18 +292,12 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
             elif origin == RowOrigin.REPLAYED:
                 stats.replayed += 1
 
-    def pump(deadline: float | None) -> None:
+    def pump(deadline: float) -> None:
         submit_more()
         while outstanding:
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return
             for future in [f for f in outstanding if f.done()]:
-                if future.status == "cancelled":
-                    positions = outstanding.pop(future)
-                    stats.in_flight -= len(positions)
-                    for position in positions:
-                        mark_not_sent(result, stats, position, cancel)
-                    continue
                 collect(future)
             submit_more()
             bar.update(stats)
@@ -307,7 +306,7 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
 
     interrupted = False
     try:  # cancelling the token sets the stop event (its callback)
-        pump(None)
+        pump(math.inf)
     except KeyboardInterrupt:
         interrupted = True
         cancel.cancel("interrupted (KeyboardInterrupt)")
