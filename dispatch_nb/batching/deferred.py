@@ -510,7 +510,6 @@ class DeferredRun:
             if await self.refresh():
                 break
             await asyncio.sleep(min(0.5, max(self.poll_interval, 0.05)))
-        self._show()
 
     def run_sync(self, *, wait: bool) -> None:
         """``BatchResult.refresh()`` (``wait=False``) / ``wait()``, from a thread that may run an
