@@ -77,13 +77,12 @@ class BatchResult(Sequence[Any]):
 
     Totals: ``usage`` (every row's tokens, failed attempts' partial answers included),
     ``ok`` / ``failed`` / ``not_sent`` counts, ``sent`` (rows asked of the model in this run),
-    ``resumed`` (rows
-    read from the checkpoint), ``replayed`` (rows answered by the response cache), ``retries``,
-    ``rate_limited`` (429s seen), ``model_calls`` (calls that reached the model, tool rounds
-    included), ``premium_requests`` (GitHub Copilot: model calls × the model's premium
-    multiplier, when known), ``elapsed`` (seconds), ``lowest_concurrency`` (how far rate limits
-    pushed the batch down), ``interrupted``, ``stopped_by``. Per row: :meth:`latency`, :meth:`origin`,
-    :meth:`usage_of`. :meth:`to_pandas` puts the answers beside the input.
+    ``resumed`` (rows read from the checkpoint), ``replayed`` (rows answered by the response
+    cache), ``retries``, ``rate_limited`` (429s seen), ``model_calls`` (calls that reached the
+    model, tool rounds included), ``premium_requests`` (GitHub Copilot: model calls × the model's
+    premium multiplier, when known), ``elapsed`` (seconds), ``lowest_concurrency`` (how far rate
+    limits pushed the batch down), ``interrupted``, ``stopped_by``. Per row: :meth:`latency`,
+    :meth:`origin`, :meth:`usage_of`. :meth:`to_pandas` puts the answers beside the input.
     """
 
     def __init__(self, source: Any = None, *, model: str = "") -> None:
