@@ -261,10 +261,9 @@ class DeferredRun:
         if fresh:
             submitted: set[str] = set()
             async with api.client() as client:
-                for chunk in self._chunks(api, fresh):
+                for chunk, lines in self._chunks(api, fresh):
                     if self.cancel.cancelled:
                         break
-                    lines = [api.line(custom_id(k), self.rows[k].wire.json) for k in chunk]
                     part = await api.submit(client, lines)
                     self.checkpoint.record_job(part.to_json(), chunk)
                     self.parts[part.id] = (part, chunk)
@@ -303,20 +302,22 @@ class DeferredRun:
             kept.append(key)
         return kept
 
-    def _chunks(self, api: BatchAPI, keys: list[str]) -> Iterator[list[str]]:
-        """``keys`` in jobs within the provider's limits (requests per job, bytes per job)."""
+    def _chunks(self, api: BatchAPI, keys: list[str]) -> Iterator[tuple[list[str], list[bytes]]]:
+        """``keys`` and their lines in jobs within the provider's limits (requests per job,
+        bytes per job)."""
         chunk: list[str] = []
+        lines: list[bytes] = []
         size = 0
         for key in keys:
-            row = self.rows[key]
-            length = len(api.line(custom_id(key), row.wire.json)) + 1
-            if chunk and (len(chunk) >= api.max_requests or size + length > api.max_bytes):
-                yield chunk
-                chunk, size = [], 0
+            line = api.line(custom_id(key), self.rows[key].wire.json)
+            if chunk and (len(chunk) >= api.max_requests or size + len(line) + 1 > api.max_bytes):
+                yield chunk, lines
+                chunk, lines, size = [], [], 0
             chunk.append(key)
-            size += length
+            lines.append(line)
+            size += len(line) + 1
         if chunk:
-            yield chunk
+            yield chunk, lines
 
     # -- the rows ------------------------------------------------------------------------------
     def _pending(self, row: _Row, state: str) -> None:
