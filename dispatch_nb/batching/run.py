@@ -22,13 +22,7 @@ from ..types import Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .deferred import TICK, DeferredRun, in_thread
-from .engine import (
-    DEFAULT_MAX_RETRIES,
-    BatchSettings,
-    RowRunner,
-    chat_request,
-    prepare_rows,
-)
+from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, chat_request, prepare_rows
 from .plan import BatchPlan, aclose_adapter, finish, new_result, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
