@@ -7,14 +7,11 @@ the installed package: nothing is fetched at run time. A provider's answers are 
 ``genai-prices`` provider id of its :class:`~dispatch_nb.registry.ProviderDescriptor`
 (``price_provider``); a provider without one (the embedded model, OpenAI-compatible servers) or a
 model the data does not know has an unknown price: ``None``, never zero.
-
-Usage maps onto ``genai-prices``' like this: its ``input_tokens`` are all input tokens (ours plus
-cache reads and writes), ``cache_read_tokens`` / ``cache_write_tokens`` are priced at their own
-rates, and reasoning tokens are part of ``output_tokens`` (as every provider reports them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -148,19 +145,36 @@ def _genai() -> Any:
     return genai_prices
 
 
-def price(provider: str, model: str, usage: UsageLike, *, when: datetime | None = None,
-          premium_requests: float | None = None, batch: bool = False) -> Cost | None:
-    """The :class:`Cost` of ``usage`` on ``provider:model`` (dispatch_nb's provider names), or
-    ``None`` when its price is unknown. ``when``: the time of the request (default: now).
-    ``batch``: answered through the provider's batch API, at its batch price."""
+def price(provider: str, model: str, usage: UsageLike, *, premium_requests: float | None = None,
+          batch: bool = False) -> Cost | None:
+    """The :class:`Cost` of ``usage`` on ``provider:model`` (dispatch_nb's provider names) now,
+    or ``None`` when its price is unknown. ``batch``: answered through the provider's batch
+    API, at its batch price."""
     price_id = PRICE_PROVIDERS.get(provider)
-    found = _calc(price_id, model, usage, when, batch) if price_id and model else None
-    if found is None:
+    genai = _genai() if price_id and model else None
+    calc = None
+    when = datetime.now(timezone.utc)
+    if genai is not None:
+        # genai-prices' input tokens are all of them (ours plus cache reads and writes), the
+        # cache's priced at their own rates; reasoning tokens are output tokens, as every
+        # provider reports them
+        priced = genai.Usage(
+            input_tokens=usage.input_tokens + usage.cache_read_tokens
+            + usage.cache_creation_tokens, cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_creation_tokens, output_tokens=usage.output_tokens,
+        )
+        with contextlib.suppress(LookupError):
+            calc = genai.calc_price(priced, model, provider_id=price_id,
+                                    genai_request_timestamp=when,
+                                    price_context={"processing": "batch"} if batch else None)
+    if calc is None:
         if premium_requests is None:
             return None
         return Cost(usd=None, premium_requests=premium_requests,
                     source=f"GitHub Copilot /models multiplier (no dollar price for {model})")
-    calc, source = found
+    assert genai is not None
+    source = (f"genai-prices {genai.__version__} ({calc.provider.id} {calc.model.id}"
+              f"{', batch price' if batch else ''}, prices of {when.date().isoformat()})")
     return Cost(usd=calc.total_price, input_usd=calc.input_price, output_usd=calc.output_price,
                 premium_requests=premium_requests, source=source)
 
@@ -186,39 +200,8 @@ def warm_up(provider: str) -> None:
 def _load() -> None:
     genai = _genai()
     if genai is not None:
-        try:
+        with contextlib.suppress(LookupError):
             genai.calc_price(genai.Usage(input_tokens=1), "gpt-4.1")  # loads the price data
-        except LookupError:
-            pass
-
-
-def genai_usage(usage: UsageLike) -> Any:
-    """``usage`` as a ``genai_prices.Usage`` (input tokens include cache reads and writes)."""
-    genai = _genai()
-    assert genai is not None
-    return genai.Usage(
-        input_tokens=usage.input_tokens + usage.cache_read_tokens + usage.cache_creation_tokens,
-        cache_read_tokens=usage.cache_read_tokens,
-        cache_write_tokens=usage.cache_creation_tokens,
-        output_tokens=usage.output_tokens,
-    )
-
-
-def _calc(price_id: str, model: str, usage: UsageLike, when: datetime | None,
-          batch: bool = False) -> tuple[Any, str] | None:
-    genai = _genai()
-    if genai is None:
-        return None
-    when = when or datetime.now(timezone.utc)
-    try:
-        calc = genai.calc_price(genai_usage(usage), model, provider_id=price_id,
-                                genai_request_timestamp=when,
-                                price_context={"processing": "batch"} if batch else None)
-    except LookupError:
-        return None
-    source = (f"genai-prices {genai.__version__} ({calc.provider.id} {calc.model.id}"
-              f"{', batch price' if batch else ''}, prices of {when.date().isoformat()})")
-    return calc, source
 
 
 # -- sums -----------------------------------------------------------------------------------------

@@ -174,8 +174,7 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
         else:
             source = RowSource(rows, namespace=namespace)
             for _position, row in source:
-                filled = fill_template(template, row, source.namespace(row))
-                prompts.append(as_messages(filled.messages))
+                prompts.append(as_messages(fill_template(template, row, source.namespace(row))))
         limit = _max_tokens(adapter, max_tokens)
         counted_by, exact = "approximation", False
         total = 0
@@ -196,16 +195,15 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
                     batch=batch)
         high = price(adapter.provider_name, adapter.model_name,
                      Usage(input_tokens=total, output_tokens=limit * len(prompts)), batch=batch)
-        known = low is not None and high is not None and low.usd is not None \
-            and high.usd is not None
+        low_usd = low.usd if low is not None else None
+        high_usd = high.usd if high is not None else None
+        if low_usd is None or high_usd is None:  # a range needs both ends
+            low_usd = high_usd = None
         return Estimate(
             model=f"{adapter.provider_name}:{adapter.model_name}", rows=len(prompts),
             input_tokens=total, counted_by=counted_by, approximate=not exact, max_tokens=limit,
-            input_usd=low.usd if known and low else None,
-            max_output_usd=(high.usd - low.usd) if known and high and low and high.usd is not None
-            and low.usd is not None else None,
-            low_usd=low.usd if known and low else None,
-            high_usd=high.usd if known and high else None,
+            input_usd=low_usd, low_usd=low_usd, high_usd=high_usd,
+            max_output_usd=None if low_usd is None or high_usd is None else high_usd - low_usd,
             premium_requests=premium, source=high.source if high is not None else "",
         )
     finally:

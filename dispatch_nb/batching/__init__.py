@@ -18,9 +18,9 @@ The package, one idea per module:
 * ``checkpoint.py`` — the response cache, keyed by row, that a rerun resumes from
 * ``progress.py``   — the tqdm bar (widget in Jupyter, text in a terminal)
 * ``result.py``     — :class:`BatchResult` (ok / failed / not sent), :class:`BatchInterrupted`
-* ``plan.py``       — the checked arguments, the adapter rows go through, the final accounting
-  (shared by the local run and the Dask run)
-* ``run.py``        — :func:`batch` and :func:`abatch`
+* ``plan.py``       — the plan, the adapter rows go through, the final accounting (shared by the
+  local run and the Dask run)
+* ``run.py``        — :func:`batch` and :func:`abatch`, their arguments checked
 * ``cluster.py``    — the same rows on a Dask cluster (``executor=``)
 * ``deferred.py``   — the same rows as provider batch jobs (``deferred=True``)
 

@@ -1,70 +1,30 @@
 """A batch's checkpoint: a :class:`~dispatch_nb.cache.ResponseCache` whose keys are the rows.
 
-Each answered row is recorded the moment it finishes, as one line in the response cache's own
-format (docs/record-replay.md), keyed by the row — :func:`~dispatch_nb.batching.rows.row_key`: the
-model, the filled prompt and the request options (``…#1`` for a repeat of a row) — with the row's
-facts beside the answer::
+Each answered row is recorded the moment it finishes, in the cache's own line format, keyed by
+:func:`~dispatch_nb.batching.rows.row_key` (``…#1`` for a repeat of a row) with the row's facts
+(``row``, ``latency``, ``attempts``, ``usage``) beside the answer; a rerun sends only the rows not
+answered there. Rows that failed, were cancelled or were never sent are not written. See
+docs/batch.md, "Resuming: the checkpoint".
 
-    {"v":1,"key":"3f9c…","provider":"openai","model":"gpt-4.1-mini","created":"2026-…Z",
-     "label":"row 17","request":{"messages":1,"last_user":"Classify…"},"streamed":false,
-     "response":{…the Response…},"row":17,"latency":1.204,"attempts":1,"usage":{…}}
-
-A rerun — the same rows, more rows, or the rows in another order — finds every answered row and
-sends only the others. Rows that failed are not written (the result holds their errors; the next
-run sends them again), nor are rows cancelled or never sent.
-
-The file is the response cache's: appended under a lock and an ``flock`` (Dask workers on one
-machine or a shared filesystem may append to one file), so a killed kernel or worker loses at
-most the rows in flight; a line cut short by a crash is skipped; secrets are scrubbed; the last
-line of a key wins. Checkpoints written before this format (one line per finished row, failed rows
-too) resume as they are: their answered lines are cache entries already.
-
-A batch sent to a provider's batch API (``deferred=True``) also records each provider job the
-moment it is created — before it is polled — and again as its state changes, keyed ``job:<id>``::
-
-    {"v":1,"key":"job:batch_68…","created":"…","job":{"id":"batch_68…","state":"in_progress",…},
-     "keys":["3f9c…","a71e…",…],"collected":false}
-
-so a rerun (another kernel, another machine with this file) collects the job instead of submitting
-its rows again.
+A deferred batch (``deferred=True``) also records each provider job — before it is polled, and
+again as its state changes — keyed ``job:<id>`` with the keys of its rows, so a rerun (another
+kernel, another machine) collects the job instead of submitting its rows again.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..cache import ResponseCache
-from ..types import Message, Response, Usage
+from ..cache.keys import FORMAT_VERSION
+from ..cache.store import _now, request_summary
+from ..types import Message, Response, Usage, as_messages
 
 __all__ = ["Checkpoint", "shared_checkpoint"]
-
-#: the version of the cache's lines
-FORMAT_VERSION = 1
-#: characters of the last user message kept in a line (as the response cache keeps)
-PREVIEW_CHARS = 200
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace(
-        "+00:00", "Z"
-    )
-
-
-def _request_facts(messages: str | list[Message]) -> dict[str, Any]:
-    """What the cache keeps of a request: how many messages, the last user message's start."""
-    if isinstance(messages, str):
-        count, text = 1, messages
-    else:
-        count = len(messages)
-        text = next((m.text for m in reversed(messages) if m.role == "user"), "")
-    text = " ".join(text.split())
-    if len(text) > PREVIEW_CHARS:
-        text = text[: PREVIEW_CHARS - 1] + "…"
-    return {"messages": count, "last_user": text}
 
 
 class Checkpoint:
@@ -77,8 +37,6 @@ class Checkpoint:
             raise ValueError(f"checkpoint={str(path)!r} is a directory; name a file, e.g. run.jsonl")
         #: the store
         self.cache = cache if cache is not None else ResponseCache(self.path, mode="read-write")
-        #: rows this object wrote
-        self.written = 0
         #: the keys of the rows whose answers this object read (:meth:`answer`)
         self.read: set[str] = set()
 
@@ -106,7 +64,7 @@ class Checkpoint:
             "model": model,
             "created": _now(),
             "label": f"row {position}",
-            "request": _request_facts(messages),
+            "request": request_summary(as_messages(messages)),
             "streamed": streamed,
             "response": response.model_dump(mode="json", exclude_none=True),
             "row": position,
@@ -114,16 +72,15 @@ class Checkpoint:
             "attempts": attempts,
             "usage": usage.model_dump(mode="json"),
         })
-        self.written += 1
-
 
     # -- provider jobs (batch(..., deferred=True)) ----------------------------------------------
-    def jobs(self, *, collected: bool = False) -> list[dict[str, Any]]:
-        """The provider jobs recorded here whose answers are not all collected yet, oldest first:
-        each ``{"job": {…the job's state…}, "keys": [row keys]}``; ``collected=True``: the
-        collected ones too."""
-        return [entry for entry in self.cache.entries()
-                if isinstance(entry.get("job"), dict) and (collected or not entry.get("collected"))]
+    def jobs(self, *, collected: bool = False) -> Iterator[tuple[dict[str, Any], list[str]]]:
+        """The provider jobs recorded here whose answers are not all collected yet (or, with
+        ``collected=True``, the collected ones), oldest first: each job's state and the keys of
+        its rows."""
+        for entry in self.cache.entries():
+            if isinstance(entry.get("job"), dict) and collected == bool(entry.get("collected")):
+                yield entry["job"], [k for k in entry.get("keys") or [] if isinstance(k, str)]
 
     def record_job(self, job: dict[str, Any], keys: list[str], *, collected: bool = False) -> None:
         """Record a provider job: its state and the keys of the rows it holds."""

@@ -1,24 +1,12 @@
 """The same batch on a Dask cluster: ``batch(..., executor=distributed.Client(...))``.
 
-The client reads the rows, fills the template, skips rows the checkpoint already answered, and
-submits the rest in partitions of ``partition_size`` rows — a few partitions ahead of the workers,
-never the whole input at once. Each partition runs on a worker with the local engine
-(:class:`~dispatch_nb.batching.engine.RowRunner`: adaptive concurrency, retries, deadlines), with
-an adapter the worker builds itself from the model **spec**: credentials come from the worker's
-environment or token store and are never part of the task graph (a task carries the spec, the
-filled prompts, the request options, the cache and checkpoint paths — no adapter, no key).
-Results come back per partition and are put in input order.
-
-Checkpoint: workers append each row to the checkpoint file as it finishes (the path must be
-reachable from the workers: the same machine, or a shared filesystem). A partition that Dask
-re-runs after its worker died first reads the checkpoint, so rows the dead worker finished are not
-sent again — only the rows it had in flight are. A rerun of the whole batch resumes as locally.
-
-Ctrl-C (or the cancel token) sets a Dask ``Event`` the running partitions watch: their rows in
-flight stop within about half a second; partitions not started are cancelled. A partition that
-stops at an error every row would get (a rejected key, an exhausted quota, an unknown model) sets
-the same event before it hands its rows back, so partitions started after it send nothing, and
-the client sends no more: rows never sent come back "not sent".
+The client reads, fills and resumes the rows and submits the rest in partitions of
+``partition_size`` rows, a few partitions ahead of the workers. Each partition runs the local
+engine (:class:`~dispatch_nb.batching.engine.RowRunner`) on a worker, through an adapter the
+worker builds from the model **spec**: credentials never enter the task graph. Workers append to
+the checkpoint as rows finish, and a partition Dask re-runs after its worker died reads it first.
+Ctrl-C, the cancel token, or a partition stopped by an error every row would get sets a Dask
+``Event`` the partitions watch. See docs/batch.md, "On a Dask cluster".
 """
 
 from __future__ import annotations
@@ -26,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import threading
 import time
 import uuid
@@ -38,7 +27,7 @@ from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..types import Message, Response, Usage
 from .checkpoint import Checkpoint, shared_checkpoint
-from .engine import BatchSettings, Pending, RowRunner, Stats, validate_call
+from .engine import BatchSettings, Pending, RowRunner, Stats, chat_request, resume
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult, RowOrigin, is_not_sent, not_sent
 from .rows import RowCall
@@ -79,8 +68,8 @@ class PartitionTask:
 class PartitionResult:
     """What a partition hands back: each row's item and facts, and the engine's counters."""
 
-    rows: list[tuple[int, Any, tuple[int, int, int, int], float, int, int]] = field(
-        default_factory=list)
+    #: ``(position, item, usage, latency, attempts, origin)`` of each row
+    rows: list[tuple[int, Any, Usage, float, int, int]] = field(default_factory=list)
     retries: int = 0
     rate_limited: int = 0
     model_calls: int = 0
@@ -89,15 +78,10 @@ class PartitionResult:
     stopped_by: tuple[int, DispatchError] | None = None
 
 
-def _usage(values: tuple[int, int, int, int]) -> Usage:
-    return Usage(input_tokens=values[0], output_tokens=values[1], cache_read_tokens=values[2],
-                 cache_creation_tokens=values[3])
-
-
 # -- on the worker --------------------------------------------------------------------------------
 def run_partition(task: PartitionTask) -> PartitionResult:
     """Run one partition on this worker (a Dask task; also callable directly)."""
-    from .plan import resolve_adapter
+    from .plan import aclose_adapter, resolve_adapter
 
     cache = None
     if task.cache is not None:
@@ -116,12 +100,8 @@ def run_partition(task: PartitionTask) -> PartitionResult:
         )
     # A partition re-run after its worker died: rows that worker finished are not sent again.
     for position, messages, key in task.rows:
-        answer = checkpoint.answer(key) if checkpoint is not None else None
-        if answer is not None:
-            response, usage, latency = answer
-            result._set(position, response, usage=usage, latency=latency, attempts=0,
-                        origin=RowOrigin.SENT)
-        else:
+        if checkpoint is None or not resume(result, stats, position, checkpoint.answer(key),
+                                            RowOrigin.SENT):
             pending.append(Pending(position, messages, key))
     token = CancelToken()
     finished = threading.Event()
@@ -132,13 +112,11 @@ def run_partition(task: PartitionTask) -> PartitionResult:
     async def go() -> None:
         try:
             if pending:
-                validate_call(adapter, pending[0].messages, task.call)
+                chat_request(adapter, pending[0].messages, task.call, stream=task.call.stream,
+                             max_retries=0)
                 await runner.run(iter(pending))
         finally:
-            aclose = getattr(adapter, "aclose", None)
-            with contextlib.suppress(Exception):
-                if aclose is not None:
-                    await aclose()
+            await aclose_adapter(adapter)
 
     try:
         asyncio.run(go())
@@ -159,11 +137,12 @@ def run_partition(task: PartitionTask) -> PartitionResult:
         if item is None:
             continue
         input_tokens, output_tokens = result.usage_of(position)
-        counts = (input_tokens, output_tokens, 0, 0)
+        usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
         if isinstance(item, Response):
-            counts = (input_tokens, output_tokens, item.usage.cache_read_tokens,
-                      item.usage.cache_creation_tokens)
-        out.rows.append((position, item, counts, result.latency(position),
+            usage = usage.model_copy(update={
+                "cache_read_tokens": item.usage.cache_read_tokens,
+                "cache_creation_tokens": item.usage.cache_creation_tokens})
+        out.rows.append((position, item, usage, result.latency(position),
                          result.attempts(position), result._origin[position]))
     return out
 
@@ -220,7 +199,7 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     """Run ``plan`` (a :class:`~dispatch_nb.batching.run.BatchPlan`) on ``client``'s workers."""
     distributed = _require_distributed()
     from .engine import prepare_rows
-    from .plan import finish, mark_not_sent
+    from .plan import finish, mark_not_sent, new_result
 
     if isinstance(plan.model, Adapter):
         raise TypeError(
@@ -239,8 +218,7 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     if checkpoint is not None:
         checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
         checkpoint.path.touch()  # the workers check they see this file (a shared filesystem)
-    result = BatchResult(plan.source, model=plan.model_key)
-    stats = Stats(total=plan.source.total)
+    result, stats = new_result(plan)
     bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key} on Dask")
     event_name = f"dispatch-nb-batch-{uuid.uuid4().hex}"
     stop_event = distributed.Event(event_name, client=client)
@@ -273,6 +251,10 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     def collect(future: Any) -> None:
         positions = outstanding.pop(future)
         stats.in_flight -= len(positions)
+        if future.status == "cancelled":
+            for position in positions:
+                mark_not_sent(result, stats, position, cancel)
+            return
         try:
             part: PartitionResult = future.result()
         except (TypeError, ValueError, FileNotFoundError):
@@ -291,65 +273,56 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
         if part.stopped_by is not None and result.stopped_by is None:
             result.stopped_by = part.stopped_by
             _stop(stop_event)
-        result._totals.retries += part.retries
-        result._totals.rate_limited += part.rate_limited
-        result._totals.model_calls += part.model_calls
+        result.retries += part.retries
+        result.rate_limited += part.rate_limited
+        result.model_calls += part.model_calls
         stats.rate_limited += part.rate_limited
         if part.lowest_concurrency:
             low = result.lowest_concurrency
             result.lowest_concurrency = part.lowest_concurrency if low is None \
                 else min(low, part.lowest_concurrency)
         for position, item, usage, latency, attempts, origin in part.rows:
-            row_usage = _usage(usage)
             if is_not_sent(item) and not cancel.cancelled:  # the batch stopped: say why
                 item = not_sent(result, cancel, item.provider)
-            result._set(position, item, usage=row_usage, latency=latency, attempts=attempts,
+            result._set(position, item, usage=usage, latency=latency, attempts=attempts,
                         origin=origin)
-            stats.count(item, origin, row_usage)
+            stats.count(item, origin, usage)
             if origin == RowOrigin.SENT and stats.first_sent is None:
                 stats.first_sent = stats.started
             elif origin == RowOrigin.REPLAYED:
                 stats.replayed += 1
 
-    def pump(deadline: float | None) -> None:
+    def pump(deadline: float) -> None:
         submit_more()
         while outstanding:
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return
             for future in [f for f in outstanding if f.done()]:
-                if future.status == "cancelled":
-                    positions = outstanding.pop(future)
-                    stats.in_flight -= len(positions)
-                    for position in positions:
-                        mark_not_sent(result, stats, position, cancel)
-                    continue
                 collect(future)
             submit_more()
             bar.update(stats)
             if outstanding:
                 time.sleep(0.05)
 
-    try:
-        try:
-            pump(None)
-        except KeyboardInterrupt:
-            cancel.cancel("interrupted (KeyboardInterrupt)")
-            _stop(stop_event)
-            with contextlib.suppress(KeyboardInterrupt, Exception):
-                pump(time.monotonic() + CANCEL_GRACE)
-            _cancel_rest(client, outstanding)
-            finish(plan, result, stats, cancel)
-            bar.close(stats, result.summary())
-            raise BatchInterrupted(result, plan.checkpoint) from None
-        except BaseException:
-            cancel.cancel("the batch failed")
-            _stop(stop_event)
-            _cancel_rest(client, outstanding)
-            raise
+    interrupted = False
+    try:  # cancelling the token sets the stop event (its callback)
+        pump(math.inf)
+    except KeyboardInterrupt:
+        interrupted = True
+        cancel.cancel("interrupted (KeyboardInterrupt)")
+        with contextlib.suppress(KeyboardInterrupt, Exception):
+            pump(time.monotonic() + CANCEL_GRACE)
+        _cancel_rest(client, outstanding)
+    except BaseException:
+        cancel.cancel("the batch failed")
+        _cancel_rest(client, outstanding)
+        raise
     finally:
         remove_callback()
     finish(plan, result, stats, cancel)
     bar.close(stats, result.summary())
+    if interrupted:
+        raise BatchInterrupted(result, plan.checkpoint) from None
     return result
 
 

@@ -1,56 +1,45 @@
 """``batch(..., deferred=True)``: the rows as provider batch jobs — half the price, answered within
-24 hours (usually far sooner), outside the live rate limits.
+24 hours, outside the live rate limits (docs/batch.md, "Deferred").
 
-The rows are filled, keyed and resumed exactly as in a live batch (:func:`.engine.prepare_rows`);
-what differs is how the rows not yet answered are asked:
-
-1. Each row's request body is the one a live, non-streamed call would send (the adapter's own
-   :meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), its ``custom_id`` derived from the
-   row's key. The rows are split into jobs within the provider's limits and submitted
-   (:mod:`dispatch_nb.providers.batch_api`).
-2. Each job — its id and the keys of its rows — is written to the checkpoint **before** it is
-   polled. A batch without ``checkpoint=`` gets one under ``$DISPATCH_NB_HOME/batches/`` named
-   after what it asks, so running the same call again — after a kernel restart, the next morning —
-   finds its jobs. Rows a recorded job holds are collected from it, never submitted again.
-3. The jobs are polled every ``poll_interval`` seconds; a finished job's answers are parsed with the
-   adapter's wire format into the same :class:`~dispatch_nb.types.Response` a live call gives
-   (``parsed`` for ``output=``), each row recorded in the checkpoint as it is read.
-
-Cancelling (Ctrl-C, ``cancel=``) asks the provider to cancel the jobs and collects what finished
-if the provider says so within a few seconds; otherwise a rerun collects it later.
+Rows are filled, keyed and resumed as in a live batch (:func:`.engine.prepare_rows`). Each row's
+body is the one a live, non-streamed call would send (the adapter's own
+:meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), its ``custom_id`` derived from its
+key; the rows go in jobs within the provider's limits (:mod:`dispatch_nb.providers.batch_api`).
+Each job is written to the checkpoint **before** it is polled (a batch without ``checkpoint=``
+gets one under ``$DISPATCH_NB_HOME/batches/`` named after what it asks), so running the same call
+again collects its jobs instead of submitting the rows again. A finished job's answers are parsed
+by the adapter's wire format into the :class:`~dispatch_nb.types.Response` a live call gives.
+Cancelling asks the provider to cancel the jobs and collects what it hands over within a few
+seconds; a rerun collects the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
-from ..cost import attempt_cost
+from ..cost import attempt_cost, ledger, price
 from ..errors import BudgetExceededError, DispatchError, RequestCancelled, RequestError
-from ..providers.batch_api import BatchAPI, JobPart, RowOutcome
+from ..providers.batch_api import BatchAPI, JobPart, RowOutcome, cancelled_error, expired_error
 from ..stream import Accumulator
 from ..types import Response, Usage
 from ..wire.base import WireRequest
 from .checkpoint import Checkpoint
-from .engine import Pending, Stats, prepare_rows
+from .engine import Pending, Stats, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
 from .result import NOT_SENT, BatchResult, RowOrigin
-
-if TYPE_CHECKING:
-    from ..cost import Cost
 
 __all__ = ["BatchJob", "BatchPendingError", "DeferredRun", "custom_id"]
 
@@ -62,8 +51,10 @@ POLL_INTERVAL_ENV = "DISPATCH_NB_POLL_INTERVAL"
 DEFAULT_POLL_INTERVAL = 30.0
 #: seconds a cancelled batch waits for the provider to confirm and hand over what finished
 PROVIDER_CANCEL_GRACE = 3.0
-#: seconds Ctrl-C waits for a deferred batch's thread to cancel its jobs and stop
+#: seconds Ctrl-C waits for a batch's thread to stop its rows in flight (or cancel its jobs)
 INTERRUPT_GRACE = 5.0
+#: seconds between progress refreshes while a batch's thread runs
+TICK = 0.1
 
 
 class BatchPendingError(DispatchError):
@@ -98,16 +89,11 @@ class BatchJob:
     @property
     def state(self) -> str:
         live = [p.state for p in self.parts if not p.done]
-        for state in ("validating", "in_progress", "finalizing", "cancelling"):
-            if state in live:
-                return state
         if live:
-            return live[0]
+            return next((s for s in ("validating", "in_progress", "finalizing", "cancelling")
+                         if s in live), live[0])
         ended = {p.state for p in self.parts}
-        for state in ("failed", "expired", "cancelled"):
-            if state in ended:
-                return state
-        return "completed"
+        return next((s for s in ("failed", "expired", "cancelled") if s in ended), "completed")
 
     @property
     def done(self) -> bool:
@@ -154,28 +140,6 @@ class _Row:
     wire: WireRequest
 
 
-def request_for(adapter: Adapter, messages: Any, options: dict[str, Any], system: str | None,
-                tools: list[Any]) -> tuple[ChatRequest, WireRequest]:
-    """The request a live, non-streamed call of ``messages`` would send (the same wire code)."""
-    from ..http_adapter import HTTPAdapter
-    from ..structured import as_output
-
-    if not isinstance(adapter, HTTPAdapter):
-        raise TypeError(f"{adapter.display_name} has no batch API")
-    options = dict(options)
-    max_tokens = options.pop("max_tokens", None)
-    temperature = options.pop("temperature", None)
-    output = options.pop("output", None)
-    options.pop("output_retries", None)
-    request = adapter._request(messages, system=system, tools=tools, stream=False,
-                               max_tokens=max_tokens, temperature=temperature, options=options)
-    if output is not None:
-        request = dataclasses.replace(request, output=as_output(output))
-        adapter.output_mode(request)
-    request = adapter._with_output_prompt(request)
-    return request, adapter.build_request(request)
-
-
 class DeferredRun:
     """One deferred batch: its rows, its jobs, and the steps :func:`batch` / :func:`abatch` and
     ``BatchResult.refresh()`` / ``wait()`` take."""
@@ -219,7 +183,28 @@ class DeferredRun:
         self._reserved: dict[str, Decimal] = {}  # budget= reservations of the rows submitted
 
     # -- setting up ----------------------------------------------------------------------------
-    def _open_adapter(self) -> tuple[Adapter, BatchAPI]:
+    def _read_rows(self) -> list[Pending]:
+        """The rows to ask; the rows the checkpoint answers go in ``result``."""
+        plan = self.plan
+        if plan.checkpoint is not None:
+            self.checkpoint = Checkpoint(plan.checkpoint)
+        pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
+                                    self.checkpoint, self.result, self.stats))
+        if self.checkpoint is None and pending:  # one named after what the batch asks
+            from ..auth.token_store import dispatch_nb_home
+
+            keys = "\n".join([plan.model_key, *(p.key for p in pending)])
+            digest = hashlib.sha256(keys.encode()).hexdigest()
+            plan.checkpoint = str(dispatch_nb_home() / "batches" / f"{digest[:24]}.jsonl")
+            self.checkpoint = Checkpoint(plan.checkpoint)
+            # rows an earlier run of this same call already answered
+            pending = [p for p in pending if not resume(self.result, self.stats, p.position,
+                                                        self.checkpoint.answer(p.key))]
+        return pending
+
+    async def start(self) -> None:
+        """Read the rows, then collect the rows recorded jobs hold and submit the others
+        (nothing is sent for a provider without a batch API, or when every row is answered)."""
         adapter, _owned = resolve_adapter(self.plan.model, None)
         api = adapter.batch_api()
         if api is None:
@@ -229,59 +214,30 @@ class DeferredRun:
                 "(deferred=False)", provider=adapter.provider_name,
                 code="batch_unsupported",
             )
-        return adapter, api
-
-    def _default_checkpoint(self, keys: list[str]) -> str:
-        from ..auth.token_store import dispatch_nb_home
-
-        digest = hashlib.sha256("\n".join([self.plan.model_key, *keys]).encode()).hexdigest()
-        return str(dispatch_nb_home() / "batches" / f"{digest[:24]}.jsonl")
-
-    def _read_rows(self, adapter: Adapter) -> list[Pending]:
-        """Every row's key, the rows the checkpoint answers filled in ``result``."""
-        plan = self.plan
-        if plan.checkpoint is not None:
-            self.checkpoint = Checkpoint(plan.checkpoint)
-        pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                    self.checkpoint, self.result, self.stats))
-        if self.checkpoint is None:
-            keys = [p.key for p in pending]
-            if not keys:
-                return pending
-            path = self._default_checkpoint(keys)
-            self.checkpoint = Checkpoint(path)
-            plan.checkpoint = path
-            # rows an earlier run of this same call already answered
-            still = []
-            for row in pending:
-                answer = self.checkpoint.answer(row.key)
-                if answer is None:
-                    still.append(row)
-                    continue
-                response, usage, latency = answer
-                self.result._set(row.position, response, usage=usage, latency=latency,
-                                 attempts=0, origin=RowOrigin.CHECKPOINT)
-                self.stats.resumed += 1
-                self.stats.ok += 1
-            pending = still
-        return pending
-
-    async def start(self) -> None:
-        """Read the rows, then collect the rows recorded jobs hold and submit the others
-        (nothing is sent for a provider without a batch API, or when every row is answered)."""
-        adapter, api = self._open_adapter()
         self.adapter, self.api = adapter, api
-        self.job = BatchJob(adapter.provider_name)
-        self.result.job = self.job
-        pending = self._read_rows(adapter)
-        assert self.job is not None
+        self.job = self.result.job = BatchJob(adapter.provider_name)
+        pending = self._read_rows()
         self.job.checkpoint = self.plan.checkpoint
-        for item in pending:
-            request, wire = request_for(adapter, item.messages, self.plan.call.options,
-                                        self.plan.call.system, self.plan.call.tools)
-            self.rows[item.key] = _Row(item.position, item.key, request, wire)
+        from ..http_adapter import HTTPAdapter
+
+        if not isinstance(adapter, HTTPAdapter):
+            raise TypeError(f"{adapter.display_name} has no batch API")
+        for item in pending:  # the request a live, non-streamed call sends (the same wire code)
+            request = chat_request(adapter, item.messages, self.plan.call, stream=False)
+            if request.output is not None:
+                adapter.output_mode(request)
+            request = adapter._with_output_prompt(request)
+            self.rows[item.key] = _Row(item.position, item.key, request,
+                                       adapter.build_request(request))
             self.by_id[custom_id(item.key)] = item.key
-        self._answered_jobs()
+        if self.checkpoint is not None and self.checkpoint.read:
+            # the jobs, recorded and collected, that answered the rows read from the checkpoint:
+            # in result.job as they ended (nothing is asked of the provider, no key is needed)
+            for job, keys in self.checkpoint.jobs(collected=True):
+                if self.checkpoint.read.intersection(keys):
+                    part = JobPart.from_json(job)
+                    self.collected.add(part.id)
+                    self.parts[part.id] = (part, keys)
         if not self.rows:
             self.job.parts = [part for part, _keys in self.parts.values()]
             if self.job.parts:
@@ -289,12 +245,11 @@ class DeferredRun:
             return
         assert self.checkpoint is not None
         claimed: set[str] = set()
-        for entry in self.checkpoint.jobs():
-            keys = [k for k in entry.get("keys") or [] if isinstance(k, str)]
+        for job, keys in self.checkpoint.jobs():
             mine = [k for k in keys if k in self.rows]
             if not mine:
                 continue
-            part = JobPart.from_json(entry["job"])
+            part = JobPart.from_json(job)
             self.parts[part.id] = (part, keys)
             claimed.update(mine)
             log.info("batch %s: collecting %d row(s) from %s job %s, submitted earlier",
@@ -306,10 +261,9 @@ class DeferredRun:
         if fresh:
             submitted: set[str] = set()
             async with api.client() as client:
-                for chunk in self._chunks(api, fresh):
+                for chunk, lines in self._chunks(api, fresh):
                     if self.cancel.cancelled:
                         break
-                    lines = [api.line(custom_id(k), self.rows[k].wire.json) for k in chunk]
                     part = await api.submit(client, lines)
                     self.checkpoint.record_job(part.to_json(), chunk)
                     self.parts[part.id] = (part, chunk)
@@ -322,18 +276,6 @@ class DeferredRun:
                         f"not sent: {self.cancel.reason or 'the batch was cancelled'}",
                         provider=adapter.provider_name, code=NOT_SENT), None)
         self._show()
-
-    def _answered_jobs(self) -> None:
-        """The jobs, recorded and collected, that answered the rows read from the checkpoint: in
-        ``result.job`` as they ended (nothing is asked of the provider, no key is needed)."""
-        if self.checkpoint is None or not self.checkpoint.read:
-            return
-        for entry in self.checkpoint.jobs(collected=True):
-            keys = [k for k in entry.get("keys") or [] if isinstance(k, str)]
-            if entry.get("collected") and self.checkpoint.read.intersection(keys):
-                part = JobPart.from_json(entry["job"])
-                self.collected.add(part.id)
-                self.parts[part.id] = (part, keys)
 
     def _within_budget(self, keys: list[str]) -> list[str]:
         """With ``budget=``: the rows whose worst case (at the batch price) still fits, each
@@ -360,20 +302,22 @@ class DeferredRun:
             kept.append(key)
         return kept
 
-    def _chunks(self, api: BatchAPI, keys: list[str]) -> Iterator[list[str]]:
-        """``keys`` in jobs within the provider's limits (requests per job, bytes per job)."""
+    def _chunks(self, api: BatchAPI, keys: list[str]) -> Iterator[tuple[list[str], list[bytes]]]:
+        """``keys`` and their lines in jobs within the provider's limits (requests per job,
+        bytes per job)."""
         chunk: list[str] = []
+        lines: list[bytes] = []
         size = 0
         for key in keys:
-            row = self.rows[key]
-            length = len(api.line(custom_id(key), row.wire.json)) + 1
-            if chunk and (len(chunk) >= api.max_requests or size + length > api.max_bytes):
-                yield chunk
-                chunk, size = [], 0
+            line = api.line(custom_id(key), self.rows[key].wire.json)
+            if chunk and (len(chunk) >= api.max_requests or size + len(line) + 1 > api.max_bytes):
+                yield chunk, lines
+                chunk, lines, size = [], [], 0
             chunk.append(key)
-            size += length
+            lines.append(line)
+            size += len(line) + 1
         if chunk:
-            yield chunk
+            yield chunk, lines
 
     # -- the rows ------------------------------------------------------------------------------
     def _pending(self, row: _Row, state: str) -> None:
@@ -417,7 +361,15 @@ class DeferredRun:
                 assert isinstance(adapter, HTTPAdapter)
                 adapter.parse_body(row.request, body, acc)
             response = acc.finish()
-            response.cost = self._price(response)
+            # the provider's batch price for its usage, entered in this process's ledger
+            try:
+                response.cost = price(adapter.provider_name, adapter.model_name, response.usage,
+                                      batch=True)
+            except Exception as exc:  # a price lookup never fails a row
+                log.warning("could not price %s %s: %s", adapter.provider_name,
+                            adapter.model_name, exc)
+            ledger.record(adapter.provider_name, adapter.model_name, response.usage,
+                          response.cost)
             if row.request.output is not None:
                 from ..structured import settle_answer
 
@@ -427,30 +379,12 @@ class DeferredRun:
             return exc
         return response
 
-    def _price(self, response: Response) -> Cost | None:
-        """A deferred answer's cost: the provider's batch price for its usage (entered in this
-        process's ledger, ``%chat cost``)."""
-        from ..cost import ledger, price
-
-        adapter = self.adapter
-        assert adapter is not None
-        try:
-            cost = price(adapter.provider_name, adapter.model_name, response.usage, batch=True)
-        except Exception as exc:  # a price lookup never fails a row
-            log.warning("could not price %s %s: %s", adapter.provider_name, adapter.model_name,
-                        exc)
-            cost = None
-        ledger.record(adapter.provider_name, adapter.model_name, response.usage, cost)
-        return cost
-
     def _missing(self, part: JobPart) -> DispatchError:
         provider = part.provider
         if part.state == "expired":
-            return DispatchError("not run: the batch job expired (24 hours) before this request "
-                                 "ran", provider=provider, code="batch_expired")
+            return expired_error(provider)
         if part.state == "cancelled":
-            return RequestCancelled("not sent: the batch job was cancelled before this request "
-                                    "ran", provider=provider, code=NOT_SENT)
+            return cancelled_error(provider)
         if part.state == "failed":
             return RequestError(f"the batch job {part.id} failed validation: "
                                 f"{part.message or 'no reason given'}", provider=provider,
@@ -475,7 +409,7 @@ class DeferredRun:
                          origin=RowOrigin.NOT_SENT if never_ran else RowOrigin.SENT)
         if isinstance(item, Response):
             self._collected_ok += 1
-            self.result._totals.model_calls += 1
+            self.result.model_calls += 1
         else:
             self._collected_failed += 1
         self.stats.input_tokens += usage.input_tokens
@@ -577,45 +511,42 @@ class DeferredRun:
             if await self.refresh():
                 break
             await asyncio.sleep(min(0.5, max(self.poll_interval, 0.05)))
-        self._show()
 
     def run_sync(self, *, wait: bool) -> None:
         """``BatchResult.refresh()`` (``wait=False``) / ``wait()``, from a thread that may run an
         event loop of its own (a notebook's)."""
-
-        async def work() -> None:
-            if wait:
-                await self.wait()
-            else:
-                await self.refresh()
-
-        in_thread(work, self.cancel)
-
-    def close(self) -> None:
-        """Nothing to release: the checkpoint writes each line as it comes."""
+        in_thread(self.wait if wait else self.refresh, self.cancel)
 
 
-def in_thread(work: Callable[[], Awaitable[None]], token: CancelToken) -> None:
+def in_thread(work: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken,
+              tick: Callable[[], None] | None = None) -> None:
     """Run ``work()`` on an event loop of its own thread (a notebook's main thread already runs
-    one); Ctrl-C cancels ``token`` and waits up to :data:`INTERRUPT_GRACE` seconds for it to stop."""
+    one), calling ``tick()`` every :data:`TICK` seconds meanwhile (a progress bar); Ctrl-C
+    cancels ``token``, waits up to :data:`INTERRUPT_GRACE` seconds for it to stop and raises."""
     done = threading.Event()
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            asyncio.run(work())  # type: ignore[arg-type]
+            asyncio.run(work())
         except BaseException as exc:
             failure.append(exc)
         finally:
             done.set()
 
+    def wait(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not done.wait(TICK) and time.monotonic() < end:
+            if tick is not None:
+                tick()
+
     threading.Thread(target=run, name="dispatch_nb-batch", daemon=True).start()
     try:
-        done.wait()
+        wait(math.inf)
     except KeyboardInterrupt:
         token.cancel("interrupted (KeyboardInterrupt)")
         with contextlib.suppress(KeyboardInterrupt):
-            done.wait(INTERRUPT_GRACE)
+            wait(INTERRUPT_GRACE)
         raise
     if failure:
         raise failure[0]

@@ -1,33 +1,30 @@
 """The batch engine: rows through one adapter on one event loop, adaptively concurrent.
 
-``run_rows`` reads rows lazily, fills the template, skips rows the checkpoint has answered,
-and runs the rest with at most :class:`~dispatch_nb.batching.limiter.AdaptiveLimiter`-many in
-flight — one asyncio task per row in flight, never one per row of the input, so memory does not
-grow with the input beyond the answers themselves.
-
-An error every later row would get too — a rejected credential, an exhausted quota, a model the
-provider does not know (:func:`~dispatch_nb.batching.result.stops_batch`) — stops the batch: the
-rows in flight end as they will, and no other row is sent (each is "not sent", code ``not_sent``).
+``prepare_rows`` reads rows lazily, fills the template and skips rows the checkpoint has answered;
+``RowRunner`` runs the rest, one asyncio task per row *in flight* (never one per row of the input,
+so memory does not grow with the input beyond the answers themselves).
 
 Retries are the batch's, not the adapter's (each call is made with ``max_retries=0``), so every
-429 reaches the limiter and slows the whole batch. What is retried, and how long to wait, follow
-the adapter's rules (:func:`dispatch_nb.adapter.backoff_delay`: the server's ``retry-after`` up to
-60 s, else exponential backoff with jitter; 429, 408/409, 5xx, 529 and broken connections are
-retried, quota errors and bad requests are not) — with one difference: a stream that broke half way
-is retried too, since nobody has seen its partial answer. ``timeout`` is a deadline per row that
-covers all its attempts.
+429 reaches the :class:`~dispatch_nb.batching.limiter.AdaptiveLimiter` and slows the whole batch;
+what is retried and how long to wait follow :func:`dispatch_nb.adapter.backoff_delay`, except that
+a stream that broke half way is retried too (nobody saw its partial answer). ``timeout`` is a
+deadline per row covering all its attempts. An error every later row would get too
+(:func:`~dispatch_nb.batching.result.stops_batch`) stops the batch: rows in flight end as they
+will and no other row is sent. See docs/batch.md, "Rate limits, retries, deadlines" and "Stopping".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from ..adapter import BACKOFF_BASE, Adapter, backoff_delay
+from ..adapter import BACKOFF_BASE, Adapter, ChatRequest, backoff_delay
 from ..cancel import CancelToken
 from ..errors import (
     APITimeoutError,
@@ -43,7 +40,8 @@ from .limiter import AdaptiveLimiter
 from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
 from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
 
-__all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "prepare_rows", "validate_call"]
+__all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "chat_request", "prepare_rows",
+           "resume"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -57,7 +55,6 @@ class BatchSettings:
     concurrency: int = 16
     max_retries: int = DEFAULT_MAX_RETRIES
     timeout: float | None = None
-    retry_backoff: float = BACKOFF_BASE
 
     def __post_init__(self) -> None:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
@@ -82,7 +79,6 @@ class Stats:
     """Live counters for the progress display (read from another thread: plain ints)."""
 
     total: int | None = None
-    read: int = 0
     ok: int = 0
     failed: int = 0
     not_sent: int = 0
@@ -92,7 +88,6 @@ class Stats:
     input_tokens: int = 0
     output_tokens: int = 0
     rate_limited: int = 0
-    concurrency: float = 0.0
     started: float = field(default_factory=time.monotonic)
     first_sent: float | None = None
     sent_done: int = 0
@@ -147,23 +142,24 @@ async def ask(
     return response, response.usage, 1
 
 
-def validate_call(adapter: Adapter, messages: str | list[Message], call: RowCall) -> None:
-    """Raise the adapter's own TypeError / ValueError for options it rejects, before any row is
-    sent (an unknown option would otherwise fail every row alike)."""
-    options = dict(call.options)
+def chat_request(adapter: Adapter, messages: str | list[Message], call: RowCall, *,
+                 stream: bool, **options: Any) -> ChatRequest:
+    """The request of one row's call, checked by the adapter: made for the first row before any
+    row is sent, it raises the adapter's own TypeError / ValueError for an option it rejects (or
+    a bad ``output=`` schema), which would otherwise fail every row alike."""
+    options = {**call.options, **options}
     max_tokens = options.pop("max_tokens", None)
     temperature = options.pop("temperature", None)
     # output= / output_retries= are arguments of the call (validated answers), not wire options
     output = options.pop("output", None)
     options.pop("output_retries", None)
+    request = adapter._request(messages, system=call.system, tools=call.tools, stream=stream,
+                               max_tokens=max_tokens, temperature=temperature, options=options)
     if output is not None:
         from ..structured import as_output
 
-        as_output(output)  # a bad schema fails here, before any row is sent
-    adapter._request(
-        messages, system=call.system, tools=call.tools, stream=call.stream, max_tokens=max_tokens,
-        temperature=temperature, options={**options, "max_retries": 0},
-    )
+        request = dataclasses.replace(request, output=as_output(output))
+    return request
 
 
 def model_id(model: Adapter | str) -> str:
@@ -192,10 +188,9 @@ def prepare_rows(
     material = call.key_material()
     seen: dict[str, int] = {}
     for position, row in source:
-        stats.read = position + 1
         result._reserve(position)
         try:
-            filled = fill_template(template, row, source.namespace(row))
+            messages = fill_template(template, row, source.namespace(row))
         except TemplateError as exc:
             if position == 0:
                 raise
@@ -203,21 +198,25 @@ def prepare_rows(
                         attempts=0, origin=RowOrigin.NOT_SENT)
             stats.failed += 1
             continue
-        base = row_key(model, filled.messages, material)
+        base = row_key(model, messages, material)
         occurrence = seen.get(base, 0)
         seen[base] = occurrence + 1
         key = base if occurrence == 0 else f"{base}#{occurrence}"
-        answer = checkpoint.answer(key) if checkpoint is not None else None
-        if answer is not None:
-            response, usage, latency = answer
-            result._set(position, response, usage=usage, latency=latency, attempts=0,
-                        origin=RowOrigin.CHECKPOINT)
-            stats.resumed += 1
-            stats.ok += 1
-            stats.input_tokens += usage.input_tokens
-            stats.output_tokens += usage.output_tokens
-            continue
-        yield Pending(position, filled.messages, key)
+        if checkpoint is None or not resume(result, stats, position, checkpoint.answer(key)):
+            yield Pending(position, messages, key)
+
+
+def resume(result: BatchResult, stats: Stats, position: int,
+           answer: tuple[Response, Usage, float] | None, origin: int = RowOrigin.CHECKPOINT) -> bool:
+    """Put ``answer``, a checkpoint's (:meth:`.Checkpoint.answer`), in ``result`` as row
+    ``position``'s; False when there is none (the row is to be sent)."""
+    if answer is None:
+        return False
+    response, usage, latency = answer
+    result._set(position, response, usage=usage, latency=latency, attempts=0, origin=origin)
+    stats.resumed += 1
+    stats.count(response, origin, usage)
+    return True
 
 
 # -- running rows ---------------------------------------------------------------------------------
@@ -259,10 +258,8 @@ class RowRunner:
         stopped = self._stopped = asyncio.Event()
 
         def on_cancel() -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to stop
                 loop.call_soon_threadsafe(self._stop)
-            except RuntimeError:  # the loop is closed: nothing left to stop
-                pass
 
         remove = self.cancel.add_callback(on_cancel)
         if self.cancel.cancelled:  # before the callback scheduled above has run
@@ -270,14 +267,11 @@ class RowRunner:
         tasks: set[asyncio.Task[None]] = set()
         try:
             for pending in rows:
-                if stopped.is_set():
+                try:  # raises at once when the batch stopped (_stop and _halt cancel the limiter)
+                    epoch = await self.limiter.acquire()
+                except DispatchError:  # cancelled or stopped (or while waiting for a slot)
                     self._not_sent(pending)
                     break  # rows not read yet stay unread (the caller marks them not sent)
-                try:
-                    epoch = await self.limiter.acquire()
-                except DispatchError:  # cancelled or stopped while waiting for a slot
-                    self._not_sent(pending)
-                    break
                 if stopped.is_set():  # the slot came free as the batch stopped
                     self.limiter.release()
                     self._not_sent(pending)
@@ -297,7 +291,6 @@ class RowRunner:
             raise
         finally:
             remove()
-            self.stats.concurrency = self.limiter.limit
             self.result.lowest_concurrency = self.limiter.lowest
 
     def _stop(self) -> None:
@@ -321,13 +314,11 @@ class RowRunner:
 
     async def _sleep(self, seconds: float) -> None:
         assert self._stopped is not None
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
 
     async def _row(self, pending: Pending, epoch: int) -> None:
-        settings, stats, totals = self.settings, self.stats, self.result._totals
+        settings, stats = self.settings, self.stats
         began = time.monotonic()
         if stats.first_sent is None:
             stats.first_sent = began
@@ -338,8 +329,7 @@ class RowRunner:
             label = f"{base}, row {pending.position}" if base else f"row {pending.position}"
             adapter = self.adapter.with_label(label)  # type: ignore[attr-defined]
         usage = Usage()
-        attempts = 0
-        calls = 0
+        attempts = calls = 0
         holding = True
         stats.in_flight += 1
         item: Response | DispatchError
@@ -367,58 +357,52 @@ class RowRunner:
                         attempts -= 1  # not sent
                         item = self._cancel_error() if self.cancel.cancelled else exc
                         break
+                error: DispatchError | None = None
                 try:
-                    response, row_usage, row_calls = await ask(
+                    response, row_usage, calls = await ask(
                         adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel,
                         session_options=budget.session_options() if budget else None,
                     )
                 except DispatchError as exc:
-                    last = exc
-                    if budget is not None and reserved is not None:
-                        budget.settle(reserved, exc.partial, failed=True)
-                    if stops_batch(exc):  # before the slot is released: nothing more is sent
-                        self._halt(pending.position, exc)
-                    self.limiter.release()
-                    holding = False
-                    if exc.partial is not None:
-                        usage = usage + exc.partial.usage
-                    delay = self._retry_delay(exc, attempts, epoch, deadline)
-                    if delay is None:
-                        item = exc
-                        if isinstance(exc, APITimeoutError) and deadline is not None \
-                                and time.monotonic() >= deadline - 0.05:
-                            item = self._timeout_error(began, exc)
-                        break
-                    totals.retries += 1
-                    await self._sleep(delay)
-                    if self.cancel.cancelled:
-                        item = self._cancel_error()
-                        item.partial = exc.partial
-                        break
-                    if self.result.stopped_by is not None:
-                        item = exc
-                        break
-                    continue
+                    error = exc
                 except Exception as exc:  # a tool or template bug: this row fails, not the batch
-                    if budget is not None and reserved is not None:
-                        budget.settle(reserved, None, failed=True)
-                    self.limiter.release()
-                    holding = False
-                    item = DispatchError(
+                    # (a plain DispatchError: neither retried nor stopping the batch)
+                    error = DispatchError(
                         f"row {pending.position} failed: {type(exc).__name__}: {exc}",
                         provider=self.adapter.provider_name,
                     )
-                    item.__cause__ = exc
-                    break
+                    error.__cause__ = exc
                 if budget is not None and reserved is not None:
-                    budget.settle(reserved, response, failed=False)
+                    budget.settle(reserved, response if error is None else error.partial,
+                                  failed=error is not None)
+                if error is not None and stops_batch(error):
+                    self._halt(pending.position, error)  # before the slot is released
                 self.limiter.release()
                 holding = False
-                self.limiter.on_success()
-                usage = usage + row_usage
-                calls = row_calls
-                item = response
-                break
+                if error is None:
+                    self.limiter.on_success()
+                    usage = usage + row_usage
+                    item = response
+                    break
+                last = error
+                if error.partial is not None:
+                    usage = usage + error.partial.usage
+                delay = self._retry_delay(error, attempts, epoch, deadline)
+                if delay is None:
+                    item = error
+                    if isinstance(error, APITimeoutError) and deadline is not None \
+                            and time.monotonic() >= deadline - 0.05:
+                        item = self._timeout_error(began, error)
+                    break
+                self.result.retries += 1
+                await self._sleep(delay)
+                if self.cancel.cancelled:
+                    item = self._cancel_error()
+                    item.partial = error.partial
+                    break
+                if self.result.stopped_by is not None:
+                    item = error
+                    break
         finally:
             if holding:
                 self.limiter.release()
@@ -453,7 +437,7 @@ class RowRunner:
                      deadline: float | None) -> float | None:
         """Seconds to wait before retrying after ``exc``, or None to give up."""
         if isinstance(exc, RateLimitError):
-            self.result._totals.rate_limited += 1
+            self.result.rate_limited += 1
             self.stats.rate_limited += 1
             if exc.code != "quota_exceeded":
                 self.limiter.on_rate_limited(epoch, exc.retry_after)
@@ -463,7 +447,7 @@ class RowRunner:
         if attempts > self.settings.max_retries or not exc.retryable \
                 or exc.code == "quota_exceeded":
             return None
-        delay = backoff_delay(attempts - 1, exc.retry_after, self.settings.retry_backoff)
+        delay = backoff_delay(attempts - 1, exc.retry_after, BACKOFF_BASE)
         if delay is None:
             return None
         if deadline is not None and time.monotonic() + delay >= deadline:
@@ -472,7 +456,7 @@ class RowRunner:
 
     def _finish(self, pending: Pending, item: Response | DispatchError, adapter: Adapter,
                 usage: Usage, latency: float, attempts: int, calls: int) -> None:
-        stats, totals = self.stats, self.result._totals
+        stats = self.stats
         origin = RowOrigin.SENT
         if getattr(adapter, "replayed_calls", 0) and not getattr(adapter, "model_calls", 0):
             origin = RowOrigin.REPLAYED
@@ -480,7 +464,7 @@ class RowRunner:
             calls = 0
         elif self._labelled:
             calls = int(getattr(adapter, "model_calls", calls))
-        totals.model_calls += calls
+        self.result.model_calls += calls
         if isinstance(item, BudgetExceededError) and attempts == 0:
             origin = RowOrigin.NOT_SENT  # over the budget: never sent
         self.result._set(pending.position, item, usage=usage, latency=latency, attempts=attempts,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -71,26 +72,18 @@ class AdaptiveLimiter:
             await future
         except BaseException:
             if future.done() and not future.cancelled() and future.exception() is None:
-                self._release_slot()  # granted while we were being cancelled: give it back
+                self.release()  # granted while we were being cancelled: give it back
             else:
-                self._discard(future)
+                for queue in (self._first, self._waiters):
+                    with contextlib.suppress(ValueError):
+                        queue.remove(future)
             raise
         return self.epoch
 
     def release(self) -> None:
         """Give a slot back."""
-        self._release_slot()
-
-    def _release_slot(self) -> None:
         self.in_flight = max(0, self.in_flight - 1)
         self._wake()
-
-    def _discard(self, future: asyncio.Future[None]) -> None:
-        for queue in (self._first, self._waiters):
-            try:
-                queue.remove(future)
-            except ValueError:
-                pass
 
     def _free(self) -> bool:
         return self.in_flight < int(self.limit) and self.paused_for == 0

@@ -1,12 +1,11 @@
-"""A batch's plan: its arguments checked and bundled, the adapter its rows go through, and its
+"""A batch's plan (its arguments, checked by :mod:`.run`), the adapter its rows go through, and its
 final accounting — what the local run (:mod:`.run`) and the Dask run (:mod:`.cluster`) share."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import time
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +16,9 @@ from ..errors import DispatchError, RequestCancelled
 from ..types import Usage
 from .engine import BatchSettings, Stats, model_id
 from .result import NOT_SENT, BatchResult, RowOrigin, not_sent
-from .rows import RowCall, RowSource, check_template
+from .rows import RowCall, RowSource
 
-__all__ = ["BatchPlan", "finish", "make_plan", "new_result", "resolve_adapter"]
+__all__ = ["BatchPlan", "aclose_adapter", "finish", "new_result", "resolve_adapter"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -41,59 +40,6 @@ class BatchPlan:
         self.model_key = model_id(self.model)
 
 
-def make_plan(
-    template: Any,
-    rows: Any,
-    *,
-    model: Adapter | str | None,
-    system: str | None,
-    tools: Iterable[Any] | None,
-    concurrency: int,
-    max_retries: int,
-    timeout: float | None,
-    checkpoint: str | os.PathLike[str] | None,
-    cache: ResponseCache | str | os.PathLike[str] | None,
-    options: dict[str, Any],
-    namespace: Mapping[str, Any] | None = None,
-    stream: bool = False,
-) -> BatchPlan:
-    """Check the arguments of :func:`batch` and bundle them."""
-    check_template(template)
-    if model is None:
-        from ..registry import default_model_spec
-
-        model = default_model_spec()
-    if not isinstance(model, (Adapter, str)):
-        raise TypeError(
-            "model must be a model spec such as 'openai:gpt-4.1' or an Adapter, "
-            f"not {type(model).__name__}"
-        )
-    if not isinstance(stream, bool):
-        raise TypeError(f"stream must be True or False, not {stream!r}")
-    for reserved in ("on_delta", "cancel", "messages"):
-        if reserved in options:
-            raise TypeError(f"batch() sets {reserved} itself; it is not an option here")
-    if options.get("max_tokens") is None:
-        options.pop("max_tokens", None)
-    if options.get("temperature") is None:
-        options.pop("temperature", None)
-    if options.get("output") is None:
-        options.pop("output", None)
-    if cache is not None and not isinstance(cache, ResponseCache):
-        cache = ResponseCache(cache)
-    if isinstance(model, CachedAdapter) and cache is not None:
-        raise ValueError("model is already a CachedAdapter: give the response cache only once")
-    return BatchPlan(
-        template=template,
-        source=RowSource(rows, namespace),
-        model=model,
-        call=RowCall(system=system, tools=list(tools or []), options=options, stream=stream),
-        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
-        checkpoint=os.fspath(checkpoint) if checkpoint is not None else None,
-        cache=cache,
-    )
-
-
 def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[Adapter, bool]:
     """The adapter rows go through (behind the response cache when one is given), and whether
     the batch built it (then the batch closes it)."""
@@ -111,6 +57,16 @@ def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[
     if cache is not None and cache.mode != "off":
         adapter = CachedAdapter(adapter, cache)
     return adapter, owned
+
+
+async def aclose_adapter(adapter: Adapter) -> None:
+    """Close an adapter the batch built (its ``aclose`` where it has one); errors are ignored."""
+    aclose = getattr(adapter, "aclose", None)
+    with contextlib.suppress(Exception):
+        if aclose is not None:
+            await aclose()
+        else:
+            adapter.close()
 
 
 def mark_not_sent(result: BatchResult, stats: Stats, position: int, cancel: CancelToken) -> None:

@@ -1,21 +1,14 @@
 """A batch's progress bar: tqdm's widget in Jupyter, tqdm's text bar in a terminal, or nothing.
 
-It shows rows finished of the total, then ``ok`` / ``failed`` / ``not sent`` (rows a stopped
-batch never sent) / ``in flight``, tokens, rows per second and an ETA — the rate and ETA count
-only rows actually sent, so rows read from the checkpoint or replayed from the cache (which
-finish instantly) do not make the ETA lie. It is
-refreshed from the counters at most ~10 times a second by whoever waits for the batch, never from
-the rows' own tasks.
-
-In Jupyter the widget is replaced, when the batch ends, by one static text line (the result's
-summary), so a saved notebook shows that line on GitHub or nbviewer instead of a dead widget.
-
-``progress=None`` (the default) shows the widget in a Jupyter kernel and the text bar when stderr
-is a terminal, nothing otherwise (CI logs, pipes); ``True`` forces a bar; ``False`` turns it off.
+Refreshed from the :class:`~.engine.Stats` counters by whoever waits for the batch, never from the
+rows' own tasks; rate and ETA count only rows actually sent, so rows from the checkpoint or the
+cache do not make the ETA lie. In Jupyter the widget gives way, when the batch ends, to one static
+line that a saved notebook shows (docs/batch.md, "Progress").
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any
@@ -69,9 +62,8 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def describe(stats: Stats, now: float | None = None) -> str:
+def describe(stats: Stats) -> str:
     """The counters as one line: ok / failed / not sent / in flight, tokens, rows/s, ETA."""
-    now = time.monotonic() if now is None else now
     if stats.job:  # a deferred batch: the provider's jobs say where it is
         return f"{stats.job}; ok {stats.ok:,}" + (f", failed {stats.failed:,}" if stats.failed
                                                  else "")
@@ -89,7 +81,7 @@ def describe(stats: Stats, now: float | None = None) -> str:
     if stats.rate_limited:
         parts.append(f"429×{stats.rate_limited}")
     if stats.first_sent is not None and stats.sent_done:
-        rate = stats.sent_done / max(now - stats.first_sent, 1e-6)
+        rate = stats.sent_done / max(time.monotonic() - stats.first_sent, 1e-6)
         parts.append(f"{rate:.1f} rows/s")
         if stats.total is not None:
             left = stats.total - stats.finished
@@ -156,16 +148,11 @@ class BatchProgress:
         """Final counters; in Jupyter, replace the widget by the one-line ``summary``."""
         if self.mode == "off" or self._closed:
             return
-        self.update(stats)
+        self.update(stats)  # opens the bar if no update did
         self._closed = True
-        bar = self._bar
-        if bar is None:
+        if self._handle is None:
+            self._bar.close()
             return
-        if self._handle is not None:
-            try:
-                bar.close()
-                self._handle.update({"text/plain": f"{self.description}: {summary}"}, raw=True)
-            except Exception:
-                pass
-            return
-        bar.close()
+        with contextlib.suppress(Exception):
+            self._bar.close()
+            self._handle.update({"text/plain": f"{self.description}: {summary}"}, raw=True)

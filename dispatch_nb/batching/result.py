@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, overload
 
 from ..budget import Budget
@@ -71,13 +70,6 @@ def is_not_sent(item: Any) -> bool:
     return isinstance(item, DispatchError) and item.code in (NOT_SENT, "budget_exceeded")
 
 
-@dataclass
-class _Totals:
-    retries: int = 0
-    rate_limited: int = 0
-    model_calls: int = 0
-
-
 class BatchResult(Sequence[Any]):
     """The answers of a batch, in input order: ``result[i]`` is row ``i``'s
     :class:`~dispatch_nb.types.Response`, or the :class:`~dispatch_nb.errors.DispatchError` that
@@ -85,13 +77,12 @@ class BatchResult(Sequence[Any]):
 
     Totals: ``usage`` (every row's tokens, failed attempts' partial answers included),
     ``ok`` / ``failed`` / ``not_sent`` counts, ``sent`` (rows asked of the model in this run),
-    ``resumed`` (rows
-    read from the checkpoint), ``replayed`` (rows answered by the response cache), ``retries``,
-    ``rate_limited`` (429s seen), ``model_calls`` (calls that reached the model, tool rounds
-    included), ``premium_requests`` (GitHub Copilot: model calls × the model's premium
-    multiplier, when known), ``elapsed`` (seconds), ``lowest_concurrency`` (how far rate limits
-    pushed the batch down), ``interrupted``, ``stopped_by``. Per row: :meth:`latency`, :meth:`origin`,
-    :meth:`usage_of`. :meth:`to_pandas` puts the answers beside the input.
+    ``resumed`` (rows read from the checkpoint), ``replayed`` (rows answered by the response
+    cache), ``retries``, ``rate_limited`` (429s seen), ``model_calls`` (calls that reached the
+    model, tool rounds included), ``premium_requests`` (GitHub Copilot: model calls × the model's
+    premium multiplier, when known), ``elapsed`` (seconds), ``lowest_concurrency`` (how far rate
+    limits pushed the batch down), ``interrupted``, ``stopped_by``. Per row: :meth:`latency`,
+    :meth:`origin`, :meth:`usage_of`. :meth:`to_pandas` puts the answers beside the input.
     """
 
     def __init__(self, source: Any = None, *, model: str = "") -> None:
@@ -119,7 +110,12 @@ class BatchResult(Sequence[Any]):
         self.premium_requests: float | None = None
         #: ``budget=`` of the run (its ``spent`` and ``remaining``), if one was given
         self.budget: Budget | None = None
-        self._totals = _Totals()
+        #: retried requests (rate limits, dropped connections, server errors)
+        self.retries = 0
+        #: HTTP 429 answers the batch received
+        self.rate_limited = 0
+        #: calls that reached the model in this run (tool rounds included; replays excluded)
+        self.model_calls = 0
         #: a deferred batch's provider jobs (:class:`~dispatch_nb.batching.deferred.BatchJob`:
         #: ids, state, counts, times); None for a live batch
         self.job: Any = None
@@ -221,21 +217,6 @@ class BatchResult(Sequence[Any]):
     def replayed(self) -> int:
         """Rows answered by the response cache."""
         return self._origin.count(RowOrigin.REPLAYED)
-
-    @property
-    def retries(self) -> int:
-        """Retried requests (rate limits, dropped connections, server errors)."""
-        return self._totals.retries
-
-    @property
-    def rate_limited(self) -> int:
-        """HTTP 429 answers the batch received."""
-        return self._totals.rate_limited
-
-    @property
-    def model_calls(self) -> int:
-        """Calls that reached the model in this run (tool rounds included; replays excluded)."""
-        return self._totals.model_calls
 
     @property
     def cost(self) -> CostTotal:
@@ -368,9 +349,6 @@ class BatchResult(Sequence[Any]):
         return "\n".join(lines)
 
     # -- pandas ----------------------------------------------------------------------------------
-    COLUMNS = ("answer", "error", "status", "stop_reason", "input_tokens", "output_tokens",
-               "latency_s", "origin")
-
     def to_pandas(self, *, prefix: str = "") -> Any:
         """A pandas DataFrame: the input (when it was a DataFrame, a Series or a list kept in
         memory; not an iterator) with the columns ``answer``, ``error``, ``status`` (``"ok"``,
@@ -405,36 +383,25 @@ class BatchResult(Sequence[Any]):
             added[f"{prefix}parsed"] = parsed
         source = self._source
         kept = getattr(source, "kept", None)
-        kind = getattr(source, "kind", None)
-        if kind == "dataframe" and kept is not None and len(kept) == n:
-            clash = sorted(set(added) & {str(c) for c in kept.columns})
-            if clash:
-                raise ValueError(
-                    f"the input already has column(s) {', '.join(clash)}; call "
-                    "to_pandas(prefix='llm_') to name the added columns apart"
-                )
+        if kept is None or len(kept) != n:  # an iterator's rows are not kept
+            return pd.DataFrame(added)
+        if source.kind == "dataframe":
             frame = kept.copy()
-            for name, values in added.items():
-                frame[name] = values
-            return frame
-        if kind in ("series", "sequence") and kept is not None and len(kept) == n:
-            index = getattr(source, "index", None)
+        else:
             rows = list(kept)
-            if rows and all(isinstance(r, dict) for r in rows):
-                frame = pd.DataFrame(rows, index=index)
-                clash = sorted(set(added) & {str(c) for c in frame.columns})
-                if clash:
-                    raise ValueError(
-                        f"the rows already have key(s) {', '.join(clash)}; call "
-                        "to_pandas(prefix='llm_') to name the added columns apart"
-                    )
-                for name, values in added.items():
-                    frame[name] = values
-                return frame
-            column = getattr(kept, "name", None) or "row"
-            data = {str(column): rows, **added}
-            return pd.DataFrame(data, index=index)
-        return pd.DataFrame(added)
+            if not (rows and all(isinstance(r, dict) for r in rows)):
+                column = getattr(kept, "name", None) or "row"
+                return pd.DataFrame({str(column): rows, **added}, index=source.index)
+            frame = pd.DataFrame(rows, index=source.index)
+        clash = sorted(set(added) & {str(c) for c in frame.columns})
+        if clash:
+            raise ValueError(
+                f"the input already has column(s) {', '.join(clash)}; call "
+                "to_pandas(prefix='llm_') to name the added columns apart"
+            )
+        for name, values in added.items():
+            frame[name] = values
+        return frame
 
 
 class BatchInterrupted(KeyboardInterrupt):

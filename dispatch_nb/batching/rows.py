@@ -1,24 +1,9 @@
 """Rows in, prompts out: reading a batch's input lazily and filling the template for each row.
 
-Input: a list (or any sequence) of str or dicts, a pandas ``DataFrame`` or ``Series`` (duck-typed:
-pandas is never imported here), or any iterable — read one row at a time, never loaded whole.
-
-Each row becomes a namespace for the template, with the rules of ``%%chat`` interpolation
-(:func:`dispatch_nb.prompting.build_prompt`, a pure standard-library function)::
-
-    "Classify this review: {review}"          # a dict key / DataFrame column
-    "Rate {row} from 1 to 5"                  # a str row (or the whole row, whatever it is)
-    "{title!r} has {len(body)} characters"    # any expression, conversions, format specs
-    'Answer as JSON: {{"label": ...}}'        # {{ and }} are literal braces
-
-A mapping row's keys are names (``{review}``); ``{row}`` is always the whole row (unless the row
-has its own ``row`` key). A Series row is also named by the Series' name. ``namespace=`` adds names
-every row may use (a notebook's variables, say); the row's own names win. A name the first row
-lacks stops the batch before anything is sent (a typo in a column name would otherwise send every
-row with the placeholder left in); a later row lacking it fails alone with a
-:class:`~dispatch_nb.errors.RequestError`.
-
-A template may also be a function ``template(row) -> str | list[Message]``.
+Input: a sequence of str or dicts, a pandas ``DataFrame`` or ``Series`` (duck-typed: pandas is
+never imported here), or any iterable, read one row at a time. Each row is filled with the rules
+of ``%%chat`` interpolation (:func:`dispatch_nb.prompting.build_prompt`); a template may also be a
+function ``template(row) -> str | list[Message]``. See docs/batch.md, "Rows and the template".
 """
 
 from __future__ import annotations
@@ -30,20 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..adapter import normalize_tools
+from ..cache.keys import _KEY_IGNORED_OPTIONS
 from ..errors import RequestError
 from ..types import Message, ToolDefinition
 
-__all__ = [
-    "FilledRow",
-    "RowCall",
-    "RowSource",
-    "TemplateError",
-    "fill_template",
-    "row_key",
-]
-
-#: request options that do not change the answer: left out of a row's key
-_KEY_IGNORED_OPTIONS = frozenset({"max_retries", "extra_headers"})
+__all__ = ["RowCall", "RowSource", "TemplateError", "fill_template", "row_key"]
 
 
 class TemplateError(ValueError):
@@ -91,49 +67,39 @@ class RowSource:
             )
         self.name: str | None = None
         self.index: Any = None
+        self.columns: list[Any] = []
+        self.total: int | None = None
+        self.kept: Any = None
         if _is_dataframe(rows):
             self.kind = "dataframe"
-            self.total: int | None = len(rows)
-            self.kept: Any = rows
             self.index = rows.index
-            self.columns: list[Any] = list(rows.columns)
+            self.columns = list(rows.columns)
         elif _is_series(rows):
             self.kind = "series"
-            self.total = len(rows)
-            self.kept = rows
             self.index = rows.index
             name = getattr(rows, "name", None)
             self.name = name if isinstance(name, str) and name.isidentifier() else None
-            self.columns = []
         elif isinstance(rows, Sequence):
             self.kind = "sequence"
-            self.total = len(rows)
-            self.kept = rows
-            self.columns = []
         elif isinstance(rows, Iterable):
             self.kind = "iterable"
-            self.total = None
-            self.kept = None
-            self.columns = []
         else:
             raise TypeError(
                 f"rows must be a list of str or dicts, a DataFrame, a Series or any iterable, "
                 f"not {type(rows).__name__}"
             )
+        if self.kind != "iterable":  # in memory already: sized, and kept for to_pandas
+            self.total, self.kept = len(rows), rows
         self._rows = rows
         #: names every row's template may use besides the row's own (e.g. a notebook's variables)
         self.extra: dict[str, Any] = dict(namespace or {})
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        rows = self._rows
         if self.kind == "dataframe":
-            columns = self.columns
-            for position, values in enumerate(rows.itertuples(index=False, name=None)):
-                yield position, dict(zip(columns, values, strict=True))
-        elif self.kind == "series":
-            yield from enumerate(iter(rows))
+            for position, values in enumerate(self._rows.itertuples(index=False, name=None)):
+                yield position, dict(zip(self.columns, values, strict=True))
         else:
-            yield from enumerate(rows)
+            yield from enumerate(self._rows)
 
     def namespace(self, row: Any) -> dict[str, Any]:
         """The names a template sees for ``row``: the extra names, then the row's own (which win)."""
@@ -150,30 +116,14 @@ class RowSource:
 
 
 # -- templates ------------------------------------------------------------------------------------
-Template = str | Callable[[Any], Any]
-
-
-@dataclass
-class FilledRow:
-    """A row's prompt (``messages``) and its text, for keys and previews."""
-
-    messages: str | list[Message]
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        if isinstance(self.messages, str):
-            return self.messages
-        return "\n".join(f"{m.role}: {m.text}" for m in self.messages)
-
-
 def _undefined(notes: list[str]) -> list[str]:
     # build_prompt leaves an expression naming something undefined as written, with a note that
     # quotes Python's NameError ("name 'x' is not defined")
     return [n for n in notes if "is not defined" in n]
 
 
-def fill_template(template: Template, row: Any, names: Mapping[str, Any]) -> FilledRow:
+def fill_template(template: str | Callable[[Any], Any], row: Any,
+                  names: Mapping[str, Any]) -> str | list[Message]:
     """``template`` filled for one row (``%%chat`` interpolation rules; see the module docstring).
 
     Raises :class:`TemplateError` when the template names something the row lacks, or an
@@ -181,10 +131,9 @@ def fill_template(template: Template, row: Any, names: Mapping[str, Any]) -> Fil
     if callable(template):
         value = template(row)
         if isinstance(value, str):
-            return FilledRow(value)
+            return value
         if isinstance(value, (list, tuple)) and all(isinstance(m, (Message, dict)) for m in value):
-            return FilledRow([m if isinstance(m, Message) else Message.model_validate(m)
-                              for m in value])
+            return [m if isinstance(m, Message) else Message.model_validate(m) for m in value]
         raise TemplateError(
             f"a template function must return a str or a list of messages, not "
             f"{type(value).__name__}"
@@ -202,7 +151,7 @@ def fill_template(template: Template, row: Any, names: Mapping[str, Any]) -> Fil
             f"{missing[0].split(' was left')[0]} names nothing in this row (its names: "
             f"{available}; {{row}} is the whole row). Write {{{{ and }}}} for literal braces."
         )
-    return FilledRow(prompt.text, prompt.notes)
+    return prompt.text
 
 
 def check_template(template: Any) -> None:
@@ -266,21 +215,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"),
-                      default=repr).encode("ascii")
-
-
-def row_key(model: str, messages: str | list[Message], call_material: Mapping[str, Any],
-            occurrence: int = 0) -> str:
+def row_key(model: str, messages: str | list[Message], call_material: Mapping[str, Any]) -> str:
     """The key of a row's request: SHA-256 of the model (``provider:model``), the filled prompt
-    and the request options. The ``occurrence``-th repeat of the same request in one input gets
-    its own key (``…#2``), so repeated rows each get an answer and a resumed run finds them."""
+    and the request options (:func:`~.engine.prepare_rows` adds ``#n`` to the ``n``-th repeat of
+    a request in one input, so repeated rows each get an answer and a resumed run finds them)."""
     if isinstance(messages, str):
         prompt: Any = messages
     else:
         prompt = [m.model_dump(mode="json", exclude_none=True) for m in messages]
-    digest = hashlib.sha256(
-        _canonical({"v": 1, "model": model, "prompt": prompt, **call_material})
-    ).hexdigest()
-    return digest if occurrence == 0 else f"{digest}#{occurrence}"
+    canonical = json.dumps({"v": 1, "model": model, "prompt": prompt, **call_material},
+                           sort_keys=True, ensure_ascii=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()

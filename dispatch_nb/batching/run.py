@@ -8,44 +8,29 @@ import dataclasses
 import itertools
 import logging
 import os
-import threading
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..adapter import Adapter
 from ..bridge import same_parameters
 from ..budget import Budget
-from ..cache import ResponseCache
+from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..registry import find_descriptor
 from ..types import Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .deferred import DeferredRun, in_thread
-from .engine import DEFAULT_MAX_RETRIES, RowRunner, Stats, prepare_rows, validate_call
-from .plan import BatchPlan, finish, make_plan, new_result, resolve_adapter
+from .deferred import TICK, DeferredRun, in_thread
+from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, chat_request, prepare_rows
+from .plan import BatchPlan, aclose_adapter, finish, new_result, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
+from .rows import RowCall, RowSource, check_template
 
 __all__ = ["abatch", "batch"]
 
 log = logging.getLogger("dispatch_nb")
-
-#: seconds Ctrl-C waits for the rows in flight to stop
-CANCEL_GRACE = 5.0
-#: seconds between progress refreshes
-PROGRESS_INTERVAL = 0.1
-
-
-async def _aclose(adapter: Adapter) -> None:
-    aclose = getattr(adapter, "aclose", None)
-    with contextlib.suppress(Exception):
-        if aclose is not None:
-            await aclose()
-        else:
-            adapter.close()
 
 
 async def _premium(adapter: Adapter, result: BatchResult) -> None:
@@ -58,31 +43,6 @@ async def _premium(adapter: Adapter, result: BatchResult) -> None:
         for info in await adapter.alist_models():
             if info.id == adapter.model_name and info.premium_multiplier is not None:
                 result.premium_requests = result.model_calls * info.premium_multiplier
-
-
-async def run_local(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken,
-                    *, close_adapter: bool) -> None:
-    """Run ``plan`` on the running event loop, filling ``result``."""
-    adapter, owned = resolve_adapter(plan.model, plan.cache)
-    checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
-    try:
-        rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint,
-                            result, stats)
-        first = next(rows, None)
-        if first is None:
-            return
-        validate_call(adapter, first.messages, plan.call)
-        budget = None
-        if result.budget is not None:
-            budget = RowBudget(result.budget, adapter, plan.call)
-            budget.worst(first.messages)  # an unknown price or max_tokens fails before sending
-        runner = RowRunner(adapter, plan.call, plan.settings, result=result, stats=stats,
-                           cancel=cancel, checkpoint=checkpoint, budget=budget)
-        await runner.run(itertools.chain([first], rows))
-        await _premium(adapter, result)
-    finally:
-        if owned or close_adapter:
-            await _aclose(adapter)
 
 
 class _Job:
@@ -126,17 +86,34 @@ class _Job:
     async def run_here(self, *, close_adapter: bool) -> None:
         """Run the rows on the running event loop (or submit them to the provider's batch API
         and, with ``wait``, collect the answers)."""
-        deferred = self.deferred
-        if deferred is None:
-            await run_local(self.plan, self.result, self.stats, self.token,
-                            close_adapter=close_adapter)
-            return
-        try:
-            await deferred.start()
+        if self.deferred is not None:
+            await self.deferred.start()
             if self.wait:
-                await deferred.wait()
+                await self.deferred.wait()
+            return
+        plan, result = self.plan, self.result
+        adapter, owned = resolve_adapter(plan.model, plan.cache)
+        checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
+        try:
+            rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
+                                checkpoint, result, self.stats)
+            first = next(rows, None)
+            if first is None:
+                return
+            chat_request(adapter, first.messages, plan.call, stream=plan.call.stream,
+                         max_retries=0)  # an option the adapter rejects fails before sending
+            budget = None
+            if result.budget is not None:
+                budget = RowBudget(result.budget, adapter, plan.call)
+                budget.worst(first.messages)  # an unknown price or max_tokens fails here too
+            runner = RowRunner(adapter, plan.call, plan.settings, result=result,
+                               stats=self.stats, cancel=self.token, checkpoint=checkpoint,
+                               budget=budget)
+            await runner.run(itertools.chain([first], rows))
+            await _premium(adapter, result)
         finally:
-            deferred.close()
+            if owned or close_adapter:
+                await aclose_adapter(adapter)
 
     def finish(self) -> None:
         """Account for rows never run, set the totals, close the bar."""
@@ -172,12 +149,37 @@ def _job(
     **options: Any,
 ) -> _Job:
     """The parameters of :func:`batch` and :func:`abatch`, written once (:func:`batch` says what
-    they mean): the batch planned, as the job both run."""
-    plan = make_plan(template, rows, model=model, system=system, tools=tools,
-                     concurrency=concurrency, max_retries=max_retries, timeout=timeout,
-                     checkpoint=checkpoint, cache=cache, namespace=namespace, stream=stream,
-                     options={"max_tokens": max_tokens, "temperature": temperature,
-                              "output": output, **options})
+    they mean), checked: the batch planned, as the job both run."""
+    check_template(template)
+    if model is None:
+        from ..registry import default_model_spec
+
+        model = default_model_spec()
+    if not isinstance(model, (Adapter, str)):
+        raise TypeError(
+            "model must be a model spec such as 'openai:gpt-4.1' or an Adapter, "
+            f"not {type(model).__name__}"
+        )
+    if not isinstance(stream, bool):
+        raise TypeError(f"stream must be True or False, not {stream!r}")
+    for reserved in ("on_delta", "cancel", "messages"):
+        if reserved in options:
+            raise TypeError(f"batch() sets {reserved} itself; it is not an option here")
+    named = {"max_tokens": max_tokens, "temperature": temperature, "output": output}
+    options.update({k: v for k, v in named.items() if v is not None})
+    if cache is not None and not isinstance(cache, ResponseCache):
+        cache = ResponseCache(cache)
+    if isinstance(model, CachedAdapter) and cache is not None:
+        raise ValueError("model is already a CachedAdapter: give the response cache only once")
+    plan = BatchPlan(
+        template=template,
+        source=RowSource(rows, namespace),
+        model=model,
+        call=RowCall(system=system, tools=list(tools or []), options=options, stream=stream),
+        settings=BatchSettings(concurrency=concurrency, max_retries=max_retries, timeout=timeout),
+        checkpoint=os.fspath(checkpoint) if checkpoint is not None else None,
+        cache=cache,
+    )
     job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
                poll_interval=poll_interval)
     if executor is not None and deferred:
@@ -232,33 +234,16 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
     job = _job(*args, **kwargs)
     if job.executor is not None:
         return job.on_dask()
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            asyncio.run(job.run_here(close_adapter=True))
-        except BaseException as exc:
-            failure.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=work, name="dispatch_nb-batch", daemon=True)
-    thread.start()
     try:
-        while not done.wait(PROGRESS_INTERVAL):
-            job.bar.update(job.stats)
+        in_thread(lambda: job.run_here(close_adapter=True), job.token,
+                  lambda: job.bar.update(job.stats))
     except KeyboardInterrupt:
-        job.token.cancel("interrupted (KeyboardInterrupt)")
-        end = time.monotonic() + CANCEL_GRACE
-        with contextlib.suppress(KeyboardInterrupt):
-            while not done.wait(PROGRESS_INTERVAL) and time.monotonic() < end:
-                job.bar.update(job.stats)
         job.finish()
         raise BatchInterrupted(job.result, job.plan.checkpoint) from None
+    except BaseException:
+        job.finish()
+        raise
     job.finish()
-    if failure:
-        raise failure[0]
     return job.result
 
 
@@ -277,7 +262,7 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
     async def refresh() -> None:
         while True:
             job.bar.update(job.stats)
-            await asyncio.sleep(PROGRESS_INTERVAL)
+            await asyncio.sleep(TICK)
 
     ticker = asyncio.create_task(refresh()) if job.bar.mode != "off" else None
     try:
@@ -293,7 +278,6 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
     their own with the same plan; their answers replace the errors in ``result``."""
     from .deferred import BatchPendingError
-    from .rows import RowSource
 
     plan: BatchPlan | None = result._plan
     if plan is None:
@@ -316,14 +300,15 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
         in_thread(lambda: job.run_here(close_adapter=True), job.token)
     finally:
         job.finish()
-    for position, item in zip(failed, job.result, strict=True):
-        index = failed.index(position)
-        result._set(position, item, usage=Usage(), latency=job.result.latency(index),
-                    attempts=job.result.attempts(index), origin=job.result._origin[index])
-        tokens_in, tokens_out = job.result.usage_of(index)
+    again_result = job.result
+    for index, (position, item) in enumerate(zip(failed, again_result, strict=True)):
+        tokens_in, tokens_out = again_result.usage_of(index)
+        result._set(position, item, usage=Usage(), latency=again_result.latency(index),
+                    attempts=again_result.attempts(index), origin=again_result._origin[index])
         result._input_tokens[position], result._output_tokens[position] = tokens_in, tokens_out
-    result.usage = result.usage + job.result.usage
-    result._totals.model_calls += job.result.model_calls
+    # the whole usage (cache tokens too), which the rows' own counts do not hold
+    result.usage = result.usage + again_result.usage
+    result.model_calls += job.result.model_calls
     if job.result.job is not None:
         result.job = job.result.job
         result._deferred = job.deferred

@@ -18,11 +18,11 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Literal
 
-from ..adapter import Adapter, ChatRequest, ValidationResult
+from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
 from ..render import mark_replayed
 from ..stream import Accumulator, AsyncResponseStream, ResponseStream, _Mirror, sync_stream
-from ..types import ModelInfo, Response, StreamDelta
+from ..types import Response, StreamDelta
 from .keys import _adapter_secrets, cache_key
 from .store import CacheMissError, ResponseCache, _entry_deltas, _last_user_text, _preview
 
@@ -35,11 +35,11 @@ class _Replayed(Accumulator):
     """A replay's accumulator: fed the recorded deltas as they are replayed (``partial``), it
     finishes with the recorded response itself."""
 
-    def __init__(self, final: Response, provider: str = "", model: str = "") -> None:
+    def __init__(self, final: Response, provider: str, model: str) -> None:
         super().__init__(final.model)
         self._final = final
         self._provider = provider
-        self._model = model or final.model
+        self._model = model
 
     def finish(self) -> Response:
         """The recorded answer; its cost is the recorded one, marked replayed (nothing is spent
@@ -53,6 +53,17 @@ class _Replayed(Accumulator):
         ledger.record(self._provider, self._model, final.usage, final.cost)
         mark_replayed(final)
         return final
+
+
+class _Inner:
+    """A :class:`CachedAdapter` member that is the wrapped adapter's (``Adapter`` defines it, so
+    ``__getattr__`` would not be asked)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else getattr(obj.inner, self.name)
 
 
 class CachedAdapter(Adapter):
@@ -105,41 +116,17 @@ class CachedAdapter(Adapter):
         """The same adapter and cache, with another label."""
         return CachedAdapter(self.inner, self.cache, label=label)
 
-    # -- identity: the wrapped adapter's ---------------------------------------------------------
-    @property
-    def model_name(self) -> str:
-        return self.inner.model_name
-
-    @property
-    def provider_name(self) -> str:
-        return self.inner.provider_name
-
-    @property
-    def display_name(self) -> str:
-        return self.inner.display_name
-
-    @property
-    def max_context_tokens(self) -> int | None:
-        return self.inner.max_context_tokens
-
-    def list_models(self) -> list[ModelInfo]:
-        return self.inner.list_models()
-
-    async def alist_models(self) -> list[ModelInfo]:
-        return await self.inner.alist_models()
-
-    def count_tokens(self, messages: Any, system: str | None = None,
-                     tools: Iterable[Any] | None = None) -> int:
-        return self.inner.count_tokens(messages, system=system, tools=tools)
-
-    def validate(self) -> ValidationResult:
-        return self.inner.validate()
-
-    def output_mode(self, request: ChatRequest) -> str | None:
-        return self.inner.output_mode(request)
-
-    def close(self) -> None:
-        self.inner.close()
+    # -- identity and the rest: the wrapped adapter's -------------------------------------------
+    model_name = _Inner()
+    provider_name = _Inner()
+    display_name = _Inner()
+    max_context_tokens = _Inner()
+    list_models = _Inner()
+    alist_models = _Inner()
+    count_tokens = _Inner()
+    validate = _Inner()
+    output_mode = _Inner()
+    close = _Inner()
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("inner")
@@ -160,7 +147,7 @@ class CachedAdapter(Adapter):
 
     def _miss(self, key: str, request: ChatRequest) -> CacheMissError:
         what = self.label or "this prompt"
-        preview = _preview(_last_user_text(request))
+        preview = _preview(_last_user_text(request.messages))
         short = preview if len(preview) <= 60 else preview[:59] + "…"
         return CacheMissError(
             f"no recorded answer for {what} ({short!r}, {self.inner.provider_name}:"
@@ -171,14 +158,19 @@ class CachedAdapter(Adapter):
             provider=self.inner.provider_name, key=key, label=self.label, path=self.cache.path,
         )
 
-    def _store(self, key: str, request: ChatRequest, deltas: list[tuple[float, StreamDelta]],
-               response: Response, streamed: bool) -> None:
+    def _store(self, key: str, request: ChatRequest, began: float,
+               deltas: list[tuple[float, StreamDelta]], response: Response) -> None:
+        """Record a finished call: its deltas as they streamed, or for an unstreamed call the
+        deltas the response would have streamed, all at the time it arrived."""
         if not self.cache.writes:
             return
+        if not request.stream:
+            elapsed = time.monotonic() - began
+            deltas = [(elapsed, d) for d in response.deltas()]
         try:
             self.cache.record(
                 key, provider=self.inner.provider_name, model=self.inner.model_name,
-                request=request, deltas=deltas, response=response, streamed=streamed,
+                request=request, deltas=deltas, response=response, streamed=request.stream,
                 label=self.label, secrets=_adapter_secrets(self.inner),
             )
         except OSError as exc:
@@ -212,16 +204,12 @@ class CachedAdapter(Adapter):
         return self._arecording(key, request, self.inner.aopen_stream(request, timeout, cancel))
 
     # -- replaying and recording ----------------------------------------------------------------
-    def _replay_parts(self, entry: dict[str, Any]) -> tuple[list[tuple[float, StreamDelta]], _Replayed]:
-        """The recorded deltas and the replay's accumulator (fed each delta as it is replayed,
-        ending in the recorded response)."""
-        return _entry_deltas(entry), _Replayed(Response.model_validate(entry["response"]),
-                                               self.inner.provider_name, self.inner.model_name)
-
     def _areplay(self, entry: dict[str, Any], streamed: bool, timeout: float | None,
                  cancel: CancelToken | None) -> AsyncResponseStream:
         """Replay ``entry``; an unstreamed call takes as long but yields no deltas."""
-        deltas, acc = self._replay_parts(entry)
+        deltas = _entry_deltas(entry)
+        acc = _Replayed(Response.model_validate(entry["response"]), self.inner.provider_name,
+                        self.inner.model_name)
         control = self.inner._control(timeout, cancel)
         paced = self.cache.pace == "recorded"
 
@@ -244,15 +232,6 @@ class CachedAdapter(Adapter):
 
         return AsyncResponseStream(run(), acc)
 
-    def _store_answer(self, key: str, request: ChatRequest, began: float,
-                      seen: list[tuple[float, StreamDelta]], response: Response) -> None:
-        """Record a finished call: its deltas as they streamed, or for an unstreamed call the
-        deltas the response would have streamed, all at the time it arrived."""
-        if not request.stream:
-            elapsed = time.monotonic() - began
-            seen = [(elapsed, d) for d in response.deltas()]
-        self._store(key, request, seen, response, streamed=request.stream)
-
     def _arecording(self, key: str, request: ChatRequest,
                     inner: AsyncResponseStream) -> AsyncResponseStream:
         began = time.monotonic()
@@ -267,7 +246,7 @@ class CachedAdapter(Adapter):
                 response = inner.response
             finally:
                 await inner.aclose()
-            self._store_answer(key, request, began, seen, response)
+            self._store(key, request, began, seen, response)
 
         return AsyncResponseStream(run(), _Mirror(inner))
 

@@ -27,12 +27,11 @@ _KEY_IGNORED_OPTIONS = frozenset({"max_retries", "extra_headers"})
 
 
 # -- keys -----------------------------------------------------------------------------------------
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"),
-                      allow_nan=False)
+def cache_key(provider: str, model: str, request: ChatRequest) -> str:
+    """The hex SHA-256 key of a request: the same on every run, machine and Python version.
 
-
-def _key_material(provider: str, model: str, request: ChatRequest) -> dict[str, Any]:
+    A ``str`` message and a message holding one equal ``TextBlock`` have the same key.
+    """
     messages = [
         {
             "role": m.role,
@@ -57,16 +56,9 @@ def _key_material(provider: str, model: str, request: ChatRequest) -> dict[str, 
     }
     if request.output is not None:  # structured output (absent otherwise: older keys unchanged)
         material["output"] = request.output.key_material()
-    return material
-
-
-def cache_key(provider: str, model: str, request: ChatRequest) -> str:
-    """The hex SHA-256 key of a request: the same on every run, machine and Python version.
-
-    A ``str`` message and a message holding one equal ``TextBlock`` have the same key.
-    """
-    material = _canonical(_key_material(provider, model, request))
-    return hashlib.sha256(material.encode("ascii")).hexdigest()
+    canonical = json.dumps(material, sort_keys=True, ensure_ascii=True, separators=(",", ":"),
+                           allow_nan=False)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 # -- secrets --------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from ..adapter import ChatRequest
 from ..errors import RequestError
-from ..types import Response, StreamDelta
+from ..types import Message, Response, StreamDelta
 from .keys import FORMAT_VERSION, scrub_secrets, secret_env_names
 
 try:  # POSIX; elsewhere the in-process lock alone guards writes
@@ -99,16 +99,11 @@ def default_cache_path(env: dict[str, str] | None = None) -> Path:
 
 # -- the file -------------------------------------------------------------------------------------
 _path_locks: dict[str, threading.Lock] = {}
-_path_locks_guard = threading.Lock()
 
 
 def _lock_for(path: Path) -> threading.Lock:
-    key = str(path.resolve())
-    with _path_locks_guard:
-        lock = _path_locks.get(key)
-        if lock is None:
-            lock = _path_locks[key] = threading.Lock()
-        return lock
+    # dict.setdefault is atomic: every thread gets the one lock of the file
+    return _path_locks.setdefault(str(path.resolve()), threading.Lock())
 
 
 def _now() -> str:
@@ -122,8 +117,8 @@ def _preview(text: str) -> str:
     return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 1] + "…"
 
 
-def _last_user_text(request: ChatRequest) -> str:
-    for message in reversed(request.messages):
+def _last_user_text(messages: list[Message]) -> str:
+    for message in reversed(messages):
         if message.role == "user":
             text = message.text
             if text:
@@ -131,6 +126,12 @@ def _last_user_text(request: ChatRequest) -> str:
             kinds = sorted({b.type for b in message.blocks})
             return f"({', '.join(kinds)})"
     return ""
+
+
+def request_summary(messages: list[Message]) -> dict[str, Any]:
+    """What a cache line keeps of a request: how many messages, the last user message's start
+    (for reviewers; the prompt itself lives in the notebook)."""
+    return {"messages": len(messages), "last_user": _preview(_last_user_text(messages))}
 
 
 def _dump_json_line(entry: dict[str, Any]) -> bytes:
@@ -321,10 +322,7 @@ class ResponseCache:
                     fh.write(_dump_json_line(entry))
                 fh.flush()
                 os.fsync(fh.fileno())
-            if self.path.exists():
-                os.chmod(tmp, self.path.stat().st_mode & 0o777)
-            else:
-                os.chmod(tmp, 0o644)
+            os.chmod(tmp, self.path.stat().st_mode & 0o777 if self.path.exists() else 0o644)
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -362,11 +360,8 @@ class ResponseCache:
             "provider": provider,
             "model": model,
             "created": _now(),
-            "label": label,
-            "request": {
-                "messages": len(request.messages),
-                "last_user": _preview(_last_user_text(request)),
-            },
+            **({"label": label} if label is not None else {}),
+            "request": request_summary(request.messages),
             "streamed": streamed,
             "deltas": [
                 {"t": round(max(t, 0.0), 3), **d.model_dump(mode="json", exclude_none=True)}
@@ -374,8 +369,6 @@ class ResponseCache:
             ],
             "response": response.model_dump(mode="json", exclude_none=True),
         }
-        if label is None:
-            del entry["label"]
         return self.put(entry, secrets=secrets)
 
 

@@ -14,6 +14,7 @@ A job's state uses OpenAI's names for both providers: ``validating``, ``in_progr
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,18 +28,9 @@ from ..errors import APITimeoutError, DispatchError, RequestCancelled
 if TYPE_CHECKING:
     from ..http_adapter import HTTPAdapter
 
-__all__ = [
-    "DONE_STATES",
-    "JOB_STATES",
-    "AnthropicBatchAPI",
-    "BatchAPI",
-    "JobPart",
-    "OpenAIBatchAPI",
-    "RowOutcome",
-]
+__all__ = ["DONE_STATES", "AnthropicBatchAPI", "BatchAPI", "JobPart", "OpenAIBatchAPI", "RowOutcome",
+           "cancelled_error", "expired_error"]
 
-JOB_STATES = ("validating", "in_progress", "finalizing", "cancelling", "completed", "expired",
-              "cancelled", "failed")
 DONE_STATES = frozenset({"completed", "expired", "cancelled", "failed"})
 
 #: seconds one job-control request (upload, create, poll, download) may take
@@ -80,10 +72,7 @@ class JobPart:
         return self.state in DONE_STATES
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "provider": self.provider, "state": self.state,
-                "total": self.total, "completed": self.completed, "failed": self.failed,
-                "created_at": self.created_at, "ended_at": self.ended_at,
-                "message": self.message, "refs": self.refs}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobPart:
@@ -103,6 +92,17 @@ class RowOutcome:
     error: DispatchError | None = None
 
 
+def cancelled_error(provider: str, note: str = "") -> RequestCancelled:
+    """A request its job's cancelling kept from running (code ``not_sent``)."""
+    return RequestCancelled(f"not sent: the batch job was cancelled before this request ran{note}",
+                            provider=provider, code="not_sent")
+
+
+def expired_error(provider: str) -> DispatchError:
+    return DispatchError("not run: the batch job expired (24 hours) before this request ran",
+                         provider=provider, code="batch_expired")
+
+
 class BatchAPI:
     """What :mod:`dispatch_nb.batching.deferred` needs of a provider's batch API. One object per
     batch run; every method takes the :class:`httpx.AsyncClient` of the run (:meth:`client`)."""
@@ -111,8 +111,9 @@ class BatchAPI:
     max_requests: int = 50_000
     #: the most bytes of requests one job may hold
     max_bytes: int = 200 * 1024 * 1024
-    #: what a request's ``custom_id`` may look like (checked by the caller's id scheme)
     provider: str = ""
+    #: the path of the provider's jobs (``{jobs}/{id}`` one job, ``{jobs}/{id}/cancel``)
+    jobs: str = ""
 
     def __init__(self, adapter: HTTPAdapter) -> None:
         self.adapter = adapter
@@ -164,14 +165,30 @@ class BatchAPI:
         """One request as the job's input holds it (its size counts against :attr:`max_bytes`)."""
         raise NotImplementedError
 
-    async def submit(self, client: httpx.AsyncClient, lines: list[bytes]) -> JobPart:
+    def _part(self, batch: Mapping[str, Any]) -> JobPart:
+        """A job as the provider describes it, in the shared vocabulary."""
         raise NotImplementedError
+
+    async def _create(self, client: httpx.AsyncClient, lines: list[bytes]) -> Any:
+        """Create a job of ``lines``: the provider's description of it."""
+        raise NotImplementedError
+
+    async def submit(self, client: httpx.AsyncClient, lines: list[bytes]) -> JobPart:
+        part = self._part(await self._create(client, lines))
+        part.total = part.total or len(lines)
+        return part
 
     async def poll(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
-        raise NotImplementedError
+        return await self._update(client, "GET", part, "")
 
     async def cancel(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
-        raise NotImplementedError
+        return await self._update(client, "POST", part, "/cancel")
+
+    async def _update(self, client: httpx.AsyncClient, method: str, part: JobPart,
+                      suffix: str) -> JobPart:
+        polled = self._part(await self.send_json(client, method, f"{self.jobs}/{part.id}{suffix}"))
+        polled.total = polled.total or part.total
+        return polled
 
     async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
         """The results of a finished job (any order; requests that never ran may be missing)."""
@@ -193,8 +210,7 @@ class OpenAIBatchAPI(BatchAPI):
     (``POST /batches``), poll ``GET /batches/{id}``, download the output and error files."""
 
     provider = "openai"
-    max_requests = 50_000
-    max_bytes = 200 * 1024 * 1024
+    jobs = "batches"
 
     @property
     def endpoint(self) -> str:
@@ -228,30 +244,17 @@ class OpenAIBatchAPI(BatchAPI):
                   "error_file_id": batch.get("error_file_id")},
         )
 
-    async def submit(self, client: httpx.AsyncClient, lines: list[bytes]) -> JobPart:
+    async def _create(self, client: httpx.AsyncClient, lines: list[bytes]) -> Any:
         data = b"\n".join(lines) + b"\n"
         uploaded = await self.send_json(
             client, "POST", "files", data={"purpose": "batch"},
             files={"file": ("dispatch_nb-batch.jsonl", data, "application/jsonl")},
         )
-        batch = await self.send_json(
+        return await self.send_json(
             client, "POST", "batches",
             json={"input_file_id": uploaded["id"], "endpoint": self.endpoint,
                   "completion_window": "24h", "metadata": {"created_by": "dispatch_nb"}},
         )
-        part = self._part(batch)
-        part.total = part.total or len(lines)
-        return part
-
-    async def poll(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
-        polled = self._part(await self.send_json(client, "GET", f"batches/{part.id}"))
-        polled.total = polled.total or part.total
-        return polled
-
-    async def cancel(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
-        polled = self._part(await self.send_json(client, "POST", f"batches/{part.id}/cancel"))
-        polled.total = polled.total or part.total
-        return polled
 
     async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
         outcomes: list[RowOutcome] = []
@@ -279,9 +282,7 @@ class OpenAIBatchAPI(BatchAPI):
         code = str(error.get("code") or "unknown")
         message = str(error.get("message") or code)
         if code == "batch_cancelled":
-            return RowOutcome(custom_id, error=RequestCancelled(
-                f"not sent: the batch job was cancelled before this request ran ({message})",
-                provider=provider, code="not_sent"))
+            return RowOutcome(custom_id, error=cancelled_error(provider, f" ({message})"))
         if code == "request_timeout":
             return RowOutcome(custom_id, error=APITimeoutError(message, provider=provider))
         return RowOutcome(custom_id, error=DispatchError(message, provider=provider, code=code))
@@ -296,6 +297,7 @@ class AnthropicBatchAPI(BatchAPI):
     JSONL at ``results_url``."""
 
     provider = "anthropic"
+    jobs = "v1/messages/batches"
     max_requests = 100_000
     max_bytes = 256 * 1024 * 1024
 
@@ -323,23 +325,13 @@ class AnthropicBatchAPI(BatchAPI):
             refs={"results_url": batch.get("results_url")},
         )
 
-    async def submit(self, client: httpx.AsyncClient, lines: list[bytes]) -> JobPart:
+    async def _create(self, client: httpx.AsyncClient, lines: list[bytes]) -> Any:
         body = b'{"requests":[' + b",".join(lines) + b"]}"
-        batch = await self.send_json(client, "POST", "v1/messages/batches", content=body,
-                                     headers={"content-type": "application/json"})
-        part = self._part(batch)
-        part.total = part.total or len(lines)
-        return part
-
-    async def poll(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
-        return self._part(await self.send_json(client, "GET", f"v1/messages/batches/{part.id}"))
-
-    async def cancel(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
-        return self._part(await self.send_json(client, "POST",
-                                               f"v1/messages/batches/{part.id}/cancel"))
+        return await self.send_json(client, "POST", self.jobs, content=body,
+                                    headers={"content-type": "application/json"})
 
     async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
-        url = part.refs.get("results_url") or f"v1/messages/batches/{part.id}/results"
+        url = part.refs.get("results_url") or f"{self.jobs}/{part.id}/results"
         content = (await self.send(client, "GET", url,
                                    headers={"accept": "application/binary"})).content
         return [self._outcome(line) for line in _jsonl(content)]
@@ -359,12 +351,8 @@ class AnthropicBatchAPI(BatchAPI):
             return RowOutcome(custom_id, error=self.adapter.parse_error(
                 status, orjson.dumps(error), httpx.Headers()))
         if kind == "canceled":
-            return RowOutcome(custom_id, error=RequestCancelled(
-                "not sent: the batch job was cancelled before this request ran",
-                provider=provider, code="not_sent"))
+            return RowOutcome(custom_id, error=cancelled_error(provider))
         if kind == "expired":
-            return RowOutcome(custom_id, error=DispatchError(
-                "not run: the batch job expired (24 hours) before this request ran",
-                provider=provider, code="batch_expired"))
+            return RowOutcome(custom_id, error=expired_error(provider))
         return RowOutcome(custom_id, error=DispatchError(
             f"unknown batch result type {kind!r}", provider=provider))

@@ -133,13 +133,13 @@ def test_rows_marked_before_the_stopping_row_was_known_say_why_at_the_end() -> N
     """On Dask, a partition that saw the batch's stop event can be collected before the partition
     whose 401 set it (a run beside a CPU hog did so): its unsent rows were marked while
     ``stopped_by`` was still unknown. The batch's end says why for them too."""
-    from dispatch_nb.batching.plan import finish, make_plan, mark_not_sent, new_result
+    from dispatch_nb.batching.plan import finish, mark_not_sent, new_result
     from dispatch_nb.batching.result import RowOrigin
+    from dispatch_nb.batching.run import _job
     from dispatch_nb.types import Usage
 
-    plan = make_plan("{row}", ["a", "b", "c"], model="fake:echo", system=None, tools=None,
-                     concurrency=2, max_retries=0, timeout=None, checkpoint=None, cache=None,
-                     options={})
+    plan = _job("{row}", ["a", "b", "c"], model="fake:echo", concurrency=2, max_retries=0,
+                progress=False).plan
     result, stats = new_result(plan)
     cancel = CancelToken()
     mark_not_sent(result, stats, 2, cancel)  # collected first: nothing known yet
