@@ -447,7 +447,8 @@ class RowRunner:
         if attempts > self.settings.max_retries or not exc.retryable \
                 or exc.code == "quota_exceeded":
             return None
-        delay = backoff_delay(attempts - 1, exc.retry_after, BACKOFF_BASE)
+        delay = backoff_delay(attempts - 1, exc.retry_after,
+                              getattr(self.adapter, "retry_backoff", BACKOFF_BASE))
         if delay is None:
             return None
         if deadline is not None and time.monotonic() + delay >= deadline:

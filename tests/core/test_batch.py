@@ -310,6 +310,15 @@ def test_the_limiter_halves_once_per_burst_and_grows_back() -> None:
     asyncio.run(scenario())
 
 
+def test_the_batch_backs_off_by_the_adapters_retry_backoff() -> None:
+    with BatchFake(drop_every_first=True, events=2) as fake:
+        adapter = adapter_for(fake)
+        adapter.retry_backoff = 60.0  # the first wait (8 s capped, 6 s at least) passes the deadline
+        result = batch("{row}", ["a"], model=adapter, timeout=5, progress=False)
+    assert result.ok == 0 and fake.asked["a"] == 1  # not retried: it could not finish in time
+    assert result.errors[0][1].code == "network_error"
+
+
 def test_dropped_connections_are_retried_and_no_row_is_lost() -> None:
     with BatchFake(drop_every_first=True, events=6, delay=0.002) as fake:
         adapter = adapter_for(fake)
