@@ -24,17 +24,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..approval import ALWAYS, ToolCall, set_asker
+from ..approval import ALWAYS, ToolCall
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApprovalRequest", "answer_here", "ask", "asking_through", "install"]
+__all__ = ["ApprovalRequest", "answer_here", "ask", "asking_through"]
 
 #: the current cell's ``emit`` (set on its worker thread; asyncio.to_thread carries it along)
 _emit: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
     "dispatch_nb_approval_emit", default=None
 )
-_installed = False
 #: tools the person approved "always" in this kernel, by (MCP server, name): every later cell
 #: runs them without asking (a tool of the same name from another server is still asked about)
 _always: set[tuple[str | None, str]] = set()
@@ -74,17 +73,8 @@ def ask(call: ToolCall, seconds: float | None) -> bool | str:
     return request.answer
 
 
-def install() -> None:
-    """Make the kernel's cells answer ``approve="ask"`` (idempotent)."""
-    global _installed
-    if not _installed:
-        set_asker(ask)
-        _installed = True
-
-
 def asking_through(emit: Callable[[Any], None]) -> contextvars.Token[Any]:
     """Route this thread's approval requests to ``emit`` (the cell's event queue)."""
-    install()
     return _emit.set(emit)
 
 

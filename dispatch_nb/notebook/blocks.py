@@ -359,6 +359,12 @@ class MarkdownBlocks:
                     continue
             return finished, self._block(tail, first=True, keep_flags=True)
 
+    def shown(self, final: bool = False) -> tuple[list[Block], Block, str]:
+        """:meth:`take`, and what to show of the current block: all of it once the text is
+        ``final``, else its :func:`stable_prefix`."""
+        finished, current = self.take()
+        return finished, current, current.source.rstrip() if final else stable_prefix(current.source)
+
     # -- internals -------------------------------------------------------------------------------
     def _block(self, source: str, *, first: bool, keep_flags: bool = False) -> Block:
         block = Block(

@@ -67,32 +67,7 @@ __all__ = ["CallPlan", "CallResult", "CellPlan", "CellRun", "make_work", "run_ch
 
 
 # ------------------------------------------------------------------------------------------------
-# adapters
-
-
-def was_replayed(adapter: Adapter) -> bool:
-    """True when every call ``adapter`` (a cell's :func:`labelled` adapter) made was answered
-    from the response cache — replay, or a read-write hit — so the answer has no real latency."""
-    return (
-        isinstance(adapter, CachedAdapter)
-        and adapter.replayed_calls > 0
-        and adapter.model_calls == 0
-    )
-
-
-def labelled(adapter: Adapter, label: str) -> Adapter:
-    """A cached adapter that names ``label`` (e.g. ``In[3]``) in what it records and misses."""
-    return adapter.with_label(label) if isinstance(adapter, CachedAdapter) else adapter
-
-
-# ------------------------------------------------------------------------------------------------
 # the work each model does (on a worker thread)
-
-
-def response_events(response: Response) -> list[StreamDelta]:
-    """The deltas a streamed call would have produced for ``response`` (for ``--no-stream``):
-    :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`."""
-    return response.deltas()
 
 
 @dataclass
@@ -141,15 +116,13 @@ def _answering(feed: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
 
 def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
     """The function a worker thread runs for ``plan``."""
-    options: dict[str, Any] = {}
+    given = {"timeout": plan.timeout, "output": plan.output}
+    per_call = {name: value for name, value in given.items() if value is not None}
+    options = dict(per_call)  # a session takes max_tokens and temperature itself
     if plan.max_tokens is not None:
         options["max_tokens"] = plan.max_tokens
     if plan.temperature is not None:
         options["temperature"] = plan.temperature
-    if plan.timeout is not None:
-        options["timeout"] = plan.timeout
-    if plan.output is not None:
-        options["output"] = plan.output
 
     def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         messages = [*plan.history, plan.user]
@@ -171,7 +144,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
                 messages, system=plan.system, cancel=cancel, stream=False, on_delta=emit,
                 **options,
             )
-            for delta in response_events(response):
+            for delta in response.deltas():  # what a streamed call would have produced
                 emit(delta)
         assert response is not None
         return CallResult(response, [response.to_message()])
@@ -194,11 +167,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         session.history = list(plan.history)
         start = len(session.history)
         last: Response | None = None
-        extra: dict[str, Any] = {"cancel": cancel}
-        if plan.timeout is not None:
-            extra["timeout"] = plan.timeout
-        if plan.output is not None:
-            extra["output"] = plan.output
+        extra: dict[str, Any] = {"cancel": cancel, **per_call}
         if not plan.stream:
             # --no-stream: one non-streaming send runs the whole tool loop; then the exchange
             # (each round's answer and usage, each tool's result) is shown once, replayed from
@@ -231,10 +200,13 @@ INTERRUPTED = "interrupted"
 
 
 def _partial_response(outcome: JobOutcome) -> Response | None:
-    error = outcome.error
-    if isinstance(error, DispatchError):
-        return error.partial
-    return None
+    return outcome.error.partial if isinstance(outcome.error, DispatchError) else None
+
+
+def _timing(outcome: JobOutcome) -> dict[str, float | None]:
+    """``latency`` (None when the job never ended) and ``ttft`` of a job, for an output."""
+    return {"latency": outcome.latency if outcome.ended else None,
+            "ttft": outcome.time_to_first_output}
 
 
 def _parsed_response(outcome: JobOutcome) -> Response | None:
@@ -262,9 +234,7 @@ def _response_of(outcome: JobOutcome, transcript: Any) -> Response | None:
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:
     """What ``-o`` keeps of one model: the answer; on Ctrl-C what arrived (else the error); on a
     failure the error (its ``.partial`` holds what arrived)."""
-    if outcome.error is None:
-        return _response_of(outcome, transcript)
-    if isinstance(outcome.error, RequestCancelled):
+    if outcome.error is None or isinstance(outcome.error, RequestCancelled):
         return _response_of(outcome, transcript) or outcome.error
     return outcome.error
 
@@ -472,7 +442,9 @@ class CellRun:
                 )
             except (DispatchError, ImportError) as exc:
                 raise explain_error(exc, spec=spec) from None
-            adapters.append(labelled(adapter, self.state.label))
+            if isinstance(adapter, CachedAdapter):  # it names In[n] in what it records and misses
+                adapter = adapter.with_label(self.state.label)
+            adapters.append(adapter)
         return adapters
 
     # -- 2. run ----------------------------------------------------------------------------------
@@ -502,12 +474,13 @@ class CellRun:
         view = self._viewed()
         transcript = view.transcripts[index]
         call = self._planned().calls[index]
-        transcript.replayed = outcome.error is None and was_replayed(call.adapter)
+        # every call answered from the response cache: the answer has no real latency
+        adapter = call.adapter
+        transcript.replayed = (outcome.error is None and isinstance(adapter, CachedAdapter)
+                               and adapter.replayed_calls > 0 and adapter.model_calls == 0)
         result = outcome.result
-        if isinstance(result, CallResult):
-            transcript.finish(result.response)
-        else:
-            transcript.finish(_partial_response(outcome))
+        transcript.finish(result.response if isinstance(result, CallResult)
+                          else _partial_response(outcome))
         error = None
         if outcome.error is not None:
             error = INTERRUPTED if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
@@ -561,15 +534,7 @@ class CellRun:
                     error = INTERRUPTED
                 else:
                     error = explain_error(outcome.error, spec=spec, context=self.context).message
-            entries.append(
-                CompareEntry(
-                    spec=spec,
-                    transcript=transcript,
-                    latency=outcome.latency if outcome.ended else None,
-                    ttft=outcome.time_to_first_output,
-                    error=error,
-                )
-            )
+            entries.append(CompareEntry(spec=spec, transcript=transcript, error=error, **_timing(outcome)))
         parsed = None
         if plan.schema is not None:
             parsed = [_parsed_response(o) for o in self.outcomes]
@@ -582,10 +547,9 @@ class CellRun:
         return parsed_output(
             self._viewed().transcripts[0],
             response,
-            latency=outcome.latency if outcome.ended else None,
-            ttft=outcome.time_to_first_output,
             extra={**self._extra(), "schema": self.args.schema.strip()},
             notes=self._notes(),
+            **_timing(outcome),
         )
 
     def _answer_output(self) -> FinalOutput:
@@ -598,12 +562,11 @@ class CellRun:
         return final_output(
             self._viewed().transcripts[0],
             fmt=self._planned().fmt,
-            latency=outcome.latency if outcome.ended else None,
-            ttft=outcome.time_to_first_output,
             extra=self._extra(),
             note=note,
             notes=self._notes(),
             failed=self.interrupted or outcome.error is not None,
+            **_timing(outcome),
         )
 
     # -- 4. record -------------------------------------------------------------------------------

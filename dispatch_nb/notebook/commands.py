@@ -41,16 +41,6 @@ __all__ = ["run"]
 GITHUB_DEVICE = "github-device"
 
 
-def _key_env(provider: str) -> str | None:
-    """The API-key variable of ``provider`` (its descriptor's ``key_env``), if it uses one."""
-    descriptor = find_descriptor(provider)
-    return descriptor.key_env if descriptor else None
-
-
-def _key_providers() -> list[str]:
-    return [d.name for d in list_descriptors() if d.key_env]
-
-
 def _plain(markdown: str) -> str:
     """Short Markdown of our own as plain text: no emphasis markers, code ticks or escapes."""
     text = re.sub(r"(\*\*|__)(.+?)\1", r"\2", markdown)
@@ -117,7 +107,8 @@ def login(state: KernelState, args: argparse.Namespace) -> None:
     if not getattr(args, "force", False):
         found = _github_token()
         if found is not None:
-            who = _user_of(found)
+            user = _saved_user(found.source)
+            who = f" as @{user}" if user else ""
             _show(
                 f"Already logged in to {descriptor.label}{who} (the token comes from "
                 f"{found.source}). `%chat login --force` logs in again."
@@ -136,28 +127,28 @@ def _github_token() -> Any:
         return None
 
 
-def _user_of(found: Any) -> str:
+def _saved_user(source: str) -> str | None:
+    """The GitHub user of the saved token, when ``source`` (where a token came from) is its file."""
     try:
         record = TokenStore().load_record()
-        if record is not None and record.user and str(TokenStore().path) == found.source:
-            return f" as @{record.user}"
+        if record is not None and str(TokenStore().path) == source:
+            return record.user
     except Exception:
         pass
-    return ""
+    return None
 
 
 def key(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat key PROVIDER``: ask for the provider's API key (``getpass``: not echoed, not in the
     notebook) and set it in this kernel's environment."""
-    provider = (args.target or "").lower()
-    env = _key_env(provider)
+    descriptor = find_descriptor((args.target or "").lower())
+    env = descriptor.key_env if descriptor else None
     if env is None:
-        descriptor = find_descriptor(provider)
         login = (f" ({descriptor.label} signs in with %chat login)"
                  if descriptor is not None and descriptor.login_flow else "")
         raise UsageError(
             "%chat key needs a provider that uses an API key: "
-            + ", ".join(sorted(_key_providers())) + login
+            + ", ".join(sorted(d.name for d in list_descriptors() if d.key_env)) + login
         )
     state.default_note()  # the default before the key, to say if the key changes it
     try:
@@ -190,10 +181,7 @@ def logout(state: KernelState, args: argparse.Namespace) -> None:
         f"Removed the saved GitHub token ({store.path})." if removed else
         f"There was no saved GitHub token ({store.path})."
     ]
-    try:
-        found = find_github_token()
-    except Exception:
-        found = None
+    found = _github_token()
     if found is not None:
         lines.append(
             f"Copilot can still sign in with the token from {found.source}; remove it there to "
@@ -244,14 +232,7 @@ def _login_state(descriptor: Any) -> str:
         return f"⚠ {exc}"
     if found is None:
         return "not logged in — run `%chat login`"
-    user = None
-    if descriptor.login_flow == GITHUB_DEVICE:
-        try:
-            record = TokenStore().load_record()
-            if record is not None and str(TokenStore().path) == found:
-                user = record.user
-        except Exception:
-            pass
+    user = _saved_user(found) if descriptor.login_flow == GITHUB_DEVICE else None
     who = f" as @{user}" if user else ""
     return f"logged in{who} (token from {found})"
 

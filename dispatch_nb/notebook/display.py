@@ -32,7 +32,6 @@ __all__ = [
     "ChatError",
     "ChatInterrupted",
     "FinalOutput",
-    "ToolPart",
     "Transcript",
     "compare_output",
     "explain_error",
@@ -45,16 +44,11 @@ __all__ = [
     "terminal_text",
 ]
 
-FORMATS = ("markdown", "text", "code", "json")
 _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
 
 
 # ------------------------------------------------------------------------------------------------
 # Transcript
-
-
-#: a tool call and, once it ran, its result (the turn accumulator's record of it)
-ToolPart = ToolRun
 
 
 class Transcript(TurnAccumulator):
@@ -143,17 +137,13 @@ class Transcript(TurnAccumulator):
 
     def metadata(self, latency: float | None, ttft: float | None) -> dict[str, Any]:
         """Facts for the output's metadata (never a secret)."""
-        u = self.usage
+        from ..types import Usage
+
         facts: dict[str, Any] = {
             "spec": self.spec,
             "model": self.model,
             "stop_reason": self.stop_reason,
-            "usage": {
-                "input_tokens": u.input_tokens if u else 0,
-                "output_tokens": u.output_tokens if u else 0,
-                "cache_read_tokens": u.cache_read_tokens if u else 0,
-                "cache_creation_tokens": u.cache_creation_tokens if u else 0,
-            },
+            "usage": (self.usage or Usage()).model_dump(),
             "latency_s": None if latency is None else round(latency, 3),
             "time_to_first_token_s": None if ttft is None else round(ttft, 3),
             "rounds": len(self.rounds),
@@ -164,7 +154,7 @@ class Transcript(TurnAccumulator):
         return facts
 
 
-def tool_line(part: ToolPart, limit: int = 160) -> str:
+def tool_line(part: ToolRun, limit: int = 160) -> str:
     """``name({"x": 1}) → result`` on one line."""
     line = f"{part.name}({short_line(part.arguments_text, limit)})"
     if part.abandoned:
@@ -175,11 +165,7 @@ def tool_line(part: ToolPart, limit: int = 160) -> str:
     return line
 
 
-def _escape_approval(text: str) -> str:
-    return text.replace("<", "&lt;").replace(">", "&gt;")[:300]
-
-
-def tool_markdown(part: ToolPart) -> str:
+def tool_markdown(part: ToolRun) -> str:
     """One tool call (and its result) as Markdown."""
     call = f"🔧 **{part.name}** {code_span(short_line(part.arguments_text, 300))}"
     if part.abandoned:
@@ -190,7 +176,7 @@ def tool_markdown(part: ToolPart) -> str:
     took = f" <sub>{part.duration:.2f} s</sub>" if part.duration else ""
     approval = getattr(part, "approval", None)
     if approval:
-        call += f" <sub>{_escape_approval(approval)}</sub>"
+        call += f" <sub>{approval.replace('<', '&lt;').replace('>', '&gt;')[:300]}</sub>"
     result = part.result
     if len(result) <= 200 and "\n" not in result:
         return f"{call} {label} {code_span(result)}{took}\n"
@@ -295,6 +281,15 @@ def notes_markdown(notes: list[str]) -> str:
     return "".join(f"<sub>ℹ {html.escape(n, quote=False)}</sub>\n\n" for n in notes)
 
 
+def _notes_plain(notes: list[str]) -> str:
+    return "".join(f"ℹ {n}\n" for n in notes)
+
+
+def _metadata(facts: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The output's metadata: ``facts`` and the notes, under ``"dispatch_nb"``."""
+    return {"dispatch_nb": {**facts, "notes": notes} if notes else facts}
+
+
 def final_output(
     transcript: Transcript,
     *,
@@ -313,18 +308,10 @@ def final_output(
     error itself follows the output, so an empty answer and a zero footer would only repeat it."""
     notes = list(notes or [])
     footer = transcript.footer(latency, note=note)
-    meta = {
-        "dispatch_nb": {
-            **transcript.metadata(latency, ttft),
-            "format": fmt,
-            "footer": footer,
-            **(extra or {}),
-        }
-    }
-    if notes:
-        meta["dispatch_nb"]["notes"] = notes
+    meta = _metadata({**transcript.metadata(latency, ttft), "format": fmt, "footer": footer,
+                      **(extra or {})}, notes)
     top = notes_markdown(notes)
-    top_plain = "".join(f"ℹ {n}\n" for n in notes)
+    top_plain = _notes_plain(notes)
     if failed and transcript.empty:
         meta["dispatch_nb"]["footer"] = ""
         if not notes:
@@ -390,24 +377,14 @@ def parsed_output(
 
     notes = list(notes or [])
     footer = transcript.footer(latency)
-    meta = {
-        "dispatch_nb": {
-            **transcript.metadata(latency, ttft),
-            "format": "schema",
-            "footer": footer,
-            "rows": len(parsed_rows(response.parsed)),
-            **(extra or {}),
-        }
-    }
-    if notes:
-        meta["dispatch_nb"]["notes"] = notes
+    meta = _metadata({**transcript.metadata(latency, ttft), "format": "schema", "footer": footer,
+                      "rows": len(parsed_rows(response.parsed)), **(extra or {})}, notes)
     md = notes_markdown(notes) + parsed_markdown(response, footer=False) + _sub(footer)
     try:
         plain = json.dumps(json.loads(response.text), indent=2, ensure_ascii=False)
     except ValueError:
         plain = response.text
-    top_plain = "".join(f"ℹ {n}\n" for n in notes)
-    return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"},
+    return FinalOutput({"text/markdown": md, "text/plain": f"{_notes_plain(notes)}{plain}\n\n[{footer}]"},
                        meta)
 
 
@@ -470,17 +447,9 @@ def compare_output(
                  if r is not None] + [f"== {e.spec} ==\n[error] {e.error}"
                                       for e, r in zip(entries, parsed, strict=True) if r is None]
     md = notes_markdown(list(notes or [])) + "\n".join(rows) + "\n\n" + "\n\n---\n\n".join(sections)
-    meta = {
-        "dispatch_nb": {
-            "compare": [
-                {**e.transcript.metadata(e.latency, e.ttft), "error": e.error} for e in entries
-            ],
-            **(extra or {}),
-        }
-    }
-    if notes:
-        meta["dispatch_nb"]["notes"] = list(notes)
-    text = "".join(f"ℹ {n}\n" for n in notes or []) + "\n\n".join(plain)
+    compared = [{**e.transcript.metadata(e.latency, e.ttft), "error": e.error} for e in entries]
+    meta = _metadata({"compare": compared, **(extra or {})}, list(notes or []))
+    text = _notes_plain(notes or []) + "\n\n".join(plain)
     return FinalOutput({"text/markdown": md, "text/plain": text}, meta, terminal=None)
 
 

@@ -99,7 +99,7 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if args.limit is not None:
         if args.limit <= 0:
             raise UsageError(f"--limit takes a positive number of rows, not {args.limit}")
-        rows = _head(rows, args.limit)
+        rows = rows[:args.limit] if isinstance(rows, (list, tuple)) else rows.head(args.limit)
     template = re.sub(r"\A(?:[ \t]*\n)+", "", cell).rstrip()
     if not template:
         raise UsageError("the %%chat cell is empty: write the prompt (with {column} placeholders) "
@@ -151,9 +151,7 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         try:
             return estimate(fill, rows, model=spec, max_tokens=max_tokens, system=system,
                             batch=bool(args.deferred))
-        except TemplateError as exc:
-            raise UsageError(f"--each {args.each.strip()}: {exc}") from None
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # a TemplateError among them
             raise UsageError(f"--each {args.each.strip()}: {exc}") from None
 
     if args.estimate:
@@ -165,11 +163,6 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
                                     temperature, cache, options))
         return
     _run_rows(state, args, spec, fill, rows, system, max_tokens, temperature, cache, options)
-
-
-def _head(rows: Any, limit: int) -> Any:
-    """The first ``limit`` rows (a list, tuple, Series or DataFrame)."""
-    return rows[:limit] if isinstance(rows, (list, tuple)) else rows.head(limit)
 
 
 def show_estimate(est: Any, what: str) -> None:
@@ -242,7 +235,6 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
               cache: Any, options: dict[str, Any]) -> None:
     """Send the rows and show the result table (after a confirmation when one was asked)."""
     from ..batching import BatchInterrupted, batch
-    from ..batching.rows import TemplateError
 
     namespace = state.shell.user_ns
     settings = state.settings
@@ -257,9 +249,7 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
                        temperature=temperature, timeout=settings.timeout, cache=cache, **options)
     except BatchInterrupted as exc:
         result, interrupted = exc.result, True
-    except TemplateError as exc:
-        raise UsageError(f"--each {args.each.strip()}: {exc}") from None
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # a TemplateError among them
         raise UsageError(f"--each {args.each.strip()}: {exc}") from None
     except DispatchError as exc:
         if exc.code != "batch_unsupported":

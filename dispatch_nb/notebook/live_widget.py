@@ -10,11 +10,12 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
-from .blocks import Block, MarkdownBlocks, stable_prefix
+from .blocks import Block, MarkdownBlocks
 from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, ipy_display
 
 if TYPE_CHECKING:
-    from .display import FinalOutput, ToolPart
+    from ..turn import ToolRun
+    from .display import FinalOutput
 
 __all__ = ["SEGMENT_CHARS", "WidgetView"]
 
@@ -91,16 +92,13 @@ class _Segments:
         self.dirty.add(len(self.chunks) - 1)
         return created
 
-    def text(self, index: int) -> str:
-        return self.chunks[index]
-
     def take_dirty(self) -> list[int]:
         dirty = sorted(self.dirty)
         self.dirty.clear()
         return dirty
 
 
-def _tool_html(part: ToolPart) -> str:
+def _tool_html(part: ToolRun) -> str:
     from .display import tool_line
 
     icon = "⏳" if part.result is None else ("⚠️" if part.is_error else "🔧")
@@ -185,11 +183,10 @@ class _MarkdownRun:
         if not self.dirty and not final:
             return
         self.dirty = False
-        finished, current = self.blocks.take()
+        finished, current, markdown = self.blocks.shown(final)
         for block in finished:
             self._show(self._output_for(block), block.source)
             self.current = None
-        markdown = current.source.rstrip() if final else stable_prefix(current.source)
         if markdown.strip():
             self._show(self._output_for(current), markdown)
 
@@ -236,7 +233,7 @@ class _WidgetColumn:
         self.groups: list[Any] = []  # boxes of Markdown blocks in the body
         self.dirty_groups: set[int] = set()
         self.accordions: list[Any] = []
-        self.tools: dict[str, tuple[Any, ToolPart]] = {}
+        self.tools: dict[str, tuple[Any, ToolRun]] = {}
         self.dirty_tools: set[str] = set()
         self.state = "waiting for the first token…"
         self.state_dirty = False
@@ -309,7 +306,7 @@ class _WidgetColumn:
             run.blocks[-1]._dnb_children.append(segment)
             run.dirty_blocks.add(len(run.blocks) - 1)
 
-    def tool_started(self, part: ToolPart) -> None:
+    def tool_started(self, part: ToolRun) -> None:
         self._settle()
         line = self._make(self.w.HTML, value=_tool_html(part))
         self.tools[part.id] = (line, part)
@@ -326,7 +323,7 @@ class _WidgetColumn:
                 run.flush(final=final)
                 continue
             for i in run.segments.take_dirty():
-                text = html.escape(run.segments.text(i))
+                text = html.escape(run.segments.chunks[i])
                 run.widgets[i].value = f"<div class='dnb-thinking'>{text}</div>"
             for b in sorted(run.dirty_blocks):
                 block = run.blocks[b]
@@ -357,7 +354,7 @@ class _WidgetColumn:
         self.footer = footer + (f" · ⚠ {error}" if error else "")
         self.state_dirty = True
 
-    def abandon(self, parts: list[ToolPart]) -> None:
+    def abandon(self, parts: list[ToolRun]) -> None:
         for part in parts:
             self.tool_changed(part.id)
 

@@ -37,7 +37,7 @@ from .runner import Job, run_jobs
 from .state import KernelState
 
 if TYPE_CHECKING:
-    from ..auth.device_flow import DeviceCode, DeviceFlow
+    from ..auth.device_flow import DeviceCode
 
 __all__ = ["LoginOutcome", "LoginView", "ensure_copilot_login", "run_login"]
 
@@ -299,15 +299,6 @@ class TextLoginView(LoginView):
             print(outcome.message or _status_text(outcome.state, {}), flush=True)
 
 
-def make_login_view(mode: str, reason: str | None = None) -> LoginView:
-    """The login view for a live mode (``widget`` / ``display`` / ``text``)."""
-    if mode == "widget":
-        return WidgetLoginView(reason)
-    if mode == "display":
-        return DisplayLoginView(reason)
-    return TextLoginView(reason)
-
-
 # -- the flow -----------------------------------------------------------------------------------
 
 
@@ -321,12 +312,6 @@ def _outcome_of(error: BaseException) -> LoginOutcome:
     if isinstance(error, RequestCancelled):
         return LoginOutcome("cancelled", message=_status_text("cancelled", {}))
     return LoginOutcome("error", message=f"⚠ {error}")
-
-
-def _make_flow(state: KernelState) -> DeviceFlow:
-    from ..auth.device_flow import DeviceFlow
-
-    return DeviceFlow(min_interval=state.settings.login_min_interval)
 
 
 def ensure_copilot_login(state: KernelState) -> None:
@@ -345,6 +330,7 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
     Raises :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`.
     """
     # the auth package is imported by a login only, not by every first %%chat
+    from ..auth.device_flow import DeviceFlow
     from ..auth.login import device_login
     from ..auth.token_store import find_github_token
 
@@ -360,9 +346,10 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
     mode = detect_mode(shell, state.settings.live)
     if mode == "text" and has_kernel(shell):
         mode = "display"
-    view = make_login_view(mode, reason)
+    views: dict[str, type[LoginView]] = {"widget": WidgetLoginView, "display": DisplayLoginView}
+    view = views.get(mode, TextLoginView)(reason)
     state.login_view = view
-    flow = _make_flow(state)
+    flow = DeviceFlow(min_interval=state.settings.login_min_interval)
     shown: list[DeviceCode] = []  # the code, once the worker has it (read on this thread)
 
     def work(emit: Any, cancel: Any) -> LoginOutcome:
@@ -408,14 +395,13 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
         view.end(LoginOutcome("error", message=f"⚠ {error.message}"))
         raise ChatError("Login failed", error.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
                         original=error) from None
-    if job.outcome.error is not None:
-        outcome = _outcome_of(job.outcome.error)
+    if error is not None:
+        outcome = _outcome_of(error)
         view.end(outcome)
-        fix = "Run `%chat login` again."
         if outcome.state == "cancelled":
             raise ChatInterrupted("login interrupted") from None
-        raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "), fix,
-                        original=job.outcome.error) from None
+        raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "),
+                        "Run `%chat login` again.", original=error) from None
     outcome = job.outcome.result
     view.end(outcome)
     state.close_adapters()

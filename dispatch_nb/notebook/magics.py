@@ -26,26 +26,28 @@ from IPython.core.magic import line_magic as _line_magic
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode, default
 
 from .constants import CACHE_MODES, FORMATS, LIVE_MODES, SUBCOMMANDS
-from .state import ErrorLog, KernelState
+from .state import KernelState
 
 __all__ = ["ChatMagics", "load_ipython_extension", "unload_ipython_extension"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-class _TypedMagicArguments:
-    """IPython's ``magic_arguments`` decorators, typed to keep the decorated method's type."""
-
-    @staticmethod
-    def magic_arguments(name: str | None = None) -> Callable[[_F], _F]:
-        return cast(Callable[[_F], _F], _magic_arguments.magic_arguments(name=name))  # type: ignore[no-untyped-call]
-
-    @staticmethod
-    def argument(*args: Any, **kwargs: Any) -> Callable[[_F], _F]:
-        return cast(Callable[[_F], _F], _magic_arguments.argument(*args, **kwargs))  # type: ignore[no-untyped-call]
+def _arg(*flags: str, **settings: Any) -> Any:
+    """One option of a magic: IPython's ``magic_arguments.argument``."""
+    return _magic_arguments.argument(*flags, **settings)  # type: ignore[no-untyped-call]
 
 
-magic_arguments = _TypedMagicArguments
+def _options(name: str, *options: Any) -> Callable[[_F], _F]:
+    """IPython's ``@magic_arguments`` with one ``@argument`` per option, in the order given (the
+    order the help lists them), typed to keep the decorated method's type."""
+
+    def decorate(func: _F) -> _F:
+        for option in reversed(options):  # the decorator nearest the function is applied first
+            func = option(func)
+        return cast(_F, _magic_arguments.magic_arguments(name=name)(func))  # type: ignore[no-untyped-call]
+
+    return decorate
 
 
 def cell_magic(name: str) -> Callable[[_F], _F]:
@@ -194,127 +196,51 @@ class ChatMagics(Magics):
         #: the modules that run cells and commands receive it
         self.state = KernelState(shell, self)
 
-    # -- the state tests and users read ----------------------------------------------------------
-    @property
-    def errors(self) -> ErrorLog:
-        """``Err``: the exceptions of earlier cells by execution count."""
-        return self.state.errors
-
-    @property
-    def threads(self) -> Any:
-        """The :class:`~dispatch_nb.notebook.threads.ThreadStore` of this kernel."""
-        return self.state.threads
-
-    @property
-    def login_view(self) -> Any:
-        """The last login view (None before any login)."""
-        return self.state.login_view
-
-    def close_adapters(self) -> None:
-        """Close every cached adapter (they are recreated on demand)."""
-        self.state.close_adapters()
-
-    # -- hooks -----------------------------------------------------------------------------------
-    def pre_run_cell(self, info: Any) -> None:
-        """Remember the running cell's id; a new execution restarts the occurrence count."""
-        self.state.begin_cell(info)
-
-    def post_run_cell(self, result: Any) -> None:
-        """Store the cell's exception as ``Err[n]``; forget the finished cell's identity."""
-        self.state.end_cell(result)
-
     # -- magics ----------------------------------------------------------------------------------
-    @magic_arguments.magic_arguments(name="%chat")
-    @magic_arguments.argument(
-        "-m", "--model", metavar="SPEC",
-        help="Model spec 'provider:model' (default: ChatMagics.model). Several, comma-separated "
-        "(-m a,b,c), compare the models side by side.",
-    )
-    @magic_arguments.argument("-s", "--system", metavar="SYSTEM", help="System prompt for this cell.")
-    @magic_arguments.argument(
-        "-t", "--thread", metavar="THREAD", help="Conversation thread (default: ChatMagics.thread)."
-    )
-    @magic_arguments.argument(
-        "--new", action="store_true", help="Start the thread afresh with this cell."
-    )
-    @magic_arguments.argument("--max-tokens", type=int, metavar="N", help="Most tokens to generate.")
-    @magic_arguments.argument("--temperature", type=float, metavar="T", help="Sampling temperature.")
-    @magic_arguments.argument(
-        "--tools", metavar="NAMES",
-        help="Comma-separated functions from the namespace the model may call (@tool or typed "
-        "functions).",
-    )
-    @magic_arguments.argument(
-        "--mcp", metavar="NAMES",
-        help="Comma-separated MCP servers whose tools the model may call (%%chat mcp add, or "
-        "mcp.json).",
-    )
-    @magic_arguments.argument(
-        "--approve", choices=("auto", "ask"), type=str.lower, metavar="auto|ask",
-        help="Run tool calls at once (auto) or ask first (ask; the default for MCP tools).",
-    )
-    @magic_arguments.argument(
-        "--context", metavar="NAMES",
-        help="Comma-separated variables the model may read (never run) through describe() and "
-        "list_variables().",
-    )
-    @magic_arguments.argument(
-        "-f", "--format", choices=FORMATS, type=str.lower, metavar="markdown|text|code|json",
-        help="markdown (default), text, code (into the next cell) or json.",
-    )
-    @magic_arguments.argument(
-        "-o", "--output", metavar="VAR",
-        help="Store the Response in this variable (with --each: the BatchResult).",
-    )
-    @magic_arguments.argument(
-        "--schema", metavar="NAME",
-        help="Ask for a structured answer: a pydantic model class, a type (list[Review]) or a "
-        "JSON Schema dict from the namespace; shown as a table, .parsed on the Response.",
-    )
-    @magic_arguments.argument(
-        "--each", metavar="NAME",
-        help="Run the prompt once per row of a list, Series or DataFrame from the namespace "
-        "({column} is the row's value); shows a result table.",
-    )
-    @magic_arguments.argument(
-        "--deferred", action="store_true",
-        help="With --each: send the rows as a provider batch job (OpenAI, Anthropic: half the "
-        "price, answered within 24 h); re-running the cell collects the job.",
-    )
-    @magic_arguments.argument(
-        "--checkpoint", metavar="FILE",
-        help="With --each: record each row (and a deferred job) in FILE; a re-run sends only "
-        "the rows not answered there.",
-    )
-    @magic_arguments.argument(
-        "--budget", type=float, metavar="USD",
-        help="--each: US dollars the rows may spend; a row whose worst case does not fit is not "
-        "sent (BudgetExceededError).",
-    )
-    @magic_arguments.argument(
-        "--limit", type=int, metavar="N", help="--each: run the first N rows only."
-    )
-    @magic_arguments.argument(
-        "--yes", action="store_true",
-        help="--each: run a large batch without asking first (see ChatMagics.confirm_rows).",
-    )
-    @magic_arguments.argument(
-        "--estimate", action="store_true",
-        help="Show what the cell would cost (tokens, USD range) without sending anything.",
-    )
-    @magic_arguments.argument(
-        "--no-stream", action="store_true", help="Wait for the whole answer instead of streaming."
-    )
-    @magic_arguments.argument(
-        "--no-history", action="store_true",
-        help="Send no earlier turns, and do not record this one.",
-    )
-    @magic_arguments.argument(
-        "--no-interpolate", action="store_true", help="Send {braces} literally."
-    )
-    @magic_arguments.argument(
-        "--cache", choices=CACHE_MODES, type=str.lower, metavar="MODE",
-        help="Response cache: off, read-write, replay or record (default: ChatMagics.cache).",
+    @_options(
+        "%chat",
+        _arg("-m", "--model", metavar="SPEC", help="Model spec 'provider:model' (default: "
+             "ChatMagics.model). Several, comma-separated (-m a,b,c), compare the models side by side."),
+        _arg("-s", "--system", metavar="SYSTEM", help="System prompt for this cell."),
+        _arg("-t", "--thread", metavar="THREAD", help="Conversation thread (default: ChatMagics.thread)."),
+        _arg("--new", action="store_true", help="Start the thread afresh with this cell."),
+        _arg("--max-tokens", type=int, metavar="N", help="Most tokens to generate."),
+        _arg("--temperature", type=float, metavar="T", help="Sampling temperature."),
+        _arg("--tools", metavar="NAMES", help="Comma-separated functions from the namespace the model "
+             "may call (@tool or typed functions)."),
+        _arg("--mcp", metavar="NAMES", help="Comma-separated MCP servers whose tools the model may call "
+             "(%%chat mcp add, or mcp.json)."),
+        _arg("--approve", choices=("auto", "ask"), type=str.lower, metavar="auto|ask",
+             help="Run tool calls at once (auto) or ask first (ask; the default for MCP tools)."),
+        _arg("--context", metavar="NAMES", help="Comma-separated variables the model may read (never "
+             "run) through describe() and list_variables()."),
+        _arg("-f", "--format", choices=FORMATS, type=str.lower, metavar="markdown|text|code|json",
+             help="markdown (default), text, code (into the next cell) or json."),
+        _arg("-o", "--output", metavar="VAR",
+             help="Store the Response in this variable (with --each: the BatchResult)."),
+        _arg("--schema", metavar="NAME", help="Ask for a structured answer: a pydantic model class, a "
+             "type (list[Review]) or a JSON Schema dict from the namespace; shown as a table, .parsed "
+             "on the Response."),
+        _arg("--each", metavar="NAME", help="Run the prompt once per row of a list, Series or DataFrame "
+             "from the namespace ({column} is the row's value); shows a result table."),
+        _arg("--deferred", action="store_true", help="With --each: send the rows as a provider batch "
+             "job (OpenAI, Anthropic: half the price, answered within 24 h); re-running the cell "
+             "collects the job."),
+        _arg("--checkpoint", metavar="FILE", help="With --each: record each row (and a deferred job) "
+             "in FILE; a re-run sends only the rows not answered there."),
+        _arg("--budget", type=float, metavar="USD", help="--each: US dollars the rows may spend; a row "
+             "whose worst case does not fit is not sent (BudgetExceededError)."),
+        _arg("--limit", type=int, metavar="N", help="--each: run the first N rows only."),
+        _arg("--yes", action="store_true",
+             help="--each: run a large batch without asking first (see ChatMagics.confirm_rows)."),
+        _arg("--estimate", action="store_true",
+             help="Show what the cell would cost (tokens, USD range) without sending anything."),
+        _arg("--no-stream", action="store_true", help="Wait for the whole answer instead of streaming."),
+        _arg("--no-history", action="store_true",
+             help="Send no earlier turns, and do not record this one."),
+        _arg("--no-interpolate", action="store_true", help="Send {braces} literally."),
+        _arg("--cache", choices=CACHE_MODES, type=str.lower, metavar="MODE",
+             help="Response cache: off, read-write, replay or record (default: ChatMagics.cache)."),
     )
     @cell_magic("chat")
     def chat_cell(self, line: str, cell: str) -> None:
@@ -341,17 +267,13 @@ class ChatMagics(Magics):
 
         run_chat_cell(self.state, args, cell)
 
-    @magic_arguments.magic_arguments(name="chat")
-    @magic_arguments.argument("command", choices=SUBCOMMANDS, help="What to do.")
-    @magic_arguments.argument(
-        "target", nargs="?", default=None,
-        help="PROVIDER for login/models/key; THREAD for history/reset.",
-    )
-    @magic_arguments.argument(
-        "--all", action="store_true", help="reset: clear every thread."
-    )
-    @magic_arguments.argument(
-        "--force", action="store_true", help="login: log in again even when already logged in."
+    @_options(
+        "chat",
+        _arg("command", choices=SUBCOMMANDS, help="What to do."),
+        _arg("target", nargs="?", default=None,
+             help="PROVIDER for login/models/key; THREAD for history/reset."),
+        _arg("--all", action="store_true", help="reset: clear every thread."),
+        _arg("--force", action="store_true", help="login: log in again even when already logged in."),
     )
     @line_magic("chat")
     def chat_line(self, line: str) -> None:
@@ -381,11 +303,13 @@ def load_ipython_extension(ipython: Any) -> None:
     if existing is not None:
         return
     magics = ChatMagics(shell=ipython)
+    state = magics.state
     ipython.register_magics(magics)
-    ipython.events.register("pre_run_cell", magics.pre_run_cell)
-    ipython.events.register("post_run_cell", magics.post_run_cell)
-    ipython.user_ns.setdefault("Err", magics.errors)
-    ipython.user_ns_hidden.setdefault("Err", magics.errors)
+    # pre_run_cell remembers the running cell's id; post_run_cell stores its exception as Err[n]
+    ipython.events.register("pre_run_cell", state.begin_cell)
+    ipython.events.register("post_run_cell", state.end_cell)
+    ipython.user_ns.setdefault("Err", state.errors)
+    ipython.user_ns_hidden.setdefault("Err", state.errors)
     ipython._dispatch_nb_magics = magics
     from ..approval import set_asker
 
@@ -405,10 +329,8 @@ def unload_ipython_extension(ipython: Any) -> None:
     magics = getattr(ipython, "_dispatch_nb_magics", None)
     if magics is None:
         return
-    for event, callback in (
-        ("pre_run_cell", magics.pre_run_cell),
-        ("post_run_cell", magics.post_run_cell),
-    ):
+    state = magics.state
+    for event, callback in (("pre_run_cell", state.begin_cell), ("post_run_cell", state.end_cell)):
         try:
             ipython.events.unregister(event, callback)
         except ValueError:
@@ -417,10 +339,10 @@ def unload_ipython_extension(ipython: Any) -> None:
         ipython.magics_manager.magics[kind].pop(name, None)
     if magics in getattr(ipython, "configurables", []):
         ipython.configurables.remove(magics)
-    if ipython.user_ns.get("Err") is magics.errors:
+    if ipython.user_ns.get("Err") is state.errors:
         del ipython.user_ns["Err"]
         ipython.user_ns_hidden.pop("Err", None)
-    magics.close_adapters()
+    state.close_adapters()
     from ..approval import set_asker
 
     set_asker(magics.previous_asker)
