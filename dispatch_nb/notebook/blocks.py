@@ -296,6 +296,17 @@ def _open_at(block: str) -> int | None:
 # cutting the text in blocks
 
 
+def _fitting(lines: list[str], first: int, limit: int) -> int:
+    """How many of the complete ``lines`` a piece cut at a line boundary keeps: the ``first``
+    ones (a fence's opening, a table's header and delimiter row) and at least one more, then as
+    many as fit in ``limit`` characters, never the last."""
+    k, size = first, sum(len(line) + 1 for line in lines[:first])
+    while k < len(lines) - 1 and size + len(lines[k]) + 1 <= limit:
+        size += len(lines[k]) + 1
+        k += 1
+    return max(k, first + 1)
+
+
 class MarkdownBlocks:
     """The blocks of a growing Markdown text (see the module docstring).
 
@@ -390,18 +401,12 @@ class MarkdownBlocks:
         """Cut a finished piece off a block longer than the limit (None: no safe place yet)."""
         lines = tail.split("\n")
         complete = lines[:-1]
-        # how far the piece may reach: the limit, or further when a single line is longer
-        budget = self.limit
         if kind == "fence":
             fence = _open_fence(complete)
             if fence is None or len(complete) < 2:
                 return None
             opening, marker = fence
-            k, size = 1, len(complete[0]) + 1
-            while k < len(complete) - 1 and size + len(complete[k]) + 1 <= budget:
-                size += len(complete[k]) + 1
-                k += 1
-            k = max(k, 2)
+            k = _fitting(complete, 1, self.limit)
             body = "\n".join(complete[:k])
             piece = self._block(body + "\n" + marker, first=True)
             self._continued = True
@@ -414,11 +419,7 @@ class MarkdownBlocks:
             # twice; the widget view hides it), with the same delimiter row (column alignment).
             columns = max(1, complete[1].strip().strip("|").count("|") + 1)
             header = "|" + "   |" * columns + "\n" + complete[1] + "\n"
-            k, size = 2, len(complete[0]) + len(complete[1]) + 2
-            while k < len(complete) - 1 and size + len(complete[k]) + 1 <= budget:
-                size += len(complete[k]) + 1
-                k += 1
-            k = max(k, 3)
+            k = _fitting(complete, 2, self.limit)
             piece = self._block("\n".join(complete[:k]), first=True)
             self._continued = True
             self._consume(tail, sum(len(line) + 1 for line in complete[:k]), carry=header)
@@ -432,7 +433,7 @@ class MarkdownBlocks:
             cut_line = None
             size = 0
             for k, line in enumerate(complete):
-                if k and size > 0 and size + len(line) > budget:
+                if k and size > 0 and size + len(line) > self.limit:
                     break
                 item = _ITEM.match(line)
                 if k and item and len(item.group(1)) == width:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import html
 import sys
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .blocks import MarkdownBlocks, warm_up
@@ -81,6 +82,16 @@ def _replace_outputs(final: FinalOutput) -> None:
 
     clear_output(wait=True)  # type: ignore[no-untyped-call]
     ipy_display(final.data, metadata=final.metadata, raw=True)
+
+
+def close_widgets(widgets: Iterable[Any]) -> None:
+    """Close each widget, so no widget state is left in the saved notebook (one that cannot be
+    closed any more is skipped)."""
+    for widget in widgets:
+        try:
+            widget.close()
+        except Exception:
+            pass
 
 
 def has_kernel(shell: Any) -> bool:

@@ -11,7 +11,7 @@ import html
 from typing import TYPE_CHECKING, Any
 
 from .blocks import Block, MarkdownBlocks
-from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, ipy_display
+from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, close_widgets, ipy_display
 
 if TYPE_CHECKING:
     from ..turn import ToolRun
@@ -359,11 +359,7 @@ class _WidgetColumn:
             self.tool_changed(part.id)
 
     def close(self) -> None:
-        for widget in reversed(self.created):
-            try:
-                widget.close()
-            except Exception:
-                pass
+        close_widgets(reversed(self.created))
         self.created.clear()
 
 
@@ -454,9 +450,5 @@ class WidgetView(LiveView):
     def close(self) -> None:
         for column in self.columns:
             column.close()
-        for widget in self._extra:
-            try:
-                widget.close()
-            except Exception:
-                pass
+        close_widgets(self._extra)
         self._extra.clear()

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DispatchError, RequestCancelled
 from .display import ChatError, ChatInterrupted
-from .live import detect_mode, has_kernel, ipy_display
+from .live import close_widgets, detect_mode, has_kernel, ipy_display
 from .runner import Job, run_jobs
 from .state import KernelState
 
@@ -187,11 +187,7 @@ class WidgetLoginView(LoginView):
         self.close()
 
     def close(self) -> None:
-        for widget in (self.title, self.code_html, self.link, self.clock, self.status, self.box):
-            try:
-                widget.close()
-            except Exception:
-                pass
+        close_widgets((self.title, self.code_html, self.link, self.clock, self.status, self.box))
 
 
 def _static_bundle(outcome: LoginOutcome) -> dict[str, str]:
