@@ -1,20 +1,6 @@
-"""One ``%%chat`` execution, start to finish: a :class:`CellRun` and its four steps.
-
-1. :meth:`CellRun.plan` — build the prompt (``prompt.py``), check the options (``options.py``),
-   pick the thread and the cell's turn key (``threads.py``), get an adapter per model from the
-   :class:`~dispatch_nb.notebook.state.KernelState` (a Copilot model without a login first shows
-   the device-login view, ``login.py``; ``--cache`` wraps it in the response cache) and describe
-   each model's call (:class:`CallPlan`). Nothing is sent yet.
-2. :meth:`CellRun.run` — run one :class:`~dispatch_nb.notebook.runner.Job` per model on worker
-   threads; the kernel's thread feeds the live view (``live.py``). Ctrl-C stops the jobs and keeps
-   what arrived.
-3. :meth:`CellRun.finish` — replace the live view with one static output (``display.py``).
-4. :meth:`CellRun.record` — record the turn, store ``-o`` and ``Out[n]``, put ``-f code`` into
-   the next cell; then :meth:`CellRun.raise_failure` raises a short :class:`ChatError` /
-   :class:`ChatInterrupted` if something went wrong — after the partial answer is shown.
-
-``%%chat --each`` cells go to ``each.py`` instead. This module is imported on the first
-``%%chat``, never by ``%load_ext``.
+"""One ``%%chat`` execution, start to finish: a :class:`CellRun` and its steps (plan, run,
+finish, record; ``docs/notebook.md``, "How a cell runs"). ``%%chat --each`` cells go to
+``each.py`` instead. This module is imported on the first ``%%chat``, never by ``%load_ext``.
 """
 
 from __future__ import annotations
@@ -58,7 +44,7 @@ from .options import check_limits, check_output_name, resolve_schema, resolve_to
 from .prompt import Prompt, PromptError, build_prompt
 from .runner import Job, JobOutcome, run_jobs
 from .state import KernelState
-from .threads import ChatThread, cell_identity, cell_key, turn_from
+from .threads import ChatThread, Turn, cell_identity, cell_key
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
@@ -285,9 +271,9 @@ class CellPlan:
 
 @dataclass
 class CellRun:
-    """One ``%%chat`` execution (see the module docstring): :meth:`plan`, :meth:`run`,
-    :meth:`finish`, :meth:`record`, :meth:`raise_failure` — :meth:`execute` runs them in order.
-    Each step keeps what it produced on the object for the next one."""
+    """One ``%%chat`` execution: :meth:`execute` runs :meth:`plan`, :meth:`run`, :meth:`finish`,
+    :meth:`record` and :meth:`raise_failure` in order; each step keeps what it produced on the
+    object for the next one."""
 
     state: KernelState
     args: argparse.Namespace
@@ -596,9 +582,9 @@ class CellRun:
             return
         count = self.state.execution_count
         if plan.use_history:
-            plan.thread.record(
-                turn_from(plan.key, plan.calls[0].user, result.produced, result.response, count)
-            )
+            produced = result.produced or [result.response.to_message()]
+            plan.thread.record(Turn(plan.key, [plan.calls[0].user, *produced],
+                                    result.response.model, execution_count=count))
         out = namespace.get("Out")
         if isinstance(out, dict) and isinstance(count, int):
             out[count] = result.response

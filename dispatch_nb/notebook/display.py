@@ -83,9 +83,11 @@ class Transcript(TurnAccumulator):
     def footer(self, latency: float | None, *, note: str | None = None) -> str:
         """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``); a replayed answer
         says ``replayed`` instead of a latency. The same renderer as a ``Response``'s footer
-        (:func:`dispatch_nb.render.footer_line`)."""
+        (:func:`dispatch_nb.render.footer_line`), with one round's cost or the total of all."""
+        from ..cost import CostTotal
         from ..render import footer_line
 
+        rounds = self.rounds
         return footer_line(
             model=self.model or self.spec,
             usage=self.usage,
@@ -95,17 +97,9 @@ class Transcript(TurnAccumulator):
             stop_reason=self.stop_reason,
             retries=self.retries,
             notes=[note] if note else (),
-            cost=self.cost(),
+            cost=rounds[0].cost if len(rounds) == 1 else CostTotal.of(r.cost for r in rounds)
+            if rounds else None,
         )
-
-    def cost(self) -> Any:
-        """The turn's cost: one round's :class:`~dispatch_nb.cost.Cost`, or the
-        :class:`~dispatch_nb.cost.CostTotal` of several rounds."""
-        if len(self.rounds) == 1:
-            return self.rounds[0].cost
-        from ..cost import CostTotal
-
-        return CostTotal.of(r.cost for r in self.rounds) if self.rounds else None
 
     def markdown(self) -> str:
         """The transcript as Markdown: thinking collapsed, text, tool calls with their results."""

@@ -136,14 +136,18 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if state.needs_login(provider, mode):
         ensure_copilot_login(state)
     cache = state.response_cache(mode) if mode != "off" else None
-
-    options: dict[str, Any] = {}
-    if schema is not None:
-        options["output"] = schema
     max_tokens = args.max_tokens if args.max_tokens is not None else settings.max_tokens
-    temperature = args.temperature if args.temperature is not None else settings.temperature
-    if args.budget is not None:
-        options["budget"] = args.budget
+    options: dict[str, Any] = {
+        "system": system,
+        "max_tokens": max_tokens,
+        "temperature": args.temperature if args.temperature is not None else settings.temperature,
+        "timeout": settings.timeout,
+        "cache": None if args.deferred else cache,  # the checkpoint keeps a deferred batch's answers
+    }
+    for name, value in (("output", schema), ("budget", args.budget),
+                        ("deferred", args.deferred or None), ("checkpoint", args.checkpoint or None)):
+        if value is not None:
+            options[name] = value
 
     def estimated() -> Any:
         from ..estimates import estimate
@@ -158,11 +162,9 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         show_estimate(estimated(), f"--each {args.each.strip()}")
         return
     if len(rows) > settings.confirm_rows and not args.yes:
-        ask_first(state, len(rows), estimated(),
-                  lambda: _run_rows(state, args, spec, fill, rows, system, max_tokens,
-                                    temperature, cache, options))
+        ask_first(state, len(rows), estimated(), lambda: _run_rows(state, args, spec, fill, rows, options))
         return
-    _run_rows(state, args, spec, fill, rows, system, max_tokens, temperature, cache, options)
+    _run_rows(state, args, spec, fill, rows, options)
 
 
 def show_estimate(est: Any, what: str) -> None:
@@ -231,22 +233,15 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
 
 
 def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,
-              system: str | None, max_tokens: int | None, temperature: float | None,
-              cache: Any, options: dict[str, Any]) -> None:
-    """Send the rows and show the result table (after a confirmation when one was asked)."""
+              options: dict[str, Any]) -> None:
+    """Send the rows (``options``: :func:`dispatch_nb.batch`'s) and show the result table (after
+    a confirmation when one was asked)."""
     from ..batching import BatchInterrupted, batch
 
     namespace = state.shell.user_ns
-    settings = state.settings
     interrupted = False
-    if args.deferred:
-        options["deferred"] = True
-        cache = None  # the checkpoint keeps a deferred batch's answers
-    if args.checkpoint:
-        options["checkpoint"] = args.checkpoint
     try:
-        result = batch(fill, rows, model=spec, system=system, max_tokens=max_tokens,
-                       temperature=temperature, timeout=settings.timeout, cache=cache, **options)
+        result = batch(fill, rows, model=spec, **options)
     except BatchInterrupted as exc:
         result, interrupted = exc.result, True
     except (TypeError, ValueError) as exc:  # a TemplateError among them

@@ -65,20 +65,25 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
+_STATUS = {
+    "pending": "⏳ Waiting for you to approve on GitHub…",
+    "approved": "✅ Approved",
+    "denied": "❌ The request was denied on GitHub.",
+    "expired": "⌛ The code expired before it was approved.",
+    "cancelled": "⏹ Login interrupted.",
+}
+
+
 def _status_text(state: str, info: Mapping[str, Any]) -> str:
-    if state == "pending":
-        return "⏳ Waiting for you to approve on GitHub…"
     if state == "slow_down":
         return f"⏳ Waiting… (GitHub asked to check less often: every {info.get('interval', 0):.0f} s)"
-    if state == "approved":
-        return "✅ Approved"
-    if state == "denied":
-        return "❌ The request was denied on GitHub."
-    if state == "expired":
-        return "⌛ The code expired before it was approved."
-    if state == "cancelled":
-        return "⏹ Login interrupted."
-    return f"⚠ {info.get('message') or state}"
+    return _STATUS.get(state) or f"⚠ {info.get('message') or state}"
+
+
+def _ending(outcome: LoginOutcome) -> str:
+    """What a login that did not succeed says (and how to try again)."""
+    retry = " Run `%chat login` for a new code." if outcome.state != "cancelled" else ""
+    return (outcome.message or _status_text(outcome.state, {})) + retry
 
 
 class LoginView:
@@ -114,6 +119,7 @@ class LoginView:
     def end(self, outcome: LoginOutcome) -> None:
         """Show ``outcome`` and signal :attr:`ended`."""
         self.outcome = outcome
+        self.state = outcome.state
         try:
             self.done(outcome)
         finally:
@@ -181,7 +187,6 @@ class WidgetLoginView(LoginView):
             self._last_clock = text
 
     def done(self, outcome: LoginOutcome) -> None:
-        self.state = outcome.state
         # Whatever the end, leave one static line and no widget state in the saved notebook.
         self.handle.update(_static_bundle(outcome), raw=True)
         self.close()
@@ -197,9 +202,7 @@ def _static_bundle(outcome: LoginOutcome) -> dict[str, str]:
         where = f" The token is saved in `{outcome.path}`." if outcome.path else ""
         md = f"✅ Logged in to GitHub Copilot{who}.{where}"
     else:
-        message = outcome.message or _status_text(outcome.state, {})
-        retry = " Run `%chat login` for a new code." if outcome.state != "cancelled" else ""
-        md = f"**{TITLE}**: {message}{retry}"
+        md = f"**{TITLE}**: {_ending(outcome)}"
     return {"text/markdown": md, "text/plain": md.replace("**", "").replace("`", "")}
 
 
@@ -249,13 +252,11 @@ class DisplayLoginView(LoginView):
             self.handle.update(self._bundle(), raw=True)
 
     def done(self, outcome: LoginOutcome) -> None:
-        self.state = outcome.state
         if outcome.ok:
             self.handle.update(_static_bundle(outcome), raw=True)
             return
         self.seconds_left = None
-        retry = " Run `%chat login` for a new code." if outcome.state != "cancelled" else ""
-        self.status = (outcome.message or _status_text(outcome.state, {})) + retry
+        self.status = _ending(outcome)
         self.handle.update(self._bundle(), raw=True)
 
 
@@ -288,7 +289,6 @@ class TextLoginView(LoginView):
         super().set_state(state, info)
 
     def done(self, outcome: LoginOutcome) -> None:
-        self.state = outcome.state
         if outcome.ok:
             print(_static_bundle(outcome)["text/plain"], flush=True)
         else:
@@ -301,12 +301,10 @@ class TextLoginView(LoginView):
 def _outcome_of(error: BaseException) -> LoginOutcome:
     from ..auth.device_flow import DeviceCodeExpired, DeviceFlowDenied
 
-    if isinstance(error, DeviceFlowDenied):
-        return LoginOutcome("denied", message=_status_text("denied", {}))
-    if isinstance(error, DeviceCodeExpired):
-        return LoginOutcome("expired", message=_status_text("expired", {}))
-    if isinstance(error, RequestCancelled):
-        return LoginOutcome("cancelled", message=_status_text("cancelled", {}))
+    for kind, state in ((DeviceFlowDenied, "denied"), (DeviceCodeExpired, "expired"),
+                        (RequestCancelled, "cancelled")):
+        if isinstance(error, kind):
+            return LoginOutcome(state, message=_STATUS[state])
     return LoginOutcome("error", message=f"⚠ {error}")
 
 
@@ -380,8 +378,7 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
     try:
         run_jobs([job], on_event, tick=tick)
     except KeyboardInterrupt:
-        outcome = LoginOutcome("cancelled", message=_status_text("cancelled", {}))
-        view.end(outcome)
+        view.end(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
         raise ChatInterrupted("login interrupted") from None
     error = job.outcome.error
     if error is not None and not shown and isinstance(error, DispatchError) and not isinstance(

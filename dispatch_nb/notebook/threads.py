@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..render import code_span, short_line
 
 if TYPE_CHECKING:
-    from ..types import Message, Response
+    from ..types import Message
 
 __all__ = [
     "DEFAULT_THREAD",
@@ -34,7 +34,6 @@ __all__ = [
     "Turn",
     "cell_identity",
     "cell_key",
-    "turn_from",
 ]
 
 DEFAULT_THREAD = "default"
@@ -228,24 +227,3 @@ class ThreadStore:
     def summary(self) -> dict[str, Any]:
         """``{name: number of turns}``."""
         return {name: len(t) for name, t in self._threads.items()}
-
-
-def turn_from(
-    key: str,
-    user: Message,
-    produced: list[Message] | None,
-    response: Response | None,
-    execution_count: int | None = None,
-) -> Turn:
-    """A :class:`Turn` from the user message and what the model (and tools) produced."""
-    messages = [user]
-    if produced:
-        messages += produced
-    elif response is not None:
-        messages.append(response.to_message())
-    return Turn(
-        key=key,
-        messages=messages,
-        model=response.model if response is not None else "",
-        execution_count=execution_count,
-    )
