@@ -35,7 +35,6 @@ from .display import (
     compare_output,
     explain_error,
     final_output,
-    parsed_output,
 )
 from .each import run_each_cell
 from .live import LiveView, detect_mode, has_kernel, make_view
@@ -476,16 +475,7 @@ class CellRun:
     def finish(self) -> FinalOutput:
         """Replace the live view with the cell's one static output."""
         plan, view = self._planned(), self._viewed()
-        if plan.compare:
-            final = self._compare_output()
-        elif (
-            plan.schema is not None
-            and _parsed_response(self.outcomes[0]) is not None
-            and not self.interrupted
-        ):
-            final = self._parsed_output()
-        else:
-            final = self._answer_output()
+        final = self._compare_output() if plan.compare else self._answer_output()
         view.finish(final)
         self.final = final
         return final
@@ -526,20 +516,13 @@ class CellRun:
             parsed = [_parsed_response(o) for o in self.outcomes]
         return compare_output(entries, extra=self._extra(), notes=self._notes(), parsed=parsed)
 
-    def _parsed_output(self) -> FinalOutput:
-        outcome = self.outcomes[0]
-        response = _parsed_response(outcome)
-        assert response is not None
-        return parsed_output(
-            self._viewed().transcripts[0],
-            response,
-            extra={**self._extra(), "schema": self.args.schema.strip()},
-            notes=self._notes(),
-            **_timing(outcome),
-        )
-
     def _answer_output(self) -> FinalOutput:
         outcome = self.outcomes[0]
+        extra = self._extra()
+        # --schema: the structured answer as a table (not when interrupted)
+        parsed = None if self._planned().schema is None or self.interrupted else _parsed_response(outcome)
+        if parsed is not None:
+            extra["schema"] = self.args.schema.strip()
         note = None
         if self.interrupted or isinstance(outcome.error, RequestCancelled):
             note = "⏹ " + INTERRUPTED
@@ -548,10 +531,11 @@ class CellRun:
         return final_output(
             self._viewed().transcripts[0],
             fmt=self._planned().fmt,
-            extra=self._extra(),
+            extra=extra,
             note=note,
             notes=self._notes(),
             failed=self.interrupted or outcome.error is not None,
+            parsed=parsed,
             **_timing(outcome),
         )
 

@@ -22,8 +22,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..render import code_span, short_line
+from ..cost import CostTotal
+from ..render import code_span, compare_parsed_markdown, footer_line, parsed_markdown, parsed_rows, short_line
 from ..turn import ToolRun, TurnAccumulator
+from ..types import Usage
 
 if TYPE_CHECKING:
     from ..types import Response
@@ -40,7 +42,6 @@ __all__ = [
     "magic_words",
     "notes_markdown",
     "parse_json_answer",
-    "parsed_output",
     "terminal_text",
 ]
 
@@ -84,9 +85,6 @@ class Transcript(TurnAccumulator):
         """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``); a replayed answer
         says ``replayed`` instead of a latency. The same renderer as a ``Response``'s footer
         (:func:`dispatch_nb.render.footer_line`), with one round's cost or the total of all."""
-        from ..cost import CostTotal
-        from ..render import footer_line
-
         rounds = self.rounds
         return footer_line(
             model=self.model or self.spec,
@@ -131,8 +129,6 @@ class Transcript(TurnAccumulator):
 
     def metadata(self, latency: float | None, ttft: float | None) -> dict[str, Any]:
         """Facts for the output's metadata (never a secret)."""
-        from ..types import Usage
-
         facts: dict[str, Any] = {
             "spec": self.spec,
             "model": self.model,
@@ -294,18 +290,30 @@ def final_output(
     note: str | None = None,
     notes: list[str] | None = None,
     failed: bool = False,
+    parsed: Response | None = None,
 ) -> FinalOutput:
     """The one static output a finished (or failed, or interrupted) cell leaves.
 
     ``notes`` (what interpolation did, which model runs and how to sign in) stay above the answer,
     as they were while it streamed. ``failed`` with nothing streamed leaves only those notes: the
-    error itself follows the output, so an empty answer and a zero footer would only repeat it."""
+    error itself follows the output, so an empty answer and a zero footer would only repeat it.
+    ``parsed`` (``--schema``): the structured answer, shown as a table (one row per item of a
+    list) with the raw JSON folded below; ``text/plain`` is the pretty JSON."""
     notes = list(notes or [])
     footer = transcript.footer(latency, note=note)
-    meta = _metadata({**transcript.metadata(latency, ttft), "format": fmt, "footer": footer,
-                      **(extra or {})}, notes)
     top = notes_markdown(notes)
     top_plain = _notes_plain(notes)
+    if parsed is not None:
+        meta = _metadata({**transcript.metadata(latency, ttft), "format": "schema", "footer": footer,
+                          "rows": len(parsed_rows(parsed.parsed)), **(extra or {})}, notes)
+        md = top + parsed_markdown(parsed, footer=False) + _sub(footer)
+        try:
+            plain = json.dumps(json.loads(parsed.text), indent=2, ensure_ascii=False)
+        except ValueError:
+            plain = parsed.text
+        return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"}, meta)
+    meta = _metadata({**transcript.metadata(latency, ttft), "format": fmt, "footer": footer,
+                      **(extra or {})}, notes)
     if failed and transcript.empty:
         meta["dispatch_nb"]["footer"] = ""
         if not notes:
@@ -356,32 +364,6 @@ def final_output(
                        meta)
 
 
-def parsed_output(
-    transcript: Transcript,
-    response: Response,
-    *,
-    latency: float | None = None,
-    ttft: float | None = None,
-    extra: dict[str, Any] | None = None,
-    notes: list[str] | None = None,
-) -> FinalOutput:
-    """The static output of a ``--schema`` cell: the parsed answer as a table (one row per item
-    of a list), the raw JSON folded below, the footer; ``text/plain`` is the pretty JSON."""
-    from ..render import parsed_markdown, parsed_rows
-
-    notes = list(notes or [])
-    footer = transcript.footer(latency)
-    meta = _metadata({**transcript.metadata(latency, ttft), "format": "schema", "footer": footer,
-                      "rows": len(parsed_rows(response.parsed)), **(extra or {})}, notes)
-    md = notes_markdown(notes) + parsed_markdown(response, footer=False) + _sub(footer)
-    try:
-        plain = json.dumps(json.loads(response.text), indent=2, ensure_ascii=False)
-    except ValueError:
-        plain = response.text
-    return FinalOutput({"text/markdown": md, "text/plain": f"{_notes_plain(notes)}{plain}\n\n[{footer}]"},
-                       meta)
-
-
 @dataclass
 class CompareEntry:
     """One model's part of a comparison."""
@@ -427,8 +409,6 @@ def compare_output(
         sections.append(f"#### {e.spec}\n\n{body}")
         plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n[error] {e.error}" if e.error else ""))
     if parsed is not None and any(r is not None for r in parsed):
-        from ..render import compare_parsed_markdown
-
         answers = [(e.spec, r) for e, r in zip(entries, parsed, strict=True) if r is not None]
         body = compare_parsed_markdown(answers)
         failed = [
