@@ -343,7 +343,6 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
     table: list[dict[str, Any]] = []
     total = CostTotal()
     premium = 0.0
-    saved = CostTotal()
     for row in rows:
         c = row.cost
         if c.calls == c.replayed and c.unknown == 0 and row.calls == 0:
@@ -361,11 +360,10 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                                  else ""),
         }
         table.append(line)
-        total.calls += c.calls
         total.usd += c.usd
         total.unknown += c.unknown
-        saved.replayed += c.replayed
-        saved.saved_usd += c.saved_usd
+        total.replayed += c.replayed
+        total.saved_usd += c.saved_usd
         premium += c.premium_requests or 0
     from ..render import rows_markdown
 
@@ -377,10 +375,10 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                      f"{format_usd(PREMIUM_REQUEST_USD * Decimal(str(premium)))} at GitHub's "
                      f"published overage price of {format_usd(PREMIUM_REQUEST_USD)} per premium "
                      "request (within your plan's allowance they cost nothing extra).")
-    if saved.replayed:
-        notes.append(f"Replayed from the response cache: {saved.replayed:,} answer"
-                     f"{'' if saved.replayed == 1 else 's'}, which cost "
-                     f"{format_usd(saved.saved_usd)} when recorded and nothing now.")
+    if total.replayed:
+        notes.append(f"Replayed from the response cache: {total.replayed:,} answer"
+                     f"{'' if total.replayed == 1 else 's'}, which cost "
+                     f"{format_usd(total.saved_usd)} when recorded and nothing now.")
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)
     _show(body + "\n\n" + "\n\n".join(notes))

@@ -1,17 +1,11 @@
 """What a ``%%chat`` cell leaves behind: the static final output, and short readable errors.
 
-* :class:`Transcript` assembles the streamed events of one model (text, thinking, tool calls and
-  their results, usage over every tool round) — the same events the live view shows, so what the
-  final output says is exactly what streamed, partial answers included. It is the library's
-  turn-level accumulator (:class:`~dispatch_nb.turn.TurnAccumulator`) plus the cell's own facts;
-  its footer comes from the one footer renderer (:func:`dispatch_nb.render.footer_line`).
-* :func:`final_output` turns it into ONE static output for the requested format (``markdown``,
-  ``text``, ``code``, ``json``): ``text/markdown`` + ``text/plain`` with a small footer (model,
-  tokens, latency, stop reason), and the same facts in the output's metadata under
-  ``"dispatch_nb"``. No widget state is involved, so a saved notebook reads the same on GitHub,
-  nbviewer and VS Code. :func:`compare_output` does the same for ``-m a,b,c``.
-* :func:`explain_error` turns an expected error into a :class:`ChatError` whose rendering is a
-  couple of lines — what went wrong and the fix — instead of a long traceback.
+:class:`Transcript` assembles one model's streamed events — the same events the live view shows,
+so the final output says exactly what streamed, partial answers included. :func:`final_output`
+(and :func:`compare_output` for ``-m a,b,c``) makes ONE static ``text/markdown`` + ``text/plain``
+output with a small footer, its facts in the metadata under ``"dispatch_nb"``: no widget state,
+so a saved notebook reads the same on GitHub, nbviewer and VS Code. :func:`explain_error` turns
+an expected error into a :class:`ChatError` of a couple of lines (what went wrong and the fix).
 """
 
 from __future__ import annotations

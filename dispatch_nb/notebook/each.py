@@ -274,12 +274,6 @@ def _short(text: str, limit: int = MAX_CELL_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _input_row(column: str, row: Any) -> dict[str, Any]:
-    if isinstance(row, dict):
-        return {str(k): v for k, v in row.items()}
-    return {column: row}
-
-
 def _answer_columns(response: Any, taken: set[str], schema: bool) -> dict[str, Any]:
     if not schema:
         return {"answer": _short(response.text)}
@@ -309,8 +303,8 @@ def each_output(
     for (position, row), item in zip(source, result, strict=False):
         if position >= MAX_TABLE_ROWS:
             break
-        line = _input_row(column, row)
-        line = {k: (_short(v) if isinstance(v, str) else v) for k, v in line.items()}
+        items = row.items() if isinstance(row, dict) else [(column, row)]
+        line = {str(k): (_short(v) if isinstance(v, str) else v) for k, v in items}
         if isinstance(item, Response):
             line.update(_answer_columns(item, set(line), schema is not None))
         if failed:
@@ -321,9 +315,8 @@ def each_output(
     if len(result) > MAX_TABLE_ROWS:
         notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; keep the "
                      "result with -o VAR and see them all with VAR.to_pandas().")
-    summary = result.summary()
     footer = f"{spec} · --each {name}" + (f" · --schema {schema}" if schema else "")
-    footer += f" · {summary}"
+    footer += f" · {result.summary()}"
     body = rows_markdown(table, index=True, start=0)  # numbered like VAR[i] and to_pandas()
     md = body + "\n\n" + notes_markdown(notes) + f"<sub>{html.escape(footer, quote=False)}</sub>"
     plain = body + "".join(f"\nℹ {n}" for n in notes) + f"\n\n[{footer}]"

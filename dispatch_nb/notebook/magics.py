@@ -20,9 +20,7 @@ from typing import Any, TypeVar, cast
 
 from IPython.core import magic_arguments as _magic_arguments
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, magics_class
-from IPython.core.magic import cell_magic as _cell_magic
-from IPython.core.magic import line_magic as _line_magic
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode, default
 
 from .constants import CACHE_MODES, FORMATS, LIVE_MODES, SUBCOMMANDS
@@ -50,14 +48,10 @@ def _options(name: str, *options: Any) -> Callable[[_F], _F]:
     return decorate
 
 
-def cell_magic(name: str) -> Callable[[_F], _F]:
-    """``IPython.core.magic.cell_magic``, typed."""
-    return cast(Callable[[_F], _F], _cell_magic(name))
-
-
-def line_magic(name: str) -> Callable[[_F], _F]:
-    """``IPython.core.magic.line_magic``, typed."""
-    return cast(Callable[[_F], _F], _line_magic(name))
+def _typed(decorator: Any) -> Callable[[_F], _F]:
+    """An IPython decorator (``cell_magic(name)``, ``line_magic(name)``), typed to keep the
+    decorated method's type."""
+    return cast(Callable[[_F], _F], decorator)
 
 
 
@@ -85,11 +79,6 @@ def _did_you_mean(parser: Any, message: str) -> str:
     return f" (did you mean {' / '.join(dict.fromkeys(guesses))}?)" if guesses else ""
 
 
-def _usage_error(parser: Any, exc: UsageError) -> UsageError:
-    """The argparse message (with a guess for a misspelt option) plus the usage line."""
-    return UsageError(f"{exc}{_did_you_mean(parser, str(exc))}\n{usage_line(parser)}")
-
-
 def parse_magic_line(parser: Any, line: str) -> Any:
     """Parse a magic's option line the way a shell would: quotes group words and are removed
     (``-s "Be terse."`` is the system prompt ``Be terse.``), a backslash escapes the next
@@ -104,8 +93,8 @@ def parse_magic_line(parser: Any, line: str) -> Any:
         ) from None
     try:
         return parser.parse_args(argv)
-    except UsageError as exc:
-        raise _usage_error(parser, exc) from None
+    except UsageError as exc:  # argparse's message, a guess for a misspelt option, the usage
+        raise UsageError(f"{exc}{_did_you_mean(parser, str(exc))}\n{usage_line(parser)}") from None
 
 
 @magics_class
@@ -242,7 +231,7 @@ class ChatMagics(Magics):
         _arg("--cache", choices=CACHE_MODES, type=str.lower, metavar="MODE",
              help="Response cache: off, read-write, replay or record (default: ChatMagics.cache)."),
     )
-    @cell_magic("chat")
+    @_typed(cell_magic("chat"))
     def chat_cell(self, line: str, cell: str) -> None:
         """Send the cell to a language model and stream the answer.
 
@@ -275,7 +264,7 @@ class ChatMagics(Magics):
         _arg("--all", action="store_true", help="reset: clear every thread."),
         _arg("--force", action="store_true", help="login: log in again even when already logged in."),
     )
-    @line_magic("chat")
+    @_typed(line_magic("chat"))
     def chat_line(self, line: str) -> None:
         """Manage dispatch_nb: ``login [PROVIDER] [--force]``, ``logout``, ``status``,
         ``models [PROVIDER]``, ``history [THREAD]``, ``reset [THREAD]``, ``key PROVIDER`` (type an
