@@ -6,6 +6,7 @@ finish, record; ``docs/notebook.md``, "How a cell runs"). ``%%chat --each`` cell
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -574,10 +575,8 @@ class CellRun:
             out[count] = result.response
         final = self.final
         if plan.fmt == "code" and final is not None and final.code:
-            try:
+            with contextlib.suppress(Exception):
                 self.state.shell.set_next_input(final.code, replace=False)
-            except Exception:
-                pass
 
     def raise_failure(self) -> None:
         """Raise what went wrong, after the output is shown: :class:`ChatInterrupted` on Ctrl-C,

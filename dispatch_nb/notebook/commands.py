@@ -10,6 +10,7 @@ with ``getpass`` and keeps it in this kernel's environment, so it is never in th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import os
 import re
@@ -129,12 +130,10 @@ def _github_token() -> Any:
 
 def _saved_user(source: str) -> str | None:
     """The GitHub user of the saved token, when ``source`` (where a token came from) is its file."""
-    try:
+    with contextlib.suppress(Exception):
         record = TokenStore().load_record()
         if record is not None and str(TokenStore().path) == source:
             return record.user
-    except Exception:
-        pass
     return None
 
 

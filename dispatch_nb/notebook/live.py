@@ -39,6 +39,7 @@ background thread.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import sys
 import time
@@ -88,10 +89,8 @@ def close_widgets(widgets: Iterable[Any]) -> None:
     """Close each widget, so no widget state is left in the saved notebook (one that cannot be
     closed any more is skipped)."""
     for widget in widgets:
-        try:
+        with contextlib.suppress(Exception):
             widget.close()
-        except Exception:
-            pass
 
 
 def has_kernel(shell: Any) -> bool:

@@ -13,6 +13,7 @@ in ``ipython_config.py``); ``%config ChatMagics`` lists them all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from collections.abc import Callable
@@ -320,10 +321,8 @@ def unload_ipython_extension(ipython: Any) -> None:
         return
     state = magics.state
     for event, callback in (("pre_run_cell", state.begin_cell), ("post_run_cell", state.end_cell)):
-        try:
+        with contextlib.suppress(ValueError):
             ipython.events.unregister(event, callback)
-        except ValueError:
-            pass
     for kind, name in (("cell", "chat"), ("line", "chat")):
         ipython.magics_manager.magics[kind].pop(name, None)
     if magics in getattr(ipython, "configurables", []):

@@ -29,6 +29,7 @@ user's own ``await`` cells. Compare mode is simply several jobs.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import queue
@@ -248,10 +249,8 @@ def run_jobs(
                     job.outcome.error = RequestCancelled("interrupted while a tool was running")
                     job.outcome.ended = now
             if on_done is not None:
-                try:
+                with contextlib.suppress(Exception):
                     on_done(index, job.outcome)
-                except Exception:
-                    pass
         raise
     finally:
         logger.removeHandler(capture)

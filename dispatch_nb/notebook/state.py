@@ -9,6 +9,7 @@ time; the thread store, the registry and the cache are imported when first used.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -229,7 +230,5 @@ class KernelState:
         adapters, self.adapters = self.adapters, {}
         self.caches = {}
         for adapter in adapters.values():
-            try:
+            with contextlib.suppress(Exception):
                 adapter.close()
-            except Exception:
-                pass
