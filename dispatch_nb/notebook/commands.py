@@ -196,28 +196,19 @@ def status(state: KernelState, args: argparse.Namespace) -> None:
     rows = [("default model", f"`{spec}`" + (f" — {reason}" if reason else ""))]
     if hint:
         rows.append(("hint", hint))
-    for descriptor in _login_providers():
-        rows.append((descriptor.label, _login_state(descriptor)))
-    for provider, env in key_env_rows():
-        rows.append((provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}"))
-    for what, url in base_url_rows():
-        rows.append((what, f"`{url}`"))
+    rows += [(descriptor.label, _login_state(descriptor)) for descriptor in _login_providers()]
+    rows += [(provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}")
+             for provider, env in key_env_rows()]
+    rows += [(what, f"`{url}`") for what, url in base_url_rows()]
     mode = state.cache_mode()
     cache = f"`{mode}`"
     if mode != "off":
         cache += f" — `{ResponseCache(settings.cache_file or None, mode).path}`"
     rows.append(("cache", cache))
-    rows.append(
-        ("live view", f"`{detect_mode(state.shell, settings.live)}` (asked: `{settings.live}`)")
-    )
-    threads = state.threads.summary()
-    rows.append(
-        (
-            "threads",
-            ", ".join(f"`{name}` ({n} turn{'' if n == 1 else 's'})" for name, n in threads.items())
-            or "none yet",
-        )
-    )
+    rows.append(("live view", f"`{detect_mode(state.shell, settings.live)}` (asked: `{settings.live}`)"))
+    threads = ", ".join(f"`{name}` ({n} turn{'' if n == 1 else 's'})"
+                        for name, n in state.threads.summary().items())
+    rows.append(("threads", threads or "none yet"))
     md = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
     plain = "\n".join(f"{k}: {v.replace('`', '')}" for k, v in rows)
     _show(md, plain)
@@ -265,9 +256,7 @@ def models(state: KernelState, args: argparse.Namespace) -> None:
     if descriptor.login_flow and state.cache_mode() != "replay" and not _logged_in(descriptor):
         _show(
             f"*Not logged in to {descriptor.label}*, so its models cannot be listed: run "
-            f"`%chat login` first, then `%chat models {provider}`.",
-            f"Not logged in to {descriptor.label}, so its models cannot be listed: run "
-            f"%chat login first, then %chat models {provider}.",
+            f"`%chat login` first, then `%chat models {provider}`."
         )
         return
     try:
