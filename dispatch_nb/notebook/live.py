@@ -388,24 +388,17 @@ class DisplayView(LiveView):
 
     # -- compare ---------------------------------------------------------------------------------
     def _table_html(self) -> str:
-        cells = []
-        head = []
-        for i, title in enumerate(self.titles):
-            head.append(
-                f"<th style='text-align:left'>{html.escape(title)}"
-                f"<div style='{_DIM}'>{html.escape(self.footers[i] or self.states[i])}</div></th>"
-            )
-            cells.append(
-                f"<td style='vertical-align:top; text-align:left'><div style='{_TEXT_STYLE}'>"
-                f"{html.escape(self.transcripts[i].plain())}</div></td>"
-            )
-        return (
-            "<table style='width:100%; table-layout:fixed'><tr>"
-            + "".join(head)
-            + "</tr><tr>"
-            + "".join(cells)
-            + "</tr></table>"
+        head = "".join(
+            f"<th style='text-align:left'>{html.escape(title)}"
+            f"<div style='{_DIM}'>{html.escape(self.footers[i] or self.states[i])}</div></th>"
+            for i, title in enumerate(self.titles)
         )
+        cells = "".join(
+            f"<td style='vertical-align:top; text-align:left'><div style='{_TEXT_STYLE}'>"
+            f"{html.escape(transcript.plain())}</div></td>"
+            for transcript in self.transcripts
+        )
+        return f"<table style='width:100%; table-layout:fixed'><tr>{head}</tr><tr>{cells}</tr></table>"
 
     def _finish(self, final: FinalOutput) -> None:
         _replace_outputs(final)

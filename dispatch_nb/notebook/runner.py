@@ -61,9 +61,6 @@ class _JobLogCapture(logging.Handler):
     """Routes ``dispatch_nb`` log records made for a job to that job (see the module docstring);
     other records get the handling they would have had without us."""
 
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-
     def emit(self, record: logging.LogRecord) -> None:
         emit = _JOB_EMIT.get()
         if emit is None:
@@ -215,7 +212,7 @@ def run_jobs(
             nxt = None if tick is None else tick()
             wait = idle_wait if nxt is None else max(0.0, min(idle_wait, nxt))
 
-    capture = _JobLogCapture()
+    capture = _JobLogCapture(logging.WARNING)
     logger = logging.getLogger("dispatch_nb")
     logger.addHandler(capture)
     try:
