@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
-from .blocks import Block, MarkdownBlocks
+from .blocks import BLOCK_LIMIT, Block, MarkdownBlocks
 from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, close_widgets, ipy_display
 
 if TYPE_CHECKING:
@@ -121,19 +121,52 @@ def _markdown_bundle(markdown: str) -> dict[str, Any]:
 
 
 class _Run:
-    """A stretch of thinking as widgets: segments of at most ``segment_chars`` characters,
-    grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no update ever re-sends more than
-    one segment's text or one block's list of children."""
+    """A stretch of thinking as widgets in a collapsed accordion: segments of at most
+    ``segment_chars`` characters, grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no
+    update ever re-sends more than one segment's text or one block's list of children."""
 
     kind = "thinking"
 
-    def __init__(self, segment_chars: int, inner: Any) -> None:
-        self.segments = _Segments(segment_chars)
+    def __init__(self, column: _WidgetColumn) -> None:
+        self.column = column
+        self.segments = _Segments(column.segment_chars)
         self.widgets: list[Any] = []
         self.blocks: list[Any] = []
         self.dirty_blocks: set[int] = set()
-        self.inner = inner  # the accordion's box
+        self.inner = column._make(column.w.VBox, children=())  # the accordion's box
         self.inner_dirty = False
+        accordion = column._make(column.w.Accordion, children=(self.inner,), selected_index=None)
+        accordion.set_title(0, "Thinking…")
+        column.accordions.append(accordion)
+        column.parts.append(accordion)
+        column.parts_dirty = True
+
+    def add(self, text: str) -> None:
+        column = self.column
+        for _ in self.segments.add(text):
+            segment = column._make(
+                column.w.HTML, value="", layout=column.segment_layout, style=column.segment_style
+            )
+            self.widgets.append(segment)
+            if not self.blocks or len(self.blocks[-1]._dnb_children) >= BLOCK_SEGMENTS:
+                block = column._make(column.w.VBox, children=(), layout=column.segment_layout)
+                block._dnb_children = []
+                self.blocks.append(block)
+                self.inner_dirty = True
+            self.blocks[-1]._dnb_children.append(segment)
+            self.dirty_blocks.add(len(self.blocks) - 1)
+
+    def flush(self, final: bool = False) -> None:
+        for i in self.segments.take_dirty():
+            text = html.escape(self.segments.chunks[i])
+            self.widgets[i].value = f"<div class='dnb-thinking'>{text}</div>"
+        for b in sorted(self.dirty_blocks):
+            block = self.blocks[b]
+            block.children = tuple(block._dnb_children)
+        self.dirty_blocks.clear()
+        if self.inner_dirty:
+            self.inner.children = tuple(self.blocks)
+            self.inner_dirty = False
 
 
 class _MarkdownRun:
@@ -198,12 +231,8 @@ class _WidgetColumn:
     def __init__(self, widgets: Any, title: str, segment_chars: int, width: str | None) -> None:
         from ipywidgets.widgets.widget_string import HTMLStyle
 
-        from .blocks import BLOCK_LIMIT
-
         self.w = widgets
-        self.title = title
         self.segment_chars = segment_chars
-        self.block_limit = BLOCK_LIMIT
         self.created: list[Any] = []
         # Segments share one layout and one style model: one comm per segment, not three.
         self.segment_layout = self._make(widgets.Layout, margin="0")
@@ -267,17 +296,7 @@ class _WidgetColumn:
         if self.current is not None and self.current.kind == kind:
             return self.current
         self._settle()
-        run: _Run | _MarkdownRun
-        if kind == "thinking":
-            inner = self._make(self.w.VBox, children=())
-            accordion = self._make(self.w.Accordion, children=(inner,), selected_index=None)
-            accordion.set_title(0, "Thinking…")
-            self.accordions.append(accordion)
-            self.parts.append(accordion)
-            self.parts_dirty = True
-            run = _Run(self.segment_chars, inner)
-        else:
-            run = _MarkdownRun(self, self.block_limit)
+        run = _Run(self) if kind == "thinking" else _MarkdownRun(self, BLOCK_LIMIT)
         self.runs.append(run)
         self.current = run
         return run
@@ -289,22 +308,7 @@ class _WidgetColumn:
         self.current = None
 
     def add_text(self, kind: str, text: str) -> None:
-        run = self._open(kind)
-        if isinstance(run, _MarkdownRun):
-            run.add(text)
-            return
-        for _ in run.segments.add(text):
-            segment = self._make(
-                self.w.HTML, value="", layout=self.segment_layout, style=self.segment_style
-            )
-            run.widgets.append(segment)
-            if not run.blocks or len(run.blocks[-1]._dnb_children) >= BLOCK_SEGMENTS:
-                block = self._make(self.w.VBox, children=(), layout=self.segment_layout)
-                block._dnb_children = []
-                run.blocks.append(block)
-                run.inner_dirty = True
-            run.blocks[-1]._dnb_children.append(segment)
-            run.dirty_blocks.add(len(run.blocks) - 1)
+        self._open(kind).add(text)
 
     def tool_started(self, part: ToolRun) -> None:
         self._settle()
@@ -319,19 +323,7 @@ class _WidgetColumn:
 
     def flush(self, final: bool = False) -> None:
         for run in self.runs:
-            if isinstance(run, _MarkdownRun):
-                run.flush(final=final)
-                continue
-            for i in run.segments.take_dirty():
-                text = html.escape(run.segments.chunks[i])
-                run.widgets[i].value = f"<div class='dnb-thinking'>{text}</div>"
-            for b in sorted(run.dirty_blocks):
-                block = run.blocks[b]
-                block.children = tuple(block._dnb_children)
-            run.dirty_blocks.clear()
-            if run.inner_dirty:
-                run.inner.children = tuple(run.blocks)
-                run.inner_dirty = False
+            run.flush(final=final)
         for g in sorted(self.dirty_groups):
             group = self.groups[g]
             group.children = tuple(group._dnb_children)
