@@ -1,22 +1,11 @@
-"""``%%chat --each NAME``: the cell's prompt over every row of a list, Series or DataFrame.
+"""``%%chat --each NAME``: the cell's prompt over every row of a list, Series or DataFrame
+(``docs/notebook.md``, "One prompt over many rows").
 
-The cell is a template filled once per row by :func:`dispatch_nb.batch` with the rules of
-``%%chat`` interpolation: ``{column}`` is the row's value (a DataFrame's column, a dict row's key,
-a named Series' name), ``{row}`` the whole row, and any other ``{expression}`` resolves from the
-user's namespace as in any ``%%chat`` cell (a row's names win over the namespace's). A name that
-neither the first row nor the namespace has stops the cell before anything is sent.
-
-The rows run concurrently with tqdm's progress bar (``batch``'s), then ONE static output remains:
-a table of the input columns with each row's answer (``--schema``: the parsed fields as columns)
-and, when a row failed or was never sent, its error, its rows numbered from 0 like ``VAR[i]`` and
-``VAR.to_pandas()``; the result's summary is the footer (``ok``, ``failed`` and ``not sent``
-apart: a batch stops sending at an error every row would get, and Ctrl-C stops it, and the rows it
-never sent are not counted as failed). ``-o VAR`` keeps the
-:class:`~dispatch_nb.batching.BatchResult` (``VAR.to_pandas()``, ``VAR[i].parsed``).
-
-Each row is one independent question: no thread history is sent or recorded. ``-m`` names one
-model; several models, ``--tools`` and ``-f code`` / ``-f text`` are refused with a
-``UsageError``.
+The cell is a template that :func:`dispatch_nb.batch` fills once per row (``{column}``, ``{row}``,
+any ``{expression}`` from the namespace); the rows run concurrently with batch's progress bar and
+leave ONE static table, numbered from 0 like ``VAR[i]`` and ``VAR.to_pandas()``, with the batch
+summary as its footer. ``-o VAR`` keeps the :class:`~dispatch_nb.batching.BatchResult`. Each row
+is one independent question: no thread history is sent or recorded.
 """
 
 from __future__ import annotations

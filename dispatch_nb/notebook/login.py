@@ -137,7 +137,6 @@ class WidgetLoginView(LoginView):
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
         import ipywidgets as widgets
-        self.w = widgets
         intro = f"<b>{TITLE}</b>" + (
             f"<div style='{_DIM}'>{html.escape(reason)}</div>" if reason else ""
         )

@@ -127,10 +127,7 @@ class ChatThread:
 
     def index(self, key: str) -> int | None:
         """Position of the turn keyed ``key``, or None."""
-        for i, turn in enumerate(self.turns):
-            if turn.key == key:
-                return i
-        return None
+        return next((i for i, turn in enumerate(self.turns) if turn.key == key), None)
 
     def history_for(self, key: str) -> list[Message]:
         """The messages to send before the prompt of the turn keyed ``key``."""
@@ -215,14 +212,10 @@ class ThreadStore:
 
     def reset(self, name: str | None = None) -> list[str]:
         """Clear thread ``name`` (every thread when None); returns the names cleared."""
-        if name is None:
-            names = list(self._threads)
-            self._threads.clear()
-            return names
-        if name in self._threads:
-            del self._threads[name]
-            return [name]
-        return []
+        names = list(self._threads) if name is None else [name] if name in self._threads else []
+        for cleared in names:
+            del self._threads[cleared]
+        return names
 
     def summary(self) -> dict[str, Any]:
         """``{name: number of turns}``."""
