@@ -24,7 +24,6 @@ state. The token never appears in any output.
 from __future__ import annotations
 
 import html
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -95,16 +94,11 @@ class LoginView:
         self.reason = reason
         self.code: DeviceCode | None = None
         self.state = "starting"
-        #: the last outcome, and an event set when a login attempt ends
-        self.outcome: LoginOutcome | None = None
-        self.ended = threading.Event()
 
     def show_code(self, code: DeviceCode) -> None:
         """A new user code to show."""
         self.code = code
         self.state = "pending"
-        self.outcome = None
-        self.ended.clear()
 
     def set_state(self, state: str, info: Mapping[str, Any]) -> None:
         """The flow's state changed."""
@@ -117,13 +111,9 @@ class LoginView:
         """The login ended."""
 
     def end(self, outcome: LoginOutcome) -> None:
-        """Show ``outcome`` and signal :attr:`ended`."""
-        self.outcome = outcome
+        """Show how the login ended."""
         self.state = outcome.state
-        try:
-            self.done(outcome)
-        finally:
-            self.ended.set()
+        self.done(outcome)
 
 
 # -- widget -------------------------------------------------------------------------------------
