@@ -182,8 +182,6 @@ class FinalOutput:
     metadata: dict[str, Any]
     terminal: str | None = None
     code: str | None = None  # for -f code: what goes into the next cell
-    #: True when there is nothing to show (a failure before anything streamed, without notes)
-    empty: bool = False
 
 
 def _sub(text: str) -> str:
@@ -311,7 +309,7 @@ def final_output(
     if failed and transcript.empty:
         meta["dispatch_nb"]["footer"] = ""
         if not notes:
-            return FinalOutput({"text/plain": ""}, meta, terminal="", empty=True)
+            return FinalOutput({"text/plain": ""}, meta, terminal="")
         return FinalOutput({"text/markdown": top.rstrip("\n"), "text/plain": top_plain.rstrip("\n")},
                            meta, terminal=top_plain.rstrip("\n"))
     text = transcript.text
