@@ -182,8 +182,9 @@ _PUNCT = re.compile(r"[!-/:-@\[-`{-~\s]")
 
 
 def _masked_code_and_math(text: str) -> tuple[str, int | None]:
-    """``text`` with code spans and math replaced by spaces (same length), and the position of
-    the first code span / math that is still open (None when all are closed)."""
+    """``text`` with the inside of code spans and math replaced by spaces (same length; their
+    delimiters stay, which emphasis next to them sees as punctuation, as CommonMark does), and
+    the position of the first code span / math that is still open (None when all are closed)."""
     out = list(text)
     i, n = 0, len(text)
     while i < n:
@@ -199,7 +200,7 @@ def _masked_code_and_math(text: str) -> tuple[str, int | None]:
             close = re.compile(r"(?<!`)" + run + r"(?!`)").search(text, j)
             if close is None:
                 return "".join(out), i
-            for k in range(i, close.end()):
+            for k in range(j, close.start()):
                 out[k] = " "
             i = close.end()
             continue
@@ -211,7 +212,7 @@ def _masked_code_and_math(text: str) -> tuple[str, int | None]:
             if close_at < 0:
                 return "".join(out), i
             end = close_at + len(delim)
-            for k in range(i, end):
+            for k in range(i + len(delim), close_at):
                 out[k] = " "
             i = end
             continue
@@ -232,13 +233,10 @@ def _open_at(block: str) -> int | None:
         start, end = match.span()
         char = scan[start]
         before = scan[start - 1] if start > 0 else "\n"
-        if end == len(scan):
-            if end == len(block):  # the run ends the text: it may be an opener still growing
-                candidates.append(start)
-                break
-            after = scan[end]
-        else:
-            after = scan[end]
+        if end == len(block):  # the run ends the text: it may be an opener still growing
+            candidates.append(start)
+            break
+        after = masked[end]  # past the scan: the code span or math left open
         left = not after.isspace() and (not _PUNCT.match(after) or bool(_PUNCT.match(before)))
         right = not before.isspace() and (not _PUNCT.match(before) or bool(_PUNCT.match(after)))
         if char == "_":
