@@ -159,21 +159,19 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
             # (each round's answer and usage, each tool's result) is shown once, replayed from
             # the session's collected turn.
             last = session.send(plan.user.content, stream=False, **extra)
-            produced = list(session.history[start + 1 :])
             assert session.last_turn is not None
             for collected in session.last_turn.events():
                 emit(collected)
-            return CallResult(last, produced)
-        for event in session.stream(plan.user.content, **extra):
-            if isinstance(event, ErrorEvent):
-                raise event.error
-            if isinstance(event, MessageDoneEvent):
-                last = event.response
-            emit(event)
+        else:
+            for event in session.stream(plan.user.content, **extra):
+                if isinstance(event, ErrorEvent):
+                    raise event.error
+                if isinstance(event, MessageDoneEvent):
+                    last = event.response
+                emit(event)
         if last is None:
             raise RequestCancelled("the session ended without an answer")
-        produced = list(session.history[start + 1 :])
-        return CallResult(last, produced)
+        return CallResult(last, list(session.history[start + 1 :]))
 
     return with_tools if plan.tools else plain
 
@@ -230,13 +228,6 @@ def _clean(text: str, where: str, notes: list[str]) -> str:
     if count:
         notes.append(surrogate_note(count, where))
     return cleaned
-
-
-def _available_models(plan: CallPlan) -> list[str]:
-    try:
-        return [m.id for m in plan.adapter.list_models()]
-    except Exception:
-        return []
 
 
 @dataclass
@@ -597,8 +588,11 @@ class CellRun:
             if not isinstance(failure, (DispatchError, ChatError)):
                 raise failure
             # only a model the provider does not offer is explained by its model list
-            available = (_available_models(plan.calls[0])
-                         if isinstance(failure, ModelUnavailableError) else None)
+            available = None
+            if isinstance(failure, ModelUnavailableError):
+                available = []
+                with contextlib.suppress(Exception):
+                    available = [m.id for m in plan.calls[0].adapter.list_models()]
             raise explain_error(
                 failure, spec=failed_spec, available=available, context=self.context
             ) from None
