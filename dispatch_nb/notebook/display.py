@@ -489,14 +489,6 @@ def _context_fix(context: dict[str, Any]) -> str:
     )
 
 
-def _credentials_fix(provider: str) -> str:
-    """What to do when ``provider`` refused the credentials: its descriptor's login hint."""
-    from ..registry import find_descriptor
-
-    descriptor = find_descriptor(provider)
-    return descriptor.credentials_hint if descriptor else "Check the provider's credentials."
-
-
 def explain_error(
     exc: BaseException,
     *,
@@ -523,8 +515,11 @@ def explain_error(
     title = type(exc).__name__
     message = str(exc).replace(exc.message, magic_words(exc.message))
     fix = ""
-    if isinstance(exc, e.AuthenticationError):
-        fix = _credentials_fix(provider)
+    if isinstance(exc, e.AuthenticationError):  # the provider's login hint
+        from ..registry import find_descriptor
+
+        descriptor = find_descriptor(provider)
+        fix = descriptor.credentials_hint if descriptor else "Check the provider's credentials."
     elif isinstance(exc, e.RateLimitError):
         if exc.code == "quota_exceeded":
             fix = "Your quota or spending limit is used up: check the account, or use another model (-m)."
@@ -547,8 +542,6 @@ def explain_error(
         fix = "Check the network and the provider's base URL, then run the cell again."
     elif isinstance(exc, e.ServerError):
         fix = "The provider failed; run the cell again in a moment."
-    elif isinstance(exc, e.RequestCancelled):
-        fix = ""
     elif exc.code == "output_truncated":
         fix = (
             "Bound the schema's strings and lists (Field(max_length=…), Annotated[list[...], "
