@@ -37,23 +37,17 @@ def _arg(*flags: str, **settings: Any) -> Any:
     return _magic_arguments.argument(*flags, **settings)  # type: ignore[no-untyped-call]
 
 
-def _options(name: str, *options: Any) -> Callable[[_F], _F]:
-    """IPython's ``@magic_arguments`` with one ``@argument`` per option, in the order given (the
-    order the help lists them), typed to keep the decorated method's type."""
+def _magic(kind: Any, name: str, *options: Any) -> Callable[[_F], _F]:
+    """IPython's ``kind`` (``cell_magic("chat")`` / ``line_magic("chat")``) over its
+    ``@magic_arguments(name)`` with one ``@argument`` per option, in the order given (the order the
+    help lists them); typed to keep the decorated method's type."""
 
     def decorate(func: _F) -> _F:
         for option in reversed(options):  # the decorator nearest the function is applied first
             func = option(func)
-        return cast(_F, _magic_arguments.magic_arguments(name=name)(func))  # type: ignore[no-untyped-call]
+        return cast(_F, kind(_magic_arguments.magic_arguments(name=name)(func)))  # type: ignore[no-untyped-call]
 
     return decorate
-
-
-def _typed(decorator: Any) -> Callable[[_F], _F]:
-    """An IPython decorator (``cell_magic(name)``, ``line_magic(name)``), typed to keep the
-    decorated method's type."""
-    return cast(Callable[[_F], _F], decorator)
-
 
 
 def usage_line(parser: Any) -> str:
@@ -187,7 +181,8 @@ class ChatMagics(Magics):
         self.state = KernelState(shell, self)
 
     # -- magics ----------------------------------------------------------------------------------
-    @_options(
+    @_magic(
+        cell_magic("chat"),
         "%chat",
         _arg("-m", "--model", metavar="SPEC", help="Model spec 'provider:model' (default: "
              "ChatMagics.model). Several, comma-separated (-m a,b,c), compare the models side by side."),
@@ -232,7 +227,6 @@ class ChatMagics(Magics):
         _arg("--cache", choices=CACHE_MODES, type=str.lower, metavar="MODE",
              help="Response cache: off, read-write, replay or record (default: ChatMagics.cache)."),
     )
-    @_typed(cell_magic("chat"))
     def chat_cell(self, line: str, cell: str) -> None:
         """Send the cell to a language model and stream the answer.
 
@@ -257,7 +251,8 @@ class ChatMagics(Magics):
 
         run_chat_cell(self.state, args, cell)
 
-    @_options(
+    @_magic(
+        line_magic("chat"),
         "chat",
         _arg("command", choices=SUBCOMMANDS, help="What to do."),
         _arg("target", nargs="?", default=None,
@@ -265,7 +260,6 @@ class ChatMagics(Magics):
         _arg("--all", action="store_true", help="reset: clear every thread."),
         _arg("--force", action="store_true", help="login: log in again even when already logged in."),
     )
-    @_typed(line_magic("chat"))
     def chat_line(self, line: str) -> None:
         """Manage dispatch_nb: ``login [PROVIDER] [--force]``, ``logout``, ``status``,
         ``models [PROVIDER]``, ``history [THREAD]``, ``reset [THREAD]``, ``key PROVIDER`` (type an

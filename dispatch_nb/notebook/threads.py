@@ -158,15 +158,11 @@ class ChatThread:
         parts = [f"**Thread `{self.name}`** — {count} turn{'' if count == 1 else 's'}\n"]
         for i, turn in enumerate(self.turns, 1):
             where = f"In [{turn.execution_count}]" if turn.execution_count else ""
-            model = turn.model
-            meta = " · ".join(x for x in (where, model) if x)
+            meta = " · ".join(x for x in (where, turn.model) if x)
             meta = f" <sub>{meta}</sub>" if meta else ""
             parts.append(f"---\n**{i}. You**{meta}\n\n{_quote(turn.prompt)}\n")
-            for kind, text in turn.steps():
-                if kind == "call":
-                    parts.append(f"🔧 {code_span(text)}\n")
-                elif kind == "result":
-                    parts.append(f"→ {code_span(text)}\n")
+            for kind, text in turn.steps():  # a call, or a result
+                parts.append(f"{'🔧' if kind == 'call' else '→'} {code_span(text)}\n")
             parts.append(f"**Assistant**\n\n{_quote(turn.answer) or '*(no text)*'}\n")
         return "\n".join(parts)
 
