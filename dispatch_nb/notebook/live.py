@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .blocks import MarkdownBlocks, warm_up
+from .blocks import BLOCK_LIMIT, MarkdownBlocks, warm_up
 from .constants import LIVE_MODES
 
 if TYPE_CHECKING:
@@ -257,8 +257,7 @@ class LiveView:
 class DisplayView(LiveView):
     """The ``display_id`` rendering. One model: one Markdown output per finished block or tool
     call, and a last output holding the growing block and the status line (so the status stays
-    below the answer). Compare mode: one HTML table re-rendered at most ``compare_rate`` times
-    per second."""
+    below the answer). Compare mode: one HTML table re-rendered at most 10 times per second."""
 
     mode = "display"
 
@@ -267,13 +266,10 @@ class DisplayView(LiveView):
         titles: list[str],
         *,
         rate: float = DEFAULT_RATE,
-        block_chars: int | None = None,
-        compare_rate: float = 10.0,
+        block_chars: int = BLOCK_LIMIT,
     ) -> None:
-        from .blocks import BLOCK_LIMIT
-
-        super().__init__(titles, rate=rate if len(titles) == 1 else min(rate, compare_rate))
-        self.block_chars = block_chars or BLOCK_LIMIT
+        super().__init__(titles, rate=rate if len(titles) == 1 else min(rate, 10.0))
+        self.block_chars = block_chars
         self.table_handle: Any = None
         self.live_handle: Any = None  # the last output: growing block + status line
         self.live_markdown = ""  # the growing block's part of it

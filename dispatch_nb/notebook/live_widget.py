@@ -122,14 +122,14 @@ def _markdown_bundle(markdown: str) -> dict[str, Any]:
 
 class _Run:
     """A stretch of thinking as widgets in a collapsed accordion: segments of at most
-    ``segment_chars`` characters, grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no
+    :data:`SEGMENT_CHARS` characters, grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no
     update ever re-sends more than one segment's text or one block's list of children."""
 
     kind = "thinking"
 
     def __init__(self, column: _WidgetColumn) -> None:
         self.column = column
-        self.segments = _Segments(column.segment_chars)
+        self.segments = _Segments(SEGMENT_CHARS)
         self.widgets: list[Any] = []
         self.blocks: list[Any] = []
         self.dirty_blocks: set[int] = set()
@@ -228,11 +228,10 @@ class _WidgetColumn:
     """One model's live view as ipywidgets: the body (text / thinking / tool parts), then the
     status line, which becomes the footer."""
 
-    def __init__(self, widgets: Any, title: str, segment_chars: int, width: str | None) -> None:
+    def __init__(self, widgets: Any, title: str, width: str | None) -> None:
         from ipywidgets.widgets.widget_string import HTMLStyle
 
         self.w = widgets
-        self.segment_chars = segment_chars
         self.created: list[Any] = []
         # Segments share one layout and one style model: one comm per segment, not three.
         self.segment_layout = self._make(widgets.Layout, margin="0")
@@ -360,11 +359,8 @@ class WidgetView(LiveView):
 
     mode = "widget"
 
-    def __init__(
-        self, titles: list[str], *, rate: float = DEFAULT_RATE, segment_chars: int = SEGMENT_CHARS
-    ) -> None:
+    def __init__(self, titles: list[str], *, rate: float = DEFAULT_RATE) -> None:
         super().__init__(titles, rate=rate)
-        self.segment_chars = segment_chars
         self.columns: list[_WidgetColumn] = []
         self.root: Any = None
         self.handle: Any = None
@@ -374,7 +370,7 @@ class WidgetView(LiveView):
         super().start(notes)
         import ipywidgets as widgets
         width = f"{100 / len(self.titles):.2f}%" if self.compare else None
-        self.columns = [_WidgetColumn(widgets, t, self.segment_chars, width) for t in self.titles]
+        self.columns = [_WidgetColumn(widgets, t, width) for t in self.titles]
         children: list[Any] = []
         if self.notes:
             from .display import notes_markdown
