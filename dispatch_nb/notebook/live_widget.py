@@ -345,10 +345,6 @@ class _WidgetColumn:
         self.footer = footer + (f" · ⚠ {error}" if error else "")
         self.state_dirty = True
 
-    def abandon(self, parts: list[ToolRun]) -> None:
-        for part in parts:
-            self.tool_changed(part.id)
-
     def close(self) -> None:
         close_widgets(reversed(self.created))
         self.created.clear()
@@ -404,10 +400,8 @@ class WidgetView(LiveView):
     def _feed(self, index: int, event: Any) -> None:
         column = self.columns[index]
         kind = getattr(event, "type", None)
-        if kind == "text_delta":
-            column.add_text("text", event.text or "")
-        elif kind == "thinking_delta":
-            column.add_text("thinking", event.text or "")
+        if kind in ("text_delta", "thinking_delta"):
+            column.add_text(kind.removesuffix("_delta"), event.text or "")
         elif kind == "tool_use_start":
             transcript = self.transcripts[index]
             column.tool_started(transcript.tools[-1])
@@ -424,7 +418,8 @@ class WidgetView(LiveView):
     def interrupt(self) -> None:
         for index, column in enumerate(self.columns):
             if not self.ended[index]:
-                column.abandon(self.transcripts[index].abandon_tools())
+                for part in self.transcripts[index].abandon_tools():
+                    column.tool_changed(part.id)
         super().interrupt()
 
     def _job_done(self, index: int, footer: str, error: str | None) -> None:
