@@ -85,21 +85,6 @@ class CallResult:
     produced: list[Message]
 
 
-def _answering(feed: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
-    """``feed`` for the live view, with approval requests answered on this (the kernel's)
-    thread."""
-
-    def on_event(index: int, event: Any) -> None:
-        if getattr(event, "type", None) == "approval_request":
-            from .approval import answer_here
-
-            answer_here(event)
-        else:
-            feed(index, event)
-
-    return on_event
-
-
 def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
     """The function a worker thread runs for ``plan``."""
     given = {"timeout": plan.timeout, "output": plan.output}
@@ -437,7 +422,7 @@ class CellRun:
         view.start(plan.prompt.notes)
         try:
             try:
-                run_jobs(jobs, _answering(view.feed), tick=view.tick, on_done=self._job_done,
+                run_jobs(jobs, self._on_event, tick=view.tick, on_done=self._job_done,
                          on_interrupt=view.interrupt)
             except KeyboardInterrupt:
                 self.interrupted = True
@@ -445,6 +430,16 @@ class CellRun:
             view.close()
             raise
         self.outcomes = [job.outcome for job in jobs]
+
+    def _on_event(self, index: int, event: Any) -> None:
+        """A job's event: to the live view; an approval request is answered on this (the
+        kernel's) thread."""
+        if getattr(event, "type", None) == "approval_request":
+            from .approval import answer_here
+
+            answer_here(event)
+        else:
+            self._viewed().feed(index, event)
 
     def _job_done(self, index: int, outcome: JobOutcome) -> None:
         """A model finished: complete its transcript and show its footer."""
