@@ -16,6 +16,7 @@ this is the terminal's prompt.
 from __future__ import annotations
 
 import contextvars
+import functools
 import html
 import json
 import logging
@@ -24,17 +25,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..approval import ALWAYS, ToolCall, set_asker
+from ..approval import ALWAYS, ToolCall
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApprovalRequest", "answer_here", "ask", "asking_through", "install"]
+__all__ = ["ApprovalRequest", "answer_here", "ask", "asking_through"]
 
 #: the current cell's ``emit`` (set on its worker thread; asyncio.to_thread carries it along)
 _emit: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
     "dispatch_nb_approval_emit", default=None
 )
-_installed = False
 #: tools the person approved "always" in this kernel, by (MCP server, name): every later cell
 #: runs them without asking (a tool of the same name from another server is still asked about)
 _always: set[tuple[str | None, str]] = set()
@@ -74,17 +74,8 @@ def ask(call: ToolCall, seconds: float | None) -> bool | str:
     return request.answer
 
 
-def install() -> None:
-    """Make the kernel's cells answer ``approve="ask"`` (idempotent)."""
-    global _installed
-    if not _installed:
-        set_asker(ask)
-        _installed = True
-
-
 def asking_through(emit: Callable[[Any], None]) -> contextvars.Token[Any]:
     """Route this thread's approval requests to ``emit`` (the cell's event queue)."""
-    install()
     return _emit.set(emit)
 
 
@@ -132,35 +123,25 @@ def _ask_in_input_box(request: ApprovalRequest) -> None:
         request.answer = _parse(text)
 
 
-class _Subshell:
+@functools.cache  # an answer (a subshell, or a refusal) is kept; a timeout raises: tried again
+def _subshell(kernel: Any) -> str | None:
     """This kernel's subshell for approval buttons, made once through the kernel's own control
-    channel (a client of the kernel's connection file)."""
+    channel (a client of the kernel's connection file); None when the kernel has none."""
+    if "kernel subshells" not in kernel.kernel_info.get("supported_features", ()):
+        return None
+    from ipykernel.connect import get_connection_file
+    from jupyter_client.blocking.client import BlockingKernelClient
 
-    id: str | None = None
-    tried = False
-
-    @classmethod
-    def get(cls, kernel: Any) -> str | None:
-        if cls.tried:
-            return cls.id
-        if "kernel subshells" not in kernel.kernel_info.get("supported_features", ()):
-            cls.tried = True
-            return None
-        from ipykernel.connect import get_connection_file
-        from jupyter_client.blocking.client import BlockingKernelClient
-
-        client = BlockingKernelClient(connection_file=get_connection_file())
-        client.load_connection_file()
-        client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
-        try:
-            client.control_channel.send(client.session.msg("create_subshell_request", {}))
-            reply = client.control_channel.get_msg(timeout=10)
-        finally:
-            client.stop_channels()
-        cls.tried = True  # an answer: a subshell, or a refusal (a timeout is tried again)
-        if reply["content"].get("status") == "ok":
-            cls.id = reply["content"]["subshell_id"]
-        return cls.id
+    client = BlockingKernelClient(connection_file=get_connection_file())
+    client.load_connection_file()
+    client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+    try:
+        client.control_channel.send(client.session.msg("create_subshell_request", {}))
+        reply = client.control_channel.get_msg(timeout=10)
+    finally:
+        client.stop_channels()
+    content = reply["content"]
+    return content["subshell_id"] if content.get("status") == "ok" else None
 
 
 def _ask_with_buttons(request: ApprovalRequest) -> bool:
@@ -177,7 +158,7 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         import ipywidgets as widgets
         from IPython.display import display
 
-        subshell = _Subshell.get(kernel)
+        subshell = _subshell(kernel)
         ident = kernel._parent_ident["shell"]  # the cell's request, restored below
     except Exception as exc:  # no ipywidgets / jupyter_client, no answer about a subshell
         log.debug("approval buttons cannot be used here (%s: %s); asking in the input box",

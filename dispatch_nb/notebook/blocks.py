@@ -182,8 +182,9 @@ _PUNCT = re.compile(r"[!-/:-@\[-`{-~\s]")
 
 
 def _masked_code_and_math(text: str) -> tuple[str, int | None]:
-    """``text`` with code spans and math replaced by spaces (same length), and the position of
-    the first code span / math that is still open (None when all are closed)."""
+    """``text`` with the inside of code spans and math replaced by spaces (same length; their
+    delimiters stay, which emphasis next to them sees as punctuation, as CommonMark does), and
+    the position of the first code span / math that is still open (None when all are closed)."""
     out = list(text)
     i, n = 0, len(text)
     while i < n:
@@ -199,7 +200,7 @@ def _masked_code_and_math(text: str) -> tuple[str, int | None]:
             close = re.compile(r"(?<!`)" + run + r"(?!`)").search(text, j)
             if close is None:
                 return "".join(out), i
-            for k in range(i, close.end()):
+            for k in range(j, close.start()):
                 out[k] = " "
             i = close.end()
             continue
@@ -211,7 +212,7 @@ def _masked_code_and_math(text: str) -> tuple[str, int | None]:
             if close_at < 0:
                 return "".join(out), i
             end = close_at + len(delim)
-            for k in range(i, end):
+            for k in range(i + len(delim), close_at):
                 out[k] = " "
             i = end
             continue
@@ -232,13 +233,10 @@ def _open_at(block: str) -> int | None:
         start, end = match.span()
         char = scan[start]
         before = scan[start - 1] if start > 0 else "\n"
-        if end == len(scan):
-            if end == len(block):  # the run ends the text: it may be an opener still growing
-                candidates.append(start)
-                break
-            after = scan[end]
-        else:
-            after = scan[end]
+        if end == len(block):  # the run ends the text: it may be an opener still growing
+            candidates.append(start)
+            break
+        after = masked[end]  # past the scan: the code span or math left open
         left = not after.isspace() and (not _PUNCT.match(after) or bool(_PUNCT.match(before)))
         right = not before.isspace() and (not _PUNCT.match(before) or bool(_PUNCT.match(after)))
         if char == "_":
@@ -294,6 +292,17 @@ def _open_at(block: str) -> int | None:
 
 # ------------------------------------------------------------------------------------------------
 # cutting the text in blocks
+
+
+def _fitting(lines: list[str], first: int, limit: int) -> int:
+    """How many of the complete ``lines`` a piece cut at a line boundary keeps: the ``first``
+    ones (a fence's opening, a table's header and delimiter row) and at least one more, then as
+    many as fit in ``limit`` characters, never the last."""
+    k, size = first, sum(len(line) + 1 for line in lines[:first])
+    while k < len(lines) - 1 and size + len(lines[k]) + 1 <= limit:
+        size += len(lines[k]) + 1
+        k += 1
+    return max(k, first + 1)
 
 
 class MarkdownBlocks:
@@ -359,6 +368,12 @@ class MarkdownBlocks:
                     continue
             return finished, self._block(tail, first=True, keep_flags=True)
 
+    def shown(self, final: bool = False) -> tuple[list[Block], Block, str]:
+        """:meth:`take`, and what to show of the current block: all of it once the text is
+        ``final``, else its :func:`stable_prefix`."""
+        finished, current = self.take()
+        return finished, current, current.source.rstrip() if final else stable_prefix(current.source)
+
     # -- internals -------------------------------------------------------------------------------
     def _block(self, source: str, *, first: bool, keep_flags: bool = False) -> Block:
         block = Block(
@@ -384,18 +399,12 @@ class MarkdownBlocks:
         """Cut a finished piece off a block longer than the limit (None: no safe place yet)."""
         lines = tail.split("\n")
         complete = lines[:-1]
-        # how far the piece may reach: the limit, or further when a single line is longer
-        budget = self.limit
         if kind == "fence":
             fence = _open_fence(complete)
             if fence is None or len(complete) < 2:
                 return None
             opening, marker = fence
-            k, size = 1, len(complete[0]) + 1
-            while k < len(complete) - 1 and size + len(complete[k]) + 1 <= budget:
-                size += len(complete[k]) + 1
-                k += 1
-            k = max(k, 2)
+            k = _fitting(complete, 1, self.limit)
             body = "\n".join(complete[:k])
             piece = self._block(body + "\n" + marker, first=True)
             self._continued = True
@@ -408,11 +417,7 @@ class MarkdownBlocks:
             # twice; the widget view hides it), with the same delimiter row (column alignment).
             columns = max(1, complete[1].strip().strip("|").count("|") + 1)
             header = "|" + "   |" * columns + "\n" + complete[1] + "\n"
-            k, size = 2, len(complete[0]) + len(complete[1]) + 2
-            while k < len(complete) - 1 and size + len(complete[k]) + 1 <= budget:
-                size += len(complete[k]) + 1
-                k += 1
-            k = max(k, 3)
+            k = _fitting(complete, 2, self.limit)
             piece = self._block("\n".join(complete[:k]), first=True)
             self._continued = True
             self._consume(tail, sum(len(line) + 1 for line in complete[:k]), carry=header)
@@ -426,7 +431,7 @@ class MarkdownBlocks:
             cut_line = None
             size = 0
             for k, line in enumerate(complete):
-                if k and size > 0 and size + len(line) > budget:
+                if k and size > 0 and size + len(line) > self.limit:
                     break
                 item = _ITEM.match(line)
                 if k and item and len(item.group(1)) == width:

@@ -1,25 +1,12 @@
-"""One ``%%chat`` execution, start to finish: a :class:`CellRun` and its four steps.
-
-1. :meth:`CellRun.plan` — build the prompt (``prompt.py``), check the options (``options.py``),
-   pick the thread and the cell's turn key (``threads.py``), get an adapter per model from the
-   :class:`~dispatch_nb.notebook.state.KernelState` (a Copilot model without a login first shows
-   the device-login view, ``login.py``; ``--cache`` wraps it in the response cache) and describe
-   each model's call (:class:`CallPlan`). Nothing is sent yet.
-2. :meth:`CellRun.run` — run one :class:`~dispatch_nb.notebook.runner.Job` per model on worker
-   threads; the kernel's thread feeds the live view (``live.py``). Ctrl-C stops the jobs and keeps
-   what arrived.
-3. :meth:`CellRun.finish` — replace the live view with one static output (``display.py``).
-4. :meth:`CellRun.record` — record the turn, store ``-o`` and ``Out[n]``, put ``-f code`` into
-   the next cell; then :meth:`CellRun.raise_failure` raises a short :class:`ChatError` /
-   :class:`ChatInterrupted` if something went wrong — after the partial answer is shown.
-
-``%%chat --each`` cells go to ``each.py`` instead. This module is imported on the first
-``%%chat``, never by ``%load_ext``.
+"""One ``%%chat`` execution, start to finish: a :class:`CellRun` and its steps (plan, run,
+finish, record; ``docs/notebook.md``, "How a cell runs"). ``%%chat --each`` cells go to
+``each.py`` instead. This module is imported on the first ``%%chat``, never by ``%load_ext``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +36,6 @@ from .display import (
     compare_output,
     explain_error,
     final_output,
-    parsed_output,
 )
 from .each import run_each_cell
 from .live import LiveView, detect_mode, has_kernel, make_view
@@ -58,7 +44,7 @@ from .options import check_limits, check_output_name, resolve_schema, resolve_to
 from .prompt import Prompt, PromptError, build_prompt
 from .runner import Job, JobOutcome, run_jobs
 from .state import KernelState
-from .threads import ChatThread, cell_identity, cell_key, turn_from
+from .threads import ChatThread, Turn, cell_identity, cell_key
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
@@ -67,32 +53,7 @@ __all__ = ["CallPlan", "CallResult", "CellPlan", "CellRun", "make_work", "run_ch
 
 
 # ------------------------------------------------------------------------------------------------
-# adapters
-
-
-def was_replayed(adapter: Adapter) -> bool:
-    """True when every call ``adapter`` (a cell's :func:`labelled` adapter) made was answered
-    from the response cache — replay, or a read-write hit — so the answer has no real latency."""
-    return (
-        isinstance(adapter, CachedAdapter)
-        and adapter.replayed_calls > 0
-        and adapter.model_calls == 0
-    )
-
-
-def labelled(adapter: Adapter, label: str) -> Adapter:
-    """A cached adapter that names ``label`` (e.g. ``In[3]``) in what it records and misses."""
-    return adapter.with_label(label) if isinstance(adapter, CachedAdapter) else adapter
-
-
-# ------------------------------------------------------------------------------------------------
 # the work each model does (on a worker thread)
-
-
-def response_events(response: Response) -> list[StreamDelta]:
-    """The deltas a streamed call would have produced for ``response`` (for ``--no-stream``):
-    :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`."""
-    return response.deltas()
 
 
 @dataclass
@@ -124,32 +85,15 @@ class CallResult:
     produced: list[Message]
 
 
-def _answering(feed: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
-    """``feed`` for the live view, with approval requests answered on this (the kernel's)
-    thread."""
-
-    def on_event(index: int, event: Any) -> None:
-        if getattr(event, "type", None) == "approval_request":
-            from .approval import answer_here
-
-            answer_here(event)
-        else:
-            feed(index, event)
-
-    return on_event
-
-
 def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
     """The function a worker thread runs for ``plan``."""
-    options: dict[str, Any] = {}
+    given = {"timeout": plan.timeout, "output": plan.output}
+    per_call = {name: value for name, value in given.items() if value is not None}
+    options = dict(per_call)  # a session takes max_tokens and temperature itself
     if plan.max_tokens is not None:
         options["max_tokens"] = plan.max_tokens
     if plan.temperature is not None:
         options["temperature"] = plan.temperature
-    if plan.timeout is not None:
-        options["timeout"] = plan.timeout
-    if plan.output is not None:
-        options["output"] = plan.output
 
     def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         messages = [*plan.history, plan.user]
@@ -171,7 +115,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
                 messages, system=plan.system, cancel=cancel, stream=False, on_delta=emit,
                 **options,
             )
-            for delta in response_events(response):
+            for delta in response.deltas():  # what a streamed call would have produced
                 emit(delta)
         assert response is not None
         return CallResult(response, [response.to_message()])
@@ -194,31 +138,25 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         session.history = list(plan.history)
         start = len(session.history)
         last: Response | None = None
-        extra: dict[str, Any] = {"cancel": cancel}
-        if plan.timeout is not None:
-            extra["timeout"] = plan.timeout
-        if plan.output is not None:
-            extra["output"] = plan.output
+        extra: dict[str, Any] = {"cancel": cancel, **per_call}
         if not plan.stream:
             # --no-stream: one non-streaming send runs the whole tool loop; then the exchange
             # (each round's answer and usage, each tool's result) is shown once, replayed from
             # the session's collected turn.
             last = session.send(plan.user.content, stream=False, **extra)
-            produced = list(session.history[start + 1 :])
             assert session.last_turn is not None
             for collected in session.last_turn.events():
                 emit(collected)
-            return CallResult(last, produced)
-        for event in session.stream(plan.user.content, **extra):
-            if isinstance(event, ErrorEvent):
-                raise event.error
-            if isinstance(event, MessageDoneEvent):
-                last = event.response
-            emit(event)
+        else:
+            for event in session.stream(plan.user.content, **extra):
+                if isinstance(event, ErrorEvent):
+                    raise event.error
+                if isinstance(event, MessageDoneEvent):
+                    last = event.response
+                emit(event)
         if last is None:
             raise RequestCancelled("the session ended without an answer")
-        produced = list(session.history[start + 1 :])
-        return CallResult(last, produced)
+        return CallResult(last, list(session.history[start + 1 :]))
 
     return with_tools if plan.tools else plain
 
@@ -231,10 +169,13 @@ INTERRUPTED = "interrupted"
 
 
 def _partial_response(outcome: JobOutcome) -> Response | None:
-    error = outcome.error
-    if isinstance(error, DispatchError):
-        return error.partial
-    return None
+    return outcome.error.partial if isinstance(outcome.error, DispatchError) else None
+
+
+def _timing(outcome: JobOutcome) -> dict[str, float | None]:
+    """``latency`` (None when the job never ended) and ``ttft`` of a job, for an output."""
+    return {"latency": outcome.latency if outcome.ended else None,
+            "ttft": outcome.time_to_first_output}
 
 
 def _parsed_response(outcome: JobOutcome) -> Response | None:
@@ -262,9 +203,7 @@ def _response_of(outcome: JobOutcome, transcript: Any) -> Response | None:
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:
     """What ``-o`` keeps of one model: the answer; on Ctrl-C what arrived (else the error); on a
     failure the error (its ``.partial`` holds what arrived)."""
-    if outcome.error is None:
-        return _response_of(outcome, transcript)
-    if isinstance(outcome.error, RequestCancelled):
+    if outcome.error is None or isinstance(outcome.error, RequestCancelled):
         return _response_of(outcome, transcript) or outcome.error
     return outcome.error
 
@@ -274,13 +213,6 @@ def _clean(text: str, where: str, notes: list[str]) -> str:
     if count:
         notes.append(surrogate_note(count, where))
     return cleaned
-
-
-def _available_models(plan: CallPlan) -> list[str]:
-    try:
-        return [m.id for m in plan.adapter.list_models()]
-    except Exception:
-        return []
 
 
 @dataclass
@@ -315,9 +247,9 @@ class CellPlan:
 
 @dataclass
 class CellRun:
-    """One ``%%chat`` execution (see the module docstring): :meth:`plan`, :meth:`run`,
-    :meth:`finish`, :meth:`record`, :meth:`raise_failure` — :meth:`execute` runs them in order.
-    Each step keeps what it produced on the object for the next one."""
+    """One ``%%chat`` execution: :meth:`execute` runs :meth:`plan`, :meth:`run`, :meth:`finish`,
+    :meth:`record` and :meth:`raise_failure` in order; each step keeps what it produced on the
+    object for the next one."""
 
     state: KernelState
     args: argparse.Namespace
@@ -472,7 +404,9 @@ class CellRun:
                 )
             except (DispatchError, ImportError) as exc:
                 raise explain_error(exc, spec=spec) from None
-            adapters.append(labelled(adapter, self.state.label))
+            if isinstance(adapter, CachedAdapter):  # it names In[n] in what it records and misses
+                adapter = adapter.with_label(self.state.label)
+            adapters.append(adapter)
         return adapters
 
     # -- 2. run ----------------------------------------------------------------------------------
@@ -488,7 +422,7 @@ class CellRun:
         view.start(plan.prompt.notes)
         try:
             try:
-                run_jobs(jobs, _answering(view.feed), tick=view.tick, on_done=self._job_done,
+                run_jobs(jobs, self._on_event, tick=view.tick, on_done=self._job_done,
                          on_interrupt=view.interrupt)
             except KeyboardInterrupt:
                 self.interrupted = True
@@ -497,17 +431,28 @@ class CellRun:
             raise
         self.outcomes = [job.outcome for job in jobs]
 
+    def _on_event(self, index: int, event: Any) -> None:
+        """A job's event: to the live view; an approval request is answered on this (the
+        kernel's) thread."""
+        if getattr(event, "type", None) == "approval_request":
+            from .approval import answer_here
+
+            answer_here(event)
+        else:
+            self._viewed().feed(index, event)
+
     def _job_done(self, index: int, outcome: JobOutcome) -> None:
         """A model finished: complete its transcript and show its footer."""
         view = self._viewed()
         transcript = view.transcripts[index]
         call = self._planned().calls[index]
-        transcript.replayed = outcome.error is None and was_replayed(call.adapter)
+        # every call answered from the response cache: the answer has no real latency
+        adapter = call.adapter
+        transcript.replayed = (outcome.error is None and isinstance(adapter, CachedAdapter)
+                               and adapter.replayed_calls > 0 and adapter.model_calls == 0)
         result = outcome.result
-        if isinstance(result, CallResult):
-            transcript.finish(result.response)
-        else:
-            transcript.finish(_partial_response(outcome))
+        transcript.finish(result.response if isinstance(result, CallResult)
+                          else _partial_response(outcome))
         error = None
         if outcome.error is not None:
             error = INTERRUPTED if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
@@ -517,16 +462,7 @@ class CellRun:
     def finish(self) -> FinalOutput:
         """Replace the live view with the cell's one static output."""
         plan, view = self._planned(), self._viewed()
-        if plan.compare:
-            final = self._compare_output()
-        elif (
-            plan.schema is not None
-            and _parsed_response(self.outcomes[0]) is not None
-            and not self.interrupted
-        ):
-            final = self._parsed_output()
-        else:
-            final = self._answer_output()
+        final = self._compare_output() if plan.compare else self._answer_output()
         view.finish(final)
         self.final = final
         return final
@@ -561,35 +497,19 @@ class CellRun:
                     error = INTERRUPTED
                 else:
                     error = explain_error(outcome.error, spec=spec, context=self.context).message
-            entries.append(
-                CompareEntry(
-                    spec=spec,
-                    transcript=transcript,
-                    latency=outcome.latency if outcome.ended else None,
-                    ttft=outcome.time_to_first_output,
-                    error=error,
-                )
-            )
+            entries.append(CompareEntry(spec=spec, transcript=transcript, error=error, **_timing(outcome)))
         parsed = None
         if plan.schema is not None:
             parsed = [_parsed_response(o) for o in self.outcomes]
         return compare_output(entries, extra=self._extra(), notes=self._notes(), parsed=parsed)
 
-    def _parsed_output(self) -> FinalOutput:
-        outcome = self.outcomes[0]
-        response = _parsed_response(outcome)
-        assert response is not None
-        return parsed_output(
-            self._viewed().transcripts[0],
-            response,
-            latency=outcome.latency if outcome.ended else None,
-            ttft=outcome.time_to_first_output,
-            extra={**self._extra(), "schema": self.args.schema.strip()},
-            notes=self._notes(),
-        )
-
     def _answer_output(self) -> FinalOutput:
         outcome = self.outcomes[0]
+        extra = self._extra()
+        # --schema: the structured answer as a table (not when interrupted)
+        parsed = None if self._planned().schema is None or self.interrupted else _parsed_response(outcome)
+        if parsed is not None:
+            extra["schema"] = self.args.schema.strip()
         note = None
         if self.interrupted or isinstance(outcome.error, RequestCancelled):
             note = "⏹ " + INTERRUPTED
@@ -598,12 +518,12 @@ class CellRun:
         return final_output(
             self._viewed().transcripts[0],
             fmt=self._planned().fmt,
-            latency=outcome.latency if outcome.ended else None,
-            ttft=outcome.time_to_first_output,
-            extra=self._extra(),
+            extra=extra,
             note=note,
             notes=self._notes(),
             failed=self.interrupted or outcome.error is not None,
+            parsed=parsed,
+            **_timing(outcome),
         )
 
     # -- 4. record -------------------------------------------------------------------------------
@@ -633,18 +553,16 @@ class CellRun:
             return
         count = self.state.execution_count
         if plan.use_history:
-            plan.thread.record(
-                turn_from(plan.key, plan.calls[0].user, result.produced, result.response, count)
-            )
+            produced = result.produced or [result.response.to_message()]
+            plan.thread.record(Turn(plan.key, [plan.calls[0].user, *produced],
+                                    result.response.model, execution_count=count))
         out = namespace.get("Out")
         if isinstance(out, dict) and isinstance(count, int):
             out[count] = result.response
         final = self.final
         if plan.fmt == "code" and final is not None and final.code:
-            try:
+            with contextlib.suppress(Exception):
                 self.state.shell.set_next_input(final.code, replace=False)
-            except Exception:
-                pass
 
     def raise_failure(self) -> None:
         """Raise what went wrong, after the output is shown: :class:`ChatInterrupted` on Ctrl-C,
@@ -665,8 +583,11 @@ class CellRun:
             if not isinstance(failure, (DispatchError, ChatError)):
                 raise failure
             # only a model the provider does not offer is explained by its model list
-            available = (_available_models(plan.calls[0])
-                         if isinstance(failure, ModelUnavailableError) else None)
+            available = None
+            if isinstance(failure, ModelUnavailableError):
+                available = []
+                with contextlib.suppress(Exception):
+                    available = [m.id for m in plan.calls[0].adapter.list_models()]
             raise explain_error(
                 failure, spec=failed_spec, available=available, context=self.context
             ) from None

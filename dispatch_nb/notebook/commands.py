@@ -10,6 +10,7 @@ with ``getpass`` and keeps it in this kernel's environment, so it is never in th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import os
 import re
@@ -39,16 +40,6 @@ __all__ = ["run"]
 
 #: the login flow the notebook runs itself (the device-login view of :mod:`.login`)
 GITHUB_DEVICE = "github-device"
-
-
-def _key_env(provider: str) -> str | None:
-    """The API-key variable of ``provider`` (its descriptor's ``key_env``), if it uses one."""
-    descriptor = find_descriptor(provider)
-    return descriptor.key_env if descriptor else None
-
-
-def _key_providers() -> list[str]:
-    return [d.name for d in list_descriptors() if d.key_env]
 
 
 def _plain(markdown: str) -> str:
@@ -117,7 +108,8 @@ def login(state: KernelState, args: argparse.Namespace) -> None:
     if not getattr(args, "force", False):
         found = _github_token()
         if found is not None:
-            who = _user_of(found)
+            user = _saved_user(found.source)
+            who = f" as @{user}" if user else ""
             _show(
                 f"Already logged in to {descriptor.label}{who} (the token comes from "
                 f"{found.source}). `%chat login --force` logs in again."
@@ -136,28 +128,26 @@ def _github_token() -> Any:
         return None
 
 
-def _user_of(found: Any) -> str:
-    try:
+def _saved_user(source: str) -> str | None:
+    """The GitHub user of the saved token, when ``source`` (where a token came from) is its file."""
+    with contextlib.suppress(Exception):
         record = TokenStore().load_record()
-        if record is not None and record.user and str(TokenStore().path) == found.source:
-            return f" as @{record.user}"
-    except Exception:
-        pass
-    return ""
+        if record is not None and str(TokenStore().path) == source:
+            return record.user
+    return None
 
 
 def key(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat key PROVIDER``: ask for the provider's API key (``getpass``: not echoed, not in the
     notebook) and set it in this kernel's environment."""
-    provider = (args.target or "").lower()
-    env = _key_env(provider)
+    descriptor = find_descriptor((args.target or "").lower())
+    env = descriptor.key_env if descriptor else None
     if env is None:
-        descriptor = find_descriptor(provider)
         login = (f" ({descriptor.label} signs in with %chat login)"
                  if descriptor is not None and descriptor.login_flow else "")
         raise UsageError(
             "%chat key needs a provider that uses an API key: "
-            + ", ".join(sorted(_key_providers())) + login
+            + ", ".join(sorted(d.name for d in list_descriptors() if d.key_env)) + login
         )
     state.default_note()  # the default before the key, to say if the key changes it
     try:
@@ -190,10 +180,7 @@ def logout(state: KernelState, args: argparse.Namespace) -> None:
         f"Removed the saved GitHub token ({store.path})." if removed else
         f"There was no saved GitHub token ({store.path})."
     ]
-    try:
-        found = find_github_token()
-    except Exception:
-        found = None
+    found = _github_token()
     if found is not None:
         lines.append(
             f"Copilot can still sign in with the token from {found.source}; remove it there to "
@@ -209,28 +196,19 @@ def status(state: KernelState, args: argparse.Namespace) -> None:
     rows = [("default model", f"`{spec}`" + (f" — {reason}" if reason else ""))]
     if hint:
         rows.append(("hint", hint))
-    for descriptor in _login_providers():
-        rows.append((descriptor.label, _login_state(descriptor)))
-    for provider, env in key_env_rows():
-        rows.append((provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}"))
-    for what, url in base_url_rows():
-        rows.append((what, f"`{url}`"))
+    rows += [(descriptor.label, _login_state(descriptor)) for descriptor in _login_providers()]
+    rows += [(provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}")
+             for provider, env in key_env_rows()]
+    rows += [(what, f"`{url}`") for what, url in base_url_rows()]
     mode = state.cache_mode()
     cache = f"`{mode}`"
     if mode != "off":
         cache += f" — `{ResponseCache(settings.cache_file or None, mode).path}`"
     rows.append(("cache", cache))
-    rows.append(
-        ("live view", f"`{detect_mode(state.shell, settings.live)}` (asked: `{settings.live}`)")
-    )
-    threads = state.threads.summary()
-    rows.append(
-        (
-            "threads",
-            ", ".join(f"`{name}` ({n} turn{'' if n == 1 else 's'})" for name, n in threads.items())
-            or "none yet",
-        )
-    )
+    rows.append(("live view", f"`{detect_mode(state.shell, settings.live)}` (asked: `{settings.live}`)"))
+    threads = ", ".join(f"`{name}` ({n} turn{'' if n == 1 else 's'})"
+                        for name, n in state.threads.summary().items())
+    rows.append(("threads", threads or "none yet"))
     md = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
     plain = "\n".join(f"{k}: {v.replace('`', '')}" for k, v in rows)
     _show(md, plain)
@@ -244,14 +222,7 @@ def _login_state(descriptor: Any) -> str:
         return f"⚠ {exc}"
     if found is None:
         return "not logged in — run `%chat login`"
-    user = None
-    if descriptor.login_flow == GITHUB_DEVICE:
-        try:
-            record = TokenStore().load_record()
-            if record is not None and str(TokenStore().path) == found:
-                user = record.user
-        except Exception:
-            pass
+    user = _saved_user(found) if descriptor.login_flow == GITHUB_DEVICE else None
     who = f" as @{user}" if user else ""
     return f"logged in{who} (token from {found})"
 
@@ -285,9 +256,7 @@ def models(state: KernelState, args: argparse.Namespace) -> None:
     if descriptor.login_flow and state.cache_mode() != "replay" and not _logged_in(descriptor):
         _show(
             f"*Not logged in to {descriptor.label}*, so its models cannot be listed: run "
-            f"`%chat login` first, then `%chat models {provider}`.",
-            f"Not logged in to {descriptor.label}, so its models cannot be listed: run "
-            f"%chat login first, then %chat models {provider}.",
+            f"`%chat login` first, then `%chat models {provider}`."
         )
         return
     try:
@@ -362,7 +331,6 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
     table: list[dict[str, Any]] = []
     total = CostTotal()
     premium = 0.0
-    saved = CostTotal()
     for row in rows:
         c = row.cost
         if c.calls == c.replayed and c.unknown == 0 and row.calls == 0:
@@ -380,11 +348,10 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                                  else ""),
         }
         table.append(line)
-        total.calls += c.calls
         total.usd += c.usd
         total.unknown += c.unknown
-        saved.replayed += c.replayed
-        saved.saved_usd += c.saved_usd
+        total.replayed += c.replayed
+        total.saved_usd += c.saved_usd
         premium += c.premium_requests or 0
     from ..render import rows_markdown
 
@@ -396,10 +363,10 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                      f"{format_usd(PREMIUM_REQUEST_USD * Decimal(str(premium)))} at GitHub's "
                      f"published overage price of {format_usd(PREMIUM_REQUEST_USD)} per premium "
                      "request (within your plan's allowance they cost nothing extra).")
-    if saved.replayed:
-        notes.append(f"Replayed from the response cache: {saved.replayed:,} answer"
-                     f"{'' if saved.replayed == 1 else 's'}, which cost "
-                     f"{format_usd(saved.saved_usd)} when recorded and nothing now.")
+    if total.replayed:
+        notes.append(f"Replayed from the response cache: {total.replayed:,} answer"
+                     f"{'' if total.replayed == 1 else 's'}, which cost "
+                     f"{format_usd(total.saved_usd)} when recorded and nothing now.")
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)
     _show(body + "\n\n" + "\n\n".join(notes))

@@ -1,17 +1,11 @@
 """What a ``%%chat`` cell leaves behind: the static final output, and short readable errors.
 
-* :class:`Transcript` assembles the streamed events of one model (text, thinking, tool calls and
-  their results, usage over every tool round) — the same events the live view shows, so what the
-  final output says is exactly what streamed, partial answers included. It is the library's
-  turn-level accumulator (:class:`~dispatch_nb.turn.TurnAccumulator`) plus the cell's own facts;
-  its footer comes from the one footer renderer (:func:`dispatch_nb.render.footer_line`).
-* :func:`final_output` turns it into ONE static output for the requested format (``markdown``,
-  ``text``, ``code``, ``json``): ``text/markdown`` + ``text/plain`` with a small footer (model,
-  tokens, latency, stop reason), and the same facts in the output's metadata under
-  ``"dispatch_nb"``. No widget state is involved, so a saved notebook reads the same on GitHub,
-  nbviewer and VS Code. :func:`compare_output` does the same for ``-m a,b,c``.
-* :func:`explain_error` turns an expected error into a :class:`ChatError` whose rendering is a
-  couple of lines — what went wrong and the fix — instead of a long traceback.
+:class:`Transcript` assembles one model's streamed events — the same events the live view shows,
+so the final output says exactly what streamed, partial answers included. :func:`final_output`
+(and :func:`compare_output` for ``-m a,b,c``) makes ONE static ``text/markdown`` + ``text/plain``
+output with a small footer, its facts in the metadata under ``"dispatch_nb"``: no widget state,
+so a saved notebook reads the same on GitHub, nbviewer and VS Code. :func:`explain_error` turns
+an expected error into a :class:`ChatError` of a couple of lines (what went wrong and the fix).
 """
 
 from __future__ import annotations
@@ -22,8 +16,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..render import code_span, short_line
+from ..cost import CostTotal
+from ..render import code_span, compare_parsed_markdown, footer_line, parsed_markdown, parsed_rows, short_line
 from ..turn import ToolRun, TurnAccumulator
+from ..types import Usage
 
 if TYPE_CHECKING:
     from ..types import Response
@@ -32,7 +28,6 @@ __all__ = [
     "ChatError",
     "ChatInterrupted",
     "FinalOutput",
-    "ToolPart",
     "Transcript",
     "compare_output",
     "explain_error",
@@ -41,20 +36,14 @@ __all__ = [
     "magic_words",
     "notes_markdown",
     "parse_json_answer",
-    "parsed_output",
     "terminal_text",
 ]
 
-FORMATS = ("markdown", "text", "code", "json")
 _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
 
 
 # ------------------------------------------------------------------------------------------------
 # Transcript
-
-
-#: a tool call and, once it ran, its result (the turn accumulator's record of it)
-ToolPart = ToolRun
 
 
 class Transcript(TurnAccumulator):
@@ -89,9 +78,8 @@ class Transcript(TurnAccumulator):
     def footer(self, latency: float | None, *, note: str | None = None) -> str:
         """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``); a replayed answer
         says ``replayed`` instead of a latency. The same renderer as a ``Response``'s footer
-        (:func:`dispatch_nb.render.footer_line`)."""
-        from ..render import footer_line
-
+        (:func:`dispatch_nb.render.footer_line`), with one round's cost or the total of all."""
+        rounds = self.rounds
         return footer_line(
             model=self.model or self.spec,
             usage=self.usage,
@@ -101,17 +89,9 @@ class Transcript(TurnAccumulator):
             stop_reason=self.stop_reason,
             retries=self.retries,
             notes=[note] if note else (),
-            cost=self.cost(),
+            cost=rounds[0].cost if len(rounds) == 1 else CostTotal.of(r.cost for r in rounds)
+            if rounds else None,
         )
-
-    def cost(self) -> Any:
-        """The turn's cost: one round's :class:`~dispatch_nb.cost.Cost`, or the
-        :class:`~dispatch_nb.cost.CostTotal` of several rounds."""
-        if len(self.rounds) == 1:
-            return self.rounds[0].cost
-        from ..cost import CostTotal
-
-        return CostTotal.of(r.cost for r in self.rounds) if self.rounds else None
 
     def markdown(self) -> str:
         """The transcript as Markdown: thinking collapsed, text, tool calls with their results."""
@@ -143,17 +123,11 @@ class Transcript(TurnAccumulator):
 
     def metadata(self, latency: float | None, ttft: float | None) -> dict[str, Any]:
         """Facts for the output's metadata (never a secret)."""
-        u = self.usage
         facts: dict[str, Any] = {
             "spec": self.spec,
             "model": self.model,
             "stop_reason": self.stop_reason,
-            "usage": {
-                "input_tokens": u.input_tokens if u else 0,
-                "output_tokens": u.output_tokens if u else 0,
-                "cache_read_tokens": u.cache_read_tokens if u else 0,
-                "cache_creation_tokens": u.cache_creation_tokens if u else 0,
-            },
+            "usage": (self.usage or Usage()).model_dump(),
             "latency_s": None if latency is None else round(latency, 3),
             "time_to_first_token_s": None if ttft is None else round(ttft, 3),
             "rounds": len(self.rounds),
@@ -164,7 +138,7 @@ class Transcript(TurnAccumulator):
         return facts
 
 
-def tool_line(part: ToolPart, limit: int = 160) -> str:
+def tool_line(part: ToolRun, limit: int = 160) -> str:
     """``name({"x": 1}) → result`` on one line."""
     line = f"{part.name}({short_line(part.arguments_text, limit)})"
     if part.abandoned:
@@ -175,11 +149,7 @@ def tool_line(part: ToolPart, limit: int = 160) -> str:
     return line
 
 
-def _escape_approval(text: str) -> str:
-    return text.replace("<", "&lt;").replace(">", "&gt;")[:300]
-
-
-def tool_markdown(part: ToolPart) -> str:
+def tool_markdown(part: ToolRun) -> str:
     """One tool call (and its result) as Markdown."""
     call = f"🔧 **{part.name}** {code_span(short_line(part.arguments_text, 300))}"
     if part.abandoned:
@@ -190,7 +160,7 @@ def tool_markdown(part: ToolPart) -> str:
     took = f" <sub>{part.duration:.2f} s</sub>" if part.duration else ""
     approval = getattr(part, "approval", None)
     if approval:
-        call += f" <sub>{_escape_approval(approval)}</sub>"
+        call += f" <sub>{approval.replace('<', '&lt;').replace('>', '&gt;')[:300]}</sub>"
     result = part.result
     if len(result) <= 200 and "\n" not in result:
         return f"{call} {label} {code_span(result)}{took}\n"
@@ -212,8 +182,6 @@ class FinalOutput:
     metadata: dict[str, Any]
     terminal: str | None = None
     code: str | None = None  # for -f code: what goes into the next cell
-    #: True when there is nothing to show (a failure before anything streamed, without notes)
-    empty: bool = False
 
 
 def _sub(text: str) -> str:
@@ -295,6 +263,15 @@ def notes_markdown(notes: list[str]) -> str:
     return "".join(f"<sub>ℹ {html.escape(n, quote=False)}</sub>\n\n" for n in notes)
 
 
+def _notes_plain(notes: list[str]) -> str:
+    return "".join(f"ℹ {n}\n" for n in notes)
+
+
+def _metadata(facts: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The output's metadata: ``facts`` and the notes, under ``"dispatch_nb"``."""
+    return {"dispatch_nb": {**facts, "notes": notes} if notes else facts}
+
+
 def final_output(
     transcript: Transcript,
     *,
@@ -305,30 +282,34 @@ def final_output(
     note: str | None = None,
     notes: list[str] | None = None,
     failed: bool = False,
+    parsed: Response | None = None,
 ) -> FinalOutput:
     """The one static output a finished (or failed, or interrupted) cell leaves.
 
     ``notes`` (what interpolation did, which model runs and how to sign in) stay above the answer,
     as they were while it streamed. ``failed`` with nothing streamed leaves only those notes: the
-    error itself follows the output, so an empty answer and a zero footer would only repeat it."""
+    error itself follows the output, so an empty answer and a zero footer would only repeat it.
+    ``parsed`` (``--schema``): the structured answer, shown as a table (one row per item of a
+    list) with the raw JSON folded below; ``text/plain`` is the pretty JSON."""
     notes = list(notes or [])
     footer = transcript.footer(latency, note=note)
-    meta = {
-        "dispatch_nb": {
-            **transcript.metadata(latency, ttft),
-            "format": fmt,
-            "footer": footer,
-            **(extra or {}),
-        }
-    }
-    if notes:
-        meta["dispatch_nb"]["notes"] = notes
     top = notes_markdown(notes)
-    top_plain = "".join(f"ℹ {n}\n" for n in notes)
+    top_plain = _notes_plain(notes)
+    if parsed is not None:
+        meta = _metadata({**transcript.metadata(latency, ttft), "format": "schema", "footer": footer,
+                          "rows": len(parsed_rows(parsed.parsed)), **(extra or {})}, notes)
+        md = top + parsed_markdown(parsed, footer=False) + _sub(footer)
+        try:
+            plain = json.dumps(json.loads(parsed.text), indent=2, ensure_ascii=False)
+        except ValueError:
+            plain = parsed.text
+        return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"}, meta)
+    meta = _metadata({**transcript.metadata(latency, ttft), "format": fmt, "footer": footer,
+                      **(extra or {})}, notes)
     if failed and transcript.empty:
         meta["dispatch_nb"]["footer"] = ""
         if not notes:
-            return FinalOutput({"text/plain": ""}, meta, terminal="", empty=True)
+            return FinalOutput({"text/plain": ""}, meta, terminal="")
         return FinalOutput({"text/markdown": top.rstrip("\n"), "text/plain": top_plain.rstrip("\n")},
                            meta, terminal=top_plain.rstrip("\n"))
     text = transcript.text
@@ -372,42 +353,6 @@ def final_output(
         return FinalOutput(data, meta, terminal=None)
     md = top + transcript.markdown() + _sub(footer)
     return FinalOutput({"text/markdown": md, "text/plain": top_plain + (transcript.plain() or text)},
-                       meta)
-
-
-def parsed_output(
-    transcript: Transcript,
-    response: Response,
-    *,
-    latency: float | None = None,
-    ttft: float | None = None,
-    extra: dict[str, Any] | None = None,
-    notes: list[str] | None = None,
-) -> FinalOutput:
-    """The static output of a ``--schema`` cell: the parsed answer as a table (one row per item
-    of a list), the raw JSON folded below, the footer; ``text/plain`` is the pretty JSON."""
-    from ..render import parsed_markdown, parsed_rows
-
-    notes = list(notes or [])
-    footer = transcript.footer(latency)
-    meta = {
-        "dispatch_nb": {
-            **transcript.metadata(latency, ttft),
-            "format": "schema",
-            "footer": footer,
-            "rows": len(parsed_rows(response.parsed)),
-            **(extra or {}),
-        }
-    }
-    if notes:
-        meta["dispatch_nb"]["notes"] = notes
-    md = notes_markdown(notes) + parsed_markdown(response, footer=False) + _sub(footer)
-    try:
-        plain = json.dumps(json.loads(response.text), indent=2, ensure_ascii=False)
-    except ValueError:
-        plain = response.text
-    top_plain = "".join(f"ℹ {n}\n" for n in notes)
-    return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"},
                        meta)
 
 
@@ -456,8 +401,6 @@ def compare_output(
         sections.append(f"#### {e.spec}\n\n{body}")
         plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n[error] {e.error}" if e.error else ""))
     if parsed is not None and any(r is not None for r in parsed):
-        from ..render import compare_parsed_markdown
-
         answers = [(e.spec, r) for e, r in zip(entries, parsed, strict=True) if r is not None]
         body = compare_parsed_markdown(answers)
         failed = [
@@ -470,17 +413,9 @@ def compare_output(
                  if r is not None] + [f"== {e.spec} ==\n[error] {e.error}"
                                       for e, r in zip(entries, parsed, strict=True) if r is None]
     md = notes_markdown(list(notes or [])) + "\n".join(rows) + "\n\n" + "\n\n---\n\n".join(sections)
-    meta = {
-        "dispatch_nb": {
-            "compare": [
-                {**e.transcript.metadata(e.latency, e.ttft), "error": e.error} for e in entries
-            ],
-            **(extra or {}),
-        }
-    }
-    if notes:
-        meta["dispatch_nb"]["notes"] = list(notes)
-    text = "".join(f"ℹ {n}\n" for n in notes or []) + "\n\n".join(plain)
+    compared = [{**e.transcript.metadata(e.latency, e.ttft), "error": e.error} for e in entries]
+    meta = _metadata({"compare": compared, **(extra or {})}, list(notes or []))
+    text = _notes_plain(notes or []) + "\n\n".join(plain)
     return FinalOutput({"text/markdown": md, "text/plain": text}, meta, terminal=None)
 
 
@@ -554,14 +489,6 @@ def _context_fix(context: dict[str, Any]) -> str:
     )
 
 
-def _credentials_fix(provider: str) -> str:
-    """What to do when ``provider`` refused the credentials: its descriptor's login hint."""
-    from ..registry import find_descriptor
-
-    descriptor = find_descriptor(provider)
-    return descriptor.credentials_hint if descriptor else "Check the provider's credentials."
-
-
 def explain_error(
     exc: BaseException,
     *,
@@ -588,8 +515,11 @@ def explain_error(
     title = type(exc).__name__
     message = str(exc).replace(exc.message, magic_words(exc.message))
     fix = ""
-    if isinstance(exc, e.AuthenticationError):
-        fix = _credentials_fix(provider)
+    if isinstance(exc, e.AuthenticationError):  # the provider's login hint
+        from ..registry import find_descriptor
+
+        descriptor = find_descriptor(provider)
+        fix = descriptor.credentials_hint if descriptor else "Check the provider's credentials."
     elif isinstance(exc, e.RateLimitError):
         if exc.code == "quota_exceeded":
             fix = "Your quota or spending limit is used up: check the account, or use another model (-m)."
@@ -612,8 +542,6 @@ def explain_error(
         fix = "Check the network and the provider's base URL, then run the cell again."
     elif isinstance(exc, e.ServerError):
         fix = "The provider failed; run the cell again in a moment."
-    elif isinstance(exc, e.RequestCancelled):
-        fix = ""
     elif exc.code == "output_truncated":
         fix = (
             "Bound the schema's strings and lists (Field(max_length=…), Annotated[list[...], "

@@ -1,22 +1,11 @@
-"""``%%chat --each NAME``: the cell's prompt over every row of a list, Series or DataFrame.
+"""``%%chat --each NAME``: the cell's prompt over every row of a list, Series or DataFrame
+(``docs/notebook.md``, "One prompt over many rows").
 
-The cell is a template filled once per row by :func:`dispatch_nb.batch` with the rules of
-``%%chat`` interpolation: ``{column}`` is the row's value (a DataFrame's column, a dict row's key,
-a named Series' name), ``{row}`` the whole row, and any other ``{expression}`` resolves from the
-user's namespace as in any ``%%chat`` cell (a row's names win over the namespace's). A name that
-neither the first row nor the namespace has stops the cell before anything is sent.
-
-The rows run concurrently with tqdm's progress bar (``batch``'s), then ONE static output remains:
-a table of the input columns with each row's answer (``--schema``: the parsed fields as columns)
-and, when a row failed or was never sent, its error, its rows numbered from 0 like ``VAR[i]`` and
-``VAR.to_pandas()``; the result's summary is the footer (``ok``, ``failed`` and ``not sent``
-apart: a batch stops sending at an error every row would get, and Ctrl-C stops it, and the rows it
-never sent are not counted as failed). ``-o VAR`` keeps the
-:class:`~dispatch_nb.batching.BatchResult` (``VAR.to_pandas()``, ``VAR[i].parsed``).
-
-Each row is one independent question: no thread history is sent or recorded. ``-m`` names one
-model; several models, ``--tools`` and ``-f code`` / ``-f text`` are refused with a
-``UsageError``.
+The cell is a template that :func:`dispatch_nb.batch` fills once per row (``{column}``, ``{row}``,
+any ``{expression}`` from the namespace); the rows run concurrently with batch's progress bar and
+leave ONE static table, numbered from 0 like ``VAR[i]`` and ``VAR.to_pandas()``, with the batch
+summary as its footer. ``-o VAR`` keeps the :class:`~dispatch_nb.batching.BatchResult`. Each row
+is one independent question: no thread history is sent or recorded.
 """
 
 from __future__ import annotations
@@ -99,7 +88,7 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if args.limit is not None:
         if args.limit <= 0:
             raise UsageError(f"--limit takes a positive number of rows, not {args.limit}")
-        rows = _head(rows, args.limit)
+        rows = rows[:args.limit] if isinstance(rows, (list, tuple)) else rows.head(args.limit)
     template = re.sub(r"\A(?:[ \t]*\n)+", "", cell).rstrip()
     if not template:
         raise UsageError("the %%chat cell is empty: write the prompt (with {column} placeholders) "
@@ -136,14 +125,18 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if state.needs_login(provider, mode):
         ensure_copilot_login(state)
     cache = state.response_cache(mode) if mode != "off" else None
-
-    options: dict[str, Any] = {}
-    if schema is not None:
-        options["output"] = schema
     max_tokens = args.max_tokens if args.max_tokens is not None else settings.max_tokens
-    temperature = args.temperature if args.temperature is not None else settings.temperature
-    if args.budget is not None:
-        options["budget"] = args.budget
+    options: dict[str, Any] = {
+        "system": system,
+        "max_tokens": max_tokens,
+        "temperature": args.temperature if args.temperature is not None else settings.temperature,
+        "timeout": settings.timeout,
+        "cache": None if args.deferred else cache,  # the checkpoint keeps a deferred batch's answers
+    }
+    for name, value in (("output", schema), ("budget", args.budget),
+                        ("deferred", args.deferred or None), ("checkpoint", args.checkpoint or None)):
+        if value is not None:
+            options[name] = value
 
     def estimated() -> Any:
         from ..estimates import estimate
@@ -151,25 +144,16 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         try:
             return estimate(fill, rows, model=spec, max_tokens=max_tokens, system=system,
                             batch=bool(args.deferred))
-        except TemplateError as exc:
-            raise UsageError(f"--each {args.each.strip()}: {exc}") from None
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # a TemplateError among them
             raise UsageError(f"--each {args.each.strip()}: {exc}") from None
 
     if args.estimate:
         show_estimate(estimated(), f"--each {args.each.strip()}")
         return
     if len(rows) > settings.confirm_rows and not args.yes:
-        ask_first(state, len(rows), estimated(),
-                  lambda: _run_rows(state, args, spec, fill, rows, system, max_tokens,
-                                    temperature, cache, options))
+        ask_first(state, len(rows), estimated(), lambda: _run_rows(state, args, spec, fill, rows, options))
         return
-    _run_rows(state, args, spec, fill, rows, system, max_tokens, temperature, cache, options)
-
-
-def _head(rows: Any, limit: int) -> Any:
-    """The first ``limit`` rows (a list, tuple, Series or DataFrame)."""
-    return rows[:limit] if isinstance(rows, (list, tuple)) else rows.head(limit)
+    _run_rows(state, args, spec, fill, rows, options)
 
 
 def show_estimate(est: Any, what: str) -> None:
@@ -238,28 +222,18 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
 
 
 def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,
-              system: str | None, max_tokens: int | None, temperature: float | None,
-              cache: Any, options: dict[str, Any]) -> None:
-    """Send the rows and show the result table (after a confirmation when one was asked)."""
+              options: dict[str, Any]) -> None:
+    """Send the rows (``options``: :func:`dispatch_nb.batch`'s) and show the result table (after
+    a confirmation when one was asked)."""
     from ..batching import BatchInterrupted, batch
-    from ..batching.rows import TemplateError
 
     namespace = state.shell.user_ns
-    settings = state.settings
     interrupted = False
-    if args.deferred:
-        options["deferred"] = True
-        cache = None  # the checkpoint keeps a deferred batch's answers
-    if args.checkpoint:
-        options["checkpoint"] = args.checkpoint
     try:
-        result = batch(fill, rows, model=spec, system=system, max_tokens=max_tokens,
-                       temperature=temperature, timeout=settings.timeout, cache=cache, **options)
+        result = batch(fill, rows, model=spec, **options)
     except BatchInterrupted as exc:
         result, interrupted = exc.result, True
-    except TemplateError as exc:
-        raise UsageError(f"--each {args.each.strip()}: {exc}") from None
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # a TemplateError among them
         raise UsageError(f"--each {args.each.strip()}: {exc}") from None
     except DispatchError as exc:
         if exc.code != "batch_unsupported":
@@ -287,12 +261,6 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
 def _short(text: str, limit: int = MAX_CELL_CHARS) -> str:
     text = text.strip()
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def _input_row(column: str, row: Any) -> dict[str, Any]:
-    if isinstance(row, dict):
-        return {str(k): v for k, v in row.items()}
-    return {column: row}
 
 
 def _answer_columns(response: Any, taken: set[str], schema: bool) -> dict[str, Any]:
@@ -324,8 +292,8 @@ def each_output(
     for (position, row), item in zip(source, result, strict=False):
         if position >= MAX_TABLE_ROWS:
             break
-        line = _input_row(column, row)
-        line = {k: (_short(v) if isinstance(v, str) else v) for k, v in line.items()}
+        items = row.items() if isinstance(row, dict) else [(column, row)]
+        line = {str(k): (_short(v) if isinstance(v, str) else v) for k, v in items}
         if isinstance(item, Response):
             line.update(_answer_columns(item, set(line), schema is not None))
         if failed:
@@ -336,9 +304,8 @@ def each_output(
     if len(result) > MAX_TABLE_ROWS:
         notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; keep the "
                      "result with -o VAR and see them all with VAR.to_pandas().")
-    summary = result.summary()
     footer = f"{spec} · --each {name}" + (f" · --schema {schema}" if schema else "")
-    footer += f" · {summary}"
+    footer += f" · {result.summary()}"
     body = rows_markdown(table, index=True, start=0)  # numbered like VAR[i] and to_pandas()
     md = body + "\n\n" + notes_markdown(notes) + f"<sub>{html.escape(footer, quote=False)}</sub>"
     plain = body + "".join(f"\nℹ {n}" for n in notes) + f"\n\n[{footer}]"

@@ -39,18 +39,20 @@ background thread.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import sys
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .blocks import MarkdownBlocks, stable_prefix, warm_up
+from .blocks import BLOCK_LIMIT, MarkdownBlocks, warm_up
+from .constants import LIVE_MODES
 
 if TYPE_CHECKING:
     from .display import FinalOutput
 
 __all__ = [
-    "MODES",
     "DisplayView",
     "LiveView",
     "Pacer",
@@ -59,7 +61,6 @@ __all__ = [
     "make_view",
 ]
 
-MODES = ("auto", "widget", "display", "text")
 DEFAULT_RATE = 20.0
 
 _TEXT_STYLE = (
@@ -76,25 +77,25 @@ def ipy_display(obj: Any, **kwargs: Any) -> Any:
     return display(obj, **kwargs)  # type: ignore[no-untyped-call]
 
 
-def ipy_clear_output(wait: bool = False) -> None:
-    """``IPython.display.clear_output``."""
+def _replace_outputs(final: FinalOutput) -> None:
+    """Clear the cell's live outputs and display the one static ``final`` output instead."""
     from IPython.display import clear_output
 
-    clear_output(wait=wait)  # type: ignore[no-untyped-call]
+    clear_output(wait=True)  # type: ignore[no-untyped-call]
+    ipy_display(final.data, metadata=final.metadata, raw=True)
+
+
+def close_widgets(widgets: Iterable[Any]) -> None:
+    """Close each widget, so no widget state is left in the saved notebook (one that cannot be
+    closed any more is skipped)."""
+    for widget in widgets:
+        with contextlib.suppress(Exception):
+            widget.close()
 
 
 def has_kernel(shell: Any) -> bool:
     """True inside a Jupyter kernel (ipykernel), False in terminal IPython or a bare shell."""
     return getattr(shell, "kernel", None) is not None
-
-
-def widgets_available() -> bool:
-    """True when ipywidgets can be imported."""
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def detect_mode(shell: Any, requested: str = "auto") -> str:
@@ -105,14 +106,16 @@ def detect_mode(shell: Any, requested: str = "auto") -> str:
     ``display``; ``display``/``widget`` without a kernel stay as asked (useful in tests).
     """
     requested = (requested or "auto").lower()
-    if requested not in MODES:
-        raise ValueError(f"live mode must be one of {', '.join(MODES)}, not {requested!r}")
-    if requested == "auto":
-        if not has_kernel(shell):
-            return "text"
-        return "widget" if widgets_available() else "display"
-    if requested == "widget" and not widgets_available():
-        return "display"
+    if requested not in LIVE_MODES:
+        raise ValueError(f"live mode must be one of {', '.join(LIVE_MODES)}, not {requested!r}")
+    if requested == "auto" and not has_kernel(shell):
+        return "text"
+    if requested in ("auto", "widget"):
+        try:
+            import ipywidgets  # noqa: F401
+        except ImportError:
+            return "display"
+        return "widget"
     return requested
 
 
@@ -122,7 +125,6 @@ class Pacer:
     def __init__(self, rate: float = DEFAULT_RATE) -> None:
         self.interval = 1.0 / rate if rate > 0 else 0.0
         self.last: float | None = None
-        self.updates = 0
 
     def wait(self, now: float) -> float:
         """Seconds until the next update is allowed (``0``: now)."""
@@ -133,7 +135,6 @@ class Pacer:
     def mark(self, now: float) -> None:
         """Record an update made at ``now``."""
         self.last = now
-        self.updates += 1
 
 
 def retry_state(event: Any) -> str:
@@ -161,7 +162,6 @@ class LiveView:
         self.dirty = False
         self.text_shown = False
         self.notes: list[str] = []
-        self.finished = False
 
     @property
     def compare(self) -> bool:
@@ -225,7 +225,6 @@ class LiveView:
         if self.dirty:
             self._flush()
             self.dirty = False
-        self.finished = True
         self._finish(final)
 
     def close(self) -> None:
@@ -255,23 +254,10 @@ class LiveView:
 # display
 
 
-class _DisplayRun:
-    """A stretch of answer text as ``display_id`` Markdown outputs, one per block."""
-
-    def __init__(self, limit: int) -> None:
-        self.blocks = MarkdownBlocks(limit)
-
-    def take(self, final: bool) -> tuple[list[str], str]:
-        finished, current = self.blocks.take()
-        markdown = current.source.rstrip() if final else stable_prefix(current.source)
-        return [b.source for b in finished], markdown
-
-
 class DisplayView(LiveView):
     """The ``display_id`` rendering. One model: one Markdown output per finished block or tool
     call, and a last output holding the growing block and the status line (so the status stays
-    below the answer). Compare mode: one HTML table re-rendered at most ``compare_rate`` times
-    per second."""
+    below the answer). Compare mode: one HTML table re-rendered at most 10 times per second."""
 
     mode = "display"
 
@@ -280,18 +266,15 @@ class DisplayView(LiveView):
         titles: list[str],
         *,
         rate: float = DEFAULT_RATE,
-        block_chars: int | None = None,
-        compare_rate: float = 10.0,
+        block_chars: int = BLOCK_LIMIT,
     ) -> None:
-        from .blocks import BLOCK_LIMIT
-
-        super().__init__(titles, rate=rate if len(titles) == 1 else min(rate, compare_rate))
-        self.block_chars = block_chars or BLOCK_LIMIT
+        super().__init__(titles, rate=rate if len(titles) == 1 else min(rate, 10.0))
+        self.block_chars = block_chars
         self.table_handle: Any = None
         self.live_handle: Any = None  # the last output: growing block + status line
         self.live_markdown = ""  # the growing block's part of it
         self.shown: dict[str, Any] | None = None
-        self.run: _DisplayRun | None = None
+        self.run: MarkdownBlocks | None = None  # the answer text since the last tool call
         self.tool_handles: dict[str, Any] = {}
         self.footers = ["" for _ in titles]
 
@@ -321,9 +304,9 @@ class DisplayView(LiveView):
 
     def _settle(self) -> None:
         if self.run is not None:
-            finished, markdown = self.run.take(final=True)
-            for source in finished:
-                self._commit(source)
+            finished, _, markdown = self.run.shown(final=True)
+            for block in finished:
+                self._commit(block.source)
             if markdown.strip():
                 self._commit(markdown)
         self.run = None
@@ -351,8 +334,8 @@ class DisplayView(LiveView):
         kind = getattr(event, "type", None)
         if kind == "text_delta":
             if self.run is None:
-                self.run = _DisplayRun(self.block_chars)
-            self.run.blocks.feed(event.text or "")
+                self.run = MarkdownBlocks(self.block_chars)
+            self.run.feed(event.text or "")
         elif kind == "tool_use_start":
             from .display import tool_markdown
 
@@ -379,9 +362,9 @@ class DisplayView(LiveView):
             )
             return
         if self.run is not None:
-            finished, markdown = self.run.take(final=final)
-            for source in finished:
-                self._commit(source)
+            finished, _, markdown = self.run.shown(final=final)
+            for block in finished:
+                self._commit(block.source)
             self.live_markdown = markdown
         bundle = self._live_bundle()
         if bundle != self.shown:
@@ -401,28 +384,20 @@ class DisplayView(LiveView):
 
     # -- compare ---------------------------------------------------------------------------------
     def _table_html(self) -> str:
-        cells = []
-        head = []
-        for i, title in enumerate(self.titles):
-            head.append(
-                f"<th style='text-align:left'>{html.escape(title)}"
-                f"<div style='{_DIM}'>{html.escape(self.footers[i] or self.states[i])}</div></th>"
-            )
-            cells.append(
-                f"<td style='vertical-align:top; text-align:left'><div style='{_TEXT_STYLE}'>"
-                f"{html.escape(self.transcripts[i].plain())}</div></td>"
-            )
-        return (
-            "<table style='width:100%; table-layout:fixed'><tr>"
-            + "".join(head)
-            + "</tr><tr>"
-            + "".join(cells)
-            + "</tr></table>"
+        head = "".join(
+            f"<th style='text-align:left'>{html.escape(title)}"
+            f"<div style='{_DIM}'>{html.escape(self.footers[i] or self.states[i])}</div></th>"
+            for i, title in enumerate(self.titles)
         )
+        cells = "".join(
+            f"<td style='vertical-align:top; text-align:left'><div style='{_TEXT_STYLE}'>"
+            f"{html.escape(transcript.plain())}</div></td>"
+            for transcript in self.transcripts
+        )
+        return f"<table style='width:100%; table-layout:fixed'><tr>{head}</tr><tr>{cells}</tr></table>"
 
     def _finish(self, final: FinalOutput) -> None:
-        ipy_clear_output(wait=True)
-        ipy_display(final.data, metadata=final.metadata, raw=True)
+        _replace_outputs(final)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -503,8 +478,7 @@ class TextView(LiveView):
 
     def _finish(self, final: FinalOutput) -> None:
         if self.in_kernel:
-            ipy_clear_output(wait=True)
-            ipy_display(final.data, metadata=final.metadata, raw=True)
+            _replace_outputs(final)
             return
         if not self.compare:
             footer = final.metadata.get("dispatch_nb", {}).get("footer", "")

@@ -10,11 +10,12 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
-from .blocks import Block, MarkdownBlocks, stable_prefix
-from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, ipy_display
+from .blocks import BLOCK_LIMIT, Block, MarkdownBlocks
+from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, close_widgets, ipy_display
 
 if TYPE_CHECKING:
-    from .display import FinalOutput, ToolPart
+    from ..turn import ToolRun
+    from .display import FinalOutput
 
 __all__ = ["SEGMENT_CHARS", "WidgetView"]
 
@@ -91,16 +92,13 @@ class _Segments:
         self.dirty.add(len(self.chunks) - 1)
         return created
 
-    def text(self, index: int) -> str:
-        return self.chunks[index]
-
     def take_dirty(self) -> list[int]:
         dirty = sorted(self.dirty)
         self.dirty.clear()
         return dirty
 
 
-def _tool_html(part: ToolPart) -> str:
+def _tool_html(part: ToolRun) -> str:
     from .display import tool_line
 
     icon = "⏳" if part.result is None else ("⚠️" if part.is_error else "🔧")
@@ -123,19 +121,52 @@ def _markdown_bundle(markdown: str) -> dict[str, Any]:
 
 
 class _Run:
-    """A stretch of thinking as widgets: segments of at most ``segment_chars`` characters,
-    grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no update ever re-sends more than
-    one segment's text or one block's list of children."""
+    """A stretch of thinking as widgets in a collapsed accordion: segments of at most
+    :data:`SEGMENT_CHARS` characters, grouped in blocks of at most :data:`BLOCK_SEGMENTS`, so no
+    update ever re-sends more than one segment's text or one block's list of children."""
 
     kind = "thinking"
 
-    def __init__(self, segment_chars: int, inner: Any) -> None:
-        self.segments = _Segments(segment_chars)
+    def __init__(self, column: _WidgetColumn) -> None:
+        self.column = column
+        self.segments = _Segments(SEGMENT_CHARS)
         self.widgets: list[Any] = []
         self.blocks: list[Any] = []
         self.dirty_blocks: set[int] = set()
-        self.inner = inner  # the accordion's box
+        self.inner = column._make(column.w.VBox, children=())  # the accordion's box
         self.inner_dirty = False
+        accordion = column._make(column.w.Accordion, children=(self.inner,), selected_index=None)
+        accordion.set_title(0, "Thinking…")
+        column.accordions.append(accordion)
+        column.parts.append(accordion)
+        column.parts_dirty = True
+
+    def add(self, text: str) -> None:
+        column = self.column
+        for _ in self.segments.add(text):
+            segment = column._make(
+                column.w.HTML, value="", layout=column.segment_layout, style=column.segment_style
+            )
+            self.widgets.append(segment)
+            if not self.blocks or len(self.blocks[-1]._dnb_children) >= BLOCK_SEGMENTS:
+                block = column._make(column.w.VBox, children=(), layout=column.segment_layout)
+                block._dnb_children = []
+                self.blocks.append(block)
+                self.inner_dirty = True
+            self.blocks[-1]._dnb_children.append(segment)
+            self.dirty_blocks.add(len(self.blocks) - 1)
+
+    def flush(self, final: bool = False) -> None:
+        for i in self.segments.take_dirty():
+            text = html.escape(self.segments.chunks[i])
+            self.widgets[i].value = f"<div class='dnb-thinking'>{text}</div>"
+        for b in sorted(self.dirty_blocks):
+            block = self.blocks[b]
+            block.children = tuple(block._dnb_children)
+        self.dirty_blocks.clear()
+        if self.inner_dirty:
+            self.inner.children = tuple(self.blocks)
+            self.inner_dirty = False
 
 
 class _MarkdownRun:
@@ -185,11 +216,10 @@ class _MarkdownRun:
         if not self.dirty and not final:
             return
         self.dirty = False
-        finished, current = self.blocks.take()
+        finished, current, markdown = self.blocks.shown(final)
         for block in finished:
             self._show(self._output_for(block), block.source)
             self.current = None
-        markdown = current.source.rstrip() if final else stable_prefix(current.source)
         if markdown.strip():
             self._show(self._output_for(current), markdown)
 
@@ -198,15 +228,10 @@ class _WidgetColumn:
     """One model's live view as ipywidgets: the body (text / thinking / tool parts), then the
     status line, which becomes the footer."""
 
-    def __init__(self, widgets: Any, title: str, segment_chars: int, width: str | None) -> None:
+    def __init__(self, widgets: Any, title: str, width: str | None) -> None:
         from ipywidgets.widgets.widget_string import HTMLStyle
 
-        from .blocks import BLOCK_LIMIT
-
         self.w = widgets
-        self.title = title
-        self.segment_chars = segment_chars
-        self.block_limit = BLOCK_LIMIT
         self.created: list[Any] = []
         # Segments share one layout and one style model: one comm per segment, not three.
         self.segment_layout = self._make(widgets.Layout, margin="0")
@@ -236,7 +261,7 @@ class _WidgetColumn:
         self.groups: list[Any] = []  # boxes of Markdown blocks in the body
         self.dirty_groups: set[int] = set()
         self.accordions: list[Any] = []
-        self.tools: dict[str, tuple[Any, ToolPart]] = {}
+        self.tools: dict[str, tuple[Any, ToolRun]] = {}
         self.dirty_tools: set[str] = set()
         self.state = "waiting for the first token…"
         self.state_dirty = False
@@ -270,17 +295,7 @@ class _WidgetColumn:
         if self.current is not None and self.current.kind == kind:
             return self.current
         self._settle()
-        run: _Run | _MarkdownRun
-        if kind == "thinking":
-            inner = self._make(self.w.VBox, children=())
-            accordion = self._make(self.w.Accordion, children=(inner,), selected_index=None)
-            accordion.set_title(0, "Thinking…")
-            self.accordions.append(accordion)
-            self.parts.append(accordion)
-            self.parts_dirty = True
-            run = _Run(self.segment_chars, inner)
-        else:
-            run = _MarkdownRun(self, self.block_limit)
+        run = _Run(self) if kind == "thinking" else _MarkdownRun(self, BLOCK_LIMIT)
         self.runs.append(run)
         self.current = run
         return run
@@ -292,24 +307,9 @@ class _WidgetColumn:
         self.current = None
 
     def add_text(self, kind: str, text: str) -> None:
-        run = self._open(kind)
-        if isinstance(run, _MarkdownRun):
-            run.add(text)
-            return
-        for _ in run.segments.add(text):
-            segment = self._make(
-                self.w.HTML, value="", layout=self.segment_layout, style=self.segment_style
-            )
-            run.widgets.append(segment)
-            if not run.blocks or len(run.blocks[-1]._dnb_children) >= BLOCK_SEGMENTS:
-                block = self._make(self.w.VBox, children=(), layout=self.segment_layout)
-                block._dnb_children = []
-                run.blocks.append(block)
-                run.inner_dirty = True
-            run.blocks[-1]._dnb_children.append(segment)
-            run.dirty_blocks.add(len(run.blocks) - 1)
+        self._open(kind).add(text)
 
-    def tool_started(self, part: ToolPart) -> None:
+    def tool_started(self, part: ToolRun) -> None:
         self._settle()
         line = self._make(self.w.HTML, value=_tool_html(part))
         self.tools[part.id] = (line, part)
@@ -322,19 +322,7 @@ class _WidgetColumn:
 
     def flush(self, final: bool = False) -> None:
         for run in self.runs:
-            if isinstance(run, _MarkdownRun):
-                run.flush(final=final)
-                continue
-            for i in run.segments.take_dirty():
-                text = html.escape(run.segments.text(i))
-                run.widgets[i].value = f"<div class='dnb-thinking'>{text}</div>"
-            for b in sorted(run.dirty_blocks):
-                block = run.blocks[b]
-                block.children = tuple(block._dnb_children)
-            run.dirty_blocks.clear()
-            if run.inner_dirty:
-                run.inner.children = tuple(run.blocks)
-                run.inner_dirty = False
+            run.flush(final=final)
         for g in sorted(self.dirty_groups):
             group = self.groups[g]
             group.children = tuple(group._dnb_children)
@@ -357,16 +345,8 @@ class _WidgetColumn:
         self.footer = footer + (f" · ⚠ {error}" if error else "")
         self.state_dirty = True
 
-    def abandon(self, parts: list[ToolPart]) -> None:
-        for part in parts:
-            self.tool_changed(part.id)
-
     def close(self) -> None:
-        for widget in reversed(self.created):
-            try:
-                widget.close()
-            except Exception:
-                pass
+        close_widgets(reversed(self.created))
         self.created.clear()
 
 
@@ -375,11 +355,8 @@ class WidgetView(LiveView):
 
     mode = "widget"
 
-    def __init__(
-        self, titles: list[str], *, rate: float = DEFAULT_RATE, segment_chars: int = SEGMENT_CHARS
-    ) -> None:
+    def __init__(self, titles: list[str], *, rate: float = DEFAULT_RATE) -> None:
         super().__init__(titles, rate=rate)
-        self.segment_chars = segment_chars
         self.columns: list[_WidgetColumn] = []
         self.root: Any = None
         self.handle: Any = None
@@ -389,7 +366,7 @@ class WidgetView(LiveView):
         super().start(notes)
         import ipywidgets as widgets
         width = f"{100 / len(self.titles):.2f}%" if self.compare else None
-        self.columns = [_WidgetColumn(widgets, t, self.segment_chars, width) for t in self.titles]
+        self.columns = [_WidgetColumn(widgets, t, width) for t in self.titles]
         children: list[Any] = []
         if self.notes:
             from .display import notes_markdown
@@ -423,10 +400,8 @@ class WidgetView(LiveView):
     def _feed(self, index: int, event: Any) -> None:
         column = self.columns[index]
         kind = getattr(event, "type", None)
-        if kind == "text_delta":
-            column.add_text("text", event.text or "")
-        elif kind == "thinking_delta":
-            column.add_text("thinking", event.text or "")
+        if kind in ("text_delta", "thinking_delta"):
+            column.add_text(kind.removesuffix("_delta"), event.text or "")
         elif kind == "tool_use_start":
             transcript = self.transcripts[index]
             column.tool_started(transcript.tools[-1])
@@ -443,7 +418,8 @@ class WidgetView(LiveView):
     def interrupt(self) -> None:
         for index, column in enumerate(self.columns):
             if not self.ended[index]:
-                column.abandon(self.transcripts[index].abandon_tools())
+                for part in self.transcripts[index].abandon_tools():
+                    column.tool_changed(part.id)
         super().interrupt()
 
     def _job_done(self, index: int, footer: str, error: str | None) -> None:
@@ -457,9 +433,5 @@ class WidgetView(LiveView):
     def close(self) -> None:
         for column in self.columns:
             column.close()
-        for widget in self._extra:
-            try:
-                widget.close()
-            except Exception:
-                pass
+        close_widgets(self._extra)
         self._extra.clear()

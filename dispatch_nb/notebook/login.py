@@ -24,7 +24,6 @@ state. The token never appears in any output.
 from __future__ import annotations
 
 import html
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DispatchError, RequestCancelled
 from .display import ChatError, ChatInterrupted
-from .live import detect_mode, has_kernel, ipy_display
+from .live import close_widgets, detect_mode, has_kernel, ipy_display
 from .runner import Job, run_jobs
 from .state import KernelState
 
 if TYPE_CHECKING:
-    from ..auth.device_flow import DeviceCode, DeviceFlow
+    from ..auth.device_flow import DeviceCode
 
 __all__ = ["LoginOutcome", "LoginView", "ensure_copilot_login", "run_login"]
 
@@ -65,20 +64,25 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
+_STATUS = {
+    "pending": "⏳ Waiting for you to approve on GitHub…",
+    "approved": "✅ Approved",
+    "denied": "❌ The request was denied on GitHub.",
+    "expired": "⌛ The code expired before it was approved.",
+    "cancelled": "⏹ Login interrupted.",
+}
+
+
 def _status_text(state: str, info: Mapping[str, Any]) -> str:
-    if state == "pending":
-        return "⏳ Waiting for you to approve on GitHub…"
     if state == "slow_down":
         return f"⏳ Waiting… (GitHub asked to check less often: every {info.get('interval', 0):.0f} s)"
-    if state == "approved":
-        return "✅ Approved"
-    if state == "denied":
-        return "❌ The request was denied on GitHub."
-    if state == "expired":
-        return "⌛ The code expired before it was approved."
-    if state == "cancelled":
-        return "⏹ Login interrupted."
-    return f"⚠ {info.get('message') or state}"
+    return _STATUS.get(state) or f"⚠ {info.get('message') or state}"
+
+
+def _ending(outcome: LoginOutcome) -> str:
+    """What a login that did not succeed says (and how to try again)."""
+    retry = " Run `%chat login` for a new code." if outcome.state != "cancelled" else ""
+    return (outcome.message or _status_text(outcome.state, {})) + retry
 
 
 class LoginView:
@@ -90,16 +94,11 @@ class LoginView:
         self.reason = reason
         self.code: DeviceCode | None = None
         self.state = "starting"
-        #: the last outcome, and an event set when a login attempt ends
-        self.outcome: LoginOutcome | None = None
-        self.ended = threading.Event()
 
     def show_code(self, code: DeviceCode) -> None:
         """A new user code to show."""
         self.code = code
         self.state = "pending"
-        self.outcome = None
-        self.ended.clear()
 
     def set_state(self, state: str, info: Mapping[str, Any]) -> None:
         """The flow's state changed."""
@@ -112,12 +111,9 @@ class LoginView:
         """The login ended."""
 
     def end(self, outcome: LoginOutcome) -> None:
-        """Show ``outcome`` and signal :attr:`ended`."""
-        self.outcome = outcome
-        try:
-            self.done(outcome)
-        finally:
-            self.ended.set()
+        """Show how the login ended."""
+        self.state = outcome.state
+        self.done(outcome)
 
 
 # -- widget -------------------------------------------------------------------------------------
@@ -131,7 +127,6 @@ class WidgetLoginView(LoginView):
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
         import ipywidgets as widgets
-        self.w = widgets
         intro = f"<b>{TITLE}</b>" + (
             f"<div style='{_DIM}'>{html.escape(reason)}</div>" if reason else ""
         )
@@ -181,17 +176,12 @@ class WidgetLoginView(LoginView):
             self._last_clock = text
 
     def done(self, outcome: LoginOutcome) -> None:
-        self.state = outcome.state
         # Whatever the end, leave one static line and no widget state in the saved notebook.
         self.handle.update(_static_bundle(outcome), raw=True)
         self.close()
 
     def close(self) -> None:
-        for widget in (self.title, self.code_html, self.link, self.clock, self.status, self.box):
-            try:
-                widget.close()
-            except Exception:
-                pass
+        close_widgets((self.title, self.code_html, self.link, self.clock, self.status, self.box))
 
 
 def _static_bundle(outcome: LoginOutcome) -> dict[str, str]:
@@ -201,9 +191,7 @@ def _static_bundle(outcome: LoginOutcome) -> dict[str, str]:
         where = f" The token is saved in `{outcome.path}`." if outcome.path else ""
         md = f"✅ Logged in to GitHub Copilot{who}.{where}"
     else:
-        message = outcome.message or _status_text(outcome.state, {})
-        retry = " Run `%chat login` for a new code." if outcome.state != "cancelled" else ""
-        md = f"**{TITLE}**: {message}{retry}"
+        md = f"**{TITLE}**: {_ending(outcome)}"
     return {"text/markdown": md, "text/plain": md.replace("**", "").replace("`", "")}
 
 
@@ -253,13 +241,11 @@ class DisplayLoginView(LoginView):
             self.handle.update(self._bundle(), raw=True)
 
     def done(self, outcome: LoginOutcome) -> None:
-        self.state = outcome.state
         if outcome.ok:
             self.handle.update(_static_bundle(outcome), raw=True)
             return
         self.seconds_left = None
-        retry = " Run `%chat login` for a new code." if outcome.state != "cancelled" else ""
-        self.status = (outcome.message or _status_text(outcome.state, {})) + retry
+        self.status = _ending(outcome)
         self.handle.update(self._bundle(), raw=True)
 
 
@@ -292,20 +278,10 @@ class TextLoginView(LoginView):
         super().set_state(state, info)
 
     def done(self, outcome: LoginOutcome) -> None:
-        self.state = outcome.state
         if outcome.ok:
             print(_static_bundle(outcome)["text/plain"], flush=True)
         else:
             print(outcome.message or _status_text(outcome.state, {}), flush=True)
-
-
-def make_login_view(mode: str, reason: str | None = None) -> LoginView:
-    """The login view for a live mode (``widget`` / ``display`` / ``text``)."""
-    if mode == "widget":
-        return WidgetLoginView(reason)
-    if mode == "display":
-        return DisplayLoginView(reason)
-    return TextLoginView(reason)
 
 
 # -- the flow -----------------------------------------------------------------------------------
@@ -314,19 +290,11 @@ def make_login_view(mode: str, reason: str | None = None) -> LoginView:
 def _outcome_of(error: BaseException) -> LoginOutcome:
     from ..auth.device_flow import DeviceCodeExpired, DeviceFlowDenied
 
-    if isinstance(error, DeviceFlowDenied):
-        return LoginOutcome("denied", message=_status_text("denied", {}))
-    if isinstance(error, DeviceCodeExpired):
-        return LoginOutcome("expired", message=_status_text("expired", {}))
-    if isinstance(error, RequestCancelled):
-        return LoginOutcome("cancelled", message=_status_text("cancelled", {}))
+    for kind, state in ((DeviceFlowDenied, "denied"), (DeviceCodeExpired, "expired"),
+                        (RequestCancelled, "cancelled")):
+        if isinstance(error, kind):
+            return LoginOutcome(state, message=_STATUS[state])
     return LoginOutcome("error", message=f"⚠ {error}")
-
-
-def _make_flow(state: KernelState) -> DeviceFlow:
-    from ..auth.device_flow import DeviceFlow
-
-    return DeviceFlow(min_interval=state.settings.login_min_interval)
 
 
 def ensure_copilot_login(state: KernelState) -> None:
@@ -345,6 +313,7 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
     Raises :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`.
     """
     # the auth package is imported by a login only, not by every first %%chat
+    from ..auth.device_flow import DeviceFlow
     from ..auth.login import device_login
     from ..auth.token_store import find_github_token
 
@@ -360,9 +329,10 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
     mode = detect_mode(shell, state.settings.live)
     if mode == "text" and has_kernel(shell):
         mode = "display"
-    view = make_login_view(mode, reason)
+    views: dict[str, type[LoginView]] = {"widget": WidgetLoginView, "display": DisplayLoginView}
+    view = views.get(mode, TextLoginView)(reason)
     state.login_view = view
-    flow = _make_flow(state)
+    flow = DeviceFlow(min_interval=state.settings.login_min_interval)
     shown: list[DeviceCode] = []  # the code, once the worker has it (read on this thread)
 
     def work(emit: Any, cancel: Any) -> LoginOutcome:
@@ -397,8 +367,7 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
     try:
         run_jobs([job], on_event, tick=tick)
     except KeyboardInterrupt:
-        outcome = LoginOutcome("cancelled", message=_status_text("cancelled", {}))
-        view.end(outcome)
+        view.end(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
         raise ChatInterrupted("login interrupted") from None
     error = job.outcome.error
     if error is not None and not shown and isinstance(error, DispatchError) and not isinstance(
@@ -408,14 +377,13 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
         view.end(LoginOutcome("error", message=f"⚠ {error.message}"))
         raise ChatError("Login failed", error.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
                         original=error) from None
-    if job.outcome.error is not None:
-        outcome = _outcome_of(job.outcome.error)
+    if error is not None:
+        outcome = _outcome_of(error)
         view.end(outcome)
-        fix = "Run `%chat login` again."
         if outcome.state == "cancelled":
             raise ChatInterrupted("login interrupted") from None
-        raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "), fix,
-                        original=job.outcome.error) from None
+        raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "),
+                        "Run `%chat login` again.", original=error) from None
     outcome = job.outcome.result
     view.end(outcome)
     state.close_adapters()

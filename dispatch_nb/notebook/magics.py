@@ -13,6 +13,7 @@ in ``ipython_config.py``); ``%config ChatMagics`` lists them all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from collections.abc import Callable
@@ -20,43 +21,33 @@ from typing import Any, TypeVar, cast
 
 from IPython.core import magic_arguments as _magic_arguments
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, magics_class
-from IPython.core.magic import cell_magic as _cell_magic
-from IPython.core.magic import line_magic as _line_magic
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode, default
 
 from .constants import CACHE_MODES, FORMATS, LIVE_MODES, SUBCOMMANDS
-from .state import ErrorLog, KernelState
+from .state import KernelState
 
 __all__ = ["ChatMagics", "load_ipython_extension", "unload_ipython_extension"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-class _TypedMagicArguments:
-    """IPython's ``magic_arguments`` decorators, typed to keep the decorated method's type."""
-
-    @staticmethod
-    def magic_arguments(name: str | None = None) -> Callable[[_F], _F]:
-        return cast(Callable[[_F], _F], _magic_arguments.magic_arguments(name=name))  # type: ignore[no-untyped-call]
-
-    @staticmethod
-    def argument(*args: Any, **kwargs: Any) -> Callable[[_F], _F]:
-        return cast(Callable[[_F], _F], _magic_arguments.argument(*args, **kwargs))  # type: ignore[no-untyped-call]
+def _arg(*flags: str, **settings: Any) -> Any:
+    """One option of a magic: IPython's ``magic_arguments.argument``."""
+    return _magic_arguments.argument(*flags, **settings)  # type: ignore[no-untyped-call]
 
 
-magic_arguments = _TypedMagicArguments
+def _magic(kind: Any, name: str, *options: Any) -> Callable[[_F], _F]:
+    """IPython's ``kind`` (``cell_magic("chat")`` / ``line_magic("chat")``) over its
+    ``@magic_arguments(name)`` with one ``@argument`` per option, in the order given (the order the
+    help lists them); typed to keep the decorated method's type."""
 
+    def decorate(func: _F) -> _F:
+        for option in reversed(options):  # the decorator nearest the function is applied first
+            func = option(func)
+        return cast(_F, kind(_magic_arguments.magic_arguments(name=name)(func)))  # type: ignore[no-untyped-call]
 
-def cell_magic(name: str) -> Callable[[_F], _F]:
-    """``IPython.core.magic.cell_magic``, typed."""
-    return cast(Callable[[_F], _F], _cell_magic(name))
-
-
-def line_magic(name: str) -> Callable[[_F], _F]:
-    """``IPython.core.magic.line_magic``, typed."""
-    return cast(Callable[[_F], _F], _line_magic(name))
-
+    return decorate
 
 
 def usage_line(parser: Any) -> str:
@@ -83,11 +74,6 @@ def _did_you_mean(parser: Any, message: str) -> str:
     return f" (did you mean {' / '.join(dict.fromkeys(guesses))}?)" if guesses else ""
 
 
-def _usage_error(parser: Any, exc: UsageError) -> UsageError:
-    """The argparse message (with a guess for a misspelt option) plus the usage line."""
-    return UsageError(f"{exc}{_did_you_mean(parser, str(exc))}\n{usage_line(parser)}")
-
-
 def parse_magic_line(parser: Any, line: str) -> Any:
     """Parse a magic's option line the way a shell would: quotes group words and are removed
     (``-s "Be terse."`` is the system prompt ``Be terse.``), a backslash escapes the next
@@ -102,8 +88,8 @@ def parse_magic_line(parser: Any, line: str) -> Any:
         ) from None
     try:
         return parser.parse_args(argv)
-    except UsageError as exc:
-        raise _usage_error(parser, exc) from None
+    except UsageError as exc:  # argparse's message, a guess for a misspelt option, the usage
+        raise UsageError(f"{exc}{_did_you_mean(parser, str(exc))}\n{usage_line(parser)}") from None
 
 
 @magics_class
@@ -194,129 +180,53 @@ class ChatMagics(Magics):
         #: the modules that run cells and commands receive it
         self.state = KernelState(shell, self)
 
-    # -- the state tests and users read ----------------------------------------------------------
-    @property
-    def errors(self) -> ErrorLog:
-        """``Err``: the exceptions of earlier cells by execution count."""
-        return self.state.errors
-
-    @property
-    def threads(self) -> Any:
-        """The :class:`~dispatch_nb.notebook.threads.ThreadStore` of this kernel."""
-        return self.state.threads
-
-    @property
-    def login_view(self) -> Any:
-        """The last login view (None before any login)."""
-        return self.state.login_view
-
-    def close_adapters(self) -> None:
-        """Close every cached adapter (they are recreated on demand)."""
-        self.state.close_adapters()
-
-    # -- hooks -----------------------------------------------------------------------------------
-    def pre_run_cell(self, info: Any) -> None:
-        """Remember the running cell's id; a new execution restarts the occurrence count."""
-        self.state.begin_cell(info)
-
-    def post_run_cell(self, result: Any) -> None:
-        """Store the cell's exception as ``Err[n]``; forget the finished cell's identity."""
-        self.state.end_cell(result)
-
     # -- magics ----------------------------------------------------------------------------------
-    @magic_arguments.magic_arguments(name="%chat")
-    @magic_arguments.argument(
-        "-m", "--model", metavar="SPEC",
-        help="Model spec 'provider:model' (default: ChatMagics.model). Several, comma-separated "
-        "(-m a,b,c), compare the models side by side.",
+    @_magic(
+        cell_magic("chat"),
+        "%chat",
+        _arg("-m", "--model", metavar="SPEC", help="Model spec 'provider:model' (default: "
+             "ChatMagics.model). Several, comma-separated (-m a,b,c), compare the models side by side."),
+        _arg("-s", "--system", metavar="SYSTEM", help="System prompt for this cell."),
+        _arg("-t", "--thread", metavar="THREAD", help="Conversation thread (default: ChatMagics.thread)."),
+        _arg("--new", action="store_true", help="Start the thread afresh with this cell."),
+        _arg("--max-tokens", type=int, metavar="N", help="Most tokens to generate."),
+        _arg("--temperature", type=float, metavar="T", help="Sampling temperature."),
+        _arg("--tools", metavar="NAMES", help="Comma-separated functions from the namespace the model "
+             "may call (@tool or typed functions)."),
+        _arg("--mcp", metavar="NAMES", help="Comma-separated MCP servers whose tools the model may call "
+             "(%%chat mcp add, or mcp.json)."),
+        _arg("--approve", choices=("auto", "ask"), type=str.lower, metavar="auto|ask",
+             help="Run tool calls at once (auto) or ask first (ask; the default for MCP tools)."),
+        _arg("--context", metavar="NAMES", help="Comma-separated variables the model may read (never "
+             "run) through describe() and list_variables()."),
+        _arg("-f", "--format", choices=FORMATS, type=str.lower, metavar="markdown|text|code|json",
+             help="markdown (default), text, code (into the next cell) or json."),
+        _arg("-o", "--output", metavar="VAR",
+             help="Store the Response in this variable (with --each: the BatchResult)."),
+        _arg("--schema", metavar="NAME", help="Ask for a structured answer: a pydantic model class, a "
+             "type (list[Review]) or a JSON Schema dict from the namespace; shown as a table, .parsed "
+             "on the Response."),
+        _arg("--each", metavar="NAME", help="Run the prompt once per row of a list, Series or DataFrame "
+             "from the namespace ({column} is the row's value); shows a result table."),
+        _arg("--deferred", action="store_true", help="With --each: send the rows as a provider batch "
+             "job (OpenAI, Anthropic: half the price, answered within 24 h); re-running the cell "
+             "collects the job."),
+        _arg("--checkpoint", metavar="FILE", help="With --each: record each row (and a deferred job) "
+             "in FILE; a re-run sends only the rows not answered there."),
+        _arg("--budget", type=float, metavar="USD", help="--each: US dollars the rows may spend; a row "
+             "whose worst case does not fit is not sent (BudgetExceededError)."),
+        _arg("--limit", type=int, metavar="N", help="--each: run the first N rows only."),
+        _arg("--yes", action="store_true",
+             help="--each: run a large batch without asking first (see ChatMagics.confirm_rows)."),
+        _arg("--estimate", action="store_true",
+             help="Show what the cell would cost (tokens, USD range) without sending anything."),
+        _arg("--no-stream", action="store_true", help="Wait for the whole answer instead of streaming."),
+        _arg("--no-history", action="store_true",
+             help="Send no earlier turns, and do not record this one."),
+        _arg("--no-interpolate", action="store_true", help="Send {braces} literally."),
+        _arg("--cache", choices=CACHE_MODES, type=str.lower, metavar="MODE",
+             help="Response cache: off, read-write, replay or record (default: ChatMagics.cache)."),
     )
-    @magic_arguments.argument("-s", "--system", metavar="SYSTEM", help="System prompt for this cell.")
-    @magic_arguments.argument(
-        "-t", "--thread", metavar="THREAD", help="Conversation thread (default: ChatMagics.thread)."
-    )
-    @magic_arguments.argument(
-        "--new", action="store_true", help="Start the thread afresh with this cell."
-    )
-    @magic_arguments.argument("--max-tokens", type=int, metavar="N", help="Most tokens to generate.")
-    @magic_arguments.argument("--temperature", type=float, metavar="T", help="Sampling temperature.")
-    @magic_arguments.argument(
-        "--tools", metavar="NAMES",
-        help="Comma-separated functions from the namespace the model may call (@tool or typed "
-        "functions).",
-    )
-    @magic_arguments.argument(
-        "--mcp", metavar="NAMES",
-        help="Comma-separated MCP servers whose tools the model may call (%%chat mcp add, or "
-        "mcp.json).",
-    )
-    @magic_arguments.argument(
-        "--approve", choices=("auto", "ask"), type=str.lower, metavar="auto|ask",
-        help="Run tool calls at once (auto) or ask first (ask; the default for MCP tools).",
-    )
-    @magic_arguments.argument(
-        "--context", metavar="NAMES",
-        help="Comma-separated variables the model may read (never run) through describe() and "
-        "list_variables().",
-    )
-    @magic_arguments.argument(
-        "-f", "--format", choices=FORMATS, type=str.lower, metavar="markdown|text|code|json",
-        help="markdown (default), text, code (into the next cell) or json.",
-    )
-    @magic_arguments.argument(
-        "-o", "--output", metavar="VAR",
-        help="Store the Response in this variable (with --each: the BatchResult).",
-    )
-    @magic_arguments.argument(
-        "--schema", metavar="NAME",
-        help="Ask for a structured answer: a pydantic model class, a type (list[Review]) or a "
-        "JSON Schema dict from the namespace; shown as a table, .parsed on the Response.",
-    )
-    @magic_arguments.argument(
-        "--each", metavar="NAME",
-        help="Run the prompt once per row of a list, Series or DataFrame from the namespace "
-        "({column} is the row's value); shows a result table.",
-    )
-    @magic_arguments.argument(
-        "--deferred", action="store_true",
-        help="With --each: send the rows as a provider batch job (OpenAI, Anthropic: half the "
-        "price, answered within 24 h); re-running the cell collects the job.",
-    )
-    @magic_arguments.argument(
-        "--checkpoint", metavar="FILE",
-        help="With --each: record each row (and a deferred job) in FILE; a re-run sends only "
-        "the rows not answered there.",
-    )
-    @magic_arguments.argument(
-        "--budget", type=float, metavar="USD",
-        help="--each: US dollars the rows may spend; a row whose worst case does not fit is not "
-        "sent (BudgetExceededError).",
-    )
-    @magic_arguments.argument(
-        "--limit", type=int, metavar="N", help="--each: run the first N rows only."
-    )
-    @magic_arguments.argument(
-        "--yes", action="store_true",
-        help="--each: run a large batch without asking first (see ChatMagics.confirm_rows).",
-    )
-    @magic_arguments.argument(
-        "--estimate", action="store_true",
-        help="Show what the cell would cost (tokens, USD range) without sending anything.",
-    )
-    @magic_arguments.argument(
-        "--no-stream", action="store_true", help="Wait for the whole answer instead of streaming."
-    )
-    @magic_arguments.argument(
-        "--no-history", action="store_true",
-        help="Send no earlier turns, and do not record this one.",
-    )
-    @magic_arguments.argument(
-        "--no-interpolate", action="store_true", help="Send {braces} literally."
-    )
-    @magic_arguments.argument(
-        "--cache", choices=CACHE_MODES, type=str.lower, metavar="MODE",
-        help="Response cache: off, read-write, replay or record (default: ChatMagics.cache).",
-    )
-    @cell_magic("chat")
     def chat_cell(self, line: str, cell: str) -> None:
         """Send the cell to a language model and stream the answer.
 
@@ -341,19 +251,15 @@ class ChatMagics(Magics):
 
         run_chat_cell(self.state, args, cell)
 
-    @magic_arguments.magic_arguments(name="chat")
-    @magic_arguments.argument("command", choices=SUBCOMMANDS, help="What to do.")
-    @magic_arguments.argument(
-        "target", nargs="?", default=None,
-        help="PROVIDER for login/models/key; THREAD for history/reset.",
+    @_magic(
+        line_magic("chat"),
+        "chat",
+        _arg("command", choices=SUBCOMMANDS, help="What to do."),
+        _arg("target", nargs="?", default=None,
+             help="PROVIDER for login/models/key; THREAD for history/reset."),
+        _arg("--all", action="store_true", help="reset: clear every thread."),
+        _arg("--force", action="store_true", help="login: log in again even when already logged in."),
     )
-    @magic_arguments.argument(
-        "--all", action="store_true", help="reset: clear every thread."
-    )
-    @magic_arguments.argument(
-        "--force", action="store_true", help="login: log in again even when already logged in."
-    )
-    @line_magic("chat")
     def chat_line(self, line: str) -> None:
         """Manage dispatch_nb: ``login [PROVIDER] [--force]``, ``logout``, ``status``,
         ``models [PROVIDER]``, ``history [THREAD]``, ``reset [THREAD]``, ``key PROVIDER`` (type an
@@ -381,11 +287,13 @@ def load_ipython_extension(ipython: Any) -> None:
     if existing is not None:
         return
     magics = ChatMagics(shell=ipython)
+    state = magics.state
     ipython.register_magics(magics)
-    ipython.events.register("pre_run_cell", magics.pre_run_cell)
-    ipython.events.register("post_run_cell", magics.post_run_cell)
-    ipython.user_ns.setdefault("Err", magics.errors)
-    ipython.user_ns_hidden.setdefault("Err", magics.errors)
+    # pre_run_cell remembers the running cell's id; post_run_cell stores its exception as Err[n]
+    ipython.events.register("pre_run_cell", state.begin_cell)
+    ipython.events.register("post_run_cell", state.end_cell)
+    ipython.user_ns.setdefault("Err", state.errors)
+    ipython.user_ns_hidden.setdefault("Err", state.errors)
     ipython._dispatch_nb_magics = magics
     from ..approval import set_asker
 
@@ -405,22 +313,18 @@ def unload_ipython_extension(ipython: Any) -> None:
     magics = getattr(ipython, "_dispatch_nb_magics", None)
     if magics is None:
         return
-    for event, callback in (
-        ("pre_run_cell", magics.pre_run_cell),
-        ("post_run_cell", magics.post_run_cell),
-    ):
-        try:
+    state = magics.state
+    for event, callback in (("pre_run_cell", state.begin_cell), ("post_run_cell", state.end_cell)):
+        with contextlib.suppress(ValueError):
             ipython.events.unregister(event, callback)
-        except ValueError:
-            pass
     for kind, name in (("cell", "chat"), ("line", "chat")):
         ipython.magics_manager.magics[kind].pop(name, None)
     if magics in getattr(ipython, "configurables", []):
         ipython.configurables.remove(magics)
-    if ipython.user_ns.get("Err") is magics.errors:
+    if ipython.user_ns.get("Err") is state.errors:
         del ipython.user_ns["Err"]
         ipython.user_ns_hidden.pop("Err", None)
-    magics.close_adapters()
+    state.close_adapters()
     from ..approval import set_asker
 
     set_asker(magics.previous_asker)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
 
 from IPython.core.error import UsageError
 
@@ -111,8 +110,3 @@ def _list() -> None:
         tools = ", ".join(t.name for t in server.tools) or "(not listed yet)"
         error = f" — {server.error}" if server.error else ""
         print(f"{name}: {server.state}{error}\n  tools: {tools}")
-
-
-def servers() -> dict[str, Any]:
-    """The kernel's servers by name (a copy)."""
-    return dict(_servers)

@@ -29,6 +29,7 @@ user's own ``await`` cells. Compare mode is simply several jobs.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import queue
@@ -59,9 +60,6 @@ class NoteEvent:
 class _JobLogCapture(logging.Handler):
     """Routes ``dispatch_nb`` log records made for a job to that job (see the module docstring);
     other records get the handling they would have had without us."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
 
     def emit(self, record: logging.LogRecord) -> None:
         emit = _JOB_EMIT.get()
@@ -131,11 +129,8 @@ class Job:
     abandoned: bool = False
 
 
-class _Done:
-    __slots__ = ()
-
-
-_DONE = _Done()
+#: what a worker puts in the queue when its job has ended
+_DONE = object()
 
 
 def run_jobs(
@@ -159,7 +154,6 @@ def run_jobs(
     events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
     threads: list[threading.Thread] = []
     lock = threading.Lock()
-    capture = _JobLogCapture()
 
     for index, job in enumerate(jobs):
 
@@ -189,31 +183,8 @@ def run_jobs(
                         events.put((index, _DONE))
 
         job.outcome.started = time.monotonic()
-        thread = threading.Thread(target=body, name=f"dispatch_nb-{job.name}", daemon=True)
-        threads.append(thread)
+        threads.append(threading.Thread(target=body, name=f"dispatch_nb-{job.name}", daemon=True))
 
-    logger = logging.getLogger("dispatch_nb")
-    logger.addHandler(capture)
-    try:
-        for thread in threads:
-            thread.start()
-        return _pump_all(jobs, events, lock, on_event, tick, on_done, on_interrupt, idle_wait,
-                         RequestCancelled)
-    finally:
-        logger.removeHandler(capture)
-
-
-def _pump_all(
-    jobs: list[Job],
-    events: queue.SimpleQueue[tuple[int, Any]],
-    lock: threading.Lock,
-    on_event: Callable[[int, Any], None],
-    tick: Callable[[], float | None] | None,
-    on_done: Callable[[int, JobOutcome], None] | None,
-    on_interrupt: Callable[[], None] | None,
-    idle_wait: float,
-    cancelled: type[BaseException],
-) -> list[JobOutcome]:
     pending = len(jobs)
     reported: set[int] = set()
 
@@ -229,7 +200,7 @@ def _pump_all(
             try:
                 index, event = events.get(timeout=wait)
             except queue.Empty:
-                event = None
+                pass
             else:
                 if event is _DONE:
                     pending -= 1
@@ -238,13 +209,15 @@ def _pump_all(
                         on_done(index, jobs[index].outcome)
                 elif not jobs[index].abandoned:
                     on_event(index, event)
-            if tick is not None:
-                nxt = tick()
-                wait = idle_wait if nxt is None else max(0.0, min(idle_wait, nxt))
-            else:
-                wait = idle_wait
+            nxt = None if tick is None else tick()
+            wait = idle_wait if nxt is None else max(0.0, min(idle_wait, nxt))
 
+    capture = _JobLogCapture(logging.WARNING)
+    logger = logging.getLogger("dispatch_nb")
+    logger.addHandler(capture)
     try:
+        for thread in threads:
+            thread.start()
         pump(None)
     except BaseException as exc:
         # Ctrl-C, or a failure while showing events (a display or widget error): either way the
@@ -270,12 +243,12 @@ def _pump_all(
             with lock:
                 if not job.outcome.ended:  # still running (a tool): give up on it
                     job.abandoned = True
-                    job.outcome.error = cancelled("interrupted while a tool was running")
+                    job.outcome.error = RequestCancelled("interrupted while a tool was running")
                     job.outcome.ended = now
             if on_done is not None:
-                try:
+                with contextlib.suppress(Exception):
                     on_done(index, job.outcome)
-                except Exception:
-                    pass
         raise
+    finally:
+        logger.removeHandler(capture)
     return [job.outcome for job in jobs]

@@ -1,15 +1,7 @@
-"""The kernel's notebook state: one :class:`KernelState` per IPython shell.
-
-``%load_ext dispatch_nb`` makes one :class:`~dispatch_nb.notebook.magics.ChatMagics`, which holds
-one ``KernelState``; every other module of the notebook layer receives that state (never the
-magics object) and changes it only through its methods:
-
-* ``settings`` — the ``ChatMagics`` traits (``%config ChatMagics.…``), read-only here;
-* ``errors`` — ``Err[n]``, the exceptions of earlier cells;
-* ``threads`` — the conversation threads (created on first use);
-* the adapters and response caches the cells opened (one per model spec and cache mode);
-* the running cell's identity (front-end cell id, ``In[n]``, how many chat calls it made);
-* the last device-login view.
+"""The kernel's notebook state: one :class:`KernelState` per IPython shell, held by the
+:class:`~dispatch_nb.notebook.magics.ChatMagics` that ``%load_ext dispatch_nb`` makes. Every other
+module of the notebook layer receives that state (never the magics object) and changes it only
+through its methods.
 
 This module is imported by ``%load_ext``: it imports nothing but the standard library at run
 time; the thread store, the registry and the cache are imported when first used.
@@ -17,6 +9,7 @@ time; the thread store, the registry and the cache are imported when first used.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -237,7 +230,5 @@ class KernelState:
         adapters, self.adapters = self.adapters, {}
         self.caches = {}
         for adapter in adapters.values():
-            try:
+            with contextlib.suppress(Exception):
                 adapter.close()
-            except Exception:
-                pass

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..render import code_span, short_line
 
 if TYPE_CHECKING:
-    from ..types import Message, Response
+    from ..types import Message
 
 __all__ = [
     "DEFAULT_THREAD",
@@ -34,7 +34,6 @@ __all__ = [
     "Turn",
     "cell_identity",
     "cell_key",
-    "turn_from",
 ]
 
 DEFAULT_THREAD = "default"
@@ -128,10 +127,7 @@ class ChatThread:
 
     def index(self, key: str) -> int | None:
         """Position of the turn keyed ``key``, or None."""
-        for i, turn in enumerate(self.turns):
-            if turn.key == key:
-                return i
-        return None
+        return next((i for i, turn in enumerate(self.turns) if turn.key == key), None)
 
     def history_for(self, key: str) -> list[Message]:
         """The messages to send before the prompt of the turn keyed ``key``."""
@@ -162,15 +158,11 @@ class ChatThread:
         parts = [f"**Thread `{self.name}`** — {count} turn{'' if count == 1 else 's'}\n"]
         for i, turn in enumerate(self.turns, 1):
             where = f"In [{turn.execution_count}]" if turn.execution_count else ""
-            model = turn.model
-            meta = " · ".join(x for x in (where, model) if x)
+            meta = " · ".join(x for x in (where, turn.model) if x)
             meta = f" <sub>{meta}</sub>" if meta else ""
             parts.append(f"---\n**{i}. You**{meta}\n\n{_quote(turn.prompt)}\n")
-            for kind, text in turn.steps():
-                if kind == "call":
-                    parts.append(f"🔧 {code_span(text)}\n")
-                elif kind == "result":
-                    parts.append(f"→ {code_span(text)}\n")
+            for kind, text in turn.steps():  # a call, or a result
+                parts.append(f"{'🔧' if kind == 'call' else '→'} {code_span(text)}\n")
             parts.append(f"**Assistant**\n\n{_quote(turn.answer) or '*(no text)*'}\n")
         return "\n".join(parts)
 
@@ -216,36 +208,11 @@ class ThreadStore:
 
     def reset(self, name: str | None = None) -> list[str]:
         """Clear thread ``name`` (every thread when None); returns the names cleared."""
-        if name is None:
-            names = list(self._threads)
-            self._threads.clear()
-            return names
-        if name in self._threads:
-            del self._threads[name]
-            return [name]
-        return []
+        names = list(self._threads) if name is None else [name] if name in self._threads else []
+        for cleared in names:
+            del self._threads[cleared]
+        return names
 
     def summary(self) -> dict[str, Any]:
         """``{name: number of turns}``."""
         return {name: len(t) for name, t in self._threads.items()}
-
-
-def turn_from(
-    key: str,
-    user: Message,
-    produced: list[Message] | None,
-    response: Response | None,
-    execution_count: int | None = None,
-) -> Turn:
-    """A :class:`Turn` from the user message and what the model (and tools) produced."""
-    messages = [user]
-    if produced:
-        messages += produced
-    elif response is not None:
-        messages.append(response.to_message())
-    return Turn(
-        key=key,
-        messages=messages,
-        model=response.model if response is not None else "",
-        execution_count=execution_count,
-    )

@@ -36,7 +36,7 @@ def test_quotes_group_words_and_are_removed(shell: Any, fake: Any, magics: Any) 
     run(shell, '%%chat -s "Be terse." -t "my thread"\nhello')
     sent = body(fake)
     assert sent["system"] == "Be terse."
-    assert "my thread" in magics.threads and len(magics.threads.get("my thread")) == 1
+    assert "my thread" in magics.state.threads and len(magics.state.threads.get("my thread")) == 1
     run(shell, "%%chat -s 'It'\"'\"'s fine.' --no-history\nhi")
     assert body(fake)["system"] == "It's fine."
     run(shell, '%%chat -m "fake:a, fake:b" -o both\nsame question')
@@ -263,7 +263,7 @@ def test_ctrl_c_during_a_sync_tool_stops_at_once_and_abandons_the_tool(
     assert finished.wait(6)
     time.sleep(0.3)
     assert len(fake.chat_requests) == 1
-    assert len(shell._dispatch_nb_magics.threads.get("default")) == 0
+    assert len(shell._dispatch_nb_magics.state.threads.get("default")) == 0
 
 
 # -- 9. -f code and -o ---------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_models_for_copilot_while_logged_out_explains(shell: Any, fake: Any) -> 
     run(shell, "%chat models copilot")
     [md] = shell.front.markdown
     assert "Not logged in to GitHub Copilot" in md and "%chat login" in md
-    assert shell._dispatch_nb_magics.login_view is None  # no login was started
+    assert shell._dispatch_nb_magics.state.login_view is None  # no login was started
 
 
 def test_models_table_shows_only_columns_with_data(shell: Any, fake: Any) -> None:

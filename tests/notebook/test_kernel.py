@@ -84,7 +84,7 @@ def test_notebook_in_a_real_kernel(servers: tuple[CanonicalFake, FakeGitHub], tm
         "%chat login",                                                    # 7
         "%chat logout\n%chat login",                                      # 8 (denied)
         "magics = get_ipython()._dispatch_nb_magics\n"
-        "[t.prompt for t in magics.threads.get('default')]",             # 9
+        "[t.prompt for t in magics.state.threads.get('default')]",             # 9
     ]
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
     nb.cells[6].metadata["tags"] = ["raises-exception"]
@@ -320,7 +320,7 @@ def test_cell_id_from_the_front_end_identifies_the_turn(kernel: Kernel, servers:
     execute_with_cell_id("%%chat\nedited first version", "cell-1")
     assert len(fake.chat_requests[-1].json["messages"]) == 1
     messages = kernel.execute(
-        "print([t.prompt for t in get_ipython()._dispatch_nb_magics.threads.get('default')])"
+        "print([t.prompt for t in get_ipython()._dispatch_nb_magics.state.threads.get('default')])"
     )
     printed = "".join(m["content"].get("text", "") for m in messages if m["msg_type"] == "stream")
     assert printed.strip() == "['edited first version', 'second cell']"
@@ -340,7 +340,7 @@ def test_recorded_notebook_keeps_every_turn_and_every_note(
         "%%chat\nTell me a story about {hero}.",
         "%%chat\ncontinue",
         "%%chat\ncontinue",
-        "print([t.prompt for t in get_ipython()._dispatch_nb_magics.threads.get('default')])",
+        "print([t.prompt for t in get_ipython()._dispatch_nb_magics.state.threads.get('default')])",
     ]
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
     client = notebook_client(nb, timeout=60, allow_errors=False)

@@ -124,6 +124,7 @@ TRICKY = [
     "A <b>tag</b> &amp; an entity, and a line\n---\nthat became a heading.",
     "> A quote with **bold**\n> over two lines.\n\nThen text.",
     "Price: $5 and $10 total.\n\nNext.",
+    "Call **`run()`** first, then *$x$* and `stop()`.",  # emphasis right before open code / math
 ]
 
 

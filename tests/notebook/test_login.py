@@ -92,7 +92,7 @@ def test_widget_view_shows_code_copy_link_countdown_and_status(shell: Any, githu
         auth = github.wait_for_device_code()
         github.respond(auth.user_code, ("slow_down", 0.1))
         github.wait_for_polls(auth.user_code, 3)
-        view = shell._dispatch_nb_magics.login_view
+        view = shell._dispatch_nb_magics.state.login_view
         seen["code"] = view.code_html.value
         seen["link"] = view.link.value
         seen["clock"] = view.clock.value
@@ -108,7 +108,7 @@ def test_widget_view_shows_code_copy_link_countdown_and_status(shell: Any, githu
     assert f"href='{github.github_url}/login/device'" in seen["link"]
     assert "The code expires in 14:" in seen["clock"] or "The code expires in 15:" in seen["clock"]
     assert "Waiting" in seen["status"]
-    view = shell._dispatch_nb_magics.login_view
+    view = shell._dispatch_nb_magics.state.login_view
     assert view.box.comm is None  # closed: no widget state left
 
 
@@ -154,7 +154,7 @@ def test_widget_login_that_fails_leaves_one_static_line_and_no_widget(
     said = "interrupted" if end == "cancelled" else end  # one wording for Ctrl-C everywhere
     assert said in final["text/markdown"] and "Sign in to GitHub Copilot" in final["text/markdown"]
     assert ("%chat login" in final["text/markdown"]) is (end != "cancelled")
-    view = shell._dispatch_nb_magics.login_view
+    view = shell._dispatch_nb_magics.state.login_view
     assert view.state == end and view.box.comm is None  # its widgets are closed
     assert not token_file().exists()
     # A fresh `%chat login` still works afterwards.

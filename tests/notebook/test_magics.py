@@ -258,7 +258,7 @@ def test_thread_memory_and_rerun_replaces_the_turn(shell: Any, fake: Any, magics
     assert len(sent) == 3 and sent[0]["content"] == "first" and sent[2]["content"] == "second"
     run(shell, "%%chat\nfirst", cell_id="c1")  # re-run of the first cell: sees what came before
     assert [m["content"] for m in sent_messages(fake)] == ["first"]
-    thread = magics.threads.get("default")
+    thread = magics.state.threads.get("default")
     assert [t.prompt for t in thread] == ["first", "second"]  # replaced in place, later turn kept
     run(shell, "%%chat\nthird", cell_id="c3")
     assert len(sent_messages(fake)) == 5
@@ -275,7 +275,7 @@ def test_same_text_in_new_cells_adds_turns_where_no_cell_id_comes(
     contents = [m["content"] for m in sent_messages(fake)]
     assert contents[0::2] == ["Tell me a story.", "continue", "continue"]
     assert len(contents) == 5
-    thread = magics.threads.get("default")
+    thread = magics.state.threads.get("default")
     assert [t.prompt for t in thread] == ["Tell me a story.", "continue", "continue"]
     counts = [t.execution_count for t in thread]
     assert counts == sorted(counts) and len(set(counts)) == 3
@@ -288,14 +288,14 @@ def test_cell_id_identifies_a_cell_across_edits(shell: Any, fake: Any, magics: A
     run(shell, "%%chat\nversion one", cell_id="cell-a")
     run(shell, "%%chat\nanother cell", cell_id="cell-b")
     run(shell, "%%chat\nversion two", cell_id="cell-a")
-    assert [t.prompt for t in magics.threads.get("default")] == ["version two", "another cell"]
+    assert [t.prompt for t in magics.state.threads.get("default")] == ["version two", "another cell"]
     assert len(sent_messages(fake)) == 1
 
 
 def test_loop_of_chat_calls_in_one_cell_keeps_every_answer(shell: Any, fake: Any, magics: Any) -> None:
     run(shell, "for q in ['a', 'b', 'c']:\n    get_ipython().run_cell_magic('chat', '', q)",
         cell_id="loop")
-    assert [t.prompt for t in magics.threads.get("default")] == ["a", "b", "c"]
+    assert [t.prompt for t in magics.state.threads.get("default")] == ["a", "b", "c"]
 
 
 def test_threads_new_no_history_reset_and_history(shell: Any, fake: Any, magics: Any) -> None:
@@ -306,21 +306,21 @@ def test_threads_new_no_history_reset_and_history(shell: Any, fake: Any, magics:
     assert len(sent_messages(fake)) == 1
     run(shell, "%%chat -t research --no-history\none-off")
     assert len(sent_messages(fake)) == 1
-    assert len(magics.threads.get("research")) == 2
+    assert len(magics.state.threads.get("research")) == 2
     run(shell, "%chat history research")
     md = shell.front.markdown[0]
     assert "alpha" in md and "echo: beta" in md and "one-off" not in md
     run(shell, "%%chat -t research --new\nfresh start")
     assert len(sent_messages(fake)) == 1
-    assert [t.prompt for t in magics.threads.get("research")] == ["fresh start"]
+    assert [t.prompt for t in magics.state.threads.get("research")] == ["fresh start"]
     run(shell, "%chat reset research")
-    assert "research" not in magics.threads
+    assert "research" not in magics.state.threads
     run(shell, "%chat reset --all")
-    assert magics.threads.names() == []
+    assert magics.state.threads.names() == []
     run(shell, "%config ChatMagics.history_length = 2")
     for word in ("one", "two", "three"):
         run(shell, f"%%chat\n{word}")
-    assert [t.prompt for t in magics.threads.get("default")] == ["two", "three"]
+    assert [t.prompt for t in magics.state.threads.get("default")] == ["two", "three"]
 
 
 # -- errors and interruption ------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def test_auth_error_is_short_with_the_fix(shell: Any, fake: Any) -> None:
     assert isinstance(error, ChatError)
     lines = error._render_traceback_()
     assert len(lines) == 2 and "AuthenticationError" in lines[0] and "bad key" in lines[0]
-    assert shell._dispatch_nb_magics.errors[result.execution_count] is error
+    assert shell._dispatch_nb_magics.state.errors[result.execution_count] is error
 
 
 def test_rate_limit_says_how_long_to_wait(shell: Any, fake: Any) -> None:
@@ -387,7 +387,7 @@ def test_ctrl_c_cancels_and_keeps_the_partial_answer(shell: Any, fake: Any) -> N
     md = shell.front.markdown[0]
     assert md.startswith("word word") and "interrupted" in md
     assert 0 < md.count("word") < 400
-    assert len(shell._dispatch_nb_magics.threads.get("default")) == 0  # nothing half-recorded
+    assert len(shell._dispatch_nb_magics.state.threads.get("default")) == 0  # nothing half-recorded
 
 
 # -- compare and event loops --------------------------------------------------------------------------
