@@ -568,10 +568,6 @@ class MessagesWire(WireBase):
             )
         MessagesStreamParser(acc).replay(body)
 
-    def should_resend(self, error: DispatchError) -> MessagesWire | None:
-        """No error teaches this format a quirk it did not know: always None."""
-        return None
-
 
 # -- canonical → wire ------------------------------------------------------------------------------
 def wire_tool(tool: ToolDefinition | dict[str, Any]) -> dict[str, Any]:

@@ -143,3 +143,8 @@ class WireBase:
         """``POST {path}`` with :meth:`build_body`, carrying this wire format."""
         body = self.build_body(request, model, output_mode=output_mode)
         return WireRequest("POST", self.path, json=body, headers=dict(headers or {}), wire=self)
+
+    def should_resend(self, error: DispatchError) -> WireFormat | None:
+        """None: no error teaches this format a quirk it did not know (a format that can learn
+        one overrides this)."""
+        return None

@@ -36,7 +36,6 @@ from .base import WireBase
 from .request import ChatRequest, output_tool_choice
 
 if TYPE_CHECKING:
-    from ..errors import DispatchError
     from ..stream import Accumulator
 
 __all__ = [
@@ -180,10 +179,6 @@ class CanonicalWire(WireBase):
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
         parse_canonical_body(body, acc)
-
-    def should_resend(self, error: DispatchError) -> CanonicalWire | None:
-        """No error teaches this format a quirk it did not know: always None."""
-        return None
 
 
 # -- server: scripted answers → the protocol -------------------------------------------------------

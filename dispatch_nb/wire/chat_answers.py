@@ -23,7 +23,6 @@ __all__ = [
     "REASONING_FIELDS",
     "ChatStreamParser",
     "chat_error",
-    "chat_stop_reason",
     "chat_usage",
     "parse_model_list",
     "status_for_error_code",
@@ -37,14 +36,6 @@ REASONING_FIELDS: tuple[str, ...] = ("reasoning_content", "reasoning", "reasonin
 
 #: the field whose reasoning (with ``reasoning_opaque``) is echoed back when ``echo_reasoning``
 ECHOED_REASONING_FIELD = "reasoning_text"
-
-_FINISH: dict[str, StopReason] = {
-    "stop": "end_turn",
-    "length": "max_tokens",
-    "tool_calls": "tool_use",
-    "function_call": "tool_use",
-    "content_filter": "content_filter",
-}
 
 
 def chat_usage(
@@ -64,13 +55,6 @@ def chat_usage(
         cache_read_tokens=cached,
         cache_creation_tokens=written,
     )
-
-
-def chat_stop_reason(finish_reason: str | None) -> StopReason | None:
-    """One ``finish_reason`` → the canonical stop reason (unknown values → ``end_turn``)."""
-    if not finish_reason:
-        return None
-    return _FINISH.get(finish_reason, "end_turn")
 
 
 def _combined_stop(reasons: set[str], refused: bool, has_tools: bool) -> StopReason | None:

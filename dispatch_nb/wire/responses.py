@@ -785,7 +785,3 @@ class ResponsesWire(WireBase):
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
         parse_response_object(body, acc, provider=self.provider)
-
-    def should_resend(self, error: DispatchError) -> ResponsesWire | None:
-        """No error teaches this format a quirk it did not know: always None."""
-        return None
