@@ -9,9 +9,6 @@ frozen :class:`ResponsesQuirks`)::
     parser = wire.stream_parser(acc)                          # feed(ServerSentEvent) -> deltas
     wire.parse_body(json_body, acc)
 
-The functions underneath (:func:`build_responses_body`, :class:`ResponsesStreamParser`,
-:func:`parse_response_object`) take plain parameters.
-
 Requests are stateless (``store: false``): the whole conversation goes in ``input`` every turn.
 The system prompt is ``instructions``; user text and images are ``input_text`` / ``input_image``
 parts; assistant text is an ``output_text`` message; ``ToolUseBlock`` → ``function_call`` and
@@ -75,13 +72,12 @@ from ..types import (
 from .base import WireBase
 from .chat_completions import (
     chat_usage,
-    map_tool_choice,
     status_for_error_code,
     tool_arguments_text,
     tool_fields,
     tool_result_text,
 )
-from .openai_schema import openai_output_schema
+from .openai_schema import openai_json_schema, openai_output_schema
 from .request import ChatRequest, output_tool_choice
 
 __all__ = [
@@ -91,14 +87,10 @@ __all__ = [
     "ResponsesQuirks",
     "ResponsesStreamParser",
     "ResponsesWire",
-    "build_responses_body",
     "is_reasoning_model",
-    "parse_response_object",
     "responses_error",
     "responses_input",
-    "responses_output_format",
     "responses_text_format",
-    "responses_tool_choice",
     "responses_tools",
     "responses_usage",
 ]
@@ -106,7 +98,7 @@ __all__ = [
 #: the key of this wire format's entry in a block's ``provider_data``
 PROVIDER_DATA_KEY = "openai_responses"
 
-#: options :func:`build_responses_body` understands (besides the common transport ones)
+#: options :meth:`ResponsesWire.build_body` understands (besides the common transport ones)
 RESPONSES_OPTIONS = frozenset(
     {"tool_choice", "top_p", "parallel_tool_calls", "reasoning", "response_format", "text"}
 )
@@ -305,14 +297,6 @@ def responses_tools(tools: Sequence[ToolDefinition | dict[str, Any]]) -> list[di
     return out
 
 
-def responses_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -> Any:
-    """Neutral ``tool_choice`` → Responses: a tool name becomes ``{"type": "function", "name"}``;
-    ``"auto"`` / ``"none"`` / ``"required"`` and dicts pass through; ``None`` means "do not send"."""
-    return map_tool_choice(
-        choice, tool_names, provider=provider, named=lambda name: {"type": "function", "name": name}
-    )
-
-
 def responses_text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
     """A chat.completions ``response_format`` → the Responses ``text.format``."""
     kind = response_format.get("type")
@@ -326,19 +310,6 @@ def responses_text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
     return dict(response_format)
 
 
-def responses_output_format(request: ChatRequest) -> dict[str, Any]:
-    """``text.format`` for structured output (``output=``): ``json_schema`` with the schema made
-    strict when it can be (else ``strict: false``)."""
-    output = request.output
-    assert output is not None
-    schema, strict = openai_output_schema(output)
-    fmt: dict[str, Any] = {"type": "json_schema", "name": output.name, "schema": schema,
-                           "strict": strict}
-    if output.description:
-        fmt["description"] = output.description
-    return fmt
-
-
 def _output_tool(request: ChatRequest) -> dict[str, Any]:
     """The flat function tool whose arguments are the answer (``tool`` output mode)."""
     assert request.output is not None
@@ -346,85 +317,6 @@ def _output_tool(request: ChatRequest) -> dict[str, Any]:
     schema, strict = openai_output_schema(request.output)
     return {"type": "function", "name": definition.name, "description": definition.description,
             "parameters": schema, "strict": strict}
-
-
-def build_responses_body(
-    request: ChatRequest,
-    model: str,
-    *,
-    provider: str,
-    encrypted_reasoning: bool | None = None,
-    output_mode: str | None = None,
-) -> dict[str, Any]:
-    """The JSON body of ``POST /responses`` for a call.
-
-    ``encrypted_reasoning``: ask for (and send back) encrypted reasoning items; ``None`` decides
-    by :func:`is_reasoning_model` (always on when the ``reasoning`` option is given). Options read
-    from ``request.options``: ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning``
-    (an effort string or a dict such as ``{"effort": "low", "summary": "auto"}``),
-    ``response_format`` (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not
-    exist in this API and raises a :class:`RequestError`. ``output_mode`` (for ``request.output``):
-    ``"text.format"`` (a ``json_schema`` format) or ``"tool"`` (a function tool the model must
-    call); anything else sends nothing for it.
-    """
-    options = request.options
-    if request.output is not None and output_mode in ("text.format", "tool") and (
-        options.get("response_format") is not None or (options.get("text") or {}).get("format")
-    ):
-        raise ValueError("pass output= or response_format= / text={'format': ...}, not both")
-    if options.get("stop") is not None:
-        raise RequestError(
-            "the OpenAI Responses API has no stop sequences; drop stop= or use a chat.completions "
-            "server (backend='compatible')",
-            provider=provider,
-        )
-    if request.max_tokens is not None and request.max_tokens < MIN_OUTPUT_TOKENS:
-        raise RequestError(
-            f"the OpenAI Responses API needs max_tokens >= {MIN_OUTPUT_TOKENS} "
-            f"(max_output_tokens), not {request.max_tokens}",
-            provider=provider,
-        )
-    reasoning = options.get("reasoning")
-    if encrypted_reasoning is None:
-        encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
-    body: dict[str, Any] = {
-        "model": model,
-        "input": responses_input(
-            request.messages, include_reasoning=encrypted_reasoning, issuer=provider
-        ),
-        "stream": request.stream,
-        "store": False,
-    }
-    if encrypted_reasoning:
-        body["include"] = ["reasoning.encrypted_content"]
-    if request.system:
-        body["instructions"] = request.system
-    if request.max_tokens is not None:
-        body["max_output_tokens"] = request.max_tokens
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
-    if options.get("top_p") is not None:
-        body["top_p"] = options["top_p"]
-    tools = responses_tools(request.tools)
-    if request.output is not None and output_mode == "tool":
-        options = {**options, "tool_choice": output_tool_choice(request)}
-        tools.append(_output_tool(request))
-    names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
-    body.update(
-        tool_fields(tools, names, options, provider=provider, tool_choice=responses_tool_choice)
-    )
-    if isinstance(reasoning, str):
-        body["reasoning"] = {"effort": reasoning}
-    elif isinstance(reasoning, dict):
-        body["reasoning"] = dict(reasoning)
-    text = dict(options.get("text") or {})
-    if options.get("response_format") is not None:
-        text["format"] = responses_text_format(options["response_format"])
-    if request.output is not None and output_mode == "text.format":
-        text["format"] = responses_output_format(request)
-    if text:
-        body["text"] = text
-    return body
 
 
 # -- responses -------------------------------------------------------------------------------------
@@ -731,21 +623,6 @@ class ResponsesStreamParser:
         return ()
 
 
-def parse_response_object(body: Any, acc: Accumulator, *, provider: str) -> None:
-    """Fill ``acc`` from a non-streamed Response object."""
-    if not isinstance(body, dict):
-        raise APIConnectionError(
-            f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
-        )
-    if body.get("error") and body.get("status") in (None, "failed"):
-        raise responses_error(body["error"], provider=provider)
-    parser = ResponsesStreamParser(acc, provider=provider)
-    for index, item in enumerate(body.get("output") or []):
-        parser.item_done(item, {"output_index": index})
-    parser._items_seen = max(parser._items_seen, 1)
-    parser.finalize(body)
-
-
 # -- the wire format object ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ResponsesQuirks:
@@ -775,13 +652,86 @@ class ResponsesWire(WireBase):
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        return build_responses_body(
-            request, model, provider=self.provider,
-            encrypted_reasoning=self.quirks.encrypted_reasoning, output_mode=output_mode,
-        )
+        """The JSON body of ``POST /responses``. Options read from ``request.options``:
+        ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort string or a
+        dict such as ``{"effort": "low", "summary": "auto"}``), ``response_format``
+        (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not exist in this
+        API and raises a :class:`RequestError`. ``output_mode`` (for ``request.output``):
+        ``"text.format"`` (a ``json_schema`` format) or ``"tool"`` (a function tool the model must
+        call); anything else sends nothing for it."""
+        provider, options = self.provider, request.options
+        if request.output is not None and output_mode in ("text.format", "tool") and (
+            options.get("response_format") is not None or (options.get("text") or {}).get("format")
+        ):
+            raise ValueError("pass output= or response_format= / text={'format': ...}, not both")
+        if options.get("stop") is not None:
+            raise RequestError(
+                "the OpenAI Responses API has no stop sequences; drop stop= or use a "
+                "chat.completions server (backend='compatible')",
+                provider=provider,
+            )
+        if request.max_tokens is not None and request.max_tokens < MIN_OUTPUT_TOKENS:
+            raise RequestError(
+                f"the OpenAI Responses API needs max_tokens >= {MIN_OUTPUT_TOKENS} "
+                f"(max_output_tokens), not {request.max_tokens}",
+                provider=provider,
+            )
+        reasoning = options.get("reasoning")
+        encrypted_reasoning = self.quirks.encrypted_reasoning
+        if encrypted_reasoning is None:
+            encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
+        body: dict[str, Any] = {
+            "model": model,
+            "input": responses_input(
+                request.messages, include_reasoning=encrypted_reasoning, issuer=provider
+            ),
+            "stream": request.stream,
+            "store": False,
+        }
+        if encrypted_reasoning:
+            body["include"] = ["reasoning.encrypted_content"]
+        if request.system:
+            body["instructions"] = request.system
+        if request.max_tokens is not None:
+            body["max_output_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if options.get("top_p") is not None:
+            body["top_p"] = options["top_p"]
+        tools = responses_tools(request.tools)
+        if request.output is not None and output_mode == "tool":
+            options = {**options, "tool_choice": output_tool_choice(request)}
+            tools.append(_output_tool(request))
+        names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
+        body.update(tool_fields(tools, names, options, provider=provider,
+                                named=lambda name: {"type": "function", "name": name}))
+        if isinstance(reasoning, str):
+            body["reasoning"] = {"effort": reasoning}
+        elif isinstance(reasoning, dict):
+            body["reasoning"] = dict(reasoning)
+        text = dict(options.get("text") or {})
+        if options.get("response_format") is not None:
+            text["format"] = responses_text_format(options["response_format"])
+        if request.output is not None and output_mode == "text.format":
+            text["format"] = {"type": "json_schema", **openai_json_schema(request.output)}
+        if text:
+            body["text"] = text
+        return body
 
     def stream_parser(self, acc: Accumulator) -> ResponsesStreamParser:
         return ResponsesStreamParser(acc, provider=self.provider)
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
-        parse_response_object(body, acc, provider=self.provider)
+        """Fill ``acc`` from a non-streamed Response object."""
+        if not isinstance(body, dict):
+            raise APIConnectionError(
+                f"the server answered with an unexpected body: {str(body)[:200]!r}",
+                provider=self.provider,
+            )
+        if body.get("error") and body.get("status") in (None, "failed"):
+            raise responses_error(body["error"], provider=self.provider)
+        parser = ResponsesStreamParser(acc, provider=self.provider)
+        for index, item in enumerate(body.get("output") or []):
+            parser.item_done(item, {"output_index": index})
+        parser._items_seen = max(parser._items_seen, 1)
+        parser.finalize(body)
