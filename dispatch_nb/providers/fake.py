@@ -21,7 +21,6 @@ from ..errors import RequestError
 from ..http_adapter import HTTPAdapter
 from ..types import ModelInfo
 from ..wire.canonical import CANONICAL_OPTIONS, CanonicalWire
-from ..wire.request import requested_mode, unsupported_mode
 
 __all__ = ["CanonicalAdapter"]
 
@@ -64,14 +63,7 @@ class CanonicalAdapter(HTTPAdapter):
     def output_mode(self, request: ChatRequest) -> str | None:
         """Structured output: ``canonical`` (the body's ``output``: name, description, schema),
         ``tool`` or ``prompt``."""
-        if request.output is None:
-            return None
-        mode = requested_mode(self, request)
-        if mode in ("auto", "native"):
-            return self.wire.native_output
-        if mode in ("tool", "prompt"):
-            return mode
-        raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+        return self.wire.output_mode_for(self, request)
 
     def list_models(self) -> list[ModelInfo]:
         data = self.get_json("models")

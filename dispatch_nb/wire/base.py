@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..sse import ServerSentEvent
 from ..types import StreamDelta
+from .request import requested_mode, unsupported_mode
 
 if TYPE_CHECKING:
     from ..errors import DispatchError
@@ -143,6 +144,19 @@ class WireBase:
         """``POST {path}`` with :meth:`build_body`, carrying this wire format."""
         body = self.build_body(request, model, output_mode=output_mode)
         return WireRequest("POST", self.path, json=body, headers=dict(headers or {}), wire=self)
+
+    def output_mode_for(self: WireFormat, adapter: Any, request: ChatRequest) -> str | None:
+        """How ``request.output`` goes on this format for ``adapter`` (None without one):
+        ``auto`` / ``native`` is :attr:`native_output`, another mode one of :attr:`output_modes`
+        (else a ``ValueError`` naming them)."""
+        if request.output is None:
+            return None
+        mode = requested_mode(adapter, request)
+        if mode in ("auto", "native"):
+            return self.native_output
+        if mode in self.output_modes:
+            return mode
+        raise unsupported_mode(adapter, mode, ("auto", "native", *self.output_modes))
 
     def should_resend(self, error: DispatchError) -> WireFormat | None:
         """None: no error teaches this format a quirk it did not know (a format that can learn
