@@ -22,8 +22,8 @@ __all__ = [
     "PROVIDER_DATA_KEY",
     "REASONING_FIELDS",
     "ChatStreamParser",
-    "chat_error",
     "chat_usage",
+    "openai_error",
     "parse_model_list",
     "status_for_error_code",
 ]
@@ -87,11 +87,15 @@ def status_for_error_code(code: Any) -> int:
     return 500
 
 
-def chat_error(error: Any, *, provider: str) -> DispatchError:
-    """The :class:`DispatchError` for an ``{"error": ...}`` payload inside a 200 answer."""
+def openai_error(error: Any, *, provider: str) -> DispatchError:
+    """The :class:`DispatchError` for an error inside a 200 answer in either OpenAI format: a
+    chat.completions ``{"error": ...}`` chunk, a Responses ``error`` event or ``response.error``."""
+    if isinstance(error, dict) and isinstance(error.get("error"), dict):
+        error = error["error"]  # {"type": "error", "error": {...}}
     if not isinstance(error, dict):
-        return error_for_status(500, str(error), provider=provider)
-    message = str(error.get("message") or "the server reported an error mid-stream")
+        return error_for_status(500, str(error or "the server reported an error"),
+                                provider=provider)
+    message = str(error.get("message") or "the server reported an error")
     code = error.get("code")
     etype = error.get("type")
     status = error.get("status") if isinstance(error.get("status"), int) else None
@@ -202,7 +206,7 @@ class ChatStreamParser:
         """Deltas for one decoded chunk."""
         error = chunk.get("error")
         if error:
-            raise chat_error(error, provider=self.provider)
+            raise openai_error(error, provider=self.provider)
         acc = self.acc
         model = chunk.get("model")
         if model:

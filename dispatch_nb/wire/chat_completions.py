@@ -74,10 +74,9 @@ from .chat_answers import (
     PROVIDER_DATA_KEY,
     REASONING_FIELDS,
     ChatStreamParser,
-    chat_error,
     chat_usage,
+    openai_error,
     parse_model_list,
-    status_for_error_code,
 )
 from .openai_schema import openai_json_schema
 from .request import ChatRequest, output_tool_choice
@@ -89,13 +88,12 @@ __all__ = [
     "ChatCompletionsWire",
     "ChatQuirks",
     "ChatStreamParser",
-    "chat_error",
     "chat_messages",
     "chat_tools",
     "chat_usage",
     "map_tool_choice",
+    "openai_error",
     "parse_model_list",
-    "status_for_error_code",
     "tool_arguments_text",
     "tool_fields",
     "tool_result_text",

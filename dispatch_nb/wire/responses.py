@@ -54,7 +54,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
+from ..errors import APIConnectionError, RequestError
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
 from ..types import (
@@ -72,7 +72,7 @@ from ..types import (
 from .base import WireBase
 from .chat_completions import (
     chat_usage,
-    status_for_error_code,
+    openai_error,
     tool_arguments_text,
     tool_fields,
     tool_result_text,
@@ -88,7 +88,6 @@ __all__ = [
     "ResponsesStreamParser",
     "ResponsesWire",
     "is_reasoning_model",
-    "responses_error",
     "responses_input",
     "responses_text_format",
     "responses_tools",
@@ -326,21 +325,6 @@ def responses_usage(usage: Mapping[str, Any]) -> Usage:
     return chat_usage(usage, "input_tokens", "output_tokens")
 
 
-def responses_error(error: Any, *, provider: str, default_status: int = 500) -> DispatchError:
-    """The :class:`DispatchError` for ``response.error`` or a bare ``error`` event."""
-    if not isinstance(error, dict):
-        return error_for_status(default_status, str(error or "the response failed"),
-                                provider=provider)
-    if isinstance(error.get("error"), dict):  # {"type": "error", "error": {...}}
-        error = error["error"]
-    message = str(error.get("message") or "the response failed")
-    code = error.get("code") or error.get("type")
-    status = status_for_error_code(code) if code else default_status
-    return error_for_status(
-        status, message, provider=provider, error_type=code if isinstance(code, str) else None
-    )
-
-
 @functools.lru_cache(maxsize=64)
 def _output_key(index: int) -> str:
     """The block key of an ``output_index`` (one string per index: keys compare by identity)."""
@@ -428,9 +412,9 @@ class ResponsesStreamParser:
             return self.finalize(data.get("response") or {})
         if kind == "response.failed":
             response = data.get("response") or {}
-            raise responses_error(response.get("error"), provider=self.provider)
+            raise openai_error(response.get("error"), provider=self.provider)
         if kind == "error":
-            raise responses_error(data, provider=self.provider)
+            raise openai_error(data, provider=self.provider)
         # content_part / annotation events, built-in tools' progress (web_search_call.searching,
         # code_interpreter_call_code.delta...): the complete item arrives in output_item.done
         return ()
@@ -575,7 +559,7 @@ class ResponsesStreamParser:
         if usage:
             acc.usage = responses_usage(usage)
         if response.get("status") == "failed":
-            raise responses_error(response.get("error"), provider=self.provider)
+            raise openai_error(response.get("error"), provider=self.provider)
         stop: StopReason
         if response.get("status") == "incomplete":
             reason = (response.get("incomplete_details") or {}).get("reason")
@@ -729,7 +713,7 @@ class ResponsesWire(WireBase):
                 provider=self.provider,
             )
         if body.get("error") and body.get("status") in (None, "failed"):
-            raise responses_error(body["error"], provider=self.provider)
+            raise openai_error(body["error"], provider=self.provider)
         parser = ResponsesStreamParser(acc, provider=self.provider)
         for index, item in enumerate(body.get("output") or []):
             parser.item_done(item, {"output_index": index})
