@@ -114,7 +114,6 @@ _ERROR_STATUS: dict[str, int] = {
 }
 
 
-
 def error_status(error_type: Any) -> int:
     """The HTTP status an Anthropic error type stands for (500 when unknown): for errors that
     arrive without one (in-stream ``error`` events, Message Batches' ``errored`` results)."""
@@ -122,15 +121,6 @@ def error_status(error_type: Any) -> int:
 
 
 _PASS_THROUGH_OPTIONS = ("top_k", "metadata", "service_tier")
-
-
-def _usage(wire: Mapping[str, Any]) -> Usage:
-    return Usage(
-        input_tokens=int(wire.get("input_tokens") or 0),
-        output_tokens=int(wire.get("output_tokens") or 0),
-        cache_read_tokens=int(wire.get("cache_read_input_tokens") or 0),
-        cache_creation_tokens=int(wire.get("cache_creation_input_tokens") or 0),
-    )
 
 
 #: the fields of each known block type that its canonical block holds (the rest is "extra")
@@ -229,7 +219,6 @@ def anthropic_schema_ok(output: OutputSpec) -> bool:
     return True
 
 
-
 class MessagesStreamParser:
     """Turns Messages API stream events into deltas; also replays a non-streamed message.
 
@@ -309,8 +298,14 @@ class MessagesStreamParser:
         if not isinstance(usage, dict):
             return
         # Cumulative: a later value replaces an earlier one; nothing is added up.
-        self._wire_usage.update({k: v for k, v in usage.items() if isinstance(v, int)})
-        self.acc.usage = _usage(self._wire_usage)
+        wire = self._wire_usage
+        wire.update({k: v for k, v in usage.items() if isinstance(v, int)})
+        self.acc.usage = Usage(
+            input_tokens=wire.get("input_tokens", 0),
+            output_tokens=wire.get("output_tokens", 0),
+            cache_read_tokens=wire.get("cache_read_input_tokens", 0),
+            cache_creation_tokens=wire.get("cache_creation_input_tokens", 0),
+        )
 
     def _stop_reason(self, reason: Any, stop_sequence: Any) -> None:
         if not reason:
@@ -331,8 +326,8 @@ class MessagesStreamParser:
         if isinstance(details, dict) and isinstance(details.get("error_code"), str):
             etype = details["error_code"]
         message = str(error.get("message") or etype)
-        status = _ERROR_STATUS.get(str(error.get("type")), 500)
-        return error_for_status(status, message, provider="anthropic", error_type=etype)
+        return error_for_status(error_status(error.get("type")), message, provider="anthropic",
+                                error_type=etype)
 
     def _ended(self) -> None:
         """The message is complete. A tool call that is its last block when it stopped at

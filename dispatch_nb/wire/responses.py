@@ -230,23 +230,20 @@ def responses_input(
         parts: list[dict[str, Any]] = []
         for block in blocks:
             if isinstance(block, ToolResultBlock):
-                items.append(
-                    {
-                        "type": "function_call_output",
-                        "call_id": block.tool_use_id,
-                        "output": _tool_output(block),
-                    }
-                )
-            elif isinstance(block, TextBlock):
-                parts.append({"type": "input_text", "text": block.text})
-            elif isinstance(block, ImageBlock):
-                detail = (block.provider_data or {}).get("detail", "auto")
-                parts.append(
-                    {"type": "input_image", "image_url": block.as_data_url(), "detail": detail}
-                )
+                items.append({"type": "function_call_output", "call_id": block.tool_use_id,
+                              "output": _tool_output(block)})
+            elif isinstance(block, (TextBlock, ImageBlock)):
+                parts.append(_input_part(block))
         if parts:
             items.append({"type": "message", "role": "user", "content": parts})
     return items
+
+
+def _input_part(block: TextBlock | ImageBlock) -> dict[str, Any]:
+    if isinstance(block, ImageBlock):
+        detail = (block.provider_data or {}).get("detail", "auto")
+        return {"type": "input_image", "image_url": block.as_data_url(), "detail": detail}
+    return {"type": "input_text", "text": block.text}
 
 
 def _tool_output(block: ToolResultBlock) -> str | list[dict[str, Any]]:
@@ -254,16 +251,8 @@ def _tool_output(block: ToolResultBlock) -> str | list[dict[str, Any]]:
     ``input_text`` / ``input_image`` items."""
     if not block.images or isinstance(block.content, str):
         return tool_result_text(block)
-    items: list[dict[str, Any]] = []
-    if block.is_error:
-        items.append({"type": "input_text", "text": "Error:"})
-    for part in block.content:
-        if isinstance(part, ImageBlock):
-            detail = (part.provider_data or {}).get("detail", "auto")
-            items.append({"type": "input_image", "image_url": part.as_data_url(), "detail": detail})
-        elif part.text:
-            items.append({"type": "input_text", "text": part.text})
-    return items
+    items = [{"type": "input_text", "text": "Error:"}] if block.is_error else []
+    return items + [_input_part(p) for p in block.content if isinstance(p, ImageBlock) or p.text]
 
 
 def responses_tools(tools: Sequence[ToolDefinition | dict[str, Any]]) -> list[dict[str, Any]]:
