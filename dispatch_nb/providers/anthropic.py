@@ -8,7 +8,6 @@ and unknown blocks sent back verbatim, cumulative usage, stop reasons).
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -89,7 +88,7 @@ class AnthropicAdapter(HTTPAdapter):
     ) -> None:
         if not model:
             raise ValueError("AnthropicAdapter needs a model name, e.g. 'claude-sonnet-4-5'")
-        url = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        url = ANTHROPIC_ENV.base_url(base_url)
         if url.endswith("/v1"):
             url = url[: -len("/v1")]  # paths below already start with v1/
         extra = {"anthropic-version": anthropic_version}

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["EnvCredentials", "same_server"]
+__all__ = ["EnvCredentials"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -28,11 +28,6 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     except ValueError:
         port = None
     return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
-
-
-def same_server(a: str, b: str) -> bool:
-    """Whether two URLs name the same server (scheme, host and port)."""
-    return _origin(a) == _origin(b)
 
 
 @dataclass(frozen=True)
@@ -61,7 +56,7 @@ class EnvCredentials:
         if not key:
             return None, ""
         home = self.home(env)
-        if same_server(url, home):
+        if _origin(url) == _origin(home):  # the same server: scheme, host and port
             return key, ""
         where = (f"the server {self.url_env} names ({home})" if env.get(self.url_env, "").strip()
                  else f"{home} ({self.url_env} is not set)")
