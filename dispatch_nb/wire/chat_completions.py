@@ -142,28 +142,19 @@ def _user_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
 
 
 def _merge(out: list[dict[str, Any]], message: dict[str, Any]) -> None:
-    """Append ``message``, merging it into the previous one when both are user or assistant."""
+    """Append ``message``, merging it into the previous one when both are user or assistant:
+    string contents joined by a blank line, else one list of parts (empty text parts left out)."""
     prev = out[-1] if out else None
     role = message["role"]
     if prev is None or prev["role"] != role or role not in ("user", "assistant"):
         out.append(message)
         return
-    if role == "user":
-        a, b = prev["content"], message["content"]
-        if isinstance(a, str) and isinstance(b, str):
-            prev["content"] = f"{a}\n\n{b}" if a and b else a or b
-        else:
-            la = [{"type": "text", "text": a}] if isinstance(a, str) else a
-            lb = [{"type": "text", "text": b}] if isinstance(b, str) else b
-            prev["content"] = [p for p in (*la, *lb) if p.get("type") != "text" or p["text"]]
-        return
-    a_text, b_text = prev.get("content") or "", message.get("content") or ""
-    if isinstance(a_text, list) or isinstance(b_text, list):
-        la = [{"type": "text", "text": a_text}] if isinstance(a_text, str) and a_text else a_text
-        lb = [{"type": "text", "text": b_text}] if isinstance(b_text, str) and b_text else b_text
-        prev["content"] = [*(la or []), *(lb or [])]
+    a, b = prev["content"], message["content"]
+    if isinstance(a, str) and isinstance(b, str):
+        prev["content"] = f"{a}\n\n{b}" if a and b else a or b
     else:
-        prev["content"] = f"{a_text}\n\n{b_text}" if a_text and b_text else a_text or b_text
+        parts = [p for c in (a, b) for p in ([{"type": "text", "text": c}] if isinstance(c, str) else c)]
+        prev["content"] = [p for p in parts if p.get("type") != "text" or p.get("text")]
     calls = [*prev.get("tool_calls", []), *message.get("tool_calls", [])]
     if calls:
         prev["tool_calls"] = calls
