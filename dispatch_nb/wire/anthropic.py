@@ -155,13 +155,6 @@ def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
             block[name] = value
 
 
-def _extra_fields(block: Mapping[str, Any], btype: str) -> dict[str, Any]:
-    """A known block's other fields, empty ones left out (a stream starts a block with them
-    empty, e.g. ``"citations": null``, and fills them with deltas)."""
-    known = _KNOWN_FIELDS[btype]
-    return {k: v for k, v in block.items() if k not in known and v not in (None, "", [], {})}
-
-
 # -- Anthropic's JSON Schema dialect (output_config) --------------------------------------------
 _ANTHROPIC_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri",
                                 "ipv4", "ipv6", "uuid"})
@@ -357,8 +350,10 @@ class MessagesStreamParser:
         acc = self.acc
         btype = block.get("type")
         self._last_tool = index if btype == "tool_use" else None
-        if btype in _KNOWN_FIELDS:
-            self._extra[index] = _extra_fields(block, str(btype))
+        known = _KNOWN_FIELDS.get(str(btype))
+        if known is not None:  # its other fields, but empty ones (a stream fills them by deltas)
+            self._extra[index] = {k: v for k, v in block.items()
+                                  if k not in known and v not in (None, "", [], {})}
         if btype == "text":
             self._kinds[index] = "text"
             text = block.get("text") or ""

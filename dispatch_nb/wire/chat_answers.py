@@ -226,7 +226,8 @@ class ChatStreamParser:
             reason = choice.get("finish_reason")
             if reason:
                 self._reasons.add(reason)
-                out.extend(self._end_tools(cidx))
+                out.extend(acc.tool_end(key) for key, choice in self._tool_choice.items()
+                           if choice == cidx and acc.has_tool(key))
         return out
 
     def _reasoning_data(self, field: str) -> dict[str, Any]:
@@ -349,14 +350,6 @@ class ChatStreamParser:
                 out.append(acc.tool_delta(key, arguments))
             elif isinstance(arguments, dict):  # a few servers send parsed arguments
                 out.append(acc.tool_end(key, arguments=arguments))
-
-    def _end_tools(self, cidx: int) -> list[StreamDelta]:
-        acc = self.acc
-        return [
-            acc.tool_end(key)
-            for key, choice in self._tool_choice.items()
-            if choice == cidx and acc.has_tool(key)
-        ]
 
     def _finish(self) -> list[StreamDelta]:
         if self.finished:
