@@ -74,7 +74,6 @@ __all__ = [
     "OpenAIAdapter",
     "ResponsesAdapter",
     "connect_compatible",
-    "connect_official",
 ]
 
 Backend = Literal["official", "compatible"]
@@ -292,12 +291,6 @@ class CompatibleAdapter(OpenAIAdapter):
     provider_name = "compatible"
     display_name = "OpenAI-compatible server"
     _key_required = False
-
-
-def connect_official(model: str, **options: Any) -> OpenAIAdapter:
-    """The ``openai`` provider: ``OpenAIAdapter(model, **options)`` with the usual backend rules
-    (``backend=``, else ``OPENAI_BACKEND``, else ``official``)."""
-    return OpenAIAdapter(model, **options)
 
 
 def connect_compatible(model: str, **options: Any) -> OpenAIAdapter:
