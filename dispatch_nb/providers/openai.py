@@ -126,8 +126,6 @@ class OpenAIAdapter(HTTPAdapter):
     wire: ChatCompletionsWire | ResponsesWire
     provider_name = "openai"
     display_name = "OpenAI"
-    #: the official API refuses calls without a key: a compatible server may need none
-    _key_required = True
 
     def __new__(cls, *args: Any, backend: str | None = None, **kwargs: Any) -> OpenAIAdapter:
         if cls is OpenAIAdapter:
@@ -193,7 +191,7 @@ class OpenAIAdapter(HTTPAdapter):
             self.settings.key_for(self.base_url)
         if key:
             return {"authorization": f"Bearer {key}"}
-        if self._key_required:
+        if self.backend_mode == "official":  # a compatible server may need no key
             why = kept_back or (f"set {self.settings.key_env} (`%chat key {self.provider_name}` in a "
                                 "notebook) or pass api_key=")
             raise AuthenticationError(
@@ -290,7 +288,6 @@ class CompatibleAdapter(OpenAIAdapter):
     backend_mode: Backend = "compatible"
     provider_name = "compatible"
     display_name = "OpenAI-compatible server"
-    _key_required = False
 
 
 def connect_compatible(model: str, **options: Any) -> OpenAIAdapter:
