@@ -44,10 +44,6 @@ class EnvCredentials:
         env = os.environ if env is None else env
         return (explicit or env.get(self.url_env, "").strip() or self.default_url).rstrip("/")
 
-    def home(self, env: Mapping[str, str] | None = None) -> str:
-        """The server the environment's key belongs to."""
-        return self.base_url(None, env)
-
     def key_for(self, url: str, env: Mapping[str, str] | None = None) -> tuple[str | None, str]:
         """The environment's key when it belongs to ``url``'s server, and — when a key is set but
         kept back — why (naming the variables and servers, never the key)."""
@@ -55,7 +51,7 @@ class EnvCredentials:
         key = env.get(self.key_env, "").strip()
         if not key:
             return None, ""
-        home = self.home(env)
+        home = self.base_url(None, env)  # the server the key belongs to
         if _origin(url) == _origin(home):  # the same server: scheme, host and port
             return key, ""
         where = (f"the server {self.url_env} names ({home})" if env.get(self.url_env, "").strip()

@@ -65,7 +65,7 @@ from ..types import (
     Usage,
 )
 from .base import WireBase
-from .request import ChatRequest, OutputSpec, output_tool_choice
+from .request import ChatRequest, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
 __all__ = [
@@ -76,7 +76,6 @@ __all__ = [
     "MessagesStreamParser",
     "MessagesWire",
     "anthropic_schema",
-    "anthropic_schema_ok",
     "merge_delta",
     "prompt_fields",
     "wire_block",
@@ -201,15 +200,6 @@ def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = map_schema(copy.deepcopy(dict(schema)), clean)
     return out
-
-
-def anthropic_schema_ok(output: OutputSpec) -> bool:
-    """Whether :func:`anthropic_schema` takes ``output``'s schema (else ``tool`` mode is used)."""
-    try:
-        anthropic_schema(output.schema)
-    except ValueError:
-        return False
-    return True
 
 
 class MessagesStreamParser:
