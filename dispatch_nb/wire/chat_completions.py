@@ -361,13 +361,8 @@ class ChatQuirks:
 class ChatCompletionsWire(WireBase):
     """OpenAI chat.completions for one server: ``POST chat/completions``, its body, its parsers.
 
-    ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks`::
-
-        wire = ChatCompletionsWire("compatible")
-        wire.build_body(request, "llama3")                  # the JSON body
-        wire.stream_parser(acc).feed(event)                  # deltas
-        ChatCompletionsWire("copilot", ChatQuirks(echo_reasoning=True, reasoning_provider="copilot"))
-    """
+    ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks` (the module
+    docstring shows its use)."""
 
     provider: str
     quirks: ChatQuirks = ChatQuirks()
