@@ -703,8 +703,4 @@ class ResponsesWire(WireBase):
             )
         if body.get("error") and body.get("status") in (None, "failed"):
             raise openai_error(body["error"], provider=self.provider)
-        parser = ResponsesStreamParser(acc, provider=self.provider)
-        for index, item in enumerate(body.get("output") or []):
-            parser.item_done(item, {"output_index": index})
-        parser._items_seen = max(parser._items_seen, 1)
-        parser.finalize(body)
+        ResponsesStreamParser(acc, provider=self.provider).finalize(body)  # reads its output
