@@ -135,12 +135,6 @@ def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
     return {"id": block.id, "type": "function", "function": function}
 
 
-def _user_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    if all(p["type"] == "text" for p in parts):
-        return "\n\n".join(p["text"] for p in parts)
-    return parts
-
-
 def _merge(out: list[dict[str, Any]], message: dict[str, Any]) -> None:
     """Append ``message``, merging it into the previous one when both are user or assistant:
     string contents joined by a blank line, else one list of parts (empty text parts left out)."""
@@ -195,10 +189,11 @@ def chat_messages(
                     parts.append({"type": "text", "text": block.text})
                 elif isinstance(block, ImageBlock):
                     parts.append({"type": "image_url", "image_url": {"url": block.as_data_url()}})
-            if parts:
-                _merge(out, {"role": "user", "content": _user_content(parts)})
+            if parts:  # text-only content is a string (chat templates render lists verbatim)
+                text_only = all(p["type"] == "text" for p in parts)
+                content = "\n\n".join(p["text"] for p in parts) if text_only else parts
+                _merge(out, {"role": "user", "content": content})
             continue
-        texts: list[str] = []
         answer_parts: list[dict[str, Any]] = []  # the content as parts, if it came as parts
         as_parts = False
         calls: list[dict[str, Any]] = []
@@ -211,9 +206,7 @@ def chat_messages(
                 if isinstance(data.get("part"), dict):
                     as_parts = True
                     answer_parts.append(dict(data["part"]))
-                    continue
-                texts.append(block.text)
-                if block.text:
+                elif block.text:
                     answer_parts.append({"type": "text", "text": block.text})
             elif isinstance(block, ToolUseBlock):
                 calls.append(_tool_call(block))
@@ -231,8 +224,8 @@ def chat_messages(
                     reasoning.append(block.thinking)
                     if block.signature:
                         opaque = block.signature
-        content: str | list[dict[str, Any]] = answer_parts if as_parts else "".join(texts)
-        wire: dict[str, Any] = {"role": "assistant", "content": content}
+        wire: dict[str, Any] = {"role": "assistant", "content": answer_parts if as_parts else
+                                "".join(p["text"] for p in answer_parts)}
         if calls:
             wire["tool_calls"] = calls
         if reasoning or opaque:
@@ -242,16 +235,6 @@ def chat_messages(
         if wire["content"] or calls or opaque:
             _merge(out, wire)
     return out
-
-
-def _refuse_native(tool: Mapping[str, Any], provider: str) -> RequestError:
-    kind = tool.get("type", "?")
-    return RequestError(
-        f"the built-in tool {kind!r} only works with the OpenAI Responses API (backend="
-        f"'official'); a chat.completions server cannot run it. Remove it from tools= or use "
-        f"connect('openai:MODEL').",
-        provider=provider,
-    )
 
 
 def chat_tools(
@@ -269,7 +252,12 @@ def chat_tools(
         elif tool.get("type") == "function" and isinstance(tool.get("function"), dict):
             out.append(dict(tool))  # already in chat.completions shape
         else:
-            raise _refuse_native(tool, provider)
+            raise RequestError(
+                f"the built-in tool {tool.get('type', '?')!r} only works with the OpenAI Responses "
+                "API (backend='official'); a chat.completions server cannot run it. Remove it from "
+                "tools= or use connect('openai:MODEL').",
+                provider=provider,
+            )
     return out
 
 
