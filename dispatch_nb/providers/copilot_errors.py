@@ -67,12 +67,8 @@ def copilot_error(
     *,
     available: Sequence[str] = (),
 ) -> DispatchError:
-    """The :class:`DispatchError` for an HTTP error from the Copilot API (PROTOCOLS.md §3.6).
-
-    (A 401/403 that a new Copilot token may cure gets here only after
-    :class:`~dispatch_nb.auth.CopilotAuth` refreshed the token and resent once.)
-    ``available`` (model ids) decorates a "model not found" error.
-    """
+    """The :class:`DispatchError` for an HTTP error from the Copilot API (see the module
+    docstring); ``available`` (model ids) decorates a "model not found" error."""
     message, etype = error_details(body)
     request_id = headers.get("x-request-id") or headers.get("x-github-request-id")
     kw: dict[str, Any] = {
