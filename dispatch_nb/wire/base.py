@@ -122,15 +122,12 @@ class WireRequest:
 
 class WireBase:
     """What every wire format shares (each is a frozen dataclass built on this): the class-level
-    facts it sets, and its request, ``POST {path}`` with its body."""
+    facts it sets (described in :class:`WireFormat`), and its request, ``POST {path}`` with its
+    body."""
 
-    #: the format's name (the adapter's backend in logs)
     name: ClassVar[str]
-    #: where requests go, relative to the base URL
     path: ClassVar[str]
-    #: the per-call options the format understands
     options: ClassVar[frozenset[str]]
-    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
     output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
 
     def wire_request(
