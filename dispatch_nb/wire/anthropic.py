@@ -64,7 +64,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireBase
+from .base import WireBase, answer_object
 from .request import ChatRequest, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
@@ -541,12 +541,7 @@ class MessagesWire(WireBase):
         return MessagesStreamParser(acc)
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
-        if not isinstance(body, dict):
-            raise APIConnectionError(
-                f"Anthropic answered with something that is not a message: {str(body)[:200]!r}",
-                provider=self.provider,
-            )
-        MessagesStreamParser(acc).replay(body)
+        MessagesStreamParser(acc).replay(answer_object(body, self.provider))
 
 
 # -- canonical → wire ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from ..errors import APIConnectionError
 from ..sse import ServerSentEvent
 from ..types import StreamDelta
 from .request import requested_mode, unsupported_mode
@@ -26,7 +27,16 @@ if TYPE_CHECKING:
     from ..stream import Accumulator
     from .request import ChatRequest
 
-__all__ = ["StreamParser", "WireBase", "WireFormat", "WireRequest"]
+__all__ = ["StreamParser", "WireBase", "WireFormat", "WireRequest", "answer_object"]
+
+
+def answer_object(body: Any, provider: str) -> dict[str, Any]:
+    """A non-streamed answer, which every format sends as a JSON object (else the error)."""
+    if not isinstance(body, dict):
+        raise APIConnectionError(
+            f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
+        )
+    return body
 
 
 class StreamParser(Protocol):

@@ -16,6 +16,7 @@ from ..errors import APIConnectionError, DispatchError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
 from ..types import ModelInfo, StopReason, StreamDelta, TextBlock, Usage
+from .base import answer_object
 
 __all__ = [
     "ECHOED_REASONING_FIELD",
@@ -373,11 +374,7 @@ class ChatStreamParser:
     def parse_completion(self, body: Any) -> None:
         """Fill the accumulator from a non-streamed ``chat.completion`` body (every choice is
         read)."""
-        if not isinstance(body, dict):
-            raise APIConnectionError(
-                f"the server answered with an unexpected body: {str(body)[:200]!r}",
-                provider=self.provider,
-            )
+        body = answer_object(body, self.provider)
         chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
         choices = []
         for choice in body.get("choices") or []:

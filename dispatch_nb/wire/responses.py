@@ -69,7 +69,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireBase
+from .base import WireBase, answer_object
 from .chat_completions import (
     chat_usage,
     openai_error,
@@ -696,11 +696,7 @@ class ResponsesWire(WireBase):
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
         """Fill ``acc`` from a non-streamed Response object."""
-        if not isinstance(body, dict):
-            raise APIConnectionError(
-                f"the server answered with an unexpected body: {str(body)[:200]!r}",
-                provider=self.provider,
-            )
+        body = answer_object(body, self.provider)
         if body.get("error") and body.get("status") in (None, "failed"):
             raise openai_error(body["error"], provider=self.provider)
         ResponsesStreamParser(acc, provider=self.provider).finalize(body)  # reads its output
