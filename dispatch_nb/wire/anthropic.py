@@ -23,9 +23,9 @@ Wire rules this module owns (PROTOCOLS.md §6):
   :class:`~dispatch_nb.types.TextBlock` with the raw block in ``provider_data["anthropic"]["block"]``;
   it is sent back verbatim, so ``pause_turn`` continuations and compacted conversations work.
   Streamed, such a block is filled by its own delta events, merged generically
-  (:func:`merge_delta`), so it ends as the non-streamed answer shows it. Fields of known blocks the
-  canonical blocks have no place for (``citations``…) are kept in ``provider_data["anthropic"]
-  ["extra"]``; ``citations`` go back with their text. An outgoing block with
+  (:func:`~dispatch_nb.wire.base.merge_delta`), so it ends as the non-streamed answer shows it.
+  Fields of known blocks the canonical blocks have no place for (``citations``…) are kept in
+  ``provider_data["anthropic"]["extra"]``; ``citations`` go back with their text. An outgoing block with
   ``provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}}`` is a prompt-cache
   breakpoint.
 * Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
@@ -64,7 +64,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireBase, answer_object
+from .base import WireBase, answer_object, merge_delta
 from .request import ChatRequest, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
@@ -76,7 +76,6 @@ __all__ = [
     "MessagesStreamParser",
     "MessagesWire",
     "anthropic_schema",
-    "merge_delta",
     "prompt_fields",
     "wire_block",
     "wire_messages",
@@ -132,28 +131,6 @@ _KNOWN_FIELDS: dict[str, frozenset[str]] = {
 _SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
 
 
-def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
-    """Merge a ``*_delta`` this module has no rule for into its block, the way such streams build
-    the block (e.g. ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
-    ``content``): a string is appended to the field of the same name, a list field receives the
-    value (or its items), a dict field is updated, anything else is set."""
-    for name, value in delta.items():
-        if name == "type":
-            continue
-        current = block.get(name)
-        if isinstance(value, str) and (current is None or isinstance(current, str)):
-            block[name] = (current or "") + value
-        elif isinstance(current, list):
-            if isinstance(value, list):
-                current.extend(value)
-            else:
-                current.append(value)
-        elif isinstance(current, dict) and isinstance(value, dict):
-            current.update(value)
-        else:
-            block[name] = value
-
-
 # -- Anthropic's JSON Schema dialect (output_config) --------------------------------------------
 _ANTHROPIC_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri",
                                 "ipv4", "ipv6", "uuid"})
@@ -207,9 +184,10 @@ class MessagesStreamParser:
 
     Every block ends as the non-streamed answer shows it: known deltas are applied explicitly
     (``text_delta``, ``thinking_delta``, ``signature_delta``, ``input_json_delta``,
-    ``citations_delta``), any other ``*_delta`` is merged into its block by :func:`merge_delta`.
-    Fields of a known block that its canonical block has no place for (``citations``, fields added
-    later) are kept in ``provider_data["anthropic"]["extra"]``."""
+    ``citations_delta``), any other ``*_delta`` is merged into its block by
+    :func:`~dispatch_nb.wire.base.merge_delta`. Fields of a known block that its canonical block
+    has no place for (``citations``, fields added later) are kept in
+    ``provider_data["anthropic"]["extra"]``."""
 
     __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_wire_usage", "acc", "complete")
 

@@ -13,7 +13,7 @@ model) never has to remember, between building a request and reading its answer,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from ..stream import Accumulator
     from .request import ChatRequest
 
-__all__ = ["StreamParser", "WireBase", "WireFormat", "WireRequest", "answer_object"]
+__all__ = [
+    "StreamParser", "WireBase", "WireFormat", "WireRequest", "answer_object", "merge_delta",
+]
 
 
 def answer_object(body: Any, provider: str) -> dict[str, Any]:
@@ -37,6 +39,29 @@ def answer_object(body: Any, provider: str) -> dict[str, Any]:
             f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
         )
     return body
+
+
+def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
+    """Merge a streamed piece of a block no rule covers into the block, the way such streams build
+    it (Anthropic's ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
+    ``content``; chat.completions content parts of unknown types come in pieces): a string is
+    appended to the field of the same name, a list field receives the value (or its items), a
+    dict field is updated, anything else is set."""
+    for name, value in delta.items():
+        if name == "type":
+            continue
+        current = block.get(name)
+        if isinstance(value, str) and (current is None or isinstance(current, str)):
+            block[name] = (current or "") + value
+        elif isinstance(current, list):
+            if isinstance(value, list):
+                current.extend(value)
+            else:
+                current.append(value)
+        elif isinstance(current, dict) and isinstance(value, dict):
+            current.update(value)
+        else:
+            block[name] = value
 
 
 class StreamParser(Protocol):

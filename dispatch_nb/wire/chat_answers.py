@@ -16,7 +16,7 @@ from ..errors import APIConnectionError, DispatchError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
 from ..types import ModelInfo, StopReason, StreamDelta, TextBlock, Usage
-from .base import answer_object
+from .base import answer_object, merge_delta
 
 __all__ = [
     "ECHOED_REASONING_FIELD",
@@ -117,22 +117,6 @@ THINKING_PART_KEY = ("part", "thinking")
 def _part_block(part: dict[str, Any]) -> TextBlock:
     """A content part this module has no type for, kept verbatim (and sent back as it came)."""
     return TextBlock(text="", provider_data={PROVIDER_DATA_KEY: {"part": part}})
-
-
-def _merged_part(first: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
-    """Two streamed pieces of one content part as one: strings appended, lists extended."""
-    out = dict(first)
-    for name, value in more.items():
-        current = out.get(name)
-        if name == "type":
-            continue
-        if isinstance(value, str) and isinstance(current, str):
-            out[name] = current + value
-        elif isinstance(value, list) and isinstance(current, list):
-            out[name] = [*current, *value]
-        else:
-            out[name] = value
-    return out
 
 
 class ChatStreamParser:
@@ -310,7 +294,8 @@ class ChatStreamParser:
             return
         open_part = self._open_part
         if open_part is not None and open_part[1].get("type") == ptype:
-            merged = _merged_part(open_part[1], part)
+            merged = dict(open_part[1])
+            merge_delta(merged, part)
             acc.set_block(open_part[0], _part_block(merged))
             self._open_part = (open_part[0], merged)
             return
