@@ -67,7 +67,6 @@ from ..types import (
     ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
-    Usage,
 )
 from .base import WireBase, answer_object
 from .chat_completions import (
@@ -91,7 +90,6 @@ __all__ = [
     "responses_input",
     "responses_text_format",
     "responses_tools",
-    "responses_usage",
 ]
 
 #: the key of this wire format's entry in a block's ``provider_data``
@@ -308,12 +306,6 @@ def _output_tool(request: ChatRequest) -> dict[str, Any]:
 
 
 # -- responses -------------------------------------------------------------------------------------
-def responses_usage(usage: Mapping[str, Any]) -> Usage:
-    """Responses usage → :class:`Usage` (cached input tokens → ``cache_read_tokens``, excluded
-    from ``input_tokens``)."""
-    return chat_usage(usage, "input_tokens", "output_tokens")
-
-
 @functools.lru_cache(maxsize=64)
 def _output_key(index: int) -> str:
     """The block key of an ``output_index`` (one string per index: keys compare by identity)."""
@@ -546,7 +538,7 @@ class ResponsesStreamParser:
         self._keep_paired_ids()
         usage = response.get("usage")
         if usage:
-            acc.usage = responses_usage(usage)
+            acc.usage = chat_usage(usage, "input_tokens", "output_tokens")
         if response.get("status") == "failed":
             raise openai_error(response.get("error"), provider=self.provider)
         stop: StopReason

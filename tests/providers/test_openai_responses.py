@@ -23,7 +23,8 @@ from dispatch_nb import (
     ToolUseBlock,
 )
 from dispatch_nb.providers.openai import OpenAIAdapter
-from dispatch_nb.wire.responses import is_reasoning_model, responses_usage
+from dispatch_nb.wire.chat_completions import chat_usage
+from dispatch_nb.wire.responses import is_reasoning_model
 
 from ..fakes.openai_responses import (
     CODE_INTERPRETER_CALL,
@@ -272,8 +273,9 @@ def test_usage_with_cached_tokens(fake: OpenAIResponsesFake) -> None:
     fake.push(Turn(text="x", input_tokens=100, cache_read_tokens=900, output_tokens=12))
     usage = gpt(fake).chat("x", stream=True).usage
     assert (usage.input_tokens, usage.cache_read_tokens, usage.output_tokens) == (100, 900, 12)
-    assert responses_usage({"input_tokens": 50, "output_tokens": 1, "input_tokens_details":
-                            {"cached_tokens": 20, "cache_write_tokens": 10}}).input_tokens == 20
+    assert chat_usage({"input_tokens": 50, "output_tokens": 1, "input_tokens_details":
+                       {"cached_tokens": 20, "cache_write_tokens": 10}},
+                      "input_tokens", "output_tokens").input_tokens == 20
 
 
 @pytest.mark.parametrize("style", ["error", "failed"])
