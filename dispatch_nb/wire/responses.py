@@ -452,9 +452,7 @@ class ResponsesStreamParser:
     def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
         key = self._item_key(item, data)
         self._place(key, item, data)
-        if item.get("type") != "function_call":
-            return []
-        return self._start_call(key, item)
+        return self._start_call(key, item) if item.get("type") == "function_call" else []
 
     def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
         acc = self.acc
@@ -484,7 +482,6 @@ class ResponsesStreamParser:
         index = self._place(key, item, data)
         out: list[StreamDelta] = []
         if kind == "message":
-            our: dict[str, Any] = {"phase": item["phase"]} if item.get("phase") else {}
             if item_id:
                 self._paired.append((index, "message", key, item_id, item.get("phase")))
             texts: list[str] = []
@@ -497,8 +494,8 @@ class ResponsesStreamParser:
                         texts.append(part["refusal"])
             if texts and not acc.replace_text(key, "".join(texts)):  # nothing streamed
                 out.extend(acc.text(text, key=key) for text in texts)
-            if our:
-                acc.text_provider_data({PROVIDER_DATA_KEY: our}, key=key)
+            if item.get("phase"):
+                acc.text_provider_data({PROVIDER_DATA_KEY: {"phase": item["phase"]}}, key=key)
         elif kind == "reasoning":
             texts = [s.get("text", "") for s in item.get("summary") or []]
             texts += [c.get("text", "") for c in item.get("content") or []]
