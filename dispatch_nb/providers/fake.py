@@ -1,11 +1,7 @@
 """``fake``: an adapter for dispatch_nb's own canonical wire protocol, for tests and demos.
 
-The protocol is the canonical types on the wire (its requests, events and errors are described in
-:mod:`dispatch_nb.wire.canonical`), so a test server for it is a few lines, and the adapter
-exercises the whole shared HTTP machinery (SSE, errors, retries, deadlines, cancellation).
-
 ``connect("fake:echo", base_url=...)``; ``base_url`` defaults to ``DISPATCH_NB_FAKE_URL``. The
-protocol itself is :mod:`dispatch_nb.wire.canonical` (its
+protocol (and why it exercises the whole HTTP machinery) is :mod:`dispatch_nb.wire.canonical` (its
 :class:`~dispatch_nb.wire.canonical.CanonicalWire`); this module is the provider: endpoint, optional
 key, model list.
 """
