@@ -176,13 +176,10 @@ def find_entry(entries: Iterable[dict[str, Any]], model: str) -> dict[str, Any] 
 
 def picker_models(entries: Sequence[Mapping[str, Any]]) -> list[ModelInfo]:
     """The models the editors' pickers show, once each, in list order."""
-    seen: set[str] = set()
-    out: list[ModelInfo] = []
+    out: dict[str, ModelInfo] = {}
     for entry in entries:
-        if not is_picker_model(entry) or entry["id"] in seen:
-            continue
-        info = copilot_model_info(entry)
-        if info is not None:
-            seen.add(info.id)
-            out.append(info)
-    return out
+        if is_picker_model(entry) and entry["id"] not in out:
+            info = copilot_model_info(entry)
+            if info is not None:
+                out[info.id] = info
+    return list(out.values())
