@@ -211,8 +211,8 @@ class ChatStreamParser:
             reason = choice.get("finish_reason")
             if reason:
                 self._reasons.add(reason)
-                out.extend(acc.tool_end(key) for key, choice in self._tool_choice.items()
-                           if choice == cidx and acc.has_tool(key))
+                out.extend(acc.tool_end(key) for key, index in self._tool_choice.items()
+                           if index == cidx and acc.has_tool(key))
         return out
 
     def _reasoning_data(self, field: str) -> dict[str, Any]:
