@@ -208,7 +208,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         premium_multiplier=True, default_rank=0, price_provider="github-copilot",
     ),
     ProviderDescriptor(
-        "openai", "dispatch_nb.providers.openai:connect_official", display_name="OpenAI",
+        "openai", "dispatch_nb.providers.openai:OpenAIAdapter", display_name="OpenAI",
         key_env="OPENAI_API_KEY", default_model="gpt-4.1", default_max_tokens=4096,
         default_rank=10, base_url_env="OPENAI_BASE_URL", price_provider="openai",
     ),

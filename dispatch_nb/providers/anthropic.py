@@ -8,7 +8,6 @@ and unknown blocks sent back verbatim, cumulative usage, stop reasons).
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,11 +32,10 @@ from ..wire.anthropic import (
     MessagesQuirks,
     MessagesWire,
     anthropic_schema,
-    anthropic_schema_ok,
     prompt_fields,
     wire_messages,
 )
-from ..wire.request import requested_mode, unsupported_mode
+from ..wire.request import requested_mode
 from .credentials import EnvCredentials
 
 if TYPE_CHECKING:
@@ -89,7 +87,7 @@ class AnthropicAdapter(HTTPAdapter):
     ) -> None:
         if not model:
             raise ValueError("AnthropicAdapter needs a model name, e.g. 'claude-sonnet-4-5'")
-        url = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        url = ANTHROPIC_ENV.base_url(base_url)
         if url.endswith("/v1"):
             url = url[: -len("/v1")]  # paths below already start with v1/
         extra = {"anthropic-version": anthropic_version}
@@ -154,23 +152,20 @@ class AnthropicAdapter(HTTPAdapter):
         ``tool_choice`` (``auto`` plus an instruction when thinking is on: a forced tool is not
         allowed with thinking). ``structured_output=`` / ``StructuredOutput(mode=...)`` choose
         ``native``, ``tool`` or ``prompt`` instead."""
-        output = request.output
-        if output is None:
-            return None
-        mode = requested_mode(self, request)
-        if mode == "auto":
-            native = supports_output_config(self._model) and anthropic_schema_ok(output)
-            return "output_config" if native else "tool"
-        if mode == "native":
-            try:
-                anthropic_schema(output.schema)
-            except ValueError as exc:
-                raise ValueError(f"{exc}: use structured_output='tool' (or mode='tool'), or "
-                                 "simplify the schema") from None
-            return "output_config"
-        if mode in ("tool", "prompt"):
-            return mode
-        raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+        chosen = self.wire.output_mode_for(self, request)
+        if chosen != "output_config":
+            return chosen
+        auto = requested_mode(self, request) == "auto"
+        if auto and not supports_output_config(self._model):
+            return "tool"
+        try:
+            anthropic_schema(request.output.schema)
+        except ValueError as exc:
+            if auto:
+                return "tool"
+            raise ValueError(f"{exc}: use structured_output='tool' (or mode='tool'), or "
+                             "simplify the schema") from None
+        return "output_config"
 
     def build_request(self, request: ChatRequest) -> WireRequest:
         """The Messages request (:attr:`wire`), with the ``anthropic-beta`` header."""

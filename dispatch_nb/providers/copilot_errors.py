@@ -35,11 +35,6 @@ __all__ = ["PLANS_URL", "copilot_error"]
 PROVIDER = "copilot"
 #: where more premium requests are bought (named in quota errors)
 PLANS_URL = "https://github.com/features/copilot/plans"
-_PLANS_URL = PLANS_URL
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -72,15 +67,9 @@ def copilot_error(
     *,
     available: Sequence[str] = (),
 ) -> DispatchError:
-    """The :class:`DispatchError` for an HTTP error from the Copilot API (PROTOCOLS.md §3.6).
-
-    (A 401/403 that a new Copilot token may cure gets here only after
-    :class:`~dispatch_nb.auth.CopilotAuth` refreshed the token and resent once.)
-    ``available`` (model ids) decorates a "model not found" error.
-    """
+    """The :class:`DispatchError` for an HTTP error from the Copilot API (see the module
+    docstring); ``available`` (model ids) decorates a "model not found" error."""
     message, etype = error_details(body)
-    data = _json_object(body)
-    inner = _dict(data.get("error")) or data
     request_id = headers.get("x-request-id") or headers.get("x-github-request-id")
     kw: dict[str, Any] = {
         "status_code": status,
@@ -90,6 +79,8 @@ def copilot_error(
     }
     retry_after = parse_retry_after(headers)
     if status in (401, 403):
+        data = _json_object(body)
+        inner = data["error"] if isinstance(data.get("error"), dict) else data
         authorize_url = inner.get("authorize_url") or data.get("authorize_url")
         if isinstance(authorize_url, str) and authorize_url:
             return AuthenticationError(
@@ -108,7 +99,7 @@ def copilot_error(
         text += f"; the quota resets {_when(retry_after)}." if retry_after else "."
         text += (
             f" GitHub says: {message}. Models with a premium multiplier of 0 (see "
-            f"list_models()) keep working; more requests: {_PLANS_URL}."
+            f"list_models()) keep working; more requests: {PLANS_URL}."
         )
         return RateLimitError(
             text, retry_after=retry_after, code="quota_exceeded", retryable=False, **kw

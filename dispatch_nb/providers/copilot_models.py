@@ -44,8 +44,6 @@ FALLBACK_CONTEXT_TOKENS: tuple[tuple[str, int], ...] = (
 
 #: where a model is spoken to, relative to the Copilot API
 Route = Literal["chat/completions", "responses"]
-_CHAT_PATH: Route = "chat/completions"
-_RESPONSES_PATH: Route = "responses"
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -136,15 +134,15 @@ def copilot_endpoint(entry: Mapping[str, Any] | None, model: str) -> Route:
     ``/responses`` but not ``/chat/completions`` (VS Code's rule), else ``chat/completions``.
     Without an entry (the model list is unavailable) Codex models go to ``responses``."""
     if entry is None:
-        return _RESPONSES_PATH if "codex" in model.lower() else _CHAT_PATH
+        return "responses" if "codex" in model.lower() else "chat/completions"
     endpoints = entry.get("supported_endpoints")
     if (
         isinstance(endpoints, list)
         and "/chat/completions" not in endpoints
         and "/responses" in endpoints
     ):
-        return _RESPONSES_PATH
-    return _CHAT_PATH
+        return "responses"
+    return "chat/completions"
 
 
 def fallback_context_tokens(model: str) -> int | None:
@@ -178,13 +176,10 @@ def find_entry(entries: Iterable[dict[str, Any]], model: str) -> dict[str, Any] 
 
 def picker_models(entries: Sequence[Mapping[str, Any]]) -> list[ModelInfo]:
     """The models the editors' pickers show, once each, in list order."""
-    seen: set[str] = set()
-    out: list[ModelInfo] = []
+    out: dict[str, ModelInfo] = {}
     for entry in entries:
-        if not is_picker_model(entry) or entry["id"] in seen:
-            continue
-        info = copilot_model_info(entry)
-        if info is not None:
-            seen.add(info.id)
-            out.append(info)
-    return out
+        if is_picker_model(entry) and entry["id"] not in out:
+            info = copilot_model_info(entry)
+            if info is not None:
+                out[info.id] = info
+    return list(out.values())

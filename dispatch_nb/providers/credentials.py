@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["EnvCredentials", "same_server"]
+__all__ = ["EnvCredentials"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -28,11 +28,6 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     except ValueError:
         port = None
     return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
-
-
-def same_server(a: str, b: str) -> bool:
-    """Whether two URLs name the same server (scheme, host and port)."""
-    return _origin(a) == _origin(b)
 
 
 @dataclass(frozen=True)
@@ -49,10 +44,6 @@ class EnvCredentials:
         env = os.environ if env is None else env
         return (explicit or env.get(self.url_env, "").strip() or self.default_url).rstrip("/")
 
-    def home(self, env: Mapping[str, str] | None = None) -> str:
-        """The server the environment's key belongs to."""
-        return self.base_url(None, env)
-
     def key_for(self, url: str, env: Mapping[str, str] | None = None) -> tuple[str | None, str]:
         """The environment's key when it belongs to ``url``'s server, and — when a key is set but
         kept back — why (naming the variables and servers, never the key)."""
@@ -60,8 +51,8 @@ class EnvCredentials:
         key = env.get(self.key_env, "").strip()
         if not key:
             return None, ""
-        home = self.home(env)
-        if same_server(url, home):
+        home = self.base_url(None, env)  # the server the key belongs to
+        if _origin(url) == _origin(home):  # the same server: scheme, host and port
             return key, ""
         where = (f"the server {self.url_env} names ({home})" if env.get(self.url_env, "").strip()
                  else f"{home} ({self.url_env} is not set)")

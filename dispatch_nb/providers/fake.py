@@ -1,11 +1,7 @@
 """``fake``: an adapter for dispatch_nb's own canonical wire protocol, for tests and demos.
 
-The protocol is the canonical types on the wire (its requests, events and errors are described in
-:mod:`dispatch_nb.wire.canonical`), so a test server for it is a few lines, and the adapter
-exercises the whole shared HTTP machinery (SSE, errors, retries, deadlines, cancellation).
-
 ``connect("fake:echo", base_url=...)``; ``base_url`` defaults to ``DISPATCH_NB_FAKE_URL``. The
-protocol itself is :mod:`dispatch_nb.wire.canonical` (its
+protocol (and why it exercises the whole HTTP machinery) is :mod:`dispatch_nb.wire.canonical` (its
 :class:`~dispatch_nb.wire.canonical.CanonicalWire`); this module is the provider: endpoint, optional
 key, model list.
 """
@@ -21,7 +17,6 @@ from ..errors import RequestError
 from ..http_adapter import HTTPAdapter
 from ..types import ModelInfo
 from ..wire.canonical import CANONICAL_OPTIONS, CanonicalWire
-from ..wire.request import requested_mode, unsupported_mode
 
 __all__ = ["CanonicalAdapter"]
 
@@ -64,14 +59,7 @@ class CanonicalAdapter(HTTPAdapter):
     def output_mode(self, request: ChatRequest) -> str | None:
         """Structured output: ``canonical`` (the body's ``output``: name, description, schema),
         ``tool`` or ``prompt``."""
-        if request.output is None:
-            return None
-        mode = requested_mode(self, request)
-        if mode in ("auto", "native"):
-            return self.wire.native_output
-        if mode in ("tool", "prompt"):
-            return mode
-        raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+        return self.wire.output_mode_for(self, request)
 
     def list_models(self) -> list[ModelInfo]:
         data = self.get_json("models")

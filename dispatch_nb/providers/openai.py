@@ -59,7 +59,6 @@ from ..http_adapter import HTTPAdapter
 from ..types import ModelInfo
 from ..wire.base import WireRequest
 from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire, parse_model_list
-from ..wire.request import requested_mode, unsupported_mode
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .credentials import EnvCredentials
 
@@ -67,7 +66,6 @@ if TYPE_CHECKING:
     from .batch_api import OpenAIBatchAPI
 
 __all__ = [
-    "BACKENDS",
     "COMPATIBLE_ENV",
     "DEFAULT_COMPATIBLE_URL",
     "DEFAULT_OFFICIAL_URL",
@@ -76,11 +74,9 @@ __all__ = [
     "OpenAIAdapter",
     "ResponsesAdapter",
     "connect_compatible",
-    "connect_official",
 ]
 
 Backend = Literal["official", "compatible"]
-BACKENDS: tuple[str, ...] = ("official", "compatible")
 DEFAULT_OFFICIAL_URL = "https://api.openai.com/v1"
 DEFAULT_COMPATIBLE_URL = "http://127.0.0.1:8080/v1"
 #: OpenAI's variables: its key is for ``OPENAI_BASE_URL``, else api.openai.com
@@ -125,9 +121,11 @@ class OpenAIAdapter(HTTPAdapter):
 
     provider_options: frozenset[str] = frozenset(CHAT_OPTIONS | RESPONSES_OPTIONS)
     #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
-    backend_mode: Backend
+    backend_mode: Backend = "official"
     #: the wire format, fixed when the adapter is made
     wire: ChatCompletionsWire | ResponsesWire
+    provider_name = "openai"
+    display_name = "OpenAI"
 
     def __new__(cls, *args: Any, backend: str | None = None, **kwargs: Any) -> OpenAIAdapter:
         if cls is OpenAIAdapter:
@@ -150,9 +148,16 @@ class OpenAIAdapter(HTTPAdapter):
     ) -> None:
         if not model or not isinstance(model, str):
             raise ValueError("model must be a non-empty string, e.g. 'gpt-4.1'")
-        mode = self._check_backend(backend)
-        settings = self._settings(backend)
-        default_url = DEFAULT_OFFICIAL_URL if mode == "official" else DEFAULT_COMPATIBLE_URL
+        if backend is not None and _resolve_backend(backend) != self.backend_mode:
+            raise ValueError(
+                f"backend={backend!r} contradicts {type(self).__name__} (backend "
+                f"{self.backend_mode!r}): use OpenAIAdapter(..., backend=...) to choose"
+            )
+        official = self.backend_mode == "official"
+        # with OPENAI_BACKEND=compatible (and no backend=) the OPENAI_* pair names the server
+        chosen_by_env = backend is None and os.environ.get("OPENAI_BACKEND", "").strip()
+        settings = OPENAI_ENV if official or chosen_by_env else COMPATIBLE_ENV
+        default_url = DEFAULT_OFFICIAL_URL if official else DEFAULT_COMPATIBLE_URL
         url = base_url or os.environ.get(settings.url_env, "").strip() or default_url
         super().__init__(base_url=url, model=model, headers=headers,
                          async_http_client=async_http_client, max_tokens=max_tokens,
@@ -160,8 +165,9 @@ class OpenAIAdapter(HTTPAdapter):
         self._api_key = api_key  # else the environment's key, read at call time
         #: the environment variables its server and key come from
         self.settings = settings
-        self.backend_mode = mode
-        self.wire = self._make_wire()
+        self.wire = (
+            ResponsesWire(self.provider_name) if official else ChatCompletionsWire(self.provider_name)
+        )
         #: what this adapter learnt about its server (a chat.completions server that refuses
         #: ``json_schema``): the wire format to build requests with from then on
         self._learnt: ChatCompletionsWire | None = None
@@ -171,27 +177,6 @@ class OpenAIAdapter(HTTPAdapter):
         #: how ``output=`` is asked for: ``auto``, ``native``, ``tool``, ``json_object``
         #: (compatible only) or ``prompt`` (see :meth:`output_mode`)
         self.structured_output = structured_output
-
-    # -- what a subclass fixes -------------------------------------------------------------------
-    _backend: Backend = "official"
-    provider_name = "openai"
-    display_name = "OpenAI"
-    #: the official API refuses calls without a key: a compatible server may need none
-    _key_required = True
-
-    def _check_backend(self, backend: str | None) -> Backend:
-        if backend is not None and _resolve_backend(backend) != self._backend:
-            raise ValueError(
-                f"backend={backend!r} contradicts {type(self).__name__} (backend "
-                f"{self._backend!r}): use OpenAIAdapter(..., backend=...) to choose"
-            )
-        return self._backend
-
-    def _settings(self, backend: str | None) -> EnvCredentials:
-        return OPENAI_ENV
-
-    def _make_wire(self) -> ChatCompletionsWire | ResponsesWire:
-        raise NotImplementedError
 
     # -- identity --------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -206,7 +191,7 @@ class OpenAIAdapter(HTTPAdapter):
             self.settings.key_for(self.base_url)
         if key:
             return {"authorization": f"Bearer {key}"}
-        if self._key_required:
+        if self.backend_mode == "official":  # a compatible server may need no key
             why = kept_back or (f"set {self.settings.key_env} (`%chat key {self.provider_name}` in a "
                                 "notebook) or pass api_key=")
             raise AuthenticationError(
@@ -235,7 +220,7 @@ class OpenAIAdapter(HTTPAdapter):
         wire = self._current_wire()
         _sent_with.set(wire)
         return wire.wire_request(request, self.model_name,
-                                 output_mode=self._output_mode(wire, request))
+                                 output_mode=wire.output_mode_for(self, request))
 
     def output_mode(self, request: ChatRequest) -> str | None:
         """Structured output on the wire: ``auto`` / ``native`` is the wire format's own
@@ -244,19 +229,7 @@ class OpenAIAdapter(HTTPAdapter):
         ``json_object`` (the schema in ``{"type": "json_object", "schema": ...}``, what
         llama-cpp-python's server takes — chosen by itself after a server rejects ``json_schema``,
         with a warning); else ``tool`` or ``prompt`` (and ``json_object`` on chat.completions)."""
-        return self._output_mode(self._current_wire(), request)
-
-    def _output_mode(
-        self, wire: ChatCompletionsWire | ResponsesWire, request: ChatRequest
-    ) -> str | None:
-        if request.output is None:
-            return None
-        mode = requested_mode(self, request)
-        if mode in ("auto", "native"):
-            return wire.native_output
-        if mode in wire.output_modes:
-            return mode
-        raise unsupported_mode(self, mode, ("auto", "native", *wire.output_modes))
+        return self._current_wire().output_mode_for(self, request)
 
     def batch_api(self) -> OpenAIBatchAPI | None:
         """OpenAI's Batch API (``batch(..., deferred=True)``): the official API has one; a
@@ -305,11 +278,6 @@ class ResponsesAdapter(OpenAIAdapter):
     """OpenAI's Responses API (``POST /responses``): ``OpenAIAdapter(model)`` with the official
     backend. Its server and key: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``."""
 
-    _backend: Backend = "official"
-
-    def _make_wire(self) -> ResponsesWire:
-        return ResponsesWire(self.provider_name)
-
 
 class CompatibleAdapter(OpenAIAdapter):
     """A chat.completions server (llama.cpp, vLLM, Ollama, LM Studio): ``OpenAIAdapter(model,
@@ -317,23 +285,9 @@ class CompatibleAdapter(OpenAIAdapter):
     ``DISPATCH_NB_COMPATIBLE_BASE_URL`` / ``DISPATCH_NB_COMPATIBLE_API_KEY`` (``OPENAI_*`` when
     ``OPENAI_BACKEND=compatible`` chose it); a key is optional."""
 
-    _backend: Backend = "compatible"
+    backend_mode: Backend = "compatible"
     provider_name = "compatible"
     display_name = "OpenAI-compatible server"
-    _key_required = False
-
-    def _settings(self, backend: str | None) -> EnvCredentials:
-        chosen_by_env = backend is None and os.environ.get("OPENAI_BACKEND", "").strip()
-        return OPENAI_ENV if chosen_by_env else COMPATIBLE_ENV
-
-    def _make_wire(self) -> ChatCompletionsWire:
-        return ChatCompletionsWire(self.provider_name)
-
-
-def connect_official(model: str, **options: Any) -> OpenAIAdapter:
-    """The ``openai`` provider: ``OpenAIAdapter(model, **options)`` with the usual backend rules
-    (``backend=``, else ``OPENAI_BACKEND``, else ``official``)."""
-    return OpenAIAdapter(model, **options)
 
 
 def connect_compatible(model: str, **options: Any) -> OpenAIAdapter:

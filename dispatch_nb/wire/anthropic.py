@@ -23,9 +23,9 @@ Wire rules this module owns (PROTOCOLS.md §6):
   :class:`~dispatch_nb.types.TextBlock` with the raw block in ``provider_data["anthropic"]["block"]``;
   it is sent back verbatim, so ``pause_turn`` continuations and compacted conversations work.
   Streamed, such a block is filled by its own delta events, merged generically
-  (:func:`merge_delta`), so it ends as the non-streamed answer shows it. Fields of known blocks the
-  canonical blocks have no place for (``citations``…) are kept in ``provider_data["anthropic"]
-  ["extra"]``; ``citations`` go back with their text. An outgoing block with
+  (:func:`~dispatch_nb.wire.base.merge_delta`), so it ends as the non-streamed answer shows it.
+  Fields of known blocks the canonical blocks have no place for (``citations``…) are kept in
+  ``provider_data["anthropic"]["extra"]``; ``citations`` go back with their text. An outgoing block with
   ``provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}}`` is a prompt-cache
   breakpoint.
 * Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
@@ -64,8 +64,8 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireBase
-from .request import ChatRequest, OutputSpec, output_tool_choice
+from .base import WireBase, answer_object, merge_delta
+from .request import ChatRequest, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
 __all__ = [
@@ -76,8 +76,6 @@ __all__ = [
     "MessagesStreamParser",
     "MessagesWire",
     "anthropic_schema",
-    "anthropic_schema_ok",
-    "merge_delta",
     "prompt_fields",
     "wire_block",
     "wire_messages",
@@ -114,7 +112,6 @@ _ERROR_STATUS: dict[str, int] = {
 }
 
 
-
 def error_status(error_type: Any) -> int:
     """The HTTP status an Anthropic error type stands for (500 when unknown): for errors that
     arrive without one (in-stream ``error`` events, Message Batches' ``errored`` results)."""
@@ -122,15 +119,6 @@ def error_status(error_type: Any) -> int:
 
 
 _PASS_THROUGH_OPTIONS = ("top_k", "metadata", "service_tier")
-
-
-def _usage(wire: Mapping[str, Any]) -> Usage:
-    return Usage(
-        input_tokens=int(wire.get("input_tokens") or 0),
-        output_tokens=int(wire.get("output_tokens") or 0),
-        cache_read_tokens=int(wire.get("cache_read_input_tokens") or 0),
-        cache_creation_tokens=int(wire.get("cache_creation_input_tokens") or 0),
-    )
 
 
 #: the fields of each known block type that its canonical block holds (the rest is "extra")
@@ -141,35 +129,6 @@ _KNOWN_FIELDS: dict[str, frozenset[str]] = {
 }
 #: extra fields of a known block that go back on the next turn (the request accepts them)
 _SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
-
-
-def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
-    """Merge a ``*_delta`` this module has no rule for into its block, the way such streams build
-    the block (e.g. ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
-    ``content``): a string is appended to the field of the same name, a list field receives the
-    value (or its items), a dict field is updated, anything else is set."""
-    for name, value in delta.items():
-        if name == "type":
-            continue
-        current = block.get(name)
-        if isinstance(value, str) and (current is None or isinstance(current, str)):
-            block[name] = (current or "") + value
-        elif isinstance(current, list):
-            if isinstance(value, list):
-                current.extend(value)
-            else:
-                current.append(value)
-        elif isinstance(current, dict) and isinstance(value, dict):
-            current.update(value)
-        else:
-            block[name] = value
-
-
-def _extra_fields(block: Mapping[str, Any], btype: str) -> dict[str, Any]:
-    """A known block's other fields, empty ones left out (a stream starts a block with them
-    empty, e.g. ``"citations": null``, and fills them with deltas)."""
-    known = _KNOWN_FIELDS[btype]
-    return {k: v for k, v in block.items() if k not in known and v not in (None, "", [], {})}
 
 
 # -- Anthropic's JSON Schema dialect (output_config) --------------------------------------------
@@ -220,24 +179,15 @@ def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def anthropic_schema_ok(output: OutputSpec) -> bool:
-    """Whether :func:`anthropic_schema` takes ``output``'s schema (else ``tool`` mode is used)."""
-    try:
-        anthropic_schema(output.schema)
-    except ValueError:
-        return False
-    return True
-
-
-
 class MessagesStreamParser:
     """Turns Messages API stream events into deltas; also replays a non-streamed message.
 
     Every block ends as the non-streamed answer shows it: known deltas are applied explicitly
     (``text_delta``, ``thinking_delta``, ``signature_delta``, ``input_json_delta``,
-    ``citations_delta``), any other ``*_delta`` is merged into its block by :func:`merge_delta`.
-    Fields of a known block that its canonical block has no place for (``citations``, fields added
-    later) are kept in ``provider_data["anthropic"]["extra"]``."""
+    ``citations_delta``), any other ``*_delta`` is merged into its block by
+    :func:`~dispatch_nb.wire.base.merge_delta`. Fields of a known block that its canonical block
+    has no place for (``citations``, fields added later) are kept in
+    ``provider_data["anthropic"]["extra"]``."""
 
     __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_wire_usage", "acc", "complete")
 
@@ -309,8 +259,14 @@ class MessagesStreamParser:
         if not isinstance(usage, dict):
             return
         # Cumulative: a later value replaces an earlier one; nothing is added up.
-        self._wire_usage.update({k: v for k, v in usage.items() if isinstance(v, int)})
-        self.acc.usage = _usage(self._wire_usage)
+        wire = self._wire_usage
+        wire.update({k: v for k, v in usage.items() if isinstance(v, int)})
+        self.acc.usage = Usage(
+            input_tokens=wire.get("input_tokens", 0),
+            output_tokens=wire.get("output_tokens", 0),
+            cache_read_tokens=wire.get("cache_read_input_tokens", 0),
+            cache_creation_tokens=wire.get("cache_creation_input_tokens", 0),
+        )
 
     def _stop_reason(self, reason: Any, stop_sequence: Any) -> None:
         if not reason:
@@ -331,8 +287,8 @@ class MessagesStreamParser:
         if isinstance(details, dict) and isinstance(details.get("error_code"), str):
             etype = details["error_code"]
         message = str(error.get("message") or etype)
-        status = _ERROR_STATUS.get(str(error.get("type")), 500)
-        return error_for_status(status, message, provider="anthropic", error_type=etype)
+        return error_for_status(error_status(error.get("type")), message, provider="anthropic",
+                                error_type=etype)
 
     def _ended(self) -> None:
         """The message is complete. A tool call that is its last block when it stopped at
@@ -362,8 +318,10 @@ class MessagesStreamParser:
         acc = self.acc
         btype = block.get("type")
         self._last_tool = index if btype == "tool_use" else None
-        if btype in _KNOWN_FIELDS:
-            self._extra[index] = _extra_fields(block, str(btype))
+        known = _KNOWN_FIELDS.get(str(btype))
+        if known is not None:  # its other fields, but empty ones (a stream fills them by deltas)
+            self._extra[index] = {k: v for k, v in block.items()
+                                  if k not in known and v not in (None, "", [], {})}
         if btype == "text":
             self._kinds[index] = "text"
             text = block.get("text") or ""
@@ -561,16 +519,7 @@ class MessagesWire(WireBase):
         return MessagesStreamParser(acc)
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
-        if not isinstance(body, dict):
-            raise APIConnectionError(
-                f"Anthropic answered with something that is not a message: {str(body)[:200]!r}",
-                provider=self.provider,
-            )
-        MessagesStreamParser(acc).replay(body)
-
-    def should_resend(self, error: DispatchError) -> MessagesWire | None:
-        """No error teaches this format a quirk it did not know: always None."""
-        return None
+        MessagesStreamParser(acc).replay(answer_object(body, self.provider))
 
 
 # -- canonical → wire ------------------------------------------------------------------------------

@@ -13,19 +13,55 @@ model) never has to remember, between building a request and reading its answer,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from ..errors import APIConnectionError
 from ..sse import ServerSentEvent
 from ..types import StreamDelta
+from .request import requested_mode, unsupported_mode
 
 if TYPE_CHECKING:
     from ..errors import DispatchError
     from ..stream import Accumulator
     from .request import ChatRequest
 
-__all__ = ["StreamParser", "WireBase", "WireFormat", "WireRequest"]
+__all__ = [
+    "StreamParser", "WireBase", "WireFormat", "WireRequest", "answer_object", "merge_delta",
+]
+
+
+def answer_object(body: Any, provider: str) -> dict[str, Any]:
+    """A non-streamed answer, which every format sends as a JSON object (else the error)."""
+    if not isinstance(body, dict):
+        raise APIConnectionError(
+            f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
+        )
+    return body
+
+
+def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
+    """Merge a streamed piece of a block no rule covers into the block, the way such streams build
+    it (Anthropic's ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
+    ``content``; chat.completions content parts of unknown types come in pieces): a string is
+    appended to the field of the same name, a list field receives the value (or its items), a
+    dict field is updated, anything else is set."""
+    for name, value in delta.items():
+        if name == "type":
+            continue
+        current = block.get(name)
+        if isinstance(value, str) and (current is None or isinstance(current, str)):
+            block[name] = (current or "") + value
+        elif isinstance(current, list):
+            if isinstance(value, list):
+                current.extend(value)
+            else:
+                current.append(value)
+        elif isinstance(current, dict) and isinstance(value, dict):
+            current.update(value)
+        else:
+            block[name] = value
 
 
 class StreamParser(Protocol):
@@ -121,15 +157,12 @@ class WireRequest:
 
 class WireBase:
     """What every wire format shares (each is a frozen dataclass built on this): the class-level
-    facts it sets, and its request, ``POST {path}`` with its body."""
+    facts it sets (described in :class:`WireFormat`), and its request, ``POST {path}`` with its
+    body."""
 
-    #: the format's name (the adapter's backend in logs)
     name: ClassVar[str]
-    #: where requests go, relative to the base URL
     path: ClassVar[str]
-    #: the per-call options the format understands
     options: ClassVar[frozenset[str]]
-    #: the structured-output modes a call may ask for besides ``auto`` / ``native``
     output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
 
     def wire_request(
@@ -143,3 +176,21 @@ class WireBase:
         """``POST {path}`` with :meth:`build_body`, carrying this wire format."""
         body = self.build_body(request, model, output_mode=output_mode)
         return WireRequest("POST", self.path, json=body, headers=dict(headers or {}), wire=self)
+
+    def output_mode_for(self: WireFormat, adapter: Any, request: ChatRequest) -> str | None:
+        """How ``request.output`` goes on this format for ``adapter`` (None without one):
+        ``auto`` / ``native`` is :attr:`native_output`, another mode one of :attr:`output_modes`
+        (else a ``ValueError`` naming them)."""
+        if request.output is None:
+            return None
+        mode = requested_mode(adapter, request)
+        if mode in ("auto", "native"):
+            return self.native_output
+        if mode in self.output_modes:
+            return mode
+        raise unsupported_mode(adapter, mode, ("auto", "native", *self.output_modes))
+
+    def should_resend(self, error: DispatchError) -> WireFormat | None:
+        """None: no error teaches this format a quirk it did not know (a format that can learn
+        one overrides this)."""
+        return None

@@ -36,7 +36,6 @@ from .base import WireBase
 from .request import ChatRequest, output_tool_choice
 
 if TYPE_CHECKING:
-    from ..errors import DispatchError
     from ..stream import Accumulator
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "canonical_error_event",
     "canonical_events",
     "last_user_text",
-    "parse_canonical_body",
     "sse_event",
     "stream_events",
 ]
@@ -114,24 +112,6 @@ class CanonicalStreamParser:
         return ()
 
 
-
-def parse_canonical_body(body: Any, acc: Accumulator) -> None:
-    """Fill ``acc`` from a non-streamed answer (a :class:`~dispatch_nb.types.Response` as JSON)."""
-    response = Response.model_validate(body)
-    for block in response.content:
-        if block.type == "text":
-            acc.text(block.text)
-        elif block.type == "tool_use":
-            acc.tool_start(block.id, block.id, block.name)
-            acc.tool_end(block.id, arguments=block.arguments)
-        else:
-            acc.add_block(block)
-    acc.stop_reason = response.stop_reason
-    acc.usage = response.usage
-    if response.model:
-        acc.model = response.model
-
-
 # -- client: the wire format -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class CanonicalWire(WireBase):
@@ -179,11 +159,21 @@ class CanonicalWire(WireBase):
         return CanonicalStreamParser(acc)
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
-        parse_canonical_body(body, acc)
-
-    def should_resend(self, error: DispatchError) -> CanonicalWire | None:
-        """No error teaches this format a quirk it did not know: always None."""
-        return None
+        """Fill ``acc`` from a non-streamed answer (a :class:`~dispatch_nb.types.Response` as
+        JSON)."""
+        response = Response.model_validate(body)
+        for block in response.content:
+            if block.type == "text":
+                acc.text(block.text)
+            elif block.type == "tool_use":
+                acc.tool_start(block.id, block.id, block.name)
+                acc.tool_end(block.id, arguments=block.arguments)
+            else:
+                acc.add_block(block)
+        acc.stop_reason = response.stop_reason
+        acc.usage = response.usage
+        if response.model:
+            acc.model = response.model
 
 
 # -- server: scripted answers → the protocol -------------------------------------------------------

@@ -16,15 +16,15 @@ from ..errors import APIConnectionError, DispatchError, error_for_status
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
 from ..types import ModelInfo, StopReason, StreamDelta, TextBlock, Usage
+from .base import answer_object, merge_delta
 
 __all__ = [
     "ECHOED_REASONING_FIELD",
     "PROVIDER_DATA_KEY",
     "REASONING_FIELDS",
     "ChatStreamParser",
-    "chat_error",
-    "chat_stop_reason",
     "chat_usage",
+    "openai_error",
     "parse_model_list",
     "status_for_error_code",
 ]
@@ -37,14 +37,6 @@ REASONING_FIELDS: tuple[str, ...] = ("reasoning_content", "reasoning", "reasonin
 
 #: the field whose reasoning (with ``reasoning_opaque``) is echoed back when ``echo_reasoning``
 ECHOED_REASONING_FIELD = "reasoning_text"
-
-_FINISH: dict[str, StopReason] = {
-    "stop": "end_turn",
-    "length": "max_tokens",
-    "tool_calls": "tool_use",
-    "function_call": "tool_use",
-    "content_filter": "content_filter",
-}
 
 
 def chat_usage(
@@ -64,13 +56,6 @@ def chat_usage(
         cache_read_tokens=cached,
         cache_creation_tokens=written,
     )
-
-
-def chat_stop_reason(finish_reason: str | None) -> StopReason | None:
-    """One ``finish_reason`` → the canonical stop reason (unknown values → ``end_turn``)."""
-    if not finish_reason:
-        return None
-    return _FINISH.get(finish_reason, "end_turn")
 
 
 def _combined_stop(reasons: set[str], refused: bool, has_tools: bool) -> StopReason | None:
@@ -103,11 +88,15 @@ def status_for_error_code(code: Any) -> int:
     return 500
 
 
-def chat_error(error: Any, *, provider: str) -> DispatchError:
-    """The :class:`DispatchError` for an ``{"error": ...}`` payload inside a 200 answer."""
+def openai_error(error: Any, *, provider: str) -> DispatchError:
+    """The :class:`DispatchError` for an error inside a 200 answer in either OpenAI format: a
+    chat.completions ``{"error": ...}`` chunk, a Responses ``error`` event or ``response.error``."""
+    if isinstance(error, dict) and isinstance(error.get("error"), dict):
+        error = error["error"]  # {"type": "error", "error": {...}}
     if not isinstance(error, dict):
-        return error_for_status(500, str(error), provider=provider)
-    message = str(error.get("message") or "the server reported an error mid-stream")
+        return error_for_status(500, str(error or "the server reported an error"),
+                                provider=provider)
+    message = str(error.get("message") or "the server reported an error")
     code = error.get("code")
     etype = error.get("type")
     status = error.get("status") if isinstance(error.get("status"), int) else None
@@ -128,22 +117,6 @@ THINKING_PART_KEY = ("part", "thinking")
 def _part_block(part: dict[str, Any]) -> TextBlock:
     """A content part this module has no type for, kept verbatim (and sent back as it came)."""
     return TextBlock(text="", provider_data={PROVIDER_DATA_KEY: {"part": part}})
-
-
-def _merged_part(first: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
-    """Two streamed pieces of one content part as one: strings appended, lists extended."""
-    out = dict(first)
-    for name, value in more.items():
-        current = out.get(name)
-        if name == "type":
-            continue
-        if isinstance(value, str) and isinstance(current, str):
-            out[name] = current + value
-        elif isinstance(value, list) and isinstance(current, list):
-            out[name] = [*current, *value]
-        else:
-            out[name] = value
-    return out
 
 
 class ChatStreamParser:
@@ -218,7 +191,7 @@ class ChatStreamParser:
         """Deltas for one decoded chunk."""
         error = chunk.get("error")
         if error:
-            raise chat_error(error, provider=self.provider)
+            raise openai_error(error, provider=self.provider)
         acc = self.acc
         model = chunk.get("model")
         if model:
@@ -238,7 +211,8 @@ class ChatStreamParser:
             reason = choice.get("finish_reason")
             if reason:
                 self._reasons.add(reason)
-                out.extend(self._end_tools(cidx))
+                out.extend(acc.tool_end(key) for key, index in self._tool_choice.items()
+                           if index == cidx and acc.has_tool(key))
         return out
 
     def _reasoning_data(self, field: str) -> dict[str, Any]:
@@ -320,7 +294,8 @@ class ChatStreamParser:
             return
         open_part = self._open_part
         if open_part is not None and open_part[1].get("type") == ptype:
-            merged = _merged_part(open_part[1], part)
+            merged = dict(open_part[1])
+            merge_delta(merged, part)
             acc.set_block(open_part[0], _part_block(merged))
             self._open_part = (open_part[0], merged)
             return
@@ -362,14 +337,6 @@ class ChatStreamParser:
             elif isinstance(arguments, dict):  # a few servers send parsed arguments
                 out.append(acc.tool_end(key, arguments=arguments))
 
-    def _end_tools(self, cidx: int) -> list[StreamDelta]:
-        acc = self.acc
-        return [
-            acc.tool_end(key)
-            for key, choice in self._tool_choice.items()
-            if choice == cidx and acc.has_tool(key)
-        ]
-
     def _finish(self) -> list[StreamDelta]:
         if self.finished:
             return []
@@ -392,11 +359,7 @@ class ChatStreamParser:
     def parse_completion(self, body: Any) -> None:
         """Fill the accumulator from a non-streamed ``chat.completion`` body (every choice is
         read)."""
-        if not isinstance(body, dict):
-            raise APIConnectionError(
-                f"the server answered with an unexpected body: {str(body)[:200]!r}",
-                provider=self.provider,
-            )
+        body = answer_object(body, self.provider)
         chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
         choices = []
         for choice in body.get("choices") or []:

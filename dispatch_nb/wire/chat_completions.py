@@ -10,10 +10,8 @@ Used by the ``compatible`` backend of :class:`~dispatch_nb.providers.openai.Open
     parser = wire.stream_parser(acc)                         # feed(ServerSentEvent) -> deltas
     wire.parse_body(json_body, acc)
 
-What is underneath (:func:`build_chat_body`, :class:`ChatStreamParser` and its
-:meth:`~ChatStreamParser.parse_completion`) takes the same quirks as plain keyword arguments. The answer side
-(the stream parser, usage, stop reasons, errors) lives in :mod:`~dispatch_nb.wire.chat_answers`;
-this module re-exports it.
+The answer side (:class:`ChatStreamParser`, usage, stop reasons, errors) lives in
+:mod:`~dispatch_nb.wire.chat_answers`; this module re-exports it.
 
 The rules both OpenAI wire formats share live here too, and the Responses module imports them:
 :func:`map_tool_choice` and :func:`tool_fields` (``tool_choice`` and the tools section of a
@@ -76,13 +74,11 @@ from .chat_answers import (
     PROVIDER_DATA_KEY,
     REASONING_FIELDS,
     ChatStreamParser,
-    chat_error,
-    chat_stop_reason,
     chat_usage,
+    openai_error,
     parse_model_list,
-    status_for_error_code,
 )
-from .openai_schema import openai_output_schema
+from .openai_schema import openai_json_schema
 from .request import ChatRequest, output_tool_choice
 
 __all__ = [
@@ -92,23 +88,18 @@ __all__ = [
     "ChatCompletionsWire",
     "ChatQuirks",
     "ChatStreamParser",
-    "build_chat_body",
-    "chat_error",
     "chat_messages",
-    "chat_response_format",
-    "chat_stop_reason",
-    "chat_tool_choice",
     "chat_tools",
     "chat_usage",
     "map_tool_choice",
+    "openai_error",
     "parse_model_list",
-    "status_for_error_code",
     "tool_arguments_text",
     "tool_fields",
     "tool_result_text",
 ]
 
-#: options :func:`build_chat_body` understands (besides the common transport ones)
+#: options :meth:`ChatCompletionsWire.build_body` understands (besides the common transport ones)
 CHAT_OPTIONS = frozenset(
     {"tool_choice", "stop", "top_p", "parallel_tool_calls", "response_format", "reasoning"}
 )
@@ -144,35 +135,20 @@ def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
     return {"id": block.id, "type": "function", "function": function}
 
 
-def _user_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    if all(p["type"] == "text" for p in parts):
-        return "\n\n".join(p["text"] for p in parts)
-    return parts
-
-
 def _merge(out: list[dict[str, Any]], message: dict[str, Any]) -> None:
-    """Append ``message``, merging it into the previous one when both are user or assistant."""
+    """Append ``message``, merging it into the previous one when both are user or assistant:
+    string contents joined by a blank line, else one list of parts (empty text parts left out)."""
     prev = out[-1] if out else None
     role = message["role"]
     if prev is None or prev["role"] != role or role not in ("user", "assistant"):
         out.append(message)
         return
-    if role == "user":
-        a, b = prev["content"], message["content"]
-        if isinstance(a, str) and isinstance(b, str):
-            prev["content"] = f"{a}\n\n{b}" if a and b else a or b
-        else:
-            la = [{"type": "text", "text": a}] if isinstance(a, str) else a
-            lb = [{"type": "text", "text": b}] if isinstance(b, str) else b
-            prev["content"] = [p for p in (*la, *lb) if p.get("type") != "text" or p["text"]]
-        return
-    a_text, b_text = prev.get("content") or "", message.get("content") or ""
-    if isinstance(a_text, list) or isinstance(b_text, list):
-        la = [{"type": "text", "text": a_text}] if isinstance(a_text, str) and a_text else a_text
-        lb = [{"type": "text", "text": b_text}] if isinstance(b_text, str) and b_text else b_text
-        prev["content"] = [*(la or []), *(lb or [])]
+    a, b = prev["content"], message["content"]
+    if isinstance(a, str) and isinstance(b, str):
+        prev["content"] = f"{a}\n\n{b}" if a and b else a or b
     else:
-        prev["content"] = f"{a_text}\n\n{b_text}" if a_text and b_text else a_text or b_text
+        parts = [p for c in (a, b) for p in ([{"type": "text", "text": c}] if isinstance(c, str) else c)]
+        prev["content"] = [p for p in parts if p.get("type") != "text" or p.get("text")]
     calls = [*prev.get("tool_calls", []), *message.get("tool_calls", [])]
     if calls:
         prev["tool_calls"] = calls
@@ -213,10 +189,11 @@ def chat_messages(
                     parts.append({"type": "text", "text": block.text})
                 elif isinstance(block, ImageBlock):
                     parts.append({"type": "image_url", "image_url": {"url": block.as_data_url()}})
-            if parts:
-                _merge(out, {"role": "user", "content": _user_content(parts)})
+            if parts:  # text-only content is a string (chat templates render lists verbatim)
+                text_only = all(p["type"] == "text" for p in parts)
+                content = "\n\n".join(p["text"] for p in parts) if text_only else parts
+                _merge(out, {"role": "user", "content": content})
             continue
-        texts: list[str] = []
         answer_parts: list[dict[str, Any]] = []  # the content as parts, if it came as parts
         as_parts = False
         calls: list[dict[str, Any]] = []
@@ -229,9 +206,7 @@ def chat_messages(
                 if isinstance(data.get("part"), dict):
                     as_parts = True
                     answer_parts.append(dict(data["part"]))
-                    continue
-                texts.append(block.text)
-                if block.text:
+                elif block.text:
                     answer_parts.append({"type": "text", "text": block.text})
             elif isinstance(block, ToolUseBlock):
                 calls.append(_tool_call(block))
@@ -249,8 +224,8 @@ def chat_messages(
                     reasoning.append(block.thinking)
                     if block.signature:
                         opaque = block.signature
-        content: str | list[dict[str, Any]] = answer_parts if as_parts else "".join(texts)
-        wire: dict[str, Any] = {"role": "assistant", "content": content}
+        wire: dict[str, Any] = {"role": "assistant", "content": answer_parts if as_parts else
+                                "".join(p["text"] for p in answer_parts)}
         if calls:
             wire["tool_calls"] = calls
         if reasoning or opaque:
@@ -260,16 +235,6 @@ def chat_messages(
         if wire["content"] or calls or opaque:
             _merge(out, wire)
     return out
-
-
-def _refuse_native(tool: Mapping[str, Any], provider: str) -> RequestError:
-    kind = tool.get("type", "?")
-    return RequestError(
-        f"the built-in tool {kind!r} only works with the OpenAI Responses API (backend="
-        f"'official'); a chat.completions server cannot run it. Remove it from tools= or use "
-        f"connect('openai:MODEL').",
-        provider=provider,
-    )
 
 
 def chat_tools(
@@ -287,7 +252,12 @@ def chat_tools(
         elif tool.get("type") == "function" and isinstance(tool.get("function"), dict):
             out.append(dict(tool))  # already in chat.completions shape
         else:
-            raise _refuse_native(tool, provider)
+            raise RequestError(
+                f"the built-in tool {tool.get('type', '?')!r} only works with the OpenAI Responses "
+                "API (backend='official'); a chat.completions server cannot run it. Remove it from "
+                "tools= or use connect('openai:MODEL').",
+                provider=provider,
+            )
     return out
 
 
@@ -321,27 +291,18 @@ def map_tool_choice(
     )
 
 
-def chat_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -> Any:
-    """Neutral ``tool_choice`` (``"auto"``, ``"none"``, ``"required"``, a tool name, or a wire dict
-    passed through) → chat.completions. ``None`` means "do not send"."""
-    return map_tool_choice(
-        choice, tool_names, provider=provider,
-        named=lambda name: {"type": "function", "function": {"name": name}},
-    )
-
-
 def tool_fields(
     tools: list[dict[str, Any]],
     tool_names: Sequence[str],
     options: Mapping[str, Any],
     *,
     provider: str,
-    tool_choice: Callable[..., Any],
+    named: Callable[[str], dict[str, Any]],
 ) -> dict[str, Any]:
     """The ``tools``, ``tool_choice`` and ``parallel_tool_calls`` fields of a request body in
-    either OpenAI wire format (``tool_choice``: :func:`chat_tool_choice` or its Responses twin).
-    Without tools nothing is sent, and a ``tool_choice`` that needs one is a
-    :class:`RequestError`."""
+    either OpenAI wire format (``named``: a tool name as that format's ``tool_choice``, see
+    :func:`map_tool_choice`). Without tools nothing is sent, and a ``tool_choice`` that needs one
+    is a :class:`RequestError`."""
     choice = options.get("tool_choice")
     if not tools:
         if choice not in (None, "auto", "none"):
@@ -350,99 +311,12 @@ def tool_fields(
             )
         return {}
     fields: dict[str, Any] = {"tools": tools}
-    wire_choice = tool_choice(choice, tool_names, provider=provider)
+    wire_choice = map_tool_choice(choice, tool_names, provider=provider, named=named)
     if wire_choice is not None:
         fields["tool_choice"] = wire_choice
     if options.get("parallel_tool_calls") is not None:
         fields["parallel_tool_calls"] = bool(options["parallel_tool_calls"])
     return fields
-
-
-def chat_response_format(request: ChatRequest, output_mode: str) -> dict[str, Any]:
-    """``response_format`` for structured output (``output=``): ``json_schema`` (OpenAI's shape,
-    the schema made strict when it can be) or, for ``"json_object"``, llama-cpp-python's
-    ``{"type": "json_object", "schema": ...}``."""
-    output = request.output
-    assert output is not None
-    if output_mode == "json_object":
-        return {"type": "json_object", "schema": output.schema}
-    schema, strict = openai_output_schema(output)
-    spec: dict[str, Any] = {"name": output.name, "schema": schema, "strict": strict}
-    if output.description:
-        spec["description"] = output.description
-    return {"type": "json_schema", "json_schema": spec}
-
-
-def build_chat_body(
-    request: ChatRequest,
-    model: str,
-    *,
-    provider: str,
-    max_tokens_field: str = "max_tokens",
-    include_usage: bool = True,
-    echo_reasoning: bool = False,
-    reasoning_provider: str | None = None,
-    output_mode: str | None = None,
-) -> dict[str, Any]:
-    """The JSON body of ``POST /chat/completions`` for a call.
-
-    ``max_tokens_field``: ``"max_tokens"`` (every compatible server, Copilot) or
-    ``"max_completion_tokens"`` (official OpenAI reasoning models). ``echo_reasoning`` /
-    ``reasoning_provider``: see :func:`chat_messages`. Options read from
-    ``request.options``: ``tool_choice``, ``stop``, ``top_p``, ``parallel_tool_calls``,
-    ``response_format`` and ``reasoning`` (sent as ``reasoning_effort``). ``output_mode`` (for
-    ``request.output``): ``"response_format"`` / ``"json_object"`` (see
-    :func:`chat_response_format`) or ``"tool"`` (a function the model must call); anything else
-    sends nothing for it.
-    """
-    options = request.options
-    n = (options.get("extra_body") or {}).get("n")
-    if n is not None and n != 1:
-        raise RequestError(
-            f"n={n!r} asks for several answers in one call; dispatch_nb returns one answer per "
-            "call: drop n from extra_body and make separate calls (batch() runs them in parallel)",
-            provider=provider,
-        )
-    output = request.output if output_mode in ("response_format", "json_object", "tool") else None
-    if output is not None and options.get("response_format") is not None:
-        raise ValueError("pass output= or response_format=, not both")
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": chat_messages(
-            request.messages,
-            request.system,
-            echo_reasoning=echo_reasoning,
-            reasoning_provider=reasoning_provider,
-        ),
-        "stream": request.stream,
-    }
-    if request.stream and include_usage:
-        body["stream_options"] = {"include_usage": True}
-    if request.max_tokens is not None:
-        body[max_tokens_field] = request.max_tokens
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
-    tool_list = list(request.tools)
-    if output is not None and output_mode == "tool":
-        options = {**options, "tool_choice": output_tool_choice(request)}
-        tool_list.append(output.tool_definition())
-    tools = chat_tools(tool_list, provider=provider)
-    names = [t["function"]["name"] for t in tools]
-    body.update(tool_fields(tools, names, options, provider=provider, tool_choice=chat_tool_choice))
-    if options.get("stop") is not None:
-        body["stop"] = options["stop"]
-    if options.get("top_p") is not None:
-        body["top_p"] = options["top_p"]
-    if options.get("response_format") is not None:
-        body["response_format"] = options["response_format"]
-    if output is not None and output_mode in ("response_format", "json_object"):
-        body["response_format"] = chat_response_format(request, output_mode)
-    reasoning = options.get("reasoning")
-    if isinstance(reasoning, str):
-        body["reasoning_effort"] = reasoning
-    elif isinstance(reasoning, dict) and reasoning.get("effort"):
-        body["reasoning_effort"] = reasoning["effort"]
-    return body
 
 
 # -- the wire format object ------------------------------------------------------------------------
@@ -475,13 +349,8 @@ class ChatQuirks:
 class ChatCompletionsWire(WireBase):
     """OpenAI chat.completions for one server: ``POST chat/completions``, its body, its parsers.
 
-    ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks`::
-
-        wire = ChatCompletionsWire("compatible")
-        wire.build_body(request, "llama3")                  # the JSON body
-        wire.stream_parser(acc).feed(event)                  # deltas
-        ChatCompletionsWire("copilot", ChatQuirks(echo_reasoning=True, reasoning_provider="copilot"))
-    """
+    ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks` (the module
+    docstring shows its use)."""
 
     provider: str
     quirks: ChatQuirks = ChatQuirks()
@@ -504,12 +373,61 @@ class ChatCompletionsWire(WireBase):
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        q = self.quirks
-        return build_chat_body(
-            request, model, provider=self.provider, max_tokens_field=q.max_tokens_field,
-            include_usage=q.include_usage, echo_reasoning=q.echo_reasoning,
-            reasoning_provider=q.reasoning_provider, output_mode=output_mode,
-        )
+        """The JSON body of ``POST /chat/completions``. Options read from ``request.options``:
+        ``tool_choice``, ``stop``, ``top_p``, ``parallel_tool_calls``, ``response_format`` and
+        ``reasoning`` (sent as ``reasoning_effort``). ``output_mode`` (for ``request.output``):
+        ``"response_format"`` (``json_schema``, strict when the schema can be), ``"json_object"``
+        (llama-cpp-python's ``{"type": "json_object", "schema": ...}``) or ``"tool"`` (a function
+        the model must call); anything else sends nothing for it."""
+        q, provider, options = self.quirks, self.provider, request.options
+        n = (options.get("extra_body") or {}).get("n")
+        if n is not None and n != 1:
+            raise RequestError(
+                f"n={n!r} asks for several answers in one call; dispatch_nb returns one answer per "
+                "call: drop n from extra_body and make separate calls (batch() runs them in parallel)",
+                provider=provider,
+            )
+        output = request.output if output_mode in ("response_format", "json_object", "tool") else None
+        if output is not None and options.get("response_format") is not None:
+            raise ValueError("pass output= or response_format=, not both")
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": chat_messages(
+                request.messages,
+                request.system,
+                echo_reasoning=q.echo_reasoning,
+                reasoning_provider=q.reasoning_provider,
+            ),
+            "stream": request.stream,
+        }
+        if request.stream and q.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        if request.max_tokens is not None:
+            body[q.max_tokens_field] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        tool_list = list(request.tools)
+        if output is not None and output_mode == "tool":
+            options = {**options, "tool_choice": output_tool_choice(request)}
+            tool_list.append(output.tool_definition())
+        tools = chat_tools(tool_list, provider=provider)
+        body.update(tool_fields(
+            tools, [t["function"]["name"] for t in tools], options, provider=provider,
+            named=lambda name: {"type": "function", "function": {"name": name}},
+        ))
+        for name in ("stop", "top_p", "response_format"):
+            if options.get(name) is not None:
+                body[name] = options[name]
+        if output is not None and output_mode == "json_object":
+            body["response_format"] = {"type": "json_object", "schema": output.schema}
+        elif output is not None and output_mode == "response_format":
+            body["response_format"] = {"type": "json_schema", "json_schema": openai_json_schema(output)}
+        reasoning = options.get("reasoning")
+        if isinstance(reasoning, str):
+            body["reasoning_effort"] = reasoning
+        elif isinstance(reasoning, dict) and reasoning.get("effort"):
+            body["reasoning_effort"] = reasoning["effort"]
+        return body
 
     def stream_parser(self, acc: Accumulator) -> ChatStreamParser:
         q = self.quirks

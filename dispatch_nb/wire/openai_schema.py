@@ -13,7 +13,7 @@ from typing import Any
 from .request import OutputSpec
 from .schema import NOT_STRICT, is_object_root, is_recursive, map_schema, nullable, resolver, with_note
 
-__all__ = ["openai_output_schema", "openai_strict_schema"]
+__all__ = ["openai_json_schema", "openai_output_schema", "openai_strict_schema"]
 
 _OPENAI_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname",
                              "ipv4", "ipv6", "uuid"})
@@ -115,3 +115,13 @@ def openai_output_schema(output: OutputSpec) -> tuple[dict[str, Any], bool]:
             )
         return output.schema, False
     return made, True
+
+
+def openai_json_schema(output: OutputSpec) -> dict[str, Any]:
+    """``name``, ``schema``, ``strict`` and ``description`` of a ``json_schema`` format for
+    ``output`` (chat.completions nests them in ``json_schema``, Responses does not)."""
+    schema, strict = openai_output_schema(output)
+    spec: dict[str, Any] = {"name": output.name, "schema": schema, "strict": strict}
+    if output.description:
+        spec["description"] = output.description
+    return spec

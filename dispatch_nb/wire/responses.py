@@ -9,9 +9,6 @@ frozen :class:`ResponsesQuirks`)::
     parser = wire.stream_parser(acc)                          # feed(ServerSentEvent) -> deltas
     wire.parse_body(json_body, acc)
 
-The functions underneath (:func:`build_responses_body`, :class:`ResponsesStreamParser`,
-:func:`parse_response_object`) take plain parameters.
-
 Requests are stateless (``store: false``): the whole conversation goes in ``input`` every turn.
 The system prompt is ``instructions``; user text and images are ``input_text`` / ``input_image``
 parts; assistant text is an ``output_text`` message; ``ToolUseBlock`` → ``function_call`` and
@@ -57,7 +54,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
+from ..errors import APIConnectionError, RequestError
 from ..sse import ServerSentEvent
 from ..stream import Accumulator
 from ..types import (
@@ -70,18 +67,16 @@ from ..types import (
     ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
-    Usage,
 )
-from .base import WireBase
+from .base import WireBase, answer_object
 from .chat_completions import (
     chat_usage,
-    map_tool_choice,
-    status_for_error_code,
+    openai_error,
     tool_arguments_text,
     tool_fields,
     tool_result_text,
 )
-from .openai_schema import openai_output_schema
+from .openai_schema import openai_json_schema, openai_output_schema
 from .request import ChatRequest, output_tool_choice
 
 __all__ = [
@@ -91,22 +86,16 @@ __all__ = [
     "ResponsesQuirks",
     "ResponsesStreamParser",
     "ResponsesWire",
-    "build_responses_body",
     "is_reasoning_model",
-    "parse_response_object",
-    "responses_error",
     "responses_input",
-    "responses_output_format",
     "responses_text_format",
-    "responses_tool_choice",
     "responses_tools",
-    "responses_usage",
 ]
 
 #: the key of this wire format's entry in a block's ``provider_data``
 PROVIDER_DATA_KEY = "openai_responses"
 
-#: options :func:`build_responses_body` understands (besides the common transport ones)
+#: options :meth:`ResponsesWire.build_body` understands (besides the common transport ones)
 RESPONSES_OPTIONS = frozenset(
     {"tool_choice", "top_p", "parallel_tool_calls", "reasoning", "response_format", "text"}
 )
@@ -239,23 +228,20 @@ def responses_input(
         parts: list[dict[str, Any]] = []
         for block in blocks:
             if isinstance(block, ToolResultBlock):
-                items.append(
-                    {
-                        "type": "function_call_output",
-                        "call_id": block.tool_use_id,
-                        "output": _tool_output(block),
-                    }
-                )
-            elif isinstance(block, TextBlock):
-                parts.append({"type": "input_text", "text": block.text})
-            elif isinstance(block, ImageBlock):
-                detail = (block.provider_data or {}).get("detail", "auto")
-                parts.append(
-                    {"type": "input_image", "image_url": block.as_data_url(), "detail": detail}
-                )
+                items.append({"type": "function_call_output", "call_id": block.tool_use_id,
+                              "output": _tool_output(block)})
+            elif isinstance(block, (TextBlock, ImageBlock)):
+                parts.append(_input_part(block))
         if parts:
             items.append({"type": "message", "role": "user", "content": parts})
     return items
+
+
+def _input_part(block: TextBlock | ImageBlock) -> dict[str, Any]:
+    if isinstance(block, ImageBlock):
+        detail = (block.provider_data or {}).get("detail", "auto")
+        return {"type": "input_image", "image_url": block.as_data_url(), "detail": detail}
+    return {"type": "input_text", "text": block.text}
 
 
 def _tool_output(block: ToolResultBlock) -> str | list[dict[str, Any]]:
@@ -263,16 +249,8 @@ def _tool_output(block: ToolResultBlock) -> str | list[dict[str, Any]]:
     ``input_text`` / ``input_image`` items."""
     if not block.images or isinstance(block.content, str):
         return tool_result_text(block)
-    items: list[dict[str, Any]] = []
-    if block.is_error:
-        items.append({"type": "input_text", "text": "Error:"})
-    for part in block.content:
-        if isinstance(part, ImageBlock):
-            detail = (part.provider_data or {}).get("detail", "auto")
-            items.append({"type": "input_image", "image_url": part.as_data_url(), "detail": detail})
-        elif part.text:
-            items.append({"type": "input_text", "text": part.text})
-    return items
+    items = [{"type": "input_text", "text": "Error:"}] if block.is_error else []
+    return items + [_input_part(p) for p in block.content if isinstance(p, ImageBlock) or p.text]
 
 
 def responses_tools(tools: Sequence[ToolDefinition | dict[str, Any]]) -> list[dict[str, Any]]:
@@ -305,14 +283,6 @@ def responses_tools(tools: Sequence[ToolDefinition | dict[str, Any]]) -> list[di
     return out
 
 
-def responses_tool_choice(choice: Any, tool_names: Sequence[str], *, provider: str) -> Any:
-    """Neutral ``tool_choice`` → Responses: a tool name becomes ``{"type": "function", "name"}``;
-    ``"auto"`` / ``"none"`` / ``"required"`` and dicts pass through; ``None`` means "do not send"."""
-    return map_tool_choice(
-        choice, tool_names, provider=provider, named=lambda name: {"type": "function", "name": name}
-    )
-
-
 def responses_text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
     """A chat.completions ``response_format`` → the Responses ``text.format``."""
     kind = response_format.get("type")
@@ -326,19 +296,6 @@ def responses_text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
     return dict(response_format)
 
 
-def responses_output_format(request: ChatRequest) -> dict[str, Any]:
-    """``text.format`` for structured output (``output=``): ``json_schema`` with the schema made
-    strict when it can be (else ``strict: false``)."""
-    output = request.output
-    assert output is not None
-    schema, strict = openai_output_schema(output)
-    fmt: dict[str, Any] = {"type": "json_schema", "name": output.name, "schema": schema,
-                           "strict": strict}
-    if output.description:
-        fmt["description"] = output.description
-    return fmt
-
-
 def _output_tool(request: ChatRequest) -> dict[str, Any]:
     """The flat function tool whose arguments are the answer (``tool`` output mode)."""
     assert request.output is not None
@@ -348,107 +305,7 @@ def _output_tool(request: ChatRequest) -> dict[str, Any]:
             "parameters": schema, "strict": strict}
 
 
-def build_responses_body(
-    request: ChatRequest,
-    model: str,
-    *,
-    provider: str,
-    encrypted_reasoning: bool | None = None,
-    output_mode: str | None = None,
-) -> dict[str, Any]:
-    """The JSON body of ``POST /responses`` for a call.
-
-    ``encrypted_reasoning``: ask for (and send back) encrypted reasoning items; ``None`` decides
-    by :func:`is_reasoning_model` (always on when the ``reasoning`` option is given). Options read
-    from ``request.options``: ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning``
-    (an effort string or a dict such as ``{"effort": "low", "summary": "auto"}``),
-    ``response_format`` (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not
-    exist in this API and raises a :class:`RequestError`. ``output_mode`` (for ``request.output``):
-    ``"text.format"`` (a ``json_schema`` format) or ``"tool"`` (a function tool the model must
-    call); anything else sends nothing for it.
-    """
-    options = request.options
-    if request.output is not None and output_mode in ("text.format", "tool") and (
-        options.get("response_format") is not None or (options.get("text") or {}).get("format")
-    ):
-        raise ValueError("pass output= or response_format= / text={'format': ...}, not both")
-    if options.get("stop") is not None:
-        raise RequestError(
-            "the OpenAI Responses API has no stop sequences; drop stop= or use a chat.completions "
-            "server (backend='compatible')",
-            provider=provider,
-        )
-    if request.max_tokens is not None and request.max_tokens < MIN_OUTPUT_TOKENS:
-        raise RequestError(
-            f"the OpenAI Responses API needs max_tokens >= {MIN_OUTPUT_TOKENS} "
-            f"(max_output_tokens), not {request.max_tokens}",
-            provider=provider,
-        )
-    reasoning = options.get("reasoning")
-    if encrypted_reasoning is None:
-        encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
-    body: dict[str, Any] = {
-        "model": model,
-        "input": responses_input(
-            request.messages, include_reasoning=encrypted_reasoning, issuer=provider
-        ),
-        "stream": request.stream,
-        "store": False,
-    }
-    if encrypted_reasoning:
-        body["include"] = ["reasoning.encrypted_content"]
-    if request.system:
-        body["instructions"] = request.system
-    if request.max_tokens is not None:
-        body["max_output_tokens"] = request.max_tokens
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
-    if options.get("top_p") is not None:
-        body["top_p"] = options["top_p"]
-    tools = responses_tools(request.tools)
-    if request.output is not None and output_mode == "tool":
-        options = {**options, "tool_choice": output_tool_choice(request)}
-        tools.append(_output_tool(request))
-    names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
-    body.update(
-        tool_fields(tools, names, options, provider=provider, tool_choice=responses_tool_choice)
-    )
-    if isinstance(reasoning, str):
-        body["reasoning"] = {"effort": reasoning}
-    elif isinstance(reasoning, dict):
-        body["reasoning"] = dict(reasoning)
-    text = dict(options.get("text") or {})
-    if options.get("response_format") is not None:
-        text["format"] = responses_text_format(options["response_format"])
-    if request.output is not None and output_mode == "text.format":
-        text["format"] = responses_output_format(request)
-    if text:
-        body["text"] = text
-    return body
-
-
 # -- responses -------------------------------------------------------------------------------------
-def responses_usage(usage: Mapping[str, Any]) -> Usage:
-    """Responses usage → :class:`Usage` (cached input tokens → ``cache_read_tokens``, excluded
-    from ``input_tokens``)."""
-    return chat_usage(usage, "input_tokens", "output_tokens")
-
-
-def responses_error(error: Any, *, provider: str, default_status: int = 500) -> DispatchError:
-    """The :class:`DispatchError` for ``response.error`` or a bare ``error`` event."""
-    if not isinstance(error, dict):
-        return error_for_status(default_status, str(error or "the response failed"),
-                                provider=provider)
-    if isinstance(error.get("error"), dict):  # {"type": "error", "error": {...}}
-        error = error["error"]
-    message = str(error.get("message") or "the response failed")
-    code = error.get("code") or error.get("type")
-    status = status_for_error_code(code) if code else default_status
-    return error_for_status(
-        status, message, provider=provider, error_type=code if isinstance(code, str) else None
-    )
-
-
 @functools.lru_cache(maxsize=64)
 def _output_key(index: int) -> str:
     """The block key of an ``output_index`` (one string per index: keys compare by identity)."""
@@ -536,9 +393,9 @@ class ResponsesStreamParser:
             return self.finalize(data.get("response") or {})
         if kind == "response.failed":
             response = data.get("response") or {}
-            raise responses_error(response.get("error"), provider=self.provider)
+            raise openai_error(response.get("error"), provider=self.provider)
         if kind == "error":
-            raise responses_error(data, provider=self.provider)
+            raise openai_error(data, provider=self.provider)
         # content_part / annotation events, built-in tools' progress (web_search_call.searching,
         # code_interpreter_call_code.delta...): the complete item arrives in output_item.done
         return ()
@@ -595,9 +452,7 @@ class ResponsesStreamParser:
     def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
         key = self._item_key(item, data)
         self._place(key, item, data)
-        if item.get("type") != "function_call":
-            return []
-        return self._start_call(key, item)
+        return self._start_call(key, item) if item.get("type") == "function_call" else []
 
     def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
         acc = self.acc
@@ -627,7 +482,6 @@ class ResponsesStreamParser:
         index = self._place(key, item, data)
         out: list[StreamDelta] = []
         if kind == "message":
-            our: dict[str, Any] = {"phase": item["phase"]} if item.get("phase") else {}
             if item_id:
                 self._paired.append((index, "message", key, item_id, item.get("phase")))
             texts: list[str] = []
@@ -640,8 +494,8 @@ class ResponsesStreamParser:
                         texts.append(part["refusal"])
             if texts and not acc.replace_text(key, "".join(texts)):  # nothing streamed
                 out.extend(acc.text(text, key=key) for text in texts)
-            if our:
-                acc.text_provider_data({PROVIDER_DATA_KEY: our}, key=key)
+            if item.get("phase"):
+                acc.text_provider_data({PROVIDER_DATA_KEY: {"phase": item["phase"]}}, key=key)
         elif kind == "reasoning":
             texts = [s.get("text", "") for s in item.get("summary") or []]
             texts += [c.get("text", "") for c in item.get("content") or []]
@@ -681,9 +535,9 @@ class ResponsesStreamParser:
         self._keep_paired_ids()
         usage = response.get("usage")
         if usage:
-            acc.usage = responses_usage(usage)
+            acc.usage = chat_usage(usage, "input_tokens", "output_tokens")
         if response.get("status") == "failed":
-            raise responses_error(response.get("error"), provider=self.provider)
+            raise openai_error(response.get("error"), provider=self.provider)
         stop: StopReason
         if response.get("status") == "incomplete":
             reason = (response.get("incomplete_details") or {}).get("reason")
@@ -731,21 +585,6 @@ class ResponsesStreamParser:
         return ()
 
 
-def parse_response_object(body: Any, acc: Accumulator, *, provider: str) -> None:
-    """Fill ``acc`` from a non-streamed Response object."""
-    if not isinstance(body, dict):
-        raise APIConnectionError(
-            f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
-        )
-    if body.get("error") and body.get("status") in (None, "failed"):
-        raise responses_error(body["error"], provider=provider)
-    parser = ResponsesStreamParser(acc, provider=provider)
-    for index, item in enumerate(body.get("output") or []):
-        parser.item_done(item, {"output_index": index})
-    parser._items_seen = max(parser._items_seen, 1)
-    parser.finalize(body)
-
-
 # -- the wire format object ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ResponsesQuirks:
@@ -775,17 +614,78 @@ class ResponsesWire(WireBase):
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        return build_responses_body(
-            request, model, provider=self.provider,
-            encrypted_reasoning=self.quirks.encrypted_reasoning, output_mode=output_mode,
-        )
+        """The JSON body of ``POST /responses``. Options read from ``request.options``:
+        ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort string or a
+        dict such as ``{"effort": "low", "summary": "auto"}``), ``response_format``
+        (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not exist in this
+        API and raises a :class:`RequestError`. ``output_mode`` (for ``request.output``):
+        ``"text.format"`` (a ``json_schema`` format) or ``"tool"`` (a function tool the model must
+        call); anything else sends nothing for it."""
+        provider, options = self.provider, request.options
+        if request.output is not None and output_mode in ("text.format", "tool") and (
+            options.get("response_format") is not None or (options.get("text") or {}).get("format")
+        ):
+            raise ValueError("pass output= or response_format= / text={'format': ...}, not both")
+        if options.get("stop") is not None:
+            raise RequestError(
+                "the OpenAI Responses API has no stop sequences; drop stop= or use a "
+                "chat.completions server (backend='compatible')",
+                provider=provider,
+            )
+        if request.max_tokens is not None and request.max_tokens < MIN_OUTPUT_TOKENS:
+            raise RequestError(
+                f"the OpenAI Responses API needs max_tokens >= {MIN_OUTPUT_TOKENS} "
+                f"(max_output_tokens), not {request.max_tokens}",
+                provider=provider,
+            )
+        reasoning = options.get("reasoning")
+        encrypted_reasoning = self.quirks.encrypted_reasoning
+        if encrypted_reasoning is None:
+            encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
+        body: dict[str, Any] = {
+            "model": model,
+            "input": responses_input(
+                request.messages, include_reasoning=encrypted_reasoning, issuer=provider
+            ),
+            "stream": request.stream,
+            "store": False,
+        }
+        if encrypted_reasoning:
+            body["include"] = ["reasoning.encrypted_content"]
+        if request.system:
+            body["instructions"] = request.system
+        if request.max_tokens is not None:
+            body["max_output_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if options.get("top_p") is not None:
+            body["top_p"] = options["top_p"]
+        tools = responses_tools(request.tools)
+        if request.output is not None and output_mode == "tool":
+            options = {**options, "tool_choice": output_tool_choice(request)}
+            tools.append(_output_tool(request))
+        names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
+        body.update(tool_fields(tools, names, options, provider=provider,
+                                named=lambda name: {"type": "function", "name": name}))
+        if isinstance(reasoning, str):
+            body["reasoning"] = {"effort": reasoning}
+        elif isinstance(reasoning, dict):
+            body["reasoning"] = dict(reasoning)
+        text = dict(options.get("text") or {})
+        if options.get("response_format") is not None:
+            text["format"] = responses_text_format(options["response_format"])
+        if request.output is not None and output_mode == "text.format":
+            text["format"] = {"type": "json_schema", **openai_json_schema(request.output)}
+        if text:
+            body["text"] = text
+        return body
 
     def stream_parser(self, acc: Accumulator) -> ResponsesStreamParser:
         return ResponsesStreamParser(acc, provider=self.provider)
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
-        parse_response_object(body, acc, provider=self.provider)
-
-    def should_resend(self, error: DispatchError) -> ResponsesWire | None:
-        """No error teaches this format a quirk it did not know: always None."""
-        return None
+        """Fill ``acc`` from a non-streamed Response object."""
+        body = answer_object(body, self.provider)
+        if body.get("error") and body.get("status") in (None, "failed"):
+            raise openai_error(body["error"], provider=self.provider)
+        ResponsesStreamParser(acc, provider=self.provider).finalize(body)  # reads its output

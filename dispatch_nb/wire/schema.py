@@ -125,13 +125,9 @@ def is_object_root(schema: Mapping[str, Any]) -> bool:
     return (kind == "object" or (kind is None and "properties" in schema)) and not composite
 
 
-def _constraint_note(dropped: Mapping[str, Any]) -> str:
-    return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in dropped.items()) + "}"
-
-
 def with_note(node: dict[str, Any], dropped: dict[str, Any]) -> dict[str, Any]:
     if dropped:
-        note = _constraint_note(dropped)
+        note = "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in dropped.items()) + "}"
         description = node.get("description")
         node["description"] = f"{description} {note}" if description else note
     return node

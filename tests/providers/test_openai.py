@@ -14,7 +14,6 @@ from dispatch_nb.providers.openai import (
     OpenAIAdapter,
     ResponsesAdapter,
     connect_compatible,
-    connect_official,
 )
 from dispatch_nb.wire.chat_completions import ChatCompletionsWire
 from dispatch_nb.wire.responses import ResponsesWire
@@ -101,7 +100,7 @@ def test_registry_providers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(local, OpenAIAdapter) and local.backend_mode == "compatible"
     assert (local.model_name, local.base_url) == ("llama3:8b", "http://127.0.0.1:11434/v1")
     assert connect_compatible("m").base_url == DEFAULT_COMPATIBLE_URL
-    assert connect_official("m", backend="compatible").backend_mode == "compatible"
+    assert connect("openai:m", backend="compatible").backend_mode == "compatible"
     with pytest.raises(ValueError, match="contradicts"):
         connect_compatible("m", backend="official")
     monkeypatch.setenv("OPENAI_BACKEND", "compatible")

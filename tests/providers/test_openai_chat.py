@@ -26,8 +26,9 @@ from dispatch_nb.providers.openai import OpenAIAdapter
 from dispatch_nb.sse import SSEDecoder
 from dispatch_nb.stream import Accumulator
 from dispatch_nb.wire.chat_completions import (
+    ChatCompletionsWire,
+    ChatQuirks,
     ChatStreamParser,
-    build_chat_body,
     chat_messages,
     chat_usage,
 )
@@ -280,10 +281,10 @@ def test_copilot_flavoured_fake_round_trips_opaque() -> None:
         assert fake.last_request.path == "/chat/completions"
     block = response.content[0]
     assert isinstance(block, ThinkingBlock) and block.signature == "SIG"
-    body = build_chat_body(
+    body = ChatCompletionsWire("copilot", ChatQuirks(echo_reasoning=True)).build_body(
         ChatRequest(messages=[Message(role="user", content="x"), response.to_message(),
                               Message(role="user", content="y")]),
-        "claude", provider="copilot", echo_reasoning=True)
+        "claude")
     assert body["messages"][1]["reasoning_opaque"] == "SIG"
 
 

@@ -23,7 +23,8 @@ from dispatch_nb import (
     ToolUseBlock,
 )
 from dispatch_nb.providers.openai import OpenAIAdapter
-from dispatch_nb.wire.responses import is_reasoning_model, responses_usage
+from dispatch_nb.wire.chat_completions import chat_usage
+from dispatch_nb.wire.responses import is_reasoning_model
 
 from ..fakes.openai_responses import (
     CODE_INTERPRETER_CALL,
@@ -272,8 +273,9 @@ def test_usage_with_cached_tokens(fake: OpenAIResponsesFake) -> None:
     fake.push(Turn(text="x", input_tokens=100, cache_read_tokens=900, output_tokens=12))
     usage = gpt(fake).chat("x", stream=True).usage
     assert (usage.input_tokens, usage.cache_read_tokens, usage.output_tokens) == (100, 900, 12)
-    assert responses_usage({"input_tokens": 50, "output_tokens": 1, "input_tokens_details":
-                            {"cached_tokens": 20, "cache_write_tokens": 10}}).input_tokens == 20
+    assert chat_usage({"input_tokens": 50, "output_tokens": 1, "input_tokens_details":
+                       {"cached_tokens": 20, "cache_write_tokens": 10}},
+                      "input_tokens", "output_tokens").input_tokens == 20
 
 
 @pytest.mark.parametrize("style", ["error", "failed"])
@@ -444,7 +446,7 @@ def test_late_reasoning_done_events_round_trip(fake: OpenAIResponsesFake, mode: 
 
 def test_builtin_items_from_another_issuer_or_without_their_reasoning_stay_home() -> None:
     from dispatch_nb.adapter import ChatRequest
-    from dispatch_nb.wire.responses import build_responses_body
+    from dispatch_nb.wire.responses import ResponsesWire
 
     def turn(issuer: str) -> Message:
         rs = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "E"}
@@ -459,7 +461,7 @@ def test_builtin_items_from_another_issuer_or_without_their_reasoning_stay_home(
     def sent(issuer: str, model: str) -> list[str]:
         request = ChatRequest(messages=[Message("user", "q"), turn(issuer), Message("user", "more")],
                               max_tokens=100)
-        body = build_responses_body(request, model, provider="openai")
+        body = ResponsesWire("openai").build_body(request, model)
         return [i.get("id") or i["type"] for i in body["input"]]
 
     assert sent("openai", "gpt-5") == ["message", "rs_1", "ws_1", "msg_1", "message"]
@@ -538,7 +540,7 @@ def test_list_models(fake: OpenAIResponsesFake) -> None:
 def test_encrypted_reasoning_goes_back_only_to_its_issuer() -> None:
     from dispatch_nb import Message, TextBlock, ThinkingBlock
     from dispatch_nb.adapter import ChatRequest
-    from dispatch_nb.wire.responses import build_responses_body
+    from dispatch_nb.wire.responses import ResponsesWire
 
     def turn(issuer: str) -> Message:
         item = {"type": "reasoning", "id": f"rs_{issuer}", "summary": [],
@@ -552,6 +554,6 @@ def test_encrypted_reasoning_goes_back_only_to_its_issuer() -> None:
     for issuer, expected in (("openai", ["rs_openai"]), ("copilot", [])):
         request = ChatRequest(messages=[Message("user", "q"), turn(issuer), Message("user", "again")],
                               max_tokens=100)
-        body = build_responses_body(request, "gpt-5", provider="openai")
+        body = ResponsesWire("openai").build_body(request, "gpt-5")
         ids = [i["id"] for i in body["input"] if i.get("type") == "reasoning"]
         assert ids == expected, issuer
