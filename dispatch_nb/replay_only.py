@@ -116,7 +116,8 @@ def _defaults(name: str, factory: Any, model: str,
     if inspect.isclass(target) and descriptor is not None:
         name = descriptor.name
     accepted: Any = None
-    if descriptor is not None and descriptor.default_max_tokens is not None:
+    # (a factory that cannot be imported has no signature: its descriptor says all there is)
+    if descriptor is not None and (descriptor.default_max_tokens is not None or factory is None):
         max_tokens: int | None = descriptor.default_max_tokens
         accepted = descriptor.provider_options
     else:

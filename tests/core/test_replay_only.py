@@ -77,6 +77,23 @@ def test_stand_in_refuses_what_needs_the_model(missing_model: str, tmp_path: Pat
     assert info.value.code == "cache_miss"
 
 
+def test_stand_in_for_a_provider_that_cannot_be_imported_accepts_its_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A provider registered by descriptor whose module is not importable here (and which names
+    no default max_tokens): the stand-in accepts the options its descriptor declares."""
+    monkeypatch.setitem(registry._providers, "plugged", None)
+    register_provider(registry.ProviderDescriptor(
+        "plugged", "dispatch_nb_no_such_plugin_module:Adapter", default_model="plug-1",
+        provider_options=frozenset({"reasoning_effort"})), replace=True)
+    stand_in = connect_for_cache("plugged:plug-1", "replay")
+    assert isinstance(stand_in, ReplayOnlyAdapter)
+    assert stand_in.provider_options == frozenset({"reasoning_effort"})
+    _key(stand_in, reasoning_effort="low")  # accepted, as it was before the refactor
+    with pytest.raises(TypeError):
+        _key(stand_in, no_such_option=1)
+
+
 def test_recorded_notebook_answer_replays_without_llama_cpp() -> None:
     """In a fresh interpreter where llama_cpp cannot be imported, the quickstart's recorded
     answer replays through CachedAdapter + connect_for_cache."""
