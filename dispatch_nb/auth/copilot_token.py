@@ -48,6 +48,7 @@ import httpx
 
 from ..bridge import CALLER_THREAD, run_sync
 from ..errors import (
+    APITimeoutError,
     AuthenticationError,
     DispatchError,
     RateLimitError,
@@ -350,6 +351,9 @@ class CopilotTokenManager:
             else:
                 async with httpx.AsyncClient(timeout=self._timeout, verify=tls_context()) as client:
                     response = await client.get(self.token_url, headers=headers)
+        except httpx.TimeoutException:
+            raise APITimeoutError(f"{self.github_api_url} did not answer the Copilot token request "
+                                  "in time", provider=PROVIDER) from None
         except httpx.TransportError as exc:
             raise transport_error(exc, self.github_api_url, PROVIDER, " for a Copilot token") from None
         data = body_fields(response.content)

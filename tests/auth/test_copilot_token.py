@@ -19,6 +19,7 @@ from dispatch_nb.auth import (
 from dispatch_nb.auth.copilot_token import MIN_TOKEN_AGE
 from dispatch_nb.errors import (
     APIConnectionError,
+    APITimeoutError,
     AuthenticationError,
     RateLimitError,
     ServerError,
@@ -412,6 +413,17 @@ def test_an_unreachable_server_is_a_connection_error() -> None:
         manager.get()
     assert info.value.code == "network_error"
     assert isinstance(info.value, ConnectionError)
+
+
+def test_a_timed_out_exchange_says_it_was_the_copilot_token_request(github: FakeGitHub) -> None:
+    # the wording of the error before the auth refactor (the exchange and the device flow each
+    # say what did not answer)
+    github.copilot_token_response(delay=2.0)
+    manager = CopilotTokenManager(github.github_token, github_api_url=github.api_url, timeout=0.2)
+    with pytest.raises(APITimeoutError) as info:
+        manager.get()
+    assert info.value.message == f"{github.api_url} did not answer the Copilot token request in time"
+    assert info.value.code == "timeout" and isinstance(info.value, TimeoutError)
 
 
 def test_a_failed_exchange_leaves_no_token_and_recovers(
