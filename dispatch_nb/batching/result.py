@@ -395,9 +395,11 @@ class BatchResult(Sequence[Any]):
             frame = pd.DataFrame(rows, index=source.index)
         clash = sorted(set(added) & {str(c) for c in frame.columns})
         if clash:
+            has = ("the input already has column(s)" if source.kind == "dataframe"
+                   else "the rows already have key(s)")
             raise ValueError(
-                f"the input already has column(s) {', '.join(clash)}; call "
-                "to_pandas(prefix='llm_') to name the added columns apart"
+                f"{has} {', '.join(clash)}; call to_pandas(prefix='llm_') to name the added "
+                "columns apart"
             )
         for name, values in added.items():
             frame[name] = values

@@ -164,6 +164,18 @@ def test_str_rows_series_and_dataframe_fill_the_template() -> None:
         "echo: good", "echo: bad", "echo: fine"]
 
 
+def test_dict_rows_that_clash_with_the_added_columns_name_their_keys() -> None:
+    pytest.importorskip("pandas")
+    with BatchFake() as fake:
+        result = batch("{text}", [{"text": "good", "status": 1}], model=adapter_for(fake),
+                       progress=False)
+    # the words of the error before the batching refactor: dict rows have keys, not columns
+    with pytest.raises(ValueError, match=r"^the rows already have key\(s\) status; call "
+                       r"to_pandas\(prefix='llm_'\)"):
+        result.to_pandas()
+    assert list(result.to_pandas(prefix="llm_")["status"]) == [1]
+
+
 def test_a_generator_is_read_as_slots_free_up_not_loaded_whole() -> None:
     produced = 0
     ahead: list[int] = []
