@@ -13,7 +13,7 @@ expires, and reports every change of :class:`DeviceFlowState` through ``flow.sta
 flow. A :class:`~dispatch_nb.cancel.CancelToken` stops the wait (and a request on the wire) at
 once and raises :class:`~dispatch_nb.errors.RequestCancelled`. ``astart`` / ``apoll`` are the
 implementation; ``start`` / ``poll`` run them on the library's event-loop thread
-(:func:`~dispatch_nb.bridge.run_sync`), so ``on_state`` is called from that thread.
+(:mod:`dispatch_nb.bridge`), and ``poll`` calls ``on_state`` in the calling thread.
 
 GitHub answers the token endpoint with HTTP 200 and an ``error`` field until the user approves, so
 the body decides, never the status. The outcomes::
@@ -39,7 +39,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
@@ -48,7 +48,7 @@ from urllib.parse import parse_qsl
 
 import httpx
 
-from ..bridge import run_sync, same_parameters
+from ..bridge import SyncIterator, run_sync, same_parameters
 from ..call_control import TurnControl
 from ..cancel import CancelToken
 from ..errors import (
@@ -277,9 +277,56 @@ class DeviceFlow:
 
         Raises :class:`DeviceCodeExpired`, :class:`DeviceFlowDenied`, :class:`DeviceFlowError`,
         or :class:`~dispatch_nb.errors.RequestCancelled` (within milliseconds of
-        ``cancel.cancel()``, a request on the wire included).
+        ``cancel.cancel()``, a request on the wire included). ``on_state`` is called in this
+        thread (the poll runs on the library's event loop and hands its state changes back).
         """
-        return run_sync(self.apoll(code, cancel=cancel, on_state=on_state))
+        if on_state is None:
+            return run_sync(self.apoll(code, cancel=cancel))
+        changes: SyncIterator[Any] = SyncIterator(lambda: self._achanges(code, cancel))
+        last: DeviceFlowState | None = None
+        try:
+            for item in changes:
+                if isinstance(item, str):
+                    return item  # the token
+                last = item[0]
+                _call_on_state(on_state, *item)
+        except KeyboardInterrupt:
+            changes.close()
+            if last is None or not last.finished:
+                interval = self.interval if self.interval is not None else code.interval
+                _call_on_state(on_state, DeviceFlowState.CANCELLED, MappingProxyType({
+                    "interval": interval, "expires_at": code.expires_at,
+                    "message": "the login was interrupted"}))
+            raise
+        finally:
+            changes.close()
+        raise AssertionError("the poll ended without a token or an error")  # pragma: no cover
+
+    async def _achanges(self, code: DeviceCode, cancel: CancelToken | None) -> AsyncIterator[Any]:
+        """:meth:`apoll`'s state changes as ``(state, info)`` as they come, then its token (or
+        its error)."""
+        changes: asyncio.Queue[tuple[DeviceFlowState, Mapping[str, Any]]] = asyncio.Queue()
+        task = asyncio.ensure_future(self.apoll(
+            code, cancel=cancel, on_state=lambda state, info: changes.put_nowait((state, info))))
+        get: asyncio.Future[tuple[DeviceFlowState, Mapping[str, Any]]] | None = None
+        try:
+            while True:
+                get = asyncio.ensure_future(changes.get())
+                await asyncio.wait({task, get}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    break
+                yield get.result()
+            while not changes.empty():
+                yield changes.get_nowait()
+            yield task.result()
+        finally:
+            if get is not None:
+                get.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
 
     async def apoll(
         self,
@@ -319,6 +366,13 @@ class DeviceFlow:
             raise
 
 
+def _call_on_state(on_state: StateCallback, state: DeviceFlowState, info: Mapping[str, Any]) -> None:
+    try:
+        on_state(state, info)
+    except Exception:  # a broken display must not break the login
+        log.exception("device flow: the on_state callback failed")
+
+
 class _PollRun:
     """The state machine of one :meth:`DeviceFlow.apoll` call."""
 
@@ -344,10 +398,7 @@ class _PollRun:
         if self.on_state is None:
             return
         payload = {"interval": self.interval, "expires_at": self.code.expires_at, **info}
-        try:
-            self.on_state(state, MappingProxyType(payload))
-        except Exception:  # a broken display must not break the login
-            log.exception("device flow: the on_state callback failed")
+        _call_on_state(self.on_state, state, MappingProxyType(payload))
 
     def begin(self) -> None:
         self.emit(DeviceFlowState.PENDING, user_code=self.code.user_code)

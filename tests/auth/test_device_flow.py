@@ -263,6 +263,27 @@ def test_a_broken_on_state_callback_does_not_break_the_login(
     assert "on_state callback failed" in caplog.text
 
 
+def test_sync_poll_calls_on_state_in_the_calling_thread(github: FakeGitHub, flow: DeviceFlow) -> None:
+    """A sync caller's callback runs in its own thread, as before the auth refactor (and as the
+    sync entry points hand their events to the calling thread): it may block, or call
+    dispatch_nb's sync API, without stalling or tripping over the library's event loop."""
+    seen: list[tuple[str, str]] = []
+    users: list[str | None] = []
+
+    def on_state(state: DeviceFlowState, info: Mapping[str, Any]) -> None:
+        seen.append((state.value, threading.current_thread().name))
+        if state is DeviceFlowState.PENDING:
+            users.append(fetch_github_user(github.github_token, github.api_url))
+
+    code = flow.start()
+    threading.Timer(0.2, lambda: github.approve(code.user_code)).start()
+    assert flow.poll(code, on_state=on_state) == github.authorization().access_token
+    caller = threading.current_thread().name
+    assert seen[0] == ("pending", caller) and seen[-1] == ("approved", caller)
+    assert {thread for _, thread in seen} == {caller}
+    assert users == [github.login]
+
+
 # -- poll: failures ------------------------------------------------------------------------------
 FAILURES = [
     ("expire", DeviceCodeExpired, "expired", "device_code_expired", "Start the login again"),
