@@ -32,7 +32,7 @@ class SavedSession(BaseModel):
     system: str | None = None
     max_tool_rounds: int = 8
     max_tokens: int | None = None
-    temperature: float | None = None
+    temperature: int | float | None = None  # as given: a whole number stays one in the JSON
     tools: list[ToolDefinition] = []
     builtin_tools: list[dict[str, Any]] = []
     history: list[Message] = []

@@ -532,6 +532,14 @@ def test_to_json_restores_exactly(adapter: CanonicalAdapter) -> None:
     assert json.loads(session.to_json(indent=True)) == data
 
 
+def test_to_json_keeps_a_whole_number_temperature(adapter: CanonicalAdapter) -> None:
+    # the saved format writes the settings as given (the code before SavedSession wrote 1, not 1.0)
+    text = Session(adapter, id="t", temperature=1).to_json()
+    assert '"temperature":1,' in text
+    restored = Session.from_json(text, adapter=adapter)
+    assert restored.to_json() == text and type(restored.temperature) is int
+
+
 def test_from_json_reattaches_handlers_and_names_missing_ones(
     fake: CanonicalFake, adapter: CanonicalAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
