@@ -176,21 +176,26 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     the calling thread cancels it, waits for it to unwind, and raises ``KeyboardInterrupt``."""
     loop = _loop_for_caller()
     caller = threading.get_ident()
+    started, unwound = threading.Event(), threading.Event()
 
     async def for_caller() -> T:
+        started.set()
         CALLER_THREAD.set(caller)  # in this task's own context
-        return await coro
+        try:
+            return await coro
+        finally:
+            unwound.set()
 
     future = asyncio.run_coroutine_threadsafe(for_caller(), loop)
     try:
         return future.result()
     except BaseException:
         if not future.done():
-            future.cancel()  # the task is cancelled on its loop
-            try:
-                future.exception(CLOSE_WAIT)
-            except BaseException:
-                pass
+            # cancelling the concurrent future returns at once; the task is cancelled on its loop
+            # and its own finally blocks (a connection closing) are what to wait for
+            future.cancel()
+            if started.is_set():
+                unwound.wait(CLOSE_WAIT)
         raise
 
 

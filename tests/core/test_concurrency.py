@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import signal
 import socket
 import threading
 import time
@@ -13,8 +14,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
+import pytest
 
 from dispatch_nb.adapter import BRIDGE_BUFFER, Adapter, ChatRequest
+from dispatch_nb.bridge import run_sync
 from dispatch_nb.call_control import CallControl
 from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import Session
@@ -301,3 +304,28 @@ def test_the_bridge_hands_over_every_item_however_the_threads_interleave(
             assert got == [list(range(n))], f"trial {trial}"
     finally:
         on_loop_thread(loop_had)
+
+
+def test_ctrl_c_in_a_sync_call_returns_once_its_task_has_unwound() -> None:
+    """run_sync: Ctrl-C cancels the coroutine on the library's loop and raises once the
+    coroutine's own cleanup (a connection closing) has run, not before."""
+    started, cleaned = threading.Event(), threading.Event()
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.3)  # cleanup that takes a while
+            cleaned.set()
+
+    main = threading.get_ident()
+
+    def interrupt() -> None:  # a real SIGINT: it wakes the main thread's blocked wait
+        started.wait(5)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_sync(work())
+    assert cleaned.is_set()
