@@ -32,6 +32,7 @@ __all__ = [
     "parsed_html",
     "parsed_markdown",
     "parsed_rows",
+    "raw_json",
     "response_markdown",
     "rows_markdown",
     "short_line",
@@ -276,7 +277,8 @@ def _md_table(head: list[str], body: Iterable[list[str]]) -> str:
                       *("| " + " | ".join(cells) + " |" for cells in body)])
 
 
-def _raw_json(response: _Answer) -> str:
+def raw_json(response: _Answer) -> str:
+    """The answer's JSON, indented (its text as it is when it is not JSON)."""
     try:
         return json.dumps(json.loads(response.text), ensure_ascii=False, indent=2)
     except ValueError:
@@ -285,7 +287,7 @@ def _raw_json(response: _Answer) -> str:
 
 def _json_details(response: _Answer, summary: str = "JSON") -> str:
     """The raw JSON of ``response``, folded (a fence inside it cannot close the block)."""
-    raw = _raw_json(response).replace("```", "`\u200b``")
+    raw = raw_json(response).replace("```", "`\u200b``")
     return f"\n<details><summary>{summary}</summary>\n\n```json\n{raw}\n```\n\n</details>"
 
 
@@ -320,7 +322,7 @@ def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None
     parts = [f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
              if rows else "<p><em>(empty list)</em></p>",
              "<details><summary>JSON</summary><pre><code>"
-             f"{html.escape(_raw_json(response))}</code></pre></details>"]
+             f"{html.escape(raw_json(response))}</code></pre></details>"]
     if footer:
         parts.append(f"<p><sub>{html.escape(footer_text(response, latency=latency))}</sub></p>")
     return "\n".join(parts)

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..cost import CostTotal
-from ..render import code_span, compare_parsed_markdown, footer_line, parsed_markdown, parsed_rows, short_line
+from ..render import (
+    code_span,
+    compare_parsed_markdown,
+    footer_line,
+    parsed_markdown,
+    parsed_rows,
+    raw_json,
+    short_line,
+)
 from ..turn import ToolRun, TurnAccumulator
 from ..types import Usage
 
@@ -299,10 +307,7 @@ def final_output(
         meta = _metadata({**transcript.metadata(latency, ttft), "format": "schema", "footer": footer,
                           "rows": len(parsed_rows(parsed.parsed)), **(extra or {})}, notes)
         md = top + parsed_markdown(parsed, footer=False) + _sub(footer)
-        try:
-            plain = json.dumps(json.loads(parsed.text), indent=2, ensure_ascii=False)
-        except ValueError:
-            plain = parsed.text
+        plain = raw_json(parsed)
         return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"}, meta)
     meta = _metadata({**transcript.metadata(latency, ttft), "format": fmt, "footer": footer,
                       **(extra or {})}, notes)
