@@ -132,11 +132,11 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         "temperature": args.temperature if args.temperature is not None else settings.temperature,
         "timeout": settings.timeout,
         "cache": None if args.deferred else cache,  # the checkpoint keeps a deferred batch's answers
+        "output": schema,
+        "budget": args.budget,
+        "deferred": args.deferred,
+        "checkpoint": args.checkpoint or None,
     }
-    for name, value in (("output", schema), ("budget", args.budget),
-                        ("deferred", args.deferred or None), ("checkpoint", args.checkpoint or None)):
-        if value is not None:
-            options[name] = value
 
     def estimated() -> Any:
         from ..estimates import estimate
