@@ -486,6 +486,8 @@ class CopilotAdapter(HTTPAdapter):
         return self._raw_models
 
     def _load_models(self, refresh: bool = False, *, login: bool = True) -> list[dict[str, Any]]:
+        if self._raw_models is not None and not refresh:  # no trip to the loop thread for it
+            return self._raw_models
         with self._models_lock:  # one GET /models for all threads
             return run_sync(self._aload_models(refresh, login=login))
 
