@@ -46,7 +46,9 @@ def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
     it (Anthropic's ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
     ``content``; chat.completions content parts of unknown types come in pieces): a string is
     appended to the field of the same name, a list field receives the value (or its items), a
-    dict field is updated, anything else is set."""
+    dict field is updated, anything else is set. Only ``block`` changes: its list and dict fields
+    are replaced, never changed in place (a shallow copy of a block, or a snapshot of it, keeps
+    its own)."""
     for name, value in delta.items():
         if name == "type":
             continue
@@ -54,12 +56,9 @@ def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
         if isinstance(value, str) and (current is None or isinstance(current, str)):
             block[name] = (current or "") + value
         elif isinstance(current, list):
-            if isinstance(value, list):
-                current.extend(value)
-            else:
-                current.append(value)
+            block[name] = [*current, *value] if isinstance(value, list) else [*current, value]
         elif isinstance(current, dict) and isinstance(value, dict):
-            current.update(value)
+            block[name] = {**current, **value}
         else:
             block[name] = value
 

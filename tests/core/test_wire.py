@@ -271,3 +271,14 @@ def test_post_json_is_the_public_seam_for_side_requests() -> None:
     assert down.count_tokens("hi") == -1  # the server cannot count: -1, as before
     assert down.fixed_headers["anthropic-version"] == "2023-06-01"
     down.close()
+
+
+def test_merge_delta_leaves_the_block_it_was_copied_from_alone() -> None:
+    from dispatch_nb.wire.base import merge_delta
+
+    first = {"type": "x", "items": [1], "meta": {"a": 1}, "text": "a"}
+    merged = dict(first)
+    merge_delta(merged, {"type": "x", "items": [2], "meta": {"b": 2}, "text": "b"})
+    merge_delta(merged, {"items": 3})
+    assert merged == {"type": "x", "items": [1, 2, 3], "meta": {"a": 1, "b": 2}, "text": "ab"}
+    assert first == {"type": "x", "items": [1], "meta": {"a": 1}, "text": "a"}  # a snapshot's own
