@@ -20,7 +20,6 @@ parser without a decode/encode round trip::
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any
 
@@ -71,12 +70,6 @@ class ServerSentEvent:
     __hash__ = None  # type: ignore[assignment]
 
 
-@functools.lru_cache(maxsize=256)
-def _name(raw: bytes) -> str:
-    """An ``event:`` name, decoded (a stream repeats a few names thousands of times)."""
-    return raw.decode("utf-8", "replace")
-
-
 class SSEDecoder:
     """A pure state machine: ``feed(bytes)`` → events; ``end()`` flushes at end of stream."""
 
@@ -118,7 +111,7 @@ class SSEDecoder:
                 elif chunk.startswith(b"event: "):
                     end = chunk.find(b"\n", 7)
                     if chunk.startswith(b"data: ", end + 1) and chunk.find(b"\n", end + 7) == blank:
-                        name = _name(chunk[7:end])
+                        name = chunk[7:end].decode("utf-8", "replace")
                         return [ServerSentEvent(chunk[end + 7 : -2], name, self._last_id, None)]
             return self._feed_blocks(chunk)
         if self._skip_lf:
@@ -167,7 +160,7 @@ class SSEDecoder:
                     and block[end + 1 : end + 7] == b"data: "
                     and block.find(b"\n", end + 7) < 0
                 ):
-                    name = _name(block[7:end])
+                    name = block[7:end].decode("utf-8", "replace")
                     append(ServerSentEvent(block[end + 7 :], name, self._last_id, None))
                     continue
             for line in block.split(b"\n"):
