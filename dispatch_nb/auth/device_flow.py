@@ -305,24 +305,15 @@ class DeviceFlow:
     async def _achanges(self, code: DeviceCode, cancel: CancelToken | None) -> AsyncIterator[Any]:
         """:meth:`apoll`'s state changes as ``(state, info)`` as they come, then its token (or
         its error)."""
-        changes: asyncio.Queue[tuple[DeviceFlowState, Mapping[str, Any]]] = asyncio.Queue()
+        changes: asyncio.Queue[Any] = asyncio.Queue()
         task = asyncio.ensure_future(self.apoll(
             code, cancel=cancel, on_state=lambda state, info: changes.put_nowait((state, info))))
-        get: asyncio.Future[tuple[DeviceFlowState, Mapping[str, Any]]] | None = None
+        task.add_done_callback(changes.put_nowait)  # the task itself comes last, after its changes
         try:
-            while True:
-                get = asyncio.ensure_future(changes.get())
-                await asyncio.wait({task, get}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    break
-                yield get.result()
-            while not changes.empty():
-                yield changes.get_nowait()
+            while (item := await changes.get()) is not task:
+                yield item
             yield task.result()
         finally:
-            if get is not None:
-                get.cancel()
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
