@@ -465,18 +465,21 @@ class Adapter:
             output,
         )
 
-    def price_call(self, request: ChatRequest, model: str, usage: Usage) -> Cost | None:
+    def price_call(self, request: ChatRequest, model: str, usage: Usage, *,
+                   batch: bool = False) -> Cost | None:
         """What one successful call with ``usage`` cost (docs/cost.md): ``genai-prices``' price
         for this provider's ``price_provider`` and the model asked for (else the model the
-        server named); ``None`` when unknown. Copilot adds its premium requests."""
-        return (price(self.provider_name, self.model_name, usage)
-                or (price(self.provider_name, model, usage) if model else None))
+        server named); ``None`` when unknown. ``batch``: the provider's batch-API price. Copilot
+        adds its premium requests."""
+        return (price(self.provider_name, self.model_name, usage, batch=batch)
+                or (price(self.provider_name, model, usage, batch=batch) if model else None))
 
-    def _priced(self, request: ChatRequest, acc: Accumulator) -> None:
+    def _priced(self, request: ChatRequest, acc: Accumulator, *, batch: bool = False) -> None:
         """The attempt succeeded: price its usage (only the successful attempt is billed) and
-        enter it in this process's ledger (``%chat cost``)."""
+        enter it in this process's ledger (``%chat cost``); ``batch``: answered by the
+        provider's batch API."""
         try:
-            acc.cost = self.price_call(request, acc.model, acc.usage)
+            acc.cost = self.price_call(request, acc.model, acc.usage, batch=batch)
         except Exception as exc:  # a price lookup never fails a call
             logger.warning("could not price %s %s: %s", self.provider_name, self.model_name, exc)
             acc.cost = None

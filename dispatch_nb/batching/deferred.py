@@ -30,7 +30,7 @@ from typing import Any
 
 from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
-from ..cost import attempt_cost, ledger, price
+from ..cost import attempt_cost
 from ..errors import BudgetExceededError, DispatchError, RequestCancelled, RequestError
 from ..providers.batch_api import BatchAPI, JobPart, RowOutcome, cancelled_error, expired_error
 from ..stream import Accumulator
@@ -360,16 +360,8 @@ class DeferredRun:
 
                 assert isinstance(adapter, HTTPAdapter)
                 adapter.parse_body(row.request, body, acc)
+            adapter._priced(row.request, acc, batch=True)  # the batch price, in the ledger too
             response = acc.finish()
-            # the provider's batch price for its usage, entered in this process's ledger
-            try:
-                response.cost = price(adapter.provider_name, adapter.model_name, response.usage,
-                                      batch=True)
-            except Exception as exc:  # a price lookup never fails a row
-                log.warning("could not price %s %s: %s", adapter.provider_name,
-                            adapter.model_name, exc)
-            ledger.record(adapter.provider_name, adapter.model_name, response.usage,
-                          response.cost)
             if row.request.output is not None:
                 from ..structured import settle_answer
 

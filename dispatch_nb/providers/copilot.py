@@ -458,7 +458,8 @@ class CopilotAdapter(HTTPAdapter):
         info = self._info()
         return info.premium_multiplier if info is not None else None
 
-    def price_call(self, request: ChatRequest, model: str, usage: Usage) -> Cost | None:
+    def price_call(self, request: ChatRequest, model: str, usage: Usage, *,
+                   batch: bool = False) -> Cost | None:
         """The dollar price (genai-prices' ``github-copilot`` rates) and the premium requests:
         the model's multiplier for a call someone typed, 0 for the calls a tool loop makes on its
         own (``X-Initiator: agent`` is not billed as a premium request)."""
@@ -468,7 +469,8 @@ class CopilotAdapter(HTTPAdapter):
         premium = None
         if multiplier is not None:
             premium = multiplier if initiator_for(request.messages) == "user" else 0.0
-        return price(self.provider_name, self.model_name, usage, premium_requests=premium)
+        return price(self.provider_name, self.model_name, usage, premium_requests=premium,
+                     batch=batch)
 
     # -- models ----------------------------------------------------------------------------------
     def _info(self) -> ModelInfo | None:
