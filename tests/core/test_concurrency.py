@@ -7,6 +7,7 @@ import gc
 import json
 import signal
 import socket
+import sys
 import threading
 import time
 import tracemalloc
@@ -321,8 +322,11 @@ def test_ctrl_c_in_a_sync_call_returns_once_its_task_has_unwound() -> None:
 
     main = threading.get_ident()
 
-    def interrupt() -> None:  # a real SIGINT: it wakes the main thread's blocked wait
+    def interrupt() -> None:  # a real SIGINT once the caller waits for the answer
         started.wait(5)
+        deadline = time.monotonic() + 10
+        while sys._current_frames()[main].f_code.co_name != "wait" and time.monotonic() < deadline:
+            time.sleep(0.001)
         signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
