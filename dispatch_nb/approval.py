@@ -1,20 +1,5 @@
-"""Approval before a tool runs: ``approve="auto" | "ask" | function(ToolCall) -> bool | str``.
-
-::
-
-    Session(model, tools=[server, my_function], approve="ask")
-    Session(model, tools=[server], approve=lambda call: call.name != "delete_file" or "not today")
-
-``"auto"`` runs every call. ``"ask"`` asks a person before each call: in the notebook with
-Approve / Deny / Always-for-this-tool buttons in the cell, in a terminal with a y/N prompt; no
-answer within the turn's deadline is a denial. A function gets a :class:`ToolCall` and returns
-``True`` (run it), ``False`` (deny it) or a string (deny it; the string is the reason the model
-reads). Without ``approve=`` a session runs Python tools at once and asks before MCP tools.
-
-A denied call never runs: the model gets an ``is_error`` tool result saying it was denied and why,
-and the decision is kept on the turn's :class:`~dispatch_nb.types.ToolResultEvent`
-(``approval``: ``"approved"``, ``"approved (always)"`` or ``"denied: …"``).
-"""
+"""Approval before a tool runs: ``approve="auto" | "ask" | function(ToolCall) -> bool | str``
+(docs/tools.md, "Approval before a tool runs")."""
 
 from __future__ import annotations
 

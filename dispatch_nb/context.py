@@ -1,15 +1,5 @@
-"""The kernel as context, read-only: tools that describe named variables to the model.
-
-``context_tools(namespace, ["df", "orders"])`` gives two tools: ``list_variables()`` (the allowed
-names that exist, with their types) and ``describe(name)`` (a DataFrame's shape, dtypes, a few rows
-and ``describe()``; an array's shape and dtype; a clipped ``repr`` otherwise). Nothing is run: a
-name outside the allowed ones is refused, and each answer is cut to ``max_bytes`` UTF-8 bytes, so
-what leaves the kernel is bounded and exactly what the tool result shows.
-
-``Session(model, context="df,orders")`` (or a list of names) gives a session opened in a notebook
-or IPython the same two tools over the user's variables; ``context={"df": df}`` names the values
-itself and works anywhere.
-"""
+"""The kernel as context, read-only: the ``list_variables`` and ``describe`` tools over named
+variables (docs/tools.md, "The kernel as context")."""
 
 from __future__ import annotations
 

@@ -1,35 +1,6 @@
-"""Model Context Protocol servers as tools, through the official ``mcp`` SDK's client.
-
-::
-
-    from dispatch_nb.mcp import MCPServer
-
-    files = MCPServer.stdio("npx", "-y", "@modelcontextprotocol/server-filesystem", "/data")
-    search = MCPServer.http("http://127.0.0.1:8000/mcp", headers={"Authorization": "Bearer ..."})
-    session = Session("openai:gpt-4.1", tools=[files, search, my_function])
-
-A server goes wherever tools go. It starts on first use (a session's first turn), its tools are
-listed once and listed again when the server says its list changed, and it stops with the
-session (``session.close()``) or when the process exits. Each tool's name, description and input
-schema pass to the model as the server gives them; a name that clashes with another tool gets the
-server's name as a prefix (``files_read_file``).
-
-A call runs on the server. Its text, images and structured content come back as the tool result
-(an image goes to the model as an image where its API takes images in tool results — Anthropic,
-OpenAI Responses — else as a note saying it could not be sent; audio and resources as a short note
-naming their type and size); a tool error (``isError``), a
-server that crashed, stopped or took longer than ``timeout`` seconds become a tool result the model
-reads — the turn goes on. The session's deadline and Ctrl-C hold while a server works.
-
-Every server connection lives on the library's private event-loop thread, so one server can be
-used from sync code, from async code and from a notebook alike.
-
-**Record and replay.** When a session talks through a :class:`~dispatch_nb.cache.CachedAdapter`,
-its servers' tool listings and call results go into the same cache file (lines with ``"kind":
-"mcp_tools"`` / ``"mcp_call"``, keyed by server name, tool and arguments): ``record`` calls the
-server and records, ``read-write`` replays what was recorded and records the rest, ``replay``
-replays what was recorded — without starting the server — and asks the server only for what was
-never recorded.
+"""Model Context Protocol servers as tools (:class:`MCPServer`, :class:`MCPTool`), through the
+official ``mcp`` SDK's client; every connection lives on the library's event-loop thread.
+What a user sees (start and stop, listing, results, errors, record and replay): docs/tools.md.
 """
 
 from __future__ import annotations

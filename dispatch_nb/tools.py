@@ -1,26 +1,6 @@
-"""Python functions as tools a model can call: ``@tool`` and :class:`Tool`.
-
-::
-
-    @tool
-    def get_weather(city: str, unit: Literal["C", "F"] = "C") -> dict:
-        \"\"\"Current weather for a city.
-
-        Args:
-            city: The city name, e.g. "Paris".
-            unit: Temperature unit.
-        \"\"\"
-        ...
-
-    get_weather.definition      # ToolDefinition(name, description, parameters=JSON Schema)
-    get_weather("Paris")        # still a plain function
-    get_weather.run(call)       # ToolUseBlock -> ToolResultBlock, never raises for tool problems
-
-The JSON Schema comes from the type hints (pydantic), the description from the docstring's first
-paragraph, and each parameter's description from its ``Args:`` (Google), ``Parameters`` (NumPy) or
-``:param x:`` (Sphinx) entry. Arguments are validated before the handler runs; invalid arguments, a
-handler exception, or arguments that were not valid JSON become an ``is_error`` result with a short
-message the model can act on — never a crash.
+"""Python functions as tools a model can call: ``@tool`` and :class:`Tool` (docs/sessions.md,
+"Tools"): a JSON Schema from the type hints, a description from the docstring, arguments
+validated before the function runs, and every problem an ``is_error`` result, never a crash.
 """
 
 from __future__ import annotations

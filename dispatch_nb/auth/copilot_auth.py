@@ -1,15 +1,6 @@
-"""Copilot's request authentication as one :class:`httpx.Auth` flow.
-
-:class:`CopilotAuth` puts the Copilot token (from a
-:class:`~dispatch_nb.auth.CopilotTokenManager`) on every request sent to the Copilot API; when the
-API answers 401 (or a 403 without an ``authorize_url``: the token, not the account, was refused)
-it forgets exactly the token it sent, gets a new one — one exchange however many threads or tasks
-hit the 401 together — and sends the request once more. A second refusal is
-the answer the caller sees (it becomes an :class:`~dispatch_nb.errors.AuthenticationError`).
-
-httpx runs the flow below its ``send``, so it serves sync and async clients, streamed chats,
-``GET /models`` and any other call alike, over any transport (httpx's own or the aiohttp one).
-"""
+"""Copilot's request authentication as one :class:`httpx.Auth` flow: the Copilot token on every
+request, one refresh and one resend after a refusal (docs/copilot-login.md, "How a request is
+authenticated")."""
 
 from __future__ import annotations
 

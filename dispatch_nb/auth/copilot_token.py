@@ -1,35 +1,6 @@
-"""The Copilot token: a short-lived key for the Copilot API, exchanged for a GitHub token.
-
-::
-
-    manager = CopilotTokenManager(lambda: find_github_token().token)
-    copilot = manager.get()          # GET {github_api_url}/copilot_internal/v2/token, cached
-    copilot.endpoints_api            # the base URL for /models, /chat/completions, /responses
-    headers = {"Authorization": f"Bearer {copilot.token}", **EDITOR_HEADERS}
-    ...
-    manager.invalidate(copilot)      # after a 401/403 from the Copilot API: get() refreshes
-
-**Refresh policy.** A token is refreshed ``refresh_in − 60`` seconds after it was fetched when the
-server sent ``refresh_in`` (that measure uses only our clock, so a wrong system clock cannot make a
-fresh token look expired), else 5 minutes before ``expires_at``; and never sooner than 30 seconds
-after it was fetched, so a skewed clock cannot cause a storm of exchanges.
-
-**Single flight.** However many threads and event loops share a manager, one exchange runs at a
-time and everyone waiting gets its result: an ``asyncio.Lock`` per event loop for tasks, and a
-``threading.Lock`` across loops (a sync :meth:`~CopilotTokenManager.get` runs ``aget`` on the
-library's event-loop thread).
-
-**Errors** from the token endpoint::
-
-    401                                   AuthenticationError: the GitHub token was rejected; log in
-    403 + error_details.notification_id   AuthenticationError, code = the notification_id
-                                          (no_copilot_access, not_signed_up, ...), with what to do
-    403 "API rate limit exceeded", 429    RateLimitError (retry_after from the headers)
-    5xx                                   ServerError
-    no connection / timeout               APIConnectionError / APITimeoutError
-
-This is GitHub's undocumented editor API, used the way the Copilot editor plugins use it; it can
-change without notice (see ``docs/copilot-login.md``).
+"""The Copilot token: a short-lived key for the Copilot API, exchanged for a GitHub token, cached
+and refreshed one exchange at a time (docs/copilot-login.md, "The Copilot token"; the endpoint
+and its errors: PROTOCOLS.md §2).
 """
 
 from __future__ import annotations

@@ -1,34 +1,8 @@
 """GitHub's OAuth device flow (RFC 8628): how a terminal or a notebook gets a GitHub token.
 
-::
-
-    flow = DeviceFlow()                       # GitHub's Copilot editor app, scope read:user
-    code = flow.start()                       # POST {github_url}/login/device/code
-    print(f"Open {code.verification_uri} and enter {code.user_code}")
-    token = flow.poll(code, cancel=token)     # POST {github_url}/login/oauth/access_token
-
-``poll`` waits ``interval`` seconds between requests, obeys ``slow_down``, stops when the code
-expires, and reports every change of :class:`DeviceFlowState` through ``flow.state`` and the
-``on_state(state, info)`` callback, so a notebook widget and a terminal prompt can drive the same
-flow. A :class:`~dispatch_nb.cancel.CancelToken` stops the wait (and a request on the wire) at
-once and raises :class:`~dispatch_nb.errors.RequestCancelled`. ``astart`` / ``apoll`` are the
-implementation; ``start`` / ``poll`` run them on the library's event-loop thread
-(:mod:`dispatch_nb.bridge`), and ``poll`` calls ``on_state`` in the calling thread.
-
-GitHub answers the token endpoint with HTTP 200 and an ``error`` field until the user approves, so
-the body decides, never the status. The outcomes::
-
-    authorization_pending          keep polling                        state pending
-    slow_down                      poll less often (body interval,     state slow_down
-                                   else old + 5 s), from now on
-    access_token                   done                                state approved
-    expired_token / token_expired  DeviceCodeExpired: start again      state expired
-    access_denied                  DeviceFlowDenied                    state denied
-    incorrect_device_code,         DeviceFlowError (configuration      state error
-    incorrect_client_credentials,  or bug; the message says which)
-    unsupported_grant_type,
-    device_flow_disabled
-
+``astart`` / ``apoll`` are the implementation; ``start`` / ``poll`` run them on the library's
+event-loop thread, and ``poll`` calls ``on_state`` in the calling thread. GitHub's answers and
+what each means: PROTOCOLS.md §1; the states a login goes through: docs/copilot-login.md.
 Neither the device code nor the token ever appears in a repr, a log record or an error message.
 """
 

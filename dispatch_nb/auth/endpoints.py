@@ -1,13 +1,5 @@
-"""Where GitHub lives: the web URL (device flow) and the REST API URL (user, Copilot token).
-
-Both come from the environment so GitHub Enterprise and tests can point elsewhere:
-
-* ``DISPATCH_NB_GITHUB_URL`` (default ``https://github.com``)
-* ``DISPATCH_NB_GITHUB_API_URL`` (default: derived from the GitHub URL, see
-  :func:`github_api_url_for`)
-
-Environment variables are read when a function is called, never at import time.
-"""
+"""Where GitHub lives: the web URL (device flow) and the REST API URL (user, Copilot token), from
+the environment when a function is called (docs/copilot-login.md, "GitHub Enterprise")."""
 
 from __future__ import annotations
 

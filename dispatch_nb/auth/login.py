@@ -1,10 +1,5 @@
-"""The GitHub device login, once: start, show the code, poll, fetch the user, save the token.
-
-:func:`device_login` is the one routine the terminal (``python -m dispatch_nb login``), the
-adapter (a first call with ``on_device_code``) and the notebook (``%chat login``) run; each shows
-it its own way through its callbacks. Nothing here prints or imports IPython; the token never
-appears in a result's repr.
-"""
+"""The GitHub device login, once (start, show the code, poll, fetch the user, save the token), for
+every front end through its callbacks (docs/copilot-login.md, "One login routine")."""
 
 from __future__ import annotations
 

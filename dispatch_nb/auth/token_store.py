@@ -1,22 +1,6 @@
-"""Where the GitHub token lives, and how a token is found.
-
-:class:`TokenStore` keeps the token the device flow produced in one JSON file, by default
-``$DISPATCH_NB_HOME/github_token.json`` (``DISPATCH_NB_HOME`` defaults to the platform's user
-config directory). The file is written atomically with mode 0600 in a 0700 directory::
-
-    {"github_token": "ghu_…", "user": "octocat", "github_url": "https://github.com",
-     "created_at": "2025-01-01T12:00:00+00:00"}
-
-:func:`find_github_token` decides which token a Copilot adapter uses, first match wins:
-
-1. the ``github_token`` argument;
-2. ``$DISPATCH_NB_GITHUB_TOKEN``;
-3. our token file (if it was made for the same GitHub host);
-4. a Copilot editor login: ``apps.json``, then ``hosts.json``, in
-   ``$XDG_CONFIG_HOME/github-copilot`` (default ``~/.config/github-copilot``; on Windows
-   ``%LOCALAPPDATA%\\github-copilot``). These files are read, never written.
-
-A secret never appears in a repr, a log record or an exception message.
+"""Where the GitHub token lives (:class:`TokenStore`, one JSON file, mode 0600) and which token a
+Copilot adapter uses (:func:`find_github_token`): docs/copilot-login.md, "Where the token is
+stored" and "Which token is used". A secret never appears in a repr, a log record or an error.
 """
 
 from __future__ import annotations

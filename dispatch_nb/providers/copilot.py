@@ -1,33 +1,7 @@
-"""GitHub Copilot: the models of a Copilot subscription, through GitHub's Copilot API.
-
-::
-
-    CopilotAdapter("gpt-4.1")                 # or connect("copilot:gpt-4.1")
-    CopilotAdapter("claude-sonnet-4", on_device_code=lambda code: print(code.user_code))
-
-This uses GitHub's **undocumented** Copilot API the way the Copilot editor plugins do (PROTOCOLS.md
-§1–§3; ``docs/copilot-login.md`` says what the user sees: models, premium requests, errors): a
-GitHub token (the ``github_token`` argument, ``$DISPATCH_NB_GITHUB_TOKEN``, our token file, or a
-Copilot editor login) is exchanged for a short-lived Copilot token
-(:class:`~dispatch_nb.auth.CopilotTokenManager`), put on each request by
-:class:`~dispatch_nb.auth.CopilotAuth` (a new one and one resend after a 401/403), and requests go
-to the token's ``endpoints.api`` with editor headers. No GitHub or Copilot token ever appears in a
-repr, a log record or an exception message.
-
-**Not signed in**: with ``on_device_code`` the adapter runs GitHub's device flow on first use — it
-calls ``on_device_code(DeviceCode)`` so a UI can show the code, polls until it is approved, and
-stores the token (mode 0600) — else it raises :class:`~dispatch_nb.errors.AuthenticationError`.
-
-**Models**: ``GET /models`` is read once per adapter, on the first call: it tells which endpoint a
-model speaks (``/chat/completions``, else ``/responses`` when that is the only one listed; the
-catalogue is :mod:`.copilot_models`), and an unknown model name becomes a
-:class:`~dispatch_nb.errors.ModelUnavailableError` listing the models on offer.
-
-**Requests**: a wire format per model (:data:`COPILOT_WIRES`). On chat.completions,
-:data:`COPILOT_CHAT_QUIRKS` reads Claude's ``reasoning_text`` / ``reasoning_opaque`` as a
-:class:`~dispatch_nb.types.ThinkingBlock` marked as Copilot's, sent back on the next assistant
-message. ``X-Initiator`` is ``user`` for a turn someone typed and ``agent`` otherwise (tool
-results): only user turns count as premium requests. Errors: :mod:`.copilot_errors`.
+"""GitHub Copilot: the models of a Copilot subscription, through GitHub's undocumented Copilot API
+(PROTOCOLS.md §1–§3; what the user sees — login, models, premium requests, ``X-Initiator``,
+errors — is docs/copilot-login.md). The auth is :mod:`dispatch_nb.auth`'s, the model catalogue
+:mod:`.copilot_models`, the error table :mod:`.copilot_errors`.
 """
 
 from __future__ import annotations

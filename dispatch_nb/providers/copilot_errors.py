@@ -1,13 +1,6 @@
 """GitHub Copilot's error table, sans-I/O: an HTTP error from the Copilot API → the
-:class:`~dispatch_nb.errors.DispatchError` to raise (PROTOCOLS.md §3.6).
-
-401/403 → :class:`~dispatch_nb.errors.AuthenticationError` (after
-:class:`~dispatch_nb.auth.CopilotAuth` refreshed the token and resent once); 402 and the quota codes
-→ :class:`~dispatch_nb.errors.RateLimitError` ``quota_exceeded`` (not retried, says when the quota
-resets); 429 → ``RateLimitError`` with ``retry_after`` (``extension_blocked``: not retried); 466
-(client too old), 422 (content filter), 400 ``off_topic`` → :class:`~dispatch_nb.errors.RequestError`;
-499 → :class:`~dispatch_nb.errors.ServerError`; anything else by its status.
-"""
+:class:`~dispatch_nb.errors.DispatchError` to raise (PROTOCOLS.md §3.6; docs/copilot-login.md,
+"Errors")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""GitHub Copilot's model catalogue, sans-I/O: what ``GET /models`` says about each model.
-
-Which models the editors' pickers show (:func:`is_picker_model`), one entry as a
-:class:`~dispatch_nb.types.ModelInfo` (:func:`copilot_model_info`), where a model is spoken to
-(:func:`copilot_endpoint`: ``chat/completions`` or ``responses``), its output limit, whether it is
-one of OpenAI's (:func:`is_openai_model`), and the approximate context windows used while the list is
-unknown (:data:`FALLBACK_CONTEXT_TOKENS`). :class:`~dispatch_nb.providers.copilot.CopilotAdapter`
-reads the list once per adapter and asks this module.
-"""
+"""GitHub Copilot's model catalogue, sans-I/O: what ``GET /models`` says about each model (which
+the pickers show, its route, limits and vendor); the approximate context windows used while the
+list is unknown."""
 
 from __future__ import annotations
 
