@@ -11,28 +11,32 @@ import orjson
 
 from .copilot_token import DEFAULT_COPILOT_API_URL, CopilotToken, CopilotTokenManager
 
-__all__ = ["REFRESH_STATUSES", "CopilotAuth", "token_rejected"]
+__all__ = ["REFRESH_STATUSES", "CopilotAuth", "authorize_url", "token_rejected"]
 
 #: the statuses after which a new Copilot token may help (PROTOCOLS.md §3.6)
 REFRESH_STATUSES = frozenset({401, 403})
 
 
-def token_rejected(status: int, body: bytes) -> bool:
-    """Whether an answer says the Copilot *token* was refused, so a new one may cure it: a 401, or a
-    403 that does not ask the user to authorize something first (``authorize_url``)."""
-    if status not in REFRESH_STATUSES:
-        return False
+def authorize_url(body: bytes) -> str | None:
+    """The ``authorize_url`` in a refusal's JSON body (flat or under ``error``): a page the user
+    must open first, which a new token would not replace."""
     try:
         data = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
-        return True
+        return None
     if not isinstance(data, dict):
-        return True
+        return None
     inner = data.get("error")
     url = (inner.get("authorize_url") if isinstance(inner, dict) else None) or data.get(
         "authorize_url"
     )
-    return not (isinstance(url, str) and url)
+    return url if isinstance(url, str) and url else None
+
+
+def token_rejected(status: int, body: bytes) -> bool:
+    """Whether an answer says the Copilot *token* was refused, so a new one may cure it: a 401, or a
+    403 without an :func:`authorize_url`."""
+    return status in REFRESH_STATUSES and authorize_url(body) is None
 
 
 class CopilotAuth(httpx.Auth):

@@ -144,17 +144,9 @@ class TokenStore:
         token = data.get("github_token")
         if not isinstance(token, str) or not token.strip():
             raise self._error('has no "github_token" string')
-
-        def text(key: str) -> str | None:
-            value = data.get(key)
-            return value if isinstance(value, str) else None
-
-        return StoredToken(
-            github_token=token.strip(),
-            user=text("user"),
-            github_url=text("github_url"),
-            created_at=text("created_at"),
-        )
+        texts = {key: value for key in ("user", "github_url", "created_at")
+                 if isinstance(value := data.get(key), str)}
+        return StoredToken(github_token=token.strip(), **texts)
 
     def load(self) -> str | None:
         """The stored GitHub token, or None if there is no file. Raises :class:`TokenStoreError`."""

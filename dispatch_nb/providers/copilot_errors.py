@@ -8,9 +8,7 @@ import datetime as _dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
-from ..auth import EDITOR_HEADERS
+from ..auth import EDITOR_HEADERS, authorize_url
 from ..errors import (
     AuthenticationError,
     DispatchError,
@@ -28,14 +26,6 @@ __all__ = ["PLANS_URL", "copilot_error"]
 PROVIDER = "copilot"
 #: where more premium requests are bought (named in quota errors)
 PLANS_URL = "https://github.com/features/copilot/plans"
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _in_words(seconds: float) -> str:
@@ -72,12 +62,10 @@ def copilot_error(
     }
     retry_after = parse_retry_after(headers)
     if status in (401, 403):
-        data = _json_object(body)
-        inner = data["error"] if isinstance(data.get("error"), dict) else data
-        authorize_url = inner.get("authorize_url") or data.get("authorize_url")
-        if isinstance(authorize_url, str) and authorize_url:
+        url = authorize_url(body)
+        if url is not None:
             return AuthenticationError(
-                f"GitHub Copilot needs you to authorize this first: open {authorize_url} "
+                f"GitHub Copilot needs you to authorize this first: open {url} "
                 f"(GitHub says: {message})",
                 **kw,
             )

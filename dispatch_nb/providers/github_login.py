@@ -15,11 +15,9 @@ def find_login(env: Mapping[str, str]) -> str | None:
     ``DISPATCH_NB_GITHUB_TOKEN`` and ``DISPATCH_NB_GITHUB_URL`` are read from ``env``; the editor
     login where the process's ``HOME`` / ``XDG_CONFIG_HOME`` point. A saved login that cannot be
     read raises ``ValueError``."""
+    from ..auth.token_store import find_github_token
+
     explicit = env.get("DISPATCH_NB_GITHUB_TOKEN", "").strip() or None
-    try:
-        from ..auth.token_store import find_github_token
-    except ImportError:  # the auth package is optional in stripped-down installs
-        return "DISPATCH_NB_GITHUB_TOKEN" if explicit else None
     home = env.get("DISPATCH_NB_HOME", "").strip()
     token_path = Path(home).expanduser() / "github_token.json" if home else None
     github_url = env.get("DISPATCH_NB_GITHUB_URL", "").strip() or None
