@@ -31,13 +31,8 @@ MAX_ERROR_CHARS = 1000
 
 
 class Tool:
-    """A Python function the model can call, with a JSON Schema built from its signature.
-
-    ``Tool(function, name=None, description=None)``; usually made with :func:`tool`. Calling the
-    tool object calls the function unchanged. :meth:`run` / :meth:`arun` execute a model's
-    :class:`~dispatch_nb.types.ToolUseBlock` and always return a
-    :class:`~dispatch_nb.types.ToolResultBlock` (``is_error=True`` when something went wrong).
-    """
+    """A Python function the model can call, with a JSON Schema built from its signature; usually
+    made with :func:`tool`. Calling it calls the function unchanged."""
 
     function: Callable[..., Any]
     name: str

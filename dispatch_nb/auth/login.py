@@ -43,17 +43,9 @@ def device_login(
     cancel: CancelToken | None = None,
     keep_unsaved: bool = False,
 ) -> LoginResult:
-    """Run GitHub's device flow to the end and save the token; return what happened.
-
-    ``flow``: the :class:`DeviceFlow` (GitHub URL, client id, poll interval). ``store``: where the
-    token goes (default: our token file). ``github_api_url``: where ``GET /user`` asks who logged
-    in (default: that of the environment). ``on_code(code)`` is called once the code is known,
-    ``on_state(state, info)`` on each state change while polling, ``on_done(result)`` after the
-    save, ``on_error(exc)`` with any exception (a :class:`DispatchError` from GitHub,
-    :class:`~dispatch_nb.errors.RequestCancelled`, ``KeyboardInterrupt``, an ``OSError`` from the
-    save) just before it propagates. ``keep_unsaved=True``: a token that cannot be saved is still
-    returned (``path=None``, ``save_error`` set) instead of raising the ``OSError``.
-    """
+    """Run GitHub's device flow to the end and save the token (docs/copilot-login.md, "One login
+    routine"). ``on_error(exc)`` sees any exception, ``KeyboardInterrupt`` and an ``OSError``
+    from the save included, just before it propagates."""
     store = store if store is not None else TokenStore()
     try:
         code = flow.start()

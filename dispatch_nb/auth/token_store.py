@@ -261,14 +261,9 @@ def find_github_token(
     github_url: str | None = None,
     client_id: str = COPILOT_CLIENT_ID,
 ) -> FoundToken | None:
-    """The GitHub token to use and its source, or None when there is none (then log in).
-
-    Order: ``explicit`` ("argument"), ``$DISPATCH_NB_GITHUB_TOKEN``, our token file at
-    ``token_path`` (its path), then a Copilot editor login ("Copilot editor login (<path>)") for
-    the host of ``github_url`` (default ``$DISPATCH_NB_GITHUB_URL`` or github.com). Environment
-    variables (including ``HOME`` and ``XDG_CONFIG_HOME``) are read at call time. A corrupt token
-    file of ours raises :class:`TokenStoreError` rather than being skipped.
-    """
+    """The GitHub token to use and its source ("argument", the variable's name, a path), or None
+    (docs/copilot-login.md, "Which token is used"); the environment is read at call time. A
+    corrupt token file of ours raises :class:`TokenStoreError` rather than being skipped."""
     if explicit:
         return FoundToken(explicit.strip(), "argument")
     env = os.environ.get(GITHUB_TOKEN_ENV, "").strip()

