@@ -175,7 +175,7 @@ class MCPServer:
 
     def call(self, name: str, arguments: Mapping[str, Any] | None = None) -> ToolResultBlock:
         """Call tool ``name`` on the server; problems become an ``is_error`` result."""
-        return run_sync(self._call(ToolUseBlock(id="call", name=name, arguments=dict(arguments or {}))))
+        return run_sync(self.acall(name, arguments))
 
     async def acall(self, name: str, arguments: Mapping[str, Any] | None = None) -> ToolResultBlock:
         """The async twin of :meth:`call`."""
@@ -184,12 +184,9 @@ class MCPServer:
 
     def close(self) -> None:
         """Stop the server (a stdio server's process ends); the next use starts it again."""
-        if self._owner is None:
-            return
-        try:
-            run_sync(self._stop())
-        except RuntimeError:  # the loop thread is gone (interpreter exit)
-            pass
+        if self._owner is not None:
+            with contextlib.suppress(RuntimeError):  # the loop thread is gone (interpreter exit)
+                run_sync(self._stop())
 
     async def aclose(self) -> None:
         """The async twin of :meth:`close`."""
@@ -258,8 +255,6 @@ class MCPServer:
             async with client.listen(tools_list_changed=True) as subscription:
                 async for _event in subscription:
                     self._stale = True
-        except asyncio.CancelledError:
-            raise
         except Exception:  # an older server: changes come as notifications (on_message)
             return
 
@@ -312,7 +307,7 @@ class MCPServer:
             closing.set()
         try:
             await asyncio.wait_for(asyncio.shield(owner), 10)
-        except (asyncio.TimeoutError, Exception):
+        except Exception:  # a timeout included
             owner.cancel()
             await asyncio.gather(owner, return_exceptions=True)
         self._state = "stopped"

@@ -178,12 +178,10 @@ def tool_result(tool_use_id: str, value: Any) -> ToolResultBlock:
     anything else (dicts, lists, numbers, pydantic models, dataclasses) as JSON."""
     if isinstance(value, ToolResultBlock):
         return value.model_copy(update={"tool_use_id": tool_use_id})
-    if isinstance(value, str):
-        return ToolResultBlock(tool_use_id=tool_use_id, content=value)
-    if value is None:
-        return ToolResultBlock(tool_use_id=tool_use_id, content="")
+    if value is None or isinstance(value, str):
+        return ToolResultBlock(tool_use_id=tool_use_id, content=value or "")
     if isinstance(value, TextBlock):
-        return ToolResultBlock(tool_use_id=tool_use_id, content=[value])
+        value = [value]
     if isinstance(value, list) and value and all(isinstance(v, TextBlock) for v in value):
         return ToolResultBlock(tool_use_id=tool_use_id, content=list(value))
     try:
