@@ -338,22 +338,19 @@ def _call_on_state(on_state: StateCallback, state: DeviceFlowState, info: Mappin
         log.exception("device flow: the on_state callback failed")
 
 
+@dataclass
 class _PollRun:
     """The state machine of one :meth:`DeviceFlow.apoll` call."""
 
-    def __init__(
-        self,
-        flow: DeviceFlow,
-        code: DeviceCode,
-        cancel: CancelToken | None,
-        on_state: StateCallback | None,
-    ) -> None:
-        self.flow = flow
-        self.code = code
-        self.cancel = cancel
-        self.on_state = on_state
-        self.interval = max(code.interval, flow.min_interval)
-        self.failures = 0
+    flow: DeviceFlow
+    code: DeviceCode
+    cancel: CancelToken | None
+    on_state: StateCallback | None
+    #: transient failures in a row
+    failures: int = 0
+
+    def __post_init__(self) -> None:
+        self.interval = max(self.code.interval, self.flow.min_interval)
 
     def emit(self, state: DeviceFlowState, **info: Any) -> None:
         flow = self.flow
