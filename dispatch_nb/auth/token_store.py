@@ -144,8 +144,8 @@ class TokenStore:
         token = data.get("github_token")
         if not isinstance(token, str) or not token.strip():
             raise self._error('has no "github_token" string')
-        texts = {key: value for key in ("user", "github_url", "created_at")
-                 if isinstance(value := data.get(key), str)}
+        texts = {key: data[key] for key in ("user", "github_url", "created_at")
+                 if isinstance(data.get(key), str)}
         return StoredToken(github_token=token.strip(), **texts)
 
     def load(self) -> str | None:
