@@ -71,8 +71,7 @@ class CopilotAuth(httpx.Auth):
         return cached.endpoints_api if cached is not None else DEFAULT_COPILOT_API_URL
 
     def _apply(self, request: httpx.Request, token: CopilotToken, base: str) -> None:
-        target = token.endpoints_api.rstrip("/")
-        base = base.rstrip("/")
+        target = token.endpoints_api  # like base: a CopilotToken's, with no trailing slash
         url = str(request.url)
         if target != base and (url == base or url.startswith(base + "/")):
             request.url = httpx.URL(target + url[len(base):])
