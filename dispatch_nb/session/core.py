@@ -1,7 +1,5 @@
 """The :class:`Session` object: a conversation's settings, tools, history and usage, and the
-entry points of a turn (``send`` / ``stream`` and their async twins). The turn loop is in
-:mod:`dispatch_nb.session.loop`, the stream in :mod:`dispatch_nb.session.stream`, the saved
-format in :mod:`dispatch_nb.session.serialization`."""
+entry points of a turn (``send`` / ``stream`` and their async twins)."""
 
 from __future__ import annotations
 
@@ -33,15 +31,8 @@ __all__ = ["Session"]
 class Session(ToolLoop):
     """A conversation with one model: history, system prompt, Python tools and the tool loop.
 
-    ``model_or_adapter`` is an :class:`~dispatch_nb.adapter.Adapter` or a model spec for
-    :func:`~dispatch_nb.registry.connect` (``"openai:gpt-4.1"``; ``None``: the default model).
-    ``tools`` are ``@tool`` functions, plain typed functions (wrapped automatically),
-    ``ToolDefinition`` s or dicts (declared to the model; their calls come back to you) and
-    provider built-in tool dicts. ``max_tokens`` / ``temperature`` are defaults for every turn.
-    ``approve`` decides who approves tool calls (:mod:`dispatch_nb.approval`); ``context`` names
-    variables the model may read through read-only tools (:func:`~dispatch_nb.context.session_context`).
-    ``id`` (default: a random hex uuid) survives :meth:`to_json`. See the module docstring for
-    the tool loop and what happens on failures.
+    The arguments are in docs/sessions.md (``approve=`` and ``context=``: docs/tools.md;
+    ``budget=``: docs/cost.md).
     """
 
     def __init__(
@@ -82,7 +73,7 @@ class Session(ToolLoop):
             )
         #: this conversation's id (given, or a random hex uuid); survives to_json/from_json
         self.id: str = id or uuid.uuid4().hex
-        #: tool rounds one turn may run before the loop stops (see the module docstring)
+        #: tool rounds one turn may run before the loop stops (docs/sessions.md)
         self.max_tool_rounds = max_tool_rounds
         #: default ``max_tokens`` for every model call (None: the adapter's default)
         self.max_tokens = max_tokens
