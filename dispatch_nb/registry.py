@@ -59,69 +59,46 @@ LoginFinder = Callable[[Mapping[str, str]], "str | None"]
 
 @dataclass(frozen=True)
 class ProviderDescriptor:
-    """Everything dispatch_nb knows about a provider, in one place.
-
-    The registry, ``%chat status`` / ``python -m dispatch_nb status``, the notebook's error advice,
-    ``%chat key`` / ``%chat models``, secret scrubbing in caches, the choice of a default model
-    and replay-only mode all read it, so adding a provider is one module that registers one
-    descriptor (see ``docs/providers.md``)::
+    """Everything dispatch_nb knows about a provider, in one place: who reads each field, and
+    why adding a provider is one module that registers one descriptor, is in docs/providers.md::
 
         register_provider(ProviderDescriptor(
             "acme", "acme_dispatch:AcmeAdapter", display_name="Acme", key_env="ACME_API_KEY",
             default_model="acme-1", default_max_tokens=2048))
     """
 
-    #: the registry name: the ``provider`` of ``provider:model``
+    #: the ``provider`` of ``provider:model``
     name: str
     #: ``factory(model, **options) -> Adapter``, or ``"module:attribute"`` imported on first use
     factory: ProviderFactory | str
-    #: how people call it (``%chat status`` rows); default: ``name``
     display_name: str = ""
-    #: the environment variable holding its API key (``None``: it does not use one); shown by
-    #: status, read by ``%chat key NAME``, scrubbed from caches, and (with ``default_rank``) makes
-    #: it the default model when set
+    #: the environment variable holding its API key (``None``: it uses none)
     key_env: str | None = None
-    #: a model to name in examples, and the default model when chosen by default
     default_model: str | None = None
-    #: the adapter's ``max_tokens`` when none is given (replay-only mode computes cache keys with it)
     default_max_tokens: int | None = None
-    #: what to tell a user whose credentials were refused; default: derived from ``key_env``
+    #: what to tell a user whose credentials were refused (default: from ``key_env``)
     login_hint: str = ""
-    #: a model to build the adapter with only to list models (the listing does not depend on
-    #: it); default: ``default_model``
     listing_model: str | None = None
-    #: other environment variables holding secrets to scrub from caches
+    #: more environment variables holding secrets, scrubbed from caches
     secret_env: tuple[str, ...] = ()
-    #: the options its adapter accepts beyond the common ones (``None``: the factory's
-    #: ``provider_options`` attribute)
+    #: options its adapter accepts beyond the common ones (``None``: the factory's attribute)
     provider_options: frozenset[str] | None = None
-    #: chosen as the default model when ``key_env`` is set, lowest rank first (``None``: never)
+    #: its place among the default models, lowest first (``None``: never the default)
     default_rank: int | None = None
-    #: ``status`` shows a row for its ``key_env`` (one row per variable)
     status_row: bool = True
-    #: the environment variable naming its server (``None``: none); the key from ``key_env`` is
-    #: sent only to that server (or to the provider's default one when it is unset)
+    #: the environment variable naming its server; ``key_env``'s key is sent only there
     base_url_env: str | None = None
-    #: the interactive login that gives it credentials (``None``: it needs none). The one the
-    #: notebook and the command line know is ``"github-device"`` (GitHub's device flow: ``%chat
-    #: login``, ``python -m dispatch_nb login``); a provider with a login is the default when
-    #: :attr:`find_login` finds one, and a cell using it shows the login first when there is none
+    #: its interactive login (``"github-device"``: GitHub's device flow), ``None``: none
     login_flow: str | None = None
-    #: ``find_login(env) -> str | None``, or ``"module:attribute"``: where a saved login is (a
-    #: description such as a file name, never the secret), without touching the network; it
-    #: raises ``ValueError`` when a saved login cannot be read
+    #: ``find_login(env) -> str | None``: where its saved login is, never the secret
     find_login: LoginFinder | str | None = None
-    #: ``available() -> bool``, or ``"module:attribute"``: for a provider that needs neither key
-    #: nor login (the embedded model), whether it can run here; with a ``default_rank`` it is then
-    #: a default
+    #: ``available() -> bool``: whether a provider needing no key nor login can run here
     available: Callable[[], bool] | str | None = None
-    #: every model call counts as the model's ``ModelInfo.premium_multiplier`` premium requests
-    #: (``BatchResult.premium_requests``: GitHub Copilot's billing)
+    #: each call counts as the model's ``ModelInfo.premium_multiplier`` premium requests
     premium_multiplier: bool = False
     #: one line for the user when it is the default only because nothing else is set up
     default_note: str = ""
-    #: the ``genai-prices`` provider id its answers are priced under (``None``: the price is
-    #: unknown, shown as unknown — never zero; see docs/cost.md)
+    #: the ``genai-prices`` provider id (``None``: prices unknown, never zero; docs/cost.md)
     price_provider: str | None = None
 
     def __post_init__(self) -> None:

@@ -68,7 +68,7 @@ ProviderData = dict[str, Any] | None
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 class TextBlock(_Model):
@@ -253,20 +253,11 @@ class Usage(_Model):
     @property
     def total_tokens(self) -> int:
         """Everything the call consumed and produced."""
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_tokens
-            + self.cache_creation_tokens
-        )
+        return sum(getattr(self, name) for name in Usage.model_fields)
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
-            cache_creation_tokens=self.cache_creation_tokens + other.cache_creation_tokens,
-        )
+        return Usage(**{name: getattr(self, name) + getattr(other, name)
+                        for name in Usage.model_fields})
 
 
 class Response(_Model):
@@ -495,14 +486,9 @@ StreamEvent = StreamDelta | ToolResultEvent | MessageDoneEvent | ErrorEvent
 
 def as_messages(messages: str | Message | dict[str, Any] | Iterable[Any]) -> list[Message]:
     """Normalize what callers pass as ``messages``: a str is one user message; dicts are validated."""
-    if isinstance(messages, str):
-        return [Message(role="user", content=messages)]
-    if isinstance(messages, Message):
-        return [messages]
-    if isinstance(messages, dict):
-        return [Message.model_validate(messages)]
+    items = [messages] if isinstance(messages, (str, Message, dict)) else messages
     out: list[Message] = []
-    for m in messages:
+    for m in items:
         if isinstance(m, Message):
             out.append(m)
         elif isinstance(m, dict):
@@ -514,4 +500,3 @@ def as_messages(messages: str | Message | dict[str, Any] | Iterable[Any]) -> lis
                 f"messages must be Message objects, dicts or strings, not {type(m).__name__}"
             )
     return out
-
