@@ -1,28 +1,7 @@
-"""Prompt templates: ``{expression}`` interpolation and bounded summaries of values.
-
-::
-
-    Summarize {df} in one sentence.        # a DataFrame → shape + first rows as a table
-    Why does this fail? {In[3]} {Err[3]}   # the source of cell 3 and the exception it raised
-    Explain {len(words)} and {x:.2f}       # any expression; f-string conversions / format specs
-    A literal brace: {{ and }}             # like str.format
-
-The rules, chosen so prompts that contain JSON or code survive untouched:
-
-* ``{{`` and ``}}`` are literal braces.
-* ``{expr}`` is evaluated in the given namespace when ``expr`` mentions a name (``{x}``,
-  ``{df.head()}``, ``{Out[4]}``) or computes something (``{2**10}``, ``{1/0}``). Braces around
-  constants or code that does not parse (``{"a": 1}``, ``{1, 2}``, ``{}``, ``{ foo bar }``) are
-  left exactly as written.
-* An expression naming something undefined is left as written, with a note for the user.
-* An expression that raises anything else is an error: :class:`PromptError`.
-* Without a format spec, values are summarized to a bounded size (``max_chars``): long text is
-  cut with a note, DataFrame-like objects (duck-typed: ``shape`` + ``head``; never imports pandas)
-  become their shape and first rows, exceptions become their (trimmed) traceback.
-
-Core, not notebook: ``%%chat`` cells (``notebook/cell.py``, the user namespace) and batch rows
-(``batching/rows.py``, a row's columns) fill templates with it; ``dispatch_nb.notebook.prompt``
-re-exports these names. This module imports only the standard library.
+"""Prompt templates: ``{expression}`` interpolation and bounded summaries of values (the rules:
+docs/notebook.md, "Prompts: interpolation and references"), for ``%%chat`` cells and batch rows.
+DataFrame-like values are duck-typed (``shape`` + ``head``): this module imports only the standard
+library.
 """
 
 from __future__ import annotations
@@ -68,7 +47,7 @@ def build_prompt(
     max_chars: int = DEFAULT_MAX_CHARS,
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> Prompt:
-    """Interpolate ``{expression}`` s in ``template`` from ``namespace`` (see the module docstring)."""
+    """Interpolate ``{expression}`` s in ``template`` from ``namespace`` (the rules: docs/notebook.md)."""
     if not interpolate:
         return Prompt(template)
     out: list[str] = []

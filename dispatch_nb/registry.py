@@ -1,16 +1,6 @@
-"""Providers by name, and ``connect("provider:model")``.
-
-::
-
-    connect("openai:gpt-4.1")                     # provider:model
-    connect("gpt-4.1")                            # a model of the default provider (%chat status)
-    connect("compatible:llama", base_url="http://127.0.0.1:8080/v1")
-    register_provider("mine", lambda model, **options: MyAdapter(model, **options))
-
-Built-in providers are registered as import paths and imported on first use, so
-``import dispatch_nb`` stays fast. Installed distributions add providers through the entry-point
-group ``dispatch_nb.providers`` (:data:`ENTRY_POINT_GROUP`), read the first time the registry is
-asked for a provider (see ``docs/providers.md``).
+"""Providers by name (:class:`ProviderDescriptor`, :func:`register_provider`, the entry-point group
+:data:`ENTRY_POINT_GROUP`) and ``connect("provider:model")``: docs/providers.md. Built-in providers
+are import paths, imported on first use, so ``import dispatch_nb`` stays fast.
 """
 
 from __future__ import annotations
@@ -237,11 +227,8 @@ def _as_descriptor(name: str, value: Any) -> ProviderDescriptor:
 
 
 def _load_plugins() -> None:
-    """Register the providers of the entry-point group :data:`ENTRY_POINT_GROUP`, once.
-
-    Called the first time the registry is asked about its providers (never by ``import
-    dispatch_nb``). A name already registered keeps its provider; an entry point that cannot be
-    loaded is logged and skipped, so one broken plug-in leaves the others working."""
+    """Register the providers of the entry-point group :data:`ENTRY_POINT_GROUP`, once (the rules:
+    docs/providers.md)."""
     global _plugins_loaded
     if _plugins_loaded:
         return

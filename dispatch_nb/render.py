@@ -1,16 +1,7 @@
-"""Render a :class:`~dispatch_nb.types.Response` as Markdown / HTML (no IPython needed).
-
-Used by ``Response._repr_markdown_`` / ``_repr_html_`` and by the notebook's final output, so a
-saved notebook reads the same on GitHub, nbviewer and VS Code. :func:`footer_line` is the one
-footer renderer: a ``Response``'s (:func:`footer_text`) and a ``%%chat`` cell's are the same line.
-This module does not import :mod:`dispatch_nb.types` (which imports it for the rich reprs): it
-renders anything shaped like a ``Response``.
-
-A structured answer (``Response.parsed``, see docs/structured-output.md) renders as a table — one
-row per item of a list, one row for an object — with the raw JSON folded below:
-:func:`parsed_rows` (the rows, ready for ``pandas.DataFrame``), :func:`rows_markdown`,
-:func:`parsed_markdown` / :func:`parsed_html`, and :func:`compare_parsed_markdown` for several
-models' answers in one table (a column per model).
+"""What a :class:`~dispatch_nb.types.Response` shows, as Markdown / HTML (no IPython needed): the
+one footer (:func:`footer_line`, for ``Response._repr_markdown_`` and ``%%chat`` alike) and the
+tables of structured answers (docs/structured-output.md). It renders anything shaped like a
+``Response``: :mod:`dispatch_nb.types` imports this module for its rich reprs, not the reverse.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The turn loop of a session: one ``send`` from the user's message to the model's final answer
-(the rules: :mod:`dispatch_nb.session`).
-
-Each turn has one :class:`~dispatch_nb.call_control.TurnControl`, handed to every model call of
-the turn (as ``cancel=``) and checked before every tool run; the loop itself keeps no clock.
+"""The turn loop of a session: one ``send`` from the user's message to the model's final answer,
+under one :class:`~dispatch_nb.call_control.TurnControl` (the rules: docs/sessions.md).
 :class:`ToolLoop` is the part of :class:`~dispatch_nb.session.Session` that runs turns; the sync
-(:meth:`ToolLoop._run`: tools in order, on the caller's thread) and async (:meth:`ToolLoop._arun`:
-tools concurrently) loops differ only in how they wait and share every other step.
+loop (:meth:`ToolLoop._run`: tools in order, on the caller's thread) and the async one
+(:meth:`ToolLoop._arun`: tools concurrently) differ only in how they wait.
 """
 
 from __future__ import annotations

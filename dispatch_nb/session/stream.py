@@ -1,11 +1,7 @@
-"""The stream of one session turn: what :meth:`Session.stream <dispatch_nb.session.Session.stream>`
-and :meth:`Session.astream <dispatch_nb.session.Session.astream>` return.
-
-A :class:`SessionStream` (or :class:`AsyncSessionStream`) drives the turn's event generator (see
-:mod:`dispatch_nb.session.loop`) and shares a :class:`TurnState` with it: the model call streaming
-now and the turn's response so far. On a failure it yields one
-:class:`~dispatch_nb.types.ErrorEvent` and then raises the error (``raise_errors=False``: it just
-ends); ``KeyboardInterrupt`` and task cancellation are raised at once, with ``partial`` attached.
+"""The stream of one session turn, what :meth:`Session.stream <dispatch_nb.session.Session.stream>`
+and :meth:`Session.astream <dispatch_nb.session.Session.astream>` return (how it ends on a
+failure: docs/sessions.md, "Streaming events"). It drives the turn's event generator
+(:mod:`dispatch_nb.session.loop`) and shares a :class:`TurnState` with it.
 """
 
 from __future__ import annotations
