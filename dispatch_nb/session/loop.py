@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -54,9 +54,15 @@ WHILE_TOOLS = "while running tools"
 
 
 class Turn:
-    """One ``send``: the options of its model calls, its :class:`TurnControl`, rounds so far."""
+    """One ``send``: the options of its model calls, its :class:`TurnControl`, rounds so far, and
+    the :class:`TurnState` it shares with its stream."""
 
-    def __init__(self, loop: ToolLoop, options: dict[str, Any], streaming: bool) -> None:
+    #: the user's message that began the turn (set once it is checked)
+    message: Message
+
+    def __init__(self, loop: ToolLoop, options: dict[str, Any], streaming: bool,
+                 state: TurnState) -> None:
+        self.state = state
         options = dict(options)
         if "tools" in options:
             raise TypeError("a session's tools are set with Session(tools=...) or set_tools()")
@@ -83,6 +89,14 @@ class Turn:
                                    provider=loop._adapter.provider_name)
         self.rounds = 0  # tool rounds run
         self.calls = 0  # model calls answered
+
+    def tool_result(self, call: ToolUseBlock, result: ToolResultBlock, duration: float = 0.0,
+                    approval: str | None = None) -> ToolResultEvent:
+        """The event of a tool result on its way out, recorded in the turn's accumulator."""
+        event = ToolResultEvent(result=result, tool_name=call.name, duration=duration,
+                                approval=approval)
+        self.state.collected.add_result(event)
+        return event
 
     def call_kwargs(self, tools: list[ToolDefinition | dict[str, Any]]) -> dict[str, Any]:
         """Keyword arguments for the next model call: it carries the turn's control as its
@@ -124,14 +138,14 @@ class ToolLoop:
     def _run(
         self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
     ) -> Generator[StreamEvent, None, None]:
-        with self._turn(content, options, streaming) as (turn, message):
+        with self._turn(content, options, state, streaming) as turn:
             while True:
                 if self._servers:
                     from ..mcp import run_sync
 
                     run_sync(self._alist_servers(), turn.control, "while listing MCP tools")
                 kwargs = turn.call_kwargs(self._tool_payload())
-                with self._model_call(turn, message, state, kwargs) as reserved:
+                with self._model_call(turn, kwargs) as reserved:
                     if streaming:
                         with self._adapter.stream(self._wire_history(), **kwargs) as stream:
                             state.stream = stream
@@ -139,12 +153,12 @@ class ToolLoop:
                         response = stream.response
                     else:
                         response = self._adapter.chat(self._wire_history(), **kwargs)
-                yield self._answered(turn, state, response, reserved)
+                yield self._answered(turn, response, reserved)
                 action = self._next_action(turn, response)
                 if action == "tools":
-                    yield from self._collected(state, self._run_tools(turn, response.tool_calls))
+                    yield from self._run_tools(turn, response.tool_calls)
                 elif action == "limit":
-                    yield from self._collected(state, self._stop_loop(response))
+                    yield from self._stop_loop(turn, response)
                     return
                 elif action == "done":
                     return
@@ -158,7 +172,7 @@ class ToolLoop:
                 started = time.monotonic()
                 result, approval = self._run_one(turn, call)
                 done[i] = result
-                yield self._tool_event(call, result, time.monotonic() - started, approval)
+                yield turn.tool_result(call, result, time.monotonic() - started, approval)
         except BaseException as exc:
             self._append_results(calls, done, exc)
             raise
@@ -169,13 +183,13 @@ class ToolLoop:
     async def _arun(
         self, content: Any, options: dict[str, Any], state: TurnState, *, streaming: bool
     ) -> AsyncGenerator[StreamEvent, None]:
-        with self._turn(content, options, streaming) as (turn, message):
+        with self._turn(content, options, state, streaming) as turn:
             while True:
                 if self._servers:
                     await turn.control.run_async(
                         asyncio.ensure_future(self._alist_servers()), "while listing MCP tools")
                 kwargs = turn.call_kwargs(self._tool_payload())
-                with self._model_call(turn, message, state, kwargs) as reserved:
+                with self._model_call(turn, kwargs) as reserved:
                     if streaming:
                         astream = self._adapter.astream(self._wire_history(), **kwargs)
                         async with astream:
@@ -185,14 +199,13 @@ class ToolLoop:
                         response = astream.response
                     else:
                         response = await self._adapter.achat(self._wire_history(), **kwargs)
-                yield self._answered(turn, state, response, reserved)
+                yield self._answered(turn, response, reserved)
                 action = self._next_action(turn, response)
                 if action == "tools":
-                    for event in self._collected(state, await self._arun_tools(
-                            turn, response.tool_calls)):
+                    for event in await self._arun_tools(turn, response.tool_calls):
                         yield event
                 elif action == "limit":
-                    for event in self._collected(state, self._stop_loop(response)):
+                    for event in self._stop_loop(turn, response):
                         yield event
                     return
                 elif action == "done":
@@ -224,7 +237,7 @@ class ToolLoop:
         self._append_results(calls, done)
         turn.rounds += 1
         return [
-            self._tool_event(call, result, duration, approval)
+            turn.tool_result(call, result, duration, approval)
             for call, result, duration, approval in zip(calls, done, durations, approvals,
                                                         strict=True)
             if result is not None
@@ -308,17 +321,17 @@ class ToolLoop:
 
     # -- shared steps ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _turn(self, content: Any, options: dict[str, Any],
-              streaming: bool) -> Iterator[tuple[Turn, Message]]:
+    def _turn(self, content: Any, options: dict[str, Any], state: TurnState,
+              streaming: bool) -> Iterator[Turn]:
         """Begin a turn: its options and control, the user's message checked and added to
         history, the session held for this turn alone; the control lets go at the end."""
-        turn = Turn(self, options, streaming)
+        turn = Turn(self, options, streaming, state)
         with turn.control:
-            message = self._start(content)
+            turn.message = self._start(content)
             with self._turn_lock():
-                self._history.append(message)
+                self._history.append(turn.message)
                 self.tool_limit_reached = False
-                yield turn, message
+                yield turn
 
     @contextlib.contextmanager
     def _turn_lock(self) -> Iterator[None]:
@@ -385,8 +398,7 @@ class ToolLoop:
             self.budget.settle(reserved, attempt_cost(partial, failed, reserved))
 
     @contextlib.contextmanager
-    def _model_call(self, turn: Turn, message: Message, state: TurnState,
-                    kwargs: dict[str, Any]) -> Iterator[Decimal | None]:
+    def _model_call(self, turn: Turn, kwargs: dict[str, Any]) -> Iterator[Decimal | None]:
         """Around one model call of the sync or the async loop: reserve its budget (the value
         given), and on any failure (an interrupt, the caller closing the turn) settle the call
         as :meth:`_call_failed` says; either way the turn has no model call streaming after."""
@@ -395,12 +407,12 @@ class ToolLoop:
             reserved = self._reserve(kwargs)
             yield reserved
         except BaseException as exc:
-            self._call_failed(turn, message, exc, reserved)
+            self._call_failed(turn, exc, reserved)
             raise
         finally:
-            state.stream = None
+            turn.state.stream = None
 
-    def _answered(self, turn: Turn, state: TurnState, response: Response,
+    def _answered(self, turn: Turn, response: Response,
                   reserved: Decimal | None) -> MessageDoneEvent:
         """A model call answered: settle its budget reservation, count it, add its usage and
         answer to the session, and make it the turn's response so far."""
@@ -411,21 +423,11 @@ class ToolLoop:
         self.last_response = response
         if response.content:  # providers reject an empty assistant message
             self._history.append(response.to_message())
-        state.collected.add_round(response)
-        self.last_turn = state.collected
+        turn.state.collected.add_round(response)
+        self.last_turn = turn.state.collected
         return MessageDoneEvent(response=response)
 
-    @staticmethod
-    def _collected(
-        state: TurnState, events: Iterable[ToolResultEvent]
-    ) -> Generator[ToolResultEvent, None, None]:
-        """Tool results on their way out, recorded in the turn's accumulator."""
-        for event in events:
-            state.collected.add_result(event)
-            yield event
-
-    def _call_failed(self, turn: Turn, message: Message, exc: BaseException,
-                     reserved: Decimal | None) -> None:
+    def _call_failed(self, turn: Turn, exc: BaseException, reserved: Decimal | None) -> None:
         """A model call failed with ``exc`` (raised as it is: a call that ran out of the turn's
         time already raises the turn's timeout error): settle its budget reservation, count the
         usage of what arrived.
@@ -440,7 +442,7 @@ class ToolLoop:
             turn.calls == 0
             and isinstance(exc, (TypeError, ValueError, BudgetExceededError))
             and self._history
-            and self._history[-1] is message
+            and self._history[-1] is turn.message
         ):
             self._history.pop()
 
@@ -458,7 +460,7 @@ class ToolLoop:
             return "limit"
         return "tools"
 
-    def _stop_loop(self, response: Response) -> list[ToolResultEvent]:
+    def _stop_loop(self, turn: Turn, response: Response) -> list[ToolResultEvent]:
         self.tool_limit_reached = True
         logger.warning(
             "session %s: stopped after %d tool rounds (max_tool_rounds); the model's last "
@@ -475,7 +477,7 @@ class ToolLoop:
             for c in response.tool_calls
         ]
         self._history.append(Message(role="user", content=list(results)))
-        return [self._tool_event(c, r, 0.0) for c, r in zip(response.tool_calls, results, strict=True)]
+        return [turn.tool_result(c, r) for c, r in zip(response.tool_calls, results, strict=True)]
 
     def _unknown_tool(self, call: ToolUseBlock) -> ToolResultBlock:
         names = ", ".join(t.name for t in [*self._tools, *self._server_tools]
@@ -497,9 +499,3 @@ class ToolLoop:
                 )
             blocks.append(result)
         self._history.append(Message(role="user", content=blocks))
-
-    @staticmethod
-    def _tool_event(call: ToolUseBlock, result: ToolResultBlock, duration: float,
-                    approval: str | None = None) -> ToolResultEvent:
-        return ToolResultEvent(result=result, tool_name=call.name, duration=duration,
-                               approval=approval)
