@@ -316,24 +316,18 @@ def error_for_status(
     if status == 402 and code is None:
         code = "quota_exceeded"
 
-    retryable: bool | None = None
-    if headers is not None:
-        should = _header(headers, "x-should-retry")
-        if should == "true":
-            retryable = True
-        elif should == "false":
-            retryable = False
-    kw: dict[str, Any] = {
-        "status_code": status or None,
-        "provider": provider,
-        "code": code,
-        "partial": partial,
-        "retryable": retryable,
-        "request_id": request_id,
-        "provider_code": error_type,
-        "retry_after": parse_retry_after(headers) if headers is not None else None,
-    }
-    return cls(message, **kw)
+    should_retry = _header(headers, "x-should-retry") if headers is not None else None
+    return cls(
+        message,
+        status_code=status or None,
+        provider=provider,
+        code=code,
+        partial=partial,
+        retryable={"true": True, "false": False}.get(should_retry or ""),
+        request_id=request_id,
+        provider_code=error_type,
+        retry_after=parse_retry_after(headers) if headers is not None else None,
+    )
 
 
 #: the longest message :func:`summarize_body` makes from a body that is not a provider's JSON
@@ -401,8 +395,6 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     try:
         parsed = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
-        return None
-    if parsed is None:
         return None
     now = time.time() if now is None else now
     return max(0.0, parsed.timestamp() - now)

@@ -256,11 +256,18 @@ def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None, star
     appearance; ``index`` (default: when there are several rows) numbers them from ``start``."""
     if not rows:
         return "*(empty list)*"
+    head, body = _grid(rows, len(rows) > 1 if index is None else index, start)
+    return _md_table([_md_cell(c) for c in head], ([_md_cell(v) for v in cells] for cells in body))
+
+
+def _grid(rows: list[dict[str, Any]], numbered: bool,
+          start: int = 1) -> tuple[list[str], list[list[Any]]]:
+    """The header and body cells of a table of ``rows``: columns in order of first appearance,
+    a first ``#`` column numbering the rows from ``start`` when ``numbered``."""
     columns = list(dict.fromkeys(c for row in rows for c in row))
-    numbered = len(rows) > 1 if index is None else index
-    head = (["#"] if numbered else []) + [_md_cell(c) for c in columns]
-    return _md_table(head, [([str(n)] if numbered else []) + [_md_cell(row.get(c)) for c in columns]
-                            for n, row in enumerate(rows, start)])
+    head = (["#"] if numbered else []) + columns
+    return head, [([str(n)] if numbered else []) + [row.get(c) for c in columns]
+                  for n, row in enumerate(rows, start)]
 
 
 def _md_table(head: list[str], body: Iterable[list[str]]) -> str:
@@ -296,20 +303,15 @@ def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None
     """A structured answer as HTML (no Markdown renderer needed): its table, the raw JSON in a
     folded ``<details>``, a small footer."""
     rows = parsed_rows(response.parsed)
-    columns = list(dict.fromkeys(c for row in rows for c in row))
-    numbered = len(rows) > 1
+    cells, lines = _grid(rows, len(rows) > 1)
 
     def cell(value: Any, tag: str = "td") -> str:
         text = "" if value is None else value if isinstance(value, str) else json.dumps(
             value, ensure_ascii=False)
         return f"<{tag}>{html.escape(text)}</{tag}>"
 
-    head = ("<th>#</th>" if numbered else "") + "".join(cell(c, "th") for c in columns)
-    body = "".join(
-        "<tr>" + (f"<td>{n}</td>" if numbered else "")
-        + "".join(cell(row.get(c)) for c in columns) + "</tr>"
-        for n, row in enumerate(rows, 1)
-    )
+    head = "".join(cell(c, "th") for c in cells)
+    body = "".join("<tr>" + "".join(map(cell, line)) + "</tr>" for line in lines)
     parts = [f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
              if rows else "<p><em>(empty list)</em></p>",
              "<details><summary>JSON</summary><pre><code>"
