@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ __all__ = [
 
 DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_ROWS = 10
+#: what interpolation acts on: a literal ``{{`` or ``}}``, or the ``{`` of an expression
+_BRACE = re.compile(r"\{\{|\}\}|\{")
 
 
 class PromptError(ValueError):
@@ -52,28 +55,21 @@ def build_prompt(
         return Prompt(template)
     out: list[str] = []
     notes: list[str] = []
-    i, n = 0, len(template)
-    while i < n:
-        ch = template[i]
-        if ch == "{":
-            if template.startswith("{{", i):
-                out.append("{")
-                i += 2
-                continue
-            end = _matching_brace(template, i)
-            if end < 0:  # an unbalanced brace: the rest is literal
-                out.append(template[i:])
-                break
-            inner = template[i + 1 : end]
-            out.append(_substitute(inner, namespace, notes, max_chars=max_chars, max_rows=max_rows))
-            i = end + 1
+    i = 0
+    while (brace := _BRACE.search(template, i)) is not None:
+        out.append(template[i : brace.start()])
+        i = brace.end()
+        if brace.group() != "{":  # {{ or }}: a literal brace
+            out.append(brace.group()[0])
             continue
-        if ch == "}" and template.startswith("}}", i):
-            out.append("}")
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
+        end = _matching_brace(template, brace.start())
+        if end < 0:  # an unbalanced brace: the rest is literal
+            i = brace.start()
+            break
+        inner = template[i:end]
+        out.append(_substitute(inner, namespace, notes, max_chars=max_chars, max_rows=max_rows))
+        i = end + 1
+    out.append(template[i:])
     return Prompt("".join(out), notes)
 
 

@@ -454,8 +454,6 @@ class RetryEvent(StreamDelta):
 class ToolResultEvent(_Model):
     """Session stream event: a tool ran (or failed) and this result goes back to the model."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
     type: Literal["tool_result"] = "tool_result"
     result: ToolResultBlock
     tool_name: str = ""
