@@ -1,10 +1,9 @@
 """Sessions: one conversation with a model, running Python tools, that never hangs or loses what
 arrived (the tool loop, failures, streams and turn control: docs/sessions.md).
 
-:mod:`~dispatch_nb.session.core` is the :class:`Session` object, :mod:`~dispatch_nb.session.loop`
-the turn loop, :mod:`~dispatch_nb.session.stream` the stream objects,
-:mod:`~dispatch_nb.session.serialization` the saved format and :mod:`~dispatch_nb.session.inputs`
-tools and content, normalized.
+:mod:`~dispatch_nb.session.core` is the :class:`Session` object and its turn loop,
+:mod:`~dispatch_nb.session.stream` the stream objects, :mod:`~dispatch_nb.session.serialization`
+the saved format and :mod:`~dispatch_nb.session.inputs` tools and content, normalized.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The stream of one session turn, what :meth:`Session.stream <dispatch_nb.session.Session.stream>`
 and :meth:`Session.astream <dispatch_nb.session.Session.astream>` return (how it ends on a
-failure: docs/sessions.md, "Streaming events"). It drives the turn's event generator
-(:mod:`dispatch_nb.session.loop`) and shares a :class:`TurnState` with it.
+failure: docs/sessions.md, "Streaming events"). It drives the turn's event generator (the
+session's ``_run`` or ``_arun``) and shares a :class:`TurnState` with it.
 """
 
 from __future__ import annotations
