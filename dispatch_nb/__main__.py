@@ -250,23 +250,19 @@ def _print_models(args: argparse.Namespace, github_url: str, api_url: str) -> in
 
 
 def _status(args: argparse.Namespace) -> int:
+    from .defaults import resolve_default_model
+    from .registry import base_url_rows, key_env_rows, list_descriptors
+
     github_url, api_url = _urls(args)
     copilot = _copilot_status(args, github_url, api_url)
     if copilot is None:
         return EXIT_FAILED  # a broken token file: already said
     working = [copilot] if copilot else []
-    from .registry import key_env_rows
-
     for name, env in key_env_rows():
-        label = f"{name}:"
-        if os.environ.get(env, "").strip():
+        is_set = bool(os.environ.get(env, "").strip())
+        if is_set:
             working.append(name)
-            print(f"{label:<16}{env} is set")
-        else:
-            print(f"{label:<16}{env} is not set")
-    from .defaults import resolve_default_model
-    from .registry import base_url_rows, list_descriptors
-
+        print(f"{name + ':':<16}{env} is {'set' if is_set else 'not set'}")
     for name, value in base_url_rows():
         print(f"{name + ':':<15} {value}")
     for descriptor in list_descriptors():

@@ -1,16 +1,9 @@
-"""Canonical, provider-neutral message and response types.
+"""Canonical, provider-neutral message and response types: every adapter takes these in and gives
+these back, whatever its wire protocol.
 
-Every adapter takes these in and gives these back, whatever its wire protocol::
-
-    Message(role="user", content="Hi")            # content: str or a list of blocks
-    Response(content=[TextBlock(...), ToolUseBlock(...)], tool_calls=[ToolUseBlock(...)], ...)
-
-Blocks (discriminated on ``type``): :class:`TextBlock`, :class:`ImageBlock`, :class:`ToolUseBlock`,
-:class:`ToolResultBlock`, :class:`ThinkingBlock`, :class:`RedactedThinkingBlock`. Any block may carry
-``provider_data``: opaque data a provider needs back verbatim on the next turn (encrypted reasoning,
-item ids). It survives ``model_dump()`` / ``model_validate()`` and JSON round trips unchanged.
-
-``Response.content`` is always a list (ADR 001); ``Response.text`` is the joined text.
+Any block may carry ``provider_data``: opaque data a provider needs back verbatim on the next turn
+(encrypted reasoning, item ids). It survives ``model_dump()`` / ``model_validate()`` and JSON round
+trips unchanged.
 """
 
 from __future__ import annotations
@@ -265,13 +258,8 @@ class Response(_Model):
 
     ``content`` holds every block in the order the model produced it (tool-use blocks included) and
     is empty, never ``None``, when the model said nothing. ``tool_calls`` repeats the
-    :class:`ToolUseBlock` s for convenience.
-
-    ``parsed`` is the validated answer of a call made with ``output=`` (a model instance, a list,
-    a dataclass..., or the JSON value for a JSON Schema dict; see docs/structured-output.md) and
-    ``None`` otherwise; ``text`` stays the raw JSON the model wrote. A dump holds ``parsed`` as
-    JSON data (and leaves it out when it is ``None``), so after ``model_validate`` it is that JSON
-    value, not the original class.
+    :class:`ToolUseBlock` s for convenience. ``parsed`` is the validated answer of a call made with
+    ``output=`` (docs/structured-output.md: how it is dumped and validated again).
     """
 
     content: list[Block] = Field(default_factory=list)
