@@ -190,11 +190,8 @@ class OutputValidationError(RequestError):
         **kw: Any,
     ) -> None:
         super().__init__(message, **kw)
-        #: the raw text of the (last) answer
         self.text = text
-        #: what is wrong with it, one dict per problem (``type``, ``loc``, ``msg``, ``input``)
         self.errors: list[dict[str, Any]] = list(errors or [])
-        #: how many answers the model gave (1 + the retries made)
         self.attempts = attempts
 
 

@@ -132,28 +132,27 @@ class ProviderDescriptor:
     def login_found(self, env: Mapping[str, str] | None = None) -> str | None:
         """Where this provider's saved login is (see :attr:`find_login`), or None (no login,
         or the provider has none). Raises ``ValueError`` when a saved login cannot be read."""
-        finder = self.find_login
-        if finder is None:
+        if self.find_login is None:
             return None
-        if isinstance(finder, str):
-            finder = _import_attribute(finder)
+        finder: LoginFinder = _imported(self.find_login)
         return finder(os.environ if env is None else env)
 
     def is_available(self) -> bool:
         """Whether a provider that needs no credentials can run here (see :attr:`available`)."""
-        check = self.available
-        if check is None:
+        if self.available is None:
             return False
-        if isinstance(check, str):
-            try:
-                check = _import_attribute(check)
-            except ImportError:
-                return False
+        try:
+            check: Callable[[], bool] = _imported(self.available)
+        except ImportError:
+            return False
         return bool(check())
 
 
-def _import_attribute(path: str) -> Any:
-    module_name, _, attr = path.partition(":")
+def _imported(value: Any) -> Any:
+    """``value``, or the attribute a ``"module:attribute"`` string names, imported."""
+    if not isinstance(value, str):
+        return value
+    module_name, _, attr = value.partition(":")
     return getattr(importlib.import_module(module_name), attr)
 
 
@@ -342,14 +341,12 @@ def base_url_rows(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]
 def get_provider(name: str) -> ProviderFactory:
     """The factory registered under ``name`` (imports a built-in provider on first use)."""
     descriptor = get_descriptor(name)
-    entry = descriptor.factory
-    if isinstance(entry, str):
-        factory: ProviderFactory = _import_attribute(entry)
+    factory: ProviderFactory = _imported(descriptor.factory)
+    if factory is not descriptor.factory:  # imported now: keep it
         with _lock:
             if _providers.get(name) is descriptor:
                 _providers[name] = dataclasses.replace(descriptor, factory=factory)
-        return factory
-    return entry
+    return factory
 
 
 # -- the default model (documented in dispatch_nb.defaults) ------------------------------------------
