@@ -1,14 +1,6 @@
-"""``python -m dispatch_nb COMMAND`` (also installed as ``dispatch-nb``).
-
-::
-
-    login  [--force] [--github-url URL] [--token-path P]   GitHub device-flow login for Copilot
-    logout [--token-path P]                               remove the saved GitHub token
-    status [--github-url URL] [--token-path P] [--models] every provider that could work here
-    demo   [--notebook P] [-m SPEC] [--cache MODE]        run the quickstart notebook, print answers
-
-A command is a handler and an ``arguments(parser)`` function that adds its options, listed in
-:data:`COMMANDS`.
+"""``python -m dispatch_nb COMMAND`` (also installed as ``dispatch-nb``): ``login``, ``logout``,
+``status`` and ``demo``. A command is a handler and an ``arguments(parser)`` function that adds its
+options, listed in :data:`COMMANDS` (``--help`` prints them).
 """
 
 from __future__ import annotations

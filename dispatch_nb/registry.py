@@ -389,7 +389,7 @@ def _ready(descriptor: ProviderDescriptor, env: Mapping[str, str]) -> str | None
 
 
 def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
-    """The model to use when none was given (the order: :mod:`dispatch_nb.defaults`).
+    """The model to use when none was given (the order: docs/providers.md).
 
     ``env`` defaults to ``os.environ``. The model and API-key variables, ``DISPATCH_NB_HOME``,
     ``DISPATCH_NB_GITHUB_TOKEN`` and ``DISPATCH_NB_GITHUB_URL`` are read from it; the Copilot
@@ -423,10 +423,8 @@ def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
 
 
 def default_model_spec() -> str:
-    """The default model: ``DISPATCH_NB_MODEL``, else the one ``%chat status`` and ``python -m
-    dispatch_nb status`` show (:func:`dispatch_nb.defaults.resolve_default_model`: a GitHub login,
-    else an API key in the environment, else the embedded model, else ``copilot:gpt-4.1``, which
-    then needs a login)."""
+    """The default model, the one ``%chat status`` and ``python -m dispatch_nb status`` show
+    (:func:`resolve_default_model`)."""
     return resolve_default_model().spec
 
 
