@@ -91,13 +91,8 @@ def footer_line(
 ) -> str:
     """The one footer of an answer, for ``Response._repr_markdown_`` and ``%%chat`` alike:
     ``model · 1,234 in / 7 out tokens · $0.0031 · 1.2 s · 2 rounds · stop: max_tokens · retried
-    once (rate limited, HTTP 429) · note``.
-
-    Tokens are left out when none were counted; ``cost`` (a :class:`~dispatch_nb.cost.Cost`, or
-    the :class:`~dispatch_nb.cost.CostTotal` of a turn's rounds) shows when it is known (Copilot:
-    ``1 premium request``); a replayed answer says ``replayed`` where the latency would be;
-    ``end_turn`` (the usual stop) is not shown.
-    """
+    once (rate limited, HTTP 429) · note``; ``cost`` is a :class:`~dispatch_nb.cost.Cost`, or the
+    :class:`~dispatch_nb.cost.CostTotal` of a turn's rounds (docs/sessions.md, docs/cost.md)."""
     parts: list[str] = []
     if model:
         parts.append(model)

@@ -313,12 +313,8 @@ class Session:
     # -- sending -------------------------------------------------------------------------------
     def send(self, content: Any, **chat_options: Any) -> Response:
         """Add ``content`` (a str, blocks, or a user :class:`Message`) as the user's turn, run the
-        tool loop, and return the model's final :class:`Response`.
-
-        ``chat_options`` go to every model call: ``timeout`` (a total deadline for the turn),
-        ``cancel``, ``max_tokens``, ``temperature``, ``system`` (this turn only), ``stream`` /
-        ``on_delta``, ``max_retries``, ``tool_choice``...
-        """
+        tool loop, and return the model's final :class:`Response`; ``chat_options`` go to every
+        model call of the turn (docs/sessions.md)."""
         state = TurnState(self.model)
         for _ in self._run(content, chat_options, state, streaming=False):
             pass
@@ -381,14 +377,9 @@ class Session:
         adapter: Adapter | str | None = None,
         tools: Iterable[Any] | None = None,
     ) -> Session:
-        """Restore a session written by :meth:`to_json`.
-
-        ``adapter``: the adapter (or model spec) to use; default: connect to the saved
-        ``provider:model``. ``tools``: the Python handlers to re-attach, matched by name (a
-        given tool's current definition wins; extra tools are added). Saved tools left without
-        a handler stay declared to the model, are listed in :attr:`unhandled_tools`, and a
-        ``UserWarning`` names them.
-        """
+        """Restore a session written by :meth:`to_json`, through ``adapter`` (default: the saved
+        ``provider:model``), with the Python handlers of ``tools`` re-attached by name (a given
+        tool's current definition wins; docs/sessions.md, "Saving and resuming")."""
         saved = loads(text)
         session = cls(
             adapter if adapter is not None else saved.model,

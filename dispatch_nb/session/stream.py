@@ -94,12 +94,8 @@ class _TurnStream(Generic[_E]):
 
 
 class SessionStream(_TurnStream[Generator[StreamEvent, None, None]]):
-    """What :meth:`Session.stream` returns: iterate for events; a context manager.
-
-    ``response`` is the final :class:`Response` (reading it finishes the turn); ``partial`` is what
-    the current model turn has produced so far; ``error`` is the failure, if any; ``close()`` ends
-    the turn and its HTTP stream (the unfinished answer stays out of history).
-    """
+    """What :meth:`Session.stream` returns: iterate for events; a context manager
+    (docs/sessions.md, "Streaming events")."""
 
     def __iter__(self) -> SessionStream:
         return self
