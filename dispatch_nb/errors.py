@@ -12,21 +12,12 @@
     │   └── OutputValidationError      the answer is not what ``output=`` asked for: text, errors
     ├── APIConnectionError             (also ConnectionError) the server could not be reached
     │   └── APITimeoutError            (also TimeoutError) no complete answer before the deadline
-    └── RequestCancelled               a CancelToken (or Ctrl-C) stopped the call
+    ├── RequestCancelled               a CancelToken (or Ctrl-C) stopped the call
+    └── BudgetExceededError            not sent: ``budget=`` does not cover it (docs/cost.md)
 
-``partial`` is the :class:`~dispatch_nb.types.Response` assembled before a failure mid-stream, so
-nothing that arrived is lost. ``code`` is provider-neutral: ``authentication_failed``,
-``rate_limited``, ``quota_exceeded``, ``context_length_exceeded``, ``invalid_request``,
-``model_unavailable``, ``server_error``, ``network_error``, ``unexpected_response`` (a success
-status whose body is not the API's answer: an HTML page from a proxy or a web site, an empty body;
-an :class:`APIConnectionError` that is not retried), ``timeout``, ``cancelled``, ``unknown``;
-:class:`OutputValidationError` uses ``output_invalid``, ``output_truncated`` and ``output_refused``.
-
-What proxies and web servers answer instead of the API (an nginx ``502 Bad Gateway`` page, a
-corporate proxy's block page, a plain-text ``413``) becomes a one-line message —
-:func:`summarize_body`: an HTML page's title, never its markup.
+The provider-neutral ``code`` values, ``partial``, and what a proxy's page becomes
+(:func:`summarize_body`): README.md, "Errors".
 """
-
 from __future__ import annotations
 
 import email.utils
