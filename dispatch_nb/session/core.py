@@ -724,7 +724,7 @@ class Session:
             return "done"
         declared_only = {t.name for t in self._tools if isinstance(t, ToolDefinition)}
         if any(c.name in declared_only for c in calls):
-            return "done"  # the caller answers these (see the module docstring)
+            return "done"  # the caller answers these (docs/sessions.md)
         if turn.rounds >= self.max_tool_rounds:
             return "limit"
         return "tools"
