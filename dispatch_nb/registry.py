@@ -429,15 +429,13 @@ def default_model_spec() -> str:
 
 
 def _choices() -> str:
-    parts = []
-    for d in list_descriptors():
+    def needs(d: ProviderDescriptor) -> str:
         if d.login_flow:
-            parts.append(f"'{d.name}:MODEL' (after `%chat login`)")
-        elif d.key_env:
-            parts.append(f"'{d.name}:MODEL' ({d.key_env})")
-        else:
-            parts.append(f"'{d.name}:MODEL'")
-    return "write it as provider:model: " + ", ".join(parts)
+            return " (after `%chat login`)"
+        return f" ({d.key_env})" if d.key_env else ""
+
+    return "write it as provider:model: " + ", ".join(
+        f"'{d.name}:MODEL'{needs(d)}" for d in list_descriptors())
 
 
 def parse_model_spec(spec: str, default: str | None = None) -> tuple[str, str]:

@@ -47,11 +47,10 @@ class _TurnStream(Generic[_E]):
     def __init__(self, events: _E, state: TurnState, raise_errors: bool) -> None:
         self._events = events
         self._state = state
-        self._raise = raise_errors
+        self._raise = raise_errors  # cleared once the error is raised: it is raised once
         #: the exception that ended the turn, if one did
         self.error: Exception | None = None
         self._finished = False
-        self._raised = False
         self._closed = False
 
     @property
@@ -76,8 +75,8 @@ class _TurnStream(Generic[_E]):
         its error instead (unless ``raise_errors=False``)."""
         if not (self._finished or self._closed):
             return False
-        if self.error is not None and self._raise and not self._raised:
-            self._raised = True
+        if self.error is not None and self._raise:
+            self._raise = False
             raise self.error
         return True
 
