@@ -298,12 +298,8 @@ class Response(_Model):
 
     # The event pipeline (docs/sessions.md, "Events"): an answer back into the events that make it.
     def deltas(self) -> list[StreamDelta]:
-        """The deltas a stream of this answer yields, block by block: one ``text_delta`` per
-        non-empty text block, one ``thinking_delta`` per non-empty thinking block, and
-        ``tool_use_start`` / ``tool_use_delta`` (the arguments as JSON, or the raw text a model
-        wrote when it is not valid) / ``tool_use_end`` per tool call. What a replayed or a
-        non-streamed call shows while it "streams"; :meth:`Accumulator.feed
-        <dispatch_nb.stream.Accumulator.feed>` turns them back into blocks."""
+        """The deltas a stream of this answer yields, block by block (docs/sessions.md, "One event
+        pipeline"): what a replayed or a non-streamed call shows while it "streams"."""
         out: list[StreamDelta] = []
         for block in self.content:
             if isinstance(block, TextBlock):
@@ -326,10 +322,7 @@ class Response(_Model):
 
     def events(self) -> list[StreamDelta | MessageDoneEvent]:
         """This answer as the events of one model round, as a session stream yields them: its
-        :meth:`deltas`, then the ``MessageDoneEvent`` that carries the whole answer (usage, stop
-        reason, provider data, signatures...). Feeding them to a
-        :class:`~dispatch_nb.turn.TurnAccumulator` gives back a response equal (``==``) to
-        this one."""
+        :meth:`deltas`, then the ``MessageDoneEvent`` that carries the whole answer."""
         return [*self.deltas(), MessageDoneEvent(response=self)]
 
     # Rich display (IPython calls these; nothing here imports IPython).

@@ -324,10 +324,8 @@ class Session:
     def stream(
         self, content: Any, *, raise_errors: bool = True, **chat_options: Any
     ) -> SessionStream:
-        """Like :meth:`send`, but returns a :class:`SessionStream` of events: ``StreamDelta`` s
-        as the model writes, a ``ToolResultEvent`` per tool call, a ``MessageDoneEvent`` per
-        model turn, and on failure an ``ErrorEvent`` (then the error is raised, unless
-        ``raise_errors=False``). Nothing happens until you iterate."""
+        """Like :meth:`send`, but returns a :class:`SessionStream` of the turn's events
+        (docs/sessions.md, "Streaming events"). Nothing happens until you iterate."""
         state = TurnState(self.model)
         return SessionStream(
             self._run(content, chat_options, state, streaming=True), state, raise_errors
