@@ -1,7 +1,10 @@
 """Prompt templates: ``{expression}`` interpolation and bounded summaries of values (the rules:
-docs/notebook.md, "Prompts: interpolation and references"), for ``%%chat`` cells and batch rows.
-DataFrame-like values are duck-typed (``shape`` + ``head``): this module imports only the standard
-library.
+docs/notebook.md, "Prompts: interpolation and references"); DataFrame-like values are duck-typed
+(``shape`` + ``head``).
+
+Core, not notebook: ``%%chat`` cells (``notebook/cell.py``, the user namespace) and batch rows
+(``batching/rows.py``, a row's columns) fill templates with it; ``dispatch_nb.notebook.prompt``
+re-exports these names. This module imports only the standard library.
 """
 
 from __future__ import annotations
