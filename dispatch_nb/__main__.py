@@ -1,14 +1,6 @@
-"""``python -m dispatch_nb COMMAND`` (also installed as ``dispatch-nb``).
-
-::
-
-    login  [--force] [--github-url URL] [--token-path P]   GitHub device-flow login for Copilot
-    logout [--token-path P]                               remove the saved GitHub token
-    status [--github-url URL] [--token-path P] [--models] every provider that could work here
-    demo   [--notebook P] [-m SPEC] [--cache MODE]        run the quickstart notebook, print answers
-
-A command is a handler and an ``arguments(parser)`` function that adds its options, listed in
-:data:`COMMANDS`.
+"""``python -m dispatch_nb COMMAND`` (also installed as ``dispatch-nb``): ``login``, ``logout``,
+``status`` and ``demo``. A command is a handler and an ``arguments(parser)`` function that adds its
+options, listed in :data:`COMMANDS` (``--help`` prints them).
 """
 
 from __future__ import annotations
@@ -250,23 +242,19 @@ def _print_models(args: argparse.Namespace, github_url: str, api_url: str) -> in
 
 
 def _status(args: argparse.Namespace) -> int:
+    from .defaults import resolve_default_model
+    from .registry import base_url_rows, key_env_rows, list_descriptors
+
     github_url, api_url = _urls(args)
     copilot = _copilot_status(args, github_url, api_url)
     if copilot is None:
         return EXIT_FAILED  # a broken token file: already said
     working = [copilot] if copilot else []
-    from .registry import key_env_rows
-
     for name, env in key_env_rows():
-        label = f"{name}:"
-        if os.environ.get(env, "").strip():
+        is_set = bool(os.environ.get(env, "").strip())
+        if is_set:
             working.append(name)
-            print(f"{label:<16}{env} is set")
-        else:
-            print(f"{label:<16}{env} is not set")
-    from .defaults import resolve_default_model
-    from .registry import base_url_rows, list_descriptors
-
+        print(f"{name + ':':<16}{env} is {'set' if is_set else 'not set'}")
     for name, value in base_url_rows():
         print(f"{name + ':':<15} {value}")
     for descriptor in list_descriptors():

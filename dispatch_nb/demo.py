@@ -1,13 +1,6 @@
-"""``python -m dispatch_nb demo``: run the quickstart notebook end to end in a real Jupyter kernel.
-
-It executes ``notebooks/quickstart.ipynb`` cell by cell with nbclient and prints each ``%%chat``
-prompt and its answer to the terminal as it goes. The model is the best one available here (the
-same choice ``%%chat`` makes with no ``-m``: ``DISPATCH_NB_MODEL``, a Copilot login, an API key,
-else the embedded local model), or ``--model``. The response cache is ``off`` by default, so the
-model really answers (the notebook's recorded answers are neither read nor changed);
-``--cache replay`` plays the recording back instead. The notebook file is not modified.
-
-Exit status: 0 when every cell ran, 1 when a cell failed or nothing can answer, 2 for usage errors.
+"""``python -m dispatch_nb demo``: run the quickstart notebook end to end in a real Jupyter kernel,
+printing each ``%%chat`` prompt and its answer (docs/teaching.md, "The demo"). Exit status: 0 when
+every cell ran, 1 when a cell failed or nothing can answer, 2 for usage errors.
 """
 
 from __future__ import annotations
@@ -77,7 +70,7 @@ def run_demo(
     timeout: float = 600.0,
 ) -> int:
     """Execute ``notebook`` (default: the quickstart) and print each ``%%chat`` prompt and answer;
-    return the exit status (see the module docstring).
+    return the exit status (0 or 1).
 
     ``model`` overrides the notebook's model for every ``%%chat`` cell (default: the best model
     available here); ``cache`` is the response-cache mode of the run (``off``: the model answers);

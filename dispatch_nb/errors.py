@@ -12,21 +12,12 @@
     │   └── OutputValidationError      the answer is not what ``output=`` asked for: text, errors
     ├── APIConnectionError             (also ConnectionError) the server could not be reached
     │   └── APITimeoutError            (also TimeoutError) no complete answer before the deadline
-    └── RequestCancelled               a CancelToken (or Ctrl-C) stopped the call
+    ├── RequestCancelled               a CancelToken (or Ctrl-C) stopped the call
+    └── BudgetExceededError            not sent: ``budget=`` does not cover it (docs/cost.md)
 
-``partial`` is the :class:`~dispatch_nb.types.Response` assembled before a failure mid-stream, so
-nothing that arrived is lost. ``code`` is provider-neutral: ``authentication_failed``,
-``rate_limited``, ``quota_exceeded``, ``context_length_exceeded``, ``invalid_request``,
-``model_unavailable``, ``server_error``, ``network_error``, ``unexpected_response`` (a success
-status whose body is not the API's answer: an HTML page from a proxy or a web site, an empty body;
-an :class:`APIConnectionError` that is not retried), ``timeout``, ``cancelled``, ``unknown``;
-:class:`OutputValidationError` uses ``output_invalid``, ``output_truncated`` and ``output_refused``.
-
-What proxies and web servers answer instead of the API (an nginx ``502 Bad Gateway`` page, a
-corporate proxy's block page, a plain-text ``413``) becomes a one-line message —
-:func:`summarize_body`: an HTML page's title, never its markup.
+The provider-neutral ``code`` values, ``partial``, and what a proxy's page becomes
+(:func:`summarize_body`): README.md, "Errors".
 """
-
 from __future__ import annotations
 
 import email.utils
@@ -65,8 +56,6 @@ class DispatchError(Exception):
     default_code = "unknown"
     #: whether the same request may succeed when sent again, unless the raiser said (``retryable=``)
     default_retryable = False
-    #: seconds the server asked us to wait before retrying (``retry-after``), if it said
-    retry_after: float | None = None
 
     def __init__(
         self,
@@ -79,6 +68,7 @@ class DispatchError(Exception):
         retryable: bool | None = None,
         request_id: str | None = None,
         provider_code: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -89,6 +79,8 @@ class DispatchError(Exception):
         self.request_id = request_id
         #: the provider's own error type/code (e.g. ``overloaded_error``), for diagnostics
         self.provider_code = provider_code
+        #: seconds the server asked us to wait before retrying (``retry-after``), if it said
+        self.retry_after = retry_after
         self._retryable = retryable
 
     @property
@@ -128,11 +120,6 @@ class RateLimitError(DispatchError):
     """Too many requests, or a quota/spend limit (429, Copilot 402)."""
 
     default_code = "rate_limited"
-
-    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
-        super().__init__(message, **kw)
-        #: seconds the provider asked us to wait, if it said
-        self.retry_after = retry_after
 
     @property
     def retryable(self) -> bool:
@@ -194,11 +181,8 @@ class OutputValidationError(RequestError):
         **kw: Any,
     ) -> None:
         super().__init__(message, **kw)
-        #: the raw text of the (last) answer
         self.text = text
-        #: what is wrong with it, one dict per problem (``type``, ``loc``, ``msg``, ``input``)
         self.errors: list[dict[str, Any]] = list(errors or [])
-        #: how many answers the model gave (1 + the retries made)
         self.attempts = attempts
 
 
@@ -246,32 +230,24 @@ STATUS_TABLE: dict[int, type[DispatchError]] = {
     429: RateLimitError,
 }
 
-#: provider error type/code → (class, neutral code). Checked before the status table.
-TYPE_TABLE: dict[str, tuple[type[DispatchError], str]] = {
-    "context_length_exceeded": (ContextLengthError, "context_length_exceeded"),
-    "exceed_context_size_error": (ContextLengthError, "context_length_exceeded"),
-    "string_above_max_length": (ContextLengthError, "context_length_exceeded"),
-    "model_not_found": (ModelUnavailableError, "model_unavailable"),
-    "model_not_supported": (ModelUnavailableError, "model_unavailable"),
-    "unsupported_model": (ModelUnavailableError, "model_unavailable"),
-    "insufficient_quota": (RateLimitError, "quota_exceeded"),
-    "quota_exceeded": (RateLimitError, "quota_exceeded"),
-    "free_quota_exceeded": (RateLimitError, "quota_exceeded"),
-    "overage_limit_reached": (RateLimitError, "quota_exceeded"),
-    "billing_error": (RateLimitError, "quota_exceeded"),
-    "enforced_spend_limit_reached": (RateLimitError, "quota_exceeded"),
-    "rate_limit_error": (RateLimitError, "rate_limited"),
-    "rate_limit_exceeded": (RateLimitError, "rate_limited"),
-    "overloaded_error": (ServerError, "server_error"),
-    "api_error": (ServerError, "server_error"),
-    "server_error": (ServerError, "server_error"),
-    "timeout_error": (ServerError, "server_error"),
-    "unavailable_error": (ServerError, "server_error"),
-    "authentication_error": (AuthenticationError, "authentication_failed"),
-    "permission_error": (AuthenticationError, "authentication_failed"),
-    "invalid_api_key": (AuthenticationError, "authentication_failed"),
-    "request_too_large": (RequestError, "invalid_request"),
+#: provider error type/code → error class (its ``default_code``). Checked before the status table.
+TYPE_TABLE: dict[str, type[DispatchError]] = {
+    error_type: cls
+    for cls, error_types in (
+        (ContextLengthError, "context_length_exceeded exceed_context_size_error string_above_max_length"),
+        (ModelUnavailableError, "model_not_found model_not_supported unsupported_model"),
+        (RateLimitError, "rate_limit_error rate_limit_exceeded insufficient_quota quota_exceeded "
+                         "free_quota_exceeded overage_limit_reached billing_error "
+                         "enforced_spend_limit_reached"),
+        (ServerError, "overloaded_error api_error server_error timeout_error unavailable_error"),
+        (AuthenticationError, "authentication_error permission_error invalid_api_key"),
+        (RequestError, "request_too_large"),
+    )
+    for error_type in error_types.split()
 }
+#: the provider error types of a quota or spend limit: code ``quota_exceeded``, not retried
+QUOTA_TYPES = frozenset({"insufficient_quota", "quota_exceeded", "free_quota_exceeded",
+                         "overage_limit_reached", "billing_error", "enforced_spend_limit_reached"})
 
 _CONTEXT_PHRASES = (
     "context length",
@@ -313,13 +289,14 @@ def error_for_status(
     """
     cls: type[DispatchError] = error_class_for_status(status) if status else ServerError
     code: str | None = None
-    if error_type and error_type in TYPE_TABLE:
-        cls, code = TYPE_TABLE[error_type]
+    if error_type in TYPE_TABLE:
+        cls = TYPE_TABLE[error_type]
+        code = "quota_exceeded" if error_type in QUOTA_TYPES else cls.default_code
         # A type table hit never turns a 5xx into a client error or vice versa, except quota.
         if status >= 500 and not issubclass(cls, ServerError):
             cls, code = ServerError, None
     lowered = message.lower()
-    if issubclass(cls, RequestError) and cls is RequestError:
+    if cls is RequestError:
         if any(p in lowered for p in _CONTEXT_PHRASES):
             cls, code = ContextLengthError, "context_length_exceeded"
         elif status == 404 and "model" in lowered:
@@ -327,29 +304,18 @@ def error_for_status(
     if status == 402 and code is None:
         code = "quota_exceeded"
 
-    retryable: bool | None = None
-    if headers is not None:
-        should = _header(headers, "x-should-retry")
-        if should == "true":
-            retryable = True
-        elif should == "false":
-            retryable = False
-    kw: dict[str, Any] = {
-        "status_code": status or None,
-        "provider": provider,
-        "code": code,
-        "partial": partial,
-        "retryable": retryable,
-        "request_id": request_id,
-        "provider_code": error_type,
-    }
-    retry_after = parse_retry_after(headers) if headers is not None else None
-    if cls is RateLimitError:
-        return RateLimitError(message, retry_after=retry_after, **kw)
-    error = cls(message, **kw)
-    if retry_after is not None:
-        error.retry_after = retry_after
-    return error
+    should_retry = _header(headers, "x-should-retry") if headers is not None else None
+    return cls(
+        message,
+        status_code=status or None,
+        provider=provider,
+        code=code,
+        partial=partial,
+        retryable={"true": True, "false": False}.get(should_retry or ""),
+        request_id=request_id,
+        provider_code=error_type,
+        retry_after=parse_retry_after(headers) if headers is not None else None,
+    )
 
 
 #: the longest message :func:`summarize_body` makes from a body that is not a provider's JSON
@@ -417,8 +383,6 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     try:
         parsed = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
-        return None
-    if parsed is None:
         return None
     now = time.time() if now is None else now
     return max(0.0, parsed.timestamp() - now)

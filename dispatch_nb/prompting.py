@@ -1,24 +1,6 @@
-"""Prompt templates: ``{expression}`` interpolation and bounded summaries of values.
-
-::
-
-    Summarize {df} in one sentence.        # a DataFrame → shape + first rows as a table
-    Why does this fail? {In[3]} {Err[3]}   # the source of cell 3 and the exception it raised
-    Explain {len(words)} and {x:.2f}       # any expression; f-string conversions / format specs
-    A literal brace: {{ and }}             # like str.format
-
-The rules, chosen so prompts that contain JSON or code survive untouched:
-
-* ``{{`` and ``}}`` are literal braces.
-* ``{expr}`` is evaluated in the given namespace when ``expr`` mentions a name (``{x}``,
-  ``{df.head()}``, ``{Out[4]}``) or computes something (``{2**10}``, ``{1/0}``). Braces around
-  constants or code that does not parse (``{"a": 1}``, ``{1, 2}``, ``{}``, ``{ foo bar }``) are
-  left exactly as written.
-* An expression naming something undefined is left as written, with a note for the user.
-* An expression that raises anything else is an error: :class:`PromptError`.
-* Without a format spec, values are summarized to a bounded size (``max_chars``): long text is
-  cut with a note, DataFrame-like objects (duck-typed: ``shape`` + ``head``; never imports pandas)
-  become their shape and first rows, exceptions become their (trimmed) traceback.
+"""Prompt templates: ``{expression}`` interpolation and bounded summaries of values (the rules:
+docs/notebook.md, "Prompts: interpolation and references"); DataFrame-like values are duck-typed
+(``shape`` + ``head``).
 
 Core, not notebook: ``%%chat`` cells (``notebook/cell.py``, the user namespace) and batch rows
 (``batching/rows.py``, a row's columns) fill templates with it; ``dispatch_nb.notebook.prompt``
@@ -29,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +29,8 @@ __all__ = [
 
 DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_ROWS = 10
+#: what interpolation acts on: a literal ``{{`` or ``}}``, or the ``{`` of an expression
+_BRACE = re.compile(r"\{\{|\}\}|\{")
 
 
 class PromptError(ValueError):
@@ -68,33 +53,26 @@ def build_prompt(
     max_chars: int = DEFAULT_MAX_CHARS,
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> Prompt:
-    """Interpolate ``{expression}`` s in ``template`` from ``namespace`` (see the module docstring)."""
+    """Interpolate ``{expression}`` s in ``template`` from ``namespace`` (the rules: docs/notebook.md)."""
     if not interpolate:
         return Prompt(template)
     out: list[str] = []
     notes: list[str] = []
-    i, n = 0, len(template)
-    while i < n:
-        ch = template[i]
-        if ch == "{":
-            if template.startswith("{{", i):
-                out.append("{")
-                i += 2
-                continue
-            end = _matching_brace(template, i)
-            if end < 0:  # an unbalanced brace: the rest is literal
-                out.append(template[i:])
-                break
-            inner = template[i + 1 : end]
-            out.append(_substitute(inner, namespace, notes, max_chars=max_chars, max_rows=max_rows))
-            i = end + 1
+    i = 0
+    while (brace := _BRACE.search(template, i)) is not None:
+        out.append(template[i : brace.start()])
+        i = brace.end()
+        if brace.group() != "{":  # {{ or }}: a literal brace
+            out.append(brace.group()[0])
             continue
-        if ch == "}" and template.startswith("}}", i):
-            out.append("}")
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
+        end = _matching_brace(template, brace.start())
+        if end < 0:  # an unbalanced brace: the rest is literal
+            i = brace.start()
+            break
+        inner = template[i:end]
+        out.append(_substitute(inner, namespace, notes, max_chars=max_chars, max_rows=max_rows))
+        i = end + 1
+    out.append(template[i:])
     return Prompt("".join(out), notes)
 
 

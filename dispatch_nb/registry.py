@@ -1,16 +1,6 @@
-"""Providers by name, and ``connect("provider:model")``.
-
-::
-
-    connect("openai:gpt-4.1")                     # provider:model
-    connect("gpt-4.1")                            # a model of the default provider (%chat status)
-    connect("compatible:llama", base_url="http://127.0.0.1:8080/v1")
-    register_provider("mine", lambda model, **options: MyAdapter(model, **options))
-
-Built-in providers are registered as import paths and imported on first use, so
-``import dispatch_nb`` stays fast. Installed distributions add providers through the entry-point
-group ``dispatch_nb.providers`` (:data:`ENTRY_POINT_GROUP`), read the first time the registry is
-asked for a provider (see ``docs/providers.md``).
+"""Providers by name (:class:`ProviderDescriptor`, :func:`register_provider`, the entry-point group
+:data:`ENTRY_POINT_GROUP`) and ``connect("provider:model")``: docs/providers.md. Built-in providers
+are import paths, imported on first use, so ``import dispatch_nb`` stays fast.
 """
 
 from __future__ import annotations
@@ -59,69 +49,46 @@ LoginFinder = Callable[[Mapping[str, str]], "str | None"]
 
 @dataclass(frozen=True)
 class ProviderDescriptor:
-    """Everything dispatch_nb knows about a provider, in one place.
-
-    The registry, ``%chat status`` / ``python -m dispatch_nb status``, the notebook's error advice,
-    ``%chat key`` / ``%chat models``, secret scrubbing in caches, the choice of a default model
-    and replay-only mode all read it, so adding a provider is one module that registers one
-    descriptor (see ``docs/providers.md``)::
+    """Everything dispatch_nb knows about a provider, in one place: who reads each field, and
+    why adding a provider is one module that registers one descriptor, is in docs/providers.md::
 
         register_provider(ProviderDescriptor(
             "acme", "acme_dispatch:AcmeAdapter", display_name="Acme", key_env="ACME_API_KEY",
             default_model="acme-1", default_max_tokens=2048))
     """
 
-    #: the registry name: the ``provider`` of ``provider:model``
+    #: the ``provider`` of ``provider:model``
     name: str
     #: ``factory(model, **options) -> Adapter``, or ``"module:attribute"`` imported on first use
     factory: ProviderFactory | str
-    #: how people call it (``%chat status`` rows); default: ``name``
     display_name: str = ""
-    #: the environment variable holding its API key (``None``: it does not use one); shown by
-    #: status, read by ``%chat key NAME``, scrubbed from caches, and (with ``default_rank``) makes
-    #: it the default model when set
+    #: the environment variable holding its API key (``None``: it uses none)
     key_env: str | None = None
-    #: a model to name in examples, and the default model when chosen by default
     default_model: str | None = None
-    #: the adapter's ``max_tokens`` when none is given (replay-only mode computes cache keys with it)
     default_max_tokens: int | None = None
-    #: what to tell a user whose credentials were refused; default: derived from ``key_env``
+    #: what to tell a user whose credentials were refused (default: from ``key_env``)
     login_hint: str = ""
-    #: a model to build the adapter with only to list models (the listing does not depend on
-    #: it); default: ``default_model``
     listing_model: str | None = None
-    #: other environment variables holding secrets to scrub from caches
+    #: more environment variables holding secrets, scrubbed from caches
     secret_env: tuple[str, ...] = ()
-    #: the options its adapter accepts beyond the common ones (``None``: the factory's
-    #: ``provider_options`` attribute)
+    #: options its adapter accepts beyond the common ones (``None``: the factory's attribute)
     provider_options: frozenset[str] | None = None
-    #: chosen as the default model when ``key_env`` is set, lowest rank first (``None``: never)
+    #: its place among the default models, lowest first (``None``: never the default)
     default_rank: int | None = None
-    #: ``status`` shows a row for its ``key_env`` (one row per variable)
     status_row: bool = True
-    #: the environment variable naming its server (``None``: none); the key from ``key_env`` is
-    #: sent only to that server (or to the provider's default one when it is unset)
+    #: the environment variable naming its server; ``key_env``'s key is sent only there
     base_url_env: str | None = None
-    #: the interactive login that gives it credentials (``None``: it needs none). The one the
-    #: notebook and the command line know is ``"github-device"`` (GitHub's device flow: ``%chat
-    #: login``, ``python -m dispatch_nb login``); a provider with a login is the default when
-    #: :attr:`find_login` finds one, and a cell using it shows the login first when there is none
+    #: its interactive login (``"github-device"``: GitHub's device flow), ``None``: none
     login_flow: str | None = None
-    #: ``find_login(env) -> str | None``, or ``"module:attribute"``: where a saved login is (a
-    #: description such as a file name, never the secret), without touching the network; it
-    #: raises ``ValueError`` when a saved login cannot be read
+    #: ``find_login(env) -> str | None``: where its saved login is, never the secret
     find_login: LoginFinder | str | None = None
-    #: ``available() -> bool``, or ``"module:attribute"``: for a provider that needs neither key
-    #: nor login (the embedded model), whether it can run here; with a ``default_rank`` it is then
-    #: a default
+    #: ``available() -> bool``: whether a provider needing no key nor login can run here
     available: Callable[[], bool] | str | None = None
-    #: every model call counts as the model's ``ModelInfo.premium_multiplier`` premium requests
-    #: (``BatchResult.premium_requests``: GitHub Copilot's billing)
+    #: each call counts as the model's ``ModelInfo.premium_multiplier`` premium requests
     premium_multiplier: bool = False
     #: one line for the user when it is the default only because nothing else is set up
     default_note: str = ""
-    #: the ``genai-prices`` provider id its answers are priced under (``None``: the price is
-    #: unknown, shown as unknown — never zero; see docs/cost.md)
+    #: the ``genai-prices`` provider id (``None``: prices unknown, never zero; docs/cost.md)
     price_provider: str | None = None
 
     def __post_init__(self) -> None:
@@ -165,28 +132,27 @@ class ProviderDescriptor:
     def login_found(self, env: Mapping[str, str] | None = None) -> str | None:
         """Where this provider's saved login is (see :attr:`find_login`), or None (no login,
         or the provider has none). Raises ``ValueError`` when a saved login cannot be read."""
-        finder = self.find_login
-        if finder is None:
+        if self.find_login is None:
             return None
-        if isinstance(finder, str):
-            finder = _import_attribute(finder)
+        finder: LoginFinder = _imported(self.find_login)
         return finder(os.environ if env is None else env)
 
     def is_available(self) -> bool:
         """Whether a provider that needs no credentials can run here (see :attr:`available`)."""
-        check = self.available
-        if check is None:
+        if self.available is None:
             return False
-        if isinstance(check, str):
-            try:
-                check = _import_attribute(check)
-            except ImportError:
-                return False
+        try:
+            check: Callable[[], bool] = _imported(self.available)
+        except ImportError:
+            return False
         return bool(check())
 
 
-def _import_attribute(path: str) -> Any:
-    module_name, _, attr = path.partition(":")
+def _imported(value: Any) -> Any:
+    """``value``, or the attribute a ``"module:attribute"`` string names, imported."""
+    if not isinstance(value, str):
+        return value
+    module_name, _, attr = value.partition(":")
     return getattr(importlib.import_module(module_name), attr)
 
 
@@ -260,11 +226,8 @@ def _as_descriptor(name: str, value: Any) -> ProviderDescriptor:
 
 
 def _load_plugins() -> None:
-    """Register the providers of the entry-point group :data:`ENTRY_POINT_GROUP`, once.
-
-    Called the first time the registry is asked about its providers (never by ``import
-    dispatch_nb``). A name already registered keeps its provider; an entry point that cannot be
-    loaded is logged and skipped, so one broken plug-in leaves the others working."""
+    """Register the providers of the entry-point group :data:`ENTRY_POINT_GROUP`, once (the rules:
+    docs/providers.md)."""
     global _plugins_loaded
     if _plugins_loaded:
         return
@@ -378,14 +341,12 @@ def base_url_rows(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]
 def get_provider(name: str) -> ProviderFactory:
     """The factory registered under ``name`` (imports a built-in provider on first use)."""
     descriptor = get_descriptor(name)
-    entry = descriptor.factory
-    if isinstance(entry, str):
-        factory: ProviderFactory = _import_attribute(entry)
+    factory: ProviderFactory = _imported(descriptor.factory)
+    if factory is not descriptor.factory:  # imported now: keep it
         with _lock:
             if _providers.get(name) is descriptor:
                 _providers[name] = dataclasses.replace(descriptor, factory=factory)
-        return factory
-    return entry
+    return factory
 
 
 # -- the default model (documented in dispatch_nb.defaults) ------------------------------------------
@@ -428,7 +389,7 @@ def _ready(descriptor: ProviderDescriptor, env: Mapping[str, str]) -> str | None
 
 
 def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
-    """The model to use when none was given (the order: :mod:`dispatch_nb.defaults`).
+    """The model to use when none was given (the order: docs/providers.md).
 
     ``env`` defaults to ``os.environ``. The model and API-key variables, ``DISPATCH_NB_HOME``,
     ``DISPATCH_NB_GITHUB_TOKEN`` and ``DISPATCH_NB_GITHUB_URL`` are read from it; the Copilot
@@ -462,23 +423,19 @@ def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
 
 
 def default_model_spec() -> str:
-    """The default model: ``DISPATCH_NB_MODEL``, else the one ``%chat status`` and ``python -m
-    dispatch_nb status`` show (:func:`dispatch_nb.defaults.resolve_default_model`: a GitHub login,
-    else an API key in the environment, else the embedded model, else ``copilot:gpt-4.1``, which
-    then needs a login)."""
+    """The default model, the one ``%chat status`` and ``python -m dispatch_nb status`` show
+    (:func:`resolve_default_model`)."""
     return resolve_default_model().spec
 
 
 def _choices() -> str:
-    parts = []
-    for d in list_descriptors():
+    def needs(d: ProviderDescriptor) -> str:
         if d.login_flow:
-            parts.append(f"'{d.name}:MODEL' (after `%chat login`)")
-        elif d.key_env:
-            parts.append(f"'{d.name}:MODEL' ({d.key_env})")
-        else:
-            parts.append(f"'{d.name}:MODEL'")
-    return "write it as provider:model: " + ", ".join(parts)
+            return " (after `%chat login`)"
+        return f" ({d.key_env})" if d.key_env else ""
+
+    return "write it as provider:model: " + ", ".join(
+        f"'{d.name}:MODEL'{needs(d)}" for d in list_descriptors())
 
 
 def parse_model_spec(spec: str, default: str | None = None) -> tuple[str, str]:

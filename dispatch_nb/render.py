@@ -1,16 +1,7 @@
-"""Render a :class:`~dispatch_nb.types.Response` as Markdown / HTML (no IPython needed).
-
-Used by ``Response._repr_markdown_`` / ``_repr_html_`` and by the notebook's final output, so a
-saved notebook reads the same on GitHub, nbviewer and VS Code. :func:`footer_line` is the one
-footer renderer: a ``Response``'s (:func:`footer_text`) and a ``%%chat`` cell's are the same line.
-This module does not import :mod:`dispatch_nb.types` (which imports it for the rich reprs): it
-renders anything shaped like a ``Response``.
-
-A structured answer (``Response.parsed``, see docs/structured-output.md) renders as a table — one
-row per item of a list, one row for an object — with the raw JSON folded below:
-:func:`parsed_rows` (the rows, ready for ``pandas.DataFrame``), :func:`rows_markdown`,
-:func:`parsed_markdown` / :func:`parsed_html`, and :func:`compare_parsed_markdown` for several
-models' answers in one table (a column per model).
+"""What a :class:`~dispatch_nb.types.Response` shows, as Markdown / HTML (no IPython needed): the
+one footer (:func:`footer_line`, for ``Response._repr_markdown_`` and ``%%chat`` alike) and the
+tables of structured answers (docs/structured-output.md). It renders anything shaped like a
+``Response``: :mod:`dispatch_nb.types` imports this module for its rich reprs, not the reverse.
 """
 
 from __future__ import annotations
@@ -100,13 +91,8 @@ def footer_line(
 ) -> str:
     """The one footer of an answer, for ``Response._repr_markdown_`` and ``%%chat`` alike:
     ``model · 1,234 in / 7 out tokens · $0.0031 · 1.2 s · 2 rounds · stop: max_tokens · retried
-    once (rate limited, HTTP 429) · note``.
-
-    Tokens are left out when none were counted; ``cost`` (a :class:`~dispatch_nb.cost.Cost`, or
-    the :class:`~dispatch_nb.cost.CostTotal` of a turn's rounds) shows when it is known (Copilot:
-    ``1 premium request``); a replayed answer says ``replayed`` where the latency would be;
-    ``end_turn`` (the usual stop) is not shown.
-    """
+    once (rate limited, HTTP 429) · note``; ``cost`` is a :class:`~dispatch_nb.cost.Cost`, or the
+    :class:`~dispatch_nb.cost.CostTotal` of a turn's rounds (docs/sessions.md, docs/cost.md)."""
     parts: list[str] = []
     if model:
         parts.append(model)
@@ -265,11 +251,18 @@ def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None, star
     appearance; ``index`` (default: when there are several rows) numbers them from ``start``."""
     if not rows:
         return "*(empty list)*"
+    head, body = _grid(rows, len(rows) > 1 if index is None else index, start)
+    return _md_table([_md_cell(c) for c in head], ([_md_cell(v) for v in cells] for cells in body))
+
+
+def _grid(rows: list[dict[str, Any]], numbered: bool,
+          start: int = 1) -> tuple[list[str], list[list[Any]]]:
+    """The header and body cells of a table of ``rows``: columns in order of first appearance,
+    a first ``#`` column numbering the rows from ``start`` when ``numbered``."""
     columns = list(dict.fromkeys(c for row in rows for c in row))
-    numbered = len(rows) > 1 if index is None else index
-    head = (["#"] if numbered else []) + [_md_cell(c) for c in columns]
-    return _md_table(head, [([str(n)] if numbered else []) + [_md_cell(row.get(c)) for c in columns]
-                            for n, row in enumerate(rows, start)])
+    head = (["#"] if numbered else []) + columns
+    return head, [([str(n)] if numbered else []) + [row.get(c) for c in columns]
+                  for n, row in enumerate(rows, start)]
 
 
 def _md_table(head: list[str], body: Iterable[list[str]]) -> str:
@@ -305,20 +298,15 @@ def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None
     """A structured answer as HTML (no Markdown renderer needed): its table, the raw JSON in a
     folded ``<details>``, a small footer."""
     rows = parsed_rows(response.parsed)
-    columns = list(dict.fromkeys(c for row in rows for c in row))
-    numbered = len(rows) > 1
+    cells, lines = _grid(rows, len(rows) > 1)
 
     def cell(value: Any, tag: str = "td") -> str:
         text = "" if value is None else value if isinstance(value, str) else json.dumps(
             value, ensure_ascii=False)
         return f"<{tag}>{html.escape(text)}</{tag}>"
 
-    head = ("<th>#</th>" if numbered else "") + "".join(cell(c, "th") for c in columns)
-    body = "".join(
-        "<tr>" + (f"<td>{n}</td>" if numbered else "")
-        + "".join(cell(row.get(c)) for c in columns) + "</tr>"
-        for n, row in enumerate(rows, 1)
-    )
+    head = "".join(cell(c, "th") for c in cells)
+    body = "".join("<tr>" + "".join(map(cell, line)) + "</tr>" for line in lines)
     parts = [f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
              if rows else "<p><em>(empty list)</em></p>",
              "<details><summary>JSON</summary><pre><code>"

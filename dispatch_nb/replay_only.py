@@ -1,20 +1,5 @@
-"""Replaying recorded answers on a machine where the recorded model cannot run.
-
-A teaching notebook recorded with the embedded model (``local:smollm2``) must replay for students
-who never installed the ``local`` extra (mybinder.org, a plain ``pip install dispatch-nb``): in
-``replay`` mode nothing is sent to a model, so nothing about the model should be required.
-
-The response cache finds an answer by a key made from the provider, the model and the normalized
-request (``max_tokens`` after the adapter's default is applied). When the real adapter cannot be
-built here — its extra is not installed (``ImportError``) or its model file is missing
-(``ModelUnavailableError``) — :func:`connect_for_cache` returns a :class:`ReplayOnlyAdapter`
-with the same provider name, model name, default ``max_tokens`` (from the provider's
-:class:`~dispatch_nb.registry.ProviderDescriptor`) and accepted options, so the keys come out
-the same. Anything that would really need the model raises the original error.
-
-``%%chat`` and :func:`dispatch_nb.cache.cached_model` (the recipe for Python code:
-docs/record-replay.md) build their model with :func:`connect_for_cache`, so a notebook in replay
-mode needs neither the model nor a login (a ``copilot:`` cell does not show the device login).
+"""Replaying recorded answers where the recorded model cannot run: :func:`connect_for_cache` and
+its stand-in, :class:`ReplayOnlyAdapter` (docs/record-replay.md, "Replaying without the model").
 """
 
 from __future__ import annotations
@@ -26,20 +11,12 @@ from typing import Any
 from .adapter import Adapter, ChatRequest, ValidationResult
 from .call_control import CallControl
 from .errors import DispatchError, ModelUnavailableError
-from .registry import (
-    BUILTIN_PROVIDERS,
-    ProviderDescriptor,
-    connect,
-    find_descriptor,
-    get_descriptor,
-    get_provider,
-    list_descriptors,
-    parse_model_spec,
-)
+from .registry import connect, get_descriptor, get_provider, parse_model_spec
 from .stream import Accumulator
 from .types import ModelInfo, StreamDelta
 
 __all__ = ["ReplayOnlyAdapter", "connect_for_cache"]
+
 
 class ReplayOnlyAdapter(Adapter):
     """Stands in for an adapter that cannot be built here, inside a replaying cache.
@@ -105,21 +82,16 @@ class ReplayOnlyAdapter(Adapter):
 
 def _defaults(name: str, factory: Any, model: str,
               options: dict[str, Any]) -> tuple[str, int | None, frozenset[str]]:
-    """The registry name, default ``max_tokens`` and accepted options of what ``factory(model,
+    """The provider name, default ``max_tokens`` and accepted options of what ``factory(model,
     **options)`` would build (``factory``: None when its module cannot be imported), read without
-    calling it: from the provider's descriptor, else the factory's signature (registered without
-    one), then a ``functools.partial``'s keywords and ``options``, each winning over the one
-    before. The name is the one the adapter class reports: ``local`` for
-    ``functools.partial(LocalAdapter, ...)`` registered under another name."""
+    calling it (the order: docs/record-replay.md)."""
+    descriptor = get_descriptor(name)
     target = getattr(factory, "func", factory)  # functools.partial
-    descriptor = get_descriptor(name) if factory is None else _descriptor_of(target)
-    if inspect.isclass(target) and descriptor is not None:
-        name = descriptor.name
-    accepted: Any = None
-    # (a factory that cannot be imported has no signature: its descriptor says all there is)
-    if descriptor is not None and (descriptor.default_max_tokens is not None or factory is None):
+    reported = getattr(target, "provider_name", None)  # a class attribute of the adapter class
+    if isinstance(reported, str):
+        name = reported
+    if descriptor.default_max_tokens is not None or factory is None:
         max_tokens: int | None = descriptor.default_max_tokens
-        accepted = descriptor.provider_options
     else:
         max_tokens = _signature_max_tokens(factory, model)
     for source in (getattr(factory, "keywords", None) or {}, options):
@@ -128,6 +100,7 @@ def _defaults(name: str, factory: Any, model: str,
             max_tokens = value
         elif "max_tokens" in source and value is None:
             max_tokens = None
+    accepted = descriptor.provider_options
     if accepted is None:
         accepted = getattr(target, "provider_options", frozenset())
     return name, max_tokens, frozenset(accepted) if isinstance(accepted, (set, frozenset)) else frozenset()
@@ -141,18 +114,6 @@ def _signature_max_tokens(factory: Any, model: str) -> int | None:
     bound.apply_defaults()
     value = bound.arguments.get("max_tokens")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _descriptor_of(target: Any) -> ProviderDescriptor | None:
-    """The descriptor whose factory is ``target`` (built-in providers first)."""
-    for descriptor in sorted(list_descriptors(), key=lambda d: (d.name not in BUILTIN_PROVIDERS,
-                                                                d.name)):
-        try:
-            if get_provider(descriptor.name) is target:
-                return find_descriptor(descriptor.name)
-        except ImportError:
-            continue
-    return None
 
 
 def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:

@@ -1,30 +1,6 @@
-"""Test your own code against dispatch_nb without a model, a key or a network: the canonical fake.
-
-dispatch_nb's ``fake`` provider speaks a tiny *canonical* protocol (dispatch_nb's own types as
-JSON, see :mod:`dispatch_nb.wire.canonical`, which also renders the scripted answers below). This
-module answers that protocol in-process, through an :class:`httpx.MockTransport`, so the whole real
-client runs — request building, SSE parsing, error mapping, retries, ``error.partial`` — and only
-the model is scripted::
-
-    from dispatch_nb.testing import Fail, FakeAdapter, ToolCall, Turn
-
-    model = FakeAdapter(Turn(text="Paris."))           # answers "Paris." once, then echoes
-    assert model.chat("Capital of France?").text == "Paris."
-    assert model.handler.last_body["messages"][-1]["content"] == "Capital of France?"
-
-    model.push(Turn(tool_calls=[ToolCall("c1", "get_weather", {"city": "Lima"})]),
-               Turn(text="Sunny in Lima."))            # a tool round, then the answer
-    model.push(Turn(text="Half an ans", error_after=2, error=Fail(529, "overloaded")))
-    model.push(Fail(401, "bad key", "authentication_error"))   # an HTTP error reply
-
-With nothing scripted, a model answers with its own name and the last user message
-(``echo: hi`` for model ``echo``). :class:`CanonicalHandler` is the same server as a plain
-``httpx`` handler, for code that builds its own client or adapter::
-
-    handler = CanonicalHandler().push(Turn(text="hi"))
-    client = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://fake.test")
-
-``import dispatch_nb`` does not import this module; import it in your tests.
+"""Test your own code against dispatch_nb without a model, a key or a network: a real adapter for
+the ``fake`` provider's canonical protocol, answered in-process by a scripted model (the guide:
+docs/testing-your-code.md). ``import dispatch_nb`` does not import this module.
 """
 
 from __future__ import annotations
@@ -74,12 +50,10 @@ ScriptItem = Turn | Fail
 
 
 class CanonicalHandler:
-    """An ``httpx.MockTransport`` handler speaking the canonical protocol.
-
-    ``POST {base}/chat`` takes the next scripted item (:meth:`push`) — a :class:`Turn` answers, a
-    :class:`Fail` is an HTTP error — or, with nothing scripted, echoes: ``"{model}: {last user
-    message}"``. ``GET {base}/models`` lists :attr:`models`. Every chat request is kept in
-    :attr:`requests` (its JSON in :attr:`bodies`). Thread-safe; works for sync and async clients.
+    """An ``httpx.MockTransport`` handler speaking the canonical protocol, for sync and async
+    clients: it answers ``POST …/chat`` with the next scripted item (:meth:`push`; with none, it
+    echoes ``"{model}: {last user message}"``) and ``GET …/models`` with :attr:`models`, keeps
+    every chat request in :attr:`requests` (its JSON in :attr:`bodies`); thread-safe.
     """
 
     def __init__(self, *script: ScriptItem, models: list[dict[str, Any]] | None = None) -> None:
@@ -151,12 +125,9 @@ class _FrameStream(httpx.SyncByteStream, httpx.AsyncByteStream):
 
 
 class FakeAdapter(CanonicalAdapter):
-    """The ``fake`` provider answered in-process by a :class:`CanonicalHandler`: a real adapter
-    (chat, stream, async, tools, sessions, caches) with a scripted model and no server.
-
-    ``FakeAdapter(*script, model="echo", handler=None, **options)``: ``script`` items are queued
-    on the handler; ``options`` are the ``fake`` provider's (``max_tokens``, ``max_retries``,
-    ``timeout``...). :attr:`handler` holds the script and the requests seen.
+    """The ``fake`` provider answered in-process by a :class:`CanonicalHandler` (:attr:`handler`,
+    which holds the script and the requests seen): a real adapter with a scripted model.
+    ``options`` are the ``fake`` provider's (``max_tokens``, ``max_retries``, ``timeout``...).
     """
 
     def __init__(
@@ -188,20 +159,9 @@ class FakeAdapter(CanonicalAdapter):
 
 
 class ManualClock:
-    """A clock for deadlines that moves only when the test moves it.
-
-    ``with ManualClock() as clock:`` makes every deadline dispatch_nb reads (a call's
-    ``timeout=``, a session turn's) count on this clock until the block ends; :meth:`advance`
-    moves it. ``tick`` moves it by that many seconds each time a deadline is read, which is once
-    or twice per streamed chunk or token: with ``tick=1``, a ``timeout=40`` passes a few dozen
-    chunks into an answer on any machine, fast or loaded::
-
-        with ManualClock(tick=1):
-            model.chat(prompt, timeout=40)       # APITimeoutError, error.partial holds the start
-
-    A deadline passed on this clock is noticed at the next check (between two chunks or tokens),
-    not while a read is blocked. Real waits (retry backoffs, a server's silence) still take real
-    time.
+    """A clock for deadlines that moves only when the test moves it (docs/testing-your-code.md):
+    inside ``with ManualClock(tick=...)``, every deadline dispatch_nb reads counts on it;
+    :meth:`advance` moves it, and each read moves it ``tick`` seconds.
     """
 
     def __init__(self, *, tick: float = 0.0) -> None:

@@ -1,16 +1,9 @@
-"""Canonical, provider-neutral message and response types.
+"""Canonical, provider-neutral message and response types: every adapter takes these in and gives
+these back, whatever its wire protocol.
 
-Every adapter takes these in and gives these back, whatever its wire protocol::
-
-    Message(role="user", content="Hi")            # content: str or a list of blocks
-    Response(content=[TextBlock(...), ToolUseBlock(...)], tool_calls=[ToolUseBlock(...)], ...)
-
-Blocks (discriminated on ``type``): :class:`TextBlock`, :class:`ImageBlock`, :class:`ToolUseBlock`,
-:class:`ToolResultBlock`, :class:`ThinkingBlock`, :class:`RedactedThinkingBlock`. Any block may carry
-``provider_data``: opaque data a provider needs back verbatim on the next turn (encrypted reasoning,
-item ids). It survives ``model_dump()`` / ``model_validate()`` and JSON round trips unchanged.
-
-``Response.content`` is always a list (ADR 001); ``Response.text`` is the joined text.
+Any block may carry ``provider_data``: opaque data a provider needs back verbatim on the next turn
+(encrypted reasoning, item ids). It survives ``model_dump()`` / ``model_validate()`` and JSON round
+trips unchanged.
 """
 
 from __future__ import annotations
@@ -68,7 +61,7 @@ ProviderData = dict[str, Any] | None
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 class TextBlock(_Model):
@@ -253,20 +246,11 @@ class Usage(_Model):
     @property
     def total_tokens(self) -> int:
         """Everything the call consumed and produced."""
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_tokens
-            + self.cache_creation_tokens
-        )
+        return sum(getattr(self, name) for name in Usage.model_fields)
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
-            cache_creation_tokens=self.cache_creation_tokens + other.cache_creation_tokens,
-        )
+        return Usage(**{name: getattr(self, name) + getattr(other, name)
+                        for name in Usage.model_fields})
 
 
 class Response(_Model):
@@ -274,13 +258,8 @@ class Response(_Model):
 
     ``content`` holds every block in the order the model produced it (tool-use blocks included) and
     is empty, never ``None``, when the model said nothing. ``tool_calls`` repeats the
-    :class:`ToolUseBlock` s for convenience.
-
-    ``parsed`` is the validated answer of a call made with ``output=`` (a model instance, a list,
-    a dataclass..., or the JSON value for a JSON Schema dict; see docs/structured-output.md) and
-    ``None`` otherwise; ``text`` stays the raw JSON the model wrote. A dump holds ``parsed`` as
-    JSON data (and leaves it out when it is ``None``), so after ``model_validate`` it is that JSON
-    value, not the original class.
+    :class:`ToolUseBlock` s for convenience. ``parsed`` is the validated answer of a call made with
+    ``output=`` (docs/structured-output.md: how it is dumped and validated again).
     """
 
     content: list[Block] = Field(default_factory=list)
@@ -319,12 +298,8 @@ class Response(_Model):
 
     # The event pipeline (docs/sessions.md, "Events"): an answer back into the events that make it.
     def deltas(self) -> list[StreamDelta]:
-        """The deltas a stream of this answer yields, block by block: one ``text_delta`` per
-        non-empty text block, one ``thinking_delta`` per non-empty thinking block, and
-        ``tool_use_start`` / ``tool_use_delta`` (the arguments as JSON, or the raw text a model
-        wrote when it is not valid) / ``tool_use_end`` per tool call. What a replayed or a
-        non-streamed call shows while it "streams"; :meth:`Accumulator.feed
-        <dispatch_nb.stream.Accumulator.feed>` turns them back into blocks."""
+        """The deltas a stream of this answer yields, block by block (docs/sessions.md, "One event
+        pipeline"): what a replayed or a non-streamed call shows while it "streams"."""
         out: list[StreamDelta] = []
         for block in self.content:
             if isinstance(block, TextBlock):
@@ -347,10 +322,7 @@ class Response(_Model):
 
     def events(self) -> list[StreamDelta | MessageDoneEvent]:
         """This answer as the events of one model round, as a session stream yields them: its
-        :meth:`deltas`, then the ``MessageDoneEvent`` that carries the whole answer (usage, stop
-        reason, provider data, signatures...). Feeding them to a
-        :class:`~dispatch_nb.turn.TurnAccumulator` gives back a response equal (``==``) to
-        this one."""
+        :meth:`deltas`, then the ``MessageDoneEvent`` that carries the whole answer."""
         return [*self.deltas(), MessageDoneEvent(response=self)]
 
     # Rich display (IPython calls these; nothing here imports IPython).
@@ -463,8 +435,6 @@ class RetryEvent(StreamDelta):
 class ToolResultEvent(_Model):
     """Session stream event: a tool ran (or failed) and this result goes back to the model."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
     type: Literal["tool_result"] = "tool_result"
     result: ToolResultBlock
     tool_name: str = ""
@@ -495,14 +465,9 @@ StreamEvent = StreamDelta | ToolResultEvent | MessageDoneEvent | ErrorEvent
 
 def as_messages(messages: str | Message | dict[str, Any] | Iterable[Any]) -> list[Message]:
     """Normalize what callers pass as ``messages``: a str is one user message; dicts are validated."""
-    if isinstance(messages, str):
-        return [Message(role="user", content=messages)]
-    if isinstance(messages, Message):
-        return [messages]
-    if isinstance(messages, dict):
-        return [Message.model_validate(messages)]
+    items = [messages] if isinstance(messages, (str, Message, dict)) else messages
     out: list[Message] = []
-    for m in messages:
+    for m in items:
         if isinstance(m, Message):
             out.append(m)
         elif isinstance(m, dict):
@@ -514,4 +479,3 @@ def as_messages(messages: str | Message | dict[str, Any] | Iterable[Any]) -> lis
                 f"messages must be Message objects, dicts or strings, not {type(m).__name__}"
             )
     return out
-

@@ -8,17 +8,12 @@ and what is accepted.
     llm.chat("hi", max_tokens="100")
                                   TypeError: max_tokens must be a whole number of tokens above 0
                                   (e.g. max_tokens=1024) or None — not '100' (a str)
-    connect("openai")             ValueError: 'openai' is a provider, not a model: write
-                                  'openai:MODEL', e.g. 'openai:gpt-4.1'
 
 The keyword arguments are checked by one strict pydantic model (:class:`CallArguments`): no
 coercion, so ``"100"``, ``1.5`` and ``True`` are not token counts. A wrong type raises
 ``TypeError``; a value out of range raises ``ValueError``. Both name the argument, what it
-accepts, and what it got.
-
-Lone surrogates (``"\\udcff"``, what ``os.listdir`` returns for a file name that is not UTF-8)
-cannot be encoded, so no provider can be sent them: :func:`replace_lone_surrogates` replaces each
-with U+FFFD (``�``) and says how many it replaced.
+accepts, and what it got. Text that cannot be encoded (lone surrogates) is replaced:
+:func:`clean_messages`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Which server a key from the environment belongs to: a credential goes only to its own host.
-
-A provider configured by environment variables has a key variable and a server variable
-(``OPENAI_API_KEY`` / ``OPENAI_BASE_URL``, ``DISPATCH_NB_COMPATIBLE_API_KEY`` /
-``DISPATCH_NB_COMPATIBLE_BASE_URL``, ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_BASE_URL``). The key is
-for the server the environment names (else the provider's own default server) and is sent nowhere
-else: an adapter given another server with ``base_url=`` gets a key only through ``api_key=``
-(saying both is saying the key is for that server). Servers are compared by scheme, host and port.
+"""Which server a key from the environment belongs to: a credential goes only to its own host
+(docs/providers.md, "Credentials: a key goes only to its own server").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""``fake``: an adapter for dispatch_nb's own canonical wire protocol, for tests and demos.
-
-``connect("fake:echo", base_url=...)``; ``base_url`` defaults to ``DISPATCH_NB_FAKE_URL``. The
-protocol (and why it exercises the whole HTTP machinery) is :mod:`dispatch_nb.wire.canonical` (its
-:class:`~dispatch_nb.wire.canonical.CanonicalWire`); this module is the provider: endpoint, optional
-key, model list.
+"""``fake``: the provider of dispatch_nb's own canonical wire protocol
+(:mod:`dispatch_nb.wire.canonical`), for tests and demos: endpoint (``base_url=``, else
+``DISPATCH_NB_FAKE_URL``), optional key, model list.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A session as JSON: the saved format, written by :meth:`Session.to_json
-<dispatch_nb.session.Session.to_json>` and read back by :meth:`Session.from_json
-<dispatch_nb.session.Session.from_json>`.
-
-The format knows nothing of a live session: a :class:`SavedSession` holds its parts
-(:meth:`SavedSession.dumps` writes them, :func:`loads` reads them back), and :func:`restore_tools`
-matches saved tool definitions with the Python handlers given back.
+"""A session as JSON, the format of :meth:`Session.to_json <dispatch_nb.session.Session.to_json>`
+and :meth:`Session.from_json <dispatch_nb.session.Session.from_json>`; it knows nothing of a live
+session.
 """
 
 from __future__ import annotations

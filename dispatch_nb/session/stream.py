@@ -1,11 +1,7 @@
-"""The stream of one session turn: what :meth:`Session.stream <dispatch_nb.session.Session.stream>`
-and :meth:`Session.astream <dispatch_nb.session.Session.astream>` return.
-
-A :class:`SessionStream` (or :class:`AsyncSessionStream`) drives the turn's event generator (see
-:mod:`dispatch_nb.session.loop`) and shares a :class:`TurnState` with it: the model call streaming
-now and the turn's response so far. On a failure it yields one
-:class:`~dispatch_nb.types.ErrorEvent` and then raises the error (``raise_errors=False``: it just
-ends); ``KeyboardInterrupt`` and task cancellation are raised at once, with ``partial`` attached.
+"""The stream of one session turn, what :meth:`Session.stream <dispatch_nb.session.Session.stream>`
+and :meth:`Session.astream <dispatch_nb.session.Session.astream>` return (how it ends on a
+failure: docs/sessions.md, "Streaming events"). It drives the turn's event generator (the
+session's ``_run`` or ``_arun``) and shares a :class:`TurnState` with it.
 """
 
 from __future__ import annotations
@@ -51,11 +47,10 @@ class _TurnStream(Generic[_E]):
     def __init__(self, events: _E, state: TurnState, raise_errors: bool) -> None:
         self._events = events
         self._state = state
-        self._raise = raise_errors
+        self._raise = raise_errors  # cleared once the error is raised: it is raised once
         #: the exception that ended the turn, if one did
         self.error: Exception | None = None
         self._finished = False
-        self._raised = False
         self._closed = False
 
     @property
@@ -80,8 +75,8 @@ class _TurnStream(Generic[_E]):
         its error instead (unless ``raise_errors=False``)."""
         if not (self._finished or self._closed):
             return False
-        if self.error is not None and self._raise and not self._raised:
-            self._raised = True
+        if self.error is not None and self._raise:
+            self._raise = False
             raise self.error
         return True
 
@@ -98,12 +93,8 @@ class _TurnStream(Generic[_E]):
 
 
 class SessionStream(_TurnStream[Generator[StreamEvent, None, None]]):
-    """What :meth:`Session.stream` returns: iterate for events; a context manager.
-
-    ``response`` is the final :class:`Response` (reading it finishes the turn); ``partial`` is what
-    the current model turn has produced so far; ``error`` is the failure, if any; ``close()`` ends
-    the turn and its HTTP stream (the unfinished answer stays out of history).
-    """
+    """What :meth:`Session.stream` returns: iterate for events; a context manager
+    (docs/sessions.md, "Streaming events")."""
 
     def __iter__(self) -> SessionStream:
         return self
