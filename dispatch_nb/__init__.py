@@ -71,12 +71,15 @@ def unload_ipython_extension(ipython: Any) -> None:
 if TYPE_CHECKING:
     from .adapter import Adapter, ChatRequest, ValidationResult
     from .batching import BatchInterrupted, BatchJob, BatchPendingError, BatchResult, abatch, batch
+    from .budget import Budget
     from .cache import CachedAdapter, CacheMissError, ResponseCache
     from .cancel import CancelToken
+    from .cost import Cost, CostTotal
     from .errors import (
         APIConnectionError,
         APITimeoutError,
         AuthenticationError,
+        BudgetExceededError,
         ContextLengthError,
         DispatchError,
         ModelUnavailableError,
@@ -86,6 +89,7 @@ if TYPE_CHECKING:
         RequestError,
         ServerError,
     )
+    from .estimates import Estimate, estimate
     from .providers.anthropic import AnthropicAdapter
     from .providers.copilot import CopilotAdapter
     from .providers.local import LocalAdapter

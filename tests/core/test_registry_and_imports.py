@@ -40,6 +40,20 @@ def test_public_surface_contains_the_design_names() -> None:
     assert sorted(dispatch_nb.__all__) == dispatch_nb.__all__
 
 
+def test_type_checkers_see_every_lazy_public_name() -> None:
+    # the names __getattr__ imports on first use are Any to a type checker unless the
+    # ``if TYPE_CHECKING:`` block of __init__.py imports them from the same module
+    import ast
+
+    tree = ast.parse(Path(dispatch_nb.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    seen = {
+        alias.name: (node.module or "").lstrip(".")
+        for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+    assert seen == dispatch_nb._EXPORTS
+
+
 def test_every_public_core_name_resolves() -> None:
     for name in ["Response", "connect", "CancelToken", "DispatchError", "Adapter"]:
         assert getattr(dispatch_nb, name) is not None
