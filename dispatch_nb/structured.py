@@ -1,51 +1,14 @@
 """Structured output: answers as validated Python objects, the same way on every provider.
 
-::
-
-    class City(BaseModel):
-        name: str
-        country: str
-
-    answer = adapter.chat("The capital of France?", output=City)
-    answer.parsed        # City(name='Paris', country='France')
-    answer.text          # '{"name":"Paris","country":"France"}': what the model wrote
-
-``output=`` (on ``chat`` / ``stream`` / ``achat`` / ``astream`` and ``Session.send`` /
-``stream``) takes a pydantic model class, any type pydantic validates (``list[City]``, a
-``TypedDict``, a dataclass, ``Literal["yes", "no"]``, ``int``...), a JSON Schema ``dict`` (the
-parsed value is then plain JSON data, checked with ``jsonschema``), or a :class:`StructuredOutput`
-that adds a name, a description or a mechanism. The schema is built and checked when the call is
-made, before anything is sent: a type pydantic cannot describe as JSON Schema, an invalid schema
-dict or a recursive schema where the provider cannot take one is a ``TypeError`` /
-``ValueError`` saying what to do.
-
-**On the wire.** Each provider asks for the schema its own native way, chosen per model
-(:meth:`~dispatch_nb.adapter.Adapter.output_mode`, shown as ``output=`` in the request log line;
-the table is in docs/structured-output.md). What every mechanism shares lives here: the *wire
-schema* is always an object (a schema whose root is not an object, e.g. ``list[City]``, is
-wrapped as ``{"result": ...}`` and unwrapped after parsing); each wire format rewrites it in its
-server's dialect (:mod:`dispatch_nb.wire.openai_schema`, :func:`dispatch_nb.wire.anthropic.
-anthropic_schema`); the output-mode helpers the providers share (``requested_mode``,
-``output_tool_choice``...) are in :mod:`dispatch_nb.wire.request`; in ``tool`` mode the answer is the
-arguments of one tool named :data:`OUTPUT_TOOL_NAME`, turned back into a text answer here so that
-``Response.text`` is always the JSON and ``tool_calls`` never shows that tool.
-
-**Validation and retries.** The answer's text is parsed and validated (pydantic's JSON mode; for a
-schema dict, ``jsonschema``). Invalid JSON or a schema mismatch is sent back to the model with the
-errors and tried again, ``output_retries`` times (default :data:`DEFAULT_OUTPUT_RETRIES`); every
-attempt's usage is counted in the final ``Response.usage``. What still fails, an answer cut off at
-``max_tokens`` and a refusal raise :class:`~dispatch_nb.errors.OutputValidationError` (``text``,
-``errors``, ``partial``). A turn that asks for tools (a :class:`~dispatch_nb.session.Session` runs
-them and asks again) is returned unparsed: only the final answer is validated.
-
-**Streams.** A stream of a structured call is a :class:`StructuredResponseStream`:
-``partial_parsed`` is the answer so far as JSON data (dicts and lists, tolerant of incomplete JSON;
-the validated object once finished) and ``attempt`` says which attempt is streaming (a retry's
-deltas follow the failed attempt's).
+:class:`StructuredOutput` is what ``output=`` asks for (its wire schema, validation, partial
+parsing); :func:`open_structured` runs a call's attempts until the answer validates, as a
+:class:`StructuredResponseStream`. What each provider sends, retries and errors:
+docs/structured-output.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -53,7 +16,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -72,7 +35,7 @@ from .types import (
     text_delta,
 )
 from .wire.openai_schema import openai_output_schema
-from .wire.request import OUTPUT_MODES, OUTPUT_TOOL_NAME
+from .wire.request import OUTPUT_MODES, OUTPUT_TOOL_NAME, ChatRequest
 from .wire.schema import is_object_root, is_recursive, map_schema, nullable, resolver
 
 if TYPE_CHECKING:
@@ -144,12 +107,6 @@ def _short(value: Any, limit: int = 80) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-class _Invalid(Exception):
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
 
 
 class StructuredOutput:
@@ -342,23 +299,15 @@ class StructuredOutput:
         """Validate an answer (its text, or a :class:`Response`): the parsed value, or an
         :class:`~dispatch_nb.errors.OutputValidationError` saying what is wrong."""
         text = answer.text if isinstance(answer, Response) else answer
-        try:
-            return self._validate(text)
-        except _Invalid as exc:
-            raise OutputValidationError(
-                self._problem(exc.errors), text=text, errors=exc.errors
-            ) from None
-
-    def _validate(self, text: str) -> Any:
         body = _json_text(text)
         if not body:
-            raise _Invalid([{"type": "json_invalid", "loc": (), "msg": "the answer is empty",
-                             "input": text}])
+            raise self._invalid(text, [{"type": "json_invalid", "loc": (),
+                                        "msg": "the answer is empty", "input": text}])
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            raise _Invalid([{"type": "json_invalid", "loc": (),
-                             "msg": f"Invalid JSON: {exc}", "input": _short(body, 200)}]) from None
+            raise self._invalid(text, [{"type": "json_invalid", "loc": (), "msg": f"Invalid JSON: {exc}",
+                                        "input": _short(body, 200)}]) from None
         prefix: tuple[Any, ...] = ()
         if self.wrapped and isinstance(value, dict) and RESULT_KEY in value:
             value, prefix = value[RESULT_KEY], (RESULT_KEY,)
@@ -367,14 +316,14 @@ class StructuredOutput:
         if self.is_schema_dict:
             errors = self._schema_errors(value)
             if errors:
-                raise _Invalid([{**e, "loc": (*prefix, *e["loc"])} for e in errors])
+                raise self._invalid(text, [{**e, "loc": (*prefix, *e["loc"])} for e in errors])
             return value
         from pydantic import ValidationError
 
         try:
             return self._type_adapter.validate_json(orjson.dumps(value))
         except ValidationError as exc:
-            raise _Invalid([
+            raise self._invalid(text, [
                 {"type": e["type"], "loc": (*prefix, *e["loc"]), "msg": e["msg"],
                  "input": e.get("input")}
                 for e in exc.errors(include_url=False, include_context=False)
@@ -389,12 +338,14 @@ class StructuredOutput:
         return [{"type": e.validator, "loc": tuple(e.absolute_path), "msg": e.message,
                  "input": e.instance} for e in found]
 
-    def _problem(self, errors: list[dict[str, Any]]) -> str:
-        first = errors[0] if errors else {"loc": (), "msg": "invalid"}
-        loc = ".".join(str(p) for p in first["loc"]) or "(the whole answer)"
+    def _invalid(self, text: str, errors: list[dict[str, Any]]) -> OutputValidationError:
+        """The error of an answer ``text`` with these (one or more) validation ``errors``."""
+        loc = ".".join(str(p) for p in errors[0]["loc"]) or "(the whole answer)"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return (f"the answer does not match the {self.name} schema: at {loc}: "
-                f"{first['msg']}{more}")
+        return OutputValidationError(
+            f"the answer does not match the {self.name} schema: at {loc}: {errors[0]['msg']}{more}",
+            text=text, errors=errors,
+        )
 
     def retry_prompt(self, errors: list[dict[str, Any]], *, tool: bool) -> str:
         """The message that sends validation ``errors`` back to the model."""
@@ -475,25 +426,9 @@ def _drop_added_nulls(value: Any, schema: Mapping[str, Any]) -> Any:
     return walk(value, schema, 0)
 
 
-# -- what structured output needs of a request and of an adapter ------------------------------------
+# -- what structured output needs of an adapter -------------------------------------------------------
 # Typed structurally: the adapter imports this module to run ``output=`` calls, so this module
-# must not import the adapter back. :class:`~dispatch_nb.adapter.ChatRequest` and every
-# :class:`~dispatch_nb.adapter.Adapter` fit these protocols.
-class OutputRequest(Protocol):
-    """What structured output reads of a request (a :class:`~dispatch_nb.adapter.ChatRequest`)."""
-
-    __dataclass_fields__: ClassVar[dict[str, Any]]
-    messages: list[Message]
-    system: str | None
-    tools: list[ToolDefinition | dict[str, Any]]
-    stream: bool
-    options: dict[str, Any]
-    output: StructuredOutput | None
-
-    @property
-    def native_tools(self) -> list[dict[str, Any]]: ...
-
-
+# must not import the adapter back; every :class:`~dispatch_nb.adapter.Adapter` fits.
 class OutputModel(Protocol):
     """What structured output uses of an adapter (any :class:`~dispatch_nb.adapter.Adapter`)."""
 
@@ -509,16 +444,13 @@ class OutputModel(Protocol):
     @property
     def default_timeout(self) -> float | None: ...
 
-    def output_mode(self, request: Any) -> str | None: ...
+    def output_mode(self, request: ChatRequest) -> str | None: ...
 
-    def open_stream(self, request: Any, timeout: float | None,
+    def open_stream(self, request: ChatRequest, timeout: float | None,
                     cancel: CancelToken | None) -> ResponseStream: ...
 
-    def aopen_stream(self, request: Any, timeout: float | None,
+    def aopen_stream(self, request: ChatRequest, timeout: float | None,
                      cancel: CancelToken | None) -> AsyncResponseStream: ...
-
-
-_Request = TypeVar("_Request", bound=OutputRequest)
 
 
 def as_output(output: Any) -> StructuredOutput:
@@ -528,7 +460,7 @@ def as_output(output: Any) -> StructuredOutput:
     return StructuredOutput(output)
 
 
-def prompted(request: _Request) -> _Request:
+def prompted(request: ChatRequest) -> ChatRequest:
     """``request`` with the schema instructions of ``prompt`` mode in its system prompt."""
     assert request.output is not None
     note = request.output.instructions()
@@ -599,10 +531,9 @@ def settle_answer(response: Response, output: Any) -> Response:
     error = _settled_error(answer, spec)
     if error is None:
         try:
-            return answer.model_copy(update={"parsed": spec._validate(answer.text)})
-        except _Invalid as exc:
-            error = OutputValidationError(spec._problem(exc.errors), text=answer.text,
-                                          errors=exc.errors)
+            return answer.model_copy(update={"parsed": spec.parse(answer.text)})
+        except OutputValidationError as invalid:
+            error = invalid
     error.partial = answer
     raise error
 
@@ -614,7 +545,7 @@ class _Call:
     def __init__(
         self,
         adapter: OutputModel,
-        request: OutputRequest,
+        request: ChatRequest,
         retries: int,
         timeout: float | None,
         cancel: CancelToken | None,
@@ -641,7 +572,7 @@ class _Call:
         self.tool_ids: set[str | None] = set()
 
     # -- per attempt -----------------------------------------------------------------------------
-    def next_request(self) -> OutputRequest:
+    def next_request(self) -> ChatRequest:
         """The next attempt's request (raises when the call's time is up)."""
         if self.control is None:
             self.control = TurnControl(timeout=self.timeout, cancel=self.cancel,
@@ -656,16 +587,17 @@ class _Call:
         self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
         return dataclasses.replace(self.request, messages=list(self.messages))
 
-    def open(self, request: OutputRequest, opener: Callable[..., Any]) -> Any:
-        """Start one attempt with ``opener`` (the adapter's ``open_stream`` or ``aopen_stream``) under the
-        call's control; the attempt's stream becomes :attr:`inner`."""
-        assert self.control is not None
-        self.inner = opener(request, self.timeout, self.control)
-        return self.inner
-
-    def failed(self, exc: DispatchError) -> None:
-        """An attempt failed: the error carries what arrived, with every attempt's usage."""
-        exc.partial = self.snapshot()
+    @contextlib.contextmanager
+    def attempt_stream(self, opener: Callable[..., Any]) -> Iterator[Any]:
+        """The next attempt's stream, opened with ``opener`` (the adapter's ``open_stream`` or
+        ``aopen_stream``) under the call's control, as :attr:`inner`. An error of the attempt
+        carries what arrived, with every attempt's usage."""
+        self.inner = opener(self.next_request(), self.timeout, self.control)
+        try:
+            yield self.inner
+        except DispatchError as exc:
+            exc.partial = self.snapshot()
+            raise
 
     def close(self) -> None:
         """The call is over: its control lets go of the caller's token."""
@@ -704,26 +636,25 @@ class _Call:
             return None
         return self.spec.partial(text)
 
-    def settle(self, raw: Response) -> bool:
-        """The attempt ended with ``raw``: True when the call is done (``final`` set), False
-        when the errors went back to the model for another try. Raises what is left."""
+    def settle(self, raw: Response) -> None:
+        """The attempt ended with ``raw``: the call is done (``final`` set), or the errors go back
+        to the model for another try. Raises what is left."""
         self.usage = self.usage + raw.usage
         self.cost = raw.cost if self.attempt <= 1 else add_costs(self.cost, raw.cost)
         answer = _as_answer(raw, "".join(self.tool_parts) or None)
         answer = answer.model_copy(update={"usage": self.usage, "cost": self.cost})
         if answer.tool_calls:
             self.final = answer  # the model asks for tools: a session runs them and asks again
-            return True
+            return
         error = _settled_error(answer, self.spec)
         if error is None:
             try:
-                parsed = self.spec._validate(answer.text)
-            except _Invalid as exc:
-                error = OutputValidationError(self.spec._problem(exc.errors), text=answer.text,
-                                              errors=exc.errors)
+                parsed = self.spec.parse(answer.text)
+            except OutputValidationError as invalid:
+                error = invalid
             else:
                 self.final = answer.model_copy(update={"parsed": parsed})
-                return True
+                return
         error.partial = answer
         error.attempts = self.attempt
         error.provider = self.adapter.provider_name
@@ -740,7 +671,6 @@ class _Call:
         self.messages.append(
             Message(role="user", content=self.spec.retry_prompt(error.errors, tool=tool))
         )
-        return False
 
 
 class _CallAccumulator(Accumulator):
@@ -764,42 +694,25 @@ def _run(call: _Call) -> Iterator[StreamDelta]:
     # transforms its deltas here, so partial_parsed grows with what the caller has taken (over the
     # bridge the loop thread runs ahead: tests/contract/test_structured.py, grows a partial object)
     try:
-        while True:
-            inner: ResponseStream = call.open(call.next_request(), call.adapter.open_stream)
-            try:
-                for delta in inner:
-                    out = call.transform(delta)
-                    if out is not None:
-                        yield out
+        while call.final is None:
+            with call.attempt_stream(call.adapter.open_stream) as inner, contextlib.closing(inner):
+                yield from filter(None, map(call.transform, inner))
                 raw = inner.response
-            except DispatchError as exc:
-                call.failed(exc)
-                raise
-            finally:
-                inner.close()
-            if call.settle(raw):
-                return
+            call.settle(raw)
     finally:
         call.close()
 
 
 async def _arun(call: _Call) -> AsyncIterator[StreamDelta]:
     try:
-        while True:
-            inner: AsyncResponseStream = call.open(call.next_request(), call.adapter.aopen_stream)
-            try:
-                async for delta in inner:
-                    out = call.transform(delta)
-                    if out is not None:
-                        yield out
-                raw = inner.response
-            except DispatchError as exc:
-                call.failed(exc)
-                raise
-            finally:
-                await inner.aclose()
-            if call.settle(raw):
-                return
+        while call.final is None:
+            with call.attempt_stream(call.adapter.aopen_stream) as inner:
+                async with contextlib.aclosing(inner):
+                    async for delta in inner:
+                        if (out := call.transform(delta)) is not None:
+                            yield out
+                    raw = inner.response
+            call.settle(raw)
     finally:
         call.close()
 
@@ -852,7 +765,7 @@ def _retries(output_retries: int | None) -> int:
     return output_retries
 
 
-def _prepare(adapter: OutputModel, request: _Request, output: Any) -> _Request:
+def _prepare(adapter: OutputModel, request: ChatRequest, output: Any) -> ChatRequest:
     spec = as_output(output)
     request = dataclasses.replace(request, output=spec)
     adapter.output_mode(request)  # a mechanism this provider cannot use fails now, not mid-call
@@ -861,7 +774,7 @@ def _prepare(adapter: OutputModel, request: _Request, output: Any) -> _Request:
 
 def open_structured(
     adapter: OutputModel,
-    request: OutputRequest,
+    request: ChatRequest,
     output: Any,
     output_retries: int | None,
     timeout: float | None,
