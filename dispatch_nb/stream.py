@@ -1,24 +1,15 @@
 """Streams of deltas, and the one accumulator that turns deltas into the final :class:`Response`.
 
-Provider modules drive an :class:`Accumulator` (``acc.text("Hel")``, ``acc.tool_start(...)``); each
-call returns the :class:`StreamDelta` to hand to the caller and records the same increment, so a
-streamed and a non-streamed call end in the same ``Response``. The accumulator keeps text as a list of
-fragments and never re-validates the growing response: memory is the text itself plus a constant.
-
+Provider modules drive an :class:`Accumulator`; each of its calls returns the :class:`StreamDelta`
+to hand on, so a streamed and a non-streamed call end in the same ``Response``.
 :class:`ResponseStream` / :class:`AsyncResponseStream` are what ``adapter.stream()`` /
-``adapter.astream()`` return: iterate for deltas, then read ``.response``; ``close()`` ends the HTTP
-stream; ``.partial`` is what arrived so far at any moment; ``.events`` is the stream's event log
-(the accumulator itself, compact, unless :meth:`ResponseStream.keep_events` keeps every delta).
-
-Deltas produced elsewhere (a replayed recording, a session's events) become an answer again through
-:meth:`Accumulator.feed`, the one place that happens; :meth:`Response.deltas
-<dispatch_nb.types.Response.deltas>` is the way back. A whole turn (rounds, tool results) is
-collected by :class:`~dispatch_nb.turn.TurnAccumulator`.
+``adapter.astream()`` return.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -68,16 +59,14 @@ def parse_tool_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
 _BATCH = 256
 
 
+@dataclass(slots=True, eq=False)
 class _Prose:
     """An open text or thinking block: its text so far, as fragments."""
 
-    __slots__ = ("batches", "key", "parts", "provider_data")
-
-    def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
-        self.key = key
-        self.parts: list[str] = []
-        self.batches: list[str] = []  # earlier parts, joined _BATCH at a time
-        self.provider_data = provider_data
+    key: Hashable
+    provider_data: dict[str, Any] | None
+    parts: list[str] = field(default_factory=list)
+    batches: list[str] = field(default_factory=list)  # earlier parts, joined _BATCH at a time
 
     def add(self, text: str) -> None:
         parts = self.parts
@@ -90,78 +79,55 @@ class _Prose:
         return "".join([*self.batches, *self.parts])
 
 
+@dataclass(slots=True, eq=False)
 class _Text(_Prose):
-    __slots__ = ()
-
     def build(self) -> TextBlock:
         return TextBlock(text=self.joined(), provider_data=self.provider_data)
 
 
+@dataclass(slots=True, eq=False)
 class _Thinking(_Prose):
-    __slots__ = ("signature",)
-
-    def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
-        super().__init__(key, provider_data)
-        self.signature: list[str] | None = None
+    signature: list[str] | None = None
 
     def build(self) -> ThinkingBlock:
         sig = "".join(self.signature) if self.signature is not None else None
         return ThinkingBlock(thinking=self.joined(), signature=sig, provider_data=self.provider_data)
 
 
+@dataclass(slots=True, eq=False)
 class _Tool:
-    __slots__ = ("arguments", "done", "error", "id", "key", "name", "parts", "provider_data")
-
-    def __init__(
-        self, key: Hashable, id: str, name: str, provider_data: dict[str, Any] | None
-    ) -> None:
-        self.key = key
-        self.id = id
-        self.name = name
-        self.parts: list[str] = []
-        self.provider_data = provider_data
-        self.done = False
-        self.arguments: dict[str, Any] | None = None
-        self.error: str | None = None  # the arguments are unusable whatever they parse to
+    key: Hashable
+    id: str
+    name: str
+    provider_data: dict[str, Any] | None
+    parts: list[str] = field(default_factory=list)
+    done: bool = False
+    arguments: dict[str, Any] | None = None
+    error: str | None = None  # the arguments are unusable whatever they parse to
 
     def build(self) -> ToolUseBlock:
-        if self.error is not None:
-            raw = "".join(self.parts)
-            if not raw:
-                raw = orjson.dumps(self.arguments or {}).decode()
-            return ToolUseBlock(id=self.id, name=self.name, raw_arguments=raw,
-                                arguments_error=self.error, provider_data=self.provider_data)
-        if self.arguments is not None:
-            return ToolUseBlock(
-                id=self.id, name=self.name, arguments=self.arguments,
-                provider_data=self.provider_data,
-            )
-        raw = "".join(self.parts)
-        args, error = parse_tool_arguments(raw)
-        return ToolUseBlock(
-            id=self.id,
-            name=self.name,
-            arguments=args,
-            raw_arguments=raw if error else None,
-            arguments_error=error,
-            provider_data=self.provider_data,
-        )
+        arguments, error, raw = self.arguments, self.error, None
+        if error is not None:
+            arguments, raw = {}, "".join(self.parts) or orjson.dumps(arguments or {}).decode()
+        elif arguments is None:
+            arguments, error = parse_tool_arguments("".join(self.parts))
+            raw = "".join(self.parts) if error else None
+        return ToolUseBlock(id=self.id, name=self.name, arguments=arguments, raw_arguments=raw,
+                            arguments_error=error, provider_data=self.provider_data)
 
 
+@dataclass(slots=True, eq=False)
 class _Fixed:
-    """A finished block that still has a key (so :meth:`Accumulator.order_by` can place it)."""
+    """A finished block, with its key (so :meth:`Accumulator.order_by` can place it)."""
 
-    __slots__ = ("block", "key")
-
-    def __init__(self, key: Hashable, block: Any) -> None:
-        self.key = key
-        self.block = block
+    key: Hashable
+    block: Any
 
     def build(self) -> Any:
         return self.block
 
 
-_Builder = Any  # _Text | _Thinking | _Tool | _Fixed | a finished block
+_Builder = Any  # _Text | _Thinking | _Tool | _Fixed
 
 
 class Accumulator:
@@ -286,7 +252,7 @@ class Accumulator:
 
     def add_block(self, block: Any, *, key: Hashable = None) -> None:
         """Append a finished block as is (``key``: its address for :meth:`order_by`)."""
-        item = block if key is None else _Fixed(key, block)
+        item = _Fixed(key, block)
         self._items.append(item)
         self._last = item
         self.started = True
@@ -307,7 +273,7 @@ class Accumulator:
         ranked: list[tuple[int, int, _Builder]] = []
         current = -1
         for position, item in enumerate(self._items):
-            value = rank.get(getattr(item, "key", None))
+            value = rank.get(item.key)
             if value is not None:
                 current = value
             ranked.append((current, position, item))
@@ -420,15 +386,7 @@ class Accumulator:
     # -- results -------------------------------------------------------------------------------
     def blocks(self) -> list[Any]:
         """The answer's blocks so far, in order (open tool calls with what arrived)."""
-        blocks: list[Any] = []
-        for item in self._items:
-            if isinstance(item, (_Text, _Thinking, _Tool, _Fixed)):
-                blocks.append(item.build())
-            else:
-                blocks.append(item)
-        return blocks
-
-    _blocks = blocks
+        return [item.build() for item in self._items]
 
     def pieces(self) -> Iterator[tuple[str, Any]]:
         """The answer so far as ``(kind, value)`` pairs, in order, without building blocks:
@@ -445,7 +403,7 @@ class Accumulator:
             elif kind is _Tool:
                 yield "tool", item
             else:
-                yield "block", item.build() if kind is _Fixed else item
+                yield "block", item.block
 
     def snapshot(self) -> Response:
         """The answer so far (open tool calls included with what arrived of their arguments)."""
@@ -505,25 +463,16 @@ class _Tapped:
             close()
 
 
-class _ALogged:
+async def _alogged(
+    deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]
+) -> AsyncIterator[StreamDelta]:
     """The async twin of :class:`_Tapped` that appends to ``log``."""
-
-    __slots__ = ("deltas", "log")
-
-    def __init__(self, deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]) -> None:
-        self.deltas = deltas
-        self.log = log
-
-    def __aiter__(self) -> _ALogged:
-        return self
-
-    async def __anext__(self) -> StreamDelta:
-        delta = await self.deltas.__anext__()
-        self.log.append(delta)
-        return delta
-
-    async def aclose(self) -> None:
-        aclose = getattr(self.deltas, "aclose", None)
+    try:
+        async for delta in deltas:
+            log.append(delta)
+            yield delta
+    finally:
+        aclose = getattr(deltas, "aclose", None)
         if aclose is not None:
             await aclose()
 
@@ -734,7 +683,7 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
         """Keep every delta this stream yields from now on in :attr:`events` (call it before
         iterating); returns the stream. See :meth:`ResponseStream.keep_events`."""
         if self._log is None:
-            self._deltas = _ALogged(self._deltas, self._logging())
+            self._deltas = _alogged(self._deltas, self._logging())
         return self
 
     async def until_done(self) -> Response:

@@ -225,14 +225,6 @@ class StructuredOutput:
                 "use a pydantic model, a TypedDict, a dataclass, list[...] of those, Literal[...], "
                 "a basic type or a JSON Schema dict"
             ) from None
-        except Exception as exc:
-            if type(exc).__name__ == "PydanticSchemaGenerationError":
-                raise TypeError(
-                    f"output={_type_name(target)} cannot be validated from JSON "
-                    f"({_first_line(exc)}); use fields of JSON types (str, int, float, bool, "
-                    "lists, nested models, enums, Literal, datetime...)"
-                ) from None
-            raise
         self._type_adapter = adapter
         return dict(map_schema(schema, _drop_titles))
 
@@ -757,21 +749,6 @@ class AsyncStructuredResponseStream(_StructuredView, AsyncResponseStream):
         self._call = call
 
 
-def _retries(output_retries: int | None) -> int:
-    if output_retries is None:
-        return DEFAULT_OUTPUT_RETRIES
-    if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
-        raise ValueError(f"output_retries must be an integer ≥ 0, not {output_retries!r}")
-    return output_retries
-
-
-def _prepare(adapter: OutputModel, request: ChatRequest, output: Any) -> ChatRequest:
-    spec = as_output(output)
-    request = dataclasses.replace(request, output=spec)
-    adapter.output_mode(request)  # a mechanism this provider cannot use fails now, not mid-call
-    return request
-
-
 def open_structured(
     adapter: OutputModel,
     request: ChatRequest,
@@ -784,7 +761,11 @@ def open_structured(
 ) -> StructuredResponseStream | AsyncStructuredResponseStream:
     """The stream of ``request`` made with ``output=``: attempts until the answer validates (an
     :class:`AsyncStructuredResponseStream` when ``asynchronous``)."""
-    retries = _retries(output_retries)
-    call = _Call(adapter, _prepare(adapter, request, output), retries, timeout, cancel)
+    if output_retries is None:
+        output_retries = DEFAULT_OUTPUT_RETRIES
+    elif isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
+        raise ValueError(f"output_retries must be an integer ≥ 0, not {output_retries!r}")
+    request = dataclasses.replace(request, output=as_output(output))
+    adapter.output_mode(request)  # a mechanism this provider cannot use fails now, not mid-call
+    call = _Call(adapter, request, output_retries, timeout, cancel)
     return AsyncStructuredResponseStream(call) if asynchronous else StructuredResponseStream(call)
-
