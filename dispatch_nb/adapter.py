@@ -1,22 +1,9 @@
 """The :class:`Adapter` contract every provider implements, and what the base gives them for free.
 
-Every adapter offers the same four entry points with the same keywords::
-
-    adapter.chat(messages, system=..., tools=..., stream=False, on_delta=None, max_tokens=None,
-                 temperature=None, timeout=None, cancel=None, **options) -> Response
-    adapter.stream(messages, **same) -> ResponseStream          # iterate for StreamDelta
-    await adapter.achat(...) / adapter.astream(...)             # the async twins
-
-A subclass supplies one attempt of a call, async (:meth:`Adapter.astream_once`, optionally
-:meth:`Adapter.acomplete_once`; a provider whose work blocks gives :meth:`Adapter.stream_once`
-instead, run on a worker thread), that drives an :class:`~dispatch_nb.stream.Accumulator`. The
-call itself is one coroutine; the sync entry points run it on the library's event-loop thread
-(:mod:`dispatch_nb.bridge`). The base adds the rest so every adapter behaves alike: argument
-normalization, the total ``timeout`` deadline, ``cancel`` tokens, retries with backoff (never
-after output reached the caller; each one a :class:`~dispatch_nb.types.RetryEvent` of the stream),
-``partial`` on every error, and one log line per request on the ``dispatch_nb`` logger. HTTP
-providers subclass :class:`~dispatch_nb.http_adapter.HTTPAdapter`, which implements the attempt
-from a wire format (:mod:`dispatch_nb.wire`); docs/providers.md lists every seam.
+A subclass supplies one attempt of a call (:meth:`Adapter.astream_once`, or
+:meth:`Adapter.stream_once` when it blocks); the base adds argument checks, the deadline, cancel
+tokens, retries (each a :class:`~dispatch_nb.types.RetryEvent` of the stream), ``partial`` on every
+error and one log line per request. The seams: docs/providers.md.
 """
 
 from __future__ import annotations
@@ -38,6 +25,7 @@ from .cancel import CancelToken
 from .cost import Cost, ledger, price, warm_up
 from .errors import (
     APIConnectionError,
+    APITimeoutError,
     AuthenticationError,
     DispatchError,
     RequestError,
@@ -372,35 +360,32 @@ class Adapter:
         )
 
     # -- the retry loop --------------------------------------------------------------------------
-    def _retry_decision(
+    def _next_attempt(
         self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
     ) -> float | None:
-        """Seconds to wait before retrying, or None to give up and raise (``-1.0``: resend at
-        once, outside the retry budget: :meth:`should_retry_now`)."""
+        """After failed attempt ``attempt``: seconds to wait before the next one (logged, with
+        ``acc`` reset; ``-1.0``: resend at once, outside the retry budget, as
+        :meth:`should_retry_now` asks), or None to raise ``exc``. Raises the abort error instead
+        when the call was cancelled or timed out meanwhile."""
+        if control.reason is not None and not isinstance(exc, type(control.error())):
+            raise control.error() from exc
         if acc.started or control.reason is not None:
             return None
-        if self.should_retry_now(exc):
-            return -1.0
+        delay = -1.0 if self.should_retry_now(exc) else self._backoff(exc, attempt, retries, control)
+        if delay is not None:
+            self._log_retry(exc, attempt, max(delay, 0.0))
+            acc.reset()
+        return delay
+
+    def _backoff(
+        self, exc: DispatchError, attempt: int, retries: int, control: CallControl
+    ) -> float | None:
         if attempt >= retries or not exc.retryable or exc.code == "quota_exceeded":
             return None
         delay = backoff_delay(attempt, exc.retry_after, self.retry_backoff)
         remaining = control.remaining()
         if delay is None or (remaining is not None and delay >= remaining):
             return None
-        return delay
-
-    def _next_attempt(
-        self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
-    ) -> float | None:
-        """After failed attempt ``attempt``: seconds to wait before the next one (logged, with
-        ``acc`` reset), or None to raise ``exc``. Raises the abort error instead when the call
-        was cancelled or timed out meanwhile. Shared by the sync and async retry loops."""
-        if control.reason is not None and not isinstance(exc, type(control.error())):
-            raise control.error() from exc
-        delay = self._retry_decision(exc, acc, attempt, retries, control)
-        if delay is not None:
-            self._log_retry(exc, attempt, max(delay, 0.0))
-            acc.reset()
         return delay
 
     def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
@@ -485,14 +470,12 @@ class Adapter:
             acc.cost = None
         ledger.record(self.provider_name, self.model_name, acc.usage, acc.cost)
 
-    def _retries(self, request: ChatRequest) -> int:
-        value = request.options.get("max_retries")
-        return self.max_retries if value is None else int(value)
-
     async def _adeltas(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
-        retries = self._retries(request)
+        retries = request.options.get("max_retries")
+        if retries is None:
+            retries = self.max_retries
         attempt = 0
         error: BaseException | None = None
         warm_up(self.provider_name)  # the price data loads while the request is under way
@@ -742,8 +725,6 @@ def _thread_bridge(
 
 def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:
     """An httpx/OS error as the matching :class:`DispatchError` (timeouts → APITimeoutError)."""
-    from .errors import APITimeoutError
-
     if isinstance(exc, httpx.TimeoutException):
         return APITimeoutError(
             f"the server did not answer in time ({type(exc).__name__})", provider=provider
