@@ -1,15 +1,7 @@
-"""Deadlines and cancellation: one object per call, one per turn.
+"""Deadlines and cancellation: a call's :class:`CallControl`, a turn's :class:`TurnControl`.
 
-A call's :class:`CallControl` knows its total deadline (``timeout=`` seconds, covering connect,
-every read and every retry) and its :class:`~dispatch_nb.cancel.CancelToken`. When either fires, it
-runs the abort hooks the transport registered (closing a socket, cancelling an asyncio task), so a
-blocked read wakes at once instead of waiting for the server.
-
-An operation made of several calls (a session turn: model calls and tool runs) has one
-:class:`TurnControl`: its deadline and its cancel switch, created once. It *is* a
-:class:`~dispatch_nb.cancel.CancelToken`, handed to each model call as ``cancel=``; the call's
-:class:`CallControl` then also stops at the turn's deadline (raising the turn's timeout error,
-counted from the turn's start) and when the turn is cancelled.
+A turn's control is the ``cancel=`` token of each of its calls, so a call also stops at the turn's
+deadline and when the turn is cancelled.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""The shared HTTP transport for adapters whose provider speaks HTTP + SSE.
+"""One attempt of a call over HTTP: :class:`HTTPAdapter`, the base of every HTTP provider.
 
-A provider module subclasses :class:`HTTPAdapter` and stays sans-I/O: a wire format
-(:mod:`dispatch_nb.wire`) builds a :class:`WireRequest` from a
-:class:`~dispatch_nb.adapter.ChatRequest` and gives the :class:`StreamParser` (or body parser) of its
-answer; the provider adds its endpoint, credentials and error mapping. This module owns all I/O,
-one async implementation (sync calls run it on the library's event-loop thread,
-:mod:`dispatch_nb.bridge`): sending, status handling, reading raw byte chunks into the SSE decoder
-(with the parser the request's wire format gives), stopping on cancel or deadline (the task is
-cancelled), and connection-error mapping.
-
-Tests inject an ``httpx`` transport or point ``base_url`` at a loopback server; nothing is patched.
+A provider stays sans-I/O: its wire format (:mod:`dispatch_nb.wire`) builds the request and parses
+the answer, the provider adds endpoint, credentials and error mapping (docs/providers.md); this
+module sends, reads the SSE body and maps transport errors.
 """
 
 from __future__ import annotations

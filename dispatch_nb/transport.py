@@ -1,31 +1,9 @@
 """HTTP transports: httpx's API over aiohttp's C HTTP parser, or over httpx's own.
 
-Every HTTP client of a chat comes from :func:`async_client`; sync calls run the same async code on
-the library's event-loop thread (:mod:`dispatch_nb.bridge`). Which transport it uses
-(``DISPATCH_NB_TRANSPORT``):
-
-* ``aiohttp`` — the default wherever ``aiohttp`` is installed: :class:`AiohttpTransport` sends the
-  request with aiohttp (its public API), which parses the answer in C — several times cheaper per
-  streamed chunk than httpx's pure-Python h11.
-* ``httpx`` — ``httpx.AsyncHTTPTransport`` (``DISPATCH_NB_TRANSPORT=httpx``, or when aiohttp is
-  missing).
-
-Either way clients keep what httpx gives: proxies from the environment (``HTTP_PROXY``,
-``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``: when the environment names a proxy, the client is
-httpx's own with ``trust_env``, so httpx's rules decide), TLS verification with ``SSL_CERT_FILE`` /
-``SSL_CERT_DIR`` (one shared context: :func:`tls_context`), pooling up to 1,000 connections, and
-content-encoding left to httpx (``aiter_bytes`` decodes gzip/deflate/br/zstd; ``aiter_raw`` hands
-the bytes as sent). Clients are made one per event loop (:class:`LoopClients`) and closed when that
-loop shuts down. A call is stopped (cancel, deadline, Ctrl-C) by cancelling its task.
-
-A response of :class:`AiohttpTransport` carries :data:`READ_EXTENSION`: ``await read()`` returns
-every raw byte of the body that arrived since the last call, at most :data:`READ_SIZE` (waiting
-when none did), ``b""`` at its end, with the errors ``aiter_raw`` would raise. A streamed answer
-read this way costs one coroutine per wake-up instead of a stack of async generators per chunk
-(httpx's ``aiter_raw``, its bound stream, the transport's stream, aiohttp's chunk iterator).
-
-Nothing here is imported by ``import dispatch_nb``; aiohttp is imported when the first client of
-the aiohttp transport is made (on a worker thread: :func:`prepare_async_transport`).
+Every HTTP client of a chat comes from :func:`async_client`: :class:`AiohttpTransport` by default
+where aiohttp is installed, ``httpx.AsyncHTTPTransport`` with ``DISPATCH_NB_TRANSPORT=httpx`` or
+when the environment names a proxy; one client per event loop (:class:`LoopClients`).
+docs/architecture.md (I/O) says more.
 """
 
 from __future__ import annotations
