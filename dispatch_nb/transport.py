@@ -9,13 +9,17 @@ docs/architecture.md (I/O) says more.
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
 import importlib.util
 import logging
 import os
 import ssl
+import sys
 import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.request import getproxies
 
@@ -52,19 +56,12 @@ DEFAULT_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=10
 
 
 # -- which transport ------------------------------------------------------------------------------
-_aiohttp_installed: bool | None = None
-
-
+@functools.cache
 def _have_aiohttp() -> bool:
-    global _aiohttp_installed
-    if _aiohttp_installed is None:
-        try:
-            _aiohttp_installed = all(
-                importlib.util.find_spec(name) is not None for name in ("aiohttp",)
-            )
-        except (ImportError, ValueError):  # e.g. blocked in sys.modules
-            _aiohttp_installed = False
-    return _aiohttp_installed
+    try:
+        return importlib.util.find_spec("aiohttp") is not None
+    except (ImportError, ValueError):  # e.g. blocked in sys.modules
+        return False
 
 
 _warned_missing = False
@@ -93,23 +90,13 @@ def transport_name() -> TransportName:
     return "httpx"
 
 
-_aiohttp_imported = False
-
-
-def _import_aiohttp() -> None:
-    global _aiohttp_imported
-    import aiohttp  # noqa: F401
-
-    _aiohttp_imported = True
-
-
 async def prepare_async_transport() -> None:
     """Import the configured transport's modules on a worker thread, once per process.
 
     aiohttp takes 0.1–0.5 s to import; done on the event loop by the first call it would freeze
     that loop, and with it the call's deadline and cancellation."""
-    if not _aiohttp_imported and transport_name() == "aiohttp":
-        await asyncio.to_thread(_import_aiohttp)
+    if "aiohttp" not in sys.modules and transport_name() == "aiohttp":
+        await asyncio.to_thread(importlib.import_module, "aiohttp")
 
 
 # -- the aiohttp transport ------------------------------------------------------------------------
@@ -232,23 +219,17 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
 
 # -- clients --------------------------------------------------------------------------------------
-_tls_lock = threading.Lock()
-_tls_contexts: dict[tuple[str, str], ssl.SSLContext] = {}
-
-
 def tls_context() -> ssl.SSLContext:
     """The TLS context every client verifies servers with: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
     when set, else certifi's bundle (httpx's rules). Made once per setting and shared: loading a
     CA bundle takes tens of milliseconds, which every new client (one per event loop: every
     ``asyncio.run``) would otherwise pay."""
-    key = (os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
-    context = _tls_contexts.get(key)
-    if context is None:
-        with _tls_lock:
-            context = _tls_contexts.get(key)
-            if context is None:
-                context = _tls_contexts[key] = httpx.create_ssl_context(trust_env=True)
-    return context
+    return _tls_context(os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
+
+
+@functools.cache
+def _tls_context(cert_file: str, cert_dir: str) -> ssl.SSLContext:
+    return httpx.create_ssl_context(trust_env=True)  # (it reads the two variables itself)
 
 
 def _proxied() -> bool:
@@ -310,16 +291,14 @@ class LoopClients:
             await entry.client.aclose()
 
 
+@dataclass(slots=True)
 class _LoopEntry:
     """A loop's client, the finalizer that closes it if its owner is dropped, and the async
     generator that closes it when the loop shuts down."""
 
-    __slots__ = ("client", "closer", "dropped")
-
-    def __init__(self, client: httpx.AsyncClient, dropped: weakref.finalize[Any, Any]) -> None:
-        self.client = client
-        self.dropped = dropped
-        self.closer: AsyncGenerator[None, None] | None = None
+    client: httpx.AsyncClient
+    dropped: weakref.finalize[Any, Any]
+    closer: AsyncGenerator[None, None] | None = None
 
 
 async def _closer(
