@@ -8,6 +8,7 @@ module sends, reads the SSE body and maps transport errors.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -105,34 +106,10 @@ async def _arelease(read: Callable[[], Awaitable[bytes]]) -> None:
         pass
 
 
-def _chunk_reader(chunks: AsyncIterator[bytes]) -> Callable[[], Awaitable[bytes]]:
-    """``read()`` over httpx's body iterator: the next chunk, ``b""`` at the end (the
-    :data:`~dispatch_nb.transport.READ_EXTENSION` of transports that have none)."""
-
-    async def read() -> bytes:
-        try:
-            return await chunks.__anext__()
-        except StopAsyncIteration:
-            return b""
-
-    return read
-
-
 class HTTPAdapter(Adapter):
-    """Base for HTTP providers: a provider is an endpoint, credentials and a wire format.
-
-    The public seams (docs/providers.md):
-
-    * :attr:`wire` — the :class:`~dispatch_nb.wire.base.WireFormat` requests are built with (None
-      when the provider builds and parses its requests itself, or picks a format per request);
-    * :meth:`build_request` — the :class:`WireRequest` for a call (default: :attr:`wire`'s, with
-      :meth:`~dispatch_nb.adapter.Adapter.output_mode`); the request names the wire format its
-      answer is read with;
-    * :meth:`stream_parser` / :meth:`parse_body` — how an answer is read when the request names no
-      wire format (default: :attr:`wire`'s);
-    * :meth:`parse_error` — the :class:`DispatchError` for an HTTP error answer;
-    * :meth:`auth_headers` / :meth:`aauth_headers` (static credentials), :meth:`http_auth` (an
-      :class:`httpx.Auth` flow for credentials that need a round trip) and :attr:`base_url`.
+    """Base for HTTP providers: a provider is an endpoint, credentials and a wire format; its
+    seams (:attr:`wire`, :meth:`build_request`, :meth:`parse_error`, :meth:`auth_headers`,
+    :meth:`http_auth`...) are in docs/providers.md.
 
     ``async_http_client``: an ``httpx.AsyncClient`` every request goes through (a test's
     ``httpx.MockTransport``, say); by default one is made per event loop.
@@ -378,17 +355,17 @@ class HTTPAdapter(Adapter):
                 raise self.parse_error(response.status_code, body, response.headers)
             content_type = response.headers.get("content-type", "")
             if request.stream and "text/event-stream" in content_type:
-                parser = self._parser(wire, request, acc)
+                parser = (wire.wire.stream_parser(acc) if wire.wire is not None
+                          else self.stream_parser(request, acc))
                 decoder = SSEDecoder()
                 encoding = self._content_encoding(response)
                 # aiohttp's body, read directly (everything that arrived, per wake-up); else httpx's
                 read: Callable[[], Awaitable[bytes]] | None = (
                     None if encoding else response.extensions.get(READ_EXTENSION)
                 )
-                if read is None:
-                    read = _chunk_reader(
-                        response.aiter_bytes() if encoding else response.aiter_raw()
-                    )
+                if read is None:  # the next chunk of httpx's iterator, b"" at its end
+                    chunks = response.aiter_bytes() if encoding else response.aiter_raw()
+                    read = functools.partial(anext, chunks, b"")
                 while True:
                     reading[0] = True
                     chunk = await read()
@@ -414,7 +391,10 @@ class HTTPAdapter(Adapter):
                 reading[0] = True
                 body = await response.aread()
                 reading[0] = False
-                self._parse_body(wire, request, self._json(body), acc)
+                if wire.wire is not None:
+                    wire.wire.parse_body(self._json(body), acc)
+                else:
+                    self.parse_body(request, self._json(body), acc)
         except asyncio.CancelledError:
             if control.reason is None:
                 raise
@@ -435,19 +415,6 @@ class HTTPAdapter(Adapter):
             if response is not None:
                 await response.aclose()
 
-    def _parser(self, wire: WireRequest, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        """The parser of this request's answer: its wire format's, else :meth:`stream_parser`."""
-        if wire.wire is not None:
-            return wire.wire.stream_parser(acc)
-        return self.stream_parser(request, acc)
-
-    def _parse_body(self, wire: WireRequest, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        """Read a non-streamed answer: with the request's wire format, else :meth:`parse_body`."""
-        if wire.wire is not None:
-            wire.wire.parse_body(body, acc)
-        else:
-            self.parse_body(request, body, acc)
-
     def _json(self, body: bytes) -> Any:
         try:
             return orjson.loads(body)
@@ -461,12 +428,6 @@ class HTTPAdapter(Adapter):
         """The headers of a plain JSON request: ours, the adapter's, ``auth``, then ``headers``."""
         return {"user-agent": USER_AGENT, "accept": "application/json", **self._extra_headers,
                 **auth, **(headers or {})}
-
-    def _json_answer(self, response: httpx.Response) -> Any:
-        """The JSON document a plain request got back; an HTTP error becomes a DispatchError."""
-        if response.status_code >= 400:
-            raise self.parse_error(response.status_code, response.content, response.headers)
-        return self._json(response.content)
 
     @property
     def fixed_headers(self) -> dict[str, str]:
@@ -518,7 +479,9 @@ class HTTPAdapter(Adapter):
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
-        return self._json_answer(response)
+        if response.status_code >= 400:
+            raise self.parse_error(response.status_code, response.content, response.headers)
+        return self._json(response.content)
 
     @same_parameters(aget_json)
     def get_json(self, *args: Any, **kwargs: Any) -> Any:
