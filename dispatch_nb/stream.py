@@ -212,37 +212,35 @@ class Accumulator:
         self._thinking_block(key, None).provider_data = provider_data
 
     def _thinking_block(self, key: Hashable, provider_data: dict[str, Any] | None) -> _Thinking:
-        last = self._last
-        if type(last) is _Thinking and last.key == key:
-            if provider_data is not None:
-                last.provider_data = provider_data
-            return last
-        for item in reversed(self._items):
-            if type(item) is _Thinking and item.key == key and key is not None:
-                if provider_data is not None:
-                    item.provider_data = provider_data
-                return item
-        block = _Thinking(key, provider_data)
-        self._items.append(block)
-        self._last = block
+        block: _Thinking | None = self._last
+        if not (type(block) is _Thinking and block.key == key):
+            block = self._find((_Thinking,), key) if key is not None else None
+        if block is None:
+            block = _Thinking(key, provider_data)
+            self._items.append(block)
+            self._last = block
+        elif provider_data is not None:
+            block.provider_data = provider_data
         return block
+
+    def _find(self, kinds: tuple[type, ...], key: Hashable) -> Any:
+        """The last block of one of ``kinds`` with this key (None: there is none)."""
+        return next((i for i in reversed(self._items) if type(i) in kinds and i.key == key), None)
 
     def text_provider_data(self, provider_data: dict[str, Any], *, key: Hashable = None) -> None:
         """Attach opaque provider data to the text block with this key (e.g. a message id)."""
-        for item in reversed(self._items):
-            if type(item) is _Text and item.key == key:
-                item.provider_data = provider_data
-                return
+        block = self._find((_Text,), key)
+        if block is not None:
+            block.provider_data = provider_data
 
     def replace_text(self, key: Hashable, text: str) -> bool:
         """Replace the text of the text or thinking block with this key (a provider's finished
         item is the final word on what its deltas streamed); False when there is none."""
-        for item in reversed(self._items):
-            if type(item) in (_Text, _Thinking) and item.key == key:
-                item.batches = [text]
-                item.parts = []
-                return True
-        return False
+        block = self._find((_Text, _Thinking), key)
+        if block is None:
+            return False
+        block.batches, block.parts = [text], []
+        return True
 
     def redacted_thinking(
         self, data: str, *, provider_data: dict[str, Any] | None = None
@@ -260,11 +258,10 @@ class Accumulator:
     def set_block(self, key: Hashable, block: Any) -> None:
         """Replace the finished block added with ``key`` (one a provider completes piece by
         piece); earlier snapshots keep the block they had."""
-        for item in reversed(self._items):
-            if type(item) is _Fixed and item.key == key:
-                item.block = block
-                return
-        raise KeyError(key)
+        fixed = self._find((_Fixed,), key)
+        if fixed is None:
+            raise KeyError(key)
+        fixed.block = block
 
     def order_by(self, rank: Mapping[Hashable, int]) -> None:
         """Reorder the blocks by ``rank[key]`` (e.g. a Responses ``output_index``), for providers
@@ -439,26 +436,15 @@ def attach_partial(exc: BaseException, partial: Response | Accumulator | None) -
         pass
 
 
-class _Tapped:
+def _tapped(deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> Iterator[StreamDelta]:
     """Deltas passed on as they are, each handed to ``tap`` first (appended to a log, fed to an
     accumulator)."""
-
-    __slots__ = ("deltas", "tap")
-
-    def __init__(self, deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> None:
-        self.deltas = deltas
-        self.tap = tap
-
-    def __iter__(self) -> _Tapped:
-        return self
-
-    def __next__(self) -> StreamDelta:
-        delta = next(self.deltas)
-        self.tap(delta)
-        return delta
-
-    def close(self) -> None:
-        close = getattr(self.deltas, "close", None)
+    try:
+        for delta in deltas:
+            tap(delta)
+            yield delta
+    finally:
+        close = getattr(deltas, "close", None)
         if close is not None:
             close()
 
@@ -466,7 +452,7 @@ class _Tapped:
 async def _alogged(
     deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]
 ) -> AsyncIterator[StreamDelta]:
-    """The async twin of :class:`_Tapped` that appends to ``log``."""
+    """The async twin of :func:`_tapped` that appends to ``log``."""
     try:
         async for delta in deltas:
             log.append(delta)
@@ -503,14 +489,9 @@ class _DeltaStream(Generic[_D]):
 
     @property
     def events(self) -> list[StreamDelta]:
-        """The stream's event log: deltas that rebuild what arrived so far, in order.
-
-        After :meth:`keep_events`, exactly the deltas the stream yielded (references to them, as
-        they passed). Otherwise the log is the accumulator itself, which keeps the answer's text
-        compactly (memory stays flat however many deltas stream) and gives it back as one delta
-        per block (:meth:`Response.deltas <dispatch_nb.types.Response.deltas>` of
-        :attr:`partial`). Either way :meth:`Accumulator.feed` rebuilds the same text, thinking
-        and tool calls from it."""
+        """The stream's event log: deltas that rebuild what arrived so far, in order: exactly the
+        deltas the stream yielded after :meth:`keep_events`, else one per block of
+        :attr:`partial` (docs/sessions.md, "A stream's log")."""
         if self._log is not None:
             return list(self._log)
         return self.partial.deltas()
@@ -607,7 +588,7 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
         iterating); returns the stream. Costs a reference per delta and keeps the deltas alive,
         so it is off unless asked for."""
         if self._log is None:
-            self._deltas = _Tapped(self._deltas, self._logging().append)
+            self._deltas = _tapped(self._deltas, self._logging().append)
         return self
 
     def until_done(self) -> Response:
@@ -754,4 +735,4 @@ def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
     sync stream (or Ctrl-C) cancels it there. ``partial`` is what the caller has taken so far,
     ``response`` is ``inner``'s."""
     taken = _Taken(inner)
-    return ResponseStream(_Tapped(SyncIterator(lambda: inner), taken.feed), taken)
+    return ResponseStream(_tapped(SyncIterator(lambda: inner), taken.feed), taken)
