@@ -484,22 +484,23 @@ def _as_answer(response: Response, streamed: str | None) -> Response:
     return response.model_copy(update={"content": content, "tool_calls": [], "stop_reason": stop})
 
 
-def _settled_error(response: Response, spec: StructuredOutput) -> OutputValidationError | None:
-    """An answer that cannot be parsed whatever its text: refused, filtered or cut off."""
+def _parsed(response: Response, spec: StructuredOutput) -> Response:
+    """``response`` with ``parsed`` set; raises the :class:`OutputValidationError` of an answer
+    that does not validate, or cannot whatever its text: refused, filtered or cut off."""
     text = response.text
     if response.stop_reason == "refusal":
-        return OutputValidationError(
+        raise OutputValidationError(
             f"the model refused to answer: {text.strip()[:300] or '(no reason given)'}",
             text=text, code="output_refused",
             errors=[{"type": "refusal", "loc": (), "msg": "the model refused", "input": text}],
         )
     if response.stop_reason == "content_filter":
-        return OutputValidationError(
+        raise OutputValidationError(
             "the provider's content filter stopped the answer", text=text, code="output_refused",
             errors=[{"type": "content_filter", "loc": (), "msg": "filtered", "input": text}],
         )
     if response.stop_reason == "max_tokens":
-        return OutputValidationError(
+        raise OutputValidationError(
             f"the answer was cut off at max_tokens before its JSON was complete ({len(text)} "
             "characters arrived); bound the output type's strings and lists "
             "(Field(max_length=…)) so the whole answer fits — a larger max_tokens= mostly buys "
@@ -508,7 +509,7 @@ def _settled_error(response: Response, spec: StructuredOutput) -> OutputValidati
             errors=[{"type": "truncated", "loc": (), "msg": "the answer was cut off at max_tokens",
                      "input": _short(text, 200)}],
         )
-    return None
+    return response.model_copy(update={"parsed": spec.parse(text)})
 
 
 def settle_answer(response: Response, output: Any) -> Response:
@@ -517,14 +518,11 @@ def settle_answer(response: Response, output: Any) -> Response:
     why not (raised, the answer as its ``partial``)."""
     spec = as_output(output)
     answer = _as_answer(response, None)
-    error = _settled_error(answer, spec)
-    if error is None:
-        try:
-            return answer.model_copy(update={"parsed": spec.parse(answer.text)})
-        except OutputValidationError as invalid:
-            error = invalid
-    error.partial = answer
-    raise error
+    try:
+        return _parsed(answer, spec)
+    except OutputValidationError as error:
+        error.partial = answer
+        raise
 
 
 # -- one structured call: attempts, retries, the stream the caller sees -------------------------------
@@ -635,15 +633,11 @@ class _Call:
         if answer.tool_calls:
             self.final = answer  # the model asks for tools: a session runs them and asks again
             return
-        error = _settled_error(answer, self.spec)
-        if error is None:
-            try:
-                parsed = self.spec.parse(answer.text)
-            except OutputValidationError as invalid:
-                error = invalid
-            else:
-                self.final = answer.model_copy(update={"parsed": parsed})
-                return
+        try:
+            self.final = _parsed(answer, self.spec)
+            return
+        except OutputValidationError as invalid:
+            error = invalid
         error.partial = answer
         error.attempts = self.attempt
         error.provider = self.adapter.provider_name
