@@ -136,13 +136,8 @@ def backoff_delay(
 
 
 class Adapter:
-    """Base class of every provider adapter. See the module docstring for the contract.
-
-    Subclasses must supply :attr:`model_name` and one attempt of a call: :meth:`astream_once`
-    (and optionally :meth:`acomplete_once`), or :meth:`stream_once` when it blocks. They
-    may override :meth:`output_mode` (how ``output=`` goes on the wire), :meth:`should_retry_now`
-    (resend at once after an error), and a wrapper :meth:`open_stream` / :meth:`aopen_stream`.
-    """
+    """Base class of every provider adapter: a subclass supplies :attr:`model_name` and one
+    attempt of a call (the seams: docs/providers.md)."""
 
     #: extra ``**options`` this provider accepts besides :data:`COMMON_OPTIONS`
     provider_options: frozenset[str] = frozenset()
@@ -259,12 +254,8 @@ class Adapter:
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
         """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure.
-        The one implementation of a call: sync calls run it on the library's event-loop thread.
-
-        ``control`` is the call's deadline and cancel token: a cancel or the deadline cancels
-        the task (the attempt sees ``CancelledError``; ``control.error()`` says why). The base
-        retries a failed attempt (with ``acc`` reset) while nothing reached the caller. The
-        default runs :meth:`stream_once` (a blocking provider's attempt) on a worker thread."""
+        A cancel or the deadline of ``control`` cancels the task (``control.error()`` says why).
+        The default runs :meth:`stream_once` on a worker thread."""
         async for delta in _thread_bridge(lambda: self.stream_once(request, acc, control),
                                           control):
             yield delta
@@ -511,10 +502,8 @@ class Adapter:
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
     ) -> ResponseStream:
         """One normalized call as the :class:`ResponseStream` that :meth:`stream` returns and
-        :meth:`chat` drains (a call with ``request.stream`` false produces no deltas but its
-        retries). The seam a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`),
-        with its async twin :meth:`aopen_stream`: the same coroutine, run on the library's
-        event-loop thread (:class:`~dispatch_nb.bridge.SyncIterator`)."""
+        :meth:`chat` drains (without ``request.stream``, no deltas but its retries); the seam a
+        wrapper overrides, with :meth:`aopen_stream` (e.g. the response cache)."""
         request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)

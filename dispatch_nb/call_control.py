@@ -194,14 +194,10 @@ class CallControl(_Clock):
 class TurnControl(_Clock, CancelToken):
     """One deadline and one cancel switch for a whole turn: every model call and tool run of it.
 
-    Create it once per turn (``with TurnControl(timeout=..., cancel=token) as turn:``) and hand it
-    to each model call as ``cancel=turn``: that call's :class:`CallControl` stops at the earlier of
-    its own deadline and the turn's, and when the turn is cancelled. ``timeout`` (seconds) is the
-    budget of the whole turn, counted from when the control is made; ``cancel`` (the caller's
-    token, optional) cancels the turn when it is cancelled; when it is itself a turn, this one
-    also ends at its deadline (a structured call inside a session turn). Between calls (e.g. before each tool)
-    :meth:`check` raises the turn's error; :meth:`run_async` waits for async work (tools) under
-    the turn's deadline and cancel switch.
+    ``with TurnControl(timeout=..., cancel=token) as turn:``, then ``cancel=turn`` to each model
+    call. ``timeout`` counts from when the control is made; cancelling ``cancel`` (the caller's
+    token) cancels the turn. Between calls :meth:`check` raises the turn's error;
+    :meth:`run_async` waits for async work (tools) under the turn's deadline and cancel switch.
     """
 
     __slots__ = ("_remove_parent", "deadline", "outer", "provider", "started_at", "timeout")

@@ -17,7 +17,7 @@ import httpx
 import orjson
 
 from .adapter import Adapter, ChatRequest, wrap_transport_error
-from .bridge import run_sync, same_parameters
+from .bridge import run_sync, running_loop, same_parameters
 from .call_control import CallControl
 from .errors import (
     APIConnectionError,
@@ -223,8 +223,6 @@ class HTTPAdapter(Adapter):
     def close(self) -> None:
         """Close the connection pool of the library's event loop (sync calls' pool; async pools
         close when their event loop ends). The adapter stays usable."""
-        from .bridge import running_loop
-
         if running_loop() is not None:
             run_sync(self._async_clients.aclose())
 

@@ -112,17 +112,9 @@ def _short(value: Any, limit: int = 80) -> str:
 class StructuredOutput:
     """What ``output=`` asks for, with its JSON Schema, validation and partial parsing.
 
-    ``target``: a pydantic model class, any type pydantic validates (``list[Item]``, a
-    ``TypedDict``, a dataclass, ``Literal[...]``, ``int``...) or a JSON Schema ``dict``.
-    ``name`` (``^[a-zA-Z0-9_-]{1,64}$``; default: the type's name, the schema's ``title``, else
-    ``output``) and ``description`` (default: the model's docstring / the schema's description)
-    go to providers that take them. ``mode``: ``auto`` (the provider picks per model), ``native``,
-    ``tool``, ``json_object`` (chat.completions servers such as llama-cpp-python's) or
-    ``prompt`` (the schema in the system prompt); see docs/structured-output.md. ``strict``:
-    OpenAI strict mode — None makes the schema strict when it can be, False never.
-
-    Raises ``TypeError`` when ``target`` cannot be described as JSON Schema and ``ValueError``
-    for an invalid schema dict or option — before any request.
+    ``target``: a type pydantic validates or a JSON Schema ``dict``; ``name`` (1-64 of
+    ``[a-zA-Z0-9_-]``), ``description``, ``mode`` and ``strict``: docs/structured-output.md. Raises
+    ``TypeError`` / ``ValueError`` for what cannot be asked for — before any request.
     """
 
     def __init__(
