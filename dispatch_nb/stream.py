@@ -468,18 +468,14 @@ _D = TypeVar("_D", bound="Iterator[StreamDelta] | AsyncIterator[StreamDelta]")
 
 class _DeltaStream(Generic[_D]):
     """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the deltas, the
-    accumulator, the final response or the error that ended the stream, and the ``on_close``
-    callback."""
+    accumulator, and the final response or the error that ended the stream."""
 
-    def __init__(
-        self, deltas: _D, accumulator: Accumulator, *, on_close: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, deltas: _D, accumulator: Accumulator) -> None:
         self._deltas: _D = deltas
         self._acc = accumulator
         self._log: list[StreamDelta] | None = None
         self._response: Response | None = None
         self._error: BaseException | None = None
-        self._on_close = on_close
         self._closed = False
 
     @property
@@ -517,7 +513,6 @@ class _DeltaStream(Generic[_D]):
     def _ended(self) -> None:
         """The deltas ran out: the answer is final."""
         self._response = self._acc.finish()
-        self._finish()
 
     def _failed(self, exc: BaseException) -> None:
         """Iterating raised ``exc``: remember it and attach what arrived (the caller closes)."""
@@ -529,11 +524,6 @@ class _DeltaStream(Generic[_D]):
         Ctrl-C) keeps what arrived."""
         if exc is not None and self._response is None:
             attach_partial(exc, self._acc)
-
-    def _finish(self) -> None:
-        if self._on_close is not None:
-            callback, self._on_close = self._on_close, None
-            callback()
 
 
 class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
@@ -624,7 +614,6 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
         close = getattr(self._deltas, "close", None)
         if close is not None:
             close()
-        self._finish()
 
     def __enter__(self) -> ResponseStream:
         return self
@@ -691,7 +680,6 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
         aclose = getattr(self._deltas, "aclose", None)
         if aclose is not None:
             await aclose()
-        self._finish()
 
     async def __aenter__(self) -> AsyncResponseStream:
         return self
