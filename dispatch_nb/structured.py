@@ -360,10 +360,7 @@ def _wire_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             return {**copy.deepcopy(target), **kept}, False
     if is_object_root(value):
         return value, False
-    defs: dict[str, Any] = {}
-    for key in ("$defs", "definitions"):
-        if key in value:
-            defs[key] = value.pop(key)
+    defs: dict[str, Any] = {key: value.pop(key) for key in ("$defs", "definitions") if key in value}
     inner = map_schema(
         value,
         lambda n: {**n, "$ref": f"#/properties/{RESULT_KEY}"} if n.get("$ref") == "#" else n,
