@@ -142,12 +142,6 @@ def caller_thread() -> int:
     return CALLER_THREAD.get() or threading.get_ident()
 
 
-def _caller_context() -> contextvars.Context:
-    context = contextvars.copy_context()
-    context.run(CALLER_THREAD.set, threading.get_ident())
-    return context
-
-
 def _loop_for_caller() -> asyncio.AbstractEventLoop:
     runner = _runner()
     if _on_loop_thread():
@@ -250,7 +244,9 @@ class SyncIterator(Generic[T]):
 
     def _start(self) -> None:
         loop = self._loop = _loop_for_caller()
-        loop.call_soon_threadsafe(self._begin, context=_caller_context())
+        context = contextvars.copy_context()  # the caller's, naming the caller's thread
+        context.run(CALLER_THREAD.set, threading.get_ident())
+        loop.call_soon_threadsafe(self._begin, context=context)
 
     def _sleep(self) -> None:
         self._wake.clear()
