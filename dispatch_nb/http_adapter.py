@@ -247,15 +247,12 @@ class HTTPAdapter(Adapter):
         return parsed
 
     def _headers(self, wire: WireRequest, auth: Mapping[str, str], request: ChatRequest) -> dict[str, str]:
-        headers = {"user-agent": USER_AGENT, "accept": "application/json"}
+        """A chat's headers: a plain JSON request's (:meth:`_json_headers`) with the wire
+        request's, a JSON body's content type unless they name one, then ``extra_headers=``."""
+        headers = self._json_headers(auth, wire.headers)
         if wire.json is not None:
-            headers["content-type"] = "application/json"
-        headers.update(self._extra_headers)
-        headers.update(auth)
-        headers.update(wire.headers)
-        extra = request.options.get("extra_headers")
-        if extra:
-            headers.update(extra)
+            headers.setdefault("content-type", "application/json")
+        headers.update(request.options.get("extra_headers") or {})
         return headers
 
     @staticmethod
