@@ -1,22 +1,9 @@
 """The :class:`Adapter` contract every provider implements, and what the base gives them for free.
 
-Every adapter offers the same four entry points with the same keywords::
-
-    adapter.chat(messages, system=..., tools=..., stream=False, on_delta=None, max_tokens=None,
-                 temperature=None, timeout=None, cancel=None, **options) -> Response
-    adapter.stream(messages, **same) -> ResponseStream          # iterate for StreamDelta
-    await adapter.achat(...) / adapter.astream(...)             # the async twins
-
-A subclass supplies one attempt of a call, async (:meth:`Adapter.astream_once`, optionally
-:meth:`Adapter.acomplete_once`; a provider whose work blocks gives :meth:`Adapter.stream_once`
-instead, run on a worker thread), that drives an :class:`~dispatch_nb.stream.Accumulator`. The
-call itself is one coroutine; the sync entry points run it on the library's event-loop thread
-(:mod:`dispatch_nb.bridge`). The base adds the rest so every adapter behaves alike: argument
-normalization, the total ``timeout`` deadline, ``cancel`` tokens, retries with backoff (never
-after output reached the caller; each one a :class:`~dispatch_nb.types.RetryEvent` of the stream),
-``partial`` on every error, and one log line per request on the ``dispatch_nb`` logger. HTTP
-providers subclass :class:`~dispatch_nb.http_adapter.HTTPAdapter`, which implements the attempt
-from a wire format (:mod:`dispatch_nb.wire`); docs/providers.md lists every seam.
+A subclass supplies one attempt of a call (:meth:`Adapter.astream_once`, or
+:meth:`Adapter.stream_once` when it blocks); the base adds argument checks, the deadline, cancel
+tokens, retries (each a :class:`~dispatch_nb.types.RetryEvent` of the stream), ``partial`` on every
+error and one log line per request. The seams: docs/providers.md.
 """
 
 from __future__ import annotations
@@ -38,6 +25,7 @@ from .cancel import CancelToken
 from .cost import Cost, ledger, price, warm_up
 from .errors import (
     APIConnectionError,
+    APITimeoutError,
     AuthenticationError,
     DispatchError,
     RequestError,
@@ -148,13 +136,8 @@ def backoff_delay(
 
 
 class Adapter:
-    """Base class of every provider adapter. See the module docstring for the contract.
-
-    Subclasses must supply :attr:`model_name` and one attempt of a call: :meth:`astream_once`
-    (and optionally :meth:`acomplete_once`), or :meth:`stream_once` when it blocks. They
-    may override :meth:`output_mode` (how ``output=`` goes on the wire), :meth:`should_retry_now`
-    (resend at once after an error), and a wrapper :meth:`open_stream` / :meth:`aopen_stream`.
-    """
+    """Base class of every provider adapter: a subclass supplies :attr:`model_name` and one
+    attempt of a call (the seams: docs/providers.md)."""
 
     #: extra ``**options`` this provider accepts besides :data:`COMMON_OPTIONS`
     provider_options: frozenset[str] = frozenset()
@@ -271,12 +254,8 @@ class Adapter:
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
         """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure.
-        The one implementation of a call: sync calls run it on the library's event-loop thread.
-
-        ``control`` is the call's deadline and cancel token: a cancel or the deadline cancels
-        the task (the attempt sees ``CancelledError``; ``control.error()`` says why). The base
-        retries a failed attempt (with ``acc`` reset) while nothing reached the caller. The
-        default runs :meth:`stream_once` (a blocking provider's attempt) on a worker thread."""
+        A cancel or the deadline of ``control`` cancels the task (``control.error()`` says why).
+        The default runs :meth:`stream_once` on a worker thread."""
         async for delta in _thread_bridge(lambda: self.stream_once(request, acc, control),
                                           control):
             yield delta
@@ -372,35 +351,32 @@ class Adapter:
         )
 
     # -- the retry loop --------------------------------------------------------------------------
-    def _retry_decision(
+    def _next_attempt(
         self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
     ) -> float | None:
-        """Seconds to wait before retrying, or None to give up and raise (``-1.0``: resend at
-        once, outside the retry budget: :meth:`should_retry_now`)."""
+        """After failed attempt ``attempt``: seconds to wait before the next one (logged, with
+        ``acc`` reset; ``-1.0``: resend at once, outside the retry budget, as
+        :meth:`should_retry_now` asks), or None to raise ``exc``. Raises the abort error instead
+        when the call was cancelled or timed out meanwhile."""
+        if control.reason is not None and not isinstance(exc, type(control.error())):
+            raise control.error() from exc
         if acc.started or control.reason is not None:
             return None
-        if self.should_retry_now(exc):
-            return -1.0
+        delay = -1.0 if self.should_retry_now(exc) else self._backoff(exc, attempt, retries, control)
+        if delay is not None:
+            self._log_retry(exc, attempt, max(delay, 0.0))
+            acc.reset()
+        return delay
+
+    def _backoff(
+        self, exc: DispatchError, attempt: int, retries: int, control: CallControl
+    ) -> float | None:
         if attempt >= retries or not exc.retryable or exc.code == "quota_exceeded":
             return None
         delay = backoff_delay(attempt, exc.retry_after, self.retry_backoff)
         remaining = control.remaining()
         if delay is None or (remaining is not None and delay >= remaining):
             return None
-        return delay
-
-    def _next_attempt(
-        self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
-    ) -> float | None:
-        """After failed attempt ``attempt``: seconds to wait before the next one (logged, with
-        ``acc`` reset), or None to raise ``exc``. Raises the abort error instead when the call
-        was cancelled or timed out meanwhile. Shared by the sync and async retry loops."""
-        if control.reason is not None and not isinstance(exc, type(control.error())):
-            raise control.error() from exc
-        delay = self._retry_decision(exc, acc, attempt, retries, control)
-        if delay is not None:
-            self._log_retry(exc, attempt, max(delay, 0.0))
-            acc.reset()
         return delay
 
     def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
@@ -485,14 +461,12 @@ class Adapter:
             acc.cost = None
         ledger.record(self.provider_name, self.model_name, acc.usage, acc.cost)
 
-    def _retries(self, request: ChatRequest) -> int:
-        value = request.options.get("max_retries")
-        return self.max_retries if value is None else int(value)
-
     async def _adeltas(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> AsyncIterator[StreamDelta]:
-        retries = self._retries(request)
+        retries = request.options.get("max_retries")
+        if retries is None:
+            retries = self.max_retries
         attempt = 0
         error: BaseException | None = None
         warm_up(self.provider_name)  # the price data loads while the request is under way
@@ -528,10 +502,8 @@ class Adapter:
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
     ) -> ResponseStream:
         """One normalized call as the :class:`ResponseStream` that :meth:`stream` returns and
-        :meth:`chat` drains (a call with ``request.stream`` false produces no deltas but its
-        retries). The seam a wrapper overrides (e.g. :class:`~dispatch_nb.cache.CachedAdapter`),
-        with its async twin :meth:`aopen_stream`: the same coroutine, run on the library's
-        event-loop thread (:class:`~dispatch_nb.bridge.SyncIterator`)."""
+        :meth:`chat` drains (without ``request.stream``, no deltas but its retries); the seam a
+        wrapper overrides, with :meth:`aopen_stream` (e.g. the response cache)."""
         request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)
@@ -742,8 +714,6 @@ def _thread_bridge(
 
 def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:
     """An httpx/OS error as the matching :class:`DispatchError` (timeouts → APITimeoutError)."""
-    from .errors import APITimeoutError
-
     if isinstance(exc, httpx.TimeoutException):
         return APITimeoutError(
             f"the server did not answer in time ({type(exc).__name__})", provider=provider

@@ -1,22 +1,9 @@
 """Sync calls over the async core: the library's private event-loop thread.
 
-Every I/O path of dispatch_nb is a coroutine. A sync entry point (``chat``, ``stream``,
-``Session.send``, ``list_models``...) runs that same coroutine as a task on one event loop that a
-daemon thread of this module keeps, and the calling thread waits for what it produces:
-
-* :func:`run_sync` waits for a coroutine's result;
-* :class:`SyncIterator` iterates an async iterator: the task puts every item into a buffer as it
-  comes, and the calling thread takes everything that arrived since it last looked, sleeping only
-  when nothing did (at most :data:`HIGH_WATER` items wait; then the task waits for the caller).
-
-The calling thread never runs the loop (no nest-asyncio), so this works the same inside Jupyter's
-running loop, in a script and in worker threads. Stopping works from every side: ``close()`` (or
-leaving the loop early) and Ctrl-C in the calling thread cancel the task and wait for it to unwind;
-a :class:`~dispatch_nb.cancel.CancelToken` or a deadline reach the task through its
-:class:`~dispatch_nb.call_control.CallControl`, as in an async call. The task runs in a copy of the
-caller's :mod:`contextvars` context, so what the caller set (a log handler's routing, say) holds in
-it. Clients made on the loop (one per loop: :class:`~dispatch_nb.transport.LoopClients`) close when
-the process exits.
+A sync entry point runs its coroutine as a task on one event loop that a daemon thread of this
+module keeps: :func:`run_sync` waits for its result, :class:`SyncIterator` hands an async
+iterator's items to the calling thread a batch at a time. The calling thread never runs the loop;
+Ctrl-C and ``close()`` cancel the task. docs/architecture.md (I/O) says more.
 """
 
 from __future__ import annotations
@@ -155,12 +142,6 @@ def caller_thread() -> int:
     return CALLER_THREAD.get() or threading.get_ident()
 
 
-def _caller_context() -> contextvars.Context:
-    context = contextvars.copy_context()
-    context.run(CALLER_THREAD.set, threading.get_ident())
-    return context
-
-
 def _loop_for_caller() -> asyncio.AbstractEventLoop:
     runner = _runner()
     if _on_loop_thread():
@@ -263,7 +244,9 @@ class SyncIterator(Generic[T]):
 
     def _start(self) -> None:
         loop = self._loop = _loop_for_caller()
-        loop.call_soon_threadsafe(self._begin, context=_caller_context())
+        context = contextvars.copy_context()  # the caller's, naming the caller's thread
+        context.run(CALLER_THREAD.set, threading.get_ident())
+        loop.call_soon_threadsafe(self._begin, context=context)
 
     def _sleep(self) -> None:
         self._wake.clear()

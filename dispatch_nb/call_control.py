@@ -1,15 +1,7 @@
-"""Deadlines and cancellation: one object per call, one per turn.
+"""Deadlines and cancellation: a call's :class:`CallControl`, a turn's :class:`TurnControl`.
 
-A call's :class:`CallControl` knows its total deadline (``timeout=`` seconds, covering connect,
-every read and every retry) and its :class:`~dispatch_nb.cancel.CancelToken`. When either fires, it
-runs the abort hooks the transport registered (closing a socket, cancelling an asyncio task), so a
-blocked read wakes at once instead of waiting for the server.
-
-An operation made of several calls (a session turn: model calls and tool runs) has one
-:class:`TurnControl`: its deadline and its cancel switch, created once. It *is* a
-:class:`~dispatch_nb.cancel.CancelToken`, handed to each model call as ``cancel=``; the call's
-:class:`CallControl` then also stops at the turn's deadline (raising the turn's timeout error,
-counted from the turn's start) and when the turn is cancelled.
+A turn's control is the ``cancel=`` token of each of its calls, so a call also stops at the turn's
+deadline and when the turn is cancelled.
 """
 
 from __future__ import annotations
@@ -29,20 +21,45 @@ __all__ = ["CallControl", "TurnControl"]
 AbortReason = Literal["cancel", "timeout"]
 
 
-def _checked(timeout: float | None) -> float | None:
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-    return timeout
-
-
 class _Clock:
-    """The deadline arithmetic a call and a turn share (their slots hold the attributes)."""
+    """What a call's control and a turn's share: ``timeout=`` seconds counted from when the clock
+    starts, never past the deadline of the turn its ``cancel=`` token is (a call or a turn never
+    outlives the turn it is in)."""
 
-    __slots__ = ()
     deadline: float | None
+    #: the enclosing turn whose deadline comes first (its timeout error is the one raised)
+    outer: TurnControl | None
+    provider: str | None
     started_at: float
     timeout: float | None
-    provider: str | None
+
+    def __init__(
+        self,
+        *,
+        timeout: float | None = None,
+        cancel: CancelToken | None = None,
+        provider: str | None = None,
+    ) -> None:
+        super().__init__()  # a turn's CancelToken
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self.timeout = timeout
+        self.provider = provider
+        self._start_clock(cancel)
+        self._attach(cancel)
+
+    def _attach(self, cancel: CancelToken | None) -> None:
+        """Hold the caller's ``cancel`` token (each control its own way)."""
+        raise NotImplementedError
+
+    def _start_clock(self, enclosing: CancelToken | None) -> None:
+        self.started_at = monotonic()
+        self.deadline = self.started_at + self.timeout if self.timeout is not None else None
+        self.outer = None
+        if isinstance(enclosing, TurnControl) and enclosing.deadline is not None and (
+            self.deadline is None or enclosing.deadline <= self.deadline
+        ):
+            self.outer, self.deadline = enclosing, enclosing.deadline
 
     def elapsed(self) -> float:
         """Seconds since the call or turn started."""
@@ -58,7 +75,12 @@ class _Clock:
         """True once the deadline has passed."""
         return self.deadline is not None and monotonic() >= self.deadline
 
-    def _timeout_error(self, waited: float, where: str = "") -> APITimeoutError:
+    def timeout_error(self, where: str = "", waited: float | None = None) -> APITimeoutError:
+        """The error of a deadline that passed (``where``: what was being done; ``waited``:
+        seconds, by default :meth:`elapsed`): the enclosing turn's when its deadline was it."""
+        if self.outer is not None:
+            return self.outer.timeout_error(where)
+        waited = self.elapsed() if waited is None else waited
         return APITimeoutError(
             f"no complete answer within the {self.timeout:g} s timeout (waited "
             f"{waited:.1f} s{', ' + where if where else ''}); pass a larger timeout= or "
@@ -68,7 +90,8 @@ class _Clock:
 
 
 class CallControl(_Clock):
-    """Deadline + cancel token + abort hooks for one call (sync or async)."""
+    """Deadline + cancel token + abort hooks for one call (sync or async). The deadline counts
+    from the first read of the stream (:meth:`start_async`), not from when it was created."""
 
     __slots__ = (
         "_aborted_after",
@@ -76,29 +99,17 @@ class CallControl(_Clock):
         "_lock",
         "_remove_cancel",
         "_timer",
-        "_turn_bound",
         "cancel",
         "deadline",
+        "outer",
         "provider",
         "reason",
         "started_at",
         "timeout",
-        "turn",
     )
 
-    def __init__(
-        self,
-        *,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        provider: str | None = None,
-    ) -> None:
-        self.timeout = _checked(timeout)
+    def _attach(self, cancel: CancelToken | None) -> None:
         self.cancel = cancel
-        #: the turn this call belongs to (when ``cancel`` is a :class:`TurnControl`)
-        self.turn = cancel if isinstance(cancel, TurnControl) else None
-        self.provider = provider
-        self._restart_clock()
         self.reason: AbortReason | None = None
         self._aborted_after: float | None = None
         self._hooks: list[Callable[[], None]] = []
@@ -107,19 +118,9 @@ class CallControl(_Clock):
         self._remove_cancel: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def _restart_clock(self) -> None:
-        # The deadline counts from the first read of the stream, not from when it was created.
-        # A call inside a turn never outlives the turn: its deadline is the earlier of the two.
-        self.started_at = monotonic()
-        own = self.started_at + self.timeout if self.timeout is not None else None
-        turn = self.turn.deadline if self.turn is not None else None
-        # the turn's deadline comes before the call's own
-        self._turn_bound = turn is not None and (own is None or turn <= own)
-        self.deadline = turn if self._turn_bound else own
-
     def start_async(self, loop: asyncio.AbstractEventLoop) -> None:
         """Arm the deadline on the event loop and the cancel callback."""
-        self._restart_clock()
+        self._start_clock(self.cancel)
         if self.cancel is not None:
             self._remove_cancel = self.cancel.add_callback(lambda: self.abort("cancel"))
         remaining = self.remaining()
@@ -164,11 +165,8 @@ class CallControl(_Clock):
     # -- queries ---------------------------------------------------------------------------------
     def error(self) -> DispatchError:
         """The error that describes why the call was aborted."""
-        if self.reason == "timeout" and self._turn_bound and self.turn is not None:
-            return self.turn.timeout_error()
         if self.reason == "timeout":
-            waited = self._aborted_after
-            return self._timeout_error(waited if waited is not None else self.elapsed())
+            return self.timeout_error(waited=self._aborted_after)
         reason = self.cancel.reason if self.cancel is not None else None
         return RequestCancelled(reason or "the request was cancelled", provider=self.provider)
 
@@ -193,43 +191,18 @@ class CallControl(_Clock):
         self.check()
 
 
-class TurnControl(CancelToken, _Clock):
+class TurnControl(_Clock, CancelToken):
     """One deadline and one cancel switch for a whole turn: every model call and tool run of it.
 
-    Create it once per turn (``with TurnControl(timeout=..., cancel=token) as turn:``) and hand it
-    to each model call as ``cancel=turn``: that call's :class:`CallControl` stops at the earlier of
-    its own deadline and the turn's, and when the turn is cancelled. ``timeout`` (seconds) is the
-    budget of the whole turn, counted from when the control is made; ``cancel`` (the caller's
-    token, optional) cancels the turn when it is cancelled; when it is itself a turn, this one
-    also ends at its deadline (a structured call inside a session turn). Between calls (e.g. before each tool)
-    :meth:`check` raises the turn's error; :meth:`run_async` waits for async work (tools) under
-    the turn's deadline and cancel switch.
+    ``with TurnControl(timeout=..., cancel=token) as turn:``, then ``cancel=turn`` to each model
+    call. ``timeout`` counts from when the control is made; cancelling ``cancel`` (the caller's
+    token) cancels the turn. Between calls :meth:`check` raises the turn's error;
+    :meth:`run_async` waits for async work (tools) under the turn's deadline and cancel switch.
     """
 
-    __slots__ = (
-        "_remove_parent", "deadline", "outer", "parent", "provider", "started_at", "timeout"
-    )
+    __slots__ = ("_remove_parent", "deadline", "outer", "provider", "started_at", "timeout")
 
-    def __init__(
-        self,
-        *,
-        timeout: float | None = None,
-        cancel: CancelToken | None = None,
-        provider: str | None = None,
-    ) -> None:
-        super().__init__()
-        self.timeout = _checked(timeout)
-        #: the caller's token: cancelling it cancels the turn
-        self.parent = cancel
-        self.provider = provider
-        self.started_at = monotonic()
-        self.deadline = self.started_at + timeout if timeout is not None else None
-        #: the enclosing turn whose deadline comes first (a turn inside a turn never outlives it)
-        self.outer: TurnControl | None = None
-        if isinstance(cancel, TurnControl) and cancel.deadline is not None and (
-            self.deadline is None or cancel.deadline <= self.deadline
-        ):
-            self.outer, self.deadline = cancel, cancel.deadline
+    def _attach(self, cancel: CancelToken | None) -> None:
         self._remove_parent: Callable[[], None] | None = None
         if cancel is not None:
             self._remove_parent = cancel.add_callback(lambda: self.cancel(cancel.reason))
@@ -247,12 +220,6 @@ class TurnControl(CancelToken, _Clock):
         self.close()
 
     # -- queries ---------------------------------------------------------------------------------
-    def timeout_error(self, where: str = "") -> APITimeoutError:
-        """The error of a turn whose deadline passed (``where``: what it was doing)."""
-        if self.outer is not None:
-            return self.outer.timeout_error(where)
-        return self._timeout_error(self.elapsed(), where)
-
     def check(self, where: str = "") -> None:
         """Raise if the turn was cancelled (:class:`RequestCancelled`) or its deadline passed
         (:class:`APITimeoutError`, saying ``where``)."""

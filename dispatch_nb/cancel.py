@@ -1,9 +1,7 @@
-"""Cancellation that works across threads and event loops.
+"""Cancellation that works across threads and event loops: :class:`CancelToken`.
 
-``token = CancelToken()``; pass ``cancel=token`` to any call; ``token.cancel()`` from any thread (or
-task) stops the call within milliseconds, closes its HTTP stream and raises
+``token.cancel()`` from any thread stops every call made with ``cancel=token``, which raises
 :class:`~dispatch_nb.errors.RequestCancelled` carrying what arrived so far in ``partial``.
-A token can be shared by several calls; once cancelled it stays cancelled.
 """
 
 from __future__ import annotations

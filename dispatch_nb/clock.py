@@ -1,11 +1,5 @@
-"""The clock deadlines read: :func:`time.monotonic`, unless a test put its own in its place.
-
-Every deadline of a call and of a turn (:mod:`dispatch_nb.call_control`) asks :func:`monotonic`
-for the time. A test that wants a deadline to pass at a known point — after the fifth token, while
-a tool runs — installs a clock it moves itself (:class:`dispatch_nb.testing.ManualClock`) instead
-of racing the machine's speed. The deadline's timer still runs on real time, so a test clock that
-jumps past a deadline is noticed at the next check (between two tokens or chunks), not at once.
-"""
+"""The clock deadlines read: :func:`time.monotonic`, unless a test put its own in its place
+(:class:`dispatch_nb.testing.ManualClock`; docs/testing.md)."""
 
 from __future__ import annotations
 

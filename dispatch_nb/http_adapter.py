@@ -1,20 +1,14 @@
-"""The shared HTTP transport for adapters whose provider speaks HTTP + SSE.
+"""One attempt of a call over HTTP: :class:`HTTPAdapter`, the base of every HTTP provider.
 
-A provider module subclasses :class:`HTTPAdapter` and stays sans-I/O: a wire format
-(:mod:`dispatch_nb.wire`) builds a :class:`WireRequest` from a
-:class:`~dispatch_nb.adapter.ChatRequest` and gives the :class:`StreamParser` (or body parser) of its
-answer; the provider adds its endpoint, credentials and error mapping. This module owns all I/O,
-one async implementation (sync calls run it on the library's event-loop thread,
-:mod:`dispatch_nb.bridge`): sending, status handling, reading raw byte chunks into the SSE decoder
-(with the parser the request's wire format gives), stopping on cancel or deadline (the task is
-cancelled), and connection-error mapping.
-
-Tests inject an ``httpx`` transport or point ``base_url`` at a loopback server; nothing is patched.
+A provider stays sans-I/O: its wire format (:mod:`dispatch_nb.wire`) builds the request and parses
+the answer, the provider adds endpoint, credentials and error mapping (docs/providers.md); this
+module sends, reads the SSE body and maps transport errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -23,7 +17,7 @@ import httpx
 import orjson
 
 from .adapter import Adapter, ChatRequest, wrap_transport_error
-from .bridge import run_sync, same_parameters
+from .bridge import run_sync, running_loop, same_parameters
 from .call_control import CallControl
 from .errors import (
     APIConnectionError,
@@ -112,34 +106,10 @@ async def _arelease(read: Callable[[], Awaitable[bytes]]) -> None:
         pass
 
 
-def _chunk_reader(chunks: AsyncIterator[bytes]) -> Callable[[], Awaitable[bytes]]:
-    """``read()`` over httpx's body iterator: the next chunk, ``b""`` at the end (the
-    :data:`~dispatch_nb.transport.READ_EXTENSION` of transports that have none)."""
-
-    async def read() -> bytes:
-        try:
-            return await chunks.__anext__()
-        except StopAsyncIteration:
-            return b""
-
-    return read
-
-
 class HTTPAdapter(Adapter):
-    """Base for HTTP providers: a provider is an endpoint, credentials and a wire format.
-
-    The public seams (docs/providers.md):
-
-    * :attr:`wire` — the :class:`~dispatch_nb.wire.base.WireFormat` requests are built with (None
-      when the provider builds and parses its requests itself, or picks a format per request);
-    * :meth:`build_request` — the :class:`WireRequest` for a call (default: :attr:`wire`'s, with
-      :meth:`~dispatch_nb.adapter.Adapter.output_mode`); the request names the wire format its
-      answer is read with;
-    * :meth:`stream_parser` / :meth:`parse_body` — how an answer is read when the request names no
-      wire format (default: :attr:`wire`'s);
-    * :meth:`parse_error` — the :class:`DispatchError` for an HTTP error answer;
-    * :meth:`auth_headers` / :meth:`aauth_headers` (static credentials), :meth:`http_auth` (an
-      :class:`httpx.Auth` flow for credentials that need a round trip) and :attr:`base_url`.
+    """Base for HTTP providers: a provider is an endpoint, credentials and a wire format; its
+    seams (:attr:`wire`, :meth:`build_request`, :meth:`parse_error`, :meth:`auth_headers`,
+    :meth:`http_auth`...) are in docs/providers.md.
 
     ``async_http_client``: an ``httpx.AsyncClient`` every request goes through (a test's
     ``httpx.MockTransport``, say); by default one is made per event loop.
@@ -253,8 +223,6 @@ class HTTPAdapter(Adapter):
     def close(self) -> None:
         """Close the connection pool of the library's event loop (sync calls' pool; async pools
         close when their event loop ends). The adapter stays usable."""
-        from .bridge import running_loop
-
         if running_loop() is not None:
             run_sync(self._async_clients.aclose())
 
@@ -279,15 +247,12 @@ class HTTPAdapter(Adapter):
         return parsed
 
     def _headers(self, wire: WireRequest, auth: Mapping[str, str], request: ChatRequest) -> dict[str, str]:
-        headers = {"user-agent": USER_AGENT, "accept": "application/json"}
+        """A chat's headers: a plain JSON request's (:meth:`_json_headers`) with the wire
+        request's, a JSON body's content type unless they name one, then ``extra_headers=``."""
+        headers = self._json_headers(auth, wire.headers)
         if wire.json is not None:
-            headers["content-type"] = "application/json"
-        headers.update(self._extra_headers)
-        headers.update(auth)
-        headers.update(wire.headers)
-        extra = request.options.get("extra_headers")
-        if extra:
-            headers.update(extra)
+            headers.setdefault("content-type", "application/json")
+        headers.update(request.options.get("extra_headers") or {})
         return headers
 
     @staticmethod
@@ -385,17 +350,17 @@ class HTTPAdapter(Adapter):
                 raise self.parse_error(response.status_code, body, response.headers)
             content_type = response.headers.get("content-type", "")
             if request.stream and "text/event-stream" in content_type:
-                parser = self._parser(wire, request, acc)
+                parser = (wire.wire.stream_parser(acc) if wire.wire is not None
+                          else self.stream_parser(request, acc))
                 decoder = SSEDecoder()
                 encoding = self._content_encoding(response)
                 # aiohttp's body, read directly (everything that arrived, per wake-up); else httpx's
                 read: Callable[[], Awaitable[bytes]] | None = (
                     None if encoding else response.extensions.get(READ_EXTENSION)
                 )
-                if read is None:
-                    read = _chunk_reader(
-                        response.aiter_bytes() if encoding else response.aiter_raw()
-                    )
+                if read is None:  # the next chunk of httpx's iterator, b"" at its end
+                    chunks = response.aiter_bytes() if encoding else response.aiter_raw()
+                    read = functools.partial(anext, chunks, b"")
                 while True:
                     reading[0] = True
                     chunk = await read()
@@ -421,7 +386,10 @@ class HTTPAdapter(Adapter):
                 reading[0] = True
                 body = await response.aread()
                 reading[0] = False
-                self._parse_body(wire, request, self._json(body), acc)
+                if wire.wire is not None:
+                    wire.wire.parse_body(self._json(body), acc)
+                else:
+                    self.parse_body(request, self._json(body), acc)
         except asyncio.CancelledError:
             if control.reason is None:
                 raise
@@ -442,19 +410,6 @@ class HTTPAdapter(Adapter):
             if response is not None:
                 await response.aclose()
 
-    def _parser(self, wire: WireRequest, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        """The parser of this request's answer: its wire format's, else :meth:`stream_parser`."""
-        if wire.wire is not None:
-            return wire.wire.stream_parser(acc)
-        return self.stream_parser(request, acc)
-
-    def _parse_body(self, wire: WireRequest, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        """Read a non-streamed answer: with the request's wire format, else :meth:`parse_body`."""
-        if wire.wire is not None:
-            wire.wire.parse_body(body, acc)
-        else:
-            self.parse_body(request, body, acc)
-
     def _json(self, body: bytes) -> Any:
         try:
             return orjson.loads(body)
@@ -468,12 +423,6 @@ class HTTPAdapter(Adapter):
         """The headers of a plain JSON request: ours, the adapter's, ``auth``, then ``headers``."""
         return {"user-agent": USER_AGENT, "accept": "application/json", **self._extra_headers,
                 **auth, **(headers or {})}
-
-    def _json_answer(self, response: httpx.Response) -> Any:
-        """The JSON document a plain request got back; an HTTP error becomes a DispatchError."""
-        if response.status_code >= 400:
-            raise self.parse_error(response.status_code, response.content, response.headers)
-        return self._json(response.content)
 
     @property
     def fixed_headers(self) -> dict[str, str]:
@@ -525,7 +474,9 @@ class HTTPAdapter(Adapter):
             )
         except httpx.HTTPError as exc:
             raise wrap_transport_error(exc, self.provider_name) from None
-        return self._json_answer(response)
+        if response.status_code >= 400:
+            raise self.parse_error(response.status_code, response.content, response.headers)
+        return self._json(response.content)
 
     @same_parameters(aget_json)
     def get_json(self, *args: Any, **kwargs: Any) -> Any:

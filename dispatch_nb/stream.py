@@ -1,24 +1,15 @@
 """Streams of deltas, and the one accumulator that turns deltas into the final :class:`Response`.
 
-Provider modules drive an :class:`Accumulator` (``acc.text("Hel")``, ``acc.tool_start(...)``); each
-call returns the :class:`StreamDelta` to hand to the caller and records the same increment, so a
-streamed and a non-streamed call end in the same ``Response``. The accumulator keeps text as a list of
-fragments and never re-validates the growing response: memory is the text itself plus a constant.
-
+Provider modules drive an :class:`Accumulator`; each of its calls returns the :class:`StreamDelta`
+to hand on, so a streamed and a non-streamed call end in the same ``Response``.
 :class:`ResponseStream` / :class:`AsyncResponseStream` are what ``adapter.stream()`` /
-``adapter.astream()`` return: iterate for deltas, then read ``.response``; ``close()`` ends the HTTP
-stream; ``.partial`` is what arrived so far at any moment; ``.events`` is the stream's event log
-(the accumulator itself, compact, unless :meth:`ResponseStream.keep_events` keeps every delta).
-
-Deltas produced elsewhere (a replayed recording, a session's events) become an answer again through
-:meth:`Accumulator.feed`, the one place that happens; :meth:`Response.deltas
-<dispatch_nb.types.Response.deltas>` is the way back. A whole turn (rounds, tool results) is
-collected by :class:`~dispatch_nb.turn.TurnAccumulator`.
+``adapter.astream()`` return.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -68,16 +59,14 @@ def parse_tool_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
 _BATCH = 256
 
 
+@dataclass(slots=True, eq=False)
 class _Prose:
     """An open text or thinking block: its text so far, as fragments."""
 
-    __slots__ = ("batches", "key", "parts", "provider_data")
-
-    def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
-        self.key = key
-        self.parts: list[str] = []
-        self.batches: list[str] = []  # earlier parts, joined _BATCH at a time
-        self.provider_data = provider_data
+    key: Hashable
+    provider_data: dict[str, Any] | None
+    parts: list[str] = field(default_factory=list)
+    batches: list[str] = field(default_factory=list)  # earlier parts, joined _BATCH at a time
 
     def add(self, text: str) -> None:
         parts = self.parts
@@ -90,78 +79,55 @@ class _Prose:
         return "".join([*self.batches, *self.parts])
 
 
+@dataclass(slots=True, eq=False)
 class _Text(_Prose):
-    __slots__ = ()
-
     def build(self) -> TextBlock:
         return TextBlock(text=self.joined(), provider_data=self.provider_data)
 
 
+@dataclass(slots=True, eq=False)
 class _Thinking(_Prose):
-    __slots__ = ("signature",)
-
-    def __init__(self, key: Hashable, provider_data: dict[str, Any] | None) -> None:
-        super().__init__(key, provider_data)
-        self.signature: list[str] | None = None
+    signature: list[str] | None = None
 
     def build(self) -> ThinkingBlock:
         sig = "".join(self.signature) if self.signature is not None else None
         return ThinkingBlock(thinking=self.joined(), signature=sig, provider_data=self.provider_data)
 
 
+@dataclass(slots=True, eq=False)
 class _Tool:
-    __slots__ = ("arguments", "done", "error", "id", "key", "name", "parts", "provider_data")
-
-    def __init__(
-        self, key: Hashable, id: str, name: str, provider_data: dict[str, Any] | None
-    ) -> None:
-        self.key = key
-        self.id = id
-        self.name = name
-        self.parts: list[str] = []
-        self.provider_data = provider_data
-        self.done = False
-        self.arguments: dict[str, Any] | None = None
-        self.error: str | None = None  # the arguments are unusable whatever they parse to
+    key: Hashable
+    id: str
+    name: str
+    provider_data: dict[str, Any] | None
+    parts: list[str] = field(default_factory=list)
+    done: bool = False
+    arguments: dict[str, Any] | None = None
+    error: str | None = None  # the arguments are unusable whatever they parse to
 
     def build(self) -> ToolUseBlock:
-        if self.error is not None:
-            raw = "".join(self.parts)
-            if not raw:
-                raw = orjson.dumps(self.arguments or {}).decode()
-            return ToolUseBlock(id=self.id, name=self.name, raw_arguments=raw,
-                                arguments_error=self.error, provider_data=self.provider_data)
-        if self.arguments is not None:
-            return ToolUseBlock(
-                id=self.id, name=self.name, arguments=self.arguments,
-                provider_data=self.provider_data,
-            )
-        raw = "".join(self.parts)
-        args, error = parse_tool_arguments(raw)
-        return ToolUseBlock(
-            id=self.id,
-            name=self.name,
-            arguments=args,
-            raw_arguments=raw if error else None,
-            arguments_error=error,
-            provider_data=self.provider_data,
-        )
+        arguments, error, raw = self.arguments, self.error, None
+        if error is not None:
+            arguments, raw = {}, "".join(self.parts) or orjson.dumps(arguments or {}).decode()
+        elif arguments is None:
+            arguments, error = parse_tool_arguments("".join(self.parts))
+            raw = "".join(self.parts) if error else None
+        return ToolUseBlock(id=self.id, name=self.name, arguments=arguments, raw_arguments=raw,
+                            arguments_error=error, provider_data=self.provider_data)
 
 
+@dataclass(slots=True, eq=False)
 class _Fixed:
-    """A finished block that still has a key (so :meth:`Accumulator.order_by` can place it)."""
+    """A finished block, with its key (so :meth:`Accumulator.order_by` can place it)."""
 
-    __slots__ = ("block", "key")
-
-    def __init__(self, key: Hashable, block: Any) -> None:
-        self.key = key
-        self.block = block
+    key: Hashable
+    block: Any
 
     def build(self) -> Any:
         return self.block
 
 
-_Builder = Any  # _Text | _Thinking | _Tool | _Fixed | a finished block
+_Builder = Any  # _Text | _Thinking | _Tool | _Fixed
 
 
 class Accumulator:
@@ -246,37 +212,35 @@ class Accumulator:
         self._thinking_block(key, None).provider_data = provider_data
 
     def _thinking_block(self, key: Hashable, provider_data: dict[str, Any] | None) -> _Thinking:
-        last = self._last
-        if type(last) is _Thinking and last.key == key:
-            if provider_data is not None:
-                last.provider_data = provider_data
-            return last
-        for item in reversed(self._items):
-            if type(item) is _Thinking and item.key == key and key is not None:
-                if provider_data is not None:
-                    item.provider_data = provider_data
-                return item
-        block = _Thinking(key, provider_data)
-        self._items.append(block)
-        self._last = block
+        block: _Thinking | None = self._last
+        if not (type(block) is _Thinking and block.key == key):
+            block = self._find((_Thinking,), key) if key is not None else None
+        if block is None:
+            block = _Thinking(key, provider_data)
+            self._items.append(block)
+            self._last = block
+        elif provider_data is not None:
+            block.provider_data = provider_data
         return block
+
+    def _find(self, kinds: tuple[type, ...], key: Hashable) -> Any:
+        """The last block of one of ``kinds`` with this key (None: there is none)."""
+        return next((i for i in reversed(self._items) if type(i) in kinds and i.key == key), None)
 
     def text_provider_data(self, provider_data: dict[str, Any], *, key: Hashable = None) -> None:
         """Attach opaque provider data to the text block with this key (e.g. a message id)."""
-        for item in reversed(self._items):
-            if type(item) is _Text and item.key == key:
-                item.provider_data = provider_data
-                return
+        block = self._find((_Text,), key)
+        if block is not None:
+            block.provider_data = provider_data
 
     def replace_text(self, key: Hashable, text: str) -> bool:
         """Replace the text of the text or thinking block with this key (a provider's finished
         item is the final word on what its deltas streamed); False when there is none."""
-        for item in reversed(self._items):
-            if type(item) in (_Text, _Thinking) and item.key == key:
-                item.batches = [text]
-                item.parts = []
-                return True
-        return False
+        block = self._find((_Text, _Thinking), key)
+        if block is None:
+            return False
+        block.batches, block.parts = [text], []
+        return True
 
     def redacted_thinking(
         self, data: str, *, provider_data: dict[str, Any] | None = None
@@ -286,7 +250,7 @@ class Accumulator:
 
     def add_block(self, block: Any, *, key: Hashable = None) -> None:
         """Append a finished block as is (``key``: its address for :meth:`order_by`)."""
-        item = block if key is None else _Fixed(key, block)
+        item = _Fixed(key, block)
         self._items.append(item)
         self._last = item
         self.started = True
@@ -294,11 +258,10 @@ class Accumulator:
     def set_block(self, key: Hashable, block: Any) -> None:
         """Replace the finished block added with ``key`` (one a provider completes piece by
         piece); earlier snapshots keep the block they had."""
-        for item in reversed(self._items):
-            if type(item) is _Fixed and item.key == key:
-                item.block = block
-                return
-        raise KeyError(key)
+        fixed = self._find((_Fixed,), key)
+        if fixed is None:
+            raise KeyError(key)
+        fixed.block = block
 
     def order_by(self, rank: Mapping[Hashable, int]) -> None:
         """Reorder the blocks by ``rank[key]`` (e.g. a Responses ``output_index``), for providers
@@ -307,7 +270,7 @@ class Accumulator:
         ranked: list[tuple[int, int, _Builder]] = []
         current = -1
         for position, item in enumerate(self._items):
-            value = rank.get(getattr(item, "key", None))
+            value = rank.get(item.key)
             if value is not None:
                 current = value
             ranked.append((current, position, item))
@@ -420,15 +383,7 @@ class Accumulator:
     # -- results -------------------------------------------------------------------------------
     def blocks(self) -> list[Any]:
         """The answer's blocks so far, in order (open tool calls with what arrived)."""
-        blocks: list[Any] = []
-        for item in self._items:
-            if isinstance(item, (_Text, _Thinking, _Tool, _Fixed)):
-                blocks.append(item.build())
-            else:
-                blocks.append(item)
-        return blocks
-
-    _blocks = blocks
+        return [item.build() for item in self._items]
 
     def pieces(self) -> Iterator[tuple[str, Any]]:
         """The answer so far as ``(kind, value)`` pairs, in order, without building blocks:
@@ -445,7 +400,7 @@ class Accumulator:
             elif kind is _Tool:
                 yield "tool", item
             else:
-                yield "block", item.build() if kind is _Fixed else item
+                yield "block", item.block
 
     def snapshot(self) -> Response:
         """The answer so far (open tool calls included with what arrived of their arguments)."""
@@ -481,49 +436,29 @@ def attach_partial(exc: BaseException, partial: Response | Accumulator | None) -
         pass
 
 
-class _Tapped:
+def _tapped(deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> Iterator[StreamDelta]:
     """Deltas passed on as they are, each handed to ``tap`` first (appended to a log, fed to an
     accumulator)."""
-
-    __slots__ = ("deltas", "tap")
-
-    def __init__(self, deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> None:
-        self.deltas = deltas
-        self.tap = tap
-
-    def __iter__(self) -> _Tapped:
-        return self
-
-    def __next__(self) -> StreamDelta:
-        delta = next(self.deltas)
-        self.tap(delta)
-        return delta
-
-    def close(self) -> None:
-        close = getattr(self.deltas, "close", None)
+    try:
+        for delta in deltas:
+            tap(delta)
+            yield delta
+    finally:
+        close = getattr(deltas, "close", None)
         if close is not None:
             close()
 
 
-class _ALogged:
-    """The async twin of :class:`_Tapped` that appends to ``log``."""
-
-    __slots__ = ("deltas", "log")
-
-    def __init__(self, deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]) -> None:
-        self.deltas = deltas
-        self.log = log
-
-    def __aiter__(self) -> _ALogged:
-        return self
-
-    async def __anext__(self) -> StreamDelta:
-        delta = await self.deltas.__anext__()
-        self.log.append(delta)
-        return delta
-
-    async def aclose(self) -> None:
-        aclose = getattr(self.deltas, "aclose", None)
+async def _alogged(
+    deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]
+) -> AsyncIterator[StreamDelta]:
+    """The async twin of :func:`_tapped` that appends to ``log``."""
+    try:
+        async for delta in deltas:
+            log.append(delta)
+            yield delta
+    finally:
+        aclose = getattr(deltas, "aclose", None)
         if aclose is not None:
             await aclose()
 
@@ -533,18 +468,14 @@ _D = TypeVar("_D", bound="Iterator[StreamDelta] | AsyncIterator[StreamDelta]")
 
 class _DeltaStream(Generic[_D]):
     """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the deltas, the
-    accumulator, the final response or the error that ended the stream, and the ``on_close``
-    callback."""
+    accumulator, and the final response or the error that ended the stream."""
 
-    def __init__(
-        self, deltas: _D, accumulator: Accumulator, *, on_close: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, deltas: _D, accumulator: Accumulator) -> None:
         self._deltas: _D = deltas
         self._acc = accumulator
         self._log: list[StreamDelta] | None = None
         self._response: Response | None = None
         self._error: BaseException | None = None
-        self._on_close = on_close
         self._closed = False
 
     @property
@@ -554,14 +485,9 @@ class _DeltaStream(Generic[_D]):
 
     @property
     def events(self) -> list[StreamDelta]:
-        """The stream's event log: deltas that rebuild what arrived so far, in order.
-
-        After :meth:`keep_events`, exactly the deltas the stream yielded (references to them, as
-        they passed). Otherwise the log is the accumulator itself, which keeps the answer's text
-        compactly (memory stays flat however many deltas stream) and gives it back as one delta
-        per block (:meth:`Response.deltas <dispatch_nb.types.Response.deltas>` of
-        :attr:`partial`). Either way :meth:`Accumulator.feed` rebuilds the same text, thinking
-        and tool calls from it."""
+        """The stream's event log: deltas that rebuild what arrived so far, in order: exactly the
+        deltas the stream yielded after :meth:`keep_events`, else one per block of
+        :attr:`partial` (docs/sessions.md, "A stream's log")."""
         if self._log is not None:
             return list(self._log)
         return self.partial.deltas()
@@ -587,7 +513,6 @@ class _DeltaStream(Generic[_D]):
     def _ended(self) -> None:
         """The deltas ran out: the answer is final."""
         self._response = self._acc.finish()
-        self._finish()
 
     def _failed(self, exc: BaseException) -> None:
         """Iterating raised ``exc``: remember it and attach what arrived (the caller closes)."""
@@ -599,11 +524,6 @@ class _DeltaStream(Generic[_D]):
         Ctrl-C) keeps what arrived."""
         if exc is not None and self._response is None:
             attach_partial(exc, self._acc)
-
-    def _finish(self) -> None:
-        if self._on_close is not None:
-            callback, self._on_close = self._on_close, None
-            callback()
 
 
 class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
@@ -658,7 +578,7 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
         iterating); returns the stream. Costs a reference per delta and keeps the deltas alive,
         so it is off unless asked for."""
         if self._log is None:
-            self._deltas = _Tapped(self._deltas, self._logging().append)
+            self._deltas = _tapped(self._deltas, self._logging().append)
         return self
 
     def until_done(self) -> Response:
@@ -694,7 +614,6 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
         close = getattr(self._deltas, "close", None)
         if close is not None:
             close()
-        self._finish()
 
     def __enter__(self) -> ResponseStream:
         return self
@@ -734,7 +653,7 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
         """Keep every delta this stream yields from now on in :attr:`events` (call it before
         iterating); returns the stream. See :meth:`ResponseStream.keep_events`."""
         if self._log is None:
-            self._deltas = _ALogged(self._deltas, self._logging())
+            self._deltas = _alogged(self._deltas, self._logging())
         return self
 
     async def until_done(self) -> Response:
@@ -761,7 +680,6 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
         aclose = getattr(self._deltas, "aclose", None)
         if aclose is not None:
             await aclose()
-        self._finish()
 
     async def __aenter__(self) -> AsyncResponseStream:
         return self
@@ -805,4 +723,4 @@ def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
     sync stream (or Ctrl-C) cancels it there. ``partial`` is what the caller has taken so far,
     ``response`` is ``inner``'s."""
     taken = _Taken(inner)
-    return ResponseStream(_Tapped(SyncIterator(lambda: inner), taken.feed), taken)
+    return ResponseStream(_tapped(SyncIterator(lambda: inner), taken.feed), taken)

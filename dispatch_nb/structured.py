@@ -1,51 +1,14 @@
 """Structured output: answers as validated Python objects, the same way on every provider.
 
-::
-
-    class City(BaseModel):
-        name: str
-        country: str
-
-    answer = adapter.chat("The capital of France?", output=City)
-    answer.parsed        # City(name='Paris', country='France')
-    answer.text          # '{"name":"Paris","country":"France"}': what the model wrote
-
-``output=`` (on ``chat`` / ``stream`` / ``achat`` / ``astream`` and ``Session.send`` /
-``stream``) takes a pydantic model class, any type pydantic validates (``list[City]``, a
-``TypedDict``, a dataclass, ``Literal["yes", "no"]``, ``int``...), a JSON Schema ``dict`` (the
-parsed value is then plain JSON data, checked with ``jsonschema``), or a :class:`StructuredOutput`
-that adds a name, a description or a mechanism. The schema is built and checked when the call is
-made, before anything is sent: a type pydantic cannot describe as JSON Schema, an invalid schema
-dict or a recursive schema where the provider cannot take one is a ``TypeError`` /
-``ValueError`` saying what to do.
-
-**On the wire.** Each provider asks for the schema its own native way, chosen per model
-(:meth:`~dispatch_nb.adapter.Adapter.output_mode`, shown as ``output=`` in the request log line;
-the table is in docs/structured-output.md). What every mechanism shares lives here: the *wire
-schema* is always an object (a schema whose root is not an object, e.g. ``list[City]``, is
-wrapped as ``{"result": ...}`` and unwrapped after parsing); each wire format rewrites it in its
-server's dialect (:mod:`dispatch_nb.wire.openai_schema`, :func:`dispatch_nb.wire.anthropic.
-anthropic_schema`); the output-mode helpers the providers share (``requested_mode``,
-``output_tool_choice``...) are in :mod:`dispatch_nb.wire.request`; in ``tool`` mode the answer is the
-arguments of one tool named :data:`OUTPUT_TOOL_NAME`, turned back into a text answer here so that
-``Response.text`` is always the JSON and ``tool_calls`` never shows that tool.
-
-**Validation and retries.** The answer's text is parsed and validated (pydantic's JSON mode; for a
-schema dict, ``jsonschema``). Invalid JSON or a schema mismatch is sent back to the model with the
-errors and tried again, ``output_retries`` times (default :data:`DEFAULT_OUTPUT_RETRIES`); every
-attempt's usage is counted in the final ``Response.usage``. What still fails, an answer cut off at
-``max_tokens`` and a refusal raise :class:`~dispatch_nb.errors.OutputValidationError` (``text``,
-``errors``, ``partial``). A turn that asks for tools (a :class:`~dispatch_nb.session.Session` runs
-them and asks again) is returned unparsed: only the final answer is validated.
-
-**Streams.** A stream of a structured call is a :class:`StructuredResponseStream`:
-``partial_parsed`` is the answer so far as JSON data (dicts and lists, tolerant of incomplete JSON;
-the validated object once finished) and ``attempt`` says which attempt is streaming (a retry's
-deltas follow the failed attempt's).
+:class:`StructuredOutput` is what ``output=`` asks for (its wire schema, validation, partial
+parsing); :func:`open_structured` runs a call's attempts until the answer validates, as a
+:class:`StructuredResponseStream`. What each provider sends, retries and errors:
+docs/structured-output.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -53,7 +16,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -72,7 +35,7 @@ from .types import (
     text_delta,
 )
 from .wire.openai_schema import openai_output_schema
-from .wire.request import OUTPUT_MODES, OUTPUT_TOOL_NAME
+from .wire.request import OUTPUT_MODES, OUTPUT_TOOL_NAME, ChatRequest
 from .wire.schema import is_object_root, is_recursive, map_schema, nullable, resolver
 
 if TYPE_CHECKING:
@@ -146,26 +109,12 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class _Invalid(Exception):
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
-
-
 class StructuredOutput:
     """What ``output=`` asks for, with its JSON Schema, validation and partial parsing.
 
-    ``target``: a pydantic model class, any type pydantic validates (``list[Item]``, a
-    ``TypedDict``, a dataclass, ``Literal[...]``, ``int``...) or a JSON Schema ``dict``.
-    ``name`` (``^[a-zA-Z0-9_-]{1,64}$``; default: the type's name, the schema's ``title``, else
-    ``output``) and ``description`` (default: the model's docstring / the schema's description)
-    go to providers that take them. ``mode``: ``auto`` (the provider picks per model), ``native``,
-    ``tool``, ``json_object`` (chat.completions servers such as llama-cpp-python's) or
-    ``prompt`` (the schema in the system prompt); see docs/structured-output.md. ``strict``:
-    OpenAI strict mode — None makes the schema strict when it can be, False never.
-
-    Raises ``TypeError`` when ``target`` cannot be described as JSON Schema and ``ValueError``
-    for an invalid schema dict or option — before any request.
+    ``target``: a type pydantic validates or a JSON Schema ``dict``; ``name`` (1-64 of
+    ``[a-zA-Z0-9_-]``), ``description``, ``mode`` and ``strict``: docs/structured-output.md. Raises
+    ``TypeError`` / ``ValueError`` for what cannot be asked for — before any request.
     """
 
     def __init__(
@@ -268,14 +217,6 @@ class StructuredOutput:
                 "use a pydantic model, a TypedDict, a dataclass, list[...] of those, Literal[...], "
                 "a basic type or a JSON Schema dict"
             ) from None
-        except Exception as exc:
-            if type(exc).__name__ == "PydanticSchemaGenerationError":
-                raise TypeError(
-                    f"output={_type_name(target)} cannot be validated from JSON "
-                    f"({_first_line(exc)}); use fields of JSON types (str, int, float, bool, "
-                    "lists, nested models, enums, Literal, datetime...)"
-                ) from None
-            raise
         self._type_adapter = adapter
         return dict(map_schema(schema, _drop_titles))
 
@@ -342,23 +283,15 @@ class StructuredOutput:
         """Validate an answer (its text, or a :class:`Response`): the parsed value, or an
         :class:`~dispatch_nb.errors.OutputValidationError` saying what is wrong."""
         text = answer.text if isinstance(answer, Response) else answer
-        try:
-            return self._validate(text)
-        except _Invalid as exc:
-            raise OutputValidationError(
-                self._problem(exc.errors), text=text, errors=exc.errors
-            ) from None
-
-    def _validate(self, text: str) -> Any:
         body = _json_text(text)
         if not body:
-            raise _Invalid([{"type": "json_invalid", "loc": (), "msg": "the answer is empty",
-                             "input": text}])
+            raise self._invalid(text, [{"type": "json_invalid", "loc": (),
+                                        "msg": "the answer is empty", "input": text}])
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            raise _Invalid([{"type": "json_invalid", "loc": (),
-                             "msg": f"Invalid JSON: {exc}", "input": _short(body, 200)}]) from None
+            raise self._invalid(text, [{"type": "json_invalid", "loc": (), "msg": f"Invalid JSON: {exc}",
+                                        "input": _short(body, 200)}]) from None
         prefix: tuple[Any, ...] = ()
         if self.wrapped and isinstance(value, dict) and RESULT_KEY in value:
             value, prefix = value[RESULT_KEY], (RESULT_KEY,)
@@ -367,14 +300,14 @@ class StructuredOutput:
         if self.is_schema_dict:
             errors = self._schema_errors(value)
             if errors:
-                raise _Invalid([{**e, "loc": (*prefix, *e["loc"])} for e in errors])
+                raise self._invalid(text, [{**e, "loc": (*prefix, *e["loc"])} for e in errors])
             return value
         from pydantic import ValidationError
 
         try:
             return self._type_adapter.validate_json(orjson.dumps(value))
         except ValidationError as exc:
-            raise _Invalid([
+            raise self._invalid(text, [
                 {"type": e["type"], "loc": (*prefix, *e["loc"]), "msg": e["msg"],
                  "input": e.get("input")}
                 for e in exc.errors(include_url=False, include_context=False)
@@ -389,12 +322,14 @@ class StructuredOutput:
         return [{"type": e.validator, "loc": tuple(e.absolute_path), "msg": e.message,
                  "input": e.instance} for e in found]
 
-    def _problem(self, errors: list[dict[str, Any]]) -> str:
-        first = errors[0] if errors else {"loc": (), "msg": "invalid"}
-        loc = ".".join(str(p) for p in first["loc"]) or "(the whole answer)"
+    def _invalid(self, text: str, errors: list[dict[str, Any]]) -> OutputValidationError:
+        """The error of an answer ``text`` with these (one or more) validation ``errors``."""
+        loc = ".".join(str(p) for p in errors[0]["loc"]) or "(the whole answer)"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return (f"the answer does not match the {self.name} schema: at {loc}: "
-                f"{first['msg']}{more}")
+        return OutputValidationError(
+            f"the answer does not match the {self.name} schema: at {loc}: {errors[0]['msg']}{more}",
+            text=text, errors=errors,
+        )
 
     def retry_prompt(self, errors: list[dict[str, Any]], *, tool: bool) -> str:
         """The message that sends validation ``errors`` back to the model."""
@@ -425,10 +360,7 @@ def _wire_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             return {**copy.deepcopy(target), **kept}, False
     if is_object_root(value):
         return value, False
-    defs: dict[str, Any] = {}
-    for key in ("$defs", "definitions"):
-        if key in value:
-            defs[key] = value.pop(key)
+    defs: dict[str, Any] = {key: value.pop(key) for key in ("$defs", "definitions") if key in value}
     inner = map_schema(
         value,
         lambda n: {**n, "$ref": f"#/properties/{RESULT_KEY}"} if n.get("$ref") == "#" else n,
@@ -475,25 +407,9 @@ def _drop_added_nulls(value: Any, schema: Mapping[str, Any]) -> Any:
     return walk(value, schema, 0)
 
 
-# -- what structured output needs of a request and of an adapter ------------------------------------
+# -- what structured output needs of an adapter -------------------------------------------------------
 # Typed structurally: the adapter imports this module to run ``output=`` calls, so this module
-# must not import the adapter back. :class:`~dispatch_nb.adapter.ChatRequest` and every
-# :class:`~dispatch_nb.adapter.Adapter` fit these protocols.
-class OutputRequest(Protocol):
-    """What structured output reads of a request (a :class:`~dispatch_nb.adapter.ChatRequest`)."""
-
-    __dataclass_fields__: ClassVar[dict[str, Any]]
-    messages: list[Message]
-    system: str | None
-    tools: list[ToolDefinition | dict[str, Any]]
-    stream: bool
-    options: dict[str, Any]
-    output: StructuredOutput | None
-
-    @property
-    def native_tools(self) -> list[dict[str, Any]]: ...
-
-
+# must not import the adapter back; every :class:`~dispatch_nb.adapter.Adapter` fits.
 class OutputModel(Protocol):
     """What structured output uses of an adapter (any :class:`~dispatch_nb.adapter.Adapter`)."""
 
@@ -504,21 +420,15 @@ class OutputModel(Protocol):
     def model_name(self) -> str: ...
 
     @property
-    def display_name(self) -> str: ...
-
-    @property
     def default_timeout(self) -> float | None: ...
 
-    def output_mode(self, request: Any) -> str | None: ...
+    def output_mode(self, request: ChatRequest) -> str | None: ...
 
-    def open_stream(self, request: Any, timeout: float | None,
+    def open_stream(self, request: ChatRequest, timeout: float | None,
                     cancel: CancelToken | None) -> ResponseStream: ...
 
-    def aopen_stream(self, request: Any, timeout: float | None,
+    def aopen_stream(self, request: ChatRequest, timeout: float | None,
                      cancel: CancelToken | None) -> AsyncResponseStream: ...
-
-
-_Request = TypeVar("_Request", bound=OutputRequest)
 
 
 def as_output(output: Any) -> StructuredOutput:
@@ -528,7 +438,7 @@ def as_output(output: Any) -> StructuredOutput:
     return StructuredOutput(output)
 
 
-def prompted(request: _Request) -> _Request:
+def prompted(request: ChatRequest) -> ChatRequest:
     """``request`` with the schema instructions of ``prompt`` mode in its system prompt."""
     assert request.output is not None
     note = request.output.instructions()
@@ -563,22 +473,23 @@ def _as_answer(response: Response, streamed: str | None) -> Response:
     return response.model_copy(update={"content": content, "tool_calls": [], "stop_reason": stop})
 
 
-def _settled_error(response: Response, spec: StructuredOutput) -> OutputValidationError | None:
-    """An answer that cannot be parsed whatever its text: refused, filtered or cut off."""
+def _parsed(response: Response, spec: StructuredOutput) -> Response:
+    """``response`` with ``parsed`` set; raises the :class:`OutputValidationError` of an answer
+    that does not validate, or cannot whatever its text: refused, filtered or cut off."""
     text = response.text
     if response.stop_reason == "refusal":
-        return OutputValidationError(
+        raise OutputValidationError(
             f"the model refused to answer: {text.strip()[:300] or '(no reason given)'}",
             text=text, code="output_refused",
             errors=[{"type": "refusal", "loc": (), "msg": "the model refused", "input": text}],
         )
     if response.stop_reason == "content_filter":
-        return OutputValidationError(
+        raise OutputValidationError(
             "the provider's content filter stopped the answer", text=text, code="output_refused",
             errors=[{"type": "content_filter", "loc": (), "msg": "filtered", "input": text}],
         )
     if response.stop_reason == "max_tokens":
-        return OutputValidationError(
+        raise OutputValidationError(
             f"the answer was cut off at max_tokens before its JSON was complete ({len(text)} "
             "characters arrived); bound the output type's strings and lists "
             "(Field(max_length=…)) so the whole answer fits — a larger max_tokens= mostly buys "
@@ -587,7 +498,7 @@ def _settled_error(response: Response, spec: StructuredOutput) -> OutputValidati
             errors=[{"type": "truncated", "loc": (), "msg": "the answer was cut off at max_tokens",
                      "input": _short(text, 200)}],
         )
-    return None
+    return response.model_copy(update={"parsed": spec.parse(text)})
 
 
 def settle_answer(response: Response, output: Any) -> Response:
@@ -596,15 +507,11 @@ def settle_answer(response: Response, output: Any) -> Response:
     why not (raised, the answer as its ``partial``)."""
     spec = as_output(output)
     answer = _as_answer(response, None)
-    error = _settled_error(answer, spec)
-    if error is None:
-        try:
-            return answer.model_copy(update={"parsed": spec._validate(answer.text)})
-        except _Invalid as exc:
-            error = OutputValidationError(spec._problem(exc.errors), text=answer.text,
-                                          errors=exc.errors)
-    error.partial = answer
-    raise error
+    try:
+        return _parsed(answer, spec)
+    except OutputValidationError as error:
+        error.partial = answer
+        raise
 
 
 # -- one structured call: attempts, retries, the stream the caller sees -------------------------------
@@ -614,7 +521,7 @@ class _Call:
     def __init__(
         self,
         adapter: OutputModel,
-        request: OutputRequest,
+        request: ChatRequest,
         retries: int,
         timeout: float | None,
         cancel: CancelToken | None,
@@ -641,7 +548,7 @@ class _Call:
         self.tool_ids: set[str | None] = set()
 
     # -- per attempt -----------------------------------------------------------------------------
-    def next_request(self) -> OutputRequest:
+    def next_request(self) -> ChatRequest:
         """The next attempt's request (raises when the call's time is up)."""
         if self.control is None:
             self.control = TurnControl(timeout=self.timeout, cancel=self.cancel,
@@ -656,16 +563,17 @@ class _Call:
         self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
         return dataclasses.replace(self.request, messages=list(self.messages))
 
-    def open(self, request: OutputRequest, opener: Callable[..., Any]) -> Any:
-        """Start one attempt with ``opener`` (the adapter's ``open_stream`` or ``aopen_stream``) under the
-        call's control; the attempt's stream becomes :attr:`inner`."""
-        assert self.control is not None
-        self.inner = opener(request, self.timeout, self.control)
-        return self.inner
-
-    def failed(self, exc: DispatchError) -> None:
-        """An attempt failed: the error carries what arrived, with every attempt's usage."""
-        exc.partial = self.snapshot()
+    @contextlib.contextmanager
+    def attempt_stream(self, opener: Callable[..., Any]) -> Iterator[Any]:
+        """The next attempt's stream, opened with ``opener`` (the adapter's ``open_stream`` or
+        ``aopen_stream``) under the call's control, as :attr:`inner`. An error of the attempt
+        carries what arrived, with every attempt's usage."""
+        self.inner = opener(self.next_request(), self.timeout, self.control)
+        try:
+            yield self.inner
+        except DispatchError as exc:
+            exc.partial = self.snapshot()
+            raise
 
     def close(self) -> None:
         """The call is over: its control lets go of the caller's token."""
@@ -704,26 +612,21 @@ class _Call:
             return None
         return self.spec.partial(text)
 
-    def settle(self, raw: Response) -> bool:
-        """The attempt ended with ``raw``: True when the call is done (``final`` set), False
-        when the errors went back to the model for another try. Raises what is left."""
+    def settle(self, raw: Response) -> None:
+        """The attempt ended with ``raw``: the call is done (``final`` set), or the errors go back
+        to the model for another try. Raises what is left."""
         self.usage = self.usage + raw.usage
         self.cost = raw.cost if self.attempt <= 1 else add_costs(self.cost, raw.cost)
         answer = _as_answer(raw, "".join(self.tool_parts) or None)
         answer = answer.model_copy(update={"usage": self.usage, "cost": self.cost})
         if answer.tool_calls:
             self.final = answer  # the model asks for tools: a session runs them and asks again
-            return True
-        error = _settled_error(answer, self.spec)
-        if error is None:
-            try:
-                parsed = self.spec._validate(answer.text)
-            except _Invalid as exc:
-                error = OutputValidationError(self.spec._problem(exc.errors), text=answer.text,
-                                              errors=exc.errors)
-            else:
-                self.final = answer.model_copy(update={"parsed": parsed})
-                return True
+            return
+        try:
+            self.final = _parsed(answer, self.spec)
+            return
+        except OutputValidationError as invalid:
+            error = invalid
         error.partial = answer
         error.attempts = self.attempt
         error.provider = self.adapter.provider_name
@@ -740,7 +643,6 @@ class _Call:
         self.messages.append(
             Message(role="user", content=self.spec.retry_prompt(error.errors, tool=tool))
         )
-        return False
 
 
 class _CallAccumulator(Accumulator):
@@ -764,42 +666,25 @@ def _run(call: _Call) -> Iterator[StreamDelta]:
     # transforms its deltas here, so partial_parsed grows with what the caller has taken (over the
     # bridge the loop thread runs ahead: tests/contract/test_structured.py, grows a partial object)
     try:
-        while True:
-            inner: ResponseStream = call.open(call.next_request(), call.adapter.open_stream)
-            try:
-                for delta in inner:
-                    out = call.transform(delta)
-                    if out is not None:
-                        yield out
+        while call.final is None:
+            with call.attempt_stream(call.adapter.open_stream) as inner, contextlib.closing(inner):
+                yield from filter(None, map(call.transform, inner))
                 raw = inner.response
-            except DispatchError as exc:
-                call.failed(exc)
-                raise
-            finally:
-                inner.close()
-            if call.settle(raw):
-                return
+            call.settle(raw)
     finally:
         call.close()
 
 
 async def _arun(call: _Call) -> AsyncIterator[StreamDelta]:
     try:
-        while True:
-            inner: AsyncResponseStream = call.open(call.next_request(), call.adapter.aopen_stream)
-            try:
-                async for delta in inner:
-                    out = call.transform(delta)
-                    if out is not None:
-                        yield out
-                raw = inner.response
-            except DispatchError as exc:
-                call.failed(exc)
-                raise
-            finally:
-                await inner.aclose()
-            if call.settle(raw):
-                return
+        while call.final is None:
+            with call.attempt_stream(call.adapter.aopen_stream) as inner:
+                async with contextlib.aclosing(inner):
+                    async for delta in inner:
+                        if (out := call.transform(delta)) is not None:
+                            yield out
+                    raw = inner.response
+            call.settle(raw)
     finally:
         call.close()
 
@@ -844,24 +729,9 @@ class AsyncStructuredResponseStream(_StructuredView, AsyncResponseStream):
         self._call = call
 
 
-def _retries(output_retries: int | None) -> int:
-    if output_retries is None:
-        return DEFAULT_OUTPUT_RETRIES
-    if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
-        raise ValueError(f"output_retries must be an integer ≥ 0, not {output_retries!r}")
-    return output_retries
-
-
-def _prepare(adapter: OutputModel, request: _Request, output: Any) -> _Request:
-    spec = as_output(output)
-    request = dataclasses.replace(request, output=spec)
-    adapter.output_mode(request)  # a mechanism this provider cannot use fails now, not mid-call
-    return request
-
-
 def open_structured(
     adapter: OutputModel,
-    request: OutputRequest,
+    request: ChatRequest,
     output: Any,
     output_retries: int | None,
     timeout: float | None,
@@ -871,7 +741,11 @@ def open_structured(
 ) -> StructuredResponseStream | AsyncStructuredResponseStream:
     """The stream of ``request`` made with ``output=``: attempts until the answer validates (an
     :class:`AsyncStructuredResponseStream` when ``asynchronous``)."""
-    retries = _retries(output_retries)
-    call = _Call(adapter, _prepare(adapter, request, output), retries, timeout, cancel)
+    if output_retries is None:
+        output_retries = DEFAULT_OUTPUT_RETRIES
+    elif isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
+        raise ValueError(f"output_retries must be an integer ≥ 0, not {output_retries!r}")
+    request = dataclasses.replace(request, output=as_output(output))
+    adapter.output_mode(request)  # a mechanism this provider cannot use fails now, not mid-call
+    call = _Call(adapter, request, output_retries, timeout, cancel)
     return AsyncStructuredResponseStream(call) if asynchronous else StructuredResponseStream(call)
-

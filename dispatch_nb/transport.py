@@ -1,43 +1,25 @@
 """HTTP transports: httpx's API over aiohttp's C HTTP parser, or over httpx's own.
 
-Every HTTP client of a chat comes from :func:`async_client`; sync calls run the same async code on
-the library's event-loop thread (:mod:`dispatch_nb.bridge`). Which transport it uses
-(``DISPATCH_NB_TRANSPORT``):
-
-* ``aiohttp`` — the default wherever ``aiohttp`` is installed: :class:`AiohttpTransport` sends the
-  request with aiohttp (its public API), which parses the answer in C — several times cheaper per
-  streamed chunk than httpx's pure-Python h11.
-* ``httpx`` — ``httpx.AsyncHTTPTransport`` (``DISPATCH_NB_TRANSPORT=httpx``, or when aiohttp is
-  missing).
-
-Either way clients keep what httpx gives: proxies from the environment (``HTTP_PROXY``,
-``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``: when the environment names a proxy, the client is
-httpx's own with ``trust_env``, so httpx's rules decide), TLS verification with ``SSL_CERT_FILE`` /
-``SSL_CERT_DIR`` (one shared context: :func:`tls_context`), pooling up to 1,000 connections, and
-content-encoding left to httpx (``aiter_bytes`` decodes gzip/deflate/br/zstd; ``aiter_raw`` hands
-the bytes as sent). Clients are made one per event loop (:class:`LoopClients`) and closed when that
-loop shuts down. A call is stopped (cancel, deadline, Ctrl-C) by cancelling its task.
-
-A response of :class:`AiohttpTransport` carries :data:`READ_EXTENSION`: ``await read()`` returns
-every raw byte of the body that arrived since the last call, at most :data:`READ_SIZE` (waiting
-when none did), ``b""`` at its end, with the errors ``aiter_raw`` would raise. A streamed answer
-read this way costs one coroutine per wake-up instead of a stack of async generators per chunk
-(httpx's ``aiter_raw``, its bound stream, the transport's stream, aiohttp's chunk iterator).
-
-Nothing here is imported by ``import dispatch_nb``; aiohttp is imported when the first client of
-the aiohttp transport is made (on a worker thread: :func:`prepare_async_transport`).
+Every HTTP client of a chat comes from :func:`async_client`: :class:`AiohttpTransport` by default
+where aiohttp is installed, ``httpx.AsyncHTTPTransport`` with ``DISPATCH_NB_TRANSPORT=httpx`` or
+when the environment names a proxy; one client per event loop (:class:`LoopClients`).
+docs/architecture.md (I/O) says more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
 import importlib.util
 import logging
 import os
 import ssl
+import sys
 import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.request import getproxies
 
@@ -74,19 +56,12 @@ DEFAULT_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=10
 
 
 # -- which transport ------------------------------------------------------------------------------
-_aiohttp_installed: bool | None = None
-
-
+@functools.cache
 def _have_aiohttp() -> bool:
-    global _aiohttp_installed
-    if _aiohttp_installed is None:
-        try:
-            _aiohttp_installed = all(
-                importlib.util.find_spec(name) is not None for name in ("aiohttp",)
-            )
-        except (ImportError, ValueError):  # e.g. blocked in sys.modules
-            _aiohttp_installed = False
-    return _aiohttp_installed
+    try:
+        return importlib.util.find_spec("aiohttp") is not None
+    except (ImportError, ValueError):  # e.g. blocked in sys.modules
+        return False
 
 
 _warned_missing = False
@@ -115,23 +90,13 @@ def transport_name() -> TransportName:
     return "httpx"
 
 
-_aiohttp_imported = False
-
-
-def _import_aiohttp() -> None:
-    global _aiohttp_imported
-    import aiohttp  # noqa: F401
-
-    _aiohttp_imported = True
-
-
 async def prepare_async_transport() -> None:
     """Import the configured transport's modules on a worker thread, once per process.
 
     aiohttp takes 0.1–0.5 s to import; done on the event loop by the first call it would freeze
     that loop, and with it the call's deadline and cancellation."""
-    if not _aiohttp_imported and transport_name() == "aiohttp":
-        await asyncio.to_thread(_import_aiohttp)
+    if "aiohttp" not in sys.modules and transport_name() == "aiohttp":
+        await asyncio.to_thread(importlib.import_module, "aiohttp")
 
 
 # -- the aiohttp transport ------------------------------------------------------------------------
@@ -254,23 +219,17 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
 
 # -- clients --------------------------------------------------------------------------------------
-_tls_lock = threading.Lock()
-_tls_contexts: dict[tuple[str, str], ssl.SSLContext] = {}
-
-
 def tls_context() -> ssl.SSLContext:
     """The TLS context every client verifies servers with: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
     when set, else certifi's bundle (httpx's rules). Made once per setting and shared: loading a
     CA bundle takes tens of milliseconds, which every new client (one per event loop: every
     ``asyncio.run``) would otherwise pay."""
-    key = (os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
-    context = _tls_contexts.get(key)
-    if context is None:
-        with _tls_lock:
-            context = _tls_contexts.get(key)
-            if context is None:
-                context = _tls_contexts[key] = httpx.create_ssl_context(trust_env=True)
-    return context
+    return _tls_context(os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
+
+
+@functools.cache
+def _tls_context(cert_file: str, cert_dir: str) -> ssl.SSLContext:
+    return httpx.create_ssl_context(trust_env=True)  # (it reads the two variables itself)
 
 
 def _proxied() -> bool:
@@ -332,16 +291,14 @@ class LoopClients:
             await entry.client.aclose()
 
 
+@dataclass(slots=True)
 class _LoopEntry:
     """A loop's client, the finalizer that closes it if its owner is dropped, and the async
     generator that closes it when the loop shuts down."""
 
-    __slots__ = ("client", "closer", "dropped")
-
-    def __init__(self, client: httpx.AsyncClient, dropped: weakref.finalize[Any, Any]) -> None:
-        self.client = client
-        self.dropped = dropped
-        self.closer: AsyncGenerator[None, None] | None = None
+    client: httpx.AsyncClient
+    dropped: weakref.finalize[Any, Any]
+    closer: AsyncGenerator[None, None] | None = None
 
 
 async def _closer(

@@ -1,23 +1,7 @@
-"""One turn's events become its answer: the turn-level accumulator.
+"""One turn's events become its answer: :class:`TurnAccumulator` (docs/sessions.md).
 
-A turn is what one ``send`` / one ``%%chat`` cell produces: one or more model rounds (each a
-stream of :class:`~dispatch_nb.types.StreamDelta` ending in a
-:class:`~dispatch_nb.types.MessageDoneEvent`) with the tool results between them
-(:class:`~dispatch_nb.types.ToolResultEvent`). :class:`TurnAccumulator` takes those events, in
-the order a :class:`~dispatch_nb.session.SessionStream` yields them, and keeps what streamed in
-one :class:`~dispatch_nb.stream.Accumulator` (:meth:`Accumulator.feed
-<dispatch_nb.stream.Accumulator.feed>` is the one place deltas become blocks again), each round's
-final :class:`~dispatch_nb.types.Response` and each tool call as a :class:`ToolRun`.
-
-It serves the notebook (its transcript is a ``TurnAccumulator``), the response cache (a replay is
-rebuilt through the same ``Accumulator.feed``) and sessions (:meth:`add_round` /
-:meth:`add_result` record a round whose deltas the caller did not feed). :meth:`events` gives the
-turn back as events, :meth:`messages` as the history it added::
-
-    turn = TurnAccumulator()
-    for event in session.stream("What is the weather in Paris?"):
-        turn.feed(event)
-    turn.response, turn.usage, turn.rounds, [t.result for t in turn.tools]
+A turn is what one ``send`` / one ``%%chat`` cell produces: model rounds and the tool results
+between them. The notebook's transcript, the response cache and sessions collect turns with it.
 """
 
 from __future__ import annotations
