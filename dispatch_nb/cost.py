@@ -1,12 +1,6 @@
 """What answers cost: :class:`Cost` per answer, :class:`CostTotal` sums, the process's
-:data:`ledger` (``%chat cost``); :mod:`dispatch_nb.estimates` says what a request could cost
-before it is sent and :mod:`dispatch_nb.budget` keeps ``budget=`` (see docs/cost.md).
-
-Prices come from ``genai-prices`` (pydantic's maintained price database), its data bundled with
-the installed package: nothing is fetched at run time. A provider's answers are priced under the
-``genai-prices`` provider id of its :class:`~dispatch_nb.registry.ProviderDescriptor`
-(``price_provider``); a provider without one (the embedded model, OpenAI-compatible servers) or a
-model the data does not know has an unknown price: ``None``, never zero.
+:data:`ledger` (``%chat cost``), priced from ``genai-prices``' bundled data (docs/cost.md). This
+module imports nothing of dispatch_nb: the registry fills :data:`PRICE_PROVIDERS`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""A batch's checkpoint: a :class:`~dispatch_nb.cache.ResponseCache` whose keys are the rows.
-
-Each answered row is recorded the moment it finishes, in the cache's own line format, keyed by
-:func:`~dispatch_nb.batching.rows.row_key` (``…#1`` for a repeat of a row) with the row's facts
-(``row``, ``latency``, ``attempts``, ``usage``) beside the answer; a rerun sends only the rows not
-answered there. Rows that failed, were cancelled or were never sent are not written. See
-docs/batch.md, "Resuming: the checkpoint".
-
-A deferred batch (``deferred=True``) also records each provider job — before it is polled, and
-again as its state changes — keyed ``job:<id>`` with the keys of its rows, so a rerun (another
-kernel, another machine) collects the job instead of submitting its rows again.
+"""A batch's checkpoint: a :class:`~dispatch_nb.cache.ResponseCache` whose keys are the rows, and
+which also records a deferred batch's provider jobs (docs/batch.md, "Resuming: the checkpoint"
+and "Deferred").
 """
 
 from __future__ import annotations

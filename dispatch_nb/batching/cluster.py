@@ -1,12 +1,6 @@
-"""The same batch on a Dask cluster: ``batch(..., executor=distributed.Client(...))``.
-
-The client reads, fills and resumes the rows and submits the rest in partitions of
-``partition_size`` rows, a few partitions ahead of the workers. Each partition runs the local
-engine (:class:`~dispatch_nb.batching.engine.RowRunner`) on a worker, through an adapter the
-worker builds from the model **spec**: credentials never enter the task graph. Workers append to
-the checkpoint as rows finish, and a partition Dask re-runs after its worker died reads it first.
-Ctrl-C, the cancel token, or a partition stopped by an error every row would get sets a Dask
-``Event`` the partitions watch. See docs/batch.md, "On a Dask cluster".
+"""The same batch on a Dask cluster: ``batch(..., executor=distributed.Client(...))``; each
+partition runs :class:`~dispatch_nb.batching.engine.RowRunner` on a worker, through an adapter
+the worker builds from the model spec (docs/batch.md, "On a Dask cluster").
 """
 
 from __future__ import annotations

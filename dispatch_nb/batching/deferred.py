@@ -1,16 +1,6 @@
-"""``batch(..., deferred=True)``: the rows as provider batch jobs — half the price, answered within
-24 hours, outside the live rate limits (docs/batch.md, "Deferred").
-
-Rows are filled, keyed and resumed as in a live batch (:func:`.engine.prepare_rows`). Each row's
-body is the one a live, non-streamed call would send (the adapter's own
-:meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), its ``custom_id`` derived from its
-key; the rows go in jobs within the provider's limits (:mod:`dispatch_nb.providers.batch_api`).
-Each job is written to the checkpoint **before** it is polled (a batch without ``checkpoint=``
-gets one under ``$DISPATCH_NB_HOME/batches/`` named after what it asks), so running the same call
-again collects its jobs instead of submitting the rows again. A finished job's answers are parsed
-by the adapter's wire format into the :class:`~dispatch_nb.types.Response` a live call gives.
-Cancelling asks the provider to cancel the jobs and collects what it hands over within a few
-seconds; a rerun collects the rest.
+"""``batch(..., deferred=True)``: the rows as provider batch jobs (docs/batch.md, "Deferred"), over
+:mod:`dispatch_nb.providers.batch_api`; each row's body is the one a live, non-streamed call sends,
+and its answer is parsed by the same wire format.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The batch engine: rows through one adapter on one event loop, adaptively concurrent.
 
-``prepare_rows`` reads rows lazily, fills the template and skips rows the checkpoint has answered;
-``RowRunner`` runs the rest, one asyncio task per row *in flight* (never one per row of the input,
-so memory does not grow with the input beyond the answers themselves).
-
-Retries are the batch's, not the adapter's (each call is made with ``max_retries=0``), so every
-429 reaches the :class:`~dispatch_nb.batching.limiter.AdaptiveLimiter` and slows the whole batch;
-what is retried and how long to wait follow :func:`dispatch_nb.adapter.backoff_delay`, except that
-a stream that broke half way is retried too (nobody saw its partial answer). ``timeout`` is a
-deadline per row covering all its attempts. An error every later row would get too
-(:func:`~dispatch_nb.batching.result.stops_batch`) stops the batch: rows in flight end as they
-will and no other row is sent. See docs/batch.md, "Rate limits, retries, deadlines" and "Stopping".
+:func:`prepare_rows` fills and keys the rows, skipping those the checkpoint answered;
+:class:`RowRunner` runs the rest, one task per row in flight. Retries are the batch's (each call
+has ``max_retries=0``, so every 429 reaches the limiter). See docs/batch.md, "Rate limits,
+retries, deadlines" and "Stopping".
 """
 
 from __future__ import annotations

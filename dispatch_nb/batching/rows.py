@@ -1,9 +1,5 @@
-"""Rows in, prompts out: reading a batch's input lazily and filling the template for each row.
-
-Input: a sequence of str or dicts, a pandas ``DataFrame`` or ``Series`` (duck-typed: pandas is
-never imported here), or any iterable, read one row at a time. Each row is filled with the rules
-of ``%%chat`` interpolation (:func:`dispatch_nb.prompting.build_prompt`); a template may also be a
-function ``template(row) -> str | list[Message]``. See docs/batch.md, "Rows and the template".
+"""Rows in, prompts out: reading a batch's input lazily and filling the template for each row
+(docs/batch.md, "Rows and the template"; pandas is duck-typed, never imported here).
 """
 
 from __future__ import annotations

@@ -194,42 +194,16 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
     (each row's ``Response`` or ``DispatchError``, in input order).
 
-    ``rows``: a list of str or dicts, a pandas DataFrame or Series, or any iterable (read lazily).
-    ``template``: a str with ``{column}`` placeholders (``%%chat`` interpolation rules; ``{row}``
-    is the whole row) or a function ``row -> prompt``. ``model``: a spec (``"openai:gpt-4.1"``) or
-    an :class:`~dispatch_nb.adapter.Adapter`. ``output``: a pydantic model, a type or a JSON
-    schema; each row's answer is validated into ``response.parsed`` (see
-    ``docs/structured-output.md``). ``system``, ``tools`` (Python tools run the tool loop per row),
-    ``max_tokens``, ``temperature`` and ``**options`` go to every call.
-
-    ``concurrency``: the most rows in flight (rate limits lower it for the whole batch, successes
-    raise it back). ``max_retries``: retries per row. ``timeout``: seconds per row, retries
-    included. ``checkpoint``: a JSON-lines file where each row is recorded as it finishes; a rerun
-    sends only the rows not answered there. ``cache``: a
-    :class:`~dispatch_nb.cache.ResponseCache` (or its path) to record / replay answers.
-    ``executor``: a ``dask.distributed.Client`` to run the rows on its workers, in partitions of
-    ``partition_size`` rows. ``progress``: ``None`` (auto), ``True`` or ``False``. ``cancel``: a
-    :class:`~dispatch_nb.cancel.CancelToken` that stops the batch (finished rows are kept).
-    ``namespace``: names the template may use besides each row's (a notebook's variables).
-    ``stream``: stream each row's answer (default ``False``: a row's tokens are not watched as
-    they arrive, and a plain answer costs the kernel far less CPU); ``True`` is for what needs a
-    stream, such as Anthropic's refusal of long non-streamed requests (a large ``max_tokens``).
-    ``budget``: US dollars this run may spend (docs/cost.md): before each row its worst case
-    (prompt + ``max_tokens`` of output) must fit in what is left, else the row is not sent and
-    ends as :class:`~dispatch_nb.errors.BudgetExceededError`; rows from the checkpoint or the
-    cache cost nothing now. ``result.cost`` is what the run spent.
-
-    ``deferred=True`` sends the rows to the provider's batch API instead (OpenAI's Batch API,
-    Anthropic's Message Batches: half the price, answered within 24 hours): the jobs are recorded
-    in the checkpoint (one under ``$DISPATCH_NB_HOME/batches/`` when ``checkpoint=`` is not given)
-    before they are polled every ``poll_interval`` seconds (default 30), so running the same call
-    again collects them instead of submitting again. ``wait=False`` submits and returns at once:
-    the rows not answered yet are :class:`~dispatch_nb.batching.deferred.BatchPendingError`
-    until ``result.wait()`` / ``result.refresh()``. ``result.job`` tells the jobs' state
-    (``docs/batch.md``, "Deferred").
-
-    Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
-    ``.result`` holds every finished row (a deferred batch asks the provider to cancel its jobs).
+    ``rows``: a list of str or dicts, a DataFrame, a Series or any iterable (read lazily);
+    ``template``: a str with ``{column}`` placeholders or a function ``row -> prompt``;
+    ``model``: a spec or an :class:`~dispatch_nb.adapter.Adapter`. ``output``, ``system``,
+    ``tools``, ``max_tokens``, ``temperature`` and ``**options`` go to every row's call;
+    ``concurrency`` (adaptive), ``max_retries`` and ``timeout`` (seconds) hold per row.
+    ``checkpoint`` (a JSON-lines file a rerun resumes from), ``cache``, ``executor`` (a Dask
+    client) and ``partition_size``, ``progress``, ``cancel``, ``namespace``, ``stream``,
+    ``budget`` (US dollars) and ``deferred`` / ``wait`` / ``poll_interval`` (the provider's batch
+    API): docs/batch.md. Ctrl-C raises :class:`BatchInterrupted`, whose ``.result`` holds every
+    finished row.
     """
     job = _job(*args, **kwargs)
     if job.executor is not None:

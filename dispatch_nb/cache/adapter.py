@@ -1,12 +1,5 @@
-"""The adapter wrapper: :class:`CachedAdapter` answers from a :class:`~dispatch_nb.cache.ResponseCache`.
-
-A recorded answer is replayed as a stream: its recorded deltas are fed, as they are yielded, to
-the stream's :class:`~dispatch_nb.stream.Accumulator` (:meth:`~dispatch_nb.stream.Accumulator.feed`,
-the same path every delta from elsewhere takes), so ``partial`` is what was replayed so far, and
-the stream ends in the recorded ``Response`` itself (``==`` the recorded one, provider data and
-signatures included). A call the model answers is passed through and recorded: its deltas with
-their times, or, for an unstreamed call, :meth:`Response.deltas
-<dispatch_nb.types.Response.deltas>`.
+"""The adapter wrapper: :class:`CachedAdapter` answers from a :class:`~dispatch_nb.cache.ResponseCache`,
+replaying a recorded answer as a stream (docs/record-replay.md, "Replay").
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The cache file: one JSON-lines file of recorded answers, and the mode it is used in.
-
-:class:`ResponseCache` reads, appends and rewrites the file (see :mod:`dispatch_nb.cache` for
-its format, locking and modes); :func:`resolve_cache_mode` and :func:`default_cache_path` say
-how and where; :class:`CacheMissError` is what replay mode raises for an answer never recorded.
+"""The cache file: :class:`ResponseCache` reads, appends and rewrites one JSON-lines file of recorded
+answers (docs/record-replay.md, "The file"); :func:`resolve_cache_mode` and
+:func:`default_cache_path` say how and where.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Provider batch APIs: OpenAI's Batch API (Files + Batches) and Anthropic's Message Batches.
-
-Both take many requests as one job, answer within 24 hours at half the live price, outside the
-live rate limits (PROTOCOLS.md §9). This module speaks them; :mod:`dispatch_nb.batching.deferred`
-decides which rows go in which job, keeps the job ids in the batch's checkpoint and turns the
-answers into rows. An adapter whose provider has such an API returns one from
-:meth:`~dispatch_nb.adapter.Adapter.batch_api`; the request bodies are the adapter's own
-(:meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), so a deferred answer parses like a
-live one.
-
-A job's state uses OpenAI's names for both providers: ``validating``, ``in_progress``,
-``finalizing``, ``completed``, ``expired``, ``cancelling``, ``cancelled``, ``failed``.
+"""Provider batch APIs: OpenAI's Batch API (Files + Batches) and Anthropic's Message Batches
+(PROTOCOLS.md §9, docs/batch.md "Deferred"); :mod:`dispatch_nb.batching.deferred` decides which
+rows go in which job. A job's state uses OpenAI's names for both providers.
 """
 
 from __future__ import annotations
