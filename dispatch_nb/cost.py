@@ -173,22 +173,16 @@ def price(provider: str, model: str, usage: UsageLike, *, premium_requests: floa
                 premium_requests=premium_requests, source=source)
 
 
-_warming: list[threading.Thread] = []
-_warm_lock = threading.Lock()
+#: taken for good by the first :func:`warm_up` that starts loading the price data
+_loading = threading.Lock()
 
 
 def warm_up(provider: str) -> None:
     """Load ``genai-prices`` (its data takes a moment to import) on a background thread, once,
     when a priced provider's first request starts — so pricing its answer does not hold up the
     event loop. Does nothing for providers without a price."""
-    if _warming or not PRICE_PROVIDERS.get(provider):
-        return
-    with _warm_lock:
-        if _warming:
-            return
-        thread = threading.Thread(target=_load, name="dispatch_nb-prices", daemon=True)
-        _warming.append(thread)
-    thread.start()
+    if PRICE_PROVIDERS.get(provider) and _loading.acquire(blocking=False):
+        threading.Thread(target=_load, name="dispatch_nb-prices", daemon=True).start()
 
 
 def _load() -> None:
@@ -307,8 +301,6 @@ class Ledger:
 
 #: this process's ledger (``%chat cost`` shows it)
 ledger = Ledger()
-
-
 
 
 def attempt_cost(response: Any, failed: bool, reserved: Decimal) -> Decimal | None:

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..adapter import Adapter, ChatRequest
+from ..adapter import ChatRequest
 from ..cancel import CancelToken
 from ..cost import attempt_cost
 from ..errors import BudgetExceededError, DispatchError, RequestCancelled, RequestError
@@ -30,6 +30,9 @@ from .checkpoint import Checkpoint
 from .engine import Pending, Stats, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
 from .result import NOT_SENT, BatchResult, RowOrigin
+
+if TYPE_CHECKING:
+    from ..http_adapter import HTTPAdapter
 
 __all__ = ["BatchJob", "BatchPendingError", "DeferredRun", "custom_id"]
 
@@ -159,7 +162,7 @@ class DeferredRun:
         self.stats = stats
         self.cancel = cancel
         self.poll_interval = float(interval)
-        self.adapter: Adapter | None = None
+        self.adapter: HTTPAdapter | None = None
         self.api: BatchAPI | None = None
         self.checkpoint: Checkpoint | None = None
         self.rows: dict[str, _Row] = {}
@@ -204,21 +207,15 @@ class DeferredRun:
                 "(deferred=False)", provider=adapter.provider_name,
                 code="batch_unsupported",
             )
-        self.adapter, self.api = adapter, api
+        self.adapter, self.api = api.adapter, api
         self.job = self.result.job = BatchJob(adapter.provider_name)
         pending = self._read_rows()
         self.job.checkpoint = self.plan.checkpoint
-        from ..http_adapter import HTTPAdapter
-
-        if not isinstance(adapter, HTTPAdapter):
-            raise TypeError(f"{adapter.display_name} has no batch API")
         for item in pending:  # the request a live, non-streamed call sends (the same wire code)
-            request = chat_request(adapter, item.messages, self.plan.call, stream=False)
-            if request.output is not None:
-                adapter.output_mode(request)
-            request = adapter._with_output_prompt(request)
+            request = chat_request(api.adapter, item.messages, self.plan.call, stream=False)
+            request = api.adapter._with_output_prompt(request)
             self.rows[item.key] = _Row(item.position, item.key, request,
-                                       adapter.build_request(request))
+                                       api.adapter.build_request(request))
             self.by_id[custom_id(item.key)] = item.key
         if self.checkpoint is not None and self.checkpoint.read:
             # the jobs, recorded and collected, that answered the rows read from the checkpoint:
@@ -342,14 +339,7 @@ class DeferredRun:
         assert adapter is not None
         acc = Accumulator(adapter.model_name)
         try:
-            wire = row.wire.wire
-            if wire is not None:
-                wire.parse_body(body, acc)
-            else:
-                from ..http_adapter import HTTPAdapter
-
-                assert isinstance(adapter, HTTPAdapter)
-                adapter.parse_body(row.request, body, acc)
+            adapter._parse_body(row.wire, row.request, body, acc)
             adapter._priced(row.request, acc, batch=True)  # the batch price, in the ledger too
             response = acc.finish()
             if row.request.output is not None:

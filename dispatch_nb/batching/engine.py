@@ -18,6 +18,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from ..adapter import BACKOFF_BASE, Adapter, ChatRequest, backoff_delay
+from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import (
     APITimeoutError,
@@ -234,7 +235,6 @@ class RowRunner:
 
     def __post_init__(self) -> None:
         self.limiter = AdaptiveLimiter(self.settings.concurrency)
-        self._labelled = callable(getattr(self.adapter, "with_label", None))
         self._stopped: asyncio.Event | None = None
 
     def _cancel_error(self) -> RequestCancelled:
@@ -317,10 +317,9 @@ class RowRunner:
             stats.first_sent = began
         deadline = began + settings.timeout if settings.timeout is not None else None
         adapter = self.adapter
-        if self._labelled:  # a CachedAdapter: the cache names the row ("cell 3, row 17")
-            base = getattr(self.adapter, "label", None)
-            label = f"{base}, row {pending.position}" if base else f"row {pending.position}"
-            adapter = self.adapter.with_label(label)  # type: ignore[attr-defined]
+        if isinstance(adapter, CachedAdapter):  # the cache names the row ("cell 3, row 17")
+            row = f"row {pending.position}"
+            adapter = adapter.with_label(f"{adapter.label}, {row}" if adapter.label else row)
         usage = Usage()
         attempts = calls = 0
         holding = True
@@ -452,12 +451,11 @@ class RowRunner:
                 usage: Usage, latency: float, attempts: int, calls: int) -> None:
         stats = self.stats
         origin = RowOrigin.SENT
-        if getattr(adapter, "replayed_calls", 0) and not getattr(adapter, "model_calls", 0):
-            origin = RowOrigin.REPLAYED
-            stats.replayed += 1
-            calls = 0
-        elif self._labelled:
-            calls = int(getattr(adapter, "model_calls", calls))
+        if isinstance(adapter, CachedAdapter):
+            calls = adapter.model_calls
+            if adapter.replayed_calls and not calls:
+                origin = RowOrigin.REPLAYED
+                stats.replayed += 1
         self.result.model_calls += calls
         if isinstance(item, BudgetExceededError) and attempts == 0:
             origin = RowOrigin.NOT_SENT  # over the budget: never sent

@@ -73,17 +73,8 @@ def is_not_sent(item: Any) -> bool:
 class BatchResult(Sequence[Any]):
     """The answers of a batch, in input order: ``result[i]`` is row ``i``'s
     :class:`~dispatch_nb.types.Response`, or the :class:`~dispatch_nb.errors.DispatchError` that
-    row ended with (one failure never loses the rest).
-
-    Totals: ``usage`` (every row's tokens, failed attempts' partial answers included),
-    ``ok`` / ``failed`` / ``not_sent`` counts, ``sent`` (rows asked of the model in this run),
-    ``resumed`` (rows read from the checkpoint), ``replayed`` (rows answered by the response
-    cache), ``retries``, ``rate_limited`` (429s seen), ``model_calls`` (calls that reached the
-    model, tool rounds included), ``premium_requests`` (GitHub Copilot: model calls × the model's
-    premium multiplier, when known), ``elapsed`` (seconds), ``lowest_concurrency`` (how far rate
-    limits pushed the batch down), ``interrupted``, ``stopped_by``. Per row: :meth:`latency`,
-    :meth:`origin`, :meth:`usage_of`. :meth:`to_pandas` puts the answers beside the input.
-    """
+    row ended with (one failure never loses the rest). Its totals and per-row facts: the table
+    in docs/batch.md, "The result"."""
 
     def __init__(self, source: Any = None, *, model: str = "") -> None:
         self._items: list[Any] = []

@@ -60,19 +60,10 @@ class _Inner:
 
 
 class CachedAdapter(Adapter):
-    """``adapter`` behind a :class:`ResponseCache`: ``chat``/``stream``/``achat``/``astream``
-    replay, record or pass through according to the cache's mode, with the usual stream
-    semantics (deltas, ``.response``, ``partial``, ``close()``, ``timeout``, ``cancel``).
-
-    ``cache`` is a :class:`ResponseCache` or a path; without one, a cache is made from ``path``,
-    ``mode`` and ``pace``. ``label`` (e.g. ``"cell 3"``) is stored with recorded answers and
-    named by :class:`CacheMissError`; :meth:`with_label` gives a labelled twin. ``replayed_calls``
-    and ``model_calls`` count the calls this instance answered from the cache and from the model
-    (a :meth:`with_label` twin starts at zero), so a caller can tell a replayed answer from a
-    fresh one. Everything else
-    (identity, ``list_models``, ``count_tokens``, ``validate``, attributes) is the wrapped
-    adapter's.
-    """
+    """``adapter`` behind a :class:`ResponseCache` (or a path; without one, a cache made from
+    ``path``, ``mode`` and ``pace``): every call replays, records or passes through according to
+    the cache's mode. Everything but the calls (identity, ``list_models``, ``count_tokens``,
+    attributes) is the wrapped adapter's (docs/record-replay.md, "From Python")."""
 
     def __init__(
         self,

@@ -288,7 +288,8 @@ class ResponseCache:
             self._stamp = None
             self._refresh()
             if clean["key"] in self._entries:
-                self._rewrite(replace=clean)
+                self._entries[clean["key"]] = clean
+                self._rewrite()
             else:
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
@@ -298,25 +299,14 @@ class ResponseCache:
             self._stamp = None
         return clean
 
-    def _rewrite(self, replace: dict[str, Any] | None = None) -> None:
-        """Write the file again: one line per key (at its first position), atomically."""
-        ordered: dict[str, dict[str, Any]] = {}
-        if self.path.exists():
-            with open(self.path, "rb") as fh:
-                for raw in fh:
-                    try:
-                        entry = json.loads(raw)
-                        key = entry["key"]
-                    except (ValueError, KeyError, TypeError):
-                        continue
-                    ordered[key] = entry
-        if replace is not None:
-            ordered[replace["key"]] = replace
+    def _rewrite(self) -> None:
+        """Write the file again from the entries read: one line per key (at its first position,
+        with its last content), atomically."""
         fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp",
                                    dir=self.path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
-                for entry in ordered.values():
+                for entry in self._entries.values():
                     fh.write(_dump_json_line(entry))
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -331,10 +321,10 @@ class ResponseCache:
         """Drop duplicate and unreadable lines (a key keeps its first position and its last
         content); returns how many entries remain."""
         with self._file_lock():
-            if self.path.exists():
-                self._rewrite()
             self._stamp = None
             self._refresh()
+            if self.path.exists():
+                self._rewrite()
             return len(self._entries)
 
     # -- entries ---------------------------------------------------------------------------------

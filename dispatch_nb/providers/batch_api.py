@@ -67,11 +67,8 @@ class JobPart:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobPart:
-        return cls(id=str(data["id"]), provider=str(data["provider"]),
-                   state=str(data.get("state") or "validating"), total=int(data.get("total") or 0),
-                   completed=int(data.get("completed") or 0), failed=int(data.get("failed") or 0),
-                   created_at=data.get("created_at"), ended_at=data.get("ended_at"),
-                   message=data.get("message"), refs=dict(data.get("refs") or {}))
+        """A job as :meth:`to_json` wrote it (in a checkpoint)."""
+        return cls(**data)
 
 
 @dataclass
