@@ -68,16 +68,10 @@ def premium_words(value: float) -> str:
 
 
 class Cost(BaseModel):
-    """What one answer cost, from the usage the provider reported for the successful attempt.
-
-    ``usd`` = ``input_usd`` + ``output_usd`` (``Decimal`` dollars, as ``genai-prices``
-    computes them). ``premium_requests``: GitHub Copilot's premium requests for the call (the
-    model's multiplier from ``/models``; 0 for included models and for the follow-up calls of a
-    tool loop), ``None`` elsewhere. ``usd`` is ``None`` only for a Copilot answer whose premium
-    requests are known but whose dollar price is not. ``source`` names the price data and the
-    date the price was taken for. ``replayed``: the answer came from the response cache — it
-    cost ``usd`` when it was recorded and nothing now (equality ignores it).
-    """
+    """What one answer cost, from the usage the provider reported for the successful attempt
+    (docs/cost.md): ``usd`` = ``input_usd`` + ``output_usd`` (``Decimal`` dollars; ``None`` only
+    for a Copilot answer known by its ``premium_requests`` alone), ``source`` (the price data and
+    its date), ``replayed`` (from the response cache: nothing spent now; equality ignores it)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -111,8 +105,7 @@ class Cost(BaseModel):
         text = " · ".join(parts) or "price unknown"
         return f"{text} when recorded, $0 now" if self.replayed else text
 
-    def __str__(self) -> str:
-        return self.label()
+    __str__ = label
 
 
 def _sum(a: Any, b: Any) -> Any:
@@ -195,13 +188,9 @@ def _load() -> None:
 # -- sums -----------------------------------------------------------------------------------------
 @dataclass
 class CostTotal:
-    """The sum of many answers' costs (``Session.cost``, ``BatchResult.cost``).
-
-    ``usd``: what the answers with a known price cost now (replayed answers count 0);
-    ``unknown``: how many answers have no known price (never counted as 0 silently);
-    ``replayed`` / ``saved_usd``: answers replayed from the cache and what they cost when recorded;
-    ``premium_requests``: Copilot's (``None`` when no answer had any).
-    """
+    """The sum of many answers' costs (``Session.cost``, ``BatchResult.cost``): ``usd`` is what
+    the answers with a known price cost now; the others are counted in ``unknown``, never as 0
+    (docs/cost.md)."""
 
     calls: int = 0
     usd: Decimal = Decimal(0)
@@ -237,11 +226,6 @@ class CostTotal:
         for cost in costs:
             total.add(cost)
         return total
-
-    @property
-    def known(self) -> bool:
-        """Whether every answer's price is known."""
-        return self.unknown == 0
 
     def __str__(self) -> str:
         parts = [format_usd(self.usd)]

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..cache import ResponseCache
 from ..cache.keys import FORMAT_VERSION
-from ..cache.store import _now, request_summary
+from ..cache.store import _now
 from ..types import Message, Response, Usage, as_messages
 
 __all__ = ["Checkpoint", "shared_checkpoint"]
@@ -49,21 +49,10 @@ class Checkpoint:
                *, provider: str, model: str, streamed: bool, usage: Usage, latency: float,
                attempts: int) -> None:
         """Write one answered row."""
-        self.cache.put({
-            "v": FORMAT_VERSION,
-            "key": key,
-            "provider": provider,
-            "model": model,
-            "created": _now(),
-            "label": f"row {position}",
-            "request": request_summary(as_messages(messages)),
-            "streamed": streamed,
-            "response": response.model_dump(mode="json", exclude_none=True),
-            "row": position,
-            "latency": round(latency, 3),
-            "attempts": attempts,
-            "usage": usage.model_dump(mode="json"),
-        })
+        self.cache.record(key, provider=provider, model=model, messages=as_messages(messages),
+                          response=response, streamed=streamed, label=f"row {position}",
+                          row=position, latency=round(latency, 3), attempts=attempts,
+                          usage=usage.model_dump(mode="json"))
 
     # -- provider jobs (batch(..., deferred=True)) ----------------------------------------------
     def jobs(self, *, collected: bool = False) -> Iterator[tuple[dict[str, Any], list[str]]]:

@@ -26,6 +26,7 @@ from ..providers.batch_api import BatchAPI, JobPart, RowOutcome, cancelled_error
 from ..stream import Accumulator
 from ..types import Response, Usage
 from ..wire.base import WireRequest
+from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .engine import Pending, Stats, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
@@ -166,7 +167,6 @@ class DeferredRun:
         self.api: BatchAPI | None = None
         self.checkpoint: Checkpoint | None = None
         self.rows: dict[str, _Row] = {}
-        self.by_id: dict[str, str] = {}
         self.parts: dict[str, tuple[JobPart, list[str]]] = {}
         self.job: BatchJob | None = None
         self._collected_ok = 0
@@ -216,7 +216,6 @@ class DeferredRun:
             request = api.adapter._with_output_prompt(request)
             self.rows[item.key] = _Row(item.position, item.key, request,
                                        api.adapter.build_request(request))
-            self.by_id[custom_id(item.key)] = item.key
         if self.checkpoint is not None and self.checkpoint.read:
             # the jobs, recorded and collected, that answered the rows read from the checkpoint:
             # in result.job as they ended (nothing is asked of the provider, no key is needed)
@@ -271,8 +270,6 @@ class DeferredRun:
         budget = self.result.budget
         if budget is None or not keys:
             return keys
-        from .budget import RowBudget
-
         assert self.adapter is not None
         worst = RowBudget(budget, self.adapter, self.plan.call).worst
         kept = []
@@ -282,8 +279,7 @@ class DeferredRun:
                 self._reserved[key] = budget.reserve(worst(row.request.messages, batch=True))
             except BudgetExceededError as exc:
                 exc.provider = self.adapter.provider_name
-                self.result._set(row.position, exc, usage=Usage(), latency=0.0, attempts=0,
-                                 origin=RowOrigin.NOT_SENT)
+                self.result._set(row.position, exc)
                 del self.rows[key]
                 continue
             kept.append(key)
@@ -314,7 +310,7 @@ class DeferredRun:
             f"not answered yet: the batch job is {state}. result.wait() or result.refresh() "
             f"collect it, and so does running the batch again{where}",
             provider=self.adapter.provider_name if self.adapter else None,
-        ), usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_SENT)
+        ))
 
     def _show(self) -> None:
         """Refresh ``result.job`` and the progress counters from the jobs."""
@@ -399,19 +395,15 @@ class DeferredRun:
         outcomes: list[RowOutcome] = []
         if part.state != "failed":
             outcomes = await self.api.results(client, part)
-        seen: set[str] = set()
+        waiting = {custom_id(key): self.rows[key] for key in keys if key in self.rows}
         for outcome in outcomes:
-            key = self.by_id.get(outcome.custom_id)
-            row = self.rows.get(key) if key is not None else None
-            if row is None or key in seen or key not in keys:
+            row = waiting.pop(outcome.custom_id, None)
+            if row is None:
                 continue  # not a row of this call (or a duplicate line)
-            seen.add(key)
             item = outcome.error if outcome.error is not None else self._answer(row, outcome.body)
             self._finish_row(row, item, part)
-        for key in keys:
-            row = self.rows.get(key)
-            if row is not None and key not in seen:
-                self._finish_row(row, self._missing(part), part)
+        for row in waiting.values():
+            self._finish_row(row, self._missing(part), part)
         self.collected.add(part.id)
         # a job that also holds rows of another call stays open for that call to collect
         self.checkpoint.record_job(part.to_json(), keys,

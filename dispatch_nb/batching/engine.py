@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -156,16 +156,6 @@ def chat_request(adapter: Adapter, messages: str | list[Message], call: RowCall,
     return request
 
 
-def model_id(model: Adapter | str) -> str:
-    """``provider:model``, the model's part of every row key."""
-    if isinstance(model, Adapter):
-        return f"{model.provider_name}:{model.model_name}"
-    from ..registry import parse_model_spec
-
-    provider, name = parse_model_spec(model)
-    return f"{provider}:{name}"
-
-
 # -- reading rows ---------------------------------------------------------------------------------
 def prepare_rows(
     source: RowSource,
@@ -188,8 +178,7 @@ def prepare_rows(
         except TemplateError as exc:
             if position == 0:
                 raise
-            result._set(position, row_error(position, exc), usage=Usage(), latency=0.0,
-                        attempts=0, origin=RowOrigin.NOT_SENT)
+            result._set(position, row_error(position, exc))
             stats.failed += 1
             continue
         base = row_key(model, messages, material)
@@ -229,13 +218,13 @@ class RowRunner:
     stats: Stats
     cancel: CancelToken
     checkpoint: Checkpoint | None = None
-    on_row: Callable[[int, Response | DispatchError], None] | None = None
     #: ``budget=``: asked before each attempt, told how it ended (batching/budget.py)
     budget: RowBudget | None = None
 
     def __post_init__(self) -> None:
         self.limiter = AdaptiveLimiter(self.settings.concurrency)
-        self._stopped: asyncio.Event | None = None
+        #: set when the batch stops sending (cancelled, or an error every row would get)
+        self._stopped = asyncio.Event()
 
     def _cancel_error(self) -> RequestCancelled:
         return RequestCancelled(self.cancel.reason or "the batch was cancelled",
@@ -248,7 +237,6 @@ class RowRunner:
     async def run(self, rows: Iterator[Pending]) -> None:
         """Run every row of ``rows`` (read one at a time, as slots free up)."""
         loop = asyncio.get_running_loop()
-        stopped = self._stopped = asyncio.Event()
 
         def on_cancel() -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to stop
@@ -265,7 +253,7 @@ class RowRunner:
                 except DispatchError:  # cancelled or stopped (or while waiting for a slot)
                     self._not_sent(pending)
                     break  # rows not read yet stay unread (the caller marks them not sent)
-                if stopped.is_set():  # the slot came free as the batch stopped
+                if self._stopped.is_set():  # the slot came free as the batch stopped
                     self.limiter.release()
                     self._not_sent(pending)
                     break
@@ -287,8 +275,7 @@ class RowRunner:
             self.result.lowest_concurrency = self.limiter.lowest
 
     def _stop(self) -> None:
-        if self._stopped is not None:
-            self._stopped.set()
+        self._stopped.set()
         self.limiter.cancel_all(self._cancel_error)
 
     def _halt(self, position: int, error: DispatchError) -> None:
@@ -296,17 +283,14 @@ class RowRunner:
         if self.result.stopped_by is not None or self.cancel.cancelled:
             return
         self.result.stopped_by = (position, error)
-        if self._stopped is not None:
-            self._stopped.set()
+        self._stopped.set()
         self.limiter.cancel_all(self._not_sent_error)
 
     def _not_sent(self, pending: Pending) -> None:
-        self.result._set(pending.position, self._not_sent_error(), usage=Usage(), latency=0.0,
-                         attempts=0, origin=RowOrigin.NOT_SENT)
+        self.result._set(pending.position, self._not_sent_error())
         self.stats.not_sent += 1
 
     async def _sleep(self, seconds: float) -> None:
-        assert self._stopped is not None
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), seconds)
 
@@ -471,5 +455,3 @@ class RowRunner:
             except OSError as exc:
                 log.warning("could not write row %d to the checkpoint %s: %s", pending.position,
                             self.checkpoint.path, exc)
-        if self.on_row is not None:
-            self.on_row(pending.position, item)

@@ -86,29 +86,19 @@ class BatchResult(Sequence[Any]):
         self._source = source
         #: ``provider:model`` of the batch
         self.model = model
-        #: every row's tokens
         self.usage = Usage()
-        #: wall-clock seconds the batch took
         self.elapsed = 0.0
-        #: True when Ctrl-C or a cancel token stopped the batch before every row finished
         self.interrupted = False
-        #: ``(row, error)``: the authentication, quota or unknown-model error the batch stopped at
-        #: (the rows after it were not sent), or None
         self.stopped_by: tuple[int, DispatchError] | None = None
-        #: the lowest the adaptive concurrency went (rate limits halve it)
         self.lowest_concurrency: float | None = None
-        #: Copilot premium requests this run used (model calls × the model's multiplier), if known
         self.premium_requests: float | None = None
         #: ``budget=`` of the run (its ``spent`` and ``remaining``), if one was given
         self.budget: Budget | None = None
-        #: retried requests (rate limits, dropped connections, server errors)
         self.retries = 0
-        #: HTTP 429 answers the batch received
         self.rate_limited = 0
-        #: calls that reached the model in this run (tool rounds included; replays excluded)
         self.model_calls = 0
-        #: a deferred batch's provider jobs (:class:`~dispatch_nb.batching.deferred.BatchJob`:
-        #: ids, state, counts, times); None for a live batch
+        #: a deferred batch's provider jobs (:class:`~dispatch_nb.batching.deferred.BatchJob`),
+        #: None for a live batch
         self.job: Any = None
         self._plan: Any = None  # what the batch was asked (for retry_failed)
         self._deferred: Any = None  # the deferred run (for refresh / wait)
@@ -124,8 +114,11 @@ class BatchResult(Sequence[Any]):
             self._input_tokens.append(0)
             self._output_tokens.append(0)
 
-    def _set(self, position: int, item: Response | DispatchError, *, usage: Usage,
-             latency: float, attempts: int, origin: int) -> None:
+    def _set(self, position: int, item: Response | DispatchError, *,
+             origin: int = RowOrigin.NOT_SENT, usage: Usage | None = None, latency: float = 0.0,
+             attempts: int = 0) -> None:
+        """Row ``position`` ended as ``item`` (the defaults: a row never sent)."""
+        usage = usage if usage is not None else Usage()
         self._reserve(position)
         self._items[position] = item
         self._latency[position] = latency
@@ -341,13 +334,8 @@ class BatchResult(Sequence[Any]):
 
     # -- pandas ----------------------------------------------------------------------------------
     def to_pandas(self, *, prefix: str = "") -> Any:
-        """A pandas DataFrame: the input (when it was a DataFrame, a Series or a list kept in
-        memory; not an iterator) with the columns ``answer``, ``error``, ``status`` (``"ok"``,
-        ``"failed"`` or ``"not sent"``), ``stop_reason``, ``input_tokens``, ``output_tokens``,
-        ``latency_s`` and ``origin`` added (each name
-        preceded by ``prefix``), one row per input row, on the input's index. A batch run with
-        ``output=`` also has ``parsed``: each row's validated object (``None`` for a failed row);
-        ``pd.json_normalize`` turns its fields into columns."""
+        """A pandas DataFrame: the input (when it was kept in memory) with the columns of
+        docs/batch.md, "The result" added, each name preceded by ``prefix``."""
         try:
             import pandas as pd
         except ImportError:

@@ -120,10 +120,8 @@ def _undefined(notes: list[str]) -> list[str]:
 
 def fill_template(template: str | Callable[[Any], Any], row: Any,
                   names: Mapping[str, Any]) -> str | list[Message]:
-    """``template`` filled for one row (``%%chat`` interpolation rules; see the module docstring).
-
-    Raises :class:`TemplateError` when the template names something the row lacks, or an
-    expression in it fails."""
+    """``template`` (a str filled by ``%%chat``'s rules, or a function) filled for one row;
+    :class:`TemplateError` when it names something the row lacks or an expression fails."""
     if callable(template):
         value = template(row)
         if isinstance(value, str):

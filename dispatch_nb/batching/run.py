@@ -17,11 +17,11 @@ from ..budget import Budget
 from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError
-from ..registry import find_descriptor
+from ..registry import default_model_spec, find_descriptor
 from ..types import Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .deferred import TICK, DeferredRun, in_thread
+from .deferred import TICK, BatchPendingError, DeferredRun, in_thread
 from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, chat_request, prepare_rows
 from .plan import BatchPlan, aclose_adapter, finish, new_result, resolve_adapter
 from .progress import BatchProgress, progress_mode
@@ -152,8 +152,6 @@ def _job(
     they mean), checked: the batch planned, as the job both run."""
     check_template(template)
     if model is None:
-        from ..registry import default_model_spec
-
         model = default_model_spec()
     if not isinstance(model, (Adapter, str)):
         raise TypeError(
@@ -251,8 +249,6 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
 def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchResult:
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
     their own with the same plan; their answers replace the errors in ``result``."""
-    from .deferred import BatchPendingError
-
     plan: BatchPlan | None = result._plan
     if plan is None:
         raise ValueError("this BatchResult does not know the batch it came from")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
+from ..cost import ledger
 from ..render import mark_replayed
 from ..stream import Accumulator, AsyncResponseStream, ResponseStream, _Mirror, sync_stream
 from ..types import Response, StreamDelta
@@ -38,8 +39,6 @@ class _Replayed(Accumulator):
         """The recorded answer; its cost is the recorded one, marked replayed (nothing is spent
         now), and entered in the ledger as saved; its footer says "replayed", as a %%chat
         cell's does."""
-        from ..cost import ledger
-
         final = self._final.model_copy(deep=True)
         if final.cost is not None:
             final.cost = final.cost.model_copy(update={"replayed": True})
@@ -154,7 +153,8 @@ class CachedAdapter(Adapter):
         try:
             self.cache.record(
                 key, provider=self.inner.provider_name, model=self.inner.model_name,
-                request=request, deltas=deltas, response=response, streamed=request.stream,
+                messages=request.messages, deltas=deltas, response=response,
+                streamed=request.stream,
                 label=self.label, secrets=_adapter_secrets(self.inner),
             )
         except OSError as exc:
@@ -242,15 +242,9 @@ def cached_model(
     label: str | None = None,
     **options: Any,
 ) -> CachedAdapter:
-    """``spec``'s model behind the response cache, as ``%%chat`` builds it: a
-    :class:`CachedAdapter` around :func:`~dispatch_nb.replay_only.connect_for_cache` (in
-    ``replay`` mode neither the model, nor its extra, nor a login is needed).
-
-    ``cache`` is a :class:`~dispatch_nb.cache.ResponseCache` or the cache file's path (``None``:
-    ``$DISPATCH_NB_CACHE_FILE``, else the notebook's file); a path's mode comes from
-    ``$DISPATCH_NB_CACHE`` (``off`` when unset). ``label`` names the cell in recorded lines and
-    misses; ``options`` go to :func:`~dispatch_nb.connect`. A replayed answer's footer says
-    ``replayed``."""
+    """``spec``'s model behind the response cache (a :class:`ResponseCache` or its path), as
+    ``%%chat`` builds it: in ``replay`` mode neither the model, nor its extra, nor a login is
+    needed (docs/record-replay.md, "From Python")."""
     from ..replay_only import connect_for_cache
 
     if not isinstance(cache, ResponseCache):

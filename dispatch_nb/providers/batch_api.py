@@ -184,13 +184,8 @@ class BatchAPI:
 
 
 def _jsonl(data: bytes) -> list[dict[str, Any]]:
-    rows = []
-    for raw in data.splitlines():
-        if raw.strip():
-            value = orjson.loads(raw)
-            if isinstance(value, dict):
-                rows.append(value)
-    return rows
+    values = (orjson.loads(raw) for raw in data.splitlines() if raw.strip())
+    return [value for value in values if isinstance(value, dict)]
 
 
 class OpenAIBatchAPI(BatchAPI):
