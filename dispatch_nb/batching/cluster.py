@@ -22,9 +22,9 @@ from ..errors import DispatchError
 from ..types import Response, Usage
 from .checkpoint import Checkpoint, shared_checkpoint
 from .engine import BatchSettings, Pending, RowRunner, Stats, chat_request, prepare_rows, resume
-from .plan import aclose_adapter, finish, mark_not_sent, new_result, resolve_adapter
-from .progress import BatchProgress, progress_mode
-from .result import BatchInterrupted, BatchResult, RowOrigin, is_not_sent, not_sent
+from .plan import aclose_adapter, mark_not_sent, resolve_adapter
+from .progress import BatchProgress
+from .result import BatchResult, RowOrigin, is_not_sent, not_sent
 from .rows import RowCall
 
 __all__ = ["PartitionTask", "run_on_dask", "run_partition"]
@@ -152,9 +152,9 @@ def _watch(name: str | None, token: CancelToken,
 
 
 # -- on the client --------------------------------------------------------------------------------
-def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool | str | None,
-                partition_size: int | None) -> BatchResult:
-    """Run ``plan`` (a :class:`~dispatch_nb.batching.run.BatchPlan`) on ``client``'s workers."""
+def dask_partition_size(plan: Any, client: Any, partition_size: int | None) -> int:
+    """The rows per partition of ``plan`` (a :class:`~dispatch_nb.batching.plan.BatchPlan`) on
+    ``client``, once ``executor=`` and the plan are checked for Dask."""
     distributed = _require_distributed()
     if isinstance(plan.model, Adapter):
         raise TypeError(
@@ -167,14 +167,20 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     size = partition_size if partition_size is not None else max(4, 2 * plan.settings.concurrency)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"partition_size must be a positive integer, not {partition_size!r}")
+    return size
+
+
+def run_on_dask(plan: Any, client: Any, result: BatchResult, stats: Stats, bar: BatchProgress, *,
+                cancel: CancelToken, size: int) -> None:
+    """Run ``plan``'s rows on ``client``'s workers into ``result``; Ctrl-C waits a moment for
+    the partitions running to hand back what finished, then raises."""
+    distributed = _require_distributed()
     cache = plan.cache
     cache_spec = (str(cache.path.absolute()), cache.mode, cache.pace) if cache is not None else None
     checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
     if checkpoint is not None:
         checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
         checkpoint.path.touch()  # the workers check they see this file (a shared filesystem)
-    result, stats = new_result(plan)
-    bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key} on Dask")
     event_name = f"dispatch-nb-batch-{uuid.uuid4().hex}"
     stop_event = distributed.Event(event_name, client=client)
     remove_callback = cancel.add_callback(lambda: _stop(stop_event))
@@ -268,26 +274,20 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
             if outstanding:
                 time.sleep(0.05)
 
-    interrupted = False
     try:  # cancelling the token sets the stop event (its callback)
         pump(math.inf)
     except KeyboardInterrupt:
-        interrupted = True
         cancel.cancel("interrupted (KeyboardInterrupt)")
         with contextlib.suppress(KeyboardInterrupt, Exception):
             pump(time.monotonic() + CANCEL_GRACE)
         _cancel_rest(client, outstanding)
+        raise
     except BaseException:
         cancel.cancel("the batch failed")
         _cancel_rest(client, outstanding)
         raise
     finally:
         remove_callback()
-    finish(plan, result, stats, cancel)
-    bar.close(stats, result.summary())
-    if interrupted:
-        raise BatchInterrupted(result, plan.checkpoint) from None
-    return result
 
 
 def _stop(event: Any) -> None:

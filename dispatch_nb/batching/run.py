@@ -21,6 +21,7 @@ from ..registry import default_model_spec, find_descriptor
 from ..types import Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
+from .cluster import dask_partition_size, run_on_dask
 from .deferred import TICK, BatchPendingError, DeferredRun, in_thread
 from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, chat_request, prepare_rows
 from .plan import BatchPlan, aclose_adapter, finish, new_result, resolve_adapter
@@ -51,16 +52,17 @@ class _Job:
 
     def __init__(self, plan: BatchPlan, cancel: CancelToken | None,
                  progress: bool | str | None, budget: Budget | float | str | None = None, *,
-                 deferred: bool = False, wait: bool = True,
-                 poll_interval: float | None = None) -> None:
+                 deferred: bool = False, wait: bool = True, poll_interval: float | None = None,
+                 executor: Any = None) -> None:
         self.plan = plan
         self.token = cancel if cancel is not None else CancelToken()
-        self.progress = progress
         self.result, self.stats = new_result(plan)
         self.result._plan = plan
         self.result._retry = retry_failed
         self.result.budget = Budget.of(budget)
-        self.bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
+        where = " on Dask" if executor is not None else ""
+        self.bar = BatchProgress(progress_mode(progress),
+                                 description=f"batch {plan.model_key}{where}")
         #: ``deferred=True``: the rows go to the provider's batch API (see :mod:`.deferred`)
         self.deferred: DeferredRun | None = None
         self.wait = wait
@@ -69,19 +71,13 @@ class _Job:
                                         poll_interval=poll_interval)
             self.result._deferred = self.deferred
         #: ``executor=``: a Dask client to run the rows on, in partitions of ``partition_size``
-        self.executor: Any = None
-        self.partition_size: int | None = None
+        self.executor = executor
+        self.partition_size = 0  # set by _job, once checked
 
-    def on_dask(self) -> BatchResult:
-        """Run on the Dask cluster of ``executor=`` instead: the cluster keeps its own result and
-        bar."""
-        from .cluster import run_on_dask
-
-        if self.result.budget is not None:
-            raise ValueError("budget= is kept by one process: run the batch without executor= "
-                             "to give it a budget")
-        return run_on_dask(self.plan, self.executor, cancel=self.token, progress=self.progress,
-                           partition_size=self.partition_size)
+    def on_dask(self) -> None:
+        """Run the rows on the Dask cluster of ``executor=`` instead, from this thread."""
+        run_on_dask(self.plan, self.executor, self.result, self.stats, self.bar, cancel=self.token,
+                    size=self.partition_size)
 
     async def run_here(self, *, close_adapter: bool) -> None:
         """Run the rows on the running event loop (or submit them to the provider's batch API
@@ -179,11 +175,15 @@ def _job(
         cache=cache,
     )
     job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
-               poll_interval=poll_interval)
-    if executor is not None and deferred:
-        raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
-                         "cluster: leave executor= out")
-    job.executor, job.partition_size = executor, partition_size
+               poll_interval=poll_interval, executor=executor)
+    if executor is not None:
+        if deferred:
+            raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
+                             "cluster: leave executor= out")
+        if job.result.budget is not None:
+            raise ValueError("budget= is kept by one process: run the batch without executor= "
+                             "to give it a budget")
+        job.partition_size = dask_partition_size(plan, executor, partition_size)
     return job
 
 
@@ -204,11 +204,12 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
     finished row.
     """
     job = _job(*args, **kwargs)
-    if job.executor is not None:
-        return job.on_dask()
     try:
-        in_thread(lambda: job.run_here(close_adapter=True), job.token,
-                  lambda: job.bar.update(job.stats))
+        if job.executor is not None:
+            job.on_dask()
+        else:
+            in_thread(lambda: job.run_here(close_adapter=True), job.token,
+                      lambda: job.bar.update(job.stats))
     except KeyboardInterrupt:
         job.finish()
         raise BatchInterrupted(job.result, job.plan.checkpoint) from None
@@ -226,10 +227,12 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
     job = _job(*args, **kwargs)
     if job.executor is not None:
         try:
-            return await asyncio.to_thread(job.on_dask)
+            await asyncio.to_thread(job.on_dask)
         except asyncio.CancelledError:
             job.token.cancel("the awaiting task was cancelled")
             raise
+        job.finish()
+        return job.result
 
     async def refresh() -> None:
         while True:
