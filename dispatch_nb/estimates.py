@@ -161,19 +161,17 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
     owned = isinstance(model, str)
     adapter = connect(model) if isinstance(model, str) else model
     try:
-        prompts: list[list[Message]] = []
         if rows is None:
-            prompts.append(as_messages(template))
+            prompts = [as_messages(template)]
         else:
             source = RowSource(rows, namespace=namespace)
-            for _position, row in source:
-                prompts.append(as_messages(fill_template(template, row, source.namespace(row))))
+            prompts = [as_messages(fill_template(template, row, source.namespace(row)))
+                       for _position, row in source]
         limit = _max_tokens(adapter, max_tokens)
         counted_by, exact = "approximation", False
-        total = 0
         sample = [_count(adapter, m, system) for m in prompts[:COUNTED_ROWS]]
         if sample and all(n >= 0 for n in sample):
-            counted_by = str(getattr(adapter, "token_counter", "count_tokens"))
+            counted_by = adapter.token_counter
             total = sum(sample)
             exact = len(prompts) <= COUNTED_ROWS
             if not exact:

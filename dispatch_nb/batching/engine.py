@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from ..adapter import BACKOFF_BASE, Adapter, ChatRequest, backoff_delay
+from ..adapter import Adapter, ChatRequest, backoff_delay
 from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import (
@@ -423,8 +423,7 @@ class RowRunner:
         if attempts > self.settings.max_retries or not exc.retryable \
                 or exc.code == "quota_exceeded":
             return None
-        delay = backoff_delay(attempts - 1, exc.retry_after,
-                              getattr(self.adapter, "retry_backoff", BACKOFF_BASE))
+        delay = backoff_delay(attempts - 1, exc.retry_after, self.adapter.retry_backoff)
         if delay is None:
             return None
         if deadline is not None and time.monotonic() + delay >= deadline:

@@ -130,8 +130,7 @@ class CachedAdapter(Adapter):
 
     def _miss(self, key: str, request: ChatRequest) -> CacheMissError:
         what = self.label or "this prompt"
-        preview = _preview(_last_user_text(request.messages))
-        short = preview if len(preview) <= 60 else preview[:59] + "…"
+        short = _preview(_last_user_text(request.messages), 60)
         return CacheMissError(
             f"no recorded answer for {what} ({short!r}, {self.inner.provider_name}:"
             f"{self.inner.model_name}) in {self.cache.path}; the cache is in replay mode and "

@@ -102,9 +102,9 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _preview(text: str) -> str:
+def _preview(text: str, limit: int = _PREVIEW_CHARS) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _last_user_text(messages: list[Message]) -> str:
