@@ -1,6 +1,7 @@
 """Adaptive concurrency for a batch: AIMD, like TCP's congestion control (docs/batch.md, "Rate
 limits, retries, deadlines"). A 429 lowers the limit only if its request started after the last
-decrease, so one burst counts once; waiting rows are admitted in order, retries first.
+decrease, so one burst counts once; waiting rows are admitted in order, retries first. It lives on
+one event loop: other threads reach it through that loop.
 """
 
 from __future__ import annotations
