@@ -21,7 +21,7 @@ from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..types import Response, Usage
 from .checkpoint import Checkpoint, shared_checkpoint
-from .engine import BatchSettings, Pending, RowRunner, Stats, chat_request, prepare_rows, resume
+from .engine import BatchSettings, Pending, RowRunner, chat_request, prepare_rows, resume
 from .plan import aclose_adapter, mark_not_sent, resolve_adapter
 from .progress import BatchProgress
 from .result import BatchResult, RowOrigin, is_not_sent, not_sent
@@ -69,7 +69,6 @@ def run_partition(task: PartitionTask) -> BatchResult:
         cache = ResponseCache(path, mode, pace="recorded" if pace == "recorded" else "instant")
     adapter, _ = resolve_adapter(task.model, cache)
     result = BatchResult(model=task.model)
-    stats = Stats()
     checkpoint = shared_checkpoint(task.checkpoint) if task.checkpoint is not None else None
     if checkpoint is not None and not checkpoint.path.exists():
         raise FileNotFoundError(
@@ -80,14 +79,14 @@ def run_partition(task: PartitionTask) -> BatchResult:
     # A partition re-run after its worker died: rows that worker finished are not sent again.
     pending: list[Pending] = []
     for row in task.rows:
-        if checkpoint is None or not resume(result, stats, row.position,
+        if checkpoint is None or not resume(result, row.position,
                                             checkpoint.answer(row.key), RowOrigin.SENT):
             pending.append(row)
     token = CancelToken()
     finished = threading.Event()
     watcher = _watch(task.cancel_event, token, finished)
-    runner = RowRunner(adapter, task.call, task.settings, result=result, stats=stats,
-                       cancel=token, checkpoint=checkpoint)
+    runner = RowRunner(adapter, task.call, task.settings, result=result, cancel=token,
+                       checkpoint=checkpoint)
 
     async def go() -> None:
         try:
@@ -170,7 +169,7 @@ def dask_partition_size(plan: Any, client: Any, partition_size: int | None) -> i
     return size
 
 
-def run_on_dask(plan: Any, client: Any, result: BatchResult, stats: Stats, bar: BatchProgress, *,
+def run_on_dask(plan: Any, client: Any, result: BatchResult, bar: BatchProgress, *,
                 cancel: CancelToken, size: int) -> None:
     """Run ``plan``'s rows on ``client``'s workers into ``result``; Ctrl-C waits a moment for
     the partitions running to hand back what finished, then raises."""
@@ -184,8 +183,8 @@ def run_on_dask(plan: Any, client: Any, result: BatchResult, stats: Stats, bar: 
     event_name = f"dispatch-nb-batch-{uuid.uuid4().hex}"
     stop_event = distributed.Event(event_name, client=client)
     remove_callback = cancel.add_callback(lambda: _stop(stop_event))
-    rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint,
-                        result, stats)
+    stats = result._stats
+    rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint, result)
     threads = sum(client.nthreads().values()) or 2  # no worker yet: assume two threads
     ahead = 2 * threads + 2  # partitions submitted at a time
     outstanding: dict[Any, list[int]] = {}  # future → the positions of its rows
@@ -215,7 +214,7 @@ def run_on_dask(plan: Any, client: Any, result: BatchResult, stats: Stats, bar: 
         stats.in_flight -= len(positions)
         if future.status == "cancelled":
             for position in positions:
-                mark_not_sent(result, stats, position, cancel)
+                mark_not_sent(result, position, cancel)
             return
         try:
             part: BatchResult = future.result()

@@ -28,7 +28,7 @@ from ..types import Response, Usage
 from ..wire.base import WireRequest
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .engine import Pending, Stats, chat_request, prepare_rows, resume
+from .engine import Pending, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
 from .result import NOT_SENT, BatchResult, RowOrigin
 
@@ -138,8 +138,8 @@ class DeferredRun:
     """One deferred batch: its rows, its jobs, and the steps :func:`batch` / :func:`abatch` and
     ``BatchResult.refresh()`` / ``wait()`` take."""
 
-    def __init__(self, plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken,
-                 *, poll_interval: float | None = None) -> None:
+    def __init__(self, plan: BatchPlan, result: BatchResult, cancel: CancelToken, *,
+                 poll_interval: float | None = None) -> None:
         if plan.call.runs_tools:
             raise ValueError(
                 "deferred=True cannot run Python tools: each row's tool loop needs an answer "
@@ -160,7 +160,7 @@ class DeferredRun:
             raise ValueError(f"{name} must be a number of seconds ≥ 0, not {interval!r}")
         self.plan = plan
         self.result = result
-        self.stats = stats
+        self.stats = result._stats
         self.cancel = cancel
         self.poll_interval = float(interval)
         self.adapter: HTTPAdapter | None = None
@@ -182,7 +182,7 @@ class DeferredRun:
         if plan.checkpoint is not None:
             self.checkpoint = Checkpoint(plan.checkpoint)
         pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                    self.checkpoint, self.result, self.stats))
+                                    self.checkpoint, self.result))
         if self.checkpoint is None and pending:  # one named after what the batch asks
             from ..auth.token_store import dispatch_nb_home
 
@@ -191,8 +191,8 @@ class DeferredRun:
             plan.checkpoint = str(dispatch_nb_home() / "batches" / f"{digest[:24]}.jsonl")
             self.checkpoint = Checkpoint(plan.checkpoint)
             # rows an earlier run of this same call already answered
-            pending = [p for p in pending if not resume(self.result, self.stats, p.position,
-                                                        self.checkpoint.answer(p.key))]
+            pending = [p for p in pending
+                       if not resume(self.result, p.position, self.checkpoint.answer(p.key))]
         return pending
 
     async def start(self) -> None:

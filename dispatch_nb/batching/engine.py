@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from ..adapter import Adapter, ChatRequest, backoff_delay
@@ -34,8 +34,7 @@ from .limiter import AdaptiveLimiter
 from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
 from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
 
-__all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "chat_request", "prepare_rows",
-           "resume"]
+__all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "chat_request", "prepare_rows", "resume"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -66,44 +65,6 @@ class Pending:
     position: int
     messages: str | list[Message]
     key: str
-
-
-@dataclass
-class Stats:
-    """Live counters for the progress display (read from another thread: plain ints)."""
-
-    total: int | None = None
-    ok: int = 0
-    failed: int = 0
-    not_sent: int = 0
-    in_flight: int = 0
-    resumed: int = 0
-    replayed: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    rate_limited: int = 0
-    started: float = field(default_factory=time.monotonic)
-    first_sent: float | None = None
-    sent_done: int = 0
-    #: a deferred batch's jobs, one line (``openai job batch_…: in_progress, 340 of 1,000 answered``)
-    job: str = ""
-
-    @property
-    def finished(self) -> int:
-        return self.ok + self.failed + self.not_sent
-
-    def count(self, item: Any, origin: int, usage: Usage) -> None:
-        """One row ended as ``item`` (an answer or an error); ``origin``: a :class:`RowOrigin` code."""
-        if isinstance(item, Response):
-            self.ok += 1
-        elif is_not_sent(item):
-            self.not_sent += 1
-        else:
-            self.failed += 1
-        if origin == RowOrigin.SENT:
-            self.sent_done += 1
-        self.input_tokens += usage.input_tokens
-        self.output_tokens += usage.output_tokens
 
 
 # -- one row's call -------------------------------------------------------------------------------
@@ -164,7 +125,6 @@ def prepare_rows(
     call: RowCall,
     checkpoint: Checkpoint | None,
     result: BatchResult,
-    stats: Stats,
 ) -> Iterator[Pending]:
     """Fill each row's template and yield the rows to send; rows answered in the checkpoint and
     rows whose template fails go straight into ``result``. The first row's template failure is
@@ -179,26 +139,26 @@ def prepare_rows(
             if position == 0:
                 raise
             result._set(position, row_error(position, exc))
-            stats.failed += 1
+            result._stats.failed += 1
             continue
         base = row_key(model, messages, material)
         occurrence = seen.get(base, 0)
         seen[base] = occurrence + 1
         key = base if occurrence == 0 else f"{base}#{occurrence}"
-        if checkpoint is None or not resume(result, stats, position, checkpoint.answer(key)):
+        if checkpoint is None or not resume(result, position, checkpoint.answer(key)):
             yield Pending(position, messages, key)
 
 
-def resume(result: BatchResult, stats: Stats, position: int,
-           answer: tuple[Response, Usage, float] | None, origin: int = RowOrigin.CHECKPOINT) -> bool:
+def resume(result: BatchResult, position: int, answer: tuple[Response, Usage, float] | None,
+           origin: int = RowOrigin.CHECKPOINT) -> bool:
     """Put ``answer``, a checkpoint's (:meth:`.Checkpoint.answer`), in ``result`` as row
     ``position``'s; False when there is none (the row is to be sent)."""
     if answer is None:
         return False
     response, usage, latency = answer
     result._set(position, response, usage=usage, latency=latency, attempts=0, origin=origin)
-    stats.resumed += 1
-    stats.count(response, origin, usage)
+    result._stats.resumed += 1
+    result._stats.count(response, origin, usage)
     return True
 
 
@@ -215,13 +175,14 @@ class RowRunner:
     settings: BatchSettings
     _: KW_ONLY
     result: BatchResult
-    stats: Stats
     cancel: CancelToken
-    checkpoint: Checkpoint | None = None
+    #: where each answered row is recorded the moment it finishes, if anywhere
+    checkpoint: Checkpoint | None
     #: ``budget=``: asked before each attempt, told how it ended (batching/budget.py)
     budget: RowBudget | None = None
 
     def __post_init__(self) -> None:
+        self.stats = self.result._stats
         self.limiter = AdaptiveLimiter(self.settings.concurrency)
         #: set when the batch stops sending (cancelled, or an error every row would get)
         self._stopped = asyncio.Event()

@@ -15,11 +15,11 @@ from ..cancel import CancelToken
 from ..errors import DispatchError, RequestCancelled
 from ..registry import connect, parse_model_spec
 from ..replay_only import connect_for_cache
-from .engine import BatchSettings, Stats
+from .engine import BatchSettings
 from .result import NOT_SENT, BatchResult, RowOrigin, not_sent
 from .rows import RowCall, RowSource
 
-__all__ = ["BatchPlan", "aclose_adapter", "finish", "new_result", "resolve_adapter"]
+__all__ = ["BatchPlan", "aclose_adapter", "finish", "mark_not_sent", "resolve_adapter"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -70,20 +70,20 @@ async def aclose_adapter(adapter: Adapter) -> None:
             adapter.close()
 
 
-def mark_not_sent(result: BatchResult, stats: Stats, position: int, cancel: CancelToken) -> None:
+def mark_not_sent(result: BatchResult, position: int, cancel: CancelToken) -> None:
     """Row ``position`` was never sent: the batch was cancelled or stopped first."""
     result._set(position, not_sent(result, cancel))
-    stats.not_sent += 1
+    result._stats.not_sent += 1
 
 
-def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken) -> None:
+def finish(plan: BatchPlan, result: BatchResult, cancel: CancelToken) -> None:
     """Mark rows never sent as such (a cancelled or stopped batch over a sized input: the rows
     not read yet too) and set totals."""
     for position, item in enumerate(result._items):
         if item is None:  # handed out, never finished (the engine stopped abruptly): maybe sent
             result._set(position, RequestCancelled("not finished: the batch was stopped"),
                         origin=RowOrigin.SENT)
-            stats.failed += 1
+            result._stats.failed += 1
         elif isinstance(item, DispatchError) and item.code == NOT_SENT and item.__cause__ is None \
                 and result.stopped_by is not None and not cancel.cancelled:
             # marked before the row that stopped the batch was known (a Dask partition that saw
@@ -93,14 +93,10 @@ def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelTok
     if total is not None and len(result) < total \
             and (cancel.cancelled or result.stopped_by is not None):
         for position in range(len(result), total):
-            mark_not_sent(result, stats, position, cancel)
+            mark_not_sent(result, position, cancel)
     result.interrupted = cancel.cancelled
-    result.elapsed = time.monotonic() - stats.started
+    result.elapsed = time.monotonic() - result._stats.started
     if result.resumed:
         log.info("batch %s: %d of %d rows were already answered in %s; sent %d", plan.model_key,
                  result.resumed, len(result), plan.checkpoint, result.sent)
 
-
-def new_result(plan: BatchPlan) -> tuple[BatchResult, Stats]:
-    result = BatchResult(plan.source, model=plan.model_key)
-    return result, Stats(total=plan.source.total)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from .engine import Stats
+from .result import Stats
 
 __all__ = ["BatchProgress", "progress_mode"]
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import array
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ..budget import Budget
@@ -18,8 +20,8 @@ from ..errors import (
 )
 from ..types import Response, Usage
 
-__all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "is_not_sent", "not_sent",
-           "stops_batch"]
+__all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "Stats", "is_not_sent",
+           "not_sent", "stops_batch"]
 
 #: the ``code`` of a row's error when the batch never sent the row (it stopped first)
 NOT_SENT = "not_sent"
@@ -70,6 +72,44 @@ def is_not_sent(item: Any) -> bool:
     return isinstance(item, DispatchError) and item.code in (NOT_SENT, "budget_exceeded")
 
 
+@dataclass
+class Stats:
+    """Live counters for the progress display (read from another thread: plain ints)."""
+
+    total: int | None = None
+    ok: int = 0
+    failed: int = 0
+    not_sent: int = 0
+    in_flight: int = 0
+    resumed: int = 0
+    replayed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    rate_limited: int = 0
+    started: float = field(default_factory=time.monotonic)
+    first_sent: float | None = None
+    sent_done: int = 0
+    #: a deferred batch's jobs, one line (``openai job batch_…: in_progress, 340 of 1,000 answered``)
+    job: str = ""
+
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed + self.not_sent
+
+    def count(self, item: Any, origin: int, usage: Usage) -> None:
+        """One row ended as ``item`` (an answer or an error); ``origin``: a :class:`RowOrigin` code."""
+        if isinstance(item, Response):
+            self.ok += 1
+        elif is_not_sent(item):
+            self.not_sent += 1
+        else:
+            self.failed += 1
+        if origin == RowOrigin.SENT:
+            self.sent_done += 1
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+
+
 class BatchResult(Sequence[Any]):
     """The answers of a batch, in input order: ``result[i]`` is row ``i``'s
     :class:`~dispatch_nb.types.Response`, or the :class:`~dispatch_nb.errors.DispatchError` that
@@ -84,6 +124,8 @@ class BatchResult(Sequence[Any]):
         self._input_tokens = array.array("q")
         self._output_tokens = array.array("q")
         self._source = source
+        #: the live counters the progress bar shows
+        self._stats = Stats(total=source.total if source is not None else None)
         #: ``provider:model`` of the batch
         self.model = model
         self.usage = Usage()

@@ -24,7 +24,7 @@ from .checkpoint import Checkpoint
 from .cluster import dask_partition_size, run_on_dask
 from .deferred import TICK, BatchPendingError, DeferredRun, in_thread
 from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, chat_request, prepare_rows
-from .plan import BatchPlan, aclose_adapter, finish, new_result, resolve_adapter
+from .plan import BatchPlan, aclose_adapter, finish, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
 from .rows import RowCall, RowSource, check_template
@@ -56,7 +56,8 @@ class _Job:
                  executor: Any = None) -> None:
         self.plan = plan
         self.token = cancel if cancel is not None else CancelToken()
-        self.result, self.stats = new_result(plan)
+        self.result = BatchResult(plan.source, model=plan.model_key)
+        self.stats = self.result._stats
         self.result._plan = plan
         self.result._retry = retry_failed
         self.result.budget = Budget.of(budget)
@@ -67,8 +68,7 @@ class _Job:
         self.deferred: DeferredRun | None = None
         self.wait = wait
         if deferred:
-            self.deferred = DeferredRun(plan, self.result, self.stats, self.token,
-                                        poll_interval=poll_interval)
+            self.deferred = DeferredRun(plan, self.result, self.token, poll_interval=poll_interval)
             self.result._deferred = self.deferred
         #: ``executor=``: a Dask client to run the rows on, in partitions of ``partition_size``
         self.executor = executor
@@ -76,7 +76,7 @@ class _Job:
 
     def on_dask(self) -> None:
         """Run the rows on the Dask cluster of ``executor=`` instead, from this thread."""
-        run_on_dask(self.plan, self.executor, self.result, self.stats, self.bar, cancel=self.token,
+        run_on_dask(self.plan, self.executor, self.result, self.bar, cancel=self.token,
                     size=self.partition_size)
 
     async def run_here(self, *, close_adapter: bool) -> None:
@@ -92,7 +92,7 @@ class _Job:
         checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
         try:
             rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                checkpoint, result, self.stats)
+                                checkpoint, result)
             first = next(rows, None)
             if first is None:
                 return
@@ -103,7 +103,7 @@ class _Job:
                 budget = RowBudget(result.budget, adapter, plan.call)
                 budget.worst(first.messages)  # an unknown price or max_tokens fails here too
             runner = RowRunner(adapter, plan.call, plan.settings, result=result,
-                               stats=self.stats, cancel=self.token, checkpoint=checkpoint,
+                               cancel=self.token, checkpoint=checkpoint,
                                budget=budget)
             await runner.run(itertools.chain([first], rows))
             await _premium(adapter, result)
@@ -113,7 +113,7 @@ class _Job:
 
     def finish(self) -> None:
         """Account for rows never run, set the totals, close the bar."""
-        finish(self.plan, self.result, self.stats, self.token)
+        finish(self.plan, self.result, self.token)
         self.bar.close(self.stats, self.result.summary())
 
 
