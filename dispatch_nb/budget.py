@@ -17,11 +17,9 @@ __all__ = ["Budget"]
 
 
 class Budget:
-    """``budget=``: dollars a batch or a session may spend. Before each request its worst case
-    is reserved (:meth:`reserve`); the answer's real cost replaces the reservation
-    (:meth:`settle`). A request whose worst case does not fit in what is left — spent plus
-    reserved — is not sent: :class:`~dispatch_nb.errors.BudgetExceededError`. So the spending
-    never exceeds the budget, however many requests are in flight."""
+    """``budget=``: dollars a batch or a session may spend (docs/cost.md, "Budgets"). Each
+    request reserves its worst case (:meth:`reserve`) and :meth:`settle` replaces that with what
+    it cost; one that does not fit raises :class:`~dispatch_nb.errors.BudgetExceededError`."""
 
     def __init__(self, usd: float | Decimal | str) -> None:
         if isinstance(usd, bool):

@@ -1,12 +1,6 @@
 """What answers cost: :class:`Cost` per answer, :class:`CostTotal` sums, the process's
-:data:`ledger` (``%chat cost``); :mod:`dispatch_nb.estimates` says what a request could cost
-before it is sent and :mod:`dispatch_nb.budget` keeps ``budget=`` (see docs/cost.md).
-
-Prices come from ``genai-prices`` (pydantic's maintained price database), its data bundled with
-the installed package: nothing is fetched at run time. A provider's answers are priced under the
-``genai-prices`` provider id of its :class:`~dispatch_nb.registry.ProviderDescriptor`
-(``price_provider``); a provider without one (the embedded model, OpenAI-compatible servers) or a
-model the data does not know has an unknown price: ``None``, never zero.
+:data:`ledger` (``%chat cost``), priced from ``genai-prices``' bundled data (docs/cost.md). This
+module imports nothing of dispatch_nb: the registry fills :data:`PRICE_PROVIDERS`.
 """
 
 from __future__ import annotations
@@ -74,16 +68,10 @@ def premium_words(value: float) -> str:
 
 
 class Cost(BaseModel):
-    """What one answer cost, from the usage the provider reported for the successful attempt.
-
-    ``usd`` = ``input_usd`` + ``output_usd`` (``Decimal`` dollars, as ``genai-prices``
-    computes them). ``premium_requests``: GitHub Copilot's premium requests for the call (the
-    model's multiplier from ``/models``; 0 for included models and for the follow-up calls of a
-    tool loop), ``None`` elsewhere. ``usd`` is ``None`` only for a Copilot answer whose premium
-    requests are known but whose dollar price is not. ``source`` names the price data and the
-    date the price was taken for. ``replayed``: the answer came from the response cache — it
-    cost ``usd`` when it was recorded and nothing now (equality ignores it).
-    """
+    """What one answer cost, from the usage the provider reported for the successful attempt
+    (docs/cost.md): ``usd`` = ``input_usd`` + ``output_usd`` (``Decimal`` dollars; ``None`` only
+    for a Copilot answer known by its ``premium_requests`` alone), ``source`` (the price data and
+    its date), ``replayed`` (from the response cache: nothing spent now; equality ignores it)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -117,8 +105,7 @@ class Cost(BaseModel):
         text = " · ".join(parts) or "price unknown"
         return f"{text} when recorded, $0 now" if self.replayed else text
 
-    def __str__(self) -> str:
-        return self.label()
+    __str__ = label
 
 
 def _sum(a: Any, b: Any) -> Any:
@@ -179,22 +166,16 @@ def price(provider: str, model: str, usage: UsageLike, *, premium_requests: floa
                 premium_requests=premium_requests, source=source)
 
 
-_warming: list[threading.Thread] = []
-_warm_lock = threading.Lock()
+#: taken for good by the first :func:`warm_up` that starts loading the price data
+_loading = threading.Lock()
 
 
 def warm_up(provider: str) -> None:
     """Load ``genai-prices`` (its data takes a moment to import) on a background thread, once,
     when a priced provider's first request starts — so pricing its answer does not hold up the
     event loop. Does nothing for providers without a price."""
-    if _warming or not PRICE_PROVIDERS.get(provider):
-        return
-    with _warm_lock:
-        if _warming:
-            return
-        thread = threading.Thread(target=_load, name="dispatch_nb-prices", daemon=True)
-        _warming.append(thread)
-    thread.start()
+    if PRICE_PROVIDERS.get(provider) and _loading.acquire(blocking=False):
+        threading.Thread(target=_load, name="dispatch_nb-prices", daemon=True).start()
 
 
 def _load() -> None:
@@ -207,13 +188,9 @@ def _load() -> None:
 # -- sums -----------------------------------------------------------------------------------------
 @dataclass
 class CostTotal:
-    """The sum of many answers' costs (``Session.cost``, ``BatchResult.cost``).
-
-    ``usd``: what the answers with a known price cost now (replayed answers count 0);
-    ``unknown``: how many answers have no known price (never counted as 0 silently);
-    ``replayed`` / ``saved_usd``: answers replayed from the cache and what they cost when recorded;
-    ``premium_requests``: Copilot's (``None`` when no answer had any).
-    """
+    """The sum of many answers' costs (``Session.cost``, ``BatchResult.cost``): ``usd`` is what
+    the answers with a known price cost now; the others are counted in ``unknown``, never as 0
+    (docs/cost.md)."""
 
     calls: int = 0
     usd: Decimal = Decimal(0)
@@ -249,11 +226,6 @@ class CostTotal:
         for cost in costs:
             total.add(cost)
         return total
-
-    @property
-    def known(self) -> bool:
-        """Whether every answer's price is known."""
-        return self.unknown == 0
 
     def __str__(self) -> str:
         parts = [format_usd(self.usd)]
@@ -313,8 +285,6 @@ class Ledger:
 
 #: this process's ledger (``%chat cost`` shows it)
 ledger = Ledger()
-
-
 
 
 def attempt_cost(response: Any, failed: bool, reserved: Decimal) -> Decimal | None:

@@ -103,15 +103,9 @@ def worst_case(adapter: Adapter, messages: list[Message], *, system: str | None 
 
 
 class Estimate(BaseModel):
-    """What a cell or a batch would cost, before anything is sent (:func:`estimate`).
-
-    ``input_tokens`` is the provider's own count where it has one (``counted_by``:
-    ``"count_tokens"`` for Anthropic's endpoint, ``"tokenizer"`` for the embedded model) and
-    otherwise ``"approximation"`` (about 4 characters a token); ``approximate`` says whether the
-    number is one. ``max_output_usd`` is the most the output could cost (every row writing
-    ``max_tokens``); the answer costs between ``low_usd`` (the input alone) and ``high_usd``
-    (input + the most output). ``None`` where the price is unknown.
-    """
+    """What a cell or a batch would cost, before anything is sent (:func:`estimate`): between
+    ``low_usd`` (the input alone) and ``high_usd`` (input + every row writing ``max_tokens``),
+    ``None`` where the price is unknown; how ``input_tokens`` was counted: docs/cost.md."""
 
     model: str
     rows: int
@@ -141,8 +135,7 @@ class Estimate(BaseModel):
             text += f" · {premium_words(self.premium_requests)}"
         return text
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
 
 def _count(adapter: Adapter, messages: list[Message], system: str | None) -> int:
@@ -168,19 +161,17 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
     owned = isinstance(model, str)
     adapter = connect(model) if isinstance(model, str) else model
     try:
-        prompts: list[list[Message]] = []
         if rows is None:
-            prompts.append(as_messages(template))
+            prompts = [as_messages(template)]
         else:
             source = RowSource(rows, namespace=namespace)
-            for _position, row in source:
-                prompts.append(as_messages(fill_template(template, row, source.namespace(row))))
+            prompts = [as_messages(fill_template(template, row, source.namespace(row)))
+                       for _position, row in source]
         limit = _max_tokens(adapter, max_tokens)
         counted_by, exact = "approximation", False
-        total = 0
         sample = [_count(adapter, m, system) for m in prompts[:COUNTED_ROWS]]
         if sample and all(n >= 0 for n in sample):
-            counted_by = str(getattr(adapter, "token_counter", "count_tokens"))
+            counted_by = adapter.token_counter
             total = sum(sample)
             exact = len(prompts) <= COUNTED_ROWS
             if not exact:
@@ -223,5 +214,3 @@ def _premium_estimate(adapter: Adapter, calls: int) -> float | None:
     except Exception:
         return None
     return None if value is None else float(value) * calls
-
-

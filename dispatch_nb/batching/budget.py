@@ -19,10 +19,8 @@ __all__ = ["RowBudget"]
 
 class RowBudget:
     """One batch's budget over its rows: each attempt of a row reserves the row's worst case
-    (its prompt's token bound + ``max_tokens`` of output, times the calls ``output=`` may make)
-    and settles at what the attempt cost. Rows with Python tools run a
-    :class:`~dispatch_nb.session.Session` with the same :class:`Budget`, which reserves before
-    each model call of the tool loop."""
+    and settles at what it cost; a row with Python tools leaves that to its
+    :class:`~dispatch_nb.session.Session`, given the same :class:`Budget` (docs/cost.md)."""
 
     def __init__(self, budget: Budget, adapter: Adapter, call: RowCall) -> None:
         self.budget = budget

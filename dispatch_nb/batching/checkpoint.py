@@ -1,14 +1,6 @@
-"""A batch's checkpoint: a :class:`~dispatch_nb.cache.ResponseCache` whose keys are the rows.
-
-Each answered row is recorded the moment it finishes, in the cache's own line format, keyed by
-:func:`~dispatch_nb.batching.rows.row_key` (``…#1`` for a repeat of a row) with the row's facts
-(``row``, ``latency``, ``attempts``, ``usage``) beside the answer; a rerun sends only the rows not
-answered there. Rows that failed, were cancelled or were never sent are not written. See
-docs/batch.md, "Resuming: the checkpoint".
-
-A deferred batch (``deferred=True``) also records each provider job — before it is polled, and
-again as its state changes — keyed ``job:<id>`` with the keys of its rows, so a rerun (another
-kernel, another machine) collects the job instead of submitting its rows again.
+"""A batch's checkpoint: a :class:`~dispatch_nb.cache.ResponseCache` whose keys are the rows, and
+which also records a deferred batch's provider jobs (docs/batch.md, "Resuming: the checkpoint"
+and "Deferred").
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ from typing import Any
 
 from ..cache import ResponseCache
 from ..cache.keys import FORMAT_VERSION
-from ..cache.store import _now, request_summary
+from ..cache.store import _now
 from ..types import Message, Response, Usage, as_messages
 
 __all__ = ["Checkpoint", "shared_checkpoint"]
@@ -57,21 +49,10 @@ class Checkpoint:
                *, provider: str, model: str, streamed: bool, usage: Usage, latency: float,
                attempts: int) -> None:
         """Write one answered row."""
-        self.cache.put({
-            "v": FORMAT_VERSION,
-            "key": key,
-            "provider": provider,
-            "model": model,
-            "created": _now(),
-            "label": f"row {position}",
-            "request": request_summary(as_messages(messages)),
-            "streamed": streamed,
-            "response": response.model_dump(mode="json", exclude_none=True),
-            "row": position,
-            "latency": round(latency, 3),
-            "attempts": attempts,
-            "usage": usage.model_dump(mode="json"),
-        })
+        self.cache.record(key, provider=provider, model=model, messages=as_messages(messages),
+                          response=response, streamed=streamed, label=f"row {position}",
+                          row=position, latency=round(latency, 3), attempts=attempts,
+                          usage=usage.model_dump(mode="json"))
 
     # -- provider jobs (batch(..., deferred=True)) ----------------------------------------------
     def jobs(self, *, collected: bool = False) -> Iterator[tuple[dict[str, Any], list[str]]]:

@@ -1,12 +1,6 @@
-"""The same batch on a Dask cluster: ``batch(..., executor=distributed.Client(...))``.
-
-The client reads, fills and resumes the rows and submits the rest in partitions of
-``partition_size`` rows, a few partitions ahead of the workers. Each partition runs the local
-engine (:class:`~dispatch_nb.batching.engine.RowRunner`) on a worker, through an adapter the
-worker builds from the model **spec**: credentials never enter the task graph. Workers append to
-the checkpoint as rows finish, and a partition Dask re-runs after its worker died reads it first.
-Ctrl-C, the cancel token, or a partition stopped by an error every row would get sets a Dask
-``Event`` the partitions watch. See docs/batch.md, "On a Dask cluster".
+"""The same batch on a Dask cluster: ``batch(..., executor=distributed.Client(...))``; each
+partition runs :class:`~dispatch_nb.batching.engine.RowRunner` on a worker, through an adapter
+the worker builds from the model spec (docs/batch.md, "On a Dask cluster").
 """
 
 from __future__ import annotations
@@ -18,21 +12,22 @@ import math
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..adapter import Adapter
 from ..cache import ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError
-from ..types import Message, Response, Usage
+from ..types import Response, Usage
 from .checkpoint import Checkpoint, shared_checkpoint
-from .engine import BatchSettings, Pending, RowRunner, Stats, chat_request, resume
-from .progress import BatchProgress, progress_mode
-from .result import BatchInterrupted, BatchResult, RowOrigin, is_not_sent, not_sent
+from .engine import BatchSettings, Pending, RowRunner, chat_request, prepare_rows, resume
+from .plan import aclose_adapter, mark_not_sent, resolve_adapter
+from .progress import BatchProgress
+from .result import BatchResult, RowOrigin, is_not_sent, not_sent
 from .rows import RowCall
 
-__all__ = ["PartitionResult", "PartitionTask", "run_on_dask", "run_partition"]
+__all__ = ["PartitionTask", "run_on_dask", "run_partition"]
 
 #: seconds between a worker's looks at the batch's cancel event
 CANCEL_POLL = 0.5
@@ -56,7 +51,7 @@ class PartitionTask:
     """What one partition ships to a worker: no adapter and no credential, by design."""
 
     model: str
-    rows: list[tuple[int, str | list[Message], str]]
+    rows: list[Pending]
     call: RowCall
     settings: BatchSettings
     checkpoint: str | None
@@ -64,34 +59,17 @@ class PartitionTask:
     cancel_event: str | None
 
 
-@dataclass
-class PartitionResult:
-    """What a partition hands back: each row's item and facts, and the engine's counters."""
-
-    #: ``(position, item, usage, latency, attempts, origin)`` of each row
-    rows: list[tuple[int, Any, Usage, float, int, int]] = field(default_factory=list)
-    retries: int = 0
-    rate_limited: int = 0
-    model_calls: int = 0
-    lowest_concurrency: float = 0.0
-    #: the error every row would get that stopped this partition (``BatchResult.stopped_by``)
-    stopped_by: tuple[int, DispatchError] | None = None
-
-
 # -- on the worker --------------------------------------------------------------------------------
-def run_partition(task: PartitionTask) -> PartitionResult:
-    """Run one partition on this worker (a Dask task; also callable directly)."""
-    from .plan import aclose_adapter, resolve_adapter
-
+def run_partition(task: PartitionTask) -> BatchResult:
+    """Run one partition on this worker (a Dask task; also callable directly): its rows, at their
+    positions, and the engine's counters."""
     cache = None
     if task.cache is not None:
         path, mode, pace = task.cache
         cache = ResponseCache(path, mode, pace="recorded" if pace == "recorded" else "instant")
     adapter, _ = resolve_adapter(task.model, cache)
     result = BatchResult(model=task.model)
-    stats = Stats()
     checkpoint = shared_checkpoint(task.checkpoint) if task.checkpoint is not None else None
-    pending: list[Pending] = []
     if checkpoint is not None and not checkpoint.path.exists():
         raise FileNotFoundError(
             f"the checkpoint {checkpoint.path} is not reachable from this Dask worker: with "
@@ -99,15 +77,16 @@ def run_partition(task: PartitionTask) -> PartitionResult:
             "client (the same machine, or a shared mount)"
         )
     # A partition re-run after its worker died: rows that worker finished are not sent again.
-    for position, messages, key in task.rows:
-        if checkpoint is None or not resume(result, stats, position, checkpoint.answer(key),
-                                            RowOrigin.SENT):
-            pending.append(Pending(position, messages, key))
+    pending: list[Pending] = []
+    for row in task.rows:
+        if checkpoint is None or not resume(result, row.position,
+                                            checkpoint.answer(row.key), RowOrigin.SENT):
+            pending.append(row)
     token = CancelToken()
     finished = threading.Event()
     watcher = _watch(task.cancel_event, token, finished)
-    runner = RowRunner(adapter, task.call, task.settings, result=result, stats=stats,
-                       cancel=token, checkpoint=checkpoint)
+    runner = RowRunner(adapter, task.call, task.settings, result=result, cancel=token,
+                       checkpoint=checkpoint)
 
     async def go() -> None:
         try:
@@ -124,27 +103,13 @@ def run_partition(task: PartitionTask) -> PartitionResult:
             _stop(_event(task.cancel_event))
         for row in pending:  # rows the stopped runner never read
             if row.position >= len(result) or result[row.position] is None:
-                result._set(row.position, not_sent(result, token, adapter.provider_name),
-                            usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_SENT)
+                result._set(row.position, not_sent(result, token, adapter.provider_name))
     finally:
         finished.set()
         if watcher is not None:
             watcher.join(CANCEL_POLL * 2)
-    out = PartitionResult(retries=result.retries, rate_limited=result.rate_limited,
-                          model_calls=result.model_calls,
-                          lowest_concurrency=runner.limiter.lowest, stopped_by=result.stopped_by)
-    for position, item in enumerate(result._items):
-        if item is None:
-            continue
-        input_tokens, output_tokens = result.usage_of(position)
-        usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
-        if isinstance(item, Response):
-            usage = usage.model_copy(update={
-                "cache_read_tokens": item.usage.cache_read_tokens,
-                "cache_creation_tokens": item.usage.cache_creation_tokens})
-        out.rows.append((position, item, usage, result.latency(position),
-                         result.attempts(position), result._origin[position]))
-    return out
+    result.lowest_concurrency = runner.limiter.lowest
+    return result
 
 
 def _event(name: str | None) -> Any:
@@ -186,21 +151,10 @@ def _watch(name: str | None, token: CancelToken,
 
 
 # -- on the client --------------------------------------------------------------------------------
-def _worker_threads(client: Any) -> int:
-    with contextlib.suppress(Exception):
-        threads = client.nthreads()
-        if isinstance(threads, dict) and threads:
-            return max(1, sum(int(n) for n in threads.values()))
-    return 2
-
-
-def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool | str | None,
-                partition_size: int | None) -> BatchResult:
-    """Run ``plan`` (a :class:`~dispatch_nb.batching.run.BatchPlan`) on ``client``'s workers."""
+def dask_partition_size(plan: Any, client: Any, partition_size: int | None) -> int:
+    """The rows per partition of ``plan`` (a :class:`~dispatch_nb.batching.plan.BatchPlan`) on
+    ``client``, once ``executor=`` and the plan are checked for Dask."""
     distributed = _require_distributed()
-    from .engine import prepare_rows
-    from .plan import finish, mark_not_sent, new_result
-
     if isinstance(plan.model, Adapter):
         raise TypeError(
             "with executor=, pass model as a spec string (e.g. 'openai:gpt-4.1'): each worker "
@@ -212,20 +166,27 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
     size = partition_size if partition_size is not None else max(4, 2 * plan.settings.concurrency)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"partition_size must be a positive integer, not {partition_size!r}")
+    return size
+
+
+def run_on_dask(plan: Any, client: Any, result: BatchResult, bar: BatchProgress, *,
+                cancel: CancelToken, size: int) -> None:
+    """Run ``plan``'s rows on ``client``'s workers into ``result``; Ctrl-C waits a moment for
+    the partitions running to hand back what finished, then raises."""
+    distributed = _require_distributed()
     cache = plan.cache
     cache_spec = (str(cache.path.absolute()), cache.mode, cache.pace) if cache is not None else None
     checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
     if checkpoint is not None:
         checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
         checkpoint.path.touch()  # the workers check they see this file (a shared filesystem)
-    result, stats = new_result(plan)
-    bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key} on Dask")
     event_name = f"dispatch-nb-batch-{uuid.uuid4().hex}"
     stop_event = distributed.Event(event_name, client=client)
     remove_callback = cancel.add_callback(lambda: _stop(stop_event))
-    rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint,
-                        result, stats)
-    ahead = 2 * _worker_threads(client) + 2
+    stats = result._stats
+    rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint, result)
+    threads = sum(client.nthreads().values()) or 2  # no worker yet: assume two threads
+    ahead = 2 * threads + 2  # partitions submitted at a time
     outstanding: dict[Any, list[int]] = {}  # future → the positions of its rows
     exhausted = False
 
@@ -238,7 +199,7 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
                 exhausted = True
                 return
             task = PartitionTask(
-                model=plan.model, rows=[(p.position, p.messages, p.key) for p in part],
+                model=plan.model, rows=part,
                 call=plan.call, settings=plan.settings,
                 checkpoint=str(checkpoint.path) if checkpoint is not None else None,
                 cache=cache_spec, cancel_event=event_name,
@@ -253,10 +214,10 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
         stats.in_flight -= len(positions)
         if future.status == "cancelled":
             for position in positions:
-                mark_not_sent(result, stats, position, cancel)
+                mark_not_sent(result, position, cancel)
             return
         try:
-            part: PartitionResult = future.result()
+            part: BatchResult = future.result()
         except (TypeError, ValueError, FileNotFoundError):
             raise  # the request or the setup is wrong (a rejected option, an unreachable
             # checkpoint): every row would fail alike
@@ -266,8 +227,7 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
                     f"the Dask task running this row failed: {type(exc).__name__}: {exc}",
                     code="executor_failed",
                 )
-                result._set(position, error, usage=Usage(), latency=0.0, attempts=0,
-                            origin=RowOrigin.SENT)
+                result._set(position, error, origin=RowOrigin.SENT)
                 stats.failed += 1
             return
         if part.stopped_by is not None and result.stopped_by is None:
@@ -281,11 +241,20 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
             low = result.lowest_concurrency
             result.lowest_concurrency = part.lowest_concurrency if low is None \
                 else min(low, part.lowest_concurrency)
-        for position, item, usage, latency, attempts, origin in part.rows:
+        for position, item in enumerate(part):
+            if item is None:
+                continue
             if is_not_sent(item) and not cancel.cancelled:  # the batch stopped: say why
                 item = not_sent(result, cancel, item.provider)
-            result._set(position, item, usage=usage, latency=latency, attempts=attempts,
-                        origin=origin)
+            tokens_in, tokens_out = part.usage_of(position)
+            usage = Usage(input_tokens=tokens_in, output_tokens=tokens_out)
+            if isinstance(item, Response):
+                usage = usage.model_copy(update={
+                    "cache_read_tokens": item.usage.cache_read_tokens,
+                    "cache_creation_tokens": item.usage.cache_creation_tokens})
+            origin = part._origin[position]
+            result._set(position, item, usage=usage, latency=part.latency(position),
+                        attempts=part.attempts(position), origin=origin)
             stats.count(item, origin, usage)
             if origin == RowOrigin.SENT and stats.first_sent is None:
                 stats.first_sent = stats.started
@@ -304,26 +273,20 @@ def run_on_dask(plan: Any, client: Any, *, cancel: CancelToken, progress: bool |
             if outstanding:
                 time.sleep(0.05)
 
-    interrupted = False
     try:  # cancelling the token sets the stop event (its callback)
         pump(math.inf)
     except KeyboardInterrupt:
-        interrupted = True
         cancel.cancel("interrupted (KeyboardInterrupt)")
         with contextlib.suppress(KeyboardInterrupt, Exception):
             pump(time.monotonic() + CANCEL_GRACE)
         _cancel_rest(client, outstanding)
+        raise
     except BaseException:
         cancel.cancel("the batch failed")
         _cancel_rest(client, outstanding)
         raise
     finally:
         remove_callback()
-    finish(plan, result, stats, cancel)
-    bar.close(stats, result.summary())
-    if interrupted:
-        raise BatchInterrupted(result, plan.checkpoint) from None
-    return result
 
 
 def _stop(event: Any) -> None:

@@ -1,16 +1,6 @@
-"""``batch(..., deferred=True)``: the rows as provider batch jobs — half the price, answered within
-24 hours, outside the live rate limits (docs/batch.md, "Deferred").
-
-Rows are filled, keyed and resumed as in a live batch (:func:`.engine.prepare_rows`). Each row's
-body is the one a live, non-streamed call would send (the adapter's own
-:meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), its ``custom_id`` derived from its
-key; the rows go in jobs within the provider's limits (:mod:`dispatch_nb.providers.batch_api`).
-Each job is written to the checkpoint **before** it is polled (a batch without ``checkpoint=``
-gets one under ``$DISPATCH_NB_HOME/batches/`` named after what it asks), so running the same call
-again collects its jobs instead of submitting the rows again. A finished job's answers are parsed
-by the adapter's wire format into the :class:`~dispatch_nb.types.Response` a live call gives.
-Cancelling asks the provider to cancel the jobs and collects what it hands over within a few
-seconds; a rerun collects the rest.
+"""``batch(..., deferred=True)``: the rows as provider batch jobs (docs/batch.md, "Deferred"), over
+:mod:`dispatch_nb.providers.batch_api`; each row's body is the one a live, non-streamed call sends,
+and its answer is parsed by the same wire format.
 """
 
 from __future__ import annotations
@@ -26,9 +16,9 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..adapter import Adapter, ChatRequest
+from ..adapter import ChatRequest
 from ..cancel import CancelToken
 from ..cost import attempt_cost
 from ..errors import BudgetExceededError, DispatchError, RequestCancelled, RequestError
@@ -36,10 +26,14 @@ from ..providers.batch_api import BatchAPI, JobPart, RowOutcome, cancelled_error
 from ..stream import Accumulator
 from ..types import Response, Usage
 from ..wire.base import WireRequest
+from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .engine import Pending, Stats, chat_request, prepare_rows, resume
+from .engine import Pending, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
 from .result import NOT_SENT, BatchResult, RowOrigin
+
+if TYPE_CHECKING:
+    from ..http_adapter import HTTPAdapter
 
 __all__ = ["BatchJob", "BatchPendingError", "DeferredRun", "custom_id"]
 
@@ -144,8 +138,8 @@ class DeferredRun:
     """One deferred batch: its rows, its jobs, and the steps :func:`batch` / :func:`abatch` and
     ``BatchResult.refresh()`` / ``wait()`` take."""
 
-    def __init__(self, plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken,
-                 *, poll_interval: float | None = None) -> None:
+    def __init__(self, plan: BatchPlan, result: BatchResult, cancel: CancelToken, *,
+                 poll_interval: float | None = None) -> None:
         if plan.call.runs_tools:
             raise ValueError(
                 "deferred=True cannot run Python tools: each row's tool loop needs an answer "
@@ -166,14 +160,13 @@ class DeferredRun:
             raise ValueError(f"{name} must be a number of seconds ≥ 0, not {interval!r}")
         self.plan = plan
         self.result = result
-        self.stats = stats
+        self.stats = result._stats
         self.cancel = cancel
         self.poll_interval = float(interval)
-        self.adapter: Adapter | None = None
+        self.adapter: HTTPAdapter | None = None
         self.api: BatchAPI | None = None
         self.checkpoint: Checkpoint | None = None
         self.rows: dict[str, _Row] = {}
-        self.by_id: dict[str, str] = {}
         self.parts: dict[str, tuple[JobPart, list[str]]] = {}
         self.job: BatchJob | None = None
         self._collected_ok = 0
@@ -189,7 +182,7 @@ class DeferredRun:
         if plan.checkpoint is not None:
             self.checkpoint = Checkpoint(plan.checkpoint)
         pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                    self.checkpoint, self.result, self.stats))
+                                    self.checkpoint, self.result))
         if self.checkpoint is None and pending:  # one named after what the batch asks
             from ..auth.token_store import dispatch_nb_home
 
@@ -198,8 +191,8 @@ class DeferredRun:
             plan.checkpoint = str(dispatch_nb_home() / "batches" / f"{digest[:24]}.jsonl")
             self.checkpoint = Checkpoint(plan.checkpoint)
             # rows an earlier run of this same call already answered
-            pending = [p for p in pending if not resume(self.result, self.stats, p.position,
-                                                        self.checkpoint.answer(p.key))]
+            pending = [p for p in pending
+                       if not resume(self.result, p.position, self.checkpoint.answer(p.key))]
         return pending
 
     async def start(self) -> None:
@@ -214,22 +207,15 @@ class DeferredRun:
                 "(deferred=False)", provider=adapter.provider_name,
                 code="batch_unsupported",
             )
-        self.adapter, self.api = adapter, api
+        self.adapter, self.api = api.adapter, api
         self.job = self.result.job = BatchJob(adapter.provider_name)
         pending = self._read_rows()
         self.job.checkpoint = self.plan.checkpoint
-        from ..http_adapter import HTTPAdapter
-
-        if not isinstance(adapter, HTTPAdapter):
-            raise TypeError(f"{adapter.display_name} has no batch API")
         for item in pending:  # the request a live, non-streamed call sends (the same wire code)
-            request = chat_request(adapter, item.messages, self.plan.call, stream=False)
-            if request.output is not None:
-                adapter.output_mode(request)
-            request = adapter._with_output_prompt(request)
+            request = chat_request(api.adapter, item.messages, self.plan.call, stream=False)
+            request = api.adapter._with_output_prompt(request)
             self.rows[item.key] = _Row(item.position, item.key, request,
-                                       adapter.build_request(request))
-            self.by_id[custom_id(item.key)] = item.key
+                                       api.adapter.build_request(request))
         if self.checkpoint is not None and self.checkpoint.read:
             # the jobs, recorded and collected, that answered the rows read from the checkpoint:
             # in result.job as they ended (nothing is asked of the provider, no key is needed)
@@ -284,8 +270,6 @@ class DeferredRun:
         budget = self.result.budget
         if budget is None or not keys:
             return keys
-        from .budget import RowBudget
-
         assert self.adapter is not None
         worst = RowBudget(budget, self.adapter, self.plan.call).worst
         kept = []
@@ -295,8 +279,7 @@ class DeferredRun:
                 self._reserved[key] = budget.reserve(worst(row.request.messages, batch=True))
             except BudgetExceededError as exc:
                 exc.provider = self.adapter.provider_name
-                self.result._set(row.position, exc, usage=Usage(), latency=0.0, attempts=0,
-                                 origin=RowOrigin.NOT_SENT)
+                self.result._set(row.position, exc)
                 del self.rows[key]
                 continue
             kept.append(key)
@@ -327,7 +310,7 @@ class DeferredRun:
             f"not answered yet: the batch job is {state}. result.wait() or result.refresh() "
             f"collect it, and so does running the batch again{where}",
             provider=self.adapter.provider_name if self.adapter else None,
-        ), usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.NOT_SENT)
+        ))
 
     def _show(self) -> None:
         """Refresh ``result.job`` and the progress counters from the jobs."""
@@ -352,14 +335,7 @@ class DeferredRun:
         assert adapter is not None
         acc = Accumulator(adapter.model_name)
         try:
-            wire = row.wire.wire
-            if wire is not None:
-                wire.parse_body(body, acc)
-            else:
-                from ..http_adapter import HTTPAdapter
-
-                assert isinstance(adapter, HTTPAdapter)
-                adapter.parse_body(row.request, body, acc)
+            adapter._parse_body(row.wire, row.request, body, acc)
             adapter._priced(row.request, acc, batch=True)  # the batch price, in the ledger too
             response = acc.finish()
             if row.request.output is not None:
@@ -419,19 +395,15 @@ class DeferredRun:
         outcomes: list[RowOutcome] = []
         if part.state != "failed":
             outcomes = await self.api.results(client, part)
-        seen: set[str] = set()
+        waiting = {custom_id(key): self.rows[key] for key in keys if key in self.rows}
         for outcome in outcomes:
-            key = self.by_id.get(outcome.custom_id)
-            row = self.rows.get(key) if key is not None else None
-            if row is None or key in seen or key not in keys:
+            row = waiting.pop(outcome.custom_id, None)
+            if row is None:
                 continue  # not a row of this call (or a duplicate line)
-            seen.add(key)
             item = outcome.error if outcome.error is not None else self._answer(row, outcome.body)
             self._finish_row(row, item, part)
-        for key in keys:
-            row = self.rows.get(key)
-            if row is not None and key not in seen:
-                self._finish_row(row, self._missing(part), part)
+        for row in waiting.values():
+            self._finish_row(row, self._missing(part), part)
         self.collected.add(part.id)
         # a job that also holds rows of another call stays open for that call to collect
         self.checkpoint.record_job(part.to_json(), keys,

@@ -1,16 +1,9 @@
 """The batch engine: rows through one adapter on one event loop, adaptively concurrent.
 
-``prepare_rows`` reads rows lazily, fills the template and skips rows the checkpoint has answered;
-``RowRunner`` runs the rest, one asyncio task per row *in flight* (never one per row of the input,
-so memory does not grow with the input beyond the answers themselves).
-
-Retries are the batch's, not the adapter's (each call is made with ``max_retries=0``), so every
-429 reaches the :class:`~dispatch_nb.batching.limiter.AdaptiveLimiter` and slows the whole batch;
-what is retried and how long to wait follow :func:`dispatch_nb.adapter.backoff_delay`, except that
-a stream that broke half way is retried too (nobody saw its partial answer). ``timeout`` is a
-deadline per row covering all its attempts. An error every later row would get too
-(:func:`~dispatch_nb.batching.result.stops_batch`) stops the batch: rows in flight end as they
-will and no other row is sent. See docs/batch.md, "Rate limits, retries, deadlines" and "Stopping".
+:func:`prepare_rows` fills and keys the rows, skipping those the checkpoint answered;
+:class:`RowRunner` runs the rest, one task per row in flight. Retries are the batch's (each call
+has ``max_retries=0``, so every 429 reaches the limiter). See docs/batch.md, "Rate limits,
+retries, deadlines" and "Stopping".
 """
 
 from __future__ import annotations
@@ -20,11 +13,12 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import KW_ONLY, dataclass, field
+from collections.abc import Iterator
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from ..adapter import BACKOFF_BASE, Adapter, ChatRequest, backoff_delay
+from ..adapter import Adapter, ChatRequest, backoff_delay
+from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import (
     APITimeoutError,
@@ -40,8 +34,7 @@ from .limiter import AdaptiveLimiter
 from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
 from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
 
-__all__ = ["BatchSettings", "Pending", "RowRunner", "Stats", "ask", "chat_request", "prepare_rows",
-           "resume"]
+__all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "chat_request", "prepare_rows", "resume"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -72,44 +65,6 @@ class Pending:
     position: int
     messages: str | list[Message]
     key: str
-
-
-@dataclass
-class Stats:
-    """Live counters for the progress display (read from another thread: plain ints)."""
-
-    total: int | None = None
-    ok: int = 0
-    failed: int = 0
-    not_sent: int = 0
-    in_flight: int = 0
-    resumed: int = 0
-    replayed: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    rate_limited: int = 0
-    started: float = field(default_factory=time.monotonic)
-    first_sent: float | None = None
-    sent_done: int = 0
-    #: a deferred batch's jobs, one line (``openai job batch_…: in_progress, 340 of 1,000 answered``)
-    job: str = ""
-
-    @property
-    def finished(self) -> int:
-        return self.ok + self.failed + self.not_sent
-
-    def count(self, item: Any, origin: int, usage: Usage) -> None:
-        """One row ended as ``item`` (an answer or an error); ``origin``: a :class:`RowOrigin` code."""
-        if isinstance(item, Response):
-            self.ok += 1
-        elif is_not_sent(item):
-            self.not_sent += 1
-        else:
-            self.failed += 1
-        if origin == RowOrigin.SENT:
-            self.sent_done += 1
-        self.input_tokens += usage.input_tokens
-        self.output_tokens += usage.output_tokens
 
 
 # -- one row's call -------------------------------------------------------------------------------
@@ -162,16 +117,6 @@ def chat_request(adapter: Adapter, messages: str | list[Message], call: RowCall,
     return request
 
 
-def model_id(model: Adapter | str) -> str:
-    """``provider:model``, the model's part of every row key."""
-    if isinstance(model, Adapter):
-        return f"{model.provider_name}:{model.model_name}"
-    from ..registry import parse_model_spec
-
-    provider, name = parse_model_spec(model)
-    return f"{provider}:{name}"
-
-
 # -- reading rows ---------------------------------------------------------------------------------
 def prepare_rows(
     source: RowSource,
@@ -180,7 +125,6 @@ def prepare_rows(
     call: RowCall,
     checkpoint: Checkpoint | None,
     result: BatchResult,
-    stats: Stats,
 ) -> Iterator[Pending]:
     """Fill each row's template and yield the rows to send; rows answered in the checkpoint and
     rows whose template fails go straight into ``result``. The first row's template failure is
@@ -194,28 +138,27 @@ def prepare_rows(
         except TemplateError as exc:
             if position == 0:
                 raise
-            result._set(position, row_error(position, exc), usage=Usage(), latency=0.0,
-                        attempts=0, origin=RowOrigin.NOT_SENT)
-            stats.failed += 1
+            result._set(position, row_error(position, exc))
+            result._stats.failed += 1
             continue
         base = row_key(model, messages, material)
         occurrence = seen.get(base, 0)
         seen[base] = occurrence + 1
         key = base if occurrence == 0 else f"{base}#{occurrence}"
-        if checkpoint is None or not resume(result, stats, position, checkpoint.answer(key)):
+        if checkpoint is None or not resume(result, position, checkpoint.answer(key)):
             yield Pending(position, messages, key)
 
 
-def resume(result: BatchResult, stats: Stats, position: int,
-           answer: tuple[Response, Usage, float] | None, origin: int = RowOrigin.CHECKPOINT) -> bool:
+def resume(result: BatchResult, position: int, answer: tuple[Response, Usage, float] | None,
+           origin: int = RowOrigin.CHECKPOINT) -> bool:
     """Put ``answer``, a checkpoint's (:meth:`.Checkpoint.answer`), in ``result`` as row
     ``position``'s; False when there is none (the row is to be sent)."""
     if answer is None:
         return False
     response, usage, latency = answer
     result._set(position, response, usage=usage, latency=latency, attempts=0, origin=origin)
-    stats.resumed += 1
-    stats.count(response, origin, usage)
+    result._stats.resumed += 1
+    result._stats.count(response, origin, usage)
     return True
 
 
@@ -232,17 +175,17 @@ class RowRunner:
     settings: BatchSettings
     _: KW_ONLY
     result: BatchResult
-    stats: Stats
     cancel: CancelToken
-    checkpoint: Checkpoint | None = None
-    on_row: Callable[[int, Response | DispatchError], None] | None = None
+    #: where each answered row is recorded the moment it finishes, if anywhere
+    checkpoint: Checkpoint | None
     #: ``budget=``: asked before each attempt, told how it ended (batching/budget.py)
     budget: RowBudget | None = None
 
     def __post_init__(self) -> None:
+        self.stats = self.result._stats
         self.limiter = AdaptiveLimiter(self.settings.concurrency)
-        self._labelled = callable(getattr(self.adapter, "with_label", None))
-        self._stopped: asyncio.Event | None = None
+        #: set when the batch stops sending (cancelled, or an error every row would get)
+        self._stopped = asyncio.Event()
 
     def _cancel_error(self) -> RequestCancelled:
         return RequestCancelled(self.cancel.reason or "the batch was cancelled",
@@ -255,7 +198,6 @@ class RowRunner:
     async def run(self, rows: Iterator[Pending]) -> None:
         """Run every row of ``rows`` (read one at a time, as slots free up)."""
         loop = asyncio.get_running_loop()
-        stopped = self._stopped = asyncio.Event()
 
         def on_cancel() -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to stop
@@ -272,7 +214,7 @@ class RowRunner:
                 except DispatchError:  # cancelled or stopped (or while waiting for a slot)
                     self._not_sent(pending)
                     break  # rows not read yet stay unread (the caller marks them not sent)
-                if stopped.is_set():  # the slot came free as the batch stopped
+                if self._stopped.is_set():  # the slot came free as the batch stopped
                     self.limiter.release()
                     self._not_sent(pending)
                     break
@@ -294,8 +236,7 @@ class RowRunner:
             self.result.lowest_concurrency = self.limiter.lowest
 
     def _stop(self) -> None:
-        if self._stopped is not None:
-            self._stopped.set()
+        self._stopped.set()
         self.limiter.cancel_all(self._cancel_error)
 
     def _halt(self, position: int, error: DispatchError) -> None:
@@ -303,17 +244,14 @@ class RowRunner:
         if self.result.stopped_by is not None or self.cancel.cancelled:
             return
         self.result.stopped_by = (position, error)
-        if self._stopped is not None:
-            self._stopped.set()
+        self._stopped.set()
         self.limiter.cancel_all(self._not_sent_error)
 
     def _not_sent(self, pending: Pending) -> None:
-        self.result._set(pending.position, self._not_sent_error(), usage=Usage(), latency=0.0,
-                         attempts=0, origin=RowOrigin.NOT_SENT)
+        self.result._set(pending.position, self._not_sent_error())
         self.stats.not_sent += 1
 
     async def _sleep(self, seconds: float) -> None:
-        assert self._stopped is not None
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), seconds)
 
@@ -324,10 +262,9 @@ class RowRunner:
             stats.first_sent = began
         deadline = began + settings.timeout if settings.timeout is not None else None
         adapter = self.adapter
-        if self._labelled:  # a CachedAdapter: the cache names the row ("cell 3, row 17")
-            base = getattr(self.adapter, "label", None)
-            label = f"{base}, row {pending.position}" if base else f"row {pending.position}"
-            adapter = self.adapter.with_label(label)  # type: ignore[attr-defined]
+        if isinstance(adapter, CachedAdapter):  # the cache names the row ("cell 3, row 17")
+            row = f"row {pending.position}"
+            adapter = adapter.with_label(f"{adapter.label}, {row}" if adapter.label else row)
         usage = Usage()
         attempts = calls = 0
         holding = True
@@ -447,8 +384,7 @@ class RowRunner:
         if attempts > self.settings.max_retries or not exc.retryable \
                 or exc.code == "quota_exceeded":
             return None
-        delay = backoff_delay(attempts - 1, exc.retry_after,
-                              getattr(self.adapter, "retry_backoff", BACKOFF_BASE))
+        delay = backoff_delay(attempts - 1, exc.retry_after, self.adapter.retry_backoff)
         if delay is None:
             return None
         if deadline is not None and time.monotonic() + delay >= deadline:
@@ -459,12 +395,11 @@ class RowRunner:
                 usage: Usage, latency: float, attempts: int, calls: int) -> None:
         stats = self.stats
         origin = RowOrigin.SENT
-        if getattr(adapter, "replayed_calls", 0) and not getattr(adapter, "model_calls", 0):
-            origin = RowOrigin.REPLAYED
-            stats.replayed += 1
-            calls = 0
-        elif self._labelled:
-            calls = int(getattr(adapter, "model_calls", calls))
+        if isinstance(adapter, CachedAdapter):
+            calls = adapter.model_calls
+            if adapter.replayed_calls and not calls:
+                origin = RowOrigin.REPLAYED
+                stats.replayed += 1
         self.result.model_calls += calls
         if isinstance(item, BudgetExceededError) and attempts == 0:
             origin = RowOrigin.NOT_SENT  # over the budget: never sent
@@ -480,5 +415,3 @@ class RowRunner:
             except OSError as exc:
                 log.warning("could not write row %d to the checkpoint %s: %s", pending.position,
                             self.checkpoint.path, exc)
-        if self.on_row is not None:
-            self.on_row(pending.position, item)

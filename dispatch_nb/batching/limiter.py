@@ -1,13 +1,7 @@
-"""Adaptive concurrency for a batch: AIMD, like TCP's congestion control.
-
-The batch starts at the ``concurrency`` you asked for. A rate limit (HTTP 429) anywhere halves the
-limit for the whole batch (multiplicative decrease) and, when the server said ``retry-after``,
-holds every new request until then; each success adds ``1/limit`` (additive increase: about one
-more slot per round of answers), back up to ``concurrency``. Several 429s from one burst count as
-one decrease: a 429 only lowers the limit if its request started after the last decrease.
-
-Waiting rows are admitted in order; rows coming back from a retry go first. Everything runs on one
-event loop; :meth:`AdaptiveLimiter.cancel_all` may be called from any thread through the loop.
+"""Adaptive concurrency for a batch: AIMD, like TCP's congestion control (docs/batch.md, "Rate
+limits, retries, deadlines"). A 429 lowers the limit only if its request started after the last
+decrease, so one burst counts once; waiting rows are admitted in order, retries first. It lives on
+one event loop: other threads reach it through that loop.
 """
 
 from __future__ import annotations

@@ -6,19 +6,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..adapter import Adapter
 from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError, RequestCancelled
-from ..types import Usage
-from .engine import BatchSettings, Stats, model_id
+from ..registry import connect, parse_model_spec
+from ..replay_only import connect_for_cache
+from .engine import BatchSettings
 from .result import NOT_SENT, BatchResult, RowOrigin, not_sent
 from .rows import RowCall, RowSource
 
-__all__ = ["BatchPlan", "aclose_adapter", "finish", "new_result", "resolve_adapter"]
+__all__ = ["BatchPlan", "aclose_adapter", "finish", "mark_not_sent", "resolve_adapter"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -34,10 +35,14 @@ class BatchPlan:
     settings: BatchSettings
     checkpoint: str | None
     cache: ResponseCache | None
-    model_key: str = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.model_key = model_id(self.model)
+    @property
+    def model_key(self) -> str:
+        """``provider:model``, the model's part of every row key."""
+        if isinstance(self.model, Adapter):
+            return f"{self.model.provider_name}:{self.model.model_name}"
+        provider, name = parse_model_spec(self.model)
+        return f"{provider}:{name}"
 
 
 def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[Adapter, bool]:
@@ -47,12 +52,8 @@ def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[
     if isinstance(model, Adapter):
         adapter = model
     elif cache is not None:
-        from ..replay_only import connect_for_cache
-
         adapter = connect_for_cache(model, cache.mode)
     else:
-        from ..registry import connect
-
         adapter = connect(model)
     if cache is not None and cache.mode != "off":
         adapter = CachedAdapter(adapter, cache)
@@ -69,21 +70,20 @@ async def aclose_adapter(adapter: Adapter) -> None:
             adapter.close()
 
 
-def mark_not_sent(result: BatchResult, stats: Stats, position: int, cancel: CancelToken) -> None:
+def mark_not_sent(result: BatchResult, position: int, cancel: CancelToken) -> None:
     """Row ``position`` was never sent: the batch was cancelled or stopped first."""
-    result._set(position, not_sent(result, cancel), usage=Usage(), latency=0.0, attempts=0,
-                origin=RowOrigin.NOT_SENT)
-    stats.not_sent += 1
+    result._set(position, not_sent(result, cancel))
+    result._stats.not_sent += 1
 
 
-def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelToken) -> None:
+def finish(plan: BatchPlan, result: BatchResult, cancel: CancelToken) -> None:
     """Mark rows never sent as such (a cancelled or stopped batch over a sized input: the rows
     not read yet too) and set totals."""
     for position, item in enumerate(result._items):
         if item is None:  # handed out, never finished (the engine stopped abruptly): maybe sent
             result._set(position, RequestCancelled("not finished: the batch was stopped"),
-                        usage=Usage(), latency=0.0, attempts=0, origin=RowOrigin.SENT)
-            stats.failed += 1
+                        origin=RowOrigin.SENT)
+            result._stats.failed += 1
         elif isinstance(item, DispatchError) and item.code == NOT_SENT and item.__cause__ is None \
                 and result.stopped_by is not None and not cancel.cancelled:
             # marked before the row that stopped the batch was known (a Dask partition that saw
@@ -93,14 +93,10 @@ def finish(plan: BatchPlan, result: BatchResult, stats: Stats, cancel: CancelTok
     if total is not None and len(result) < total \
             and (cancel.cancelled or result.stopped_by is not None):
         for position in range(len(result), total):
-            mark_not_sent(result, stats, position, cancel)
+            mark_not_sent(result, position, cancel)
     result.interrupted = cancel.cancelled
-    result.elapsed = time.monotonic() - stats.started
+    result.elapsed = time.monotonic() - result._stats.started
     if result.resumed:
         log.info("batch %s: %d of %d rows were already answered in %s; sent %d", plan.model_key,
                  result.resumed, len(result), plan.checkpoint, result.sent)
 
-
-def new_result(plan: BatchPlan) -> tuple[BatchResult, Stats]:
-    result = BatchResult(plan.source, model=plan.model_key)
-    return result, Stats(total=plan.source.total)

@@ -1,9 +1,5 @@
-"""A batch's progress bar: tqdm's widget in Jupyter, tqdm's text bar in a terminal, or nothing.
-
-Refreshed from the :class:`~.engine.Stats` counters by whoever waits for the batch, never from the
-rows' own tasks; rate and ETA count only rows actually sent, so rows from the checkpoint or the
-cache do not make the ETA lie. In Jupyter the widget gives way, when the batch ends, to one static
-line that a saved notebook shows (docs/batch.md, "Progress").
+"""A batch's progress bar: tqdm's widget in Jupyter, tqdm's text bar in a terminal, or nothing
+(docs/batch.md, "Progress").
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from .engine import Stats
+from .result import Stats
 
 __all__ = ["BatchProgress", "progress_mode"]
 

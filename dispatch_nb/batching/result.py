@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import array
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ..budget import Budget
@@ -18,8 +20,8 @@ from ..errors import (
 )
 from ..types import Response, Usage
 
-__all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "is_not_sent", "not_sent",
-           "stops_batch"]
+__all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "Stats", "is_not_sent",
+           "not_sent", "stops_batch"]
 
 #: the ``code`` of a row's error when the batch never sent the row (it stopped first)
 NOT_SENT = "not_sent"
@@ -70,20 +72,49 @@ def is_not_sent(item: Any) -> bool:
     return isinstance(item, DispatchError) and item.code in (NOT_SENT, "budget_exceeded")
 
 
+@dataclass
+class Stats:
+    """Live counters for the progress display (read from another thread: plain ints)."""
+
+    total: int | None = None
+    ok: int = 0
+    failed: int = 0
+    not_sent: int = 0
+    in_flight: int = 0
+    resumed: int = 0
+    replayed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    rate_limited: int = 0
+    started: float = field(default_factory=time.monotonic)
+    first_sent: float | None = None
+    sent_done: int = 0
+    #: a deferred batch's jobs, one line (``openai job batch_…: in_progress, 340 of 1,000 answered``)
+    job: str = ""
+
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed + self.not_sent
+
+    def count(self, item: Any, origin: int, usage: Usage) -> None:
+        """One row ended as ``item`` (an answer or an error); ``origin``: a :class:`RowOrigin` code."""
+        if isinstance(item, Response):
+            self.ok += 1
+        elif is_not_sent(item):
+            self.not_sent += 1
+        else:
+            self.failed += 1
+        if origin == RowOrigin.SENT:
+            self.sent_done += 1
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+
+
 class BatchResult(Sequence[Any]):
     """The answers of a batch, in input order: ``result[i]`` is row ``i``'s
     :class:`~dispatch_nb.types.Response`, or the :class:`~dispatch_nb.errors.DispatchError` that
-    row ended with (one failure never loses the rest).
-
-    Totals: ``usage`` (every row's tokens, failed attempts' partial answers included),
-    ``ok`` / ``failed`` / ``not_sent`` counts, ``sent`` (rows asked of the model in this run),
-    ``resumed`` (rows read from the checkpoint), ``replayed`` (rows answered by the response
-    cache), ``retries``, ``rate_limited`` (429s seen), ``model_calls`` (calls that reached the
-    model, tool rounds included), ``premium_requests`` (GitHub Copilot: model calls × the model's
-    premium multiplier, when known), ``elapsed`` (seconds), ``lowest_concurrency`` (how far rate
-    limits pushed the batch down), ``interrupted``, ``stopped_by``. Per row: :meth:`latency`,
-    :meth:`origin`, :meth:`usage_of`. :meth:`to_pandas` puts the answers beside the input.
-    """
+    row ended with (one failure never loses the rest). Its totals and per-row facts: the table
+    in docs/batch.md, "The result"."""
 
     def __init__(self, source: Any = None, *, model: str = "") -> None:
         self._items: list[Any] = []
@@ -93,31 +124,23 @@ class BatchResult(Sequence[Any]):
         self._input_tokens = array.array("q")
         self._output_tokens = array.array("q")
         self._source = source
+        #: the live counters the progress bar shows
+        self._stats = Stats(total=source.total if source is not None else None)
         #: ``provider:model`` of the batch
         self.model = model
-        #: every row's tokens
         self.usage = Usage()
-        #: wall-clock seconds the batch took
         self.elapsed = 0.0
-        #: True when Ctrl-C or a cancel token stopped the batch before every row finished
         self.interrupted = False
-        #: ``(row, error)``: the authentication, quota or unknown-model error the batch stopped at
-        #: (the rows after it were not sent), or None
         self.stopped_by: tuple[int, DispatchError] | None = None
-        #: the lowest the adaptive concurrency went (rate limits halve it)
         self.lowest_concurrency: float | None = None
-        #: Copilot premium requests this run used (model calls × the model's multiplier), if known
         self.premium_requests: float | None = None
         #: ``budget=`` of the run (its ``spent`` and ``remaining``), if one was given
         self.budget: Budget | None = None
-        #: retried requests (rate limits, dropped connections, server errors)
         self.retries = 0
-        #: HTTP 429 answers the batch received
         self.rate_limited = 0
-        #: calls that reached the model in this run (tool rounds included; replays excluded)
         self.model_calls = 0
-        #: a deferred batch's provider jobs (:class:`~dispatch_nb.batching.deferred.BatchJob`:
-        #: ids, state, counts, times); None for a live batch
+        #: a deferred batch's provider jobs (:class:`~dispatch_nb.batching.deferred.BatchJob`),
+        #: None for a live batch
         self.job: Any = None
         self._plan: Any = None  # what the batch was asked (for retry_failed)
         self._deferred: Any = None  # the deferred run (for refresh / wait)
@@ -133,8 +156,11 @@ class BatchResult(Sequence[Any]):
             self._input_tokens.append(0)
             self._output_tokens.append(0)
 
-    def _set(self, position: int, item: Response | DispatchError, *, usage: Usage,
-             latency: float, attempts: int, origin: int) -> None:
+    def _set(self, position: int, item: Response | DispatchError, *,
+             origin: int = RowOrigin.NOT_SENT, usage: Usage | None = None, latency: float = 0.0,
+             attempts: int = 0) -> None:
+        """Row ``position`` ended as ``item`` (the defaults: a row never sent)."""
+        usage = usage if usage is not None else Usage()
         self._reserve(position)
         self._items[position] = item
         self._latency[position] = latency
@@ -350,13 +376,8 @@ class BatchResult(Sequence[Any]):
 
     # -- pandas ----------------------------------------------------------------------------------
     def to_pandas(self, *, prefix: str = "") -> Any:
-        """A pandas DataFrame: the input (when it was a DataFrame, a Series or a list kept in
-        memory; not an iterator) with the columns ``answer``, ``error``, ``status`` (``"ok"``,
-        ``"failed"`` or ``"not sent"``), ``stop_reason``, ``input_tokens``, ``output_tokens``,
-        ``latency_s`` and ``origin`` added (each name
-        preceded by ``prefix``), one row per input row, on the input's index. A batch run with
-        ``output=`` also has ``parsed``: each row's validated object (``None`` for a failed row);
-        ``pd.json_normalize`` turns its fields into columns."""
+        """A pandas DataFrame: the input (when it was kept in memory) with the columns of
+        docs/batch.md, "The result" added, each name preceded by ``prefix``."""
         try:
             import pandas as pd
         except ImportError:

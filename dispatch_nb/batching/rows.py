@@ -1,9 +1,5 @@
-"""Rows in, prompts out: reading a batch's input lazily and filling the template for each row.
-
-Input: a sequence of str or dicts, a pandas ``DataFrame`` or ``Series`` (duck-typed: pandas is
-never imported here), or any iterable, read one row at a time. Each row is filled with the rules
-of ``%%chat`` interpolation (:func:`dispatch_nb.prompting.build_prompt`); a template may also be a
-function ``template(row) -> str | list[Message]``. See docs/batch.md, "Rows and the template".
+"""Rows in, prompts out: reading a batch's input lazily and filling the template for each row
+(docs/batch.md, "Rows and the template"; pandas is duck-typed, never imported here).
 """
 
 from __future__ import annotations
@@ -47,12 +43,8 @@ def _is_series(value: Any) -> bool:
 
 
 class RowSource:
-    """The rows of a batch, read lazily: ``iter(source)`` yields ``(position, row)``.
-
-    ``total`` is the number of rows when the input knows it (a sequence, a DataFrame), else None.
-    ``kept`` is the input itself when it is already in memory (a sequence or a DataFrame), so
-    :meth:`BatchResult.to_pandas` can put the answers beside it; an iterator is never kept.
-    """
+    """The rows of a batch, read lazily: ``iter(source)`` yields ``(position, row)``; ``total``
+    and ``kept`` (the input, for :meth:`BatchResult.to_pandas`) only for an input in memory."""
 
     def __init__(self, rows: Any, namespace: Mapping[str, Any] | None = None) -> None:
         if isinstance(rows, (str, bytes)):
@@ -124,10 +116,8 @@ def _undefined(notes: list[str]) -> list[str]:
 
 def fill_template(template: str | Callable[[Any], Any], row: Any,
                   names: Mapping[str, Any]) -> str | list[Message]:
-    """``template`` filled for one row (``%%chat`` interpolation rules; see the module docstring).
-
-    Raises :class:`TemplateError` when the template names something the row lacks, or an
-    expression in it fails."""
+    """``template`` (a str filled by ``%%chat``'s rules, or a function) filled for one row;
+    :class:`TemplateError` when it names something the row lacks or an expression fails."""
     if callable(template):
         value = template(row)
         if isinstance(value, str):
@@ -172,11 +162,9 @@ def row_error(position: int, exc: TemplateError) -> RequestError:
 # -- what every row sends, and keys -----------------------------------------------------------------
 @dataclass
 class RowCall:
-    """What every row's call carries besides its prompt: the system prompt, tools and the other
-    request options (``max_tokens``, ``temperature``, ``stop``...). Adding a request keyword to
-    batches means adding it to ``options``: it then reaches every call and every key.
-    ``stream``: whether each row's answer is streamed (not part of the key: a streamed and a
-    plain answer are the same answer)."""
+    """What every row's call carries besides its prompt: ``system``, ``tools`` and the request
+    ``options`` (each reaches every call and every row's key); ``stream`` is not part of the key
+    (a streamed and a plain answer are the same answer)."""
 
     system: str | None = None
     tools: list[Any] = field(default_factory=list)

@@ -17,13 +17,14 @@ from ..budget import Budget
 from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError
-from ..registry import find_descriptor
+from ..registry import default_model_spec, find_descriptor
 from ..types import Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .deferred import TICK, DeferredRun, in_thread
+from .cluster import dask_partition_size, run_on_dask
+from .deferred import TICK, BatchPendingError, DeferredRun, in_thread
 from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, chat_request, prepare_rows
-from .plan import BatchPlan, aclose_adapter, finish, new_result, resolve_adapter
+from .plan import BatchPlan, aclose_adapter, finish, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
 from .rows import RowCall, RowSource, check_template
@@ -51,37 +52,32 @@ class _Job:
 
     def __init__(self, plan: BatchPlan, cancel: CancelToken | None,
                  progress: bool | str | None, budget: Budget | float | str | None = None, *,
-                 deferred: bool = False, wait: bool = True,
-                 poll_interval: float | None = None) -> None:
+                 deferred: bool = False, wait: bool = True, poll_interval: float | None = None,
+                 executor: Any = None) -> None:
         self.plan = plan
         self.token = cancel if cancel is not None else CancelToken()
-        self.progress = progress
-        self.result, self.stats = new_result(plan)
+        self.result = BatchResult(plan.source, model=plan.model_key)
+        self.stats = self.result._stats
         self.result._plan = plan
         self.result._retry = retry_failed
         self.result.budget = Budget.of(budget)
-        self.bar = BatchProgress(progress_mode(progress), description=f"batch {plan.model_key}")
+        where = " on Dask" if executor is not None else ""
+        self.bar = BatchProgress(progress_mode(progress),
+                                 description=f"batch {plan.model_key}{where}")
         #: ``deferred=True``: the rows go to the provider's batch API (see :mod:`.deferred`)
         self.deferred: DeferredRun | None = None
         self.wait = wait
         if deferred:
-            self.deferred = DeferredRun(plan, self.result, self.stats, self.token,
-                                        poll_interval=poll_interval)
+            self.deferred = DeferredRun(plan, self.result, self.token, poll_interval=poll_interval)
             self.result._deferred = self.deferred
         #: ``executor=``: a Dask client to run the rows on, in partitions of ``partition_size``
-        self.executor: Any = None
-        self.partition_size: int | None = None
+        self.executor = executor
+        self.partition_size = 0  # set by _job, once checked
 
-    def on_dask(self) -> BatchResult:
-        """Run on the Dask cluster of ``executor=`` instead: the cluster keeps its own result and
-        bar."""
-        from .cluster import run_on_dask
-
-        if self.result.budget is not None:
-            raise ValueError("budget= is kept by one process: run the batch without executor= "
-                             "to give it a budget")
-        return run_on_dask(self.plan, self.executor, cancel=self.token, progress=self.progress,
-                           partition_size=self.partition_size)
+    def on_dask(self) -> None:
+        """Run the rows on the Dask cluster of ``executor=`` instead, from this thread."""
+        run_on_dask(self.plan, self.executor, self.result, self.bar, cancel=self.token,
+                    size=self.partition_size)
 
     async def run_here(self, *, close_adapter: bool) -> None:
         """Run the rows on the running event loop (or submit them to the provider's batch API
@@ -96,7 +92,7 @@ class _Job:
         checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
         try:
             rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                checkpoint, result, self.stats)
+                                checkpoint, result)
             first = next(rows, None)
             if first is None:
                 return
@@ -107,7 +103,7 @@ class _Job:
                 budget = RowBudget(result.budget, adapter, plan.call)
                 budget.worst(first.messages)  # an unknown price or max_tokens fails here too
             runner = RowRunner(adapter, plan.call, plan.settings, result=result,
-                               stats=self.stats, cancel=self.token, checkpoint=checkpoint,
+                               cancel=self.token, checkpoint=checkpoint,
                                budget=budget)
             await runner.run(itertools.chain([first], rows))
             await _premium(adapter, result)
@@ -117,7 +113,7 @@ class _Job:
 
     def finish(self) -> None:
         """Account for rows never run, set the totals, close the bar."""
-        finish(self.plan, self.result, self.stats, self.token)
+        finish(self.plan, self.result, self.token)
         self.bar.close(self.stats, self.result.summary())
 
 
@@ -152,8 +148,6 @@ def _job(
     they mean), checked: the batch planned, as the job both run."""
     check_template(template)
     if model is None:
-        from ..registry import default_model_spec
-
         model = default_model_spec()
     if not isinstance(model, (Adapter, str)):
         raise TypeError(
@@ -181,11 +175,15 @@ def _job(
         cache=cache,
     )
     job = _Job(plan, cancel, progress, budget, deferred=deferred, wait=wait,
-               poll_interval=poll_interval)
-    if executor is not None and deferred:
-        raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
-                         "cluster: leave executor= out")
-    job.executor, job.partition_size = executor, partition_size
+               poll_interval=poll_interval, executor=executor)
+    if executor is not None:
+        if deferred:
+            raise ValueError("deferred=True runs the rows at the provider, not on a Dask "
+                             "cluster: leave executor= out")
+        if job.result.budget is not None:
+            raise ValueError("budget= is kept by one process: run the batch without executor= "
+                             "to give it a budget")
+        job.partition_size = dask_partition_size(plan, executor, partition_size)
     return job
 
 
@@ -194,49 +192,24 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
     """Ask ``model`` the ``template`` filled from each of ``rows``; return a :class:`BatchResult`
     (each row's ``Response`` or ``DispatchError``, in input order).
 
-    ``rows``: a list of str or dicts, a pandas DataFrame or Series, or any iterable (read lazily).
-    ``template``: a str with ``{column}`` placeholders (``%%chat`` interpolation rules; ``{row}``
-    is the whole row) or a function ``row -> prompt``. ``model``: a spec (``"openai:gpt-4.1"``) or
-    an :class:`~dispatch_nb.adapter.Adapter`. ``output``: a pydantic model, a type or a JSON
-    schema; each row's answer is validated into ``response.parsed`` (see
-    ``docs/structured-output.md``). ``system``, ``tools`` (Python tools run the tool loop per row),
-    ``max_tokens``, ``temperature`` and ``**options`` go to every call.
-
-    ``concurrency``: the most rows in flight (rate limits lower it for the whole batch, successes
-    raise it back). ``max_retries``: retries per row. ``timeout``: seconds per row, retries
-    included. ``checkpoint``: a JSON-lines file where each row is recorded as it finishes; a rerun
-    sends only the rows not answered there. ``cache``: a
-    :class:`~dispatch_nb.cache.ResponseCache` (or its path) to record / replay answers.
-    ``executor``: a ``dask.distributed.Client`` to run the rows on its workers, in partitions of
-    ``partition_size`` rows. ``progress``: ``None`` (auto), ``True`` or ``False``. ``cancel``: a
-    :class:`~dispatch_nb.cancel.CancelToken` that stops the batch (finished rows are kept).
-    ``namespace``: names the template may use besides each row's (a notebook's variables).
-    ``stream``: stream each row's answer (default ``False``: a row's tokens are not watched as
-    they arrive, and a plain answer costs the kernel far less CPU); ``True`` is for what needs a
-    stream, such as Anthropic's refusal of long non-streamed requests (a large ``max_tokens``).
-    ``budget``: US dollars this run may spend (docs/cost.md): before each row its worst case
-    (prompt + ``max_tokens`` of output) must fit in what is left, else the row is not sent and
-    ends as :class:`~dispatch_nb.errors.BudgetExceededError`; rows from the checkpoint or the
-    cache cost nothing now. ``result.cost`` is what the run spent.
-
-    ``deferred=True`` sends the rows to the provider's batch API instead (OpenAI's Batch API,
-    Anthropic's Message Batches: half the price, answered within 24 hours): the jobs are recorded
-    in the checkpoint (one under ``$DISPATCH_NB_HOME/batches/`` when ``checkpoint=`` is not given)
-    before they are polled every ``poll_interval`` seconds (default 30), so running the same call
-    again collects them instead of submitting again. ``wait=False`` submits and returns at once:
-    the rows not answered yet are :class:`~dispatch_nb.batching.deferred.BatchPendingError`
-    until ``result.wait()`` / ``result.refresh()``. ``result.job`` tells the jobs' state
-    (``docs/batch.md``, "Deferred").
-
-    Ctrl-C stops the rows in flight within moments and raises :class:`BatchInterrupted`, whose
-    ``.result`` holds every finished row (a deferred batch asks the provider to cancel its jobs).
+    ``rows``: a list of str or dicts, a DataFrame, a Series or any iterable (read lazily);
+    ``template``: a str with ``{column}`` placeholders or a function ``row -> prompt``;
+    ``model``: a spec or an :class:`~dispatch_nb.adapter.Adapter`. ``output``, ``system``,
+    ``tools``, ``max_tokens``, ``temperature`` and ``**options`` go to every row's call;
+    ``concurrency`` (adaptive), ``max_retries`` and ``timeout`` (seconds) hold per row.
+    ``checkpoint`` (a JSON-lines file a rerun resumes from), ``cache``, ``executor`` (a Dask
+    client) and ``partition_size``, ``progress``, ``cancel``, ``namespace``, ``stream``,
+    ``budget`` (US dollars) and ``deferred`` / ``wait`` / ``poll_interval`` (the provider's batch
+    API): docs/batch.md. Ctrl-C raises :class:`BatchInterrupted`, whose ``.result`` holds every
+    finished row.
     """
     job = _job(*args, **kwargs)
-    if job.executor is not None:
-        return job.on_dask()
     try:
-        in_thread(lambda: job.run_here(close_adapter=True), job.token,
-                  lambda: job.bar.update(job.stats))
+        if job.executor is not None:
+            job.on_dask()
+        else:
+            in_thread(lambda: job.run_here(close_adapter=True), job.token,
+                      lambda: job.bar.update(job.stats))
     except KeyboardInterrupt:
         job.finish()
         raise BatchInterrupted(job.result, job.plan.checkpoint) from None
@@ -254,10 +227,12 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
     job = _job(*args, **kwargs)
     if job.executor is not None:
         try:
-            return await asyncio.to_thread(job.on_dask)
+            await asyncio.to_thread(job.on_dask)
         except asyncio.CancelledError:
             job.token.cancel("the awaiting task was cancelled")
             raise
+        job.finish()
+        return job.result
 
     async def refresh() -> None:
         while True:
@@ -277,8 +252,6 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
 def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchResult:
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
     their own with the same plan; their answers replace the errors in ``result``."""
-    from .deferred import BatchPendingError
-
     plan: BatchPlan | None = result._plan
     if plan is None:
         raise ValueError("this BatchResult does not know the batch it came from")

@@ -1,12 +1,5 @@
-"""The adapter wrapper: :class:`CachedAdapter` answers from a :class:`~dispatch_nb.cache.ResponseCache`.
-
-A recorded answer is replayed as a stream: its recorded deltas are fed, as they are yielded, to
-the stream's :class:`~dispatch_nb.stream.Accumulator` (:meth:`~dispatch_nb.stream.Accumulator.feed`,
-the same path every delta from elsewhere takes), so ``partial`` is what was replayed so far, and
-the stream ends in the recorded ``Response`` itself (``==`` the recorded one, provider data and
-signatures included). A call the model answers is passed through and recorded: its deltas with
-their times, or, for an unstreamed call, :meth:`Response.deltas
-<dispatch_nb.types.Response.deltas>`.
+"""The adapter wrapper: :class:`CachedAdapter` answers from a :class:`~dispatch_nb.cache.ResponseCache`,
+replaying a recorded answer as a stream (docs/record-replay.md, "Replay").
 """
 
 from __future__ import annotations
@@ -20,6 +13,7 @@ from typing import Any, Literal
 
 from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
+from ..cost import ledger
 from ..render import mark_replayed
 from ..stream import Accumulator, AsyncResponseStream, ResponseStream, _Mirror, sync_stream
 from ..types import Response, StreamDelta
@@ -45,8 +39,6 @@ class _Replayed(Accumulator):
         """The recorded answer; its cost is the recorded one, marked replayed (nothing is spent
         now), and entered in the ledger as saved; its footer says "replayed", as a %%chat
         cell's does."""
-        from ..cost import ledger
-
         final = self._final.model_copy(deep=True)
         if final.cost is not None:
             final.cost = final.cost.model_copy(update={"replayed": True})
@@ -67,19 +59,10 @@ class _Inner:
 
 
 class CachedAdapter(Adapter):
-    """``adapter`` behind a :class:`ResponseCache`: ``chat``/``stream``/``achat``/``astream``
-    replay, record or pass through according to the cache's mode, with the usual stream
-    semantics (deltas, ``.response``, ``partial``, ``close()``, ``timeout``, ``cancel``).
-
-    ``cache`` is a :class:`ResponseCache` or a path; without one, a cache is made from ``path``,
-    ``mode`` and ``pace``. ``label`` (e.g. ``"cell 3"``) is stored with recorded answers and
-    named by :class:`CacheMissError`; :meth:`with_label` gives a labelled twin. ``replayed_calls``
-    and ``model_calls`` count the calls this instance answered from the cache and from the model
-    (a :meth:`with_label` twin starts at zero), so a caller can tell a replayed answer from a
-    fresh one. Everything else
-    (identity, ``list_models``, ``count_tokens``, ``validate``, attributes) is the wrapped
-    adapter's.
-    """
+    """``adapter`` behind a :class:`ResponseCache` (or a path; without one, a cache made from
+    ``path``, ``mode`` and ``pace``): every call replays, records or passes through according to
+    the cache's mode. Everything but the calls (identity, ``list_models``, ``count_tokens``,
+    attributes) is the wrapped adapter's (docs/record-replay.md, "From Python")."""
 
     def __init__(
         self,
@@ -147,8 +130,7 @@ class CachedAdapter(Adapter):
 
     def _miss(self, key: str, request: ChatRequest) -> CacheMissError:
         what = self.label or "this prompt"
-        preview = _preview(_last_user_text(request.messages))
-        short = preview if len(preview) <= 60 else preview[:59] + "…"
+        short = _preview(_last_user_text(request.messages), 60)
         return CacheMissError(
             f"no recorded answer for {what} ({short!r}, {self.inner.provider_name}:"
             f"{self.inner.model_name}) in {self.cache.path}; the cache is in replay mode and "
@@ -170,7 +152,8 @@ class CachedAdapter(Adapter):
         try:
             self.cache.record(
                 key, provider=self.inner.provider_name, model=self.inner.model_name,
-                request=request, deltas=deltas, response=response, streamed=request.stream,
+                messages=request.messages, deltas=deltas, response=response,
+                streamed=request.stream,
                 label=self.label, secrets=_adapter_secrets(self.inner),
             )
         except OSError as exc:
@@ -258,15 +241,9 @@ def cached_model(
     label: str | None = None,
     **options: Any,
 ) -> CachedAdapter:
-    """``spec``'s model behind the response cache, as ``%%chat`` builds it: a
-    :class:`CachedAdapter` around :func:`~dispatch_nb.replay_only.connect_for_cache` (in
-    ``replay`` mode neither the model, nor its extra, nor a login is needed).
-
-    ``cache`` is a :class:`~dispatch_nb.cache.ResponseCache` or the cache file's path (``None``:
-    ``$DISPATCH_NB_CACHE_FILE``, else the notebook's file); a path's mode comes from
-    ``$DISPATCH_NB_CACHE`` (``off`` when unset). ``label`` names the cell in recorded lines and
-    misses; ``options`` go to :func:`~dispatch_nb.connect`. A replayed answer's footer says
-    ``replayed``."""
+    """``spec``'s model behind the response cache (a :class:`ResponseCache` or its path), as
+    ``%%chat`` builds it: in ``replay`` mode neither the model, nor its extra, nor a login is
+    needed (docs/record-replay.md, "From Python")."""
     from ..replay_only import connect_for_cache
 
     if not isinstance(cache, ResponseCache):

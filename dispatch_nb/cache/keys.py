@@ -1,9 +1,5 @@
-"""Cache keys and secret scrubbing: what identifies a request, and what is never written.
-
-:func:`cache_key` is the SHA-256 of a canonical JSON of everything that shapes an answer (see
-:mod:`dispatch_nb.cache`); :func:`scrub_secrets` replaces API keys and tokens in anything about
-to be stored. Used by the JSONL store (:mod:`dispatch_nb.cache.store`), by batch checkpoints and
-by :class:`~dispatch_nb.cache.CachedAdapter`.
+"""Cache keys and secret scrubbing: what identifies a request, and what is never written
+(docs/record-replay.md, "What makes two requests the same", "Secrets are never recorded").
 """
 
 from __future__ import annotations

@@ -1,24 +1,21 @@
-"""The cache file: one JSON-lines file of recorded answers, and the mode it is used in.
-
-:class:`ResponseCache` reads, appends and rewrites the file (see :mod:`dispatch_nb.cache` for
-its format, locking and modes); :func:`resolve_cache_mode` and :func:`default_cache_path` say
-how and where; :class:`CacheMissError` is what replay mode raises for an answer never recorded.
+"""The cache file: :class:`ResponseCache` reads, appends and rewrites one JSON-lines file of recorded
+answers (docs/record-replay.md, "The file"); :func:`resolve_cache_mode` and
+:func:`default_cache_path` say how and where.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from ..adapter import ChatRequest
 from ..errors import RequestError
 from ..types import Message, Response, StreamDelta
 from .keys import FORMAT_VERSION, scrub_secrets, secret_env_names
@@ -42,7 +39,7 @@ log = logging.getLogger("dispatch_nb")
 
 CacheMode = Literal["off", "read-write", "replay", "record"]
 #: every mode, in the order the docs list them
-CACHE_MODES: tuple[str, ...] = ("off", "read-write", "replay", "record")
+CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
 #: the file-name suffix of a notebook's cache file
 CACHE_SUFFIX = ".dispatch-cache.jsonl"
 _PREVIEW_CHARS = 200
@@ -79,13 +76,8 @@ def resolve_cache_mode(mode: str | None = None) -> CacheMode:
 
 
 def default_cache_path(env: dict[str, str] | None = None) -> Path:
-    """Where a notebook's answers are kept.
-
-    ``$DISPATCH_NB_CACHE_FILE``; else, when Jupyter tells the kernel its notebook
-    (``$JPY_SESSION_NAME``, set by jupyter-server 2), ``<notebook>.dispatch-cache.jsonl`` beside
-    it; else ``dispatch-cache.jsonl`` in the working directory. Notebooks that must find their file
-    wherever they run (nbval, nbclient, binder) should name it explicitly.
-    """
+    """Where a notebook's answers are kept: ``$DISPATCH_NB_CACHE_FILE``, else beside the notebook
+    ``$JPY_SESSION_NAME`` names (jupyter-server 2 sets it), else ``dispatch-cache.jsonl`` here."""
     env = dict(os.environ) if env is None else env
     explicit = env.get("DISPATCH_NB_CACHE_FILE", "").strip()
     if explicit:
@@ -107,14 +99,12 @@ def _lock_for(path: Path) -> threading.Lock:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace(
-        "+00:00", "Z"
-    )
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _preview(text: str) -> str:
+def _preview(text: str, limit: int = _PREVIEW_CHARS) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _last_user_text(messages: list[Message]) -> str:
@@ -139,13 +129,8 @@ def _dump_json_line(entry: dict[str, Any]) -> bytes:
 
 
 class ResponseCache:
-    """One JSON-lines file of recorded answers, and the mode it is used in.
-
-    ``path`` defaults to :func:`default_cache_path`; ``mode`` to ``$DISPATCH_NB_CACHE`` (else
-    ``off``); ``pace`` is how replays stream: ``"instant"`` or ``"recorded"`` (the deltas arrive
-    at the times they were recorded). ``secrets``: more values never to write.
-    Safe to share between threads; several processes may append to one file.
-    """
+    """One JSON-lines file of recorded answers, and the mode it is used in (``mode``, ``pace``,
+    ``secrets``: docs/record-replay.md). Safe to share between threads and processes."""
 
     def __init__(
         self,
@@ -186,12 +171,8 @@ class ResponseCache:
 
     def secrets(self) -> set[str]:
         """The values scrubbed besides the patterns: registered ones and the usual env vars."""
-        values = set(self._secrets)
-        for name in secret_env_names():
-            value = os.environ.get(name, "").strip()
-            if value:
-                values.add(value)
-        return values
+        from_env = (os.environ.get(name, "").strip() for name in secret_env_names())
+        return self._secrets | {value for value in from_env if value}
 
     # -- reading ---------------------------------------------------------------------------------
     def _file_stamp(self) -> tuple[int, int, int] | None:
@@ -290,7 +271,8 @@ class ResponseCache:
             self._stamp = None
             self._refresh()
             if clean["key"] in self._entries:
-                self._rewrite(replace=clean)
+                self._entries[clean["key"]] = clean
+                self._rewrite()
             else:
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
@@ -300,25 +282,14 @@ class ResponseCache:
             self._stamp = None
         return clean
 
-    def _rewrite(self, replace: dict[str, Any] | None = None) -> None:
-        """Write the file again: one line per key (at its first position), atomically."""
-        ordered: dict[str, dict[str, Any]] = {}
-        if self.path.exists():
-            with open(self.path, "rb") as fh:
-                for raw in fh:
-                    try:
-                        entry = json.loads(raw)
-                        key = entry["key"]
-                    except (ValueError, KeyError, TypeError):
-                        continue
-                    ordered[key] = entry
-        if replace is not None:
-            ordered[replace["key"]] = replace
+    def _rewrite(self) -> None:
+        """Write the file again from the entries read: one line per key (at its first position,
+        with its last content), atomically."""
         fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp",
                                    dir=self.path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
-                for entry in ordered.values():
+                for entry in self._entries.values():
                     fh.write(_dump_json_line(entry))
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -333,10 +304,10 @@ class ResponseCache:
         """Drop duplicate and unreadable lines (a key keeps its first position and its last
         content); returns how many entries remain."""
         with self._file_lock():
-            if self.path.exists():
-                self._rewrite()
             self._stamp = None
             self._refresh()
+            if self.path.exists():
+                self._rewrite()
             return len(self._entries)
 
     # -- entries ---------------------------------------------------------------------------------
@@ -346,14 +317,16 @@ class ResponseCache:
         *,
         provider: str,
         model: str,
-        request: ChatRequest,
-        deltas: list[tuple[float, StreamDelta]],
+        messages: list[Message],
         response: Response,
         streamed: bool,
+        deltas: list[tuple[float, StreamDelta]] | None = None,
         label: str | None = None,
         secrets: Iterable[str] = (),
+        **facts: Any,
     ) -> dict[str, Any]:
-        """Store one answer (see the module docstring for the line's fields)."""
+        """Store one answer (its line: docs/record-replay.md, "The file"), with ``facts`` after
+        it (a batch checkpoint's row facts, which keeps no deltas)."""
         entry: dict[str, Any] = {
             "v": FORMAT_VERSION,
             "key": key,
@@ -361,15 +334,16 @@ class ResponseCache:
             "model": model,
             "created": _now(),
             **({"label": label} if label is not None else {}),
-            "request": request_summary(request.messages),
+            "request": request_summary(messages),
             "streamed": streamed,
-            "deltas": [
+        }
+        if deltas is not None:
+            entry["deltas"] = [
                 {"t": round(max(t, 0.0), 3), **d.model_dump(mode="json", exclude_none=True)}
                 for t, d in deltas
-            ],
-            "response": response.model_dump(mode="json", exclude_none=True),
-        }
-        return self.put(entry, secrets=secrets)
+            ]
+        entry["response"] = response.model_dump(mode="json", exclude_none=True)
+        return self.put({**entry, **facts}, secrets=secrets)
 
 
 def _entry_deltas(entry: dict[str, Any]) -> list[tuple[float, StreamDelta]]:

@@ -1,15 +1,6 @@
-"""Provider batch APIs: OpenAI's Batch API (Files + Batches) and Anthropic's Message Batches.
-
-Both take many requests as one job, answer within 24 hours at half the live price, outside the
-live rate limits (PROTOCOLS.md §9). This module speaks them; :mod:`dispatch_nb.batching.deferred`
-decides which rows go in which job, keeps the job ids in the batch's checkpoint and turns the
-answers into rows. An adapter whose provider has such an API returns one from
-:meth:`~dispatch_nb.adapter.Adapter.batch_api`; the request bodies are the adapter's own
-(:meth:`~dispatch_nb.http_adapter.HTTPAdapter.build_request`), so a deferred answer parses like a
-live one.
-
-A job's state uses OpenAI's names for both providers: ``validating``, ``in_progress``,
-``finalizing``, ``completed``, ``expired``, ``cancelling``, ``cancelled``, ``failed``.
+"""Provider batch APIs: OpenAI's Batch API (Files + Batches) and Anthropic's Message Batches
+(PROTOCOLS.md §9, docs/batch.md "Deferred"); :mod:`dispatch_nb.batching.deferred` decides which
+rows go in which job. A job's state uses OpenAI's names for both providers.
 """
 
 from __future__ import annotations
@@ -76,11 +67,8 @@ class JobPart:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobPart:
-        return cls(id=str(data["id"]), provider=str(data["provider"]),
-                   state=str(data.get("state") or "validating"), total=int(data.get("total") or 0),
-                   completed=int(data.get("completed") or 0), failed=int(data.get("failed") or 0),
-                   created_at=data.get("created_at"), ended_at=data.get("ended_at"),
-                   message=data.get("message"), refs=dict(data.get("refs") or {}))
+        """A job as :meth:`to_json` wrote it (in a checkpoint)."""
+        return cls(**data)
 
 
 @dataclass
@@ -196,13 +184,8 @@ class BatchAPI:
 
 
 def _jsonl(data: bytes) -> list[dict[str, Any]]:
-    rows = []
-    for raw in data.splitlines():
-        if raw.strip():
-            value = orjson.loads(raw)
-            if isinstance(value, dict):
-                rows.append(value)
-    return rows
+    values = (orjson.loads(raw) for raw in data.splitlines() if raw.strip())
+    return [value for value in values if isinstance(value, dict)]
 
 
 class OpenAIBatchAPI(BatchAPI):

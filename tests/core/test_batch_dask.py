@@ -212,11 +212,11 @@ def test_setup_mistakes_fail_the_batch_with_a_clear_error(client: Client, tmp_pa
 def test_a_worker_that_cannot_see_the_checkpoint_says_so(fake: BatchFake, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from dispatch_nb.batching.cluster import PartitionTask, run_partition
-    from dispatch_nb.batching.engine import BatchSettings
+    from dispatch_nb.batching.engine import BatchSettings, Pending
     from dispatch_nb.batching.rows import RowCall
 
     monkeypatch.setenv("DISPATCH_NB_FAKE_URL", fake.base_url)
-    task = PartitionTask(model="fake:echo", rows=[(0, "a", "k0")], call=RowCall(),
+    task = PartitionTask(model="fake:echo", rows=[Pending(0, "a", "k0")], call=RowCall(),
                          settings=BatchSettings(), checkpoint=str(tmp_path / "elsewhere.jsonl"),
                          cache=None, cancel_event=None)
     with pytest.raises(FileNotFoundError, match="not reachable from this Dask worker"):

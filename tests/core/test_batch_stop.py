@@ -133,23 +133,23 @@ def test_rows_marked_before_the_stopping_row_was_known_say_why_at_the_end() -> N
     """On Dask, a partition that saw the batch's stop event can be collected before the partition
     whose 401 set it (a run beside a CPU hog did so): its unsent rows were marked while
     ``stopped_by`` was still unknown. The batch's end says why for them too."""
-    from dispatch_nb.batching.plan import finish, mark_not_sent, new_result
-    from dispatch_nb.batching.result import RowOrigin
+    from dispatch_nb.batching.plan import finish, mark_not_sent
+    from dispatch_nb.batching.result import BatchResult, RowOrigin
     from dispatch_nb.batching.run import _job
     from dispatch_nb.types import Usage
 
     plan = _job("{row}", ["a", "b", "c"], model="fake:echo", concurrency=2, max_retries=0,
                 progress=False).plan
-    result, stats = new_result(plan)
+    result = BatchResult(plan.source, model=plan.model_key)
     cancel = CancelToken()
-    mark_not_sent(result, stats, 2, cancel)  # collected first: nothing known yet
+    mark_not_sent(result, 2, cancel)  # collected first: nothing known yet
     assert result[2].message == "not sent: the batch was stopped"
     rejected = AuthenticationError("the key was rejected", code="authentication_failed")
     result.stopped_by = (0, rejected)  # then the partition that stopped the batch
     result._set(0, rejected, usage=Usage(), latency=0.1, attempts=1,
                 origin=RowOrigin.SENT)
-    mark_not_sent(result, stats, 1, cancel)
-    finish(plan, result, stats, cancel)
+    mark_not_sent(result, 1, cancel)
+    finish(plan, result, cancel)
     for position in (1, 2):
         assert result[position].code == "not_sent"
         assert result[position].message.startswith("not sent: the batch stopped at row 0's "
