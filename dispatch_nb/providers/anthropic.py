@@ -1,10 +1,7 @@
 """``anthropic``: Claude through Anthropic's Messages API (``POST {base}/v1/messages``).
 
-The provider: endpoint (``ANTHROPIC_BASE_URL``), key (``ANTHROPIC_API_KEY``), ``anthropic-beta``
-headers, model list, token counting and error mapping. The wire format is
-:class:`~dispatch_nb.wire.anthropic.MessagesWire` (:mod:`dispatch_nb.wire.anthropic`), whose module docstring
-gives the format's rules (PROTOCOLS.md §6: system at top level, the thinking round trip, opaque
-and unknown blocks sent back verbatim, cumulative usage, stop reasons).
+The provider: endpoint, key, ``anthropic-beta`` headers, model list, token counting and error
+mapping; the wire format is :mod:`dispatch_nb.wire.anthropic` (docs/anthropic.md).
 """
 from __future__ import annotations
 

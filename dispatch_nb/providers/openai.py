@@ -1,46 +1,7 @@
-"""OpenAI: the official Responses API, or any OpenAI-compatible chat.completions server.
-
-Two adapters, each with its wire format fixed when it is made (no silent fallback from one to the
-other): :class:`ResponsesAdapter` (``POST /responses``) and :class:`CompatibleAdapter`
-(``POST /chat/completions``). :class:`OpenAIAdapter` makes the one its ``backend`` names, and both
-are ``OpenAIAdapter`` instances::
-
-    OpenAIAdapter("gpt-4.1")                                  # backend="official": a ResponsesAdapter
-    OpenAIAdapter("llama3", backend="compatible",
-                  base_url="http://127.0.0.1:11434/v1")       # a CompatibleAdapter
-    connect("openai:gpt-4.1"); connect("compatible:llama3", base_url=...)
-
-Backend: the ``backend`` argument, else ``OPENAI_BACKEND``, else ``"official"``; an unknown value is
-an error. A base URL only says where requests go and never switches the backend.
-
-Where requests go and which key they carry (:mod:`dispatch_nb.providers.credentials`): each
-provider has its own pair of variables — ``openai:`` reads ``OPENAI_BASE_URL`` (default
-``https://api.openai.com/v1``) and ``OPENAI_API_KEY``; ``compatible:`` (and ``backend="compatible"``)
-reads ``DISPATCH_NB_COMPATIBLE_BASE_URL`` (default ``http://127.0.0.1:8080/v1``) and
-``DISPATCH_NB_COMPATIBLE_API_KEY`` — except that with ``OPENAI_BACKEND=compatible`` and no
-``backend=``, the ``OPENAI_*`` pair describes the server. ``base_url=`` and ``api_key=`` win over
-the environment. A key from the environment is sent only to the server its base-URL variable names
-(else the provider's default server), never to another ``base_url=``: pass ``api_key=`` with it.
-The official API refuses calls without a key: such a call fails with an
-:class:`~dispatch_nb.errors.AuthenticationError` naming the model and the URL (and why a key that is
-set was kept back); a compatible server gets a key only when there is one for it.
-
-Per-call options (``adapter.chat(..., **options)``): ``tool_choice`` (``"auto"``, ``"none"``,
-``"required"`` or a tool name), ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort such as
-``"low"`` or a Responses ``reasoning`` dict), ``response_format`` (chat.completions shape; converted
-to ``text.format`` for Responses), ``text`` (Responses only), ``stop`` (chat.completions only: the
-Responses API has none), plus ``extra_body`` / ``extra_headers`` / ``max_retries``.
-
-Structured output (``output=``): ``text.format`` on the Responses API, ``response_format`` on
-chat.completions (see :meth:`OpenAIAdapter.output_mode` and docs/structured-output.md);
-``structured_output=`` chooses another mechanism for every call. A chat.completions server that
-refuses ``json_schema`` (llama-cpp-python's) is answered with ``json_object`` and a schema from
-then on; what the adapter learnt is kept apart from its wire format, so threads sharing one adapter
-all get the fallback.
-
-The wire formats are :class:`~dispatch_nb.wire.responses.ResponsesWire` and
-:class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire`; this module is the provider's
-endpoint, key, model list and defaults.
+"""OpenAI: the official Responses API (:class:`ResponsesAdapter`) or any OpenAI-compatible
+chat.completions server (:class:`CompatibleAdapter`); :class:`OpenAIAdapter` makes the one its
+``backend`` names. This module is the provider's endpoint, key, model list and defaults; the
+backend rules, which key goes where, the options and structured output are in docs/openai.md.
 """
 
 from __future__ import annotations

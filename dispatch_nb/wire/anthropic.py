@@ -1,43 +1,10 @@
-"""Anthropic's Messages API, sans-I/O: canonical request → ``POST v1/messages`` body, events → deltas.
+"""Anthropic's Messages API, sans-I/O: :class:`MessagesWire` builds the ``POST v1/messages`` body,
+:class:`MessagesStreamParser` reads the answer (a non-streamed message is replayed through it, so
+both build the same :class:`~dispatch_nb.types.Response`).
 
-:class:`MessagesWire` (built from a frozen :class:`MessagesQuirks`) is the format the ``anthropic``
-provider (:class:`~dispatch_nb.providers.anthropic.AnthropicAdapter`) speaks:
-:meth:`MessagesWire.build_body` turns a :class:`~dispatch_nb.adapter.ChatRequest` into the wire body,
-:class:`MessagesStreamParser` turns the SSE events (``message_start`` … ``message_stop``) into deltas
-through the shared :class:`~dispatch_nb.stream.Accumulator`, and a non-streamed body is replayed
-through the same parser, so both paths build the same :class:`~dispatch_nb.types.Response`.
-
-Wire rules this module owns (PROTOCOLS.md §6):
-
-* ``system`` is top level; ``max_tokens`` is always sent; consecutive messages with the same role are
-  merged and empty ones dropped (the API wants alternating, non-empty turns); in a user turn the
-  ``tool_result`` blocks come first.
-* Thinking round trip: ``thinking`` blocks go back with their ``signature`` byte-for-byte and
-  ``redacted_thinking`` with its ``data``, in the order the model produced them and in the same
-  assistant turn as the ``tool_use``. A :class:`~dispatch_nb.types.ThinkingBlock` without a signature
-  (reasoning from another provider) cannot be verified by Anthropic and is left out.
-  Thinking that carries another wire format's ``provider_data`` (OpenAI's encrypted reasoning in
-  ``signature``, Copilot's ``reasoning_opaque``) is left out for the same reason.
-* Opaque data rides in ``provider_data["anthropic"]``. Blocks the canonical types have no name for
-  (``server_tool_use``, ``web_search_tool_result``, ``compaction``…) become an empty
-  :class:`~dispatch_nb.types.TextBlock` with the raw block in ``provider_data["anthropic"]["block"]``;
-  it is sent back verbatim, so ``pause_turn`` continuations and compacted conversations work.
-  Streamed, such a block is filled by its own delta events, merged generically
-  (:func:`~dispatch_nb.wire.base.merge_delta`), so it ends as the non-streamed answer shows it.
-  Fields of known blocks the canonical blocks have no place for (``citations``…) are kept in
-  ``provider_data["anthropic"]["extra"]``; ``citations`` go back with their text. An outgoing block with
-  ``provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}}`` is a prompt-cache
-  breakpoint.
-* Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
-  ``input_tokens`` excludes cache reads and writes, exactly like :class:`~dispatch_nb.types.Usage`.
-* ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
-  the raw value stays in ``response.provider_data["stop_reason"]``. A ``tool_use`` block that is the
-  last block of an answer cut at ``max_tokens`` has incomplete arguments: it is kept with
-  ``arguments_error`` (and what arrived in ``raw_arguments``), so a session answers it with that
-  error instead of running it.
-* A ``message_start`` whose ``message`` already holds ``content`` (programmatic tool calling: a
-  ``tool_use`` and ``stop_reason`` arrive there, then ``message_stop``, with no content-block
-  events) is read as the complete message it is, as the official SDKs start from it.
+The rules (PROTOCOLS.md §6) are in docs/anthropic.md, "What the adapter does with your messages":
+turns merged, the thinking round trip, unknown blocks and fields kept in
+``provider_data["anthropic"]`` and sent back, cumulative usage, stop reasons, cut tool calls.
 """
 from __future__ import annotations
 

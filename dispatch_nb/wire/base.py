@@ -1,14 +1,5 @@
-"""What every wire format gives the HTTP layer: a request to send and the parser of its answer.
-
-A *wire format* (``chat.completions``, OpenAI Responses, Anthropic Messages, the canonical test
-protocol) is a small immutable object: the format's rules plus a frozen description of one server's
-quirks. It is sans-I/O: it turns a :class:`~dispatch_nb.wire.request.ChatRequest` into a
-:class:`WireRequest` (:meth:`WireFormat.wire_request`) and reads the answer, streamed
-(:meth:`WireFormat.stream_parser`) or not (:meth:`WireFormat.parse_body`). The request it builds
-carries the wire format (``WireRequest.wire``), and the HTTP layer
-(:class:`~dispatch_nb.http_adapter.HTTPAdapter`) asks *that* object for the parser of the answer,
-so a provider that speaks several formats (Copilot: ``/chat/completions`` or ``/responses`` per
-model) never has to remember, between building a request and reading its answer, which one it chose.
+"""What every wire format gives the HTTP layer: a request to send (carrying the wire format itself)
+and the parser of its answer; docs/providers.md describes the :class:`WireFormat` protocol.
 """
 
 from __future__ import annotations

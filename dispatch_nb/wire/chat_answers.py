@@ -1,8 +1,5 @@
-"""OpenAI chat.completions answers, sans-I/O: a stream of SSE events or a whole ``chat.completion``
-body → deltas through a :class:`~dispatch_nb.stream.Accumulator`; usage, stop reasons, in-stream
-errors and ``GET /models``. The request side and the wire format object are in
-:mod:`~dispatch_nb.wire.chat_completions` (whose docstring lists the stream quirks survived), which
-re-exports every public name of this module.
+"""OpenAI chat.completions answers, sans-I/O: SSE events or a whole ``chat.completion`` body → deltas
+(:class:`ChatStreamParser`); usage, stop reasons, in-stream errors and ``GET /models``.
 """
 
 from __future__ import annotations

@@ -1,52 +1,12 @@
-"""OpenAI chat.completions, sans-I/O: canonical request → wire body, wire stream/body → deltas.
+"""OpenAI chat.completions, sans-I/O: :class:`ChatCompletionsWire` (the format for one server, built
+from a frozen :class:`ChatQuirks`) builds the ``POST chat/completions`` body; the answer side
+(:class:`ChatStreamParser`) is :mod:`~dispatch_nb.wire.chat_answers`, re-exported here. The rules
+both OpenAI formats share (:func:`tool_fields`, :func:`tool_arguments_text`,
+:func:`tool_result_text`) live here too.
 
-Used by the ``compatible`` backend of :class:`~dispatch_nb.providers.openai.OpenAIAdapter`
-(llama.cpp, llama-cpp-python, vLLM, Ollama, LM Studio...) and by the GitHub Copilot adapter as a
-:class:`ChatCompletionsWire`: the format for one server, built from a frozen :class:`ChatQuirks`
-(what that server does its own way). Nothing here holds adapter state::
-
-    wire = ChatCompletionsWire("compatible")                 # or ChatQuirks(...) for a server's ways
-    body = wire.build_body(request, "llama3")
-    parser = wire.stream_parser(acc)                         # feed(ServerSentEvent) -> deltas
-    wire.parse_body(json_body, acc)
-
-The answer side (:class:`ChatStreamParser`, usage, stop reasons, errors) lives in
-:mod:`~dispatch_nb.wire.chat_answers`; this module re-exports it.
-
-The rules both OpenAI wire formats share live here too, and the Responses module imports them:
-:func:`map_tool_choice` and :func:`tool_fields` (``tool_choice`` and the tools section of a
-body), :func:`tool_arguments_text` and :func:`tool_result_text`.
-
-Request rules: the system prompt is the first message; ``ToolUseBlock`` s become the assistant's
-``tool_calls`` (content ``""``, never null: llama.cpp rejects null); each ``ToolResultBlock`` becomes a
-``role: "tool"`` message placed right after the assistant turn; consecutive messages of the same role
-are merged; text-only user content is a plain string (templates such as llama-cpp-python's
-``chatml-function-calling`` render list content verbatim), images make it a list of ``text`` /
-``image_url`` parts; streaming asks for ``stream_options.include_usage``. Built-in tools (dicts
-without a ``name``, e.g. ``{"type": "web_search"}``) are refused before anything is sent.
-
-Stream quirks survived (PROTOCOLS.md §3.4, §4, §7): id/name repeated on every tool-call chunk
-(llama-cpp-python), one ``index`` reused for several calls with new ids (Claude via Copilot), calls
-and text spread over several choices, ``finish_reason: "stop"`` with tool calls, usage on any chunk
-or none at all, SSE comment pings, empty or null ``choices``, the deprecated ``function_call`` delta,
-reasoning in ``reasoning_content`` / ``reasoning`` / ``reasoning_text`` (+ ``reasoning_opaque``),
-``refusal``, ``[DONE]``, and ``{"error": ...}`` in the middle of a stream. Tool arguments are parsed
-only when the call is complete; invalid JSON becomes ``ToolUseBlock.arguments_error``.
-
-Content may be a list of parts (Mistral): ``text`` parts are text, ``thinking`` parts
-(``{"type": "thinking", "thinking": [{"type": "text", "text": ...}]}``) a :class:`ThinkingBlock`
-marked ``{"field": "content"}``, any other part type an empty :class:`TextBlock` holding the part
-verbatim (``{"part": {...}}``; streamed pieces of one part merged). An assistant turn that came as
-parts goes back as parts. ``n`` above 1 (through ``extra_body``) is refused: one answer per call.
-
-Opaque data rides in ``provider_data["openai_chat"]``: on a :class:`ThinkingBlock` the field the
-reasoning came in (``{"field": "reasoning_text"}``; ``reasoning_opaque`` is the block's
-``signature``), on a :class:`ToolUseBlock` a Gemini ``thought_signature``. With
-``echo_reasoning=True`` (Copilot) thinking that arrived as ``reasoning_text`` / ``reasoning_opaque``
-is sent back on the next assistant message; ``reasoning_content`` is never echoed (DeepSeek-style
-servers reject it in requests). ``reasoning_provider="copilot"`` marks the thinking a parser makes
-(``{"field": ..., "provider": "copilot"}``) and makes ``chat_messages`` echo only thinking marked so,
-never another server's signature.
+What is sent, the stream quirks survived and the opaque data kept in
+``provider_data["openai_chat"]``: docs/openai.md (PROTOCOLS.md §3.4, §4, §7); the quirks:
+docs/providers.md.
 """
 
 from __future__ import annotations

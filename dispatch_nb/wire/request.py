@@ -1,10 +1,6 @@
-"""What a wire format is given: one call, normalized (:class:`ChatRequest`), and how its ``output=``
-goes on the wire (the output-mode helpers every provider and wire format shares).
-
-The adapter (:mod:`dispatch_nb.adapter`) builds the request; the wire formats below it read it.
-What they read of ``output=`` is :class:`OutputSpec`, which
-:class:`~dispatch_nb.structured.StructuredOutput` (validation, retries: a layer above) provides,
-so nothing here imports upward.
+"""What a wire format is given: one call, normalized (:class:`ChatRequest`), and the output-mode
+helpers every provider and format shares. ``output=`` is read as :class:`OutputSpec`, which
+:class:`~dispatch_nb.structured.StructuredOutput` (a layer above) provides.
 """
 
 from __future__ import annotations

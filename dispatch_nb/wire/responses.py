@@ -1,48 +1,10 @@
-"""The OpenAI Responses API, sans-I/O: canonical request → ``POST /responses`` body, events → deltas.
+"""The OpenAI Responses API, sans-I/O: :class:`ResponsesWire` builds the ``POST /responses`` body,
+:class:`ResponsesStreamParser` reads the answer (events, or a whole Response object).
 
-Used by the ``official`` backend of :class:`~dispatch_nb.providers.openai.OpenAIAdapter` and by
-Copilot's ``/responses`` models as a :class:`ResponsesWire` (the format for one server, built from a
-frozen :class:`ResponsesQuirks`)::
-
-    wire = ResponsesWire("openai")
-    body = wire.build_body(request, "gpt-5")
-    parser = wire.stream_parser(acc)                          # feed(ServerSentEvent) -> deltas
-    wire.parse_body(json_body, acc)
-
-Requests are stateless (``store: false``): the whole conversation goes in ``input`` every turn.
-The system prompt is ``instructions``; user text and images are ``input_text`` / ``input_image``
-parts; assistant text is an ``output_text`` message; ``ToolUseBlock`` → ``function_call`` and
-``ToolResultBlock`` → ``function_call_output`` (matched by ``call_id``); tools are flat
-``{"type": "function", "name", ...}``; built-in tools (dicts without ``name``, e.g.
-``{"type": "web_search"}``) pass through unchanged.
-
-Reasoning: for reasoning models the request adds ``include: ["reasoning.encrypted_content"]``
-(non-reasoning models such as ``gpt-4.1`` reject it, see :func:`is_reasoning_model`). Each
-``reasoning`` output item becomes a :class:`ThinkingBlock` — summary text as ``thinking``,
-``encrypted_content`` as ``signature``, the complete item in ``provider_data["openai_responses"]
-["item"]`` — and is sent back verbatim next turn. The API pairs a reasoning item with the item that
-follows it by id, so the ``fc_`` / ``msg_`` ids of the items after a reasoning item are kept and
-sent too, and only then (an id without its reasoning item is rejected as well).
-
-Every other output item — built-in tool calls (``web_search_call``, ``file_search_call``,
-``code_interpreter_call``, ``image_generation_call``), MCP items (``mcp_call``, ``mcp_list_tools``,
-``mcp_approval_request``), ``compaction``, types added later — is kept verbatim as an empty
-:class:`TextBlock` with the item in ``provider_data["openai_responses"]["item"]``, in its place
-among the other blocks, and goes back unchanged: ``[reasoning, web_search_call, reasoning,
-message]`` must return whole, or the first reasoning item lacks its following item (400). Blocks
-are placed by ``output_index``, whatever order the events came in.
-
-Streamed parts are keyed by ``output_index`` (and ``content_index`` / ``summary_index`` within an
-item), never by ``item_id``: GitHub Copilot's ``/responses`` (Codex-class models) gives every event
-of an item a fresh ``item_id``, and only ``output_index`` stays stable. ``output_item.done``'s
-complete item replaces what its index streamed (its text, its id, its encrypted content); that item
-is what goes back next turn.
-
-Stop reasons: ``completed`` → ``end_turn`` (``tool_use`` with function calls); ``incomplete`` →
-``max_tokens`` / ``content_filter`` per ``incomplete_details.reason``; a refusal (``refusal`` content
-/ ``response.refusal.delta``) becomes a text block and stop reason ``refusal``; ``response.failed``
-and a bare ``error`` event raise the mapped :class:`DispatchError`. Usage: ``input_tokens`` excludes
-``input_tokens_details.cached_tokens``, which become ``cache_read_tokens``.
+What is sent and what comes back (stateless ``input``, reasoning items and the ids that pair them,
+other output items kept verbatim in their place, stop reasons, usage): docs/openai.md. Streamed
+parts are keyed by ``output_index``, never by ``item_id`` (Copilot rotates it); ``output_item.done``'s
+complete item replaces what its index streamed.
 """
 
 from __future__ import annotations
