@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 import httpx
 
@@ -58,16 +58,10 @@ _sent_with: ContextVar[ChatCompletionsWire | ResponsesWire | None] = ContextVar(
 def _resolve_backend(backend: str | None) -> Backend:
     source = "backend="
     if backend is None:
-        env = os.environ.get("OPENAI_BACKEND", "").strip()
-        if env:
-            backend, source = env, "OPENAI_BACKEND="
-        else:
-            backend = "official"
+        backend, source = os.environ.get("OPENAI_BACKEND", "").strip() or "official", "OPENAI_BACKEND="
     value = backend.strip().lower()
-    if value == "official":
-        return "official"
-    if value == "compatible":
-        return "compatible"
+    if value in get_args(Backend):
+        return cast(Backend, value)
     raise ValueError(
         f"unknown OpenAI backend {source}{backend!r}: use 'official' (the OpenAI Responses API) "
         "or 'compatible' (any chat.completions server: llama.cpp, vLLM, Ollama, LM Studio)"
@@ -77,8 +71,8 @@ def _resolve_backend(backend: str | None) -> Backend:
 class OpenAIAdapter(HTTPAdapter):
     """OpenAI's Responses API (``backend="official"``: a :class:`ResponsesAdapter`) or a
     chat.completions server (``backend="compatible"``: a :class:`CompatibleAdapter`); making an
-    ``OpenAIAdapter`` makes the one its backend names. See the module docstring for the selection
-    rules, credentials and options."""
+    ``OpenAIAdapter`` makes the one its backend names (docs/openai.md: the selection rules,
+    credentials and options)."""
 
     provider_options: frozenset[str] = frozenset(CHAT_OPTIONS | RESPONSES_OPTIONS)
     #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
@@ -174,23 +168,18 @@ class OpenAIAdapter(HTTPAdapter):
             error.message = f"{error.message} [{self.provider_name}:{self._model} at {self.base_url}]{note}"
         return error
 
-    def _current_wire(self) -> ChatCompletionsWire | ResponsesWire:
-        return self._learnt or self.wire
-
     def build_request(self, request: ChatRequest) -> WireRequest:
-        wire = self._current_wire()
+        wire = self._learnt or self.wire
         _sent_with.set(wire)
         return wire.wire_request(request, self.model_name,
                                  output_mode=wire.output_mode_for(self, request))
 
     def output_mode(self, request: ChatRequest) -> str | None:
         """Structured output on the wire: ``auto`` / ``native`` is the wire format's own
-        mechanism — ``text.format`` (a ``json_schema`` format, strict when the schema allows) on
-        the Responses API, ``response_format`` (``json_schema``) on chat.completions, or
-        ``json_object`` (the schema in ``{"type": "json_object", "schema": ...}``, what
-        llama-cpp-python's server takes — chosen by itself after a server rejects ``json_schema``,
-        with a warning); else ``tool`` or ``prompt`` (and ``json_object`` on chat.completions)."""
-        return self._current_wire().output_mode_for(self, request)
+        mechanism (``text.format``, ``response_format``, or ``json_object`` once a server refused
+        ``json_schema``: docs/openai.md); else ``tool`` or ``prompt`` (and ``json_object`` on
+        chat.completions)."""
+        return (self._learnt or self.wire).output_mode_for(self, request)
 
     def batch_api(self) -> OpenAIBatchAPI | None:
         """OpenAI's Batch API (``batch(..., deferred=True)``): the official API has one; a

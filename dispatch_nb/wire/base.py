@@ -33,13 +33,10 @@ def answer_object(body: Any, provider: str) -> dict[str, Any]:
 
 
 def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
-    """Merge a streamed piece of a block no rule covers into the block, the way such streams build
-    it (Anthropic's ``compaction_delta {"content": "..."}`` fills a ``compaction`` block's
-    ``content``; chat.completions content parts of unknown types come in pieces): a string is
-    appended to the field of the same name, a list field receives the value (or its items), a
-    dict field is updated, anything else is set. Only ``block`` changes: its list and dict fields
-    are replaced, never changed in place (a shallow copy of a block, or a snapshot of it, keeps
-    its own)."""
+    """Merge a streamed piece of a block no rule covers into the block (Anthropic's
+    ``compaction_delta``, chat.completions parts of unknown types): strings appended, lists
+    extended, dicts updated, anything else set. List and dict fields are replaced, never changed
+    in place (a shallow copy of a block, or a snapshot of it, keeps its own)."""
     for name, value in delta.items():
         if name == "type":
             continue
@@ -55,11 +52,9 @@ def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
 
 
 class StreamParser(Protocol):
-    """Turns one provider's SSE events into deltas (through the accumulator it was given).
-
-    ``complete`` becomes True at the provider's terminal event; reading stops there.
-    ``feed`` raises a :class:`DispatchError` for an in-stream error event.
-    """
+    """Turns one provider's SSE events into deltas (through the accumulator it was given):
+    ``complete`` at its terminal event; ``feed`` raises a :class:`DispatchError` for an in-stream
+    error."""
 
     complete: bool
 
@@ -69,14 +64,7 @@ class StreamParser(Protocol):
 
 
 class WireFormat(Protocol):
-    """One wire format for one server (see the module docstring).
-
-    ``name`` (e.g. ``"chat.completions"``) appears in logs as the adapter's backend; ``path`` is
-    where requests go, relative to the provider's base URL; ``options`` the per-call options the
-    format understands; ``provider`` the name its errors carry; ``native_output`` how ``output=``
-    goes natively (e.g. ``"response_format"``) and ``output_modes`` the other structured-output
-    modes a call may ask for.
-    """
+    """One wire format for one server; docs/providers.md describes each member."""
 
     @property
     def name(self) -> str: ...
@@ -130,13 +118,8 @@ class WireFormat(Protocol):
 
 @dataclass
 class WireRequest:
-    """An HTTP request a provider wants sent: ``url`` is absolute or relative to base_url.
-
-    ``wire``: the wire format the request was built for; the HTTP layer reads the answer with its
-    :meth:`~WireFormat.stream_parser` / :meth:`~WireFormat.parse_body`. None (a provider that
-    implements the parsing itself) means the adapter's
-    :meth:`~dispatch_nb.http_adapter.HTTPAdapter.stream_parser` /
-    :meth:`~dispatch_nb.http_adapter.HTTPAdapter.parse_body`."""
+    """An HTTP request a provider wants sent: ``url`` is absolute or relative to base_url;
+    ``wire`` the wire format that reads its answer (None: the adapter's own parsers)."""
 
     method: str
     url: str
@@ -146,9 +129,8 @@ class WireRequest:
 
 
 class WireBase:
-    """What every wire format shares (each is a frozen dataclass built on this): the class-level
-    facts it sets (described in :class:`WireFormat`), and its request, ``POST {path}`` with its
-    body."""
+    """What every wire format (a frozen dataclass built on this) shares: the class-level facts
+    it sets, ``POST {path}`` with its body, the usual choice of output mode."""
 
     name: ClassVar[str]
     path: ClassVar[str]

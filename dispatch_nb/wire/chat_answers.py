@@ -117,12 +117,9 @@ def _part_block(part: dict[str, Any]) -> TextBlock:
 
 
 class ChatStreamParser:
-    """Turns chat.completions SSE events into deltas through ``acc`` (see the module docstring).
-
-    ``reasoning_fields``: delta fields read as visible reasoning; ``signature_field``: the field
-    whose value becomes the thinking block's signature (Copilot's ``reasoning_opaque``);
-    ``reasoning_provider``: added as ``"provider"`` to the thinking blocks' provider data.
-    """
+    """Turns chat.completions SSE events into deltas through ``acc``; ``reasoning_fields``,
+    ``signature_field`` and ``reasoning_provider``: as in
+    :class:`~dispatch_nb.wire.chat_completions.ChatQuirks`."""
 
     __slots__ = (
         "_fn_seen",

@@ -179,8 +179,8 @@ def _assistant_items(
 def responses_input(
     messages: Sequence[Message], *, include_reasoning: bool = True, issuer: str | None = None
 ) -> list[dict[str, Any]]:
-    """The ``input`` items for a conversation (see the module docstring); reasoning items issued
-    by another provider than ``issuer`` are left out."""
+    """The ``input`` items for a conversation (docs/openai.md, "What is sent"); reasoning items
+    issued by another provider than ``issuer`` are left out."""
     items: list[dict[str, Any]] = []
     for message in messages:
         blocks = message.blocks
@@ -275,10 +275,8 @@ def _output_key(index: int) -> str:
 
 
 class ResponsesStreamParser:
-    """Turns Responses API SSE events into deltas through ``acc`` (see the module docstring).
-
-    Blocks end in ``output_index`` order, whatever order the events came in (a server may send
-    an item's ``output_item.done`` after a later item's)."""
+    """Turns Responses API SSE events into deltas through ``acc``; blocks end in
+    ``output_index`` order, whatever order the events came in."""
 
     __slots__ = (
         "_args",
@@ -373,27 +371,24 @@ class ResponsesStreamParser:
         item_id = str(data.get("item_id") or "")
         return self._key_of_id.get(item_id, item_id or "output0")
 
-    def _item_key(self, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> str:
+    def _place(self, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> tuple[str, int]:
+        """An item's block key and where it goes: its ``output_index`` (the key of its id from
+        then on), else its place in arrival order."""
         index = (data or {}).get("output_index")
         item_id = str(item.get("id") or "")
         if isinstance(index, int):
             key = _output_key(index)
             if item_id:
                 self._key_of_id[item_id] = key
-            return key
-        return self._key_of_id.get(item_id, item_id or "output0")
-
-    def _place(self, key: str, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> int:
-        """Record where an item goes (its ``output_index``; else its place in arrival order)."""
-        index = (data or {}).get("output_index")
-        if not isinstance(index, int):
+        else:
+            key = self._key_of_id.get(item_id, item_id or "output0")
             index = self._indexes.get(key, len(self._indexes))
         self._indexes[key] = index
         if item.get("type") == "reasoning" and (
             self._reasoning_at is None or index < self._reasoning_at
         ):
             self._reasoning_at = index
-        return index
+        return key, index
 
     def _response_meta(self, response: Mapping[str, Any]) -> None:
         if response.get("model"):
@@ -412,8 +407,7 @@ class ResponsesStreamParser:
         return (self.acc.thinking(delta, key=key),)
 
     def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
-        key = self._item_key(item, data)
-        self._place(key, item, data)
+        key, _ = self._place(item, data)
         return self._start_call(key, item) if item.get("type") == "function_call" else []
 
     def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
@@ -429,19 +423,14 @@ class ResponsesStreamParser:
     def item_done(
         self, item: Mapping[str, Any], data: Mapping[str, Any] | None = None
     ) -> list[StreamDelta]:
-        """Record one complete output item (streamed ``output_item.done`` or a body's output).
-
-        Messages become text blocks (with their ``msg_`` id), reasoning items thinking blocks,
-        function calls tool-use blocks; every other item (built-in tool calls, MCP items,
-        ``compaction``, types added later) is kept verbatim as an empty :class:`TextBlock` whose
-        ``provider_data["openai_responses"]["item"]`` goes back unchanged next turn. The item
-        replaces what its ``output_index`` streamed."""
+        """Record one complete output item (``output_item.done``, or a body's output), which
+        replaces what its ``output_index`` streamed: a message, reasoning or function call
+        becomes its block; any other item an empty :class:`TextBlock` keeping it verbatim."""
         acc = self.acc
         self._items_seen += 1
         kind = item.get("type")
         item_id = str(item.get("id") or "")
-        key = self._item_key(item, data)
-        index = self._place(key, item, data)
+        key, index = self._place(item, data)
         out: list[StreamDelta] = []
         if kind == "message":
             if item_id:
@@ -510,11 +499,9 @@ class ResponsesStreamParser:
             stop = "tool_use" if acc.tool_count else "end_turn"
         acc.stop_reason = stop
         if self._other_items:
-            data = dict(acc.provider_data or {})
-            ours = dict(data.get(PROVIDER_DATA_KEY) or {})
-            ours["output_items"] = self._other_items
-            data[PROVIDER_DATA_KEY] = ours
-            acc.provider_data = data
+            data = acc.provider_data or {}
+            ours = {**(data.get(PROVIDER_DATA_KEY) or {}), "output_items": self._other_items}
+            acc.provider_data = {**data, PROVIDER_DATA_KEY: ours}
         return out
 
     def _keep_paired_ids(self) -> None:
@@ -576,13 +563,8 @@ class ResponsesWire(WireBase):
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        """The JSON body of ``POST /responses``. Options read from ``request.options``:
-        ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort string or a
-        dict such as ``{"effort": "low", "summary": "auto"}``), ``response_format``
-        (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not exist in this
-        API and raises a :class:`RequestError`. ``output_mode`` (for ``request.output``):
-        ``"text.format"`` (a ``json_schema`` format) or ``"tool"`` (a function tool the model must
-        call); anything else sends nothing for it."""
+        """The JSON body of ``POST /responses`` (its options: docs/openai.md); ``output_mode``
+        ``"text.format"`` or ``"tool"`` sends ``request.output``, anything else nothing."""
         provider, options = self.provider, request.options
         if request.output is not None and output_mode in ("text.format", "tool") and (
             options.get("response_format") is not None or (options.get("text") or {}).get("format")
