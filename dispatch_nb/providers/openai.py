@@ -19,7 +19,7 @@ from ..errors import AuthenticationError, DispatchError
 from ..http_adapter import HTTPAdapter
 from ..types import ModelInfo
 from ..wire.base import WireRequest
-from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire, parse_model_list
+from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .credentials import EnvCredentials
 
@@ -218,10 +218,37 @@ class OpenAIAdapter(HTTPAdapter):
     # -- models ----------------------------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:
         """The models ``GET {base_url}/models`` lists."""
-        return parse_model_list(self.get_json("models"))
+        return _model_list(self.get_json("models"))
 
     async def alist_models(self) -> list[ModelInfo]:
-        return parse_model_list(await self.aget_json("models"))
+        return _model_list(await self.aget_json("models"))
+
+
+def _model_list(body: Any) -> list[ModelInfo]:
+    """``GET /models`` (``{"object": "list", "data": [...]}``) → :class:`ModelInfo` s."""
+    data = body.get("data") if isinstance(body, dict) else body
+    out: list[ModelInfo] = []
+    for item in data or []:
+        if not isinstance(item, dict) or not item.get("id"):
+            continue
+        extra: dict[str, Any] = {}
+        if item.get("created"):
+            extra["created"] = item["created"]
+        meta = item.get("meta")
+        if isinstance(meta, dict) and meta.get("n_ctx_train"):
+            extra["n_ctx_train"] = meta["n_ctx_train"]
+        arch = item.get("architecture")
+        vision = isinstance(arch, dict) and "image" in (arch.get("input_modalities") or [])
+        out.append(
+            ModelInfo(
+                id=str(item["id"]),
+                name=str(item.get("name") or item["id"]),
+                vendor=item.get("owned_by"),
+                supports_vision=vision,
+                **extra,
+            )
+        )
+    return out
 
 
 class ResponsesAdapter(OpenAIAdapter):

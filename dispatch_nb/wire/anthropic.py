@@ -11,22 +11,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
 from ..errors import APIConnectionError, DispatchError, error_for_status
-from ..sse import ServerSentEvent
-from ..stream import Accumulator
 from ..types import (
     ImageBlock,
-    Message,
     RedactedThinkingBlock,
-    StopReason,
-    StreamDelta,
     TextBlock,
     ThinkingBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
@@ -34,6 +28,11 @@ from ..types import (
 from .base import WireBase, answer_object, merge_delta
 from .request import ChatRequest, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
+
+if TYPE_CHECKING:
+    from ..sse import ServerSentEvent
+    from ..stream import Accumulator
+    from ..types import Message, StopReason, StreamDelta, ToolDefinition
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

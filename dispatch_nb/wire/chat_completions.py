@@ -13,29 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
-from ..sse import ServerSentEvent
-from ..stream import Accumulator
-from ..types import (
-    ImageBlock,
-    Message,
-    ModelInfo,
-    StopReason,
-    StreamDelta,
-    TextBlock,
-    ThinkingBlock,
-    ToolDefinition,
-    ToolResultBlock,
-    ToolUseBlock,
-    Usage,
-)
+from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock, Usage
 from .base import WireBase, answer_object, merge_delta
 from .openai_schema import openai_json_schema
 from .request import ChatRequest, output_tool_choice
+
+if TYPE_CHECKING:
+    from ..sse import ServerSentEvent
+    from ..stream import Accumulator
+    from ..types import Message, StopReason, StreamDelta
 
 __all__ = [
     "CHAT_OPTIONS",
@@ -49,7 +40,6 @@ __all__ = [
     "chat_tools",
     "chat_usage",
     "openai_error",
-    "parse_model_list",
     "status_for_error_code",
     "tool_arguments_text",
     "tool_fields",
@@ -618,33 +608,6 @@ class ChatStreamParser:
         chunk["choices"] = choices
         self.feed_chunk(chunk)
         self._finish()
-
-
-def parse_model_list(body: Any) -> list[ModelInfo]:
-    """``GET /models`` (``{"object": "list", "data": [...]}``) → :class:`ModelInfo` s."""
-    data = body.get("data") if isinstance(body, dict) else body
-    out: list[ModelInfo] = []
-    for item in data or []:
-        if not isinstance(item, dict) or not item.get("id"):
-            continue
-        extra: dict[str, Any] = {}
-        if item.get("created"):
-            extra["created"] = item["created"]
-        meta = item.get("meta")
-        if isinstance(meta, dict) and meta.get("n_ctx_train"):
-            extra["n_ctx_train"] = meta["n_ctx_train"]
-        arch = item.get("architecture")
-        vision = isinstance(arch, dict) and "image" in (arch.get("input_modalities") or [])
-        out.append(
-            ModelInfo(
-                id=str(item["id"]),
-                name=str(item.get("name") or item["id"]),
-                vendor=item.get("owned_by"),
-                supports_vision=vision,
-                **extra,
-            )
-        )
-    return out
 
 
 # -- the wire format object ------------------------------------------------------------------------

@@ -12,24 +12,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
 from ..errors import APIConnectionError, RequestError
-from ..sse import ServerSentEvent
-from ..stream import Accumulator
-from ..types import (
-    ImageBlock,
-    Message,
-    StopReason,
-    StreamDelta,
-    TextBlock,
-    ThinkingBlock,
-    ToolDefinition,
-    ToolResultBlock,
-    ToolUseBlock,
-)
+from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
 from .base import WireBase, answer_object
 from .chat_completions import (
     chat_usage,
@@ -40,6 +28,11 @@ from .chat_completions import (
 )
 from .openai_schema import openai_json_schema, openai_output_schema
 from .request import ChatRequest, output_tool_choice
+
+if TYPE_CHECKING:
+    from ..sse import ServerSentEvent
+    from ..stream import Accumulator
+    from ..types import Message, StopReason, StreamDelta
 
 __all__ = [
     "MIN_OUTPUT_TOKENS",
