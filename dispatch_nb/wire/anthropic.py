@@ -108,11 +108,9 @@ _ANTHROPIC_KEEP = frozenset({
 
 
 def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``schema`` the way Anthropic's ``output_config`` takes it: ``additionalProperties: false``
-    on every object, ``oneOf`` as ``anyOf``, and the constraints the API does not enforce
-    (``minimum``, ``maxLength``, ``minItems`` above 1...) dropped and noted in the description
-    (validation still checks them). Raises ``ValueError`` for what it cannot take: a recursive
-    schema, a map type, ``not`` / ``if`` / ``patternProperties``."""
+    """``schema`` the way Anthropic's ``output_config`` takes it (docs/structured-output.md);
+    ``ValueError`` for what it cannot take: a recursive schema, a map type, ``not`` / ``if`` /
+    ``patternProperties``."""
     if is_recursive(schema):
         raise ValueError("Anthropic's structured outputs do not take recursive schemas")
 
@@ -146,14 +144,9 @@ def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class MessagesStreamParser:
-    """Turns Messages API stream events into deltas; also replays a non-streamed message.
-
-    Every block ends as the non-streamed answer shows it: known deltas are applied explicitly
-    (``text_delta``, ``thinking_delta``, ``signature_delta``, ``input_json_delta``,
-    ``citations_delta``), any other ``*_delta`` is merged into its block by
-    :func:`~dispatch_nb.wire.base.merge_delta`. Fields of a known block that its canonical block
-    has no place for (``citations``, fields added later) are kept in
-    ``provider_data["anthropic"]["extra"]``."""
+    """Turns Messages API stream events into deltas; also replays a non-streamed message. Every
+    block ends as the non-streamed answer shows it (docs/anthropic.md): known deltas applied, any
+    other merged by :func:`~dispatch_nb.wire.base.merge_delta`."""
 
     __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_wire_usage", "acc", "complete")
 

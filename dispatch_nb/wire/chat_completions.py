@@ -26,7 +26,7 @@ from .request import ChatRequest, output_tool_choice
 if TYPE_CHECKING:
     from ..sse import ServerSentEvent
     from ..stream import Accumulator
-    from ..types import Message, StopReason, StreamDelta
+    from ..types import Message, StreamDelta
 
 __all__ = [
     "CHAT_OPTIONS",
@@ -295,20 +295,6 @@ def chat_usage(
     )
 
 
-def _combined_stop(reasons: set[str], refused: bool, has_tools: bool) -> StopReason | None:
-    if refused:
-        return "refusal"
-    if "content_filter" in reasons:
-        return "content_filter"
-    if "length" in reasons:
-        return "max_tokens"
-    if has_tools or "tool_calls" in reasons or "function_call" in reasons:
-        return "tool_use"
-    if reasons:
-        return "end_turn"
-    return None
-
-
 def status_for_error_code(code: Any) -> int:
     """The HTTP status an in-stream error most likely stands for (they carry none, or an int)."""
     if isinstance(code, int) and 400 <= code < 600:
@@ -574,9 +560,17 @@ class ChatStreamParser:
         self.finished = True
         acc = self.acc
         out = acc.end_open_tools()
-        stop = _combined_stop(self._reasons, self._refused, acc.tool_count > 0)
-        if stop is not None:
-            acc.stop_reason = stop
+        reasons = self._reasons  # every choice's finish_reason; the first rule that holds wins
+        if self._refused:
+            acc.stop_reason = "refusal"
+        elif "content_filter" in reasons:
+            acc.stop_reason = "content_filter"
+        elif "length" in reasons:
+            acc.stop_reason = "max_tokens"
+        elif acc.tool_count or "tool_calls" in reasons or "function_call" in reasons:
+            acc.stop_reason = "tool_use"
+        elif reasons:
+            acc.stop_reason = "end_turn"
         return out
 
     def end(self) -> Iterable[StreamDelta]:
@@ -639,12 +633,9 @@ class ChatCompletionsWire(WireBase):
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        """The JSON body of ``POST /chat/completions``. Options read from ``request.options``:
-        ``tool_choice``, ``stop``, ``top_p``, ``parallel_tool_calls``, ``response_format`` and
-        ``reasoning`` (sent as ``reasoning_effort``). ``output_mode`` (for ``request.output``):
-        ``"response_format"`` (``json_schema``, strict when the schema can be), ``"json_object"``
-        (llama-cpp-python's ``{"type": "json_object", "schema": ...}``) or ``"tool"`` (a function
-        the model must call); anything else sends nothing for it."""
+        """The JSON body of ``POST /chat/completions`` (its options: docs/openai.md);
+        ``output_mode`` ``"response_format"``, ``"json_object"`` or ``"tool"`` sends
+        ``request.output``, anything else nothing."""
         q, provider, options = self.quirks, self.provider, request.options
         n = (options.get("extra_body") or {}).get("n")
         if n is not None and n != 1:
@@ -702,11 +693,9 @@ class ChatCompletionsWire(WireBase):
         self.stream_parser(acc).parse_completion(body)
 
     def should_resend(self, error: DispatchError) -> ChatCompletionsWire | None:
-        """The wire format to resend a request with after ``error``, when the error shows a quirk
-        this description did not know (else None). llama-cpp-python's server validates
-        ``response_format.type`` against ``text`` / ``json_object`` and answers ``json_schema``
-        with an error (HTTP 500 whose message is that validation error): the answer is these
-        quirks with :attr:`ChatQuirks.schema_in_json_object`."""
+        """With :attr:`ChatQuirks.schema_in_json_object` after llama-cpp-python's server refused
+        ``json_schema`` (an HTTP 500 whose message is its validation of ``response_format.type``
+        against ``text`` / ``json_object``); else None."""
         if (
             not self.quirks.schema_in_json_object
             and error.status_code in (400, 422, 500)

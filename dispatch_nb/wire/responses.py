@@ -32,7 +32,7 @@ from .request import ChatRequest, output_tool_choice
 if TYPE_CHECKING:
     from ..sse import ServerSentEvent
     from ..stream import Accumulator
-    from ..types import Message, StopReason, StreamDelta
+    from ..types import Message, StreamDelta
 
 __all__ = [
     "MIN_OUTPUT_TOKENS",
@@ -482,15 +482,13 @@ class ResponsesStreamParser:
             acc.usage = chat_usage(usage, "input_tokens", "output_tokens")
         if response.get("status") == "failed":
             raise openai_error(response.get("error"), provider=self.provider)
-        stop: StopReason
         if response.get("status") == "incomplete":
             reason = (response.get("incomplete_details") or {}).get("reason")
-            stop = "content_filter" if reason == "content_filter" else "max_tokens"
+            acc.stop_reason = "content_filter" if reason == "content_filter" else "max_tokens"
         elif self._refused:
-            stop = "refusal"
+            acc.stop_reason = "refusal"
         else:
-            stop = "tool_use" if acc.tool_count else "end_turn"
-        acc.stop_reason = stop
+            acc.stop_reason = "tool_use" if acc.tool_count else "end_turn"
         if self._other_items:
             data = acc.provider_data or {}
             ours = {**(data.get(PROVIDER_DATA_KEY) or {}), "output_items": self._other_items}
