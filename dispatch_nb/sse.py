@@ -103,12 +103,8 @@ class SSEDecoder:
         else:
             self._buf = last
             lines.pop()
-        events: list[ServerSentEvent] = []
-        for line in lines:
-            event = self._line(line.rstrip(b"\r\n"))
-            if event is not None:
-                events.append(event)
-        return events
+        events = map(self._line, [line.rstrip(b"\r\n") for line in lines])
+        return [event for event in events if event is not None]
 
     def _feed_blocks(self, chunk: bytes) -> list[ServerSentEvent]:
         # Fast path: LF line endings and no event half-parsed (what LLM APIs send, whether one
@@ -145,18 +141,10 @@ class SSEDecoder:
 
     def end(self) -> list[ServerSentEvent]:
         """The end of the stream: process an unterminated last line and a pending event."""
-        events: list[ServerSentEvent] = []
-        if self._buf:
-            rest, self._buf = self._buf, b""
-            for line in rest.splitlines():  # the fast path may leave several lines here
-                event = self._line(line)
-                if event is not None:
-                    events.append(event)
-        event = self._line(b"")
-        if event is not None:
-            events.append(event)
+        lines = [*self._buf.splitlines(), b""]  # the fast path may leave several lines in _buf
+        self._buf = b""
         self._skip_lf = False
-        return events
+        return [event for event in map(self._line, lines) if event is not None]
 
     def _line(self, line: bytes) -> ServerSentEvent | None:
         if not line:

@@ -25,7 +25,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireBase, answer_object, merge_delta
+from .base import WireBase, answer_object, merge_delta, provider_entry
 from .request import ChatRequest, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
@@ -509,11 +509,6 @@ def wire_tool_choice(choice: Any) -> dict[str, Any]:
     return {"type": "tool", "name": choice}
 
 
-def _our_data(block: Any) -> dict[str, Any]:
-    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-    return data if isinstance(data, dict) else {}
-
-
 def _foreign(block: Any) -> bool:
     """Whether the block carries another wire format's opaque data (and none of ours)."""
     data = block.provider_data
@@ -521,7 +516,7 @@ def _foreign(block: Any) -> bool:
 
 
 def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
-    cache_control = _our_data(block).get("cache_control")
+    cache_control = provider_entry(block, PROVIDER_DATA_KEY).get("cache_control")
     if cache_control is not None:
         out["cache_control"] = cache_control
     return out
@@ -529,14 +524,14 @@ def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
 
 def wire_block(block: Any) -> dict[str, Any] | None:
     """One canonical block in Anthropic's shape, or None when it must not be sent."""
-    raw = _our_data(block).get("block")
+    raw = provider_entry(block, PROVIDER_DATA_KEY).get("block")
     if isinstance(raw, dict):
         return dict(raw)
     if isinstance(block, TextBlock):
         if not block.text:
             return None  # the API rejects empty text blocks
         text: dict[str, Any] = {"type": "text", "text": block.text}
-        extra = _our_data(block).get("extra")
+        extra = provider_entry(block, PROVIDER_DATA_KEY).get("extra")
         if isinstance(extra, dict):
             text.update({k: v for k, v in extra.items() if k in _SENT_EXTRA["text"]})
         return _with_cache_control(text, block)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StreamParser", "WireBase", "WireFormat", "WireRequest", "answer_object", "merge_delta",
+    "provider_entry",
 ]
 
 
@@ -30,6 +31,12 @@ def answer_object(body: Any, provider: str) -> dict[str, Any]:
             f"the server answered with an unexpected body: {str(body)[:200]!r}", provider=provider
         )
     return body
+
+
+def provider_entry(block: Any, key: str) -> dict[str, Any]:
+    """A block's ``provider_data[key]``, one wire format's opaque data (``{}`` when it has none)."""
+    data = (block.provider_data or {}).get(key)
+    return data if isinstance(data, dict) else {}
 
 
 def merge_delta(block: dict[str, Any], delta: Mapping[str, Any]) -> None:

@@ -19,7 +19,7 @@ import orjson
 
 from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
 from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock, Usage
-from .base import WireBase, answer_object, merge_delta
+from .base import WireBase, answer_object, merge_delta, provider_entry
 from .openai_schema import openai_json_schema
 from .request import ChatRequest, output_tool_choice
 
@@ -85,8 +85,8 @@ def tool_arguments_text(block: ToolUseBlock) -> str:
 
 def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
     function: dict[str, Any] = {"name": block.name, "arguments": tool_arguments_text(block)}
-    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-    if isinstance(data, dict) and data.get("thought_signature"):
+    data = provider_entry(block, PROVIDER_DATA_KEY)
+    if data.get("thought_signature"):
         function["thought_signature"] = data["thought_signature"]
     return {"id": block.id, "type": "function", "function": function}
 
@@ -156,8 +156,7 @@ def chat_messages(
         reasoning: list[str] = []
         opaque: str | None = None
         for block in blocks:
-            data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-            data = data if isinstance(data, dict) else {}
+            data = provider_entry(block, PROVIDER_DATA_KEY)
             if isinstance(block, TextBlock):
                 if isinstance(data.get("part"), dict):
                     as_parts = True

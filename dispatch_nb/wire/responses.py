@@ -18,7 +18,7 @@ import orjson
 
 from ..errors import APIConnectionError, RequestError
 from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
-from .base import WireBase, answer_object
+from .base import WireBase, answer_object, provider_entry
 from .chat_completions import (
     chat_usage,
     openai_error,
@@ -81,11 +81,6 @@ def is_reasoning_model(model: str) -> bool:
 
 
 # -- request ---------------------------------------------------------------------------------------
-def _our_data(block: Any) -> dict[str, Any]:
-    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-    return data if isinstance(data, dict) else {}
-
-
 def _assistant_items(
     blocks: Sequence[Any], include_reasoning: bool, issuer: str | None = None
 ) -> list[dict[str, Any]]:
@@ -109,7 +104,7 @@ def _assistant_items(
     def flush() -> None:
         if not texts:
             return
-        data = _our_data(texts[0])
+        data = provider_entry(texts[0], PROVIDER_DATA_KEY)
         item: dict[str, Any] = {
             "type": "message",
             "role": "assistant",
@@ -127,7 +122,7 @@ def _assistant_items(
 
     for block in blocks:
         if isinstance(block, TextBlock):
-            data = _our_data(block)
+            data = provider_entry(block, PROVIDER_DATA_KEY)
             kept = data.get("item")
             if isinstance(kept, dict):
                 flush()
@@ -136,11 +131,11 @@ def _assistant_items(
                 continue
             if not block.text and block.provider_data and not data:
                 continue  # another wire format's opaque block (e.g. Anthropic's server tools)
-            if texts and _our_data(texts[0]).get("id") != data.get("id"):
+            if texts and provider_entry(texts[0], PROVIDER_DATA_KEY).get("id") != data.get("id"):
                 flush()
             texts.append(block)
         elif isinstance(block, ThinkingBlock):
-            data = _our_data(block)
+            data = provider_entry(block, PROVIDER_DATA_KEY)
             reasoning = data.get("item")
             if not (isinstance(reasoning, dict) and reasoning.get("id")):
                 continue  # another provider's reasoning: nothing this API could verify
@@ -158,7 +153,7 @@ def _assistant_items(
                 "name": block.name,
                 "arguments": tool_arguments_text(block),
             }
-            fc_id = _our_data(block).get("id")
+            fc_id = provider_entry(block, PROVIDER_DATA_KEY).get("id")
             if paired and fc_id:
                 item["id"] = fc_id
             items.append(item)
