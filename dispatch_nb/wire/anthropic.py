@@ -25,7 +25,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from .base import WireBase, answer_object, merge_delta, provider_entry
+from .base import WireFormat, answer_object, merge_delta, provider_entry
 from .request import ChatRequest, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
 
@@ -420,7 +420,7 @@ class MessagesQuirks:
 
 
 @dataclass(frozen=True)
-class MessagesWire(WireBase):
+class MessagesWire(WireFormat):
     """Anthropic's Messages API for one server: ``POST v1/messages``, its body, its parsers."""
 
     provider: str = "anthropic"

@@ -71,31 +71,32 @@ class StreamParser(Protocol):
 
 
 class WireFormat(Protocol):
-    """One wire format for one server; docs/providers.md describes each member."""
+    """One wire format for one server (docs/providers.md describes each member). A format is a
+    frozen dataclass that subclasses this protocol, which gives it ``wire_request`` (``POST
+    {path}`` with its body), ``output_mode_for`` and ``should_resend``."""
 
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def provider(self) -> str: ...
-
-    @property
-    def options(self) -> frozenset[str]: ...
+    name: ClassVar[str]
+    path: ClassVar[str]
+    options: ClassVar[frozenset[str]]
+    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
+    provider: str
 
     @property
     def native_output(self) -> str: ...
-
-    @property
-    def output_modes(self) -> tuple[str, ...]: ...
 
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
         """The JSON body for ``request`` sent to ``model`` (``output_mode``: how ``output=`` goes
         on the wire, as the adapter's ``output_mode`` chose)."""
+        ...
+
+    def stream_parser(self, acc: Accumulator) -> StreamParser:
+        """A fresh parser for one streamed answer, filling ``acc``."""
+        ...
+
+    def parse_body(self, body: Any, acc: Accumulator) -> None:
+        """Fill ``acc`` from a non-streamed JSON answer."""
         ...
 
     def wire_request(
@@ -107,56 +108,10 @@ class WireFormat(Protocol):
         headers: dict[str, str] | None = None,
     ) -> WireRequest:
         """``POST {path}`` with :meth:`build_body`, carrying this wire format."""
-        ...
-
-    def stream_parser(self, acc: Accumulator) -> StreamParser:
-        """A fresh parser for one streamed answer, filling ``acc``."""
-        ...
-
-    def parse_body(self, body: Any, acc: Accumulator) -> None:
-        """Fill ``acc`` from a non-streamed JSON answer."""
-        ...
-
-    def should_resend(self, error: DispatchError) -> WireFormat | None:
-        """The wire format to resend with when ``error`` shows a quirk this one did not know
-        (else None)."""
-        ...
-
-
-@dataclass
-class WireRequest:
-    """An HTTP request a provider wants sent: ``url`` is absolute or relative to base_url;
-    ``wire`` the wire format that reads its answer (None: the adapter's own parsers)."""
-
-    method: str
-    url: str
-    json: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
-    wire: WireFormat | None = None
-
-
-class WireBase:
-    """What every wire format (a frozen dataclass built on this) shares: the class-level facts
-    it sets, ``POST {path}`` with its body, the usual choice of output mode."""
-
-    name: ClassVar[str]
-    path: ClassVar[str]
-    options: ClassVar[frozenset[str]]
-    output_modes: ClassVar[tuple[str, ...]] = ("tool", "prompt")
-
-    def wire_request(
-        self: WireFormat,
-        request: ChatRequest,
-        model: str,
-        *,
-        output_mode: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> WireRequest:
-        """``POST {path}`` with :meth:`build_body`, carrying this wire format."""
         body = self.build_body(request, model, output_mode=output_mode)
         return WireRequest("POST", self.path, json=body, headers=dict(headers or {}), wire=self)
 
-    def output_mode_for(self: WireFormat, adapter: Any, request: ChatRequest) -> str | None:
+    def output_mode_for(self, adapter: Any, request: ChatRequest) -> str | None:
         """How ``request.output`` goes on this format for ``adapter`` (None without one):
         ``auto`` / ``native`` is :attr:`native_output`, another mode one of :attr:`output_modes`
         (else a ``ValueError`` naming them)."""
@@ -170,6 +125,22 @@ class WireBase:
         raise unsupported_mode(adapter, mode, ("auto", "native", *self.output_modes))
 
     def should_resend(self, error: DispatchError) -> WireFormat | None:
-        """None: no error teaches this format a quirk it did not know (a format that can learn
-        one overrides this)."""
+        """The wire format to resend with when ``error`` shows a quirk this one did not know:
+        None here (a format that can learn one overrides this)."""
         return None
+
+
+#: the name docs/providers.md gave the base of a wire format before it was the protocol itself
+WireBase = WireFormat
+
+
+@dataclass
+class WireRequest:
+    """An HTTP request a provider wants sent: ``url`` is absolute or relative to base_url;
+    ``wire`` the wire format that reads its answer (None: the adapter's own parsers)."""
+
+    method: str
+    url: str
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    wire: WireFormat | None = None

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import APIConnectionError, error_for_status
 from ..sse import ServerSentEvent
 from ..types import Response, StreamDelta, ToolDefinition, Usage
-from .base import WireBase
+from .base import WireFormat
 from .request import ChatRequest, output_tool_choice
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class CanonicalStreamParser:
 
 # -- client: the wire format -----------------------------------------------------------------------
 @dataclass(frozen=True)
-class CanonicalWire(WireBase):
+class CanonicalWire(WireFormat):
     """The canonical protocol: ``POST chat`` with the call's canonical types as JSON."""
 
     provider: str = "fake"

@@ -19,7 +19,7 @@ import orjson
 
 from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
 from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock, Usage
-from .base import WireBase, answer_object, merge_delta, provider_entry
+from .base import WireFormat, answer_object, merge_delta, provider_entry
 from .openai_schema import openai_json_schema
 from .request import ChatRequest, output_tool_choice
 
@@ -605,7 +605,7 @@ class ChatStreamParser:
 
 # -- the wire format object ------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ChatCompletionsWire(WireBase):
+class ChatCompletionsWire(WireFormat):
     """OpenAI chat.completions for one server: ``POST chat/completions``, its body, its parsers.
 
     ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks` (the module

@@ -18,7 +18,7 @@ import orjson
 
 from ..errors import APIConnectionError, RequestError
 from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
-from .base import WireBase, answer_object, provider_entry
+from .base import WireFormat, answer_object, provider_entry
 from .chat_completions import (
     chat_usage,
     openai_error,
@@ -532,7 +532,7 @@ class ResponsesQuirks:
 
 
 @dataclass(frozen=True)
-class ResponsesWire(WireBase):
+class ResponsesWire(WireFormat):
     """The OpenAI Responses API for one server: ``POST responses``, its body, its parsers.
 
     ``provider``: the name errors (and the reasoning items' issuer) carry; ``quirks``: the
