@@ -186,11 +186,8 @@ class AnthropicAdapter(HTTPAdapter):
     def _count_tokens(self, request: ChatRequest) -> int:
         """Input tokens the prompt would use (``POST /v1/messages/count_tokens``); what it raises
         and when it returns ``-1``: docs/anthropic.md."""
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": wire_messages(request.messages),
-        }
-        body.update(prompt_fields(request.system, request.tools, {}))
+        body = {"model": self._model, "messages": wire_messages(request.messages),
+                **prompt_fields(request.system, request.tools, {})}
         try:
             response = self.post_json("v1/messages/count_tokens", body,
                                       headers=self._beta_header())

@@ -367,12 +367,11 @@ class MessagesStreamParser:
 
     # -- a whole (non-streamed) message -------------------------------------------------------
     def replay(self, message: Mapping[str, Any]) -> None:
-        """Fill the accumulator from a complete ``message`` object, as if it had streamed."""
+        """Fill the accumulator from a complete ``message`` object, as if it had streamed: a
+        ``message_start`` that holds the whole answer, then ``message_stop``."""
         if message.get("type") == "error":
             raise self._error(message.get("error") or {})
-        self._message({k: v for k, v in message.items() if k not in ("content", "stop_reason")})
-        self._blocks(message.get("content"))
-        self._stop_reason(message.get("stop_reason"), message.get("stop_sequence"))
+        self.handle({"type": "message_start", "message": message})
         self._ended()
 
 
@@ -400,11 +399,9 @@ def prompt_fields(
                 "thinking must be a dict such as {'type': 'enabled', 'budget_tokens': 2048} "
                 f"or a budget in tokens, not {thinking!r}"
             )
-        out["thinking"] = (
-            {"type": "enabled", "budget_tokens": thinking}
-            if isinstance(thinking, int)
-            else thinking
-        )
+        if isinstance(thinking, int):
+            thinking = {"type": "enabled", "budget_tokens": thinking}
+        out["thinking"] = thinking
     return out
 
 

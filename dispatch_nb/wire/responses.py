@@ -71,11 +71,8 @@ _NON_REASONING_PREFIXES = (
 
 
 def is_reasoning_model(model: str) -> bool:
-    """Whether ``model`` produces reasoning items (and accepts ``reasoning.encrypted_content``).
-
-    Known non-reasoning families (``gpt-4*``, ``gpt-3.5*``, ``chatgpt-*``, ``gpt-5-chat*``) say no;
-    everything else (o-series, ``gpt-5*``, ``codex*``, ``gpt-oss*``, future models) says yes.
-    """
+    """Whether ``model`` produces reasoning items (and accepts ``reasoning.encrypted_content``):
+    every model but the known non-reasoning families (``gpt-4*``, ``chatgpt-*``...)."""
     name = model.lower().rsplit("/", 1)[-1]
     return not name.startswith(_NON_REASONING_PREFIXES)
 
@@ -84,15 +81,9 @@ def is_reasoning_model(model: str) -> bool:
 def _assistant_items(
     blocks: Sequence[Any], include_reasoning: bool, issuer: str | None = None
 ) -> list[dict[str, Any]]:
-    """One assistant turn → output items, in the order the model produced them.
-
-    Reasoning items and the items this module keeps verbatim (built-in tool calls such as
-    ``web_search_call``, MCP items, ``compaction``, any type it does not know) go back exactly as
-    they came, so every reasoning item is still followed by the item it produced; messages and
-    function calls are rebuilt from their blocks. Encrypted reasoning goes back only to the
-    provider that issued it (``issuer``): OpenAI cannot decrypt Copilot's, nor the other way round.
-    A verbatim item whose turn's reasoning is not sent is left out too (its id names that
-    reasoning)."""
+    """One assistant turn → output items, in the order the model produced them: reasoning and
+    verbatim items as they came, messages and function calls rebuilt from their blocks; what is
+    left out and why (reasoning of another ``issuer``...): docs/openai.md, "What is sent"."""
     items: list[dict[str, Any]] = []
     texts: list[TextBlock] = []
     paired = False  # a reasoning item was sent: this turn's items carry their ids
