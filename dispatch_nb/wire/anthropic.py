@@ -93,6 +93,8 @@ _KNOWN_FIELDS: dict[str, frozenset[str]] = {
     "thinking": frozenset({"type", "thinking", "signature"}),
     "tool_use": frozenset({"type", "id", "name", "input"}),
 }
+#: the block types that become canonical blocks (any other is kept verbatim, "raw")
+_CANONICAL_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
 #: extra fields of a known block that go back on the next turn (the request accepts them)
 _SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
 
@@ -153,7 +155,7 @@ class MessagesStreamParser:
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
         self.complete = False
-        self._kinds: dict[int, str] = {}  # block index → text | thinking | tool | raw | ignored
+        self._kinds: dict[int, str] = {}  # block index → its type, "raw" for one kept verbatim
         self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self._extra: dict[int, dict[str, Any]] = {}  # known blocks' other fields
         self._wire_usage: dict[str, Any] = {}
@@ -275,18 +277,17 @@ class MessagesStreamParser:
 
     def _start(self, index: int, block: dict[str, Any]) -> Iterable[StreamDelta]:
         acc = self.acc
-        btype = block.get("type")
+        btype = str(block.get("type"))
         self._last_tool = index if btype == "tool_use" else None
-        known = _KNOWN_FIELDS.get(str(btype))
+        self._kinds[index] = btype if btype in _CANONICAL_TYPES else "raw"
+        known = _KNOWN_FIELDS.get(btype)
         if known is not None:  # its other fields, but empty ones (a stream fills them by deltas)
             self._extra[index] = {k: v for k, v in block.items()
                                   if k not in known and v not in (None, "", [], {})}
         if btype == "text":
-            self._kinds[index] = "text"
             text = block.get("text") or ""
             return (acc.text(text, key=index),) if text else ()
         if btype == "thinking":
-            self._kinds[index] = "thinking"
             out: list[StreamDelta] = []
             if block.get("thinking"):
                 out.append(acc.thinking(block["thinking"], key=index))
@@ -294,17 +295,14 @@ class MessagesStreamParser:
                 acc.signature(block["signature"], key=index)
             return out
         if btype == "redacted_thinking":
-            self._kinds[index] = "ignored"
             acc.redacted_thinking(str(block.get("data", "")))
             return ()
         if btype == "tool_use":
-            self._kinds[index] = "tool"
             start = acc.tool_start(index, str(block.get("id", "")), str(block.get("name", "")))
             given = block.get("input")
             if isinstance(given, dict) and given:
                 self._raw[index] = (given, [])  # a non-streamed body: arguments arrive whole
             return (start,)
-        self._kinds[index] = "raw"
         self._raw[index] = (dict(block), [])
         return ()
 
@@ -321,7 +319,7 @@ class MessagesStreamParser:
             return ()
         if dtype == "input_json_delta":
             fragment = str(delta.get("partial_json", ""))
-            if kind == "tool":
+            if kind == "tool_use":
                 return (acc.tool_delta(index, fragment),) if fragment else ()
             if kind == "raw":
                 self._raw[index][1].append(fragment)
@@ -344,7 +342,7 @@ class MessagesStreamParser:
             self.acc.text_provider_data(ours, key=index)
         elif kind == "thinking" and ours:
             self.acc.thinking_provider_data(ours, key=index)
-        if kind == "tool":
+        if kind == "tool_use":
             given = self._raw.pop(index, None)
             tool = self.acc.tool(index)
             if tool is not None and ours:

@@ -362,13 +362,7 @@ class ChatStreamParser:
         "signature_field",
     )
 
-    def __init__(
-        self,
-        acc: Accumulator,
-        *,
-        provider: str,
-        quirks: ChatQuirks = ChatQuirks(),
-    ) -> None:
+    def __init__(self, acc: Accumulator, *, provider: str, quirks: ChatQuirks = ChatQuirks()) -> None:
         self.acc = acc
         self.provider = provider
         self.reasoning_provider = quirks.reasoning_provider
