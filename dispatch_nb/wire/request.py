@@ -30,22 +30,13 @@ class OutputSpec(Protocol):
     """What a wire format reads of ``output=`` (a
     :class:`~dispatch_nb.structured.StructuredOutput`)."""
 
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def description(self) -> str | None: ...
-
-    @property
-    def schema(self) -> dict[str, Any]:
-        """The JSON Schema sent (an object at the root)."""
-
-    @property
-    def strict(self) -> bool | None:
-        """OpenAI strict mode: None when it can be, False never, True or fail."""
-
-    @property
-    def mode(self) -> str: ...
+    name: str
+    description: str | None
+    #: the JSON Schema sent (an object at the root)
+    schema: dict[str, Any]
+    #: OpenAI strict mode: None when it can be, False never, True or fail
+    strict: bool | None
+    mode: str
 
     def tool_definition(self) -> ToolDefinition: ...
 
