@@ -18,7 +18,7 @@ from ..adapter import ChatRequest
 from ..errors import AuthenticationError, DispatchError
 from ..http_adapter import HTTPAdapter
 from ..types import ModelInfo
-from ..wire.base import WireRequest
+from ..wire.base import WireFormat, WireRequest
 from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .credentials import EnvCredentials
@@ -50,9 +50,7 @@ logger = logging.getLogger("dispatch_nb")
 
 #: the wire format this thread's (or task's) last request was built with: a retry decision judges
 #: the request that failed, not whatever another thread learnt meanwhile
-_sent_with: ContextVar[ChatCompletionsWire | ResponsesWire | None] = ContextVar(
-    "dispatch_nb_openai_sent_with", default=None
-)
+_sent_with: ContextVar[WireFormat | None] = ContextVar("dispatch_nb_openai_sent_with", default=None)
 
 
 def _resolve_backend(backend: str | None) -> Backend:
@@ -125,7 +123,7 @@ class OpenAIAdapter(HTTPAdapter):
         )
         #: what this adapter learnt about its server (a chat.completions server that refuses
         #: ``json_schema``): the wire format to build requests with from then on
-        self._learnt: ChatCompletionsWire | None = None
+        self._learnt: WireFormat | None = None
         self._learn_lock = threading.Lock()
         #: the per-call options this backend understands (others raise ``TypeError``)
         self.provider_options = self.wire.options
@@ -197,10 +195,7 @@ class OpenAIAdapter(HTTPAdapter):
         request was built with, so every thread whose request failed that way resends it."""
         if self.structured_output not in ("auto", "native"):
             return False
-        sent = _sent_with.get() or self.wire
-        if not isinstance(sent, ChatCompletionsWire):
-            return False
-        learnt = sent.should_resend(error)
+        learnt = (_sent_with.get() or self.wire).should_resend(error)
         if learnt is None:
             return False
         with self._learn_lock:
