@@ -316,7 +316,9 @@ class ResponsesStreamParser:
             self._refused = True
             return (acc.text(data.get("delta", ""), key=self._key(data)),)
         if kind == "response.output_item.added":
-            return self._item_added(data.get("item") or {}, data)
+            item = data.get("item") or {}
+            key, _ = self._place(item, data)
+            return self._start_call(key, item) if item.get("type") == "function_call" else []
         if kind == "response.output_item.done":
             return self.item_done(data.get("item") or {}, data)
         if kind == "response.function_call_arguments.done":
@@ -384,10 +386,6 @@ class ResponsesStreamParser:
         if last is not None and last != (kind, index):
             delta = "\n\n" + delta  # a new summary part
         return (self.acc.thinking(delta, key=key),)
-
-    def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
-        key, _ = self._place(item, data)
-        return self._start_call(key, item) if item.get("type") == "function_call" else []
 
     def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
         acc = self.acc
