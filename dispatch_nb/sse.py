@@ -1,26 +1,15 @@
-"""Incremental Server-Sent Events decoding, straight from raw byte chunks.
+"""Incremental Server-Sent Events decoding, straight from raw byte chunks (:class:`SSEDecoder`).
 
-Follows the WHATWG event-stream rules: lines end in CR, LF or CRLF (also across chunk boundaries);
-``field: value`` drops one leading space; several ``data:`` lines join with ``\\n``; ``:`` starts a
-comment; ``event``, ``data``, ``id`` and ``retry`` are the fields, anything else is ignored; a blank
-line dispatches the event. Two deliberate leniencies keep what arrived: a final event that is not
-followed by a blank line is still dispatched at the end of the stream, and invalid UTF-8 is replaced,
-never fatal.
-
-Data stays ``bytes`` until someone asks (:attr:`ServerSentEvent.data`), so JSON payloads go to the
-parser without a decode/encode round trip::
-
-    decoder = SSEDecoder()
-    for chunk in response.iter_raw():
-        for event in decoder.feed(chunk):
-            ...
-    for event in decoder.end():
-        ...
+The WHATWG event-stream rules (PROTOCOLS.md §0), with two leniencies that keep what arrived: a last
+event not followed by a blank line is still dispatched at the end of the stream, and invalid UTF-8
+is replaced, never fatal. Data stays ``bytes`` until asked for (:attr:`ServerSentEvent.data`), so
+JSON goes to the parser without a decode/encode round trip.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,18 +17,14 @@ import orjson
 __all__ = ["SSEDecoder", "ServerSentEvent", "aiter_sse", "iter_sse"]
 
 
+@dataclass(slots=True)
 class ServerSentEvent:
     """One dispatched event. ``data`` is text; ``raw`` the undecoded bytes."""
 
-    __slots__ = ("event", "id", "raw", "retry")
-
-    def __init__(
-        self, raw: bytes, event: str | None = None, id: str | None = None, retry: int | None = None
-    ) -> None:
-        self.raw = raw
-        self.event = event
-        self.id = id
-        self.retry = retry
+    raw: bytes
+    event: str | None = None
+    id: str | None = None
+    retry: int | None = None
 
     @property
     def data(self) -> str:
@@ -56,18 +41,6 @@ class ServerSentEvent:
 
     def __repr__(self) -> str:
         return f"ServerSentEvent(event={self.event!r}, data={self.data!r}, id={self.id!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ServerSentEvent):
-            return NotImplemented
-        return (self.raw, self.event, self.id, self.retry) == (
-            other.raw,
-            other.event,
-            other.id,
-            other.retry,
-        )
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 class SSEDecoder:
@@ -130,12 +103,8 @@ class SSEDecoder:
         else:
             self._buf = last
             lines.pop()
-        events: list[ServerSentEvent] = []
-        for line in lines:
-            event = self._line(line.rstrip(b"\r\n"))
-            if event is not None:
-                events.append(event)
-        return events
+        events = map(self._line, [line.rstrip(b"\r\n") for line in lines])
+        return [event for event in events if event is not None]
 
     def _feed_blocks(self, chunk: bytes) -> list[ServerSentEvent]:
         # Fast path: LF line endings and no event half-parsed (what LLM APIs send, whether one
@@ -172,18 +141,10 @@ class SSEDecoder:
 
     def end(self) -> list[ServerSentEvent]:
         """The end of the stream: process an unterminated last line and a pending event."""
-        events: list[ServerSentEvent] = []
-        if self._buf:
-            rest, self._buf = self._buf, b""
-            for line in rest.splitlines():  # the fast path may leave several lines here
-                event = self._line(line)
-                if event is not None:
-                    events.append(event)
-        event = self._line(b"")
-        if event is not None:
-            events.append(event)
+        lines = [*self._buf.splitlines(), b""]  # the fast path may leave several lines in _buf
+        self._buf = b""
         self._skip_lf = False
-        return events
+        return [event for event in map(self._line, lines) if event is not None]
 
     def _line(self, line: bytes) -> ServerSentEvent | None:
         if not line:

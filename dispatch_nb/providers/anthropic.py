@@ -1,10 +1,7 @@
 """``anthropic``: Claude through Anthropic's Messages API (``POST {base}/v1/messages``).
 
-The provider: endpoint (``ANTHROPIC_BASE_URL``), key (``ANTHROPIC_API_KEY``), ``anthropic-beta``
-headers, model list, token counting and error mapping. The wire format is
-:class:`~dispatch_nb.wire.anthropic.MessagesWire` (:mod:`dispatch_nb.wire.anthropic`), whose module docstring
-gives the format's rules (PROTOCOLS.md §6: system at top level, the thinking round trip, opaque
-and unknown blocks sent back verbatim, cumulative usage, stop reasons).
+The provider: endpoint, key, ``anthropic-beta`` headers, model list, token counting and error
+mapping; the wire format is :mod:`dispatch_nb.wire.anthropic` (docs/anthropic.md).
 """
 from __future__ import annotations
 
@@ -51,21 +48,9 @@ CLAUDE_CONTEXT_TOKENS = 200_000
 
 
 class AnthropicAdapter(HTTPAdapter):
-    """Claude models through Anthropic's Messages API.
-
-    ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (read at call time, so setting it later works);
-    ``base_url`` to ``ANTHROPIC_BASE_URL``, else ``https://api.anthropic.com``. The key from the
-    environment goes only to the server the environment names (``ANTHROPIC_BASE_URL``, else
-    Anthropic's): a server named by ``base_url=`` gets a key only through ``api_key=``. ``max_tokens`` is
-    always sent (the API requires it). ``betas`` become the ``anthropic-beta`` header.
-
-    Extra chat options: ``thinking`` (``{"type": "enabled", "budget_tokens": N}``,
-    ``{"type": "adaptive"}``, or just the budget as an int), ``stop_sequences`` (``stop`` works
-    too), ``top_k``, ``metadata``, ``service_tier`` and per-call ``betas``.
-
-    Structured output (``output=``): see :meth:`output_mode`; ``structured_output="tool"`` for a
-    server (a proxy, an older gateway) that does not take ``output_config``.
-    """
+    """Claude models through Anthropic's Messages API: the constructor's arguments and the
+    chat options are in docs/anthropic.md, "Configuration". ``ANTHROPIC_API_KEY`` is read at call
+    time and goes only to the server ``ANTHROPIC_BASE_URL`` names (else Anthropic's)."""
 
     provider_options = MESSAGES_OPTIONS
     wire: MessagesWire
@@ -146,12 +131,9 @@ class AnthropicAdapter(HTTPAdapter):
 
     # -- request -------------------------------------------------------------------------------
     def output_mode(self, request: ChatRequest) -> str | None:
-        """Structured output on the wire: ``output_config`` (a ``json_schema`` format) on models
-        that support it (:func:`supports_output_config`) when the schema suits it (not
-        recursive, no map types), else ``tool``: one tool whose input is the answer, forced with
-        ``tool_choice`` (``auto`` plus an instruction when thinking is on: a forced tool is not
-        allowed with thinking). ``structured_output=`` / ``StructuredOutput(mode=...)`` choose
-        ``native``, ``tool`` or ``prompt`` instead."""
+        """``output_config`` on models that take it (:func:`supports_output_config`) when the
+        schema suits it, else ``tool``; ``structured_output=`` / ``StructuredOutput(mode=...)``
+        choose ``native``, ``tool`` or ``prompt`` instead (docs/anthropic.md)."""
         chosen = self.wire.output_mode_for(self, request)
         if chosen != "output_config":
             return chosen
@@ -202,18 +184,10 @@ class AnthropicAdapter(HTTPAdapter):
         return models
 
     def _count_tokens(self, request: ChatRequest) -> int:
-        """Input tokens the prompt would use (``POST /v1/messages/count_tokens``).
-
-        Raises :class:`AuthenticationError` (no or rejected key), :class:`ModelUnavailableError`
-        (unknown model) and :class:`RequestError` for a prompt the API rejects (400). Returns
-        ``-1`` when the server cannot count: no such endpoint (a proxy), rate limits, server or
-        network failures.
-        """
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": wire_messages(request.messages),
-        }
-        body.update(prompt_fields(request.system, request.tools, {}))
+        """Input tokens the prompt would use (``POST /v1/messages/count_tokens``); what it raises
+        and when it returns ``-1``: docs/anthropic.md."""
+        body = {"model": self._model, "messages": wire_messages(request.messages),
+                **prompt_fields(request.system, request.tools, {})}
         try:
             response = self.post_json("v1/messages/count_tokens", body,
                                       headers=self._beta_header())

@@ -1,46 +1,7 @@
-"""OpenAI: the official Responses API, or any OpenAI-compatible chat.completions server.
-
-Two adapters, each with its wire format fixed when it is made (no silent fallback from one to the
-other): :class:`ResponsesAdapter` (``POST /responses``) and :class:`CompatibleAdapter`
-(``POST /chat/completions``). :class:`OpenAIAdapter` makes the one its ``backend`` names, and both
-are ``OpenAIAdapter`` instances::
-
-    OpenAIAdapter("gpt-4.1")                                  # backend="official": a ResponsesAdapter
-    OpenAIAdapter("llama3", backend="compatible",
-                  base_url="http://127.0.0.1:11434/v1")       # a CompatibleAdapter
-    connect("openai:gpt-4.1"); connect("compatible:llama3", base_url=...)
-
-Backend: the ``backend`` argument, else ``OPENAI_BACKEND``, else ``"official"``; an unknown value is
-an error. A base URL only says where requests go and never switches the backend.
-
-Where requests go and which key they carry (:mod:`dispatch_nb.providers.credentials`): each
-provider has its own pair of variables — ``openai:`` reads ``OPENAI_BASE_URL`` (default
-``https://api.openai.com/v1``) and ``OPENAI_API_KEY``; ``compatible:`` (and ``backend="compatible"``)
-reads ``DISPATCH_NB_COMPATIBLE_BASE_URL`` (default ``http://127.0.0.1:8080/v1``) and
-``DISPATCH_NB_COMPATIBLE_API_KEY`` — except that with ``OPENAI_BACKEND=compatible`` and no
-``backend=``, the ``OPENAI_*`` pair describes the server. ``base_url=`` and ``api_key=`` win over
-the environment. A key from the environment is sent only to the server its base-URL variable names
-(else the provider's default server), never to another ``base_url=``: pass ``api_key=`` with it.
-The official API refuses calls without a key: such a call fails with an
-:class:`~dispatch_nb.errors.AuthenticationError` naming the model and the URL (and why a key that is
-set was kept back); a compatible server gets a key only when there is one for it.
-
-Per-call options (``adapter.chat(..., **options)``): ``tool_choice`` (``"auto"``, ``"none"``,
-``"required"`` or a tool name), ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort such as
-``"low"`` or a Responses ``reasoning`` dict), ``response_format`` (chat.completions shape; converted
-to ``text.format`` for Responses), ``text`` (Responses only), ``stop`` (chat.completions only: the
-Responses API has none), plus ``extra_body`` / ``extra_headers`` / ``max_retries``.
-
-Structured output (``output=``): ``text.format`` on the Responses API, ``response_format`` on
-chat.completions (see :meth:`OpenAIAdapter.output_mode` and docs/structured-output.md);
-``structured_output=`` chooses another mechanism for every call. A chat.completions server that
-refuses ``json_schema`` (llama-cpp-python's) is answered with ``json_object`` and a schema from
-then on; what the adapter learnt is kept apart from its wire format, so threads sharing one adapter
-all get the fallback.
-
-The wire formats are :class:`~dispatch_nb.wire.responses.ResponsesWire` and
-:class:`~dispatch_nb.wire.chat_completions.ChatCompletionsWire`; this module is the provider's
-endpoint, key, model list and defaults.
+"""OpenAI: the official Responses API (:class:`ResponsesAdapter`) or any OpenAI-compatible
+chat.completions server (:class:`CompatibleAdapter`); :class:`OpenAIAdapter` makes the one its
+``backend`` names. This module is the provider's endpoint, key, model list and defaults; the
+backend rules, which key goes where, the options and structured output are in docs/openai.md.
 """
 
 from __future__ import annotations
@@ -49,7 +10,7 @@ import logging
 import os
 import threading
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 import httpx
 
@@ -57,8 +18,8 @@ from ..adapter import ChatRequest
 from ..errors import AuthenticationError, DispatchError
 from ..http_adapter import HTTPAdapter
 from ..types import ModelInfo
-from ..wire.base import WireRequest
-from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire, parse_model_list
+from ..wire.base import WireFormat, WireRequest
+from ..wire.chat_completions import CHAT_OPTIONS, ChatCompletionsWire
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .credentials import EnvCredentials
 
@@ -89,24 +50,16 @@ logger = logging.getLogger("dispatch_nb")
 
 #: the wire format this thread's (or task's) last request was built with: a retry decision judges
 #: the request that failed, not whatever another thread learnt meanwhile
-_sent_with: ContextVar[ChatCompletionsWire | ResponsesWire | None] = ContextVar(
-    "dispatch_nb_openai_sent_with", default=None
-)
+_sent_with: ContextVar[WireFormat | None] = ContextVar("dispatch_nb_openai_sent_with", default=None)
 
 
 def _resolve_backend(backend: str | None) -> Backend:
     source = "backend="
     if backend is None:
-        env = os.environ.get("OPENAI_BACKEND", "").strip()
-        if env:
-            backend, source = env, "OPENAI_BACKEND="
-        else:
-            backend = "official"
+        backend, source = os.environ.get("OPENAI_BACKEND", "").strip() or "official", "OPENAI_BACKEND="
     value = backend.strip().lower()
-    if value == "official":
-        return "official"
-    if value == "compatible":
-        return "compatible"
+    if value in get_args(Backend):
+        return cast(Backend, value)
     raise ValueError(
         f"unknown OpenAI backend {source}{backend!r}: use 'official' (the OpenAI Responses API) "
         "or 'compatible' (any chat.completions server: llama.cpp, vLLM, Ollama, LM Studio)"
@@ -116,8 +69,8 @@ def _resolve_backend(backend: str | None) -> Backend:
 class OpenAIAdapter(HTTPAdapter):
     """OpenAI's Responses API (``backend="official"``: a :class:`ResponsesAdapter`) or a
     chat.completions server (``backend="compatible"``: a :class:`CompatibleAdapter`); making an
-    ``OpenAIAdapter`` makes the one its backend names. See the module docstring for the selection
-    rules, credentials and options."""
+    ``OpenAIAdapter`` makes the one its backend names (docs/openai.md: the selection rules,
+    credentials and options)."""
 
     provider_options: frozenset[str] = frozenset(CHAT_OPTIONS | RESPONSES_OPTIONS)
     #: ``"official"`` (Responses API) or ``"compatible"`` (chat.completions); logged per request
@@ -170,7 +123,7 @@ class OpenAIAdapter(HTTPAdapter):
         )
         #: what this adapter learnt about its server (a chat.completions server that refuses
         #: ``json_schema``): the wire format to build requests with from then on
-        self._learnt: ChatCompletionsWire | None = None
+        self._learnt: WireFormat | None = None
         self._learn_lock = threading.Lock()
         #: the per-call options this backend understands (others raise ``TypeError``)
         self.provider_options = self.wire.options
@@ -213,23 +166,18 @@ class OpenAIAdapter(HTTPAdapter):
             error.message = f"{error.message} [{self.provider_name}:{self._model} at {self.base_url}]{note}"
         return error
 
-    def _current_wire(self) -> ChatCompletionsWire | ResponsesWire:
-        return self._learnt or self.wire
-
     def build_request(self, request: ChatRequest) -> WireRequest:
-        wire = self._current_wire()
+        wire = self._learnt or self.wire
         _sent_with.set(wire)
         return wire.wire_request(request, self.model_name,
                                  output_mode=wire.output_mode_for(self, request))
 
     def output_mode(self, request: ChatRequest) -> str | None:
         """Structured output on the wire: ``auto`` / ``native`` is the wire format's own
-        mechanism — ``text.format`` (a ``json_schema`` format, strict when the schema allows) on
-        the Responses API, ``response_format`` (``json_schema``) on chat.completions, or
-        ``json_object`` (the schema in ``{"type": "json_object", "schema": ...}``, what
-        llama-cpp-python's server takes — chosen by itself after a server rejects ``json_schema``,
-        with a warning); else ``tool`` or ``prompt`` (and ``json_object`` on chat.completions)."""
-        return self._current_wire().output_mode_for(self, request)
+        mechanism (``text.format``, ``response_format``, or ``json_object`` once a server refused
+        ``json_schema``: docs/openai.md); else ``tool`` or ``prompt`` (and ``json_object`` on
+        chat.completions)."""
+        return (self._learnt or self.wire).output_mode_for(self, request)
 
     def batch_api(self) -> OpenAIBatchAPI | None:
         """OpenAI's Batch API (``batch(..., deferred=True)``): the official API has one; a
@@ -247,10 +195,7 @@ class OpenAIAdapter(HTTPAdapter):
         request was built with, so every thread whose request failed that way resends it."""
         if self.structured_output not in ("auto", "native"):
             return False
-        sent = _sent_with.get() or self.wire
-        if not isinstance(sent, ChatCompletionsWire):
-            return False
-        learnt = sent.should_resend(error)
+        learnt = (_sent_with.get() or self.wire).should_resend(error)
         if learnt is None:
             return False
         with self._learn_lock:
@@ -268,10 +213,37 @@ class OpenAIAdapter(HTTPAdapter):
     # -- models ----------------------------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:
         """The models ``GET {base_url}/models`` lists."""
-        return parse_model_list(self.get_json("models"))
+        return _model_list(self.get_json("models"))
 
     async def alist_models(self) -> list[ModelInfo]:
-        return parse_model_list(await self.aget_json("models"))
+        return _model_list(await self.aget_json("models"))
+
+
+def _model_list(body: Any) -> list[ModelInfo]:
+    """``GET /models`` (``{"object": "list", "data": [...]}``) → :class:`ModelInfo` s."""
+    data = body.get("data") if isinstance(body, dict) else body
+    out: list[ModelInfo] = []
+    for item in data or []:
+        if not isinstance(item, dict) or not item.get("id"):
+            continue
+        extra: dict[str, Any] = {}
+        if item.get("created"):
+            extra["created"] = item["created"]
+        meta = item.get("meta")
+        if isinstance(meta, dict) and meta.get("n_ctx_train"):
+            extra["n_ctx_train"] = meta["n_ctx_train"]
+        arch = item.get("architecture")
+        vision = isinstance(arch, dict) and "image" in (arch.get("input_modalities") or [])
+        out.append(
+            ModelInfo(
+                id=str(item["id"]),
+                name=str(item.get("name") or item["id"]),
+                vendor=item.get("owned_by"),
+                supports_vision=vision,
+                **extra,
+            )
+        )
+    return out
 
 
 class ResponsesAdapter(OpenAIAdapter):

@@ -1,72 +1,38 @@
-"""Anthropic's Messages API, sans-I/O: canonical request → ``POST v1/messages`` body, events → deltas.
+"""Anthropic's Messages API, sans-I/O: :class:`MessagesWire` builds the ``POST v1/messages`` body,
+:class:`MessagesStreamParser` reads the answer (a non-streamed message is replayed through it, so
+both build the same :class:`~dispatch_nb.types.Response`).
 
-:class:`MessagesWire` (built from a frozen :class:`MessagesQuirks`) is the format the ``anthropic``
-provider (:class:`~dispatch_nb.providers.anthropic.AnthropicAdapter`) speaks:
-:meth:`MessagesWire.build_body` turns a :class:`~dispatch_nb.adapter.ChatRequest` into the wire body,
-:class:`MessagesStreamParser` turns the SSE events (``message_start`` … ``message_stop``) into deltas
-through the shared :class:`~dispatch_nb.stream.Accumulator`, and a non-streamed body is replayed
-through the same parser, so both paths build the same :class:`~dispatch_nb.types.Response`.
-
-Wire rules this module owns (PROTOCOLS.md §6):
-
-* ``system`` is top level; ``max_tokens`` is always sent; consecutive messages with the same role are
-  merged and empty ones dropped (the API wants alternating, non-empty turns); in a user turn the
-  ``tool_result`` blocks come first.
-* Thinking round trip: ``thinking`` blocks go back with their ``signature`` byte-for-byte and
-  ``redacted_thinking`` with its ``data``, in the order the model produced them and in the same
-  assistant turn as the ``tool_use``. A :class:`~dispatch_nb.types.ThinkingBlock` without a signature
-  (reasoning from another provider) cannot be verified by Anthropic and is left out.
-  Thinking that carries another wire format's ``provider_data`` (OpenAI's encrypted reasoning in
-  ``signature``, Copilot's ``reasoning_opaque``) is left out for the same reason.
-* Opaque data rides in ``provider_data["anthropic"]``. Blocks the canonical types have no name for
-  (``server_tool_use``, ``web_search_tool_result``, ``compaction``…) become an empty
-  :class:`~dispatch_nb.types.TextBlock` with the raw block in ``provider_data["anthropic"]["block"]``;
-  it is sent back verbatim, so ``pause_turn`` continuations and compacted conversations work.
-  Streamed, such a block is filled by its own delta events, merged generically
-  (:func:`~dispatch_nb.wire.base.merge_delta`), so it ends as the non-streamed answer shows it.
-  Fields of known blocks the canonical blocks have no place for (``citations``…) are kept in
-  ``provider_data["anthropic"]["extra"]``; ``citations`` go back with their text. An outgoing block with
-  ``provider_data={"anthropic": {"cache_control": {"type": "ephemeral"}}}`` is a prompt-cache
-  breakpoint.
-* Usage: ``message_delta`` usage is cumulative (the last value wins, nothing is added up);
-  ``input_tokens`` excludes cache reads and writes, exactly like :class:`~dispatch_nb.types.Usage`.
-* ``stop_reason`` ``model_context_window_exceeded`` becomes ``max_tokens`` (the answer was cut off);
-  the raw value stays in ``response.provider_data["stop_reason"]``. A ``tool_use`` block that is the
-  last block of an answer cut at ``max_tokens`` has incomplete arguments: it is kept with
-  ``arguments_error`` (and what arrived in ``raw_arguments``), so a session answers it with that
-  error instead of running it.
-* A ``message_start`` whose ``message`` already holds ``content`` (programmatic tool calling: a
-  ``tool_use`` and ``stop_reason`` arrive there, then ``message_stop``, with no content-block
-  events) is read as the complete message it is, as the official SDKs start from it.
+The rules (PROTOCOLS.md §6) are in docs/anthropic.md, "What the adapter does with your messages":
+turns merged, the thinking round trip, unknown blocks and fields kept in
+``provider_data["anthropic"]`` and sent back, cumulative usage, stop reasons, cut tool calls.
 """
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
 from ..errors import APIConnectionError, DispatchError, error_for_status
-from ..sse import ServerSentEvent
-from ..stream import Accumulator
 from ..types import (
     ImageBlock,
-    Message,
     RedactedThinkingBlock,
-    StopReason,
-    StreamDelta,
     TextBlock,
     ThinkingBlock,
-    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
 )
-from .base import WireBase, answer_object, merge_delta
+from .base import WireFormat, answer_object, merge_delta, provider_entry
 from .request import ChatRequest, output_tool_choice
 from .schema import NOT_STRICT, is_recursive, map_schema, with_note
+
+if TYPE_CHECKING:
+    from ..sse import ServerSentEvent
+    from ..stream import Accumulator
+    from ..types import Message, StopReason, StreamDelta, ToolDefinition
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -127,6 +93,8 @@ _KNOWN_FIELDS: dict[str, frozenset[str]] = {
     "thinking": frozenset({"type", "thinking", "signature"}),
     "tool_use": frozenset({"type", "id", "name", "input"}),
 }
+#: the block types that become canonical blocks (any other is kept verbatim, "raw")
+_CANONICAL_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
 #: extra fields of a known block that go back on the next turn (the request accepts them)
 _SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
 
@@ -142,11 +110,9 @@ _ANTHROPIC_KEEP = frozenset({
 
 
 def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``schema`` the way Anthropic's ``output_config`` takes it: ``additionalProperties: false``
-    on every object, ``oneOf`` as ``anyOf``, and the constraints the API does not enforce
-    (``minimum``, ``maxLength``, ``minItems`` above 1...) dropped and noted in the description
-    (validation still checks them). Raises ``ValueError`` for what it cannot take: a recursive
-    schema, a map type, ``not`` / ``if`` / ``patternProperties``."""
+    """``schema`` the way Anthropic's ``output_config`` takes it (docs/structured-output.md);
+    ``ValueError`` for what it cannot take: a recursive schema, a map type, ``not`` / ``if`` /
+    ``patternProperties``."""
     if is_recursive(schema):
         raise ValueError("Anthropic's structured outputs do not take recursive schemas")
 
@@ -180,21 +146,16 @@ def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class MessagesStreamParser:
-    """Turns Messages API stream events into deltas; also replays a non-streamed message.
-
-    Every block ends as the non-streamed answer shows it: known deltas are applied explicitly
-    (``text_delta``, ``thinking_delta``, ``signature_delta``, ``input_json_delta``,
-    ``citations_delta``), any other ``*_delta`` is merged into its block by
-    :func:`~dispatch_nb.wire.base.merge_delta`. Fields of a known block that its canonical block
-    has no place for (``citations``, fields added later) are kept in
-    ``provider_data["anthropic"]["extra"]``."""
+    """Turns Messages API stream events into deltas; also replays a non-streamed message. Every
+    block ends as the non-streamed answer shows it (docs/anthropic.md): known deltas applied, any
+    other merged by :func:`~dispatch_nb.wire.base.merge_delta`."""
 
     __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_wire_usage", "acc", "complete")
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
         self.complete = False
-        self._kinds: dict[int, str] = {}  # block index → text | thinking | tool | raw | ignored
+        self._kinds: dict[int, str] = {}  # block index → its type, "raw" for one kept verbatim
         self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self._extra: dict[int, dict[str, Any]] = {}  # known blocks' other fields
         self._wire_usage: dict[str, Any] = {}
@@ -316,18 +277,17 @@ class MessagesStreamParser:
 
     def _start(self, index: int, block: dict[str, Any]) -> Iterable[StreamDelta]:
         acc = self.acc
-        btype = block.get("type")
+        btype = str(block.get("type"))
         self._last_tool = index if btype == "tool_use" else None
-        known = _KNOWN_FIELDS.get(str(btype))
+        self._kinds[index] = btype if btype in _CANONICAL_TYPES else "raw"
+        known = _KNOWN_FIELDS.get(btype)
         if known is not None:  # its other fields, but empty ones (a stream fills them by deltas)
             self._extra[index] = {k: v for k, v in block.items()
                                   if k not in known and v not in (None, "", [], {})}
         if btype == "text":
-            self._kinds[index] = "text"
             text = block.get("text") or ""
             return (acc.text(text, key=index),) if text else ()
         if btype == "thinking":
-            self._kinds[index] = "thinking"
             out: list[StreamDelta] = []
             if block.get("thinking"):
                 out.append(acc.thinking(block["thinking"], key=index))
@@ -335,17 +295,14 @@ class MessagesStreamParser:
                 acc.signature(block["signature"], key=index)
             return out
         if btype == "redacted_thinking":
-            self._kinds[index] = "ignored"
             acc.redacted_thinking(str(block.get("data", "")))
             return ()
         if btype == "tool_use":
-            self._kinds[index] = "tool"
             start = acc.tool_start(index, str(block.get("id", "")), str(block.get("name", "")))
             given = block.get("input")
             if isinstance(given, dict) and given:
                 self._raw[index] = (given, [])  # a non-streamed body: arguments arrive whole
             return (start,)
-        self._kinds[index] = "raw"
         self._raw[index] = (dict(block), [])
         return ()
 
@@ -362,7 +319,7 @@ class MessagesStreamParser:
             return ()
         if dtype == "input_json_delta":
             fragment = str(delta.get("partial_json", ""))
-            if kind == "tool":
+            if kind == "tool_use":
                 return (acc.tool_delta(index, fragment),) if fragment else ()
             if kind == "raw":
                 self._raw[index][1].append(fragment)
@@ -385,7 +342,7 @@ class MessagesStreamParser:
             self.acc.text_provider_data(ours, key=index)
         elif kind == "thinking" and ours:
             self.acc.thinking_provider_data(ours, key=index)
-        if kind == "tool":
+        if kind == "tool_use":
             given = self._raw.pop(index, None)
             tool = self.acc.tool(index)
             if tool is not None and ours:
@@ -408,12 +365,11 @@ class MessagesStreamParser:
 
     # -- a whole (non-streamed) message -------------------------------------------------------
     def replay(self, message: Mapping[str, Any]) -> None:
-        """Fill the accumulator from a complete ``message`` object, as if it had streamed."""
+        """Fill the accumulator from a complete ``message`` object, as if it had streamed: a
+        ``message_start`` that holds the whole answer, then ``message_stop``."""
         if message.get("type") == "error":
             raise self._error(message.get("error") or {})
-        self._message({k: v for k, v in message.items() if k not in ("content", "stop_reason")})
-        self._blocks(message.get("content"))
-        self._stop_reason(message.get("stop_reason"), message.get("stop_sequence"))
+        self.handle({"type": "message_start", "message": message})
         self._ended()
 
 
@@ -441,11 +397,9 @@ def prompt_fields(
                 "thinking must be a dict such as {'type': 'enabled', 'budget_tokens': 2048} "
                 f"or a budget in tokens, not {thinking!r}"
             )
-        out["thinking"] = (
-            {"type": "enabled", "budget_tokens": thinking}
-            if isinstance(thinking, int)
-            else thinking
-        )
+        if isinstance(thinking, int):
+            thinking = {"type": "enabled", "budget_tokens": thinking}
+        out["thinking"] = thinking
     return out
 
 
@@ -461,7 +415,7 @@ class MessagesQuirks:
 
 
 @dataclass(frozen=True)
-class MessagesWire(WireBase):
+class MessagesWire(WireFormat):
     """Anthropic's Messages API for one server: ``POST v1/messages``, its body, its parsers."""
 
     provider: str = "anthropic"
@@ -550,11 +504,6 @@ def wire_tool_choice(choice: Any) -> dict[str, Any]:
     return {"type": "tool", "name": choice}
 
 
-def _our_data(block: Any) -> dict[str, Any]:
-    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-    return data if isinstance(data, dict) else {}
-
-
 def _foreign(block: Any) -> bool:
     """Whether the block carries another wire format's opaque data (and none of ours)."""
     data = block.provider_data
@@ -562,7 +511,7 @@ def _foreign(block: Any) -> bool:
 
 
 def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
-    cache_control = _our_data(block).get("cache_control")
+    cache_control = provider_entry(block, PROVIDER_DATA_KEY).get("cache_control")
     if cache_control is not None:
         out["cache_control"] = cache_control
     return out
@@ -570,14 +519,14 @@ def _with_cache_control(out: dict[str, Any], block: Any) -> dict[str, Any]:
 
 def wire_block(block: Any) -> dict[str, Any] | None:
     """One canonical block in Anthropic's shape, or None when it must not be sent."""
-    raw = _our_data(block).get("block")
+    raw = provider_entry(block, PROVIDER_DATA_KEY).get("block")
     if isinstance(raw, dict):
         return dict(raw)
     if isinstance(block, TextBlock):
         if not block.text:
             return None  # the API rejects empty text blocks
         text: dict[str, Any] = {"type": "text", "text": block.text}
-        extra = _our_data(block).get("extra")
+        extra = provider_entry(block, PROVIDER_DATA_KEY).get("extra")
         if isinstance(extra, dict):
             text.update({k: v for k, v in extra.items() if k in _SENT_EXTRA["text"]})
         return _with_cache_control(text, block)

@@ -1,7 +1,6 @@
-"""dispatch_nb's canonical test protocol: the canonical types on the wire, both ways.
-
-The protocol is the canonical types on the wire, so a test server for it is a few lines, and the
-adapter exercises the whole shared HTTP machinery (SSE, errors, retries, deadlines, cancellation)::
+"""dispatch_nb's canonical test protocol: the canonical types on the wire, both ways, so a test
+server for it is a few lines and the adapter exercises the whole shared HTTP machinery (SSE,
+errors, retries, deadlines, cancellation)::
 
     POST {base_url}/chat   {"model", "messages": [Message...], "system", "tools": [ToolDefinition...],
                             "max_tokens", "temperature", "stream", "options"}
@@ -14,12 +13,9 @@ adapter exercises the whole shared HTTP machinery (SSE, errors, retries, deadlin
       errors       → 4xx/5xx  {"error": {"message", "type"}}
     GET  {base_url}/models → {"data": [ModelInfo...]}
 
-Client side: :class:`CanonicalWire` (what the ``fake`` provider,
-:class:`~dispatch_nb.providers.fake.CanonicalAdapter`, speaks) builds the request body and gives the
-parsers of the answer. Server side: a scripted answer (:class:`Turn`, :class:`Fail`,
-:class:`ToolCall`) rendered as stream events (:func:`canonical_events`, :func:`stream_events`) or a
-JSON body (:func:`canonical_body`) — what :mod:`dispatch_nb.testing`'s in-process handler and the
-repository's loopback fake answer with.
+Client side: :class:`CanonicalWire`, what the ``fake`` provider speaks. Server side: a scripted
+answer (:class:`Turn`, :class:`Fail`, :class:`ToolCall`) rendered as stream events or a JSON body,
+what :mod:`dispatch_nb.testing` and the repository's loopback fake answer with.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import APIConnectionError, error_for_status
 from ..sse import ServerSentEvent
 from ..types import Response, StreamDelta, ToolDefinition, Usage
-from .base import WireBase
+from .base import WireFormat
 from .request import ChatRequest, output_tool_choice
 
 if TYPE_CHECKING:
@@ -114,7 +110,7 @@ class CanonicalStreamParser:
 
 # -- client: the wire format -----------------------------------------------------------------------
 @dataclass(frozen=True)
-class CanonicalWire(WireBase):
+class CanonicalWire(WireFormat):
     """The canonical protocol: ``POST chat`` with the call's canonical types as JSON."""
 
     provider: str = "fake"

@@ -1,88 +1,36 @@
-"""OpenAI chat.completions, sans-I/O: canonical request → wire body, wire stream/body → deltas.
+"""OpenAI chat.completions, sans-I/O: :class:`ChatCompletionsWire` (the format for one server, built
+from a frozen :class:`ChatQuirks`) builds the ``POST chat/completions`` body; :class:`ChatStreamParser`
+reads the answer (SSE events, or a whole ``chat.completion`` body). The rules both OpenAI formats
+share (:func:`tool_fields`, :func:`tool_arguments_text`, :func:`tool_result_text`, :func:`chat_usage`,
+:func:`openai_error`) live here too.
 
-Used by the ``compatible`` backend of :class:`~dispatch_nb.providers.openai.OpenAIAdapter`
-(llama.cpp, llama-cpp-python, vLLM, Ollama, LM Studio...) and by the GitHub Copilot adapter as a
-:class:`ChatCompletionsWire`: the format for one server, built from a frozen :class:`ChatQuirks`
-(what that server does its own way). Nothing here holds adapter state::
-
-    wire = ChatCompletionsWire("compatible")                 # or ChatQuirks(...) for a server's ways
-    body = wire.build_body(request, "llama3")
-    parser = wire.stream_parser(acc)                         # feed(ServerSentEvent) -> deltas
-    wire.parse_body(json_body, acc)
-
-The answer side (:class:`ChatStreamParser`, usage, stop reasons, errors) lives in
-:mod:`~dispatch_nb.wire.chat_answers`; this module re-exports it.
-
-The rules both OpenAI wire formats share live here too, and the Responses module imports them:
-:func:`map_tool_choice` and :func:`tool_fields` (``tool_choice`` and the tools section of a
-body), :func:`tool_arguments_text` and :func:`tool_result_text`.
-
-Request rules: the system prompt is the first message; ``ToolUseBlock`` s become the assistant's
-``tool_calls`` (content ``""``, never null: llama.cpp rejects null); each ``ToolResultBlock`` becomes a
-``role: "tool"`` message placed right after the assistant turn; consecutive messages of the same role
-are merged; text-only user content is a plain string (templates such as llama-cpp-python's
-``chatml-function-calling`` render list content verbatim), images make it a list of ``text`` /
-``image_url`` parts; streaming asks for ``stream_options.include_usage``. Built-in tools (dicts
-without a ``name``, e.g. ``{"type": "web_search"}``) are refused before anything is sent.
-
-Stream quirks survived (PROTOCOLS.md §3.4, §4, §7): id/name repeated on every tool-call chunk
-(llama-cpp-python), one ``index`` reused for several calls with new ids (Claude via Copilot), calls
-and text spread over several choices, ``finish_reason: "stop"`` with tool calls, usage on any chunk
-or none at all, SSE comment pings, empty or null ``choices``, the deprecated ``function_call`` delta,
-reasoning in ``reasoning_content`` / ``reasoning`` / ``reasoning_text`` (+ ``reasoning_opaque``),
-``refusal``, ``[DONE]``, and ``{"error": ...}`` in the middle of a stream. Tool arguments are parsed
-only when the call is complete; invalid JSON becomes ``ToolUseBlock.arguments_error``.
-
-Content may be a list of parts (Mistral): ``text`` parts are text, ``thinking`` parts
-(``{"type": "thinking", "thinking": [{"type": "text", "text": ...}]}``) a :class:`ThinkingBlock`
-marked ``{"field": "content"}``, any other part type an empty :class:`TextBlock` holding the part
-verbatim (``{"part": {...}}``; streamed pieces of one part merged). An assistant turn that came as
-parts goes back as parts. ``n`` above 1 (through ``extra_body``) is refused: one answer per call.
-
-Opaque data rides in ``provider_data["openai_chat"]``: on a :class:`ThinkingBlock` the field the
-reasoning came in (``{"field": "reasoning_text"}``; ``reasoning_opaque`` is the block's
-``signature``), on a :class:`ToolUseBlock` a Gemini ``thought_signature``. With
-``echo_reasoning=True`` (Copilot) thinking that arrived as ``reasoning_text`` / ``reasoning_opaque``
-is sent back on the next assistant message; ``reasoning_content`` is never echoed (DeepSeek-style
-servers reject it in requests). ``reasoning_provider="copilot"`` marks the thinking a parser makes
-(``{"field": ..., "provider": "copilot"}``) and makes ``chat_messages`` echo only thinking marked so,
-never another server's signature.
+What is sent, the stream quirks survived and the opaque data kept in
+``provider_data["openai_chat"]``: docs/openai.md (PROTOCOLS.md §3.4, §4, §7); the quirks:
+docs/providers.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..errors import DispatchError, RequestError
-from ..stream import Accumulator
-from ..types import (
-    ImageBlock,
-    Message,
-    TextBlock,
-    ThinkingBlock,
-    ToolDefinition,
-    ToolResultBlock,
-    ToolUseBlock,
-)
-from .base import WireBase
-from .chat_answers import (
-    ECHOED_REASONING_FIELD,
-    PROVIDER_DATA_KEY,
-    REASONING_FIELDS,
-    ChatStreamParser,
-    chat_usage,
-    openai_error,
-    parse_model_list,
-)
+from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
+from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock, Usage
+from .base import WireFormat, answer_object, merge_delta, provider_entry
 from .openai_schema import openai_json_schema
 from .request import ChatRequest, output_tool_choice
 
+if TYPE_CHECKING:
+    from ..sse import ServerSentEvent
+    from ..stream import Accumulator
+    from ..types import Message, StreamDelta
+
 __all__ = [
     "CHAT_OPTIONS",
+    "ECHOED_REASONING_FIELD",
     "PROVIDER_DATA_KEY",
     "REASONING_FIELDS",
     "ChatCompletionsWire",
@@ -91,13 +39,21 @@ __all__ = [
     "chat_messages",
     "chat_tools",
     "chat_usage",
-    "map_tool_choice",
     "openai_error",
-    "parse_model_list",
+    "status_for_error_code",
     "tool_arguments_text",
     "tool_fields",
     "tool_result_text",
 ]
+
+#: the key of this wire format's entry in a block's ``provider_data``
+PROVIDER_DATA_KEY = "openai_chat"
+
+#: delta/message fields that carry visible reasoning, in the order they are checked
+REASONING_FIELDS: tuple[str, ...] = ("reasoning_content", "reasoning", "reasoning_text")
+
+#: the field whose reasoning (with ``reasoning_opaque``) is echoed back when ``echo_reasoning``
+ECHOED_REASONING_FIELD = "reasoning_text"
 
 #: options :meth:`ChatCompletionsWire.build_body` understands (besides the common transport ones)
 CHAT_OPTIONS = frozenset(
@@ -129,8 +85,8 @@ def tool_arguments_text(block: ToolUseBlock) -> str:
 
 def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
     function: dict[str, Any] = {"name": block.name, "arguments": tool_arguments_text(block)}
-    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-    if isinstance(data, dict) and data.get("thought_signature"):
+    data = provider_entry(block, PROVIDER_DATA_KEY)
+    if data.get("thought_signature"):
         function["thought_signature"] = data["thought_signature"]
     return {"id": block.id, "type": "function", "function": function}
 
@@ -200,8 +156,7 @@ def chat_messages(
         reasoning: list[str] = []
         opaque: str | None = None
         for block in blocks:
-            data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-            data = data if isinstance(data, dict) else {}
+            data = provider_entry(block, PROVIDER_DATA_KEY)
             if isinstance(block, TextBlock):
                 if isinstance(data.get("part"), dict):
                     as_parts = True
@@ -261,36 +216,6 @@ def chat_tools(
     return out
 
 
-def map_tool_choice(
-    choice: Any,
-    tool_names: Sequence[str],
-    *,
-    provider: str,
-    named: Callable[[str], dict[str, Any]],
-) -> Any:
-    """Neutral ``tool_choice`` → either OpenAI wire format: ``"auto"``, ``"none"``,
-    ``"required"`` (``"any"`` too) and wire dicts pass through; a tool name must name a tool of
-    this call and becomes ``named(name)``. ``None`` means "do not send"."""
-    if choice is None or isinstance(choice, dict):
-        return choice
-    if choice in ("auto", "none", "required"):
-        return choice
-    if choice == "any":
-        return "required"
-    if isinstance(choice, str):
-        if choice not in tool_names:
-            raise RequestError(
-                f"tool_choice={choice!r} names no tool of this call; tools: "
-                f"{', '.join(tool_names) or '(none)'}",
-                provider=provider,
-            )
-        return named(choice)
-    raise TypeError(
-        "tool_choice must be 'auto', 'none', 'required', a tool name or a dict, "
-        f"not {type(choice).__name__}"
-    )
-
-
 def tool_fields(
     tools: list[dict[str, Any]],
     tool_names: Sequence[str],
@@ -300,9 +225,10 @@ def tool_fields(
     named: Callable[[str], dict[str, Any]],
 ) -> dict[str, Any]:
     """The ``tools``, ``tool_choice`` and ``parallel_tool_calls`` fields of a request body in
-    either OpenAI wire format (``named``: a tool name as that format's ``tool_choice``, see
-    :func:`map_tool_choice`). Without tools nothing is sent, and a ``tool_choice`` that needs one
-    is a :class:`RequestError`."""
+    either OpenAI wire format. ``tool_choice`` ``"auto"``, ``"none"``, ``"required"`` (``"any"``
+    too) and wire dicts pass through; a tool name must name a tool of this call and becomes
+    ``named(name)``, that format's shape. Without tools nothing is sent, and a ``tool_choice``
+    that needs one is a :class:`RequestError`."""
     choice = options.get("tool_choice")
     if not tools:
         if choice not in (None, "auto", "none"):
@@ -310,31 +236,34 @@ def tool_fields(
                 f"tool_choice={choice!r} needs tools=; this call defines none", provider=provider
             )
         return {}
+    if choice == "any":
+        choice = "required"
+    elif isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        if choice not in tool_names:
+            raise RequestError(
+                f"tool_choice={choice!r} names no tool of this call; tools: "
+                f"{', '.join(tool_names) or '(none)'}",
+                provider=provider,
+            )
+        choice = named(choice)
+    elif not isinstance(choice, (str, dict, type(None))):
+        raise TypeError(
+            "tool_choice must be 'auto', 'none', 'required', a tool name or a dict, "
+            f"not {type(choice).__name__}"
+        )
     fields: dict[str, Any] = {"tools": tools}
-    wire_choice = map_tool_choice(choice, tool_names, provider=provider, named=named)
-    if wire_choice is not None:
-        fields["tool_choice"] = wire_choice
+    if choice is not None:
+        fields["tool_choice"] = choice
     if options.get("parallel_tool_calls") is not None:
         fields["parallel_tool_calls"] = bool(options["parallel_tool_calls"])
     return fields
 
 
-# -- the wire format object ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ChatQuirks:
     """What one chat.completions server does its own way (a frozen description, like pydantic-ai's
-    model profiles). The defaults suit llama.cpp, vLLM, Ollama, LM Studio and OpenAI itself.
-
-    ``max_tokens_field``: ``"max_tokens"`` or ``"max_completion_tokens"`` (OpenAI's reasoning
-    models). ``include_usage``: ask for ``stream_options.include_usage`` when streaming.
-    ``echo_reasoning`` / ``reasoning_provider``: send ``reasoning_text`` / ``reasoning_opaque`` back
-    on the next assistant message, only for thinking marked with ``reasoning_provider`` (Copilot),
-    which the parser also marks its thinking with (see :func:`chat_messages`).
-    ``reasoning_fields``: delta fields read as visible reasoning; ``signature_field``: the field
-    whose value becomes the thinking block's signature. ``schema_in_json_object``: structured
-    output as ``{"type": "json_object", "schema": ...}`` instead of ``json_schema``
-    (llama-cpp-python's server, which refuses ``json_schema``).
-    """
+    model profiles; docs/providers.md tabulates the fields). The defaults suit llama.cpp, vLLM,
+    Ollama, LM Studio and OpenAI itself."""
 
     max_tokens_field: str = "max_tokens"
     include_usage: bool = True
@@ -345,8 +274,332 @@ class ChatQuirks:
     schema_in_json_object: bool = False
 
 
+# -- answers ---------------------------------------------------------------------------------------
+def chat_usage(
+    usage: Mapping[str, Any], input_field: str = "prompt_tokens", output_field: str = "completion_tokens"
+) -> Usage:
+    """chat.completions usage → :class:`Usage`: ``input_tokens`` excludes cached prompt tokens,
+    which become ``cache_read_tokens`` (``cache_write_tokens``, where sent, become
+    ``cache_creation_tokens``). The Responses API names the fields ``input_tokens`` /
+    ``output_tokens`` (its details: ``input_tokens_details``)."""
+    prompt = int(usage.get(input_field) or 0)
+    details = usage.get(f"{input_field}_details") or {}
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    written = int(details.get("cache_write_tokens") or 0) if isinstance(details, dict) else 0
+    return Usage(
+        input_tokens=max(0, prompt - cached - written),
+        output_tokens=int(usage.get(output_field) or 0),
+        cache_read_tokens=cached,
+        cache_creation_tokens=written,
+    )
+
+
+def status_for_error_code(code: Any) -> int:
+    """The HTTP status an in-stream error most likely stands for (they carry none, or an int)."""
+    if isinstance(code, int) and 400 <= code < 600:
+        return code
+    text = str(code or "").lower()
+    if any(k in text for k in ("rate_limit", "quota", "too_many")):
+        return 429
+    if any(k in text for k in ("auth", "api_key", "permission")):
+        return 401
+    if text.startswith("invalid") or any(
+        k in text for k in ("context_length", "exceed_context", "bad_request", "not_found")
+    ):
+        return 400
+    return 500
+
+
+def openai_error(error: Any, *, provider: str) -> DispatchError:
+    """The :class:`DispatchError` for an error inside a 200 answer in either OpenAI format: a
+    chat.completions ``{"error": ...}`` chunk, a Responses ``error`` event or ``response.error``."""
+    if isinstance(error, dict) and isinstance(error.get("error"), dict):
+        error = error["error"]  # {"type": "error", "error": {...}}
+    if not isinstance(error, dict):
+        return error_for_status(500, str(error or "the server reported an error"),
+                                provider=provider)
+    message = str(error.get("message") or "the server reported an error")
+    code = error.get("code")
+    etype = error.get("type")
+    status = error.get("status") if isinstance(error.get("status"), int) else None
+    if status is None:
+        status = status_for_error_code(code if code is not None else etype)
+        if status == 500 and etype:
+            status = status_for_error_code(etype)
+    provider_type = code if isinstance(code, str) and code else etype
+    return error_for_status(
+        status, message, provider=provider, error_type=provider_type or None
+    )
+
+
+#: the accumulator key of thinking that arrives as ``thinking`` content parts
+THINKING_PART_KEY = ("part", "thinking")
+
+
+def _part_block(part: dict[str, Any]) -> TextBlock:
+    """A content part this module has no type for, kept verbatim (and sent back as it came)."""
+    return TextBlock(text="", provider_data={PROVIDER_DATA_KEY: {"part": part}})
+
+
+class ChatStreamParser:
+    """Turns chat.completions SSE events into deltas through ``acc``, reading reasoning as the
+    server's :class:`ChatQuirks` say."""
+
+    __slots__ = (
+        "_fn_seen",
+        "_n",
+        "_open_part",
+        "_reasons",
+        "_refused",
+        "_slots",
+        "_tool_choice",
+        "acc",
+        "complete",
+        "finished",
+        "provider",
+        "reasoning_fields",
+        "reasoning_provider",
+        "signature_field",
+    )
+
+    def __init__(self, acc: Accumulator, *, provider: str, quirks: ChatQuirks = ChatQuirks()) -> None:
+        self.acc = acc
+        self.provider = provider
+        self.reasoning_provider = quirks.reasoning_provider
+        self.reasoning_fields = quirks.reasoning_fields
+        self.signature_field = quirks.signature_field
+        #: True once ``[DONE]`` arrived
+        self.complete = False
+        #: True once every open tool call was closed and the stop reason set
+        self.finished = False
+        self._slots: dict[Any, tuple[str, str]] = {}  # (choice, index) → (acc key, call id)
+        self._tool_choice: dict[str, int] = {}  # acc key → choice index
+        self._n = 0
+        self._reasons: set[str] = set()
+        self._refused = False
+        self._fn_seen = False
+        self._open_part: tuple[Any, dict[str, Any]] | None = None  # unknown part being streamed
+
+    # -- feeding ---------------------------------------------------------------------------------
+    def feed(self, event: ServerSentEvent) -> Iterable[StreamDelta]:
+        """Deltas for one SSE event; raises :class:`DispatchError` for an in-stream error."""
+        raw = event.raw
+        if not raw:
+            return ()
+        if raw == b"[DONE]":
+            self.complete = True
+            return self._finish()
+        try:
+            chunk = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return ()  # keep-alive junk: nothing to show
+        if not isinstance(chunk, dict):
+            return ()
+        return self.feed_chunk(chunk)
+
+    def feed_chunk(self, chunk: dict[str, Any]) -> list[StreamDelta]:
+        """Deltas for one decoded chunk."""
+        error = chunk.get("error")
+        if error:
+            raise openai_error(error, provider=self.provider)
+        acc = self.acc
+        model = chunk.get("model")
+        if model:
+            acc.model = model
+        usage = chunk.get("usage")
+        if usage:
+            acc.usage = chat_usage(usage)
+        choices = chunk.get("choices")
+        if not choices:
+            return []
+        out: list[StreamDelta] = []
+        for choice in choices:
+            delta = choice.get("delta")
+            cidx = choice.get("index", 0)
+            if delta:
+                self._delta(delta, cidx, out)
+            reason = choice.get("finish_reason")
+            if reason:
+                self._reasons.add(reason)
+                out.extend(acc.tool_end(key) for key, index in self._tool_choice.items()
+                           if index == cidx and acc.has_tool(key))
+        return out
+
+    def _reasoning_data(self, field: str) -> dict[str, Any]:
+        data: dict[str, Any] = {"field": field}
+        if self.reasoning_provider:
+            data["provider"] = self.reasoning_provider
+        return {PROVIDER_DATA_KEY: data}
+
+    def _delta(self, delta: dict[str, Any], cidx: int, out: list[StreamDelta]) -> None:
+        acc = self.acc
+        if len(delta) == 1:  # the common chunk, ``{"content": "..."}``: text and nothing else
+            content = delta.get("content")
+            if content and type(content) is str:
+                self._open_part = None
+                out.append(acc.text(content))
+                return
+        for field in self.reasoning_fields:
+            text = delta.get(field)
+            if text and isinstance(text, str):
+                out.append(
+                    acc.thinking(
+                        text,
+                        key=("reasoning", field),
+                        provider_data=self._reasoning_data(field),
+                    )
+                )
+        if self.signature_field:
+            sig = delta.get(self.signature_field)
+            if sig and isinstance(sig, str):
+                acc.signature(
+                    sig,
+                    key=("reasoning", ECHOED_REASONING_FIELD),
+                    provider_data=self._reasoning_data(ECHOED_REASONING_FIELD),
+                )
+        content = delta.get("content")
+        if content:
+            if isinstance(content, str):
+                self._open_part = None
+                out.append(acc.text(content))
+            elif isinstance(content, list):  # Mistral (and others) send a list of parts
+                for part in content:
+                    if isinstance(part, dict):
+                        self._part(part, out)
+        refusal = delta.get("refusal")
+        if refusal and isinstance(refusal, str):
+            self._refused = True
+            out.append(acc.text(refusal))
+        calls = delta.get("tool_calls")
+        if calls:
+            self._fn_seen = True
+            for call in calls:
+                self._tool_fragment(call, cidx, out)
+        elif not self._fn_seen:
+            legacy = delta.get("function_call")
+            if legacy:
+                self._tool_fragment({"index": "function_call", "function": legacy}, cidx, out)
+
+    def _part(self, part: dict[str, Any], out: list[StreamDelta]) -> None:
+        """One content part: ``text`` → text, ``thinking`` (Mistral: ``{"type": "thinking",
+        "thinking": [{"type": "text", "text": ...}]}``) → thinking, any other type kept verbatim
+        (consecutive pieces of one part in a stream merged into one)."""
+        acc = self.acc
+        ptype = part.get("type")
+        if ptype in ("text", None) and isinstance(part.get("text"), str):
+            self._open_part = None
+            if part["text"]:
+                out.append(acc.text(part["text"]))
+            return
+        if ptype == "thinking":
+            self._open_part = None
+            inner = part.get("thinking")
+            pieces = [inner] if isinstance(inner, str) else [
+                p.get("text") for p in inner or [] if isinstance(p, dict)
+            ]
+            for text in pieces:
+                if isinstance(text, str) and text:
+                    out.append(acc.thinking(text, key=THINKING_PART_KEY,
+                                            provider_data=self._reasoning_data("content")))
+            return
+        open_part = self._open_part
+        if open_part is not None and open_part[1].get("type") == ptype:
+            merged = dict(open_part[1])
+            merge_delta(merged, part)
+            acc.set_block(open_part[0], _part_block(merged))
+            self._open_part = (open_part[0], merged)
+            return
+        self._n += 1
+        key = ("part", self._n)
+        acc.add_block(_part_block(dict(part)), key=key)
+        self._open_part = (key, dict(part))
+
+    def _tool_fragment(self, call: dict[str, Any], cidx: int, out: list[StreamDelta]) -> None:
+        acc = self.acc
+        slot = (cidx, call.get("index", 0))
+        function = call.get("function") or {}
+        call_id = call.get("id")
+        name = function.get("name")
+        current = self._slots.get(slot)
+        # A new non-empty id on a slot is a new call (Copilot/Claude reuse index 0); the same id
+        # repeated (llama-cpp-python repeats id and name on every chunk) continues the current one.
+        if current is None or (call_id and call_id != current[1]):
+            if current is None and not call_id and not name and not function.get("arguments"):
+                return
+            self._n += 1
+            key = f"tool{self._n}"
+            call_id = call_id or f"call_{self._n}"
+            data = None
+            if function.get("thought_signature"):
+                data = {PROVIDER_DATA_KEY: {"thought_signature": function["thought_signature"]}}
+            self._slots[slot] = (key, call_id)
+            self._tool_choice[key] = cidx
+            out.append(acc.tool_start(key, call_id, name or "", provider_data=data))
+        else:
+            key = current[0]
+            tool = acc.tool(key)
+            if tool is not None and name and not tool.name:
+                tool.name = name
+        arguments = function.get("arguments")
+        if arguments and acc.has_tool(key):
+            if isinstance(arguments, str):
+                out.append(acc.tool_delta(key, arguments))
+            elif isinstance(arguments, dict):  # a few servers send parsed arguments
+                out.append(acc.tool_end(key, arguments=arguments))
+
+    def _finish(self) -> list[StreamDelta]:
+        if self.finished:
+            return []
+        self.finished = True
+        acc = self.acc
+        out = acc.end_open_tools()
+        reasons = self._reasons  # every choice's finish_reason; the first rule that holds wins
+        if self._refused:
+            acc.stop_reason = "refusal"
+        elif "content_filter" in reasons:
+            acc.stop_reason = "content_filter"
+        elif "length" in reasons:
+            acc.stop_reason = "max_tokens"
+        elif acc.tool_count or "tool_calls" in reasons or "function_call" in reasons:
+            acc.stop_reason = "tool_use"
+        elif reasons:
+            acc.stop_reason = "end_turn"
+        return out
+
+    def end(self) -> Iterable[StreamDelta]:
+        """The stream closed: finish the answer, or raise if it was cut before any finish."""
+        if not self.complete and not self._reasons:
+            raise APIConnectionError(
+                "the stream ended before the answer was complete", provider=self.provider
+            )
+        return self._finish()
+
+    def parse_completion(self, body: Any) -> None:
+        """Fill the accumulator from a non-streamed ``chat.completion`` body (every choice is
+        read)."""
+        body = answer_object(body, self.provider)
+        chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
+        choices = []
+        for choice in body.get("choices") or []:
+            message = dict(choice.get("message") or {})
+            calls = message.get("tool_calls")
+            if calls:
+                message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)]
+            choices.append(
+                {
+                    "index": choice.get("index", 0),
+                    "delta": message,
+                    "finish_reason": choice.get("finish_reason") or "stop",
+                }
+            )
+        chunk["choices"] = choices
+        self.feed_chunk(chunk)
+        self._finish()
+
+
+# -- the wire format object ------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ChatCompletionsWire(WireBase):
+class ChatCompletionsWire(WireFormat):
     """OpenAI chat.completions for one server: ``POST chat/completions``, its body, its parsers.
 
     ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks` (the module
@@ -373,12 +626,9 @@ class ChatCompletionsWire(WireBase):
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        """The JSON body of ``POST /chat/completions``. Options read from ``request.options``:
-        ``tool_choice``, ``stop``, ``top_p``, ``parallel_tool_calls``, ``response_format`` and
-        ``reasoning`` (sent as ``reasoning_effort``). ``output_mode`` (for ``request.output``):
-        ``"response_format"`` (``json_schema``, strict when the schema can be), ``"json_object"``
-        (llama-cpp-python's ``{"type": "json_object", "schema": ...}``) or ``"tool"`` (a function
-        the model must call); anything else sends nothing for it."""
+        """The JSON body of ``POST /chat/completions`` (its options: docs/openai.md);
+        ``output_mode`` ``"response_format"``, ``"json_object"`` or ``"tool"`` sends
+        ``request.output``, anything else nothing."""
         q, provider, options = self.quirks, self.provider, request.options
         n = (options.get("extra_body") or {}).get("n")
         if n is not None and n != 1:
@@ -430,21 +680,15 @@ class ChatCompletionsWire(WireBase):
         return body
 
     def stream_parser(self, acc: Accumulator) -> ChatStreamParser:
-        q = self.quirks
-        return ChatStreamParser(
-            acc, provider=self.provider, reasoning_fields=q.reasoning_fields,
-            signature_field=q.signature_field, reasoning_provider=q.reasoning_provider,
-        )
+        return ChatStreamParser(acc, provider=self.provider, quirks=self.quirks)
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
         self.stream_parser(acc).parse_completion(body)
 
     def should_resend(self, error: DispatchError) -> ChatCompletionsWire | None:
-        """The wire format to resend a request with after ``error``, when the error shows a quirk
-        this description did not know (else None). llama-cpp-python's server validates
-        ``response_format.type`` against ``text`` / ``json_object`` and answers ``json_schema``
-        with an error (HTTP 500 whose message is that validation error): the answer is these
-        quirks with :attr:`ChatQuirks.schema_in_json_object`."""
+        """With :attr:`ChatQuirks.schema_in_json_object` after llama-cpp-python's server refused
+        ``json_schema`` (an HTTP 500 whose message is its validation of ``response_format.type``
+        against ``text`` / ``json_object``); else None."""
         if (
             not self.quirks.schema_in_json_object
             and error.status_code in (400, 422, 500)

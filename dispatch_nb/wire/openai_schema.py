@@ -34,18 +34,9 @@ class _NotStrict(Exception):
 
 
 def openai_strict_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``schema`` made strict the way OpenAI's Structured Outputs require, or None when it cannot
-    be (then it is sent with ``strict: false``).
-
-    Every object gets ``additionalProperties: false`` and lists all its properties in
-    ``required``; a property that was optional and does not admit ``null`` becomes
-    ``anyOf: [..., {"type": "null"}]`` (a ``null`` there is dropped again before validation, so the
-    field's default applies); ``oneOf`` becomes ``anyOf``, a one-element ``allOf`` is merged, a
-    ``$ref`` with siblings is inlined; constraints OpenAI does not enforce (``minLength`` ...) are
-    dropped and noted in the description (validation still checks them); ``default`` and other
-    annotations go. A map type (``additionalProperties`` with a schema), ``not``, ``if``,
-    ``patternProperties``... cannot be strict.
-    """
+    """``schema`` made strict the way OpenAI's Structured Outputs require (the rewrite is
+    described in docs/structured-output.md), or None when it cannot be (a map type, ``not``,
+    ``if``, ``patternProperties``...: then it is sent with ``strict: false``)."""
     root = copy.deepcopy(dict(schema))
     resolve = resolver(root)
 

@@ -1,10 +1,6 @@
-"""What a wire format is given: one call, normalized (:class:`ChatRequest`), and how its ``output=``
-goes on the wire (the output-mode helpers every provider and wire format shares).
-
-The adapter (:mod:`dispatch_nb.adapter`) builds the request; the wire formats below it read it.
-What they read of ``output=`` is :class:`OutputSpec`, which
-:class:`~dispatch_nb.structured.StructuredOutput` (validation, retries: a layer above) provides,
-so nothing here imports upward.
+"""What a wire format is given: one call, normalized (:class:`ChatRequest`), and the output-mode
+helpers every provider and format shares. ``output=`` is read as :class:`OutputSpec`, which
+:class:`~dispatch_nb.structured.StructuredOutput` (a layer above) provides.
 """
 
 from __future__ import annotations
@@ -34,22 +30,13 @@ class OutputSpec(Protocol):
     """What a wire format reads of ``output=`` (a
     :class:`~dispatch_nb.structured.StructuredOutput`)."""
 
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def description(self) -> str | None: ...
-
-    @property
-    def schema(self) -> dict[str, Any]:
-        """The JSON Schema sent (an object at the root)."""
-
-    @property
-    def strict(self) -> bool | None:
-        """OpenAI strict mode: None when it can be, False never, True or fail."""
-
-    @property
-    def mode(self) -> str: ...
+    name: str
+    description: str | None
+    #: the JSON Schema sent (an object at the root)
+    schema: dict[str, Any]
+    #: OpenAI strict mode: None when it can be, False never, True or fail
+    strict: bool | None
+    mode: str
 
     def tool_definition(self) -> ToolDefinition: ...
 

@@ -1,48 +1,10 @@
-"""The OpenAI Responses API, sans-I/O: canonical request → ``POST /responses`` body, events → deltas.
+"""The OpenAI Responses API, sans-I/O: :class:`ResponsesWire` builds the ``POST /responses`` body,
+:class:`ResponsesStreamParser` reads the answer (events, or a whole Response object).
 
-Used by the ``official`` backend of :class:`~dispatch_nb.providers.openai.OpenAIAdapter` and by
-Copilot's ``/responses`` models as a :class:`ResponsesWire` (the format for one server, built from a
-frozen :class:`ResponsesQuirks`)::
-
-    wire = ResponsesWire("openai")
-    body = wire.build_body(request, "gpt-5")
-    parser = wire.stream_parser(acc)                          # feed(ServerSentEvent) -> deltas
-    wire.parse_body(json_body, acc)
-
-Requests are stateless (``store: false``): the whole conversation goes in ``input`` every turn.
-The system prompt is ``instructions``; user text and images are ``input_text`` / ``input_image``
-parts; assistant text is an ``output_text`` message; ``ToolUseBlock`` → ``function_call`` and
-``ToolResultBlock`` → ``function_call_output`` (matched by ``call_id``); tools are flat
-``{"type": "function", "name", ...}``; built-in tools (dicts without ``name``, e.g.
-``{"type": "web_search"}``) pass through unchanged.
-
-Reasoning: for reasoning models the request adds ``include: ["reasoning.encrypted_content"]``
-(non-reasoning models such as ``gpt-4.1`` reject it, see :func:`is_reasoning_model`). Each
-``reasoning`` output item becomes a :class:`ThinkingBlock` — summary text as ``thinking``,
-``encrypted_content`` as ``signature``, the complete item in ``provider_data["openai_responses"]
-["item"]`` — and is sent back verbatim next turn. The API pairs a reasoning item with the item that
-follows it by id, so the ``fc_`` / ``msg_`` ids of the items after a reasoning item are kept and
-sent too, and only then (an id without its reasoning item is rejected as well).
-
-Every other output item — built-in tool calls (``web_search_call``, ``file_search_call``,
-``code_interpreter_call``, ``image_generation_call``), MCP items (``mcp_call``, ``mcp_list_tools``,
-``mcp_approval_request``), ``compaction``, types added later — is kept verbatim as an empty
-:class:`TextBlock` with the item in ``provider_data["openai_responses"]["item"]``, in its place
-among the other blocks, and goes back unchanged: ``[reasoning, web_search_call, reasoning,
-message]`` must return whole, or the first reasoning item lacks its following item (400). Blocks
-are placed by ``output_index``, whatever order the events came in.
-
-Streamed parts are keyed by ``output_index`` (and ``content_index`` / ``summary_index`` within an
-item), never by ``item_id``: GitHub Copilot's ``/responses`` (Codex-class models) gives every event
-of an item a fresh ``item_id``, and only ``output_index`` stays stable. ``output_item.done``'s
-complete item replaces what its index streamed (its text, its id, its encrypted content); that item
-is what goes back next turn.
-
-Stop reasons: ``completed`` → ``end_turn`` (``tool_use`` with function calls); ``incomplete`` →
-``max_tokens`` / ``content_filter`` per ``incomplete_details.reason``; a refusal (``refusal`` content
-/ ``response.refusal.delta``) becomes a text block and stop reason ``refusal``; ``response.failed``
-and a bare ``error`` event raise the mapped :class:`DispatchError`. Usage: ``input_tokens`` excludes
-``input_tokens_details.cached_tokens``, which become ``cache_read_tokens``.
+What is sent and what comes back (stateless ``input``, reasoning items and the ids that pair them,
+other output items kept verbatim in their place, stop reasons, usage): docs/openai.md. Streamed
+parts are keyed by ``output_index``, never by ``item_id`` (Copilot rotates it); ``output_item.done``'s
+complete item replaces what its index streamed.
 """
 
 from __future__ import annotations
@@ -50,25 +12,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
 from ..errors import APIConnectionError, RequestError
-from ..sse import ServerSentEvent
-from ..stream import Accumulator
-from ..types import (
-    ImageBlock,
-    Message,
-    StopReason,
-    StreamDelta,
-    TextBlock,
-    ThinkingBlock,
-    ToolDefinition,
-    ToolResultBlock,
-    ToolUseBlock,
-)
-from .base import WireBase, answer_object
+from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
+from .base import WireFormat, answer_object, provider_entry
 from .chat_completions import (
     chat_usage,
     openai_error,
@@ -78,6 +28,11 @@ from .chat_completions import (
 )
 from .openai_schema import openai_json_schema, openai_output_schema
 from .request import ChatRequest, output_tool_choice
+
+if TYPE_CHECKING:
+    from ..sse import ServerSentEvent
+    from ..stream import Accumulator
+    from ..types import Message, StreamDelta
 
 __all__ = [
     "MIN_OUTPUT_TOKENS",
@@ -116,33 +71,19 @@ _NON_REASONING_PREFIXES = (
 
 
 def is_reasoning_model(model: str) -> bool:
-    """Whether ``model`` produces reasoning items (and accepts ``reasoning.encrypted_content``).
-
-    Known non-reasoning families (``gpt-4*``, ``gpt-3.5*``, ``chatgpt-*``, ``gpt-5-chat*``) say no;
-    everything else (o-series, ``gpt-5*``, ``codex*``, ``gpt-oss*``, future models) says yes.
-    """
+    """Whether ``model`` produces reasoning items (and accepts ``reasoning.encrypted_content``):
+    every model but the known non-reasoning families (``gpt-4*``, ``chatgpt-*``...)."""
     name = model.lower().rsplit("/", 1)[-1]
     return not name.startswith(_NON_REASONING_PREFIXES)
 
 
 # -- request ---------------------------------------------------------------------------------------
-def _our_data(block: Any) -> dict[str, Any]:
-    data = (block.provider_data or {}).get(PROVIDER_DATA_KEY)
-    return data if isinstance(data, dict) else {}
-
-
 def _assistant_items(
     blocks: Sequence[Any], include_reasoning: bool, issuer: str | None = None
 ) -> list[dict[str, Any]]:
-    """One assistant turn → output items, in the order the model produced them.
-
-    Reasoning items and the items this module keeps verbatim (built-in tool calls such as
-    ``web_search_call``, MCP items, ``compaction``, any type it does not know) go back exactly as
-    they came, so every reasoning item is still followed by the item it produced; messages and
-    function calls are rebuilt from their blocks. Encrypted reasoning goes back only to the
-    provider that issued it (``issuer``): OpenAI cannot decrypt Copilot's, nor the other way round.
-    A verbatim item whose turn's reasoning is not sent is left out too (its id names that
-    reasoning)."""
+    """One assistant turn → output items, in the order the model produced them: reasoning and
+    verbatim items as they came, messages and function calls rebuilt from their blocks; what is
+    left out and why (reasoning of another ``issuer``...): docs/openai.md, "What is sent"."""
     items: list[dict[str, Any]] = []
     texts: list[TextBlock] = []
     paired = False  # a reasoning item was sent: this turn's items carry their ids
@@ -154,7 +95,7 @@ def _assistant_items(
     def flush() -> None:
         if not texts:
             return
-        data = _our_data(texts[0])
+        data = provider_entry(texts[0], PROVIDER_DATA_KEY)
         item: dict[str, Any] = {
             "type": "message",
             "role": "assistant",
@@ -172,7 +113,7 @@ def _assistant_items(
 
     for block in blocks:
         if isinstance(block, TextBlock):
-            data = _our_data(block)
+            data = provider_entry(block, PROVIDER_DATA_KEY)
             kept = data.get("item")
             if isinstance(kept, dict):
                 flush()
@@ -181,11 +122,11 @@ def _assistant_items(
                 continue
             if not block.text and block.provider_data and not data:
                 continue  # another wire format's opaque block (e.g. Anthropic's server tools)
-            if texts and _our_data(texts[0]).get("id") != data.get("id"):
+            if texts and provider_entry(texts[0], PROVIDER_DATA_KEY).get("id") != data.get("id"):
                 flush()
             texts.append(block)
         elif isinstance(block, ThinkingBlock):
-            data = _our_data(block)
+            data = provider_entry(block, PROVIDER_DATA_KEY)
             reasoning = data.get("item")
             if not (isinstance(reasoning, dict) and reasoning.get("id")):
                 continue  # another provider's reasoning: nothing this API could verify
@@ -203,7 +144,7 @@ def _assistant_items(
                 "name": block.name,
                 "arguments": tool_arguments_text(block),
             }
-            fc_id = _our_data(block).get("id")
+            fc_id = provider_entry(block, PROVIDER_DATA_KEY).get("id")
             if paired and fc_id:
                 item["id"] = fc_id
             items.append(item)
@@ -217,8 +158,8 @@ def _assistant_items(
 def responses_input(
     messages: Sequence[Message], *, include_reasoning: bool = True, issuer: str | None = None
 ) -> list[dict[str, Any]]:
-    """The ``input`` items for a conversation (see the module docstring); reasoning items issued
-    by another provider than ``issuer`` are left out."""
+    """The ``input`` items for a conversation (docs/openai.md, "What is sent"); reasoning items
+    issued by another provider than ``issuer`` are left out."""
     items: list[dict[str, Any]] = []
     for message in messages:
         blocks = message.blocks
@@ -313,10 +254,8 @@ def _output_key(index: int) -> str:
 
 
 class ResponsesStreamParser:
-    """Turns Responses API SSE events into deltas through ``acc`` (see the module docstring).
-
-    Blocks end in ``output_index`` order, whatever order the events came in (a server may send
-    an item's ``output_item.done`` after a later item's)."""
+    """Turns Responses API SSE events into deltas through ``acc``; blocks end in
+    ``output_index`` order, whatever order the events came in."""
 
     __slots__ = (
         "_args",
@@ -377,7 +316,9 @@ class ResponsesStreamParser:
             self._refused = True
             return (acc.text(data.get("delta", ""), key=self._key(data)),)
         if kind == "response.output_item.added":
-            return self._item_added(data.get("item") or {}, data)
+            item = data.get("item") or {}
+            key, _ = self._place(item, data)
+            return self._start_call(key, item) if item.get("type") == "function_call" else []
         if kind == "response.output_item.done":
             return self.item_done(data.get("item") or {}, data)
         if kind == "response.function_call_arguments.done":
@@ -411,27 +352,24 @@ class ResponsesStreamParser:
         item_id = str(data.get("item_id") or "")
         return self._key_of_id.get(item_id, item_id or "output0")
 
-    def _item_key(self, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> str:
+    def _place(self, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> tuple[str, int]:
+        """An item's block key and where it goes: its ``output_index`` (the key of its id from
+        then on), else its place in arrival order."""
         index = (data or {}).get("output_index")
         item_id = str(item.get("id") or "")
         if isinstance(index, int):
             key = _output_key(index)
             if item_id:
                 self._key_of_id[item_id] = key
-            return key
-        return self._key_of_id.get(item_id, item_id or "output0")
-
-    def _place(self, key: str, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> int:
-        """Record where an item goes (its ``output_index``; else its place in arrival order)."""
-        index = (data or {}).get("output_index")
-        if not isinstance(index, int):
+        else:
+            key = self._key_of_id.get(item_id, item_id or "output0")
             index = self._indexes.get(key, len(self._indexes))
         self._indexes[key] = index
         if item.get("type") == "reasoning" and (
             self._reasoning_at is None or index < self._reasoning_at
         ):
             self._reasoning_at = index
-        return index
+        return key, index
 
     def _response_meta(self, response: Mapping[str, Any]) -> None:
         if response.get("model"):
@@ -449,11 +387,6 @@ class ResponsesStreamParser:
             delta = "\n\n" + delta  # a new summary part
         return (self.acc.thinking(delta, key=key),)
 
-    def _item_added(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
-        key = self._item_key(item, data)
-        self._place(key, item, data)
-        return self._start_call(key, item) if item.get("type") == "function_call" else []
-
     def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
         acc = self.acc
         if acc.tool(key) is not None:
@@ -467,19 +400,14 @@ class ResponsesStreamParser:
     def item_done(
         self, item: Mapping[str, Any], data: Mapping[str, Any] | None = None
     ) -> list[StreamDelta]:
-        """Record one complete output item (streamed ``output_item.done`` or a body's output).
-
-        Messages become text blocks (with their ``msg_`` id), reasoning items thinking blocks,
-        function calls tool-use blocks; every other item (built-in tool calls, MCP items,
-        ``compaction``, types added later) is kept verbatim as an empty :class:`TextBlock` whose
-        ``provider_data["openai_responses"]["item"]`` goes back unchanged next turn. The item
-        replaces what its ``output_index`` streamed."""
+        """Record one complete output item (``output_item.done``, or a body's output), which
+        replaces what its ``output_index`` streamed: a message, reasoning or function call
+        becomes its block; any other item an empty :class:`TextBlock` keeping it verbatim."""
         acc = self.acc
         self._items_seen += 1
         kind = item.get("type")
         item_id = str(item.get("id") or "")
-        key = self._item_key(item, data)
-        index = self._place(key, item, data)
+        key, index = self._place(item, data)
         out: list[StreamDelta] = []
         if kind == "message":
             if item_id:
@@ -538,21 +466,17 @@ class ResponsesStreamParser:
             acc.usage = chat_usage(usage, "input_tokens", "output_tokens")
         if response.get("status") == "failed":
             raise openai_error(response.get("error"), provider=self.provider)
-        stop: StopReason
         if response.get("status") == "incomplete":
             reason = (response.get("incomplete_details") or {}).get("reason")
-            stop = "content_filter" if reason == "content_filter" else "max_tokens"
+            acc.stop_reason = "content_filter" if reason == "content_filter" else "max_tokens"
         elif self._refused:
-            stop = "refusal"
+            acc.stop_reason = "refusal"
         else:
-            stop = "tool_use" if acc.tool_count else "end_turn"
-        acc.stop_reason = stop
+            acc.stop_reason = "tool_use" if acc.tool_count else "end_turn"
         if self._other_items:
-            data = dict(acc.provider_data or {})
-            ours = dict(data.get(PROVIDER_DATA_KEY) or {})
-            ours["output_items"] = self._other_items
-            data[PROVIDER_DATA_KEY] = ours
-            acc.provider_data = data
+            data = acc.provider_data or {}
+            ours = {**(data.get(PROVIDER_DATA_KEY) or {}), "output_items": self._other_items}
+            acc.provider_data = {**data, PROVIDER_DATA_KEY: ours}
         return out
 
     def _keep_paired_ids(self) -> None:
@@ -597,7 +521,7 @@ class ResponsesQuirks:
 
 
 @dataclass(frozen=True)
-class ResponsesWire(WireBase):
+class ResponsesWire(WireFormat):
     """The OpenAI Responses API for one server: ``POST responses``, its body, its parsers.
 
     ``provider``: the name errors (and the reasoning items' issuer) carry; ``quirks``: the
@@ -614,13 +538,8 @@ class ResponsesWire(WireBase):
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        """The JSON body of ``POST /responses``. Options read from ``request.options``:
-        ``tool_choice``, ``top_p``, ``parallel_tool_calls``, ``reasoning`` (an effort string or a
-        dict such as ``{"effort": "low", "summary": "auto"}``), ``response_format``
-        (chat.completions shape, converted) and ``text`` (raw). ``stop`` does not exist in this
-        API and raises a :class:`RequestError`. ``output_mode`` (for ``request.output``):
-        ``"text.format"`` (a ``json_schema`` format) or ``"tool"`` (a function tool the model must
-        call); anything else sends nothing for it."""
+        """The JSON body of ``POST /responses`` (its options: docs/openai.md); ``output_mode``
+        ``"text.format"`` or ``"tool"`` sends ``request.output``, anything else nothing."""
         provider, options = self.provider, request.options
         if request.output is not None and output_mode in ("text.format", "tool") and (
             options.get("response_format") is not None or (options.get("text") or {}).get("format")

@@ -1,11 +1,6 @@
-"""JSON Schema walking that the wire formats' schema dialects share.
-
-Each wire format owns the dialect of JSON Schema its server takes (as pydantic-ai's model profiles
-do): OpenAI's strict schemas (:mod:`dispatch_nb.wire.openai_schema`, for chat.completions and
-Responses), Anthropic's (:func:`dispatch_nb.wire.anthropic.anthropic_schema`). What they share —
-walking every sub-schema, resolving ``$ref``, telling a recursive schema, noting dropped
-constraints in a description — is here; :mod:`dispatch_nb.structured` uses it too.
-"""
+"""JSON Schema walking that the wire formats' dialects (:mod:`dispatch_nb.wire.openai_schema`,
+:func:`dispatch_nb.wire.anthropic.anthropic_schema`) and :mod:`dispatch_nb.structured` share: every
+sub-schema, ``$ref`` resolution, recursion, notes of dropped constraints in a description."""
 
 from __future__ import annotations
 
