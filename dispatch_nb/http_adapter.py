@@ -163,6 +163,14 @@ class HTTPAdapter(Adapter):
         (default: :attr:`wire`'s)."""
         self._wire_or_raise("parse_body").parse_body(body, acc)
 
+    def _parse_body(self, wire: WireRequest, request: ChatRequest, body: Any, acc: Accumulator) -> None:
+        """Read a non-streamed answer (a live one or a batch row's): with the request's wire
+        format, else :meth:`parse_body`."""
+        if wire.wire is not None:
+            wire.wire.parse_body(body, acc)
+        else:
+            self.parse_body(request, body, acc)
+
     def _wire_or_raise(self, seam: str) -> WireFormat:
         if self.wire is None:
             raise NotImplementedError(
@@ -386,10 +394,7 @@ class HTTPAdapter(Adapter):
                 reading[0] = True
                 body = await response.aread()
                 reading[0] = False
-                if wire.wire is not None:
-                    wire.wire.parse_body(self._json(body), acc)
-                else:
-                    self.parse_body(request, self._json(body), acc)
+                self._parse_body(wire, request, self._json(body), acc)
         except asyncio.CancelledError:
             if control.reason is None:
                 raise
