@@ -1,27 +1,6 @@
-"""A streaming Markdown answer cut into blocks, so the live view can show it rendered.
-
-The live view shows Markdown as the front end renders it (headings, lists, code, tables, math),
-from the first token, while sending bytes linear in the answer's length. :class:`MarkdownBlocks`
-makes that possible:
-
-* **Finished blocks are sent once.** The text is split at top-level block boundaries (found by
-  markdown-it-py's block parser on the complete lines received so far): every block but the last
-  is finished — a later line cannot change it — and is rendered on its own, once.
-* **The current block is re-sent as it grows**, and only it. A block longer than ``limit``
-  characters (a long paragraph, code block, table or list) is cut at a boundary that splits no
-  word: between lines of a code block (the fence is closed and reopened), between table rows (the
-  continuation has an empty header row, which the widget view hides), between list items, or at a
-  space
-  where no inline markup is left open. So no update ever re-sends more than about ``limit``
-  characters, whatever the answer's length.
-* **What is shown of the current block never has to be taken back**: :func:`stable_prefix` holds
-  back what could still render differently once more text arrives — a marker-only partial line
-  (``-``, ``##``, ``1.``, a fence being typed), a table header whose delimiter row is not complete,
-  a partial table row, an unclosed ``**`` / ``_`` / `````` ` ``````  / ``$`` / ``[link](`` / ``<tag`` /
-  ``&entity``. So the visible text only ever grows, and the last update of a block equals its
-  final rendering: the page does not jump when the answer is complete.
-
-Nothing here imports IPython; markdown-it-py is imported on first use.
+"""A streaming Markdown answer cut into blocks, so the live view can show it rendered while sending
+bytes linear in its length (``docs/notebook.md``, "How it renders while it streams" and "Cost on
+the wire"). Nothing here imports IPython; markdown-it-py is imported on first use.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The ``%chat`` subcommands: ``login``, ``logout``, ``status``, ``models``, ``history``, ``reset``,
-``key``, ``cost``.
-
-Each shows one small static output — Markdown where a kernel renders it, and its own plain-text
-version for a terminal (no ``**`` or backticks there) — and never prints a secret: tokens and keys
-appear only as "set" / "not set" and where they come from. ``%chat key PROVIDER`` asks for a key
-with ``getpass`` and keeps it in this kernel's environment, so it is never in the notebook.
+"""The ``%chat`` subcommands (``docs/notebook.md``, "%chat COMMAND"): each shows one small static
+output (plain text in a terminal) and never a secret.
 """
 
 from __future__ import annotations

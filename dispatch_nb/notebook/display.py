@@ -1,11 +1,5 @@
-"""What a ``%%chat`` cell leaves behind: the static final output, and short readable errors.
-
-:class:`Transcript` assembles one model's streamed events — the same events the live view shows,
-so the final output says exactly what streamed, partial answers included. :func:`final_output`
-(and :func:`compare_output` for ``-m a,b,c``) makes ONE static ``text/markdown`` + ``text/plain``
-output with a small footer, its facts in the metadata under ``"dispatch_nb"``: no widget state,
-so a saved notebook reads the same on GitHub, nbviewer and VS Code. :func:`explain_error` turns
-an expected error into a :class:`ChatError` of a couple of lines (what went wrong and the fix).
+"""What a ``%%chat`` cell leaves behind: the :class:`Transcript` of what streamed, the one static
+final output (``docs/notebook.md``, "Final output"), and short readable errors ("Errors").
 """
 
 from __future__ import annotations

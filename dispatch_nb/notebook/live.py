@@ -1,40 +1,6 @@
-"""The live view of a streaming answer, and its fallbacks.
-
-Three renderings, picked by :func:`detect_mode` (``%config ChatMagics.live = "auto"`` (default),
-``"widget"``, ``"display"`` or ``"text"``; the environment variable ``DISPATCH_NB_LIVE`` sets the
-default):
-
-``widget``  (a kernel with ipywidgets: JupyterLab, Notebook 7, VS Code, Colab)
-    A small widget tree (:mod:`~dispatch_nb.notebook.live_widget`): the answer as rendered
-    Markdown, thinking in a collapsed accordion, one line per tool call (updated when its result
-    arrives), and a status line at the bottom that becomes the footer.
-``display`` (a kernel without ipywidgets)
-    ``display_id`` outputs updated in place: the answer as rendered Markdown, one output per
-    block, the last one ending with the status line.
-``text``    (terminal IPython, or no kernel)
-    The text printed as it arrives, then a footer line.
-
-**Rendered Markdown from the first token, bytes linear in the answer.** Neither widgets nor
-``display_id`` outputs can append: every update re-sends the whole value. So the answer is cut
-into Markdown blocks (:mod:`~dispatch_nb.notebook.blocks`): each finished block is its own output
-(an ``Output`` widget, or a ``display_id`` output) holding ``text/markdown`` that the front end
-renders — with the same renderer as the final output, math and code highlighting included — and
-is never sent again; only the block still growing is re-sent, and it never exceeds
-:data:`~dispatch_nb.notebook.blocks.BLOCK_LIMIT` characters (a longer block is cut where no word
-is split). Updates are coalesced by a :class:`Pacer`: the first text is shown at once, later ones
-at most ``rate`` times per second (20 by default). So an answer of N characters costs about
-N·(block/2)/(characters per update) bytes — linear in N — instead of the N²/2 of re-sending
-everything on every delta. What a growing block shows is its :func:`stable_prefix`, so text once
-shown is never taken back, and the status line sits *below* the answer where the footer will be:
-when the answer is complete nothing above it moves.
-
-When the answer is complete, :meth:`LiveView.finish` replaces the live view with ONE static
-output (see ``display.final_output``): the widget's output is updated in place to plain
-``text/markdown`` + ``text/plain`` and the widgets are closed, so no widget state is left in the
-saved notebook; the ``display`` rendering clears its outputs and displays the final one.
-
-Every method runs on the kernel's main thread (the runner hands events over), never from a
-background thread.
+"""The live view of a streaming answer: the ``display`` and ``text`` renderings (``widget`` is in
+:mod:`.live_widget`) and how one is picked (``docs/notebook.md``, "The live view and its
+fallbacks"). Every method runs on the kernel's main thread (the runner hands events over).
 """
 
 from __future__ import annotations

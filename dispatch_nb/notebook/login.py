@@ -1,24 +1,6 @@
-"""The GitHub device login in a notebook: ``%chat login``, and any ``%%chat`` that needs one.
-
-What the user sees (widget rendering; the others print or display the same information)::
-
-    Sign in to GitHub Copilot
-    ┌────────────┐
-    │ ABCD-1234  │  [Copy]          ← the user code, large and selectable, with a copy button
-    └────────────┘
-    Open https://github.com/login/device and enter the code.
-    The code expires in 14:32.      ← a countdown
-    ⏳ Waiting for approval…        ← live status: waiting, slow down, approved as @login,
-                                       denied, expired
-
-The login (:func:`~dispatch_nb.auth.login.device_login`, the routine the terminal and the adapter
-run too) asks for the code and polls on a worker thread; the code and the state changes come back
-to the kernel's thread through the runner, which also ticks the countdown. Interrupting the kernel
-cancels the poll at once. On approval the routine saves the token with
-:class:`~dispatch_nb.auth.token_store.TokenStore`; a pending ``%%chat`` then simply continues.
-However the login ends (approved, denied, expired, cancelled, failed) the live view is replaced
-by one static Markdown line and its widgets are closed, so a saved notebook holds no widget
-state. The token never appears in any output.
+"""The GitHub device login in a notebook: ``%chat login``, and any ``%%chat`` that needs one
+(``docs/notebook.md``, "The device-login view"). :func:`~dispatch_nb.auth.login.device_login` polls
+on a worker thread; its code and state changes reach the view on the kernel's thread.
 """
 
 from __future__ import annotations

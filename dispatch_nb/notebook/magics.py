@@ -1,14 +1,5 @@
-"""``%%chat`` and ``%chat``: the IPython magics, configured through traitlets.
-
-``%load_ext dispatch_nb`` registers :class:`ChatMagics` and two cheap hooks. Loading imports only
-IPython and traitlets (already in memory) and two small standard-library modules of this
-package (``constants``, ``state``): no httpx, pydantic, ipywidgets or provider module
-is imported until the first ``%%chat`` runs. The kernel's state is one
-:class:`~dispatch_nb.notebook.state.KernelState` (:attr:`ChatMagics.state`), which the modules
-that run cells and commands receive.
-
-Settings are traits: ``%config ChatMagics.model = "openai:gpt-4.1"`` (or ``c.ChatMagics.model``
-in ``ipython_config.py``); ``%config ChatMagics`` lists them all.
+"""``%%chat`` and ``%chat``: the IPython magics and their traits (``docs/notebook.md``). Loading
+imports only IPython, traitlets and ``constants`` / ``state``; the rest waits for the first magic.
 """
 
 from __future__ import annotations

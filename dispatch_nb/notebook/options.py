@@ -1,9 +1,5 @@
-"""The checks a ``%%chat`` line's options go through before anything is sent, shared by a plain
-cell (``cell.py``) and a ``--each`` cell (``each.py``): number ranges, the ``-o`` name, and the
-``--tools`` / ``--schema`` values looked up in the user's namespace.
-
-A bad value is a ``UsageError`` (or, for a tool, a :class:`ChatError`) saying what is accepted.
-``--tools`` and ``--schema`` import the session and structured-output modules only when used.
+"""The checks of a ``%%chat`` line's options before anything is sent, shared by ``cell.py`` and
+``each.py``: a bad value is a ``UsageError`` (a tool's: a :class:`ChatError`) saying what is accepted.
 """
 
 from __future__ import annotations

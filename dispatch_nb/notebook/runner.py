@@ -1,30 +1,6 @@
-"""Run model calls on worker threads and hand their events to the kernel's thread.
-
-The design (no event loop involved, so nothing depends on — or patches — the user's loop):
-
-* each call (:class:`Job`) runs the *synchronous* adapter / session API on its own daemon thread
-  and pushes every event into one queue;
-* the kernel's main thread (where the cell runs, where ``display`` and widget updates belong)
-  waits on that queue, hands events to the live view and calls ``tick`` when the view asked to
-  be woken (coalesced repaints);
-* Ctrl-C (``KeyboardInterrupt`` on the main thread, which is where the kernel delivers it)
-  cancels every job's :class:`~dispatch_nb.cancel.CancelToken` and tells the caller at once
-  (``on_interrupt``). A job that is streaming ends within milliseconds with ``RequestCancelled``
-  carrying the partial answer. A job that does not end within :data:`ABANDON_AFTER` seconds —
-  it is running a synchronous tool, which no token can stop — is **abandoned**: its outcome says
-  ``RequestCancelled``, its thread finishes in the background and whatever it still produces is
-  dropped. :func:`run_jobs` then re-raises the interrupt, so the caller can show what arrived.
-* A retry is an event of the stream the job reads (:class:`~dispatch_nb.types.RetryEvent`): the
-  live view shows it as a quiet status line and the footer counts it. Other warnings of the
-  ``dispatch_nb`` logger made on behalf of a job while the jobs run — on its thread, or in the
-  library's event-loop task it started (the task runs in the job's context) — become
-  :class:`NoteEvent` s of that job, shown with the answer, instead of Python's last-resort handler
-  printing them to stderr (red boxes saved with the notebook). A record that is already an event
-  (``dispatch_nb_event``, as the retry line is) is not shown twice. No handler of ours remains on
-  the logger after the cell; records made for no job are handled as before.
-
-This works the same inside ipykernel's running asyncio loop, in terminal IPython and after the
-user's own ``await`` cells. Compare mode is simply several jobs.
+"""Model calls on worker threads, their events handed to the kernel's thread; Ctrl-C cancels them
+(``docs/notebook.md``, "Event loops and Ctrl-C"). While jobs run, the ``dispatch_nb`` logger's
+warnings made for a job become its :class:`NoteEvent` s ("Retries are quiet").
 """
 
 from __future__ import annotations

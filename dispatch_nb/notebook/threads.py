@@ -1,17 +1,5 @@
-"""Conversation memory for ``%%chat``: named threads of turns, one turn per cell.
-
-A :class:`ChatThread` is an ordered list of :class:`Turn` s. Each turn is keyed by the identity of
-the cell that produced it (see :func:`cell_identity`), so **re-running a cell replaces its turn in
-place** instead of appending a duplicate, and a new cell adds a turn even when its text is the same
-as an earlier cell's ("continue", typed twice, is two turns):
-
-* the re-run sees, as history, only the turns *before* its own position — the context it had the
-  first time;
-* turns *after* it are kept (they were written in reply to the old version, but deleting a
-  user's later work on a re-run surprises people more than a slightly stale context does);
-* a cell that has never run appends its turn at the end and sees the whole thread.
-
-A thread keeps at most ``max_turns`` turns (the oldest are dropped; ``0`` keeps everything).
+"""Conversation memory for ``%%chat``: named threads of turns, one turn per cell; re-running a cell
+replaces its turn (``docs/notebook.md``, "Threads and re-running cells").
 """
 
 from __future__ import annotations
