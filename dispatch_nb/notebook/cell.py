@@ -49,32 +49,7 @@ from .threads import ChatThread, Turn, cell_identity, cell_key
 if TYPE_CHECKING:
     from ..adapter import Adapter
 
-__all__ = ["CallPlan", "CallResult", "CellPlan", "CellRun", "make_work", "run_chat_cell"]
-
-
-# ------------------------------------------------------------------------------------------------
-# the work each model does (on a worker thread)
-
-
-@dataclass
-class CallPlan:
-    """What one model is asked to do."""
-
-    spec: str
-    adapter: Adapter
-    history: list[Message]
-    user: Message
-    system: str | None
-    max_tokens: int | None
-    temperature: float | None
-    timeout: float | None
-    stream: bool
-    tools: list[Any]
-    max_tool_rounds: int
-    #: ``--schema``: the StructuredOutput the answer must match (None: plain text)
-    output: Any = None
-    #: ``--approve``: "auto" or "ask" (None: ask before MCP tools only)
-    approve: str | None = None
+__all__ = ["CallResult", "CellPlan", "CellRun", "make_work", "run_chat_cell"]
 
 
 @dataclass
@@ -85,9 +60,11 @@ class CallResult:
     produced: list[Message]
 
 
-def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
-    """The function a worker thread runs for ``plan``."""
-    given = {"timeout": plan.timeout, "output": plan.output}
+def make_work(
+    plan: CellPlan, adapter: Adapter
+) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
+    """The function a worker thread runs to ask ``adapter`` (one model of ``plan``)."""
+    given = {"timeout": plan.timeout, "output": plan.schema}
     per_call = {name: value for name, value in given.items() if value is not None}
     options = dict(per_call)  # a session takes max_tokens and temperature itself
     if plan.max_tokens is not None:
@@ -98,7 +75,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
     def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         messages = [*plan.history, plan.user]
         if plan.stream:
-            stream = plan.adapter.stream(messages, system=plan.system, cancel=cancel, **options)
+            stream = adapter.stream(messages, system=plan.system, cancel=cancel, **options)
             attempt = 1
             with stream:
                 for delta in stream:
@@ -111,7 +88,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
                     emit(delta)
             response = stream.response
         else:
-            response = plan.adapter.chat(  # on_delta: only retries, as nothing streams
+            response = adapter.chat(  # on_delta: only retries, as nothing streams
                 messages, system=plan.system, cancel=cancel, stream=False, on_delta=emit,
                 **options,
             )
@@ -127,7 +104,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         asking_through(emit)  # "ask" asks in this cell (this worker thread's context)
 
         session = Session(
-            plan.adapter,
+            adapter,
             system=plan.system,
             tools=plan.tools,
             max_tool_rounds=plan.max_tool_rounds,
@@ -161,14 +138,13 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
     return with_tools if plan.tools else plain
 
 
-# ------------------------------------------------------------------------------------------------
-# the cell
-
-
 INTERRUPTED = "interrupted"
 
 
-def _partial_response(outcome: JobOutcome) -> Response | None:
+def _answer(outcome: JobOutcome) -> Response | None:
+    """The answer a job ended with, else the partial answer its error kept."""
+    if isinstance(outcome.result, CallResult):
+        return outcome.result.response
     return outcome.error.partial if isinstance(outcome.error, DispatchError) else None
 
 
@@ -180,19 +156,14 @@ def _timing(outcome: JobOutcome) -> dict[str, float | None]:
 
 def _parsed_response(outcome: JobOutcome) -> Response | None:
     """The structured answer a job ended with (None when it failed)."""
-    if outcome.error is None and isinstance(outcome.result, CallResult):
-        return outcome.result.response
-    return None
+    return outcome.result.response if isinstance(outcome.result, CallResult) else None
 
 
 def _response_of(outcome: JobOutcome, transcript: Any) -> Response | None:
-    """The answer a job ended with: its result, else the partial answer of its error, else
-    what the transcript shows (a job abandoned while a tool ran)."""
-    if isinstance(outcome.result, CallResult):
-        return outcome.result.response
-    partial = _partial_response(outcome)
-    if partial is not None:
-        return partial
+    """:func:`_answer`, else what the transcript shows (a job abandoned while a tool ran)."""
+    answer = _answer(outcome)
+    if answer is not None:
+        return answer
     text = transcript.text
     if not text:
         return None
@@ -221,8 +192,9 @@ class CellPlan:
 
     #: the prompt as sent, and the notes shown above the answer
     prompt: Prompt
-    #: one call per model (``-m a,b`` compares them)
-    calls: list[CallPlan]
+    #: the models (``-m a,b`` compares them) and an adapter for each
+    specs: list[str]
+    adapters: list[Adapter]
     #: ``-f``
     fmt: str
     #: the thread the turn goes into, its name and the cell's turn key
@@ -231,18 +203,25 @@ class CellPlan:
     key: str
     #: False with ``--no-history``: no earlier turn sent, this one not recorded
     use_history: bool
+    #: what every model is asked: the earlier turns sent, the prompt, and the call's options
+    history: list[Message]
+    user: Message
+    system: str | None
+    max_tokens: int | None
+    temperature: float | None
+    timeout: float | None
+    stream: bool
+    tools: list[Any]
+    max_tool_rounds: int
     #: ``--schema``: the checked StructuredOutput (None: plain text)
     schema: Any = None
-
-    @property
-    def specs(self) -> list[str]:
-        """The model specs, in ``-m`` order."""
-        return [call.spec for call in self.calls]
+    #: ``--approve``: "auto" or "ask" (None: ask before MCP tools only)
+    approve: str | None = None
 
     @property
     def compare(self) -> bool:
         """True when several models answer side by side."""
-        return len(self.calls) > 1
+        return len(self.specs) > 1
 
 
 @dataclass
@@ -276,10 +255,9 @@ class CellRun:
         from ..estimates import estimate
         from .each import show_estimate
 
-        for call in plan.calls:
-            messages = [*call.history, call.user]
-            show_estimate(estimate(messages, model=call.adapter, max_tokens=call.max_tokens,
-                                   system=call.system), call.spec)
+        for spec, adapter in zip(plan.specs, plan.adapters, strict=True):
+            show_estimate(estimate([*plan.history, plan.user], model=adapter,
+                                   max_tokens=plan.max_tokens, system=plan.system), spec)
 
     # -- 1. plan ---------------------------------------------------------------------------------
     def plan(self) -> CellPlan:
@@ -306,34 +284,28 @@ class CellRun:
             system = _clean(system, "the system prompt", prompt.notes)
         thread_name, thread, key = self._turn()
         use_history = not args.no_history
-        common: dict[str, Any] = {
-            "history": thread.history_for(key) if use_history else [],
-            "user": Message(role="user", content=prompt.text),
-            "system": system,
-            "max_tokens": args.max_tokens if args.max_tokens is not None else settings.max_tokens,
-            "temperature": (
-                args.temperature if args.temperature is not None else settings.temperature
-            ),
-            "timeout": settings.timeout,
-            "stream": settings.stream and not args.no_stream,
-            "tools": tools,
-            "max_tool_rounds": settings.max_tool_rounds,
-            "output": schema,
-            "approve": getattr(args, "approve", None),
-        }
-        calls = [
-            CallPlan(spec=spec, adapter=adapter, **common)
-            for spec, adapter in zip(specs, self._adapters(specs, mode), strict=True)
-        ]
         self.cell_plan = CellPlan(
             prompt=prompt,
-            calls=calls,
+            specs=specs,
+            adapters=self._adapters(specs, mode),
             fmt=args.format or settings.format,
             thread=thread,
             thread_name=thread_name,
             key=key,
             use_history=use_history,
+            history=thread.history_for(key) if use_history else [],
+            user=Message(role="user", content=prompt.text),
+            system=system,
+            max_tokens=args.max_tokens if args.max_tokens is not None else settings.max_tokens,
+            temperature=(
+                args.temperature if args.temperature is not None else settings.temperature
+            ),
+            timeout=settings.timeout,
+            stream=settings.stream and not args.no_stream,
+            tools=tools,
+            max_tool_rounds=settings.max_tool_rounds,
             schema=schema,
+            approve=getattr(args, "approve", None),
         )
         return self.cell_plan
 
@@ -415,7 +387,8 @@ class CellRun:
         plan = self._planned()
         settings = self.state.settings
         shell = self.state.shell
-        jobs = [Job(name=call.spec, work=make_work(call)) for call in plan.calls]
+        jobs = [Job(name=spec, work=make_work(plan, adapter))
+                for spec, adapter in zip(plan.specs, plan.adapters, strict=True)]
         live_mode = detect_mode(shell, settings.live)
         view = make_view(live_mode, plan.specs, rate=settings.update_rate, in_kernel=has_kernel(shell))
         self.view = view
@@ -445,14 +418,11 @@ class CellRun:
         """A model finished: complete its transcript and show its footer."""
         view = self._viewed()
         transcript = view.transcripts[index]
-        call = self._planned().calls[index]
         # every call answered from the response cache: the answer has no real latency
-        adapter = call.adapter
+        adapter = self._planned().adapters[index]
         transcript.replayed = (outcome.error is None and isinstance(adapter, CachedAdapter)
                                and adapter.replayed_calls > 0 and adapter.model_calls == 0)
-        result = outcome.result
-        transcript.finish(result.response if isinstance(result, CallResult)
-                          else _partial_response(outcome))
+        transcript.finish(_answer(outcome))
         error = None
         if outcome.error is not None:
             error = INTERRUPTED if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
@@ -539,9 +509,9 @@ class CellRun:
         if plan.compare:
             if output:
                 namespace[output] = {
-                    call.spec: _stored(outcome, transcript)
-                    for call, outcome, transcript in zip(
-                        plan.calls, self.outcomes, view.transcripts, strict=True
+                    spec: _stored(outcome, transcript)
+                    for spec, outcome, transcript in zip(
+                        plan.specs, self.outcomes, view.transcripts, strict=True
                     )
                 }
             return
@@ -554,7 +524,7 @@ class CellRun:
         count = self.state.execution_count
         if plan.use_history:
             produced = result.produced or [result.response.to_message()]
-            plan.thread.record(Turn(plan.key, [plan.calls[0].user, *produced],
+            plan.thread.record(Turn(plan.key, [plan.user, *produced],
                                     result.response.model, execution_count=count))
         out = namespace.get("Out")
         if isinstance(out, dict) and isinstance(count, int):
@@ -587,11 +557,11 @@ class CellRun:
             if isinstance(failure, ModelUnavailableError):
                 available = []
                 with contextlib.suppress(Exception):
-                    available = [m.id for m in plan.calls[0].adapter.list_models()]
+                    available = [m.id for m in plan.adapters[0].list_models()]
             raise explain_error(
                 failure, spec=failed_spec, available=available, context=self.context
             ) from None
-        if failures and len(failures) == len(plan.calls):
+        if failures and len(failures) == len(plan.specs):
             failed_spec, failure = failures[0]
             raise explain_error(failure, spec=failed_spec, context=self.context) from None
 

@@ -110,7 +110,7 @@ def login(state: KernelState, args: argparse.Namespace) -> None:
                 f"{found.source}). `%chat login --force` logs in again."
             )
             return
-    run_login(state, force=True)
+    run_login(state)
     note = state.default_note()
     if note:
         _show(note)

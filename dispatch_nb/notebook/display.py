@@ -488,6 +488,15 @@ def _context_fix(context: dict[str, Any]) -> str:
     )
 
 
+#: the fix of an error whose fix does not depend on the error (the first class that matches)
+_FIXES = {
+    "APITimeoutError": "Run the cell again, or allow more time: `%config ChatMagics.timeout = 600`.",
+    "APIConnectionError": "Check the network and the provider's base URL, then run the cell again.",
+    "ServerError": "The provider failed; run the cell again in a moment.",
+    "UnknownProviderError": "Write the model as provider:model, e.g. -m openai:gpt-4.1.",
+}
+
+
 def explain_error(
     exc: BaseException,
     *,
@@ -535,12 +544,6 @@ def explain_error(
             fix = f"Run `%chat models {provider}` to list the models you can use."
     elif isinstance(exc, e.ContextLengthError):
         fix = _context_fix(context or {})
-    elif isinstance(exc, e.APITimeoutError):
-        fix = "Run the cell again, or allow more time: `%config ChatMagics.timeout = 600`."
-    elif isinstance(exc, e.APIConnectionError):
-        fix = "Check the network and the provider's base URL, then run the cell again."
-    elif isinstance(exc, e.ServerError):
-        fix = "The provider failed; run the cell again in a moment."
     elif exc.code == "output_truncated":
         fix = (
             "Bound the schema's strings and lists (Field(max_length=…), Annotated[list[...], "
@@ -557,6 +560,6 @@ def explain_error(
             "Replay mode sends nothing to the model: run the cell with --cache off to ask it, or "
             "with --cache read-write to ask it and record the answer."
         )
-    elif type(exc).__name__ == "UnknownProviderError":
-        fix = "Write the model as provider:model, e.g. -m openai:gpt-4.1."
+    else:
+        fix = next((_FIXES[c.__name__] for c in type(exc).__mro__ if c.__name__ in _FIXES), "")
     return ChatError(title, message, fix, original=exc)

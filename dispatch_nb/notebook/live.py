@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DisplayView",
     "LiveView",
-    "Pacer",
     "TextView",
     "detect_mode",
     "make_view",
@@ -85,24 +84,6 @@ def detect_mode(shell: Any, requested: str = "auto") -> str:
     return requested
 
 
-class Pacer:
-    """At most ``rate`` updates per second; the first one at once."""
-
-    def __init__(self, rate: float = DEFAULT_RATE) -> None:
-        self.interval = 1.0 / rate if rate > 0 else 0.0
-        self.last: float | None = None
-
-    def wait(self, now: float) -> float:
-        """Seconds until the next update is allowed (``0``: now)."""
-        if self.last is None:
-            return 0.0
-        return max(0.0, self.last + self.interval - now)
-
-    def mark(self, now: float) -> None:
-        """Record an update made at ``now``."""
-        self.last = now
-
-
 def retry_state(event: Any) -> str:
     """The quiet status line of a retry: ``↻ rate limited, HTTP 429 — retrying in 2 s``."""
     wait = f"in {event.wait:.0f} s" if event.wait >= 1 else "now"
@@ -121,7 +102,9 @@ class LiveView:
         from .display import Transcript
 
         self.titles = titles
-        self.pacer = Pacer(rate)
+        #: at most ``rate`` repaints a second: the seconds between two, and when the last ended
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.flushed = float("-inf")
         self.transcripts = [Transcript(t) for t in titles]
         self.states = ["waiting for the first token…" for _ in titles]
         self.ended = [False for _ in titles]
@@ -156,17 +139,14 @@ class LiveView:
         """Flush if due; seconds until the next flush is due (None: nothing pending)."""
         if not self.dirty:
             return None
-        now = time.monotonic()
-        wait = self.pacer.wait(now)
-        if wait > 0 and not self.text_shown and self._has_text():
-            wait = 0.0  # the first text is shown at once
-        if wait > 0:
+        wait = self.flushed + self.interval - time.monotonic()
+        if wait > 0 and (self.text_shown or not self._has_text()):  # the first text: at once
             return wait
         self._flush()
         self.dirty = False
         if self._has_text():
             self.text_shown = True
-        self.pacer.mark(time.monotonic())  # the next update waits from the end of this one
+        self.flushed = time.monotonic()  # the next update waits from the end of this one
         return None
 
     def job_done(self, index: int, footer: str, error: str | None = None) -> None:

@@ -288,24 +288,12 @@ def ensure_copilot_login(state: KernelState) -> None:
     run_login(state, reason="This cell uses GitHub Copilot, which needs a GitHub login.")
 
 
-def run_login(state: KernelState, *, reason: str | None = None, force: bool = False) -> LoginOutcome:
-    """Run the device login with a live view; return on approval, else raise a short error.
-
-    ``force=False`` returns at once when a GitHub token is already available.
-    Raises :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`.
-    """
+def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
+    """Run the device login with a live view; return on approval, else raise a short
+    :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`."""
     # the auth package is imported by a login only, not by every first %%chat
     from ..auth.device_flow import DeviceFlow
     from ..auth.login import device_login
-    from ..auth.token_store import find_github_token
-
-    if not force:
-        try:
-            found = find_github_token()
-        except DispatchError:
-            found = None
-        if found is not None:
-            return LoginOutcome("approved", message=f"token from {found.source}")
 
     shell = state.shell
     mode = detect_mode(shell, state.settings.live)
