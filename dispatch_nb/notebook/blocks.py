@@ -365,14 +365,19 @@ class MarkdownBlocks:
             self._carry_hides_header = False
         return block
 
-    def _advance(self, cut: int) -> None:
-        """Mark the first ``cut`` characters of carry + text as finished."""
-        carried = len(self._carry)
-        if cut >= carried:
-            self._start += cut - carried
-            self._carry = ""
-        else:  # (never happens: a block boundary inside the carry)
-            self._carry = self._carry[cut:]
+    def _advance(self, cut: int, carry: str = "") -> None:
+        """The first ``cut`` characters of carry + text are finished (no block boundary is inside
+        the carry: it is a fence's opening or a table's header); put ``carry`` before the rest."""
+        self._start += cut - len(self._carry)
+        self._carry = carry
+
+    def _piece(self, source: str, cut: int, carry: str = "") -> Block:
+        """A finished piece of a long block: ``source``, the first ``cut`` characters of carry +
+        text; what remains continues it, after ``carry``."""
+        piece = self._block(source, first=True)
+        self._continued = True
+        self._advance(cut, carry)
+        return piece
 
     def _cut_long(self, tail: str, kind: str) -> Block | None:
         """Cut a finished piece off a block longer than the limit (None: no safe place yet)."""
@@ -385,10 +390,7 @@ class MarkdownBlocks:
             opening, marker = fence
             k = _fitting(complete, 1, self.limit)
             body = "\n".join(complete[:k])
-            piece = self._block(body + "\n" + marker, first=True)
-            self._continued = True
-            self._consume(tail, sum(len(line) + 1 for line in complete[:k]), carry=opening + "\n")
-            return piece
+            return self._piece(body + "\n" + marker, len(body) + 1, opening + "\n")
         if kind == "table":
             if len(complete) < 3:
                 return None
@@ -397,9 +399,8 @@ class MarkdownBlocks:
             columns = max(1, complete[1].strip().strip("|").count("|") + 1)
             header = "|" + "   |" * columns + "\n" + complete[1] + "\n"
             k = _fitting(complete, 2, self.limit)
-            piece = self._block("\n".join(complete[:k]), first=True)
-            self._continued = True
-            self._consume(tail, sum(len(line) + 1 for line in complete[:k]), carry=header)
+            body = "\n".join(complete[:k])
+            piece = self._piece(body, len(body) + 1, header)
             self._carry_hides_header = True
             return piece
         if kind in ("bullet_list", "ordered_list"):
@@ -419,10 +420,7 @@ class MarkdownBlocks:
             if cut_line is None:
                 return self._cut_text(tail)
             cut = sum(len(line) + 1 for line in lines[:cut_line])
-            piece = self._block(tail[:cut].rstrip("\n"), first=True)
-            self._continued = True
-            self._consume(tail, cut, carry="")
-            return piece
+            return self._piece(tail[:cut].rstrip("\n"), cut)
         if kind in ("paragraph", "blockquote", "heading"):
             return self._cut_text(tail)
         return None
@@ -444,17 +442,8 @@ class MarkdownBlocks:
             if _open_at(head) is None and not _MARKER_ONLY.match(
                 head.rsplit("\n", 1)[-1]
             ):
-                piece = self._block(head.rstrip(), first=True)
                 rest = position
                 while rest < len(tail) and tail[rest] in " \t\n":
                     rest += 1
-                self._continued = True
-                self._consume(tail, rest, carry="")
-                return piece
+                return self._piece(head.rstrip(), rest)
         return None
-
-    def _consume(self, tail: str, count: int, *, carry: str) -> None:
-        """``count`` characters of ``tail`` (= carry + unfinished text) are done; put ``carry``
-        before what remains."""
-        self._advance(count)
-        self._carry = carry

@@ -498,11 +498,8 @@ class CellRun:
 
     # -- 4. record -------------------------------------------------------------------------------
     def record(self) -> None:
-        """Record the turn, store ``-o VAR`` and ``Out[n]``, send ``-f code`` to the next cell.
-
-        ``-o`` always stores something: the answer, the partial answer of an interrupted or
-        failed cell (when anything arrived), and in a comparison each model's answer or the
-        error it ended with."""
+        """Record the turn, store ``-o VAR`` (``-o`` always stores something: ``docs/notebook.md``,
+        "Formats") and ``Out[n]``, send ``-f code`` to the next cell."""
         plan, view = self._planned(), self._viewed()
         namespace = self.namespace
         output = self.args.output

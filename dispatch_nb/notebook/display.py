@@ -207,12 +207,8 @@ def _is_python(code: str) -> bool:
 
 
 def extract_code(text: str) -> tuple[str, str, str | None]:
-    """The code in an answer for ``-f code``: ``(language, code, note)``.
-
-    The blocks in Python (labelled so, else unlabelled blocks that parse as Python; else the
-    language of the first block) are joined — one cell never mixes languages — and ``note`` says
-    which blocks were left out. An answer without a fenced block is taken whole only when it is
-    valid Python; otherwise ``code`` is empty and ``note`` says nothing went to the next cell."""
+    """The code in an answer for ``-f code``: ``(language, code, note)``; ``note`` says what was
+    left out (``docs/notebook.md``, "Formats")."""
     blocks = [(lang.lower(), code.rstrip("\n")) for lang, code in _FENCE.findall(text)]
     if not blocks:
         stripped = text.strip()
@@ -241,10 +237,8 @@ def extract_code(text: str) -> tuple[str, str, str | None]:
 
 
 def parse_json_answer(text: str) -> Any:
-    """JSON from an answer: code fences stripped; else the outermost ``{...}`` / ``[...]``.
-
-    Raises ``ValueError`` (``json.JSONDecodeError``) when there is no valid JSON.
-    """
+    """JSON from an answer: code fences stripped; else the outermost ``{...}`` / ``[...]``; raises
+    ``ValueError`` (``json.JSONDecodeError``) when there is none."""
     candidates: list[str] = [code for _, code in _FENCE.findall(text)]
     candidates.append(text.strip())
     for opener, closer in (("{", "}"), ("[", "]")):
@@ -286,13 +280,8 @@ def final_output(
     failed: bool = False,
     parsed: Response | None = None,
 ) -> FinalOutput:
-    """The one static output a finished (or failed, or interrupted) cell leaves.
-
-    ``notes`` (what interpolation did, which model runs and how to sign in) stay above the answer,
-    as they were while it streamed. ``failed`` with nothing streamed leaves only those notes: the
-    error itself follows the output, so an empty answer and a zero footer would only repeat it.
-    ``parsed`` (``--schema``): the structured answer, shown as a table (one row per item of a
-    list) with the raw JSON folded below; ``text/plain`` is the pretty JSON."""
+    """The one static output a finished (or failed, or interrupted) cell leaves (``docs/notebook.md``,
+    "Final output"); ``parsed``: a ``--schema`` answer, shown as a table."""
     notes = list(notes or [])
     footer = transcript.footer(latency, note=note)
     top = notes_markdown(notes)
@@ -373,10 +362,8 @@ def compare_output(
     notes: list[str] | None = None,
     parsed: list[Response | None] | None = None,
 ) -> FinalOutput:
-    """One static comparison: a table of usage and latency, then each model's answer.
-
-    ``parsed`` (``--schema``): each entry's structured answer (None where it failed); the answers
-    then form one table, a row per field and a column per model, each model's JSON folded below."""
+    """One static comparison: a table of usage and latency, then each model's answer (``parsed``:
+    their ``--schema`` answers, as one table with a column per model)."""
     rows = [
         "| model | tokens in / out | latency | first token | stop |",
         "|---|---:|---:|---:|---|",
@@ -504,11 +491,8 @@ def explain_error(
     available: list[str] | None = None,
     context: dict[str, Any] | None = None,
 ) -> ChatError:
-    """A :class:`ChatError` saying what went wrong with ``exc`` and how to fix it.
-
-    ``context`` says what the cell used (``history_turns``: turns sent before the prompt,
-    ``no_history``), so the advice fits: a prompt too long for the context with no history to
-    drop is told to shorten the prompt, not to use ``--no-history``."""
+    """A :class:`ChatError` saying what went wrong with ``exc`` and how to fix it; ``context`` is
+    :attr:`CellRun.context <dispatch_nb.notebook.cell.CellRun.context>`, so the advice fits the cell."""
     import dispatch_nb.errors as e  # the module only: no import edge to the package
 
     from .prompt import PromptError

@@ -24,15 +24,8 @@ SEGMENT_CHARS = 600
 #: the most segments (or Markdown blocks) one box of the widget view holds
 BLOCK_SEGMENTS = 16
 
-#: the live view's own styles (sent with the status line): the answer's Markdown blocks sit
-#: one after the other exactly like the elements of the final output, which is ONE Markdown
-#: output — so nothing moves when it replaces them. The blocks and the boxes grouping them are
-#: plain block boxes (no flex, no scrolling container), so the margins of two neighbouring
-#: blocks collapse as those of two elements of one output do; and a block's first and last
-#: elements keep their ordinary margins (JupyterLab halves a heading's margin at the edge of an
-#: output and shrinks the last element's), except at the top of the answer. A block cut in
-#: pieces reads as one (a continued table hides its repeated header, a continued code block its
-#: seam).
+#: the live view's own styles (sent with the status line): the blocks sit where the final
+#: output's elements will (``docs/notebook.md``, "How it renders while it streams")
 _HEADINGS = ",".join(f"h{n}" for n in range(1, 7))
 _CSS = (
     "<style>"
@@ -56,7 +49,6 @@ _CSS = (
     ".dnb-live .dnb-cont .jp-RenderedMarkdown > :first-child{margin-top:0;}"
     "</style>"
 )
-
 
 
 class _Segments:

@@ -66,11 +66,8 @@ def _did_you_mean(parser: Any, message: str) -> str:
 
 
 def parse_magic_line(parser: Any, line: str) -> Any:
-    """Parse a magic's option line the way a shell would: quotes group words and are removed
-    (``-s "Be terse."`` is the system prompt ``Be terse.``), a backslash escapes the next
-    character. IPython's own ``parse_argstring`` keeps the quote characters, so the line is split
-    with :func:`shlex.split` and handed to the ``@magic_arguments`` parser, whose errors stay
-    ``UsageError`` s (now with the usage line)."""
+    """Parse a magic's option line the way a shell would (``shlex.split``: IPython's own
+    ``parse_argstring`` keeps the quotes); errors are ``UsageError`` s with the usage line."""
     try:
         argv = shlex.split(line, posix=True)
     except ValueError as exc:  # "No closing quotation", "No escaped character"

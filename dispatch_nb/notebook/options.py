@@ -97,10 +97,8 @@ def evaluate_option(
 
 
 def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
-    """``--schema NAME`` → a checked :class:`~dispatch_nb.structured.StructuredOutput` (None
-    without the option). ``NAME`` may be an expression such as ``list[Review]``, evaluated in the
-    namespace. A missing name or a value that is not a schema is a ``UsageError`` saying what is
-    accepted; the schema is built and checked here, before anything is sent."""
+    """``--schema NAME`` → a checked :class:`~dispatch_nb.structured.StructuredOutput` (None without
+    it); ``NAME`` may be an expression (``list[Review]``); a bad one is a ``UsageError``."""
     if expression is None:
         return None
     expression, value = evaluate_option("--schema", expression, namespace, SCHEMA_ACCEPTED)

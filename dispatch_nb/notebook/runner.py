@@ -118,15 +118,11 @@ def run_jobs(
     on_interrupt: Callable[[], None] | None = None,
     idle_wait: float = 0.5,
 ) -> list[JobOutcome]:
-    """Run ``jobs`` concurrently; call ``on_event(index, event)`` on *this* thread for each event.
-
-    ``tick()`` is called after events and timeouts; it returns the seconds until it wants to be
-    called again (None: only when something happens). ``on_done(index, outcome)`` is called as each
-    job ends. On ``KeyboardInterrupt`` every job is cancelled, ``on_interrupt()`` is called at
-    once, the jobs get up to :data:`ABANDON_AFTER` seconds to end (their outcomes then hold
-    ``RequestCancelled`` with the partial answer), the others are abandoned, and the interrupt is
-    re-raised.
-    """
+    """Run ``jobs`` concurrently; call ``on_event(index, event)`` on *this* thread for each event,
+    ``on_done(index, outcome)`` as each job ends, and ``tick()`` after events and timeouts (it returns
+    the seconds until it wants to be called again; None: when something happens). On Ctrl-C every
+    job is cancelled, ``on_interrupt()`` called, and the interrupt re-raised once the jobs ended or,
+    after :data:`ABANDON_AFTER` seconds, were abandoned (their outcome: ``RequestCancelled``)."""
     events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
     threads: list[threading.Thread] = []
     lock = threading.Lock()

@@ -28,16 +28,8 @@ DEFAULT_THREAD = "default"
 
 
 def cell_identity(cell_id: str | None, execution_count: int | None = None) -> str:
-    """The identity of the cell running a ``%%chat``: the best one the front end offers, never
-    the cell's text.
-
-    * ``cell_id`` — the front end's cell id (JupyterLab, Notebook 7, VS Code and nbclient send it
-      with each execution): editing and re-running a cell keeps its identity, so its turn is
-      replaced; another cell with the same text is another turn.
-    * ``execution_count`` — the cell's ``In[n]`` where no cell id comes (terminal IPython, a front
-      end that sends none): each input is its own turn.
-    * neither (``run_cell_magic`` called outside any counted cell): a fresh identity, a new turn.
-    """
+    """The identity of the cell running a ``%%chat``: its front end's cell id, else ``In[n]``, else
+    a fresh one (``docs/notebook.md``, "Threads and re-running cells"); never the cell's text."""
     if cell_id:
         return f"cell:{cell_id}"
     if execution_count is not None:
