@@ -21,8 +21,8 @@ The rules, chosen so prompts that contain JSON or code survive untouched:
   become their shape and first rows, exceptions become their (trimmed) traceback.
 
 Core, not notebook: ``%%chat`` cells (``notebook/cell.py``, the user namespace) and batch rows
-(``batching/rows.py``, a row's columns) fill templates with it; ``dispatch_nb.notebook.prompt``
-re-exports these names. This module imports only the standard library.
+(``batching/rows.py``, a row's columns) fill templates with it. This module imports only the
+standard library.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from IPython.core.error import UsageError
 from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import DispatchError, ModelUnavailableError, RequestCancelled
+from ..prompting import Prompt, PromptError, build_prompt
 from ..types import (
     ErrorEvent,
     Message,
@@ -41,7 +42,6 @@ from .each import run_each_cell
 from .live import LiveView, detect_mode, has_kernel, make_view
 from .login import ensure_copilot_login
 from .options import check_limits, check_output_name, resolve_schema, resolve_tools
-from .prompt import Prompt, PromptError, build_prompt
 from .runner import Job, JobOutcome, run_jobs
 from .state import KernelState
 from .threads import ChatThread, Turn, cell_identity, cell_key

@@ -495,7 +495,7 @@ def explain_error(
     :attr:`CellRun.context <dispatch_nb.notebook.cell.CellRun.context>`, so the advice fits the cell."""
     import dispatch_nb.errors as e  # the module only: no import edge to the package
 
-    from .prompt import PromptError
+    from ..prompting import PromptError
 
     if isinstance(exc, ChatError):
         return exc

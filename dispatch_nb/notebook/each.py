@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import DispatchError
+from ..prompting import build_prompt
 from ..registry import parse_model_spec
 from ..render import parsed_rows, rows_markdown
 from ..types import Response
@@ -22,7 +23,6 @@ from .display import ChatInterrupted, explain_error, notes_markdown
 from .live import ipy_display
 from .login import ensure_copilot_login
 from .options import check_limits, evaluate_option, resolve_schema
-from .prompt import build_prompt
 from .state import KernelState
 
 if TYPE_CHECKING:
