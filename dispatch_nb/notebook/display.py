@@ -301,6 +301,12 @@ def final_output(
         return FinalOutput({"text/markdown": top.rstrip("\n"), "text/plain": top_plain.rstrip("\n")},
                            meta, terminal=top_plain.rstrip("\n"))
     text = transcript.text
+
+    def warned(warning: str) -> FinalOutput:
+        """The answer as it came, with ``warning`` below it (a terminal prints only that)."""
+        md = top + transcript.markdown() + f"\n\n⚠ *{html.escape(warning)}*" + _sub(footer)
+        return FinalOutput({"text/markdown": md, "text/plain": text}, meta, terminal=f"⚠ {warning}")
+
     if fmt == "text":
         plain = transcript.plain()
         return FinalOutput({"text/plain": f"{top_plain}{plain}\n\n[{footer}]"}, meta, terminal=None)
@@ -309,9 +315,7 @@ def final_output(
         if warning:
             meta["dispatch_nb"]["code_note"] = warning
         if not code:
-            md = top + transcript.markdown() + f"\n\n⚠ *{html.escape(warning or '')}*" + _sub(footer)
-            return FinalOutput({"text/markdown": md, "text/plain": text}, meta,
-                               terminal=f"⚠ {warning}")
+            return warned(warning or "")
         shown = f"```{language}\n{code}\n```"
         if warning:
             shown += f"\n\n⚠ *{html.escape(warning)}*"
@@ -322,15 +326,8 @@ def final_output(
         try:
             value = parse_json_answer(text)
         except ValueError as exc:
-            md = (
-                top
-                + transcript.markdown()
-                + f"\n\n⚠ *The answer is not valid JSON: {html.escape(str(exc))}*"
-                + _sub(footer)
-            )
             meta["dispatch_nb"]["json_error"] = str(exc)
-            return FinalOutput({"text/markdown": md, "text/plain": text}, meta,
-                               terminal=f"⚠ The answer is not valid JSON: {exc}")
+            return warned(f"The answer is not valid JSON: {exc}")
         pretty = json.dumps(value, indent=2, ensure_ascii=False)
         data: dict[str, Any] = {
             "text/markdown": top + f"```json\n{pretty}\n```" + _sub(footer),

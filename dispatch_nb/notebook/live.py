@@ -107,6 +107,8 @@ class LiveView:
         self.flushed = float("-inf")
         self.transcripts = [Transcript(t) for t in titles]
         self.states = ["waiting for the first token…" for _ in titles]
+        #: each finished column's footer (with its error)
+        self.footers = ["" for _ in titles]
         self.ended = [False for _ in titles]
         self.dirty = False
         self.text_shown = False
@@ -153,7 +155,8 @@ class LiveView:
         """Column ``index`` finished: show its footer (compare mode shows each as it ends)."""
         self.ended[index] = True
         self.states[index] = ("⚠ " + error) if error else "done"
-        self._job_done(index, footer, error)
+        self.footers[index] = footer + (f" · ⚠ {error}" if error else "")
+        self._job_done(index)
         self.dirty = True
 
     def interrupt(self) -> None:
@@ -189,7 +192,7 @@ class LiveView:
     def _flush(self) -> None:
         pass
 
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
+    def _job_done(self, index: int) -> None:
         pass
 
     def _finish(self, final: FinalOutput) -> None:
@@ -222,7 +225,6 @@ class DisplayView(LiveView):
         self.shown: dict[str, Any] | None = None
         self.run: MarkdownBlocks | None = None  # the answer text since the last tool call
         self.tool_handles: dict[str, Any] = {}
-        self.footers = ["" for _ in titles]
 
     # -- one model -------------------------------------------------------------------------------
     def _status_line(self) -> str:
@@ -323,8 +325,7 @@ class DisplayView(LiveView):
                 self._update_tool(tool.id)
         super().interrupt()
 
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
-        self.footers[index] = footer + (f" · ⚠ {error}" if error else "")
+    def _job_done(self, index: int) -> None:
         if not self.compare:
             self._flush(final=True)
 
@@ -415,12 +416,12 @@ class TextView(LiveView):
     def _has_text(self) -> bool:
         return bool(self.pending) or super()._has_text()
 
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
+    def _job_done(self, index: int) -> None:
         if not self.compare:
             return
         transcript = self.transcripts[index]
         self._write(f"\n== {self.titles[index]} ==\n{transcript.plain()}\n")
-        self._write(f"[{footer}{' · ⚠ ' + error if error else ''}]\n")
+        self._write(f"[{self.footers[index]}]\n")
 
     def _finish(self, final: FinalOutput) -> None:
         if self.in_kernel:

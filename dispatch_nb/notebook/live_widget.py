@@ -330,11 +330,11 @@ class _WidgetColumn:
             self.status.value = _status_html(self.label, self.footer or self.state)
             self.state_dirty = False
 
-    def done(self, footer: str, error: str | None) -> None:
+    def done(self, footer: str) -> None:
         for accordion in self.accordions:
             accordion.set_title(0, "Thinking")
         self.flush(final=True)
-        self.footer = footer + (f" · ⚠ {error}" if error else "")
+        self.footer = footer
         self.state_dirty = True
 
     def close(self) -> None:
@@ -414,8 +414,8 @@ class WidgetView(LiveView):
                     column.tool_changed(part.id)
         super().interrupt()
 
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
-        self.columns[index].done(footer, error)
+    def _job_done(self, index: int) -> None:
+        self.columns[index].done(self.footers[index])
 
     def _finish(self, final: FinalOutput) -> None:
         if self.handle is not None:

@@ -70,8 +70,6 @@ def _ending(outcome: LoginOutcome) -> str:
 class LoginView:
     """Base of the three renderings; every method runs on the kernel's thread."""
 
-    mode = "base"
-
     def __init__(self, reason: str | None = None) -> None:
         self.reason = reason
         self.code: DeviceCode | None = None
@@ -103,8 +101,6 @@ class LoginView:
 
 class WidgetLoginView(LoginView):
     """ipywidgets rendering with a copy button; replaced by one static line when it ends."""
-
-    mode = "widget"
 
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
@@ -183,8 +179,6 @@ def _static_bundle(outcome: LoginOutcome) -> dict[str, str]:
 class DisplayLoginView(LoginView):
     """One Markdown output updated in place (kernels without ipywidgets)."""
 
-    mode = "display"
-
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
         self.status = "Asking GitHub for a code…"
@@ -236,8 +230,6 @@ class DisplayLoginView(LoginView):
 
 class TextLoginView(LoginView):
     """Printed lines (terminal IPython)."""
-
-    mode = "text"
 
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
