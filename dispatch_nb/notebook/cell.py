@@ -159,24 +159,16 @@ def _parsed_response(outcome: JobOutcome) -> Response | None:
     return outcome.result.response if isinstance(outcome.result, CallResult) else None
 
 
-def _response_of(outcome: JobOutcome, transcript: Any) -> Response | None:
-    """:func:`_answer`, else what the transcript shows (a job abandoned while a tool ran)."""
-    answer = _answer(outcome)
-    if answer is not None:
-        return answer
-    text = transcript.text
-    if not text:
-        return None
-    usage = transcript.usage or Usage()
-    return Response(content=[TextBlock(text=text)], model=transcript.model or "", usage=usage)
-
-
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:
     """What ``-o`` keeps of one model: the answer; on Ctrl-C what arrived (else the error); on a
     failure the error (its ``.partial`` holds what arrived)."""
-    if outcome.error is None or isinstance(outcome.error, RequestCancelled):
-        return _response_of(outcome, transcript) or outcome.error
-    return outcome.error
+    if outcome.error is not None and not isinstance(outcome.error, RequestCancelled):
+        return outcome.error
+    answer = _answer(outcome)
+    if answer is None and transcript.text:  # abandoned while a tool ran: what the transcript shows
+        answer = Response(content=[TextBlock(text=transcript.text)], model=transcript.model or "",
+                          usage=transcript.usage or Usage())
+    return answer or outcome.error
 
 
 def _clean(text: str, where: str, notes: list[str]) -> str:
@@ -242,7 +234,7 @@ class CellRun:
     def execute(self) -> None:
         """Plan, run, finish and record the cell; raise what went wrong last."""
         plan = self.plan()
-        if getattr(self.args, "estimate", False):
+        if self.args.estimate:
             self.show_estimates(plan)  # --estimate: nothing is sent
             return
         self.run()
@@ -269,11 +261,11 @@ class CellRun:
         check_limits(args)
         specs = self._models(prompt.notes)
         tools = resolve_tools(args.tools, self.namespace)
-        if getattr(args, "mcp", None):
+        if args.mcp:
             from .mcp_servers import resolve_servers  # only for --mcp
 
             tools += resolve_servers(args.mcp)
-        if getattr(args, "context", None):
+        if args.context:
             from ..context import context_tools  # only for --context
 
             tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
@@ -305,7 +297,7 @@ class CellRun:
             tools=tools,
             max_tool_rounds=settings.max_tool_rounds,
             schema=schema,
-            approve=getattr(args, "approve", None),
+            approve=args.approve,
         )
         return self.cell_plan
 
@@ -543,24 +535,22 @@ class CellRun:
             for spec, o in zip(plan.specs, self.outcomes, strict=True)
             if o.error is not None
         ]
-        if failures and not plan.compare:
-            failed_spec, failure = failures[0]
-            if isinstance(failure, RequestCancelled):
-                raise ChatInterrupted(self._interrupted_message()) from None
-            if not isinstance(failure, (DispatchError, ChatError)):
-                raise failure
-            # only a model the provider does not offer is explained by its model list
-            available = None
-            if isinstance(failure, ModelUnavailableError):
-                available = []
-                with contextlib.suppress(Exception):
-                    available = [m.id for m in plan.adapters[0].list_models()]
-            raise explain_error(
-                failure, spec=failed_spec, available=available, context=self.context
-            ) from None
-        if failures and len(failures) == len(plan.specs):
-            failed_spec, failure = failures[0]
+        if not failures or len(failures) < len(plan.specs):  # a comparison where some answered
+            return
+        failed_spec, failure = failures[0]
+        if plan.compare:
             raise explain_error(failure, spec=failed_spec, context=self.context) from None
+        if isinstance(failure, RequestCancelled):
+            raise ChatInterrupted(self._interrupted_message()) from None
+        if not isinstance(failure, (DispatchError, ChatError)):
+            raise failure
+        # only a model the provider does not offer is explained by its model list
+        available = None
+        if isinstance(failure, ModelUnavailableError):
+            available = []
+            with contextlib.suppress(Exception):
+                available = [m.id for m in plan.adapters[0].list_models()]
+        raise explain_error(failure, spec=failed_spec, available=available, context=self.context) from None
 
     def _interrupted_message(self) -> str:
         kept = any(not t.empty for t in self._viewed().transcripts)

@@ -48,21 +48,6 @@ def _show(markdown: str, plain: str | None = None) -> None:
     ipy_display({"text/markdown": markdown, "text/plain": plain or _plain(markdown)}, raw=True)
 
 
-def run(state: KernelState, args: argparse.Namespace) -> None:
-    """Dispatch ``%chat <command>``."""
-    handler = {
-        "login": login,
-        "logout": logout,
-        "status": status,
-        "models": models,
-        "history": history,
-        "reset": reset,
-        "key": key,
-        "cost": cost,
-    }[args.command]
-    handler(state, args)
-
-
 def _login_providers() -> list[Any]:
     """The descriptors of the providers that sign in with a login (``login_flow``)."""
     return [d for d in list_descriptors() if d.login_flow]
@@ -100,7 +85,7 @@ def login(state: KernelState, args: argparse.Namespace) -> None:
         names = ", ".join(d.name for d in _login_providers() if d.login_flow == GITHUB_DEVICE)
         raise UsageError(f"%chat login knows {names} (GitHub device login); not {provider!r}")
     state.default_note()  # the default before the login, to say if the login changes it
-    if not getattr(args, "force", False):
+    if not args.force:
         found = _github_token()
         if found is not None:
             user = _saved_user(found.source)
@@ -365,3 +350,9 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)
     _show(body + "\n\n" + "\n\n".join(notes))
+
+
+def run(state: KernelState, args: argparse.Namespace) -> None:
+    """Dispatch ``%chat <command>`` to the function of that name."""
+    commands = {f.__name__: f for f in (login, logout, status, models, history, reset, key, cost)}
+    commands[args.command](state, args)
