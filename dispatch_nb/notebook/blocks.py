@@ -54,52 +54,34 @@ def block_starts(text: str) -> list[tuple[int, str]]:
     return starts
 
 
-_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
+#: an opening fence: a top-level one (a backtick fence's info has no backtick), or at any indent
+_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n`]*$")
+_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
 _MARKER_ONLY = re.compile(r"^[ \t]*(?:[-+*>#|=_~`:.]+|\d{1,9}[.)]?)?[ \t]*$")
 _DELIMITER_ROW = re.compile(r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$")
 _ITEM = re.compile(r"^( {0,3})(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
 
 
-def _open_fence(lines: list[str]) -> tuple[str, str] | None:
-    """The opening line and marker of a fence left open at the end of ``lines``, if any."""
+def _fences(lines: list[str], opening: re.Pattern[str]) -> tuple[list[bool], tuple[str, str] | None]:
+    """Which ``lines`` belong to a fenced code block (fence lines included), and the opening line
+    and marker of a fence left open at their end (None: none is)."""
+    inside: list[bool] = []
     fence: tuple[str, str] | None = None
     for line in lines:
         if fence is None:
-            match = _FENCE_OPEN.match(line)
-            if match and not (match.group(1)[0] == "`" and "`" in match.group(2)):
-                fence = (line, match.group(1))
-        else:
-            stripped = line.strip()
-            marker = fence[1]
-            if stripped and set(stripped) == {marker[0]} and len(stripped) >= len(marker):
-                fence = None
-    return fence
+            match = opening.match(line)
+            fence = (line, match.group(1)) if match else None
+            inside.append(fence is not None)
+            continue
+        inside.append(True)
+        stripped, marker = line.strip(), fence[1]
+        if stripped and set(stripped) == {marker[0]} and len(stripped) >= len(marker):
+            fence = None
+    return inside, fence
 
 
 # ------------------------------------------------------------------------------------------------
 # what of the growing block can be shown
-
-
-_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
-
-
-def _code_lines(lines: list[str]) -> list[bool]:
-    """Which lines belong to a fenced code block (fence lines included), at any indentation."""
-    inside: list[bool] = []
-    marker = ""
-    for line in lines:
-        match = _ANY_FENCE.match(line)
-        if marker:
-            inside.append(True)
-            if match and match.group(1)[0] == marker[0] and len(match.group(1)) >= len(marker) \
-                    and not line.strip().strip(marker[0]):
-                marker = ""
-        elif match:
-            inside.append(True)
-            marker = match.group(1)
-        else:
-            inside.append(False)
-    return inside
 
 
 def stable_prefix(block: str) -> str:
@@ -111,7 +93,7 @@ def stable_prefix(block: str) -> str:
 def _stable(block: str) -> str:
     head, _, last = block.rpartition("\n")
     lines = block.split("\n")
-    if _open_fence(lines[:-1]) is not None:
+    if _fences(lines[:-1], _FENCE_OPEN)[1] is not None:
         # Inside an open code block: a partial line of fence characters may be the closing fence.
         if not last.strip() or set(last.strip()) <= {"`", "~"}:
             return head + "\n" if head else ""
@@ -119,7 +101,7 @@ def _stable(block: str) -> str:
     if _MARKER_ONLY.match(last):
         block = head + "\n" if head else ""
         lines = block.split("\n")
-    code = _code_lines(lines)
+    code = _fences(lines, _ANY_FENCE)[0]  # inside a list item or quote too
     if code and code[-1] and lines[-1].strip():
         return block  # inside a fenced block of a list item or quote: code, shown as it is
     block = _hold_tables(block, code)
@@ -384,7 +366,7 @@ class MarkdownBlocks:
         lines = tail.split("\n")
         complete = lines[:-1]
         if kind == "fence":
-            fence = _open_fence(complete)
+            fence = _fences(complete, _FENCE_OPEN)[1]
             if fence is None or len(complete) < 2:
                 return None
             opening, marker = fence
