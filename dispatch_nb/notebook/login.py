@@ -6,7 +6,6 @@ on a worker thread; its code and state changes reach the view on the kernel's th
 from __future__ import annotations
 
 import html
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -295,7 +294,6 @@ def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
     view = views.get(mode, TextLoginView)(reason)
     state.login_view = view
     flow = DeviceFlow(min_interval=state.settings.login_min_interval)
-    shown: list[DeviceCode] = []  # the code, once the worker has it (read on this thread)
 
     def work(emit: Any, cancel: Any) -> LoginOutcome:
         # the one login routine; its callbacks come back to the kernel's thread as events
@@ -311,20 +309,16 @@ def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
         if not isinstance(event, tuple):
             return
         if event[0] == "code":
-            shown.append(event[1])
             view.show_code(event[1])
         else:
             view.set_state(*event)
 
-    job = Job(name="login", work=work)
-    next_tick = [time.monotonic()]
+    def tick() -> float:  # the countdown (a view shows only a change of the second)
+        if view.code is not None:
+            view.countdown(view.code.seconds_left())
+        return 1.0
 
-    def tick() -> float:
-        now = time.monotonic()
-        if shown and now >= next_tick[0]:
-            view.countdown(shown[-1].seconds_left())
-            next_tick[0] = now + 1.0
-        return max(0.0, next_tick[0] - now)
+    job = Job(name="login", work=work)
 
     try:
         run_jobs([job], on_event, tick=tick)
@@ -332,7 +326,7 @@ def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
         view.end(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
         raise ChatInterrupted("login interrupted") from None
     error = job.outcome.error
-    if error is not None and not shown and isinstance(error, DispatchError) and not isinstance(
+    if error is not None and view.code is None and isinstance(error, DispatchError) and not isinstance(
         error, RequestCancelled
     ):
         # no code yet: GitHub could not be asked for one
