@@ -255,19 +255,14 @@ class _WidgetColumn:
         self.accordions: list[Any] = []
         self.tools: dict[str, tuple[Any, ToolRun]] = {}
         self.dirty_tools: set[str] = set()
+        #: what the status line says: the state, and the footer once the column is done
         self.state = "waiting for the first token…"
-        self.state_dirty = False
         self.footer = ""
 
     def _make(self, cls: Any, **kw: Any) -> Any:
         widget = cls(**kw)
         self.created.append(widget)
         return widget
-
-    def set_state(self, state: str) -> None:
-        if state != self.state:
-            self.state = state
-            self.state_dirty = True
 
     def place(self, widget: Any) -> None:
         """Put a new Markdown block widget at the end of the body (in groups of 16)."""
@@ -326,16 +321,15 @@ class _WidgetColumn:
         if self.parts_dirty:
             self.body.children = tuple(self.parts)
             self.parts_dirty = False
-        if self.state_dirty:
-            self.status.value = _status_html(self.label, self.footer or self.state)
-            self.state_dirty = False
+        status = _status_html(self.label, self.footer or self.state)
+        if status != self.status.value:
+            self.status.value = status
 
     def done(self, footer: str) -> None:
         for accordion in self.accordions:
             accordion.set_title(0, "Thinking")
         self.flush(final=True)
         self.footer = footer
-        self.state_dirty = True
 
     def close(self) -> None:
         close_widgets(reversed(self.created))
@@ -387,7 +381,7 @@ class WidgetView(LiveView):
 
     def _state_changed(self, index: int) -> None:
         if self.columns:
-            self.columns[index].set_state(self.states[index])
+            self.columns[index].state = self.states[index]
 
     def _feed(self, index: int, event: Any) -> None:
         column = self.columns[index]
