@@ -44,7 +44,7 @@ from .login import ensure_copilot_login
 from .options import check_limits, check_output_name, resolve_schema, resolve_tools
 from .runner import Job, JobOutcome, run_jobs
 from .state import KernelState
-from .threads import ChatThread, Turn, cell_identity, cell_key
+from .threads import ChatThread, Turn, cell_identity
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
@@ -355,8 +355,9 @@ class CellRun:
         if self.args.new:
             thread.clear()
         identity = cell_identity(self.state.cell_id, self.state.execution_count)
-        key = cell_key(identity, self.state.next_occurrence(f"{name}\n{identity}"))
-        return name, thread, key
+        # numbered: a loop calling run_cell_magic in one execution keeps every answer
+        occurrence = self.state.next_occurrence(f"{name}\n{identity}")
+        return name, thread, f"{identity}#{occurrence}"
 
     def _adapters(self, specs: list[str], mode: str) -> list[Adapter]:
         """One adapter per model, labelled with the cell (``In[n]``) for the response cache."""

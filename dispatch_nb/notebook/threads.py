@@ -4,10 +4,9 @@ replaces its turn (``docs/notebook.md``, "Threads and re-running cells").
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..render import code_span, short_line
@@ -21,7 +20,6 @@ __all__ = [
     "ThreadStore",
     "Turn",
     "cell_identity",
-    "cell_key",
 ]
 
 DEFAULT_THREAD = "default"
@@ -37,13 +35,6 @@ def cell_identity(cell_id: str | None, execution_count: int | None = None) -> st
     return "call:" + uuid.uuid4().hex[:12]
 
 
-def cell_key(identity: str, occurrence: int = 0) -> str:
-    """The key of a turn: the cell's identity (:func:`cell_identity`) plus ``occurrence``, which
-    numbers the chat calls one execution makes (a loop calling ``run_cell_magic`` several times
-    keeps every answer)."""
-    return f"{identity}#{occurrence}"
-
-
 @dataclass
 class Turn:
     """One cell's exchange: the user message and every message the model (and tools) produced."""
@@ -51,7 +42,6 @@ class Turn:
     key: str
     messages: list[Message]
     model: str = ""
-    created: float = field(default_factory=time.time)
     execution_count: int | None = None
 
     @property
