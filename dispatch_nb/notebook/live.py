@@ -64,12 +64,8 @@ def has_kernel(shell: Any) -> bool:
 
 
 def detect_mode(shell: Any, requested: str = "auto") -> str:
-    """The rendering to use: ``requested`` unless ``auto`` (or impossible), else the best one.
-
-    ``auto`` → ``widget`` inside a kernel whose environment has ipywidgets, ``display`` inside a
-    kernel without, ``text`` without a kernel. ``widget`` without ipywidgets falls back to
-    ``display``; ``display``/``widget`` without a kernel stay as asked (useful in tests).
-    """
+    """The rendering to use: ``auto`` as ``docs/notebook.md``'s table says, else ``requested``
+    (``widget`` without ipywidgets is ``display``; without a kernel only ``auto`` becomes ``text``)."""
     requested = (requested or "auto").lower()
     if requested not in LIVE_MODES:
         raise ValueError(f"live mode must be one of {', '.join(LIVE_MODES)}, not {requested!r}")
