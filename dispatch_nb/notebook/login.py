@@ -67,24 +67,39 @@ def _ending(outcome: LoginOutcome) -> str:
 
 
 class LoginView:
-    """Base of the three renderings; every method runs on the kernel's thread."""
+    """What a login shows, the same in the three renderings (each draws it in :meth:`_show`);
+    every method runs on the kernel's thread."""
 
     def __init__(self, reason: str | None = None) -> None:
         self.reason = reason
         self.code: DeviceCode | None = None
         self.state = "starting"
+        #: the status line, and the seconds the code had left when last shown
+        self.message = "Asking GitHub for a code…"
+        self.seconds_left: float | None = None
 
     def show_code(self, code: DeviceCode) -> None:
         """A new user code to show."""
         self.code = code
         self.state = "pending"
+        self.message = _status_text("pending", {})
+        self.seconds_left = code.seconds_left()
+        self._show()
 
     def set_state(self, state: str, info: Mapping[str, Any]) -> None:
         """The flow's state changed."""
         self.state = state
+        self.message = _status_text(state, info)
+        self._show()
 
     def countdown(self, seconds_left: float) -> None:
-        """About once a second while waiting."""
+        """About once a second while waiting (a change of the second is shown)."""
+        if self.seconds_left is None or int(seconds_left) != int(self.seconds_left):
+            self.seconds_left = seconds_left
+            self._show()
+
+    def _show(self) -> None:
+        """Draw the code, the countdown and the status line."""
 
     def done(self, outcome: LoginOutcome) -> None:
         """The login ended."""
@@ -118,10 +133,12 @@ class WidgetLoginView(LoginView):
                     "width": "fit-content"},
         )
         self.handle = ipy_display(self.box, display_id=True)
-        self._last_clock = ""
 
-    def show_code(self, code: DeviceCode) -> None:
-        super().show_code(code)
+    def _show(self) -> None:  # (setting a widget's value to what it holds sends nothing)
+        self.status.value = html.escape(self.message)
+        code = self.code
+        if code is None:
+            return
         user_code = html.escape(code.user_code)
         js_code = code.user_code.replace("\\", "\\\\").replace("'", "\\'")
         self.code_html.value = (
@@ -139,18 +156,8 @@ class WidgetLoginView(LoginView):
             f"Open <a href='{uri}' target='_blank' rel='noopener'><b>{uri}</b></a> "
             "and enter the code."
         )
-        self.status.value = html.escape(_status_text("pending", {}))
-        self.countdown(code.seconds_left())
-
-    def set_state(self, state: str, info: Mapping[str, Any]) -> None:
-        super().set_state(state, info)
-        self.status.value = html.escape(_status_text(state, info))
-
-    def countdown(self, seconds_left: float) -> None:
-        text = f"<span style='{_DIM}'>The code expires in {_clock(seconds_left)}.</span>"
-        if text != self._last_clock:
-            self.clock.value = text
-            self._last_clock = text
+        clock = _clock(self.seconds_left or 0)
+        self.clock.value = f"<span style='{_DIM}'>The code expires in {clock}.</span>"
 
     def done(self, outcome: LoginOutcome) -> None:
         # Whatever the end, leave one static line and no widget state in the saved notebook.
@@ -180,8 +187,6 @@ class DisplayLoginView(LoginView):
 
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
-        self.status = "Asking GitHub for a code…"
-        self.seconds_left: float | None = None
         self.handle = ipy_display(self._bundle(), raw=True, display_id=True)
 
     def _bundle(self) -> dict[str, str]:
@@ -195,33 +200,20 @@ class DisplayLoginView(LoginView):
             )
             if self.seconds_left is not None:
                 lines.append(f"<sub>The code expires in {_clock(self.seconds_left)}.</sub>")
-        lines.append(self.status)
+        lines.append(self.message)
         md = "\n\n".join(lines)
         return {"text/markdown": md, "text/plain": md.replace("**", "").replace("`", "")}
 
-    def show_code(self, code: DeviceCode) -> None:
-        super().show_code(code)
-        self.status = _status_text("pending", {})
-        self.seconds_left = code.seconds_left()
+    def _show(self) -> None:
         self.handle.update(self._bundle(), raw=True)
-
-    def set_state(self, state: str, info: Mapping[str, Any]) -> None:
-        super().set_state(state, info)
-        self.status = _status_text(state, info)
-        self.handle.update(self._bundle(), raw=True)
-
-    def countdown(self, seconds_left: float) -> None:
-        if self.seconds_left is None or int(seconds_left) != int(self.seconds_left):
-            self.seconds_left = seconds_left
-            self.handle.update(self._bundle(), raw=True)
 
     def done(self, outcome: LoginOutcome) -> None:
         if outcome.ok:
             self.handle.update(_static_bundle(outcome), raw=True)
             return
         self.seconds_left = None
-        self.status = _ending(outcome)
-        self.handle.update(self._bundle(), raw=True)
+        self.message = _ending(outcome)
+        self._show()
 
 
 # -- text ---------------------------------------------------------------------------------------
