@@ -117,9 +117,7 @@ def make_work(
         last: Response | None = None
         extra: dict[str, Any] = {"cancel": cancel, **per_call}
         if not plan.stream:
-            # --no-stream: one non-streaming send runs the whole tool loop; then the exchange
-            # (each round's answer and usage, each tool's result) is shown once, replayed from
-            # the session's collected turn.
+            # --no-stream: the whole tool loop, then its exchange replayed from the collected turn
             last = session.send(plan.user.content, stream=False, **extra)
             assert session.last_turn is not None
             for collected in session.last_turn.events():
