@@ -157,13 +157,11 @@ def run_jobs(
         job.outcome.started = time.monotonic()
         threads.append(threading.Thread(target=body, name=f"dispatch_nb-{job.name}", daemon=True))
 
-    pending = len(jobs)
-    reported: set[int] = set()
+    reported: set[int] = set()  # the jobs whose end on_done was told
 
     def pump(deadline: float | None) -> None:
-        nonlocal pending
         wait = idle_wait
-        while pending:
+        while len(reported) < len(jobs):
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -175,7 +173,6 @@ def run_jobs(
                 pass
             else:
                 if event is _DONE:
-                    pending -= 1
                     reported.add(index)
                     if on_done is not None:
                         on_done(index, jobs[index].outcome)
