@@ -267,11 +267,8 @@ def _fitting(lines: list[str], first: int, limit: int) -> int:
 
 
 class MarkdownBlocks:
-    """The blocks of a growing Markdown text (see the module docstring).
-
-    ``feed(text)`` appends; ``take()`` returns the blocks finished since the last call and the
-    current block (its full source so far; show :func:`stable_prefix` of it).
-    """
+    """The blocks of a growing Markdown text: ``feed(text)`` appends; ``take()`` returns the blocks
+    finished since the last call and the current block (show its :func:`stable_prefix`)."""
 
     def __init__(self, limit: int = BLOCK_LIMIT) -> None:
         self.limit = limit

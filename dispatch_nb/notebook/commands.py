@@ -299,9 +299,8 @@ def reset(state: KernelState, args: argparse.Namespace) -> None:
 
 
 def cost(state: KernelState, args: argparse.Namespace) -> None:
-    """``%chat cost``: this kernel's spend by model — calls, tokens in / out / cached, dollars,
-    Copilot premium requests (and what they would cost at GitHub's overage price) — and what
-    replayed answers saved."""
+    """``%chat cost``: this kernel's spend by model, and what replayed answers saved
+    (``docs/notebook.md``)."""
     from ..cost import PREMIUM_REQUEST_USD, CostTotal, format_usd, ledger, premium_words
 
     rows = ledger.rows()

@@ -425,11 +425,8 @@ def terminal_text(text: str) -> str:
 
 
 class ChatError(Exception):
-    """An expected failure of a ``%%chat`` cell, shown as a short message plus the fix.
-
-    IPython renders it through ``_render_traceback_``: two or three lines, no traceback.
-    ``original`` is the underlying exception (``Err[n]`` holds this error; ``.original`` the cause).
-    """
+    """An expected failure of a ``%%chat`` cell, shown by IPython (``_render_traceback_``) as two or
+    three lines: the message and the fix; ``original`` is the underlying exception."""
 
     def __init__(self, title: str, message: str, fix: str = "", original: BaseException | None = None):
         super().__init__(f"{title}: {message}" + (f" — {fix}" if fix else ""))

@@ -87,10 +87,8 @@ def retry_state(event: Any) -> str:
 
 
 class LiveView:
-    """What every rendering offers; the runner drives it from the kernel's main thread.
-
-    ``titles`` are the columns (one per model; compare mode has several).
-    """
+    """What every rendering offers (``titles``: a column per model); the runner drives it from the
+    kernel's main thread."""
 
     mode = "base"
 

@@ -35,10 +35,8 @@ class ErrorLog(dict):  # type: ignore[type-arg]
 
 
 class KernelState:
-    """Everything the notebook layer keeps between cells of one kernel (see the module docstring).
-
-    ``shell`` is the IPython shell (``None`` outside one, e.g. in a unit test) and ``settings`` the
-    traits object (``ChatMagics``); both are only read."""
+    """Everything the notebook layer keeps between cells of one kernel; ``shell`` (``None`` outside
+    one, e.g. in a unit test) and ``settings`` (the ``ChatMagics`` traits) are only read."""
 
     def __init__(self, shell: Any, settings: ChatMagics) -> None:
         self.shell = shell
