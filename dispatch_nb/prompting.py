@@ -3,8 +3,8 @@ docs/notebook.md, "Prompts: interpolation and references"); DataFrame-like value
 (``shape`` + ``head``).
 
 Core, not notebook: ``%%chat`` cells (``notebook/cell.py``, the user namespace) and batch rows
-(``batching/rows.py``, a row's columns) fill templates with it; ``dispatch_nb.notebook.prompt``
-re-exports these names. This module imports only the standard library.
+(``batching/rows.py``, a row's columns) fill templates with it. This module imports only the
+standard library.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""``approve="ask"`` in a notebook: a ``%%chat`` turn (on a worker thread) hands the call to the
-kernel's thread — a ``Session`` used in a cell is on that thread already — which shows the tool
-and its arguments in full with Approve / Deny / Always buttons (ipywidgets) in the cell. No answer
-within the turn's deadline is a denial. ``%load_ext dispatch_nb`` installs :func:`ask` as the asker.
-
-A cell's thread is busy while the buttons wait, so the kernel cannot handle their clicks there:
-the buttons' comm is opened from a kernel subshell (the Jupyter protocol's
-``create_subshell_request``, ipykernel 7+), and ipykernel routes a comm's messages to the subshell
-that opened it, whose own thread runs the click handler. Where that cannot work (no ipywidgets,
-an ipykernel without subshells) the call is asked in the front end's input box instead (``y``
-approve, ``n`` or a reason deny, ``a`` always for this tool); a front end that cannot ask at all
-(nbclient, a voilà page: no input box) denies, saying how to approve instead. In terminal IPython
-this is the terminal's prompt.
+"""``approve="ask"`` in a notebook: buttons in the cell, else the front end's input box
+(``docs/tools.md``, "Approval before a tool runs"). ``%load_ext dispatch_nb`` installs :func:`ask`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
-"""A streaming Markdown answer cut into blocks, so the live view can show it rendered.
-
-The live view shows Markdown as the front end renders it (headings, lists, code, tables, math),
-from the first token, while sending bytes linear in the answer's length. :class:`MarkdownBlocks`
-makes that possible:
-
-* **Finished blocks are sent once.** The text is split at top-level block boundaries (found by
-  markdown-it-py's block parser on the complete lines received so far): every block but the last
-  is finished — a later line cannot change it — and is rendered on its own, once.
-* **The current block is re-sent as it grows**, and only it. A block longer than ``limit``
-  characters (a long paragraph, code block, table or list) is cut at a boundary that splits no
-  word: between lines of a code block (the fence is closed and reopened), between table rows (the
-  continuation has an empty header row, which the widget view hides), between list items, or at a
-  space
-  where no inline markup is left open. So no update ever re-sends more than about ``limit``
-  characters, whatever the answer's length.
-* **What is shown of the current block never has to be taken back**: :func:`stable_prefix` holds
-  back what could still render differently once more text arrives — a marker-only partial line
-  (``-``, ``##``, ``1.``, a fence being typed), a table header whose delimiter row is not complete,
-  a partial table row, an unclosed ``**`` / ``_`` / `````` ` ``````  / ``$`` / ``[link](`` / ``<tag`` /
-  ``&entity``. So the visible text only ever grows, and the last update of a block equals its
-  final rendering: the page does not jump when the answer is complete.
-
-Nothing here imports IPython; markdown-it-py is imported on first use.
+"""A streaming Markdown answer cut into blocks, so the live view can show it rendered while sending
+bytes linear in its length (``docs/notebook.md``, "How it renders while it streams" and "Cost on
+the wire"). Nothing here imports IPython; markdown-it-py is imported on first use.
 """
 
 from __future__ import annotations
@@ -75,52 +54,34 @@ def block_starts(text: str) -> list[tuple[int, str]]:
     return starts
 
 
-_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
+#: an opening fence: a top-level one (a backtick fence's info has no backtick), or at any indent
+_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n`]*$")
+_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
 _MARKER_ONLY = re.compile(r"^[ \t]*(?:[-+*>#|=_~`:.]+|\d{1,9}[.)]?)?[ \t]*$")
 _DELIMITER_ROW = re.compile(r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$")
 _ITEM = re.compile(r"^( {0,3})(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
 
 
-def _open_fence(lines: list[str]) -> tuple[str, str] | None:
-    """The opening line and marker of a fence left open at the end of ``lines``, if any."""
+def _fences(lines: list[str], opening: re.Pattern[str]) -> tuple[list[bool], tuple[str, str] | None]:
+    """Which ``lines`` belong to a fenced code block (fence lines included), and the opening line
+    and marker of a fence left open at their end (None: none is)."""
+    inside: list[bool] = []
     fence: tuple[str, str] | None = None
     for line in lines:
         if fence is None:
-            match = _FENCE_OPEN.match(line)
-            if match and not (match.group(1)[0] == "`" and "`" in match.group(2)):
-                fence = (line, match.group(1))
-        else:
-            stripped = line.strip()
-            marker = fence[1]
-            if stripped and set(stripped) == {marker[0]} and len(stripped) >= len(marker):
-                fence = None
-    return fence
+            match = opening.match(line)
+            fence = (line, match.group(1)) if match else None
+            inside.append(fence is not None)
+            continue
+        inside.append(True)
+        stripped, marker = line.strip(), fence[1]
+        if stripped and set(stripped) == {marker[0]} and len(stripped) >= len(marker):
+            fence = None
+    return inside, fence
 
 
 # ------------------------------------------------------------------------------------------------
 # what of the growing block can be shown
-
-
-_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
-
-
-def _code_lines(lines: list[str]) -> list[bool]:
-    """Which lines belong to a fenced code block (fence lines included), at any indentation."""
-    inside: list[bool] = []
-    marker = ""
-    for line in lines:
-        match = _ANY_FENCE.match(line)
-        if marker:
-            inside.append(True)
-            if match and match.group(1)[0] == marker[0] and len(match.group(1)) >= len(marker) \
-                    and not line.strip().strip(marker[0]):
-                marker = ""
-        elif match:
-            inside.append(True)
-            marker = match.group(1)
-        else:
-            inside.append(False)
-    return inside
 
 
 def stable_prefix(block: str) -> str:
@@ -132,7 +93,7 @@ def stable_prefix(block: str) -> str:
 def _stable(block: str) -> str:
     head, _, last = block.rpartition("\n")
     lines = block.split("\n")
-    if _open_fence(lines[:-1]) is not None:
+    if _fences(lines[:-1], _FENCE_OPEN)[1] is not None:
         # Inside an open code block: a partial line of fence characters may be the closing fence.
         if not last.strip() or set(last.strip()) <= {"`", "~"}:
             return head + "\n" if head else ""
@@ -140,7 +101,7 @@ def _stable(block: str) -> str:
     if _MARKER_ONLY.match(last):
         block = head + "\n" if head else ""
         lines = block.split("\n")
-    code = _code_lines(lines)
+    code = _fences(lines, _ANY_FENCE)[0]  # inside a list item or quote too
     if code and code[-1] and lines[-1].strip():
         return block  # inside a fenced block of a list item or quote: code, shown as it is
     block = _hold_tables(block, code)
@@ -306,11 +267,8 @@ def _fitting(lines: list[str], first: int, limit: int) -> int:
 
 
 class MarkdownBlocks:
-    """The blocks of a growing Markdown text (see the module docstring).
-
-    ``feed(text)`` appends; ``take()`` returns the blocks finished since the last call and the
-    current block (its full source so far; show :func:`stable_prefix` of it).
-    """
+    """The blocks of a growing Markdown text: ``feed(text)`` appends; ``take()`` returns the blocks
+    finished since the last call and the current block (show its :func:`stable_prefix`)."""
 
     def __init__(self, limit: int = BLOCK_LIMIT) -> None:
         self.limit = limit
@@ -386,30 +344,32 @@ class MarkdownBlocks:
             self._carry_hides_header = False
         return block
 
-    def _advance(self, cut: int) -> None:
-        """Mark the first ``cut`` characters of carry + text as finished."""
-        carried = len(self._carry)
-        if cut >= carried:
-            self._start += cut - carried
-            self._carry = ""
-        else:  # (never happens: a block boundary inside the carry)
-            self._carry = self._carry[cut:]
+    def _advance(self, cut: int, carry: str = "") -> None:
+        """The first ``cut`` characters of carry + text are finished (no block boundary is inside
+        the carry: it is a fence's opening or a table's header); put ``carry`` before the rest."""
+        self._start += cut - len(self._carry)
+        self._carry = carry
+
+    def _piece(self, source: str, cut: int, carry: str = "") -> Block:
+        """A finished piece of a long block: ``source``, the first ``cut`` characters of carry +
+        text; what remains continues it, after ``carry``."""
+        piece = self._block(source, first=True)
+        self._continued = True
+        self._advance(cut, carry)
+        return piece
 
     def _cut_long(self, tail: str, kind: str) -> Block | None:
         """Cut a finished piece off a block longer than the limit (None: no safe place yet)."""
         lines = tail.split("\n")
         complete = lines[:-1]
         if kind == "fence":
-            fence = _open_fence(complete)
+            fence = _fences(complete, _FENCE_OPEN)[1]
             if fence is None or len(complete) < 2:
                 return None
             opening, marker = fence
             k = _fitting(complete, 1, self.limit)
             body = "\n".join(complete[:k])
-            piece = self._block(body + "\n" + marker, first=True)
-            self._continued = True
-            self._consume(tail, sum(len(line) + 1 for line in complete[:k]), carry=opening + "\n")
-            return piece
+            return self._piece(body + "\n" + marker, len(body) + 1, opening + "\n")
         if kind == "table":
             if len(complete) < 3:
                 return None
@@ -418,9 +378,8 @@ class MarkdownBlocks:
             columns = max(1, complete[1].strip().strip("|").count("|") + 1)
             header = "|" + "   |" * columns + "\n" + complete[1] + "\n"
             k = _fitting(complete, 2, self.limit)
-            piece = self._block("\n".join(complete[:k]), first=True)
-            self._continued = True
-            self._consume(tail, sum(len(line) + 1 for line in complete[:k]), carry=header)
+            body = "\n".join(complete[:k])
+            piece = self._piece(body, len(body) + 1, header)
             self._carry_hides_header = True
             return piece
         if kind in ("bullet_list", "ordered_list"):
@@ -440,10 +399,7 @@ class MarkdownBlocks:
             if cut_line is None:
                 return self._cut_text(tail)
             cut = sum(len(line) + 1 for line in lines[:cut_line])
-            piece = self._block(tail[:cut].rstrip("\n"), first=True)
-            self._continued = True
-            self._consume(tail, cut, carry="")
-            return piece
+            return self._piece(tail[:cut].rstrip("\n"), cut)
         if kind in ("paragraph", "blockquote", "heading"):
             return self._cut_text(tail)
         return None
@@ -465,17 +421,8 @@ class MarkdownBlocks:
             if _open_at(head) is None and not _MARKER_ONLY.match(
                 head.rsplit("\n", 1)[-1]
             ):
-                piece = self._block(head.rstrip(), first=True)
                 rest = position
                 while rest < len(tail) and tail[rest] in " \t\n":
                     rest += 1
-                self._continued = True
-                self._consume(tail, rest, carry="")
-                return piece
+                return self._piece(head.rstrip(), rest)
         return None
-
-    def _consume(self, tail: str, count: int, *, carry: str) -> None:
-        """``count`` characters of ``tail`` (= carry + unfinished text) are done; put ``carry``
-        before what remains."""
-        self._advance(count)
-        self._carry = carry

@@ -17,6 +17,7 @@ from IPython.core.error import UsageError
 from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import DispatchError, ModelUnavailableError, RequestCancelled
+from ..prompting import Prompt, PromptError, build_prompt
 from ..types import (
     ErrorEvent,
     Message,
@@ -41,40 +42,14 @@ from .each import run_each_cell
 from .live import LiveView, detect_mode, has_kernel, make_view
 from .login import ensure_copilot_login
 from .options import check_limits, check_output_name, resolve_schema, resolve_tools
-from .prompt import Prompt, PromptError, build_prompt
 from .runner import Job, JobOutcome, run_jobs
 from .state import KernelState
-from .threads import ChatThread, Turn, cell_identity, cell_key
+from .threads import ChatThread, Turn, cell_identity
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
 
-__all__ = ["CallPlan", "CallResult", "CellPlan", "CellRun", "make_work", "run_chat_cell"]
-
-
-# ------------------------------------------------------------------------------------------------
-# the work each model does (on a worker thread)
-
-
-@dataclass
-class CallPlan:
-    """What one model is asked to do."""
-
-    spec: str
-    adapter: Adapter
-    history: list[Message]
-    user: Message
-    system: str | None
-    max_tokens: int | None
-    temperature: float | None
-    timeout: float | None
-    stream: bool
-    tools: list[Any]
-    max_tool_rounds: int
-    #: ``--schema``: the StructuredOutput the answer must match (None: plain text)
-    output: Any = None
-    #: ``--approve``: "auto" or "ask" (None: ask before MCP tools only)
-    approve: str | None = None
+__all__ = ["CallResult", "CellPlan", "CellRun", "make_work", "run_chat_cell"]
 
 
 @dataclass
@@ -85,9 +60,11 @@ class CallResult:
     produced: list[Message]
 
 
-def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
-    """The function a worker thread runs for ``plan``."""
-    given = {"timeout": plan.timeout, "output": plan.output}
+def make_work(
+    plan: CellPlan, adapter: Adapter
+) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
+    """The function a worker thread runs to ask ``adapter`` (one model of ``plan``)."""
+    given = {"timeout": plan.timeout, "output": plan.schema}
     per_call = {name: value for name, value in given.items() if value is not None}
     options = dict(per_call)  # a session takes max_tokens and temperature itself
     if plan.max_tokens is not None:
@@ -98,7 +75,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
     def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         messages = [*plan.history, plan.user]
         if plan.stream:
-            stream = plan.adapter.stream(messages, system=plan.system, cancel=cancel, **options)
+            stream = adapter.stream(messages, system=plan.system, cancel=cancel, **options)
             attempt = 1
             with stream:
                 for delta in stream:
@@ -111,7 +88,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
                     emit(delta)
             response = stream.response
         else:
-            response = plan.adapter.chat(  # on_delta: only retries, as nothing streams
+            response = adapter.chat(  # on_delta: only retries, as nothing streams
                 messages, system=plan.system, cancel=cancel, stream=False, on_delta=emit,
                 **options,
             )
@@ -127,7 +104,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         asking_through(emit)  # "ask" asks in this cell (this worker thread's context)
 
         session = Session(
-            plan.adapter,
+            adapter,
             system=plan.system,
             tools=plan.tools,
             max_tool_rounds=plan.max_tool_rounds,
@@ -140,9 +117,7 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
         last: Response | None = None
         extra: dict[str, Any] = {"cancel": cancel, **per_call}
         if not plan.stream:
-            # --no-stream: one non-streaming send runs the whole tool loop; then the exchange
-            # (each round's answer and usage, each tool's result) is shown once, replayed from
-            # the session's collected turn.
+            # --no-stream: the whole tool loop, then its exchange replayed from the collected turn
             last = session.send(plan.user.content, stream=False, **extra)
             assert session.last_turn is not None
             for collected in session.last_turn.events():
@@ -161,14 +136,13 @@ def make_work(plan: CallPlan) -> Callable[[Callable[[Any], None], CancelToken], 
     return with_tools if plan.tools else plain
 
 
-# ------------------------------------------------------------------------------------------------
-# the cell
-
-
 INTERRUPTED = "interrupted"
 
 
-def _partial_response(outcome: JobOutcome) -> Response | None:
+def _answer(outcome: JobOutcome) -> Response | None:
+    """The answer a job ended with, else the partial answer its error kept."""
+    if isinstance(outcome.result, CallResult):
+        return outcome.result.response
     return outcome.error.partial if isinstance(outcome.error, DispatchError) else None
 
 
@@ -180,32 +154,19 @@ def _timing(outcome: JobOutcome) -> dict[str, float | None]:
 
 def _parsed_response(outcome: JobOutcome) -> Response | None:
     """The structured answer a job ended with (None when it failed)."""
-    if outcome.error is None and isinstance(outcome.result, CallResult):
-        return outcome.result.response
-    return None
-
-
-def _response_of(outcome: JobOutcome, transcript: Any) -> Response | None:
-    """The answer a job ended with: its result, else the partial answer of its error, else
-    what the transcript shows (a job abandoned while a tool ran)."""
-    if isinstance(outcome.result, CallResult):
-        return outcome.result.response
-    partial = _partial_response(outcome)
-    if partial is not None:
-        return partial
-    text = transcript.text
-    if not text:
-        return None
-    usage = transcript.usage or Usage()
-    return Response(content=[TextBlock(text=text)], model=transcript.model or "", usage=usage)
+    return outcome.result.response if isinstance(outcome.result, CallResult) else None
 
 
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:
     """What ``-o`` keeps of one model: the answer; on Ctrl-C what arrived (else the error); on a
     failure the error (its ``.partial`` holds what arrived)."""
-    if outcome.error is None or isinstance(outcome.error, RequestCancelled):
-        return _response_of(outcome, transcript) or outcome.error
-    return outcome.error
+    if outcome.error is not None and not isinstance(outcome.error, RequestCancelled):
+        return outcome.error
+    answer = _answer(outcome)
+    if answer is None and transcript.text:  # abandoned while a tool ran: what the transcript shows
+        answer = Response(content=[TextBlock(text=transcript.text)], model=transcript.model or "",
+                          usage=transcript.usage or Usage())
+    return answer or outcome.error
 
 
 def _clean(text: str, where: str, notes: list[str]) -> str:
@@ -221,8 +182,9 @@ class CellPlan:
 
     #: the prompt as sent, and the notes shown above the answer
     prompt: Prompt
-    #: one call per model (``-m a,b`` compares them)
-    calls: list[CallPlan]
+    #: the models (``-m a,b`` compares them) and an adapter for each
+    specs: list[str]
+    adapters: list[Adapter]
     #: ``-f``
     fmt: str
     #: the thread the turn goes into, its name and the cell's turn key
@@ -231,18 +193,25 @@ class CellPlan:
     key: str
     #: False with ``--no-history``: no earlier turn sent, this one not recorded
     use_history: bool
+    #: what every model is asked: the earlier turns sent, the prompt, and the call's options
+    history: list[Message]
+    user: Message
+    system: str | None
+    max_tokens: int | None
+    temperature: float | None
+    timeout: float | None
+    stream: bool
+    tools: list[Any]
+    max_tool_rounds: int
     #: ``--schema``: the checked StructuredOutput (None: plain text)
     schema: Any = None
-
-    @property
-    def specs(self) -> list[str]:
-        """The model specs, in ``-m`` order."""
-        return [call.spec for call in self.calls]
+    #: ``--approve``: "auto" or "ask" (None: ask before MCP tools only)
+    approve: str | None = None
 
     @property
     def compare(self) -> bool:
         """True when several models answer side by side."""
-        return len(self.calls) > 1
+        return len(self.specs) > 1
 
 
 @dataclass
@@ -263,7 +232,7 @@ class CellRun:
     def execute(self) -> None:
         """Plan, run, finish and record the cell; raise what went wrong last."""
         plan = self.plan()
-        if getattr(self.args, "estimate", False):
+        if self.args.estimate:
             self.show_estimates(plan)  # --estimate: nothing is sent
             return
         self.run()
@@ -276,10 +245,9 @@ class CellRun:
         from ..estimates import estimate
         from .each import show_estimate
 
-        for call in plan.calls:
-            messages = [*call.history, call.user]
-            show_estimate(estimate(messages, model=call.adapter, max_tokens=call.max_tokens,
-                                   system=call.system), call.spec)
+        for spec, adapter in zip(plan.specs, plan.adapters, strict=True):
+            show_estimate(estimate([*plan.history, plan.user], model=adapter,
+                                   max_tokens=plan.max_tokens, system=plan.system), spec)
 
     # -- 1. plan ---------------------------------------------------------------------------------
     def plan(self) -> CellPlan:
@@ -291,11 +259,11 @@ class CellRun:
         check_limits(args)
         specs = self._models(prompt.notes)
         tools = resolve_tools(args.tools, self.namespace)
-        if getattr(args, "mcp", None):
+        if args.mcp:
             from .mcp_servers import resolve_servers  # only for --mcp
 
             tools += resolve_servers(args.mcp)
-        if getattr(args, "context", None):
+        if args.context:
             from ..context import context_tools  # only for --context
 
             tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
@@ -306,34 +274,28 @@ class CellRun:
             system = _clean(system, "the system prompt", prompt.notes)
         thread_name, thread, key = self._turn()
         use_history = not args.no_history
-        common: dict[str, Any] = {
-            "history": thread.history_for(key) if use_history else [],
-            "user": Message(role="user", content=prompt.text),
-            "system": system,
-            "max_tokens": args.max_tokens if args.max_tokens is not None else settings.max_tokens,
-            "temperature": (
-                args.temperature if args.temperature is not None else settings.temperature
-            ),
-            "timeout": settings.timeout,
-            "stream": settings.stream and not args.no_stream,
-            "tools": tools,
-            "max_tool_rounds": settings.max_tool_rounds,
-            "output": schema,
-            "approve": getattr(args, "approve", None),
-        }
-        calls = [
-            CallPlan(spec=spec, adapter=adapter, **common)
-            for spec, adapter in zip(specs, self._adapters(specs, mode), strict=True)
-        ]
         self.cell_plan = CellPlan(
             prompt=prompt,
-            calls=calls,
+            specs=specs,
+            adapters=self._adapters(specs, mode),
             fmt=args.format or settings.format,
             thread=thread,
             thread_name=thread_name,
             key=key,
             use_history=use_history,
+            history=thread.history_for(key) if use_history else [],
+            user=Message(role="user", content=prompt.text),
+            system=system,
+            max_tokens=args.max_tokens if args.max_tokens is not None else settings.max_tokens,
+            temperature=(
+                args.temperature if args.temperature is not None else settings.temperature
+            ),
+            timeout=settings.timeout,
+            stream=settings.stream and not args.no_stream,
+            tools=tools,
+            max_tool_rounds=settings.max_tool_rounds,
             schema=schema,
+            approve=args.approve,
         )
         return self.cell_plan
 
@@ -391,8 +353,9 @@ class CellRun:
         if self.args.new:
             thread.clear()
         identity = cell_identity(self.state.cell_id, self.state.execution_count)
-        key = cell_key(identity, self.state.next_occurrence(f"{name}\n{identity}"))
-        return name, thread, key
+        # numbered: a loop calling run_cell_magic in one execution keeps every answer
+        occurrence = self.state.next_occurrence(f"{name}\n{identity}")
+        return name, thread, f"{identity}#{occurrence}"
 
     def _adapters(self, specs: list[str], mode: str) -> list[Adapter]:
         """One adapter per model, labelled with the cell (``In[n]``) for the response cache."""
@@ -415,7 +378,8 @@ class CellRun:
         plan = self._planned()
         settings = self.state.settings
         shell = self.state.shell
-        jobs = [Job(name=call.spec, work=make_work(call)) for call in plan.calls]
+        jobs = [Job(name=spec, work=make_work(plan, adapter))
+                for spec, adapter in zip(plan.specs, plan.adapters, strict=True)]
         live_mode = detect_mode(shell, settings.live)
         view = make_view(live_mode, plan.specs, rate=settings.update_rate, in_kernel=has_kernel(shell))
         self.view = view
@@ -445,14 +409,11 @@ class CellRun:
         """A model finished: complete its transcript and show its footer."""
         view = self._viewed()
         transcript = view.transcripts[index]
-        call = self._planned().calls[index]
         # every call answered from the response cache: the answer has no real latency
-        adapter = call.adapter
+        adapter = self._planned().adapters[index]
         transcript.replayed = (outcome.error is None and isinstance(adapter, CachedAdapter)
                                and adapter.replayed_calls > 0 and adapter.model_calls == 0)
-        result = outcome.result
-        transcript.finish(result.response if isinstance(result, CallResult)
-                          else _partial_response(outcome))
+        transcript.finish(_answer(outcome))
         error = None
         if outcome.error is not None:
             error = INTERRUPTED if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
@@ -528,20 +489,17 @@ class CellRun:
 
     # -- 4. record -------------------------------------------------------------------------------
     def record(self) -> None:
-        """Record the turn, store ``-o VAR`` and ``Out[n]``, send ``-f code`` to the next cell.
-
-        ``-o`` always stores something: the answer, the partial answer of an interrupted or
-        failed cell (when anything arrived), and in a comparison each model's answer or the
-        error it ended with."""
+        """Record the turn, store ``-o VAR`` (``-o`` always stores something: ``docs/notebook.md``,
+        "Formats") and ``Out[n]``, send ``-f code`` to the next cell."""
         plan, view = self._planned(), self._viewed()
         namespace = self.namespace
         output = self.args.output
         if plan.compare:
             if output:
                 namespace[output] = {
-                    call.spec: _stored(outcome, transcript)
-                    for call, outcome, transcript in zip(
-                        plan.calls, self.outcomes, view.transcripts, strict=True
+                    spec: _stored(outcome, transcript)
+                    for spec, outcome, transcript in zip(
+                        plan.specs, self.outcomes, view.transcripts, strict=True
                     )
                 }
             return
@@ -554,7 +512,7 @@ class CellRun:
         count = self.state.execution_count
         if plan.use_history:
             produced = result.produced or [result.response.to_message()]
-            plan.thread.record(Turn(plan.key, [plan.calls[0].user, *produced],
+            plan.thread.record(Turn(plan.key, [plan.user, *produced],
                                     result.response.model, execution_count=count))
         out = namespace.get("Out")
         if isinstance(out, dict) and isinstance(count, int):
@@ -576,24 +534,22 @@ class CellRun:
             for spec, o in zip(plan.specs, self.outcomes, strict=True)
             if o.error is not None
         ]
-        if failures and not plan.compare:
-            failed_spec, failure = failures[0]
-            if isinstance(failure, RequestCancelled):
-                raise ChatInterrupted(self._interrupted_message()) from None
-            if not isinstance(failure, (DispatchError, ChatError)):
-                raise failure
-            # only a model the provider does not offer is explained by its model list
-            available = None
-            if isinstance(failure, ModelUnavailableError):
-                available = []
-                with contextlib.suppress(Exception):
-                    available = [m.id for m in plan.calls[0].adapter.list_models()]
-            raise explain_error(
-                failure, spec=failed_spec, available=available, context=self.context
-            ) from None
-        if failures and len(failures) == len(plan.calls):
-            failed_spec, failure = failures[0]
+        if not failures or len(failures) < len(plan.specs):  # a comparison where some answered
+            return
+        failed_spec, failure = failures[0]
+        if plan.compare:
             raise explain_error(failure, spec=failed_spec, context=self.context) from None
+        if isinstance(failure, RequestCancelled):
+            raise ChatInterrupted(self._interrupted_message()) from None
+        if not isinstance(failure, (DispatchError, ChatError)):
+            raise failure
+        # only a model the provider does not offer is explained by its model list
+        available = None
+        if isinstance(failure, ModelUnavailableError):
+            available = []
+            with contextlib.suppress(Exception):
+                available = [m.id for m in plan.adapters[0].list_models()]
+        raise explain_error(failure, spec=failed_spec, available=available, context=self.context) from None
 
     def _interrupted_message(self) -> str:
         kept = any(not t.empty for t in self._viewed().transcripts)

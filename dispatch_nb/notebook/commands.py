@@ -1,10 +1,5 @@
-"""The ``%chat`` subcommands: ``login``, ``logout``, ``status``, ``models``, ``history``, ``reset``,
-``key``, ``cost``.
-
-Each shows one small static output — Markdown where a kernel renders it, and its own plain-text
-version for a terminal (no ``**`` or backticks there) — and never prints a secret: tokens and keys
-appear only as "set" / "not set" and where they come from. ``%chat key PROVIDER`` asks for a key
-with ``getpass`` and keeps it in this kernel's environment, so it is never in the notebook.
+"""The ``%chat`` subcommands (``docs/notebook.md``, "%chat COMMAND"): each shows one small static
+output (plain text in a terminal) and never a secret.
 """
 
 from __future__ import annotations
@@ -53,21 +48,6 @@ def _show(markdown: str, plain: str | None = None) -> None:
     ipy_display({"text/markdown": markdown, "text/plain": plain or _plain(markdown)}, raw=True)
 
 
-def run(state: KernelState, args: argparse.Namespace) -> None:
-    """Dispatch ``%chat <command>``."""
-    handler = {
-        "login": login,
-        "logout": logout,
-        "status": status,
-        "models": models,
-        "history": history,
-        "reset": reset,
-        "key": key,
-        "cost": cost,
-    }[args.command]
-    handler(state, args)
-
-
 def _login_providers() -> list[Any]:
     """The descriptors of the providers that sign in with a login (``login_flow``)."""
     return [d for d in list_descriptors() if d.login_flow]
@@ -105,7 +85,7 @@ def login(state: KernelState, args: argparse.Namespace) -> None:
         names = ", ".join(d.name for d in _login_providers() if d.login_flow == GITHUB_DEVICE)
         raise UsageError(f"%chat login knows {names} (GitHub device login); not {provider!r}")
     state.default_note()  # the default before the login, to say if the login changes it
-    if not getattr(args, "force", False):
+    if not args.force:
         found = _github_token()
         if found is not None:
             user = _saved_user(found.source)
@@ -115,7 +95,7 @@ def login(state: KernelState, args: argparse.Namespace) -> None:
                 f"{found.source}). `%chat login --force` logs in again."
             )
             return
-    run_login(state, force=True)
+    run_login(state)
     note = state.default_note()
     if note:
         _show(note)
@@ -319,9 +299,8 @@ def reset(state: KernelState, args: argparse.Namespace) -> None:
 
 
 def cost(state: KernelState, args: argparse.Namespace) -> None:
-    """``%chat cost``: this kernel's spend by model — calls, tokens in / out / cached, dollars,
-    Copilot premium requests (and what they would cost at GitHub's overage price) — and what
-    replayed answers saved."""
+    """``%chat cost``: this kernel's spend by model, and what replayed answers saved
+    (``docs/notebook.md``)."""
     from ..cost import PREMIUM_REQUEST_USD, CostTotal, format_usd, ledger, premium_words
 
     rows = ledger.rows()
@@ -370,3 +349,9 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)
     _show(body + "\n\n" + "\n\n".join(notes))
+
+
+def run(state: KernelState, args: argparse.Namespace) -> None:
+    """Dispatch ``%chat <command>`` to the function of that name."""
+    commands = {f.__name__: f for f in (login, logout, status, models, history, reset, key, cost)}
+    commands[args.command](state, args)

@@ -1,11 +1,5 @@
-"""What a ``%%chat`` cell leaves behind: the static final output, and short readable errors.
-
-:class:`Transcript` assembles one model's streamed events — the same events the live view shows,
-so the final output says exactly what streamed, partial answers included. :func:`final_output`
-(and :func:`compare_output` for ``-m a,b,c``) makes ONE static ``text/markdown`` + ``text/plain``
-output with a small footer, its facts in the metadata under ``"dispatch_nb"``: no widget state,
-so a saved notebook reads the same on GitHub, nbviewer and VS Code. :func:`explain_error` turns
-an expected error into a :class:`ChatError` of a couple of lines (what went wrong and the fix).
+"""What a ``%%chat`` cell leaves behind: the :class:`Transcript` of what streamed, the one static
+final output (``docs/notebook.md``, "Final output"), and short readable errors ("Errors").
 """
 
 from __future__ import annotations
@@ -213,12 +207,8 @@ def _is_python(code: str) -> bool:
 
 
 def extract_code(text: str) -> tuple[str, str, str | None]:
-    """The code in an answer for ``-f code``: ``(language, code, note)``.
-
-    The blocks in Python (labelled so, else unlabelled blocks that parse as Python; else the
-    language of the first block) are joined — one cell never mixes languages — and ``note`` says
-    which blocks were left out. An answer without a fenced block is taken whole only when it is
-    valid Python; otherwise ``code`` is empty and ``note`` says nothing went to the next cell."""
+    """The code in an answer for ``-f code``: ``(language, code, note)``; ``note`` says what was
+    left out (``docs/notebook.md``, "Formats")."""
     blocks = [(lang.lower(), code.rstrip("\n")) for lang, code in _FENCE.findall(text)]
     if not blocks:
         stripped = text.strip()
@@ -247,10 +237,8 @@ def extract_code(text: str) -> tuple[str, str, str | None]:
 
 
 def parse_json_answer(text: str) -> Any:
-    """JSON from an answer: code fences stripped; else the outermost ``{...}`` / ``[...]``.
-
-    Raises ``ValueError`` (``json.JSONDecodeError``) when there is no valid JSON.
-    """
+    """JSON from an answer: code fences stripped; else the outermost ``{...}`` / ``[...]``; raises
+    ``ValueError`` (``json.JSONDecodeError``) when there is none."""
     candidates: list[str] = [code for _, code in _FENCE.findall(text)]
     candidates.append(text.strip())
     for opener, closer in (("{", "}"), ("[", "]")):
@@ -292,13 +280,8 @@ def final_output(
     failed: bool = False,
     parsed: Response | None = None,
 ) -> FinalOutput:
-    """The one static output a finished (or failed, or interrupted) cell leaves.
-
-    ``notes`` (what interpolation did, which model runs and how to sign in) stay above the answer,
-    as they were while it streamed. ``failed`` with nothing streamed leaves only those notes: the
-    error itself follows the output, so an empty answer and a zero footer would only repeat it.
-    ``parsed`` (``--schema``): the structured answer, shown as a table (one row per item of a
-    list) with the raw JSON folded below; ``text/plain`` is the pretty JSON."""
+    """The one static output a finished (or failed, or interrupted) cell leaves (``docs/notebook.md``,
+    "Final output"); ``parsed``: a ``--schema`` answer, shown as a table."""
     notes = list(notes or [])
     footer = transcript.footer(latency, note=note)
     top = notes_markdown(notes)
@@ -318,6 +301,12 @@ def final_output(
         return FinalOutput({"text/markdown": top.rstrip("\n"), "text/plain": top_plain.rstrip("\n")},
                            meta, terminal=top_plain.rstrip("\n"))
     text = transcript.text
+
+    def warned(warning: str) -> FinalOutput:
+        """The answer as it came, with ``warning`` below it (a terminal prints only that)."""
+        md = top + transcript.markdown() + f"\n\n⚠ *{html.escape(warning)}*" + _sub(footer)
+        return FinalOutput({"text/markdown": md, "text/plain": text}, meta, terminal=f"⚠ {warning}")
+
     if fmt == "text":
         plain = transcript.plain()
         return FinalOutput({"text/plain": f"{top_plain}{plain}\n\n[{footer}]"}, meta, terminal=None)
@@ -326,9 +315,7 @@ def final_output(
         if warning:
             meta["dispatch_nb"]["code_note"] = warning
         if not code:
-            md = top + transcript.markdown() + f"\n\n⚠ *{html.escape(warning or '')}*" + _sub(footer)
-            return FinalOutput({"text/markdown": md, "text/plain": text}, meta,
-                               terminal=f"⚠ {warning}")
+            return warned(warning or "")
         shown = f"```{language}\n{code}\n```"
         if warning:
             shown += f"\n\n⚠ *{html.escape(warning)}*"
@@ -339,15 +326,8 @@ def final_output(
         try:
             value = parse_json_answer(text)
         except ValueError as exc:
-            md = (
-                top
-                + transcript.markdown()
-                + f"\n\n⚠ *The answer is not valid JSON: {html.escape(str(exc))}*"
-                + _sub(footer)
-            )
             meta["dispatch_nb"]["json_error"] = str(exc)
-            return FinalOutput({"text/markdown": md, "text/plain": text}, meta,
-                               terminal=f"⚠ The answer is not valid JSON: {exc}")
+            return warned(f"The answer is not valid JSON: {exc}")
         pretty = json.dumps(value, indent=2, ensure_ascii=False)
         data: dict[str, Any] = {
             "text/markdown": top + f"```json\n{pretty}\n```" + _sub(footer),
@@ -379,10 +359,8 @@ def compare_output(
     notes: list[str] | None = None,
     parsed: list[Response | None] | None = None,
 ) -> FinalOutput:
-    """One static comparison: a table of usage and latency, then each model's answer.
-
-    ``parsed`` (``--schema``): each entry's structured answer (None where it failed); the answers
-    then form one table, a row per field and a column per model, each model's JSON folded below."""
+    """One static comparison: a table of usage and latency, then each model's answer (``parsed``:
+    their ``--schema`` answers, as one table with a column per model)."""
     rows = [
         "| model | tokens in / out | latency | first token | stop |",
         "|---|---:|---:|---:|---|",
@@ -447,11 +425,8 @@ def terminal_text(text: str) -> str:
 
 
 class ChatError(Exception):
-    """An expected failure of a ``%%chat`` cell, shown as a short message plus the fix.
-
-    IPython renders it through ``_render_traceback_``: two or three lines, no traceback.
-    ``original`` is the underlying exception (``Err[n]`` holds this error; ``.original`` the cause).
-    """
+    """An expected failure of a ``%%chat`` cell, shown by IPython (``_render_traceback_``) as two or
+    three lines: the message and the fix; ``original`` is the underlying exception."""
 
     def __init__(self, title: str, message: str, fix: str = "", original: BaseException | None = None):
         super().__init__(f"{title}: {message}" + (f" — {fix}" if fix else ""))
@@ -494,6 +469,15 @@ def _context_fix(context: dict[str, Any]) -> str:
     )
 
 
+#: the fix of an error whose fix does not depend on the error (the first class that matches)
+_FIXES = {
+    "APITimeoutError": "Run the cell again, or allow more time: `%config ChatMagics.timeout = 600`.",
+    "APIConnectionError": "Check the network and the provider's base URL, then run the cell again.",
+    "ServerError": "The provider failed; run the cell again in a moment.",
+    "UnknownProviderError": "Write the model as provider:model, e.g. -m openai:gpt-4.1.",
+}
+
+
 def explain_error(
     exc: BaseException,
     *,
@@ -501,14 +485,11 @@ def explain_error(
     available: list[str] | None = None,
     context: dict[str, Any] | None = None,
 ) -> ChatError:
-    """A :class:`ChatError` saying what went wrong with ``exc`` and how to fix it.
-
-    ``context`` says what the cell used (``history_turns``: turns sent before the prompt,
-    ``no_history``), so the advice fits: a prompt too long for the context with no history to
-    drop is told to shorten the prompt, not to use ``--no-history``."""
+    """A :class:`ChatError` saying what went wrong with ``exc`` and how to fix it; ``context`` is
+    :attr:`CellRun.context <dispatch_nb.notebook.cell.CellRun.context>`, so the advice fits the cell."""
     import dispatch_nb.errors as e  # the module only: no import edge to the package
 
-    from .prompt import PromptError
+    from ..prompting import PromptError
 
     if isinstance(exc, ChatError):
         return exc
@@ -541,12 +522,6 @@ def explain_error(
             fix = f"Run `%chat models {provider}` to list the models you can use."
     elif isinstance(exc, e.ContextLengthError):
         fix = _context_fix(context or {})
-    elif isinstance(exc, e.APITimeoutError):
-        fix = "Run the cell again, or allow more time: `%config ChatMagics.timeout = 600`."
-    elif isinstance(exc, e.APIConnectionError):
-        fix = "Check the network and the provider's base URL, then run the cell again."
-    elif isinstance(exc, e.ServerError):
-        fix = "The provider failed; run the cell again in a moment."
     elif exc.code == "output_truncated":
         fix = (
             "Bound the schema's strings and lists (Field(max_length=…), Annotated[list[...], "
@@ -563,6 +538,6 @@ def explain_error(
             "Replay mode sends nothing to the model: run the cell with --cache off to ask it, or "
             "with --cache read-write to ask it and record the answer."
         )
-    elif type(exc).__name__ == "UnknownProviderError":
-        fix = "Write the model as provider:model, e.g. -m openai:gpt-4.1."
+    else:
+        fix = next((_FIXES[c.__name__] for c in type(exc).__mro__ if c.__name__ in _FIXES), "")
     return ChatError(title, message, fix, original=exc)

@@ -1,11 +1,5 @@
-"""``%%chat --each NAME``: the cell's prompt over every row of a list, Series or DataFrame
+"""``%%chat --each NAME``: the cell's prompt over every row, through :func:`dispatch_nb.batch`
 (``docs/notebook.md``, "One prompt over many rows").
-
-The cell is a template that :func:`dispatch_nb.batch` fills once per row (``{column}``, ``{row}``,
-any ``{expression}`` from the namespace); the rows run concurrently with batch's progress bar and
-leave ONE static table, numbered from 0 like ``VAR[i]`` and ``VAR.to_pandas()``, with the batch
-summary as its footer. ``-o VAR`` keeps the :class:`~dispatch_nb.batching.BatchResult`. Each row
-is one independent question: no thread history is sent or recorded.
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import DispatchError
+from ..prompting import build_prompt
 from ..registry import parse_model_spec
 from ..render import parsed_rows, rows_markdown
 from ..types import Response
@@ -28,7 +23,6 @@ from .display import ChatInterrupted, explain_error, notes_markdown
 from .live import ipy_display
 from .login import ensure_copilot_login
 from .options import check_limits, evaluate_option, resolve_schema
-from .prompt import build_prompt
 from .state import KernelState
 
 if TYPE_CHECKING:

@@ -1,40 +1,6 @@
-"""The live view of a streaming answer, and its fallbacks.
-
-Three renderings, picked by :func:`detect_mode` (``%config ChatMagics.live = "auto"`` (default),
-``"widget"``, ``"display"`` or ``"text"``; the environment variable ``DISPATCH_NB_LIVE`` sets the
-default):
-
-``widget``  (a kernel with ipywidgets: JupyterLab, Notebook 7, VS Code, Colab)
-    A small widget tree (:mod:`~dispatch_nb.notebook.live_widget`): the answer as rendered
-    Markdown, thinking in a collapsed accordion, one line per tool call (updated when its result
-    arrives), and a status line at the bottom that becomes the footer.
-``display`` (a kernel without ipywidgets)
-    ``display_id`` outputs updated in place: the answer as rendered Markdown, one output per
-    block, the last one ending with the status line.
-``text``    (terminal IPython, or no kernel)
-    The text printed as it arrives, then a footer line.
-
-**Rendered Markdown from the first token, bytes linear in the answer.** Neither widgets nor
-``display_id`` outputs can append: every update re-sends the whole value. So the answer is cut
-into Markdown blocks (:mod:`~dispatch_nb.notebook.blocks`): each finished block is its own output
-(an ``Output`` widget, or a ``display_id`` output) holding ``text/markdown`` that the front end
-renders — with the same renderer as the final output, math and code highlighting included — and
-is never sent again; only the block still growing is re-sent, and it never exceeds
-:data:`~dispatch_nb.notebook.blocks.BLOCK_LIMIT` characters (a longer block is cut where no word
-is split). Updates are coalesced by a :class:`Pacer`: the first text is shown at once, later ones
-at most ``rate`` times per second (20 by default). So an answer of N characters costs about
-N·(block/2)/(characters per update) bytes — linear in N — instead of the N²/2 of re-sending
-everything on every delta. What a growing block shows is its :func:`stable_prefix`, so text once
-shown is never taken back, and the status line sits *below* the answer where the footer will be:
-when the answer is complete nothing above it moves.
-
-When the answer is complete, :meth:`LiveView.finish` replaces the live view with ONE static
-output (see ``display.final_output``): the widget's output is updated in place to plain
-``text/markdown`` + ``text/plain`` and the widgets are closed, so no widget state is left in the
-saved notebook; the ``display`` rendering clears its outputs and displays the final one.
-
-Every method runs on the kernel's main thread (the runner hands events over), never from a
-background thread.
+"""The live view of a streaming answer: the ``display`` and ``text`` renderings (``widget`` is in
+:mod:`.live_widget`) and how one is picked (``docs/notebook.md``, "The live view and its
+fallbacks"). Every method runs on the kernel's main thread (the runner hands events over).
 """
 
 from __future__ import annotations
@@ -55,7 +21,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DisplayView",
     "LiveView",
-    "Pacer",
     "TextView",
     "detect_mode",
     "make_view",
@@ -99,12 +64,8 @@ def has_kernel(shell: Any) -> bool:
 
 
 def detect_mode(shell: Any, requested: str = "auto") -> str:
-    """The rendering to use: ``requested`` unless ``auto`` (or impossible), else the best one.
-
-    ``auto`` → ``widget`` inside a kernel whose environment has ipywidgets, ``display`` inside a
-    kernel without, ``text`` without a kernel. ``widget`` without ipywidgets falls back to
-    ``display``; ``display``/``widget`` without a kernel stay as asked (useful in tests).
-    """
+    """The rendering to use: ``auto`` as ``docs/notebook.md``'s table says, else ``requested``
+    (``widget`` without ipywidgets is ``display``; without a kernel only ``auto`` becomes ``text``)."""
     requested = (requested or "auto").lower()
     if requested not in LIVE_MODES:
         raise ValueError(f"live mode must be one of {', '.join(LIVE_MODES)}, not {requested!r}")
@@ -119,24 +80,6 @@ def detect_mode(shell: Any, requested: str = "auto") -> str:
     return requested
 
 
-class Pacer:
-    """At most ``rate`` updates per second; the first one at once."""
-
-    def __init__(self, rate: float = DEFAULT_RATE) -> None:
-        self.interval = 1.0 / rate if rate > 0 else 0.0
-        self.last: float | None = None
-
-    def wait(self, now: float) -> float:
-        """Seconds until the next update is allowed (``0``: now)."""
-        if self.last is None:
-            return 0.0
-        return max(0.0, self.last + self.interval - now)
-
-    def mark(self, now: float) -> None:
-        """Record an update made at ``now``."""
-        self.last = now
-
-
 def retry_state(event: Any) -> str:
     """The quiet status line of a retry: ``↻ rate limited, HTTP 429 — retrying in 2 s``."""
     wait = f"in {event.wait:.0f} s" if event.wait >= 1 else "now"
@@ -144,10 +87,8 @@ def retry_state(event: Any) -> str:
 
 
 class LiveView:
-    """What every rendering offers; the runner drives it from the kernel's main thread.
-
-    ``titles`` are the columns (one per model; compare mode has several).
-    """
+    """What every rendering offers (``titles``: a column per model); the runner drives it from the
+    kernel's main thread."""
 
     mode = "base"
 
@@ -155,9 +96,13 @@ class LiveView:
         from .display import Transcript
 
         self.titles = titles
-        self.pacer = Pacer(rate)
+        #: at most ``rate`` repaints a second: the seconds between two, and when the last ended
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.flushed = float("-inf")
         self.transcripts = [Transcript(t) for t in titles]
         self.states = ["waiting for the first token…" for _ in titles]
+        #: each finished column's footer (with its error)
+        self.footers = ["" for _ in titles]
         self.ended = [False for _ in titles]
         self.dirty = False
         self.text_shown = False
@@ -190,24 +135,22 @@ class LiveView:
         """Flush if due; seconds until the next flush is due (None: nothing pending)."""
         if not self.dirty:
             return None
-        now = time.monotonic()
-        wait = self.pacer.wait(now)
-        if wait > 0 and not self.text_shown and self._has_text():
-            wait = 0.0  # the first text is shown at once
-        if wait > 0:
+        wait = self.flushed + self.interval - time.monotonic()
+        if wait > 0 and (self.text_shown or not self._has_text()):  # the first text: at once
             return wait
         self._flush()
         self.dirty = False
         if self._has_text():
             self.text_shown = True
-        self.pacer.mark(time.monotonic())  # the next update waits from the end of this one
+        self.flushed = time.monotonic()  # the next update waits from the end of this one
         return None
 
     def job_done(self, index: int, footer: str, error: str | None = None) -> None:
         """Column ``index`` finished: show its footer (compare mode shows each as it ends)."""
         self.ended[index] = True
         self.states[index] = ("⚠ " + error) if error else "done"
-        self._job_done(index, footer, error)
+        self.footers[index] = footer + (f" · ⚠ {error}" if error else "")
+        self._job_done(index)
         self.dirty = True
 
     def interrupt(self) -> None:
@@ -243,7 +186,7 @@ class LiveView:
     def _flush(self) -> None:
         pass
 
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
+    def _job_done(self, index: int) -> None:
         pass
 
     def _finish(self, final: FinalOutput) -> None:
@@ -276,7 +219,6 @@ class DisplayView(LiveView):
         self.shown: dict[str, Any] | None = None
         self.run: MarkdownBlocks | None = None  # the answer text since the last tool call
         self.tool_handles: dict[str, Any] = {}
-        self.footers = ["" for _ in titles]
 
     # -- one model -------------------------------------------------------------------------------
     def _status_line(self) -> str:
@@ -377,8 +319,7 @@ class DisplayView(LiveView):
                 self._update_tool(tool.id)
         super().interrupt()
 
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
-        self.footers[index] = footer + (f" · ⚠ {error}" if error else "")
+    def _job_done(self, index: int) -> None:
         if not self.compare:
             self._flush(final=True)
 
@@ -469,12 +410,12 @@ class TextView(LiveView):
     def _has_text(self) -> bool:
         return bool(self.pending) or super()._has_text()
 
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
+    def _job_done(self, index: int) -> None:
         if not self.compare:
             return
         transcript = self.transcripts[index]
         self._write(f"\n== {self.titles[index]} ==\n{transcript.plain()}\n")
-        self._write(f"[{footer}{' · ⚠ ' + error if error else ''}]\n")
+        self._write(f"[{self.footers[index]}]\n")
 
     def _finish(self, final: FinalOutput) -> None:
         if self.in_kernel:

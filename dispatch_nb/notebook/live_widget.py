@@ -24,15 +24,8 @@ SEGMENT_CHARS = 600
 #: the most segments (or Markdown blocks) one box of the widget view holds
 BLOCK_SEGMENTS = 16
 
-#: the live view's own styles (sent with the status line): the answer's Markdown blocks sit
-#: one after the other exactly like the elements of the final output, which is ONE Markdown
-#: output — so nothing moves when it replaces them. The blocks and the boxes grouping them are
-#: plain block boxes (no flex, no scrolling container), so the margins of two neighbouring
-#: blocks collapse as those of two elements of one output do; and a block's first and last
-#: elements keep their ordinary margins (JupyterLab halves a heading's margin at the edge of an
-#: output and shrinks the last element's), except at the top of the answer. A block cut in
-#: pieces reads as one (a continued table hides its repeated header, a continued code block its
-#: seam).
+#: the live view's own styles (sent with the status line): the blocks sit where the final
+#: output's elements will (``docs/notebook.md``, "How it renders while it streams")
 _HEADINGS = ",".join(f"h{n}" for n in range(1, 7))
 _CSS = (
     "<style>"
@@ -56,7 +49,6 @@ _CSS = (
     ".dnb-live .dnb-cont .jp-RenderedMarkdown > :first-child{margin-top:0;}"
     "</style>"
 )
-
 
 
 class _Segments:
@@ -263,19 +255,14 @@ class _WidgetColumn:
         self.accordions: list[Any] = []
         self.tools: dict[str, tuple[Any, ToolRun]] = {}
         self.dirty_tools: set[str] = set()
+        #: what the status line says: the state, and the footer once the column is done
         self.state = "waiting for the first token…"
-        self.state_dirty = False
         self.footer = ""
 
     def _make(self, cls: Any, **kw: Any) -> Any:
         widget = cls(**kw)
         self.created.append(widget)
         return widget
-
-    def set_state(self, state: str) -> None:
-        if state != self.state:
-            self.state = state
-            self.state_dirty = True
 
     def place(self, widget: Any) -> None:
         """Put a new Markdown block widget at the end of the body (in groups of 16)."""
@@ -334,16 +321,15 @@ class _WidgetColumn:
         if self.parts_dirty:
             self.body.children = tuple(self.parts)
             self.parts_dirty = False
-        if self.state_dirty:
-            self.status.value = _status_html(self.label, self.footer or self.state)
-            self.state_dirty = False
+        status = _status_html(self.label, self.footer or self.state)
+        if status != self.status.value:
+            self.status.value = status
 
-    def done(self, footer: str, error: str | None) -> None:
+    def done(self, footer: str) -> None:
         for accordion in self.accordions:
             accordion.set_title(0, "Thinking")
         self.flush(final=True)
-        self.footer = footer + (f" · ⚠ {error}" if error else "")
-        self.state_dirty = True
+        self.footer = footer
 
     def close(self) -> None:
         close_widgets(reversed(self.created))
@@ -395,7 +381,7 @@ class WidgetView(LiveView):
 
     def _state_changed(self, index: int) -> None:
         if self.columns:
-            self.columns[index].set_state(self.states[index])
+            self.columns[index].state = self.states[index]
 
     def _feed(self, index: int, event: Any) -> None:
         column = self.columns[index]
@@ -422,8 +408,8 @@ class WidgetView(LiveView):
                     column.tool_changed(part.id)
         super().interrupt()
 
-    def _job_done(self, index: int, footer: str, error: str | None) -> None:
-        self.columns[index].done(footer, error)
+    def _job_done(self, index: int) -> None:
+        self.columns[index].done(self.footers[index])
 
     def _finish(self, final: FinalOutput) -> None:
         if self.handle is not None:

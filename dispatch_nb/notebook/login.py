@@ -1,30 +1,11 @@
-"""The GitHub device login in a notebook: ``%chat login``, and any ``%%chat`` that needs one.
-
-What the user sees (widget rendering; the others print or display the same information)::
-
-    Sign in to GitHub Copilot
-    ┌────────────┐
-    │ ABCD-1234  │  [Copy]          ← the user code, large and selectable, with a copy button
-    └────────────┘
-    Open https://github.com/login/device and enter the code.
-    The code expires in 14:32.      ← a countdown
-    ⏳ Waiting for approval…        ← live status: waiting, slow down, approved as @login,
-                                       denied, expired
-
-The login (:func:`~dispatch_nb.auth.login.device_login`, the routine the terminal and the adapter
-run too) asks for the code and polls on a worker thread; the code and the state changes come back
-to the kernel's thread through the runner, which also ticks the countdown. Interrupting the kernel
-cancels the poll at once. On approval the routine saves the token with
-:class:`~dispatch_nb.auth.token_store.TokenStore`; a pending ``%%chat`` then simply continues.
-However the login ends (approved, denied, expired, cancelled, failed) the live view is replaced
-by one static Markdown line and its widgets are closed, so a saved notebook holds no widget
-state. The token never appears in any output.
+"""The GitHub device login in a notebook: ``%chat login``, and any ``%%chat`` that needs one
+(``docs/notebook.md``, "The device-login view"). :func:`~dispatch_nb.auth.login.device_login` polls
+on a worker thread; its code and state changes reach the view on the kernel's thread.
 """
 
 from __future__ import annotations
 
 import html
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,26 +67,39 @@ def _ending(outcome: LoginOutcome) -> str:
 
 
 class LoginView:
-    """Base of the three renderings; every method runs on the kernel's thread."""
-
-    mode = "base"
+    """What a login shows, the same in the three renderings (each draws it in :meth:`_show`);
+    every method runs on the kernel's thread."""
 
     def __init__(self, reason: str | None = None) -> None:
         self.reason = reason
         self.code: DeviceCode | None = None
         self.state = "starting"
+        #: the status line, and the seconds the code had left when last shown
+        self.message = "Asking GitHub for a code…"
+        self.seconds_left: float | None = None
 
     def show_code(self, code: DeviceCode) -> None:
         """A new user code to show."""
         self.code = code
         self.state = "pending"
+        self.message = _status_text("pending", {})
+        self.seconds_left = code.seconds_left()
+        self._show()
 
     def set_state(self, state: str, info: Mapping[str, Any]) -> None:
         """The flow's state changed."""
         self.state = state
+        self.message = _status_text(state, info)
+        self._show()
 
     def countdown(self, seconds_left: float) -> None:
-        """About once a second while waiting."""
+        """About once a second while waiting (a change of the second is shown)."""
+        if self.seconds_left is None or int(seconds_left) != int(self.seconds_left):
+            self.seconds_left = seconds_left
+            self._show()
+
+    def _show(self) -> None:
+        """Draw the code, the countdown and the status line."""
 
     def done(self, outcome: LoginOutcome) -> None:
         """The login ended."""
@@ -121,8 +115,6 @@ class LoginView:
 
 class WidgetLoginView(LoginView):
     """ipywidgets rendering with a copy button; replaced by one static line when it ends."""
-
-    mode = "widget"
 
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
@@ -141,10 +133,12 @@ class WidgetLoginView(LoginView):
                     "width": "fit-content"},
         )
         self.handle = ipy_display(self.box, display_id=True)
-        self._last_clock = ""
 
-    def show_code(self, code: DeviceCode) -> None:
-        super().show_code(code)
+    def _show(self) -> None:  # (setting a widget's value to what it holds sends nothing)
+        self.status.value = html.escape(self.message)
+        code = self.code
+        if code is None:
+            return
         user_code = html.escape(code.user_code)
         js_code = code.user_code.replace("\\", "\\\\").replace("'", "\\'")
         self.code_html.value = (
@@ -162,18 +156,8 @@ class WidgetLoginView(LoginView):
             f"Open <a href='{uri}' target='_blank' rel='noopener'><b>{uri}</b></a> "
             "and enter the code."
         )
-        self.status.value = html.escape(_status_text("pending", {}))
-        self.countdown(code.seconds_left())
-
-    def set_state(self, state: str, info: Mapping[str, Any]) -> None:
-        super().set_state(state, info)
-        self.status.value = html.escape(_status_text(state, info))
-
-    def countdown(self, seconds_left: float) -> None:
-        text = f"<span style='{_DIM}'>The code expires in {_clock(seconds_left)}.</span>"
-        if text != self._last_clock:
-            self.clock.value = text
-            self._last_clock = text
+        clock = _clock(self.seconds_left or 0)
+        self.clock.value = f"<span style='{_DIM}'>The code expires in {clock}.</span>"
 
     def done(self, outcome: LoginOutcome) -> None:
         # Whatever the end, leave one static line and no widget state in the saved notebook.
@@ -201,12 +185,8 @@ def _static_bundle(outcome: LoginOutcome) -> dict[str, str]:
 class DisplayLoginView(LoginView):
     """One Markdown output updated in place (kernels without ipywidgets)."""
 
-    mode = "display"
-
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
-        self.status = "Asking GitHub for a code…"
-        self.seconds_left: float | None = None
         self.handle = ipy_display(self._bundle(), raw=True, display_id=True)
 
     def _bundle(self) -> dict[str, str]:
@@ -220,33 +200,20 @@ class DisplayLoginView(LoginView):
             )
             if self.seconds_left is not None:
                 lines.append(f"<sub>The code expires in {_clock(self.seconds_left)}.</sub>")
-        lines.append(self.status)
+        lines.append(self.message)
         md = "\n\n".join(lines)
         return {"text/markdown": md, "text/plain": md.replace("**", "").replace("`", "")}
 
-    def show_code(self, code: DeviceCode) -> None:
-        super().show_code(code)
-        self.status = _status_text("pending", {})
-        self.seconds_left = code.seconds_left()
+    def _show(self) -> None:
         self.handle.update(self._bundle(), raw=True)
-
-    def set_state(self, state: str, info: Mapping[str, Any]) -> None:
-        super().set_state(state, info)
-        self.status = _status_text(state, info)
-        self.handle.update(self._bundle(), raw=True)
-
-    def countdown(self, seconds_left: float) -> None:
-        if self.seconds_left is None or int(seconds_left) != int(self.seconds_left):
-            self.seconds_left = seconds_left
-            self.handle.update(self._bundle(), raw=True)
 
     def done(self, outcome: LoginOutcome) -> None:
         if outcome.ok:
             self.handle.update(_static_bundle(outcome), raw=True)
             return
         self.seconds_left = None
-        self.status = _ending(outcome)
-        self.handle.update(self._bundle(), raw=True)
+        self.message = _ending(outcome)
+        self._show()
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -254,8 +221,6 @@ class DisplayLoginView(LoginView):
 
 class TextLoginView(LoginView):
     """Printed lines (terminal IPython)."""
-
-    mode = "text"
 
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason)
@@ -306,24 +271,12 @@ def ensure_copilot_login(state: KernelState) -> None:
     run_login(state, reason="This cell uses GitHub Copilot, which needs a GitHub login.")
 
 
-def run_login(state: KernelState, *, reason: str | None = None, force: bool = False) -> LoginOutcome:
-    """Run the device login with a live view; return on approval, else raise a short error.
-
-    ``force=False`` returns at once when a GitHub token is already available.
-    Raises :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`.
-    """
+def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
+    """Run the device login with a live view; return on approval, else raise a short
+    :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`."""
     # the auth package is imported by a login only, not by every first %%chat
     from ..auth.device_flow import DeviceFlow
     from ..auth.login import device_login
-    from ..auth.token_store import find_github_token
-
-    if not force:
-        try:
-            found = find_github_token()
-        except DispatchError:
-            found = None
-        if found is not None:
-            return LoginOutcome("approved", message=f"token from {found.source}")
 
     shell = state.shell
     mode = detect_mode(shell, state.settings.live)
@@ -333,7 +286,6 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
     view = views.get(mode, TextLoginView)(reason)
     state.login_view = view
     flow = DeviceFlow(min_interval=state.settings.login_min_interval)
-    shown: list[DeviceCode] = []  # the code, once the worker has it (read on this thread)
 
     def work(emit: Any, cancel: Any) -> LoginOutcome:
         # the one login routine; its callbacks come back to the kernel's thread as events
@@ -349,20 +301,16 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
         if not isinstance(event, tuple):
             return
         if event[0] == "code":
-            shown.append(event[1])
             view.show_code(event[1])
         else:
             view.set_state(*event)
 
-    job = Job(name="login", work=work)
-    next_tick = [time.monotonic()]
+    def tick() -> float:  # the countdown (a view shows only a change of the second)
+        if view.code is not None:
+            view.countdown(view.code.seconds_left())
+        return 1.0
 
-    def tick() -> float:
-        now = time.monotonic()
-        if shown and now >= next_tick[0]:
-            view.countdown(shown[-1].seconds_left())
-            next_tick[0] = now + 1.0
-        return max(0.0, next_tick[0] - now)
+    job = Job(name="login", work=work)
 
     try:
         run_jobs([job], on_event, tick=tick)
@@ -370,7 +318,7 @@ def run_login(state: KernelState, *, reason: str | None = None, force: bool = Fa
         view.end(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
         raise ChatInterrupted("login interrupted") from None
     error = job.outcome.error
-    if error is not None and not shown and isinstance(error, DispatchError) and not isinstance(
+    if error is not None and view.code is None and isinstance(error, DispatchError) and not isinstance(
         error, RequestCancelled
     ):
         # no code yet: GitHub could not be asked for one

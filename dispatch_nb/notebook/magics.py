@@ -1,14 +1,5 @@
-"""``%%chat`` and ``%chat``: the IPython magics, configured through traitlets.
-
-``%load_ext dispatch_nb`` registers :class:`ChatMagics` and two cheap hooks. Loading imports only
-IPython and traitlets (already in memory) and two small standard-library modules of this
-package (``constants``, ``state``): no httpx, pydantic, ipywidgets or provider module
-is imported until the first ``%%chat`` runs. The kernel's state is one
-:class:`~dispatch_nb.notebook.state.KernelState` (:attr:`ChatMagics.state`), which the modules
-that run cells and commands receive.
-
-Settings are traits: ``%config ChatMagics.model = "openai:gpt-4.1"`` (or ``c.ChatMagics.model``
-in ``ipython_config.py``); ``%config ChatMagics`` lists them all.
+"""``%%chat`` and ``%chat``: the IPython magics and their traits (``docs/notebook.md``). Loading
+imports only IPython, traitlets and ``constants`` / ``state``; the rest waits for the first magic.
 """
 
 from __future__ import annotations
@@ -75,11 +66,8 @@ def _did_you_mean(parser: Any, message: str) -> str:
 
 
 def parse_magic_line(parser: Any, line: str) -> Any:
-    """Parse a magic's option line the way a shell would: quotes group words and are removed
-    (``-s "Be terse."`` is the system prompt ``Be terse.``), a backslash escapes the next
-    character. IPython's own ``parse_argstring`` keeps the quote characters, so the line is split
-    with :func:`shlex.split` and handed to the ``@magic_arguments`` parser, whose errors stay
-    ``UsageError`` s (now with the usage line)."""
+    """Parse a magic's option line the way a shell would (``shlex.split``: IPython's own
+    ``parse_argstring`` keeps the quotes); errors are ``UsageError`` s with the usage line."""
     try:
         argv = shlex.split(line, posix=True)
     except ValueError as exc:  # "No closing quotation", "No escaped character"

@@ -1,9 +1,5 @@
-"""The notebook's MCP servers: ``%chat mcp add|list|remove`` and ``%%chat --mcp NAMES``.
-
-Servers are kept by name in the kernel (started on first use, stopped at kernel shutdown); a name
-not added yet is looked up in ``.dispatch_nb/mcp.json`` or ``mcp.json`` in the working directory,
-in the ``{"mcpServers": {name: {"command", "args", "env", "cwd"} | {"url", "headers"}}}`` format
-other MCP clients use.
+"""The notebook's MCP servers: ``%chat mcp add|list|remove`` and ``%%chat --mcp NAMES``; a name not
+added yet is looked up in ``.dispatch_nb/mcp.json`` or ``mcp.json`` (``docs/tools.md``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The checks a ``%%chat`` line's options go through before anything is sent, shared by a plain
-cell (``cell.py``) and a ``--each`` cell (``each.py``): number ranges, the ``-o`` name, and the
-``--tools`` / ``--schema`` values looked up in the user's namespace.
-
-A bad value is a ``UsageError`` (or, for a tool, a :class:`ChatError`) saying what is accepted.
-``--tools`` and ``--schema`` import the session and structured-output modules only when used.
+"""The checks of a ``%%chat`` line's options before anything is sent, shared by ``cell.py`` and
+``each.py``: a bad value is a ``UsageError`` (a tool's: a :class:`ChatError`) saying what is accepted.
 """
 
 from __future__ import annotations
@@ -101,10 +97,8 @@ def evaluate_option(
 
 
 def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
-    """``--schema NAME`` → a checked :class:`~dispatch_nb.structured.StructuredOutput` (None
-    without the option). ``NAME`` may be an expression such as ``list[Review]``, evaluated in the
-    namespace. A missing name or a value that is not a schema is a ``UsageError`` saying what is
-    accepted; the schema is built and checked here, before anything is sent."""
+    """``--schema NAME`` → a checked :class:`~dispatch_nb.structured.StructuredOutput` (None without
+    it); ``NAME`` may be an expression (``list[Review]``); a bad one is a ``UsageError``."""
     if expression is None:
         return None
     expression, value = evaluate_option("--schema", expression, namespace, SCHEMA_ACCEPTED)

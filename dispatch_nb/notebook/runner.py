@@ -1,30 +1,6 @@
-"""Run model calls on worker threads and hand their events to the kernel's thread.
-
-The design (no event loop involved, so nothing depends on — or patches — the user's loop):
-
-* each call (:class:`Job`) runs the *synchronous* adapter / session API on its own daemon thread
-  and pushes every event into one queue;
-* the kernel's main thread (where the cell runs, where ``display`` and widget updates belong)
-  waits on that queue, hands events to the live view and calls ``tick`` when the view asked to
-  be woken (coalesced repaints);
-* Ctrl-C (``KeyboardInterrupt`` on the main thread, which is where the kernel delivers it)
-  cancels every job's :class:`~dispatch_nb.cancel.CancelToken` and tells the caller at once
-  (``on_interrupt``). A job that is streaming ends within milliseconds with ``RequestCancelled``
-  carrying the partial answer. A job that does not end within :data:`ABANDON_AFTER` seconds —
-  it is running a synchronous tool, which no token can stop — is **abandoned**: its outcome says
-  ``RequestCancelled``, its thread finishes in the background and whatever it still produces is
-  dropped. :func:`run_jobs` then re-raises the interrupt, so the caller can show what arrived.
-* A retry is an event of the stream the job reads (:class:`~dispatch_nb.types.RetryEvent`): the
-  live view shows it as a quiet status line and the footer counts it. Other warnings of the
-  ``dispatch_nb`` logger made on behalf of a job while the jobs run — on its thread, or in the
-  library's event-loop task it started (the task runs in the job's context) — become
-  :class:`NoteEvent` s of that job, shown with the answer, instead of Python's last-resort handler
-  printing them to stderr (red boxes saved with the notebook). A record that is already an event
-  (``dispatch_nb_event``, as the retry line is) is not shown twice. No handler of ours remains on
-  the logger after the cell; records made for no job are handled as before.
-
-This works the same inside ipykernel's running asyncio loop, in terminal IPython and after the
-user's own ``await`` cells. Compare mode is simply several jobs.
+"""Model calls on worker threads, their events handed to the kernel's thread; Ctrl-C cancels them
+(``docs/notebook.md``, "Event loops and Ctrl-C"). While jobs run, the ``dispatch_nb`` logger's
+warnings made for a job become its :class:`NoteEvent` s ("Retries are quiet").
 """
 
 from __future__ import annotations
@@ -142,15 +118,11 @@ def run_jobs(
     on_interrupt: Callable[[], None] | None = None,
     idle_wait: float = 0.5,
 ) -> list[JobOutcome]:
-    """Run ``jobs`` concurrently; call ``on_event(index, event)`` on *this* thread for each event.
-
-    ``tick()`` is called after events and timeouts; it returns the seconds until it wants to be
-    called again (None: only when something happens). ``on_done(index, outcome)`` is called as each
-    job ends. On ``KeyboardInterrupt`` every job is cancelled, ``on_interrupt()`` is called at
-    once, the jobs get up to :data:`ABANDON_AFTER` seconds to end (their outcomes then hold
-    ``RequestCancelled`` with the partial answer), the others are abandoned, and the interrupt is
-    re-raised.
-    """
+    """Run ``jobs`` concurrently; call ``on_event(index, event)`` on *this* thread for each event,
+    ``on_done(index, outcome)`` as each job ends, and ``tick()`` after events and timeouts (it returns
+    the seconds until it wants to be called again; None: when something happens). On Ctrl-C every
+    job is cancelled, ``on_interrupt()`` called, and the interrupt re-raised once the jobs ended or,
+    after :data:`ABANDON_AFTER` seconds, were abandoned (their outcome: ``RequestCancelled``)."""
     events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
     threads: list[threading.Thread] = []
     lock = threading.Lock()
@@ -185,13 +157,11 @@ def run_jobs(
         job.outcome.started = time.monotonic()
         threads.append(threading.Thread(target=body, name=f"dispatch_nb-{job.name}", daemon=True))
 
-    pending = len(jobs)
-    reported: set[int] = set()
+    reported: set[int] = set()  # the jobs whose end on_done was told
 
     def pump(deadline: float | None) -> None:
-        nonlocal pending
         wait = idle_wait
-        while pending:
+        while len(reported) < len(jobs):
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -203,7 +173,6 @@ def run_jobs(
                 pass
             else:
                 if event is _DONE:
-                    pending -= 1
                     reported.add(index)
                     if on_done is not None:
                         on_done(index, jobs[index].outcome)

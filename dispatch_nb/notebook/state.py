@@ -1,10 +1,6 @@
-"""The kernel's notebook state: one :class:`KernelState` per IPython shell, held by the
-:class:`~dispatch_nb.notebook.magics.ChatMagics` that ``%load_ext dispatch_nb`` makes. Every other
-module of the notebook layer receives that state (never the magics object) and changes it only
-through its methods.
-
-This module is imported by ``%load_ext``: it imports nothing but the standard library at run
-time; the thread store, the registry and the cache are imported when first used.
+"""The kernel's notebook state: one :class:`KernelState` per shell, held by ``ChatMagics``; the
+modules that run cells and commands receive it and change it only through its methods. Imported
+by ``%load_ext``: standard library only at run time.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..adapter import Adapter
     from ..cache import ResponseCache
-    from .settings import Settings
+    from .magics import ChatMagics
     from .threads import ThreadStore
 
 __all__ = ["ErrorLog", "KernelState"]
@@ -39,12 +35,10 @@ class ErrorLog(dict):  # type: ignore[type-arg]
 
 
 class KernelState:
-    """Everything the notebook layer keeps between cells of one kernel (see the module docstring).
+    """Everything the notebook layer keeps between cells of one kernel; ``shell`` (``None`` outside
+    one, e.g. in a unit test) and ``settings`` (the ``ChatMagics`` traits) are only read."""
 
-    ``shell`` is the IPython shell (``None`` outside one, e.g. in a unit test) and ``settings`` the
-    traits object (``ChatMagics``); both are only read."""
-
-    def __init__(self, shell: Any, settings: Settings) -> None:
+    def __init__(self, shell: Any, settings: ChatMagics) -> None:
         self.shell = shell
         self.settings = settings
         #: exceptions of earlier cells by execution count (``Err`` in the user namespace)

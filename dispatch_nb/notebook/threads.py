@@ -1,25 +1,12 @@
-"""Conversation memory for ``%%chat``: named threads of turns, one turn per cell.
-
-A :class:`ChatThread` is an ordered list of :class:`Turn` s. Each turn is keyed by the identity of
-the cell that produced it (see :func:`cell_identity`), so **re-running a cell replaces its turn in
-place** instead of appending a duplicate, and a new cell adds a turn even when its text is the same
-as an earlier cell's ("continue", typed twice, is two turns):
-
-* the re-run sees, as history, only the turns *before* its own position — the context it had the
-  first time;
-* turns *after* it are kept (they were written in reply to the old version, but deleting a
-  user's later work on a re-run surprises people more than a slightly stale context does);
-* a cell that has never run appends its turn at the end and sees the whole thread.
-
-A thread keeps at most ``max_turns`` turns (the oldest are dropped; ``0`` keeps everything).
+"""Conversation memory for ``%%chat``: named threads of turns, one turn per cell; re-running a cell
+replaces its turn (``docs/notebook.md``, "Threads and re-running cells").
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..render import code_span, short_line
@@ -33,35 +20,19 @@ __all__ = [
     "ThreadStore",
     "Turn",
     "cell_identity",
-    "cell_key",
 ]
 
 DEFAULT_THREAD = "default"
 
 
 def cell_identity(cell_id: str | None, execution_count: int | None = None) -> str:
-    """The identity of the cell running a ``%%chat``: the best one the front end offers, never
-    the cell's text.
-
-    * ``cell_id`` — the front end's cell id (JupyterLab, Notebook 7, VS Code and nbclient send it
-      with each execution): editing and re-running a cell keeps its identity, so its turn is
-      replaced; another cell with the same text is another turn.
-    * ``execution_count`` — the cell's ``In[n]`` where no cell id comes (terminal IPython, a front
-      end that sends none): each input is its own turn.
-    * neither (``run_cell_magic`` called outside any counted cell): a fresh identity, a new turn.
-    """
+    """The identity of the cell running a ``%%chat``: its front end's cell id, else ``In[n]``, else
+    a fresh one (``docs/notebook.md``, "Threads and re-running cells"); never the cell's text."""
     if cell_id:
         return f"cell:{cell_id}"
     if execution_count is not None:
         return f"in:{execution_count}"
     return "call:" + uuid.uuid4().hex[:12]
-
-
-def cell_key(identity: str, occurrence: int = 0) -> str:
-    """The key of a turn: the cell's identity (:func:`cell_identity`) plus ``occurrence``, which
-    numbers the chat calls one execution makes (a loop calling ``run_cell_magic`` several times
-    keeps every answer)."""
-    return f"{identity}#{occurrence}"
 
 
 @dataclass
@@ -71,7 +42,6 @@ class Turn:
     key: str
     messages: list[Message]
     model: str = ""
-    created: float = field(default_factory=time.time)
     execution_count: int | None = None
 
     @property

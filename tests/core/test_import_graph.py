@@ -343,16 +343,6 @@ def test_the_architecture_diagram_is_the_layers_the_test_enforces() -> None:
         assert sorted(drawn[name]) == sorted(members), f"the {name} row of the diagram"
 
 
-def test_what_moved_out_of_the_notebook_is_still_importable_there() -> None:
-    """Prompt templates moved to the core (batch rows fill them too); the old path re-exports."""
-    import dispatch_nb.prompting as core
-    from dispatch_nb.notebook import prompt
-
-    for name in core.__all__:
-        assert getattr(prompt, name) is getattr(core, name), name
-    assert set(prompt.__all__) == {*core.__all__, "ErrorLog"}
-
-
 def test_no_import_cycle_among_core_modules() -> None:
     _, problems = report(read_graph())
     assert not problems, problems

@@ -35,10 +35,9 @@ def test_plan_decides_everything_and_sends_nothing(
     assert plan.specs == ["fake:echo", "fake:other"] and plan.compare
     assert plan.prompt.text == "Say hi to Ada."
     assert plan.thread_name == "notes" and plan.use_history and plan.fmt == "markdown"
-    call = plan.calls[0]
-    assert (call.system, call.max_tokens, call.stream, call.tools) == ("Be terse.", 50, True, [])
-    assert call.user.content == "Say hi to Ada." and call.history == []
-    assert call.adapter is not plan.calls[1].adapter
+    assert (plan.system, plan.max_tokens, plan.stream, plan.tools) == ("Be terse.", 50, True, [])
+    assert plan.user.content == "Say hi to Ada." and plan.history == []
+    assert len(plan.adapters) == 2 and plan.adapters[0] is not plan.adapters[1]
     assert run.view is None and run.outcomes == []
 
 
@@ -82,9 +81,9 @@ def test_the_next_cell_in_a_thread_plans_with_the_recorded_history(
 ) -> None:
     cell_run(magics, "", "first").execute()
     plan = cell_run(magics, "", "second").plan()
-    assert [m.text for m in plan.calls[0].history] == ["first", "echo: first"]
+    assert [m.text for m in plan.history] == ["first", "echo: first"]
     no_history = cell_run(magics, "--no-history", "third").plan()
-    assert no_history.calls[0].history == [] and not no_history.use_history
+    assert no_history.history == [] and not no_history.use_history
 
 
 def test_raise_failure_after_the_output_is_shown(

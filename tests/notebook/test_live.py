@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dispatch_nb.notebook.live import DisplayView, Pacer, detect_mode, make_view
+from dispatch_nb.notebook.live import DisplayView, detect_mode, make_view
 from dispatch_nb.types import StreamDelta
 from tests.fakes.provider import Turn
 from tests.notebook.conftest import run
@@ -17,14 +17,6 @@ from tests.notebook.conftest import run
 
 def text(piece: str) -> StreamDelta:
     return StreamDelta(type="text_delta", text=piece)
-
-
-def test_pacer_allows_the_first_update_at_once_then_at_most_rate_per_second() -> None:
-    pacer = Pacer(20)
-    assert pacer.wait(100.0) == 0
-    pacer.mark(100.0)
-    assert pacer.wait(100.01) == pytest.approx(0.04)
-    assert pacer.wait(100.05) == 0
 
 
 def test_first_text_is_shown_at_once_and_later_text_is_coalesced(shell: Any) -> None:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from dispatch_nb.notebook.prompt import ErrorLog, PromptError, build_prompt, describe_value
+from dispatch_nb.notebook.state import ErrorLog
+from dispatch_nb.prompting import PromptError, build_prompt, describe_value
 
 
 def test_names_and_expressions_are_interpolated() -> None:
