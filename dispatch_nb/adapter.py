@@ -236,6 +236,10 @@ class Adapter:
     def close(self) -> None:
         """Release connections. The adapter stays usable (clients are recreated on demand)."""
 
+    async def aclose(self) -> None:
+        """The async twin of :meth:`close` (by default :meth:`close` itself)."""
+        self.close()
+
     def __enter__(self) -> Adapter:
         return self
 

@@ -61,13 +61,9 @@ def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[
 
 
 async def aclose_adapter(adapter: Adapter) -> None:
-    """Close an adapter the batch built (its ``aclose`` where it has one); errors are ignored."""
-    aclose = getattr(adapter, "aclose", None)
+    """Close an adapter the batch built; errors are ignored."""
     with contextlib.suppress(Exception):
-        if aclose is not None:
-            await aclose()
-        else:
-            adapter.close()
+        await adapter.aclose()
 
 
 def mark_not_sent(result: BatchResult, position: int, cancel: CancelToken) -> None:

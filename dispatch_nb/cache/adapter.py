@@ -110,6 +110,7 @@ class CachedAdapter(Adapter):
     validate = _Inner()
     output_mode = _Inner()
     close = _Inner()
+    aclose = _Inner()
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("inner")

@@ -286,11 +286,7 @@ class Session:
         for server in self._servers:
             await server.aclose()
         if self._owns_adapter:
-            aclose = getattr(self._adapter, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            else:
-                self._adapter.close()
+            await self._adapter.aclose()
 
     def __enter__(self) -> Session:
         return self

@@ -34,6 +34,7 @@ from dispatch_nb import (
     ToolUseBlock,
     Usage,
 )
+from dispatch_nb.adapter import Adapter
 from dispatch_nb.providers.fake import CanonicalAdapter
 from dispatch_nb.session import CancelToken, Session, tool
 
@@ -711,3 +712,27 @@ def test_wrong_arguments_name_the_entry_point(adapter: CanonicalAdapter) -> None
         adapter.stream("x", "y")  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"^Adapter.achat\(\): missing a required"):
         asyncio.run(adapter.achat())  # type: ignore[call-arg]
+
+
+def test_a_session_closes_the_adapter_it_made_and_only_that_one() -> None:
+    closed: list[str] = []
+
+    class Closing(Adapter):
+        def __init__(self, model: str) -> None:
+            super().__init__()
+            self.model = model
+
+        def close(self) -> None:  # only the sync close: the async one must fall back to it
+            closed.append(self.model)
+
+    from dispatch_nb import registry
+
+    registry.register_provider("closing-test", lambda model, **_: Closing(model))
+    try:
+        asyncio.run(Session("closing-test:made").aclose())
+        Session("closing-test:made-sync").close()
+        given = Closing("given")
+        asyncio.run(Session(given).aclose())
+    finally:
+        registry._providers.pop("closing-test", None)
+    assert closed == ["made", "made-sync"]
