@@ -436,29 +436,51 @@ def attach_partial(exc: BaseException, partial: Response | Accumulator | None) -
         pass
 
 
-def _tapped(deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> Iterator[StreamDelta]:
+class _Tapped:
     """Deltas passed on as they are, each handed to ``tap`` first (appended to a log, fed to an
-    accumulator)."""
-    try:
-        for delta in deltas:
-            tap(delta)
-            yield delta
-    finally:
-        close = getattr(deltas, "close", None)
+    accumulator). A class, not a generator: ``close()`` may come from another thread while the
+    reading thread is inside ``__next__``, and must reach the deltas (a generator would refuse:
+    "generator already executing")."""
+
+    __slots__ = ("deltas", "tap")
+
+    def __init__(self, deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> None:
+        self.deltas = deltas
+        self.tap = tap
+
+    def __iter__(self) -> _Tapped:
+        return self
+
+    def __next__(self) -> StreamDelta:
+        delta = next(self.deltas)
+        self.tap(delta)
+        return delta
+
+    def close(self) -> None:
+        close = getattr(self.deltas, "close", None)
         if close is not None:
             close()
 
 
-async def _alogged(
-    deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]
-) -> AsyncIterator[StreamDelta]:
-    """The async twin of :func:`_tapped` that appends to ``log``."""
-    try:
-        async for delta in deltas:
-            log.append(delta)
-            yield delta
-    finally:
-        aclose = getattr(deltas, "aclose", None)
+class _ALogged:
+    """The async twin of :class:`_Tapped` that appends to ``log``."""
+
+    __slots__ = ("deltas", "log")
+
+    def __init__(self, deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]) -> None:
+        self.deltas = deltas
+        self.log = log
+
+    def __aiter__(self) -> _ALogged:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        delta = await self.deltas.__anext__()
+        self.log.append(delta)
+        return delta
+
+    async def aclose(self) -> None:
+        aclose = getattr(self.deltas, "aclose", None)
         if aclose is not None:
             await aclose()
 
@@ -578,7 +600,7 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
         iterating); returns the stream. Costs a reference per delta and keeps the deltas alive,
         so it is off unless asked for."""
         if self._log is None:
-            self._deltas = _tapped(self._deltas, self._logging().append)
+            self._deltas = _Tapped(self._deltas, self._logging().append)
         return self
 
     def until_done(self) -> Response:
@@ -653,7 +675,7 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
         """Keep every delta this stream yields from now on in :attr:`events` (call it before
         iterating); returns the stream. See :meth:`ResponseStream.keep_events`."""
         if self._log is None:
-            self._deltas = _alogged(self._deltas, self._logging())
+            self._deltas = _ALogged(self._deltas, self._logging())
         return self
 
     async def until_done(self) -> Response:
@@ -723,4 +745,4 @@ def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
     sync stream (or Ctrl-C) cancels it there. ``partial`` is what the caller has taken so far,
     ``response`` is ``inner``'s."""
     taken = _Taken(inner)
-    return ResponseStream(_tapped(SyncIterator(lambda: inner), taken.feed), taken)
+    return ResponseStream(_Tapped(SyncIterator(lambda: inner), taken.feed), taken)

@@ -164,3 +164,52 @@ def test_an_error_mid_stream_keeps_what_arrived() -> None:
     assert caught.value.partial.text == "".join(f"{i}," for i in range(40))
     assert len(seen) == 40
     assert list(stream) == []  # closed by the error
+
+
+def _slow_deltas(acc: Accumulator):  # type: ignore[no-untyped-def]
+    import asyncio
+
+    async def deltas():  # type: ignore[no-untyped-def]
+        yield acc.text("hello ")
+        await asyncio.sleep(30)
+        yield acc.text("never")
+
+    return deltas
+
+
+def test_close_from_another_thread_ends_a_tapped_sync_stream() -> None:
+    # keep_events() and sync_stream() (a CachedAdapter's stream()) wrap the bridge; closing
+    # the stream from another thread must still cancel the task and wake the reading thread
+    import threading
+
+    from dispatch_nb.bridge import SyncIterator
+    from dispatch_nb.stream import AsyncResponseStream, sync_stream
+
+    def kept() -> ResponseStream:
+        acc = Accumulator("m")
+        return ResponseStream(SyncIterator(_slow_deltas(acc)), acc).keep_events()
+
+    def bridged_async() -> ResponseStream:
+        acc = Accumulator("m")
+        return sync_stream(AsyncResponseStream(_slow_deltas(acc)(), acc))
+
+    def read(stream: ResponseStream, got: list[str], first: threading.Event) -> None:
+        try:
+            for delta in stream:
+                got.append(delta.text or "")
+                first.set()
+            got.append("end")
+        except BaseException as exc:
+            got.append(type(exc).__name__)
+
+    for make in (kept, bridged_async):
+        stream = make()
+        got: list[str] = []
+        first = threading.Event()
+        reader = threading.Thread(target=read, args=(stream, got, first), daemon=True)
+        reader.start()
+        assert first.wait(10)
+        stream.close()
+        reader.join(5)
+        assert not reader.is_alive(), make.__name__
+        assert got[0] == "hello " and "never" not in got, make.__name__
