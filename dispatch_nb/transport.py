@@ -15,7 +15,6 @@ import importlib.util
 import logging
 import os
 import ssl
-import sys
 import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -90,13 +89,24 @@ def transport_name() -> TransportName:
     return "httpx"
 
 
+_aiohttp_imported = False
+
+
+def _import_aiohttp() -> None:
+    global _aiohttp_imported
+    importlib.import_module("aiohttp")
+    _aiohttp_imported = True
+
+
 async def prepare_async_transport() -> None:
     """Import the configured transport's modules on a worker thread, once per process.
 
     aiohttp takes 0.1–0.5 s to import; done on the event loop by the first call it would freeze
-    that loop, and with it the call's deadline and cancellation."""
-    if "aiohttp" not in sys.modules and transport_name() == "aiohttp":
-        await asyncio.to_thread(importlib.import_module, "aiohttp")
+    that loop, and with it the call's deadline and cancellation. (``sys.modules`` is no sign that
+    the import is done: it holds aiohttp from the moment a first call's import starts, and a
+    second call would then wait for it on the loop.)"""
+    if not _aiohttp_imported and transport_name() == "aiohttp":
+        await asyncio.to_thread(_import_aiohttp)
 
 
 # -- the aiohttp transport ------------------------------------------------------------------------
