@@ -227,6 +227,11 @@ class CostTotal:
             total.add(cost)
         return total
 
+    @property
+    def known(self) -> bool:
+        """Whether every answer's price is known."""
+        return self.unknown == 0
+
     def __str__(self) -> str:
         parts = [format_usd(self.usd)]
         if self.premium_requests is not None:

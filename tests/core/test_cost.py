@@ -180,7 +180,7 @@ def test_unknown_price_is_none_never_zero() -> None:
         session = Session(adapter)
         session.send("one")
         session.send("two")
-        assert session.cost.unknown == 2 and session.cost.usd == 0
+        assert session.cost.unknown == 2 and session.cost.usd == 0 and not session.cost.known
         assert "2 of 2 answers' price unknown" in str(session.cost)
     with OpenAIResponsesFake(api_key="sk-test") as fake:
         adapter = OpenAIAdapter("no-such-model-x1", backend="official", base_url=fake.base_url,
@@ -214,7 +214,7 @@ def test_a_replayed_answer_keeps_its_cost_and_costs_nothing_now(tmp_path: Path) 
     assert replayed.cost.spent_usd == 0
     total = CostTotal.of([recorded.cost, replayed.cost])
     assert total.usd == recorded.cost.usd and total.saved_usd == recorded.cost.usd
-    assert total.replayed == 1
+    assert total.replayed == 1 and total.known
     assert replayed.cost.label() == f"{format_usd(recorded.cost.usd)} when recorded, $0 now"  # type: ignore[arg-type]
 
 
