@@ -15,6 +15,7 @@ from ..cache import ResponseCache
 from ..cache.keys import FORMAT_VERSION
 from ..cache.store import _now
 from ..types import Message, Response, Usage, as_messages
+from ..wire.request import ChatRequest
 
 __all__ = ["Checkpoint", "shared_checkpoint"]
 
@@ -49,7 +50,7 @@ class Checkpoint:
                *, provider: str, model: str, streamed: bool, usage: Usage, latency: float,
                attempts: int) -> None:
         """Write one answered row."""
-        self.cache.record(key, provider=provider, model=model, messages=as_messages(messages),
+        self.cache.record(key, provider=provider, model=model, request=ChatRequest(as_messages(messages)),
                           response=response, streamed=streamed, label=f"row {position}",
                           row=position, latency=round(latency, 3), attempts=attempts,
                           usage=usage.model_dump(mode="json"))

@@ -153,7 +153,7 @@ class CachedAdapter(Adapter):
         try:
             self.cache.record(
                 key, provider=self.inner.provider_name, model=self.inner.model_name,
-                messages=request.messages, deltas=deltas, response=response,
+                request=request, deltas=deltas, response=response,
                 streamed=request.stream,
                 label=self.label, secrets=_adapter_secrets(self.inner),
             )

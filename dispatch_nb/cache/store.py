@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args
 
 from ..errors import RequestError
 from ..types import Message, Response, StreamDelta
+from ..wire.request import ChatRequest
 from .keys import FORMAT_VERSION, scrub_secrets, secret_env_names
 
 try:  # POSIX; elsewhere the in-process lock alone guards writes
@@ -317,7 +318,7 @@ class ResponseCache:
         *,
         provider: str,
         model: str,
-        messages: list[Message],
+        request: ChatRequest,
         response: Response,
         streamed: bool,
         deltas: list[tuple[float, StreamDelta]] | None = None,
@@ -334,7 +335,7 @@ class ResponseCache:
             "model": model,
             "created": _now(),
             **({"label": label} if label is not None else {}),
-            "request": request_summary(messages),
+            "request": request_summary(request.messages),
             "streamed": streamed,
         }
         if deltas is not None:

@@ -453,7 +453,7 @@ for i in range(20):
     request = ChatRequest(messages=[Message("user", prompt)])
     text = f"answer from {sys.argv[2]} " + "x" * 5000
     response = Response(content=[TextBlock(text)], model="m", stop_reason="end_turn")
-    cache.record(cache_key("p", "m", request), provider="p", model="m", messages=request.messages,
+    cache.record(cache_key("p", "m", request), provider="p", model="m", request=request,
                  deltas=[(0.0, StreamDelta(type="text_delta", text=text))], response=response,
                  streamed=True)
 """
