@@ -201,20 +201,20 @@ class CostTotal:
     replayed: int = 0
     saved_usd: Decimal = Decimal(0)
 
-    def add(self, cost: Cost | None) -> None:
-        """Count one answer's cost (``None``: its price is unknown)."""
+    def add(self, cost: Cost | None, *, replayed: bool = False) -> None:
+        """Count one answer's cost (``None``: its price is unknown). A replayed answer
+        (``replayed``, or ``cost.replayed``) cost nothing now, whether its price is known or not:
+        it counts in ``replayed``, and its recorded price, when known, in ``saved_usd``."""
         self.calls += 1
-        if cost is None:
-            self.unknown += 1
-            return
-        if cost.premium_requests is not None and not cost.replayed:
-            self.premium_requests = (self.premium_requests or 0) + cost.premium_requests
-        if cost.usd is None:
-            self.unknown += 1
-            return
-        if cost.replayed:
+        if replayed or (cost is not None and cost.replayed):
             self.replayed += 1
-            self.saved_usd += cost.usd
+            if cost is not None and cost.usd is not None:
+                self.saved_usd += cost.usd
+            return
+        if cost is not None and cost.premium_requests is not None:
+            self.premium_requests = (self.premium_requests or 0) + cost.premium_requests
+        if cost is None or cost.usd is None:
+            self.unknown += 1
             return
         self.usd += cost.usd
         self.input_usd += cost.input_usd or 0
@@ -266,13 +266,15 @@ class Ledger:
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str], LedgerRow] = {}
 
-    def record(self, provider: str, model: str, usage: UsageLike, cost: Cost | None) -> None:
+    def record(self, provider: str, model: str, usage: UsageLike, cost: Cost | None, *,
+               replayed: bool = False) -> None:
+        """Enter one answer (``replayed``: the response cache replayed it, nothing was sent)."""
         with self._lock:
             row = self._rows.get((provider, model))
             if row is None:
                 row = self._rows[(provider, model)] = LedgerRow(provider, model)
-            row.cost.add(cost)
-            if cost is not None and cost.replayed:
+            row.cost.add(cost, replayed=replayed)
+            if replayed or (cost is not None and cost.replayed):
                 return  # nothing was sent: its tokens are the recording's, not this kernel's
             row.calls += 1
             row.input_tokens += usage.input_tokens + usage.cache_creation_tokens

@@ -252,7 +252,7 @@ class BatchResult(Sequence[Any]):
         total = CostTotal()
         for item, origin in zip(self._items, self._origin, strict=False):
             if isinstance(item, Response) and origin != RowOrigin.CHECKPOINT:
-                total.add(item.cost)
+                total.add(item.cost, replayed=origin == RowOrigin.REPLAYED)
         return total
 
     @property

@@ -42,7 +42,7 @@ class _Replayed(Accumulator):
         final = self._final.model_copy(deep=True)
         if final.cost is not None:
             final.cost = final.cost.model_copy(update={"replayed": True})
-        ledger.record(self._provider, self._model, final.usage, final.cost)
+        ledger.record(self._provider, self._model, final.usage, final.cost, replayed=True)
         mark_replayed(final)
         return final
 

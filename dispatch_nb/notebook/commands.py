@@ -343,9 +343,11 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                      f"published overage price of {format_usd(PREMIUM_REQUEST_USD)} per premium "
                      "request (within your plan's allowance they cost nothing extra).")
     if total.replayed:
-        notes.append(f"Replayed from the response cache: {total.replayed:,} answer"
-                     f"{'' if total.replayed == 1 else 's'}, which cost "
-                     f"{format_usd(total.saved_usd)} when recorded and nothing now.")
+        answers = f"{total.replayed:,} answer{'' if total.replayed == 1 else 's'}"
+        notes.append(f"Replayed from the response cache: {answers}, which cost "
+                     f"{format_usd(total.saved_usd)} when recorded and nothing now."
+                     if total.saved_usd else
+                     f"Replayed from the response cache: {answers}, nothing spent now.")
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)
     _show(body + "\n\n" + "\n\n".join(notes))

@@ -25,6 +25,7 @@ from ..call_control import TurnControl
 from ..cancel import CancelToken
 from ..cost import CostTotal
 from ..errors import BudgetExceededError
+from ..render import is_replayed
 from ..tools import Tool, error_result
 from ..types import (
     Message,
@@ -682,7 +683,7 @@ class Session:
         self._settle(reserved, response, failed=False)
         turn.calls += 1
         self._usage = self._usage + response.usage
-        self._cost.add(response.cost)
+        self._cost.add(response.cost, replayed=is_replayed(response))
         self.last_response = response
         if response.content:  # providers reject an empty assistant message
             self._history.append(response.to_message())

@@ -218,6 +218,32 @@ def test_a_replayed_answer_keeps_its_cost_and_costs_nothing_now(tmp_path: Path) 
     assert replayed.cost.label() == f"{format_usd(recorded.cost.usd)} when recorded, $0 now"  # type: ignore[arg-type]
 
 
+def test_a_replayed_answer_of_unknown_price_costs_nothing_now(tmp_path: Path) -> None:
+    # the embedded model and compatible servers have no price: replayed, such an answer is
+    # counted as replayed (nothing spent now), not as an answer of unknown price
+    path = tmp_path / "lesson.jsonl"
+    with OpenAIChatFake.llama() as fake:
+        adapter = OpenAIAdapter("smollm2", backend="compatible", base_url=fake.base_url,
+                                max_retries=0)
+        CachedAdapter(adapter, ResponseCache(path, mode="record")).chat("hi")
+        batch("{row}", ["a", "b"], model=CachedAdapter(adapter, ResponseCache(path, mode="record")),
+              progress=False)
+        asked = len(fake.chat_requests)
+        replaying = CachedAdapter(adapter, ResponseCache(path, mode="replay"))
+        key = ("compatible", "smollm2")
+        before = next((r.cost.replayed, r.cost.unknown, r.calls) for r in ledger.rows()
+                      if (r.provider, r.model) == key)
+        session = Session(replaying)
+        session.send("hi")
+        result = batch("{row}", ["a", "b"], model=replaying, progress=False)
+        assert len(fake.chat_requests) == asked  # nothing sent
+    assert session.cost.replayed == 1 and session.cost.unknown == 0 and session.cost.known
+    assert result.cost.replayed == 2 and result.cost.unknown == 0 and result.cost.usd == 0
+    replayed, unknown, calls = next((r.cost.replayed, r.cost.unknown, r.calls) for r in ledger.rows()
+                                    if (r.provider, r.model) == key)
+    assert (replayed - before[0], unknown - before[1], calls - before[2]) == (3, 0, 0)
+
+
 def test_format_usd() -> None:
     assert format_usd(Decimal("0.0031234")) == "$0.0031"
     assert format_usd(Decimal("0.000012")) == "$0.000012"
