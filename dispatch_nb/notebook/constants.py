@@ -15,4 +15,4 @@ CACHE_MODES = ("off", "read-write", "replay", "record")
 #: ``ChatMagics.live`` / ``$DISPATCH_NB_LIVE``
 LIVE_MODES = ("auto", "widget", "display", "text")
 #: ``%chat COMMAND``
-SUBCOMMANDS = ("login", "logout", "status", "models", "history", "reset", "key", "cost")
+SUBCOMMANDS = ("login", "logout", "status", "models", "history", "reset", "key", "cost", "mcp")

@@ -251,7 +251,8 @@ class ChatMagics(Magics):
     def chat_line(self, line: str) -> None:
         """Manage dispatch_nb: ``login [PROVIDER] [--force]``, ``logout``, ``status``,
         ``models [PROVIDER]``, ``history [THREAD]``, ``reset [THREAD]``, ``key PROVIDER`` (type an
-        API key; it is kept in this kernel's environment only). Prompts go in a ``%%chat`` cell."""
+        API key; it is kept in this kernel's environment only), ``cost``, ``mcp add|list|remove``
+        (MCP servers). Prompts go in a ``%%chat`` cell."""
         parser: Any = self.chat_line.parser  # type: ignore[attr-defined]
         if line.split()[:1] == ["mcp"]:
             from .mcp_servers import mcp_command  # not at %load_ext

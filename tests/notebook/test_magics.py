@@ -72,7 +72,7 @@ def test_generated_help_lists_every_option(shell: Any) -> None:
                    "--no-interpolate", "--cache MODE", "--estimate", "--budget USD",
                    "--limit N", "--yes"):
         assert option in doc, option
-    assert "{login,logout,status,models,history,reset,key,cost}" in \
+    assert "{login,logout,status,models,history,reset,key,cost,mcp}" in \
         shell.find_line_magic("chat").__doc__
 
 
@@ -81,9 +81,10 @@ def test_bad_options_raise_usage_error_with_the_usage_line(shell: Any, fake: Any
         shell.run_cell_magic("chat", "--bogus", "hi")
     with pytest.raises(UsageError, match="invalid choice: 'yaml'"):
         shell.run_cell_magic("chat", "-f yaml", "hi")
-    with pytest.raises(UsageError, match="usage: %chat"):
+    with pytest.raises(UsageError, match="usage: %chat") as bad:
         shell.run_line_magic("chat", "frobnicate")
-    with pytest.raises(UsageError, match="needs a command"):
+    assert "'cost', 'mcp')" in str(bad.value)  # every command is offered, %chat mcp too
+    with pytest.raises(UsageError, match=r"needs a command: .*cost, mcp"):
         shell.run_line_magic("chat", "")
     with pytest.raises(UsageError, match="empty"):
         shell.run_cell_magic("chat", "", "   \n")
