@@ -298,8 +298,9 @@ def final_output(
         meta["dispatch_nb"]["footer"] = ""
         if not notes:
             return FinalOutput({"text/plain": ""}, meta, terminal="")
+        # a terminal printed the notes when the cell started: nothing more to print
         return FinalOutput({"text/markdown": top.rstrip("\n"), "text/plain": top_plain.rstrip("\n")},
-                           meta, terminal=top_plain.rstrip("\n"))
+                           meta, terminal="")
     text = transcript.text
 
     def warned(warning: str) -> FinalOutput:

@@ -341,6 +341,15 @@ def test_terminal_prints_a_json_answer_once(shell: Any, fake: Any, capsys: Any) 
     assert "[echo · 12 in / 7 out tokens" in out
 
 
+def test_terminal_prints_a_failed_cells_notes_once(shell: Any, fake: Any, capsys: Any) -> None:
+    # the notes are printed when the cell starts; a cell that fails before its first token
+    # must not print them again above its error
+    fake.push(Fail(401, "bad key", "authentication_error"))
+    assert not run(shell, "%%chat\nNote {nope} here.").success
+    out = capsys.readouterr().out
+    assert out.count("{nope} was left as written") == 1, out
+
+
 # -- 11. login, models, status --------------------------------------------------------------------
 
 
