@@ -87,7 +87,9 @@ def evaluate_option(
     try:
         value = eval(expression, namespace)  # the user's own expression, in their kernel
     except NameError as exc:
-        raise UsageError(f"{option} {expression}: {exc}. {accepted}.") from None
+        quotes = (f" The option line is split as a shell splits it, which drops quotes: put the "
+                  f'expression in double quotes ({option} "df[\'name\']").' if "[" in expression else "")
+        raise UsageError(f"{option} {expression}: {exc}.{quotes} {accepted}.") from None
     except Exception as exc:
         raise UsageError(
             f"{option} {expression} could not be evaluated ({type(exc).__name__}: {exc}). "

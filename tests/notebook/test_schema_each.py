@@ -276,12 +276,18 @@ def test_each_refusals_are_usage_errors_and_send_nothing(shell: Any, fake: Any) 
         shell.run_cell_magic("chat", "--each text", "Say {row}")
     with pytest.raises(UsageError, match="name 'nowhere' is not defined"):
         shell.run_cell_magic("chat", "--each nowhere", "Say {row}")
+    shell.user_ns["table"] = {"review": ["good"]}  # the shell-like split drops the quotes:
+    quoted = r"""name 'review' is not defined\. .*drops quotes.*\(--each "df\['name'\]"\)"""
+    with pytest.raises(UsageError, match=quoted):
+        shell.run_cell_magic("chat", "--each table['review']", "Say {row}")
     with pytest.raises(UsageError, match=r"\{typo\} names nothing in this row"):
         shell.run_cell_magic("chat", "--each words", "Say {typo}")
     shell.user_ns["empty"] = []
     with pytest.raises(UsageError, match="empty"):
         shell.run_cell_magic("chat", "--each empty", "Say {row}")
     assert fake.chat_requests == []
+    shell.run_cell_magic("chat", """--each "table['review']" -m fake:a""", "Say {row}")  # quoted: fine
+    assert len(fake.chat_requests) == 1
 
 
 def test_ctrl_c_during_each_stops_promptly_and_keeps_the_finished_rows(
