@@ -241,7 +241,8 @@ class CostTotal:
         if self.unknown:
             notes.append(f"{self.unknown} of {self.calls} answers' price unknown, not counted")
         if self.replayed:
-            notes.append(f"{self.replayed} replayed, saved {format_usd(self.saved_usd)}")
+            saved = f", saved {format_usd(self.saved_usd)}" if self.saved_usd else ""
+            notes.append(f"{self.replayed} replayed{saved}")
         return text + (f" ({'; '.join(notes)})" if notes else "")
 
 

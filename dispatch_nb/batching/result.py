@@ -343,7 +343,8 @@ class BatchResult(Sequence[Any]):
         parts.append(f"{tokens:,} tokens ({self.usage.input_tokens:,} in, "
                      f"{self.usage.output_tokens:,} out)")
         cost = self.cost
-        if cost.calls and (cost.calls > cost.unknown or cost.premium_requests is not None):
+        sent_priced = cost.calls - cost.replayed - cost.unknown
+        if sent_priced or cost.saved_usd or cost.premium_requests is not None:
             parts.append(str(cost) + (f" of a {format_usd(self.budget.usd)} budget"
                                       if self.budget is not None else ""))
         if self.rate_limited:
