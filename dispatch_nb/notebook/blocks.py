@@ -11,7 +11,9 @@ from functools import lru_cache
 from itertools import pairwise
 from typing import Any
 
-__all__ = ["BLOCK_LIMIT", "Block", "MarkdownBlocks", "stable_prefix", "warm_up"]
+__all__ = [
+    "BLOCK_LIMIT", "Block", "MarkdownBlocks", "close_open_fence", "stable_prefix", "warm_up",
+]
 
 #: the most characters the growing block may reach before it is cut (see the module docstring)
 BLOCK_LIMIT = 600
@@ -52,6 +54,19 @@ def block_starts(text: str) -> list[tuple[int, str]]:
         if token.level == 0 and token.nesting >= 0 and token.map is not None:
             starts.append((token.map[0], token.type))
     return starts
+
+
+def close_open_fence(markdown: str) -> str:
+    """``markdown`` with its closing fence added when it ends inside a top-level fenced code
+    block, so that what is put after it (the display view's status line) is not code."""
+    if "`" not in markdown and "~" not in markdown:
+        return markdown
+    # what a paragraph after a blank line would be part of: the last top-level block
+    tokens = _parser().parse(markdown + "\n\nx")
+    last = [t for t in tokens if t.level == 0 and t.nesting >= 0 and t.map is not None][-1]
+    if last.type != "fence":
+        return markdown
+    return markdown.rstrip("\n") + "\n" + str(last.markup)
 
 
 #: an opening fence: a top-level one (a backtick fence's info has no backtick), or at any indent

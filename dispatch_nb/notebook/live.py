@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .blocks import BLOCK_LIMIT, MarkdownBlocks, warm_up
+from .blocks import BLOCK_LIMIT, MarkdownBlocks, close_open_fence, warm_up
 from .constants import LIVE_MODES
 
 if TYPE_CHECKING:
@@ -231,7 +231,8 @@ class DisplayView(LiveView):
 
     def _live_bundle(self) -> dict[str, Any]:
         body = self.live_markdown.rstrip()
-        markdown = (body + "\n\n" if body else "") + self._status_line()
+        # a code block still growing is closed: the status line below it is not code
+        markdown = (close_open_fence(body) + "\n\n" if body else "") + self._status_line()
         return {"text/markdown": markdown, "text/plain": body or self.titles[0]}
 
     def _commit(self, markdown: str) -> Any:

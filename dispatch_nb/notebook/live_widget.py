@@ -37,7 +37,9 @@ _CSS = (
     ".dnb-live .dnb-md .jp-OutputArea-prompt{display:none;}"
     ".dnb-live .dnb-md .jp-OutputArea-output{padding-top:0;padding-bottom:0;overflow:visible;}"
     ".dnb-live .dnb-md .jp-RenderedMarkdown > :last-child{margin-bottom:1em;}"
-    ".dnb-live .dnb-md .jp-RenderedMarkdown > pre:last-child{margin-bottom:1.5em;}"
+    # (a piece of a long code block continued below keeps no margin: the seam stays hidden)
+    ".dnb-live .dnb-md:not(.dnb-has-cont) .jp-RenderedMarkdown > pre:last-child"
+    "{margin-bottom:1.5em;}"
     f".dnb-live .dnb-md .jp-RenderedMarkdown > :is({_HEADINGS}):last-child"
     "{margin-bottom:var(--jp-content-heading-margin-bottom);}"
     f".dnb-live .dnb-next .jp-RenderedMarkdown > :is({_HEADINGS}):first-child"

@@ -180,6 +180,79 @@ def assert_blocks_stay(
     assert not moved, "blocks moved when the answer completed:\n" + "\n".join(moved)
 
 
+#: A code block four times longer than the growing block may be: it streams in pieces.
+LONG_CODE = "Some code:\n\n```python\n" + "".join(
+    f"value_{i} = compute_something({i}, factor={i * 3})  # step {i}\n" for i in range(40)
+) + "```\n\nDone.\n"
+
+#: The top of every ``value_N`` in the code of a cell's output (px from the top of the cell).
+_CODE_LINE_TOPS_JS = """
+(index) => {
+  const notebook = [...document.querySelectorAll('.jp-Notebook')]
+    .find((el) => el.offsetParent !== null);
+  const cell = notebook.querySelectorAll('.jp-Cell')[index];
+  const cellTop = cell.getBoundingClientRect().top;
+  const tops = {};
+  const walker = document.createTreeWalker(cell.querySelector('.jp-OutputArea'),
+                                           NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.parentElement.closest('pre')) continue;
+    for (const match of node.data.matchAll(/value_(\\d+)/g)) {
+      const range = document.createRange();
+      range.setStart(node, match.index);
+      range.setEnd(node, match.index + match[0].length);
+      if (!(match[1] in tops)) tops[match[1]] = range.getBoundingClientRect().top - cellTop;
+    }
+  }
+  return tops;
+}
+"""
+
+
+@pytest.mark.parametrize("live", ["widget", "display"])
+def test_a_long_code_block_streams_without_seams(
+    open_notebook: Any, fake: CanonicalFake, live: str
+) -> None:
+    """A code block longer than a block may grow is sent in pieces (the fence closed and
+    reopened). The widget view hides the seams: every line of code sits where it will in the
+    final output, nothing jumps. The display view's status line is below the code, never in it
+    (its pieces are outputs of their own, with the front end's spacing between them)."""
+    shown = threading.Event()
+    fake.push(Turn(text=LONG_CODE, chunk=8, delay=0.01, stall_after=-(-len(LONG_CODE) // 8),
+                   hold=shown))
+    nb = open_notebook([LOAD + f"\n%config ChatMagics.live = {live!r}", "%%chat\nLong code."],
+                       name=f"long-code-{live}")
+    nb.run(0)
+    nb.start_watching(1, r"<sub>[^\n]*|\*\*fake")  # a raw status line, however briefly
+    try:
+        before = nb.start(1)
+        wait_until(lambda: nb.prompt(1) == "[*]:" and "Done." in nb.output_text(1),
+                   40, 0.05, "the live view to show the whole answer")
+        nb.page.wait_for_timeout(300)
+        pieces = nb.output(1).locator(".jp-RenderedMarkdown pre").count()
+        live_tops = nb.page.evaluate(_CODE_LINE_TOPS_JS, 1)
+        text = nb.output_text(1)
+        nb.screenshot(f"long-code-{live}-live", upto_cell=1)
+    finally:
+        shown.set()
+    nb.wait_done(1, before, timeout=60)
+    nb.page.wait_for_timeout(300)
+    nb.screenshot(f"long-code-{live}-final", upto_cell=1)
+    final_tops = nb.page.evaluate(_CODE_LINE_TOPS_JS, 1)
+    assert nb.output(1).locator(".jp-RenderedMarkdown pre").count() == 1
+    assert pieces >= 4, f"the code block was not sent in pieces ({pieces} code blocks)"
+    raw = nb.stop_watching()
+    assert not raw, f"the status line was shown raw: {raw}"
+    assert "<sub>" not in text and "streaming" in text, f"the status line is raw:\n{text}"
+    if live == "display":
+        return
+    assert sorted(live_tops, key=int) == [str(i) for i in range(40)], live_tops
+    assert sorted(final_tops, key=int) == [str(i) for i in range(40)], final_tops
+    moved = [f"value_{i}: {live_tops[i]:.1f} → {final_tops[i]:.1f} px"
+             for i in sorted(live_tops, key=int) if abs(live_tops[i] - final_tops[i]) > 1]
+    assert not moved, "code lines moved when the answer completed:\n" + "\n".join(moved)
+
+
 def test_notes_stay_and_a_retry_is_one_quiet_line(
     open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
 ) -> None:

@@ -62,6 +62,65 @@ def test_long_text_is_cut_in_blocks_so_updates_stay_small(shell: Any) -> None:
     assert max(len(u) for u in updates) <= 100 + 40
 
 
+def _top_level(markdown: str) -> list[tuple[str, str]]:
+    """``(token type, source)`` of every top-level block ``markdown`` renders to."""
+    from markdown_it import MarkdownIt
+
+    lines = markdown.split("\n")
+    tokens = MarkdownIt("commonmark", {"html": True}).enable("table").parse(markdown)
+    return [
+        (t.type.removesuffix("_open"), "\n".join(lines[t.map[0] : t.map[1]]))
+        for t in tokens
+        if t.level == 0 and t.nesting >= 0 and t.map is not None
+    ]
+
+
+@pytest.mark.parametrize("chars", [60, 600])
+def test_the_status_line_is_never_inside_a_growing_code_block(shell: Any, chars: int) -> None:
+    """The display view's live output is the growing block and the status line: a code block
+    still open (short, or a long one's continuation) is closed before it, so the status line is
+    rendered as a line of its own, never shown as code (a raw ``<sub>**m** · streaming…</sub>``)."""
+    front = shell.front
+    front.reset()
+    view = DisplayView(["m"], rate=1000, block_chars=chars)
+    view.start()
+    answer = "Some code:\n\n```python\n" + "".join(
+        f"value_{i} = compute({i})  # step {i}\n" for i in range(30)
+    )
+    lives = []
+    for i in range(0, len(answer), 7):
+        view.feed(0, text(answer[i : i + 7]))
+        time.sleep(0.002)
+        view.tick()
+        live = front.outputs[-1]["data"]["text/markdown"]
+        if "```" in live:
+            lives.append(live)
+    assert len(lives) > 10
+    for live in lives:
+        blocks = _top_level(live)
+        assert blocks[-1] == ("paragraph", "<sub>**m** · streaming…</sub>"), live
+        assert [kind for kind, _ in blocks[:-1]] in (["fence"], ["paragraph", "fence"]), live
+        assert "<sub>" not in front.outputs[-1]["data"]["text/plain"]
+
+
+@pytest.mark.parametrize(
+    ("markdown", "closed"),
+    [
+        ("```py\nx = 1", "```py\nx = 1\n```"),
+        ("```py\nx = 1\n```", "```py\nx = 1\n```"),  # closed already
+        ("~~~~\nx\n~~~", "~~~~\nx\n~~~\n~~~~"),  # a shorter fence does not close it
+        ("````\nx\n```", "````\nx\n```\n````"),
+        ("- a\n  ```\n  code", "- a\n  ```\n  code"),  # the list ends before the status line
+        ("> ```\n> code", "> ```\n> code"),
+        ("text `code`", "text `code`"),
+    ],
+)
+def test_close_open_fence(markdown: str, closed: str) -> None:
+    from dispatch_nb.notebook.blocks import close_open_fence
+
+    assert close_open_fence(markdown) == closed
+
+
 @pytest.mark.parametrize("live", ["display", "text"])
 def test_bytes_grow_linearly_with_the_answer(shell: Any, fake: Any, live: str, capfd: Any) -> None:
     run(shell, f'%config ChatMagics.live = "{live}"')
