@@ -312,9 +312,9 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
     premium = 0.0
     for row in rows:
         c = row.cost
-        if c.calls == c.replayed and c.unknown == 0 and row.calls == 0:
+        if row.calls == 0:  # every answer replayed: nothing sent, nothing spent
             usd = "—"
-        elif c.unknown == c.calls:
+        elif c.unknown == row.calls:  # the answers sent had no price (replays spent nothing)
             usd = "unknown"
         else:
             usd = format_usd(c.usd) + (f" (+{c.unknown} unknown)" if c.unknown else "")
@@ -323,8 +323,8 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
             "tokens in": row.input_tokens, "out": row.output_tokens, "cached": row.cached_tokens,
             "USD": usd,
             "premium requests": "" if c.premium_requests is None else f"{c.premium_requests:g}",
-            "replayed (saved)": (f"{c.replayed} ({format_usd(c.saved_usd)})" if c.replayed
-                                 else ""),
+            "replayed (saved)": (f"{c.replayed}" + (f" ({format_usd(c.saved_usd)})" if c.saved_usd
+                                                    else "") if c.replayed else ""),
         }
         table.append(line)
         total.usd += c.usd

@@ -22,6 +22,7 @@ from dispatch_nb.cost import format_usd, ledger
 from dispatch_nb.providers.copilot import CopilotAdapter
 from dispatch_nb.providers.openai import OpenAIAdapter
 from tests.fakes.copilot import CopilotFake
+from tests.fakes.openai_chat import OpenAIChatFake
 from tests.fakes.openai_responses import OpenAIResponsesFake
 from tests.kernels import notebook_client
 from tests.notebook.conftest import chat_env, run
@@ -157,6 +158,12 @@ def test_chat_cost_shows_premium_requests_and_what_replays_saved(
         first = cached.chat("hello")
         cached.chat("hello")
         cached.close()
+    with OpenAIChatFake.llama() as llama:  # a server with no price: its replay saves nothing known
+        unpriced = CachedAdapter(OpenAIAdapter("smollm2", backend="compatible", base_url=llama.base_url),
+                                 ResponseCache(tmp_path / "u.jsonl", mode="read-write"))
+        unpriced.chat("hello")
+        unpriced.chat("hello")
+        unpriced.close()
     assert first.cost is not None and first.cost.usd is not None
     assert run(shell, "%chat cost").success
     shown = shell.front.outputs[-1]["data"]["text/markdown"]
@@ -167,7 +174,10 @@ def test_chat_cost_shows_premium_requests_and_what_replays_saved(
     cells = [c.strip() for c in openai_row.strip("|").split("|")]
     assert cells[1] == "1" and cells[5] == format_usd(first.cost.usd)
     assert cells[7] == f"1 ({format_usd(first.cost.usd)})"
-    assert "Replayed from the response cache: 1 answer, " in shown
+    assert "Replayed from the response cache: 2 answers, " in shown
+    llama_row = next(line for line in shown.splitlines() if "compatible:smollm2" in line)
+    cells = [c.strip() for c in llama_row.strip("|").split("|")]
+    assert cells[1] == "1" and cells[5] == "unknown" and cells[7] == "1"  # sent once, replayed once
 
 
 def test_each_only_options_are_refused_elsewhere(shell: Any, fake: Any) -> None:
