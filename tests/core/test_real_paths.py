@@ -266,16 +266,21 @@ def test_asyncio_wait_for_cancels_the_call_and_closes_its_connection(fake: Canon
     else:
         fake.push(Turn(text="abcdefgh", chunk=2, stall_after=2, stall=3.0))
 
+    # long enough for the request to reach the server on a busy machine: cancelled before it is
+    # sent, the call would leave the stall to the next request (and test nothing)
+    timeout = 1.0
+
     async def main() -> float:
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(adapter.achat("x", stream=True), timeout=0.3)
+            await asyncio.wait_for(adapter.achat("x", stream=True), timeout=timeout)
         waited = time.monotonic() - started
+        assert len(fake.chat_requests) == 1  # the call under test was on the wire
         # the adapter is still usable on the same loop, and answers the next call
         assert (await adapter.achat("after", stream=True)).text == "echo: after"
         return waited
 
-    assert asyncio.run(main()) < 0.3 + CANCEL_BUDGET
+    assert asyncio.run(main()) < timeout + CANCEL_BUDGET
     assert closed_by_client(fake)
     adapter.close()
 
