@@ -174,7 +174,11 @@ class Accumulator:
         """Append text (to the open text block with this key, else a new one)."""
         last = self._last
         if type(last) is _Text and last.key == key and provider_data is None:
-            last.add(text)  # the hot path of every stream: the open block grows
+            parts = last.parts  # the hot path of every stream: the open block grows (_Prose.add)
+            parts.append(text)
+            if len(parts) >= _BATCH:
+                last.batches.append("".join(parts))
+                parts.clear()
         else:
             self._add_text(text, key, provider_data)
         return text_delta("text_delta", text)

@@ -169,6 +169,8 @@ class MessagesStreamParser:
             return ()  # empty, or not JSON: nothing we can use (robust parsing, PROTOCOLS §0)
         if not isinstance(data, dict):
             return ()
+        if data.get("type") == "content_block_delta":  # most events: text, straight to _delta
+            return self._delta(int(data.get("index", 0)), data.get("delta") or {})
         return self.handle(data, event.event)
 
     def end(self) -> Iterable[StreamDelta]:
@@ -309,9 +311,9 @@ class MessagesStreamParser:
     def _delta(self, index: int, delta: Mapping[str, Any]) -> Iterable[StreamDelta]:
         acc = self.acc
         dtype = delta.get("type")
-        kind = self._kinds.get(index)
         if dtype == "text_delta":
             return (acc.text(str(delta.get("text", "")), key=index),)
+        kind = self._kinds.get(index)
         if dtype == "thinking_delta":
             return (acc.thinking(str(delta.get("thinking", "")), key=index),)
         if dtype == "signature_delta":

@@ -393,8 +393,21 @@ class ChatStreamParser:
             chunk = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return ()  # keep-alive junk: nothing to show
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:
             return ()
+        # the common chunk: one choice whose delta is text alone (what most of a stream is)
+        choices = chunk.get("choices")
+        if type(choices) is list and len(choices) == 1 and not chunk.get("usage"):
+            choice = choices[0]
+            delta = choice.get("delta") if type(choice) is dict else None
+            if type(delta) is dict and len(delta) == 1 and not choice.get("finish_reason"):
+                content = delta.get("content")
+                if content and type(content) is str and not chunk.get("error"):
+                    model = chunk.get("model")
+                    if model:
+                        self.acc.model = model
+                    self._open_part = None
+                    return (self.acc.text(content),)
         return self.feed_chunk(chunk)
 
     def feed_chunk(self, chunk: dict[str, Any]) -> list[StreamDelta]:

@@ -303,7 +303,9 @@ class ResponsesStreamParser:
         kind = data.get("type")
         acc = self.acc
         if kind == "response.output_text.delta":
-            return (acc.text(data.get("delta", ""), key=self._key(data)),)
+            index = data.get("output_index")  # self._key(data), inlined: most events are these
+            key = _output_key(index) if type(index) is int else self._key(data)
+            return (acc.text(data.get("delta", ""), key=key),)
         if kind == "response.function_call_arguments.delta":
             key = self._key(data)
             if acc.has_tool(key):
