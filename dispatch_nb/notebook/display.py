@@ -296,8 +296,8 @@ def final_output(
                       **(extra or {})}, notes)
     if failed and transcript.empty:
         meta["dispatch_nb"]["footer"] = ""
-        if not notes:
-            return FinalOutput({"text/plain": ""}, meta, terminal="")
+        if not notes:  # nothing to show: the error follows
+            return FinalOutput({}, meta, terminal="")
         # a terminal printed the notes when the cell started: nothing more to print
         return FinalOutput({"text/markdown": top.rstrip("\n"), "text/plain": top_plain.rstrip("\n")},
                            meta, terminal="")

@@ -43,11 +43,13 @@ def ipy_display(obj: Any, **kwargs: Any) -> Any:
 
 
 def _replace_outputs(final: FinalOutput) -> None:
-    """Clear the cell's live outputs and display the one static ``final`` output instead."""
+    """Clear the cell's live outputs and display the one static ``final`` output instead (none
+    when it has nothing to show)."""
     from IPython.display import clear_output
 
     clear_output(wait=True)  # type: ignore[no-untyped-call]
-    ipy_display(final.data, metadata=final.metadata, raw=True)
+    if final.data:
+        ipy_display(final.data, metadata=final.metadata, raw=True)
 
 
 def close_widgets(widgets: Iterable[Any]) -> None:

@@ -11,7 +11,7 @@ import html
 from typing import TYPE_CHECKING, Any
 
 from .blocks import BLOCK_LIMIT, Block, MarkdownBlocks
-from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, close_widgets, ipy_display
+from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, _replace_outputs, close_widgets, ipy_display
 
 if TYPE_CHECKING:
     from ..turn import ToolRun
@@ -414,7 +414,9 @@ class WidgetView(LiveView):
         self.columns[index].done(self.footers[index])
 
     def _finish(self, final: FinalOutput) -> None:
-        if self.handle is not None:
+        if not final.data:  # nothing to show (a cell that failed before its first token)
+            _replace_outputs(final)
+        elif self.handle is not None:
             self.handle.update(final.data, metadata=final.metadata, raw=True)
         self.close()
 

@@ -166,6 +166,26 @@ def test_notebook_in_a_real_kernel(servers: tuple[CanonicalFake, FakeGitHub], tm
     nbformat.validate(nb)
 
 
+@pytest.mark.parametrize("live", ["widget", "display"])
+def test_a_cell_that_fails_before_its_first_token_saves_only_the_error(
+    servers: tuple[CanonicalFake, FakeGitHub], tmp_path: Any, live: str
+) -> None:
+    # nothing arrived: no empty answer, no empty output, no widget; the error alone
+    fake, github = servers
+    cells = [f"%load_ext dispatch_nb\n%config ChatMagics.live = '{live}'", "%%chat\nThis one fails."]
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    nb.cells[1].metadata["tags"] = ["raises-exception"]
+    client = notebook_client(nb, timeout=60, allow_errors=False)
+    with client.setup_kernel(env=kernel_env(fake, github, tmp_path)):
+        client.execute_cell(nb.cells[0], 0)
+        fake.push(Fail(401, "invalid api key", "authentication_error"))
+        client.execute_cell(nb.cells[1], 1)
+    outputs = nb.cells[1].outputs
+    assert [o.output_type for o in outputs] == ["error"], outputs
+    assert "AuthenticationError" in outputs[0].traceback[0]
+    assert not nb.metadata.get("widgets")
+
+
 # -- bytes on the wire ---------------------------------------------------------------------------
 
 
