@@ -589,7 +589,9 @@ def test_repeated_rows_each_get_an_answer_and_resume(tmp_path: Path) -> None:
 def test_a_killed_kernel_loses_at_most_the_rows_in_flight(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     rows = [f"row {i}" for i in range(30)]
-    with BatchFake(events=10, delay=0.03) as fake:
+    # rows 9 and on wait until their client hangs up: the kill lands with three rows in flight
+    # however busy the machine is (a kill timed by the clock could land after the last row)
+    with BatchFake(events=10, delay=0.03, stall={row: 60.0 for row in rows[9:]}) as fake:
         script = (
             "import sys; from dispatch_nb import batch; from dispatch_nb.providers.fake import "
             "CanonicalAdapter\n"
@@ -600,7 +602,8 @@ def test_a_killed_kernel_loses_at_most_the_rows_in_flight(tmp_path: Path) -> Non
                                   "PYTHONPATH": str(REPO)})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if path.exists() and len(path.read_text().splitlines()) >= 9:
+            if (path.exists() and len(path.read_text().splitlines()) >= 9
+                    and sum(fake.asked.values()) >= 12):
                 break
             time.sleep(0.02)
         kernel.kill()  # SIGKILL: no cleanup, no flush of anything we did not write already
@@ -609,6 +612,7 @@ def test_a_killed_kernel_loses_at_most_the_rows_in_flight(tmp_path: Path) -> Non
         asked_before = sum(fake.asked.values())
         assert 9 <= len(done_before) < 30
         assert asked_before - len(done_before) <= 3  # in flight when killed: at most concurrency
+        fake.stall.clear()
         result = batch("{row}", rows, model=adapter_for(fake), checkpoint=path, progress=False)
         resent = sum(fake.asked.values()) - asked_before
     assert result.ok == 30 and result.texts == [f"echo: {r}" for r in rows]

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import trustme
 
-from dispatch_nb import APIConnectionError, APITimeoutError, CancelToken, RequestCancelled
+from dispatch_nb import APIConnectionError, APITimeoutError, CancelToken, RequestCancelled, http_adapter
 from dispatch_nb.providers.fake import CanonicalAdapter
 
 from ..fakes.canonical import CanonicalFake
@@ -474,11 +474,14 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_streamed_answers_reuse_their_connection(
-    fake: CanonicalFake, transport: str, mode: str
+    fake: CanonicalFake, transport: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A stream's terminal event comes just before the chunked body's closing bytes: reading stopped
     # at the event, the pool would drop the connection and every streamed call would pay a TCP
-    # (and, to a real provider, TLS) handshake. Here the closing bytes come 50 ms after the event.
+    # (and, to a real provider, TLS) handshake. Here the closing bytes come 50 ms after the event;
+    # the wait for them is longer than its 0.25 s here: on a busy machine the fake's thread can be
+    # late by more than that
+    monkeypatch.setattr(http_adapter, "RELEASE_SECONDS", 5.0)
     for i in range(4):
         fake.push(Turn(text=f"answer {i}", stall_after=10**6, stall=0.05))
     adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
