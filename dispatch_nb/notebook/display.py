@@ -19,6 +19,7 @@ from ..render import (
     parsed_rows,
     raw_json,
     short_line,
+    thinking_details,
 )
 from ..turn import ToolRun, TurnAccumulator
 from ..types import Usage
@@ -102,13 +103,7 @@ class Transcript(TurnAccumulator):
             if isinstance(part, ToolRun):
                 out.append(tool_markdown(part).strip("\n"))
             elif part.kind == "thinking":
-                body = part.text.strip()
-                if body:
-                    out.append(
-                        "<details><summary>Thinking</summary>\n\n"
-                        + html.escape(body, quote=False)
-                        + "\n\n</details>\n"
-                    )
+                out.append(thinking_details(part.text))
             else:
                 out.append(part.text.strip("\n"))
         return "\n\n".join(s for s in out if s) or "*(no text)*"
