@@ -27,6 +27,7 @@ __all__ = [
     "response_markdown",
     "rows_markdown",
     "short_line",
+    "thinking_details",
 ]
 
 
@@ -177,16 +178,7 @@ def response_markdown(
     structured answer: :func:`parsed_markdown`)."""
     if response.parsed is not None:
         return parsed_markdown(response, footer=footer, latency=latency)
-    out: list[str] = []
-    thinking = response.thinking
-    if thinking.strip():
-        out.append(
-            "<details><summary>Thinking</summary>\n\n"
-            + html.escape(thinking.strip(), quote=False)
-            + "\n\n</details>\n"
-        )
-    if response.text:
-        out.append(response.text)
+    out = [part for part in (thinking_details(response.thinking), response.text) if part]
     for call in response.tool_calls:
         args = json.dumps(call.arguments, ensure_ascii=False)
         out.append(f"\n🔧 `{call.name}({args})`")
@@ -195,6 +187,12 @@ def response_markdown(
     if footer:
         out.append(f"\n\n<sub>{html.escape(footer_text(response, latency=latency))}</sub>")
     return "\n".join(out)
+
+
+def thinking_details(thinking: str) -> str:
+    """Thinking as Markdown, folded in a ``<details>`` (``""`` when there is none)."""
+    body = html.escape(thinking.strip(), quote=False)
+    return f"<details><summary>Thinking</summary>\n\n{body}\n\n</details>\n" if body else ""
 
 
 def markdown_to_html(text: str) -> str | None:
@@ -239,11 +237,14 @@ def parsed_rows(value: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _cell_text(value: Any) -> str:
+    """A table cell's text: ``""`` for None, a string as it is, anything else as JSON."""
+    return "" if value is None else value if isinstance(value, str) else json.dumps(
+        value, ensure_ascii=False)
+
+
 def _md_cell(value: Any) -> str:
-    if value is None:
-        return ""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", "<br>")
+    return html.escape(_cell_text(value), quote=False).replace("|", "\\|").replace("\n", "<br>")
 
 
 def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None, start: int = 1) -> str:
@@ -301,9 +302,7 @@ def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None
     cells, lines = _grid(rows, len(rows) > 1)
 
     def cell(value: Any, tag: str = "td") -> str:
-        text = "" if value is None else value if isinstance(value, str) else json.dumps(
-            value, ensure_ascii=False)
-        return f"<{tag}>{html.escape(text)}</{tag}>"
+        return f"<{tag}>{html.escape(_cell_text(value))}</{tag}>"
 
     head = "".join(cell(c, "th") for c in cells)
     body = "".join("<tr>" + "".join(map(cell, line)) + "</tr>" for line in lines)

@@ -19,6 +19,7 @@ from ..render import (
     parsed_rows,
     raw_json,
     short_line,
+    thinking_details,
 )
 from ..turn import ToolRun, TurnAccumulator
 from ..types import Usage
@@ -102,13 +103,7 @@ class Transcript(TurnAccumulator):
             if isinstance(part, ToolRun):
                 out.append(tool_markdown(part).strip("\n"))
             elif part.kind == "thinking":
-                body = part.text.strip()
-                if body:
-                    out.append(
-                        "<details><summary>Thinking</summary>\n\n"
-                        + html.escape(body, quote=False)
-                        + "\n\n</details>\n"
-                    )
+                out.append(thinking_details(part.text))
             else:
                 out.append(part.text.strip("\n"))
         return "\n\n".join(s for s in out if s) or "*(no text)*"
@@ -386,16 +381,12 @@ def compare_output(
         plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n[error] {e.error}" if e.error else ""))
     if parsed is not None and any(r is not None for r in parsed):
         answers = [(e.spec, r) for e, r in zip(entries, parsed, strict=True) if r is not None]
-        body = compare_parsed_markdown(answers)
-        failed = [
+        failed = [e for e, r in zip(entries, parsed, strict=True) if r is None]
+        sections = [compare_parsed_markdown(answers), *(
             f"#### {e.spec}\n\n{e.transcript.markdown() if not e.transcript.empty else ''}"
-            f"\n\n⚠ *{html.escape(e.error or 'no structured answer')}*"
-            for e, r in zip(entries, parsed, strict=True) if r is None
-        ]
-        sections = [body, *failed]
-        plain = [f"== {e.spec} ==\n{r.text}" for e, r in zip(entries, parsed, strict=True)
-                 if r is not None] + [f"== {e.spec} ==\n[error] {e.error}"
-                                      for e, r in zip(entries, parsed, strict=True) if r is None]
+            f"\n\n⚠ *{html.escape(e.error or 'no structured answer')}*" for e in failed)]
+        plain = ([f"== {spec} ==\n{r.text}" for spec, r in answers]
+                 + [f"== {e.spec} ==\n[error] {e.error}" for e in failed])
     md = notes_markdown(list(notes or [])) + "\n".join(rows) + "\n\n" + "\n\n---\n\n".join(sections)
     compared = [{**e.transcript.metadata(e.latency, e.ttft), "error": e.error} for e in entries]
     meta = _metadata({"compare": compared, **(extra or {})}, list(notes or []))

@@ -112,10 +112,7 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         fill(next(iter(names))[1])
     except ValueError as exc:  # a TemplateError, or a PromptError ({1/0} raised)
         raise UsageError(f"--each {args.each.strip()}: {exc}") from None
-    try:
-        provider, _model = parse_model_spec(spec)
-    except Exception as exc:
-        raise explain_error(exc, spec=spec) from None
+    provider, _model = parse_model_spec(spec)  # state.model_specs checked it
     if state.needs_login(provider, mode):
         ensure_copilot_login(state)
     cache = state.response_cache(mode) if mode != "off" else None

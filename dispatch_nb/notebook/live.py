@@ -439,13 +439,12 @@ class TextView(LiveView):
 def make_view(
     mode: str, titles: list[str], *, rate: float = DEFAULT_RATE, in_kernel: bool = False
 ) -> LiveView:
-    """The live view for ``mode`` (``widget`` / ``display`` / ``text``)."""
+    """The live view for ``mode``: ``widget``, ``display`` or ``text`` (what :func:`detect_mode`
+    returns)."""
     if mode == "widget":
         from .live_widget import WidgetView
 
         return WidgetView(titles, rate=rate)
     if mode == "display":
         return DisplayView(titles, rate=rate)
-    if mode == "text":
-        return TextView(titles, rate=rate, in_kernel=in_kernel)
-    raise ValueError(f"unknown live mode {mode!r}")
+    return TextView(titles, rate=rate, in_kernel=in_kernel)
