@@ -52,7 +52,7 @@ from ..wire.chat_completions import (
     ChatCompletionsWire,
     ChatQuirks,
 )
-from ..wire.request import requested_mode, unsupported_mode
+from ..wire.request import requested_mode
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .copilot_errors import copilot_error
 from .copilot_models import (
@@ -368,19 +368,15 @@ class CopilotAdapter(HTTPAdapter):
         ``response_format`` (``json_schema``) for OpenAI's models on ``/chat/completions``; a
         forced function (``tool``) for the other vendors' models there (Claude, Gemini...), for
         which Copilot does not document ``response_format``."""
-        if request.output is None:
-            return None
-        mode = requested_mode(self, request)
         wire = self.wire
-        if mode == "auto":
-            if wire.native_output == "text.format" or is_openai_model(self._entry, self._model):
-                return wire.native_output
+        if (
+            request.output is not None
+            and requested_mode(self, request) == "auto"
+            and wire.native_output != "text.format"
+            and not is_openai_model(self._entry, self._model)
+        ):
             return "tool"
-        if mode == "native":
-            return wire.native_output
-        if mode in wire.output_modes:
-            return mode
-        raise unsupported_mode(self, mode, ("auto", "native", "tool", "prompt"))
+        return wire.output_mode_for(self, request)
 
     def build_request(self, request: ChatRequest) -> WireRequest:
         """The model's wire format's request, with Copilot's per-request headers and the

@@ -446,12 +446,6 @@ class ChatStreamParser:
 
     def _delta(self, delta: dict[str, Any], cidx: int, out: list[StreamDelta]) -> None:
         acc = self.acc
-        if len(delta) == 1:  # the common chunk, ``{"content": "..."}``: text and nothing else
-            content = delta.get("content")
-            if content and type(content) is str:
-                self._open_part = None
-                out.append(acc.text(content))
-                return
         for field in self.reasoning_fields:
             text = delta.get(field)
             if text and isinstance(text, str):

@@ -354,10 +354,10 @@ class ResponsesStreamParser:
         item_id = str(data.get("item_id") or "")
         return self._key_of_id.get(item_id, item_id or "output0")
 
-    def _place(self, item: Mapping[str, Any], data: Mapping[str, Any] | None) -> tuple[str, int]:
+    def _place(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> tuple[str, int]:
         """An item's block key and where it goes: its ``output_index`` (the key of its id from
         then on), else its place in arrival order."""
-        index = (data or {}).get("output_index")
+        index = data.get("output_index")
         item_id = str(item.get("id") or "")
         if isinstance(index, int):
             key = _output_key(index)
@@ -399,9 +399,7 @@ class ResponsesStreamParser:
             out.append(acc.tool_delta(key, fragment))
         return out
 
-    def item_done(
-        self, item: Mapping[str, Any], data: Mapping[str, Any] | None = None
-    ) -> list[StreamDelta]:
+    def item_done(self, item: Mapping[str, Any], data: Mapping[str, Any]) -> list[StreamDelta]:
         """Record one complete output item (``output_item.done``, or a body's output), which
         replaces what its ``output_index`` streamed: a message, reasoning or function call
         becomes its block; any other item an empty :class:`TextBlock` keeping it verbatim."""
