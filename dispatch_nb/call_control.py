@@ -93,21 +93,6 @@ class CallControl(_Clock):
     """Deadline + cancel token + abort hooks for one call (sync or async). The deadline counts
     from the first read of the stream (:meth:`start_async`), not from when it was created."""
 
-    __slots__ = (
-        "_aborted_after",
-        "_hooks",
-        "_lock",
-        "_remove_cancel",
-        "_timer",
-        "cancel",
-        "deadline",
-        "outer",
-        "provider",
-        "reason",
-        "started_at",
-        "timeout",
-    )
-
     def _attach(self, cancel: CancelToken | None) -> None:
         self.cancel = cancel
         self.reason: AbortReason | None = None
@@ -199,8 +184,6 @@ class TurnControl(_Clock, CancelToken):
     token) cancels the turn. Between calls :meth:`check` raises the turn's error;
     :meth:`run_async` waits for async work (tools) under the turn's deadline and cancel switch.
     """
-
-    __slots__ = ("_remove_parent", "deadline", "outer", "provider", "started_at", "timeout")
 
     def _attach(self, cancel: CancelToken | None) -> None:
         self._remove_parent: Callable[[], None] | None = None

@@ -26,18 +26,17 @@ class RowBudget:
         self.budget = budget
         self.adapter = adapter
         self.call = call
-        output_retries = call.options.get("output_retries")
-        self.calls = 1
-        if call.options.get("output") is not None:
-            self.calls += 1 if output_retries is None else int(output_retries)
 
     def worst(self, messages: str | list[Message], *, batch: bool = False) -> Decimal:
         """The most one attempt of this row can cost (``batch``: answered through the
         provider's batch API, at its batch price; ``ValueError`` when the price is unknown)."""
+        calls, retries = 1, self.call.options.get("output_retries")
+        if self.call.options.get("output") is not None:  # with its retries (output_retries=)
+            calls += 1 if retries is None else int(retries)
         one = worst_case(self.adapter, as_messages(messages), system=self.call.system,
                          tools=self.call.tools, max_tokens=self.call.options.get("max_tokens"),
                          output=self.call.options.get("output"), batch=batch)
-        return one if batch else one * self.calls  # a deferred row is asked once
+        return one if batch else one * calls  # a deferred row is asked once
 
     async def reserve(self, messages: str | list[Message], cancel: CancelToken) -> Decimal:
         """Reserve the row's worst case, waiting while rows in flight may free some; raises

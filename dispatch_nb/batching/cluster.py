@@ -21,7 +21,7 @@ from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..types import Response, Usage
 from .checkpoint import Checkpoint, shared_checkpoint
-from .engine import BatchSettings, Pending, RowRunner, chat_request, prepare_rows, resume
+from .engine import BatchSettings, Pending, RowRunner, prepare_rows, resume
 from .plan import aclose_adapter, mark_not_sent, resolve_adapter
 from .progress import BatchProgress
 from .result import BatchResult, RowOrigin, is_not_sent, not_sent
@@ -90,10 +90,7 @@ def run_partition(task: PartitionTask) -> BatchResult:
 
     async def go() -> None:
         try:
-            if pending:
-                chat_request(adapter, pending[0].messages, task.call, stream=task.call.stream,
-                             max_retries=0)
-                await runner.run(iter(pending))
+            await runner.run(iter(pending))
         finally:
             await aclose_adapter(adapter)
 

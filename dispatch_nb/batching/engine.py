@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -196,7 +197,17 @@ class RowRunner:
         return not_sent(self.result, self.cancel, self.adapter.provider_name)
 
     async def run(self, rows: Iterator[Pending]) -> None:
-        """Run every row of ``rows`` (read one at a time, as slots free up)."""
+        """Run every row of ``rows`` (read one at a time, as slots free up); first the first
+        row's request and worst case are made, so that what would fail every row alike (an
+        option the adapter rejects, an unknown price) fails before anything is sent."""
+        first = next(rows, None)
+        if first is None:
+            return
+        chat_request(self.adapter, first.messages, self.call, stream=self.call.stream,
+                     max_retries=0)
+        if self.budget is not None:
+            self.budget.worst(first.messages)
+        rows = itertools.chain([first], rows)
         loop = asyncio.get_running_loop()
 
         def on_cancel() -> None:

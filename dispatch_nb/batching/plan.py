@@ -13,7 +13,7 @@ from ..adapter import Adapter
 from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError, RequestCancelled
-from ..registry import connect, parse_model_spec
+from ..registry import parse_model_spec
 from ..replay_only import connect_for_cache
 from .engine import BatchSettings
 from .result import NOT_SENT, BatchResult, RowOrigin, not_sent
@@ -49,12 +49,9 @@ def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[
     """The adapter rows go through (behind the response cache when one is given), and whether
     the batch built it (then the batch closes it)."""
     owned = not isinstance(model, Adapter)
-    if isinstance(model, Adapter):
-        adapter = model
-    elif cache is not None:
-        adapter = connect_for_cache(model, cache.mode)
-    else:
-        adapter = connect(model)
+    # connect_for_cache: connect(), but in replay mode the model need not be able to run here
+    adapter = model if isinstance(model, Adapter) \
+        else connect_for_cache(model, cache.mode if cache is not None else "off")
     if cache is not None and cache.mode != "off":
         adapter = CachedAdapter(adapter, cache)
     return adapter, owned

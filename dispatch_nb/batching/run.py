@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -23,7 +22,7 @@ from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .cluster import dask_partition_size, run_on_dask
 from .deferred import TICK, BatchPendingError, DeferredRun, in_thread
-from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, chat_request, prepare_rows
+from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, prepare_rows
 from .plan import BatchPlan, aclose_adapter, finish, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
@@ -37,8 +36,8 @@ log = logging.getLogger("dispatch_nb")
 async def _premium(adapter: Adapter, result: BatchResult) -> None:
     """A provider that counts premium requests (its descriptor's ``premium_multiplier``: GitHub
     Copilot) bills each model call × the model's premium multiplier."""
-    descriptor = find_descriptor(adapter.provider_name)
-    if descriptor is None or not descriptor.premium_multiplier or not result.model_calls:
+    descriptor = find_descriptor(adapter.provider_name) if result.model_calls else None
+    if descriptor is None or not descriptor.premium_multiplier:
         return
     with contextlib.suppress(Exception):
         for info in await adapter.alist_models():
@@ -93,19 +92,11 @@ class _Job:
         try:
             rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
                                 checkpoint, result)
-            first = next(rows, None)
-            if first is None:
-                return
-            chat_request(adapter, first.messages, plan.call, stream=plan.call.stream,
-                         max_retries=0)  # an option the adapter rejects fails before sending
-            budget = None
-            if result.budget is not None:
-                budget = RowBudget(result.budget, adapter, plan.call)
-                budget.worst(first.messages)  # an unknown price or max_tokens fails here too
+            budget = RowBudget(result.budget, adapter, plan.call) \
+                if result.budget is not None else None
             runner = RowRunner(adapter, plan.call, plan.settings, result=result,
-                               cancel=self.token, checkpoint=checkpoint,
-                               budget=budget)
-            await runner.run(itertools.chain([first], rows))
+                               cancel=self.token, checkpoint=checkpoint, budget=budget)
+            await runner.run(rows)
             await _premium(adapter, result)
         finally:
             if owned or close_adapter:
