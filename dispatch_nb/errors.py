@@ -230,24 +230,23 @@ STATUS_TABLE: dict[int, type[DispatchError]] = {
     429: RateLimitError,
 }
 
+#: the provider error types of a quota or spend limit: code ``quota_exceeded``, not retried
+QUOTA_TYPES = frozenset({"insufficient_quota", "quota_exceeded", "free_quota_exceeded",
+                         "overage_limit_reached", "billing_error", "enforced_spend_limit_reached"})
 #: provider error type/code → error class (its ``default_code``). Checked before the status table.
 TYPE_TABLE: dict[str, type[DispatchError]] = {
     error_type: cls
     for cls, error_types in (
         (ContextLengthError, "context_length_exceeded exceed_context_size_error string_above_max_length"),
         (ModelUnavailableError, "model_not_found model_not_supported unsupported_model"),
-        (RateLimitError, "rate_limit_error rate_limit_exceeded insufficient_quota quota_exceeded "
-                         "free_quota_exceeded overage_limit_reached billing_error "
-                         "enforced_spend_limit_reached"),
+        (RateLimitError, "rate_limit_error rate_limit_exceeded"),
         (ServerError, "overloaded_error api_error server_error timeout_error unavailable_error"),
         (AuthenticationError, "authentication_error permission_error invalid_api_key"),
         (RequestError, "request_too_large"),
     )
     for error_type in error_types.split()
 }
-#: the provider error types of a quota or spend limit: code ``quota_exceeded``, not retried
-QUOTA_TYPES = frozenset({"insufficient_quota", "quota_exceeded", "free_quota_exceeded",
-                         "overage_limit_reached", "billing_error", "enforced_spend_limit_reached"})
+TYPE_TABLE.update(dict.fromkeys(QUOTA_TYPES, RateLimitError))
 
 _CONTEXT_PHRASES = (
     "context length",
