@@ -110,9 +110,9 @@ async def prepare_async_transport() -> None:
 
 
 # -- the aiohttp transport ------------------------------------------------------------------------
-def _translate(exc: BaseException, reading: bool) -> BaseException:
-    """The httpx exception for an aiohttp failure (the one httpx's own transport raises for the
-    same failure: a dropped connection is a ``RemoteProtocolError``)."""
+def _reraise(exc: BaseException, reading: bool) -> NoReturn:
+    """Raise the httpx exception for an aiohttp failure (the one httpx's own transport raises for
+    the same failure: a dropped connection is a ``RemoteProtocolError``); anything else as it is."""
     import aiohttp
 
     original = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
@@ -137,15 +137,8 @@ def _translate(exc: BaseException, reading: bool) -> BaseException:
     elif isinstance(original, (aiohttp.ClientError, OSError)):
         new = httpx.ReadError(text) if reading else httpx.ConnectError(text)
     else:
-        return exc
-    return new
-
-
-def _reraise(exc: BaseException, reading: bool) -> NoReturn:
-    translated = _translate(exc, reading)
-    if translated is exc:
         raise exc
-    raise translated from (exc.__cause__ if isinstance(exc, httpx.HTTPError) else exc)
+    raise new from (exc.__cause__ if isinstance(exc, httpx.HTTPError) else exc)
 
 
 class _AiohttpBody(httpx.AsyncByteStream):
