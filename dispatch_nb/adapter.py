@@ -366,21 +366,17 @@ class Adapter:
             raise control.error() from exc
         if acc.started or control.reason is not None:
             return None
-        delay = -1.0 if self.should_retry_now(exc) else self._backoff(exc, attempt, retries, control)
-        if delay is not None:
-            self._log_retry(exc, attempt, max(delay, 0.0))
-            acc.reset()
-        return delay
-
-    def _backoff(
-        self, exc: DispatchError, attempt: int, retries: int, control: CallControl
-    ) -> float | None:
-        if attempt >= retries or not exc.retryable or exc.code == "quota_exceeded":
-            return None
-        delay = backoff_delay(attempt, exc.retry_after, self.retry_backoff)
-        remaining = control.remaining()
-        if delay is None or (remaining is not None and delay >= remaining):
-            return None
+        delay = -1.0
+        if not self.should_retry_now(exc):
+            if attempt >= retries or not exc.retryable or exc.code == "quota_exceeded":
+                return None
+            wait = backoff_delay(attempt, exc.retry_after, self.retry_backoff)
+            remaining = control.remaining()
+            if wait is None or (remaining is not None and wait >= remaining):
+                return None
+            delay = wait
+        self._log_retry(exc, attempt, max(delay, 0.0))
+        acc.reset()
         return delay
 
     def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
