@@ -233,13 +233,16 @@ class CostTotal:
         return self.unknown == 0
 
     def __str__(self) -> str:
-        parts = [format_usd(self.usd)]
+        # no answer sent had a price: no sum to show (an unknown price is never $0)
+        unpriced = self.unknown and self.unknown + self.replayed == self.calls
+        parts = ["price unknown" if unpriced else format_usd(self.usd)]
         if self.premium_requests is not None:
             parts.append(premium_words(self.premium_requests))
         text = " · ".join(parts)
         notes = []
         if self.unknown:
-            notes.append(f"{self.unknown} of {self.calls} answers' price unknown, not counted")
+            notes.append(f"{self.unknown} of {self.calls} answers' price unknown"
+                         + ("" if unpriced else ", not counted"))
         if self.replayed:
             saved = f", saved {format_usd(self.saved_usd)}" if self.saved_usd else ""
             notes.append(f"{self.replayed} replayed{saved}")

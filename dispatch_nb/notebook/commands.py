@@ -334,9 +334,12 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
         premium += c.premium_requests or 0
     from ..render import rows_markdown
 
-    notes = [f"Spent in this kernel: **{format_usd(total.usd)}**"
-             + (f" (and {total.unknown} answers whose price is unknown)" if total.unknown else "")
-             + "."]
+    unknown = f"{total.unknown:,} answer{'' if total.unknown == 1 else 's'} whose price is unknown"
+    if total.unknown and not any(r.cost.unknown < r.calls for r in rows):  # nothing has a price
+        notes = [f"Spent in this kernel: **unknown** ({unknown})."]
+    else:
+        notes = [f"Spent in this kernel: **{format_usd(total.usd)}**"
+                 + (f" (and {unknown})" if total.unknown else "") + "."]
     if premium:
         notes.append(f"GitHub Copilot: {premium_words(premium)} — "
                      f"{format_usd(PREMIUM_REQUEST_USD * Decimal(str(premium)))} at GitHub's "

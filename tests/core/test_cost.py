@@ -182,6 +182,7 @@ def test_unknown_price_is_none_never_zero() -> None:
         session.send("two")
         assert session.cost.unknown == 2 and session.cost.usd == 0 and not session.cost.known
         assert "2 of 2 answers' price unknown" in str(session.cost)
+        assert str(session.cost) == "price unknown (2 of 2 answers' price unknown)"  # never $0
     with OpenAIResponsesFake(api_key="sk-test") as fake:
         adapter = OpenAIAdapter("no-such-model-x1", backend="official", base_url=fake.base_url,
                                 api_key="sk-test")

@@ -178,6 +178,20 @@ def test_chat_cost_shows_premium_requests_and_what_replays_saved(
     llama_row = next(line for line in shown.splitlines() if "compatible:smollm2" in line)
     cells = [c.strip() for c in llama_row.strip("|").split("|")]
     assert cells[1] == "1" and cells[5] == "unknown" and cells[7] == "1"  # sent once, replayed once
+    assert "(and 1 answer whose price is unknown)." in shown
+
+
+def test_chat_cost_says_unknown_when_no_answer_had_a_price(shell: Any) -> None:
+    ledger.clear()
+    with OpenAIChatFake.llama() as llama:
+        adapter = OpenAIAdapter("smollm2", backend="compatible", base_url=llama.base_url)
+        adapter.chat("one")
+        adapter.chat("two")
+        adapter.close()
+    assert run(shell, "%chat cost").success
+    shown = shell.front.outputs[-1]["data"]["text/markdown"]
+    assert "Spent in this kernel: **unknown** (2 answers whose price is unknown)." in shown
+    assert "$0" not in shown
 
 
 def test_each_only_options_are_refused_elsewhere(shell: Any, fake: Any) -> None:
