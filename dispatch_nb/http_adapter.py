@@ -22,6 +22,7 @@ from .call_control import CallControl
 from .errors import (
     APIConnectionError,
     DispatchError,
+    ModelUnavailableError,
     error_for_status,
     looks_like_html,
     summarize_body,
@@ -181,7 +182,7 @@ class HTTPAdapter(Adapter):
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
         """The error for an HTTP error response."""
         message, etype = error_details(body)
-        return error_for_status(
+        error = error_for_status(
             status,
             message,
             provider=self.provider_name,
@@ -189,6 +190,9 @@ class HTTPAdapter(Adapter):
             headers=headers,
             request_id=self.error_request_id(body, headers),
         )
+        if isinstance(error, ModelUnavailableError) and self.model_name not in error.message:
+            error.message += f" [model {self.model_name!r}]"  # the server did not say which
+        return error
 
     def error_request_id(self, body: bytes, headers: httpx.Headers) -> str | None:
         """The id the server gave a failed request (support asks for it), for :meth:`parse_error`."""

@@ -19,6 +19,7 @@ from dispatch_nb import (
     AuthenticationError,
     CancelToken,
     Message,
+    ModelUnavailableError,
     RateLimitError,
     RequestCancelled,
     RequestError,
@@ -191,6 +192,21 @@ def test_http_error_mapping(
     assert err.message
     if status == 429:
         assert err.retry_after == 7
+
+
+def test_a_missing_model_is_named_when_the_server_does_not_name_it(
+    make: Any, fake: ProviderFake
+) -> None:
+    fake.push(Fail(404, "model not found", "not_found_error"))
+    adapter = make()
+    with pytest.raises(ModelUnavailableError) as info:
+        adapter.chat("x")
+    assert adapter.model_name in str(info.value)
+    named = f"The model `{adapter.model_name}` does not exist"
+    fake.push(Fail(404, named, "not_found_error"))
+    with pytest.raises(ModelUnavailableError) as info:
+        adapter.chat("x")
+    assert info.value.message.startswith(named) and "[model" not in info.value.message  # once
 
 
 def test_connection_refused(make: Any, fake: ProviderFake) -> None:

@@ -781,7 +781,7 @@ def test_fake_rejects_what_the_api_rejects(fake: AnthropicFake, messages: list[d
         (Fail(401, "invalid x-api-key"), AuthenticationError, "authentication_failed", False),
         (Fail(402, "Your credit balance is too low"), RateLimitError, "quota_exceeded", False),
         (Fail(403, "not allowed"), AuthenticationError, "authentication_failed", False),
-        (Fail(404, "model: claude-nope"), ModelUnavailableError, "model_unavailable", False),
+        (Fail(404, f"model: {MODEL}"), ModelUnavailableError, "model_unavailable", False),
         (Fail(413, "Request exceeds the maximum allowed number of bytes"), RequestError,
          "invalid_request", False),
         (Fail(429, "Number of request tokens has exceeded your rate limit",
