@@ -318,9 +318,16 @@ class Adapter:
     ) -> ChatRequest:
         unknown = set(options) - COMMON_OPTIONS - self.provider_options
         if unknown:
-            supported = sorted(COMMON_OPTIONS | self.provider_options)
+            import difflib
+            import inspect
+
+            named = [p.name for p in inspect.signature(Adapter._prepare).parameters.values()
+                     if p.kind is p.KEYWORD_ONLY]
+            supported = sorted({*named, *COMMON_OPTIONS, *self.provider_options})
+            close = [m for name in sorted(unknown) for m in difflib.get_close_matches(name, supported, 1)]
             raise TypeError(
-                f"{self.display_name} does not understand option(s) {', '.join(sorted(unknown))}; "
+                f"{self.display_name} does not understand option(s) {', '.join(sorted(unknown))}"
+                f"{' (did you mean ' + ', '.join(close) + '?)' if close else ''}; "
                 f"supported: {', '.join(supported)}"
             )
         msgs = as_messages(messages)

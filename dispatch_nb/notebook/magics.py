@@ -48,10 +48,16 @@ def usage_line(parser: Any) -> str:
 
 def _did_you_mean(parser: Any, message: str) -> str:
     """`` (did you mean --temperature?)`` for options argparse did not recognize that are close
-    to one the magic has (``--temprature``); ``""`` otherwise."""
+    to one the magic has (``--temprature``), or a choice close to one it offers (``%chat sttus``:
+    status); ``""`` otherwise."""
     import difflib
     import re
 
+    choice = re.search(r"invalid choice: '?([^' ]*)'? \(choose from (.*)\)", message)
+    if choice is not None:  # the choices quoted or not (Python versions differ)
+        offered = [c.strip("'") for c in choice.group(2).split(", ")]
+        close = difflib.get_close_matches(choice.group(1), offered, n=1, cutoff=0.6)
+        return f" (did you mean {close[0]}?)" if close else ""
     unknown = re.search(r"unrecognized arguments: (.*)", message)
     if unknown is None:
         return ""

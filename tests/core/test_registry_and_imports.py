@@ -196,6 +196,10 @@ def test_bad_arguments_are_clear() -> None:
     adapter = CanonicalAdapter("echo", base_url="http://127.0.0.1:9")
     with pytest.raises(TypeError, match=r"does not understand option.*bogus"):
         adapter.chat("hi", bogus=1)
+    with pytest.raises(TypeError) as typo:  # a typo gets a suggestion; named parameters count
+        adapter.chat("hi", temprature=0.2)
+    assert "temprature (did you mean temperature?)" in str(typo.value)
+    assert "temperature" in str(typo.value).partition("supported: ")[2].split(", ")
     with pytest.raises(ValueError, match="temperature"):
         adapter.chat("hi", temperature=7)
     with pytest.raises(RequestError, match="nothing to send") as info:

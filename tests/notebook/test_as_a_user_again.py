@@ -114,6 +114,14 @@ def test_a_misspelt_option_gets_a_did_you_mean(shell: Any, fake: Any) -> None:
     with pytest.raises(UsageError) as info:
         shell.run_cell_magic("chat", "--zzz", "hello")
     assert "did you mean" not in str(info.value)
+    # a misspelt choice: a %chat command, a format
+    with pytest.raises(UsageError, match=r"invalid choice: 'sttus' .*\(did you mean status\?\)"):
+        shell.run_line_magic("chat", "sttus")
+    with pytest.raises(UsageError, match=r"\(did you mean markdown\?\)\nusage: %%chat"):
+        shell.run_cell_magic("chat", "-f mrkdown", "hello")
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic("chat", "xyz")
+    assert "did you mean" not in str(info.value)
     assert fake.chat_requests == []
 
 
