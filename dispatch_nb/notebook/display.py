@@ -405,9 +405,10 @@ _API_ADVICE = re.compile(r"(?:[;:]| —) (?:set|pass|use|bound)\b[^;]*?\b[a-z_]+
 
 def magic_words(text: str) -> str:
     """A core error's message as a magic says it: the Python API's advice at its end is dropped
-    (the :class:`ChatError`'s fix says it with the magic's options) and ``output=`` is the
-    ``--schema`` value."""
+    (the :class:`ChatError`'s fix says it with the magic's options), ``output=`` is the
+    ``--schema`` value and ``budget=`` / ``max_tokens=`` are ``--budget`` / ``--max-tokens``."""
     text = _API_ADVICE.sub("", text)
+    text = re.sub(r"\b(budget|max_tokens)=", lambda m: "--" + m[1].replace("_", "-"), text)
     return re.sub(r"\boutput=(?=\S)", "", text).replace("output= ", "the schema ")
 
 

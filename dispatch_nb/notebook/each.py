@@ -19,7 +19,7 @@ from ..registry import parse_model_spec
 from ..render import parsed_rows, rows_markdown
 from ..types import Response
 from ..validation import article
-from .display import ChatInterrupted, explain_error, notes_markdown
+from .display import ChatInterrupted, explain_error, magic_words, notes_markdown
 from .live import ipy_display
 from .login import ensure_copilot_login
 from .options import check_limits, evaluate_option, resolve_schema
@@ -224,8 +224,8 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
         result = batch(fill, rows, model=spec, **options)
     except BatchInterrupted as exc:
         result, interrupted = exc.result, True
-    except (TypeError, ValueError) as exc:  # a TemplateError among them
-        raise UsageError(f"--each {args.each.strip()}: {exc}") from None
+    except (TypeError, ValueError) as exc:  # a TemplateError, an unknown price for --budget...
+        raise UsageError(f"--each {args.each.strip()}: {magic_words(str(exc))}") from None
     except DispatchError as exc:
         if exc.code != "batch_unsupported":
             raise
@@ -287,9 +287,12 @@ def each_output(
         line = {str(k): (_short(v) if isinstance(v, str) else v) for k, v in items}
         if isinstance(item, Response):
             line.update(_answer_columns(item, set(line), schema is not None))
-        if failed:
-            line["error"] = (None if isinstance(item, Response) or item is None
-                             else _short(f"{type(item).__name__}: {item}", 200))
+        if failed and isinstance(item, DispatchError):  # its message in the magic's words
+            said = str(item).replace(item.message, magic_words(item.message))
+            line["error"] = _short(f"{type(item).__name__}: {said}", 200)
+        elif failed:
+            line["error"] = None if isinstance(item, Response) or item is None \
+                else _short(f"{type(item).__name__}: {item}", 200)
         table.append(line)
     notes = []
     if len(result) > MAX_TABLE_ROWS:

@@ -200,3 +200,24 @@ def test_each_only_options_are_refused_elsewhere(shell: Any, fake: Any) -> None:
     with pytest.raises(UsageError, match="--limit, --yes apply to --each cells"):
         shell.run_cell_magic("chat", "--limit 3 --yes", "Hello")
     assert fake.chat_requests == []
+
+
+def test_each_budget_errors_speak_the_magic(shell: Any, fake: Any,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """--budget in an --each cell: an unknown price, and rows refused by the budget, say
+    --budget and --max-tokens (not budget= and max_tokens=, the Python API's words)."""
+    run(shell, "rows = ['a', 'b', 'c']")
+    with pytest.raises(UsageError) as info:  # fake:echo has no price
+        shell.run_cell_magic("chat", "--each rows --budget 0.01", "Say {row}")
+    message = str(info.value)
+    assert "--budget needs a known price" in message and "drop --budget" in message
+    assert "budget=" not in message
+    assert fake.chat_requests == []
+    with OpenAIResponsesFake(api_key="sk-test") as openai:
+        monkeypatch.setenv("OPENAI_BASE_URL", openai.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        run(shell, "%%chat --each rows -m openai:gpt-4.1 --budget 0.001 -o refused\nSay {row}")
+        assert openai.chat_requests == []
+    table = shell.front.outputs[-1]["data"]["text/markdown"]
+    assert "BudgetExceededError" in table
+    assert "a larger --budget, or a smaller --max-tokens" in table and "budget=" not in table
