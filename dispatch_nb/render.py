@@ -272,11 +272,18 @@ def _md_table(head: list[str], body: Iterable[list[str]]) -> str:
 
 
 def raw_json(response: _Answer) -> str:
-    """The answer's JSON, indented (its text as it is when it is not JSON)."""
+    """The answer's JSON, indented (its text as it is when it is not JSON); a list or a single
+    value asked for is shown as it is, without the ``{"result": ...}`` object it travelled in
+    (``structured.RESULT_KEY``: a schema's root must be an object on the wire)."""
     try:
-        return json.dumps(json.loads(response.text), ensure_ascii=False, indent=2)
+        data = json.loads(response.text)
     except ValueError:
         return response.text
+    parsed = response.parsed
+    if (isinstance(data, dict) and list(data) == ["result"]
+            and isinstance(parsed, (list, tuple, str, int, float))):
+        data = data["result"]
+    return json.dumps(data, ensure_ascii=False, indent=2)
 
 
 def _json_details(response: _Answer, summary: str = "JSON") -> str:

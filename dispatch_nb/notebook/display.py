@@ -18,6 +18,7 @@ from ..render import (
     parsed_markdown,
     parsed_rows,
     raw_json,
+    rows_markdown,
     short_line,
     thinking_details,
 )
@@ -286,7 +287,9 @@ def final_output(
                           "rows": len(parsed_rows(parsed.parsed)), **(extra or {})}, notes)
         md = top + parsed_markdown(parsed, footer=False) + _sub(footer)
         plain = raw_json(parsed)
-        return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"}, meta)
+        # a terminal printed the JSON as it came: the table follows it
+        return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"},
+                           meta, terminal=rows_markdown(parsed_rows(parsed.parsed)))
     meta = _metadata({**transcript.metadata(latency, ttft), "format": fmt, "footer": footer,
                       **(extra or {})}, notes)
     if failed and transcript.empty:

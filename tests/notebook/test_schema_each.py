@@ -110,6 +110,20 @@ def test_schema_list_is_a_table_with_the_raw_json_folded(shell: Any, fake: Any, 
     assert answer.parsed == [echo(model="echo", prompt="Two items, please."),
                              echo(model="echo", prompt="second")]
     assert json.loads(answer.text)  # the raw JSON
+    # the list asked for, not the {"result": [...]} object it travelled in
+    shown = json.loads(output["data"]["text/plain"].rsplit("\n\n[", 1)[0])
+    assert shown == [{"model": "echo", "prompt": "Two items, please."},
+                     {"model": "echo", "prompt": "second"}]
+    assert '"result"' not in md
+
+
+def test_a_terminal_prints_a_schema_answer_as_a_table(shell: Any, fake: Any,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    run(shell, '%config ChatMagics.live = "auto"')  # no kernel here: the terminal's text view
+    run(shell, SETUP)
+    assert run(shell, "%%chat --schema list[Echo]\nTwo items, please.").success
+    printed = capsys.readouterr().out
+    assert "| # | model | prompt |" in printed and "| 2 | echo | second |" in printed
 
 
 def test_schema_object_and_json_schema_dict(shell: Any, fake: Any) -> None:
