@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ALWAYS", "Approve", "ToolCall", "check_approve", "decide", "set_asker"]
+__all__ = ["ALWAYS", "Approve", "NotAsked", "ToolCall", "check_approve", "decide", "set_asker"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,13 @@ Approve = str | Callable[[ToolCall], "bool | str"]
 
 #: an asker's answer meaning "approve this call and every later call of this tool in this session"
 ALWAYS = "always"
+
+class NotAsked(str):
+    """An asker's answer when no one could answer (a front end that cannot ask, a cell
+    interrupted while it waited): the call is not run, and the text, which says why and what to
+    do instead, is the whole reason the model reads after "NAME was not run: " — no person
+    denied anything."""
+
 
 #: who answers ``"ask"``: ``(call, seconds_left or None) -> True | False | ALWAYS | reason``
 Asker = Callable[[ToolCall, "float | None"], "bool | str"]
@@ -79,7 +86,8 @@ def _terminal(call: ToolCall, seconds: float | None) -> bool | str:
 
 def decide(approve: Any, call: ToolCall, seconds: float | None) -> str | None:
     """Ask ``approve`` about ``call``: ``None`` when it may run without asking (``"auto"``),
-    else ``"approved"``, ``"approved (always)"`` or ``"denied: reason"``. Blocks while a
+    else ``"approved"``, ``"approved (always)"`` or ``"denied: reason"`` (a :class:`NotAsked`
+    when no one could be asked). Blocks while a
     person answers (``seconds``: the time left in the turn)."""
     if approve == "auto":
         return None
@@ -88,6 +96,8 @@ def decide(approve: Any, call: ToolCall, seconds: float | None) -> str | None:
         return "approved (always)"
     if answer is True:
         return "approved"
+    if isinstance(answer, NotAsked):
+        return NotAsked(f"denied: {answer.strip()}")
     if isinstance(answer, str) and answer.strip():
         return f"denied: {answer.strip()}"
     if answer is False or answer is None or isinstance(answer, str):

@@ -50,6 +50,8 @@ class ToolRun:
     abandoned: bool = False
     #: the approval decision, when one was asked for ("approved", "denied: …")
     approval: str | None = None
+    #: True while the call waits for a person's approval (it has not started)
+    waiting: bool = False
 
     @property
     def id(self) -> str:
@@ -143,6 +145,7 @@ class TurnAccumulator:
         result = event.result
         run = self._by_id.get(result.tool_use_id)
         if run is not None:
+            run.waiting = False
             run.result = result.text
             run.is_error = result.is_error
             run.duration = event.duration
@@ -155,11 +158,23 @@ class TurnAccumulator:
             self.add_round(response)
 
     def abandon_tools(self) -> list[ToolRun]:
-        """Mark the tools that were still running as abandoned (an interrupt); returns them."""
-        running = [t for t in self.tools if t.arguments is not None and t.result is None]
+        """Mark the tools that were still running as abandoned (an interrupt); returns them. A
+        call still waiting for approval never started: :meth:`stop_waiting` says so."""
+        running = [t for t in self.tools
+                   if t.arguments is not None and t.result is None and not t.waiting]
         for tool in running:
             tool.abandoned = True
         return running
+
+    def stop_waiting(self, reason: str) -> list[ToolRun]:
+        """The calls still waiting for approval are not run (an interrupt): each gets the error
+        result ``NAME was not run: reason``, as the model reads it; returns them."""
+        waiting = [t for t in self.tools if t.waiting and t.result is None]
+        for tool in waiting:
+            tool.waiting = False
+            tool.result = f"{tool.name} was not run: {reason}"
+            tool.is_error = True
+        return waiting
 
     # -- reading ---------------------------------------------------------------------------------
     def tool(self, tool_call_id: str) -> ToolRun | None:

@@ -14,11 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..approval import ALWAYS, ToolCall
+from ..approval import ALWAYS, NotAsked, ToolCall
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApprovalRequest", "answer_here", "ask", "asking_through"]
+__all__ = ["INTERRUPTED", "ApprovalRequest", "answer_here", "ask", "asking_through", "cannot_ask"]
+
+#: why a call was not run when its cell was interrupted while the question waited
+INTERRUPTED = "the cell was interrupted while it waited for approval"
 
 #: the current cell's ``emit`` (set on its worker thread; asyncio.to_thread carries it along)
 _emit: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
@@ -34,8 +37,12 @@ class ApprovalRequest:
 
     type = "approval_request"
 
-    def __init__(self, call: ToolCall, seconds: float | None = None) -> None:
+    def __init__(self, call: ToolCall, seconds: float | None = None, *,
+                 in_cell: bool = False) -> None:
         self.call = call
+        #: True when a %%chat cell asks (what to do instead is said with its options), False
+        #: for the Python API (``session.send()`` in a cell)
+        self.in_cell = in_cell
         #: when the turn's deadline passes (``time.monotonic()``; None: no deadline)
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.answer: bool | str = "no answer"
@@ -47,7 +54,7 @@ def ask(call: ToolCall, seconds: float | None) -> bool | str:
     emit = _emit.get()
     if (call.server, call.name) in _always:
         return ALWAYS
-    request = ApprovalRequest(call, seconds)
+    request = ApprovalRequest(call, seconds, in_cell=emit is not None)
     if emit is not None:  # a %%chat cell's worker: its kernel thread asks
         emit(request)
     elif threading.current_thread() is threading.main_thread():  # session.send() in a cell
@@ -80,12 +87,46 @@ def _parse(text: str) -> bool | str:
     return text.strip()
 
 
-def answer_here(request: ApprovalRequest) -> None:
+def cannot_ask(in_cell: bool) -> str:
+    """Why no one is asked in a front end without an input box, and what to do instead (in the
+    words of a %%chat cell, or of the Python API)."""
+    instead = ("use %%chat --approve auto" if in_cell
+               else "use approve='auto' or an approval function")
+    return ("this front end cannot ask for approval — it runs the cell with no one to answer, as "
+            f"jupyter execute and nbclient do; {instead}, or run the cell where you can answer, "
+            "such as JupyterLab or Notebook 7")
+
+
+def _front_end_asks() -> bool:
+    """False in a kernel whose front end sent ``allow_stdin: false`` (nbclient, jupyter execute,
+    voilà): no one is there to click or type. True elsewhere (terminal IPython asks on stdin)."""
+    from IPython import get_ipython
+
+    kernel: Any = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        return True
+    parent = kernel.get_parent("shell")
+    return bool(parent) and bool(parent.get("content", {}).get("allow_stdin", False))
+
+
+def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = None) -> None:
     """On the kernel's thread: show the call in full and ask — with buttons where the front end
-    can click them while the cell runs, else in the front end's input box."""
+    can click them while the cell runs, else in the front end's input box. ``asking()`` is
+    called just before the question is shown (not when no one can be asked: then nothing is
+    shown, and the answer says why). The buttons' output, emptied once answered, stays in the
+    cell until the cell's outputs are replaced (a %%chat cell's final output does). Ctrl-C
+    while it waits: the call is not run (:data:`INTERRUPTED`) and the interrupt goes on."""
     try:
+        if not _front_end_asks():
+            request.answer = NotAsked(cannot_ask(request.in_cell))
+            return
+        if asking is not None:
+            asking()
         if not _ask_with_buttons(request):
             _ask_in_input_box(request)
+    except KeyboardInterrupt:
+        request.answer = NotAsked(INTERRUPTED)
+        raise
     finally:
         request.done.set()
 
@@ -103,11 +144,8 @@ def _ask_in_input_box(request: ApprovalRequest) -> None:
     print(f"{headline}\n{arguments}", flush=True)
     try:
         text = input("[y]es / [n]o (or a reason) / [a]lways for this tool: ")
-    except Exception:  # no input box (StdinNotImplementedError, EOF): a denial saying why
-        request.answer = (
-            "this front end cannot ask (it has no input box): use --approve auto or an "
-            "approval function"
-        )
+    except Exception:  # no input box after all (StdinNotImplementedError, EOF): say why
+        request.answer = NotAsked(cannot_ask(request.in_cell))
     else:
         request.answer = _parse(text)
 
@@ -141,8 +179,8 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     shell = get_ipython()
     kernel: Any = getattr(shell, "kernel", None)
     parent = kernel.get_parent("shell") if kernel is not None else None
-    if not parent or not parent.get("content", {}).get("allow_stdin", False):
-        return False  # no kernel, or a front end that does not ask (nbclient, voilà)
+    if not parent:
+        return False  # no kernel (terminal IPython): its input box, stdin
     try:
         import ipywidgets as widgets
         from IPython.display import display
@@ -186,9 +224,11 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     finally:
         kernel.set_parent(ident, parent)
     # a front end that cannot show widgets (jupyter console, qtconsole) shows the text instead
+    instead = ("%%chat --approve auto" if request.in_cell
+               else "approve='auto' or an approval function")
     view = {**box._repr_mimebundle_(), "text/plain": (
         f"{headline}\n{arguments}\nThis front end cannot show the Approve / Deny buttons: "
-        "interrupt the cell to deny, and run with --approve auto or an approval function here.")}
+        f"interrupt the cell not to run the tool, and use {instead} here.")}
     handle = display(view, raw=True, display_id=True)  # type: ignore[no-untyped-call]
     try:
         while not clicked.wait(0.1):  # short waits: Ctrl-C reaches this thread

@@ -399,9 +399,13 @@ class CellRun:
         """A job's event: to the live view; an approval request is answered on this (the
         kernel's) thread."""
         if getattr(event, "type", None) == "approval_request":
+            from ..approval import ALWAYS
             from .approval import answer_here
 
-            answer_here(event)
+            view = self._viewed()
+            call_id = event.call.id
+            answer_here(event, asking=lambda: view.approval_asked(index, call_id))
+            view.approval_answered(index, call_id, event.answer is True or event.answer == ALWAYS)
         else:
             self._viewed().feed(index, event)
 

@@ -16,6 +16,7 @@ from .blocks import BLOCK_LIMIT, MarkdownBlocks, close_open_fence, warm_up
 from .constants import LIVE_MODES
 
 if TYPE_CHECKING:
+    from ..turn import ToolRun
     from .display import FinalOutput
 
 __all__ = [
@@ -155,10 +156,41 @@ class LiveView:
         self._job_done(index)
         self.dirty = True
 
+    def approval_asked(self, index: int, tool_id: str) -> None:
+        """Column ``index``'s call ``tool_id`` waits for approval: the status line says so at once
+        (this thread waits for the answer next)."""
+        tool = self.transcripts[index].tool(tool_id)
+        if tool is None:
+            return
+        tool.waiting = True
+        self.states[index] = f"waiting for approval of {tool.name}"
+        self._state_changed(index)
+        self._approval_asked(index, tool)
+        self.dirty = True
+        self._flush()
+        self.dirty = False
+        self.flushed = time.monotonic()
+
+    def approval_answered(self, index: int, tool_id: str, approved: bool) -> None:
+        """The person answered (or the turn's deadline passed): the status line moves on."""
+        tool = self.transcripts[index].tool(tool_id)
+        if tool is None or not tool.waiting:
+            return
+        tool.waiting = False
+        self.states[index] = f"running {tool.name}…" if approved else "streaming…"
+        self._state_changed(index)
+        self.dirty = True
+
     def interrupt(self) -> None:
-        """Ctrl-C: say so at once in every column still running (what arrived stays)."""
+        """Ctrl-C: say so at once in every column still running (what arrived stays). A call
+        still waiting for approval was not run, and says so (it is not abandoned: it never
+        started)."""
+        from .approval import INTERRUPTED
+
         for index, ended in enumerate(self.ended):
             if not ended:
+                for tool in self.transcripts[index].stop_waiting(INTERRUPTED):
+                    self._not_run(index, tool)
                 self.states[index] = "⏹ interrupted"
                 self._state_changed(index)
         self.dirty = True
@@ -180,6 +212,12 @@ class LiveView:
         return any(t.has_text for t in self.transcripts)
 
     def _state_changed(self, index: int) -> None:
+        pass
+
+    def _approval_asked(self, index: int, tool: ToolRun) -> None:
+        pass
+
+    def _not_run(self, index: int, tool: ToolRun) -> None:
         pass
 
     def _feed(self, index: int, event: Any) -> None:
@@ -322,6 +360,10 @@ class DisplayView(LiveView):
                 self._update_tool(tool.id)
         super().interrupt()
 
+    def _not_run(self, index: int, tool: ToolRun) -> None:
+        if not self.compare:
+            self._update_tool(tool.id)
+
     def _job_done(self, index: int) -> None:
         if not self.compare:
             self._flush(final=True)
@@ -359,6 +401,8 @@ class TextView(LiveView):
         self.pending: list[str] = []
         self.thinking_said = False
         self.at_line_start = True
+        #: the calls whose end was already written (not run: the cell was interrupted)
+        self.said: set[str] = set()
 
     def _write(self, text: str) -> None:
         if not text:
@@ -392,7 +436,7 @@ class TextView(LiveView):
                 self.pending.append(f"{prefix}🔧 {tool_line(tool)}\n")
         elif kind == "tool_result":
             for tool in self.transcripts[0].tools:
-                if tool.id == event.result.tool_use_id:
+                if tool.id == event.result.tool_use_id and tool.id not in self.said:
                     arrow = "⚠" if tool.is_error else "→"
                     self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
         elif kind == "retry":
@@ -404,6 +448,15 @@ class TextView(LiveView):
             for _tool in self.transcripts[0].abandon_tools():
                 self.pending.append("   ⏹ abandoned: still running when interrupted\n")
         super().interrupt()
+
+    def _approval_asked(self, index: int, tool: ToolRun) -> None:
+        if not self.compare:  # the question follows (the input box, or the buttons)
+            self.pending.append(f"   ⏳ waiting for approval of {tool.name}\n")
+
+    def _not_run(self, index: int, tool: ToolRun) -> None:
+        if not self.compare:
+            self.said.add(tool.id)  # (on a line of its own: the question's prompt waited)
+            self.pending.append(f"\n   ⏹ {tool.result}\n")
 
     def _flush(self) -> None:
         if self.pending:

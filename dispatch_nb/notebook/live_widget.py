@@ -349,6 +349,8 @@ class WidgetView(LiveView):
         self.root: Any = None
         self.handle: Any = None
         self._extra: list[Any] = []
+        #: True once an approval question was shown below the live view (see _approval_asked)
+        self.outputs_below = False
 
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
@@ -410,11 +412,21 @@ class WidgetView(LiveView):
                     column.tool_changed(part.id)
         super().interrupt()
 
+    def _not_run(self, index: int, tool: ToolRun) -> None:
+        if self.columns:
+            self.columns[index].tool_changed(tool.id)
+
+    def _approval_asked(self, index: int, tool: ToolRun) -> None:
+        # the question is an output of its own below this one (the buttons, emptied once
+        # answered; or the input box's question): the final output replaces them all
+        self.outputs_below = True
+
     def _job_done(self, index: int) -> None:
         self.columns[index].done(self.footers[index])
 
     def _finish(self, final: FinalOutput) -> None:
-        if not final.data:  # nothing to show (a cell that failed before its first token)
+        if not final.data or self.outputs_below:  # nothing to show (a cell that failed before
+            # its first token), or the cell holds more outputs than the live view's
             _replace_outputs(final)
         elif self.handle is not None:
             self.handle.update(final.data, metadata=final.metadata, raw=True)

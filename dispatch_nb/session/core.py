@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..adapter import Adapter
-from ..approval import ToolCall, check_approve, decide
+from ..approval import NotAsked, ToolCall, check_approve, decide
 from ..budget import Budget
 from ..call_control import TurnControl
 from ..cancel import CancelToken
@@ -560,9 +560,9 @@ class Session:
             self._always.add(call.name)
         if decision.startswith("denied"):
             reason = decision.removeprefix("denied:").strip()
-            return decision, error_result(
-                call.id, f"{call.name} was not run: the user denied it ({reason})"
-            )
+            if not isinstance(decision, NotAsked):  # a person (or an approval function) said no
+                reason = f"the user denied it ({reason})"
+            return decision, error_result(call.id, f"{call.name} was not run: {reason}")
         return decision, None
 
     @staticmethod

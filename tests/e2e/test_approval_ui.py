@@ -75,3 +75,29 @@ def test_always_in_the_browser_holds_for_the_session(
     text = nb.wait_output(3, lambda t: "Touched twice." in t, 30, "the second answer")
     assert (jupyter.root / second).exists()
     assert nb.cell(3).locator(".widget-vbox", has_text="Approve tool call").count() == 0
+
+
+def test_approve_in_the_browser_leaves_no_output_behind(
+    open_notebook: Any, fake: CanonicalFake, jupyter: JupyterServer
+) -> None:
+    """Issue 7 of a new user's pass: after a click on Approve and a save, the cell holds its one
+    final output — no emptied approval box (``{"text/html": []}``) is left after it."""
+    fake.push(Turn(tool_calls=[ToolCall("p1", "add", {"a": 2, "b": 40})]), Turn(text="It is 42."))
+    nb = open_notebook([LOAD, "def add(a: int, b: int) -> int:\n    '''Add.'''\n    return a + b",
+                        "%%chat --tools add --approve ask\nAdd 2 and 40."])
+    nb.run(0)
+    nb.run(1)
+    before = nb.start(2)
+    box = approval_box(nb, 2)
+    assert '"b": 40' in box.inner_text()
+    box.get_by_role("button", name="Approve").click()
+    nb.wait_done(2, before, timeout=90)
+    nb.wait_output(2, lambda t: "It is 42." in t, 30, "the final answer")
+    saved = nb.save()
+    outputs = saved["cells"][2]["outputs"]
+    assert len(outputs) == 1, outputs  # the final answer only
+    [final] = outputs
+    assert final["output_type"] == "display_data"
+    assert "It is 42." in "".join(final["data"]["text/markdown"])
+    assert "approved" in "".join(final["data"]["text/markdown"])
+    assert nb.cell(2).locator(".widget-vbox", has_text="Approve tool call").count() == 0

@@ -70,7 +70,10 @@ def test_mcp_approval_and_context_in_a_kernel(fake: CanonicalFake, tmp_path: Pat
                   Turn(text="Denied."))
         client.execute_cell(nb.cells[3], 3)
         denial = tool_results(fake)[0]
-        assert denial["is_error"] and "touch was not run: the user denied it" in denial["content"]
+        # nbclient cannot ask: no user denied it (this assertion read "the user denied it" until
+        # that text was found false: tests/notebook/test_approval_kernel.py)
+        assert denial["is_error"] and "touch was not run: " in denial["content"]
+        assert "the user denied it" not in denial["content"]
         assert "cannot ask" in denial["content"]  # nbclient has no input box
         client.execute_cell(nb.cells[4], 4)
         fake.push(Turn(tool_calls=[ToolCall("k3", "describe", {"name": "df"}),
