@@ -138,11 +138,13 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     deadline). False when buttons cannot work here (then nothing was shown)."""
     from IPython import get_ipython
 
+    from .frontend import front_end_can_ask
+
     shell = get_ipython()
     kernel: Any = getattr(shell, "kernel", None)
-    parent = kernel.get_parent("shell") if kernel is not None else None
-    if not parent or not parent.get("content", {}).get("allow_stdin", False):
+    if not front_end_can_ask(shell):
         return False  # no kernel, or a front end that does not ask (nbclient, voilà)
+    parent = kernel.get_parent("shell")
     try:
         import ipywidgets as widgets
         from IPython.display import display
