@@ -1,5 +1,6 @@
-"""A batch's progress bar: tqdm's widget in Jupyter, tqdm's text bar in a terminal, or nothing
-(docs/batch.md, "Progress").
+"""A batch's progress bar: tqdm's widget in an interactive Jupyter front end, one text line updated
+in place in a notebook run nobody watches (nbclient, papermill), tqdm's text bar in a terminal, or
+nothing (docs/batch.md, "Progress").
 """
 
 from __future__ import annotations
@@ -11,30 +12,36 @@ from typing import Any
 
 from .result import Stats
 
-__all__ = ["BatchProgress", "progress_mode"]
+__all__ = ["PROGRESS_MODES", "BatchProgress", "progress_mode"]
+
+#: what ``progress=`` takes besides True / False / None
+PROGRESS_MODES = ("notebook", "display", "text", "off")
 
 
-def _in_jupyter_kernel() -> bool:
-    if "ipykernel" not in sys.modules:
-        return False
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+def _kernel_mode() -> str | None:
+    """In a Jupyter kernel: ``"notebook"`` (tqdm's widget), or ``"display"`` when the cell was
+    sent by a client nobody watches, whose widget state would be saved with the notebook; None
+    outside a kernel."""
+    from ..notebook.frontend import current_shell, unattended
+
+    shell = current_shell()
+    if shell is None:
+        return None
+    return "display" if unattended(shell) else "notebook"
 
 
 def progress_mode(progress: bool | str | None) -> str:
-    """``"notebook"``, ``"text"`` or ``"off"`` for the ``progress=`` argument."""
+    """``"notebook"``, ``"display"``, ``"text"`` or ``"off"`` for the ``progress=`` argument."""
     if progress is False or progress == "off":
         return "off"
-    if progress in ("notebook", "text"):
+    if progress in PROGRESS_MODES:
         return str(progress)
     if progress is not None and progress is not True:
-        raise ValueError(f"progress must be True, False, None, 'text' or 'notebook', not {progress!r}")
-    if _in_jupyter_kernel():
-        return "notebook"
+        raise ValueError("progress must be True, False, None, 'text', 'display' or 'notebook', "
+                         f"not {progress!r}")
+    in_kernel = _kernel_mode()
+    if in_kernel is not None:
+        return in_kernel
     if progress is True:
         return "text"
     isatty = getattr(sys.stderr, "isatty", None)
@@ -87,13 +94,20 @@ def describe(stats: Stats) -> str:
 
 
 class BatchProgress:
-    """One bar for one batch: :meth:`update` with the counters, :meth:`close` with the summary."""
+    """One bar for one batch: :meth:`update` with the counters, :meth:`close` with the summary.
+    In a notebook (``notebook`` and ``display``) the bar is one output, :attr:`output` (a display
+    handle), which ends as the one-line summary: whoever shows the batch's result may put it
+    there instead (``%%chat --each`` does: its table's footer is the same summary)."""
 
     def __init__(self, mode: str, *, description: str = "batch") -> None:
         self.mode = mode
         self.description = description
         self._bar: Any = None
-        self._handle: Any = None
+        #: the notebook output the bar is shown in (None: none, or not yet)
+        self.output: Any = None
+        self._line = ""  # the display mode's line last shown
+        self._format = ""  # tqdm's bar_format for this batch
+        self._started = 0.0
         self._closed = False
 
     def _open(self, stats: Stats) -> None:
@@ -103,6 +117,18 @@ class BatchProgress:
             "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
             if stats.total is not None else "{desc}: {n_fmt} rows [{elapsed}{postfix}]"
         )
+        self._format = bar_format
+        self._started = time.monotonic()
+        if self.mode == "display":  # a text line, no widget: nothing of it outlives the output
+            from ..notebook.frontend import current_shell
+
+            if current_shell() is not None:
+                from IPython.display import display
+
+                self._line = self._text(stats)
+                self.output = display({"text/plain": self._line}, raw=True, display_id=True)  # type: ignore[no-untyped-call]
+                return
+            self.mode = "text"  # no kernel to show the line in
         if self.mode == "notebook":
             try:
                 from IPython.display import display
@@ -116,7 +142,7 @@ class BatchProgress:
                 gauge.layout.flex = "1 1 auto"
                 gauge.layout.min_width = "60px"
                 counters.layout.flex = "0 0 auto"
-                self._handle = display(self._bar.container, display_id=True)  # type: ignore[no-untyped-call]
+                self.output = display(self._bar.container, display_id=True)  # type: ignore[no-untyped-call]
                 return
             except Exception:  # no ipywidgets in this kernel: the text bar instead
                 self.mode = "text"
@@ -127,12 +153,27 @@ class BatchProgress:
             dynamic_ncols=True, mininterval=0.1, bar_format=bar_format,
         )
 
+    def _text(self, stats: Stats) -> str:
+        """The ``display`` mode's line: what tqdm's text bar shows."""
+        from tqdm import tqdm
+
+        return str(tqdm.format_meter(stats.finished, stats.total,
+                                     time.monotonic() - self._started, ncols=80,
+                                     prefix=self.description, unit="row",
+                                     bar_format=self._format, postfix=describe(stats)))
+
     def update(self, stats: Stats) -> None:
         """Show the counters now."""
         if self.mode == "off" or self._closed:
             return
-        if self._bar is None:
+        if self.output is None and self._bar is None:
             self._open(stats)
+        if self.mode == "display":
+            line = self._text(stats)
+            if line != self._line:  # about once a second when nothing finished
+                self._line = line
+                self.output.update({"text/plain": line}, raw=True)
+            return
         bar = self._bar
         if stats.total is not None and bar.total != stats.total:
             bar.total = stats.total
@@ -141,14 +182,15 @@ class BatchProgress:
         bar.refresh()
 
     def close(self, stats: Stats, summary: str) -> None:
-        """Final counters; in Jupyter, replace the widget by the one-line ``summary``."""
+        """Final counters; in a notebook, replace the bar by the one-line ``summary``."""
         if self.mode == "off" or self._closed:
             return
         self.update(stats)  # opens the bar if no update did
         self._closed = True
-        if self._handle is None:
+        if self.output is None:
             self._bar.close()
             return
         with contextlib.suppress(Exception):
-            self._bar.close()
-            self._handle.update({"text/plain": f"{self.description}: {summary}"}, raw=True)
+            if self._bar is not None:
+                self._bar.close()
+            self.output.update({"text/plain": f"{self.description}: {summary}"}, raw=True)

@@ -145,6 +145,8 @@ class BatchResult(Sequence[Any]):
         self._plan: Any = None  # what the batch was asked (for retry_failed)
         self._deferred: Any = None  # the deferred run (for refresh / wait)
         self._retry: Any = None  # run.retry_failed (for retry_failed)
+        #: the notebook output the progress bar ended in (a display handle; None: there was none)
+        self._progress_output: Any = None
 
     # -- filling (the engine) --------------------------------------------------------------------
     def _reserve(self, position: int) -> None:

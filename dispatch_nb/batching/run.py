@@ -106,6 +106,7 @@ class _Job:
         """Account for rows never run, set the totals, close the bar."""
         finish(self.plan, self.result, self.token)
         self.bar.close(self.stats, self.result.summary())
+        self.result._progress_output = self.bar.output
 
 
 def _job(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..approval import ALWAYS, NotAsked, ToolCall
+from .frontend import unattended
 
 log = logging.getLogger(__name__)
 
@@ -97,18 +98,6 @@ def cannot_ask(in_cell: bool) -> str:
             "such as JupyterLab or Notebook 7")
 
 
-def _front_end_asks() -> bool:
-    """False in a kernel whose front end sent ``allow_stdin: false`` (nbclient, jupyter execute,
-    voilà): no one is there to click or type. True elsewhere (terminal IPython asks on stdin)."""
-    from IPython import get_ipython
-
-    kernel: Any = getattr(get_ipython(), "kernel", None)
-    if kernel is None:
-        return True
-    parent = kernel.get_parent("shell")
-    return bool(parent) and bool(parent.get("content", {}).get("allow_stdin", False))
-
-
 def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = None) -> None:
     """On the kernel's thread: show the call in full and ask — with buttons where the front end
     can click them while the cell runs, else in the front end's input box. ``asking()`` is
@@ -117,7 +106,7 @@ def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = No
     cell until the cell's outputs are replaced (a %%chat cell's final output does). Ctrl-C
     while it waits: the call is not run (:data:`INTERRUPTED`) and the interrupt goes on."""
     try:
-        if not _front_end_asks():
+        if unattended():  # nbclient, jupyter execute, voilà: no one is there to click or type
             request.answer = NotAsked(cannot_ask(request.in_cell))
             return
         if asking is not None:

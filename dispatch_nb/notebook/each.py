@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import json
 import re
@@ -127,6 +128,7 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         "budget": args.budget,
         "deferred": args.deferred,
         "checkpoint": args.checkpoint or None,
+        "progress": _progress(state),
     }
 
     def estimated() -> Any:
@@ -142,9 +144,21 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
         show_estimate(estimated(), f"--each {args.each.strip()}")
         return
     if len(rows) > settings.confirm_rows and not args.yes:
-        ask_first(state, len(rows), estimated(), lambda: _run_rows(state, args, spec, fill, rows, options))
+        ask_first(state, len(rows), estimated(),
+                  functools.partial(_run_rows, state, args, spec, fill, rows, options))
         return
     _run_rows(state, args, spec, fill, rows, options)
+
+
+def _progress(state: KernelState) -> str | None:
+    """``progress=`` for the batch: tqdm's widget only with the widget live view, one text line
+    updated in place with any other view in a kernel (no widget state for the notebook to save),
+    batch's own choice in terminal IPython."""
+    from .live import detect_mode, has_kernel
+
+    if detect_mode(state.shell, state.settings.live) == "widget":
+        return "notebook"
+    return "display" if has_kernel(state.shell) else None
 
 
 def show_estimate(est: Any, what: str) -> None:
@@ -202,7 +216,7 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
         label.value = f"{html.escape(question)}<br>Sending…"
         with out:
             try:
-                run()
+                run(in_place=False)  # an Output widget does not apply display updates
             except Exception as exc:  # shown in the cell: the cell itself has finished
                 print(f"{type(exc).__name__}: {exc}")
         label.value = f"{html.escape(question)}<br>Sent."
@@ -213,9 +227,10 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
 
 
 def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,
-              options: dict[str, Any]) -> None:
+              options: dict[str, Any], in_place: bool = True) -> None:
     """Send the rows (``options``: :func:`dispatch_nb.batch`'s) and show the result table (after
-    a confirmation when one was asked)."""
+    a confirmation when one was asked). ``in_place``: the table replaces the progress bar's
+    output, whose last line (the batch's summary) the table's footer says again."""
     from ..batching import BatchInterrupted, batch
 
     namespace = state.shell.user_ns
@@ -234,7 +249,11 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
                                        schema=args.schema.strip() if args.schema else None)
-    ipy_display(final_data, raw=True, metadata=metadata)
+    bar = result._progress_output if in_place else None
+    if bar is not None:
+        bar.update(final_data, raw=True, metadata=metadata)
+    else:
+        ipy_display(final_data, raw=True, metadata=metadata)
     if args.output:
         namespace[args.output] = result
     out = namespace.get("Out")

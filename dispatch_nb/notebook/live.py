@@ -68,12 +68,18 @@ def has_kernel(shell: Any) -> bool:
 
 def detect_mode(shell: Any, requested: str = "auto") -> str:
     """The rendering to use: ``auto`` as ``docs/notebook.md``'s table says, else ``requested``
-    (``widget`` without ipywidgets is ``display``; without a kernel only ``auto`` becomes ``text``)."""
+    (``widget`` without ipywidgets is ``display``; without a kernel only ``auto`` becomes ``text``).
+    ``auto`` in a run nobody watches (nbclient, papermill: :func:`.frontend.unattended`) is
+    ``display``: a widget's state would be saved with the notebook, and nobody sees it live."""
+    from .frontend import unattended
+
     requested = (requested or "auto").lower()
     if requested not in LIVE_MODES:
         raise ValueError(f"live mode must be one of {', '.join(LIVE_MODES)}, not {requested!r}")
     if requested == "auto" and not has_kernel(shell):
         return "text"
+    if requested == "auto" and unattended(shell):
+        return "display"
     if requested in ("auto", "widget"):
         try:
             import ipywidgets  # noqa: F401

@@ -67,12 +67,13 @@ def kernel_env(fake: OpenAIResponsesFake, tmp_path: Path) -> dict[str, str]:
 def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     cells = [
         "%load_ext dispatch_nb\n"
-        "big = [f'row {i:04d}' for i in range(1500)]\nsmall = ['a', 'b', 'c']",     # 0
+        "big = [f'row {i:04d}' for i in range(1500)]\nsmall = ['a', 'b', 'c']\n"
+        "%config ChatMagics.live = 'widget'",  # 0 (auto would not ask with buttons: nbclient)
         "%%chat\nHello there",                                                     # 1
         "%%chat --estimate --max-tokens 100\nHello there",                        # 2
         "%%chat --each big -o never\nSay {row}",                                   # 3
         "%%chat --each big --limit 4 -o limited\nSay {row}",                       # 4
-        "%config ChatMagics.confirm_rows = 2\n",                                   # 5
+        "%config ChatMagics.confirm_rows = 2\n%config ChatMagics.live = 'auto'",  # 5
         "%%chat --each small -o asked\nSay {row}",                                 # 6
         "%%chat --each small --yes --budget 0.50 -o yes\nSay {row}",               # 7
         "%%chat --each big --estimate --max-tokens 10\nSay {row}",                 # 8
@@ -106,6 +107,9 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     assert any(WIDGET_MIME in o.get("data", {}) for o in nb.cells[3].outputs)  # the button
     assert "4 rows: 4 ok" in _shown(nb.cells[4])
     assert "3 rows" in _shown(nb.cells[6]) and "confirm_rows = 2" in _shown(nb.cells[6])
+    # a run nobody watches (nbclient) gets no button it cannot click: it says how to send them
+    assert not any(WIDGET_MIME in o.get("data", {}) for o in nb.cells[6].outputs)
+    assert "Nothing was sent" in _shown(nb.cells[6]) and "--yes" in _shown(nb.cells[6])
     assert "of a $0.50 budget" in _shown(nb.cells[7])
     big_estimate = _shown(nb.cells[8])
     assert "1,500 rows" in big_estimate and "15,000 output tokens" in big_estimate

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dispatch_nb.notebook.frontend import front_end_can_ask, unattended
 from dispatch_nb.notebook.live import DisplayView, detect_mode, make_view
 from dispatch_nb.types import StreamDelta
 from tests.fakes.provider import Turn
@@ -161,6 +162,31 @@ def test_detect_mode() -> None:
     with pytest.raises(ValueError, match="live mode"):
         detect_mode(Kernel(), "fancy")
     assert make_view("text", ["a"]).mode == "text"
+
+
+def test_auto_is_display_when_the_cell_comes_from_a_client_nobody_watches() -> None:
+    # what ipykernel's Kernel.get_parent("shell") returns while it runs a request
+    class Kernel:
+        def __init__(self, msg_type: str, content: dict[str, Any]) -> None:
+            self.parent = {"header": {"msg_type": msg_type}, "content": content}
+
+        def get_parent(self, channel: str = "shell") -> dict[str, Any]:
+            return self.parent
+
+    class Shell:
+        def __init__(self, kernel: Kernel) -> None:
+            self.kernel = kernel
+
+    nbclient = Shell(Kernel("execute_request", {"code": "", "allow_stdin": False}))
+    lab = Shell(Kernel("execute_request", {"code": "", "allow_stdin": True}))
+    click = Shell(Kernel("comm_msg", {"comm_id": "x", "data": {}}))  # a widget's callback
+    assert detect_mode(nbclient, "auto") == "display"
+    assert detect_mode(nbclient, "widget") == "widget"  # asked for: kept
+    assert detect_mode(lab, "auto") == "widget"
+    assert detect_mode(click, "auto") == "widget"
+    assert (unattended(nbclient), unattended(lab), unattended(click)) == (True, False, False)
+    assert (front_end_can_ask(nbclient), front_end_can_ask(lab), front_end_can_ask(click)) == (
+        False, True, False)
 
 
 # -- Markdown blocks (what the widget and display views show) ---------------------------------------

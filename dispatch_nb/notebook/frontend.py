@@ -1,0 +1,60 @@
+"""Who sent the code running now: a front end a person works in (JupyterLab, Notebook 7, VS Code,
+Colab), or a client nobody watches (nbclient — ``jupyter execute``, ``jupyter nbconvert
+--execute``, papermill, nbval — or voilà), where nothing can be clicked or typed.
+
+The kernel's signal is the one every client states in its ``execute_request``: ``allow_stdin``
+(Jupyter messaging protocol). Front ends that can answer ``input()`` send ``true``; nbclient and
+voilà send ``false``. ipykernel hands out the request being run with its public
+``Kernel.get_parent("shell")`` (ipykernel 6+; on worker threads too, through the context the
+request set). Used by the live view's ``auto`` (:func:`.live.detect_mode`), ``--each``'s progress
+bar and approval buttons (:mod:`.approval`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["allow_stdin", "current_shell", "front_end_can_ask", "unattended"]
+
+
+def current_shell() -> Any:
+    """The running IPython shell when this process is a Jupyter kernel (ipykernel), else None."""
+    if "ipykernel" not in sys.modules:
+        return None
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return shell if getattr(shell, "kernel", None) is not None else None
+
+
+def allow_stdin(shell: Any = None) -> bool | None:
+    """``allow_stdin`` of the ``execute_request`` the kernel is running now (``shell``: the running
+    one by default); None when there is no kernel, or what it handles now is not an execute
+    request (a ``comm_msg``: someone clicked a widget) or it does not say."""
+    shell = shell if shell is not None else current_shell()
+    get_parent = getattr(getattr(shell, "kernel", None), "get_parent", None)
+    if get_parent is None:
+        return None
+    try:
+        parent = get_parent("shell")
+    except Exception:
+        return None
+    if not isinstance(parent, dict) or parent.get("header", {}).get("msg_type") != "execute_request":
+        return None
+    return bool(parent.get("content", {}).get("allow_stdin", False))
+
+
+def unattended(shell: Any = None) -> bool:
+    """True when the cell running now was sent by a client nobody watches: an execute request
+    with ``allow_stdin: false`` (nbclient, papermill, voilà). False in an interactive front end,
+    in terminal IPython, and when the kernel cannot say."""
+    return allow_stdin(shell) is False
+
+
+def front_end_can_ask(shell: Any = None) -> bool:
+    """True when the person at the front end can answer while the cell runs (buttons, the input
+    box): an execute request with ``allow_stdin: true``."""
+    return allow_stdin(shell) is True
