@@ -22,7 +22,7 @@ def _kernel_mode() -> str | None:
     """In a Jupyter kernel: ``"notebook"`` (tqdm's widget), or ``"display"`` when the cell was
     sent by a client nobody watches, whose widget state would be saved with the notebook; None
     outside a kernel."""
-    from ..notebook.frontend import current_shell, unattended
+    from ..frontend import current_shell, unattended
 
     shell = current_shell()
     if shell is None:
@@ -120,7 +120,7 @@ class BatchProgress:
         self._format = bar_format
         self._started = time.monotonic()
         if self.mode == "display":  # a text line, no widget: nothing of it outlives the output
-            from ..notebook.frontend import current_shell
+            from ..frontend import current_shell
 
             if current_shell() is not None:
                 from IPython.display import display

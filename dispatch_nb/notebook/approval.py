@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..approval import ALWAYS, NotAsked, ToolCall
-from .frontend import unattended
+from ..frontend import unattended
 
 log = logging.getLogger(__name__)
 

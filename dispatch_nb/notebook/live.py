@@ -71,7 +71,7 @@ def detect_mode(shell: Any, requested: str = "auto") -> str:
     (``widget`` without ipywidgets is ``display``; without a kernel only ``auto`` becomes ``text``).
     ``auto`` in a run nobody watches (nbclient, papermill: :func:`.frontend.unattended`) is
     ``display``: a widget's state would be saved with the notebook, and nobody sees it live."""
-    from .frontend import unattended
+    from ..frontend import unattended
 
     requested = (requested or "auto").lower()
     if requested not in LIVE_MODES:

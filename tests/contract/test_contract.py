@@ -201,11 +201,12 @@ def test_a_missing_model_is_named_when_the_server_does_not_name_it(
     adapter = make()
     with pytest.raises(ModelUnavailableError) as info:
         adapter.chat("x")
-    assert adapter.model_name in str(info.value)
+    assert info.value.code == "model_unavailable" and adapter.model_name in str(info.value)
     named = f"The model `{adapter.model_name}` does not exist"
     fake.push(Fail(404, named, "not_found_error"))
     with pytest.raises(ModelUnavailableError) as info:
         adapter.chat("x")
+    assert info.value.code == "model_unavailable"
     assert info.value.message.startswith(named) and "[model" not in info.value.message  # once
 
 

@@ -42,7 +42,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "answers": ("structured", "tools", "call_control"),
     "wire": ("wire", "sse", "stream"),
     "vocabulary": ("types", "errors", "validation", "cancel", "render", "cost"),
-    "I/O": ("transport", "bridge", "clock"),
+    "I/O": ("transport", "bridge", "clock", "frontend"),
 }
 #: which layers each layer may import: its own and every layer below it
 MAY_IMPORT: dict[str, frozenset[str]] = {

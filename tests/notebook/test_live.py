@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dispatch_nb.notebook.frontend import front_end_can_ask, unattended
+from dispatch_nb.frontend import front_end_can_ask, unattended
 from dispatch_nb.notebook.live import DisplayView, detect_mode, make_view
 from dispatch_nb.types import StreamDelta
 from tests.fakes.provider import Turn

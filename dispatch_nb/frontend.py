@@ -6,8 +6,8 @@ The kernel's signal is the one every client states in its ``execute_request``: `
 (Jupyter messaging protocol). Front ends that can answer ``input()`` send ``true``; nbclient and
 voilà send ``false``. ipykernel hands out the request being run with its public
 ``Kernel.get_parent("shell")`` (ipykernel 6+; on worker threads too, through the context the
-request set). Used by the live view's ``auto`` (:func:`.live.detect_mode`), ``--each``'s progress
-bar and approval buttons (:mod:`.approval`).
+request set). Used by the live view's ``auto`` (:func:`.notebook.live.detect_mode`), ``--each``'s progress
+bar and approval buttons (:mod:`.notebook.approval`).
 """
 
 from __future__ import annotations
