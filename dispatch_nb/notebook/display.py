@@ -470,6 +470,24 @@ _FIXES = {
 }
 
 
+def _not_set_up_fix(exc: Any) -> str:
+    """The fix of a :class:`~dispatch_nb.registry.ProviderNotSetUpError`: the ``-m`` spec of the
+    model's vendor and how to give it credentials, then the providers serving it too."""
+    from ..registry import find_descriptor
+
+    def how(spec: str) -> str:
+        descriptor = find_descriptor(spec.partition(":")[0])
+        if descriptor is None:
+            return f"-m {spec}"
+        if descriptor.key_env:
+            return (f"-m {spec} after `%chat key {descriptor.name}` to type its key (nothing is "
+                    f"saved in the notebook; or set {descriptor.key_env} in the environment "
+                    "Jupyter starts from)")
+        return f"-m {spec} after `%chat login {descriptor.name}`"
+
+    return "Use " + "; or ".join(how(spec) for spec in (exc.spec, *exc.alternatives)) + "."
+
+
 def explain_error(
     exc: BaseException,
     *,
@@ -493,7 +511,9 @@ def explain_error(
     title = type(exc).__name__
     message = str(exc).replace(exc.message, magic_words(exc.message))
     fix = ""
-    if isinstance(exc, e.AuthenticationError):  # the provider's login hint
+    if isinstance(exc, e.AuthenticationError) and getattr(exc, "alternatives", None) is not None:
+        fix = _not_set_up_fix(exc)  # a vendor's bare model name, and no credentials for it
+    elif isinstance(exc, e.AuthenticationError):  # the provider's login hint
         from ..registry import find_descriptor
 
         descriptor = find_descriptor(provider)

@@ -628,6 +628,46 @@ def test_a_bare_model_name_with_nothing_set_up_is_refused(
     assert shell.front.markdown == [] or "Sign in" not in "".join(shell.front.markdown)
 
 
+def test_a_vendors_bare_model_name_without_its_key_says_which_provider_in_the_magics_words(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No credentials, the embedded model the default: ``%%chat -m gpt-4.1`` names OpenAI
+    (``-m openai:gpt-4.1``, ``%chat key openai``) and Copilot (``%chat login``), never a GGUF
+    file or ``connect(...)``, and sends nothing."""
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "local:smollm2")
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    error = run(shell, "%%chat -m gpt-4.1\nHi").error_in_exec
+    assert isinstance(error, ChatError), error
+    assert error.title == "ProviderNotSetUpError"
+    assert "'openai:gpt-4.1'" in error.message and "nothing was sent" in error.message
+    assert "-m openai:gpt-4.1 after `%chat key openai`" in error.fix
+    assert "OPENAI_API_KEY" in error.fix
+    assert "-m copilot:gpt-4.1 after `%chat login copilot`" in error.fix
+    shown = error.message + error.fix
+    for python_words in ("connect(", "api_key=", "model_path", "GGUF", "gguf"):
+        assert python_words not in shown, shown
+    assert fake.chat_requests == []
+    # with only OpenAI's key, a Claude name is refused too (it is not sent to OpenAI)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-magic-vendor-0000")
+    monkeypatch.delenv("DISPATCH_NB_MODEL")
+    error = run(shell, "%%chat -m claude-sonnet-4-5\nHi").error_in_exec
+    assert isinstance(error, ChatError), error
+    assert "-m anthropic:claude-sonnet-4-5 after `%chat key anthropic`" in error.fix
+
+
+def test_a_vendors_bare_model_name_replays_without_its_key(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay sends nothing, so ``-m gpt-4.1`` needs no key there: it is OpenAI's model, and
+    the miss (nothing recorded) names ``openai:gpt-4.1``."""
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "local:smollm2")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    error = run(shell, "%%chat --cache replay -m gpt-4.1\nHi").error_in_exec
+    assert isinstance(error, ChatError), error
+    assert error.title == "CacheMissError" and "openai:gpt-4.1" in error.message
+
+
 def test_a_changed_default_provider_is_said_once(
     shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
