@@ -551,6 +551,38 @@ def test_cache_records_then_replays_without_the_model(shell: Any, fake: Any, tmp
     assert "`replay` — `" in shell.front.markdown[0]
 
 
+def test_a_replay_miss_whose_prompt_is_recorded_after_another_conversation_says_so(
+    shell: Any, fake: Any, tmp_path: Any
+) -> None:
+    """The prompt is recorded, but the thread before it differs (an extra cell was run first):
+    the miss says so in the magic's words and points at --no-history / a fresh kernel."""
+    run(shell, '%config ChatMagics.live = "display"')
+    prompt = "Explain recursion in one sentence."
+    assert run(shell, f'%%chat --cache record -s "Answer briefly."\n{prompt}').success
+    assert run(shell, "%chat reset").success
+    assert run(shell, "%%chat\nHi").success  # one extra cell in the thread
+    sent = len(fake.chat_requests)
+    error = run(shell, f'%%chat --cache replay -s "Answer briefly."\n{prompt}').error_in_exec
+    assert isinstance(error, ChatError) and error.title == "CacheMissError", error
+    assert len(error._render_traceback_()) == 2  # what is missing, then the fix
+    assert prompt in error.message and "answers.dispatch-cache.jsonl" in error.message
+    assert ("this prompt is recorded there for this model, but after a different conversation: "
+            "no earlier message before it, this cell sends 2 earlier messages") in error.message
+    assert "--no-history" in error.fix and "--new" in error.fix
+    assert "run the notebook from the top" in error.fix
+    assert "Session" not in error.message + error.fix  # the magic's words, not Python's
+    # what the fix says works
+    assert run(shell, f'%%chat --cache replay --no-history -s "Answer briefly."\n{prompt}').success
+    # the other way round: recorded after a turn, replayed in a fresh thread
+    assert run(shell, "%%chat --cache record\nWhat is a stack?").success
+    assert run(shell, "%chat reset").success
+    error = run(shell, "%%chat --cache replay\nWhat is a stack?").error_in_exec
+    assert isinstance(error, ChatError) and error.title == "CacheMissError", error
+    assert "no earlier message" in error.message and "--cache read-write" in error.fix
+    assert "Restart the kernel and run the notebook from the top" in error.fix
+    assert len(fake.chat_requests) == sent + 1  # the recording; replay sent nothing
+
+
 def test_a_replayed_answer_says_replayed_instead_of_a_latency(shell: Any, fake: Any) -> None:
     run(shell, '%config ChatMagics.live = "display"')
     fake.push(Turn(text="a recorded answer"))
