@@ -133,6 +133,13 @@ def test_a_vendors_bare_name_replays_as_that_vendors_without_its_key(
         assert (adapter.provider_name, adapter.model_name) == ("openai", "gpt-4.1")
     finally:
         adapter.close()
+    # a batch replaying under that name reaches the file (a miss here: nothing is recorded)
+    from dispatch_nb import batch
+
+    result = batch("Say {x}", [{"x": 1}], model="gpt-4.1",
+                   cache=ResponseCache(tmp_path / "none.jsonl", "replay"), progress=False)
+    assert result.model == "openai:gpt-4.1"
+    assert isinstance(result[0], CacheMissError) and result[0].code == "cache_miss"
     with pytest.raises(ProviderNotSetUpError) as info:
         connect_for_cache("gpt-4.1", "read-write")
     assert info.value.code == "authentication_failed" and info.value.provider == "openai"
