@@ -6,6 +6,7 @@ are import paths, imported on first use, so ``import dispatch_nb`` stays fast.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import importlib
 import logging
 import os
@@ -17,7 +18,7 @@ from typing import Any
 
 from .adapter import Adapter
 from .cost import PRICE_PROVIDERS
-from .errors import RequestError
+from .errors import AuthenticationError, RequestError
 from .validation import describe
 
 __all__ = [
@@ -25,12 +26,14 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ProviderDescriptor",
     "ProviderFactory",
+    "ProviderNotSetUpError",
     "connect",
     "default_model_spec",
     "get_descriptor",
     "get_provider",
     "list_descriptors",
     "list_providers",
+    "owner_of",
     "parse_model_spec",
     "qualify_model_spec",
     "register_provider",
@@ -90,6 +93,12 @@ class ProviderDescriptor:
     default_note: str = ""
     #: the ``genai-prices`` provider id (``None``: prices unknown, never zero; docs/cost.md)
     price_provider: str | None = None
+    #: the bare model names that are its own (its vendor's), as case-insensitive ``fnmatch``
+    #: patterns (``"gpt-*"``): such a name goes to it, not to the default provider, unless the
+    #: default serves it (:attr:`serves`)
+    model_names: tuple[str, ...] = ()
+    #: the providers whose own model names it serves too (``"*"``: any name it is given)
+    serves: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         name = self.name
@@ -128,6 +137,15 @@ class ProviderDescriptor:
     @property
     def secret_env_names(self) -> tuple[str, ...]:
         return ((self.key_env,) if self.key_env else ()) + self.secret_env
+
+    def owns(self, model: str) -> bool:
+        """Whether the bare model name ``model`` is one of its own (:attr:`model_names`)."""
+        name = model.strip().lower()
+        return any(fnmatch.fnmatchcase(name, pattern.lower()) for pattern in self.model_names)
+
+    def serves_models_of(self, owner: ProviderDescriptor) -> bool:
+        """Whether it serves the model names of ``owner`` (itself included)."""
+        return owner.name == self.name or owner.name in self.serves or "*" in self.serves
 
     def login_found(self, env: Mapping[str, str] | None = None) -> str | None:
         """Where this provider's saved login is (see :attr:`find_login`), or None (no login,
@@ -172,17 +190,19 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         secret_env=("DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "COPILOT_API_KEY"),
         login_flow="github-device", find_login="dispatch_nb.providers.github_login:find_login",
         premium_multiplier=True, default_rank=0, price_provider="github-copilot",
+        serves=("openai", "anthropic"),
     ),
     ProviderDescriptor(
         "openai", "dispatch_nb.providers.openai:OpenAIAdapter", display_name="OpenAI",
         key_env="OPENAI_API_KEY", default_model="gpt-4.1", default_max_tokens=4096,
         default_rank=10, base_url_env="OPENAI_BASE_URL", price_provider="openai",
+        model_names=("gpt-*", "chatgpt-*", "o[134]", "o[134]-*"),
     ),
     ProviderDescriptor(
         "compatible", "dispatch_nb.providers.openai:connect_compatible",
         display_name="OpenAI-compatible server", key_env="DISPATCH_NB_COMPATIBLE_API_KEY",
         default_model="llama3", default_max_tokens=4096, listing_model="default",
-        base_url_env="DISPATCH_NB_COMPATIBLE_BASE_URL",
+        base_url_env="DISPATCH_NB_COMPATIBLE_BASE_URL", serves=("*",),
         login_hint="Check the server's API key (`%chat key compatible`, or "
                    "DISPATCH_NB_COMPATIBLE_API_KEY in the environment) and "
                    "DISPATCH_NB_COMPATIBLE_BASE_URL.",
@@ -191,6 +211,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         "anthropic", "dispatch_nb.providers.anthropic:AnthropicAdapter", display_name="Anthropic",
         key_env="ANTHROPIC_API_KEY", default_model="claude-sonnet-4-5", default_max_tokens=4096,
         default_rank=20, base_url_env="ANTHROPIC_BASE_URL", price_provider="anthropic",
+        model_names=("claude-*",),
     ),
     ProviderDescriptor(
         "local", "dispatch_nb.providers.local:LocalAdapter", display_name="Embedded model",
@@ -200,7 +221,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
     ),
     ProviderDescriptor(
         "fake", "dispatch_nb.providers.fake:CanonicalAdapter", display_name="Fake (canonical protocol)",
-        default_model="echo", default_max_tokens=1024,
+        default_model="echo", default_max_tokens=1024, serves=("*",),
     ),
 )
 _providers: dict[str, ProviderDescriptor] = {d.name: d for d in _BUILTIN}
@@ -214,6 +235,21 @@ class UnknownProviderError(RequestError, LookupError):
     """No provider is registered under that name."""
 
     default_code = "unknown_provider"
+
+
+class ProviderNotSetUpError(AuthenticationError):
+    """A bare model name is another vendor's (``gpt-4.1`` is OpenAI's), and neither that vendor's
+    provider nor the default provider can take it here: raised before anything is sent. ``spec``
+    is the ``provider:model`` to write; ``alternatives`` the specs of providers that serve the
+    name too after their login (``copilot:gpt-4.1``)."""
+
+    def __init__(self, message: str, *, spec: str = "", alternatives: tuple[str, ...] = (),
+                 **kw: Any) -> None:
+        super().__init__(message, **kw)
+        #: the ``provider:model`` the name belongs to
+        self.spec = spec
+        #: other ``provider:model`` specs that would serve it after a login
+        self.alternatives = alternatives
 
 
 def _as_descriptor(name: str, value: Any) -> ProviderDescriptor:
@@ -438,12 +474,50 @@ def _choices() -> str:
         f"'{d.name}:MODEL'{needs(d)}" for d in list_descriptors())
 
 
-def parse_model_spec(spec: str, default: str | None = None) -> tuple[str, str]:
+def owner_of(model: str) -> ProviderDescriptor | None:
+    """The provider whose own model name ``model`` is (:attr:`ProviderDescriptor.model_names`:
+    ``gpt-4.1`` is OpenAI's, ``claude-sonnet-4-5`` Anthropic's), or ``None``."""
+    return next((d for d in list_descriptors() if d.owns(model)), None)
+
+
+def _has_credentials(descriptor: ProviderDescriptor) -> bool:
+    try:
+        return _ready(descriptor, os.environ) is not None
+    except ValueError:  # a saved login that cannot be read
+        return False
+
+
+def _not_set_up(model: str, owner: ProviderDescriptor) -> ProviderNotSetUpError:
+    """The error for ``model``, ``owner``'s own, when ``owner`` has no credentials here."""
+    spec = f"{owner.name}:{model}"
+    others = [d for d in list_descriptors()
+              if d is not owner and owner.name in d.serves and (d.login_flow or d.key_env)]
+    what = f"{owner.label} API key here ({owner.key_env} is not set)" if owner.key_env else \
+        f"{owner.label} login here"
+    also = "".join(f"; {d.label} serves it too ('{d.name}:{model}', "
+                   f"{'after a login' if d.login_flow else f'with {d.key_env}'})" for d in others)
+    how = (f"pass connect({spec!r}, api_key=...) or set {owner.key_env}" if owner.key_env
+           else f"use connect({spec!r}, ...) after its login")
+    return ProviderNotSetUpError(
+        f"model {model!r} is one of {owner.label}'s models ({spec!r}), and there is no {what}, "
+        f"so nothing was sent (a bare name is not given to another vendor){also}; {how}",
+        provider=owner.name, spec=spec, alternatives=tuple(f"{d.name}:{model}" for d in others),
+    )
+
+
+def parse_model_spec(spec: str, default: str | None = None, *, sends: bool = True
+                     ) -> tuple[str, str]:
     """``"provider:model"`` → ``(provider, model)``; a bare model name gets the provider of
     ``default`` (a ``provider:model`` spec), else of the default model ``%chat status`` shows
     (:func:`default_model_spec`). When nothing is set up (no ``DISPATCH_NB_MODEL``, login, API
     key or embedded model), a bare name is refused with the choices, rather than sent to a
     provider that would first need a login.
+
+    A bare name that is a vendor's own (:func:`owner_of`: ``gpt-4.1``, ``claude-sonnet-4-5``)
+    goes to the default provider only when that provider serves the vendor's models (itself,
+    or GitHub Copilot), else to the vendor's provider when its credentials are set up here (or
+    ``sends`` is false: a replay sends nothing, so it needs none); otherwise it is refused with
+    :class:`ProviderNotSetUpError`, never sent to another vendor.
 
     Model names may themselves contain ``:`` (``ollama``'s ``llama3:8b``): only a registered
     provider name before the first ``:`` counts as a provider.
@@ -474,9 +548,14 @@ def parse_model_spec(spec: str, default: str | None = None) -> tuple[str, str]:
             f"(e.g. '{spec}:{named.example_model}')"
         )
     fallback = (default or "").strip()
+    owner = owner_of(spec)
     if not fallback:
         resolved = resolve_default_model()
         if resolved.needs_login:  # a bare name must not start a login or reach an unchosen provider
+            if owner is not None and (not sends or _has_credentials(owner)):
+                return owner.name, spec
+            if owner is not None:
+                raise _not_set_up(spec, owner)
             raise RequestError(f"model {spec!r}: no provider is set up here, so a bare model name "
                                "has none; " + _choices())
         fallback = resolved.spec
@@ -486,6 +565,13 @@ def parse_model_spec(spec: str, default: str | None = None) -> tuple[str, str]:
             f"the default model {fallback!r} must be 'provider:model' with a registered "
             f"provider, e.g. 'openai:gpt-4.1'; providers: {', '.join(list_providers())}"
         )
+    if owner is not None:
+        chosen = find_descriptor(provider)
+        if chosen is not None and chosen.serves_models_of(owner):
+            return provider, spec
+        if not sends or _has_credentials(owner):
+            return owner.name, spec
+        raise _not_set_up(spec, owner)
     if not sep and re.fullmatch(r"[A-Za-z]+", spec):
         # A plain word without a version or size ("nope", "claude") is no model name: model names
         # carry one (gpt-4.1, claude-sonnet-4-5, llama3, o3); provider:NAME passes any name.
@@ -498,9 +584,9 @@ def parse_model_spec(spec: str, default: str | None = None) -> tuple[str, str]:
     return provider, spec
 
 
-def qualify_model_spec(spec: str, default: str | None = None) -> str:
+def qualify_model_spec(spec: str, default: str | None = None, *, sends: bool = True) -> str:
     """``spec`` as ``"provider:model"`` (see :func:`parse_model_spec`)."""
-    provider, model = parse_model_spec(spec, default)
+    provider, model = parse_model_spec(spec, default, sends=sends)
     return f"{provider}:{model}"
 
 

@@ -11,7 +11,13 @@ from typing import Any
 from .adapter import Adapter, ChatRequest, ValidationResult
 from .call_control import CallControl
 from .errors import DispatchError, ModelUnavailableError
-from .registry import connect, get_descriptor, get_provider, parse_model_spec
+from .registry import (
+    connect,
+    get_descriptor,
+    get_provider,
+    parse_model_spec,
+    qualify_model_spec,
+)
 from .stream import Accumulator
 from .types import ModelInfo, StreamDelta
 
@@ -120,8 +126,12 @@ def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
     """``connect(spec, **options)``; in ``replay`` mode, a :class:`ReplayOnlyAdapter` instead when
     the provider cannot be built here (its extra is not installed, its model file is missing).
 
-    In every other mode the error is raised: those modes may need the model.
+    In every other mode the error is raised: those modes may need the model. A replay sends
+    nothing, so a vendor's bare model name (``gpt-4.1``) is that vendor's here even without its
+    credentials (``parse_model_spec(..., sends=False)``).
     """
+    if mode == "replay":
+        spec = qualify_model_spec(spec, sends=False)
     try:
         return connect(spec, **options)
     except (ImportError, ModelUnavailableError) as exc:

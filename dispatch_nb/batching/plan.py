@@ -38,10 +38,12 @@ class BatchPlan:
 
     @property
     def model_key(self) -> str:
-        """``provider:model``, the model's part of every row key."""
+        """``provider:model``, the model's part of every row key (a replay sends nothing: a
+        vendor's bare model name is that vendor's without its credentials)."""
         if isinstance(self.model, Adapter):
             return f"{self.model.provider_name}:{self.model.model_name}"
-        provider, name = parse_model_spec(self.model)
+        replay = self.cache is not None and self.cache.mode == "replay"
+        provider, name = parse_model_spec(self.model, sends=not replay)
         return f"{provider}:{name}"
 
 

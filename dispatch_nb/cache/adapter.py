@@ -25,6 +25,20 @@ __all__ = ["CachedAdapter"]
 log = logging.getLogger("dispatch_nb")
 
 
+def _earlier_messages(messages: list[Any]) -> int:
+    """How many messages come before the last one (as a recorded line counts them)."""
+    return max(len(messages) - 1, 0)
+
+
+def _count(numbers: Iterable[int]) -> str:
+    """``(0,)`` → "no earlier message", ``(1, 3)`` → "1 or 3 earlier messages"."""
+    values = sorted(numbers)
+    if values == [0]:
+        return "no earlier message"
+    words = " or ".join(str(n) for n in values)
+    return f"{words} earlier message{'' if values == [1] else 's'}"
+
+
 class _Replayed(Accumulator):
     """A replay's accumulator: fed the recorded deltas as they are replayed (``partial``), it
     finishes with the recorded response itself."""
@@ -131,14 +145,36 @@ class CachedAdapter(Adapter):
 
     def _miss(self, key: str, request: ChatRequest) -> CacheMissError:
         what = self.label or "this prompt"
+        provider, model = self.inner.provider_name, self.inner.model_name
         short = _preview(_last_user_text(request.messages), 60)
+        earlier = _earlier_messages(request.messages)
+        try:
+            same = self.cache.same_prompt(provider, model, request.messages)
+        except OSError:  # the file went away: the plain miss
+            same = []
+        recorded = tuple(sorted({n - 1 for e in same
+                                 if isinstance(n := e["request"].get("messages"), int) and n > 0}))
+        if not recorded:
+            why = "(A changed prompt, model, system prompt or option is a different request.)"
+        elif earlier not in recorded:
+            why = (f"The same message to {provider}:{model} is recorded there, but after a "
+                   f"different conversation: {_count(recorded)} before it, here "
+                   f"{_count((earlier,))} (the earlier turns are part of the request). Send "
+                   "the conversation it was recorded with (a notebook: run it from the top in a "
+                   "fresh kernel)"
+                   + (", or this message alone (a new Session, no history)." if 0 in recorded
+                      else ", or record this one."))
+        else:
+            why = (f"The same message to {provider}:{model} is recorded there, after as many "
+                   "messages, but the conversation before it, the system prompt, the tools or an "
+                   "option differ (they are part of the request).")
         return CacheMissError(
-            f"no recorded answer for {what} ({short!r}, {self.inner.provider_name}:"
-            f"{self.inner.model_name}) in {self.cache.path}; the cache is in replay mode and "
-            "sends nothing to the model. Record it once with --cache record "
-            "(or DISPATCH_NB_CACHE=record), or use --cache read-write to record only what is "
-            "missing. (A changed prompt, model, system prompt or option is a different request.)",
-            provider=self.inner.provider_name, key=key, label=self.label, path=self.cache.path,
+            f"no recorded answer for {what} ({short!r}, {provider}:{model}) in "
+            f"{self.cache.path}; the cache is in replay mode and sends nothing to the model. "
+            "Record it once with --cache record (or DISPATCH_NB_CACHE=record), or use --cache "
+            f"read-write to record only what is missing. {why}",
+            provider=provider, key=key, label=self.label, path=self.cache.path,
+            earlier=earlier, recorded_earlier=recorded,
         )
 
     def _store(self, key: str, request: ChatRequest, began: float,

@@ -53,7 +53,8 @@ class CacheMissError(RequestError):
     default_code = "cache_miss"
 
     def __init__(self, message: str, *, key: str = "", label: str | None = None,
-                 path: Path | None = None, **kw: Any) -> None:
+                 path: Path | None = None, earlier: int | None = None,
+                 recorded_earlier: tuple[int, ...] = (), **kw: Any) -> None:
         super().__init__(message, **kw)
         #: the cache key that was looked up
         self.key = key
@@ -61,6 +62,12 @@ class CacheMissError(RequestError):
         self.label = label
         #: the cache file
         self.path = path
+        #: how many messages came before this request's last user message
+        self.earlier = earlier
+        #: for each answer recorded for the same last user message and model (a request that
+        #: differs in the conversation before it, the system prompt, tools or options): how many
+        #: messages came before it; empty when that message was never recorded for this model
+        self.recorded_earlier = recorded_earlier
 
 
 # -- modes and paths ------------------------------------------------------------------------------
@@ -238,6 +245,17 @@ class ResponseCache:
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.get(key) is not None
+
+    def same_prompt(self, provider: str, model: str, messages: list[Message]
+                    ) -> list[dict[str, Any]]:
+        """The entries recorded for ``provider``/``model`` whose last user message is that of
+        ``messages`` (as the line keeps it: its start, scrubbed): after a miss, the same prompt
+        recorded in another request — another conversation before it, system prompt, tools or
+        option."""
+        last = scrub_secrets(request_summary(messages)["last_user"], self.secrets())
+        return [e for e in self.entries()
+                if e.get("provider") == provider and e.get("model") == model
+                and isinstance(e.get("request"), dict) and e["request"].get("last_user") == last]
 
     # -- writing ---------------------------------------------------------------------------------
     @contextlib.contextmanager

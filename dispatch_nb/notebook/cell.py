@@ -327,7 +327,11 @@ class CellRun:
 
     def _models(self, notes: list[str]) -> list[str]:
         """``-m``'s specs, else the default model (and its hint, added to ``notes``)."""
-        specs = self.state.model_specs(self.args.model)
+        try:
+            mode: str | None = self.state.cache_mode(self.args.cache)
+        except ValueError:  # said where the mode is used
+            mode = None
+        specs = self.state.model_specs(self.args.model, mode)
         changed = self.state.default_note()  # e.g. after %chat key openai: say it once
         if changed:
             notes.append(changed)

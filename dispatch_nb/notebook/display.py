@@ -474,6 +474,53 @@ _FIXES = {
 }
 
 
+def _same_prompt_miss(message: str, recorded: tuple[int, ...], earlier: int | None
+                      ) -> tuple[str, str]:
+    """A replay miss whose prompt is recorded for this model in another request: the message
+    says what differs (the conversation before it, or something else), the fix what to do."""
+    def count(values: tuple[int, ...]) -> str:
+        if values == (0,):
+            return "no earlier message"
+        return f"{' or '.join(map(str, values))} earlier message{'' if values == (1,) else 's'}"
+
+    if earlier is not None and earlier not in recorded:
+        message += (f"; this prompt is recorded there for this model, but after a different "
+                    f"conversation: {count(recorded)} before it, this cell sends "
+                    f"{count((earlier,))} (the earlier cells of its thread are part of the "
+                    "request)")
+        if 0 in recorded:
+            return message, ("Run this cell alone with --no-history (or in a new thread with "
+                             "--new), or restart the kernel and run the notebook from the top, "
+                             "so the thread is what it was when recorded.")
+        return message, ("Restart the kernel and run the notebook from the top, so the same cells "
+                         "come before this one as when it was recorded (a cell run twice, or an "
+                         "extra cell, adds turns); or ask the model and record the answer with "
+                         "--cache read-write.")
+    message += ("; this prompt is recorded there for this model, after as many messages, but "
+                "the conversation before it, the system prompt, the tools or an option differ")
+    return message, ("Run it as it was recorded: the notebook from the top in a fresh kernel, with "
+                     "the same -s / ChatMagics.system, --tools, --max-tokens and --temperature; "
+                     "or ask the model and record the answer with --cache read-write.")
+
+
+def _not_set_up_fix(exc: Any) -> str:
+    """The fix of a :class:`~dispatch_nb.registry.ProviderNotSetUpError`: the ``-m`` spec of the
+    model's vendor and how to give it credentials, then the providers serving it too."""
+    from ..registry import find_descriptor
+
+    def how(spec: str) -> str:
+        descriptor = find_descriptor(spec.partition(":")[0])
+        if descriptor is None:
+            return f"-m {spec}"
+        if descriptor.key_env:
+            return (f"-m {spec} after `%chat key {descriptor.name}` to type its key (nothing is "
+                    f"saved in the notebook; or set {descriptor.key_env} in the environment "
+                    "Jupyter starts from)")
+        return f"-m {spec} after `%chat login {descriptor.name}`"
+
+    return "Use " + "; or ".join(how(spec) for spec in (exc.spec, *exc.alternatives)) + "."
+
+
 def explain_error(
     exc: BaseException,
     *,
@@ -497,7 +544,9 @@ def explain_error(
     title = type(exc).__name__
     message = str(exc).replace(exc.message, magic_words(exc.message))
     fix = ""
-    if isinstance(exc, e.AuthenticationError):  # the provider's login hint
+    if isinstance(exc, e.AuthenticationError) and getattr(exc, "alternatives", None) is not None:
+        fix = _not_set_up_fix(exc)  # a vendor's bare model name, and no credentials for it
+    elif isinstance(exc, e.AuthenticationError):  # the provider's login hint
         from ..registry import find_descriptor
 
         descriptor = find_descriptor(provider)
@@ -534,6 +583,9 @@ def explain_error(
             "Replay mode sends nothing to the model: run the cell with --cache off to ask it, or "
             "with --cache read-write to ask it and record the answer."
         )
+        recorded = tuple(getattr(exc, "recorded_earlier", ()) or ())
+        if recorded:  # the same prompt is recorded, in another request
+            message, fix = _same_prompt_miss(message, recorded, getattr(exc, "earlier", None))
     else:
         fix = next((_FIXES[c.__name__] for c in type(exc).__mro__ if c.__name__ in _FIXES), "")
     return ChatError(title, message, fix, original=exc)

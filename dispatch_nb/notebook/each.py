@@ -76,7 +76,7 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     settings = state.settings
     assert shell is not None
     namespace = shell.user_ns
-    specs = state.model_specs(args.model)
+    specs = state.model_specs(args.model, state.cache_mode(args.cache))
     _refuse(args, specs)
     spec = specs[0]
     rows = _rows_value(args.each, namespace)

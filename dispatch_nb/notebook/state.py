@@ -141,12 +141,14 @@ class KernelState:
         return (f"The default model is now {spec} ({reason}): -m with a bare model name now "
                 f"means {label}.")
 
-    def model_specs(self, value: str | None) -> list[str]:
+    def model_specs(self, value: str | None, mode: str | None = None) -> list[str]:
         """``-m a,b,c`` → ``["p:a", "p:b", "p:c"]`` (a bare model name gets the default
-        provider, the one ``%chat status`` shows); nothing → the default model."""
+        provider, the one ``%chat status`` shows, or its vendor's: ``parse_model_spec``);
+        nothing → the default model. In ``mode`` ``replay`` a vendor's bare name needs no
+        credentials (nothing is sent)."""
         from IPython.core.error import UsageError  # (in memory already: IPython runs this)
 
-        from ..errors import RequestError
+        from ..errors import AuthenticationError, RequestError
         from ..registry import qualify_model_spec
 
         if not value or not value.strip():
@@ -158,8 +160,9 @@ class KernelState:
         qualified = []
         for spec in specs:
             try:
-                qualified.append(qualify_model_spec(spec, self._bare_name_default()))
-            except RequestError as exc:
+                qualified.append(qualify_model_spec(spec, self._bare_name_default(),
+                                                    sends=mode != "replay"))
+            except (RequestError, AuthenticationError) as exc:
                 from .display import explain_error
 
                 raise explain_error(exc, spec=spec) from None

@@ -252,6 +252,50 @@ def test_a_miss_in_replay_mode_names_the_cell_and_how_to_record(fake: CanonicalF
     assert fake.chat_requests == []  # nothing was sent
 
 
+def test_a_miss_whose_prompt_is_recorded_after_another_conversation_says_so(
+    fake: CanonicalFake, path: Path
+) -> None:
+    """The prompt is recorded, but after an earlier turn: the miss says the conversation before
+    it differs (and how many messages each had), not only that nothing is recorded."""
+    prompt = "Explain recursion in one sentence."
+    recorder = cached(fake, path, "record", label="In[3]")
+    history = [Message(role="user", content="Hello"), Message(role="assistant", content="Hi!")]
+    recorder.chat([*history, Message(role="user", content=prompt)], system="Answer briefly.")
+    assert lines(path)[0]["request"] == {"messages": 3, "last_user": prompt}
+    sent = len(fake.chat_requests)
+    player = cached(fake, path, "replay", label="In[10]")
+    with pytest.raises(CacheMissError) as info:  # the same prompt alone (a fresh kernel)
+        player.chat(prompt, system="Answer briefly.")
+    err = info.value
+    assert err.code == "cache_miss" and err.label == "In[10]"
+    assert err.earlier == 0 and err.recorded_earlier == (2,)
+    assert "no recorded answer for In[10]" in err.message and str(path) in err.message
+    assert ("The same message to fake:echo is recorded there, but after a different "
+            "conversation: 2 earlier messages before it, here no earlier message") in err.message
+    assert "run it from the top in a fresh kernel" in err.message
+    # recorded alone, replayed after a turn: sending it alone is the way out
+    recorder.chat("What is a stack?", system="Answer briefly.")
+    with pytest.raises(CacheMissError) as info:
+        player.chat([*history, Message(role="user", content="What is a stack?")],
+                    system="Answer briefly.")
+    assert info.value.code == "cache_miss" and info.value.recorded_earlier == (0,)
+    assert "after a different conversation: no earlier message before it, here 2 earlier " \
+           "messages" in info.value.message
+    assert "or this message alone" in info.value.message
+    # as many messages, another system prompt: it says what else may differ
+    with pytest.raises(CacheMissError) as info:
+        player.chat("What is a stack?", system="Answer at length.")
+    assert info.value.code == "cache_miss" and info.value.recorded_earlier == (0,)
+    assert "after as many messages, but the conversation before it, the system prompt" \
+           in info.value.message
+    # a prompt never recorded: the plain miss
+    with pytest.raises(CacheMissError) as info:
+        player.chat("Never recorded.")
+    assert info.value.code == "cache_miss" and info.value.recorded_earlier == ()
+    assert "is recorded there" not in info.value.message
+    assert len(fake.chat_requests) == sent + 1  # the one recording; replay sent nothing
+
+
 def test_read_write_replays_hits_and_records_misses(fake: CanonicalFake, path: Path) -> None:
     adapter = cached(fake, path, "read-write")
     first = adapter.chat("one")

@@ -150,6 +150,97 @@ def test_a_bare_name_with_nothing_set_up_is_refused_with_the_choices(nothing_set
         assert choice in out
 
 
+def test_a_vendors_bare_name_goes_to_its_vendor_never_to_another(
+    nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With only OPENAI_API_KEY set, ``connect("claude-sonnet-4-5")`` must not make an OpenAI
+    adapter: a Claude name is Anthropic's, refused (before anything is sent) with the provider
+    to use and how to give it a key; once that key is set, it is Anthropic's adapter."""
+    from dispatch_nb import AuthenticationError
+    from dispatch_nb.registry import ProviderNotSetUpError
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-vendor-name-0000")
+    with pytest.raises(ProviderNotSetUpError) as info:
+        connect("claude-sonnet-4-5")
+    error = info.value
+    assert isinstance(error, AuthenticationError) and error.provider == "anthropic"
+    assert error.code == "authentication_failed"
+    assert error.spec == "anthropic:claude-sonnet-4-5"
+    assert error.alternatives == ("copilot:claude-sonnet-4-5",)
+    assert "'anthropic:claude-sonnet-4-5'" in error.message and "nothing was sent" in error.message
+    assert ("connect('anthropic:claude-sonnet-4-5', api_key=...) or set ANTHROPIC_API_KEY"
+            in error.message)
+    assert "gguf" not in error.message.lower()
+    # the default provider's own names still go to it
+    assert parse_model_spec("gpt-4.1-mini") == ("openai", "gpt-4.1-mini")
+    assert parse_model_spec("o3-mini") == ("openai", "o3-mini")
+    assert parse_model_spec("o1") == ("openai", "o1")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-vendor-0000")
+    adapter = connect("claude-sonnet-4-5")  # OpenAI is still the default
+    try:
+        assert (adapter.provider_name, adapter.model_name) == ("anthropic", "claude-sonnet-4-5")
+    finally:
+        adapter.close()
+    # ... and the other way round: with only Anthropic's key, a GPT name is OpenAI's
+    monkeypatch.delenv("OPENAI_API_KEY")
+    assert parse_model_spec("claude-haiku-4-5") == ("anthropic", "claude-haiku-4-5")
+    with pytest.raises(ProviderNotSetUpError, match=r"'openai:chatgpt-4o-latest'.*OPENAI_API_KEY"
+                       ) as info:
+        parse_model_spec("chatgpt-4o-latest")
+    assert info.value.code == "authentication_failed"
+    # a name of no known vendor keeps going to the default provider
+    assert parse_model_spec("llama3:8b") == ("anthropic", "llama3:8b")
+
+
+def test_a_vendors_bare_name_with_the_embedded_model_as_default(
+    nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key and no login, the embedded model the default: ``connect("gpt-4.1")`` says OpenAI
+    (and GitHub Copilot) instead of asking for a GGUF file; a name of no vendor is unchanged."""
+    from dispatch_nb.registry import ProviderNotSetUpError
+
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "local:smollm2")
+    with pytest.raises(ProviderNotSetUpError) as info:
+        connect("gpt-4.1")
+    assert info.value.provider == "openai" and info.value.spec == "openai:gpt-4.1"
+    assert info.value.code == "authentication_failed"
+    assert "GitHub Copilot serves it too ('copilot:gpt-4.1', after a login)" in info.value.message
+    assert "model_path" not in info.value.message
+    # the default explicitly given (ChatMagics.model) is the same rule
+    with pytest.raises(ProviderNotSetUpError, match="'anthropic:claude-opus-4-1'") as info:
+        parse_model_spec("claude-opus-4-1", "local:smollm2")
+    assert info.value.code == "authentication_failed"
+    assert parse_model_spec("qwen2.5-0.5b") == ("local", "qwen2.5-0.5b")
+    # a replay sends nothing: it needs no key, and the name keeps its vendor
+    assert parse_model_spec("gpt-4.1", sends=False) == ("openai", "gpt-4.1")
+
+
+def test_a_vendors_bare_name_with_nothing_set_up(
+    nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing set up at all: a GPT name is refused naming OpenAI, not "no provider"."""
+    from dispatch_nb.registry import ProviderNotSetUpError
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the local extra is not installed
+    with pytest.raises(ProviderNotSetUpError, match=r"'openai:gpt-4\.1'.*OPENAI_API_KEY") as info:
+        connect("gpt-4.1")
+    assert info.value.code == "authentication_failed"
+    assert parse_model_spec("claude-sonnet-4-5", sends=False) == ("anthropic", "claude-sonnet-4-5")
+
+
+def test_a_provider_serving_a_vendors_models_keeps_its_bare_names(
+    nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GitHub Copilot serves OpenAI's and Anthropic's models: with a GitHub login as the
+    default, bare GPT and Claude names stay Copilot's (as before), keys or not."""
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_TOKEN", "ghu_" + "a1B2c3D4e5" * 4)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-served-0000")
+    assert parse_model_spec("claude-sonnet-4-5") == ("copilot", "claude-sonnet-4-5")
+    assert parse_model_spec("gpt-4.1") == ("copilot", "gpt-4.1")
+    # an OpenAI-compatible server chosen as the default serves whatever it is asked for
+    assert parse_model_spec("gpt-4o", "compatible:llama3") == ("compatible", "gpt-4o")
+
+
 def test_register_get_list_and_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[tuple[str, dict[str, object]]] = []
 

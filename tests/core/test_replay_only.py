@@ -113,3 +113,33 @@ def test_recorded_notebook_answer_replays_without_llama_cpp() -> None:
     kind, _, text = out.partition("\n")
     assert kind == "ReplayOnlyAdapter"
     assert text.strip() == recorded["response"]["content"][0]["text"].strip()
+
+
+def test_a_vendors_bare_name_replays_as_that_vendors_without_its_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay sends nothing: ``gpt-4.1`` with no OpenAI key, the embedded model the default,
+    is ``openai:gpt-4.1`` (the key it was recorded under), while a mode that may send refuses
+    it naming OpenAI."""
+    from dispatch_nb.registry import ProviderNotSetUpError
+
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DISPATCH_NB_GITHUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "local:smollm2")
+    monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "dnb"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    adapter = connect_for_cache("gpt-4.1", "replay")
+    try:
+        assert (adapter.provider_name, adapter.model_name) == ("openai", "gpt-4.1")
+    finally:
+        adapter.close()
+    # a batch replaying under that name reaches the file (a miss here: nothing is recorded)
+    from dispatch_nb import batch
+
+    result = batch("Say {x}", [{"x": 1}], model="gpt-4.1",
+                   cache=ResponseCache(tmp_path / "none.jsonl", "replay"), progress=False)
+    assert result.model == "openai:gpt-4.1"
+    assert isinstance(result[0], CacheMissError) and result[0].code == "cache_miss"
+    with pytest.raises(ProviderNotSetUpError) as info:
+        connect_for_cache("gpt-4.1", "read-write")
+    assert info.value.code == "authentication_failed" and info.value.provider == "openai"

@@ -551,6 +551,38 @@ def test_cache_records_then_replays_without_the_model(shell: Any, fake: Any, tmp
     assert "`replay` — `" in shell.front.markdown[0]
 
 
+def test_a_replay_miss_whose_prompt_is_recorded_after_another_conversation_says_so(
+    shell: Any, fake: Any, tmp_path: Any
+) -> None:
+    """The prompt is recorded, but the thread before it differs (an extra cell was run first):
+    the miss says so in the magic's words and points at --no-history / a fresh kernel."""
+    run(shell, '%config ChatMagics.live = "display"')
+    prompt = "Explain recursion in one sentence."
+    assert run(shell, f'%%chat --cache record -s "Answer briefly."\n{prompt}').success
+    assert run(shell, "%chat reset").success
+    assert run(shell, "%%chat\nHi").success  # one extra cell in the thread
+    sent = len(fake.chat_requests)
+    error = run(shell, f'%%chat --cache replay -s "Answer briefly."\n{prompt}').error_in_exec
+    assert isinstance(error, ChatError) and error.title == "CacheMissError", error
+    assert len(error._render_traceback_()) == 2  # what is missing, then the fix
+    assert prompt in error.message and "answers.dispatch-cache.jsonl" in error.message
+    assert ("this prompt is recorded there for this model, but after a different conversation: "
+            "no earlier message before it, this cell sends 2 earlier messages") in error.message
+    assert "--no-history" in error.fix and "--new" in error.fix
+    assert "run the notebook from the top" in error.fix
+    assert "Session" not in error.message + error.fix  # the magic's words, not Python's
+    # what the fix says works
+    assert run(shell, f'%%chat --cache replay --no-history -s "Answer briefly."\n{prompt}').success
+    # the other way round: recorded after a turn, replayed in a fresh thread
+    assert run(shell, "%%chat --cache record\nWhat is a stack?").success
+    assert run(shell, "%chat reset").success
+    error = run(shell, "%%chat --cache replay\nWhat is a stack?").error_in_exec
+    assert isinstance(error, ChatError) and error.title == "CacheMissError", error
+    assert "no earlier message" in error.message and "--cache read-write" in error.fix
+    assert "Restart the kernel and run the notebook from the top" in error.fix
+    assert len(fake.chat_requests) == sent + 1  # the recording; replay sent nothing
+
+
 def test_a_replayed_answer_says_replayed_instead_of_a_latency(shell: Any, fake: Any) -> None:
     run(shell, '%config ChatMagics.live = "display"')
     fake.push(Turn(text="a recorded answer"))
@@ -626,6 +658,46 @@ def test_a_bare_model_name_with_nothing_set_up_is_refused(
     assert "'copilot:MODEL' (after `%chat login`)" in error.message
     assert "'openai:MODEL' (OPENAI_API_KEY)" in error.message
     assert shell.front.markdown == [] or "Sign in" not in "".join(shell.front.markdown)
+
+
+def test_a_vendors_bare_model_name_without_its_key_says_which_provider_in_the_magics_words(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No credentials, the embedded model the default: ``%%chat -m gpt-4.1`` names OpenAI
+    (``-m openai:gpt-4.1``, ``%chat key openai``) and Copilot (``%chat login``), never a GGUF
+    file or ``connect(...)``, and sends nothing."""
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "local:smollm2")
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    error = run(shell, "%%chat -m gpt-4.1\nHi").error_in_exec
+    assert isinstance(error, ChatError), error
+    assert error.title == "ProviderNotSetUpError"
+    assert "'openai:gpt-4.1'" in error.message and "nothing was sent" in error.message
+    assert "-m openai:gpt-4.1 after `%chat key openai`" in error.fix
+    assert "OPENAI_API_KEY" in error.fix
+    assert "-m copilot:gpt-4.1 after `%chat login copilot`" in error.fix
+    shown = error.message + error.fix
+    for python_words in ("connect(", "api_key=", "model_path", "GGUF", "gguf"):
+        assert python_words not in shown, shown
+    assert fake.chat_requests == []
+    # with only OpenAI's key, a Claude name is refused too (it is not sent to OpenAI)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-magic-vendor-0000")
+    monkeypatch.delenv("DISPATCH_NB_MODEL")
+    error = run(shell, "%%chat -m claude-sonnet-4-5\nHi").error_in_exec
+    assert isinstance(error, ChatError), error
+    assert "-m anthropic:claude-sonnet-4-5 after `%chat key anthropic`" in error.fix
+
+
+def test_a_vendors_bare_model_name_replays_without_its_key(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay sends nothing, so ``-m gpt-4.1`` needs no key there: it is OpenAI's model, and
+    the miss (nothing recorded) names ``openai:gpt-4.1``."""
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "local:smollm2")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    error = run(shell, "%%chat --cache replay -m gpt-4.1\nHi").error_in_exec
+    assert isinstance(error, ChatError), error
+    assert error.title == "CacheMissError" and "openai:gpt-4.1" in error.message
 
 
 def test_a_changed_default_provider_is_said_once(
