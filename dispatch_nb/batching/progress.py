@@ -162,11 +162,19 @@ class BatchProgress:
                                      prefix=self.description, unit="row",
                                      bar_format=self._format, postfix=describe(stats)))
 
+    @property
+    def shown(self) -> bool:
+        """Whether the bar has been shown (it is, once the batch started a row or has news)."""
+        return self.output is not None or self._bar is not None
+
     def update(self, stats: Stats) -> None:
-        """Show the counters now."""
+        """Show the counters now (nothing before the first row starts, so that a batch refused
+        before anything is sent shows no bar)."""
         if self.mode == "off" or self._closed:
             return
-        if self.output is None and self._bar is None:
+        if not self.shown:
+            if stats.first_sent is None and not stats.finished and not stats.job:
+                return
             self._open(stats)
         if self.mode == "display":
             line = self._text(stats)
@@ -185,7 +193,9 @@ class BatchProgress:
         """Final counters; in a notebook, replace the bar by the one-line ``summary``."""
         if self.mode == "off" or self._closed:
             return
-        self.update(stats)  # opens the bar if no update did
+        if not self.shown:
+            self._open(stats)  # a batch with nothing to do still says so
+        self.update(stats)
         self._closed = True
         if self.output is None:
             self._bar.close()

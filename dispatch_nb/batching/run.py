@@ -205,6 +205,11 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
     except KeyboardInterrupt:
         job.finish()
         raise BatchInterrupted(job.result, job.plan.checkpoint) from None
+    except (TypeError, ValueError):
+        if not job.bar.shown:  # refused before any row started (docs/batch.md): nothing to show
+            raise
+        job.finish()
+        raise
     except BaseException:
         job.finish()
         raise
@@ -232,12 +237,17 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
             await asyncio.sleep(TICK)
 
     ticker = asyncio.create_task(refresh()) if job.bar.mode != "off" else None
+    refused = False
     try:
         await job.run_here(close_adapter=False)
+    except (TypeError, ValueError):
+        refused = not job.bar.shown  # before any row started: nothing to show
+        raise
     finally:
         if ticker is not None:
             ticker.cancel()
-        job.finish()
+        if not refused:
+            job.finish()
     return job.result
 
 

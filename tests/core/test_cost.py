@@ -4,6 +4,8 @@ equals genai-prices' own calculation from the usage the fake put on the wire."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -318,6 +320,16 @@ def test_a_budget_needs_a_known_price_before_anything_is_sent() -> None:
         adapter = OpenAIAdapter("smollm2", backend="compatible", base_url=fake.base_url)
         with pytest.raises(ValueError, match="needs a known price"):
             batch("Row {n}", ROWS[:3], model=adapter, max_tokens=10, budget=1, progress=False)
+        assert fake.chat_requests == []
+        # and no progress bar: the text bar writes to stderr (as abatch's does)
+        for run in (lambda: batch("Row {n}", ROWS[:3], model=adapter, max_tokens=10, budget=1,
+                                  progress="text"),
+                    lambda: asyncio.run(abatch("Row {n}", ROWS[:3], model=adapter, max_tokens=10,
+                                               budget=1, progress="text"))):
+            with contextlib.redirect_stderr(io.StringIO()) as err, \
+                    pytest.raises(ValueError, match="needs a known price"):
+                run()
+            assert err.getvalue() == ""
         assert fake.chat_requests == []
 
 
