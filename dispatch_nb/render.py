@@ -14,6 +14,7 @@ from typing import Any, Protocol
 __all__ = [
     "code_span",
     "compare_parsed_markdown",
+    "dollars",
     "flatten_parsed",
     "footer_line",
     "footer_text",
@@ -185,7 +186,7 @@ def response_markdown(
     if not out:
         out.append("*(no text)*")
     if footer:
-        out.append(f"\n\n<sub>{html.escape(footer_text(response, latency=latency))}</sub>")
+        out.append(f"\n\n<sub>{dollars(html.escape(footer_text(response, latency=latency)))}</sub>")
     return "\n".join(out)
 
 
@@ -243,8 +244,16 @@ def _cell_text(value: Any) -> str:
         value, ensure_ascii=False)
 
 
+def dollars(text: str) -> str:
+    """Markdown text whose ``$`` are dollar signs: escaped (``\\$``), so that two amounts in one
+    paragraph (``$0.02 ... $1``) are not typeset as LaTeX math by JupyterLab, VS Code, GitHub or
+    nbviewer. For the text the library writes (footers, tables, notes), not a model's answer."""
+    return text.replace("$", "\\$")
+
+
 def _md_cell(value: Any) -> str:
-    return html.escape(_cell_text(value), quote=False).replace("|", "\\|").replace("\n", "<br>")
+    return dollars(html.escape(_cell_text(value), quote=False)).replace("|", "\\|").replace(
+        "\n", "<br>")
 
 
 def rows_markdown(rows: list[dict[str, Any]], *, index: bool | None = None, start: int = 1) -> str:
@@ -298,7 +307,7 @@ def parsed_markdown(
     """A structured answer as Markdown: its table, the raw JSON folded below, a small footer."""
     out = [rows_markdown(parsed_rows(response.parsed)), _json_details(response)]
     if footer:
-        out.append(f"\n<sub>{html.escape(footer_text(response, latency=latency))}</sub>")
+        out.append(f"\n<sub>{dollars(html.escape(footer_text(response, latency=latency)))}</sub>")
     return "\n".join(out)
 
 

@@ -41,7 +41,7 @@ def _plain(markdown: str) -> str:
     """Short Markdown of our own as plain text: no emphasis markers, code ticks or escapes."""
     text = re.sub(r"(\*\*|__)(.+?)\1", r"\2", markdown)
     text = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"\1", text)
-    return text.replace("`", "")
+    return text.replace("`", "").replace("\\$", "$")
 
 
 def _show(markdown: str, plain: str | None = None) -> None:
@@ -332,7 +332,7 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
         total.replayed += c.replayed
         total.saved_usd += c.saved_usd
         premium += c.premium_requests or 0
-    from ..render import rows_markdown
+    from ..render import dollars, rows_markdown
 
     unknown = f"{total.unknown:,} answer{'' if total.unknown == 1 else 's'} whose price is unknown"
     if total.unknown and not any(r.cost.unknown < r.calls for r in rows):  # nothing has a price
@@ -353,7 +353,7 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                      f"Replayed from the response cache: {answers}, nothing spent now.")
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)
-    _show(body + "\n\n" + "\n\n".join(notes))
+    _show(body + "\n\n" + dollars("\n\n".join(notes)))
 
 
 def run(state: KernelState, args: argparse.Namespace) -> None:

@@ -14,6 +14,7 @@ from ..cost import CostTotal
 from ..render import (
     code_span,
     compare_parsed_markdown,
+    dollars,
     footer_line,
     parsed_markdown,
     parsed_rows,
@@ -183,7 +184,7 @@ class FinalOutput:
 
 
 def _sub(text: str) -> str:
-    return f"\n\n<sub>{html.escape(text, quote=False)}</sub>"
+    return f"\n\n<sub>{dollars(html.escape(text, quote=False))}</sub>"
 
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -252,7 +253,7 @@ def parse_json_answer(text: str) -> Any:
 
 def notes_markdown(notes: list[str]) -> str:
     """Interpolation notes and hints, as small lines above an answer."""
-    return "".join(f"<sub>ℹ {html.escape(n, quote=False)}</sub>\n\n" for n in notes)
+    return "".join(f"<sub>ℹ {dollars(html.escape(n, quote=False))}</sub>\n\n" for n in notes)
 
 
 def _notes_plain(notes: list[str]) -> str:
@@ -379,7 +380,7 @@ def compare_output(
     for e in entries:
         body = e.transcript.markdown()
         if e.error:
-            body += f"\n\n⚠ *{html.escape(e.error)}*"
+            body += f"\n\n⚠ *{dollars(html.escape(e.error))}*"
         sections.append(f"#### {e.spec}\n\n{body}")
         plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n[error] {e.error}" if e.error else ""))
     if parsed is not None and any(r is not None for r in parsed):
@@ -387,7 +388,7 @@ def compare_output(
         failed = [e for e, r in zip(entries, parsed, strict=True) if r is None]
         sections = [compare_parsed_markdown(answers), *(
             f"#### {e.spec}\n\n{e.transcript.markdown() if not e.transcript.empty else ''}"
-            f"\n\n⚠ *{html.escape(e.error or 'no structured answer')}*" for e in failed)]
+            f"\n\n⚠ *{dollars(html.escape(e.error or 'no structured answer'))}*" for e in failed)]
         plain = ([f"== {spec} ==\n{r.text}" for spec, r in answers]
                  + [f"== {e.spec} ==\n[error] {e.error}" for e in failed])
     md = notes_markdown(list(notes or [])) + "\n".join(rows) + "\n\n" + "\n\n---\n\n".join(sections)
@@ -416,8 +417,8 @@ def magic_words(text: str) -> str:
 
 
 def terminal_text(text: str) -> str:
-    """A hint as a terminal shows it: no Markdown backticks around commands."""
-    return text.replace("`", "")
+    """A hint as a terminal shows it: no Markdown backticks around commands, ``$`` unescaped."""
+    return text.replace("`", "").replace("\\$", "$")
 
 
 class ChatError(Exception):

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..render import dollars
 from .blocks import BLOCK_LIMIT, MarkdownBlocks, close_open_fence, warm_up
 from .constants import LIVE_MODES
 
@@ -269,7 +270,7 @@ class DisplayView(LiveView):
     # -- one model -------------------------------------------------------------------------------
     def _status_line(self) -> str:
         state = self.footers[0] or self.states[0]
-        line = f"**{html.escape(self.titles[0])}** · {html.escape(state)}"
+        line = f"**{html.escape(self.titles[0])}** · {dollars(html.escape(state))}"
         thinking = self.transcripts[0].thinking
         if thinking and not self.footers[0]:
             line += f" · 💭 thinking ({len(thinking):,} characters)"

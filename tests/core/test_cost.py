@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -427,7 +428,9 @@ def test_a_response_shows_its_price_in_its_footer() -> None:
         fake.push(USAGE)
         response = _openai(fake).chat("hi")
     assert response.cost is not None and response.cost.usd is not None
-    assert f"· {format_usd(response.cost.usd)}" in response._repr_markdown_()
+    shown = response._repr_markdown_()
+    assert "· " + format_usd(response.cost.usd).replace("$", "\\$") in shown
+    assert not re.search(r"(?<!\\)\$", shown)  # every dollar escaped: not LaTeX math
     assert "$" not in Response(model="x")._repr_markdown_()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -35,6 +36,11 @@ def _price(input_tokens: int, output_tokens: int) -> Decimal:
         genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens), "gpt-4.1",
         provider_id="openai").total_price
     return price
+
+
+def md(text: str) -> str:
+    """``text`` as the library writes it in Markdown: ``$`` escaped, so it is not LaTeX math."""
+    return text.replace("$", "\\$")
 
 
 def _shown(cell: Any) -> str:
@@ -98,7 +104,7 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
         ["Hello there", *[f"Say row {i:04d}" for i in range(4)], "Say a", "Say b", "Say c"])
     # the footer shows the answer's price (the fake's echo usage: 12 in / 7 out)
     one = _price(12, 7)
-    assert f"· {format_usd(one)} ·" in _shown(nb.cells[1])
+    assert f"· {md(format_usd(one))} ·" in _shown(nb.cells[1])  # a dollar, not LaTeX math
     estimate = _shown(nb.cells[2])
     assert "nothing was sent" in estimate and "openai:gpt-4.1" in estimate
     assert "approximat" in estimate
@@ -110,7 +116,7 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     # a run nobody watches (nbclient) gets no button it cannot click: it says how to send them
     assert not any(WIDGET_MIME in o.get("data", {}) for o in nb.cells[6].outputs)
     assert "Nothing was sent" in _shown(nb.cells[6]) and "--yes" in _shown(nb.cells[6])
-    assert "of a $0.50 budget" in _shown(nb.cells[7])
+    assert "of a \\$0.50 budget" in _shown(nb.cells[7])
     big_estimate = _shown(nb.cells[8])
     assert "1,500 rows" in big_estimate and "15,000 output tokens" in big_estimate
     printed = _shown(nb.cells[9]).strip()
@@ -120,7 +126,7 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     row = next(line for line in table.splitlines() if "openai:gpt-4.1" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "8"  # calls
-    assert format_usd(one * 8) in row
+    assert md(format_usd(one * 8)) in row
     # --deferred --estimate: at the batch price, half the live one
     live, deferred = (nb.cells[i].outputs[0].metadata["dispatch_nb"]["estimate"] for i in (11, 12))
     assert Decimal(deferred["high_usd"]) * 2 == Decimal(live["high_usd"]) > 0
@@ -173,11 +179,12 @@ def test_chat_cost_shows_premium_requests_and_what_replays_saved(
     shown = shell.front.outputs[-1]["data"]["text/markdown"]
     copilot_row = next(line for line in shown.splitlines() if "copilot:claude-sonnet-4" in line)
     assert [c.strip() for c in copilot_row.strip("|").split("|")][6] == "1"  # premium requests
-    assert "1 premium request — $0.04 at GitHub's published overage price" in shown
+    assert "1 premium request — \\$0.04 at GitHub's published overage price" in shown
+    assert not re.search(r"(?<!\\)\$", shown)  # every dollar escaped: no LaTeX math
     openai_row = next(line for line in shown.splitlines() if "openai:gpt-4.1" in line)
     cells = [c.strip() for c in openai_row.strip("|").split("|")]
-    assert cells[1] == "1" and cells[5] == format_usd(first.cost.usd)
-    assert cells[7] == f"1 ({format_usd(first.cost.usd)})"
+    assert cells[1] == "1" and cells[5] == md(format_usd(first.cost.usd))
+    assert cells[7] == f"1 ({md(format_usd(first.cost.usd))})"
     assert "Replayed from the response cache: 2 answers, " in shown
     llama_row = next(line for line in shown.splitlines() if "compatible:smollm2" in line)
     cells = [c.strip() for c in llama_row.strip("|").split("|")]
