@@ -24,10 +24,12 @@ __all__ = [
     "parsed_html",
     "parsed_markdown",
     "parsed_rows",
+    "plain_block",
     "raw_json",
     "response_markdown",
     "rows_markdown",
     "short_line",
+    "small",
     "thinking_details",
 ]
 
@@ -186,7 +188,7 @@ def response_markdown(
     if not out:
         out.append("*(no text)*")
     if footer:
-        out.append(f"\n\n<sub>{dollars(html.escape(footer_text(response, latency=latency)))}</sub>")
+        out.append("\n\n" + small(html.escape(footer_text(response, latency=latency))))
     return "\n".join(out)
 
 
@@ -244,11 +246,30 @@ def _cell_text(value: Any) -> str:
         value, ensure_ascii=False)
 
 
+#: the class of an element whose text the front end's MathJax leaves alone: JupyterLab and
+#: Notebook 7 typeset the rendered output, where an escaped ``\\$`` is a ``$`` again (their
+#: MathJax 3 skips ``tex2jax_ignore``; MathJax 3's own default is ``mathjax_ignore``)
+NO_MATH = ' class="tex2jax_ignore mathjax_ignore"'
+
+
 def dollars(text: str) -> str:
-    """Markdown text whose ``$`` are dollar signs: escaped (``\\$``), so that two amounts in one
-    paragraph (``$0.02 ... $1``) are not typeset as LaTeX math by JupyterLab, VS Code, GitHub or
-    nbviewer. For the text the library writes (footers, tables, notes), not a model's answer."""
+    """Markdown text whose ``$`` are dollar signs, escaped (``\\$``) for Markdown renderers that
+    honour it (GitHub, nbviewer): two amounts in one paragraph (``$0.02 ... $1``) are not LaTeX
+    math. For the text the library writes (footers, tables, notes), not a model's answer; put it
+    in :func:`small` or :func:`plain_block` for JupyterLab too."""
     return text.replace("$", "\\$")
+
+
+def small(text: str) -> str:
+    """``text`` (HTML-escaped already) as a small line no front end typesets as math (the class
+    only when it has a ``$``: everything else reads as it always did)."""
+    return f"<sub{NO_MATH if '$' in text else ''}>{dollars(text)}</sub>"
+
+
+def plain_block(markdown: str) -> str:
+    """Markdown of the library's own (a table, notes; its ``$`` escaped by :func:`dollars` or
+    :func:`rows_markdown` already) in a block no front end typesets as math (when it has one)."""
+    return f"<div{NO_MATH}>\n\n{markdown}\n\n</div>" if "$" in markdown else markdown
 
 
 def _md_cell(value: Any) -> str:
@@ -307,7 +328,7 @@ def parsed_markdown(
     """A structured answer as Markdown: its table, the raw JSON folded below, a small footer."""
     out = [rows_markdown(parsed_rows(response.parsed)), _json_details(response)]
     if footer:
-        out.append(f"\n<sub>{dollars(html.escape(footer_text(response, latency=latency)))}</sub>")
+        out.append("\n" + small(html.escape(footer_text(response, latency=latency))))
     return "\n".join(out)
 
 
@@ -327,7 +348,7 @@ def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None
              "<details><summary>JSON</summary><pre><code>"
              f"{html.escape(raw_json(response))}</code></pre></details>"]
     if footer:
-        parts.append(f"<p><sub>{html.escape(footer_text(response, latency=latency))}</sub></p>")
+        parts.append(f"<p><sub{NO_MATH}>{html.escape(footer_text(response, latency=latency))}</sub></p>")
     return "\n".join(parts)
 
 

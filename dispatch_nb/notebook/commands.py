@@ -332,7 +332,7 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
         total.replayed += c.replayed
         total.saved_usd += c.saved_usd
         premium += c.premium_requests or 0
-    from ..render import dollars, rows_markdown
+    from ..render import dollars, plain_block, rows_markdown
 
     unknown = f"{total.unknown:,} answer{'' if total.unknown == 1 else 's'} whose price is unknown"
     if total.unknown and not any(r.cost.unknown < r.calls for r in rows):  # nothing has a price
@@ -353,7 +353,8 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                      f"Replayed from the response cache: {answers}, nothing spent now.")
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)
-    _show(body + "\n\n" + dollars("\n\n".join(notes)))
+    text = body + "\n\n" + dollars("\n\n".join(notes))
+    _show(plain_block(text), _plain(text))
 
 
 def run(state: KernelState, args: argparse.Namespace) -> None:

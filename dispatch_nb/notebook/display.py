@@ -21,6 +21,7 @@ from ..render import (
     raw_json,
     rows_markdown,
     short_line,
+    small,
     thinking_details,
 )
 from ..turn import ToolRun, TurnAccumulator
@@ -184,7 +185,7 @@ class FinalOutput:
 
 
 def _sub(text: str) -> str:
-    return f"\n\n<sub>{dollars(html.escape(text, quote=False))}</sub>"
+    return "\n\n" + small(html.escape(text, quote=False))
 
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -253,7 +254,7 @@ def parse_json_answer(text: str) -> Any:
 
 def notes_markdown(notes: list[str]) -> str:
     """Interpolation notes and hints, as small lines above an answer."""
-    return "".join(f"<sub>ℹ {dollars(html.escape(n, quote=False))}</sub>\n\n" for n in notes)
+    return "".join(small(f"ℹ {html.escape(n, quote=False)}") + "\n\n" for n in notes)
 
 
 def _notes_plain(notes: list[str]) -> str:

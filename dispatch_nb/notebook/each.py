@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from ..errors import DispatchError
 from ..prompting import build_prompt
 from ..registry import parse_model_spec
-from ..render import dollars, parsed_rows, rows_markdown
+from ..render import dollars, parsed_rows, plain_block, rows_markdown, small
 from ..types import Response
 from ..validation import article
 from .display import ChatInterrupted, explain_error, magic_words, notes_markdown
@@ -166,10 +166,10 @@ def show_estimate(est: Any, what: str) -> None:
     text = est.summary()
     note = ("input tokens approximated (about 4 characters a token)" if est.counted_by ==
             "approximation" else f"input tokens: {est.counted_by}")
-    md = (f"**Estimate** ({what}) — nothing was sent\n\n{dollars(html.escape(text, quote=False))}\n\n"
-          f"<sub>{html.escape(note, quote=False)}; the most output assumes every answer uses "
-          f"max_tokens ({est.max_tokens:,}); prices: {html.escape(est.source or 'unknown')}"
-          "</sub>")
+    md = (plain_block(f"**Estimate** ({what}) — nothing was sent\n\n"
+                      + dollars(html.escape(text, quote=False))) + "\n\n"
+          + small(f"{html.escape(note, quote=False)}; the most output assumes every answer uses "
+                  f"max_tokens ({est.max_tokens:,}); prices: {html.escape(est.source or 'unknown')}"))
     ipy_display({"text/markdown": md, "text/plain": f"Estimate ({what}), nothing was sent: "
                  f"{text}\n[{note}]"}, raw=True,
                 metadata={"dispatch_nb": {"estimate": est.model_dump(mode="json")}})
@@ -320,7 +320,7 @@ def each_output(
     footer = f"{spec} · --each {name}" + (f" · --schema {schema}" if schema else "")
     footer += f" · {result.summary()}"
     body = rows_markdown(table, index=True, start=0)  # numbered like VAR[i] and to_pandas()
-    md = body + "\n\n" + notes_markdown(notes) + f"<sub>{dollars(html.escape(footer, quote=False))}</sub>"
+    md = plain_block(body) + "\n\n" + notes_markdown(notes) + small(html.escape(footer, quote=False))
     plain = body.replace("\\$", "$") + "".join(f"\nℹ {n}" for n in notes) + f"\n\n[{footer}]"
     meta = {
         "dispatch_nb": {

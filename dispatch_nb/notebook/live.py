@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..render import dollars
+from ..render import small
 from .blocks import BLOCK_LIMIT, MarkdownBlocks, close_open_fence, warm_up
 from .constants import LIVE_MODES
 
@@ -270,11 +270,11 @@ class DisplayView(LiveView):
     # -- one model -------------------------------------------------------------------------------
     def _status_line(self) -> str:
         state = self.footers[0] or self.states[0]
-        line = f"**{html.escape(self.titles[0])}** · {dollars(html.escape(state))}"
+        line = f"**{html.escape(self.titles[0])}** · {html.escape(state)}"
         thinking = self.transcripts[0].thinking
         if thinking and not self.footers[0]:
             line += f" · 💭 thinking ({len(thinking):,} characters)"
-        return f"<sub>{line}</sub>"
+        return small(line)
 
     def _live_bundle(self) -> dict[str, Any]:
         body = self.live_markdown.rstrip()

@@ -558,3 +558,40 @@ def test_a_large_each_waits_for_the_button(open_notebook: Any, fake: CanonicalFa
     assert sorted(sent) == sorted(f"Say {w}" for w in ("one", "two", "three", "four", "five"))
     assert "echo: Say three" in nb.output_text(2)
     nb.screenshot("each-confirmed")
+
+
+def test_dollar_amounts_stay_dollars_not_latex(open_notebook: Any, fake: CanonicalFake) -> None:
+    """Two amounts in one paragraph (a replayed answer's footer: ``$… when recorded, $0 now``)
+    are dollars: the front end's math typesetting must not take the text between them for LaTeX
+    (the library escapes them, docs/notebook.md "Final output")."""
+    code = ("from decimal import Decimal\nfrom dispatch_nb import Response, TextBlock\n"
+            "from dispatch_nb.cost import Cost\n"
+            "Response(content=[TextBlock(text='Hello.')], model='gpt-4.1',\n"
+            "         cost=Cost(usd=Decimal('0.00008'), replayed=True))")
+    # Markdown outputs (no HTML): a %%chat footer, and the %chat cost table and notes
+    footer = ("from IPython.display import Markdown\nfrom dispatch_nb.render import small\n"
+              "Markdown('The answer: $x^2$ is math.' + small('$0.000080 when recorded, $0 now'))")
+    spent = ("%load_ext dispatch_nb\nfrom decimal import Decimal\n"
+             "from dispatch_nb.cost import Cost, ledger\nfrom dispatch_nb.types import Usage\n"
+             "ledger.clear()\nledger.record('openai', 'gpt-4.1', Usage(input_tokens=12, "
+             "output_tokens=7), Cost(usd=Decimal('0.00008')))\n"
+             "ledger.record('openai', 'gpt-4.1', Usage(input_tokens=12, output_tokens=7), "
+             "Cost(usd=Decimal('0.00008')), replayed=True)")
+    nb = open_notebook([code, footer, spent, "%chat cost"])
+    for index in (0, 1):
+        nb.run(index)
+        sub = nb.cell(index).locator(".jp-OutputArea-output sub")
+        sub.wait_for(state="visible", timeout=30_000)
+        assert "$0.000080 when recorded, $0 now" in sub.inner_text()
+        assert sub.locator("mjx-container, .MathJax, .katex").count() == 0
+    # the Markdown outside the footer is still typeset: only the library's own text is plain
+    assert nb.cell(1).locator("mjx-container, .MathJax").count() >= 1
+    nb.run(2)
+    nb.run(3)
+    table = nb.cell(3).locator(".jp-OutputArea-output table")
+    table.wait_for(state="visible", timeout=30_000)
+    assert table.locator("th").count() == 8  # every column is there, none swallowed by "math"
+    text = nb.cell(3).locator(".jp-OutputArea-output").inner_text()
+    assert "$0.000080" in text and "Spent in this kernel: $0.000080." in text.replace("**", "")
+    assert nb.cell(3).locator("mjx-container, .MathJax, .katex").count() == 0
+    nb.screenshot("dollars", upto_cell=3)
