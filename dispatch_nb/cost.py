@@ -59,7 +59,7 @@ def format_usd(value: Decimal) -> str:
         text = f"{value.quantize(Decimal('0.0001'), ROUND_HALF_UP)}".rstrip("0")
         return "$" + (text + "0" if len(text.split(".")[1]) < 2 else text)
     places = -value.adjusted() + 1  # two significant digits
-    return f"${value.quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)}"
+    return f"${value.quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP):f}"  # never 1.0E-7
 
 
 def premium_words(value: float) -> str:

@@ -560,8 +560,12 @@ class CellRun:
         raise explain_error(failure, spec=failed_spec, available=available, context=self.context) from None
 
     def _interrupted_message(self) -> str:
-        kept = any(not t.empty for t in self._viewed().transcripts)
-        return INTERRUPTED + ("; the partial answer is kept above" if kept else "")
+        transcripts = self._viewed().transcripts
+        if any(t.has_text for t in transcripts):
+            return INTERRUPTED + "; the partial answer is kept above"
+        if any(not t.empty for t in transcripts):  # thinking or tool calls, no answer yet
+            return INTERRUPTED + "; what arrived is kept above"
+        return INTERRUPTED
 
     # -- the steps' order ------------------------------------------------------------------------
     def _planned(self) -> CellPlan:

@@ -251,6 +251,7 @@ def test_a_replayed_answer_of_unknown_price_costs_nothing_now(tmp_path: Path) ->
 def test_format_usd() -> None:
     assert format_usd(Decimal("0.0031234")) == "$0.0031"
     assert format_usd(Decimal("0.000012")) == "$0.000012"
+    assert format_usd(Decimal("0.0000001")) == "$0.00000010"  # never "$1.0E-7"
     assert format_usd(Decimal("0.5")) == "$0.50"
     assert format_usd(Decimal("0.05315")) == "$0.0532"
     assert format_usd(Decimal("1234.5")) == "$1,234.50"

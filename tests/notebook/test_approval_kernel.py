@@ -270,6 +270,8 @@ def test_ctrl_c_while_the_buttons_wait_says_the_call_was_not_run(
     messages = run_with_buttons(kernel, CELL, lambda *_: kernel.km.interrupt_kernel())
     errors = [m for m in messages if m["msg_type"] == "error"]
     assert len(errors) == 1 and "interrupted" in errors[0]["content"]["traceback"][0]
+    # no answer arrived, only the call: no "partial answer" is claimed
+    assert "what arrived is kept above" in errors[0]["content"]["traceback"][0]
     [final] = outputs_of([m for m in messages if m["msg_type"] != "error"])
     shown = final["data"]["text/markdown"]
     assert NOT_RUN in shown
