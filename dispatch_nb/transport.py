@@ -198,17 +198,25 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         import aiohttp
 
         timeout = request.extensions.get("timeout", {})
-        try:
-            body = await request.aread()
-            response = await self._client().request(
-                request.method, str(request.url), headers=request.headers.multi_items(),
-                data=body or None, allow_redirects=False, auto_decompress=False, compress=None,
-                timeout=aiohttp.ClientTimeout(sock_connect=timeout.get("connect"),
-                                              sock_read=timeout.get("read"),
-                                              connect=timeout.get("pool")),
-            )
-        except Exception as exc:
-            _reraise(exc, reading=False)
+        body = await request.aread()
+        for attempt in (1, 2):
+            try:
+                response = await self._client().request(
+                    request.method, str(request.url), headers=request.headers.multi_items(),
+                    data=body or None, allow_redirects=False, auto_decompress=False, compress=None,
+                    timeout=aiohttp.ClientTimeout(sock_connect=timeout.get("connect"),
+                                                  sock_read=timeout.get("read"),
+                                                  connect=timeout.get("pool")),
+                )
+                break
+            except Exception as exc:
+                # a kept-alive connection the server closed a moment ago, before the loop saw the
+                # close: the request could not be written, so no server has it; it goes once more,
+                # on a new connection (as httpcore does with a connection that is not available)
+                if attempt == 1 and isinstance(exc, aiohttp.ClientOSError) \
+                        and "Can not write request body" in str(exc):
+                    continue
+                _reraise(exc, reading=False)
         stream = _AiohttpBody(response)
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1", READ_EXTENSION: stream.read}
         if response.reason:
