@@ -326,7 +326,7 @@ def parsed_markdown(
     response: _Answer, *, footer: bool = True, latency: float | None = None
 ) -> str:
     """A structured answer as Markdown: its table, the raw JSON folded below, a small footer."""
-    out = [rows_markdown(parsed_rows(response.parsed)), _json_details(response)]
+    out = [plain_block(rows_markdown(parsed_rows(response.parsed))), _json_details(response)]
     if footer:
         out.append("\n" + small(html.escape(footer_text(response, latency=latency))))
     return "\n".join(out)
@@ -379,4 +379,5 @@ def compare_parsed_markdown(answers: Sequence[tuple[str, _Answer]]) -> str:
     table = _md_table(["field", *[_md_cell(label) for label, _ in flat]], (
         [_md_cell(path), *[_md_cell(fields[path]) if path in fields else "—" for _, fields in flat]]
         for path in paths))
-    return "\n".join([table, *(_json_details(r, f"JSON: {html.escape(label)}") for label, r in answers)])
+    return "\n".join([plain_block(table),
+                      *(_json_details(r, f"JSON: {html.escape(label)}") for label, r in answers)])

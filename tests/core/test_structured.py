@@ -30,6 +30,7 @@ from dispatch_nb.render import (
     compare_parsed_markdown,
     flatten_parsed,
     parsed_html,
+    parsed_markdown,
     parsed_rows,
     response_markdown,
     rows_markdown,
@@ -371,3 +372,17 @@ def test_html_repr_without_linkify_it() -> None:
     assert html is not None and "<table>" in html and "<td>a</td>" in html
     plain = Response(content=[TextBlock(text="see https://example.org ~~old~~")])._repr_html_()
     assert plain is not None and "<s>old</s>" in plain
+
+
+def test_a_table_of_amounts_is_not_latex_math() -> None:
+    """``$5`` and ``$12`` in one table would be typeset as math by the front ends: the table
+    escapes them and sits in a block MathJax skips; a table without ``$`` is left as it is."""
+    prices = rows_markdown([{"item": "tea", "price": "$5"}, {"item": "cake", "price": "$12"}])
+    assert "\\$5" in prices and "\\$12" in prices
+    response = Response(content=[TextBlock(text='{"price": "$5"}')], model="m",
+                        parsed={"price": "$5", "note": "and $12"})
+    shown = parsed_markdown(response, footer=False)
+    assert shown.startswith('<div class="tex2jax_ignore mathjax_ignore">') and "\\$5" in shown
+    plain = parsed_markdown(Response(content=[TextBlock(text='{"a": 1}')], model="m",
+                                     parsed={"a": 1}), footer=False)
+    assert not plain.startswith("<div")
