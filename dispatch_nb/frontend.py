@@ -44,7 +44,8 @@ def allow_stdin(shell: Any = None) -> bool | None:
         return None
     if not isinstance(parent, dict) or parent.get("header", {}).get("msg_type") != "execute_request":
         return None
-    return bool(parent.get("content", {}).get("allow_stdin", False))
+    content = parent.get("content", {})
+    return bool(content["allow_stdin"]) if "allow_stdin" in content else None
 
 
 def unattended(shell: Any = None) -> bool:

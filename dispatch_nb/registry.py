@@ -97,8 +97,9 @@ class ProviderDescriptor:
     #: patterns (``"gpt-*"``): such a name goes to it, not to the default provider, unless the
     #: default serves it (:attr:`serves`)
     model_names: tuple[str, ...] = ()
-    #: the providers whose own model names it serves too (``"*"``: any name it is given)
-    serves: tuple[str, ...] = ()
+    #: the providers whose own model names it serves too (``"*"``: any name it is given;
+    #: ``None``, a provider that does not say, e.g. one registered with a factory: any name)
+    serves: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         name = self.name
@@ -144,7 +145,11 @@ class ProviderDescriptor:
         return any(fnmatch.fnmatchcase(name, pattern.lower()) for pattern in self.model_names)
 
     def serves_models_of(self, owner: ProviderDescriptor) -> bool:
-        """Whether it serves the model names of ``owner`` (itself included)."""
+        """Whether it serves the model names of ``owner`` (itself included): what it declares
+        (:attr:`serves`), or any name when it does not say or its base URL is set elsewhere (a
+        gateway behind ``OPENAI_BASE_URL`` may serve any vendor's models)."""
+        if self.serves is None or (self.base_url_env and os.environ.get(self.base_url_env)):
+            return True
         return owner.name == self.name or owner.name in self.serves or "*" in self.serves
 
     def login_found(self, env: Mapping[str, str] | None = None) -> str | None:
@@ -196,7 +201,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         "openai", "dispatch_nb.providers.openai:OpenAIAdapter", display_name="OpenAI",
         key_env="OPENAI_API_KEY", default_model="gpt-4.1", default_max_tokens=4096,
         default_rank=10, base_url_env="OPENAI_BASE_URL", price_provider="openai",
-        model_names=("gpt-*", "chatgpt-*", "o[134]", "o[134]-*"),
+        model_names=("gpt-*", "chatgpt-*", "o[134]", "o[134]-*"), serves=(),
     ),
     ProviderDescriptor(
         "compatible", "dispatch_nb.providers.openai:connect_compatible",
@@ -211,13 +216,13 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         "anthropic", "dispatch_nb.providers.anthropic:AnthropicAdapter", display_name="Anthropic",
         key_env="ANTHROPIC_API_KEY", default_model="claude-sonnet-4-5", default_max_tokens=4096,
         default_rank=20, base_url_env="ANTHROPIC_BASE_URL", price_provider="anthropic",
-        model_names=("claude-*",),
+        model_names=("claude-*",), serves=(),
     ),
     ProviderDescriptor(
         "local", "dispatch_nb.providers.local:LocalAdapter", display_name="Embedded model",
         default_model="smollm2", default_max_tokens=512,
         available="dispatch_nb.providers.local:local_model_available", default_rank=1000,
-        default_note=EMBEDDED_MODEL_NOTE,
+        default_note=EMBEDDED_MODEL_NOTE, serves=(),
     ),
     ProviderDescriptor(
         "fake", "dispatch_nb.providers.fake:CanonicalAdapter", display_name="Fake (canonical protocol)",
@@ -491,7 +496,7 @@ def _not_set_up(model: str, owner: ProviderDescriptor) -> ProviderNotSetUpError:
     """The error for ``model``, ``owner``'s own, when ``owner`` has no credentials here."""
     spec = f"{owner.name}:{model}"
     others = [d for d in list_descriptors()
-              if d is not owner and owner.name in d.serves and (d.login_flow or d.key_env)]
+              if d is not owner and owner.name in (d.serves or ()) and (d.login_flow or d.key_env)]
     what = f"{owner.label} API key here ({owner.key_env} is not set)" if owner.key_env else \
         f"{owner.label} login here"
     also = "".join(f"; {d.label} serves it too ('{d.name}:{model}', "

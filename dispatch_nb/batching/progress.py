@@ -173,7 +173,8 @@ class BatchProgress:
         if self.mode == "off" or self._closed:
             return
         if not self.shown:
-            if stats.first_sent is None and not stats.finished and not stats.job:
+            if stats.first_sent is None and not stats.in_flight and not stats.finished \
+                    and not stats.job:
                 return
             self._open(stats)
         if self.mode == "display":

@@ -253,6 +253,8 @@ class ResponseCache:
         recorded in another request — another conversation before it, system prompt, tools or
         option."""
         last = scrub_secrets(request_summary(messages)["last_user"], self.secrets())
+        if last.endswith("…"):  # only the start of a long message is kept: it says too little
+            return []
         return [e for e in self.entries()
                 if e.get("provider") == provider and e.get("model") == model
                 and isinstance(e.get("request"), dict) and e["request"].get("last_user") == last]

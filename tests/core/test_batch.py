@@ -695,3 +695,17 @@ def test_a_labelled_cached_adapter_names_each_row_in_the_cache(tmp_path: Path) -
         batch("{row}", ["a", "b"], model=model, progress=False)
     labels = sorted(json.loads(line)["label"] for line in path.read_text().splitlines())
     assert labels == ["cell 3, row 0", "cell 3, row 1"]
+
+
+def test_the_bar_appears_once_a_row_is_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not before anything starts (a batch refused before sending shows none), but as soon as a
+    row is in flight: a Dask batch learns of its first sent row only when a partition ends."""
+    from dispatch_nb.batching.progress import BatchProgress
+    from dispatch_nb.batching.result import Stats
+
+    bar = BatchProgress("text", description="batch test")
+    bar.update(Stats(total=4))
+    assert not bar.shown and capsys.readouterr().err == ""
+    bar.update(Stats(total=4, in_flight=2))
+    assert bar.shown and "batch test" in capsys.readouterr().err
+    bar.close(Stats(total=4, ok=4), "4 rows: 4 ok")

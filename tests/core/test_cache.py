@@ -634,3 +634,19 @@ def test_a_retried_call_records_its_answer_not_its_retries(
     replayed = CachedAdapter(inner, ResponseCache(tmp_path / "c.jsonl", mode="replay"))
     assert [d.type for d in replayed.stream("q")] == [d.type for d in seen[1:]]
     inner.close()
+
+
+def test_a_long_prompt_known_only_by_its_start_gets_no_same_prompt_hint(tmp_path: Path) -> None:
+    """The file keeps the start of a long message only: two rows that share a long preamble are
+    not "the same prompt recorded after another conversation"."""
+    cache = ResponseCache(tmp_path / "long.jsonl", mode="read-write")
+    short = ChatRequest(messages=[Message("user", "Is it good?")])
+    preamble = "Classify the following review. " * 10
+    recorded = ChatRequest(messages=[Message("user", preamble + "Loved it.")])
+    for request in (short, recorded):
+        cache.record(cache_key("p", "m", request), provider="p", model="m", request=request,
+                     response=Response(content=[TextBlock(text="ok")], model="m"), streamed=False)
+    # a short prompt is known whole: the same one after another conversation is found
+    earlier = [Message("user", "Hi"), Message("assistant", "Hello"), Message("user", "Is it good?")]
+    assert len(cache.same_prompt("p", "m", earlier)) == 1
+    assert cache.same_prompt("p", "m", [Message("user", preamble + "Hated it.")]) == []

@@ -190,6 +190,27 @@ def test_a_vendors_bare_name_goes_to_its_vendor_never_to_another(
     assert info.value.code == "authentication_failed"
     # a name of no known vendor keeps going to the default provider
     assert parse_model_spec("llama3:8b") == ("anthropic", "llama3:8b")
+    # a default pointed at another server (a gateway) may serve any vendor's names: kept there
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9/gateway")
+    assert parse_model_spec("gpt-4.1") == ("anthropic", "gpt-4.1")
+
+
+def test_a_default_provider_that_does_not_say_what_it_serves_keeps_every_bare_name(
+    nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider registered with a factory (a plugin, a company gateway) declares no names: a
+    vendor's bare name stays with it, never goes to that vendor because its key is set."""
+    from dispatch_nb import registry
+
+    register_provider("gateway-test", lambda model, **kw: CanonicalAdapter(
+        model, base_url="http://127.0.0.1:9"))
+    try:
+        monkeypatch.setenv("DISPATCH_NB_MODEL", "gateway-test:gpt-4o")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-gateway-0000")
+        assert parse_model_spec("gpt-4.1") == ("gateway-test", "gpt-4.1")
+        assert parse_model_spec("claude-sonnet-4-5") == ("gateway-test", "claude-sonnet-4-5")
+    finally:
+        registry._providers.pop("gateway-test", None)
 
 
 def test_a_vendors_bare_name_with_the_embedded_model_as_default(

@@ -187,6 +187,9 @@ def test_auto_is_display_when_the_cell_comes_from_a_client_nobody_watches() -> N
     assert (unattended(nbclient), unattended(lab), unattended(click)) == (True, False, False)
     assert (front_end_can_ask(nbclient), front_end_can_ask(lab), front_end_can_ask(click)) == (
         False, True, False)
+    silent = Shell(Kernel("execute_request", {"code": ""}))  # a client that does not say
+    assert (unattended(silent), front_end_can_ask(silent), detect_mode(silent, "auto")) == (
+        False, False, "widget")
 
 
 # -- Markdown blocks (what the widget and display views show) ---------------------------------------
