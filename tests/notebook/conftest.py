@@ -145,3 +145,20 @@ def chat_env() -> dict[str, str]:
                 "DISPATCH_NB_CACHE", "DISPATCH_NB_COMPATIBLE_API_KEY"):
         env.pop(key, None)
     return env
+
+
+def fake_kernel_env(fake_url: str, home: Any, cache_file: str, **extra: str) -> dict[str, str]:
+    """A kernel's environment with ``fake:echo`` at ``fake_url`` as the default model, a fresh
+    home under ``home`` and the response cache in ``home/cache_file``."""
+    env = chat_env()
+    env.update({
+        "DISPATCH_NB_FAKE_URL": fake_url,
+        "DISPATCH_NB_MODEL": "fake:echo",
+        "DISPATCH_NB_HOME": str(home / "dispatch"),
+        "DISPATCH_NB_CACHE_FILE": str(home / cache_file),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        **extra,
+    })
+    return env

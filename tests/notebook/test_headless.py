@@ -10,7 +10,6 @@ so only a whole ``execute()`` shows what ``jupyter execute --inplace`` saves.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import nbformat
@@ -18,7 +17,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from tests.kernels import notebook_client
-from tests.notebook.conftest import chat_env
+from tests.notebook.conftest import fake_kernel_env
 from tests.notebook.test_schema_each import SETUP, JsonEchoFake, table
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
@@ -39,17 +38,8 @@ def _record(tmp_path: Any, live: str | None) -> Any:
     ]
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
     with JsonEchoFake() as fake:
-        env = chat_env()
-        env.update({
-            "DISPATCH_NB_FAKE_URL": fake.url,
-            "DISPATCH_NB_MODEL": "fake:echo",
-            "DISPATCH_NB_CACHE": "record",
-            "DISPATCH_NB_HOME": str(tmp_path / "dispatch"),
-            "DISPATCH_NB_CACHE_FILE": str(tmp_path / "lesson.dispatch-cache.jsonl"),
-            "HOME": str(tmp_path),
-            "XDG_CONFIG_HOME": str(tmp_path / ".config"),
-            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-        })
+        env = fake_kernel_env(fake.url, tmp_path, "lesson.dispatch-cache.jsonl",
+                              DISPATCH_NB_CACHE="record")
         if live is not None:
             env["DISPATCH_NB_LIVE"] = live
         notebook_client(nb, timeout=60, allow_errors=False).execute(env=env)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import _thread
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from tests.fakes.canonical import CanonicalFake
 from tests.fakes.provider import Fail, Turn
 from tests.fakes.server import RecordedRequest, wait_for
 from tests.kernels import notebook_client
-from tests.notebook.conftest import chat_env, run, serve_fake
+from tests.notebook.conftest import fake_kernel_env, run, serve_fake
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -353,16 +352,7 @@ def test_schema_and_each_in_a_real_kernel(tmp_path: Any) -> None:
     ]
     nb = new_notebook(cells=[new_code_cell(source) for source in cells])
     with JsonEchoFake() as fake:
-        env = chat_env()
-        env.update({
-            "DISPATCH_NB_FAKE_URL": fake.url,
-            "DISPATCH_NB_MODEL": "fake:echo",
-            "DISPATCH_NB_HOME": str(tmp_path / "dispatch"),
-            "DISPATCH_NB_CACHE_FILE": str(tmp_path / "cache.jsonl"),
-            "HOME": str(tmp_path),
-            "XDG_CONFIG_HOME": str(tmp_path / ".config"),
-            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-        })
+        env = fake_kernel_env(fake.url, tmp_path, "cache.jsonl")
         client = notebook_client(nb, timeout=60, allow_errors=False)
         client.execute(env=env)
     path = tmp_path / "saved.ipynb"
