@@ -13,7 +13,7 @@ from ..adapter import Adapter
 from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
 from ..errors import DispatchError, RequestCancelled
-from ..registry import parse_model_spec
+from ..registry import qualify_model_spec
 from ..replay_only import connect_for_cache
 from .engine import BatchSettings
 from .result import NOT_SENT, BatchResult, RowOrigin, not_sent
@@ -38,13 +38,12 @@ class BatchPlan:
 
     @property
     def model_key(self) -> str:
-        """``provider:model``, the model's part of every row key (a replay sends nothing: a
-        vendor's bare model name is that vendor's without its credentials)."""
+        """``provider:model``, the model's part of every row key (a bare model name replays as
+        the provider's that recorded it: :meth:`ResponseCache.qualify`)."""
         if isinstance(self.model, Adapter):
             return f"{self.model.provider_name}:{self.model.model_name}"
-        replay = self.cache is not None and self.cache.mode == "replay"
-        provider, name = parse_model_spec(self.model, sends=not replay)
-        return f"{provider}:{name}"
+        return self.cache.qualify(self.model) if self.cache is not None \
+            else qualify_model_spec(self.model)
 
 
 def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[Adapter, bool]:
@@ -52,8 +51,8 @@ def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[
     the batch built it (then the batch closes it)."""
     owned = not isinstance(model, Adapter)
     # connect_for_cache: connect(), but in replay mode the model need not be able to run here
-    adapter = model if isinstance(model, Adapter) \
-        else connect_for_cache(model, cache.mode if cache is not None else "off")
+    adapter = model if isinstance(model, Adapter) else connect_for_cache(
+        cache.qualify(model) if cache is not None else model, cache.mode if cache is not None else "off")
     if cache is not None and cache.mode != "off":
         adapter = CachedAdapter(adapter, cache)
     return adapter, owned

@@ -285,4 +285,5 @@ def cached_model(
 
     if not isinstance(cache, ResponseCache):
         cache = ResponseCache(cache)
-    return CachedAdapter(connect_for_cache(spec, cache.mode, **options), cache, label=label)
+    return CachedAdapter(connect_for_cache(cache.qualify(spec), cache.mode, **options), cache,
+                         label=label)

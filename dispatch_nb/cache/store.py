@@ -259,6 +259,22 @@ class ResponseCache:
                 if e.get("provider") == provider and e.get("model") == model
                 and isinstance(e.get("request"), dict) and e["request"].get("last_user") == last]
 
+    def qualify(self, spec: str, default: str | None = None) -> str:
+        """``spec`` as ``"provider:model"`` for calls through this cache. In ``replay`` mode a
+        bare model name is the provider's that recorded it here, when one did (a notebook recorded
+        through GitHub Copilot replays as Copilot's where nobody is logged in), else it resolves
+        as :func:`~dispatch_nb.registry.parse_model_spec` says without credentials (a replay
+        sends nothing); in the other modes, as it says with them."""
+        from ..registry import find_descriptor, qualify_model_spec
+
+        name = spec.strip() if isinstance(spec, str) else spec
+        head, sep, _ = name.partition(":") if isinstance(name, str) else ("", "", "")
+        if self.mode == "replay" and name and not (sep and find_descriptor(head) is not None):
+            recorded = {e.get("provider") for e in self.entries() if e.get("model") == name}
+            if len(recorded) == 1 and find_descriptor(provider := str(recorded.pop())):
+                return f"{provider}:{name}"
+        return qualify_model_spec(spec, default, sends=self.mode != "replay")
+
     # -- writing ---------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _file_lock(self) -> Iterator[None]:

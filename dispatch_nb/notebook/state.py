@@ -144,8 +144,8 @@ class KernelState:
     def model_specs(self, value: str | None, mode: str | None = None) -> list[str]:
         """``-m a,b,c`` → ``["p:a", "p:b", "p:c"]`` (a bare model name gets the default
         provider, the one ``%chat status`` shows, or its vendor's: ``parse_model_spec``);
-        nothing → the default model. In ``mode`` ``replay`` a vendor's bare name needs no
-        credentials (nothing is sent)."""
+        nothing → the default model. In ``mode`` ``replay`` a bare name is the provider's that
+        recorded it (``ResponseCache.qualify``), and needs no credentials (nothing is sent)."""
         from IPython.core.error import UsageError  # (in memory already: IPython runs this)
 
         from ..errors import AuthenticationError, RequestError
@@ -160,8 +160,9 @@ class KernelState:
         qualified = []
         for spec in specs:
             try:
-                qualified.append(qualify_model_spec(spec, self._bare_name_default(),
-                                                    sends=mode != "replay"))
+                default = self._bare_name_default()
+                qualified.append(self.response_cache(mode).qualify(spec, default)
+                                 if mode == "replay" else qualify_model_spec(spec, default))
             except (RequestError, AuthenticationError) as exc:
                 from .display import explain_error
 

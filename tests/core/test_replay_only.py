@@ -143,3 +143,38 @@ def test_a_vendors_bare_name_replays_as_that_vendors_without_its_key(
     with pytest.raises(ProviderNotSetUpError) as info:
         connect_for_cache("gpt-4.1", "read-write")
     assert info.value.code == "authentication_failed" and info.value.provider == "openai"
+
+
+def test_a_bare_name_replays_as_the_provider_that_recorded_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recorded through GitHub Copilot, replayed with no login: ``cached_model("gpt-4.1")`` and
+    ``batch(model="gpt-4.1")`` find Copilot's answers (not a miss under ``openai:gpt-4.1``)."""
+    from dispatch_nb import batch
+    from dispatch_nb.cache import cached_model
+    from tests.fakes.copilot import CopilotFake
+    from tests.fakes.provider import Turn
+
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DISPATCH_NB_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "dnb"))
+    path = tmp_path / "lesson.dispatch-cache.jsonl"
+    with CopilotFake() as copilot:
+        copilot.push(Turn(text="one answer"), Turn(text="a row's answer"))
+        github = {"github_token": copilot.github.github_token,
+                  "github_url": copilot.github.github_url, "github_api_url": copilot.github.api_url}
+        recording = cached_model("copilot:gpt-4.1", ResponseCache(path, "record"), **github)
+        recording.chat("Hi")
+        result = batch("Say {x}", [{"x": 1}], model=recording.inner,
+                       cache=ResponseCache(path, "record"), progress=False)
+        assert result.ok and len(copilot.chat_requests) == 2
+        recording.close()
+    model = cached_model("gpt-4.1", ResponseCache(path, "replay"))
+    try:
+        assert (model.provider_name, model.model_name) == ("copilot", "gpt-4.1")
+        assert model.chat("Hi").text == "one answer"
+    finally:
+        model.close()
+    replayed = batch("Say {x}", [{"x": 1}], model="gpt-4.1", cache=ResponseCache(path, "replay"),
+                     progress=False)
+    assert replayed.model == "copilot:gpt-4.1" and replayed[0].text == "a row's answer"

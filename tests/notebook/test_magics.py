@@ -700,6 +700,38 @@ def test_a_vendors_bare_model_name_replays_without_its_key(
     assert error.title == "CacheMissError" and "openai:gpt-4.1" in error.message
 
 
+def test_a_bare_model_name_replays_as_the_provider_that_recorded_it(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: Any
+) -> None:
+    """A teacher logged in to GitHub Copilot records ``-m gpt-4.1`` (Copilot's, the default
+    there); a student with no login and no key replays it: the bare name is the recording's
+    provider, not OpenAI's, and nothing is sent."""
+    from tests.fakes.copilot import CopilotFake
+
+    run(shell, "%config ChatMagics.login_on_demand = False")
+    monkeypatch.setenv("DISPATCH_NB_HOME", str(tmp_path / "dnb"))
+    for name in ("DISPATCH_NB_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with CopilotFake() as copilot:
+        copilot.push(Turn(text="Recorded through Copilot."))
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_TOKEN", copilot.github.github_token)
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_URL", copilot.github.github_url)
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_API_URL", copilot.github.api_url)
+        assert run(shell, "%%chat --cache record --no-history -m gpt-4.1\nHi").success
+        assert len(copilot.chat_requests) == 1
+    assert "Recorded through Copilot." in capsys.readouterr().out
+    for name in ("DISPATCH_NB_GITHUB_TOKEN", "DISPATCH_NB_GITHUB_URL", "DISPATCH_NB_GITHUB_API_URL"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "local:smollm2")  # the student's default
+    run(shell, "%chat reset")
+    result = run(shell, "%%chat --cache replay --no-history -m gpt-4.1\nHi")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert "Recorded through Copilot." in capsys.readouterr().out
+    # a name no recording has still resolves as without a cache (a vendor's: its vendor's)
+    error = run(shell, "%%chat --cache replay --no-history -m gpt-4.1-mini\nHi").error_in_exec
+    assert isinstance(error, ChatError) and "openai:gpt-4.1-mini" in error.message, error
+
+
 def test_a_changed_default_provider_is_said_once(
     shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
