@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ALWAYS", "Approve", "NotAsked", "ToolCall", "check_approve", "decide", "set_asker"]
+__all__ = ["ALWAYS", "SAID_NO", "Approve", "NotAsked", "ToolCall", "check_approve", "decide", "set_asker"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ Approve = str | Callable[[ToolCall], "bool | str"]
 
 #: an asker's answer meaning "approve this call and every later call of this tool in this session"
 ALWAYS = "always"
+#: the reason of a plain "no" (a Deny button, ``n``, ``False``): the model reads "the user denied it"
+SAID_NO = "the user said no"
 
 class NotAsked(str):
     """An asker's answer when no one could answer (a front end that cannot ask, a cell
@@ -66,13 +68,13 @@ def _terminal(call: ToolCall, seconds: float | None) -> bool | str:
     """The y/N prompt of a terminal (IPython or plain Python); no terminal: a denial."""
     if not (sys.stdin and sys.stdin.isatty()):
         if "ipykernel" in sys.modules:
-            return (
+            return NotAsked(
                 "no one was asked: a notebook asks in %%chat cells and in session.send() / "
                 "session.stream() run in a cell after %load_ext dispatch_nb, not in an async "
                 "turn (await session.asend(...)) or another thread; there, use approve='auto' "
                 "or an approval function"
             )
-        return (
+        return NotAsked(
             "no one was there to approve it (no notebook and no terminal): run with "
             "approve='auto' or an approval function"
         )
@@ -81,7 +83,7 @@ def _terminal(call: ToolCall, seconds: float | None) -> bool | str:
     answer = input(f"Run tool {call.name}{where}({arguments})? [y/N/a=always] ").strip().lower()
     if answer in ("a", "always"):
         return ALWAYS
-    return answer in ("y", "yes") or "the user said no"
+    return answer in ("y", "yes") or SAID_NO
 
 
 def decide(approve: Any, call: ToolCall, seconds: float | None) -> str | None:
@@ -101,7 +103,7 @@ def decide(approve: Any, call: ToolCall, seconds: float | None) -> str | None:
     if isinstance(answer, str) and answer.strip():
         return f"denied: {answer.strip()}"
     if answer is False or answer is None or isinstance(answer, str):
-        return "denied: the user did not approve it"
+        return f"denied: {SAID_NO}"
     raise TypeError(
         f"an approval function must return True, False or a reason (str), not {answer!r}"
     )

@@ -14,15 +14,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..approval import ALWAYS, NotAsked, ToolCall
+from ..approval import ALWAYS, SAID_NO, NotAsked, ToolCall
 from ..frontend import unattended
 
 log = logging.getLogger(__name__)
 
-__all__ = ["INTERRUPTED", "ApprovalRequest", "answer_here", "ask", "asking_through", "cannot_ask"]
+__all__ = [
+    "INTERRUPTED", "NO_ANSWER", "ApprovalRequest", "answer_here", "ask", "asking_through",
+    "cannot_ask",
+]
 
 #: why a call was not run when its cell was interrupted while the question waited
 INTERRUPTED = "the cell was interrupted while it waited for approval"
+#: why a call was not run when the turn's deadline passed while the question waited
+NO_ANSWER = NotAsked("no answer within the turn's deadline")
 
 #: the current cell's ``emit`` (set on its worker thread; asyncio.to_thread carries it along)
 _emit: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
@@ -46,8 +51,19 @@ class ApprovalRequest:
         self.in_cell = in_cell
         #: when the turn's deadline passes (``time.monotonic()``; None: no deadline)
         self.deadline = None if seconds is None else time.monotonic() + seconds
-        self.answer: bool | str = "no answer"
+        self.answer: bool | str = NO_ANSWER
         self.done = threading.Event()
+        self._settled = False
+        self._lock = threading.Lock()
+
+    def settle(self, answer: bool | str) -> bool:
+        """Give the answer, unless one was given already (the first counts: a click just after
+        the deadline, or after Ctrl-C, changes nothing). True when this one counts."""
+        with self._lock:
+            if self._settled:
+                return False
+            self.answer, self._settled = answer, True
+            return True
 
 
 def ask(call: ToolCall, seconds: float | None) -> bool | str:
@@ -65,7 +81,7 @@ def ask(call: ToolCall, seconds: float | None) -> bool | str:
 
         return _terminal(call, seconds)
     if not request.done.wait(seconds):
-        return "no answer within the turn's deadline"
+        request.settle(NO_ANSWER)
     if request.answer == ALWAYS:
         _always.add((call.server, call.name))
     return request.answer
@@ -84,7 +100,7 @@ def _parse(text: str) -> bool | str:
     if lowered in ("y", "yes"):
         return True
     if lowered in ("", "n", "no"):
-        return "the user said no"
+        return SAID_NO
     return text.strip()
 
 
@@ -103,21 +119,27 @@ def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = No
     can click them while the cell runs, else in the front end's input box. ``asking()`` is
     called just before the question is shown (not when no one can be asked: then nothing is
     shown, and the answer says why). The buttons' output, emptied once answered, stays in the
-    cell until the cell's outputs are replaced (a %%chat cell's final output does). Ctrl-C
-    while it waits: the call is not run (:data:`INTERRUPTED`) and the interrupt goes on."""
+    cell until the cell's outputs are replaced (a %%chat cell's final output does).
+
+    Ctrl-C while it waits: the call is not run (:data:`INTERRUPTED`) and the interrupt goes on,
+    with ``request.done`` left for the caller to set once it has cancelled the turn (the
+    waiting worker would otherwise go on first, and ask the model again)."""
+    interrupted = False
     try:
         if unattended():  # nbclient, jupyter execute, voilà: no one is there to click or type
-            request.answer = NotAsked(cannot_ask(request.in_cell))
+            request.settle(NotAsked(cannot_ask(request.in_cell)))
             return
         if asking is not None:
             asking()
         if not _ask_with_buttons(request):
             _ask_in_input_box(request)
     except KeyboardInterrupt:
-        request.answer = NotAsked(INTERRUPTED)
+        request.settle(NotAsked(INTERRUPTED))
+        interrupted = True
         raise
     finally:
-        request.done.set()
+        if not interrupted:
+            request.done.set()
 
 
 def _describe(call: ToolCall) -> tuple[str, str]:
@@ -134,9 +156,9 @@ def _ask_in_input_box(request: ApprovalRequest) -> None:
     try:
         text = input("[y]es / [n]o (or a reason) / [a]lways for this tool: ")
     except Exception:  # no input box after all (StdinNotImplementedError, EOF): say why
-        request.answer = NotAsked(cannot_ask(request.in_cell))
+        request.settle(NotAsked(cannot_ask(request.in_cell)))
     else:
-        request.answer = _parse(text)
+        request.settle(_parse(text))
 
 
 @functools.cache  # an answer (a subshell, or a refusal) is kept; a timeout raises: tried again
@@ -196,11 +218,10 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
                            tooltip="approve this tool for the rest of this kernel",
                            layout=widgets.Layout(width="auto")),
         ]
-        answers: list[bool | str] = [True, "the user said no", ALWAYS]
+        answers: list[bool | str] = [True, SAID_NO, ALWAYS]
 
-        def on_click(button: Any) -> None:  # on the subshell's thread; the first click counts
-            if not clicked.is_set():
-                request.answer = answers[buttons.index(button)]
+        def on_click(button: Any) -> None:  # on the subshell's thread; the first answer counts
+            if request.settle(answers[buttons.index(button)]):
                 clicked.set()
 
         for button in buttons:
@@ -222,7 +243,7 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     try:
         while not clicked.wait(0.1):  # short waits: Ctrl-C reaches this thread
             if request.deadline is not None and time.monotonic() >= request.deadline:
-                request.answer = "no answer within the turn's deadline"
+                request.settle(NO_ANSWER)
                 break
     finally:
         # the buttons go; the decision is shown (and saved) with the tool call in the answer

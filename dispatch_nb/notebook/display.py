@@ -158,8 +158,10 @@ def tool_markdown(part: ToolRun) -> str:
         return call + "\n"
     label = "⚠ error" if part.is_error else "→"
     took = f" <sub>{part.duration:.2f} s</sub>" if part.duration else ""
-    approval = getattr(part, "approval", None)
-    if approval:
+    approval = part.approval
+    if approval and approval.startswith("denied"):  # not run: the result says why, once
+        label = "⚠"
+    elif approval:
         call += f" <sub>{approval.replace('<', '&lt;').replace('>', '&gt;')[:300]}</sub>"
     result = part.result
     if len(result) <= 200 and "\n" not in result:

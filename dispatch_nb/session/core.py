@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..adapter import Adapter
-from ..approval import NotAsked, ToolCall, check_approve, decide
+from ..approval import SAID_NO, NotAsked, ToolCall, check_approve, decide
 from ..budget import Budget
 from ..call_control import TurnControl
 from ..cancel import CancelToken
@@ -433,10 +433,9 @@ class Session:
         try:
             for i, call in enumerate(calls):
                 turn.control.check(WHILE_TOOLS)
-                started = time.monotonic()
-                result, approval = self._run_one(turn, call)
+                result, approval, duration = self._run_one(turn, call)
                 done[i] = result
-                yield turn.tool_result(call, result, time.monotonic() - started, approval)
+                yield turn.tool_result(call, result, duration, approval)
         except BaseException as exc:
             self._append_results(calls, done, exc)
             raise
@@ -483,9 +482,7 @@ class Session:
         approvals: list[str | None] = [None] * len(calls)
 
         async def one(i: int, call: ToolUseBlock) -> None:
-            started = time.monotonic()
-            done[i], approvals[i] = await self._arun_one(turn, call)
-            durations[i] = time.monotonic() - started
+            done[i], approvals[i], durations[i] = await self._arun_one(turn, call)
 
         try:
             turn.control.check(WHILE_TOOLS)
@@ -508,32 +505,40 @@ class Session:
         ]
 
     # -- one tool call: approval, then the Python function or the MCP server ---------------------
-    def _run_one(self, turn: Turn, call: ToolUseBlock) -> tuple[ToolResultBlock, str | None]:
+    def _run_one(self, turn: Turn, call: ToolUseBlock
+                 ) -> tuple[ToolResultBlock, str | None, float]:
         """Run one call in the sync loop: ask for approval if needed, then run it (an MCP tool
-        on the library's loop thread, under the turn's deadline and Ctrl-C)."""
+        on the library's loop thread, under the turn's deadline and Ctrl-C). Returns the
+        result, the approval decision and how long the tool ran (not the wait for approval)."""
         handler = self._handlers.get(call.name)
         if handler is None:
-            return self._unknown_tool(call), None
+            return self._unknown_tool(call), None, 0.0
         approval, denied = self._approval(turn, call, handler)
         if denied is not None:
-            return denied, approval
+            return denied, approval, 0.0
+        started = time.monotonic()
         if handler.is_async and hasattr(handler, "server"):
             from ..mcp import run_sync
 
-            return run_sync(handler.arun(call), turn.control, WHILE_TOOLS), approval
-        return handler.run(call), approval
+            result = run_sync(handler.arun(call), turn.control, WHILE_TOOLS)
+        else:
+            result = handler.run(call)
+        return result, approval, time.monotonic() - started
 
-    async def _arun_one(self, turn: Turn, call: ToolUseBlock) -> tuple[ToolResultBlock, str | None]:
+    async def _arun_one(self, turn: Turn, call: ToolUseBlock
+                        ) -> tuple[ToolResultBlock, str | None, float]:
         """The async loop's :meth:`_run_one` (approval asked on a worker thread)."""
         handler = self._handlers.get(call.name)
         if handler is None:
-            return self._unknown_tool(call), None
+            return self._unknown_tool(call), None, 0.0
         approval, denied = None, None
         if self._policy(turn, handler) != "auto":  # a person or a function decides
             approval, denied = await asyncio.to_thread(self._approval, turn, call, handler)
         if denied is not None:
-            return denied, approval
-        return await handler.arun(call), approval
+            return denied, approval, 0.0
+        started = time.monotonic()
+        result = await handler.arun(call)
+        return result, approval, time.monotonic() - started
 
     def _approval(
         self, turn: Turn, call: ToolUseBlock, handler: Tool
@@ -555,13 +560,13 @@ class Session:
         if decision is None:
             return None, None
         if turn.control.expired():
-            decision = "denied: no answer within the turn's deadline"
+            decision = NotAsked("denied: no answer within the turn's deadline")
         if decision == "approved (always)":
             self._always.add(call.name)
         if decision.startswith("denied"):
             reason = decision.removeprefix("denied:").strip()
             if not isinstance(decision, NotAsked):  # a person (or an approval function) said no
-                reason = f"the user denied it ({reason})"
+                reason = "the user denied it" + ("" if reason == SAID_NO else f" ({reason})")
             return decision, error_result(call.id, f"{call.name} was not run: {reason}")
         return decision, None
 

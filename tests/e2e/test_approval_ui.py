@@ -47,8 +47,10 @@ def test_deny_in_the_browser_never_runs_the_tool(
     nb.wait_done(2, before, timeout=90)
     text = nb.wait_output(2, lambda t: "I did not touch it." in t, 30, "the final answer")
     assert not target.exists(), "the denied tool ran"
-    assert "denied: the user said no" in text  # the decision, saved with the output
-    assert "the user said no" in fake.chat_requests[-1].body.decode()
+    # the decision, saved with the output: what the model read, said once
+    assert "touch was not run: the user denied it" in text
+    assert text.count("the user denied it") == 1 and "said no" not in text
+    assert "touch was not run: the user denied it" in fake.chat_requests[-1].body.decode()
     nb.screenshot("approval-denied")
 
 

@@ -85,14 +85,16 @@ def test_mcp_approval_and_context_in_a_kernel(fake: CanonicalFake, tmp_path: Pat
             client.execute_cell(nb.cells[index], index)
     assert not target.exists()  # the denied call never ran
     assert "It is 5." in text(nb.cells[2])
-    assert "denied" in text(nb.cells[3])
+    assert "touch was not run: this front end cannot ask" in text(nb.cells[3])
     sent = described["content"]
     assert "shape: (3, 1)" in sent and "price" in sent and "describe():" in sent
     assert refused["is_error"] and "hush-123" not in json.dumps(fake.chat_requests[-1].json)
     assert listed["content"] == "df: DataFrame"
     shown = nb.cells[5].outputs[0].data["text/markdown"]
     assert f"```\n{sent}\n```" in shown  # the folded result shows exactly what the fake received
-    assert "denied: " in nb.cells[3].outputs[0].data["text/markdown"]  # the decision is saved
+    # the decision is saved, in the words the model read (no one denied it: no "denied")
+    saved = nb.cells[3].outputs[0].data["text/markdown"]
+    assert "touch was not run: this front end cannot ask" in saved and "denied" not in saved
     assert "calc: running" in text(nb.cells[6]) and "add, fail" in text(nb.cells[6])
     assert "removed MCP server calc" in text(nb.cells[7])
 
@@ -171,7 +173,7 @@ def test_ask_in_a_kernel_with_an_input_box(fake: CanonicalFake, tmp_path: Path) 
         shown = run("%%chat --mcp calc\nTouch it.")
         assert not target.exists() and len(prompts) == 1
         assert str(target).replace("\\", "\\\\") in shown  # the arguments were shown in full
-        assert "the user said no" in tool_results(fake)[0]["content"]
+        assert tool_results(fake)[0]["content"] == "touch was not run: the user denied it"
         fake.push(Turn(tool_calls=[ToolCall("s2", "add", {"a": 1, "b": 2})]), Turn(text="3"))
         answers.append("a")
         run("%%chat --mcp calc\nAdd.")
@@ -239,8 +241,9 @@ def test_buttons_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> None:
         shown = run("%%chat --mcp calc\nTouch it.")
         assert not target.exists() and len(asked) == 1, "the denied tool ran"
         assert "touch" in asked[0] and str(target) in asked[0]  # the arguments, in full
-        assert "the user said no" in tool_results(fake)[0]["content"]
-        assert "denied: the user said no" in shown  # the decision replaces the buttons
+        assert tool_results(fake)[0]["content"] == "touch was not run: the user denied it"
+        # the decision replaces the buttons: the result the model read, with no "denied:" chip
+        assert "touch was not run: the user denied it" in shown and "said no" not in shown
         fake.push(Turn(tool_calls=[ToolCall("w2", "add", {"a": 1, "b": 2})]), Turn(text="3"))
         clicks.append("Always allow add")
         shown = run("%%chat --mcp calc\nAdd.")
@@ -259,12 +262,13 @@ def test_buttons_in_a_kernel(fake: CanonicalFake, tmp_path: Path) -> None:
         clicks.append("Deny")
         shown = run(session_cell)
         assert len(asked) == 3 and "not touched" in shown and not target.exists()
-        assert "the user said no" in tool_results(fake)[0]["content"]
+        assert tool_results(fake)[0]["content"] == "touch was not run: the user denied it"
         fake.push(Turn(tool_calls=[ToolCall("w4", "touch", {"path": str(target)})]),
                   Turn(text="late"))
         run("%config ChatMagics.timeout = 5")
         shown = run("%%chat --mcp calc\nTouch it, nobody will click.", ok=False)
-        assert "denied: no answer within the turn's deadline" in shown
+        assert "touch was not run: no answer within the turn's deadline" in shown
+        assert "user denied" not in shown  # nobody denied it: nobody answered
         assert not target.exists() and len(asked) == 4
     finally:
         kc.stop_channels()

@@ -130,7 +130,9 @@ def test_mcp_tools_ask_by_default_and_a_denied_call_never_runs(
     assert not target.exists()  # pytest has no terminal: "ask" found no one, so a denial
     assert events[0].approval is not None and events[0].approval.startswith("denied: ")
     result = results(fake)[0]
-    assert result["is_error"] and "touch was not run: the user denied it" in text_of(result)
+    # no one could be asked here: the model reads why, not that a user denied it
+    assert result["is_error"] and "touch was not run: no one was" in text_of(result)
+    assert "the user denied it" not in text_of(result)
 
 
 def test_an_approval_function_decides_and_its_reason_reaches_the_model(
@@ -186,6 +188,38 @@ def test_python_tools_too_when_asked_and_always_holds_for_the_session(
     fake.push(Turn(tool_calls=[Call("c3", "bump", {"n": 3})]), Turn(text="c"))
     Session(adapter, tools=[bump]).send("three")
     assert ran == [1, 2, 3]
+
+
+def test_a_tools_time_is_its_run_not_the_wait_for_approval(
+    fake: CanonicalFake, adapter: CanonicalAdapter
+) -> None:
+    """A person took half a second to approve: the call's ``duration`` (the cell's "0.00 s")
+    is how long the tool ran, in the sync and the async loop; a denied call ran for 0 s."""
+
+    @tool
+    def bump(n: int) -> int:
+        """No side effect worth timing."""
+        return n
+
+    def slow_person(call: ToolCall) -> bool | str:
+        time.sleep(0.5)
+        return call.arguments["n"] == 1 or "not that one"
+
+    def turns() -> None:
+        fake.push(Turn(tool_calls=[Call("c1", "bump", {"n": 1}), Call("c2", "bump", {"n": 2})]),
+                  Turn(text="ok"))
+
+    async def run_async() -> list[ToolResultEvent]:
+        session = Session(adapter, tools=[bump], approve=slow_person)
+        return [e async for e in session.astream("go") if isinstance(e, ToolResultEvent)]
+
+    turns()
+    synced = [e for e in Session(adapter, tools=[bump], approve=slow_person).stream("go")
+              if isinstance(e, ToolResultEvent)]
+    turns()
+    for ran, denied in (synced, asyncio.run(run_async())):
+        assert ran.approval == "approved" and ran.duration < 0.5, ran
+        assert denied.approval == "denied: not that one" and denied.duration == 0.0, denied
 
 
 def test_async_session_over_streamable_http(

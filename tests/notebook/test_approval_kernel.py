@@ -103,6 +103,26 @@ def test_a_front_end_that_cannot_ask_shows_no_question_and_says_so(
     assert "--approve" not in said
 
 
+def test_an_answer_after_the_deadline_changes_nothing() -> None:
+    """The worker's wait ends at the turn's deadline: a click arriving just after it (the kernel
+    thread's buttons) is not taken, so what the cell shows is what the worker did."""
+    from dispatch_nb.approval import ToolCall as Call
+    from dispatch_nb.notebook.approval import NO_ANSWER, ApprovalRequest, ask, asking_through
+
+    asked: list[ApprovalRequest] = []
+    token = asking_through(asked.append)  # the cell's queue: nobody answers in time
+    try:
+        answer = ask(Call(id="d1", name="add", arguments={"a": 1}), 0.05)
+    finally:
+        from dispatch_nb.notebook import approval
+
+        approval._emit.reset(token)
+    [request] = asked
+    assert answer == NO_ANSWER
+    assert request.settle(True) is False  # the late click
+    assert request.answer == NO_ANSWER
+
+
 # -- a front end that asks: the buttons -----------------------------------------------------------
 
 
