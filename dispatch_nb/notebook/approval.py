@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..approval import ALWAYS, SAID_NO, NotAsked, ToolCall
+from ..cancel import CancelToken
+from ..errors import RequestCancelled
 from ..frontend import unattended
 
 log = logging.getLogger(__name__)
@@ -29,9 +31,10 @@ INTERRUPTED = "the cell was interrupted while it waited for approval"
 #: why a call was not run when the turn's deadline passed while the question waited
 NO_ANSWER = NotAsked("no answer within the turn's deadline")
 
-#: the current cell's ``emit`` (set on its worker thread; asyncio.to_thread carries it along)
-_emit: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
-    "dispatch_nb_approval_emit", default=None
+#: the current cell's ``emit`` and its job's cancel switch (set on its worker thread;
+#: asyncio.to_thread carries it along)
+_emit: contextvars.ContextVar[tuple[Callable[[Any], None], CancelToken | None] | None] = (
+    contextvars.ContextVar("dispatch_nb_approval_emit", default=None)
 )
 #: tools the person approved "always" in this kernel, by (MCP server, name): every later cell
 #: runs them without asking (a tool of the same name from another server is still asked about)
@@ -44,34 +47,40 @@ class ApprovalRequest:
     type = "approval_request"
 
     def __init__(self, call: ToolCall, seconds: float | None = None, *,
-                 in_cell: bool = False) -> None:
+                 in_cell: bool = False, cancel: CancelToken | None = None) -> None:
         self.call = call
+        #: the cell's job's cancel switch: once it is set, the question is not shown
+        self.cancel = cancel
         #: True when a %%chat cell asks (what to do instead is said with its options), False
         #: for the Python API (``session.send()`` in a cell)
         self.in_cell = in_cell
         #: when the turn's deadline passes (``time.monotonic()``; None: no deadline)
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.answer: bool | str = NO_ANSWER
-        self.done = threading.Event()
-        self._settled = False
+        #: set once the answer is given (by the person, the deadline, Ctrl-C or the cell's stop)
+        self.answered = threading.Event()
         self._lock = threading.Lock()
 
     def settle(self, answer: bool | str) -> bool:
         """Give the answer, unless one was given already (the first counts: a click just after
         the deadline, or after Ctrl-C, changes nothing). True when this one counts."""
         with self._lock:
-            if self._settled:
+            if self.answered.is_set():
                 return False
-            self.answer, self._settled = answer, True
+            self.answer = answer
+            self.answered.set()
             return True
 
 
 def ask(call: ToolCall, seconds: float | None) -> bool | str:
-    """The kernel's asker (see the module docstring)."""
-    emit = _emit.get()
+    """The kernel's asker (see the module docstring). In a %%chat cell it waits on the cell's
+    worker thread until the kernel's thread has the answer, the turn's deadline passes or the
+    cell stops (Ctrl-C: then the turn ends here, with :class:`RequestCancelled` — neither the
+    tool nor the model runs again)."""
+    emit, cancel = _emit.get() or (None, None)
     if (call.server, call.name) in _always:
         return ALWAYS
-    request = ApprovalRequest(call, seconds, in_cell=emit is not None)
+    request = ApprovalRequest(call, seconds, in_cell=emit is not None, cancel=cancel)
     if emit is not None:  # a %%chat cell's worker: its kernel thread asks
         emit(request)
     elif threading.current_thread() is threading.main_thread():  # session.send() in a cell
@@ -80,16 +89,23 @@ def ask(call: ToolCall, seconds: float | None) -> bool | str:
         from ..approval import _terminal
 
         return _terminal(call, seconds)
-    if not request.done.wait(seconds):
-        request.settle(NO_ANSWER)
+    while not request.answered.wait(0.1):
+        if cancel is not None and cancel.cancelled:  # the cell stopped before anyone answered
+            request.settle(NotAsked(INTERRUPTED))
+        elif request.deadline is not None and time.monotonic() >= request.deadline:
+            request.settle(NO_ANSWER)
+    if request.answer == INTERRUPTED or (cancel is not None and cancel.cancelled):
+        raise RequestCancelled(f"{call.name} was not run: {INTERRUPTED}")
     if request.answer == ALWAYS:
         _always.add((call.server, call.name))
     return request.answer
 
 
-def asking_through(emit: Callable[[Any], None]) -> contextvars.Token[Any]:
-    """Route this thread's approval requests to ``emit`` (the cell's event queue)."""
-    return _emit.set(emit)
+def asking_through(emit: Callable[[Any], None], cancel: CancelToken | None = None
+                   ) -> contextvars.Token[Any]:
+    """Route this thread's approval requests to ``emit`` (the cell's event queue); ``cancel``
+    (the cell's job's) ends a wait when the cell stops."""
+    return _emit.set((emit, cancel))
 
 
 def _parse(text: str) -> bool | str:
@@ -119,12 +135,13 @@ def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = No
     can click them while the cell runs, else in the front end's input box. ``asking()`` is
     called just before the question is shown (not when no one can be asked: then nothing is
     shown, and the answer says why). The buttons' output, emptied once answered, stays in the
-    cell until the cell's outputs are replaced (a %%chat cell's final output does).
-
-    Ctrl-C while it waits: the call is not run (:data:`INTERRUPTED`) and the interrupt goes on,
-    with ``request.done`` left for the caller to set once it has cancelled the turn (the
-    waiting worker would otherwise go on first, and ask the model again)."""
-    interrupted = False
+    cell until the cell's outputs are replaced (a %%chat cell's final output does). Nothing is
+    shown for a request answered already (its cell stopped, or its deadline passed, first).
+    Ctrl-C while it waits: the call is not run (:data:`INTERRUPTED`) and the interrupt goes on."""
+    if request.cancel is not None and request.cancel.cancelled:  # its cell stopped
+        request.settle(NotAsked(INTERRUPTED))
+    if request.answered.is_set():
+        return
     try:
         if unattended():  # nbclient, jupyter execute, voilà: no one is there to click or type
             request.settle(NotAsked(cannot_ask(request.in_cell)))
@@ -135,11 +152,7 @@ def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = No
             _ask_in_input_box(request)
     except KeyboardInterrupt:
         request.settle(NotAsked(INTERRUPTED))
-        interrupted = True
         raise
-    finally:
-        if not interrupted:
-            request.done.set()
 
 
 def _describe(call: ToolCall) -> tuple[str, str]:
@@ -207,7 +220,6 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
 
     call = request.call
     headline, arguments = _describe(call)
-    clicked = threading.Event()
     # the widgets' comms are opened under the subshell: the front end's clicks go to its thread
     kernel.set_parent(ident, {**parent, "header": {**parent["header"], "subshell_id": subshell}})
     try:
@@ -221,8 +233,7 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         answers: list[bool | str] = [True, SAID_NO, ALWAYS]
 
         def on_click(button: Any) -> None:  # on the subshell's thread; the first answer counts
-            if request.settle(answers[buttons.index(button)]):
-                clicked.set()
+            request.settle(answers[buttons.index(button)])
 
         for button in buttons:
             button.on_click(on_click)
@@ -241,10 +252,9 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         f"interrupt the cell not to run the tool, and use {instead} here.")}
     handle = display(view, raw=True, display_id=True)  # type: ignore[no-untyped-call]
     try:
-        while not clicked.wait(0.1):  # short waits: Ctrl-C reaches this thread
+        while not request.answered.wait(0.1):  # short waits: Ctrl-C reaches this thread
             if request.deadline is not None and time.monotonic() >= request.deadline:
                 request.settle(NO_ANSWER)
-                break
     finally:
         # the buttons go; the decision is shown (and saved) with the tool call in the answer
         handle.update({"text/html": ""}, raw=True)

@@ -101,7 +101,7 @@ def make_work(
         from ..session import Session  # only for --tools
         from .approval import asking_through
 
-        asking_through(emit)  # "ask" asks in this cell (this worker thread's context)
+        asking_through(emit, cancel)  # "ask" asks in this cell (this worker thread's context)
 
         session = Session(
             adapter,
@@ -228,8 +228,6 @@ class CellRun:
     outcomes: list[JobOutcome] = field(default_factory=list)
     interrupted: bool = False
     final: FinalOutput | None = None
-    #: the tool call waiting for approval on the kernel's thread (its ``ApprovalRequest``)
-    asking: Any = None
 
     def execute(self) -> None:
         """Plan, run, finish and record the cell; raise what went wrong last."""
@@ -393,7 +391,7 @@ class CellRun:
         try:
             try:
                 run_jobs(jobs, self._on_event, tick=view.tick, on_done=self._job_done,
-                         on_interrupt=lambda: self._interrupt(view))
+                         on_interrupt=view.interrupt)
             except KeyboardInterrupt:
                 self.interrupted = True
         except BaseException:
@@ -401,26 +399,18 @@ class CellRun:
             raise
         self.outcomes = [job.outcome for job in jobs]
 
-    def _interrupt(self, view: LiveView) -> None:
-        """Ctrl-C, once every call is cancelled: a call that waited for approval is released
-        (not run: ``answer_here`` left it waiting so that the cancel comes first)."""
-        if self.asking is not None:
-            self.asking.done.set()
-        view.interrupt()
-
     def _on_event(self, index: int, event: Any) -> None:
         """A job's event: to the live view; an approval request is answered on this (the
         kernel's) thread."""
         if getattr(event, "type", None) == "approval_request":
-            from ..approval import ALWAYS
             from .approval import answer_here
 
             view = self._viewed()
             call_id = event.call.id
-            self.asking = event
-            answer_here(event, asking=lambda: view.approval_asked(index, call_id))
-            self.asking = None
-            view.approval_answered(index, call_id, event.answer is True or event.answer == ALWAYS)
+            try:
+                answer_here(event, asking=lambda: view.approval_asked(index, call_id))
+            finally:  # Ctrl-C too: a click that came first still counts
+                view.approval_answered(index, call_id, event.answer)
         else:
             self._viewed().feed(index, event)
 

@@ -159,11 +159,11 @@ def tool_markdown(part: ToolRun) -> str:
     label = "⚠ error" if part.is_error else "→"
     took = f" <sub>{part.duration:.2f} s</sub>" if part.duration else ""
     approval = part.approval
-    if approval and approval.startswith("denied"):  # not run: the result says why, once
-        label = "⚠"
-    elif approval:
-        call += f" <sub>{approval.replace('<', '&lt;').replace('>', '&gt;')[:300]}</sub>"
     result = part.result
+    if approval and approval.startswith("denied"):  # not run: why (and what to do), in full
+        return f"{call} ⚠ {code_span(result)}\n"
+    if approval:
+        call += f" <sub>{approval.replace('<', '&lt;').replace('>', '&gt;')[:300]}</sub>"
     if len(result) <= 200 and "\n" not in result:
         return f"{call} {label} {code_span(result)}{took}\n"
     return (

@@ -178,12 +178,25 @@ class LiveView:
         self.dirty = False
         self.flushed = time.monotonic()
 
-    def approval_answered(self, index: int, tool_id: str, approved: bool) -> None:
-        """The person answered (or the turn's deadline passed): the status line moves on."""
+    def approval_answered(self, index: int, tool_id: str, answer: bool | str) -> None:
+        """The person answered (or the turn's deadline passed): the status line moves on. A
+        question its cell stopped before it was shown was not run either, and says so."""
+        from ..approval import ALWAYS
+        from .approval import INTERRUPTED
+
         tool = self.transcripts[index].tool(tool_id)
-        if tool is None or not tool.waiting:
+        if tool is None or tool.result is not None:
+            return
+        if answer == INTERRUPTED:
+            tool.waiting = True
+            for stopped in self.transcripts[index].stop_waiting(INTERRUPTED):
+                self._not_run(index, stopped)
+            self.dirty = True
+            return
+        if not tool.waiting:
             return
         tool.waiting = False
+        approved = answer is True or answer == ALWAYS
         self.states[index] = f"running {tool.name}…" if approved else "streaming…"
         self._state_changed(index)
         self.dirty = True

@@ -28,6 +28,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from tests.fakes.canonical import CanonicalFake
 from tests.fakes.provider import ToolCall, Turn
+from tests.fakes.server import wait_for
 from tests.kernels import IPCKernelManager, notebook_client
 from tests.notebook.conftest import chat_env
 
@@ -94,6 +95,7 @@ def test_a_front_end_that_cannot_ask_shows_no_question_and_says_so(
     assert "denied" not in said and "approval function" not in said
     assert "(" not in said  # no reason in parentheses, nested or not
     assert said in outputs[0].data["text/markdown"]  # the user reads what the model read
+    assert "<details>" not in outputs[0].data["text/markdown"]  # next to the call, not folded
     # the Python API's words where session.send() asks
     assert "Approve tool call" not in json.dumps(nb.cells[3].outputs)
     assert "Not added." in json.dumps(nb.cells[3].outputs)
@@ -298,6 +300,34 @@ def test_ctrl_c_while_the_buttons_wait_says_the_call_was_not_run(
     assert "abandoned" not in shown and "still running" not in shown
     assert "user denied" not in shown and "no answer" not in shown
     assert len(fake.chat_requests) == 1  # the cell stopped: the model was not asked again
+
+
+def test_ctrl_c_in_a_comparison_stops_every_question(kernel: Kernel, fake: CanonicalFake) -> None:
+    """Both models call the tool; the first question is shown, the second waits behind it.
+    Ctrl-C: the second question is never shown on the stopped cell, neither call runs, neither
+    model is asked again, and no worker is left waiting for an answer (nothing abandoned)."""
+    kernel.run('%config ChatMagics.live = "display"')
+    for model in ("echo", "second"):
+        fake.push_for(model, Turn(tool_calls=[ToolCall(f"{model}-1", "add", {"a": 2, "b": 40})]),
+                      Turn(text="never"))
+
+    def interrupt(*_: Any) -> None:
+        wait_for(lambda: len(fake.chat_requests) == 2, timeout=30)
+        time.sleep(0.5)  # the second model's question is queued behind the first
+        kernel.km.interrupt_kernel()
+
+    messages = run_with_buttons(
+        kernel, "%%chat --tools add --approve ask -m fake:echo,fake:second\nAdd 2 and 40.",
+        interrupt)
+    boxes = [m for m in messages
+             if m["msg_type"] == "display_data" and WIDGET in m["content"]["data"]]
+    assert len(boxes) == 1, "a question was shown after the interrupt"
+    [final] = outputs_of([m for m in messages if m["msg_type"] != "error"])
+    shown = final["data"]["text/markdown"]
+    assert shown.count(NOT_RUN) == 2, shown
+    assert "abandoned" not in shown and "still running" not in shown, shown
+    assert len(fake.chat_requests) == 2  # neither model was asked again
+    kernel.run("pass", timeout=10)  # the kernel answers: nothing holds it
 
 
 def test_ctrl_c_at_the_terminal_prompt_says_the_call_was_not_run(
