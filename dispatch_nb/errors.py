@@ -24,7 +24,7 @@ import email.utils
 import html
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ __all__ = [
     "error_for_status",
     "looks_like_html",
     "parse_retry_after",
+    "redact",
+    "sent_credentials",
     "summarize_body",
 ]
 
@@ -102,12 +104,59 @@ class DispatchError(Exception):
     def __reduce__(self) -> Any:
         return (_rebuild, (type(self), self.message, self.__dict__))
 
+    def redact(self, secrets: Iterable[str] = ()) -> None:
+        """Replace, in the message, every value of ``secrets`` and every secret-looking string
+        (:func:`redact`): what a server echoes of a request (a gateway quoting the
+        ``Authorization`` header it got) never reaches an output, a log or a saved notebook."""
+        self.message = redact(self.message, secrets)
+        self.args = (self.message,)
+
 
 def _rebuild(cls: type[DispatchError], message: str, state: dict[str, Any]) -> DispatchError:
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(state)
     return err
+
+
+#: what replaces a secret
+REDACTED = "[REDACTED]"
+#: strings that look like credentials wherever they appear
+_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # "Bearer <credential>": the credential has a digit, so prose ("bearer bonds") is left alone
+    (re.compile(r"(?i)\b(bearer)(\s+)(?=[A-Za-z0-9._~+/=\-]*[0-9])[A-Za-z0-9._~+/=\-]{8,}"),
+     rf"\1\2{REDACTED}"),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), REDACTED),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), REDACTED),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
+    (re.compile(r"\btid=[0-9a-f]{8,};[^\s\"']*"), REDACTED),  # Copilot session tokens
+)
+#: request headers that carry a credential
+_CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key")
+
+
+def redact(text: str, secrets: Iterable[str] = (), *, patterns: bool = True) -> str:
+    """``text`` with every value of ``secrets`` (longest first) and, unless ``patterns`` is
+    false, every secret-looking string (an ``sk-…`` key, a GitHub token, a bearer credential,
+    a Copilot token) replaced by ``[REDACTED]``."""
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    if patterns:
+        for pattern, replacement in _SECRET_PATTERNS:
+            text = pattern.sub(replacement, text)
+    return text
+
+
+def sent_credentials(headers: Mapping[str, str]) -> list[str]:
+    """The credentials a request's ``headers`` carry: each credential header's value, and the
+    part after its scheme (``Bearer …``, ``token …``), when 6 characters or longer."""
+    found: list[str] = []
+    for name in _CREDENTIAL_HEADERS:
+        value = headers.get(name)
+        if value:
+            found += [v for v in (value, value.split(" ", 1)[-1].strip()) if len(v) >= 6]
+    return found
 
 
 class AuthenticationError(DispatchError):

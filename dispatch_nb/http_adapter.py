@@ -25,6 +25,7 @@ from .errors import (
     ModelUnavailableError,
     error_for_status,
     looks_like_html,
+    sent_credentials,
     summarize_body,
 )
 from .sse import SSEDecoder
@@ -340,6 +341,7 @@ class HTTPAdapter(Adapter):
 
         remove_hook = control.on_abort(on_abort)
         response: httpx.Response | None = None
+        sent: httpx.Request | None = None
         try:
             reading[0] = True  # a token refresh can take a while: let abort interrupt it too
             client = await self._aclient_ready()
@@ -352,7 +354,9 @@ class HTTPAdapter(Adapter):
                 content=self._body(wire, request),
             )
             reading[0] = True
+            sent = http_request
             response = await client.send(http_request, stream=True, auth=self._send_auth())
+            sent = response.request  # with what an auth flow added
             reading[0] = False
             control.check()
             if response.status_code >= 400:
@@ -405,14 +409,17 @@ class HTTPAdapter(Adapter):
             if task is not None and hasattr(task, "uncancel"):
                 task.uncancel()
             raise control.error() from None
-        except DispatchError:
-            raise  # ours already (APIConnectionError is an OSError too)
+        except DispatchError as exc:  # ours already (APIConnectionError is an OSError too)
+            exc.redact(sent_credentials(sent.headers) if sent is not None else ())
+            raise
         except httpx.DecodingError as exc:
             control.check()
             raise self._undecodable(response, exc) from None
         except (httpx.HTTPError, OSError) as exc:
             control.check()
-            raise wrap_transport_error(exc, self.provider_name) from None
+            error = wrap_transport_error(exc, self.provider_name)
+            error.redact(sent_credentials(sent.headers) if sent is not None else ())
+            raise error from None
         finally:
             reading[0] = False
             remove_hook()

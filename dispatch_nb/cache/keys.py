@@ -11,13 +11,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..adapter import ChatRequest
+from ..errors import REDACTED, redact
 from ..types import ToolDefinition
 
 __all__ = ["FORMAT_VERSION", "REDACTED", "cache_key", "scrub_secrets", "secret_env_names"]
 
 #: the version of the cache's key material and file lines
 FORMAT_VERSION = 1
-REDACTED = "[REDACTED]"
 #: options that do not change the answer (and may hold secrets): left out of the key
 _KEY_IGNORED_OPTIONS = frozenset({"max_retries", "extra_headers"})
 
@@ -58,15 +58,6 @@ def cache_key(provider: str, model: str, request: ChatRequest) -> str:
 
 
 # -- secrets --------------------------------------------------------------------------------------
-_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # "Bearer <credential>": the credential has a digit, so prose ("bearer bonds") is left alone
-    (re.compile(r"(?i)\b(bearer)(\s+)(?=[A-Za-z0-9._~+/=\-]*[0-9])[A-Za-z0-9._~+/=\-]{8,}"),
-     rf"\1\2{REDACTED}"),
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), REDACTED),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), REDACTED),
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
-    (re.compile(r"\btid=[0-9a-f]{8,};[^\s\"']*"), REDACTED),  # Copilot session tokens
-)
 #: environment variables always scrubbed, whatever is registered; every registered provider's
 #: ``key_env`` and ``secret_env`` (its :class:`~dispatch_nb.registry.ProviderDescriptor`) too
 _SECRET_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DISPATCH_NB_GITHUB_TOKEN", "GITHUB_TOKEN",
@@ -96,16 +87,10 @@ def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
     ``secrets`` replaced by ``[REDACTED]``. Dict keys are scrubbed too. Inside opaque fields
     (signatures, encrypted reasoning, ``provider_data``) only the exact ``secrets`` are replaced,
     so a replayed signature stays byte-for-byte what the provider issued."""
-    known = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET}, key=len, reverse=True)
+    known = [s for s in secrets if s and len(s) >= _MIN_SECRET]
 
     def text(s: str, opaque: bool) -> str:
-        for secret in known:
-            if secret in s:
-                s = s.replace(secret, REDACTED)
-        if not opaque:
-            for pattern, replacement in _SECRET_PATTERNS:
-                s = pattern.sub(replacement, s)
-        return s
+        return redact(s, known, patterns=not opaque)
 
     def walk(v: Any, opaque: bool) -> Any:
         if isinstance(v, str):

@@ -18,6 +18,7 @@ from dispatch_nb import (
     APITimeoutError,
     AuthenticationError,
     CancelToken,
+    DispatchError,
     Message,
     ModelUnavailableError,
     RateLimitError,
@@ -30,7 +31,16 @@ from dispatch_nb import (
     ToolUseBlock,
 )
 
-from ..fakes.provider import WEATHER, Drop, Fail, ProviderFake, Stall, ToolCall, Turn
+from ..fakes.provider import (
+    CREDENTIAL_HEADERS,
+    WEATHER,
+    Drop,
+    Fail,
+    ProviderFake,
+    Stall,
+    ToolCall,
+    Turn,
+)
 from .targets import Target
 
 
@@ -192,6 +202,31 @@ def test_http_error_mapping(
     assert err.message
     if status == 429:
         assert err.retry_after == 7
+
+
+@pytest.mark.parametrize("where", ["http", "stream"])
+def test_a_credential_the_server_echoes_never_reaches_the_error(
+    make: Any, fake: ProviderFake, where: str
+) -> None:
+    """A gateway quoting the ``Authorization`` header it got, in an HTTP error or an error event
+    in the stream: the key is ``[REDACTED]`` in the message, ``str``, ``repr`` and ``args``."""
+    if where == "http":
+        fake.push(Fail(400, "bad request; you sent {credentials}"))
+    else:
+        fake.push(Turn(text="abcd", chunk=2, error_after=1,
+                       error=Fail(529, "overloaded; you sent {credentials}", "overloaded_error")))
+    with pytest.raises(DispatchError) as info:
+        make().chat("x", stream=where == "stream")
+    headers = fake.requests[-1].headers
+    sent = [headers[n] for n in CREDENTIAL_HEADERS if n in headers]
+    if not sent:
+        pytest.skip("this target sends no credential")
+    secrets = {v.split(" ", 1)[-1] for v in sent}
+    err = info.value
+    shown = " ".join([err.message, str(err), repr(err), *map(str, err.args)])
+    assert "you sent" in err.message and "[REDACTED]" in err.message, err.message
+    for secret in secrets:
+        assert secret not in shown, shown
 
 
 def test_a_missing_model_is_named_when_the_server_does_not_name_it(

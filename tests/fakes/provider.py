@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dispatch_nb import ToolDefinition, testing
@@ -64,6 +64,20 @@ class Turn(testing.Turn):
 
 
 ScriptItem = Turn | Fail | Drop | Stall
+
+
+#: the request headers a server that echoes what it got (a gateway, a proxy) quotes
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
+
+
+def echo_credentials(fail: Fail, request: RecordedRequest) -> Fail:
+    """``fail`` with ``{credentials}`` in its message replaced by the credential headers the
+    request carried, as a gateway quoting the ``Authorization`` header it got does."""
+    if "{credentials}" not in fail.message:
+        return fail
+    sent = "; ".join(f"{name}: {request.headers[name]}" for name in CREDENTIAL_HEADERS
+                     if name in request.headers)
+    return replace(fail, message=fail.message.replace("{credentials}", sent or "(none)"))
 
 
 class ProviderFake:
@@ -153,7 +167,7 @@ class ProviderFake:
 
             item = structured.shape_turn(item, request.json)  # tool-mode answers call the tool
         if isinstance(item, Fail):
-            return self.render_error(item)
+            return self.render_error(echo_credentials(item, request))
         if isinstance(item, Drop):
             return Reply(reset_before_headers=True)
         if isinstance(item, Stall):
@@ -166,7 +180,7 @@ class ProviderFake:
         events = self.render_events(item, request)
         if item.error is not None:
             cut = item.error_after if item.error_after is not None else len(events)
-            events = [*events[:cut], self.render_stream_error(item.error)]
+            events = [*events[:cut], self.render_stream_error(echo_credentials(item.error, request))]
         return Reply.sse(
             events,
             delay=item.delay,
