@@ -21,10 +21,11 @@ The provider-neutral ``code`` values, ``partial``, and what a proxy's page becom
 from __future__ import annotations
 
 import email.utils
+import functools
 import html
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     "looks_like_html",
     "parse_retry_after",
     "redact",
+    "redact_pieces",
     "sent_credentials",
     "summarize_body",
 ]
@@ -136,16 +138,56 @@ _CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api
 
 
 def redact(text: str, secrets: Iterable[str] = (), *, patterns: bool = True) -> str:
-    """``text`` with every value of ``secrets`` (longest first) and, unless ``patterns`` is
-    false, every secret-looking string (an ``sk-…`` key, a GitHub token, a bearer credential,
-    a Copilot token) replaced by ``[REDACTED]``."""
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    if patterns:
-        for pattern, replacement in _SECRET_PATTERNS:
-            text = pattern.sub(replacement, text)
-    return text
+    """``text`` with every value of ``secrets`` and, unless ``patterns`` is false, every
+    secret-looking string (an ``sk-…`` key, a GitHub token, a bearer credential, a Copilot
+    token) replaced by ``[REDACTED]``."""
+    return redact_pieces([text], secrets, patterns=patterns)[0]
+
+
+def redact_pieces(pieces: Sequence[str], secrets: Iterable[str] = (), *,
+                  patterns: bool = True) -> list[str]:
+    """:func:`redact` over one text that came in ``pieces`` (a stream's deltas), piece by piece:
+    a secret split between pieces (``"…is s"``, ``"k-proj-…"``) is found in the whole text,
+    replaced in the piece where it begins, and its rest taken out of the pieces after it."""
+    finders = list(_SECRET_PATTERNS) if patterns else []
+    known = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
+    if known:
+        finders.insert(0, (_alternatives(known), REDACTED))
+    out = list(pieces)
+    for pattern, replacement in finders:
+        edits = [(m.start(), m.end(), m.expand(replacement))
+                 for m in pattern.finditer("".join(out))]
+        if edits:
+            out = _splice(out, edits)
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _alternatives(known: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(map(re.escape, known)))
+
+
+def _splice(pieces: list[str], edits: list[tuple[int, int, str]]) -> list[str]:
+    """``pieces`` with each ``(start, end, text)`` of their joined text replaced: ``text`` goes
+    where the span starts; the span's characters go from every piece they are in."""
+    out: list[str] = []
+    offset = k = 0
+    for piece in pieces:
+        lo, hi = offset, offset + len(piece)
+        parts: list[str] = []
+        pos = lo
+        while k < len(edits) and edits[k][0] < hi:
+            start, end, text = edits[k]
+            if start >= pos:  # it begins here (else in an earlier piece, which has its text)
+                parts += [piece[pos - lo:start - lo], text]
+            pos = max(pos, min(end, hi))
+            if end > hi:  # it goes on into the next piece
+                break
+            k += 1
+        parts.append(piece[pos - lo:])
+        out.append("".join(parts))
+        offset = hi
+    return out
 
 
 def sent_credentials(headers: Mapping[str, str]) -> list[str]:

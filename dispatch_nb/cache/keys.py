@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..adapter import ChatRequest
-from ..errors import REDACTED, redact
+from ..errors import REDACTED, redact, redact_pieces
 from ..types import ToolDefinition
 
 __all__ = ["FORMAT_VERSION", "REDACTED", "cache_key", "scrub_secrets", "secret_env_names"]
@@ -84,7 +84,8 @@ _OPAQUE_KEYS = frozenset({"signature", "encrypted_content", "data", "provider_da
 
 def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
     """``value`` (str, list, dict, nested) with every secret-looking string and every value in
-    ``secrets`` replaced by ``[REDACTED]``. Dict keys are scrubbed too. Inside opaque fields
+    ``secrets`` replaced by ``[REDACTED]`` (in a line's ``deltas``, also a secret streamed in
+    pieces: each text they stream is scanned whole). Dict keys are scrubbed too. Inside opaque fields
     (signatures, encrypted reasoning, ``provider_data``) only the exact ``secrets`` are replaced,
     so a replayed signature stays byte-for-byte what the provider issued."""
     known = [s for s in secrets if s and len(s) >= _MIN_SECRET]
@@ -95,6 +96,8 @@ def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
     def walk(v: Any, opaque: bool) -> Any:
         if isinstance(v, str):
             return text(v, opaque)
+        if isinstance(v, dict) and isinstance(v.get("deltas"), list):
+            v = {**v, "deltas": _across_deltas(v["deltas"], known)}
         if isinstance(v, dict):
             return {
                 (text(k, opaque) if isinstance(k, str) else k):
@@ -106,6 +109,31 @@ def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
         return v
 
     return walk(value, False)
+
+
+#: the field of each kind of recorded delta that holds a piece of a longer text
+_PIECE_FIELDS = {"text_delta": "text", "thinking_delta": "text", "tool_use_delta": "argument_delta"}
+
+
+def _across_deltas(deltas: list[Any], known: list[str]) -> list[Any]:
+    """Recorded deltas with the secrets of each text they stream (the answer, the thinking, each
+    tool call's arguments) replaced across their boundaries: a key the model repeats streams in
+    pieces that no piece holds whole."""
+    texts: dict[tuple[str, Any], list[int]] = {}
+    tool = None
+    for i, delta in enumerate(deltas):
+        kind = delta.get("type") if isinstance(delta, dict) else None
+        if kind == "tool_use_start":
+            tool = delta.get("tool_call_id")
+        field = _PIECE_FIELDS.get(kind or "")
+        if field and isinstance(delta.get(field), str):
+            texts.setdefault((field, tool if kind == "tool_use_delta" else kind), []).append(i)
+    out = list(deltas)
+    for (field, _), places in texts.items():
+        pieces = redact_pieces([out[i][field] for i in places], known)
+        for i, piece in zip(places, pieces, strict=True):
+            out[i] = {**out[i], field: piece}
+    return out
 
 
 def _adapter_secrets(adapter: Any, depth: int = 2) -> set[str]:

@@ -424,18 +424,28 @@ def test_what_changes_the_key() -> None:
 
 
 # -- secrets --------------------------------------------------------------------------------------
-def test_secrets_never_reach_the_file(fake: CanonicalFake, path: Path) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "in-pieces"])
+def test_secrets_never_reach_the_file(fake: CanonicalFake, path: Path, stream: bool) -> None:
+    """Streamed in 3-character pieces (as a model repeats a key, token by token), no piece holds
+    a secret whole: each streamed text is scanned whole, and the deltas still make the answer."""
     key = "k3y-VALUE-never-stored-1234"
     adapter = cached(fake, path, "read-write", api_key=key)
     prompt = (f"my key is {key}, my token ghp_{'A1b2C3d4E5' * 4}, "
               f"header Authorization: Bearer abc.def.ghi-123456 and sk-proj-{'Z9' * 12}")
-    response = adapter.chat(prompt)  # the fake echoes the prompt back
+    if stream:
+        fake.push(Turn(text=f"echo: {prompt}", chunk=3))
+    response = adapter.chat(prompt, stream=stream)  # the fake echoes the prompt back
     assert key in response.text  # the live answer is untouched...
     assert fake.last_request.header("authorization") == f"Bearer {key}"
     text = path.read_text("utf-8")
     assert key not in text  # ...but nothing secret is written
     assert "ghp_" not in text and "abc.def.ghi" not in text and "sk-proj-" not in text
     assert "[REDACTED]" in text
+    [line] = [json.loads(raw) for raw in text.splitlines()]
+    streamed = "".join(d["text"] for d in line["deltas"] if d["type"] == "text_delta")
+    for secret in (key, "ghp_", "abc.def.ghi", "sk-proj-"):
+        assert secret not in streamed, streamed
+    assert streamed == line["response"]["content"][0]["text"]  # replayed as it is stored
     # the scrubbed entry replays as stored
     url = fake.base_url
     fake.close()
@@ -459,6 +469,19 @@ def test_scrub_secrets() -> None:
     assert out["d"].startswith("the word token alone, sk-short")  # short values are not keys
     assert out["e"] == data["e"]  # prose about tokens is not a secret
     assert out["n"] == 5
+
+
+def test_a_secret_split_between_pieces_is_redacted_where_it_begins() -> None:
+    from dispatch_nb.errors import redact_pieces
+
+    secret = "s3cr3t-value-xyz"
+    pieces = ["my key is s", "3cr3t-v", "", "alue-", "xyz, and ", "s3cr3t-value-xyz", " again"]
+    out = redact_pieces(pieces, [secret], patterns=False)
+    assert out == ["my key is [REDACTED]", "", "", "", ", and ", "[REDACTED]", " again"]
+    # patterns too, keeping what a pattern keeps ("Bearer "), across a boundary
+    out = redact_pieces(["Authorization: Bea", "rer abc.def", ".ghi-123456 ok"])
+    assert "".join(out) == "Authorization: Bearer [REDACTED] ok" and len(out) == 3
+    assert redact_pieces(["nothing ", "secret here"]) == ["nothing ", "secret here"]
 
 
 # -- files: concurrency, damage, compaction -------------------------------------------------------
