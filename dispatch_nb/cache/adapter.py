@@ -148,6 +148,18 @@ class CachedAdapter(Adapter):
         provider, model = self.inner.provider_name, self.inner.model_name
         short = _preview(_last_user_text(request.messages), 60)
         earlier = _earlier_messages(request.messages)
+        path = self.cache.path
+        if not path.exists():  # not a changed prompt: the recording is elsewhere
+            return CacheMissError(
+                f"no recorded answer for {what} ({short!r}, {provider}:{model}): the cache file "
+                f"{path} does not exist (looked for {path.absolute()}; a relative path is from "
+                f"the working directory, {os.getcwd()}). Replay mode sends nothing to the model. "
+                "If the answers are recorded elsewhere, point the cache at that file "
+                "(ChatMagics.cache_file, DISPATCH_NB_CACHE_FILE or ResponseCache(path)); if "
+                "nothing is recorded yet, record with --cache record (or DISPATCH_NB_CACHE="
+                "record), which makes the file there.",
+                provider=provider, key=key, label=self.label, path=path, earlier=earlier,
+            )
         try:
             same = self.cache.same_prompt(provider, model, request.messages)
         except OSError:  # the file went away: the plain miss

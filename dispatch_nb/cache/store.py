@@ -76,9 +76,12 @@ def resolve_cache_mode(mode: str | None = None) -> CacheMode:
     value = (mode if mode is not None else os.environ.get("DISPATCH_NB_CACHE", "")).strip().lower()
     value = value or "off"
     if value not in CACHE_MODES:
-        source = "mode" if mode is not None else "DISPATCH_NB_CACHE"
+        import difflib
+
+        close = difflib.get_close_matches(value, CACHE_MODES, n=1)
         raise ValueError(
-            f"{source}={value!r} is not a cache mode; use one of {', '.join(CACHE_MODES)}"
+            f"{'mode' if mode is not None else 'DISPATCH_NB_CACHE'}={value!r} is not a cache mode"
+            f"{f' (did you mean {close[0]}?)' if close else ''}; use one of {', '.join(CACHE_MODES)}"
         )
     return value  # type: ignore[return-value]
 

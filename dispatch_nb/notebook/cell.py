@@ -329,7 +329,7 @@ class CellRun:
         """``-m``'s specs, else the default model (and its hint, added to ``notes``)."""
         try:
             mode: str | None = self.state.cache_mode(self.args.cache)
-        except ValueError:  # said where the mode is used
+        except UsageError:  # said where the mode is used
             mode = None
         specs = self.state.model_specs(self.args.model, mode)
         changed = self.state.default_note()  # e.g. after %chat key openai: say it once

@@ -180,11 +180,17 @@ def status(state: KernelState, args: argparse.Namespace) -> None:
     rows += [(provider, f"`{env}` {'set' if os.environ.get(env) else 'not set'}")
              for provider, env in key_env_rows()]
     rows += [(what, f"`{url}`") for what, url in base_url_rows()]
-    mode = state.cache_mode()
-    cache = f"`{mode}`"
-    if mode != "off":
-        cache += f" — `{ResponseCache(settings.cache_file or None, mode).path}`"
-    rows.append(("cache", cache))
+    try:
+        mode = state.cache_mode()
+    except UsageError as exc:  # e.g. DISPATCH_NB_CACHE=readwrite: said here, as every cell says it
+        rows.append(("cache", f"⚠ {exc}"))
+    else:
+        cache = f"`{mode}`"
+        if mode != "off":
+            path = ResponseCache(settings.cache_file or None, mode).path
+            cache += f" — `{path}`" + ("" if path.exists() else
+                                       f" (does not exist: looked for `{path.absolute()}`)")
+        rows.append(("cache", cache))
     rows.append(("live view", f"`{detect_mode(state.shell, settings.live)}` (asked: `{settings.live}`)"))
     threads = ", ".join(f"`{name}` ({n} turn{'' if n == 1 else 's'})"
                         for name, n in state.threads.summary().items())

@@ -577,6 +577,16 @@ def explain_error(
             "Field(max_length=…)]) so the whole answer fits; a larger --max-tokens mostly buys "
             "more rambling."
         )
+    elif exc.code == "cache_miss" and (path := getattr(exc, "path", None)) is not None \
+            and not path.exists():
+        cut = exc.message.find(" Replay mode sends nothing")
+        message = message.replace(exc.message, exc.message[:cut] if cut >= 0 else exc.message)
+        fix = (
+            "If the answers are recorded elsewhere, point the cache at that file: %config "
+            "ChatMagics.cache_file = \"PATH\" (relative to the working directory above), or "
+            "DISPATCH_NB_CACHE_FILE. If nothing is recorded yet, run the cell with --cache "
+            "record, which makes the file there."
+        )
     elif exc.code == "cache_miss":
         # the facts only (the cell, the prompt, the model, the file): the fix says what to do
         path = getattr(exc, "path", None)

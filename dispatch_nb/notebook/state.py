@@ -174,10 +174,15 @@ class KernelState:
 
     def cache_mode(self, requested: str | None = None) -> str:
         """The cache mode in force: ``--cache``, else ``ChatMagics.cache``, else
-        ``$DISPATCH_NB_CACHE``, else ``off``."""
+        ``$DISPATCH_NB_CACHE``, else ``off`` (a wrong ``$DISPATCH_NB_CACHE``: a ``UsageError``)."""
+        from IPython.core.error import UsageError
+
         from ..cache import resolve_cache_mode
 
-        return resolve_cache_mode(requested or self.settings.cache or None)
+        try:
+            return resolve_cache_mode(requested or self.settings.cache or None)
+        except ValueError as exc:  # one line, not a traceback through the library
+            raise UsageError(str(exc)) from None
 
     def response_cache(self, mode: str) -> ResponseCache:
         """The response cache of ``mode`` (one per mode, opened on first use)."""

@@ -243,6 +243,8 @@ def test_a_miss_in_replay_mode_names_the_cell_and_how_to_record(fake: CanonicalF
     assert "Summarize the French revolution" in err.message
     assert "--cache record" in err.message and "DISPATCH_NB_CACHE=record" in err.message
     assert str(path) in err.message
+    # nothing is recorded at all: the file is named as missing, with where it was looked for
+    assert not path.exists() and f"{path} does not exist" in err.message
     with pytest.raises(CacheMissError, match="this prompt") as raised:
         player.with_label(None).stream("another")
     assert raised.value.code == "cache_miss"

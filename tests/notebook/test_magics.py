@@ -583,6 +583,39 @@ def test_a_replay_miss_whose_prompt_is_recorded_after_another_conversation_says_
     assert len(fake.chat_requests) == sent + 1  # the recording; replay sent nothing
 
 
+def test_a_cache_file_that_does_not_exist_is_named_not_taken_for_a_changed_prompt(
+    shell: Any, fake: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recording is elsewhere (moved, or the kernel started in another folder): the miss
+    says the file does not exist and where it looked, and the fix is the path, not recording
+    (which would start a new file in the wrong place); ``%chat status`` says so too."""
+    monkeypatch.chdir(tmp_path)
+    run(shell, "%config ChatMagics.cache_file = 'data/lesson.dispatch-cache.jsonl'")
+    error = run(shell, "%%chat --cache replay\nHi").error_in_exec
+    assert isinstance(error, ChatError) and error.title == "CacheMissError", error
+    where = str(tmp_path / "data" / "lesson.dispatch-cache.jsonl")
+    assert "does not exist" in error.message and where in error.message, error.message
+    assert "ChatMagics.cache_file" in error.fix and "--cache off" not in error.fix
+    assert error.fix.index("cache_file") < error.fix.index("--cache record")  # the path first
+    assert not (tmp_path / "data").exists() and fake.chat_requests == []
+    run(shell, "%config ChatMagics.cache = 'replay'")
+    run(shell, "%chat status")
+    assert f"(does not exist: looked for `{where}`)" in shell.front.markdown[-1]
+
+
+def test_a_wrong_cache_mode_is_one_line_with_a_guess(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPATCH_NB_CACHE", "readwrite")
+    error = run(shell, "%%chat\nHi").error_in_exec
+    assert isinstance(error, UsageError), error
+    assert str(error) == ("DISPATCH_NB_CACHE='readwrite' is not a cache mode (did you mean "
+                          "read-write?); use one of off, read-write, replay, record")
+    assert run(shell, "%chat status").success  # status says it rather than failing
+    assert "⚠ DISPATCH_NB_CACHE='readwrite' is not a cache mode" in shell.front.markdown[-1]
+    assert fake.chat_requests == []
+
+
 def test_a_replayed_answer_says_replayed_instead_of_a_latency(shell: Any, fake: Any) -> None:
     run(shell, '%config ChatMagics.live = "display"')
     fake.push(Turn(text="a recorded answer"))
