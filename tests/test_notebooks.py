@@ -10,6 +10,7 @@ The kernels get no credentials and no network.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,31 @@ def _chat_cells(nb: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("name", NOTEBOOK_NAMES)
+def test_the_setup_cell_replays_unless_the_environment_says_otherwise(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty ``DISPATCH_NB_CACHE=`` (a blank line of a ``.env`` file or a CI template) is
+    unset: the notebook replays; a value set is kept. (``setdefault`` kept the empty value,
+    which means ``off``: the model was asked.)"""
+    [line] = [line for line in _saved(name).cells[1].source.splitlines()
+              if "DISPATCH_NB_CACHE" in line and line.startswith("os.environ")]
+    python = ["import os", line]
+    for given, expected in (("", "replay"), (None, "replay"), ("record", "record")):
+        if given is None:
+            monkeypatch.delenv("DISPATCH_NB_CACHE", raising=False)
+        else:
+            monkeypatch.setenv("DISPATCH_NB_CACHE", given)
+        exec("\n".join(python), {})
+        assert os.environ["DISPATCH_NB_CACHE"] == expected, (name, given)
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_NAMES)
 def test_saved_notebook_reads_well_on_github(name: str) -> None:
     nb = _saved(name)
     assert "widgets" not in nb.metadata  # no widget state saved
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     setup = nb.cells[1].source
-    assert 'os.environ.setdefault("DISPATCH_NB_CACHE", "replay")' in setup
+    assert 'os.environ["DISPATCH_NB_CACHE"] = os.environ.get("DISPATCH_NB_CACHE") or "replay"' in setup
     assert f'%config ChatMagics.cache_file = "{name}{CACHE_SUFFIX}"' in setup
     chats = _chat_cells(nb)
     assert chats, "every example notebook asks the model something"
