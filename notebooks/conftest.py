@@ -12,8 +12,9 @@ nbval 0.11 drops ``update_display_data`` and ``clear_output`` messages, which a 
 the live view ends by replacing itself with the one static output the notebook saves. So
 :class:`OutputArea` applies them to the outputs nbval collects, as JupyterLab and nbclient do.
 
-nbval's kernels listen on ipc sockets (tests/kernels.py). Every notebook cell is marked ``kernel``
-(``make test-fast`` leaves them out).
+Copied beside your own notebooks (with ``nbval-sanitize.cfg``), plain ``pytest`` there compares
+them the same way. In this repository nbval's kernels listen on ipc sockets (tests/kernels.py).
+Every notebook cell is marked ``kernel`` (``make test-fast`` leaves them out).
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ SANITIZE = Path(__file__).with_name("nbval-sanitize.cfg")
 def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "nbval_sanitize_with", "unset") is None:
         config.option.nbval_sanitize_with = str(SANITIZE)
-    # nbval's kernels on ipc sockets, not TCP ports another test process can take between
-    # jupyter_client choosing them and the kernel binding them (tests/kernels.py). nbval 0.11 has
-    # no option for the transport; its start_new_kernel builds the manager from this name.
+    if hasattr(config.option, "nbval") and not (config.option.nbval or config.option.nbval_lax):
+        config.option.nbval = True  # copied beside your notebooks: plain `pytest` compares them
+    # In this repository, nbval's kernels on ipc sockets, not TCP ports another test process can
+    # take between jupyter_client choosing them and the kernel binding them (tests/kernels.py).
+    # nbval 0.11 has no option for the transport; its start_new_kernel builds the manager from
+    # this name. A copy of this file elsewhere keeps nbval's own kernels.
     import nbval.kernel
 
-    from tests.kernels import IPCKernelManager
+    try:
+        from tests.kernels import IPCKernelManager
+    except ImportError:
+        return
 
     assert nbval.kernel.KernelManager.__name__.endswith("KernelManager"), "nbval has changed"
     nbval.kernel.KernelManager = IPCKernelManager  # type: ignore[misc]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat
@@ -53,3 +54,24 @@ def test_a_replayed_answer_that_renders_differently_fails_its_cell(pytester: pyt
     result.stdout.fnmatch_lines(["*Cell outputs differ*",
                                  f"FAILED notebooks/quickstart.ipynb::Cell {changed} *"])
     assert "A Python list is a collection" in result.stdout.str()  # the diff shows the answer
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(600)
+def test_the_conftest_copied_beside_a_teachers_notebook_compares_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """docs/teaching.md: copy ``notebooks/conftest.py`` and ``nbval-sanitize.cfg`` beside your own
+    notebooks, then plain ``pytest`` there compares them — where this repository's ``tests``
+    package cannot be imported (as with dispatch-nb installed from PyPI), with no option."""
+    for name in COPIED[2:]:
+        shutil.copy(REPO / name, pytester.path / Path(name).name)
+    code = [c for c in nbformat.read(pytester.path / "quickstart.ipynb", as_version=4).cells
+            if c.cell_type == "code"]
+    run = ("import sys; sys.modules['tests'] = None  # not this repository's tests package\n"
+           "import pytest; sys.exit(pytest.main(['-p', 'no:cacheprovider']))")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("DISPATCH_NB_CACHE", raising=False)
+        mp.delenv("DISPATCH_NB_LIVE", raising=False)
+        result = pytester.run(sys.executable, "-c", run, timeout=500)
+    result.assert_outcomes(passed=len(code))
