@@ -18,7 +18,14 @@ from ..render import mark_replayed
 from ..stream import Accumulator, AsyncResponseStream, ResponseStream, _Mirror, sync_stream
 from ..types import Response, StreamDelta
 from .keys import _adapter_secrets, cache_key
-from .store import CacheMissError, ResponseCache, _entry_deltas, _last_user_text, _preview
+from .store import (
+    _FINGERPRINT,
+    CacheMissError,
+    ResponseCache,
+    _entry_deltas,
+    _last_user_text,
+    _preview,
+)
 
 __all__ = ["CachedAdapter"]
 
@@ -28,6 +35,12 @@ log = logging.getLogger("dispatch_nb")
 def _earlier_messages(messages: list[Any]) -> int:
     """How many messages come before the last one (as a recorded line counts them)."""
     return max(len(messages) - 1, 0)
+
+
+def _earlier_counts(entries: Iterable[dict[str, Any]]) -> tuple[int, ...]:
+    """How many messages came before the last one in each entry's request."""
+    return tuple(sorted({n - 1 for e in entries
+                         if isinstance(n := e["request"].get("messages"), int) and n > 0}))
 
 
 def _count(numbers: Iterable[int]) -> str:
@@ -162,11 +175,20 @@ class CachedAdapter(Adapter):
             )
         try:
             same = self.cache.same_prompt(provider, model, request.messages)
+            recorded = _earlier_counts(e for e in same if _FINGERPRINT in e["request"])
+            spacing = not recorded and bool(
+                self.cache.same_prompt(provider, model, request.messages, spacing=True))
         except OSError:  # the file went away: the plain miss
-            same = []
-        recorded = tuple(sorted({n - 1 for e in same
-                                 if isinstance(n := e["request"].get("messages"), int) and n > 0}))
-        if not recorded:
+            same, recorded, spacing = [], (), False
+        if not recorded and not spacing and earlier not in (older := _earlier_counts(same)):
+            # lines from before fingerprints know the prompt up to its spacing: they tell only
+            # a different conversation before it, which holds whatever the spacing
+            recorded = older
+        if spacing:
+            why = (f"A message to {provider}:{model} that differs from this one only in spaces or "
+                   "line breaks is recorded there (they are part of the request): write it as it "
+                   "was recorded, or record this one.")
+        elif not recorded:
             why = "(A changed prompt, model, system prompt or option is a different request.)"
         elif earlier not in recorded:
             why = (f"The same message to {provider}:{model} is recorded there, but after a "
@@ -186,7 +208,7 @@ class CachedAdapter(Adapter):
             "Record it once with --cache record (or DISPATCH_NB_CACHE=record), or use --cache "
             f"read-write to record only what is missing. {why}",
             provider=provider, key=key, label=self.label, path=self.cache.path,
-            earlier=earlier, recorded_earlier=recorded,
+            earlier=earlier, recorded_earlier=recorded, spacing=spacing,
         )
 
     def _store(self, key: str, request: ChatRequest, began: float,

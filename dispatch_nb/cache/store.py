@@ -6,6 +6,7 @@ answers (docs/record-replay.md, "The file"); :func:`resolve_cache_mode` and
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -44,6 +45,8 @@ CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
 #: the file-name suffix of a notebook's cache file
 CACHE_SUFFIX = ".dispatch-cache.jsonl"
 _PREVIEW_CHARS = 200
+#: a line's fingerprint of its last user message (``request_summary``)
+_FINGERPRINT = "last_user_sha256"
 
 
 class CacheMissError(RequestError):
@@ -54,7 +57,8 @@ class CacheMissError(RequestError):
 
     def __init__(self, message: str, *, key: str = "", label: str | None = None,
                  path: Path | None = None, earlier: int | None = None,
-                 recorded_earlier: tuple[int, ...] = (), **kw: Any) -> None:
+                 recorded_earlier: tuple[int, ...] = (), spacing: bool = False,
+                 **kw: Any) -> None:
         super().__init__(message, **kw)
         #: the cache key that was looked up
         self.key = key
@@ -68,6 +72,9 @@ class CacheMissError(RequestError):
         #: differs in the conversation before it, the system prompt, tools or options): how many
         #: messages came before it; empty when that message was never recorded for this model
         self.recorded_earlier = recorded_earlier
+        #: True when no such answer is recorded but one for a last user message that differs
+        #: from this one only in spaces and line breaks is
+        self.spacing = spacing
 
 
 # -- modes and paths ------------------------------------------------------------------------------
@@ -129,10 +136,16 @@ def _last_user_text(messages: list[Message]) -> str:
     return ""
 
 
+def _fingerprint(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def request_summary(messages: list[Message]) -> dict[str, Any]:
     """What a cache line keeps of a request: how many messages, the last user message's start
-    (for reviewers; the prompt itself lives in the notebook)."""
-    return {"messages": len(messages), "last_user": _preview(_last_user_text(messages))}
+    (for reviewers; the prompt itself lives in the notebook) and its fingerprint (after a miss:
+    is this very message recorded?)."""
+    text = _last_user_text(messages)
+    return {"messages": len(messages), "last_user": _preview(text), _FINGERPRINT: _fingerprint(text)}
 
 
 def _dump_json_line(entry: dict[str, Any]) -> bytes:
@@ -249,18 +262,28 @@ class ResponseCache:
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.get(key) is not None
 
-    def same_prompt(self, provider: str, model: str, messages: list[Message]
-                    ) -> list[dict[str, Any]]:
+    def same_prompt(self, provider: str, model: str, messages: list[Message], *,
+                    spacing: bool = False) -> list[dict[str, Any]]:
         """The entries recorded for ``provider``/``model`` whose last user message is that of
-        ``messages`` (as the line keeps it: its start, scrubbed): after a miss, the same prompt
-        recorded in another request — another conversation before it, system prompt, tools or
-        option."""
-        last = scrub_secrets(request_summary(messages)["last_user"], self.secrets())
-        if last.endswith("…"):  # only the start of a long message is kept: it says too little
-            return []
+        ``messages`` (by the line's fingerprint; a line written before fingerprints, by its
+        preview: the same up to spaces and line breaks): after a miss, the same prompt recorded
+        in another request — another conversation before it, system prompt, tools or option.
+        With ``spacing``, instead those whose message differs from it only in spaces and line
+        breaks (fingerprinted lines)."""
+        text = _last_user_text(messages)
+        fingerprint, whole = _fingerprint(text), " ".join(text.split())
+        # the preview tells only a message it keeps whole and unscrubbed
+        known = scrub_secrets(_preview(text), self.secrets()) == whole
+
+        def matches(request: dict[str, Any]) -> bool:
+            recorded = request.get(_FINGERPRINT)
+            if spacing:
+                return known and recorded not in (None, fingerprint) and request.get("last_user") == whole
+            return recorded == fingerprint if recorded else known and request.get("last_user") == whole
+
         return [e for e in self.entries()
                 if e.get("provider") == provider and e.get("model") == model
-                and isinstance(e.get("request"), dict) and e["request"].get("last_user") == last]
+                and isinstance(e.get("request"), dict) and matches(e["request"])]
 
     def qualify(self, spec: str, default: str | None = None) -> str:
         """``spec`` as ``"provider:model"`` for calls through this cache. In ``replay`` mode a

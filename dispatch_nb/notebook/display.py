@@ -600,6 +600,11 @@ def explain_error(
         recorded = tuple(getattr(exc, "recorded_earlier", ()) or ())
         if recorded:  # the same prompt is recorded, in another request
             message, fix = _same_prompt_miss(message, recorded, getattr(exc, "earlier", None))
+        elif getattr(exc, "spacing", False):
+            message += ("; this prompt is recorded there for this model with other spaces or line "
+                        "breaks (they are part of the prompt)")
+            fix = ("Write the prompt with the spaces and line breaks it was recorded with, or ask "
+                   "the model and record this version with --cache read-write.")
     else:
         fix = next((_FIXES[c.__name__] for c in type(exc).__mro__ if c.__name__ in _FIXES), "")
     return ChatError(title, message, fix, original=exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -131,7 +132,8 @@ def test_replay_offline_gives_identical_response_and_deltas(fake: CanonicalFake,
     [entry] = lines(path)
     assert entry["label"] == "cell 1"
     assert entry["provider"] == "fake" and entry["model"] == "echo"
-    assert entry["request"] == {"messages": 1, "last_user": "Weather in Paris?"}
+    assert entry["request"] == {"messages": 1, "last_user": "Weather in Paris?",
+                                "last_user_sha256": "c80a6b5cbcb65f69"}  # pinned
     assert entry["streamed"] is True
     assert [d["type"] for d in entry["deltas"]] == [d.type for d in recorded_deltas]
     times = [d["t"] for d in entry["deltas"]]
@@ -263,7 +265,8 @@ def test_a_miss_whose_prompt_is_recorded_after_another_conversation_says_so(
     recorder = cached(fake, path, "record", label="In[3]")
     history = [Message(role="user", content="Hello"), Message(role="assistant", content="Hi!")]
     recorder.chat([*history, Message(role="user", content=prompt)], system="Answer briefly.")
-    assert lines(path)[0]["request"] == {"messages": 3, "last_user": prompt}
+    assert lines(path)[0]["request"] == {"messages": 3, "last_user": prompt,
+                                         "last_user_sha256": hashlib.sha256(prompt.encode()).hexdigest()[:16]}
     sent = len(fake.chat_requests)
     player = cached(fake, path, "replay", label="In[10]")
     with pytest.raises(CacheMissError) as info:  # the same prompt alone (a fresh kernel)
@@ -675,3 +678,62 @@ def test_a_long_prompt_known_only_by_its_start_gets_no_same_prompt_hint(tmp_path
     earlier = [Message("user", "Hi"), Message("assistant", "Hello"), Message("user", "Is it good?")]
     assert len(cache.same_prompt("p", "m", earlier)) == 1
     assert cache.same_prompt("p", "m", [Message("user", preamble + "Hated it.")]) == []
+
+
+def test_a_miss_whose_prompt_differs_only_in_spacing_says_so(fake: CanonicalFake,
+                                                              path: Path) -> None:
+    """The file keeps a fingerprint of the whole last user message: a prompt recorded with two
+    spaces where this one has one is not "the same message after as many messages" (its preview
+    reads the same), it is another prompt, and the miss says how it differs."""
+    spaced, single = ("What is photosynthesis?  Answer in two sentences.",
+                      "What is photosynthesis? Answer in two sentences.")
+    recorder = cached(fake, path, "record")
+    for prompt in (spaced, "Name one planet.\n\nOnly its name."):
+        recorder.chat(prompt, max_tokens=80)
+    player = cached(fake, path, "replay", label="In[2]")
+    for replayed in (single, "Name one planet. Only its name.", "Name one planet.\nOnly its name."):
+        with pytest.raises(CacheMissError) as info:
+            player.chat(replayed, max_tokens=80)
+        err = info.value
+        assert err.code == "cache_miss" and err.spacing and err.recorded_earlier == (), replayed
+        assert ("A message to fake:echo that differs from this one only in spaces or line "
+                "breaks is recorded there") in err.message
+        assert "after as many messages" not in err.message
+    # the same prompt with another option: what it said before, now only when it is true
+    with pytest.raises(CacheMissError) as info:
+        player.chat(spaced, max_tokens=81)
+    assert info.value.code == "cache_miss" and info.value.recorded_earlier == (0,)
+    assert not info.value.spacing and "after as many messages" in info.value.message
+    # a long prompt is known by its fingerprint, not only by its start
+    long = "Classify the following review. " * 10 + "Loved it."
+    recorder.chat(long)
+    with pytest.raises(CacheMissError) as info:
+        player.chat([Message("user", "Hi"), Message("assistant", "Hello"), Message("user", long)])
+    assert info.value.code == "cache_miss" and info.value.recorded_earlier == (0,)
+    assert "after a different conversation" in info.value.message
+
+
+def test_a_file_recorded_without_fingerprints_still_replays_and_misses_truthfully(
+    fake: CanonicalFake, path: Path
+) -> None:
+    """Lines written before the fingerprint replay as before; after a miss, their prompt (known
+    only with its spaces collapsed) counts only where spacing cannot change the diagnosis: a
+    different conversation before it."""
+    recorder = cached(fake, path, "record")
+    recorder.chat("What is photosynthesis?  Answer in two sentences.")
+    history = [Message(role="user", content="Hello"), Message(role="assistant", content="Hi!")]
+    recorder.chat([*history, Message(role="user", content="What is a stack?")])
+    old = lines(path)
+    for entry in old:
+        del entry["request"]["last_user_sha256"]
+    path.write_text("".join(json.dumps(e) + "\n" for e in old), "utf-8")
+    player = cached(fake, path, "replay")
+    assert player.chat("What is photosynthesis?  Answer in two sentences.").text
+    with pytest.raises(CacheMissError) as info:  # as many messages: maybe only the spacing differs
+        player.chat("What is photosynthesis? Answer in two sentences.")
+    assert info.value.code == "cache_miss" and info.value.recorded_earlier == ()
+    assert not info.value.spacing and "is recorded there" not in info.value.message
+    with pytest.raises(CacheMissError) as info:  # another conversation: that is true regardless
+        player.chat("What is a stack?")
+    assert info.value.code == "cache_miss" and info.value.recorded_earlier == (2,)
+    assert "after a different conversation" in info.value.message

@@ -616,6 +616,26 @@ def test_a_wrong_cache_mode_is_one_line_with_a_guess(
     assert fake.chat_requests == []
 
 
+def test_a_replay_miss_whose_prompt_differs_only_in_spacing_says_so(
+    shell: Any, fake: Any
+) -> None:
+    """Recorded with two spaces, replayed with one: the preview shows both alike, so the miss
+    says the spacing differs (not "the conversation, the system prompt, the tools or an
+    option")."""
+    run(shell, '%config ChatMagics.live = "display"')
+    cell = ("%%chat -t intro --new --max-tokens 80 --cache {}\n"
+            "What is photosynthesis?{}Answer in two sentences.")
+    assert run(shell, cell.format("record", "  ")).success
+    error = run(shell, cell.format("replay", " ")).error_in_exec
+    assert isinstance(error, ChatError) and error.title == "CacheMissError", error
+    assert ("this prompt is recorded there for this model with other spaces or line breaks"
+            in error.message)
+    assert "after as many messages" not in error.message
+    assert "spaces and line breaks it was recorded with" in error.fix
+    assert "--cache read-write" in error.fix
+    assert run(shell, cell.format("replay", "  ")).success  # what the fix says works
+
+
 def test_a_replayed_answer_says_replayed_instead_of_a_latency(shell: Any, fake: Any) -> None:
     run(shell, '%config ChatMagics.live = "display"')
     fake.push(Turn(text="a recorded answer"))
