@@ -442,7 +442,8 @@ class CellRun:
         """What the cell sent besides the prompt, for error advice (``explain_error``)."""
         plan = self._planned()
         turns = len(plan.thread) if plan.use_history else 0
-        return {"history_turns": turns, "no_history": self.args.no_history}
+        failed = plan.thread.failed_before(plan.key) if plan.use_history else []
+        return {"history_turns": turns, "no_history": self.args.no_history, "failed_cells": failed}
 
     def _extra(self) -> dict[str, Any]:
         """The footer's metadata: the thread (not for a comparison or --no-history), the view."""
@@ -517,6 +518,8 @@ class CellRun:
             namespace[output] = _stored(outcome, view.transcripts[0])
         result = outcome.result if isinstance(outcome.result, CallResult) else None
         if result is None:
+            if plan.use_history:  # its turn is missing: a later cell's miss names it
+                plan.thread.failed[plan.key] = self.state.label
             return
         count = self.state.execution_count
         if plan.use_history:

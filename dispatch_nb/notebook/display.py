@@ -478,10 +478,11 @@ _FIXES = {
 }
 
 
-def _same_prompt_miss(message: str, recorded: tuple[int, ...], earlier: int | None
-                      ) -> tuple[str, str]:
+def _same_prompt_miss(message: str, recorded: tuple[int, ...], earlier: int | None,
+                      failed: list[str]) -> tuple[str, str]:
     """A replay miss whose prompt is recorded for this model in another request: the message
-    says what differs (the conversation before it, or something else), the fix what to do."""
+    says what differs (the conversation before it, or something else), the fix what to do
+    (``failed``: the earlier cells of the thread that got no answer, e.g. ``["In[2]"]``)."""
     def count(values: tuple[int, ...]) -> str:
         if values == (0,):
             return "no earlier message"
@@ -492,6 +493,12 @@ def _same_prompt_miss(message: str, recorded: tuple[int, ...], earlier: int | No
                     f"conversation: {count(recorded)} before it, this cell sends "
                     f"{count((earlier,))} (the earlier cells of its thread are part of the "
                     "request)")
+        if failed and max(recorded) > earlier:  # their turns are what is missing
+            return message, (f"{failed[0]}, an earlier cell of this thread, got no answer in this "
+                             "kernel, so its turn is missing from the conversation: fix that cell "
+                             "first (run it as it was recorded; or record it again with --cache "
+                             "read-write, and then this cell too: it was recorded after that "
+                             "cell's old answer).")
         if 0 in recorded:
             return message, ("Run this cell alone with --no-history (or in a new thread with "
                              "--new), or restart the kernel and run the notebook from the top, "
@@ -599,7 +606,8 @@ def explain_error(
         )
         recorded = tuple(getattr(exc, "recorded_earlier", ()) or ())
         if recorded:  # the same prompt is recorded, in another request
-            message, fix = _same_prompt_miss(message, recorded, getattr(exc, "earlier", None))
+            message, fix = _same_prompt_miss(message, recorded, getattr(exc, "earlier", None),
+                                             (context or {}).get("failed_cells", []))
         elif getattr(exc, "spacing", False):
             message += ("; this prompt is recorded there for this model with other spaces or line "
                         "breaks (they are part of the prompt)")

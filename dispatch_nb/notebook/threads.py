@@ -85,6 +85,8 @@ class ChatThread:
         self.name = name
         self.max_turns = max_turns
         self.turns: list[Turn] = []
+        #: the cells whose last run in this thread got no answer: turn key → ``In[n]``
+        self.failed: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self.turns)
@@ -105,8 +107,14 @@ class ChatThread:
         turns = self.turns if position is None else self.turns[:position]
         return [m for turn in turns for m in turn.messages]
 
+    def failed_before(self, key: str) -> list[str]:
+        """The cells (``In[n]``), other than the one keyed ``key``, that got no answer and have
+        no turn in this thread: the conversation lacks them."""
+        return [label for k, label in self.failed.items() if k != key and self.index(k) is None]
+
     def record(self, turn: Turn) -> None:
         """Store ``turn``: replace the turn with the same key in place, else append."""
+        self.failed.pop(turn.key, None)
         position = self.index(turn.key)
         if position is None:
             self.turns.append(turn)
@@ -118,6 +126,7 @@ class ChatThread:
     def clear(self) -> None:
         """Forget every turn."""
         self.turns.clear()
+        self.failed.clear()
 
     def to_markdown(self) -> str:
         """The thread for ``%chat history``: each turn's prompt, its tool calls with their

@@ -636,6 +636,34 @@ def test_a_replay_miss_whose_prompt_differs_only_in_spacing_says_so(
     assert run(shell, cell.format("replay", "  ")).success  # what the fix says works
 
 
+def test_a_replay_miss_after_an_earlier_cell_of_the_thread_failed_names_that_cell(
+    shell: Any, fake: Any
+) -> None:
+    """Cell 2's prompt was edited (it misses), then cell 3 of the same thread runs: its miss is
+    that cell 2's turn is not in the conversation, so the fix names cell 2 instead of "restart the
+    kernel and run the notebook from the top" (cell 2 would miss again)."""
+    run(shell, '%config ChatMagics.live = "display"')
+    cells = [("c1", "%%chat -t intro --new --cache {}\nWhat is a cell?"),
+             ("c2", "%%chat -t intro --cache {}\nName its parts."),
+             ("c3", "%%chat -t intro --cache {}\nWhich part makes energy?")]
+    for cell_id, source in cells:
+        assert run(shell, source.format("record"), cell_id=cell_id).success
+    assert run(shell, "%chat reset intro").success  # as in a fresh kernel
+    assert run(shell, cells[0][1].format("replay"), cell_id="c1").success
+    edited = run(shell, "%%chat -t intro --cache replay\nName all its parts.", cell_id="c2")
+    assert isinstance(edited.error_in_exec, ChatError)
+    for _ in range(2):  # and again: the cell itself failing twice does not hide cell 2
+        error = run(shell, cells[2][1].format("replay"), cell_id="c3").error_in_exec
+        assert isinstance(error, ChatError) and error.title == "CacheMissError", error
+        assert "but after a different conversation" in error.message
+        assert (f"In[{edited.execution_count}], an earlier cell of this thread, got no answer"
+                in error.fix), error.fix
+        assert "Restart the kernel" not in error.fix
+    # what the fix says works: cell 2 as recorded, then cell 3
+    assert run(shell, cells[1][1].format("replay"), cell_id="c2").success
+    assert run(shell, cells[2][1].format("replay"), cell_id="c3").success
+
+
 def test_a_replayed_answer_says_replayed_instead_of_a_latency(shell: Any, fake: Any) -> None:
     run(shell, '%config ChatMagics.live = "display"')
     fake.push(Turn(text="a recorded answer"))
