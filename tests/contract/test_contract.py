@@ -223,6 +223,7 @@ def test_a_credential_the_server_echoes_never_reaches_the_error(
         pytest.skip("this target sends no credential")
     secrets = {v.split(" ", 1)[-1] for v in sent}
     err = info.value
+    assert err.code == ("invalid_request" if where == "http" else "server_error"), err
     shown = " ".join([err.message, str(err), repr(err), *map(str, err.args)])
     assert "you sent" in err.message and "[REDACTED]" in err.message, err.message
     for secret in secrets:
