@@ -542,7 +542,10 @@ def parse_model_spec(spec: str, default: str | None = None, *, sends: bool = Tru
                     f"write it as '{head}:MODEL'"
                 )
             return head, rest
-        if head and head.isidentifier() and "/" not in rest and not rest[:1].isdigit():
+        # a word (hyphens too: "local-tools") before a ":" that is no size or path is taken for
+        # a provider's name; "llama3:8b", "org/model:tag" stay a compatible server's names
+        if head and head.replace("-", "_").isidentifier() and "/" not in rest \
+                and not rest[:1].isdigit():
             raise UnknownProviderError(
                 f"unknown provider {head!r} in model spec {spec!r}; "
                 f"available providers: {', '.join(list_providers())}"

@@ -95,6 +95,12 @@ def test_parse_model_spec(nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(RequestError, match=r"available providers: .*anthropic.*openai") as info:
         parse_model_spec("nosuch:model")
     assert info.value.code == "unknown_provider"
+    # a provider name with a hyphen, not registered (register_provider was not run): said so, not
+    # taken for a model named "local-tools:smollm2" of the default provider
+    with pytest.raises(RequestError, match=r"unknown provider 'local-tools'") as info:
+        parse_model_spec("local-tools:smollm2")
+    assert info.value.code == "unknown_provider"
+    assert parse_model_spec("deepseek-r1:8b") == ("anthropic", "deepseek-r1:8b")  # a size tag
     with pytest.raises(RequestError, match="no model") as info:
         parse_model_spec("openai:")
     assert info.value.code == "invalid_request"
