@@ -183,20 +183,23 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
     question = (f"--each has {count:,} rows (more than ChatMagics.confirm_rows = "
                 f"{state.settings.confirm_rows:,}): {est.summary()}")
     mode = detect_mode(state.shell, state.settings.live)
+    instead = "run again with --yes, or --limit N for the first N rows."
+    if mode == "text":
+        try:
+            answer = input(question + "\nSend them? [y/N] ")
+        except (EOFError, OSError):
+            answer = ""
+        if answer.strip().lower() in ("y", "yes"):
+            run()
+        else:  # (the question is on the screen already)
+            ipy_display({"text/plain": f"Nothing was sent: {instead}"}, raw=True)
+        return
     if mode != "widget":
-        if mode == "text":
-            try:
-                answer = input(question + "\nSend them? [y/N] ")
-            except (EOFError, OSError):
-                answer = ""
-            if answer.strip().lower() in ("y", "yes"):
-                run()
-                return
-        ipy_display({"text/markdown": html.escape(question, quote=False) + "\n\n*Nothing was "
-                     "sent.* Run the cell again with `--yes` to send them, or `--limit N` for "
-                     "the first N rows.",
-                     "text/plain": question + "\nNothing was sent: run again with --yes, or "
-                     "--limit N for the first N rows."}, raw=True)
+        ipy_display({"text/markdown": plain_block(
+                         dollars(html.escape(question, quote=False)) + "\n\n*Nothing was sent.* "
+                         "Run the cell again with `--yes` to send them, or `--limit N` for the "
+                         "first N rows."),
+                     "text/plain": f"{question}\nNothing was sent: {instead}"}, raw=True)
         return
     import ipywidgets as widgets
 

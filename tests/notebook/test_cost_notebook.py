@@ -116,6 +116,8 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     # a run nobody watches (nbclient) gets no button it cannot click: it says how to send them
     assert not any(WIDGET_MIME in o.get("data", {}) for o in nb.cells[6].outputs)
     assert "Nothing was sent" in _shown(nb.cells[6]) and "--yes" in _shown(nb.cells[6])
+    assert "\\$" in _shown(nb.cells[6]) and "tex2jax_ignore" in _shown(nb.cells[6])
+    assert not re.search(r"(?<!\\)\$", _shown(nb.cells[6]))  # every dollar escaped: no LaTeX
     assert "of a \\$0.50 budget" in _shown(nb.cells[7])
     big_estimate = _shown(nb.cells[8])
     assert "1,500 rows" in big_estimate and "15,000 output tokens" in big_estimate
@@ -141,6 +143,7 @@ def test_a_terminal_asks_y_or_n_before_a_large_each(shell: Any, fake: Any,
     assert run(shell, "%%chat --each rows -o no\nSay {row}").success
     assert fake.chat_requests == [] and "no" not in shell.user_ns
     assert "Nothing was sent" in shell.front.outputs[-1]["data"]["text/plain"]
+    assert "rows (more than" not in shell.front.outputs[-1]["data"]["text/plain"]  # asked once
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
     assert run(shell, "%%chat --each rows -o yes\nSay {row}").success
     assert sorted(fake.last_user_text(r) for r in fake.chat_requests) == ["Say a", "Say b",
