@@ -420,8 +420,9 @@ def magic_words(text: str) -> str:
 
 
 def terminal_text(text: str) -> str:
-    """A hint as a terminal shows it: no Markdown backticks around commands, ``$`` unescaped."""
-    return text.replace("`", "").replace("\\$", "$")
+    """A hint as a terminal shows it: no Markdown backticks around commands, ``$`` and HTML
+    entities (``&gt;``) unescaped."""
+    return html.unescape(text.replace("`", "").replace("\\$", "$"))
 
 
 class ChatError(Exception):

@@ -324,7 +324,8 @@ def each_output(
     footer += f" · {result.summary()}"
     body = rows_markdown(table, index=True, start=0)  # numbered like VAR[i] and to_pandas()
     md = plain_block(body) + "\n\n" + notes_markdown(notes) + small(html.escape(footer, quote=False))
-    plain = body.replace("\\$", "$") + "".join(f"\nℹ {n}" for n in notes) + f"\n\n[{footer}]"
+    plain = html.unescape(body.replace("\\$", "$")) + "".join(f"\nℹ {n}" for n in notes) \
+        + f"\n\n[{footer}]"
     meta = {
         "dispatch_nb": {
             "each": name,

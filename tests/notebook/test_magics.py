@@ -726,6 +726,16 @@ def test_a_bare_model_name_goes_to_the_default_provider_status_shows(
     assert "echo: hi" in capsys.readouterr().out
 
 
+def test_a_refused_rows_reason_reads_plainly_in_text(shell: Any, openai_only: Any) -> None:
+    """An ``--each`` row's error in the table's text/plain (what a terminal prints) has no HTML
+    entities: ``>=``, not ``&gt;=`` (the Markdown keeps them escaped)."""
+    run(shell, "%config ChatMagics.login_on_demand = False\nrows = ['a', 'b']")
+    assert run(shell, "%%chat --each rows --max-tokens 10 -m openai:gpt-4.1\nSay {row}")
+    data = shell.front.outputs[-1]["data"]
+    assert "needs max_tokens >= 16" in data["text/plain"] and "&gt;" not in data["text/plain"]
+    assert "needs max_tokens &gt;= 16" in data["text/markdown"]
+
+
 def test_a_bare_model_name_with_nothing_set_up_is_refused(
     shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
