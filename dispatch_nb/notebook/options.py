@@ -87,8 +87,13 @@ def evaluate_option(
     try:
         value = eval(expression, namespace)  # the user's own expression, in their kernel
     except NameError as exc:
+        head = expression.split("[", 1)[0].strip()
+        try:  # df[name]: the quotes of df['name'] were dropped; list[Review]: a missing class
+            indexed = "[" in expression and not isinstance(eval(head, namespace), type)
+        except Exception:
+            indexed = False
         quotes = (f" The option line is split as a shell splits it, which drops quotes: put the "
-                  f'expression in double quotes ({option} "df[\'name\']").' if "[" in expression else "")
+                  f'expression in double quotes ({option} "df[\'name\']").' if indexed else "")
         raise UsageError(f"{option} {expression}: {exc}.{quotes} {accepted}.") from None
     except Exception as exc:
         raise UsageError(

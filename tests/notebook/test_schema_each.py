@@ -178,6 +178,9 @@ def test_schema_bad_name_is_a_usage_error_saying_what_is_accepted(shell: Any, fa
     accepted = "pydantic model class, a type such as list\\[Review\\]"
     with pytest.raises(UsageError, match=f"name 'Missing' is not defined.*{accepted}"):
         shell.run_cell_magic("chat", "--schema Missing", "hi")
+    with pytest.raises(UsageError, match=f"name 'Missing' is not defined.*{accepted}") as info:
+        shell.run_cell_magic("chat", "--schema list[Missing]", "hi")
+    assert "quotes" not in str(info.value)  # a missing class, not a key whose quotes went
     shell.user_ns["number"] = 42
     with pytest.raises(UsageError, match=f"number is an int, not a schema.*{accepted}"):
         shell.run_cell_magic("chat", "--schema number", "hi")
