@@ -425,7 +425,8 @@ class CellRun:
         transcript.finish(_answer(outcome))
         error = None
         if outcome.error is not None:
-            error = INTERRUPTED if isinstance(outcome.error, RequestCancelled) else str(outcome.error)
+            error = "⏹ " + INTERRUPTED if isinstance(outcome.error, RequestCancelled) \
+                else "⚠ " + str(outcome.error)
         view.job_done(index, transcript.footer(outcome.latency), error)
 
     # -- 3. finish -------------------------------------------------------------------------------
@@ -463,12 +464,12 @@ class CellRun:
         entries = []
         for spec, transcript, outcome in zip(plan.specs, view.transcripts, self.outcomes, strict=True):
             error = None
+            stopped = isinstance(outcome.error, RequestCancelled)
             if outcome.error is not None:
-                if isinstance(outcome.error, RequestCancelled):
-                    error = INTERRUPTED
-                else:
-                    error = explain_error(outcome.error, spec=spec, context=self.context).message
-            entries.append(CompareEntry(spec=spec, transcript=transcript, error=error, **_timing(outcome)))
+                error = INTERRUPTED if stopped else \
+                    explain_error(outcome.error, spec=spec, context=self.context).message
+            entries.append(CompareEntry(spec=spec, transcript=transcript, error=error,
+                                        interrupted=stopped, **_timing(outcome)))
         parsed = None
         if plan.schema is not None:
             parsed = [_parsed_response(o) for o in self.outcomes]

@@ -116,7 +116,7 @@ class Transcript(TurnAccumulator):
         out: list[str] = []
         for part in self.parts():
             if isinstance(part, ToolRun):
-                out.append(f"\n[tool] {tool_line(part)}\n")
+                out.append(f"\n🔧 {tool_line(part)}\n")
             elif part.kind == "text":
                 out.append(part.text)
         return "".join(out).strip()
@@ -353,6 +353,8 @@ class CompareEntry:
     latency: float | None
     ttft: float | None
     error: str | None = None
+    #: the error is the cell's interrupt (⏹), not a failure (⚠)
+    interrupted: bool = False
 
 
 def compare_output(
@@ -374,7 +376,8 @@ def compare_output(
         replayed = e.transcript.replayed and not e.error
         latency = "replayed" if replayed else f"{e.latency:.2f} s" if e.latency is not None else "–"
         ttft = "–" if replayed else f"{e.ttft:.2f} s" if e.ttft is not None else "–"
-        stop = "⚠ " + short_line(e.error, 60) if e.error else (e.transcript.stop_reason or "–")
+        mark = "⏹" if e.interrupted else "⚠"
+        stop = f"{mark} {short_line(e.error, 60)}" if e.error else (e.transcript.stop_reason or "–")
         model = e.transcript.model or e.spec
         name = e.spec if model == e.spec.partition(":")[2] or model == e.spec else f"{e.spec} ({model})"
         rows.append(f"| `{name}` | {tokens} | {latency} | {ttft} | {stop.replace('|', '/')} |")
@@ -382,10 +385,11 @@ def compare_output(
     plain = []
     for e in entries:
         body = e.transcript.markdown()
+        mark = "⏹" if e.interrupted else "⚠"
         if e.error:
-            body += f"\n\n⚠ *{dollars(html.escape(e.error))}*"
+            body += f"\n\n{mark} *{dollars(html.escape(e.error))}*"
         sections.append(f"#### {e.spec}\n\n{body}")
-        plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n[error] {e.error}" if e.error else ""))
+        plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n{mark} {e.error}" if e.error else ""))
     if parsed is not None and any(r is not None for r in parsed):
         answers = [(e.spec, r) for e, r in zip(entries, parsed, strict=True) if r is not None]
         failed = [e for e, r in zip(entries, parsed, strict=True) if r is None]
@@ -393,7 +397,7 @@ def compare_output(
             f"#### {e.spec}\n\n{e.transcript.markdown() if not e.transcript.empty else ''}"
             f"\n\n⚠ *{dollars(html.escape(e.error or 'no structured answer'))}*" for e in failed)]
         plain = ([f"== {spec} ==\n{r.text}" for spec, r in answers]
-                 + [f"== {e.spec} ==\n[error] {e.error}" for e in failed])
+                 + [f"== {e.spec} ==\n{'⏹' if e.interrupted else '⚠'} {e.error}" for e in failed])
     md = notes_markdown(list(notes or [])) + "\n".join(rows) + "\n\n" + "\n\n---\n\n".join(sections)
     compared = [{**e.transcript.metadata(e.latency, e.ttft), "error": e.error} for e in entries]
     meta = _metadata({"compare": compared, **(extra or {})}, list(notes or []))

@@ -156,10 +156,11 @@ class LiveView:
         return None
 
     def job_done(self, index: int, footer: str, error: str | None = None) -> None:
-        """Column ``index`` finished: show its footer (compare mode shows each as it ends)."""
+        """Column ``index`` finished: show its footer (compare mode shows each as it ends);
+        ``error`` starts with its mark (⚠ a failure, ⏹ the interrupt)."""
         self.ended[index] = True
-        self.states[index] = ("⚠ " + error) if error else "done"
-        self.footers[index] = footer + (f" · ⚠ {error}" if error else "")
+        self.states[index] = error or "done"
+        self.footers[index] = footer + (f" · {error}" if error else "")
         self._job_done(index)
         self.dirty = True
 

@@ -391,6 +391,28 @@ def test_ctrl_c_cancels_and_keeps_the_partial_answer(shell: Any, fake: Any) -> N
     assert len(shell._dispatch_nb_magics.state.threads.get("default")) == 0  # nothing half-recorded
 
 
+def test_ctrl_c_in_a_comparison_is_marked_as_an_interrupt_not_a_failure(
+    shell: Any, fake: Any
+) -> None:
+    """⏹ (the interrupt) in the table, each section and the text, as one model shows it; ⚠ is
+    for failures; tool calls read the same in the text as in the terminal's live view (🔧)."""
+    run(shell, '%config ChatMagics.live = "display"')
+    for model in ("echo", "second"):
+        fake.push_for(model, Turn(text="word " * 400, chunk=5, delay=0.02))
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        result = run(shell, "%%chat -m fake:echo,fake:second\nlong answers please")
+    finally:
+        timer.cancel()
+    assert isinstance(result.error_in_exec, ChatInterrupted)
+    data = shell.front.outputs[-1]["data"]
+    assert data["text/markdown"].count("⏹ interrupted") == 2, data["text/markdown"]  # the table
+    assert data["text/markdown"].count("⏹ *interrupted*") == 2  # under each answer
+    assert "⚠" not in data["text/markdown"] and "⚠" not in data["text/plain"]
+    assert data["text/plain"].count("⏹ interrupted") == 2
+
+
 # -- compare and event loops --------------------------------------------------------------------------
 
 
