@@ -730,8 +730,11 @@ def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:
         url = exc.request.url.copy_with(query=None) if isinstance(exc, httpx.RequestError) else None
     except RuntimeError:  # no request attached
         url = None
-    if isinstance(exc, httpx.ConnectError) and url is not None:
-        return APIConnectionError(f"could not connect to {url}: {text}", provider=provider)
+    if isinstance(exc, httpx.ConnectError):
+        error = APIConnectionError(f"could not connect to {url or 'the server'}: {text}",
+                                   provider=provider)
+        error.connect_failed = True
+        return error
     where = f" ({url})" if url is not None else ""
     return APIConnectionError(f"could not reach the server or the connection broke{where}: {text}",
                               provider=provider)

@@ -282,6 +282,8 @@ class APIConnectionError(DispatchError, ConnectionError):
 
     default_code = "network_error"
     default_retryable = True
+    #: no connection could be made (refused, no such host): the server was not reached at all
+    connect_failed = False
 
 
 class APITimeoutError(APIConnectionError, TimeoutError):

@@ -57,6 +57,9 @@ class PartitionTask:
     checkpoint: str | None
     cache: tuple[str, str, str] | None  # (path, mode, pace)
     cancel_event: str | None
+    #: a row of the batch was answered before this partition was submitted (the server can be
+    #: reached: a failed connection does not stop the batch)
+    answered: bool = False
 
 
 # -- on the worker --------------------------------------------------------------------------------
@@ -86,7 +89,7 @@ def run_partition(task: PartitionTask) -> BatchResult:
     finished = threading.Event()
     watcher = _watch(task.cancel_event, token, finished)
     runner = RowRunner(adapter, task.call, task.settings, result=result, cancel=token,
-                       checkpoint=checkpoint)
+                       checkpoint=checkpoint, answered=task.answered)
 
     async def go() -> None:
         try:
@@ -200,6 +203,7 @@ def run_on_dask(plan: Any, client: Any, result: BatchResult, bar: BatchProgress,
                 call=plan.call, settings=plan.settings,
                 checkpoint=str(checkpoint.path) if checkpoint is not None else None,
                 cache=cache_spec, cancel_event=event_name,
+                answered=stats.ok > stats.resumed + stats.replayed,
             )
             future = client.submit(run_partition, task, pure=False,
                                    key=f"dispatch-nb-partition-{uuid.uuid4().hex}")

@@ -22,12 +22,14 @@ from ..adapter import Adapter, ChatRequest, backoff_delay
 from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import (
+    APIConnectionError,
     APITimeoutError,
     BudgetExceededError,
     DispatchError,
     RateLimitError,
     RequestCancelled,
 )
+from ..registry import find_descriptor
 from ..types import Message, Response, Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
@@ -40,6 +42,8 @@ __all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "chat_request", "prep
 log = logging.getLogger("dispatch_nb")
 
 DEFAULT_MAX_RETRIES = 6
+#: attempts in a row that could not connect, before any row was answered, that stop the batch
+UNREACHABLE_AFTER = 3
 
 
 @dataclass
@@ -169,7 +173,8 @@ class RowRunner:
     """Runs :class:`Pending` rows through ``adapter`` with adaptive concurrency, retries, a
     per-row deadline and one cancel token; each finished row goes to ``result`` and the
     checkpoint at once. An error :func:`~dispatch_nb.batching.result.stops_batch` stops it
-    (``result.stopped_by``)."""
+    (``result.stopped_by``), and so does a server that cannot be reached before any row was
+    answered (:meth:`_unreachable`)."""
 
     adapter: Adapter
     call: RowCall
@@ -181,12 +186,17 @@ class RowRunner:
     checkpoint: Checkpoint | None
     #: ``budget=``: asked before each attempt, told how it ended (batching/budget.py)
     budget: RowBudget | None = None
+    #: a row was answered (on Dask: by an earlier partition): the server can be reached, so a
+    #: failed connection is retried, never a reason to stop
+    answered: bool = False
 
     def __post_init__(self) -> None:
         self.stats = self.result._stats
         self.limiter = AdaptiveLimiter(self.settings.concurrency)
         #: set when the batch stops sending (cancelled, or an error every row would get)
         self._stopped = asyncio.Event()
+        #: attempts in a row that could not connect (while no row has been answered)
+        self._unreached = 0
 
     def _cancel_error(self) -> RequestCancelled:
         return RequestCancelled(self.cancel.reason or "the batch was cancelled",
@@ -258,6 +268,29 @@ class RowRunner:
         self._stopped.set()
         self.limiter.cancel_all(self._not_sent_error)
 
+    def _unreachable(self, error: DispatchError) -> APIConnectionError | None:
+        """The error to stop at when ``error`` makes :data:`UNREACHABLE_AFTER` attempts in a row
+        that could not connect (refused, no such host) with no row answered — a server that is
+        down or a wrong base URL, which every row would get too — else None. A timeout or a
+        broken connection is not one."""
+        if self.answered:
+            return None
+        failed = isinstance(error, APIConnectionError) and error.connect_failed
+        self._unreached = self._unreached + 1 if failed else 0
+        if self._unreached < UNREACHABLE_AFTER:
+            return None
+        descriptor = find_descriptor(self.adapter.provider_name)
+        variable = descriptor.base_url_env if descriptor is not None else None
+        stop = APIConnectionError(
+            f"the server could not be reached: {self._unreached} requests in a row failed to "
+            f"connect and no row was answered ({error.message}). Check that the server is "
+            "running and that the base URL is right (the model's base_url="
+            + (f", or {variable}" if variable else "") + ")",
+            provider=error.provider,
+        )
+        stop.connect_failed, stop.__cause__ = True, error
+        return stop
+
     def _not_sent(self, pending: Pending) -> None:
         self.result._set(pending.position, self._not_sent_error())
         self.stats.not_sent += 1
@@ -323,8 +356,13 @@ class RowRunner:
                 if budget is not None and reserved is not None:
                     budget.settle(reserved, response if error is None else error.partial,
                                   failed=error is not None)
-                if error is not None and stops_batch(error):
+                if error is None:
+                    self.answered = True
+                elif stops_batch(error):
                     self._halt(pending.position, error)  # before the slot is released
+                elif (unreachable := self._unreachable(error)) is not None:
+                    error = unreachable
+                    self._halt(pending.position, error)
                 self.limiter.release()
                 holding = False
                 if error is None:

@@ -268,7 +268,7 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
                               + (f" and in {args.output}" if args.output else "")) from None
     errors = result.errors
     if errors and result.ok == 0:  # every row failed or was never sent: say why once
-        raise explain_error(errors[0][1], spec=spec) from None
+        raise explain_error((result.stopped_by or errors[0])[1], spec=spec) from None
 
 
 def _short(text: str, limit: int = MAX_CELL_CHARS) -> str:

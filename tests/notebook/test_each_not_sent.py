@@ -4,6 +4,7 @@ output's metadata, not "failed" — after a rejected key and after Ctrl-C."""
 from __future__ import annotations
 
 import _thread
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -48,6 +49,26 @@ def test_a_rejected_key_stops_the_rows_and_the_footer_says_not_sent(shell: Any,
     assert metadata["dispatch_nb"]["not_sent"] == unsent
     res = shell.user_ns["res"]
     assert (res.failed, res.not_sent) == (CONCURRENCY, unsent)
+
+
+def test_a_server_that_cannot_be_reached_stops_the_rows_and_says_what_to_check(
+    shell: Any, fake: BatchFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as sock:  # a loopback port nothing listens on: connecting is refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("DISPATCH_NB_FAKE_URL", f"http://127.0.0.1:{port}")
+    run(shell, f"words = [f'word {{i}}' for i in range({ROWS})]")
+    started = time.monotonic()
+    result = run(shell, "%%chat --each words -o res\nSay {row}")
+    assert time.monotonic() - started < 5
+    said = str(result.error_in_exec)
+    assert "the server could not be reached" in said and f"127.0.0.1:{port}" in said, said
+    assert "Check that the server is running and that the base URL is right" in said
+    markdown, metadata = final_output(shell)
+    assert f"0 ok, {CONCURRENCY} failed, {ROWS - CONCURRENCY} not sent" in markdown
+    assert "stopped at row" in markdown and "APIConnectionError" in markdown
+    assert metadata["dispatch_nb"]["not_sent"] == ROWS - CONCURRENCY
 
 
 def test_ctrl_c_counts_the_rows_never_sent_apart(shell: Any, fake: BatchFake) -> None:
