@@ -103,7 +103,7 @@ def run_partition(task: PartitionTask) -> BatchResult:
             _stop(_event(task.cancel_event))
         for row in pending:  # rows the stopped runner never read
             if row.position >= len(result) or result[row.position] is None:
-                result._set(row.position, not_sent(result, token, adapter.provider_name))
+                result._set(row.position, not_sent(result, token))
     finally:
         finished.set()
         if watcher is not None:
@@ -246,7 +246,7 @@ def run_on_dask(plan: Any, client: Any, result: BatchResult, bar: BatchProgress,
             if item is None:
                 continue
             if is_not_sent(item) and not cancel.cancelled:  # the batch stopped: say why
-                item = not_sent(result, cancel, item.provider)
+                item = not_sent(result, cancel)
             tokens_in, tokens_out = part.usage_of(position)
             usage = Usage(input_tokens=tokens_in, output_tokens=tokens_out)
             if isinstance(item, Response):

@@ -30,7 +30,7 @@ from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .engine import Pending, chat_request, prepare_rows, resume
 from .plan import BatchPlan, resolve_adapter
-from .result import NOT_SENT, BatchResult, RowOrigin
+from .result import BatchResult, RowOrigin, not_sent
 
 if TYPE_CHECKING:
     from ..http_adapter import HTTPAdapter
@@ -258,9 +258,7 @@ class DeferredRun:
                              len(chunk), part.provider, part.id)
             for key in fresh:  # cancelled before their job was submitted: never sent
                 if key not in submitted:
-                    self._finish_row(self.rows[key], RequestCancelled(
-                        f"not sent: {self.cancel.reason or 'the batch was cancelled'}",
-                        provider=adapter.provider_name, code=NOT_SENT), None)
+                    self._finish_row(self.rows[key], not_sent(self.result, self.cancel), None)
         self._show()
 
     def _within_budget(self, keys: list[str]) -> list[str]:

@@ -204,7 +204,7 @@ class RowRunner:
 
     def _not_sent_error(self) -> DispatchError:
         """The item of a row this batch will not send (it was cancelled or stopped)."""
-        return not_sent(self.result, self.cancel, self.adapter.provider_name)
+        return not_sent(self.result, self.cancel)
 
     async def run(self, rows: Iterator[Pending]) -> None:
         """Run every row of ``rows`` (read one at a time, as slots free up); first the first

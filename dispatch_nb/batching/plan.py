@@ -77,12 +77,12 @@ def finish(plan: BatchPlan, result: BatchResult, cancel: CancelToken) -> None:
         if item is None:  # handed out, never finished (the engine stopped abruptly): maybe sent
             result._set(position, RequestCancelled("not finished: the batch was stopped"),
                         origin=RowOrigin.SENT)
-            result._stats.failed += 1
+            result._stats.cancelled += 1
         elif isinstance(item, DispatchError) and item.code == NOT_SENT and item.__cause__ is None \
                 and result.stopped_by is not None and not cancel.cancelled:
             # marked before the row that stopped the batch was known (a Dask partition that saw
             # the stop event and was collected before the partition that set it): say why now
-            result._items[position] = not_sent(result, cancel, item.provider)
+            result._items[position] = not_sent(result, cancel)
     total = plan.source.total
     if total is not None and len(result) < total \
             and (cancel.cancelled or result.stopped_by is not None):

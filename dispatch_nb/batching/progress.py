@@ -73,6 +73,8 @@ def describe(stats: Stats) -> str:
     parts = [f"ok {stats.ok:,}"]
     if stats.failed:
         parts.append(f"failed {stats.failed:,}")
+    if stats.cancelled:
+        parts.append(f"cancelled {stats.cancelled:,}")
     if stats.not_sent:
         parts.append(f"not sent {stats.not_sent:,}")
     parts.append(f"in flight {stats.in_flight}")

@@ -20,8 +20,8 @@ from ..errors import (
 )
 from ..types import Response, Usage
 
-__all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "Stats", "is_not_sent",
-           "not_sent", "stops_batch"]
+__all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "Stats", "is_cancelled",
+           "is_not_sent", "not_sent", "stops_batch"]
 
 #: the ``code`` of a row's error when the batch never sent the row (it stopped first)
 NOT_SENT = "not_sent"
@@ -46,12 +46,12 @@ def stops_batch(error: DispatchError) -> bool:
         or error.code == "quota_exceeded"
 
 
-def not_sent(result: BatchResult, cancel: CancelToken,
-             provider: str | None = None) -> DispatchError:
+def not_sent(result: BatchResult, cancel: CancelToken) -> DispatchError:
     """The item of a row ``result``'s batch never sent: code :data:`NOT_SENT`; a
     :class:`~dispatch_nb.errors.RequestCancelled` when Ctrl-C or the cancel token stopped the
     batch, else a :class:`~dispatch_nb.errors.DispatchError` whose ``__cause__`` is the error
-    the batch stopped at (:attr:`BatchResult.stopped_by`)."""
+    the batch stopped at (:attr:`BatchResult.stopped_by`). No provider: the row never reached
+    one (so every such row reads the same, wherever the batch marked it)."""
     cause = None
     if cancel.cancelled:
         reason = cancel.reason or "the batch was cancelled"
@@ -62,7 +62,7 @@ def not_sent(result: BatchResult, cancel: CancelToken,
     else:
         reason = "the batch was stopped"
     cls = RequestCancelled if cancel.cancelled else DispatchError
-    error = cls(f"not sent: {reason}", code=NOT_SENT, provider=provider)
+    error = cls(f"not sent: {reason}", code=NOT_SENT)
     error.__cause__ = cause
     return error
 
@@ -72,6 +72,12 @@ def is_not_sent(item: Any) -> bool:
     return isinstance(item, DispatchError) and item.code in (NOT_SENT, "budget_exceeded")
 
 
+def is_cancelled(item: Any) -> bool:
+    """Whether ``item`` is a row that was sent and then stopped in flight (Ctrl-C, the cancel
+    token, or the batch stopping): cancelled, neither failed nor never sent."""
+    return isinstance(item, RequestCancelled) and not is_not_sent(item)
+
+
 @dataclass
 class Stats:
     """Live counters for the progress display (read from another thread: plain ints)."""
@@ -79,6 +85,7 @@ class Stats:
     total: int | None = None
     ok: int = 0
     failed: int = 0
+    cancelled: int = 0
     not_sent: int = 0
     in_flight: int = 0
     resumed: int = 0
@@ -94,7 +101,7 @@ class Stats:
 
     @property
     def finished(self) -> int:
-        return self.ok + self.failed + self.not_sent
+        return self.ok + self.failed + self.cancelled + self.not_sent
 
     def count(self, item: Any, origin: int, usage: Usage) -> None:
         """One row ended as ``item`` (an answer or an error); ``origin``: a :class:`RowOrigin` code."""
@@ -102,6 +109,8 @@ class Stats:
             self.ok += 1
         elif is_not_sent(item):
             self.not_sent += 1
+        elif is_cancelled(item):
+            self.cancelled += 1
         else:
             self.failed += 1
         if origin == RowOrigin.SENT:
@@ -213,9 +222,15 @@ class BatchResult(Sequence[Any]):
 
     @property
     def failed(self) -> int:
-        """Rows that ended with an error (rows cancelled in flight included; not rows never
-        sent)."""
-        return len(self._items) - self.ok - self.not_sent - self.pending
+        """Rows that ended with an error (not rows cancelled in flight, nor rows never sent)."""
+        return len(self._items) - self.ok - self.cancelled - self.not_sent - self.pending
+
+    @property
+    def cancelled(self) -> int:
+        """Rows sent, then stopped in flight by Ctrl-C, the cancel token or the batch stopping
+        (each one's item: a :class:`~dispatch_nb.errors.RequestCancelled` with code
+        ``"cancelled"``)."""
+        return sum(1 for item in self._items if is_cancelled(item))
 
     @property
     def pending(self) -> int:
@@ -259,9 +274,10 @@ class BatchResult(Sequence[Any]):
 
     @property
     def errors(self) -> list[tuple[int, DispatchError]]:
-        """``(position, error)`` of every row that failed (not the rows never sent)."""
-        return [(i, item) for i, item in enumerate(self._items)
-                if not isinstance(item, Response) and not is_not_sent(item)]
+        """``(position, error)`` of every row that failed (not the rows cancelled in flight, nor
+        the rows never sent)."""
+        return [(i, item) for i, item in enumerate(self._items) if not isinstance(item, Response)
+                and not is_not_sent(item) and not is_cancelled(item)]
 
     @property
     def responses(self) -> list[Response | None]:
@@ -274,23 +290,24 @@ class BatchResult(Sequence[Any]):
         return [item.text if isinstance(item, Response) else None for item in self._items]
 
     def raise_for_errors(self) -> BatchResult:
-        """Raise the first row error (with how many rows failed and how many were not sent), or,
-        when no row failed but some were not sent, the first of those; else return self."""
-        errors = self.errors
-        unsent = self.not_sent
-        also = f", {unsent:,} not sent" if unsent else ""
-        if errors:
-            position, error = errors[0]
-            raise type(error)(
-                f"{len(errors):,} of {len(self):,} rows failed{also}; row {position}: "
-                f"{error.message}",
-                status_code=error.status_code, provider=error.provider, code=error.code,
-            ) from error
-        if unsent:
-            first = next(item for item in self._items if is_not_sent(item))
-            raise type(first)(f"{unsent:,} of {len(self):,} rows were {first.message}",
-                              provider=first.provider, code=first.code) from first
-        return self
+        """Raise the first failed row's error (saying how many rows failed, were cancelled and
+        were not sent), or, when no row failed, the first cancelled row's, else the first not
+        sent; when every row was answered, return self."""
+        items = list(enumerate(self._items))
+        groups = [(rows, what) for rows, what in (
+            (self.errors, "failed"),
+            ([(i, item) for i, item in items if is_cancelled(item)], "were cancelled"),
+            ([(i, item) for i, item in items if is_not_sent(item)], "were not sent"),
+        ) if rows]
+        if not groups:
+            return self
+        (rows, what), others = groups[0], groups[1:]
+        position, error = rows[0]
+        also = "".join(f", {len(r):,} {w.removeprefix('were ')}" for r, w in others)
+        raise type(error)(
+            f"{len(rows):,} of {len(self):,} rows {what}{also}; row {position}: {error.message}",
+            status_code=error.status_code, provider=error.provider, code=error.code,
+        ) from error
 
     # -- deferred jobs and retries ---------------------------------------------------------------
     def refresh(self) -> BatchResult:
@@ -310,9 +327,10 @@ class BatchResult(Sequence[Any]):
         return self._deferred
 
     def retry_failed(self, *, deferred: bool | None = None) -> BatchResult:
-        """Send the rows that failed again — only those — and put their new answers in place
-        (``deferred``: through the provider's batch API or live; default: as this batch ran).
-        Rows not answered yet (a deferred job still running) are left alone."""
+        """Send the rows that have no answer again — failed, cancelled or never sent; only
+        those — and put their new answers in place (``deferred``: through the provider's batch
+        API or live; default: as this batch ran). Rows not answered yet (a deferred job still
+        running) are left alone."""
         if self._retry is None:
             raise ValueError("this BatchResult does not know the batch it came from")
         result: BatchResult = self._retry(self, deferred=deferred)
@@ -324,6 +342,8 @@ class BatchResult(Sequence[Any]):
         parts = [f"{len(self):,} rows: {self.ok:,} ok"]
         if self.failed:
             parts[-1] += f", {self.failed:,} failed"
+        if self.cancelled:
+            parts[-1] += f", {self.cancelled:,} cancelled"
         over = sum(1 for item in self._items if isinstance(item, BudgetExceededError))
         if self.not_sent:
             parts[-1] += f", {self.not_sent:,} not sent"
@@ -394,7 +414,8 @@ class BatchResult(Sequence[Any]):
             f"{prefix}error": [None if isinstance(i, Response) or i is None
                                else f"{type(i).__name__}: {i.message}" for i in self._items],
             f"{prefix}status": ["ok" if isinstance(i, Response) else "not sent" if is_not_sent(i)
-                                else "failed" for i in self._items],
+                                else "cancelled" if is_cancelled(i) else "failed"
+                                for i in self._items],
             f"{prefix}stop_reason": [i.stop_reason if isinstance(i, Response) else None
                                      for i in self._items],
             f"{prefix}input_tokens": list(self._input_tokens),
@@ -437,8 +458,7 @@ class BatchInterrupted(KeyboardInterrupt):
     def __init__(self, result: BatchResult, checkpoint: str | None = None) -> None:
         where = (f"; they are also in {checkpoint}: run the batch again to send only the rest"
                  if checkpoint else "; pass checkpoint='run.jsonl' to resume a batch later")
-        finished = sum(1 for i in range(len(result)) if result.origin(i) != "not sent"
-                       and not isinstance(result[i], RequestCancelled))
+        finished = len(result) - result.cancelled - result.not_sent
         super().__init__(
             f"batch interrupted: {finished:,} finished rows are kept in this exception's "
             f".result (in IPython: sys.last_value.result){where}"

@@ -334,6 +334,7 @@ def each_output(
             "rows": len(result),
             "ok": result.ok,
             "failed": result.failed,
+            "cancelled": result.cancelled,
             "not_sent": result.not_sent,
             "footer": footer,
         }

@@ -398,7 +398,8 @@ def test_a_cancel_token_stops_the_batch_promptly_keeping_finished_rows(tmp_path:
     assert any(result[i].partial is not None and result[i].partial.text for i in in_flight)
     never = [i for i in range(30) if result.attempts(i) == 0]
     assert never and all(result.origin(i) == "not sent" and result[i].code == "not_sent" for i in never)
-    assert result.not_sent == len(never) and result.failed == len(in_flight)
+    assert result.not_sent == len(never) and result.cancelled == len(in_flight)
+    assert result.failed == 0 and result.errors == []  # cancelled is not failed
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [e["row"] for e in lines] == [0]  # cancelled rows are not written
 

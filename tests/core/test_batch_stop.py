@@ -279,7 +279,9 @@ def test_a_stopped_batch_reads_no_more_of_a_generator() -> None:
     assert result.failed == 8 and result.not_sent == read - 8
 
 
-def test_a_cancelled_batch_counts_rows_never_sent_apart_from_failed() -> None:
+def test_a_cancelled_batch_counts_rows_never_sent_apart_from_failed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     token = CancelToken()
     # plain (not streamed) rows, 16 at a time: the first 32 are answered at once, the others not
     # until the client hangs up. A row is asked only when another has ended, so once 48 were
@@ -299,29 +301,42 @@ def test_a_cancelled_batch_counts_rows_never_sent_apart_from_failed() -> None:
         threading.Thread(target=cancel_after_two_rounds, daemon=True).start()
         started = time.monotonic()
         result = batch("{row}", rows, model=adapter,
-                       concurrency=CONCURRENCY, cancel=token, progress=False)
+                       concurrency=CONCURRENCY, cancel=token, progress=True)
         took = time.monotonic() - started
         asked = sum(fake.asked.values())
     assert took < 30 and result.interrupted and len(result) == ROWS
-    assert result.ok >= 32 and result.failed == CONCURRENCY
-    # every row sent is ok or failed (cancelled in flight); every other one is "not sent"
-    assert result.ok + result.failed == asked
-    assert 0 < result.failed <= CONCURRENCY
+    assert result.ok >= 32 and result.cancelled == CONCURRENCY and result.failed == 0
+    # every row sent is ok or cancelled in flight; every other one is "not sent"
+    assert result.ok + result.cancelled == asked
+    assert 0 < result.cancelled <= CONCURRENCY
     assert result.not_sent == ROWS - asked and result.not_sent >= ROWS - 32 - 2 * CONCURRENCY
     in_flight = [i for i in range(ROWS) if isinstance(result[i], RequestCancelled)
                  and result[i].code == "cancelled"]
-    assert len(in_flight) == result.failed and all(result.attempts(i) == 1 for i in in_flight)
+    assert len(in_flight) == result.cancelled and all(result.attempts(i) == 1 for i in in_flight)
     unsent = [i for i in range(ROWS) if result.origin(i) == "not sent"]
     assert len(unsent) == result.not_sent
     assert all(isinstance(result[i], RequestCancelled) and result.origin(i) == "not sent"
                and "not sent: enough" in result[i].message for i in unsent)
-    assert f"{result.failed} failed, {result.not_sent} not sent" in result.summary()
-    assert "interrupted" in result.summary()
+    assert f"{result.ok} ok, {result.cancelled} cancelled, {result.not_sent} not sent" \
+        in result.summary()
+    assert "failed" not in result.summary() and "interrupted" in result.summary()
+    bar = capsys.readouterr().err  # the progress bar counts them the same way
+    assert f"cancelled {CONCURRENCY}" in bar and "failed" not in bar
+    assert result.errors == []  # the rows that failed: none did
+    # one wording for the rows never sent, wherever the batch marked them (it named the provider
+    # for some: "fake: not sent: enough", not for the others)
+    assert {str(result[i]) for i in unsent} == {"not sent: enough"}
+    assert {str(result[i]) for i in in_flight} == {"fake: enough"}
+    table = result.to_pandas()
+    assert table["status"].value_counts().to_dict() == {
+        "ok": result.ok, "not sent": result.not_sent, "cancelled": result.cancelled}
     assert isinstance(result[0], Response)
     with pytest.raises(RequestCancelled) as info:
         result.raise_for_errors()
-    # the first row that failed (cancelled in flight), else the first row never sent
-    assert info.value.code == ("cancelled" if result.failed else "not_sent")
+    # no row failed: the first row cancelled in flight, saying how many were not sent
+    assert info.value.code == "cancelled"
+    assert str(info.value).startswith(f"fake: {CONCURRENCY} of {ROWS} rows were cancelled, "
+                                      f"{result.not_sent} not sent; row {in_flight[0]}: enough")
 
 
 def test_a_rerun_after_the_stop_sends_the_failed_and_the_unsent_rows(tmp_path: Any) -> None:

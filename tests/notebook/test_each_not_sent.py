@@ -86,7 +86,9 @@ def test_ctrl_c_counts_the_rows_never_sent_apart(shell: Any, fake: BatchFake) ->
     assert isinstance(result.error_in_exec, ChatInterrupted)
     markdown, metadata = final_output(shell)
     unsent = ROWS - CONCURRENCY
-    assert f"0 ok, {CONCURRENCY} failed, {unsent} not sent" in markdown
-    assert "interrupted" in markdown
+    assert f"0 ok, {CONCURRENCY} cancelled, {unsent} not sent" in markdown
+    assert "interrupted" in markdown and "failed" not in markdown
     assert metadata["dispatch_nb"]["not_sent"] == unsent
+    assert (metadata["dispatch_nb"]["cancelled"], metadata["dispatch_nb"]["failed"]) == \
+        (CONCURRENCY, 0)
     assert sum(fake.asked.values()) == CONCURRENCY

@@ -336,6 +336,10 @@ def test_ctrl_c_during_each_stops_promptly_and_keeps_the_finished_rows(
     res = shell.user_ns["res"]
     assert type(res).__name__ == "BatchResult" and res.ok == 2 and len(res) == 6
     assert [r.text for r in res[:2]] == ["echo: Say alpha", "echo: Say beta"]
+    # the four rows in flight were cancelled, not failed: the result and the footer agree
+    assert (res.cancelled, res.failed, res.not_sent) == (4, 0, 0)
+    assert "6 rows: 2 ok, 4 cancelled;" in final_markdown(shell)
+    assert list(res.to_pandas()["status"]) == ["ok"] * 2 + ["cancelled"] * 4
 
 
 # -- a real kernel ----------------------------------------------------------------------------------
