@@ -17,6 +17,7 @@ from ..errors import (
     DispatchError,
     ModelUnavailableError,
     RequestCancelled,
+    RequestError,
 )
 from ..types import Response, Usage
 
@@ -40,10 +41,14 @@ class RowOrigin:
 
 def stops_batch(error: DispatchError) -> bool:
     """Whether every later row would end with ``error`` too, so the batch stops sending: a
-    rejected credential, an exhausted quota (not an ordinary rate limit, which is retried) or a
-    model the provider does not know."""
+    rejected credential, an exhausted quota (not an ordinary rate limit, which is retried), a
+    model the provider does not know, or a request refused before it was sent for what every row
+    shares (an option the provider does not take: ``max_tokens`` under its minimum, ``stop=`` on
+    the Responses API), not a server's answer."""
     return isinstance(error, (AuthenticationError, ModelUnavailableError)) \
-        or error.code == "quota_exceeded"
+        or error.code == "quota_exceeded" \
+        or (type(error) is RequestError and error.code == "invalid_request"
+            and error.status_code is None)
 
 
 def not_sent(result: BatchResult, cancel: CancelToken) -> DispatchError:

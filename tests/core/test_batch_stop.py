@@ -117,6 +117,30 @@ def test_anthropic_errors_every_row_would_get_stop_the_batch(
     assert isinstance(result.stopped_by[1], error_class) and result.stopped_by[1].code == code
 
 
+def test_an_option_the_provider_refuses_before_sending_stops_the_batch_at_once() -> None:
+    """``max_tokens=10`` on the Responses API (its minimum is 16) is refused before anything is
+    sent, for every row alike: the batch stops at the first row instead of refusing 300."""
+    from ..fakes.openai_responses import OpenAIResponsesFake
+
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        adapter = OpenAIAdapter("gpt-4.1", backend="official", base_url=fake.base_url,
+                                api_key=KEY)
+        result = batch("row {row}", list(range(ROWS)), model=adapter, max_tokens=10,
+                       concurrency=CONCURRENCY, progress=False)
+        assert fake.chat_requests == []
+    assert result.stopped_by is not None
+    position, error = result.stopped_by
+    assert error.code == "invalid_request" and "max_tokens >= 16" in error.message
+    assert result.failed <= CONCURRENCY and result.not_sent >= ROWS - CONCURRENCY
+    assert f"stopped at row {position}: RequestError (invalid_request)" in repr(result)
+    # a server's own 400 for one row's content is that row's: the batch goes on
+    with OpenAIChatFake(api_key=KEY) as fake:
+        fake.push(Fail(400, "this row's content was refused", "invalid_request_error"))
+        result = batch("row {row}", list(range(20)), model=openai(fake), progress=False,
+                       concurrency=1)
+    assert result.stopped_by is None and result.failed == 1 and result.ok == 19
+
+
 def test_the_table_counts_not_sent_rows_apart() -> None:
     pd = pytest.importorskip("pandas")
     frame = pd.DataFrame({"text": [f"t{i}" for i in range(40)]})
