@@ -371,13 +371,17 @@ def flatten_parsed(value: Any) -> dict[str, Any]:
     return out
 
 
-def compare_parsed_markdown(answers: Sequence[tuple[str, _Answer]]) -> str:
+def compare_parsed_table(answers: Sequence[tuple[str, _Answer]]) -> str:
     """Several models' structured answers as one Markdown table: a row per field (list items
-    numbered, ``items.2.name``), a column per model; each model's raw JSON folded below."""
+    numbered, ``items.2.name``), a column per model."""
     flat = [(label, flatten_parsed(r.parsed)) for label, r in answers]
     paths = list(dict.fromkeys(p for _, fields in flat for p in fields))
-    table = _md_table(["field", *[_md_cell(label) for label, _ in flat]], (
+    return _md_table(["field", *[_md_cell(label) for label, _ in flat]], (
         [_md_cell(path), *[_md_cell(fields[path]) if path in fields else "—" for _, fields in flat]]
         for path in paths))
-    return "\n".join([plain_block(table),
+
+
+def compare_parsed_markdown(answers: Sequence[tuple[str, _Answer]]) -> str:
+    """:func:`compare_parsed_table`, with each model's raw JSON folded below."""
+    return "\n".join([plain_block(compare_parsed_table(answers)),
                       *(_json_details(r, f"JSON: {html.escape(label)}") for label, r in answers)])

@@ -14,6 +14,7 @@ from ..cost import CostTotal
 from ..render import (
     code_span,
     compare_parsed_markdown,
+    compare_parsed_table,
     dollars,
     footer_line,
     parsed_markdown,
@@ -390,8 +391,10 @@ def compare_output(
             body += f"\n\n{mark} *{dollars(html.escape(e.error))}*"
         sections.append(f"#### {e.spec}\n\n{body}")
         plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n{mark} {e.error}" if e.error else ""))
+    terminal = None
     if parsed is not None and any(r is not None for r in parsed):
         answers = [(e.spec, r) for e, r in zip(entries, parsed, strict=True) if r is not None]
+        terminal = compare_parsed_table(answers)  # a terminal printed each JSON as it came
         failed = [e for e, r in zip(entries, parsed, strict=True) if r is None]
         sections = [compare_parsed_markdown(answers), *(
             f"#### {e.spec}\n\n{e.transcript.markdown() if not e.transcript.empty else ''}"
@@ -402,7 +405,7 @@ def compare_output(
     compared = [{**e.transcript.metadata(e.latency, e.ttft), "error": e.error} for e in entries]
     meta = _metadata({"compare": compared, **(extra or {})}, list(notes or []))
     text = _notes_plain(notes or []) + "\n\n".join(plain)
-    return FinalOutput({"text/markdown": md, "text/plain": text}, meta, terminal=None)
+    return FinalOutput({"text/markdown": md, "text/plain": text}, meta, terminal=terminal)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -498,16 +498,19 @@ class TextView(LiveView):
         if self.in_kernel:
             _replace_outputs(final)
             return
-        if not self.compare:
-            footer = final.metadata.get("dispatch_nb", {}).get("footer", "")
-            if not self.at_line_start:
-                self._write("\n")
-            if final.terminal:  # a warning or a hint; the answer itself was printed as it came
-                from .display import terminal_text
+        from .display import terminal_text
 
-                self._write(terminal_text(final.terminal.rstrip("\n")) + "\n")
-            if footer:
-                self._write(f"[{footer}]\n")
+        if self.compare:  # each answer and its footer were printed as it ended; --schema: a table
+            if final.terminal:
+                self._write("\n" + terminal_text(final.terminal.rstrip("\n")) + "\n")
+            return
+        footer = final.metadata.get("dispatch_nb", {}).get("footer", "")
+        if not self.at_line_start:
+            self._write("\n")
+        if final.terminal:  # a warning or a hint; the answer itself was printed as it came
+            self._write(terminal_text(final.terminal.rstrip("\n")) + "\n")
+        if footer:
+            self._write(f"[{footer}]\n")
 
 
 def make_view(

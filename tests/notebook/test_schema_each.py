@@ -123,6 +123,11 @@ def test_a_terminal_prints_a_schema_answer_as_a_table(shell: Any, fake: Any,
     assert run(shell, "%%chat --schema list[Echo]\nTwo items, please.").success
     printed = capsys.readouterr().out
     assert "| # | model | prompt |" in printed and "| 2 | echo | second |" in printed
+    # a comparison too: one table, a column per model, after each model's JSON
+    assert run(shell, "%%chat --schema Echo -m fake:echo,fake:second\nOne item.").success
+    printed = capsys.readouterr().out
+    assert "| field | fake:echo | fake:second |" in printed
+    assert "| model | echo | second |" in printed
 
 
 def test_schema_object_and_json_schema_dict(shell: Any, fake: Any) -> None:
