@@ -25,8 +25,6 @@ from ..types import (
     Response,
     RetryEvent,
     StreamDelta,
-    TextBlock,
-    Usage,
 )
 from ..validation import replace_lone_surrogates, surrogate_note
 from .display import (
@@ -158,14 +156,14 @@ def _parsed_response(outcome: JobOutcome) -> Response | None:
 
 
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:
-    """What ``-o`` keeps of one model: the answer; on Ctrl-C what arrived (else the error); on a
-    failure the error (its ``.partial`` holds what arrived)."""
+    """What ``-o`` keeps of one model: the answer; on Ctrl-C what arrived (while a tool ran: the
+    model's last answer, with its tool calls; else the error); on a failure the error (its
+    ``.partial`` holds what arrived)."""
     if outcome.error is not None and not isinstance(outcome.error, RequestCancelled):
         return outcome.error
     answer = _answer(outcome)
-    if answer is None and transcript.text:  # abandoned while a tool ran: what the transcript shows
-        answer = Response(content=[TextBlock(text=transcript.text)], model=transcript.model or "",
-                          usage=transcript.usage or Usage())
+    if answer is None and transcript.rounds:  # abandoned while a tool ran: the model's last
+        answer = transcript.rounds[-1]        # complete answer (its text and tool calls)
     return answer or outcome.error
 
 

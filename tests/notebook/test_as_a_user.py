@@ -259,6 +259,7 @@ def test_ctrl_c_during_a_sync_tool_stops_at_once_and_abandons_the_tool(
         assert "slow_lookup" in md and "abandoned" in md and "⏹ interrupted" in md
     partial = shell.user_ns["partial"]  # -o stores what arrived, even after Ctrl-C
     assert isinstance(partial, Response) and partial.text == "Let me look that up."
+    assert [c.name for c in partial.tool_calls] == ["slow_lookup"]  # the call it was running
     assert len(fake.chat_requests) == 1  # the tool's result was dropped: no second round
     assert finished.wait(6)
     time.sleep(0.3)
