@@ -198,13 +198,16 @@ _PYTHON_NAMES = ("python", "py", "python3", "ipython", "ipython3")
 
 
 def _is_python(code: str) -> bool:
+    """Whether ``code`` parses as Python and is not prose that happens to: a line of
+    ``Label: text`` (``Answer: 42``) parses as a bare annotation."""
     import ast
 
     try:
-        ast.parse(code)
+        tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return False
-    return True
+    return not (tree.body and all(isinstance(node, ast.AnnAssign) and node.value is None
+                                  for node in tree.body))
 
 
 def extract_code(text: str) -> tuple[str, str, str | None]:

@@ -291,6 +291,11 @@ def test_code_format_warns_without_a_fence_and_keeps_one_language(shell: Any, fa
     run(shell, "%%chat -f code\nplain code")
     assert shell.rl_next_input == "x = [3, 1, 2]\nprint(sorted(x)[1])"
 
+    shell.rl_next_input = None  # "Label: text" parses as a bare annotation, but is prose
+    fake.push(Turn(text="Answer: 42"))
+    run(shell, "%%chat -f code\nthe answer?")
+    assert shell.rl_next_input is None and "no fenced code block" in shell.front.markdown[0]
+
 
 def test_output_variable_needs_a_valid_name_before_anything_is_sent(shell: Any, fake: Any) -> None:
     with pytest.raises(UsageError, match="-o needs a Python variable name"):
