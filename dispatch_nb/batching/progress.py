@@ -71,18 +71,12 @@ def describe(stats: Stats) -> str:
         return f"{stats.job}; ok {stats.ok:,}" + (f", failed {stats.failed:,}" if stats.failed
                                                  else "")
     parts = [f"ok {stats.ok:,}"]
-    if stats.failed:
-        parts.append(f"failed {stats.failed:,}")
-    if stats.cancelled:
-        parts.append(f"cancelled {stats.cancelled:,}")
-    if stats.not_sent:
-        parts.append(f"not sent {stats.not_sent:,}")
+    parts += [f"{what} {n:,}" for what, n in (("failed", stats.failed),
+              ("cancelled", stats.cancelled), ("not sent", stats.not_sent)) if n]
     parts.append(f"in flight {stats.in_flight}")
     parts.append(f"{_count(stats.input_tokens + stats.output_tokens)} tokens")
-    if stats.resumed:
-        parts.append(f"{stats.resumed:,} from checkpoint")
-    if stats.replayed:
-        parts.append(f"{stats.replayed:,} replayed")
+    parts += [f"{n:,} {what}" for what, n in (("from checkpoint", stats.resumed),
+              ("replayed", stats.replayed)) if n]
     if stats.rate_limited:
         parts.append(f"429×{stats.rate_limited}")
     if stats.first_sent is not None and stats.sent_done:
