@@ -73,8 +73,9 @@ def run_demo(
     return the exit status (0 or 1).
 
     ``model`` overrides the notebook's model for every ``%%chat`` cell (default: the best model
-    available here); ``cache`` is the response-cache mode of the run (``off``: the model answers);
-    ``timeout`` bounds each cell in seconds.
+    available here; in ``replay``, the notebook's own, which its answers were recorded with);
+    ``cache`` is the response-cache mode of the run (``off``: the model answers); ``timeout``
+    bounds each cell in seconds.
     """
 
     def say(text: str = "") -> None:
@@ -96,7 +97,9 @@ def run_demo(
         return 1
 
     spec, reason, usable = model or "", "--model", True
-    if not model:
+    if not model and cache == "replay":  # the model the notebook was recorded with, its own
+        reason = "the notebook's own: the one its answers were recorded with"
+    elif not model:
         from .defaults import resolve_default_model
 
         resolved = resolve_default_model()
@@ -107,7 +110,7 @@ def run_demo(
             "`python -m dispatch_nb login`, or set OPENAI_API_KEY / ANTHROPIC_API_KEY")
         return 1
     say(f"Running {path} in a Jupyter kernel")
-    say(f"Model: {spec} ({reason}); response cache: {cache}")
+    say(f"Model: {spec or 'as in the notebook'} ({reason}); response cache: {cache}")
     if spec.startswith("local:"):
         say("(the embedded model loads in a second or two on first use; answers take a few seconds)")
     say()
@@ -118,7 +121,8 @@ def run_demo(
         nb, timeout=timeout, kernel_name="python3", allow_errors=False,
         resources={"metadata": {"path": str(path.parent.resolve())}},
     )
-    overrides = f'%config ChatMagics.model = "{spec}"\n%config ChatMagics.cache = "{cache}"'
+    overrides = (f'%config ChatMagics.model = "{spec}"\n' if spec else "") \
+        + f'%config ChatMagics.cache = "{cache}"'
     started = time.monotonic()
     answers = 0
     configured = False
@@ -161,5 +165,6 @@ def run_demo(
     except (DeadKernelError, TimeoutError, RuntimeError) as exc:
         say(f"error: {type(exc).__name__}: {exc}")
         return 1
-    say(f"Done: {answers} answers from {spec} in {time.monotonic() - started:.0f} s.")
+    source = spec or "the recording"
+    say(f"Done: {answers} answers from {source} in {time.monotonic() - started:.0f} s.")
     return 0

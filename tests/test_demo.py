@@ -18,10 +18,12 @@ QUICKSTART = NOTEBOOKS / "quickstart.ipynb"
 QUICKSTART_CACHE = NOTEBOOKS / "quickstart.dispatch-cache.jsonl"
 
 
-def demo(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """The demo in a fresh process with no credentials (a new machine's setup)."""
+def demo(*args: str, home: Path, timeout: float = 600, **env: str
+         ) -> subprocess.CompletedProcess[str]:
+    """The demo in a fresh process with no credentials (a new machine's setup), plus ``env``."""
     return subprocess.run([sys.executable, "-m", "dispatch_nb", "demo", *args], cwd=REPO,
-                          env=kernel_env(home), capture_output=True, text=True, timeout=timeout)
+                          env={**kernel_env(home), **env}, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def _chat_cells() -> list[tuple[str, str]]:
@@ -60,6 +62,19 @@ def test_demo_can_replay_the_recording(tmp_path: Path) -> None:
     for prompt, recorded in _chat_cells():
         assert prompt.strip() in done.stdout
         assert recorded.strip() in done.stdout
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_demo_replays_the_recording_with_its_own_model_whatever_is_set_up(tmp_path: Path) -> None:
+    """With an API key here, the default model would be OpenAI's; a replay keeps the model the
+    notebook was recorded with (it missed every cell under openai:gpt-4.1)."""
+    done = demo("--cache", "replay", home=tmp_path, OPENAI_API_KEY="sk-test-demo-" + "0" * 20)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Model: as in the notebook (the notebook's own" in done.stdout
+    for prompt, recorded in _chat_cells():
+        assert recorded.strip() in done.stdout
+    assert "Done: " in done.stdout and "from the recording" in done.stdout
 
 
 @pytest.mark.kernel
