@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import weakref
@@ -30,6 +31,7 @@ from ..errors import (
 from ..transport import tls_context
 from .device_flow import body_fields, transport_error
 from .endpoints import default_github_api_url
+from .token_store import GITHUB_TOKEN_ENV
 
 __all__ = [
     "DEFAULT_COPILOT_API_URL",
@@ -329,7 +331,8 @@ class CopilotTokenManager:
             raise transport_error(exc, self.github_api_url, PROVIDER, " for a Copilot token") from None
         data = body_fields(response.content)
         if response.status_code != 200:
-            raise self._error(response, data, pat=github_token.startswith(("ghp_", "github_pat_")))
+            raise self._error(response, data, pat=github_token.startswith(("ghp_", "github_pat_")),
+                              from_env=github_token == os.environ.get(GITHUB_TOKEN_ENV, "").strip())
         try:
             token = self._token = CopilotToken.from_response(data, fetched_at=self._clock())
         except ValueError:
@@ -344,7 +347,8 @@ class CopilotTokenManager:
         )
         return token
 
-    def _error(self, response: httpx.Response, data: Mapping[str, Any], *, pat: bool) -> DispatchError:
+    def _error(self, response: httpx.Response, data: Mapping[str, Any], *, pat: bool,
+               from_env: bool = False) -> DispatchError:
         status = response.status_code
         said_message = data.get("message")
         message = said_message if isinstance(said_message, str) else ""
@@ -353,9 +357,10 @@ class CopilotTokenManager:
         notification = details.get("notification_id")
         kw: dict[str, Any] = {"status_code": status, "provider": PROVIDER}
         if status == 401:
-            text = (
-                "GitHub rejected your GitHub token when asked for a Copilot token. "
-                f"Log in again: {_LOGIN_HINT}."
+            text = "GitHub rejected your GitHub token when asked for a Copilot token. " + (
+                f"It is the value of {GITHUB_TOKEN_ENV}, which comes before any login: unset it "
+                f"(then {_LOGIN_HINT}), or set it to a working token." if from_env
+                else f"Log in again: {_LOGIN_HINT}."
             )
             if pat:
                 text += (

@@ -315,6 +315,19 @@ def test_401_says_to_log_in_again(github: FakeGitHub, clock: Clock) -> None:
     assert "Personal access tokens" not in error.message
 
 
+def test_401_for_the_token_in_the_environment_says_to_unset_it(
+    github: FakeGitHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DISPATCH_NB_GITHUB_TOKEN`` comes before any login: "log in again" cannot fix it."""
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_TOKEN", "ghu_revoked_token")
+    manager = CopilotTokenManager("ghu_revoked_token", github_api_url=github.api_url)
+    with pytest.raises(AuthenticationError) as info:
+        manager.get()
+    assert info.value.code == "authentication_failed"
+    assert "It is the value of DISPATCH_NB_GITHUB_TOKEN" in info.value.message
+    assert "unset it" in info.value.message and "ghu_revoked_token" not in info.value.message
+
+
 def test_401_for_a_personal_access_token_explains_why(github: FakeGitHub) -> None:
     manager = CopilotTokenManager("ghp_" + "p" * 36, github_api_url=github.api_url)
     with pytest.raises(AuthenticationError, match="Personal access tokens") as info:
