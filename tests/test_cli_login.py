@@ -305,6 +305,24 @@ def test_status_reports_every_provider_and_works_with_a_key_alone(
     assert "sk-status-test-secret" not in out
 
 
+def test_status_with_a_damaged_token_file_still_reports_the_rest(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token file that is not JSON is said on the token's line; the other providers follow,
+    and an OpenAI key still makes the exit status 0 ("exit 0 when any would work")."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-status-test-secret")
+    path = stored(env)
+    path.parent.mkdir(parents=True)
+    path.write_text("{bad")
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(":", 1)[0]: line for line in out.splitlines()}
+    assert "⚠" in lines["GitHub token"] and str(path) in lines["GitHub token"]
+    assert "not available" in lines["Copilot"]
+    assert "OPENAI_API_KEY is set" in lines["OpenAI"] and "Default model" in lines
+    assert path.read_text() == "{bad"  # status only reads
+
+
 def test_status_puts_a_space_after_every_label_and_no_backticks(
     env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
