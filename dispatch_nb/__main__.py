@@ -243,7 +243,7 @@ def _print_models(args: argparse.Namespace, github_url: str, api_url: str) -> in
 
 def _status(args: argparse.Namespace) -> int:
     from .defaults import resolve_default_model
-    from .registry import base_url_rows, key_env_rows, list_descriptors
+    from .registry import base_url_rows, key_env_rows, list_descriptors, parse_model_spec
 
     github_url, api_url = _urls(args)
     copilot = _copilot_status(args, github_url, api_url)
@@ -266,6 +266,11 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{label:<15} not installed (pip install 'dispatch-nb[local]')")
     resolved = resolve_default_model()
     print(f"{'Default model:':<16}{resolved.spec} ({resolved.reason})")
+    try:
+        parse_model_spec(resolved.spec)
+    except DispatchError as exc:  # DISPATCH_NB_MODEL=opneai:gpt-4.1: said now, not at first use
+        print(f"{'':<16}⚠ {exc.message}")
+        return EXIT_FAILED
     if copilot and args.models and _print_models(args, github_url, api_url) != EXIT_OK:
         return EXIT_FAILED
     if not working:

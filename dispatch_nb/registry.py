@@ -546,8 +546,14 @@ def parse_model_spec(spec: str, default: str | None = None, *, sends: bool = Tru
         # a provider's name; "llama3:8b", "org/model:tag" stay a compatible server's names
         if head and head.replace("-", "_").isidentifier() and "/" not in rest \
                 and not rest[:1].isdigit():
+            import difflib
+
+            close = difflib.get_close_matches(head, list_providers(), n=1)
+            where = " (the value of DISPATCH_NB_MODEL)" \
+                if spec == os.environ.get("DISPATCH_NB_MODEL", "").strip() else ""
             raise UnknownProviderError(
-                f"unknown provider {head!r} in model spec {spec!r}; "
+                f"unknown provider {head!r} in model spec {spec!r}{where}"
+                f"{f' (did you mean {close[0]}?)' if close else ''}; "
                 f"available providers: {', '.join(list_providers())}"
             )
     elif (named := find_descriptor(spec)) is not None:  # connect("openai") names no model

@@ -323,6 +323,25 @@ def test_status_with_a_damaged_token_file_still_reports_the_rest(
     assert path.read_text() == "{bad"  # status only reads
 
 
+def test_status_says_a_default_model_that_cannot_work(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in DISPATCH_NB_MODEL is said by status (exit 1), with a guess; connect() names
+    the variable too, rather than a spec the user never typed there."""
+    from dispatch_nb import connect
+    from dispatch_nb.registry import UnknownProviderError
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-status-test-secret")
+    monkeypatch.setenv("DISPATCH_NB_MODEL", "opneai:gpt-4.1")
+    assert main(["status"]) == 1
+    out = capsys.readouterr().out
+    assert "⚠ unknown provider 'opneai' in model spec 'opneai:gpt-4.1' (the value of " \
+           "DISPATCH_NB_MODEL) (did you mean openai?)" in out
+    with pytest.raises(UnknownProviderError) as info:
+        connect()
+    assert info.value.code == "unknown_provider" and "DISPATCH_NB_MODEL" in info.value.message
+
+
 def test_status_puts_a_space_after_every_label_and_no_backticks(
     env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
