@@ -40,7 +40,7 @@ from .types import (
     Usage,
     as_messages,
 )
-from .validation import check_entry
+from .validation import check_call, check_entry, check_tools, describe
 from .wire.request import ChatRequest, requested_mode, unsupported_mode
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
@@ -78,6 +78,7 @@ def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[s
     """Accept ToolDefinition, ``{"name", "description", "parameters"}`` dicts, ``@tool`` objects,
     plain typed functions and MCP servers (their listed tools); dicts without ``name`` (e.g.
     ``{"type": "web_search"}``) are provider built-in tools and pass through untouched."""
+    check_tools(tools)
     if not tools:
         return []
     out: list[ToolDefinition | dict[str, Any]] = []
@@ -154,8 +155,11 @@ class Adapter:
         timeout: float | None = None,
         max_retries: int = 2,
     ) -> None:
-        if max_retries < 0:
-            raise ValueError("max_retries must be 0 or more")
+        check_call(f"{type(self).__name__}: ", max_tokens=max_tokens, timeout=timeout)
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise (ValueError if isinstance(max_retries, int) else TypeError)(
+                f"{type(self).__name__}: max_retries must be a whole number, 0 or more — not "
+                f"{max_retries!r}")
         #: the per-call default for ``max_tokens``
         self.default_max_tokens = max_tokens
         #: the per-call default total deadline in seconds (None: no deadline)
@@ -563,6 +567,8 @@ class Adapter:
         )
         if output is None and output_retries is not None:
             raise TypeError("output_retries= needs output= (the type or schema to validate)")
+        if on_delta is not None and not callable(on_delta):
+            raise TypeError(f"on_delta must be a function of one delta — not {describe(on_delta)}")
         return _Call(request, timeout, cancel, output, output_retries, on_delta)
 
     def _open(self, call: _Call, *, asynchronous: bool) -> Any:
@@ -602,7 +608,8 @@ class Adapter:
     def chat(self, *args: Any, **kwargs: Any) -> Response:
         """Send ``messages`` and return the :class:`Response`.
 
-        With ``stream=True`` the answer is streamed and ``on_delta`` sees every delta. With
+        With ``stream=True`` the answer is streamed and ``on_delta`` sees every delta; without
+        it the answer arrives whole, and ``on_delta`` sees only a retry's ``RetryEvent``. With
         ``output=`` (a pydantic model class, a type, or a JSON Schema dict) the answer is
         validated into ``Response.parsed`` (see :meth:`stream`).
         """

@@ -136,6 +136,9 @@ class HTTPAdapter(Adapter):
         super().__init__(max_tokens=max_tokens, timeout=timeout, max_retries=max_retries)
         if model is not None:
             self._model = model  # what Adapter.model_name gives
+        if not isinstance(base_url, str) or not base_url.lower().startswith(("http://", "https://")):
+            raise ValueError(f"{type(self).__name__}: base_url must start with http:// or https:// "
+                             f"(e.g. http://127.0.0.1:8080/v1) — not {base_url!r}")
         self._base_url = base_url.rstrip("/")
         self._extra_headers = dict(headers or {})
         self._async_http_given = async_http_client

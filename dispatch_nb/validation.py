@@ -31,6 +31,7 @@ __all__ = [
     "CallArguments",
     "check_call",
     "check_messages",
+    "check_tools",
     "replace_lone_surrogates",
     "surrogate_note",
 ]
@@ -90,6 +91,17 @@ def check_call(where: str = "", **values: Any) -> None:
         range_error = str(first.get("type", "")).startswith(
             ("greater_than", "less_than", "finite_number"))
         raise (ValueError if range_error else TypeError)(message) from None
+
+
+def check_tools(tools: Any) -> None:
+    """Raise ``TypeError`` when ``tools`` is one tool (a function, an ``@tool``, a definition, a
+    dict, an MCP server) rather than a list of them."""
+    if tools is None or isinstance(tools, (list, tuple, set, frozenset)):
+        return
+    if isinstance(tools, (str, bytes, dict)) or callable(tools) or hasattr(tools, "definition") \
+            or hasattr(tools, "list_tools") or type(tools).__name__ == "ToolDefinition":
+        raise TypeError(f"tools= takes a list of tools, e.g. tools=[get_weather] — not one: "
+                        f"{describe(tools)}")
 
 
 def check_messages(messages: Any) -> None:

@@ -72,7 +72,7 @@ def test_demo_replays_the_recording_with_its_own_model_whatever_is_set_up(tmp_pa
     done = demo("--cache", "replay", home=tmp_path, OPENAI_API_KEY="sk-test-demo-" + "0" * 20)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Model: as in the notebook (the notebook's own" in done.stdout
-    for prompt, recorded in _chat_cells():
+    for _prompt, recorded in _chat_cells():
         assert recorded.strip() in done.stdout
     assert "Done: " in done.stdout and "from the recording" in done.stdout
 

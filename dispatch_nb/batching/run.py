@@ -18,6 +18,7 @@ from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..registry import default_model_spec, find_descriptor
 from ..types import Usage
+from ..validation import check_tools
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .cluster import dask_partition_size, run_on_dask
@@ -151,6 +152,15 @@ def _job(
     for reserved in ("on_delta", "cancel", "messages"):
         if reserved in options:
             raise TypeError(f"batch() sets {reserved} itself; it is not an option here")
+    import difflib
+    import inspect
+
+    own = [p for p in inspect.signature(_job).parameters if p != "options"]
+    for name in options:  # a typo of batch()'s own (concurency=4): not a model option
+        close = difflib.get_close_matches(name, own, n=1, cutoff=0.8)
+        if close:
+            raise TypeError(f"batch() has no option {name} (did you mean {close[0]}?)")
+    check_tools(tools)
     named = {"max_tokens": max_tokens, "temperature": temperature, "output": output}
     options.update({k: v for k, v in named.items() if v is not None})
     if cache is not None and not isinstance(cache, ResponseCache):

@@ -38,7 +38,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from ..validation import check_call, describe
+from ..validation import check_call, check_tools, describe
 from .inputs import SessionTool, session_tools, user_message
 from .serialization import SavedSession, loads, restore_tools
 from .stream import AsyncSessionStream, SessionStream, TurnState
@@ -230,6 +230,7 @@ class Session:
         brings its tools (listed at the next turn)."""
         from ..mcp import MCPServer
 
+        check_tools(tools)
         items = list(tools or [])
         self._servers = [t for t in items if isinstance(t, MCPServer)]
         self._server_tools = []

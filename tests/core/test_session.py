@@ -595,6 +595,9 @@ def test_cancel_token_is_reexported() -> None:
         ({"temperature": 3}, ValueError, "temperature must be a number from 0 to 2"),
         ({"temperature": "hot"}, TypeError, "temperature must be a number from 0 to 2"),
         ({"cancel": "stop"}, TypeError, "cancel must be a CancelToken or None"),
+        ({"tools": len}, TypeError, "tools= takes a list of tools, e.g. tools=[get_weather]"),
+        ({"tools": {"name": "t", "description": "", "parameters": {}}}, TypeError,
+         "tools= takes a list of tools"),
     ],
 )
 def test_chat_and_stream_refuse_bad_arguments_before_any_request(
@@ -607,6 +610,37 @@ def test_chat_and_stream_refuse_bad_arguments_before_any_request(
         assert "— not " in str(caught.value)  # and what it got
     with pytest.raises(error, match=re.escape(says)):
         asyncio.run(adapter.achat("hello", **kwargs))
+    assert fake.chat_requests == []
+
+
+def test_an_adapters_own_defaults_and_on_delta_are_checked_before_any_request(
+    fake: CanonicalFake,
+) -> None:
+    """connect(..., timeout="30") failed only at the first call ("'<=' not supported ..."); a
+    base_url with no scheme was retried as a connection error; on_delta=5 was found only after
+    the request was sent; a single tool for tools= failed inside Session and batch too."""
+    from dispatch_nb import Session, batch
+
+    with pytest.raises(TypeError, match=r"CanonicalAdapter: timeout must be a number of "
+                                        r"seconds above 0 .* not '30' \(a str\)"):
+        CanonicalAdapter("echo", base_url=fake.base_url, timeout="30")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"max_tokens must be .* not 'big'"):
+        CanonicalAdapter("echo", base_url=fake.base_url, max_tokens="big")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_retries must be a whole number"):
+        CanonicalAdapter("echo", base_url=fake.base_url, max_retries="2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"base_url must start with http:// or https:// .*"
+                                         r"not '127.0.0.1:1/v1'"):
+        CanonicalAdapter("echo", base_url="127.0.0.1:1/v1")
+    adapter = CanonicalAdapter("echo", base_url=fake.base_url)
+    with pytest.raises(TypeError, match=r"on_delta must be a function of one delta .* not 5"):
+        adapter.chat("hi", stream=True, on_delta=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tools= takes a list of tools"):
+        Session(adapter, tools=len)
+    with pytest.raises(TypeError, match="tools= takes a list of tools"):
+        batch("{row}", ["a"], model=adapter, tools=len, progress=False)
+    with pytest.raises(TypeError, match=r"batch\(\) has no option concurency \(did you mean "
+                                        r"concurrency\?\)"):
+        batch("{row}", ["a"], model=adapter, concurency=4, progress=False)
     assert fake.chat_requests == []
 
 
