@@ -153,7 +153,7 @@ class BatchProgress:
         """The ``display`` mode's line: what tqdm's text bar shows."""
         from tqdm import tqdm
 
-        return str(tqdm.format_meter(stats.finished, stats.total,
+        return str(tqdm.format_meter(stats.finished - stats.not_sent, stats.total,
                                      time.monotonic() - self._started, ncols=80,
                                      prefix=self.description, unit="row",
                                      bar_format=self._format, postfix=describe(stats)))
@@ -182,7 +182,7 @@ class BatchProgress:
         bar = self._bar
         if stats.total is not None and bar.total != stats.total:
             bar.total = stats.total
-        bar.n = stats.finished
+        bar.n = stats.finished - stats.not_sent  # rows never sent are not done: not 100%
         bar.set_postfix_str(describe(stats), refresh=False)
         bar.refresh()
 

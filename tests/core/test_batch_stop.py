@@ -83,7 +83,9 @@ def test_an_error_every_row_would_get_stops_the_batch(
     assert f"{CONCURRENCY} failed, {ROWS - CONCURRENCY} not sent" in summary
     assert f"stopped at row {position}: {error_class.__name__} ({code})" in summary
     assert [i for i, _ in result.errors] == sent  # .errors: the failed rows, not the unsent ones
-    assert f"not sent {ROWS - CONCURRENCY}" in capsys.readouterr().err  # the progress bar
+    bar = capsys.readouterr().err  # the progress bar: the unsent rows are not done
+    assert f"not sent {ROWS - CONCURRENCY}" in bar
+    assert f"{CONCURRENCY}/{ROWS}" in bar.splitlines()[-1] and "100%" not in bar
     with pytest.raises(error_class, match=f"{CONCURRENCY} of {ROWS} rows failed, "
                                           f"{ROWS - CONCURRENCY} not sent"):
         result.raise_for_errors()
