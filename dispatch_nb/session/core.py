@@ -733,15 +733,17 @@ class Session:
     def _stop_loop(self, turn: Turn, response: Response) -> list[ToolResultEvent]:
         self.tool_limit_reached = True
         logger.warning(
-            "session %s: stopped after %d tool rounds (max_tool_rounds); the model's last "
+            "session %s: stopped after %d tool round%s (max_tool_rounds); the model's last "
             "tool calls were not run",
             self.id,
             self.max_tool_rounds,
+            "" if self.max_tool_rounds == 1 else "s",
         )
         results = [
             error_result(
                 c.id,
-                f"not run: this session stops after {self.max_tool_rounds} tool rounds per turn "
+                f"not run: this session stops after {self.max_tool_rounds} tool "
+                f"round{'' if self.max_tool_rounds == 1 else 's'} per turn "
                 "(max_tool_rounds); the user may ask you to continue",
             )
             for c in response.tool_calls
