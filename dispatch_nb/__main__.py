@@ -75,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nInterrupted.", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `status | head`: the reader has gone, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return EXIT_OK
 
 
 def _prog() -> str:

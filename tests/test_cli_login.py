@@ -342,6 +342,14 @@ def test_status_says_a_default_model_that_cannot_work(
     assert info.value.code == "unknown_provider" and "DISPATCH_NB_MODEL" in info.value.message
 
 
+def test_status_piped_into_head_ends_quietly(env: dict[str, str]) -> None:
+    """``status | head -1``: the reader goes away; no BrokenPipeError traceback, exit 0."""
+    done = subprocess.run(f"{sys.executable} -m dispatch_nb status | head -1", shell=True,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("GitHub:"), done.stdout
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
 def test_status_puts_a_space_after_every_label_and_no_backticks(
     env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,6 +43,9 @@ class SavedSession(BaseModel):
 def loads(text: str | bytes) -> SavedSession:
     """Read a saved session; a clear ``ValueError`` when ``text`` is not one (or a newer
     version)."""
+    if not isinstance(text, (str, bytes)):
+        raise TypeError("from_json() takes the text session.to_json() returned (a str) — not "
+                        f"{type(text).__name__}")
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError as exc:

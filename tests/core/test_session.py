@@ -541,6 +541,16 @@ def test_to_json_keeps_a_whole_number_temperature(adapter: CanonicalAdapter) -> 
     assert restored.to_json() == text and type(restored.temperature) is int
 
 
+def test_from_json_says_what_it_takes(adapter: CanonicalAdapter) -> None:
+    with pytest.raises(TypeError, match=r"from_json\(\) takes the text session.to_json\(\) "
+                                        r"returned \(a str\) — not dict"):
+        Session.from_json({"format": "x"}, adapter=adapter)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a saved session: the text is not JSON"):
+        Session.from_json("{oops", adapter=adapter)
+    with pytest.raises(ValueError, match="not a saved session: no \"format\""):
+        Session.from_json('{"a": 1}', adapter=adapter)
+
+
 def test_from_json_reattaches_handlers_and_names_missing_ones(
     fake: CanonicalFake, adapter: CanonicalAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
