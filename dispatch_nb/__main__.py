@@ -71,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # here, where a reader that has gone (`| head`) is caught below
+        return status
     except KeyboardInterrupt:
         print("\nInterrupted.", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -272,8 +274,9 @@ def _status(args: argparse.Namespace) -> int:
     try:
         parse_model_spec(resolved.spec)
     except DispatchError as exc:  # DISPATCH_NB_MODEL=opneai:gpt-4.1: said now, not at first use
-        print(f"{'':<16}⚠ {exc.message}")
-        return EXIT_FAILED
+        mine = " (one your own code registers is not known here)" \
+            if exc.code == "unknown_provider" else ""
+        print(f"{'':<16}⚠ {exc.message}{mine}")
     if copilot and args.models and _print_models(args, github_url, api_url) != EXIT_OK:
         return EXIT_FAILED
     if not working:

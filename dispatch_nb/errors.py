@@ -46,6 +46,7 @@ __all__ = [
     "ServerError",
     "error_for_status",
     "looks_like_html",
+    "option_refused",
     "parse_retry_after",
     "redact",
     "redact_pieces",
@@ -86,6 +87,8 @@ class DispatchError(Exception):
         #: seconds the server asked us to wait before retrying (``retry-after``), if it said
         self.retry_after = retry_after
         self._retryable = retryable
+        #: refused before sending for an option every request with it would get (batches stop)
+        self.option_refused = False
 
     @property
     def retryable(self) -> bool:
@@ -192,13 +195,23 @@ def _splice(pieces: list[str], edits: list[tuple[int, int, str]]) -> list[str]:
 
 def sent_credentials(headers: Mapping[str, str]) -> list[str]:
     """The credentials a request's ``headers`` carry: each credential header's value, and the
-    part after its scheme (``Bearer …``, ``token …``), when 6 characters or longer."""
+    part after its scheme (``Bearer …``, ``token …``), when 8 characters or longer (a shorter
+    one, such as Ollama's ``ollama``, is a placeholder, and a word a message may use)."""
     found: list[str] = []
     for name in _CREDENTIAL_HEADERS:
         value = headers.get(name)
         if value:
-            found += [v for v in (value, value.split(" ", 1)[-1].strip()) if len(v) >= 6]
+            found += [v for v in (value, value.split(" ", 1)[-1].strip()) if len(v) >= 8]
     return found
+
+
+def option_refused(message: str, *, provider: str | None) -> RequestError:
+    """A :class:`RequestError` (code ``invalid_request``) for an option this provider or API
+    does not take, raised before anything is sent: every request with the same options would
+    get it (``option_refused`` is true), so a batch stops at the first row."""
+    error = RequestError(message, provider=provider)
+    error.option_refused = True
+    return error
 
 
 class AuthenticationError(DispatchError):

@@ -145,6 +145,9 @@ class HTTPAdapter(Adapter):
         self._http_timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
         self._async_clients = LoopClients(lambda: async_client(self._http_timeout))
         self._parsed_urls: dict[str, httpx.URL] = {}
+        #: the credentials this adapter's requests carried (the newest 16): what a server may
+        #: quote back, taken out of every error (:meth:`redacted`)
+        self._credentials: dict[str, None] = {}
 
     # -- hooks -----------------------------------------------------------------------------------
     @property
@@ -183,8 +186,25 @@ class HTTPAdapter(Adapter):
             )
         return self.wire
 
+    def note_credentials(self, request: httpx.Request | None) -> None:
+        """Remember the credentials ``request`` carried (an auth flow's too), so that no error
+        of this adapter repeats them."""
+        if request is not None:
+            for secret in sent_credentials(request.headers):
+                self._credentials.pop(secret, None)
+                self._credentials[secret] = None
+            while len(self._credentials) > 16:
+                del self._credentials[next(iter(self._credentials))]
+
+    def redacted(self, error: DispatchError) -> DispatchError:
+        """``error`` without a credential this adapter sent (:meth:`note_credentials`) or a
+        secret-looking string: a gateway may quote the ``Authorization`` header it got."""
+        error.redact(self._credentials)
+        return error
+
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
-        """The error for an HTTP error response."""
+        """The error for an HTTP error response (its callers take out the credentials it may
+        quote: :meth:`redacted`)."""
         message, etype = error_details(body)
         error = error_for_status(
             status,
@@ -344,7 +364,6 @@ class HTTPAdapter(Adapter):
 
         remove_hook = control.on_abort(on_abort)
         response: httpx.Response | None = None
-        sent: httpx.Request | None = None
         try:
             reading[0] = True  # a token refresh can take a while: let abort interrupt it too
             client = await self._aclient_ready()
@@ -357,9 +376,9 @@ class HTTPAdapter(Adapter):
                 content=self._body(wire, request),
             )
             reading[0] = True
-            sent = http_request
+            self.note_credentials(http_request)
             response = await client.send(http_request, stream=True, auth=self._send_auth())
-            sent = response.request  # with what an auth flow added
+            self.note_credentials(response.request)  # with what an auth flow added
             reading[0] = False
             control.check()
             if response.status_code >= 400:
@@ -413,16 +432,14 @@ class HTTPAdapter(Adapter):
                 task.uncancel()
             raise control.error() from None
         except DispatchError as exc:  # ours already (APIConnectionError is an OSError too)
-            exc.redact(sent_credentials(sent.headers) if sent is not None else ())
+            self.redacted(exc)  # (a wire parser's in-stream error too)
             raise
         except httpx.DecodingError as exc:
             control.check()
             raise self._undecodable(response, exc) from None
         except (httpx.HTTPError, OSError) as exc:
             control.check()
-            error = wrap_transport_error(exc, self.provider_name)
-            error.redact(sent_credentials(sent.headers) if sent is not None else ())
-            raise error from None
+            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
         finally:
             reading[0] = False
             remove_hook()
@@ -462,11 +479,13 @@ class HTTPAdapter(Adapter):
         sent = {"content-type": "application/json",
                 **self._json_headers(await self.aauth_headers(), headers)}
         try:
-            return await (await self._aclient_ready()).post(
+            response = await (await self._aclient_ready()).post(
                 self._url(url), headers=sent, content=orjson.dumps(body), auth=self._send_auth()
             )
         except httpx.HTTPError as exc:
-            raise wrap_transport_error(exc, self.provider_name) from None
+            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
+        self.note_credentials(response.request)
+        return response
 
     @same_parameters(apost_json)
     def post_json(self, *args: Any, **kwargs: Any) -> httpx.Response:
@@ -492,9 +511,11 @@ class HTTPAdapter(Adapter):
                 timeout=timeout, auth=auth if auth is not None else self._send_auth(),
             )
         except httpx.HTTPError as exc:
-            raise wrap_transport_error(exc, self.provider_name) from None
+            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
+        self.note_credentials(response.request)
         if response.status_code >= 400:
-            raise self.parse_error(response.status_code, response.content, response.headers)
+            raise self.redacted(self.parse_error(response.status_code, response.content,
+                                                 response.headers))
         return self._json(response.content)
 
     @same_parameters(aget_json)

@@ -124,7 +124,8 @@ def _signature_max_tokens(factory: Any, model: str) -> int | None:
 
 def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
     """``connect(spec, **options)``; in ``replay`` mode, a :class:`ReplayOnlyAdapter` instead when
-    the provider cannot be built here (its extra is not installed, its model file is missing).
+    the provider cannot be built here (its extra is not installed, its model file is missing, its
+    base URL variable is malformed).
 
     In every other mode the error is raised: those modes may need the model. A replay sends
     nothing, so a vendor's bare model name (``gpt-4.1``) is that vendor's here even without its
@@ -134,8 +135,8 @@ def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
         spec = qualify_model_spec(spec, sends=False)
     try:
         return connect(spec, **options)
-    except (ImportError, ModelUnavailableError) as exc:
-        if mode != "replay":
+    except (ImportError, ModelUnavailableError, ValueError) as exc:  # (ValueError: a base URL
+        if mode != "replay":                                          # replay never uses)
             raise
         name, model = parse_model_spec(spec)
         try:

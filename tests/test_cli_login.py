@@ -326,14 +326,14 @@ def test_status_with_a_damaged_token_file_still_reports_the_rest(
 def test_status_says_a_default_model_that_cannot_work(
     env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A typo in DISPATCH_NB_MODEL is said by status (exit 1), with a guess; connect() names
-    the variable too, rather than a spec the user never typed there."""
+    """A typo in DISPATCH_NB_MODEL is said by status, with a guess (a warning: a provider the
+    user's own code registers is not known to the CLI); connect() names the variable too."""
     from dispatch_nb import connect
     from dispatch_nb.registry import UnknownProviderError
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-status-test-secret")
     monkeypatch.setenv("DISPATCH_NB_MODEL", "opneai:gpt-4.1")
-    assert main(["status"]) == 1
+    assert main(["status"]) == 0  # the OpenAI key would work
     out = capsys.readouterr().out
     assert "⚠ unknown provider 'opneai' in model spec 'opneai:gpt-4.1' (the value of " \
            "DISPATCH_NB_MODEL) (did you mean openai?)" in out
@@ -348,6 +348,10 @@ def test_status_piped_into_head_ends_quietly(env: dict[str, str]) -> None:
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.startswith("GitHub:"), done.stdout
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    # a reader gone before anything was written (the output still in the buffer at exit)
+    done = subprocess.run(f"{sys.executable} -m dispatch_nb status | true", shell=True,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert "BrokenPipe" not in done.stderr, done.stderr
 
 
 def test_status_puts_a_space_after_every_label_and_no_backticks(

@@ -17,7 +17,6 @@ from ..errors import (
     DispatchError,
     ModelUnavailableError,
     RequestCancelled,
-    RequestError,
 )
 from ..types import Response, Usage
 
@@ -42,13 +41,11 @@ class RowOrigin:
 def stops_batch(error: DispatchError) -> bool:
     """Whether every later row would end with ``error`` too, so the batch stops sending: a
     rejected credential, an exhausted quota (not an ordinary rate limit, which is retried), a
-    model the provider does not know, or a request refused before it was sent for what every row
-    shares (an option the provider does not take: ``max_tokens`` under its minimum, ``stop=`` on
-    the Responses API), not a server's answer."""
+    model the provider does not know, or a request refused before it was sent for an option every
+    row shares (``option_refused``: ``max_tokens`` under the Responses API's minimum, ``stop=``
+    there), never for one row's content."""
     return isinstance(error, (AuthenticationError, ModelUnavailableError)) \
-        or error.code == "quota_exceeded" \
-        or (type(error) is RequestError and error.code == "invalid_request"
-            and error.status_code is None)
+        or error.code == "quota_exceeded" or error.option_refused
 
 
 def not_sent(result: BatchResult, cancel: CancelToken) -> DispatchError:

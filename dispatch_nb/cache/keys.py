@@ -97,7 +97,12 @@ def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
         if isinstance(v, str):
             return text(v, opaque)
         if isinstance(v, dict) and isinstance(v.get("deltas"), list):
-            v = {**v, "deltas": _across_deltas(v["deltas"], known)}
+            # each streamed text scanned whole; its pieces are not scanned one by one again
+            # (a pattern's word boundary differs in a piece: they would no longer add up)
+            done = [{k: x if k == _PIECE_FIELDS.get(d.get("type") or "") else walk(x, opaque)
+                     for k, x in d.items()} if isinstance(d, dict) else walk(d, opaque)
+                    for d in _across_deltas(v["deltas"], known)]
+            return {**{k: walk(x, opaque) for k, x in v.items() if k != "deltas"}, "deltas": done}
         if isinstance(v, dict):
             return {
                 (text(k, opaque) if isinstance(k, str) else k):
@@ -126,8 +131,9 @@ def _across_deltas(deltas: list[Any], known: list[str]) -> list[Any]:
         if kind == "tool_use_start":
             tool = delta.get("tool_call_id")
         field = _PIECE_FIELDS.get(kind or "")
-        if field and isinstance(delta.get(field), str):
-            texts.setdefault((field, tool if kind == "tool_use_delta" else kind), []).append(i)
+        if field and isinstance(delta.get(field), str):  # a call's pieces: by its id, if given
+            owner = (delta.get("tool_call_id") or tool) if kind == "tool_use_delta" else kind
+            texts.setdefault((field, owner), []).append(i)
     out = list(deltas)
     for (field, _), places in texts.items():
         pieces = redact_pieces([out[i][field] for i in places], known)

@@ -194,7 +194,8 @@ class AnthropicAdapter(HTTPAdapter):
         except APIConnectionError:
             return -1
         if response.status_code >= 400:
-            error = self.parse_error(response.status_code, response.content, response.headers)
+            error = self.redacted(self.parse_error(response.status_code, response.content,
+                                                   response.headers))
             if isinstance(error, (AuthenticationError, ModelUnavailableError)):
                 raise error
             if isinstance(error, RequestError) and response.status_code not in (404, 405):

@@ -132,10 +132,12 @@ class BatchAPI:
                 auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT, **kwargs,
             )
         except httpx.HTTPError as exc:
-            raise wrap_transport_error(exc, self.adapter.provider_name) from None
+            raise self.adapter.redacted(wrap_transport_error(exc, self.adapter.provider_name)) \
+                from None
+        self.adapter.note_credentials(response.request)
         if response.status_code >= 400:
-            raise self.adapter.parse_error(response.status_code, response.content,
-                                           response.headers)
+            raise self.adapter.redacted(self.adapter.parse_error(
+                response.status_code, response.content, response.headers))
         return response
 
     async def send_json(self, client: httpx.AsyncClient, method: str, path: str,
@@ -259,8 +261,8 @@ class OpenAIBatchAPI(BatchAPI):
             if 200 <= status < 300:
                 return RowOutcome(custom_id, body=body)
             raw = orjson.dumps(body) if body is not None else b""
-            return RowOutcome(custom_id, error=self.adapter.parse_error(status, raw,
-                                                                        httpx.Headers()))
+            return RowOutcome(custom_id, error=self.adapter.redacted(
+                self.adapter.parse_error(status, raw, httpx.Headers())))
         error = line.get("error") or {}
         code = str(error.get("code") or "unknown")
         message = str(error.get("message") or code)
@@ -331,8 +333,8 @@ class AnthropicBatchAPI(BatchAPI):
 
             error = result.get("error") or {}
             status = error_status((error.get("error") or {}).get("type"))
-            return RowOutcome(custom_id, error=self.adapter.parse_error(
-                status, orjson.dumps(error), httpx.Headers()))
+            return RowOutcome(custom_id, error=self.adapter.redacted(self.adapter.parse_error(
+                status, orjson.dumps(error), httpx.Headers())))
         if kind == "canceled":
             return RowOutcome(custom_id, error=cancelled_error(provider))
         if kind == "expired":

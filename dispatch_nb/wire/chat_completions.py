@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..errors import APIConnectionError, DispatchError, RequestError, error_for_status
+from ..errors import (
+    APIConnectionError,
+    DispatchError,
+    error_for_status,
+    option_refused,
+)
 from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock, Usage
 from .base import WireFormat, answer_object, merge_delta, provider_entry
 from .openai_schema import openai_json_schema
@@ -207,7 +212,7 @@ def chat_tools(
         elif tool.get("type") == "function" and isinstance(tool.get("function"), dict):
             out.append(dict(tool))  # already in chat.completions shape
         else:
-            raise RequestError(
+            raise option_refused(
                 f"the built-in tool {tool.get('type', '?')!r} only works with the OpenAI Responses "
                 "API (backend='official'); a chat.completions server cannot run it. Remove it from "
                 "tools= or use connect('openai:MODEL').",
@@ -232,7 +237,7 @@ def tool_fields(
     choice = options.get("tool_choice")
     if not tools:
         if choice not in (None, "auto", "none"):
-            raise RequestError(
+            raise option_refused(
                 f"tool_choice={choice!r} needs tools=; this call defines none", provider=provider
             )
         return {}
@@ -240,7 +245,7 @@ def tool_fields(
         choice = "required"
     elif isinstance(choice, str) and choice not in ("auto", "none", "required"):
         if choice not in tool_names:
-            raise RequestError(
+            raise option_refused(
                 f"tool_choice={choice!r} names no tool of this call; tools: "
                 f"{', '.join(tool_names) or '(none)'}",
                 provider=provider,
@@ -639,7 +644,7 @@ class ChatCompletionsWire(WireFormat):
         q, provider, options = self.quirks, self.provider, request.options
         n = (options.get("extra_body") or {}).get("n")
         if n is not None and n != 1:
-            raise RequestError(
+            raise option_refused(
                 f"n={n!r} asks for several answers in one call; dispatch_nb returns one answer per "
                 "call: drop n from extra_body and make separate calls (batch() runs them in parallel)",
                 provider=provider,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
-from ..errors import APIConnectionError, RequestError
+from ..errors import APIConnectionError, option_refused
 from ..types import ImageBlock, TextBlock, ThinkingBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
 from .base import WireFormat, answer_object, provider_entry
 from .chat_completions import (
@@ -546,13 +546,13 @@ class ResponsesWire(WireFormat):
         ):
             raise ValueError("pass output= or response_format= / text={'format': ...}, not both")
         if options.get("stop") is not None:
-            raise RequestError(
+            raise option_refused(
                 "the OpenAI Responses API has no stop sequences; drop stop= or use a "
                 "chat.completions server (backend='compatible')",
                 provider=provider,
             )
         if request.max_tokens is not None and request.max_tokens < MIN_OUTPUT_TOKENS:
-            raise RequestError(
+            raise option_refused(
                 f"the OpenAI Responses API needs max_tokens >= {MIN_OUTPUT_TOKENS} "
                 f"(max_output_tokens), not {request.max_tokens}",
                 provider=provider,

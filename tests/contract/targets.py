@@ -98,13 +98,13 @@ def _openai_adapter(backend: str) -> Callable[..., Adapter]:
 def _openai_responses_fake() -> ProviderFake:
     from ..fakes.openai_responses import OpenAIResponsesFake
 
-    return OpenAIResponsesFake(api_key="sk-test")
+    return OpenAIResponsesFake(api_key="sk-test-contract-key")
 
 
 def _openai_chat_fake() -> ProviderFake:
     from ..fakes.openai_chat import OpenAIChatFake
 
-    return OpenAIChatFake(api_key="sk-test")
+    return OpenAIChatFake(api_key="sk-test-contract-key")
 
 
 def _llama_chat_fake() -> ProviderFake:

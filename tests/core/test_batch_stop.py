@@ -132,7 +132,8 @@ def test_an_option_the_provider_refuses_before_sending_stops_the_batch_at_once()
         assert fake.chat_requests == []
     assert result.stopped_by is not None
     position, error = result.stopped_by
-    assert error.code == "invalid_request" and "max_tokens >= 16" in error.message
+    assert error.code == "invalid_request" and error.option_refused
+    assert "max_tokens >= 16" in error.message
     assert result.failed <= CONCURRENCY and result.not_sent >= ROWS - CONCURRENCY
     assert f"stopped at row {position}: RequestError (invalid_request)" in repr(result)
     # a server's own 400 for one row's content is that row's: the batch goes on
@@ -140,7 +141,12 @@ def test_an_option_the_provider_refuses_before_sending_stops_the_batch_at_once()
         fake.push(Fail(400, "this row's content was refused", "invalid_request_error"))
         result = batch("row {row}", list(range(20)), model=openai(fake), progress=False,
                        concurrency=1)
-    assert result.stopped_by is None and result.failed == 1 and result.ok == 19
+        assert result.stopped_by is None and result.failed == 1 and result.ok == 19
+        # and so is one row refused before sending for its own content (nothing to send)
+        result = batch(lambda row: [] if row == 3 else f"row {row}", list(range(10)),
+                       model=openai(fake), progress=False, concurrency=1)
+    assert result.stopped_by is None and result.failed == 1 and result.ok == 9
+    assert result[3].code == "invalid_request"
 
 
 def test_the_table_counts_not_sent_rows_apart() -> None:

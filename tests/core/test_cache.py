@@ -489,6 +489,26 @@ def test_a_secret_split_between_pieces_is_redacted_where_it_begins() -> None:
     assert redact_pieces(["nothing ", "secret here"]) == ["nothing ", "secret here"]
 
 
+def test_recorded_deltas_add_up_to_the_stored_answer_after_scrubbing() -> None:
+    """A pattern's word boundary differs in a piece ("de" + "sk-lamp-…" is "desk-lamp-…", no
+    key): the pieces are not scanned one by one after the whole text; a tool call's argument
+    pieces belong to their call's id even when two calls stream interleaved."""
+    text = "de" + "sk-lamp-with-long-name-x ok"
+    entry = {"deltas": [{"t": 0, "type": "text_delta", "text": "de"},
+                        {"t": 0, "type": "text_delta", "text": "sk-lamp-with-long-name-x ok"}],
+             "response": {"content": [{"type": "text", "text": text}]}}
+    out = scrub_secrets(entry)
+    assert "".join(d["text"] for d in out["deltas"]) == out["response"]["content"][0]["text"]
+    key = "sk-" + "A" * 20
+    calls = [{"type": "tool_use_start", "tool_call_id": "a", "tool_name": "f"},
+             {"type": "tool_use_start", "tool_call_id": "b", "tool_name": "g"},
+             {"type": "tool_use_delta", "tool_call_id": "a", "argument_delta": '{"k": "' + key[:12]},
+             {"type": "tool_use_delta", "tool_call_id": "b", "argument_delta": '{"x": 1}'},
+             {"type": "tool_use_delta", "tool_call_id": "a", "argument_delta": key[12:] + '"}'}]
+    pieces = [d.get("argument_delta") for d in scrub_secrets({"deltas": calls})["deltas"]]
+    assert key[:12] not in "".join(p for p in pieces if p) and '{"x": 1}' in pieces
+
+
 # -- files: concurrency, damage, compaction -------------------------------------------------------
 def test_concurrent_writers_in_threads(fake: CanonicalFake, path: Path) -> None:
     errors: list[BaseException] = []

@@ -522,3 +522,40 @@ def test_a_stream_kept_open_after_its_terminal_event_does_not_hold_the_call(
     assert texts == ["complete", "echo: second"]
     assert elapsed < 5, f"the calls took {elapsed:.1f}s: the open stream held them"
     assert fake.server.connections_made == 2
+
+
+def test_a_gateway_that_echoes_the_key_never_gets_it_into_any_error() -> None:
+    """Not only chats: model lists and checks (validate(), %chat status), token counting and
+    provider batch jobs read errors too. A gateway quoting the Authorization header it got, for
+    any request, with a key no pattern knows (no digit, no sk- prefix)."""
+    from dispatch_nb import AuthenticationError
+    from dispatch_nb.providers.anthropic import AnthropicAdapter
+    from dispatch_nb.providers.openai import OpenAIAdapter
+
+    def echo(request: RecordedRequest) -> Reply:
+        sent = request.header("authorization") or request.header("x-api-key")
+        return Reply.json({"error": {"message": f"bad credentials; you sent {sent}",
+                                     "type": "authentication_error"}}, status=401)
+
+    key = "mygatewaykeyabcdef"
+    with LoopbackServer(echo) as server:
+        url = f"http://127.0.0.1:{server.port}/v1"
+        compatible = OpenAIAdapter("llama3", backend="compatible", base_url=url, api_key=key,
+                                   max_retries=0)
+        anthropic = AnthropicAdapter("claude-sonnet-4-5", base_url=url, api_key=key,
+                                     max_retries=0)
+        try:
+            calls = [compatible.list_models, lambda: compatible.chat("hi"),
+                     anthropic.list_models, lambda: anthropic.count_tokens("hi")]
+            for call in calls:
+                with pytest.raises(AuthenticationError) as info:
+                    call()
+                error = info.value
+                assert error.code == "authentication_failed"
+                shown = " ".join([error.message, str(error), repr(error), *map(str, error.args)])
+                assert "you sent" in shown and key not in shown, shown
+            checked = compatible.validate()
+            assert not checked.ok and key not in str(checked), checked
+        finally:
+            compatible.close()
+            anthropic.close()

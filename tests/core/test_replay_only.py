@@ -178,3 +178,14 @@ def test_a_bare_name_replays_as_the_provider_that_recorded_it(
     replayed = batch("Say {x}", [{"x": 1}], model="gpt-4.1", cache=ResponseCache(path, "replay"),
                      progress=False)
     assert replayed.model == "copilot:gpt-4.1" and replayed[0].text == "a row's answer"
+
+
+def test_a_malformed_base_url_variable_does_not_stop_a_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay never uses the URL: a base URL variable without http(s):// gives the stand-in
+    there, and the clear error in a mode that may send."""
+    monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", "localhost:8080/v1")
+    adapter = connect_for_cache("compatible:llama3:8b", "replay")
+    assert isinstance(adapter, ReplayOnlyAdapter)
+    assert (adapter.provider_name, adapter.model_name) == ("compatible", "llama3:8b")
+    with pytest.raises(ValueError, match="base_url must start with http:// or https://"):
+        connect_for_cache("compatible:llama3:8b", "read-write")
