@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ __all__ = [
     "is_replayed",
     "mark_replayed",
     "markdown_to_html",
+    "money",
     "parsed_html",
     "parsed_markdown",
     "parsed_rows",
@@ -258,6 +260,82 @@ def dollars(text: str) -> str:
     math. For the text the library writes (footers, tables, notes), not a model's answer; put it
     in :func:`small` or :func:`plain_block` for JupyterLab too."""
     return text.replace("$", "\\$")
+
+
+_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_CODE_SPAN = re.compile(r"(`+)[^`]*?(?<!`)\1(?!`)", re.S)
+
+
+def money(markdown: str) -> str:
+    """A model's Markdown with every ``$`` that is no math delimiter shown as a dollar sign:
+    escaped, in a span MathJax skips. Pandoc's rule tells them apart — an opening ``$`` has a
+    non-space after it, a closing one a non-space before it and no digit after it — and a ``$``
+    after a space before any closer opens rather than closes, so ``$45 and $30``, a table of
+    ``$1.2M | $1.5M`` and ``$5-$10`` are money while ``$x^2$`` and ``$$…$$`` stay math; code
+    spans and code blocks are left alone."""
+    if "$" not in markdown:
+        return markdown
+    out: list[str] = []
+    text: list[str] = []
+    fence = ""
+    for line in markdown.splitlines(keepends=True):
+        opened = _FENCE_LINE.match(line)
+        if fence:
+            out.append(line)
+            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence):
+                fence = ""
+        elif opened:
+            out.append(_money_text("".join(text)))
+            text = []
+            out.append(line)
+            fence = opened.group(1)
+        else:
+            text.append(line)
+    out.append(_money_text("".join(text)))
+    return "".join(out)
+
+
+def _money_text(text: str) -> str:
+    """:func:`money` for Markdown outside code blocks."""
+    if "$" not in text:
+        return text
+    skip = [False] * len(text)  # inside a code span
+    for span in _CODE_SPAN.finditer(text):
+        skip[span.start():span.end()] = [True] * (span.end() - span.start())
+    dollars = [i for i, c in enumerate(text) if c == "$" and not skip[i]
+               and (i == 0 or text[i - 1] != "\\")]
+    escape: set[int] = set()
+    k = 0
+    while k < len(dollars):
+        i = dollars[k]
+        if text.startswith("$$", i) and k + 1 < len(dollars) and dollars[k + 1] == i + 1:
+            close = next((m for m in range(k + 2, len(dollars) - 1)
+                          if dollars[m + 1] == dollars[m] + 1), None)
+            if close is not None:
+                k = close + 2
+                continue
+            escape.update((i, i + 1))
+            k += 2
+            continue
+        close = None
+        if i + 1 < len(text) and not text[i + 1].isspace():
+            for m in range(k + 1, len(dollars)):
+                j = dollars[m]
+                if "\n\n" in text[i:j]:
+                    break
+                if not text[j - 1].isspace() and not (j + 1 < len(text) and text[j + 1].isdigit()) \
+                        and not text.startswith("$$", j):
+                    close = m
+                    break
+                if text[j - 1].isspace():  # "… $30": a "$" that opens rather than closes, so
+                    break                  # the first one is money ("$45 and … $30; $x^2$")
+        if close is None:
+            escape.add(i)
+            k += 1
+        else:
+            k = close + 1
+    return "".join(f"<span{NO_MATH}>\\$</span>" if i in escape else c
+                   for i, c in enumerate(text))
 
 
 def small(text: str) -> str:

@@ -6,10 +6,12 @@ the wire"). Nothing here imports IPython; markdown-it-py is imported on first us
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import pairwise
 from typing import Any
+
+from ..render import money
 
 __all__ = [
     "BLOCK_LIMIT", "Block", "MarkdownBlocks", "close_open_fence", "stable_prefix", "warm_up",
@@ -345,7 +347,9 @@ class MarkdownBlocks:
         """:meth:`take`, and what to show of the current block: all of it once the text is
         ``final``, else its :func:`stable_prefix`."""
         finished, current = self.take()
-        return finished, current, current.source.rstrip() if final else stable_prefix(current.source)
+        shown = current.source.rstrip() if final else stable_prefix(current.source)
+        # money: a "$" that is no math delimiter reads as a dollar sign, as in the final output
+        return [replace(b, source=money(b.source)) for b in finished], current, money(shown)
 
     # -- internals -------------------------------------------------------------------------------
     def _block(self, source: str, *, first: bool, keep_flags: bool = False) -> Block:

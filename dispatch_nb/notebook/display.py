@@ -17,6 +17,7 @@ from ..render import (
     compare_parsed_table,
     dollars,
     footer_line,
+    money,
     parsed_markdown,
     parsed_rows,
     raw_json,
@@ -109,7 +110,7 @@ class Transcript(TurnAccumulator):
             elif part.kind == "thinking":
                 out.append(thinking_details(part.text))
             else:
-                out.append(part.text.strip("\n"))
+                out.append(money(part.text.strip("\n")))  # "$45 and $30" are not math
         return "\n\n".join(s for s in out if s) or "*(no text)*"
 
     def plain(self) -> str:

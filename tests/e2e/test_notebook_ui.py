@@ -560,6 +560,31 @@ def test_a_large_each_waits_for_the_button(open_notebook: Any, fake: CanonicalFa
     nb.screenshot("each-confirmed")
 
 
+def test_a_models_dollar_amounts_are_money_and_its_math_is_math(
+    open_notebook: Any, fake: CanonicalFake
+) -> None:
+    """An answer about money ("$45 and $30", a table of "$1.2M | $1.5M") reads as dollars in
+    JupyterLab and Notebook 7 — no text swallowed by math, no table cell lost — while the same
+    answer's $x^2$ is still typeset (render.money, Pandoc's rule)."""
+    answer = ("The average order cost $45 and the median was $30; the area is $x^2$.\n\n"
+              "| region | 2024 | 2025 | change |\n|---|---|---|---|\n"
+              "| EU | $1.2M | $1.5M | +25% |\n")
+    fake.push(Turn(text=answer, chunk=7, delay=0.01))
+    nb = open_notebook([LOAD, "%%chat\nSummarize the sales."])
+    nb.run(0)
+    nb.run(1)
+    out = nb.output(1)
+    table = out.locator("table")
+    table.wait_for(state="visible", timeout=30_000)
+    text = nb.wait_output(1, lambda t: "+25%" in t, 30, "the final answer")
+    assert "The average order cost $45 and the median was $30" in text, text
+    assert table.locator("tr").last.locator("td").count() == 4  # no cell swallowed by "math"
+    assert "$1.2M" in table.inner_text() and "$1.5M" in table.inner_text()
+    assert out.locator("mjx-container, .MathJax").count() >= 1  # $x^2$ is math
+    assert table.locator("mjx-container, .MathJax").count() == 0
+    nb.screenshot("money")
+
+
 def test_dollar_amounts_stay_dollars_not_latex(open_notebook: Any, fake: CanonicalFake) -> None:
     """Two amounts in one paragraph (a replayed answer's footer: ``$… when recorded, $0 now``)
     are dollars: the front end's math typesetting must not take the text between them for LaTeX

@@ -260,3 +260,28 @@ def test_thinking_segments_end_between_words() -> None:
     assert len(chunks) > 5 and all(len(c) <= 50 for c in chunks)
     assert "".join(chunks) == text
     assert all(c.endswith(" ") for c in chunks[:-1])  # no word cut in two
+
+
+def test_a_models_dollar_amounts_are_money_and_its_math_stays_math() -> None:
+    """Pandoc's rule: "$45 and $30", "| $1.2M | $1.5M |", "$5-$10" are dollars (escaped, in the
+    span MathJax skips: JupyterLab typeset "45 and the median was 30" as math and a table lost a
+    cell); $x^2$, $$a+b$$, code and an escaped \\$ are left alone. The live view shows the same."""
+    from dispatch_nb.notebook.blocks import MarkdownBlocks
+    from dispatch_nb.render import NO_MATH, money
+
+    d = f"<span{NO_MATH}>\\$</span>"
+    assert money("It cost $45 and the median was $30.") == \
+        f"It cost {d}45 and the median was {d}30."
+    assert money("| EU | $1.2M | $1.5M | +25% |") == f"| EU | {d}1.2M | {d}1.5M | +25% |"
+    assert money("from $5-$10") == f"from {d}5-{d}10"
+    assert money("cost $45 and was $30; the area is $x^2$.") == \
+        f"cost {d}45 and was {d}30; the area is $x^2$."
+    for kept in ("Math: $x^2$ and $$a+b$$.", "code `$x $y` here", "```\nx = '$5'\n```",
+                 "an escaped \\$5", "no dollar at all"):
+        assert money(kept) == kept
+    assert money("```\nprice = '$5'\n```\nthen $7") == f"```\nprice = '$5'\n```\nthen {d}7"
+    run = MarkdownBlocks()
+    run.feed("Revenue was $1.2M, up from $1.0M.\n\nNext paragraph")
+    finished, _current, shown = run.shown(final=True)
+    assert [b.source for b in finished] == [f"Revenue was {d}1.2M, up from {d}1.0M."]
+    assert shown == "Next paragraph"
