@@ -162,8 +162,8 @@ def tool_markdown(part: ToolRun) -> str:
     took = f" <sub>{part.duration:.2f} s</sub>" if part.duration else ""
     approval = part.approval
     result = part.result
-    if approval and approval.startswith("denied"):  # not run: why (and what to do), in full
-        return f"{call} ⚠ {code_span(result)}\n"
+    if (approval and approval.startswith("denied")) or result.startswith(f"{part.name} was not run"):
+        return f"{call} ⚠ {code_span(result)}\n"  # not run: why (and what to do), in full
     if approval:
         call += f" <sub>{approval.replace('<', '&lt;').replace('>', '&gt;')[:300]}</sub>"
     if len(result) <= 200 and "\n" not in result:
@@ -377,7 +377,7 @@ def compare_output(
     ]
     for e in entries:
         u = e.transcript.usage
-        tokens = f"{u.input_tokens:,} / {u.output_tokens:,}" if u else "–"
+        tokens = f"{u.input_tokens:,} / {u.output_tokens:,}" if u and u.total_tokens else "–"
         replayed = e.transcript.replayed and not e.error
         latency = "replayed" if replayed else f"{e.latency:.2f} s" if e.latency is not None else "–"
         ttft = "–" if replayed else f"{e.ttft:.2f} s" if e.ttft is not None else "–"

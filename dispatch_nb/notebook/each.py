@@ -309,7 +309,9 @@ def each_output(
         line = {str(k): (_short(v) if isinstance(v, str) else v) for k, v in items}
         if isinstance(item, Response):
             line.update(_answer_columns(item, set(line), schema is not None))
-        if failed and isinstance(item, DispatchError):  # its message in the magic's words
+        if failed and isinstance(item, DispatchError) and item.code in ("cancelled", "not_sent"):
+            line["error"] = item.code.replace("_", " ")  # cancelled, not sent: the footer says why
+        elif failed and isinstance(item, DispatchError):  # its message in the magic's words
             said = str(item).replace(item.message, magic_words(item.message))
             line["error"] = _short(f"{type(item).__name__}: {said}", 200)
         elif failed:

@@ -297,6 +297,7 @@ def test_ctrl_c_while_the_buttons_wait_says_the_call_was_not_run(
     [final] = outputs_of([m for m in messages if m["msg_type"] != "error"])
     shown = final["data"]["text/markdown"]
     assert NOT_RUN in shown
+    assert "⚠ error" not in shown  # "⚠ add was not run: …", as a denied call reads
     assert "abandoned" not in shown and "still running" not in shown
     assert "user denied" not in shown and "no answer" not in shown
     assert len(fake.chat_requests) == 1  # the cell stopped: the model was not asked again

@@ -411,6 +411,7 @@ def test_ctrl_c_in_a_comparison_is_marked_as_an_interrupt_not_a_failure(
     assert data["text/markdown"].count("⏹ *interrupted*") == 2  # under each answer
     assert "⚠" not in data["text/markdown"] and "⚠" not in data["text/plain"]
     assert data["text/plain"].count("⏹ interrupted") == 2
+    assert "0 / 0" not in data["text/markdown"]  # no usage arrived: "–", not zero tokens
 
 
 # -- compare and event loops --------------------------------------------------------------------------
