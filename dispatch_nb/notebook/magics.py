@@ -61,7 +61,7 @@ def _did_you_mean(parser: Any, message: str) -> str:
     unknown = re.search(r"unrecognized arguments: (.*)", message)
     if unknown is None:
         return ""
-    options = re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", parser.format_usage())
+    options = re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", parser.format_help())  # long names too
     guesses = [
         close[0]
         for word in unknown.group(1).split()

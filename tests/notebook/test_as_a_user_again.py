@@ -114,6 +114,8 @@ def test_a_misspelt_option_gets_a_did_you_mean(shell: Any, fake: Any) -> None:
         shell.run_cell_magic("chat", "--max-tokns 5", "hello")
     with pytest.raises(UsageError, match=r"\(did you mean --force\?\)"):
         shell.run_line_magic("chat", "login --forse")
+    with pytest.raises(UsageError, match=r"--modle gpt \(did you mean --model\?\)"):
+        shell.run_cell_magic("chat", "--modle gpt", "hello")  # a long name the usage line omits
     with pytest.raises(UsageError) as info:
         shell.run_cell_magic("chat", "--zzz", "hello")
     assert "did you mean" not in str(info.value)
