@@ -227,7 +227,7 @@ def test_ctrl_c_during_a_sync_tool_stops_at_once_and_abandons_the_tool(
     def slow_lookup(city: str) -> str:
         """Look a city up (slowly)."""
         started.set()
-        time.sleep(4)
+        time.sleep(6)
         finished.set()
         return f"{city}: found"
 
@@ -236,18 +236,21 @@ def test_ctrl_c_during_a_sync_tool_stops_at_once_and_abandons_the_tool(
                                                                      {"city": "Oslo"})]),
               Turn(text="never sent"))
 
+    interrupted: list[float] = []
+
     def interrupt_when_the_tool_runs() -> None:
         if started.wait(20):
             time.sleep(0.2)
+            interrupted.append(time.monotonic())
             _thread.interrupt_main()
 
     threading.Thread(target=interrupt_when_the_tool_runs, daemon=True).start()
-    t0 = time.monotonic()
     result = run(shell, "%%chat --tools slow_lookup -o partial\nWhere is Oslo?")
-    took = time.monotonic() - t0
+    # from Ctrl-C to the end of the cell (waiting for the tool would take 5.8 s more)
+    took = time.monotonic() - interrupted[0]
     assert isinstance(result.error_in_exec, ChatInterrupted)
     assert "interrupted" in result.error_in_exec._render_traceback_()[0]
-    assert took < 2.5, f"the cell waited {took:.1f} s for the tool"
+    assert took < 3, f"the cell waited {took:.1f} s for the tool"
     assert not finished.is_set()
     if live == "text":
         out = capsys.readouterr().out
@@ -261,7 +264,7 @@ def test_ctrl_c_during_a_sync_tool_stops_at_once_and_abandons_the_tool(
     assert isinstance(partial, Response) and partial.text == "Let me look that up."
     assert [c.name for c in partial.tool_calls] == ["slow_lookup"]  # the call it was running
     assert len(fake.chat_requests) == 1  # the tool's result was dropped: no second round
-    assert finished.wait(6)
+    assert finished.wait(10)
     time.sleep(0.3)
     assert len(fake.chat_requests) == 1
     assert len(shell._dispatch_nb_magics.state.threads.get("default")) == 0
