@@ -374,15 +374,20 @@ def test_partial_text_stays_visible_after_a_mid_stream_error(shell: Any, fake: A
     assert md.startswith("The beginning o") and "ServerError" in md and "0 in" not in md
 
 
+def run_interrupted(shell: Any, cell: str, after: float = 0.5) -> Any:
+    """Run ``cell`` and press Ctrl-C ``after`` seconds in (as a person does mid-stream)."""
+    timer = threading.Timer(after, _thread.interrupt_main)
+    timer.start()
+    try:
+        return run(shell, cell)
+    finally:
+        timer.cancel()
+
+
 def test_ctrl_c_cancels_and_keeps_the_partial_answer(shell: Any, fake: Any) -> None:
     run(shell, '%config ChatMagics.live = "display"')
     fake.push(Turn(text="word " * 400, chunk=5, delay=0.02))
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        result = run(shell, "%%chat\nlong answer please")
-    finally:
-        timer.cancel()
+    result = run_interrupted(shell, "%%chat\nlong answer please")
     assert isinstance(result.error_in_exec, ChatInterrupted)
     assert result.error_in_exec._render_traceback_()[0].count("\n") == 0
     md = shell.front.markdown[0]
@@ -399,12 +404,7 @@ def test_ctrl_c_in_a_comparison_is_marked_as_an_interrupt_not_a_failure(
     run(shell, '%config ChatMagics.live = "display"')
     for model in ("echo", "second"):
         fake.push_for(model, Turn(text="word " * 400, chunk=5, delay=0.02))
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        result = run(shell, "%%chat -m fake:echo,fake:second\nlong answers please")
-    finally:
-        timer.cancel()
+    result = run_interrupted(shell, "%%chat -m fake:echo,fake:second\nlong answers please")
     assert isinstance(result.error_in_exec, ChatInterrupted)
     data = shell.front.outputs[-1]["data"]
     assert data["text/markdown"].count("⏹ interrupted") == 2, data["text/markdown"]  # the table
