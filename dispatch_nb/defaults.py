@@ -6,18 +6,7 @@ documented home.
 
 from __future__ import annotations
 
-from .registry import (
-    EMBEDDED_MODEL_NOTE as LOCAL_HINT,
-)
-from .registry import (
-    LOGIN_HINT,
-    Resolution,
-    resolve_default_model,
-)
+from .registry import EMBEDDED_MODEL_NOTE as LOCAL_HINT
+from .registry import LOGIN_HINT, Resolution, resolve_default_model
 
-__all__ = [
-    "LOCAL_HINT",
-    "LOGIN_HINT",
-    "Resolution",
-    "resolve_default_model",
-]
+__all__ = ["LOCAL_HINT", "LOGIN_HINT", "Resolution", "resolve_default_model"]

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 
 import httpx
-import orjson
 
 from .copilot_token import DEFAULT_COPILOT_API_URL, CopilotToken, CopilotTokenManager
+from .device_flow import body_fields
 
 __all__ = ["REFRESH_STATUSES", "CopilotAuth", "authorize_url", "token_rejected"]
 
@@ -20,16 +20,9 @@ REFRESH_STATUSES = frozenset({401, 403})
 def authorize_url(body: bytes) -> str | None:
     """The ``authorize_url`` in a refusal's JSON body (flat or under ``error``): a page the user
     must open first, which a new token would not replace."""
-    try:
-        data = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(data, dict):
-        return None
+    data = body_fields(body)
     inner = data.get("error")
-    url = (inner.get("authorize_url") if isinstance(inner, dict) else None) or data.get(
-        "authorize_url"
-    )
+    url = (inner.get("authorize_url") if isinstance(inner, dict) else None) or data.get("authorize_url")
     return url if isinstance(url, str) and url else None
 
 

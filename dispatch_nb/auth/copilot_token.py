@@ -20,7 +20,6 @@ import httpx
 
 from ..bridge import CALLER_THREAD, run_sync
 from ..errors import (
-    APITimeoutError,
     AuthenticationError,
     DispatchError,
     RateLimitError,
@@ -29,17 +28,15 @@ from ..errors import (
     parse_retry_after,
 )
 from ..transport import tls_context
-from .device_flow import body_fields, transport_error
+from .device_flow import body_fields, nonempty_str, transport_error
 from .endpoints import default_github_api_url
 from .token_store import GITHUB_TOKEN_ENV
 
 __all__ = [
     "DEFAULT_COPILOT_API_URL",
     "EDITOR_HEADERS",
-    "GITHUB_API_VERSION",
     "CopilotToken",
     "CopilotTokenManager",
-    "GitHubTokenProvider",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,9 +58,6 @@ EDITOR_HEADERS: Mapping[str, str] = MappingProxyType(
 
 #: ``X-GitHub-Api-Version`` for the token exchange.
 GITHUB_API_VERSION = "2025-04-01"
-
-#: Returns the GitHub token to exchange (called on each exchange; it should not do network I/O).
-GitHubTokenProvider = Callable[[], str]
 
 #: refresh this many seconds before ``expires_at`` (when there is no ``refresh_in``)
 REFRESH_MARGIN = 300.0
@@ -204,22 +198,15 @@ class CopilotTokenManager:
 
     def __init__(
         self,
-        github_token_provider: str | GitHubTokenProvider,
+        github_token_provider: str | Callable[[], str],
         *,
         github_api_url: str | None = None,
         async_http_client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         timeout: float = 30.0,
     ) -> None:
-        if isinstance(github_token_provider, str):
-            fixed = github_token_provider
-
-            def provide() -> str:
-                return fixed
-
-            self._provider: GitHubTokenProvider = provide
-        else:
-            self._provider = github_token_provider
+        fixed = github_token_provider
+        self._provider: Callable[[], str] = fixed if callable(fixed) else (lambda: fixed)
         self.github_api_url = (github_api_url or default_github_api_url()).rstrip("/")
         self._async_http = async_http_client
         self._clock = clock
@@ -324,59 +311,49 @@ class CopilotTokenManager:
             else:
                 async with httpx.AsyncClient(timeout=self._timeout, verify=tls_context()) as client:
                     response = await client.get(self.token_url, headers=headers)
-        except httpx.TimeoutException:
-            raise APITimeoutError(f"{self.github_api_url} did not answer the Copilot token request "
-                                  "in time", provider=PROVIDER) from None
         except httpx.TransportError as exc:
-            raise transport_error(exc, self.github_api_url, PROVIDER, " for a Copilot token") from None
+            raise transport_error(exc, self.github_api_url, PROVIDER, "the Copilot token request") from None
         data = body_fields(response.content)
         if response.status_code != 200:
-            raise self._error(response, data, pat=github_token.startswith(("ghp_", "github_pat_")),
-                              from_env=github_token == os.environ.get(GITHUB_TOKEN_ENV, "").strip())
+            raise self._error(response, data, github_token)
         try:
             token = self._token = CopilotToken.from_response(data, fetched_at=self._clock())
         except ValueError:
             raise ServerError("GitHub's answer to the Copilot token request holds no token",
                               status_code=200, provider=PROVIDER) from None
         self.exchanges += 1
-        log.debug(
-            "got a Copilot token for %s (expires in %.0f s, refresh in %.0f s)",
-            token.endpoints_api,
-            token.expires_at - token.fetched_at,
-            token.refresh_at - token.fetched_at,
-        )
+        log.debug("got a Copilot token for %s (expires in %.0f s, refresh in %.0f s)", token.endpoints_api,
+                  token.expires_at - token.fetched_at, token.refresh_at - token.fetched_at)
         return token
 
-    def _error(self, response: httpx.Response, data: Mapping[str, Any], *, pat: bool,
-               from_env: bool = False) -> DispatchError:
+    def _error(self, response: httpx.Response, data: Mapping[str, Any], github_token: str) -> DispatchError:
         status = response.status_code
-        said_message = data.get("message")
-        message = said_message if isinstance(said_message, str) else ""
+        message = nonempty_str(data.get("message")) or ""
         details = data.get("error_details")
         details = details if isinstance(details, dict) else {}
-        notification = details.get("notification_id")
+        notification = nonempty_str(details.get("notification_id"))
         kw: dict[str, Any] = {"status_code": status, "provider": PROVIDER}
         if status == 401:
             text = "GitHub rejected your GitHub token when asked for a Copilot token. " + (
                 f"It is the value of {GITHUB_TOKEN_ENV}, which comes before any login: unset it "
-                f"(then {_LOGIN_HINT}), or set it to a working token." if from_env
+                f"(then {_LOGIN_HINT}), or set it to a working token."
+                if github_token == os.environ.get(GITHUB_TOKEN_ENV, "").strip()
                 else f"Log in again: {_LOGIN_HINT}."
             )
-            if pat:
+            if github_token.startswith(("ghp_", "github_pat_")):
                 text += (
                     " Personal access tokens (ghp_…, github_pat_…) do not work with Copilot: "
                     "use the device-flow login instead."
                 )
             return AuthenticationError(text, **kw)
-        if isinstance(notification, str) and notification:
+        if notification:
             text = _NOTIFICATIONS.get(
                 notification, f"GitHub refused a Copilot token for this account ({notification})."
             )
-            said = details.get("message") or message
-            if isinstance(said, str) and said:
+            said = nonempty_str(details.get("message")) or message
+            if said:
                 text += f" GitHub says: {said}"
-            url = details.get("url")
-            if isinstance(url, str) and url:
+            if url := nonempty_str(details.get("url")):
                 text += f" ({url})"
             return AuthenticationError(text, code=notification, provider_code=notification, **kw)
         rate_limited = status == 429 or (

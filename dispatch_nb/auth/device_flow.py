@@ -46,7 +46,6 @@ __all__ = [
     "DeviceFlowError",
     "DeviceFlowState",
     "DeviceFlowUnsupported",
-    "StateCallback",
     "afetch_github_user",
     "fetch_github_user",
 ]
@@ -121,7 +120,6 @@ class DeviceCode:
     expires_in: int
     interval: float
     expires_at: float
-    verification_uri_complete: str | None = None
 
     def seconds_left(self, now: float | None = None) -> float:
         """Seconds until the code expires (negative once it has)."""
@@ -147,20 +145,16 @@ class DeviceFlow:
         client_id: str = COPILOT_CLIENT_ID,
         *,
         github_url: str | None = None,
-        scope: str = "read:user",
         min_interval: float = 1.0,
         slow_down_step: float = 5.0,
-        timeout: float = 30.0,
         max_transient_errors: int = 3,
     ) -> None:
         if min_interval < 0 or slow_down_step < 0:
             raise ValueError("min_interval and slow_down_step must not be negative")
         self.client_id = client_id
         self.github_url = (github_url or default_github_url()).rstrip("/")
-        self.scope = scope
         self.min_interval = min_interval
         self.slow_down_step = slow_down_step
-        self.timeout = timeout
         self.max_transient_errors = max_transient_errors
         #: the current state; ``None`` until :meth:`poll` starts
         self.state: DeviceFlowState | None = None
@@ -175,7 +169,7 @@ class DeviceFlow:
 
     # -- requests and answers --------------------------------------------------------------------
     async def _post(self, path: str, body: dict[str, str]) -> httpx.Response:
-        async with httpx.AsyncClient(timeout=self.timeout, verify=tls_context()) as client:
+        async with httpx.AsyncClient(timeout=30.0, verify=tls_context()) as client:
             try:
                 return await client.post(
                     f"{self.github_url}{path}", json=body,
@@ -195,21 +189,30 @@ class DeviceFlow:
             provider_code=error,
         )
 
-    def _parse_device_code(self, response: httpx.Response) -> DeviceCode:
+    # -- start -----------------------------------------------------------------------------------
+    def start(self) -> DeviceCode:
+        """Ask GitHub for a device code and a user code. Raises :class:`DeviceFlowUnsupported`
+        when this GitHub or client id has no device flow."""
+        return run_sync(self.astart())
+
+    async def astart(self) -> DeviceCode:
+        """The async twin of :meth:`start`."""
+        body = {"client_id": self.client_id, "scope": "read:user"}
+        response = await self._post("/login/device/code", body)
         status = response.status_code
         data = body_fields(response.content)
-        error = _str(data.get("error"))
+        error = nonempty_str(data.get("error"))
         if error in ("unauthorized_client", "device_flow_disabled"):
             raise self._unsupported(f"GitHub says {error}", status, error)
         if status in (401, 403, 404, 422):
             raise self._unsupported(f"HTTP {status}", status, error)
         if status != 200 or error:
             raise _http_error(response, data, "requesting a device code")
-        verification_uri = _str(data.get("verification_uri"))
+        verification_uri = nonempty_str(data.get("verification_uri"))
         if not verification_uri:
             raise self._unsupported("the answer has no verification_uri", status, None)
-        device_code = _str(data.get("device_code"))
-        user_code = _str(data.get("user_code"))
+        device_code = nonempty_str(data.get("device_code"))
+        user_code = nonempty_str(data.get("user_code"))
         if not device_code or not user_code:
             raise DeviceFlowError(
                 "GitHub's device-code answer lacks device_code or user_code",
@@ -225,19 +228,7 @@ class DeviceFlow:
             expires_in=expires_in,
             interval=interval,
             expires_at=time.time() + expires_in,
-            verification_uri_complete=_str(data.get("verification_uri_complete")),
         )
-
-    # -- start -----------------------------------------------------------------------------------
-    def start(self) -> DeviceCode:
-        """Ask GitHub for a device code and a user code. Raises :class:`DeviceFlowUnsupported`
-        when this GitHub or client id has no device flow."""
-        return run_sync(self.astart())
-
-    async def astart(self) -> DeviceCode:
-        """The async twin of :meth:`start`."""
-        body = {"client_id": self.client_id, "scope": self.scope}
-        return self._parse_device_code(await self._post("/login/device/code", body))
 
     # -- poll ------------------------------------------------------------------------------------
     def poll(
@@ -313,10 +304,11 @@ class DeviceFlow:
             return result
 
         try:
-            run.begin()
+            run.emit(DeviceFlowState.PENDING, user_code=code.user_code)
             with TurnControl(cancel=cancel, provider=PROVIDER) as control:
                 while True:
-                    await unless_cancelled(asyncio.sleep(run.next_delay()))
+                    run.check()  # then wait the interval, cut short when the code expires sooner
+                    await unless_cancelled(asyncio.sleep(max(0.0, min(run.interval, code.seconds_left()))))
                     run.check()
                     try:
                         response = await unless_cancelled(self._post("/login/oauth/access_token", body))
@@ -362,20 +354,11 @@ class _PollRun:
         payload = {"interval": self.interval, "expires_at": self.code.expires_at, **info}
         _call_on_state(self.on_state, state, MappingProxyType(payload))
 
-    def begin(self) -> None:
-        self.emit(DeviceFlowState.PENDING, user_code=self.code.user_code)
-        self.check()
-
     def check(self) -> None:
         if self.cancel is not None and self.cancel.cancelled:
             raise self.cancelled()
         if self.code.expired:
             raise self.expired()
-
-    def next_delay(self) -> float:
-        """Seconds to wait before the next request (cut short when the code expires sooner)."""
-        self.check()
-        return max(0.0, min(self.interval, self.code.seconds_left()))
 
     def expired(self, provider_code: str | None = None) -> DispatchError:
         return self.fail(DeviceFlowState.EXPIRED, DeviceCodeExpired(
@@ -411,14 +394,14 @@ class _PollRun:
         """The token, or None to keep polling; raises for the final failures."""
         status = response.status_code
         data = body_fields(response.content)
-        error = _str(data.get("error"))
+        error = nonempty_str(data.get("error"))
         if not error:
             if status >= 500 or status == 429:
                 self.transient(_http_error(response, data, "polling for the token"))
                 return None
-            token = _str(data.get("access_token"))
+            token = nonempty_str(data.get("access_token"))
             if status == 200 and token:
-                self.emit(DeviceFlowState.APPROVED, scope=_str(data.get("scope")) or "")
+                self.emit(DeviceFlowState.APPROVED, scope=nonempty_str(data.get("scope")) or "")
                 return token
             raise self.fail(
                 DeviceFlowState.ERROR,
@@ -441,7 +424,7 @@ class _PollRun:
             self.interval = max(new, self.flow.min_interval)
             self.emit(DeviceFlowState.SLOW_DOWN)
             return None
-        raise self._final_error(error, status, _str(data.get("error_description")))
+        raise self._final_error(error, status, nonempty_str(data.get("error_description")))
 
     def _final_error(self, error: str, status: int, description: str | None) -> DispatchError:
         flow = self.flow
@@ -475,7 +458,7 @@ class _PollRun:
 
 
 # -- the GitHub user -----------------------------------------------------------------------------
-async def afetch_github_user(token: str, api_url: str | None = None, *, timeout: float = 10.0) -> str | None:
+async def afetch_github_user(token: str, api_url: str | None = None) -> str | None:
     """The login name of the token's owner (``GET {api_url}/user``), or None if that fails.
 
     Never raises for HTTP or network trouble: it only decorates "approved as <login>".
@@ -488,7 +471,7 @@ async def afetch_github_user(token: str, api_url: str | None = None, *, timeout:
         "User-Agent": USER_AGENT,
     }
     try:
-        async with httpx.AsyncClient(timeout=timeout, verify=tls_context()) as client:
+        async with httpx.AsyncClient(timeout=10.0, verify=tls_context()) as client:
             response = await client.get(url, headers=headers)
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
         log.debug("GET /user failed: %s", type(exc).__name__)
@@ -496,7 +479,7 @@ async def afetch_github_user(token: str, api_url: str | None = None, *, timeout:
     if response.status_code != 200:
         log.debug("GET /user answered HTTP %d", response.status_code)
         return None
-    return _str(body_fields(response.content).get("login"))
+    return nonempty_str(body_fields(response.content).get("login"))
 
 
 @same_parameters(afetch_github_user)
@@ -520,7 +503,8 @@ def body_fields(body: bytes) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _str(value: Any) -> str | None:
+def nonempty_str(value: Any) -> str | None:
+    """``value`` if it is a non-empty string, else None."""
     return value if isinstance(value, str) and value else None
 
 
@@ -533,8 +517,8 @@ def _number(value: Any, default: float) -> float:
 
 def _http_error(response: httpx.Response, data: Mapping[str, Any], doing: str) -> DispatchError:
     status = response.status_code
-    detail = _str(data.get("error_description")) or _str(data.get("message"))
-    error = _str(data.get("error"))
+    detail = nonempty_str(data.get("error_description")) or nonempty_str(data.get("message"))
+    error = nonempty_str(data.get("error"))
     text = f"GitHub answered HTTP {status} when {doing}"
     if error:
         text += f" ({error})"
@@ -549,9 +533,11 @@ def _http_error(response: httpx.Response, data: Mapping[str, Any], doing: str) -
 
 
 def transport_error(exc: httpx.TransportError, url: str, provider: str = PROVIDER,
-                    what: str = "") -> DispatchError:
-    """A network failure reaching ``url`` (``what``: for what, e.g. " for a Copilot token")."""
+                    request: str = "") -> DispatchError:
+    """A network failure reaching ``url`` (while making ``request``, e.g. "the Copilot token
+    request")."""
     if isinstance(exc, httpx.TimeoutException):
-        return APITimeoutError(f"{url} did not answer in time{what}", provider=provider)
-    return APIConnectionError(f"could not reach {url}{what} ({type(exc).__name__}: {exc})",
-                              provider=provider)
+        return APITimeoutError(f"{url} did not answer {request + ' ' if request else ''}in time",
+                               provider=provider)
+    return APIConnectionError(f"could not reach {url}{' for ' + request if request else ''} "
+                              f"({type(exc).__name__}: {exc})", provider=provider)

@@ -20,10 +20,8 @@ from ..errors import AuthenticationError
 from .endpoints import COPILOT_CLIENT_ID, default_github_url, github_host
 
 __all__ = [
-    "DISPATCH_NB_HOME_ENV",
     "GITHUB_TOKEN_ENV",
     "FoundToken",
-    "StoredToken",
     "TokenStore",
     "TokenStoreError",
     "copilot_config_dir",
@@ -35,9 +33,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DISPATCH_NB_HOME_ENV = "DISPATCH_NB_HOME"
 GITHUB_TOKEN_ENV = "DISPATCH_NB_GITHUB_TOKEN"
-TOKEN_FILE_NAME = "github_token.json"
 
 
 class TokenStoreError(AuthenticationError):
@@ -53,7 +49,7 @@ class TokenStoreError(AuthenticationError):
 
 def dispatch_nb_home() -> Path:
     """``$DISPATCH_NB_HOME``, else the platform's user config directory for dispatch_nb."""
-    home = os.environ.get(DISPATCH_NB_HOME_ENV)
+    home = os.environ.get("DISPATCH_NB_HOME")
     if home:
         return Path(home).expanduser()
     import platformdirs
@@ -63,7 +59,7 @@ def dispatch_nb_home() -> Path:
 
 def default_token_path() -> Path:
     """``dispatch_nb_home() / "github_token.json"``."""
-    return dispatch_nb_home() / TOKEN_FILE_NAME
+    return dispatch_nb_home() / "github_token.json"
 
 
 def mask_token(token: str | None) -> str:
@@ -165,7 +161,10 @@ class TokenStore:
         }
         data = json.dumps(record, indent=2).encode("utf-8") + b"\n"
         directory = self.path.parent
-        _make_private_dir(directory)
+        if not directory.is_dir():
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if sys.platform != "win32":
+                os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
         tmp = directory / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
         fd = os.open(tmp, flags, 0o600)
@@ -181,7 +180,13 @@ class TokenStore:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        _fsync_dir(directory)
+        if sys.platform != "win32":  # make the rename durable
+            with contextlib.suppress(OSError):
+                dir_fd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
         log.debug("saved the GitHub token to %s", self.path)
         return self.path
 
@@ -193,25 +198,6 @@ class TokenStore:
             return False
         log.debug("deleted %s", self.path)
         return True
-
-
-def _make_private_dir(directory: Path) -> None:
-    if directory.is_dir():
-        return
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if sys.platform != "win32":
-        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
-
-
-def _fsync_dir(directory: Path) -> None:
-    if sys.platform == "win32":
-        return
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # -- editor logins -------------------------------------------------------------------------------
@@ -276,15 +262,10 @@ def find_github_token(
     if record is not None:
         if record.github_url is None or github_host(record.github_url) == host:
             return FoundToken(record.github_token, str(store.path))
-        log.debug(
-            "skipping %s: it holds a token for %s, not %s",
-            store.path,
-            github_host(record.github_url),
-            host,
-        )
-    directory = copilot_config_dir()
+        log.debug("skipping %s: it holds a token for %s, not %s", store.path,
+                  github_host(record.github_url), host)
     for name in ("apps.json", "hosts.json"):
-        path = directory / name
+        path = copilot_config_dir() / name
         token = _editor_token(path, host, client_id)
         if token:
             return FoundToken(token, f"Copilot editor login ({path})")

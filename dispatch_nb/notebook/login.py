@@ -162,9 +162,6 @@ class WidgetLoginView(LoginView):
     def done(self, outcome: LoginOutcome) -> None:
         # Whatever the end, leave one static line and no widget state in the saved notebook.
         self.handle.update(_static_bundle(outcome), raw=True)
-        self.close()
-
-    def close(self) -> None:
         close_widgets((self.title, self.code_html, self.link, self.clock, self.status, self.box))
 
 
@@ -252,16 +249,6 @@ class TextLoginView(LoginView):
 # -- the flow -----------------------------------------------------------------------------------
 
 
-def _outcome_of(error: BaseException) -> LoginOutcome:
-    from ..auth.device_flow import DeviceCodeExpired, DeviceFlowDenied
-
-    for kind, state in ((DeviceFlowDenied, "denied"), (DeviceCodeExpired, "expired"),
-                        (RequestCancelled, "cancelled")):
-        if isinstance(error, kind):
-            return LoginOutcome(state, message=_STATUS[state])
-    return LoginOutcome("error", message=f"⚠ {error}")
-
-
 def ensure_copilot_login(state: KernelState) -> None:
     """Show the device login when no GitHub token is available; raise ChatError if it fails."""
     from ..auth.token_store import find_github_token
@@ -275,7 +262,7 @@ def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
     """Run the device login with a live view; return on approval, else raise a short
     :class:`ChatError` (denied, expired, GitHub unreachable) or :class:`ChatInterrupted`."""
     # the auth package is imported by a login only, not by every first %%chat
-    from ..auth.device_flow import DeviceFlow
+    from ..auth.device_flow import DeviceCodeExpired, DeviceFlow, DeviceFlowDenied
     from ..auth.login import device_login
 
     shell = state.shell
@@ -318,21 +305,21 @@ def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
         view.end(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
         raise ChatInterrupted("login interrupted") from None
     error = job.outcome.error
-    if error is not None and view.code is None and isinstance(error, DispatchError) and not isinstance(
-        error, RequestCancelled
-    ):
+    if error is None:
+        outcome: LoginOutcome = job.outcome.result
+        view.end(outcome)
+        state.close_adapters()
+        return outcome
+    endings = ((DeviceFlowDenied, "denied"), (DeviceCodeExpired, "expired"), (RequestCancelled, "cancelled"))
+    ending = next((name for kind, name in endings if isinstance(error, kind)), "error")
+    if ending == "error" and view.code is None and isinstance(error, DispatchError):
         # no code yet: GitHub could not be asked for one
         view.end(LoginOutcome("error", message=f"⚠ {error.message}"))
         raise ChatError("Login failed", error.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
                         original=error) from None
-    if error is not None:
-        outcome = _outcome_of(error)
-        view.end(outcome)
-        if outcome.state == "cancelled":
-            raise ChatInterrupted("login interrupted") from None
-        raise ChatError("Login " + outcome.state, outcome.message.lstrip("⚠❌⌛ "),
-                        "Run `%chat login` again.", original=error) from None
-    outcome = job.outcome.result
+    outcome = LoginOutcome(ending, message=_STATUS.get(ending) or f"⚠ {error}")
     view.end(outcome)
-    state.close_adapters()
-    return outcome  # type: ignore[no-any-return]
+    if ending == "cancelled":
+        raise ChatInterrupted("login interrupted") from None
+    raise ChatError("Login " + ending, outcome.message.lstrip("⚠❌⌛ "), "Run `%chat login` again.",
+                    original=error) from None

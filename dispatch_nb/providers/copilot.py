@@ -56,7 +56,6 @@ from ..wire.request import requested_mode
 from ..wire.responses import RESPONSES_OPTIONS, ResponsesWire
 from .copilot_errors import copilot_error
 from .copilot_models import (
-    FALLBACK_CONTEXT_TOKENS,
     Route,
     copilot_endpoint,
     copilot_model_info,
@@ -73,19 +72,12 @@ if TYPE_CHECKING:
     from ..cost import Cost
 
 __all__ = [
-    "COPILOT_API_VERSION",
     "COPILOT_CHAT_QUIRKS",
-    "COPILOT_INTEGRATION_ID",
-    "COPILOT_OPTIONS",
-    "COPILOT_WIRES",
-    "FALLBACK_CONTEXT_TOKENS",
     "NOT_SIGNED_IN",
     "CopilotAdapter",
     "copilot_endpoint",
     "copilot_error",
     "copilot_model_info",
-    "fallback_context_tokens",
-    "has_images",
     "initiator_for",
     "is_picker_model",
 ]
@@ -121,19 +113,6 @@ COPILOT_WIRES: dict[Route, ChatCompletionsWire | ResponsesWire] = {
     "responses": ResponsesWire(PROVIDER),
 }
 
-_EDITOR_HEADERS_LOWER = {k.lower(): v for k, v in EDITOR_HEADERS.items()}
-
-
-# -- sans-I/O helpers ------------------------------------------------------------------------------
-def has_images(messages: Sequence[Message]) -> bool:
-    """Whether any message holds an image (then Copilot wants ``Copilot-Vision-Request``)."""
-    return any(
-        isinstance(block, ImageBlock)
-        for message in messages
-        if not isinstance(message.content, str)
-        for block in message.content
-    )
-
 
 def initiator_for(messages: Sequence[Message]) -> Literal["user", "agent"]:
     """``X-Initiator``: ``user`` when the last message is a user turn of text and images (someone
@@ -141,14 +120,10 @@ def initiator_for(messages: Sequence[Message]) -> Literal["user", "agent"]:
     if not messages:
         return "user"
     last = messages[-1]
-    if last.role != "user":
-        return "agent"
-    if isinstance(last.content, str):
-        return "user"
-    blocks = last.content
-    if blocks and all(isinstance(b, (TextBlock, ImageBlock)) for b in blocks):
-        return "user"
-    return "agent"
+    typed = isinstance(last.content, str) or (
+        bool(last.content) and all(isinstance(b, (TextBlock, ImageBlock)) for b in last.content)
+    )
+    return "user" if last.role == "user" and typed else "agent"
 
 
 # -- the adapter -----------------------------------------------------------------------------------
@@ -191,7 +166,7 @@ class CopilotAdapter(HTTPAdapter):
             base_url=DEFAULT_COPILOT_API_URL,  # until a token names its API (the base_url property)
             model=model,
             headers={
-                **_EDITOR_HEADERS_LOWER,
+                **{k.lower(): v for k, v in EDITOR_HEADERS.items()},
                 "copilot-integration-id": COPILOT_INTEGRATION_ID,
                 "openai-intent": OPENAI_INTENT,
                 "x-github-api-version": COPILOT_API_VERSION,
@@ -217,7 +192,7 @@ class CopilotAdapter(HTTPAdapter):
         )
         #: the same without a device login (validate(), max_context_tokens)
         self._auth_no_login = CopilotAuth(self._manager)
-        self.backend_mode = self._backend_for(copilot_endpoint(None, model))
+        self.backend_mode = "responses" if self.route == "responses" else "chat"
         #: how ``output=`` is asked for (see :meth:`output_mode`)
         self.structured_output = structured_output
 
@@ -304,40 +279,29 @@ class CopilotAdapter(HTTPAdapter):
         return self._find_github_token() is None
 
     def _ensure_signed_in(self) -> None:
-        """Run a pending device-flow login (the auth flow calls this before each request)."""
-        if self._login_due():
-            self._device_login()
-
-    def _device_login(self) -> str:
-        """Run the device flow once (for all threads), store the token, return it."""
+        """Run a pending device-flow login, once for all threads, and keep its token (the auth
+        flow calls this before each request)."""
+        if not self._login_due():
+            return
         with self._login_lock:
-            found = self._find_github_token()
-            if found is not None:
-                return found.token
+            if self._find_github_token() is not None:
+                return
             assert self._on_device_code is not None
             store = TokenStore(self._token_path)
-            result = device_login(
-                DeviceFlow(self._client_id, github_url=self._github_url),
-                store=store,
-                github_api_url=self._github_api_url,
-                on_code=self._on_device_code,
-                keep_unsaved=True,
-            )
+            result = device_login(DeviceFlow(self._client_id, github_url=self._github_url), store=store,
+                                  github_api_url=self._github_api_url, on_code=self._on_device_code,
+                                  keep_unsaved=True)
             self._login_token = result.token
             if result.save_error is not None:
-                log.warning(
-                    "GitHub Copilot: logged in, but could not save the GitHub token to %s (%s); "
-                    "it is kept in memory for this adapter only",
-                    store.path,
-                    result.save_error.strerror or type(result.save_error).__name__,
-                )
+                log.warning("GitHub Copilot: logged in, but could not save the GitHub token to %s (%s); "
+                            "it is kept in memory for this adapter only", store.path,
+                            result.save_error.strerror or type(result.save_error).__name__)
             self._token_source = str(store.path)
-            return result.token
 
     async def _aensure_signed_in(self) -> None:
         """Run a pending device-flow login on a worker thread, not on the event loop."""
         if self._login_due():
-            await asyncio.to_thread(self._device_login)
+            await asyncio.to_thread(self._ensure_signed_in)
 
     # -- auth ------------------------------------------------------------------------------------
     def http_auth(self) -> CopilotAuth:
@@ -358,10 +322,6 @@ class CopilotAdapter(HTTPAdapter):
         """The wire format of this model's route (:data:`COPILOT_WIRES`); each request carries
         the one it was built with, and its answer is read with that one."""
         return COPILOT_WIRES[self.route]
-
-    @staticmethod
-    def _backend_for(route: Route) -> str:
-        return "responses" if route == "responses" else "chat"
 
     def output_mode(self, request: ChatRequest) -> str | None:
         """Structured output on the wire: ``text.format`` for models on ``/responses``;
@@ -385,8 +345,9 @@ class CopilotAdapter(HTTPAdapter):
         if initiator not in ("user", "agent"):
             raise ValueError(f"initiator must be 'user' or 'agent', not {initiator!r}")
         headers = {"x-request-id": str(uuid.uuid4()), "x-initiator": initiator}
-        if has_images(request.messages):
-            headers["copilot-vision-request"] = "true"
+        if any(isinstance(block, ImageBlock) for message in request.messages
+               if not isinstance(message.content, str) for block in message.content):
+            headers["copilot-vision-request"] = "true"  # Copilot wants it when a message has an image
         limit = output_limit(self._entry)
         if (
             limit is not None
@@ -426,10 +387,9 @@ class CopilotAdapter(HTTPAdapter):
         own (``X-Initiator: agent`` is not billed as a premium request)."""
         from ..cost import price
 
-        multiplier = self.premium_multiplier()
-        premium = None
-        if multiplier is not None:
-            premium = multiplier if initiator_for(request.messages) == "user" else 0.0
+        premium = self.premium_multiplier()
+        if premium is not None and initiator_for(request.messages) == "agent":
+            premium = 0.0
         return price(self.provider_name, self.model_name, usage, premium_requests=premium,
                      batch=batch)
 
@@ -488,7 +448,7 @@ class CopilotAdapter(HTTPAdapter):
                 available=available,
             )
         self._entry = entry
-        self.backend_mode = self._backend_for(self.route)
+        self.backend_mode = "responses" if self.route == "responses" else "chat"
 
     # -- validate --------------------------------------------------------------------------------
     def validate(self) -> ValidationResult:

@@ -141,11 +141,8 @@ def copilot_endpoint(entry: Mapping[str, Any] | None, model: str) -> Route:
 
 def fallback_context_tokens(model: str) -> int | None:
     """The built-in, approximate context window for ``model`` (None when unknown)."""
-    name = model.lower()
-    for prefix, tokens in FALLBACK_CONTEXT_TOKENS:
-        if name.startswith(prefix):
-            return tokens
-    return None
+    return next((tokens for prefix, tokens in FALLBACK_CONTEXT_TOKENS if model.lower().startswith(prefix)),
+                None)
 
 
 def is_openai_model(entry: Mapping[str, Any] | None, model: str) -> bool:
