@@ -144,8 +144,8 @@ class CopilotToken:
     @classmethod
     def from_response(cls, data: Mapping[str, Any], *, fetched_at: float) -> CopilotToken:
         """Build from the token endpoint's JSON. Raises ``ValueError`` without a ``token``."""
-        token = data.get("token")
-        if not isinstance(token, str) or not token:
+        token = nonempty_str(data.get("token"))
+        if token is None:
             raise ValueError("the answer has no token")
         refresh_in = _positive(data.get("refresh_in"))
         expires_at = _positive(data.get("expires_at"))
@@ -166,25 +166,18 @@ class CopilotToken:
             refresh_at = expires_at - REFRESH_MARGIN
         refresh_at = max(refresh_at, fetched_at + MIN_TOKEN_AGE)
         sku = data.get("sku")
-        return cls(
-            token=token,
-            expires_at=expires_at,
-            refresh_in=refresh_in,
-            endpoints_api=api,
-            sku=sku if isinstance(sku, str) else None,
-            fetched_at=fetched_at,
-            refresh_at=refresh_at,
-            endpoints=MappingProxyType(endpoints),
-            details=MappingProxyType({k: v for k, v in data.items() if k != "token"}),
-        )
+        return cls(token=token, expires_at=expires_at, refresh_in=refresh_in, endpoints_api=api,
+                   sku=sku if isinstance(sku, str) else None, fetched_at=fetched_at, refresh_at=refresh_at,
+                   endpoints=MappingProxyType(endpoints),
+                   details=MappingProxyType({k: v for k, v in data.items() if k != "token"}))
 
     def needs_refresh(self, now: float) -> bool:
         """True once ``now`` (by the manager's clock) has reached ``refresh_at``."""
         return now >= self.refresh_at
 
-    def expires_in(self, now: float | None = None) -> float:
-        """Seconds until ``expires_at`` (by the wall clock unless ``now`` is given)."""
-        return self.expires_at - (time.time() if now is None else now)
+    def expires_in(self) -> float:
+        """Seconds until ``expires_at`` (by the wall clock)."""
+        return self.expires_at - time.time()
 
 
 class CopilotTokenManager:
@@ -238,9 +231,7 @@ class CopilotTokenManager:
 
     def _fresh(self) -> CopilotToken | None:
         token = self._token
-        if token is not None and not token.needs_refresh(self._clock()):
-            return token
-        return None
+        return token if token is not None and not token.needs_refresh(self._clock()) else None
 
     def invalidate(self, token: CopilotToken | None = None) -> None:
         """Forget the cached token so the next :meth:`get` exchanges again.
@@ -258,23 +249,18 @@ class CopilotTokenManager:
     def _async_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
         with self._async_locks_guard:
-            lock = self._async_locks.get(loop)
-            if lock is None:
-                lock = self._async_locks[loop] = asyncio.Lock()
-            return lock
+            return self._async_locks.setdefault(loop, asyncio.Lock())
 
     async def aget(self) -> CopilotToken:
         """The async twin of :meth:`get` (one exchange at a time across tasks and threads)."""
-        token = self._fresh()
-        if token is not None:
+        if (token := self._fresh()) is not None:
             return token
         if self._async_holder is not None and self._async_holder == CALLER_THREAD.get():
             # A sync get() blocks the thread whose event loop runs the exchange holding the lock:
             # that exchange cannot finish while we wait for it, so exchange on our own.
             return await self._aexchange()
         async with self._async_lock():
-            token = self._fresh()
-            if token is not None:
+            if (token := self._fresh()) is not None:
                 return token
             # Also exclude the tasks of other event loops, without blocking this one. A
             # threading.Lock has nothing to await, and a helper thread blocked in acquire() would
@@ -283,10 +269,7 @@ class CopilotTokenManager:
                 await asyncio.sleep(0.005)
             self._async_holder = threading.get_ident()
             try:
-                token = self._fresh()
-                if token is not None:
-                    return token
-                return await self._aexchange()
+                return self._fresh() or await self._aexchange()
             finally:
                 self._async_holder = None
                 self._lock.release()

@@ -121,9 +121,9 @@ class DeviceCode:
     interval: float
     expires_at: float
 
-    def seconds_left(self, now: float | None = None) -> float:
+    def seconds_left(self) -> float:
         """Seconds until the code expires (negative once it has)."""
-        return self.expires_at - (time.time() if now is None else now)
+        return self.expires_at - time.time()
 
     @property
     def expired(self) -> bool:
@@ -214,21 +214,12 @@ class DeviceFlow:
         device_code = nonempty_str(data.get("device_code"))
         user_code = nonempty_str(data.get("user_code"))
         if not device_code or not user_code:
-            raise DeviceFlowError(
-                "GitHub's device-code answer lacks device_code or user_code",
-                status_code=status,
-                provider=PROVIDER,
-            )
+            raise DeviceFlowError("GitHub's device-code answer lacks device_code or user_code",
+                                  status_code=status, provider=PROVIDER)
         expires_in = int(_number(data.get("expires_in"), 900.0))
-        interval = _number(data.get("interval"), 5.0)
-        return DeviceCode(
-            device_code=device_code,
-            user_code=user_code,
-            verification_uri=verification_uri,
-            expires_in=expires_in,
-            interval=interval,
-            expires_at=time.time() + expires_in,
-        )
+        return DeviceCode(device_code=device_code, user_code=user_code, verification_uri=verification_uri,
+                          expires_in=expires_in, interval=_number(data.get("interval"), 5.0),
+                          expires_at=time.time() + expires_in)
 
     # -- poll ------------------------------------------------------------------------------------
     def poll(
@@ -315,8 +306,7 @@ class DeviceFlow:
                     except APIConnectionError as exc:  # timeouts included
                         run.transient(exc)
                         continue
-                    token = run.handle(response)
-                    if token is not None:
+                    if (token := run.handle(response)) is not None:
                         return token
         except asyncio.CancelledError:
             run.interrupted()
@@ -345,9 +335,7 @@ class _PollRun:
         self.interval = max(self.code.interval, self.flow.min_interval)
 
     def emit(self, state: DeviceFlowState, **info: Any) -> None:
-        flow = self.flow
-        flow.state = state
-        flow.interval = self.interval
+        self.flow.state, self.flow.interval = state, self.interval
         log.debug("device flow: %s", state.value)
         if self.on_state is None:
             return
@@ -403,24 +391,17 @@ class _PollRun:
             if status == 200 and token:
                 self.emit(DeviceFlowState.APPROVED, scope=nonempty_str(data.get("scope")) or "")
                 return token
-            raise self.fail(
-                DeviceFlowState.ERROR,
-                _http_error(response, data, "polling for the token")
-                if status != 200
-                else DeviceFlowError(
-                    "GitHub's answer to the token poll has neither access_token nor error",
-                    status_code=status,
-                    provider=PROVIDER,
-                ),
-            )
+            raise self.fail(DeviceFlowState.ERROR, _http_error(response, data, "polling for the token")
+                            if status != 200 else DeviceFlowError(
+                                "GitHub's answer to the token poll has neither access_token nor error",
+                                status_code=status, provider=PROVIDER))
         self.failures = 0
         if error == "authorization_pending":
             if self.flow.state is not DeviceFlowState.PENDING:
                 self.emit(DeviceFlowState.PENDING)
             return None
         if error == "slow_down":
-            given = data.get("interval")
-            new = _number(given, self.interval + self.flow.slow_down_step)
+            new = _number(data.get("interval"), self.interval + self.flow.slow_down_step)
             self.interval = max(new, self.flow.min_interval)
             self.emit(DeviceFlowState.SLOW_DOWN)
             return None
