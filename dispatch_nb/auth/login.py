@@ -55,13 +55,11 @@ def device_login(
         token = flow.poll(code, cancel=cancel, on_state=on_state)
         user = fetch_github_user(token, github_api_url or default_github_api_url(flow.github_url))
         try:
-            path: Path | None = store.save(token, user=user, github_url=flow.github_url)
-            save_error: OSError | None = None
+            result = LoginResult(token, user, store.save(token, user=user, github_url=flow.github_url))
         except OSError as exc:
             if not keep_unsaved:
                 raise
-            path, save_error = None, exc
-        result = LoginResult(token, user, path, save_error)
+            result = LoginResult(token, user, None, exc)
     except BaseException as exc:
         if on_error is not None:
             on_error(exc)

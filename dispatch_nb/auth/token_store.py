@@ -252,11 +252,9 @@ def find_github_token(
     corrupt token file of ours raises :class:`TokenStoreError` rather than being skipped."""
     if explicit:
         return FoundToken(explicit.strip(), "argument")
-    env = os.environ.get(GITHUB_TOKEN_ENV, "").strip()
-    if env:
+    if env := os.environ.get(GITHUB_TOKEN_ENV, "").strip():
         return FoundToken(env, GITHUB_TOKEN_ENV)
-    url = (github_url or default_github_url()).rstrip("/")
-    host = github_host(url)
+    host = github_host((github_url or default_github_url()).rstrip("/"))
     store = TokenStore(token_path)
     record = store.load_record()
     if record is not None:
@@ -266,7 +264,6 @@ def find_github_token(
                   github_host(record.github_url), host)
     for name in ("apps.json", "hosts.json"):
         path = copilot_config_dir() / name
-        token = _editor_token(path, host, client_id)
-        if token:
+        if token := _editor_token(path, host, client_id):
             return FoundToken(token, f"Copilot editor login ({path})")
     return None
