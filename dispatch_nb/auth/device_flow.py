@@ -391,10 +391,10 @@ class _PollRun:
             if status == 200 and token:
                 self.emit(DeviceFlowState.APPROVED, scope=nonempty_str(data.get("scope")) or "")
                 return token
-            raise self.fail(DeviceFlowState.ERROR, _http_error(response, data, "polling for the token")
-                            if status != 200 else DeviceFlowError(
-                                "GitHub's answer to the token poll has neither access_token nor error",
-                                status_code=status, provider=PROVIDER))
+            raise self.fail(DeviceFlowState.ERROR, DeviceFlowError(
+                "GitHub's answer to the token poll has neither access_token nor error",
+                status_code=status, provider=PROVIDER,
+            ) if status == 200 else _http_error(response, data, "polling for the token"))
         self.failures = 0
         if error == "authorization_pending":
             if self.flow.state is not DeviceFlowState.PENDING:

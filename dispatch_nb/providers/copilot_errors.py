@@ -63,13 +63,9 @@ def copilot_error(
     retry_after = parse_retry_after(headers)
     if status in (401, 403):
         url = authorize_url(body)
-        if url is not None:
-            return AuthenticationError(
-                f"GitHub Copilot needs you to authorize this first: open {url} "
-                f"(GitHub says: {message})",
-                **kw,
-            )
-        return AuthenticationError(f"GitHub Copilot rejected the request: {message}", **kw)
+        return AuthenticationError(
+            f"GitHub Copilot needs you to authorize this first: open {url} (GitHub says: {message})"
+            if url else f"GitHub Copilot rejected the request: {message}", **kw)
     quota_codes = ("quota_exceeded", "free_quota_exceeded", "overage_limit_reached",
                    "billing_not_configured")
     if status == 402 or (etype or "").split(":")[0] in quota_codes:

@@ -60,12 +60,12 @@ def is_picker_model(entry: Mapping[str, Any]) -> bool:
     """Whether editors show this ``/models`` entry in their model picker (zed's and
     CopilotChat.nvim's rule): ``model_picker_enabled``, ``capabilities.type == "chat"``, and a
     ``policy`` that is absent or ``enabled``."""
-    if entry.get("model_picker_enabled") is not True:
-        return False
-    if _dict(entry.get("capabilities")).get("type") != "chat":
-        return False
     policy = entry.get("policy")
-    return policy is None or _dict(policy).get("state") == "enabled"
+    return (
+        entry.get("model_picker_enabled") is True
+        and _dict(entry.get("capabilities")).get("type") == "chat"
+        and (policy is None or _dict(policy).get("state") == "enabled")
+    )
 
 
 def copilot_model_info(entry: Mapping[str, Any]) -> ModelInfo | None:
