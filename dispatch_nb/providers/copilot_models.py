@@ -60,12 +60,12 @@ def is_picker_model(entry: Mapping[str, Any]) -> bool:
     """Whether editors show this ``/models`` entry in their model picker (zed's and
     CopilotChat.nvim's rule): ``model_picker_enabled``, ``capabilities.type == "chat"``, and a
     ``policy`` that is absent or ``enabled``."""
+    if entry.get("model_picker_enabled") is not True:
+        return False
+    if _dict(entry.get("capabilities")).get("type") != "chat":
+        return False
     policy = entry.get("policy")
-    return (
-        entry.get("model_picker_enabled") is True
-        and _dict(entry.get("capabilities")).get("type") == "chat"
-        and (policy is None or _dict(policy).get("state") == "enabled")
-    )
+    return policy is None or _dict(policy).get("state") == "enabled"
 
 
 def copilot_model_info(entry: Mapping[str, Any]) -> ModelInfo | None:
@@ -141,8 +141,8 @@ def copilot_endpoint(entry: Mapping[str, Any] | None, model: str) -> Route:
 
 def fallback_context_tokens(model: str) -> int | None:
     """The built-in, approximate context window for ``model`` (None when unknown)."""
-    return next((tokens for prefix, tokens in FALLBACK_CONTEXT_TOKENS if model.lower().startswith(prefix)),
-                None)
+    name = model.lower()
+    return next((tokens for prefix, tokens in FALLBACK_CONTEXT_TOKENS if name.startswith(prefix)), None)
 
 
 def is_openai_model(entry: Mapping[str, Any] | None, model: str) -> bool:
