@@ -28,14 +28,15 @@ from ..errors import (
     DispatchError,
     RateLimitError,
     RequestCancelled,
+    RequestError,
 )
 from ..registry import find_descriptor
 from ..types import Message, Response, Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
-from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
-from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
+from .result import BatchResult, RowOrigin, is_not_sent, mark_not_sent, not_sent, stops_batch
+from .rows import RowCall, RowSource, TemplateError, fill_template, row_key
 
 __all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "chat_request", "prepare_rows", "resume"]
 
@@ -143,7 +144,8 @@ def prepare_rows(
         except TemplateError as exc:
             if position == 0:
                 raise
-            result._set(position, row_error(position, exc))
+            result._set(position, RequestError(
+                f"row {position}: the template could not be filled: {exc}", code="invalid_request"))
             result._stats.failed += 1
             continue
         base = row_key(model, messages, material)
@@ -202,10 +204,6 @@ class RowRunner:
         return RequestCancelled(self.cancel.reason or "the batch was cancelled",
                                 provider=self.adapter.provider_name)
 
-    def _not_sent_error(self) -> DispatchError:
-        """The item of a row this batch will not send (it was cancelled or stopped)."""
-        return not_sent(self.result, self.cancel)
-
     async def run(self, rows: Iterator[Pending]) -> None:
         """Run every row of ``rows`` (read one at a time, as slots free up); first the first
         row's request and worst case are made, so that what would fail every row alike (an
@@ -233,11 +231,11 @@ class RowRunner:
                 try:  # raises at once when the batch stopped (_stop and _halt cancel the limiter)
                     epoch = await self.limiter.acquire()
                 except DispatchError:  # cancelled or stopped (or while waiting for a slot)
-                    self._not_sent(pending)
+                    mark_not_sent(self.result, pending.position, self.cancel)
                     break  # rows not read yet stay unread (the caller marks them not sent)
                 if self._stopped.is_set():  # the slot came free as the batch stopped
                     self.limiter.release()
-                    self._not_sent(pending)
+                    mark_not_sent(self.result, pending.position, self.cancel)
                     break
                 task = loop.create_task(self._row(pending, epoch))
                 tasks.add(task)
@@ -266,7 +264,7 @@ class RowRunner:
             return
         self.result.stopped_by = (position, error)
         self._stopped.set()
-        self.limiter.cancel_all(self._not_sent_error)
+        self.limiter.cancel_all(lambda: not_sent(self.result, self.cancel))
 
     def _unreachable(self, error: DispatchError) -> APIConnectionError | None:
         """The error to stop at when ``error`` makes :data:`UNREACHABLE_AFTER` attempts in a row
@@ -290,10 +288,6 @@ class RowRunner:
         )
         stop.connect_failed, stop.__cause__ = True, error
         return stop
-
-    def _not_sent(self, pending: Pending) -> None:
-        self.result._set(pending.position, self._not_sent_error())
-        self.stats.not_sent += 1
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -458,9 +452,8 @@ class RowRunner:
         if self.checkpoint is not None and isinstance(item, Response):
             try:
                 self.checkpoint.record(pending.key, pending.position, pending.messages, item,
-                                       provider=self.adapter.provider_name,
-                                       model=self.adapter.model_name, streamed=self.call.stream,
-                                       usage=usage, latency=latency, attempts=attempts)
+                                       self.adapter, streamed=self.call.stream, usage=usage,
+                                       latency=latency, attempts=attempts)
             except OSError as exc:
                 log.warning("could not write row %d to the checkpoint %s: %s", pending.position,
                             self.checkpoint.path, exc)

@@ -18,18 +18,6 @@ __all__ = ["PROGRESS_MODES", "BatchProgress", "progress_mode"]
 PROGRESS_MODES = ("notebook", "display", "text", "off")
 
 
-def _kernel_mode() -> str | None:
-    """In a Jupyter kernel: ``"notebook"`` (tqdm's widget), or ``"display"`` when the cell was
-    sent by a client nobody watches, whose widget state would be saved with the notebook; None
-    outside a kernel."""
-    from ..frontend import current_shell, unattended
-
-    shell = current_shell()
-    if shell is None:
-        return None
-    return "display" if unattended(shell) else "notebook"
-
-
 def progress_mode(progress: bool | str | None) -> str:
     """``"notebook"``, ``"display"``, ``"text"`` or ``"off"`` for the ``progress=`` argument."""
     if progress is False or progress == "off":
@@ -39,20 +27,15 @@ def progress_mode(progress: bool | str | None) -> str:
     if progress is not None and progress is not True:
         raise ValueError("progress must be True, False, None, 'text', 'display' or 'notebook', "
                          f"not {progress!r}")
-    in_kernel = _kernel_mode()
-    if in_kernel is not None:
-        return in_kernel
+    from ..frontend import current_shell, unattended
+
+    shell = current_shell()
+    if shell is not None:  # a kernel: a text line when nobody watches (widget state would be saved)
+        return "display" if unattended(shell) else "notebook"
     if progress is True:
         return "text"
     isatty = getattr(sys.stderr, "isatty", None)
     return "text" if callable(isatty) and isatty() else "off"
-
-
-def _eta(seconds: float) -> str:
-    seconds = max(0, int(seconds + 0.5))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _count(n: int) -> str:
@@ -67,6 +50,8 @@ def _count(n: int) -> str:
 
 def describe(stats: Stats) -> str:
     """The counters as one line: ok / failed / not sent / in flight, tokens, rows/s, ETA."""
+    from tqdm import tqdm
+
     if stats.job:  # a deferred batch: the provider's jobs say where it is
         return f"{stats.job}; ok {stats.ok:,}" + (f", failed {stats.failed:,}" if stats.failed
                                                  else "")
@@ -85,7 +70,7 @@ def describe(stats: Stats) -> str:
         if stats.total is not None:
             left = stats.total - stats.finished
             if left > 0:
-                parts.append(f"ETA {_eta(left / rate)}")
+                parts.append(f"ETA {tqdm.format_interval(left / rate)}")
     return ", ".join(parts)
 
 
