@@ -19,6 +19,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from ..adapter import Adapter, ChatRequest, backoff_delay
+from ..budget import Budget
 from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import (
@@ -81,17 +82,16 @@ async def ask(
     *,
     timeout: float | None,
     cancel: CancelToken,
-    session_options: dict[str, Any] | None = None,
+    budget: Budget | None = None,
 ) -> tuple[Response, Usage, int]:
     """One attempt at one row: ``(response, usage, model calls)``. Without Python tools a single
     call (streamed only with ``call.stream``: nobody watches a row's tokens arrive); with them a
-    fresh :class:`~dispatch_nb.session.Session` runs the tool loop. ``call.options`` pass
-    straight through (``max_tokens``, ``temperature``, ``output``...)."""
+    fresh :class:`~dispatch_nb.session.Session` runs the tool loop, keeping ``budget``.
+    ``call.options`` pass straight through (``max_tokens``, ``temperature``, ``output``...)."""
     if call.runs_tools:
         from ..session import Session
 
-        session = Session(adapter, system=call.system, tools=call.tools,
-                          **(session_options or {}))
+        session = Session(adapter, system=call.system, tools=call.tools, budget=budget)
         response = await session.asend(messages, stream=call.stream, timeout=timeout,
                                        cancel=cancel, max_retries=0, **call.options)
         calls = sum(1 for m in session.history if m.role == "assistant")
@@ -336,7 +336,7 @@ class RowRunner:
                 try:
                     response, row_usage, calls = await ask(
                         adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel,
-                        session_options=budget.session_options() if budget else None,
+                        budget=budget.budget if budget else None,
                     )
                 except DispatchError as exc:
                     error = exc
@@ -422,15 +422,11 @@ class RowRunner:
             if exc.code != "quota_exceeded":
                 self.limiter.on_rate_limited(epoch, exc.retry_after)
         if isinstance(exc, RequestCancelled) or self.cancel.cancelled \
-                or self.result.stopped_by is not None:
-            return None
-        if attempts > self.settings.max_retries or not exc.retryable \
-                or exc.code == "quota_exceeded":
+                or self.result.stopped_by is not None or attempts > self.settings.max_retries \
+                or not exc.retryable or exc.code == "quota_exceeded":
             return None
         delay = backoff_delay(attempts - 1, exc.retry_after, self.adapter.retry_backoff)
-        if delay is None:
-            return None
-        if deadline is not None and time.monotonic() + delay >= deadline:
+        if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
             return None
         return delay
 
