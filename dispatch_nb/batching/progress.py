@@ -38,6 +38,13 @@ def progress_mode(progress: bool | str | None) -> str:
     return "text" if callable(isatty) and isatty() else "off"
 
 
+def _eta(seconds: float) -> str:
+    seconds = max(0, int(seconds + 0.5))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 def _count(n: int) -> str:
     if n >= 1_000_000:
         return f"{n / 1_000_000:.1f}M"
@@ -50,8 +57,6 @@ def _count(n: int) -> str:
 
 def describe(stats: Stats) -> str:
     """The counters as one line: ok / failed / not sent / in flight, tokens, rows/s, ETA."""
-    from tqdm import tqdm
-
     if stats.job:  # a deferred batch: the provider's jobs say where it is
         return f"{stats.job}; ok {stats.ok:,}" + (f", failed {stats.failed:,}" if stats.failed
                                                  else "")
@@ -70,7 +75,7 @@ def describe(stats: Stats) -> str:
         if stats.total is not None:
             left = stats.total - stats.finished
             if left > 0:
-                parts.append(f"ETA {tqdm.format_interval(left / rate)}")
+                parts.append(f"ETA {_eta(left / rate)}")
     return ", ".join(parts)
 
 
