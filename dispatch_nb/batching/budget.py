@@ -4,7 +4,6 @@ tells it how the attempt ended (the accounting itself is :class:`dispatch_nb.cos
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
 
 from ..adapter import Adapter
 from ..budget import Budget
@@ -51,7 +50,3 @@ class RowBudget:
         if self.call.runs_tools:
             return
         self.budget.settle(reserved, attempt_cost(response, failed, reserved))
-
-    def session_options(self) -> dict[str, Any]:
-        """What a tool-loop row's Session is given."""
-        return {"budget": self.budget} if self.call.runs_tools else {}

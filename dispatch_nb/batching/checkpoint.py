@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..adapter import Adapter
 from ..cache import ResponseCache
 from ..cache.keys import FORMAT_VERSION
 from ..cache.store import _now
@@ -47,10 +48,11 @@ class Checkpoint:
         return response, usage, float(entry.get("latency") or 0.0)
 
     def record(self, key: str, position: int, messages: str | list[Message], response: Response,
-               *, provider: str, model: str, streamed: bool, usage: Usage, latency: float,
+               adapter: Adapter, *, streamed: bool, usage: Usage, latency: float,
                attempts: int) -> None:
-        """Write one answered row."""
-        self.cache.record(key, provider=provider, model=model, request=ChatRequest(as_messages(messages)),
+        """Write one answered row (``adapter``: the one that answered it)."""
+        self.cache.record(key, provider=adapter.provider_name, model=adapter.model_name,
+                          request=ChatRequest(as_messages(messages)),
                           response=response, streamed=streamed, label=f"row {position}",
                           row=position, latency=round(latency, 3), attempts=attempts,
                           usage=usage.model_dump(mode="json"))

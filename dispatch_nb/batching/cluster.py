@@ -22,9 +22,9 @@ from ..errors import DispatchError
 from ..types import Response, Usage
 from .checkpoint import Checkpoint, shared_checkpoint
 from .engine import BatchSettings, Pending, RowRunner, prepare_rows, resume
-from .plan import aclose_adapter, mark_not_sent, resolve_adapter
+from .plan import aclose_adapter, resolve_adapter
 from .progress import BatchProgress
-from .result import BatchResult, RowOrigin, is_not_sent, not_sent
+from .result import BatchResult, RowOrigin, is_not_sent, mark_not_sent, not_sent
 from .rows import RowCall
 
 __all__ = ["PartitionTask", "run_on_dask", "run_partition"]
@@ -238,10 +238,8 @@ def run_on_dask(plan: Any, client: Any, result: BatchResult, bar: BatchProgress,
         result.rate_limited += part.rate_limited
         result.model_calls += part.model_calls
         stats.rate_limited += part.rate_limited
-        if part.lowest_concurrency:
-            low = result.lowest_concurrency
-            result.lowest_concurrency = part.lowest_concurrency if low is None \
-                else min(low, part.lowest_concurrency)
+        result.lowest_concurrency = min(
+            (low for low in (result.lowest_concurrency, part.lowest_concurrency) if low), default=None)
         for position, item in enumerate(part):
             if item is None:
                 continue

@@ -107,8 +107,7 @@ class BatchJob:
 
     @property
     def created_at(self) -> float | None:
-        times = [p.created_at for p in self.parts if p.created_at is not None]
-        return min(times) if times else None
+        return min((p.created_at for p in self.parts if p.created_at is not None), default=None)
 
     @property
     def ended_at(self) -> float | None:
@@ -151,8 +150,8 @@ class DeferredRun:
         interval: Any = poll_interval
         name = "poll_interval"
         if interval is None:
-            setting = os.environ.get(POLL_INTERVAL_ENV, "").strip()
-            name, interval = POLL_INTERVAL_ENV, setting or DEFAULT_POLL_INTERVAL
+            name = POLL_INTERVAL_ENV
+            interval = os.environ.get(POLL_INTERVAL_ENV, "").strip() or DEFAULT_POLL_INTERVAL
             with contextlib.suppress(ValueError):
                 interval = float(interval)
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
@@ -221,7 +220,7 @@ class DeferredRun:
             # in result.job as they ended (nothing is asked of the provider, no key is needed)
             for job, keys in self.checkpoint.jobs(collected=True):
                 if self.checkpoint.read.intersection(keys):
-                    part = JobPart.from_json(job)
+                    part = JobPart(**job)
                     self.collected.add(part.id)
                     self.parts[part.id] = (part, keys)
         if not self.rows:
@@ -235,7 +234,7 @@ class DeferredRun:
             mine = [k for k in keys if k in self.rows]
             if not mine:
                 continue
-            part = JobPart.from_json(job)
+            part = JobPart(**job)
             self.parts[part.id] = (part, keys)
             claimed.update(mine)
             log.info("batch %s: collecting %d row(s) from %s job %s, submitted earlier",
@@ -383,10 +382,9 @@ class DeferredRun:
         self.stats.sent_done += 1
         if self.checkpoint is not None and isinstance(item, Response):
             assert self.adapter is not None
-            self.checkpoint.record(row.key, row.position, row.request.messages, item,
-                                   provider=self.adapter.provider_name,
-                                   model=self.adapter.model_name, streamed=False, usage=usage,
-                                   latency=max(0.0, latency), attempts=1)
+            self.checkpoint.record(row.key, row.position, row.request.messages, item, self.adapter,
+                                   streamed=False, usage=usage, latency=max(0.0, latency),
+                                   attempts=1)
 
     async def _collect(self, client: Any, part: JobPart, keys: list[str]) -> None:
         assert self.api is not None and self.checkpoint is not None

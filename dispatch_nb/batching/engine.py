@@ -19,6 +19,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from ..adapter import Adapter, ChatRequest, backoff_delay
+from ..budget import Budget
 from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import (
@@ -28,14 +29,15 @@ from ..errors import (
     DispatchError,
     RateLimitError,
     RequestCancelled,
+    RequestError,
 )
 from ..registry import find_descriptor
 from ..types import Message, Response, Usage
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
-from .result import BatchResult, RowOrigin, is_not_sent, not_sent, stops_batch
-from .rows import RowCall, RowSource, TemplateError, fill_template, row_error, row_key
+from .result import BatchResult, RowOrigin, is_not_sent, mark_not_sent, not_sent, stops_batch
+from .rows import RowCall, RowSource, TemplateError, fill_template, row_key
 
 __all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "chat_request", "prepare_rows", "resume"]
 
@@ -80,17 +82,16 @@ async def ask(
     *,
     timeout: float | None,
     cancel: CancelToken,
-    session_options: dict[str, Any] | None = None,
+    budget: Budget | None = None,
 ) -> tuple[Response, Usage, int]:
     """One attempt at one row: ``(response, usage, model calls)``. Without Python tools a single
     call (streamed only with ``call.stream``: nobody watches a row's tokens arrive); with them a
-    fresh :class:`~dispatch_nb.session.Session` runs the tool loop. ``call.options`` pass
-    straight through (``max_tokens``, ``temperature``, ``output``...)."""
+    fresh :class:`~dispatch_nb.session.Session` runs the tool loop, keeping ``budget``.
+    ``call.options`` pass straight through (``max_tokens``, ``temperature``, ``output``...)."""
     if call.runs_tools:
         from ..session import Session
 
-        session = Session(adapter, system=call.system, tools=call.tools,
-                          **(session_options or {}))
+        session = Session(adapter, system=call.system, tools=call.tools, budget=budget)
         response = await session.asend(messages, stream=call.stream, timeout=timeout,
                                        cancel=cancel, max_retries=0, **call.options)
         calls = sum(1 for m in session.history if m.role == "assistant")
@@ -143,7 +144,8 @@ def prepare_rows(
         except TemplateError as exc:
             if position == 0:
                 raise
-            result._set(position, row_error(position, exc))
+            result._set(position, RequestError(
+                f"row {position}: the template could not be filled: {exc}", code="invalid_request"))
             result._stats.failed += 1
             continue
         base = row_key(model, messages, material)
@@ -202,10 +204,6 @@ class RowRunner:
         return RequestCancelled(self.cancel.reason or "the batch was cancelled",
                                 provider=self.adapter.provider_name)
 
-    def _not_sent_error(self) -> DispatchError:
-        """The item of a row this batch will not send (it was cancelled or stopped)."""
-        return not_sent(self.result, self.cancel)
-
     async def run(self, rows: Iterator[Pending]) -> None:
         """Run every row of ``rows`` (read one at a time, as slots free up); first the first
         row's request and worst case are made, so that what would fail every row alike (an
@@ -233,11 +231,11 @@ class RowRunner:
                 try:  # raises at once when the batch stopped (_stop and _halt cancel the limiter)
                     epoch = await self.limiter.acquire()
                 except DispatchError:  # cancelled or stopped (or while waiting for a slot)
-                    self._not_sent(pending)
+                    mark_not_sent(self.result, pending.position, self.cancel)
                     break  # rows not read yet stay unread (the caller marks them not sent)
                 if self._stopped.is_set():  # the slot came free as the batch stopped
                     self.limiter.release()
-                    self._not_sent(pending)
+                    mark_not_sent(self.result, pending.position, self.cancel)
                     break
                 task = loop.create_task(self._row(pending, epoch))
                 tasks.add(task)
@@ -266,7 +264,7 @@ class RowRunner:
             return
         self.result.stopped_by = (position, error)
         self._stopped.set()
-        self.limiter.cancel_all(self._not_sent_error)
+        self.limiter.cancel_all(lambda: not_sent(self.result, self.cancel))
 
     def _unreachable(self, error: DispatchError) -> APIConnectionError | None:
         """The error to stop at when ``error`` makes :data:`UNREACHABLE_AFTER` attempts in a row
@@ -290,10 +288,6 @@ class RowRunner:
         )
         stop.connect_failed, stop.__cause__ = True, error
         return stop
-
-    def _not_sent(self, pending: Pending) -> None:
-        self.result._set(pending.position, self._not_sent_error())
-        self.stats.not_sent += 1
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -342,7 +336,7 @@ class RowRunner:
                 try:
                     response, row_usage, calls = await ask(
                         adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel,
-                        session_options=budget.session_options() if budget else None,
+                        budget=budget.budget if budget else None,
                     )
                 except DispatchError as exc:
                     error = exc
@@ -428,15 +422,11 @@ class RowRunner:
             if exc.code != "quota_exceeded":
                 self.limiter.on_rate_limited(epoch, exc.retry_after)
         if isinstance(exc, RequestCancelled) or self.cancel.cancelled \
-                or self.result.stopped_by is not None:
-            return None
-        if attempts > self.settings.max_retries or not exc.retryable \
-                or exc.code == "quota_exceeded":
+                or self.result.stopped_by is not None or attempts > self.settings.max_retries \
+                or not exc.retryable or exc.code == "quota_exceeded":
             return None
         delay = backoff_delay(attempts - 1, exc.retry_after, self.adapter.retry_backoff)
-        if delay is None:
-            return None
-        if deadline is not None and time.monotonic() + delay >= deadline:
+        if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
             return None
         return delay
 
@@ -458,9 +448,8 @@ class RowRunner:
         if self.checkpoint is not None and isinstance(item, Response):
             try:
                 self.checkpoint.record(pending.key, pending.position, pending.messages, item,
-                                       provider=self.adapter.provider_name,
-                                       model=self.adapter.model_name, streamed=self.call.stream,
-                                       usage=usage, latency=latency, attempts=attempts)
+                                       self.adapter, streamed=self.call.stream, usage=usage,
+                                       latency=latency, attempts=attempts)
             except OSError as exc:
                 log.warning("could not write row %d to the checkpoint %s: %s", pending.position,
                             self.checkpoint.path, exc)

@@ -16,10 +16,10 @@ from ..errors import DispatchError, RequestCancelled
 from ..registry import qualify_model_spec
 from ..replay_only import connect_for_cache
 from .engine import BatchSettings
-from .result import NOT_SENT, BatchResult, RowOrigin, not_sent
+from .result import NOT_SENT, BatchResult, RowOrigin, mark_not_sent, not_sent
 from .rows import RowCall, RowSource
 
-__all__ = ["BatchPlan", "aclose_adapter", "finish", "mark_not_sent", "resolve_adapter"]
+__all__ = ["BatchPlan", "aclose_adapter", "finish", "resolve_adapter"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -62,12 +62,6 @@ async def aclose_adapter(adapter: Adapter) -> None:
     """Close an adapter the batch built; errors are ignored."""
     with contextlib.suppress(Exception):
         await adapter.aclose()
-
-
-def mark_not_sent(result: BatchResult, position: int, cancel: CancelToken) -> None:
-    """Row ``position`` was never sent: the batch was cancelled or stopped first."""
-    result._set(position, not_sent(result, cancel))
-    result._stats.not_sent += 1
 
 
 def finish(plan: BatchPlan, result: BatchResult, cancel: CancelToken) -> None:

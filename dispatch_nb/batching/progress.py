@@ -18,18 +18,6 @@ __all__ = ["PROGRESS_MODES", "BatchProgress", "progress_mode"]
 PROGRESS_MODES = ("notebook", "display", "text", "off")
 
 
-def _kernel_mode() -> str | None:
-    """In a Jupyter kernel: ``"notebook"`` (tqdm's widget), or ``"display"`` when the cell was
-    sent by a client nobody watches, whose widget state would be saved with the notebook; None
-    outside a kernel."""
-    from ..frontend import current_shell, unattended
-
-    shell = current_shell()
-    if shell is None:
-        return None
-    return "display" if unattended(shell) else "notebook"
-
-
 def progress_mode(progress: bool | str | None) -> str:
     """``"notebook"``, ``"display"``, ``"text"`` or ``"off"`` for the ``progress=`` argument."""
     if progress is False or progress == "off":
@@ -39,9 +27,11 @@ def progress_mode(progress: bool | str | None) -> str:
     if progress is not None and progress is not True:
         raise ValueError("progress must be True, False, None, 'text', 'display' or 'notebook', "
                          f"not {progress!r}")
-    in_kernel = _kernel_mode()
-    if in_kernel is not None:
-        return in_kernel
+    from ..frontend import current_shell, unattended
+
+    shell = current_shell()
+    if shell is not None:  # a kernel: a text line when nobody watches (widget state would be saved)
+        return "display" if unattended(shell) else "notebook"
     if progress is True:
         return "text"
     isatty = getattr(sys.stderr, "isatty", None)

@@ -21,7 +21,7 @@ from ..errors import (
 from ..types import Response, Usage
 
 __all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "Stats", "is_cancelled",
-           "is_not_sent", "not_sent", "stops_batch"]
+           "is_not_sent", "mark_not_sent", "not_sent", "stops_batch"]
 
 #: the ``code`` of a row's error when the batch never sent the row (it stopped first)
 NOT_SENT = "not_sent"
@@ -67,6 +67,12 @@ def not_sent(result: BatchResult, cancel: CancelToken) -> DispatchError:
     error = cls(f"not sent: {reason}", code=NOT_SENT)
     error.__cause__ = cause
     return error
+
+
+def mark_not_sent(result: BatchResult, position: int, cancel: CancelToken) -> None:
+    """Row ``position`` was never sent: the batch was cancelled or stopped first."""
+    result._set(position, not_sent(result, cancel))
+    result._stats.not_sent += 1
 
 
 def is_not_sent(item: Any) -> bool:
@@ -341,24 +347,15 @@ class BatchResult(Sequence[Any]):
     # -- display ---------------------------------------------------------------------------------
     def summary(self) -> str:
         """One line: rows, ok, failed, where answers came from, tokens, time."""
-        parts = [f"{len(self):,} rows: {self.ok:,} ok"]
-        if self.failed:
-            parts[-1] += f", {self.failed:,} failed"
-        if self.cancelled:
-            parts[-1] += f", {self.cancelled:,} cancelled"
         over = sum(1 for item in self._items if isinstance(item, BudgetExceededError))
-        if self.not_sent:
-            parts[-1] += f", {self.not_sent:,} not sent"
-            if over:
-                parts[-1] += (" (over budget)" if over == self.not_sent
-                              else f" ({over:,} over budget)")
-        if self.pending:
-            parts[-1] += f", {self.pending:,} not answered yet"
-        origins = []
-        if self.resumed:
-            origins.append(f"{self.resumed:,} from the checkpoint")
-        if self.replayed:
-            origins.append(f"{self.replayed:,} replayed from the cache")
+        over_budget = "" if not over else " (over budget)" if over == self.not_sent \
+            else f" ({over:,} over budget)"
+        counts = ((self.failed, "failed"), (self.cancelled, "cancelled"),
+                  (self.not_sent, "not sent" + over_budget), (self.pending, "not answered yet"))
+        parts = [f"{len(self):,} rows: {self.ok:,} ok" + "".join(f", {n:,} {what}"
+                                                               for n, what in counts if n)]
+        origins = [f"{n:,} {what}" for n, what in ((self.resumed, "from the checkpoint"),
+                                                   (self.replayed, "replayed from the cache")) if n]
         if self.sent and origins:
             origins.append(f"{self.sent:,} sent")
         if origins:

@@ -12,7 +12,6 @@ from typing import Any
 
 from ..adapter import normalize_tools
 from ..cache.keys import _KEY_IGNORED_OPTIONS
-from ..errors import RequestError
 from ..types import Message, ToolDefinition
 
 __all__ = ["RowCall", "RowSource", "TemplateError", "fill_template", "row_key"]
@@ -142,21 +141,6 @@ def fill_template(template: str | Callable[[Any], Any], row: Any,
             f"{available}; {{row}} is the whole row). Write {{{{ and }}}} for literal braces."
         )
     return prompt.text
-
-
-def check_template(template: Any) -> None:
-    """A clear error for a template that is neither a str nor a function."""
-    if not (isinstance(template, str) or callable(template)):
-        raise TypeError(
-            f"template must be a str with {{column}} placeholders or a function row -> prompt, "
-            f"not {type(template).__name__}"
-        )
-
-
-def row_error(position: int, exc: TemplateError) -> RequestError:
-    """The error a row ends with when its template cannot be filled."""
-    return RequestError(f"row {position}: the template could not be filled: {exc}",
-                        code="invalid_request")
 
 
 # -- what every row sends, and keys -----------------------------------------------------------------

@@ -27,7 +27,7 @@ from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, prepare_rows
 from .plan import BatchPlan, aclose_adapter, finish, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
-from .rows import RowCall, RowSource, check_template
+from .rows import RowCall, RowSource
 
 __all__ = ["abatch", "batch"]
 
@@ -65,11 +65,10 @@ class _Job:
         self.bar = BatchProgress(progress_mode(progress),
                                  description=f"batch {plan.model_key}{where}")
         #: ``deferred=True``: the rows go to the provider's batch API (see :mod:`.deferred`)
-        self.deferred: DeferredRun | None = None
+        self.deferred = DeferredRun(plan, self.result, self.token, poll_interval=poll_interval) \
+            if deferred else None
+        self.result._deferred = self.deferred
         self.wait = wait
-        if deferred:
-            self.deferred = DeferredRun(plan, self.result, self.token, poll_interval=poll_interval)
-            self.result._deferred = self.deferred
         #: ``executor=``: a Dask client to run the rows on, in partitions of ``partition_size``
         self.executor = executor
         self.partition_size = 0  # set by _job, once checked
@@ -103,8 +102,12 @@ class _Job:
             if owned or close_adapter:
                 await aclose_adapter(adapter)
 
-    def finish(self) -> None:
-        """Account for rows never run, set the totals, close the bar."""
+    def finish(self, error: BaseException | None = None) -> None:
+        """Account for rows never run, set the totals, close the bar — unless the batch ended
+        with ``error``, a TypeError / ValueError before any row started: refused
+        (docs/batch.md), it has nothing to show."""
+        if isinstance(error, (TypeError, ValueError)) and not self.bar.shown:
+            return
         finish(self.plan, self.result, self.token)
         self.bar.close(self.stats, self.result.summary())
         self.result._progress_output = self.bar.output
@@ -139,7 +142,11 @@ def _job(
 ) -> _Job:
     """The parameters of :func:`batch` and :func:`abatch`, written once (:func:`batch` says what
     they mean), checked: the batch planned, as the job both run."""
-    check_template(template)
+    if not (isinstance(template, str) or callable(template)):
+        raise TypeError(
+            f"template must be a str with {{column}} placeholders or a function row -> prompt, "
+            f"not {type(template).__name__}"
+        )
     if model is None:
         model = default_model_spec()
     if not isinstance(model, (Adapter, str)):
@@ -215,13 +222,8 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
     except KeyboardInterrupt:
         job.finish()
         raise BatchInterrupted(job.result, job.plan.checkpoint) from None
-    except (TypeError, ValueError):
-        if not job.bar.shown:  # refused before any row started (docs/batch.md): nothing to show
-            raise
-        job.finish()
-        raise
-    except BaseException:
-        job.finish()
+    except BaseException as exc:
+        job.finish(exc)
         raise
     job.finish()
     return job.result
@@ -247,17 +249,15 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
             await asyncio.sleep(TICK)
 
     ticker = asyncio.create_task(refresh()) if job.bar.mode != "off" else None
-    refused = False
     try:
         await job.run_here(close_adapter=False)
-    except (TypeError, ValueError):
-        refused = not job.bar.shown  # before any row started: nothing to show
+    except BaseException as exc:
+        job.finish(exc)
         raise
     finally:
         if ticker is not None:
             ticker.cancel()
-        if not refused:
-            job.finish()
+    job.finish()
     return job.result
 
 

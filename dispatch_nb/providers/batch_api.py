@@ -63,12 +63,8 @@ class JobPart:
         return self.state in DONE_STATES
 
     def to_json(self) -> dict[str, Any]:
+        """The job as a checkpoint records it (``JobPart(**data)`` reads it back)."""
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> JobPart:
-        """A job as :meth:`to_json` wrote it (in a checkpoint)."""
-        return cls(**data)
 
 
 @dataclass
@@ -111,24 +107,22 @@ class BatchAPI:
         """A client for one run of job requests (few, large: no pool of the adapter's)."""
         return httpx.AsyncClient(timeout=REQUEST_TIMEOUT, follow_redirects=True)
 
-    def url(self, path: str) -> str:
-        if path.startswith(("http://", "https://")):
-            return path
-        return f"{self.adapter.base_url}/{path.lstrip('/')}"
-
     async def send(self, client: httpx.AsyncClient, method: str, path: str,
                    **kwargs: Any) -> httpx.Response:
-        """One job request with the adapter's headers and credentials; an HTTP error becomes the
-        matching :class:`DispatchError`, a transport failure an ``APIConnectionError``."""
+        """One job request (``path``: under the base URL, or a whole URL) with the adapter's
+        headers and credentials; an HTTP error becomes the matching :class:`DispatchError`, a
+        transport failure an ``APIConnectionError``."""
         from ..adapter import wrap_transport_error
         from ..http_adapter import USER_AGENT
 
         headers = {"user-agent": USER_AGENT, **self.adapter.fixed_headers,
                    **await self.adapter.aauth_headers(), **kwargs.pop("headers", {})}
         auth = self.adapter.http_auth()
+        if not path.startswith(("http://", "https://")):
+            path = f"{self.adapter.base_url}/{path.lstrip('/')}"
         try:
             response = await client.request(
-                method, self.url(path), headers=headers,
+                method, path, headers=headers,
                 auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT, **kwargs,
             )
         except httpx.HTTPError as exc:

@@ -167,8 +167,8 @@ def test_rows_marked_before_the_stopping_row_was_known_say_why_at_the_end() -> N
     """On Dask, a partition that saw the batch's stop event can be collected before the partition
     whose 401 set it (a run beside a CPU hog did so): its unsent rows were marked while
     ``stopped_by`` was still unknown. The batch's end says why for them too."""
-    from dispatch_nb.batching.plan import finish, mark_not_sent
-    from dispatch_nb.batching.result import BatchResult, RowOrigin
+    from dispatch_nb.batching.plan import finish
+    from dispatch_nb.batching.result import BatchResult, RowOrigin, mark_not_sent
     from dispatch_nb.batching.run import _job
     from dispatch_nb.types import Usage
 
