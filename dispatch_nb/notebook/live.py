@@ -148,12 +148,14 @@ class LiveView:
         wait = self.flushed + self.interval - time.monotonic()
         if wait > 0 and (self.text_shown or not self._has_text()):  # the first text: at once
             return wait
+        self._flush_now()
+        self.text_shown = self.text_shown or self._has_text()
+        return None
+
+    def _flush_now(self) -> None:
         self._flush()
         self.dirty = False
-        if self._has_text():
-            self.text_shown = True
         self.flushed = time.monotonic()  # the next update waits from the end of this one
-        return None
 
     def job_done(self, index: int, footer: str, error: str | None = None) -> None:
         """Column ``index`` finished: show its footer (compare mode shows each as it ends);
@@ -174,10 +176,7 @@ class LiveView:
         self.states[index] = f"waiting for approval of {tool.name}"
         self._state_changed(index)
         self._approval_asked(index, tool)
-        self.dirty = True
-        self._flush()
-        self.dirty = False
-        self.flushed = time.monotonic()
+        self._flush_now()
 
     def approval_answered(self, index: int, tool_id: str, answer: bool | str) -> None:
         """The person answered (or the turn's deadline passed): the status line moves on. A
@@ -214,15 +213,12 @@ class LiveView:
                     self._not_run(index, tool)
                 self.states[index] = "⏹ interrupted"
                 self._state_changed(index)
-        self.dirty = True
-        self._flush()
-        self.dirty = False
+        self._flush_now()
 
     def finish(self, final: FinalOutput) -> None:
         """Replace the live view with the one static ``final`` output."""
         if self.dirty:
-            self._flush()
-            self.dirty = False
+            self._flush_now()
         self._finish(final)
 
     def close(self) -> None:
