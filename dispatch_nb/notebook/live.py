@@ -302,13 +302,18 @@ class DisplayView(LiveView):
         self.live_handle = ipy_display(self._live_bundle(), raw=True, display_id=True)
         return handle
 
-    def _settle(self) -> None:
+    def _take_blocks(self, final: bool = False) -> None:
+        """Commit the answer's finished blocks; what shows of the growing one is ``live_markdown``."""
         if self.run is not None:
-            finished, _, markdown = self.run.shown(final=True)
+            finished, _, markdown = self.run.shown(final=final)
             for block in finished:
                 self._commit(block.source)
-            if markdown.strip():
-                self._commit(markdown)
+            self.live_markdown = markdown
+
+    def _settle(self) -> None:
+        self._take_blocks(final=True)
+        if self.live_markdown.strip():
+            self._commit(self.live_markdown)
         self.run = None
 
     def start(self, notes: list[str] | None = None) -> None:
@@ -350,7 +355,7 @@ class DisplayView(LiveView):
         from .display import tool_markdown
 
         handle = self.tool_handles.get(tool_id)
-        tool = next((t for t in self.transcripts[0].tools if t.id == tool_id), None)
+        tool = self.transcripts[0].tool(tool_id)
         if handle is not None and tool is not None:
             md = tool_markdown(tool).rstrip()
             handle.update({"text/markdown": md, "text/plain": md}, raw=True)
@@ -361,11 +366,7 @@ class DisplayView(LiveView):
                 {"text/html": self._table_html(), "text/plain": "streaming…"}, raw=True
             )
             return
-        if self.run is not None:
-            finished, _, markdown = self.run.shown(final=final)
-            for block in finished:
-                self._commit(block.source)
-            self.live_markdown = markdown
+        self._take_blocks(final)
         bundle = self._live_bundle()
         if bundle != self.shown:
             self.live_handle.update(bundle, raw=True)
@@ -452,10 +453,10 @@ class TextView(LiveView):
                 prefix = "" if self.at_line_start and not self.pending else "\n"
                 self.pending.append(f"{prefix}🔧 {tool_line(tool)}\n")
         elif kind == "tool_result":
-            for tool in self.transcripts[0].tools:
-                if tool.id == event.result.tool_use_id and tool.id not in self.said:
-                    arrow = "⚠" if tool.is_error else "→"
-                    self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
+            tool = self.transcripts[0].tool(event.result.tool_use_id)
+            if tool is not None and tool.id not in self.said:
+                arrow = "⚠" if tool.is_error else "→"
+                self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
         elif kind == "retry":
             prefix = "" if self.at_line_start and not self.pending else "\n"
             self.pending.append(f"{prefix}{retry_state(event)}\n")
