@@ -291,21 +291,23 @@ def code_fences(
     return inside, fence
 
 
-def scan_inline(text: str) -> tuple[str, list[int], int | None]:
+def scan_inline(text: str, *, growing: bool = False) -> tuple[str, list[int], int | None]:
     """Markdown prose (its code blocks blanked) read for code spans and ``$``: the text with the
     inside of code spans and math replaced by spaces (same length; the delimiters stay, which
     emphasis next to them sees as punctuation, as CommonMark does), the positions of the ``$``
-    that are dollar signs, and where the first thing more text could change begins (a code span
-    still open, or ``$`` ending the text; None: nothing is).
+    that are dollar signs, and where the first construct still open begins (a code span; in
+    ``growing`` text also math whose closer may yet come, and a ``$`` ending the text, which may
+    yet open, close or be half of ``$$``; None: none is).
 
     Pandoc's rule tells math from money: an opening ``$`` has a non-space after it, a closing one
     a non-space before it and no digit after it, and no blank line is in between; a ``$`` after a
     space before any closer opens rather than closes, so ``$45 and $30``, a table of
     ``$1.2M | $1.5M`` and ``$5-$10`` are money while ``$x^2$`` and ``$$…$$`` stay math. A ``$``
-    whose closer has not come (yet) is money."""
+    whose closer never comes is money; in growing text, one with a digit after it (``$45``) is
+    money until a closer comes, and other openers wait for theirs."""
     out = list(text)
     dollars: list[int] = []
-    open_at: int | None = None
+    held: list[int] = []
     i = 0
     while (token := _INLINE.search(text, i)) is not None:
         i = token.end()
@@ -314,38 +316,40 @@ def scan_inline(text: str) -> tuple[str, list[int], int | None]:
         elif token[0][0] == "`":
             close = re.compile(f"(?<!`){token[0]}(?!`)").search(text, i)
             if close is None:
-                open_at = token.start() if open_at is None else open_at
+                held.append(token.start())
             else:
                 out[i : close.start()] = " " * (close.start() - i)
                 i = close.end()
-    if dollars and dollars[-1] == len(text) - 1:  # an opener, a closer or half of "$$"
-        trailing = len(text.rstrip("$"))
-        open_at = trailing if open_at is None else min(open_at, trailing)
+    if growing and dollars and dollars[-1] == len(text) - 1:
+        held.append(len(text.rstrip("$")))
+        dollars = [d for d in dollars if d < held[-1]]
     money: list[int] = []
     k = 0
     while k < len(dollars):
         i = dollars[k]
         width = 2 if k + 1 < len(dollars) and dollars[k + 1] == i + 1 else 1
         closer = _closer(text, dollars, k, width)
-        if closer is None:
+        if closer is None and growing and not text[i + width : i + width + 1].isdigit():
+            held.append(i)
+        if closer is None or closer < 0:
             money += dollars[k : k + width]
             k += width
         else:
             out[i + width : dollars[closer]] = " " * (dollars[closer] - i - width)
             k = closer + width
-    return "".join(out), money, open_at
+    return "".join(out), money, min(held, default=None)
 
 
 def _closer(text: str, dollars: list[int], k: int, width: int) -> int | None:
     """The index in ``dollars`` of the ``$`` (``$$``: its first one) closing the math opened at
-    ``dollars[k]`` (None: it is no math)."""
+    ``dollars[k]``: -1 when it opens none, None when its closer has not come (yet)."""
     opened = dollars[k]
     if width == 1 and (opened + 1 == len(text) or text[opened + 1].isspace()):
-        return None
+        return -1
     for m in range(k + width, len(dollars) - width + 1):
         j = dollars[m]
         if _BLANK_LINE.search(text, opened, j):
-            return None
+            return -1
         if width == 2:
             if dollars[m + 1] == j + 1:
                 return m
@@ -353,8 +357,8 @@ def _closer(text: str, dollars: list[int], k: int, width: int) -> int | None:
                 and not text.startswith("$$", j):
             return m
         elif text[j - 1].isspace():  # "… $30": a "$" that opens rather than closes, so the
-            return None              # first one is money ("$45 and … $30; $x^2$")
-    return None
+            return -1                # first one is money ("$45 and … $30; $x^2$")
+    return -1 if _BLANK_LINE.search(text, opened) else None
 
 
 def money(markdown: str) -> str:

@@ -142,7 +142,7 @@ def _open_at(block: str) -> int | None:
     """Where the first inline construct still open in ``block`` begins (None: none is)."""
     if not block:
         return None
-    masked, _, cut = scan_inline(block)
+    masked, _, cut = scan_inline(block, growing=True)
     candidates = [cut] if cut is not None else []
     scan = masked if cut is None else masked[:cut]
     # emphasis and strikethrough: delimiter runs with CommonMark's flanking rules
