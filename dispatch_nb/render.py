@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 __all__ = [
+    "code_fences",
     "code_span",
     "compare_parsed_markdown",
     "dollars",
@@ -30,6 +31,7 @@ __all__ = [
     "raw_json",
     "response_markdown",
     "rows_markdown",
+    "scan_inline",
     "short_line",
     "small",
     "thinking_details",
@@ -262,80 +264,114 @@ def dollars(text: str) -> str:
     return text.replace("$", "\\$")
 
 
-_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_CODE_SPAN = re.compile(r"(`+)[^`]*?(?<!`)\1(?!`)", re.S)
+#: an opening fence: a top-level one (a backtick fence's info has no backtick), or at any indent
+FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n`]*$")
+ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
+_INLINE = re.compile(r"\\.|`+|\$", re.S)
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
 
 
-def money(markdown: str) -> str:
-    """A model's Markdown with every ``$`` that is no math delimiter shown as a dollar sign:
-    escaped, in a span MathJax skips. Pandoc's rule tells them apart — an opening ``$`` has a
-    non-space after it, a closing one a non-space before it and no digit after it — and a ``$``
-    after a space before any closer opens rather than closes, so ``$45 and $30``, a table of
-    ``$1.2M | $1.5M`` and ``$5-$10`` are money while ``$x^2$`` and ``$$…$$`` stay math; code
-    spans and code blocks are left alone."""
-    if "$" not in markdown:
-        return markdown
-    out: list[str] = []
-    text: list[str] = []
-    fence = ""
-    for line in markdown.splitlines(keepends=True):
-        opened = _FENCE_LINE.match(line)
-        if fence:
-            out.append(line)
-            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence):
-                fence = ""
-        elif opened:
-            out.append(_money_text("".join(text)))
-            text = []
-            out.append(line)
-            fence = opened.group(1)
-        else:
-            text.append(line)
-    out.append(_money_text("".join(text)))
-    return "".join(out)
+def code_fences(
+    lines: list[str], opening: re.Pattern[str] = FENCE_OPEN
+) -> tuple[list[bool], tuple[str, str] | None]:
+    """Which ``lines`` belong to a fenced code block (fence lines included), and the opening line
+    and marker of a fence left open at their end (None: none is)."""
+    inside: list[bool] = []
+    fence: tuple[str, str] | None = None
+    for line in lines:
+        if fence is None:
+            match = opening.match(line)
+            fence = (line, match.group(1)) if match else None
+            inside.append(fence is not None)
+            continue
+        inside.append(True)
+        stripped, marker = line.strip(), fence[1]
+        if stripped and set(stripped) == {marker[0]} and len(stripped) >= len(marker):
+            fence = None
+    return inside, fence
 
 
-def _money_text(text: str) -> str:
-    """:func:`money` for Markdown outside code blocks."""
-    if "$" not in text:
-        return text
-    skip = [False] * len(text)  # inside a code span
-    for span in _CODE_SPAN.finditer(text):
-        skip[span.start():span.end()] = [True] * (span.end() - span.start())
-    dollars = [i for i, c in enumerate(text) if c == "$" and not skip[i]
-               and (i == 0 or text[i - 1] != "\\")]
-    escape: set[int] = set()
+def scan_inline(text: str, *, growing: bool = False) -> tuple[str, list[int], int | None]:
+    """Markdown prose (its code blocks blanked) read for code spans and ``$``: the text with the
+    inside of code spans and math replaced by spaces (same length; the delimiters stay, which
+    emphasis next to them sees as punctuation, as CommonMark does), the positions of the ``$``
+    that are dollar signs, and where the first construct still open begins (a code span; in
+    ``growing`` text also math whose closer may yet come, and a ``$`` ending the text, which may
+    yet open, close or be half of ``$$``; None: none is).
+
+    Pandoc's rule tells math from money: an opening ``$`` has a non-space after it, a closing one
+    a non-space before it and no digit after it, and no blank line is in between; a ``$`` after a
+    space before any closer opens rather than closes, so ``$45 and $30``, a table of
+    ``$1.2M | $1.5M`` and ``$5-$10`` are money while ``$x^2$`` and ``$$…$$`` stay math. A ``$``
+    whose closer never comes is money; in growing text, one with a digit after it (``$45``) is
+    money until a closer comes, and other openers wait for theirs."""
+    out = list(text)
+    dollars: list[int] = []
+    held: list[int] = []
+    i = 0
+    while (token := _INLINE.search(text, i)) is not None:
+        i = token.end()
+        if token[0] == "$":
+            dollars.append(token.start())
+        elif token[0][0] == "`":
+            close = re.compile(f"(?<!`){token[0]}(?!`)").search(text, i)
+            if close is None:
+                held.append(token.start())
+            else:
+                out[i : close.start()] = " " * (close.start() - i)
+                i = close.end()
+    if growing and dollars and dollars[-1] == len(text) - 1:
+        held.append(len(text.rstrip("$")))
+        dollars = [d for d in dollars if d < held[-1]]
+    money: list[int] = []
     k = 0
     while k < len(dollars):
         i = dollars[k]
-        if text.startswith("$$", i) and k + 1 < len(dollars) and dollars[k + 1] == i + 1:
-            close = next((m for m in range(k + 2, len(dollars) - 1)
-                          if dollars[m + 1] == dollars[m] + 1), None)
-            if close is not None:
-                k = close + 2
-                continue
-            escape.update((i, i + 1))
-            k += 2
-            continue
-        close = None
-        if i + 1 < len(text) and not text[i + 1].isspace():
-            for m in range(k + 1, len(dollars)):
-                j = dollars[m]
-                if "\n\n" in text[i:j]:
-                    break
-                if not text[j - 1].isspace() and not (j + 1 < len(text) and text[j + 1].isdigit()) \
-                        and not text.startswith("$$", j):
-                    close = m
-                    break
-                if text[j - 1].isspace():  # "… $30": a "$" that opens rather than closes, so
-                    break                  # the first one is money ("$45 and … $30; $x^2$")
-        if close is None:
-            escape.add(i)
-            k += 1
+        width = 2 if k + 1 < len(dollars) and dollars[k + 1] == i + 1 else 1
+        closer = _closer(text, dollars, k, width)
+        if closer is None and growing and not text[i + width : i + width + 1].isdigit():
+            held.append(i)
+        if closer is None or closer < 0:
+            money += dollars[k : k + width]
+            k += width
         else:
-            k = close + 1
+            out[i + width : dollars[closer]] = " " * (dollars[closer] - i - width)
+            k = closer + width
+    return "".join(out), money, min(held, default=None)
+
+
+def _closer(text: str, dollars: list[int], k: int, width: int) -> int | None:
+    """The index in ``dollars`` of the ``$`` (``$$``: its first one) closing the math opened at
+    ``dollars[k]``: -1 when it opens none, None when its closer has not come (yet)."""
+    opened = dollars[k]
+    if width == 1 and (opened + 1 == len(text) or text[opened + 1].isspace()):
+        return -1
+    for m in range(k + width, len(dollars) - width + 1):
+        j = dollars[m]
+        if _BLANK_LINE.search(text, opened, j):
+            return -1
+        if width == 2:
+            if dollars[m + 1] == j + 1:
+                return m
+        elif not text[j - 1].isspace() and not (j + 1 < len(text) and text[j + 1].isdigit()) \
+                and not text.startswith("$$", j):
+            return m
+        elif text[j - 1].isspace():  # "… $30": a "$" that opens rather than closes, so the
+            return -1                # first one is money ("$45 and … $30; $x^2$")
+    return -1 if _BLANK_LINE.search(text, opened) else None
+
+
+def money(markdown: str) -> str:
+    """A model's Markdown with every ``$`` that is no math delimiter (:func:`scan_inline`: Pandoc's
+    rule) shown as a dollar sign: escaped, in a span MathJax skips; code is left alone."""
+    if "$" not in markdown:
+        return markdown
+    lines = markdown.split("\n")
+    code = code_fences(lines)[0]
+    prose = "\n".join(" " * len(line) if c else line for line, c in zip(lines, code, strict=True))
+    escape = set(scan_inline(prose)[1])
     return "".join(f"<span{NO_MATH}>\\$</span>" if i in escape else c
-                   for i, c in enumerate(text))
+                   for i, c in enumerate(markdown))
 
 
 def small(text: str) -> str:

@@ -11,7 +11,7 @@ from functools import lru_cache
 from itertools import pairwise
 from typing import Any
 
-from ..render import money
+from ..render import ANY_FENCE, code_fences, money, scan_inline
 
 __all__ = [
     "BLOCK_LIMIT", "Block", "MarkdownBlocks", "close_open_fence", "stable_prefix", "warm_up",
@@ -71,30 +71,9 @@ def close_open_fence(markdown: str) -> str:
     return markdown.rstrip("\n") + "\n" + str(last.markup)
 
 
-#: an opening fence: a top-level one (a backtick fence's info has no backtick), or at any indent
-_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n`]*$")
-_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
 _MARKER_ONLY = re.compile(r"^[ \t]*(?:[-+*>#|=_~`:.]+|\d{1,9}[.)]?)?[ \t]*$")
 _DELIMITER_ROW = re.compile(r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$")
 _ITEM = re.compile(r"^( {0,3})(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
-
-
-def _fences(lines: list[str], opening: re.Pattern[str]) -> tuple[list[bool], tuple[str, str] | None]:
-    """Which ``lines`` belong to a fenced code block (fence lines included), and the opening line
-    and marker of a fence left open at their end (None: none is)."""
-    inside: list[bool] = []
-    fence: tuple[str, str] | None = None
-    for line in lines:
-        if fence is None:
-            match = opening.match(line)
-            fence = (line, match.group(1)) if match else None
-            inside.append(fence is not None)
-            continue
-        inside.append(True)
-        stripped, marker = line.strip(), fence[1]
-        if stripped and set(stripped) == {marker[0]} and len(stripped) >= len(marker):
-            fence = None
-    return inside, fence
 
 
 # ------------------------------------------------------------------------------------------------
@@ -110,7 +89,7 @@ def stable_prefix(block: str) -> str:
 def _stable(block: str) -> str:
     head, _, last = block.rpartition("\n")
     lines = block.split("\n")
-    if _fences(lines[:-1], _FENCE_OPEN)[1] is not None:
+    if code_fences(lines[:-1])[1] is not None:
         # Inside an open code block: a partial line of fence characters may be the closing fence.
         if not last.strip() or set(last.strip()) <= {"`", "~"}:
             return head + "\n" if head else ""
@@ -118,7 +97,7 @@ def _stable(block: str) -> str:
     if _MARKER_ONLY.match(last):
         block = head + "\n" if head else ""
         lines = block.split("\n")
-    code = _fences(lines, _ANY_FENCE)[0]  # inside a list item or quote too
+    code = code_fences(lines, ANY_FENCE)[0]  # inside a list item or quote too
     if code and code[-1] and lines[-1].strip():
         return block  # inside a fenced block of a list item or quote: code, shown as it is
     block = _hold_tables(block, code)
@@ -159,50 +138,11 @@ def _hold_tables(block: str, code: list[bool]) -> str:
 _PUNCT = re.compile(r"[!-/:-@\[-`{-~\s]")
 
 
-def _masked_code_and_math(text: str) -> tuple[str, int | None]:
-    """``text`` with the inside of code spans and math replaced by spaces (same length; their
-    delimiters stay, which emphasis next to them sees as punctuation, as CommonMark does), and
-    the position of the first code span / math that is still open (None when all are closed)."""
-    out = list(text)
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "`":
-            j = i
-            while j < n and text[j] == "`":
-                j += 1
-            run = text[i:j]
-            close = re.compile(r"(?<!`)" + run + r"(?!`)").search(text, j)
-            if close is None:
-                return "".join(out), i
-            for k in range(j, close.start()):
-                out[k] = " "
-            i = close.end()
-            continue
-        if c == "$":
-            delim = "$$" if text.startswith("$$", i) else "$"
-            close_at = text.find(delim, i + len(delim))
-            while close_at > 0 and text[close_at - 1] == "\\":
-                close_at = text.find(delim, close_at + len(delim))
-            if close_at < 0:
-                return "".join(out), i
-            end = close_at + len(delim)
-            for k in range(i + len(delim), close_at):
-                out[k] = " "
-            i = end
-            continue
-        i += 1
-    return "".join(out), None
-
-
 def _open_at(block: str) -> int | None:
     """Where the first inline construct still open in ``block`` begins (None: none is)."""
     if not block:
         return None
-    masked, cut = _masked_code_and_math(block)
+    masked, _, cut = scan_inline(block, growing=True)
     candidates = [cut] if cut is not None else []
     scan = masked if cut is None else masked[:cut]
     # emphasis and strikethrough: delimiter runs with CommonMark's flanking rules
@@ -382,7 +322,7 @@ class MarkdownBlocks:
         lines = tail.split("\n")
         complete = lines[:-1]
         if kind == "fence":
-            fence = _fences(complete, _FENCE_OPEN)[1]
+            fence = code_fences(complete)[1]
             if fence is None or len(complete) < 2:
                 return None
             opening, marker = fence

@@ -291,16 +291,16 @@ def final_output(
     footer = transcript.footer(latency, note=note)
     top = notes_markdown(notes)
     top_plain = _notes_plain(notes)
+    facts = {**transcript.metadata(latency, ttft), "format": fmt, "footer": footer}
     if parsed is not None:
-        meta = _metadata({**transcript.metadata(latency, ttft), "format": "schema", "footer": footer,
-                          "rows": len(parsed_rows(parsed.parsed)), **(extra or {})}, notes)
+        meta = _metadata({**facts, "format": "schema", "rows": len(parsed_rows(parsed.parsed)),
+                          **(extra or {})}, notes)
         md = top + parsed_markdown(parsed, footer=False) + _sub(footer)
         plain = raw_json(parsed)
         # a terminal printed the JSON as it came: the table follows it
         return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"},
                            meta, terminal=rows_markdown(parsed_rows(parsed.parsed)))
-    meta = _metadata({**transcript.metadata(latency, ttft), "format": fmt, "footer": footer,
-                      **(extra or {})}, notes)
+    meta = _metadata({**facts, **(extra or {})}, notes)
     if failed and transcript.empty:
         meta["dispatch_nb"]["footer"] = ""
         if not notes:  # nothing to show: the error follows

@@ -148,12 +148,14 @@ class LiveView:
         wait = self.flushed + self.interval - time.monotonic()
         if wait > 0 and (self.text_shown or not self._has_text()):  # the first text: at once
             return wait
+        self._flush_now()
+        self.text_shown = self.text_shown or self._has_text()
+        return None
+
+    def _flush_now(self) -> None:
         self._flush()
         self.dirty = False
-        if self._has_text():
-            self.text_shown = True
         self.flushed = time.monotonic()  # the next update waits from the end of this one
-        return None
 
     def job_done(self, index: int, footer: str, error: str | None = None) -> None:
         """Column ``index`` finished: show its footer (compare mode shows each as it ends);
@@ -174,10 +176,7 @@ class LiveView:
         self.states[index] = f"waiting for approval of {tool.name}"
         self._state_changed(index)
         self._approval_asked(index, tool)
-        self.dirty = True
-        self._flush()
-        self.dirty = False
-        self.flushed = time.monotonic()
+        self._flush_now()
 
     def approval_answered(self, index: int, tool_id: str, answer: bool | str) -> None:
         """The person answered (or the turn's deadline passed): the status line moves on. A
@@ -214,15 +213,12 @@ class LiveView:
                     self._not_run(index, tool)
                 self.states[index] = "⏹ interrupted"
                 self._state_changed(index)
-        self.dirty = True
-        self._flush()
-        self.dirty = False
+        self._flush_now()
 
     def finish(self, final: FinalOutput) -> None:
         """Replace the live view with the one static ``final`` output."""
         if self.dirty:
-            self._flush()
-            self.dirty = False
+            self._flush_now()
         self._finish(final)
 
     def close(self) -> None:
@@ -306,13 +302,18 @@ class DisplayView(LiveView):
         self.live_handle = ipy_display(self._live_bundle(), raw=True, display_id=True)
         return handle
 
-    def _settle(self) -> None:
+    def _take_blocks(self, final: bool = False) -> None:
+        """Commit the answer's finished blocks; what shows of the growing one is ``live_markdown``."""
         if self.run is not None:
-            finished, _, markdown = self.run.shown(final=True)
+            finished, _, markdown = self.run.shown(final=final)
             for block in finished:
                 self._commit(block.source)
-            if markdown.strip():
-                self._commit(markdown)
+            self.live_markdown = markdown
+
+    def _settle(self) -> None:
+        self._take_blocks(final=True)
+        if self.live_markdown.strip():
+            self._commit(self.live_markdown)
         self.run = None
 
     def start(self, notes: list[str] | None = None) -> None:
@@ -354,7 +355,7 @@ class DisplayView(LiveView):
         from .display import tool_markdown
 
         handle = self.tool_handles.get(tool_id)
-        tool = next((t for t in self.transcripts[0].tools if t.id == tool_id), None)
+        tool = self.transcripts[0].tool(tool_id)
         if handle is not None and tool is not None:
             md = tool_markdown(tool).rstrip()
             handle.update({"text/markdown": md, "text/plain": md}, raw=True)
@@ -365,11 +366,7 @@ class DisplayView(LiveView):
                 {"text/html": self._table_html(), "text/plain": "streaming…"}, raw=True
             )
             return
-        if self.run is not None:
-            finished, _, markdown = self.run.shown(final=final)
-            for block in finished:
-                self._commit(block.source)
-            self.live_markdown = markdown
+        self._take_blocks(final)
         bundle = self._live_bundle()
         if bundle != self.shown:
             self.live_handle.update(bundle, raw=True)
@@ -456,10 +453,10 @@ class TextView(LiveView):
                 prefix = "" if self.at_line_start and not self.pending else "\n"
                 self.pending.append(f"{prefix}🔧 {tool_line(tool)}\n")
         elif kind == "tool_result":
-            for tool in self.transcripts[0].tools:
-                if tool.id == event.result.tool_use_id and tool.id not in self.said:
-                    arrow = "⚠" if tool.is_error else "→"
-                    self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
+            tool = self.transcripts[0].tool(event.result.tool_use_id)
+            if tool is not None and tool.id not in self.said:
+                arrow = "⚠" if tool.is_error else "→"
+                self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
         elif kind == "retry":
             prefix = "" if self.at_line_start and not self.pending else "\n"
             self.pending.append(f"{prefix}{retry_state(event)}\n")

@@ -126,7 +126,6 @@ class _Run:
         self.segments = _Segments(SEGMENT_CHARS)
         self.widgets: list[Any] = []
         self.blocks: list[Any] = []
-        self.dirty_blocks: set[int] = set()
         self.inner = column._make(column.w.VBox, children=())  # the accordion's box
         self.inner_dirty = False
         accordion = column._make(column.w.Accordion, children=(self.inner,), selected_index=None)
@@ -142,22 +141,12 @@ class _Run:
                 column.w.HTML, value="", layout=column.segment_layout, style=column.segment_style
             )
             self.widgets.append(segment)
-            if not self.blocks or len(self.blocks[-1]._dnb_children) >= BLOCK_SEGMENTS:
-                block = column._make(column.w.VBox, children=(), layout=column.segment_layout)
-                block._dnb_children = []
-                self.blocks.append(block)
-                self.inner_dirty = True
-            self.blocks[-1]._dnb_children.append(segment)
-            self.dirty_blocks.add(len(self.blocks) - 1)
+            self.inner_dirty |= column.put(self.blocks, segment)
 
     def flush(self, final: bool = False) -> None:
         for i in self.segments.take_dirty():
             text = html.escape(self.segments.chunks[i])
             self.widgets[i].value = f"<div class='dnb-thinking'>{text}</div>"
-        for b in sorted(self.dirty_blocks):
-            block = self.blocks[b]
-            block.children = tuple(block._dnb_children)
-        self.dirty_blocks.clear()
         if self.inner_dirty:
             self.inner.children = tuple(self.blocks)
             self.inner_dirty = False
@@ -252,8 +241,8 @@ class _WidgetColumn:
         self.parts_dirty = False
         self.runs: list[_Run | _MarkdownRun] = []
         self.current: _Run | _MarkdownRun | None = None
-        self.groups: list[Any] = []  # boxes of Markdown blocks in the body
-        self.dirty_groups: set[int] = set()
+        self.boxes: list[Any] = []  # of thinking segments, and of Markdown blocks in the body
+        self.dirty_boxes: list[Any] = []
         self.accordions: list[Any] = []
         self.tools: dict[str, tuple[Any, ToolRun]] = {}
         self.dirty_tools: set[str] = set()
@@ -266,19 +255,26 @@ class _WidgetColumn:
         self.created.append(widget)
         return widget
 
-    def place(self, widget: Any) -> None:
-        """Put a new Markdown block widget at the end of the body (in groups of 16)."""
-        last = self.parts[-1] if self.parts else None
-        if last is None or last not in self.groups or len(last._dnb_children) >= BLOCK_SEGMENTS:
-            group = self._make(self.w.VBox, children=(), layout=self.segment_layout)
-            group.add_class("dnb-flow")
-            group._dnb_children = []
-            self.groups.append(group)
-            self.parts.append(group)
-            self.parts_dirty = True
-            last = group
+    def put(self, parts: list[Any], widget: Any) -> bool:
+        """Put ``widget`` in the last box of ``parts``, or in a new one when that is full or no
+        box: True when a box was added to ``parts``."""
+        last: Any = parts[-1] if parts else None
+        new = last not in self.boxes or len(last._dnb_children) >= BLOCK_SEGMENTS
+        if new:
+            last = self._make(self.w.VBox, children=(), layout=self.segment_layout)
+            last._dnb_children = []
+            self.boxes.append(last)
+            parts.append(last)
         last._dnb_children.append(widget)
-        self.dirty_groups.add(self.groups.index(last))
+        if last not in self.dirty_boxes:
+            self.dirty_boxes.append(last)
+        return new
+
+    def place(self, widget: Any) -> None:
+        """Put a new Markdown block widget at the end of the body (in boxes of 16)."""
+        if self.put(self.parts, widget):
+            self.parts[-1].add_class("dnb-flow")
+            self.parts_dirty = True
 
     def _open(self, kind: str) -> _Run | _MarkdownRun:
         if self.current is not None and self.current.kind == kind:
@@ -312,10 +308,9 @@ class _WidgetColumn:
     def flush(self, final: bool = False) -> None:
         for run in self.runs:
             run.flush(final=final)
-        for g in sorted(self.dirty_groups):
-            group = self.groups[g]
-            group.children = tuple(group._dnb_children)
-        self.dirty_groups.clear()
+        for box in self.dirty_boxes:
+            box.children = tuple(box._dnb_children)
+        self.dirty_boxes.clear()
         for tool_id in sorted(self.dirty_tools):
             line, part = self.tools[tool_id]
             line.value = _tool_html(part)

@@ -285,3 +285,23 @@ def test_a_models_dollar_amounts_are_money_and_its_math_stays_math() -> None:
     finished, _current, shown = run.shown(final=True)
     assert [b.source for b in finished] == [f"Revenue was {d}1.2M, up from {d}1.0M."]
     assert shown == "Next paragraph"
+
+
+def test_the_live_view_streams_on_past_a_dollar_amount() -> None:
+    """The live view tells money from math by the same rule as the final output (Pandoc's): text
+    after an amount ("$45") is shown as it streams, not held back until its block ends; math is
+    shown once closed, and a "$" ending the text (an opener, a closer or half of "$$") waits."""
+    from dispatch_nb.notebook.blocks import MarkdownBlocks
+    from dispatch_nb.render import NO_MATH
+
+    d = f"<span{NO_MATH}>\\$</span>"
+    for fed, shown in [("It costs $45 and the rest of it", f"It costs {d}45 and the rest of it"),
+                       ("the area is $x^2$ and *so* on", "the area is $x^2$ and *so* on"),
+                       ("It costs $45 and `$5` is code", f"It costs {d}45 and `$5` is code"),
+                       ("the area is $x^2", "the area is"),
+                       ("the area is $x^2$", "the area is"),
+                       ("from $5-$10 or $", f"from {d}5-{d}10 or"),
+                       ("it costs $", "it costs")]:
+        run = MarkdownBlocks()
+        run.feed(fed)
+        assert run.shown()[2] == shown, fed
