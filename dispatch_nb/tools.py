@@ -56,14 +56,13 @@ class Tool:
             raise ValueError("this function has no usable name: pass @tool(name=...)")
         summary, param_docs = parse_docstring(inspect.getdoc(function) or "")
         self.description = description if description is not None else summary
-        self._signature = inspect.signature(function)
-        self._model = _arguments_model(function, self._signature, param_docs, self.name)
-        self._positional = [
-            p.name
-            for p in self._signature.parameters.values()
-            if p.kind is inspect.Parameter.POSITIONAL_ONLY
-        ]
-        self.parameters = _schema_of(self._model)
+        signature = inspect.signature(function)
+        self._model = _arguments_model(function, signature, param_docs, self.name)
+        self._positional = [p.name for p in signature.parameters.values()
+                            if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+        self.parameters = self._model.model_json_schema(schema_generator=_NoTitles)
+        self.parameters.pop("title", None)
+        self.parameters.setdefault("properties", {})
         self.definition = ToolDefinition(
             name=self.name, description=self.description, parameters=self.parameters
         )
@@ -229,13 +228,6 @@ class _NoTitles(GenerateJsonSchema):
 
     def field_title_should_be_set(self, schema: Any) -> bool:
         return False
-
-
-def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema(schema_generator=_NoTitles)
-    schema.pop("title", None)
-    schema.setdefault("properties", {})
-    return schema
 
 
 def _arguments_model(

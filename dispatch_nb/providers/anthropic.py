@@ -123,11 +123,9 @@ class AnthropicAdapter(HTTPAdapter):
         return {"x-api-key": key}
 
     def _beta_header(self, extra: Any = None) -> dict[str, str]:
-        betas = list(self._betas)
-        if extra:
-            betas += [extra] if isinstance(extra, str) else list(extra)
-        betas = list(dict.fromkeys(b for b in betas if b))
-        return {"anthropic-beta": ",".join(betas)} if betas else {}
+        extra = [extra] if isinstance(extra, str) else list(extra or ())
+        betas = ",".join(dict.fromkeys(b for b in [*self._betas, *extra] if b))
+        return {"anthropic-beta": betas} if betas else {}
 
     # -- request -------------------------------------------------------------------------------
     def output_mode(self, request: ChatRequest) -> str | None:

