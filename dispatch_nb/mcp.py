@@ -318,11 +318,8 @@ class MCPServer:
         cursor: str | None = None
         for _ in range(100):  # a paginator that never ends cannot hang a turn
             page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-            tools.extend(
-                ToolDefinition(name=t.name, description=t.description or "",
-                               parameters=t.input_schema)
-                for t in page.tools
-            )
+            tools += [ToolDefinition(name=t.name, description=t.description or "",
+                                     parameters=t.input_schema) for t in page.tools]
             cursor = page.next_cursor
             if not cursor:
                 break
@@ -341,9 +338,7 @@ class MCPServer:
             return error_result(call.id, f"MCP server {self.name} could not start: {exc}")
         owner = self._owner
         work = asyncio.ensure_future(client.call_tool(name, dict(call.arguments)))
-        waits: set[asyncio.Future[Any]] = {work}
-        if owner is not None:
-            waits.add(owner)
+        waits: set[asyncio.Future[Any]] = {work} if owner is None else {work, owner}
         try:
             await asyncio.wait(waits, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:

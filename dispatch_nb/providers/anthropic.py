@@ -211,9 +211,7 @@ class AnthropicAdapter(HTTPAdapter):
             models = self.list_models()
         except DispatchError as exc:
             return ValidationResult(False, exc.message)
-        return ValidationResult(
-            True, f"Anthropic accepted the API key ({len(models)} models available)"
-        )
+        return ValidationResult(True, f"Anthropic accepted the API key ({len(models)} models available)")
 
 
 _CLAUDE_VERSION = re.compile(r"claude-(opus|sonnet|haiku)-(\d+)(?:-(\d{1,2}))?(?=-|$|@)")
@@ -233,9 +231,6 @@ def supports_output_config(model: str) -> bool:
 
 
 def _model_info(data: Mapping[str, Any]) -> ModelInfo:
-    extra: dict[str, Any] = {}
-    if data.get("created_at"):
-        extra["created_at"] = data["created_at"]
     return ModelInfo(
         id=str(data["id"]),
         name=str(data.get("display_name") or data["id"]),
@@ -245,5 +240,5 @@ def _model_info(data: Mapping[str, Any]) -> ModelInfo:
         supports_streaming=True,
         max_context_tokens=data.get("max_input_tokens") or CLAUDE_CONTEXT_TOKENS,
         max_output_tokens=data.get("max_tokens"),
-        **extra,
+        **({"created_at": data["created_at"]} if data.get("created_at") else {}),
     )
