@@ -90,7 +90,6 @@ class AnthropicAdapter(HTTPAdapter):
         #: forced tool, for models and servers without ``output_config``) or ``prompt``
         self.structured_output = structured_output
 
-    # -- identity ------------------------------------------------------------------------------
     provider_name = "anthropic"
     display_name = "Anthropic"
 
@@ -105,7 +104,6 @@ class AnthropicAdapter(HTTPAdapter):
 
         return AnthropicBatchAPI(self)
 
-    # -- auth ----------------------------------------------------------------------------------
     def auth_headers(self) -> dict[str, str]:
         """``x-api-key``; raises :class:`AuthenticationError` when there is no key at all."""
         fixed = self.fixed_headers
@@ -127,7 +125,6 @@ class AnthropicAdapter(HTTPAdapter):
         betas = ",".join(dict.fromkeys(b for b in [*self._betas, *extra] if b))
         return {"anthropic-beta": betas} if betas else {}
 
-    # -- request -------------------------------------------------------------------------------
     def output_mode(self, request: ChatRequest) -> str | None:
         """``output_config`` on models that take it (:func:`supports_output_config`) when the
         schema suits it, else ``tool``; ``structured_output=`` / ``StructuredOutput(mode=...)``
@@ -166,7 +163,6 @@ class AnthropicAdapter(HTTPAdapter):
                 request_id = data["request_id"]
         return request_id
 
-    # -- models, tokens, validation ------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:
         """Every model the key can use (``GET /v1/models``, all pages)."""
         models: list[ModelInfo] = []

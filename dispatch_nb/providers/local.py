@@ -142,8 +142,6 @@ class _LoadedModel:
 
     llama: Any
     path: Path
-    n_ctx: int
-    chat_format: str | None
     lock: threading.Lock = field(default_factory=threading.Lock)
     owner: int | None = None
     current: _Generation | None = None
@@ -263,8 +261,7 @@ def _load(path: Path, n_ctx: int, chat_format: str | None, n_threads: int | None
                 "architecture this llama-cpp-python supports?",
                 provider="local",
             ) from exc
-        model = _LoadedModel(llama=llama, path=path, n_ctx=n_ctx, chat_format=chat_format,
-                             verbose=verbose)
+        model = _LoadedModel(llama=llama, path=path, verbose=verbose)
         llama._dispatch_nb_model = model
         _install_abort_callback(llama_cpp, model)
         _models[key] = model
@@ -678,18 +675,16 @@ def _json_grammar(schema: dict[str, Any]) -> Any:
 
     text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
     try:
-        gbnf = _grammars.get(text)
-        if gbnf is None:
-            gbnf = llama_grammar.json_schema_to_gbnf(text).replace(_LOOSE_CHAR_RULE, _JSON_CHAR_RULE)
-        grammar = llama_grammar.LlamaGrammar.from_string(gbnf, verbose=False)
+        if text not in _grammars:
+            gbnf = llama_grammar.json_schema_to_gbnf(text)
+            _grammars[text] = gbnf.replace(_LOOSE_CHAR_RULE, _JSON_CHAR_RULE)
+        return llama_grammar.LlamaGrammar.from_string(_grammars[text], verbose=False)
     except Exception as exc:
         raise RequestError(
             f"llama.cpp cannot turn the output schema into a grammar ({exc}); simplify the "
             "schema (llama-cpp-python " + str(getattr(llama_cpp, "__version__", "?")) + ")",
             provider="local",
         ) from None
-    _grammars[text] = gbnf
-    return grammar
 
 
 def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:

@@ -131,12 +131,10 @@ class OpenAIAdapter(HTTPAdapter):
         #: (compatible only) or ``prompt`` (see :meth:`output_mode`)
         self.structured_output = structured_output
 
-    # -- identity --------------------------------------------------------------------------------
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(model={self._model!r}, backend={self.backend_mode!r}, "
                 f"base_url={self.base_url!r})")
 
-    # -- HTTP seams (requests and answers: the wire format's) ------------------------------------
     def auth_headers(self) -> dict[str, str]:
         key, kept_back = (self._api_key, "") if self._api_key else \
             self.settings.key_for(self.base_url)
@@ -208,7 +206,6 @@ class OpenAIAdapter(HTTPAdapter):
             )
         return True
 
-    # -- models ----------------------------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:
         """The models ``GET {base_url}/models`` lists."""
         return _model_list(self.get_json("models"))
