@@ -536,8 +536,7 @@ class LocalAdapter(Adapter):
             try:
                 model.llama.create_chat_completion(**kwargs)
             except ValueError as exc:
-                too_long = _requested_tokens(exc)
-                if too_long is not None:
+                if (too_long := _requested_tokens(exc)) is not None:
                     return too_long
                 raise RequestError(str(exc), provider="local") from exc
             except Exception:
@@ -583,9 +582,7 @@ class LocalAdapter(Adapter):
         kwargs: dict[str, Any] = {
             "messages": _chat_messages(request, function_calling=function_calling),
             "stream": True,
-            "temperature": (
-                DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
-            ),
+            "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             "seed": secrets.randbelow(2**31) if seed < 0 else seed,
         }
         if request.max_tokens is not None:
@@ -652,8 +649,7 @@ class LocalAdapter(Adapter):
                 model.unmute()
             yield from acc.end_open_tools()
             truncated = any(c.arguments_error for c in acc.snapshot().tool_calls)
-            acc.usage = Usage(input_tokens=gen.prompt_tokens or 0,
-                              output_tokens=gen.output_tokens)
+            acc.usage = Usage(input_tokens=gen.prompt_tokens or 0, output_tokens=gen.output_tokens)
             acc.stop_reason = _map_stop(finish, gen, request, truncated)
 
 

@@ -195,15 +195,13 @@ class OpenAIAdapter(HTTPAdapter):
         if learnt is None:
             return False
         with self._learn_lock:
-            first = self._learnt is None
-            if first:
+            if self._learnt is None:
                 self._learnt = learnt
-        if first:
-            logger.warning(
-                "%s at %s rejected response_format json_schema; asking for structured output "
-                "as json_object with a schema from now on (structured_output='json_object')",
-                self.display_name, self.base_url,
-            )
+                logger.warning(
+                    "%s at %s rejected response_format json_schema; asking for structured output "
+                    "as json_object with a schema from now on (structured_output='json_object')",
+                    self.display_name, self.base_url,
+                )
         return True
 
     def list_models(self) -> list[ModelInfo]:
