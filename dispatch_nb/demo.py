@@ -116,10 +116,8 @@ def run_demo(
 
     nb: Any = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
     env = {**os.environ, "DISPATCH_NB_CACHE": cache, "DISPATCH_NB_LIVE": "display"}
-    client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", allow_errors=False,
-        resources={"metadata": {"path": str(path.parent.resolve())}},
-    )
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
     overrides = (f'%config ChatMagics.model = "{spec}"\n' if spec else "") \
         + f'%config ChatMagics.cache = "{cache}"'
     started = time.monotonic()

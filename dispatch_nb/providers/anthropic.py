@@ -75,17 +75,15 @@ class AnthropicAdapter(HTTPAdapter):
         url = ANTHROPIC_ENV.base_url(base_url)
         if url.endswith("/v1"):
             url = url[: -len("/v1")]  # paths below already start with v1/
-        extra = {"anthropic-version": anthropic_version}
-        extra.update({k.lower(): v for k, v in (headers or {}).items()})
+        extra = {"anthropic-version": anthropic_version, **{k.lower(): v for k, v in (headers or {}).items()}}
         super().__init__(base_url=url, model=model, headers=extra,
                          async_http_client=async_http_client, max_tokens=max_tokens,
                          timeout=timeout, max_retries=max_retries)
         self._api_key = api_key
         self._betas = list(betas or [])
         #: the wire format: Anthropic's Messages API (``max_tokens`` defaults to this adapter's)
-        self.wire = MessagesWire(
-            "anthropic", MessagesQuirks(default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS)
-        )
+        self.wire = MessagesWire("anthropic",
+                                 MessagesQuirks(default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS))
         #: how ``output=`` is asked for: ``auto``, ``native`` (``output_config``), ``tool`` (a
         #: forced tool, for models and servers without ``output_config``) or ``prompt``
         self.structured_output = structured_output

@@ -42,6 +42,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
+from ..wire.chat_completions import ChatStreamParser
 from ..wire.request import requested_mode, unsupported_mode
 
 __all__ = [
@@ -630,16 +631,12 @@ class LocalAdapter(Adapter):
                     llama.set_seed(kwargs["seed"])
                     chunks = [_as_chunk(llama.create_chat_completion(**{**kwargs,
                                                                         "stream": False}))]
+                parser = ChatStreamParser(acc, provider="local")
                 for chunk in chunks:
+                    # only the choices: the chunk's "model" is the GGUF's path, not the model name
                     choice = (chunk.get("choices") or [{}])[0]
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content")
-                    if content:
-                        yield acc.text(content)
-                    for call in delta.get("tool_calls") or ():
-                        yield from _tool_deltas(acc, call)
-                    if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
+                    yield from parser.feed_chunk({"choices": [choice]})
+                    finish = choice.get("finish_reason") or finish
                     control.check()
             except DispatchError:
                 raise
@@ -690,16 +687,6 @@ def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
     return {"choices": [{"delta": {"content": message.get("content"), "tool_calls": calls},
                          "finish_reason": choice.get("finish_reason")}]}
-
-
-def _tool_deltas(acc: Accumulator, call: dict[str, Any]) -> Iterator[StreamDelta]:
-    key = ("tool", call.get("index", 0))
-    function = call.get("function") or {}
-    if not acc.has_tool(key):
-        yield acc.tool_start(key, call.get("id") or f"call_{key[1]}", function.get("name") or "")
-    fragment = function.get("arguments")
-    if fragment:
-        yield acc.tool_delta(key, fragment)
 
 
 def _requested_tokens(exc: BaseException) -> int | None:
