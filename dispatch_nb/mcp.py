@@ -437,8 +437,7 @@ def call_result(tool_use_id: str, result: Any) -> ToolResultBlock:
                 parts.append(f"[image {block.mime_type}, {size} bytes: not shown to the model, "
                              "which takes PNG, JPEG, GIF or WebP images of at most 5 MB]")
         elif kind == "audio":
-            size = len(block.data) * 3 // 4
-            parts.append(f"[{kind} {block.mime_type}, {size} bytes]")
+            parts.append(f"[audio {block.mime_type}, {len(block.data) * 3 // 4} bytes]")
         elif kind == "resource_link":
             parts.append(f"[resource {block.uri}]")
         elif kind == "resource":
