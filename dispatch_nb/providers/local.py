@@ -598,9 +598,7 @@ class LocalAdapter(Adapter):
             if options.get("response_format") is not None:
                 raise ValueError("pass output= or response_format=, not both")
             kwargs["grammar"] = _json_grammar(request.output.schema)
-        extra = options.get("extra_body")
-        if extra:
-            kwargs.update(dict(extra))
+        kwargs.update(options.get("extra_body") or {})
         if tools:
             kwargs["tools"] = [{"type": "function", "function": t.model_dump()} for t in tools]
             kwargs["tool_choice"] = _tool_choice(options.get("tool_choice"), tools)

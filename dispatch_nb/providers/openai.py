@@ -118,9 +118,7 @@ class OpenAIAdapter(HTTPAdapter):
         self._api_key = api_key  # else the environment's key, read at call time
         #: the environment variables its server and key come from
         self.settings = settings
-        self.wire = (
-            ResponsesWire(self.provider_name) if official else ChatCompletionsWire(self.provider_name)
-        )
+        self.wire = (ResponsesWire if official else ChatCompletionsWire)(self.provider_name)
         #: what this adapter learnt about its server (a chat.completions server that refuses
         #: ``json_schema``): the wire format to build requests with from then on
         self._learnt: WireFormat | None = None
