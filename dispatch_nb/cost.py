@@ -87,8 +87,6 @@ class Cost(BaseModel):
             return NotImplemented
         return self.model_dump(exclude={"replayed"}) == other.model_dump(exclude={"replayed"})
 
-    __hash__ = None  # type: ignore[assignment]
-
     @property
     def spent_usd(self) -> Decimal | None:
         """What it costs now: ``usd``, or 0 for a replayed answer."""
