@@ -3,6 +3,7 @@ variables (docs/tools.md, "The kernel as context")."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -41,11 +42,8 @@ def describe_value(name: str, value: Any, max_bytes: int = DEFAULT_MAX_BYTES) ->
         lines.append(f"shape: {shape}")
         lines.append(f"dtype: {value.dtype}")
     else:
-        if hasattr(value, "__len__"):
-            try:
-                lines.append(f"len: {len(value)}")
-            except Exception:
-                pass
+        with contextlib.suppress(Exception):  # no len(), or a len() that fails
+            lines.append(f"len: {len(value)}")
         lines.append("repr: " + repr(value)[:max_bytes])
     return _clip("\n".join(lines), max_bytes)
 
@@ -61,9 +59,7 @@ def context_tools(
 
     def list_variables() -> str:
         """List the variables of the user's Python session you may read, with their types."""
-        rows = [
-            f"{n}: {type(namespace[n]).__name__}" for n in allowed if n in namespace
-        ]
+        rows = [f"{n}: {type(namespace[n]).__name__}" for n in allowed if n in namespace]
         return _clip("\n".join(rows) or "(none of the allowed variables exist yet)", max_bytes)
 
     def describe(name: str) -> str:

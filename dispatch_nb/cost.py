@@ -87,8 +87,6 @@ class Cost(BaseModel):
             return NotImplemented
         return self.model_dump(exclude={"replayed"}) == other.model_dump(exclude={"replayed"})
 
-    __hash__ = None  # type: ignore[assignment]
-
     @property
     def spent_usd(self) -> Decimal | None:
         """What it costs now: ``usd``, or 0 for a replayed answer."""
@@ -274,9 +272,7 @@ class Ledger:
                replayed: bool = False) -> None:
         """Enter one answer (``replayed``: the response cache replayed it, nothing was sent)."""
         with self._lock:
-            row = self._rows.get((provider, model))
-            if row is None:
-                row = self._rows[(provider, model)] = LedgerRow(provider, model)
+            row = self._rows.setdefault((provider, model), LedgerRow(provider, model))
             row.cost.add(cost, replayed=replayed)
             if replayed or (cost is not None and cost.replayed):
                 return  # nothing was sent: its tokens are the recording's, not this kernel's

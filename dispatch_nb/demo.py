@@ -5,6 +5,7 @@ every cell ran, 1 when a cell failed or nothing can answer, 2 for usage errors.
 
 from __future__ import annotations
 
+import functools
 import html
 import os
 import re
@@ -78,9 +79,7 @@ def run_demo(
     bounds each cell in seconds.
     """
 
-    def say(text: str = "") -> None:
-        print(text, flush=True)
-
+    say = functools.partial(print, flush=True)
     path = Path(notebook) if notebook is not None else default_notebook()
     if path is None or not path.is_file():
         where = path if path is not None else QUICKSTART
@@ -117,10 +116,8 @@ def run_demo(
 
     nb: Any = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
     env = {**os.environ, "DISPATCH_NB_CACHE": cache, "DISPATCH_NB_LIVE": "display"}
-    client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", allow_errors=False,
-        resources={"metadata": {"path": str(path.parent.resolve())}},
-    )
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
     overrides = (f'%config ChatMagics.model = "{spec}"\n' if spec else "") \
         + f'%config ChatMagics.cache = "{cache}"'
     started = time.monotonic()

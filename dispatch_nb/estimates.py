@@ -122,7 +122,7 @@ class Estimate(BaseModel):
 
     def summary(self) -> str:
         """One line: rows, tokens, the USD range."""
-        rows = f"{self.rows:,} row{'s' if self.rows != 1 else ''} · " if self.rows != 1 else ""
+        rows = f"{self.rows:,} rows · " if self.rows != 1 else ""
         tokens = (f"{'~' if self.approximate else ''}{self.input_tokens:,} input tokens "
                   f"({self.counted_by})")
         if self.low_usd is not None and self.high_usd is not None:

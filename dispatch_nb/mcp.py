@@ -284,11 +284,8 @@ class MCPServer:
             return ""
         with contextlib.suppress(Exception):
             self._stderr.flush()
-            self._stderr.seek(0, os.SEEK_END)
-            size = self._stderr.tell()
-            self._stderr.seek(max(0, size - 4 * STDERR_TAIL))
-            text = self._stderr.read().strip()
-            return text[-STDERR_TAIL:]
+            self._stderr.seek(max(0, self._stderr.seek(0, os.SEEK_END) - 4 * STDERR_TAIL))
+            return self._stderr.read().strip()[-STDERR_TAIL:]
         return ""
 
     def _describe(self, exc: BaseException, *, stderr: bool = False) -> str:
@@ -296,7 +293,7 @@ class MCPServer:
             exc = exc.exceptions[0]  # type: ignore[attr-defined]
         text = str(exc) or type(exc).__name__
         tail = self._stderr_tail() if stderr else ""
-        return f"{text}" + (f" (its stderr ends: {tail})" if tail else "")
+        return text + (f" (its stderr ends: {tail})" if tail else "")
 
     async def _stop(self) -> None:
         owner, closing = self._owner, self._closing
@@ -321,11 +318,8 @@ class MCPServer:
         cursor: str | None = None
         for _ in range(100):  # a paginator that never ends cannot hang a turn
             page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-            tools.extend(
-                ToolDefinition(name=t.name, description=t.description or "",
-                               parameters=t.input_schema)
-                for t in page.tools
-            )
+            tools += [ToolDefinition(name=t.name, description=t.description or "",
+                                     parameters=t.input_schema) for t in page.tools]
             cursor = page.next_cursor
             if not cursor:
                 break
@@ -344,9 +338,7 @@ class MCPServer:
             return error_result(call.id, f"MCP server {self.name} could not start: {exc}")
         owner = self._owner
         work = asyncio.ensure_future(client.call_tool(name, dict(call.arguments)))
-        waits: set[asyncio.Future[Any]] = {work}
-        if owner is not None:
-            waits.add(owner)
+        waits: set[asyncio.Future[Any]] = {work} if owner is None else {work, owner}
         try:
             await asyncio.wait(waits, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -370,19 +362,6 @@ class MCPServer:
             return error_result(call.id, f"{call.name} failed on MCP server {self.name}: "
                                 f"{self._describe(failure)}")
         return call_result(call.id, work.result())
-
-    def tools_for(self, taken: set[str], cache: ResponseCache | None = None,
-                  listed: list[ToolDefinition] | None = None) -> list[MCPTool]:
-        """This server's listed tools (or ``listed``) as :class:`MCPTool` s; a name in ``taken``
-        gets the server's name as a prefix; ``cache`` records and replays their calls."""
-        out = []
-        for definition in self._tools or [] if listed is None else listed:
-            exposed = definition.name
-            if exposed in taken:
-                exposed = _prefixed(self.name, definition.name)
-            taken.add(exposed)
-            out.append(MCPTool(self, definition, exposed, cache))
-        return out
 
 
 class MCPTool(Tool):
@@ -458,8 +437,7 @@ def call_result(tool_use_id: str, result: Any) -> ToolResultBlock:
                 parts.append(f"[image {block.mime_type}, {size} bytes: not shown to the model, "
                              "which takes PNG, JPEG, GIF or WebP images of at most 5 MB]")
         elif kind == "audio":
-            size = len(block.data) * 3 // 4
-            parts.append(f"[{kind} {block.mime_type}, {size} bytes]")
+            parts.append(f"[audio {block.mime_type}, {len(block.data) * 3 // 4} bytes]")
         elif kind == "resource_link":
             parts.append(f"[resource {block.uri}]")
         elif kind == "resource":
@@ -546,7 +524,13 @@ async def gather_tools(servers: list[MCPServer], taken: set[str],
     await asyncio.gather(*(one(s) for s in servers))
     out: list[MCPTool] = []
     for server in servers:
-        out.extend(server.tools_for(taken, cache, listings.get(server.name)))
+        listed = listings.get(server.name)
+        for definition in server._tools or [] if listed is None else listed:
+            exposed = definition.name
+            if exposed in taken:
+                exposed = _prefixed(server.name, definition.name)
+            taken.add(exposed)
+            out.append(MCPTool(server, definition, exposed, cache))
     return out
 
 

@@ -140,12 +140,8 @@ class FakeAdapter(CanonicalAdapter):
         self.handler = handler if handler is not None else CanonicalHandler()
         self.handler.push(*script)
         transport = httpx.MockTransport(self.handler)
-        super().__init__(
-            model,
-            base_url=FAKE_BASE_URL,
-            async_http_client=httpx.AsyncClient(transport=transport),
-            **options,
-        )
+        super().__init__(model, base_url=FAKE_BASE_URL,
+                         async_http_client=httpx.AsyncClient(transport=transport), **options)
 
     def push(self, *items: ScriptItem) -> FakeAdapter:
         """Queue answers on :attr:`handler`."""

@@ -56,14 +56,13 @@ class Tool:
             raise ValueError("this function has no usable name: pass @tool(name=...)")
         summary, param_docs = parse_docstring(inspect.getdoc(function) or "")
         self.description = description if description is not None else summary
-        self._signature = inspect.signature(function)
-        self._model = _arguments_model(function, self._signature, param_docs, self.name)
-        self._positional = [
-            p.name
-            for p in self._signature.parameters.values()
-            if p.kind is inspect.Parameter.POSITIONAL_ONLY
-        ]
-        self.parameters = _schema_of(self._model)
+        signature = inspect.signature(function)
+        self._model = _arguments_model(function, signature, param_docs, self.name)
+        self._positional = [p.name for p in signature.parameters.values()
+                            if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+        self.parameters = self._model.model_json_schema(schema_generator=_NoTitles)
+        self.parameters.pop("title", None)
+        self.parameters.setdefault("properties", {})
         self.definition = ToolDefinition(
             name=self.name, description=self.description, parameters=self.parameters
         )
@@ -231,13 +230,6 @@ class _NoTitles(GenerateJsonSchema):
         return False
 
 
-def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema(schema_generator=_NoTitles)
-    schema.pop("title", None)
-    schema.setdefault("properties", {})
-    return schema
-
-
 def _arguments_model(
     function: Callable[..., Any],
     signature: inspect.Signature,
@@ -259,16 +251,9 @@ def _arguments_model(
         if annotation is inspect.Parameter.empty:
             annotation = Any
         default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (
-            annotation,
-            Field(default, description=param_docs.get(param.name) or None),
-        )
+        fields[param.name] = (annotation, Field(default, description=param_docs.get(param.name) or None))
     try:
-        return pydantic.create_model(
-            f"{name}_arguments",
-            __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
-            **fields,
-        )
+        return pydantic.create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
     except (pydantic.PydanticSchemaGenerationError, TypeError, NameError) as exc:
         raise TypeError(f"tool {name}: cannot build a JSON Schema from its type hints: {exc}") from exc
 
@@ -289,8 +274,10 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def _is_numpy_rule(line: str | None) -> bool:
-    return line is not None and len(line.strip()) >= 3 and set(line.strip()) == {"-"}
+def _rule_follows(lines: list[str], i: int) -> bool:
+    """Whether the line after ``lines[i]`` is a NumPy section rule (``-----``)."""
+    rule = lines[i + 1].strip() if i + 1 < len(lines) else ""
+    return len(rule) >= 3 and set(rule) == {"-"}
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
@@ -302,13 +289,8 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     summary_lines: list[str] = []
     for i, line in enumerate(lines):
         stripped = line.strip()
-        next_line = lines[i + 1] if i + 1 < len(lines) else None
-        if (
-            not stripped
-            or _ANY_GOOGLE_HEADER.match(stripped)
-            or _SPHINX_FIELD.match(stripped)
-            or _is_numpy_rule(next_line)
-        ):
+        if (not stripped or _ANY_GOOGLE_HEADER.match(stripped) or _SPHINX_FIELD.match(stripped)
+                or _rule_follows(lines, i)):
             break
         summary_lines.append(stripped)
     params: dict[str, str] = {}
@@ -316,10 +298,9 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     while i < len(lines):
         line = lines[i]
         stripped = line.strip()
-        next_line = lines[i + 1] if i + 1 < len(lines) else None
         if _GOOGLE_HEADER.match(stripped):
             i = _google_section(lines, i + 1, _indent(line), params)
-        elif stripped.lower() in _NUMPY_PARAM_HEADERS and _is_numpy_rule(next_line):
+        elif stripped.lower() in _NUMPY_PARAM_HEADERS and _rule_follows(lines, i):
             i = _numpy_section(lines, i + 2, _indent(line), params)
         elif match := _SPHINX_PARAM.match(stripped):
             text = [match.group(2).strip()]
@@ -360,8 +341,7 @@ def _numpy_section(lines: list[str], i: int, header_indent: int, out: dict[str, 
     current: str | None = None
     while i < len(lines):
         line = lines[i]
-        next_line = lines[i + 1] if i + 1 < len(lines) else None
-        if _is_numpy_rule(next_line) and line.strip():
+        if _rule_follows(lines, i) and line.strip():
             break  # the next section
         if not line.strip():
             i += 1

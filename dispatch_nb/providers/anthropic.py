@@ -75,22 +75,19 @@ class AnthropicAdapter(HTTPAdapter):
         url = ANTHROPIC_ENV.base_url(base_url)
         if url.endswith("/v1"):
             url = url[: -len("/v1")]  # paths below already start with v1/
-        extra = {"anthropic-version": anthropic_version}
-        extra.update({k.lower(): v for k, v in (headers or {}).items()})
+        extra = {"anthropic-version": anthropic_version, **{k.lower(): v for k, v in (headers or {}).items()}}
         super().__init__(base_url=url, model=model, headers=extra,
                          async_http_client=async_http_client, max_tokens=max_tokens,
                          timeout=timeout, max_retries=max_retries)
         self._api_key = api_key
         self._betas = list(betas or [])
         #: the wire format: Anthropic's Messages API (``max_tokens`` defaults to this adapter's)
-        self.wire = MessagesWire(
-            "anthropic", MessagesQuirks(default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS)
-        )
+        self.wire = MessagesWire("anthropic",
+                                 MessagesQuirks(default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS))
         #: how ``output=`` is asked for: ``auto``, ``native`` (``output_config``), ``tool`` (a
         #: forced tool, for models and servers without ``output_config``) or ``prompt``
         self.structured_output = structured_output
 
-    # -- identity ------------------------------------------------------------------------------
     provider_name = "anthropic"
     display_name = "Anthropic"
 
@@ -105,7 +102,6 @@ class AnthropicAdapter(HTTPAdapter):
 
         return AnthropicBatchAPI(self)
 
-    # -- auth ----------------------------------------------------------------------------------
     def auth_headers(self) -> dict[str, str]:
         """``x-api-key``; raises :class:`AuthenticationError` when there is no key at all."""
         fixed = self.fixed_headers
@@ -123,13 +119,10 @@ class AnthropicAdapter(HTTPAdapter):
         return {"x-api-key": key}
 
     def _beta_header(self, extra: Any = None) -> dict[str, str]:
-        betas = list(self._betas)
-        if extra:
-            betas += [extra] if isinstance(extra, str) else list(extra)
-        betas = list(dict.fromkeys(b for b in betas if b))
-        return {"anthropic-beta": ",".join(betas)} if betas else {}
+        extra = [extra] if isinstance(extra, str) else list(extra or ())
+        betas = ",".join(dict.fromkeys(b for b in [*self._betas, *extra] if b))
+        return {"anthropic-beta": betas} if betas else {}
 
-    # -- request -------------------------------------------------------------------------------
     def output_mode(self, request: ChatRequest) -> str | None:
         """``output_config`` on models that take it (:func:`supports_output_config`) when the
         schema suits it, else ``tool``; ``structured_output=`` / ``StructuredOutput(mode=...)``
@@ -168,7 +161,6 @@ class AnthropicAdapter(HTTPAdapter):
                 request_id = data["request_id"]
         return request_id
 
-    # -- models, tokens, validation ------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:
         """Every model the key can use (``GET /v1/models``, all pages)."""
         models: list[ModelInfo] = []
@@ -213,9 +205,7 @@ class AnthropicAdapter(HTTPAdapter):
             models = self.list_models()
         except DispatchError as exc:
             return ValidationResult(False, exc.message)
-        return ValidationResult(
-            True, f"Anthropic accepted the API key ({len(models)} models available)"
-        )
+        return ValidationResult(True, f"Anthropic accepted the API key ({len(models)} models available)")
 
 
 _CLAUDE_VERSION = re.compile(r"claude-(opus|sonnet|haiku)-(\d+)(?:-(\d{1,2}))?(?=-|$|@)")
@@ -235,9 +225,6 @@ def supports_output_config(model: str) -> bool:
 
 
 def _model_info(data: Mapping[str, Any]) -> ModelInfo:
-    extra: dict[str, Any] = {}
-    if data.get("created_at"):
-        extra["created_at"] = data["created_at"]
     return ModelInfo(
         id=str(data["id"]),
         name=str(data.get("display_name") or data["id"]),
@@ -247,5 +234,5 @@ def _model_info(data: Mapping[str, Any]) -> ModelInfo:
         supports_streaming=True,
         max_context_tokens=data.get("max_input_tokens") or CLAUDE_CONTEXT_TOKENS,
         max_output_tokens=data.get("max_tokens"),
-        **extra,
+        **({"created_at": data["created_at"]} if data.get("created_at") else {}),
     )

