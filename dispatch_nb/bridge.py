@@ -155,28 +155,15 @@ def _loop_for_caller() -> asyncio.AbstractEventLoop:
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the private loop and return its result (or raise its error). Ctrl-C in
     the calling thread cancels it, waits for it to unwind, and raises ``KeyboardInterrupt``."""
-    loop = _loop_for_caller()
-    caller = threading.get_ident()
-    started, unwound = threading.Event(), threading.Event()
 
-    async def for_caller() -> T:
-        started.set()
-        CALLER_THREAD.set(caller)  # in this task's own context
-        try:
-            return await coro
-        finally:
-            unwound.set()
+    async def result() -> AsyncIterator[T]:
+        yield await coro
 
-    future = asyncio.run_coroutine_threadsafe(for_caller(), loop)
+    once = SyncIterator(result)
     try:
-        return future.result()
+        return next(once)
     except BaseException:
-        if not future.done():
-            # cancelling the concurrent future returns at once; the task is cancelled on its loop
-            # and its own finally blocks (a connection closing) are what to wait for
-            future.cancel()
-            if started.is_set():
-                unwound.wait(CLOSE_WAIT)
+        once.close()
         raise
 
 

@@ -40,17 +40,11 @@ class _Clock:
         cancel: CancelToken | None = None,
         provider: str | None = None,
     ) -> None:
-        super().__init__()  # a turn's CancelToken
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.timeout = timeout
         self.provider = provider
         self._start_clock(cancel)
-        self._attach(cancel)
-
-    def _attach(self, cancel: CancelToken | None) -> None:
-        """Hold the caller's ``cancel`` token (each control its own way)."""
-        raise NotImplementedError
 
     def _start_clock(self, enclosing: CancelToken | None) -> None:
         self.started_at = monotonic()
@@ -93,7 +87,9 @@ class CallControl(_Clock):
     """Deadline + cancel token + abort hooks for one call (sync or async). The deadline counts
     from the first read of the stream (:meth:`start_async`), not from when it was created."""
 
-    def _attach(self, cancel: CancelToken | None) -> None:
+    def __init__(self, *, timeout: float | None = None, cancel: CancelToken | None = None,
+                 provider: str | None = None) -> None:
+        super().__init__(timeout=timeout, cancel=cancel, provider=provider)
         self.cancel = cancel
         self.reason: AbortReason | None = None
         self._aborted_after: float | None = None
@@ -185,7 +181,10 @@ class TurnControl(_Clock, CancelToken):
     :meth:`run_async` waits for async work (tools) under the turn's deadline and cancel switch.
     """
 
-    def _attach(self, cancel: CancelToken | None) -> None:
+    def __init__(self, *, timeout: float | None = None, cancel: CancelToken | None = None,
+                 provider: str | None = None) -> None:
+        CancelToken.__init__(self)
+        _Clock.__init__(self, timeout=timeout, cancel=cancel, provider=provider)
         self._remove_parent: Callable[[], None] | None = None
         if cancel is not None:
             self._remove_parent = cancel.add_callback(lambda: self.cancel(cancel.reason))

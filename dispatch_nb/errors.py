@@ -365,17 +365,6 @@ _CONTEXT_PHRASES = (
 )
 
 
-def error_class_for_status(status: int) -> type[DispatchError]:
-    """The error class for an HTTP status (5xx and 529 → ServerError)."""
-    if status in STATUS_TABLE:
-        return STATUS_TABLE[status]
-    if status >= 500:
-        return ServerError
-    if 400 <= status < 500:
-        return RequestError
-    return DispatchError
-
-
 def error_for_status(
     status: int,
     message: str,
@@ -392,7 +381,9 @@ def error_for_status(
     ``context_length_exceeded``...); it refines the class the status alone would give.
     ``headers`` supply ``retry-after`` / ``retry-after-ms`` and ``x-should-retry``.
     """
-    cls: type[DispatchError] = error_class_for_status(status) if status else ServerError
+    cls: type[DispatchError] = STATUS_TABLE.get(status) or (
+        ServerError if not status or status >= 500 else RequestError if status >= 400 else DispatchError
+    )
     code: str | None = None
     if error_type in TYPE_TABLE:
         cls = TYPE_TABLE[error_type]
@@ -409,14 +400,14 @@ def error_for_status(
     if status == 402 and code is None:
         code = "quota_exceeded"
 
-    should_retry = _header(headers, "x-should-retry") if headers is not None else None
+    should_retry = str(headers.get("x-should-retry", "")).strip().lower() if headers else ""
     return cls(
         message,
         status_code=status or None,
         provider=provider,
         code=code,
         partial=partial,
-        retryable={"true": True, "false": False}.get(should_retry or ""),
+        retryable={"true": True, "false": False}.get(should_retry),
         request_id=request_id,
         provider_code=error_type,
         retry_after=parse_retry_after(headers) if headers is not None else None,
@@ -460,13 +451,6 @@ def summarize_body(body: bytes, *, limit: int = SUMMARY_LIMIT) -> str:
     if len(line) > limit:
         line = line[: limit - 1].rstrip() + "…"
     return line
-
-
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    value = headers.get(name)
-    if value is None:
-        value = headers.get(name.title())
-    return value.strip().lower() if isinstance(value, str) else None
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:

@@ -158,33 +158,21 @@ class HTTPAdapter(Adapter):
     def build_request(self, request: ChatRequest) -> WireRequest:
         """The wire request for a call (sans-I/O): by default :attr:`wire`'s request for the model,
         with structured output as :meth:`output_mode` says."""
-        wire = self._wire_or_raise("build_request")
-        return wire.wire_request(request, self.model_name, output_mode=self.output_mode(request))
-
-    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        """A fresh parser for one streamed answer to a request that names no wire format
-        (default: :attr:`wire`'s)."""
-        return self._wire_or_raise("stream_parser").stream_parser(acc)
-
-    def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        """Fill ``acc`` from a non-streamed JSON answer to a request that names no wire format
-        (default: :attr:`wire`'s)."""
-        self._wire_or_raise("parse_body").parse_body(body, acc)
+        return self._wire_or_raise().wire_request(request, self.model_name,
+                                                  output_mode=self.output_mode(request))
 
     def _parse_body(self, wire: WireRequest, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        """Read a non-streamed answer (a live one or a batch row's): with the request's wire
-        format, else :meth:`parse_body`."""
-        if wire.wire is not None:
-            wire.wire.parse_body(body, acc)
-        else:
-            self.parse_body(request, body, acc)
+        """Read a non-streamed answer (a live one or a batch row's) with the request's wire
+        format (else :attr:`wire`)."""
+        self._wire_or_raise(wire).parse_body(body, acc)
 
-    def _wire_or_raise(self, seam: str) -> WireFormat:
-        if self.wire is None:
+    def _wire_or_raise(self, wire: WireRequest | None = None) -> WireFormat:
+        found = (wire.wire if wire is not None else None) or self.wire
+        if found is None:
             raise NotImplementedError(
-                f"{type(self).__name__} must set wire (a wire format) or implement {seam}"
+                f"{type(self).__name__} must set wire (a wire format) or implement build_request"
             )
-        return self.wire
+        return found
 
     def note_credentials(self, request: httpx.Request | None) -> None:
         """Remember the credentials ``request`` carried (an auth flow's too), so that no error
@@ -244,17 +232,14 @@ class HTTPAdapter(Adapter):
         return httpx.USE_CLIENT_DEFAULT if auth is None else auth
 
     # -- clients ---------------------------------------------------------------------------------
-    def _aclient(self) -> httpx.AsyncClient:
+    async def _aclient_ready(self) -> httpx.AsyncClient:
+        """The client given, else this loop's, after importing its transport off the event loop (the
+        first call of a process would otherwise block the loop — deadlines and cancels too — while
+        aiohttp loads)."""
         if self._async_http_given is not None:
             return self._async_http_given
+        await prepare_async_transport()
         return self._async_clients.get()
-
-    async def _aclient_ready(self) -> httpx.AsyncClient:
-        """:meth:`_aclient`, after importing its transport off the event loop (the first call of a
-        process would otherwise block the loop — deadlines and cancels too — while aiohttp loads)."""
-        if self._async_http_given is None:
-            await prepare_async_transport()
-        return self._aclient()
 
     def close(self) -> None:
         """Close the connection pool of the library's event loop (sync calls' pool; async pools
@@ -290,16 +275,6 @@ class HTTPAdapter(Adapter):
             headers.setdefault("content-type", "application/json")
         headers.update(request.options.get("extra_headers") or {})
         return headers
-
-    @staticmethod
-    def _body(wire: WireRequest, request: ChatRequest) -> bytes | None:
-        if wire.json is None:
-            return None
-        body = wire.json
-        extra = request.options.get("extra_body")
-        if extra:
-            body = {**body, **extra}
-        return orjson.dumps(body)
 
     # -- compressed streams ----------------------------------------------------------------------
     def _content_encoding(self, response: httpx.Response) -> str | None:
@@ -338,14 +313,6 @@ class HTTPAdapter(Adapter):
             codings.add("zstd")
         return frozenset(codings)
 
-    def _undecodable(self, response: httpx.Response | None, exc: Exception) -> DispatchError:
-        encoding = response.headers.get("content-encoding", "?") if response is not None else "?"
-        return APIConnectionError(
-            f"the server's {encoding}-compressed answer could not be decoded (a corrupt or cut "
-            f"stream): {exc}",
-            provider=self.provider_name,
-        )
-
     # -- one attempt -----------------------------------------------------------------------------
     async def astream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
@@ -373,7 +340,8 @@ class HTTPAdapter(Adapter):
             headers = self._headers(wire, auth, request)
             http_request = client.build_request(
                 wire.method, self._parsed_url(wire.url), headers=headers,
-                content=self._body(wire, request),
+                content=None if wire.json is None
+                else orjson.dumps({**wire.json, **(request.options.get("extra_body") or {})}),
             )
             reading[0] = True
             self.note_credentials(http_request)
@@ -388,8 +356,7 @@ class HTTPAdapter(Adapter):
                 raise self.parse_error(response.status_code, body, response.headers)
             content_type = response.headers.get("content-type", "")
             if request.stream and "text/event-stream" in content_type:
-                parser = (wire.wire.stream_parser(acc) if wire.wire is not None
-                          else self.stream_parser(request, acc))
+                parser = self._wire_or_raise(wire).stream_parser(acc)
                 decoder = SSEDecoder()
                 encoding = self._content_encoding(response)
                 # aiohttp's body, read directly (everything that arrived, per wake-up); else httpx's
@@ -436,7 +403,10 @@ class HTTPAdapter(Adapter):
             raise
         except httpx.DecodingError as exc:
             control.check()
-            raise self._undecodable(response, exc) from None
+            encoding = response.headers.get("content-encoding", "?") if response is not None else "?"
+            raise APIConnectionError(f"the server's {encoding}-compressed answer could not be "
+                                     f"decoded (a corrupt or cut stream): {exc}",
+                                     provider=self.provider_name) from None
         except (httpx.HTTPError, OSError) as exc:
             control.check()
             raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
@@ -476,16 +446,8 @@ class HTTPAdapter(Adapter):
         (read) whatever its status (read an error with :meth:`parse_error`); a transport failure
         raises the mapped :class:`DispatchError` (an :class:`APIConnectionError`). For a
         provider's side requests (token counting); chats go through :meth:`build_request`."""
-        sent = {"content-type": "application/json",
-                **self._json_headers(await self.aauth_headers(), headers)}
-        try:
-            response = await (await self._aclient_ready()).post(
-                self._url(url), headers=sent, content=orjson.dumps(body), auth=self._send_auth()
-            )
-        except httpx.HTTPError as exc:
-            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
-        self.note_credentials(response.request)
-        return response
+        return await self._asend("POST", url, {"content-type": "application/json", **(headers or {})},
+                                 content=orjson.dumps(body))
 
     @same_parameters(apost_json)
     def post_json(self, *args: Any, **kwargs: Any) -> httpx.Response:
@@ -505,14 +467,7 @@ class HTTPAdapter(Adapter):
         ``timeout`` bounds the whole exchange (model lists and checks are small: a stalled server
         must not hang ``validate()`` or ``%chat status``). ``auth``: this request's
         :class:`httpx.Auth` instead of :meth:`http_auth`'s."""
-        try:
-            response = await (await self._aclient_ready()).get(
-                self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
-                timeout=timeout, auth=auth if auth is not None else self._send_auth(),
-            )
-        except httpx.HTTPError as exc:
-            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
-        self.note_credentials(response.request)
+        response = await self._asend("GET", url, headers, auth=auth, timeout=timeout)
         if response.status_code >= 400:
             raise self.redacted(self.parse_error(response.status_code, response.content,
                                                  response.headers))
@@ -522,3 +477,17 @@ class HTTPAdapter(Adapter):
     def get_json(self, *args: Any, **kwargs: Any) -> Any:
         """The sync twin of :meth:`aget_json`."""
         return run_sync(self.aget_json(*args, **kwargs))
+
+    async def _asend(self, method: str, url: str, headers: Mapping[str, str] | None, *,
+                     auth: httpx.Auth | None = None, **kwargs: Any) -> httpx.Response:
+        """One plain request with this adapter's headers and auth (``auth``: instead of
+        :meth:`http_auth`'s); a transport failure raises the mapped :class:`DispatchError`."""
+        try:
+            response = await (await self._aclient_ready()).request(
+                method, self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
+                auth=auth if auth is not None else self._send_auth(), **kwargs,
+            )
+        except httpx.HTTPError as exc:
+            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
+        self.note_credentials(response.request)
+        return response

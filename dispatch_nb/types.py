@@ -26,7 +26,6 @@ from .cost import Cost
 
 __all__ = [
     "Block",
-    "ContentBlock",
     "ErrorEvent",
     "ImageBlock",
     "Message",
@@ -185,7 +184,6 @@ Block = Annotated[
     TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
-ContentBlock = Block
 
 
 class Message(_Model):
