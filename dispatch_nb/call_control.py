@@ -7,6 +7,7 @@ deadline and when the turn is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +23,8 @@ AbortReason = Literal["cancel", "timeout"]
 
 
 class _Clock:
-    """What a call's control and a turn's share: ``timeout=`` seconds counted from when the clock
-    starts, never past the deadline of the turn its ``cancel=`` token is (a call or a turn never
-    outlives the turn it is in)."""
+    """What a call's control and a turn's share: ``timeout=`` seconds from when the clock starts,
+    never past the deadline of the turn its ``cancel=`` token is."""
 
     deadline: float | None
     #: the enclosing turn whose deadline comes first (its timeout error is the one raised)
@@ -71,7 +71,7 @@ class _Clock:
 
     def timeout_error(self, where: str = "", waited: float | None = None) -> APITimeoutError:
         """The error of a deadline that passed (``where``: what was being done; ``waited``:
-        seconds, by default :meth:`elapsed`): the enclosing turn's when its deadline was it."""
+        seconds, by default :meth:`elapsed`); the enclosing turn's when it was its deadline."""
         if self.outer is not None:
             return self.outer.timeout_error(where)
         waited = self.elapsed() if waited is None else waited
@@ -129,10 +129,8 @@ class CallControl(_Clock):
             self._aborted_after = self.elapsed()
             hooks = list(self._hooks)
         for hook in hooks:
-            try:
+            with contextlib.suppress(Exception):
                 hook()
-            except Exception:
-                pass
 
     def on_abort(self, hook: Callable[[], None]) -> Callable[[], None]:
         """Register a hook (run at once if already aborted); returns a function removing it."""
@@ -173,13 +171,10 @@ class CallControl(_Clock):
 
 
 class TurnControl(_Clock, CancelToken):
-    """One deadline and one cancel switch for a whole turn: every model call and tool run of it.
-
-    ``with TurnControl(timeout=..., cancel=token) as turn:``, then ``cancel=turn`` to each model
-    call. ``timeout`` counts from when the control is made; cancelling ``cancel`` (the caller's
-    token) cancels the turn. Between calls :meth:`check` raises the turn's error;
-    :meth:`run_async` waits for async work (tools) under the turn's deadline and cancel switch.
-    """
+    """One deadline and one cancel switch for a whole turn: ``with TurnControl(timeout=...,
+    cancel=token) as turn:``, then ``cancel=turn`` to each model call. ``timeout`` counts from
+    now; cancelling ``token`` cancels the turn. :meth:`run_async` waits for async work (tools)
+    under the turn's deadline and cancel switch."""
 
     def __init__(self, *, timeout: float | None = None, cancel: CancelToken | None = None,
                  provider: str | None = None) -> None:
@@ -212,9 +207,8 @@ class TurnControl(_Clock, CancelToken):
             raise self.timeout_error(where)
 
     async def run_async(self, work: asyncio.Future[Any], where: str = "") -> Any:
-        """Wait for ``work`` until it is done, the turn is cancelled or its deadline passes; in
-        the last two cases cancel ``work`` (and wait for it to unwind) and raise as :meth:`check`
-        does. Returns ``work``'s result."""
+        """``work``'s result; when the turn is cancelled or its deadline passes first, cancel
+        ``work`` (waiting for it to unwind) and raise as :meth:`check` does."""
         self.check(where)
         loop = asyncio.get_running_loop()
         woken = loop.create_future()

@@ -8,6 +8,7 @@ to hand on, so a streamed and a non-streamed call end in the same ``Response``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -423,10 +424,8 @@ def attach_partial(exc: BaseException, partial: Response | Accumulator | None) -
     """Give ``exc`` (a ``KeyboardInterrupt`` too) what arrived unless it already carries some."""
     if partial is None or getattr(exc, "partial", None) is not None:
         return
-    try:
+    with contextlib.suppress(Exception):  # an exception type that takes no attributes
         exc.partial = partial.snapshot() if isinstance(partial, Accumulator) else partial  # type: ignore[attr-defined]
-    except Exception:  # an exception type that takes no attributes
-        pass
 
 
 class _Tapped:
