@@ -575,8 +575,8 @@ class Adapter:
         """Start a streaming call: iterate the result for deltas, then read ``.response``.
 
         ``output`` (a pydantic model class, a type, or a JSON Schema dict) asks for a structured
-        answer: ``.response.parsed`` holds it validated, ``.partial_parsed`` while it grows, and
-        an invalid answer is sent back ``output_retries`` times (default 1) before
+        answer: ``.response.parsed`` holds it validated (``.partial_parsed`` while it grows); an
+        invalid answer is sent back ``output_retries`` times (default 1) before
         :class:`~dispatch_nb.errors.OutputValidationError` (docs/structured-output.md).
         """
         stream: ResponseStream = self._open(self._streaming(args, kwargs), asynchronous=False)

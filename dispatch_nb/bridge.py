@@ -163,9 +163,8 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 class SyncIterator(Generic[T]):
-    """Iterate the async iterator ``make()`` gives, from a sync thread (see the module docstring).
-
-    ``make`` is called on the loop's thread. :meth:`close` cancels the task and waits for it."""
+    """Iterate the async iterator ``make()`` gives (called on the loop's thread) from a sync
+    thread. :meth:`close` cancels the task and waits for it."""
 
     __slots__ = ("_done", "_error", "_items", "_loop", "_make", "_paused", "_resume", "_sleeping",
                  "_task", "_wake")

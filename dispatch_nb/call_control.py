@@ -26,13 +26,6 @@ class _Clock:
     """What a call's control and a turn's share: ``timeout=`` seconds from when the clock starts,
     never past the deadline of the turn its ``cancel=`` token is."""
 
-    deadline: float | None
-    #: the enclosing turn whose deadline comes first (its timeout error is the one raised)
-    outer: TurnControl | None
-    provider: str | None
-    started_at: float
-    timeout: float | None
-
     def __init__(
         self,
         *,
@@ -49,7 +42,8 @@ class _Clock:
     def _start_clock(self, enclosing: CancelToken | None) -> None:
         self.started_at = monotonic()
         self.deadline = self.started_at + self.timeout if self.timeout is not None else None
-        self.outer = None
+        #: the enclosing turn whose deadline comes first (its timeout error is the one raised)
+        self.outer: TurnControl | None = None
         if isinstance(enclosing, TurnControl) and enclosing.deadline is not None and (
             self.deadline is None or enclosing.deadline <= self.deadline
         ):

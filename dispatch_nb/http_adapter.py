@@ -85,9 +85,8 @@ def not_an_answer(body: bytes, provider: str | None) -> APIConnectionError:
     return APIConnectionError(message, provider=provider, code="unexpected_response", retryable=False)
 
 
-#: after a streamed answer's terminal event, how long the rest of the body (the chunked body's
-#: closing bytes, normally already on their way) may take to arrive; read to its end, the connection
-#: goes back to the pool; a server that keeps the stream open longer loses its connection instead
+#: after a streamed answer's terminal event, how long the rest of the body may take to arrive (read
+#: to its end, the connection goes back to the pool; else it is dropped)
 RELEASE_SECONDS = 0.25
 
 
@@ -303,7 +302,10 @@ class HTTPAdapter(Adapter):
             if reading[0] and task is not None:
                 task.cancel()
 
-        remove_hook = control.on_abort(lambda: loop.call_soon_threadsafe(cancel_read))
+        def on_abort() -> None:
+            loop.call_soon_threadsafe(cancel_read)
+
+        remove_hook = control.on_abort(on_abort)
         response: httpx.Response | None = None
         try:
             reading[0] = True  # a token refresh can take a while: let abort interrupt it too

@@ -526,11 +526,9 @@ class _DeltaStream(Generic[_D]):
 
 
 class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
-    """Iterate for :class:`StreamDelta` s; ``.response`` is the final :class:`Response`.
-
-    A context manager: leaving the ``with`` block (or :meth:`close`) ends the HTTP stream. An error
-    raised while iterating carries ``partial``; so does a ``KeyboardInterrupt``.
-    """
+    """Iterate for :class:`StreamDelta` s; ``.response`` is the final :class:`Response`. Leaving
+    the ``with`` block (or :meth:`close`) ends the HTTP stream. An error raised while iterating
+    (a ``KeyboardInterrupt`` too) carries ``partial``."""
 
     def __iter__(self) -> Iterator[StreamDelta]:
         source = self._deltas

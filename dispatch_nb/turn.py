@@ -112,23 +112,19 @@ class TurnAccumulator:
         ``MessageDoneEvent`` (anything else is ignored)."""
         kind = getattr(event, "type", None)
         if kind in _DELTAS:
-            self._delta(event, kind)
-        elif kind == "tool_result":
-            self.add_result(event)
-        elif kind == "message_done":
-            self.add_round(event.response)
-
-    def _delta(self, delta: StreamDelta, kind: str) -> None:
-        if kind == "text_delta" and delta.text:
-            self.has_text = True
-        self.answer.feed(delta)
-        if kind == "tool_use_start":
-            call = self.answer.tool(delta.tool_call_id or "")
+            if kind == "text_delta" and event.text:
+                self.has_text = True
+            self.answer.feed(event)
+            call = self.answer.tool(event.tool_call_id or "") if kind == "tool_use_start" else None
             if call is not None and id(call) not in self._runs:
                 run = ToolRun(call)
                 self._runs[id(call)] = run
                 self._by_id[run.id] = run
                 self.tools.append(run)
+        elif kind == "tool_result":
+            self.add_result(event)
+        elif kind == "message_done":
+            self.add_round(event.response)
 
     def add_round(self, response: Response) -> None:
         """One model round finished with ``response`` (its usage adds to the turn's)."""
