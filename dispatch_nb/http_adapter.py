@@ -263,8 +263,7 @@ class HTTPAdapter(Adapter):
         bytes go straight to the SSE decoder). Real servers compress event streams; one httpx has
         no decoder for would pass through still compressed: that is an error, said as one."""
         value: str = response.headers.get("content-encoding", "")
-        codings = [c.strip().lower() for c in value.split(",") if c.strip()]
-        codings = [c for c in codings if c != "identity"]
+        codings = [c for c in (c.strip().lower() for c in value.split(",")) if c not in ("", "identity")]
         if not codings:
             return None
         supported = self._decodable_encodings()
