@@ -76,8 +76,8 @@ class ValidationResult:
 
 def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[str, Any]]:
     """Accept ToolDefinition, ``{"name", "description", "parameters"}`` dicts, ``@tool`` objects,
-    plain typed functions and MCP servers (their listed tools); dicts without ``name`` (e.g.
-    ``{"type": "web_search"}``) are provider built-in tools and pass through untouched."""
+    typed functions and MCP servers; other dicts (``{"type": "web_search"}``) are provider
+    built-in tools and pass through untouched."""
     check_tools(tools)
     if not tools:
         return []
@@ -123,10 +123,9 @@ def normalize_tools(tools: Iterable[Any] | None) -> list[ToolDefinition | dict[s
 def backoff_delay(
     attempt: int, retry_after: float | None, base: float = BACKOFF_BASE
 ) -> float | None:
-    """Seconds before retry ``attempt`` (0-based): the server's ``retry-after`` when it is sane
-    (0 < value ≤ 60 s), else exponential backoff ``base``·2ⁿ s (0.5 s, 1 s, 2 s... by default)
-    capped at 8 s, minus up to 25 % jitter. None when the server asks for longer than the cap:
-    then we do not retry, and the error's ``retry_after`` tells the caller how long to wait."""
+    """Seconds before retry ``attempt`` (0-based): the server's ``retry-after`` when sane (0 <
+    value ≤ 60 s), else ``base``·2ⁿ s capped at 8 s, minus up to 25 % jitter. None when the server
+    asks for longer: no retry (the error's ``retry_after`` tells the caller how long to wait)."""
     if retry_after is not None:
         if retry_after > RETRY_AFTER_CAP:
             return None
@@ -173,8 +172,7 @@ class Adapter:
     # -- identity ------------------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        """The model this adapter talks to: ``_model``, which a subclass sets (or it overrides
-        this property)."""
+        """The model this adapter talks to (``_model``, which a subclass sets)."""
         model: str | None = getattr(self, "_model", None)
         if model is None:
             raise NotImplementedError(f"{type(self).__name__} must define model_name")
@@ -212,8 +210,7 @@ class Adapter:
         system: str | None = None,
         tools: Iterable[Any] | None = None,
     ) -> int:
-        """Tokens the prompt would use, or ``-1`` where the provider cannot count. The arguments
-        are checked as a call checks them."""
+        """Tokens the prompt would use, or ``-1`` where the provider cannot count."""
         return self._count_tokens(self._request(
             messages, system=system, tools=tools, stream=False, max_tokens=None,
             temperature=None, options={},
@@ -263,7 +260,7 @@ class Adapter:
     ) -> AsyncIterator[StreamDelta]:
         """One streaming attempt: yield deltas made by ``acc``; raise DispatchError on failure.
         A cancel or the deadline of ``control`` cancels the task (``control.error()`` says why).
-        The default runs :meth:`stream_once` on a worker thread."""
+        By default :meth:`stream_once`, on a worker thread."""
         async for delta in _thread_bridge(lambda: self.stream_once(request, acc, control),
                                           control):
             yield delta
@@ -271,9 +268,8 @@ class Adapter:
     def stream_once(
         self, request: ChatRequest, acc: Accumulator, control: CallControl
     ) -> Iterator[StreamDelta]:
-        """One attempt of a provider whose work blocks (an in-process model): run on a worker
-        thread by the default :meth:`astream_once`. Check ``control`` (``control.check()``)
-        between steps: that is how a cancel or the deadline reaches it."""
+        """One attempt of a provider whose work blocks (an in-process model), on a worker thread.
+        Call ``control.check()`` between steps: that is how a cancel or the deadline reaches it."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement astream_once (or stream_once, if it blocks)"
         )
@@ -286,9 +282,8 @@ class Adapter:
             pass
 
     def output_mode(self, request: ChatRequest) -> str | None:
-        """The mechanism this adapter uses for ``request.output`` (None without one), shown as
-        ``output=`` in the request log line. Providers with a native mechanism override this; the
-        base puts the schema into the system prompt (``"prompt"``)."""
+        """The mechanism this adapter uses for ``request.output`` (None without one). Providers
+        with a native one override this; the base puts the schema into the system prompt."""
         if request.output is None:
             return None
         mode = requested_mode(self, request)
@@ -297,15 +292,13 @@ class Adapter:
         return "prompt"
 
     def batch_api(self) -> Any:
-        """The provider's batch API (a :class:`~dispatch_nb.providers.batch_api.BatchAPI`: half
-        the price, answered within 24 h) for ``batch(..., deferred=True)``, or None where the
-        provider has none (the default)."""
+        """The provider's :class:`~dispatch_nb.providers.batch_api.BatchAPI` (half the price,
+        answered within 24 h) for ``batch(..., deferred=True)``; None: it has none."""
         return None
 
     def should_retry_now(self, error: DispatchError) -> bool:
-        """Return True to resend at once after ``error``, outside the retry budget (e.g. after
-        learning a server quirk the next request works around). Only asked while nothing reached
-        the caller and the call is neither cancelled nor out of time."""
+        """True: resend at once after ``error``, outside the retry budget (a server quirk learnt).
+        Only asked while nothing reached the caller and the call is neither cancelled nor late."""
         return False
 
     # -- normalization ---------------------------------------------------------------------------
@@ -369,10 +362,9 @@ class Adapter:
     def _next_attempt(
         self, exc: DispatchError, acc: Accumulator, attempt: int, retries: int, control: CallControl
     ) -> float | None:
-        """After failed attempt ``attempt``: seconds to wait before the next one (logged, with
-        ``acc`` reset; ``-1.0``: resend at once, outside the retry budget, as
-        :meth:`should_retry_now` asks), or None to raise ``exc``. Raises the abort error instead
-        when the call was cancelled or timed out meanwhile."""
+        """After failed attempt ``attempt``: seconds to wait before the next one (``acc`` reset;
+        ``-1.0``: resend at once, as :meth:`should_retry_now` asks), or None to raise ``exc``.
+        Raises the abort error when the call was cancelled or timed out meanwhile."""
         if control.reason is not None and not isinstance(exc, type(control.error())):
             raise control.error() from exc
         if acc.started or control.reason is not None:
@@ -386,31 +378,21 @@ class Adapter:
             if wait is None or (remaining is not None and wait >= remaining):
                 return None
             delay = wait
-        self._log_retry(exc, attempt, max(delay, 0.0))
-        acc.reset()
-        return delay
-
-    def _log_retry(self, exc: DispatchError, attempt: int, delay: float) -> None:
-        """The WARNING line of a retry or resend, for loggers (marked ``dispatch_nb_event``: a
-        front end that shows the stream's :class:`RetryEvent` need not show the line)."""
+        # marked ``dispatch_nb_event``: a front end that shows the stream's RetryEvent need not
+        # show the line
         logger.warning(
-            "retrying %s %s after %s (attempt %d, waiting %.2fs)",
+            "retrying %s %s after %s: %s%s (attempt %d, waiting %.2fs)",
             self.provider_name,
             self.model_name,
-            f"{type(exc).__name__}: {exc.message}"
-            + (f" [HTTP {exc.status_code}]" if exc.status_code else ""),
+            type(exc).__name__,
+            exc.message,
+            f" [HTTP {exc.status_code}]" if exc.status_code else "",
             attempt + 1,
-            delay,
+            max(delay, 0.0),
             extra={"dispatch_nb_event": "retry"},
         )
-
-    @staticmethod
-    def _retry_event(exc: DispatchError, attempt: int, delay: float) -> RetryEvent:
-        """The stream's :class:`RetryEvent` for retry ``attempt`` (0-based) after ``exc``."""
-        reason = _RETRY_REASONS.get(type(exc).__name__, type(exc).__name__)
-        if exc.status_code:
-            reason += f", HTTP {exc.status_code}"
-        return RetryEvent(attempt=attempt + 1, wait=delay, reason=reason)
+        acc.reset()
+        return delay
 
     def _log_request(
         self,
@@ -454,17 +436,14 @@ class Adapter:
 
     def price_call(self, request: ChatRequest, model: str, usage: Usage, *,
                    batch: bool = False) -> Cost | None:
-        """What one successful call with ``usage`` cost (docs/cost.md): ``genai-prices``' price
-        for this provider's ``price_provider`` and the model asked for (else the model the
-        server named); ``None`` when unknown. ``batch``: the provider's batch-API price. Copilot
-        adds its premium requests."""
+        """What one successful call with ``usage`` cost (docs/cost.md): the price of the model
+        asked for (else the one the server named); ``None`` when unknown. ``batch``: the
+        provider's batch-API price."""
         return (price(self.provider_name, self.model_name, usage, batch=batch)
                 or (price(self.provider_name, model, usage, batch=batch) if model else None))
 
     def _priced(self, request: ChatRequest, acc: Accumulator, *, batch: bool = False) -> None:
-        """The attempt succeeded: price its usage (only the successful attempt is billed) and
-        enter it in this process's ledger (``%chat cost``); ``batch``: answered by the
-        provider's batch API."""
+        """The attempt succeeded: price its usage and enter it in the ledger (``%chat cost``)."""
         try:
             acc.cost = self.price_call(request, acc.model, acc.usage, batch=batch)
         except Exception as exc:  # a price lookup never fails a call
@@ -498,7 +477,9 @@ class Adapter:
                     if delay is None:
                         raise
                     if delay >= 0:  # a retry, not a resend that works around a quirk
-                        yield self._retry_event(exc, attempt, delay)
+                        reason = _RETRY_REASONS.get(type(exc).__name__, type(exc).__name__)
+                        status = f", HTTP {exc.status_code}" if exc.status_code else ""
+                        yield RetryEvent(attempt=attempt + 1, wait=delay, reason=reason + status)
                         await control.asleep(delay)
                     attempt += 1
         except BaseException as exc:
@@ -513,8 +494,7 @@ class Adapter:
         self, request: ChatRequest, timeout: float | None, cancel: CancelToken | None
     ) -> ResponseStream:
         """One normalized call as the :class:`ResponseStream` that :meth:`stream` returns and
-        :meth:`chat` drains (without ``request.stream``, no deltas but its retries); the seam a
-        wrapper overrides, with :meth:`aopen_stream` (e.g. the response cache)."""
+        :meth:`chat` drains; the seam a wrapper (the response cache) overrides."""
         request = self._with_output_prompt(request)
         acc = Accumulator(self.model_name)
         control = self._control(timeout, cancel)
@@ -531,7 +511,7 @@ class Adapter:
 
     def _with_output_prompt(self, request: ChatRequest) -> ChatRequest:
         """``request`` with the schema in its system prompt when its output mode is ``prompt``
-        (done here, after a response cache looked the request up, so keys never depend on it)."""
+        (after a response cache looked the request up, so keys never depend on it)."""
         if request.output is not None and self.output_mode(request) == "prompt":
             from .structured import prompted
 
@@ -555,8 +535,8 @@ class Adapter:
         output_retries: int | None = None,
         **options: Any,
     ) -> _Call:
-        """The parameters of the four entry points, written once (:meth:`chat` says what they
-        mean): checked and normalized into a :class:`ChatRequest`, before anything is sent."""
+        """The parameters of the four entry points (:meth:`chat` says what they mean), checked
+        and normalized before anything is sent."""
         messages, system = check_entry(
             messages, system=system, max_tokens=max_tokens, temperature=temperature,
             timeout=timeout, cancel=cancel, stream=stream,
@@ -572,9 +552,8 @@ class Adapter:
         return _Call(request, timeout, cancel, output, output_retries, on_delta)
 
     def _open(self, call: _Call, *, asynchronous: bool) -> Any:
-        """Open a prepared call's stream — plain (:meth:`open_stream` / :meth:`aopen_stream`),
-        or validated against ``output=`` (with retries). Returns a :class:`ResponseStream`, or
-        an :class:`AsyncResponseStream` when ``asynchronous``."""
+        """Open a prepared call's stream (validated against ``output=``, if given): a
+        :class:`ResponseStream`, or an :class:`AsyncResponseStream` when ``asynchronous``."""
         request, timeout, cancel, output = call.request, call.timeout, call.cancel, call.output
         if output is None:
             if asynchronous:
@@ -586,8 +565,7 @@ class Adapter:
                                asynchronous=asynchronous)
 
     def _streaming(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
-        """:meth:`stream` / :meth:`astream`: always streamed (``stream=`` and ``on_delta=``, which
-        :meth:`chat` takes, are ignored)."""
+        """:meth:`stream` / :meth:`astream`: always streamed (``stream=``, ``on_delta=`` ignored)."""
         kwargs.pop("on_delta", None)
         kwargs["stream"] = True
         return self._prepare(*args, **kwargs)
@@ -597,8 +575,8 @@ class Adapter:
         """Start a streaming call: iterate the result for deltas, then read ``.response``.
 
         ``output`` (a pydantic model class, a type, or a JSON Schema dict) asks for a structured
-        answer: ``.response.parsed`` holds it validated, ``.partial_parsed`` while it grows, and
-        an invalid answer is sent back ``output_retries`` times (default 1) before
+        answer: ``.response.parsed`` holds it validated (``.partial_parsed`` while it grows); an
+        invalid answer is sent back ``output_retries`` times (default 1) before
         :class:`~dispatch_nb.errors.OutputValidationError` (docs/structured-output.md).
         """
         stream: ResponseStream = self._open(self._streaming(args, kwargs), asynchronous=False)
@@ -661,10 +639,8 @@ BRIDGE_BUFFER = 64
 def _thread_bridge(
     make: Callable[[], Iterator[StreamDelta]], control: CallControl
 ) -> AsyncIterator[StreamDelta]:
-    """Run a sync delta iterator on a worker thread and yield its items on the event loop.
-
-    At most :data:`BRIDGE_BUFFER` deltas wait in between, so a slow consumer slows the worker
-    (backpressure) instead of letting the buffer grow."""
+    """Run a sync delta iterator on a worker thread and yield its items on the event loop; at
+    most :data:`BRIDGE_BUFFER` wait in between (a slow consumer slows the worker)."""
 
     async def run() -> AsyncIterator[StreamDelta]:
         loop = asyncio.get_running_loop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -36,12 +37,9 @@ def same_parameters(
     of: Callable[P, object], *, hide: Iterable[str] = ()
 ) -> Callable[[Callable[..., T]], Callable[P, T]]:
     """Give the decorated function (written ``(*args, **kwargs)``, passing them on) the parameters
-    of ``of``: type checkers see them, and so does :func:`inspect.signature` (less those named in
-    ``hide``, which it accepts and ignores); it keeps its own return annotation and docstring.
-    How a sync entry point and its async twin share one list of keywords.
-
-    Arguments that do not fit ``of`` raise :class:`TypeError` naming the decorated function (not
-    ``of``) as soon as it is called — for an async function, when it is awaited."""
+    of ``of`` for type checkers and :func:`inspect.signature` (less ``hide``, accepted and
+    ignored): how a sync entry point and its async twin share one list of keywords. Arguments that
+    do not fit raise :class:`TypeError` naming the decorated function."""
 
     def decorate(func: Callable[..., T]) -> Callable[P, T]:
         signature = inspect.signature(of)
@@ -87,10 +85,8 @@ class _LoopThread:
         """Close the loop's async generators (the clients made on it), then stop it."""
         if not self.thread.is_alive():
             return
-        try:
+        with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self.loop.shutdown_asyncgens(), self.loop).result(5)
-        except Exception:
-            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(2)
 
@@ -111,8 +107,8 @@ def _runner() -> _LoopThread:
 
 
 def loop_thread() -> asyncio.AbstractEventLoop:
-    """The library's private event loop (started on first use; it runs on a daemon thread):
-    long-lived async clients (MCP servers) live there, whichever thread or loop calls them."""
+    """The library's private event loop (started on first use, on a daemon thread), where
+    long-lived async clients (MCP servers) live."""
     return _runner().loop
 
 
@@ -130,15 +126,14 @@ def _stop_at_exit() -> None:
         _loop_thread.stop()
 
 
-#: the thread that made the sync call a task on the private loop is running for (None: an async
-#: caller); code that must tell two calls of one thread apart (the embedded model's lock) reads it
+#: the thread of the sync call a task on the private loop runs for (None: an async caller); the
+#: embedded model's lock reads it
 CALLER_THREAD: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "dispatch_nb_caller_thread", default=None)
 
 
 def caller_thread() -> int:
-    """The thread a call is made for: the sync caller's when a sync call runs on the private loop
-    (or on a worker it starts), else the current thread."""
+    """The thread a call is made for: the sync caller's, else the current thread."""
     return CALLER_THREAD.get() or threading.get_ident()
 
 
@@ -155,35 +150,21 @@ def _loop_for_caller() -> asyncio.AbstractEventLoop:
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the private loop and return its result (or raise its error). Ctrl-C in
     the calling thread cancels it, waits for it to unwind, and raises ``KeyboardInterrupt``."""
-    loop = _loop_for_caller()
-    caller = threading.get_ident()
-    started, unwound = threading.Event(), threading.Event()
 
-    async def for_caller() -> T:
-        started.set()
-        CALLER_THREAD.set(caller)  # in this task's own context
-        try:
-            return await coro
-        finally:
-            unwound.set()
+    async def result() -> AsyncIterator[T]:
+        yield await coro
 
-    future = asyncio.run_coroutine_threadsafe(for_caller(), loop)
+    once = SyncIterator(result)
     try:
-        return future.result()
+        return next(once)
     except BaseException:
-        if not future.done():
-            # cancelling the concurrent future returns at once; the task is cancelled on its loop
-            # and its own finally blocks (a connection closing) are what to wait for
-            future.cancel()
-            if started.is_set():
-                unwound.wait(CLOSE_WAIT)
+        once.close()
         raise
 
 
 class SyncIterator(Generic[T]):
-    """Iterate the async iterator ``make()`` gives, from a sync thread (see the module docstring).
-
-    ``make`` is called on the loop's thread. :meth:`close` cancels the task and waits for it."""
+    """Iterate the async iterator ``make()`` gives (called on the loop's thread) from a sync
+    thread. :meth:`close` cancels the task and waits for it."""
 
     __slots__ = ("_done", "_error", "_items", "_loop", "_make", "_paused", "_resume", "_sleeping",
                  "_task", "_wake")
@@ -217,9 +198,9 @@ class SyncIterator(Generic[T]):
         return batch.popleft()
 
     def batch(self) -> deque[T] | None:
-        """The items that arrived and are not taken yet, waiting while there are none; ``None``
-        at the end. The caller pops the ``len()`` it finds (everything that arrived since it
-        last looked) while the task goes on appending. Raises the task's error."""
+        """The items that arrived and are not taken yet (waiting while there are none; the caller
+        pops the ``len()`` it finds while the task appends); ``None`` at the end. Raises the
+        task's error."""
         items = self._items
         while True:
             if self._paused:  # the caller is about to take what waits: the task may go on
@@ -315,10 +296,8 @@ class SyncIterator(Generic[T]):
         finally:
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
-                try:
+                with contextlib.suppress(BaseException):
                     await aclose()
-                except BaseException:
-                    pass
             self._done = True
             self._wake.set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from decimal import Decimal
 from typing import TYPE_CHECKING
@@ -66,9 +67,8 @@ class Budget:
             return worst
 
     async def areserve(self, worst: Decimal, cancel: CancelToken | None = None) -> Decimal:
-        """Reserve ``worst``; while it does not fit but other requests are in flight, wait for
-        them to settle (they usually cost less than they reserved). Raises
-        :class:`BudgetExceededError` when it cannot fit."""
+        """Reserve ``worst``, waiting while it does not fit but other requests are in flight (they
+        usually cost less than they reserved); else raise :class:`BudgetExceededError`."""
         loop = asyncio.get_running_loop()
         while True:
             with self._lock:
@@ -79,10 +79,8 @@ class Budget:
                     raise self._refusal(worst)
                 waiter: asyncio.Future[None] = loop.create_future()
                 self._waiters.append((loop, waiter))
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(waiter), 0.5)
-            except asyncio.TimeoutError:
-                pass
 
     def settle(self, reserved: Decimal, spent: Decimal | None) -> None:
         """A request that reserved ``reserved`` ended having cost ``spent`` (``None``: unknown,
@@ -92,10 +90,8 @@ class Budget:
             self.spent += reserved if spent is None else spent
             waiters, self._waiters = self._waiters, []
         for loop, waiter in waiters:
-            try:
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_wake, waiter)
-            except RuntimeError:
-                pass
 
     def __repr__(self) -> str:
         return (f"Budget(usd={self.usd}, spent={self.spent}, reserved={self.reserved})")

@@ -7,6 +7,7 @@ deadline and when the turn is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -22,16 +23,8 @@ AbortReason = Literal["cancel", "timeout"]
 
 
 class _Clock:
-    """What a call's control and a turn's share: ``timeout=`` seconds counted from when the clock
-    starts, never past the deadline of the turn its ``cancel=`` token is (a call or a turn never
-    outlives the turn it is in)."""
-
-    deadline: float | None
-    #: the enclosing turn whose deadline comes first (its timeout error is the one raised)
-    outer: TurnControl | None
-    provider: str | None
-    started_at: float
-    timeout: float | None
+    """What a call's control and a turn's share: ``timeout=`` seconds from when the clock starts,
+    never past the deadline of the turn its ``cancel=`` token is."""
 
     def __init__(
         self,
@@ -40,22 +33,17 @@ class _Clock:
         cancel: CancelToken | None = None,
         provider: str | None = None,
     ) -> None:
-        super().__init__()  # a turn's CancelToken
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.timeout = timeout
         self.provider = provider
         self._start_clock(cancel)
-        self._attach(cancel)
-
-    def _attach(self, cancel: CancelToken | None) -> None:
-        """Hold the caller's ``cancel`` token (each control its own way)."""
-        raise NotImplementedError
 
     def _start_clock(self, enclosing: CancelToken | None) -> None:
         self.started_at = monotonic()
         self.deadline = self.started_at + self.timeout if self.timeout is not None else None
-        self.outer = None
+        #: the enclosing turn whose deadline comes first (its timeout error is the one raised)
+        self.outer: TurnControl | None = None
         if isinstance(enclosing, TurnControl) and enclosing.deadline is not None and (
             self.deadline is None or enclosing.deadline <= self.deadline
         ):
@@ -77,7 +65,7 @@ class _Clock:
 
     def timeout_error(self, where: str = "", waited: float | None = None) -> APITimeoutError:
         """The error of a deadline that passed (``where``: what was being done; ``waited``:
-        seconds, by default :meth:`elapsed`): the enclosing turn's when its deadline was it."""
+        seconds, by default :meth:`elapsed`); the enclosing turn's when it was its deadline."""
         if self.outer is not None:
             return self.outer.timeout_error(where)
         waited = self.elapsed() if waited is None else waited
@@ -93,7 +81,9 @@ class CallControl(_Clock):
     """Deadline + cancel token + abort hooks for one call (sync or async). The deadline counts
     from the first read of the stream (:meth:`start_async`), not from when it was created."""
 
-    def _attach(self, cancel: CancelToken | None) -> None:
+    def __init__(self, *, timeout: float | None = None, cancel: CancelToken | None = None,
+                 provider: str | None = None) -> None:
+        super().__init__(timeout=timeout, cancel=cancel, provider=provider)
         self.cancel = cancel
         self.reason: AbortReason | None = None
         self._aborted_after: float | None = None
@@ -133,10 +123,8 @@ class CallControl(_Clock):
             self._aborted_after = self.elapsed()
             hooks = list(self._hooks)
         for hook in hooks:
-            try:
+            with contextlib.suppress(Exception):
                 hook()
-            except Exception:
-                pass
 
     def on_abort(self, hook: Callable[[], None]) -> Callable[[], None]:
         """Register a hook (run at once if already aborted); returns a function removing it."""
@@ -177,15 +165,15 @@ class CallControl(_Clock):
 
 
 class TurnControl(_Clock, CancelToken):
-    """One deadline and one cancel switch for a whole turn: every model call and tool run of it.
+    """One deadline and one cancel switch for a whole turn: ``with TurnControl(timeout=...,
+    cancel=token) as turn:``, then ``cancel=turn`` to each model call. ``timeout`` counts from
+    now; cancelling ``token`` cancels the turn. :meth:`run_async` waits for async work (tools)
+    under the turn's deadline and cancel switch."""
 
-    ``with TurnControl(timeout=..., cancel=token) as turn:``, then ``cancel=turn`` to each model
-    call. ``timeout`` counts from when the control is made; cancelling ``cancel`` (the caller's
-    token) cancels the turn. Between calls :meth:`check` raises the turn's error;
-    :meth:`run_async` waits for async work (tools) under the turn's deadline and cancel switch.
-    """
-
-    def _attach(self, cancel: CancelToken | None) -> None:
+    def __init__(self, *, timeout: float | None = None, cancel: CancelToken | None = None,
+                 provider: str | None = None) -> None:
+        CancelToken.__init__(self)
+        _Clock.__init__(self, timeout=timeout, cancel=cancel, provider=provider)
         self._remove_parent: Callable[[], None] | None = None
         if cancel is not None:
             self._remove_parent = cancel.add_callback(lambda: self.cancel(cancel.reason))
@@ -213,9 +201,8 @@ class TurnControl(_Clock, CancelToken):
             raise self.timeout_error(where)
 
     async def run_async(self, work: asyncio.Future[Any], where: str = "") -> Any:
-        """Wait for ``work`` until it is done, the turn is cancelled or its deadline passes; in
-        the last two cases cancel ``work`` (and wait for it to unwind) and raise as :meth:`check`
-        does. Returns ``work``'s result."""
+        """``work``'s result; when the turn is cancelled or its deadline passes first, cancel
+        ``work`` (waiting for it to unwind) and raise as :meth:`check` does."""
         self.check(where)
         loop = asyncio.get_running_loop()
         woken = loop.create_future()

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -76,10 +77,7 @@ def remover(lock: threading.Lock, callbacks: list[Callable[[], None]],
     """A function that takes ``callback`` out of ``callbacks`` (under ``lock``); idempotent."""
 
     def remove() -> None:
-        with lock:
-            try:
-                callbacks.remove(callback)
-            except ValueError:
-                pass
+        with lock, contextlib.suppress(ValueError):
+            callbacks.remove(callback)
 
     return remove

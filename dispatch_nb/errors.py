@@ -20,6 +20,7 @@ The provider-neutral ``code`` values, ``partial``, and what a proxy's page becom
 """
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import functools
 import html
@@ -111,8 +112,7 @@ class DispatchError(Exception):
 
     def redact(self, secrets: Iterable[str] = ()) -> None:
         """Replace, in the message, every value of ``secrets`` and every secret-looking string
-        (:func:`redact`): what a server echoes of a request (a gateway quoting the
-        ``Authorization`` header it got) never reaches an output, a log or a saved notebook."""
+        (:func:`redact`): what a server echoes of a request never reaches an output or a log."""
         self.message = redact(self.message, secrets)
         self.args = (self.message,)
 
@@ -141,17 +141,15 @@ _CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api
 
 
 def redact(text: str, secrets: Iterable[str] = (), *, patterns: bool = True) -> str:
-    """``text`` with every value of ``secrets`` and, unless ``patterns`` is false, every
-    secret-looking string (an ``sk-…`` key, a GitHub token, a bearer credential, a Copilot
-    token) replaced by ``[REDACTED]``."""
+    """``text`` with every value of ``secrets`` and (``patterns``) every secret-looking string
+    (an ``sk-…`` key, a GitHub or Copilot token, a bearer credential) replaced by ``[REDACTED]``."""
     return redact_pieces([text], secrets, patterns=patterns)[0]
 
 
 def redact_pieces(pieces: Sequence[str], secrets: Iterable[str] = (), *,
                   patterns: bool = True) -> list[str]:
-    """:func:`redact` over one text that came in ``pieces`` (a stream's deltas), piece by piece:
-    a secret split between pieces (``"…is s"``, ``"k-proj-…"``) is found in the whole text,
-    replaced in the piece where it begins, and its rest taken out of the pieces after it."""
+    """:func:`redact` over one text that came in ``pieces`` (a stream's deltas): a secret split
+    between pieces is replaced in the piece where it begins, its rest taken out of the others."""
     finders = list(_SECRET_PATTERNS) if patterns else []
     known = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
     if known:
@@ -171,8 +169,8 @@ def _alternatives(known: tuple[str, ...]) -> re.Pattern[str]:
 
 
 def _splice(pieces: list[str], edits: list[tuple[int, int, str]]) -> list[str]:
-    """``pieces`` with each ``(start, end, text)`` of their joined text replaced: ``text`` goes
-    where the span starts; the span's characters go from every piece they are in."""
+    """``pieces`` with each ``(start, end, text)`` of their joined text replaced (``text`` goes
+    where the span starts)."""
     out: list[str] = []
     offset = k = 0
     for piece in pieces:
@@ -194,9 +192,9 @@ def _splice(pieces: list[str], edits: list[tuple[int, int, str]]) -> list[str]:
 
 
 def sent_credentials(headers: Mapping[str, str]) -> list[str]:
-    """The credentials a request's ``headers`` carry: each credential header's value, and the
-    part after its scheme (``Bearer …``, ``token …``), when 8 characters or longer (a shorter
-    one, such as Ollama's ``ollama``, is a placeholder, and a word a message may use)."""
+    """The credentials a request's ``headers`` carry: each credential header's value and the
+    part after its scheme (``Bearer …``), when 8 characters or longer (a shorter one, such as
+    Ollama's ``ollama``, is a placeholder, and a word a message may use)."""
     found: list[str] = []
     for name in _CREDENTIAL_HEADERS:
         value = headers.get(name)
@@ -206,9 +204,8 @@ def sent_credentials(headers: Mapping[str, str]) -> list[str]:
 
 
 def option_refused(message: str, *, provider: str | None) -> RequestError:
-    """A :class:`RequestError` (code ``invalid_request``) for an option this provider or API
-    does not take, raised before anything is sent: every request with the same options would
-    get it (``option_refused`` is true), so a batch stops at the first row."""
+    """A :class:`RequestError` for an option this provider does not take, raised before anything
+    is sent: every request with it would get it (``option_refused``), so a batch stops at once."""
     error = RequestError(message, provider=provider)
     error.option_refused = True
     return error
@@ -266,11 +263,9 @@ class OutputValidationError(RequestError):
     """The answer is not what ``output=`` asked for: not JSON, not valid for the schema, cut off
     at ``max_tokens`` (code ``output_truncated``) or refused by the model (``output_refused``).
 
-    ``text`` is the raw text the model wrote (the JSON it produced, or its refusal), ``errors``
-    the validation errors (pydantic's ``ValidationError.errors()`` shape: ``type``, ``loc``,
-    ``msg``, ``input``), ``partial`` the last answer as a :class:`~dispatch_nb.types.Response`
-    (its ``usage`` counts every attempt) and ``attempts`` how many answers were tried
-    (``output_retries`` + 1 at most).
+    ``text`` is the raw text the model wrote, ``errors`` the validation errors (pydantic's
+    ``ValidationError.errors()`` shape), ``partial`` the last answer (its ``usage`` counts every
+    attempt) and ``attempts`` how many answers were tried.
     """
 
     default_code = "output_invalid"
@@ -313,9 +308,7 @@ class RequestCancelled(DispatchError):
 
 class BudgetExceededError(DispatchError):
     """Not sent: what is left of ``budget=`` does not cover this request's worst case (its input
-    estimate plus ``max_tokens`` of output). Nothing was sent for it; not retryable — run it
-    again with a larger budget (a checkpointed batch resumes where it stopped). See
-    docs/cost.md."""
+    estimate plus ``max_tokens`` of output); not retryable (docs/cost.md)."""
 
     default_code = "budget_exceeded"
 
@@ -365,17 +358,6 @@ _CONTEXT_PHRASES = (
 )
 
 
-def error_class_for_status(status: int) -> type[DispatchError]:
-    """The error class for an HTTP status (5xx and 529 → ServerError)."""
-    if status in STATUS_TABLE:
-        return STATUS_TABLE[status]
-    if status >= 500:
-        return ServerError
-    if 400 <= status < 500:
-        return RequestError
-    return DispatchError
-
-
 def error_for_status(
     status: int,
     message: str,
@@ -386,13 +368,12 @@ def error_for_status(
     partial: Response | None = None,
     request_id: str | None = None,
 ) -> DispatchError:
-    """Build the right :class:`DispatchError` for an HTTP error (or an in-stream error event).
-
-    ``error_type`` is the provider's own type/code (``rate_limit_error``, ``insufficient_quota``,
-    ``context_length_exceeded``...); it refines the class the status alone would give.
-    ``headers`` supply ``retry-after`` / ``retry-after-ms`` and ``x-should-retry``.
-    """
-    cls: type[DispatchError] = error_class_for_status(status) if status else ServerError
+    """The right :class:`DispatchError` for an HTTP error (or an in-stream error event).
+    ``error_type``, the provider's own (``insufficient_quota``...), refines the class the status
+    gives; ``headers`` supply ``retry-after`` / ``retry-after-ms`` and ``x-should-retry``."""
+    cls: type[DispatchError] = STATUS_TABLE.get(status) or (
+        ServerError if not status or status >= 500 else RequestError if status >= 400 else DispatchError
+    )
     code: str | None = None
     if error_type in TYPE_TABLE:
         cls = TYPE_TABLE[error_type]
@@ -409,14 +390,14 @@ def error_for_status(
     if status == 402 and code is None:
         code = "quota_exceeded"
 
-    should_retry = _header(headers, "x-should-retry") if headers is not None else None
+    should_retry = str(headers.get("x-should-retry", "")).strip().lower() if headers else ""
     return cls(
         message,
         status_code=status or None,
         provider=provider,
         code=code,
         partial=partial,
-        retryable={"true": True, "false": False}.get(should_retry or ""),
+        retryable={"true": True, "false": False}.get(should_retry),
         request_id=request_id,
         provider_code=error_type,
         retry_after=parse_retry_after(headers) if headers is not None else None,
@@ -443,11 +424,9 @@ def looks_like_html(body: bytes) -> bool:
 
 
 def summarize_body(body: bytes, *, limit: int = SUMMARY_LIMIT) -> str:
-    """One short line describing a body that is not a provider's JSON.
-
-    An HTML page gives its ``<title>`` (else its first heading, else its first line of text), with
-    tags gone and entities decoded; plain text gives its first non-empty line. At most ``limit``
-    characters (cut with "…"); an empty string for an empty body."""
+    """One short line describing a body that is not a provider's JSON: an HTML page's
+    ``<title>`` (else its first heading or line of text), without markup; plain text's first
+    non-empty line. At most ``limit`` characters (cut with "…")."""
     text = body.decode("utf-8", "replace")
     if looks_like_html(body):
         titled = _HTML_TITLE.search(text)
@@ -462,29 +441,18 @@ def summarize_body(body: bytes, *, limit: int = SUMMARY_LIMIT) -> str:
     return line
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    value = headers.get(name)
-    if value is None:
-        value = headers.get(name.title())
-    return value.strip().lower() if isinstance(value, str) else None
-
-
 def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
     """Seconds to wait, from ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date)."""
     ms = headers.get("retry-after-ms")
     if ms is not None:
-        try:
+        with contextlib.suppress(ValueError):
             return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
     value = headers.get("retry-after")
     if value is None:
         return None
     value = value.strip()
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         parsed = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):

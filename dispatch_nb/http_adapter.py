@@ -8,6 +8,7 @@ module sends, reads the SSE body and maps transport errors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -37,6 +38,8 @@ from .wire.base import StreamParser, WireFormat, WireRequest
 __all__ = ["HTTPAdapter", "StreamParser", "WireFormat", "WireRequest", "error_details"]
 
 USER_AGENT = "dispatch-nb/0.1"
+#: seconds a chat's connection may take to open, and each read of its answer
+HTTP_TIMEOUT = httpx.Timeout(300.0, connect=15.0)
 #: seconds a small JSON request (a model list) may take, connect and reads included
 JSON_REQUEST_TIMEOUT = 30.0
 
@@ -55,16 +58,10 @@ def error_details(body: bytes) -> tuple[str, str | None]:
             message = err.get("message") or data.get("message")
             if not isinstance(message, str) or not message.strip():
                 message = summarize_body(body) if message is None else str(message)
-            etype = None
             details = err.get("details")
-            if isinstance(details, dict) and isinstance(details.get("error_code"), str):
-                etype = details["error_code"]
-            code = err.get("code")
-            if etype is None and isinstance(code, str) and code:
-                etype = code
-            if etype is None and isinstance(err.get("type"), str):
-                etype = err["type"]
-            return message[:2000], etype
+            types = (details.get("error_code") if isinstance(details, dict) else None,
+                     err.get("code"), err.get("type"))
+            return message[:2000], next((t for t in types if isinstance(t, str) and t), None)
         if isinstance(err, str):
             return err[:2000], None
     summary = summarize_body(body)
@@ -75,9 +72,8 @@ def error_details(body: bytes) -> tuple[str, str | None]:
 
 
 def not_an_answer(body: bytes, provider: str | None) -> APIConnectionError:
-    """The error for a success status whose body is not the API's JSON (an HTML page from a web
-    site or a proxy's login page, an empty body...): the same request would get it again, so it is
-    not retried."""
+    """The error for a success status whose body is not the API's JSON (a proxy's login page, an
+    empty body...): not retried, the same request would get it again."""
     hint = "check base_url, or the proxy between you and the provider"
     if not body.strip():
         message = f"the server answered with an empty body instead of the API's JSON: {hint}"
@@ -89,9 +85,8 @@ def not_an_answer(body: bytes, provider: str | None) -> APIConnectionError:
     return APIConnectionError(message, provider=provider, code="unexpected_response", retryable=False)
 
 
-#: after a streamed answer's terminal event, how long the rest of the body (the chunked body's
-#: closing bytes, normally already on their way) may take to arrive; read to its end, the connection
-#: goes back to the pool; a server that keeps the stream open longer loses its connection instead
+#: after a streamed answer's terminal event, how long the rest of the body may take to arrive (read
+#: to its end, the connection goes back to the pool; else it is dropped)
 RELEASE_SECONDS = 0.25
 
 
@@ -102,22 +97,17 @@ async def _arelease(read: Callable[[], Awaitable[bytes]]) -> None:
         while await read():
             pass
 
-    try:
+    # too slow, or a broken connection: the answer is complete all the same
+    with contextlib.suppress(Exception):
         await asyncio.wait_for(rest(), RELEASE_SECONDS)
-    except Exception:  # too slow, or a broken connection: the answer is complete all the same
-        pass
 
 
 class HTTPAdapter(Adapter):
-    """Base for HTTP providers: a provider is an endpoint, credentials and a wire format; its
-    seams (:attr:`wire`, :meth:`build_request`, :meth:`parse_error`, :meth:`auth_headers`,
-    :meth:`http_auth`...) are in docs/providers.md.
+    """Base for HTTP providers: an endpoint, credentials and a wire format (the seams:
+    docs/providers.md). ``async_http_client``: an ``httpx.AsyncClient`` every request goes
+    through (a test's ``httpx.MockTransport``); by default one is made per event loop."""
 
-    ``async_http_client``: an ``httpx.AsyncClient`` every request goes through (a test's
-    ``httpx.MockTransport``, say); by default one is made per event loop.
-    """
-
-    #: the wire format of this adapter's requests (see the class docstring)
+    #: the wire format of this adapter's requests
     wire: WireFormat | None = None
 
     def __init__(
@@ -127,8 +117,6 @@ class HTTPAdapter(Adapter):
         model: str | None = None,
         headers: Mapping[str, str] | None = None,
         async_http_client: httpx.AsyncClient | None = None,
-        connect_timeout: float = 15.0,
-        read_timeout: float = 300.0,
         max_tokens: int | None = None,
         timeout: float | None = None,
         max_retries: int = 2,
@@ -142,8 +130,7 @@ class HTTPAdapter(Adapter):
         self._base_url = base_url.rstrip("/")
         self._extra_headers = dict(headers or {})
         self._async_http_given = async_http_client
-        self._http_timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
-        self._async_clients = LoopClients(lambda: async_client(self._http_timeout))
+        self._async_clients = LoopClients(lambda: async_client(HTTP_TIMEOUT))
         self._parsed_urls: dict[str, httpx.URL] = {}
         #: the credentials this adapter's requests carried (the newest 16): what a server may
         #: quote back, taken out of every error (:meth:`redacted`)
@@ -156,39 +143,26 @@ class HTTPAdapter(Adapter):
         return self._base_url
 
     def build_request(self, request: ChatRequest) -> WireRequest:
-        """The wire request for a call (sans-I/O): by default :attr:`wire`'s request for the model,
-        with structured output as :meth:`output_mode` says."""
-        wire = self._wire_or_raise("build_request")
-        return wire.wire_request(request, self.model_name, output_mode=self.output_mode(request))
-
-    def stream_parser(self, request: ChatRequest, acc: Accumulator) -> StreamParser:
-        """A fresh parser for one streamed answer to a request that names no wire format
-        (default: :attr:`wire`'s)."""
-        return self._wire_or_raise("stream_parser").stream_parser(acc)
-
-    def parse_body(self, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        """Fill ``acc`` from a non-streamed JSON answer to a request that names no wire format
-        (default: :attr:`wire`'s)."""
-        self._wire_or_raise("parse_body").parse_body(body, acc)
+        """The wire request for a call (sans-I/O): by default :attr:`wire`'s."""
+        return self._wire_or_raise().wire_request(request, self.model_name,
+                                                  output_mode=self.output_mode(request))
 
     def _parse_body(self, wire: WireRequest, request: ChatRequest, body: Any, acc: Accumulator) -> None:
-        """Read a non-streamed answer (a live one or a batch row's): with the request's wire
-        format, else :meth:`parse_body`."""
-        if wire.wire is not None:
-            wire.wire.parse_body(body, acc)
-        else:
-            self.parse_body(request, body, acc)
+        """Read a non-streamed answer (a live one or a batch row's) with the request's wire
+        format (else :attr:`wire`)."""
+        self._wire_or_raise(wire).parse_body(body, acc)
 
-    def _wire_or_raise(self, seam: str) -> WireFormat:
-        if self.wire is None:
+    def _wire_or_raise(self, wire: WireRequest | None = None) -> WireFormat:
+        found = (wire.wire if wire is not None else None) or self.wire
+        if found is None:
             raise NotImplementedError(
-                f"{type(self).__name__} must set wire (a wire format) or implement {seam}"
+                f"{type(self).__name__} must set wire (a wire format) or implement build_request"
             )
-        return self.wire
+        return found
 
     def note_credentials(self, request: httpx.Request | None) -> None:
-        """Remember the credentials ``request`` carried (an auth flow's too), so that no error
-        of this adapter repeats them."""
+        """Remember the credentials ``request`` carried, so that no error of this adapter repeats
+        them."""
         if request is not None:
             for secret in sent_credentials(request.headers):
                 self._credentials.pop(secret, None)
@@ -197,14 +171,13 @@ class HTTPAdapter(Adapter):
                 del self._credentials[next(iter(self._credentials))]
 
     def redacted(self, error: DispatchError) -> DispatchError:
-        """``error`` without a credential this adapter sent (:meth:`note_credentials`) or a
-        secret-looking string: a gateway may quote the ``Authorization`` header it got."""
+        """``error`` without a credential this adapter sent or a secret-looking string (a gateway
+        may quote the ``Authorization`` header it got)."""
         error.redact(self._credentials)
         return error
 
     def parse_error(self, status: int, body: bytes, headers: httpx.Headers) -> DispatchError:
-        """The error for an HTTP error response (its callers take out the credentials it may
-        quote: :meth:`redacted`)."""
+        """The error for an HTTP error response (callers :meth:`redacted` it)."""
         message, etype = error_details(body)
         error = error_for_status(
             status,
@@ -232,11 +205,8 @@ class HTTPAdapter(Adapter):
         return self.auth_headers()
 
     def http_auth(self) -> httpx.Auth | None:
-        """An :class:`httpx.Auth` flow every request of this adapter is sent with (None: none).
-
-        For credentials that need a round trip — a token to fetch, refresh after a 401 and retry
-        with — where :meth:`auth_headers` (static headers) is not enough. httpx runs the flow
-        inside ``send``, for chats and plain JSON requests."""
+        """An :class:`httpx.Auth` flow every request is sent with (None: none), for credentials
+        that need a round trip (a token to fetch, refresh after a 401 and retry with)."""
         return None
 
     def _send_auth(self) -> Any:
@@ -244,21 +214,18 @@ class HTTPAdapter(Adapter):
         return httpx.USE_CLIENT_DEFAULT if auth is None else auth
 
     # -- clients ---------------------------------------------------------------------------------
-    def _aclient(self) -> httpx.AsyncClient:
+    async def _aclient_ready(self) -> httpx.AsyncClient:
+        """The client given, else this loop's, after importing its transport off the event loop (the
+        first call of a process would otherwise block the loop — deadlines and cancels too — while
+        aiohttp loads)."""
         if self._async_http_given is not None:
             return self._async_http_given
+        await prepare_async_transport()
         return self._async_clients.get()
 
-    async def _aclient_ready(self) -> httpx.AsyncClient:
-        """:meth:`_aclient`, after importing its transport off the event loop (the first call of a
-        process would otherwise block the loop — deadlines and cancels too — while aiohttp loads)."""
-        if self._async_http_given is None:
-            await prepare_async_transport()
-        return self._aclient()
-
     def close(self) -> None:
-        """Close the connection pool of the library's event loop (sync calls' pool; async pools
-        close when their event loop ends). The adapter stays usable."""
+        """Close the sync calls' connection pool (async pools close with their event loop). The
+        adapter stays usable."""
         if running_loop() is not None:
             run_sync(self._async_clients.aclose())
 
@@ -272,8 +239,7 @@ class HTTPAdapter(Adapter):
         return f"{self.base_url}/{url.lstrip('/')}"
 
     def _parsed_url(self, url: str) -> httpx.URL:
-        """:meth:`_url` parsed, remembered: httpx parses a URL given as text on every request
-        (tens of microseconds, twice), an ``httpx.URL`` not at all."""
+        """:meth:`_url` parsed, remembered (httpx parses a URL given as text on every request)."""
         text = self._url(url)
         parsed = self._parsed_urls.get(text)
         if parsed is None:
@@ -283,36 +249,21 @@ class HTTPAdapter(Adapter):
         return parsed
 
     def _headers(self, wire: WireRequest, auth: Mapping[str, str], request: ChatRequest) -> dict[str, str]:
-        """A chat's headers: a plain JSON request's (:meth:`_json_headers`) with the wire
-        request's, a JSON body's content type unless they name one, then ``extra_headers=``."""
+        """A chat's headers: a plain JSON request's, the wire request's, a JSON body's content type
+        unless they name one, then ``extra_headers=``."""
         headers = self._json_headers(auth, wire.headers)
         if wire.json is not None:
             headers.setdefault("content-type", "application/json")
         headers.update(request.options.get("extra_headers") or {})
         return headers
 
-    @staticmethod
-    def _body(wire: WireRequest, request: ChatRequest) -> bytes | None:
-        if wire.json is None:
-            return None
-        body = wire.json
-        extra = request.options.get("extra_body")
-        if extra:
-            body = {**body, **extra}
-        return orjson.dumps(body)
-
     # -- compressed streams ----------------------------------------------------------------------
     def _content_encoding(self, response: httpx.Response) -> str | None:
         """The stream's ``Content-Encoding`` when it must be decoded (None: identity, so the raw
-        bytes go straight to the SSE decoder).
-
-        httpx's default ``Accept-Encoding`` invites compression, and real servers do compress event
-        streams (api.anthropic.com answered ``Content-Encoding: gzip``). httpx decodes what it has
-        decoders for (gzip, deflate; br / zstd when brotli / zstandard are installed) and would pass
-        anything else through still compressed: that is an error, said as one."""
+        bytes go straight to the SSE decoder). Real servers compress event streams; one httpx has
+        no decoder for would pass through still compressed: that is an error, said as one."""
         value: str = response.headers.get("content-encoding", "")
-        codings = [c.strip().lower() for c in value.split(",") if c.strip()]
-        codings = [c for c in codings if c != "identity"]
+        codings = [c for c in (c.strip().lower() for c in value.split(",")) if c not in ("", "identity")]
         if not codings:
             return None
         supported = self._decodable_encodings()
@@ -329,22 +280,13 @@ class HTTPAdapter(Adapter):
 
     @staticmethod
     def _decodable_encodings() -> frozenset[str]:
-        """The content codings httpx decodes here: gzip and deflate always, br with ``brotli``
-        (or ``brotlicffi``) installed, zstd with ``zstandard`` (httpx's optional extras)."""
+        """The content codings httpx decodes here (br and zstd with its optional extras)."""
         codings = {"gzip", "deflate"}
         if any(importlib.util.find_spec(name) for name in ("brotli", "brotlicffi")):
             codings.add("br")
         if importlib.util.find_spec("zstandard"):
             codings.add("zstd")
         return frozenset(codings)
-
-    def _undecodable(self, response: httpx.Response | None, exc: Exception) -> DispatchError:
-        encoding = response.headers.get("content-encoding", "?") if response is not None else "?"
-        return APIConnectionError(
-            f"the server's {encoding}-compressed answer could not be decoded (a corrupt or cut "
-            f"stream): {exc}",
-            provider=self.provider_name,
-        )
 
     # -- one attempt -----------------------------------------------------------------------------
     async def astream_once(
@@ -373,7 +315,8 @@ class HTTPAdapter(Adapter):
             headers = self._headers(wire, auth, request)
             http_request = client.build_request(
                 wire.method, self._parsed_url(wire.url), headers=headers,
-                content=self._body(wire, request),
+                content=None if wire.json is None
+                else orjson.dumps({**wire.json, **(request.options.get("extra_body") or {})}),
             )
             reading[0] = True
             self.note_credentials(http_request)
@@ -388,8 +331,7 @@ class HTTPAdapter(Adapter):
                 raise self.parse_error(response.status_code, body, response.headers)
             content_type = response.headers.get("content-type", "")
             if request.stream and "text/event-stream" in content_type:
-                parser = (wire.wire.stream_parser(acc) if wire.wire is not None
-                          else self.stream_parser(request, acc))
+                parser = self._wire_or_raise(wire).stream_parser(acc)
                 decoder = SSEDecoder()
                 encoding = self._content_encoding(response)
                 # aiohttp's body, read directly (everything that arrived, per wake-up); else httpx's
@@ -436,7 +378,10 @@ class HTTPAdapter(Adapter):
             raise
         except httpx.DecodingError as exc:
             control.check()
-            raise self._undecodable(response, exc) from None
+            encoding = response.headers.get("content-encoding", "?") if response is not None else "?"
+            raise APIConnectionError(f"the server's {encoding}-compressed answer could not be "
+                                     f"decoded (a corrupt or cut stream): {exc}",
+                                     provider=self.provider_name) from None
         except (httpx.HTTPError, OSError) as exc:
             control.check()
             raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
@@ -472,20 +417,11 @@ class HTTPAdapter(Adapter):
         *,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        """POST ``body`` as JSON with this adapter's headers and auth, and return the response
-        (read) whatever its status (read an error with :meth:`parse_error`); a transport failure
-        raises the mapped :class:`DispatchError` (an :class:`APIConnectionError`). For a
-        provider's side requests (token counting); chats go through :meth:`build_request`."""
-        sent = {"content-type": "application/json",
-                **self._json_headers(await self.aauth_headers(), headers)}
-        try:
-            response = await (await self._aclient_ready()).post(
-                self._url(url), headers=sent, content=orjson.dumps(body), auth=self._send_auth()
-            )
-        except httpx.HTTPError as exc:
-            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
-        self.note_credentials(response.request)
-        return response
+        """POST ``body`` as JSON with this adapter's headers and auth (a provider's side request:
+        token counting), and return the response whatever its status (read an error with
+        :meth:`parse_error`); a transport failure raises the mapped :class:`DispatchError`."""
+        return await self._asend("POST", url, {"content-type": "application/json", **(headers or {})},
+                                 content=orjson.dumps(body))
 
     @same_parameters(apost_json)
     def post_json(self, *args: Any, **kwargs: Any) -> httpx.Response:
@@ -501,18 +437,9 @@ class HTTPAdapter(Adapter):
         auth: httpx.Auth | None = None,
     ) -> Any:
         """GET a JSON document with this adapter's auth; HTTP errors become DispatchErrors.
-
-        ``timeout`` bounds the whole exchange (model lists and checks are small: a stalled server
-        must not hang ``validate()`` or ``%chat status``). ``auth``: this request's
-        :class:`httpx.Auth` instead of :meth:`http_auth`'s."""
-        try:
-            response = await (await self._aclient_ready()).get(
-                self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
-                timeout=timeout, auth=auth if auth is not None else self._send_auth(),
-            )
-        except httpx.HTTPError as exc:
-            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
-        self.note_credentials(response.request)
+        ``timeout``: a stalled server must not hang ``validate()`` or ``%chat status``; ``auth``:
+        this request's :class:`httpx.Auth` instead of :meth:`http_auth`'s."""
+        response = await self._asend("GET", url, headers, auth=auth, timeout=timeout)
         if response.status_code >= 400:
             raise self.redacted(self.parse_error(response.status_code, response.content,
                                                  response.headers))
@@ -522,3 +449,17 @@ class HTTPAdapter(Adapter):
     def get_json(self, *args: Any, **kwargs: Any) -> Any:
         """The sync twin of :meth:`aget_json`."""
         return run_sync(self.aget_json(*args, **kwargs))
+
+    async def _asend(self, method: str, url: str, headers: Mapping[str, str] | None, *,
+                     auth: httpx.Auth | None = None, **kwargs: Any) -> httpx.Response:
+        """One plain request with this adapter's headers and auth (``auth``: instead of
+        :meth:`http_auth`'s); a transport failure raises the mapped :class:`DispatchError`."""
+        try:
+            response = await (await self._aclient_ready()).request(
+                method, self._url(url), headers=self._json_headers(await self.aauth_headers(), headers),
+                auth=auth if auth is not None else self._send_auth(), **kwargs,
+            )
+        except httpx.HTTPError as exc:
+            raise self.redacted(wrap_transport_error(exc, self.provider_name)) from None
+        self.note_credentials(response.request)
+        return response

@@ -8,6 +8,7 @@ to hand on, so a streamed and a non-streamed call end in the same ``Response``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -39,10 +40,8 @@ __all__ = [
 
 
 def parse_tool_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
-    """Parse streamed tool arguments: ``({...}, None)``, or ``({}, "what is wrong")``.
-
-    An empty string means no arguments (``{}``).
-    """
+    """Parse streamed tool arguments: ``({...}, None)`` (``{}`` for an empty string), or
+    ``({}, "what is wrong")``."""
     if not raw.strip():
         return {}, None
     try:
@@ -132,10 +131,8 @@ _Builder = Any  # _Text | _Thinking | _Tool | _Fixed
 
 class Accumulator:
     """Collects one answer as it streams; :meth:`snapshot` / :meth:`finish` give the ``Response``.
-
-    ``key`` arguments let a provider address several open blocks at once (an output index, an item
-    id, a content-block index); a text or thinking delta with a new key starts a new block.
-    """
+    ``key`` arguments address several open blocks at once (an output or content-block index); a
+    text or thinking delta with a new key starts a new block."""
 
     __slots__ = (
         "_items",
@@ -238,8 +235,8 @@ class Accumulator:
             block.provider_data = provider_data
 
     def replace_text(self, key: Hashable, text: str) -> bool:
-        """Replace the text of the text or thinking block with this key (a provider's finished
-        item is the final word on what its deltas streamed); False when there is none."""
+        """Replace the text of the text or thinking block with this key (a finished item is the
+        final word on what streamed); False when there is none."""
         block = self._find((_Text, _Thinking), key)
         if block is None:
             return False
@@ -260,17 +257,15 @@ class Accumulator:
         self.started = True
 
     def set_block(self, key: Hashable, block: Any) -> None:
-        """Replace the finished block added with ``key`` (one a provider completes piece by
-        piece); earlier snapshots keep the block they had."""
+        """Replace the finished block added with ``key`` (earlier snapshots keep theirs)."""
         fixed = self._find((_Fixed,), key)
         if fixed is None:
             raise KeyError(key)
         fixed.block = block
 
     def order_by(self, rank: Mapping[Hashable, int]) -> None:
-        """Reorder the blocks by ``rank[key]`` (e.g. a Responses ``output_index``), for providers
-        whose events can arrive out of order. Stable; a block whose key has no rank stays right
-        after the block before it."""
+        """Reorder the blocks by ``rank[key]`` (a Responses ``output_index``: events may arrive
+        out of order), stably; a block without a rank stays after the block before it."""
         ranked: list[tuple[int, int, _Builder]] = []
         current = -1
         for position, item in enumerate(self._items):
@@ -340,9 +335,9 @@ class Accumulator:
         )
 
     def tool_cut(self, key: Hashable, reason: str) -> None:
-        """The answer ended while this tool call's arguments were being written (``max_tokens``):
-        the call stays, with ``arguments={}``, what arrived in ``raw_arguments`` and ``reason`` as
-        its ``arguments_error`` (so a session answers it with an error instead of running it)."""
+        """The answer ended mid-arguments (``max_tokens``): the call stays, with ``arguments={}``,
+        ``raw_arguments`` and ``reason`` as its ``arguments_error`` (a session answers it with an
+        error instead of running it)."""
         self._tools[key].error = reason
 
     def end_open_tools(self) -> list[StreamDelta]:
@@ -356,14 +351,11 @@ class Accumulator:
 
     # -- deltas from elsewhere -----------------------------------------------------------------
     def feed(self, delta: StreamDelta) -> None:
-        """Take one :class:`StreamDelta` that was produced elsewhere (a replayed recording, a
-        session's events, :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`): the one
-        place deltas become an answer again. Text and thinking extend the open block of their
-        kind; a tool call is addressed by its ``tool_call_id`` and its arguments are parsed from
-        its streamed fragments (else taken from ``tool_use_end``); a fragment or end of a call
-        that never started is ignored. Fed :meth:`Response.deltas
-        <dispatch_nb.types.Response.deltas>`, it rebuilds that response's text, thinking and tool
-        calls."""
+        """Take one :class:`StreamDelta` produced elsewhere (a replayed recording, a session's
+        events, :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`, which it rebuilds).
+        A tool call is addressed by its ``tool_call_id``; its arguments are parsed from its
+        fragments, else taken from ``tool_use_end``; a fragment of a call never started is
+        ignored."""
         kind = delta.type
         if kind == "text_delta":  # (the hot path of a replay or a live view: no delta is built)
             self._add_text(delta.text or "", None, None)
@@ -390,11 +382,10 @@ class Accumulator:
         return [item.build() for item in self._items]
 
     def pieces(self) -> Iterator[tuple[str, Any]]:
-        """The answer so far as ``(kind, value)`` pairs, in order, without building blocks:
-        ``("text", str)``, ``("thinking", str)``, ``("tool", call)`` (the open or finished
-        tool call: ``id``, ``name``, ``parts`` of its raw arguments, ``arguments`` once parsed,
-        ``done``; the same object for the same call every time) and ``("block", block)`` for a
-        finished block added as is."""
+        """The answer so far as ``(kind, value)`` pairs, without building blocks: ``("text",
+        str)``, ``("thinking", str)``, ``("tool", call)`` (the same record of a call every time:
+        ``id``, ``name``, raw ``parts``, ``arguments`` once parsed, ``done``) and ``("block",
+        block)``."""
         for item in self._items:
             kind = type(item)
             if kind is _Text:
@@ -430,25 +421,21 @@ class Accumulator:
 
 
 def attach_partial(exc: BaseException, partial: Response | Accumulator | None) -> None:
-    """Give ``exc`` what arrived (``partial``: a response, or the accumulator that has it) unless
-    it already carries some; a ``KeyboardInterrupt`` gets it too."""
+    """Give ``exc`` (a ``KeyboardInterrupt`` too) what arrived unless it already carries some."""
     if partial is None or getattr(exc, "partial", None) is not None:
         return
-    try:
+    with contextlib.suppress(Exception):  # an exception type that takes no attributes
         exc.partial = partial.snapshot() if isinstance(partial, Accumulator) else partial  # type: ignore[attr-defined]
-    except Exception:  # an exception type that takes no attributes
-        pass
 
 
 class _Tapped:
-    """Deltas passed on as they are, each handed to ``tap`` first (appended to a log, fed to an
-    accumulator). A class, not a generator: ``close()`` may come from another thread while the
-    reading thread is inside ``__next__``, and must reach the deltas (a generator would refuse:
-    "generator already executing")."""
+    """Deltas (sync or async) passed on as they are, each handed to ``tap`` first. A class, not a
+    generator: ``close()`` may come from another thread while the reader is inside ``__next__``
+    (a generator would refuse: "generator already executing")."""
 
     __slots__ = ("deltas", "tap")
 
-    def __init__(self, deltas: Iterator[StreamDelta], tap: Callable[[StreamDelta], None]) -> None:
+    def __init__(self, deltas: Any, tap: Callable[[StreamDelta], None]) -> None:
         self.deltas = deltas
         self.tap = tap
 
@@ -456,7 +443,7 @@ class _Tapped:
         return self
 
     def __next__(self) -> StreamDelta:
-        delta = next(self.deltas)
+        delta: StreamDelta = next(self.deltas)
         self.tap(delta)
         return delta
 
@@ -465,22 +452,12 @@ class _Tapped:
         if close is not None:
             close()
 
-
-class _ALogged:
-    """The async twin of :class:`_Tapped` that appends to ``log``."""
-
-    __slots__ = ("deltas", "log")
-
-    def __init__(self, deltas: AsyncIterator[StreamDelta], log: list[StreamDelta]) -> None:
-        self.deltas = deltas
-        self.log = log
-
-    def __aiter__(self) -> _ALogged:
+    def __aiter__(self) -> _Tapped:
         return self
 
     async def __anext__(self) -> StreamDelta:
-        delta = await self.deltas.__anext__()
-        self.log.append(delta)
+        delta: StreamDelta = await self.deltas.__anext__()
+        self.tap(delta)
         return delta
 
     async def aclose(self) -> None:
@@ -493,8 +470,7 @@ _D = TypeVar("_D", bound="Iterator[StreamDelta] | AsyncIterator[StreamDelta]")
 
 
 class _DeltaStream(Generic[_D]):
-    """What :class:`ResponseStream` and :class:`AsyncResponseStream` share: the deltas, the
-    accumulator, and the final response or the error that ended the stream."""
+    """What :class:`ResponseStream` and :class:`AsyncResponseStream` share."""
 
     def __init__(self, deltas: _D, accumulator: Accumulator) -> None:
         self._deltas: _D = deltas
@@ -511,9 +487,8 @@ class _DeltaStream(Generic[_D]):
 
     @property
     def events(self) -> list[StreamDelta]:
-        """The stream's event log: deltas that rebuild what arrived so far, in order: exactly the
-        deltas the stream yielded after :meth:`keep_events`, else one per block of
-        :attr:`partial` (docs/sessions.md, "A stream's log")."""
+        """Deltas that rebuild what arrived so far: those yielded after :meth:`keep_events`, else
+        one per block of :attr:`partial` (docs/sessions.md, "A stream's log")."""
         if self._log is not None:
             return list(self._log)
         return self.partial.deltas()
@@ -525,13 +500,11 @@ class _DeltaStream(Generic[_D]):
 
     @property
     def partial_parsed(self) -> Any:
-        """The structured answer so far; always None here (a call without ``output=``). See
-        :class:`~dispatch_nb.structured.StructuredResponseStream`."""
+        """The structured answer so far: None without ``output=``."""
         return None
 
     def _final(self) -> Response | None:
-        """The final response (None while the stream has not ended); the error that ended it
-        instead, raised."""
+        """The final response (None while the stream runs); raises the error that ended it."""
         if self._response is None and self._error is not None:
             raise self._error
         return self._response
@@ -546,18 +519,16 @@ class _DeltaStream(Generic[_D]):
         attach_partial(exc, self._acc)
 
     def _left(self, exc: BaseException | None) -> None:
-        """The ``with`` block is left (the caller closes): an exception raised in its body (e.g.
-        Ctrl-C) keeps what arrived."""
+        """The ``with`` block is left: an exception raised in its body (Ctrl-C) keeps what
+        arrived."""
         if exc is not None and self._response is None:
             attach_partial(exc, self._acc)
 
 
 class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
-    """Iterate for :class:`StreamDelta` s; ``.response`` is the final :class:`Response`.
-
-    A context manager: leaving the ``with`` block (or :meth:`close`) ends the HTTP stream. An error
-    raised while iterating carries ``partial``; so does a ``KeyboardInterrupt``.
-    """
+    """Iterate for :class:`StreamDelta` s; ``.response`` is the final :class:`Response`. Leaving
+    the ``with`` block (or :meth:`close`) ends the HTTP stream. An error raised while iterating
+    (a ``KeyboardInterrupt`` too) carries ``partial``."""
 
     def __iter__(self) -> Iterator[StreamDelta]:
         source = self._deltas
@@ -566,8 +537,8 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
         return self
 
     def _batched(self, source: SyncIterator[StreamDelta]) -> Iterator[StreamDelta]:
-        """:meth:`__next__` without a call per delta: take what arrived since the last look, a
-        batch at a time (what a loop left half-way is there for the next one)."""
+        """:meth:`__next__` without a call per delta: what arrived since the last look, a batch
+        at a time."""
         while self._response is None and not self._closed:
             try:
                 batch = source.batch()
@@ -600,9 +571,8 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
             raise
 
     def keep_events(self) -> ResponseStream:
-        """Keep every delta this stream yields from now on in :attr:`events` (call it before
-        iterating); returns the stream. Costs a reference per delta and keeps the deltas alive,
-        so it is off unless asked for."""
+        """Keep every delta yielded from now on in :attr:`events` (call it before iterating;
+        it keeps the deltas alive, so it is off unless asked for); returns the stream."""
         if self._log is None:
             self._deltas = _Tapped(self._deltas, self._logging().append)
         return self
@@ -676,10 +646,9 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
             raise
 
     def keep_events(self) -> AsyncResponseStream:
-        """Keep every delta this stream yields from now on in :attr:`events` (call it before
-        iterating); returns the stream. See :meth:`ResponseStream.keep_events`."""
+        """See :meth:`ResponseStream.keep_events`."""
         if self._log is None:
-            self._deltas = _ALogged(self._deltas, self._logging())
+            self._deltas = _Tapped(self._deltas, self._logging().append)
         return self
 
     async def until_done(self) -> Response:
@@ -717,7 +686,7 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
 
 class _Mirror(Accumulator):
     """The accumulator of a stream that passes another stream's deltas on: its answer is that
-    stream's, nothing is accumulated twice (nor finished twice)."""
+    stream's (nothing is accumulated or finished twice)."""
 
     def __init__(self, inner: AsyncResponseStream) -> None:
         super().__init__("")
@@ -731,9 +700,8 @@ class _Mirror(Accumulator):
 
 
 class _Taken(Accumulator):
-    """What a sync caller has taken of another stream: fed each delta on the caller's thread as
-    the caller takes it (so ``partial`` is what the caller has seen); the answer is that
-    stream's."""
+    """What a sync caller has taken of another stream (fed on the caller's thread, so ``partial``
+    is what it has seen); the answer is that stream's."""
 
     def __init__(self, inner: AsyncResponseStream) -> None:
         super().__init__(inner.partial.model)
@@ -744,9 +712,8 @@ class _Taken(Accumulator):
 
 
 def sync_stream(inner: AsyncResponseStream) -> ResponseStream:
-    """``inner`` for a sync caller: its coroutine runs on the library's event-loop thread
-    (:class:`~dispatch_nb.bridge.SyncIterator`), the calling thread takes its deltas; closing the
-    sync stream (or Ctrl-C) cancels it there. ``partial`` is what the caller has taken so far,
-    ``response`` is ``inner``'s."""
+    """``inner`` for a sync caller: it runs on the library's event-loop thread
+    (:class:`~dispatch_nb.bridge.SyncIterator`); closing the sync stream (or Ctrl-C) cancels it
+    there."""
     taken = _Taken(inner)
     return ResponseStream(_Tapped(SyncIterator(lambda: inner), taken.feed), taken)

@@ -9,6 +9,7 @@ docs/architecture.md (I/O) says more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -63,14 +64,15 @@ def _have_aiohttp() -> bool:
         return False
 
 
-_warned_missing = False
+@functools.cache  # once per process
+def _warn_missing() -> None:
+    logger.warning("%s=aiohttp, but aiohttp is not installed: using httpx (pip install aiohttp)",
+                   TRANSPORT_ENV)
 
 
 def transport_name() -> TransportName:
     """The transport new clients use: ``DISPATCH_NB_TRANSPORT`` (``aiohttp`` | ``httpx``), by
-    default ``aiohttp`` where it is installed. Asking for aiohttp where it is missing falls back to
-    httpx with a warning; any other value is an error."""
-    global _warned_missing
+    default ``aiohttp`` where it is installed (else httpx, with a warning when it was asked for)."""
     value = os.environ.get(TRANSPORT_ENV, "").strip().lower()
     if value not in ("", "aiohttp", "httpx"):
         raise ValueError(
@@ -81,11 +83,8 @@ def transport_name() -> TransportName:
         return "httpx"
     if _have_aiohttp():
         return "aiohttp"
-    if value == "aiohttp" and not _warned_missing:
-        _warned_missing = True
-        logger.warning(
-            "%s=aiohttp, but aiohttp is not installed: using httpx (pip install aiohttp)", TRANSPORT_ENV,
-        )
+    if value == "aiohttp":
+        _warn_missing()
     return "httpx"
 
 
@@ -99,20 +98,17 @@ def _import_aiohttp() -> None:
 
 
 async def prepare_async_transport() -> None:
-    """Import the configured transport's modules on a worker thread, once per process.
-
-    aiohttp takes 0.1–0.5 s to import; done on the event loop by the first call it would freeze
-    that loop, and with it the call's deadline and cancellation. (``sys.modules`` is no sign that
-    the import is done: it holds aiohttp from the moment a first call's import starts, and a
-    second call would then wait for it on the loop.)"""
+    """Import the configured transport's modules on a worker thread, once per process: aiohttp
+    takes 0.1–0.5 s to import, which would freeze the event loop (and the call's deadline). Not
+    ``sys.modules``: it holds aiohttp from the moment a first call's import starts."""
     if not _aiohttp_imported and transport_name() == "aiohttp":
         await asyncio.to_thread(_import_aiohttp)
 
 
 # -- the aiohttp transport ------------------------------------------------------------------------
 def _reraise(exc: BaseException, reading: bool) -> NoReturn:
-    """Raise the httpx exception for an aiohttp failure (the one httpx's own transport raises for
-    the same failure: a dropped connection is a ``RemoteProtocolError``); anything else as it is."""
+    """Raise the httpx exception httpx's own transport raises for the same failure (a dropped
+    connection is a ``RemoteProtocolError``); anything else as it is."""
     import aiohttp
 
     original = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
@@ -150,8 +146,8 @@ class _AiohttpBody(httpx.AsyncByteStream):
         self._response = response
 
     async def read(self) -> bytes:
-        """Every raw byte that arrived since the last read, at most :data:`READ_SIZE` (waiting
-        for some when none did); ``b""`` at the end of the body. The :data:`READ_EXTENSION`."""
+        """The :data:`READ_EXTENSION`: the raw bytes that arrived since the last read (at most
+        :data:`READ_SIZE`; waiting for some when none did); ``b""`` at the end of the body."""
         try:
             return await self._response.content.read(READ_SIZE)
         except Exception as exc:
@@ -169,15 +165,10 @@ class _AiohttpBody(httpx.AsyncByteStream):
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
-    """An httpx transport that sends requests with aiohttp (which parses the answer in C).
+    """An httpx transport that sends requests with aiohttp (which parses the answer in C). Its
+    errors become httpx's; it keeps no cookies (httpx does) and decodes nothing (httpx does)."""
 
-    ``verify``: an ``ssl.SSLContext`` (default: :func:`tls_context`); ``limits``: the pool's size.
-    aiohttp's errors become the httpx exception the same failure raises in httpx; aiohttp keeps no
-    cookies of its own (httpx does) and decodes nothing (content-encoding is left to httpx)."""
-
-    def __init__(self, *, verify: ssl.SSLContext | None = None,
-                 limits: httpx.Limits = DEFAULT_LIMITS) -> None:
-        self.limits = limits
+    def __init__(self, *, verify: ssl.SSLContext | None = None) -> None:
         self._ssl = verify if verify is not None else tls_context()
         self._session: aiohttp.ClientSession | None = None
 
@@ -185,10 +176,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if self._session is None:
             import aiohttp
 
-            limit = self.limits.max_connections
             connector = aiohttp.TCPConnector(
-                keepalive_timeout=self.limits.keepalive_expiry, ssl=self._ssl,
-                limit=limit if limit is not None else 0,
+                keepalive_timeout=DEFAULT_LIMITS.keepalive_expiry, ssl=self._ssl,
+                limit=DEFAULT_LIMITS.max_connections or 0,
             )
             self._session = aiohttp.ClientSession(connector=connector,
                                                   cookie_jar=aiohttp.DummyCookieJar())
@@ -231,10 +221,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
 # -- clients --------------------------------------------------------------------------------------
 def tls_context() -> ssl.SSLContext:
-    """The TLS context every client verifies servers with: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
-    when set, else certifi's bundle (httpx's rules). Made once per setting and shared: loading a
-    CA bundle takes tens of milliseconds, which every new client (one per event loop: every
-    ``asyncio.run``) would otherwise pay."""
+    """The TLS context every client verifies servers with (httpx's rules: ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR``, else certifi's bundle), made once per setting: loading a CA bundle takes
+    tens of milliseconds, which every new client (every ``asyncio.run``) would otherwise pay."""
     return _tls_context(os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
 
 
@@ -258,14 +247,12 @@ def async_client(timeout: httpx.Timeout) -> httpx.AsyncClient:
 
 
 class LoopClients:
-    """One async client per running event loop, closed when that loop shuts down.
+    """One async client per running event loop (``get()``, made by ``make()`` on first use).
 
-    ``clients.get()`` returns the running loop's client, made by ``make()`` on first use. When the
-    loop shuts down (``asyncio.run`` ending, or ``loop.shutdown_asyncgens()``), the client is
-    closed and forgotten: a finalizer rides on an async generator the loop knows about. When the
-    owner is dropped first (an adapter replaced in a notebook whose loop lives on), its clients are
-    closed on their loops; until then they stay reachable from a module-level finalizer, so the
-    garbage collector never finds an open aiohttp session ("Unclosed client session")."""
+    When the loop shuts down (``asyncio.run`` ending), the client is closed and forgotten: a
+    finalizer rides on an async generator the loop knows about. When the owner is dropped first,
+    its clients are closed on their loops; until then a module-level finalizer keeps them
+    reachable, so the garbage collector never finds an open aiohttp session."""
 
     def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
         self._make = make
@@ -281,10 +268,8 @@ class LoopClients:
             entry = _LoopEntry(client, weakref.finalize(self, _close_on_loop, loop, client))
             entry.closer = _closer(self._lock, self._clients, loop, entry)
             step: Any = entry.closer.__anext__()  # the first step registers it with the loop...
-            try:
+            with contextlib.suppress(StopIteration):
                 step.send(None)  # ...and runs to its ``yield`` without awaiting anything
-            except StopIteration:
-                pass
             with self._lock:
                 self._clients[loop] = entry
             return client
@@ -304,8 +289,8 @@ class LoopClients:
 
 @dataclass(slots=True)
 class _LoopEntry:
-    """A loop's client, the finalizer that closes it if its owner is dropped, and the async
-    generator that closes it when the loop shuts down."""
+    """A loop's client and what closes it: a finalizer (its owner dropped) and an async
+    generator (the loop shuts down)."""
 
     client: httpx.AsyncClient
     dropped: weakref.finalize[Any, Any]
@@ -341,7 +326,5 @@ def _close_on_loop(loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient) -
         task.add_done_callback(_closing.discard)
 
     if not loop.is_closed():
-        try:
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
             loop.call_soon_threadsafe(start)
-        except RuntimeError:  # closed meanwhile
-            pass

@@ -112,23 +112,19 @@ class TurnAccumulator:
         ``MessageDoneEvent`` (anything else is ignored)."""
         kind = getattr(event, "type", None)
         if kind in _DELTAS:
-            self._delta(event, kind)
-        elif kind == "tool_result":
-            self.add_result(event)
-        elif kind == "message_done":
-            self.add_round(event.response)
-
-    def _delta(self, delta: StreamDelta, kind: str) -> None:
-        if kind == "text_delta" and delta.text:
-            self.has_text = True
-        self.answer.feed(delta)
-        if kind == "tool_use_start":
-            call = self.answer.tool(delta.tool_call_id or "")
+            if kind == "text_delta" and event.text:
+                self.has_text = True
+            self.answer.feed(event)
+            call = self.answer.tool(event.tool_call_id or "") if kind == "tool_use_start" else None
             if call is not None and id(call) not in self._runs:
                 run = ToolRun(call)
                 self._runs[id(call)] = run
                 self._by_id[run.id] = run
                 self.tools.append(run)
+        elif kind == "tool_result":
+            self.add_result(event)
+        elif kind == "message_done":
+            self.add_round(event.response)
 
     def add_round(self, response: Response) -> None:
         """One model round finished with ``response`` (its usage adds to the turn's)."""
@@ -152,14 +148,14 @@ class TurnAccumulator:
             run.approval = event.approval
 
     def finish(self, response: Response | None) -> None:
-        """Take usage, model and stop reason from ``response`` when no round supplied them (a
-        caller that saw only deltas, or the partial answer of a failure)."""
+        """Take ``response`` as the round when none ended (a caller that saw only deltas, or the
+        partial answer of a failure)."""
         if response is not None and not self.rounds:
             self.add_round(response)
 
     def abandon_tools(self) -> list[ToolRun]:
-        """Mark the tools that were still running as abandoned (an interrupt); returns them. A
-        call still waiting for approval never started: :meth:`stop_waiting` says so."""
+        """Mark the tools still running (not waiting for approval) as abandoned (an interrupt);
+        returns them."""
         running = [t for t in self.tools
                    if t.arguments is not None and t.result is None and not t.waiting]
         for tool in running:
@@ -168,7 +164,7 @@ class TurnAccumulator:
 
     def stop_waiting(self, reason: str) -> list[ToolRun]:
         """The calls still waiting for approval are not run (an interrupt): each gets the error
-        result ``NAME was not run: reason``, as the model reads it; returns them."""
+        result ``NAME was not run: reason``; returns them."""
         waiting = [t for t in self.tools if t.waiting and t.result is None]
         for tool in waiting:
             tool.waiting = False
@@ -215,9 +211,8 @@ class TurnAccumulator:
         return self.rounds[-1] if self.rounds else None
 
     def messages(self) -> list[Message]:
-        """The history the turn added after the user's message: each round's answer (an empty
-        one is left out, as a session does) and, after it, one user message with the results of
-        its tool calls."""
+        """The history the turn added after the user's message: each non-empty round's answer
+        and, after it, one user message with the results of its tool calls."""
         out: list[Message] = []
         results: list[Any] = []
         for step in self._steps:
@@ -234,10 +229,8 @@ class TurnAccumulator:
         return out
 
     def events(self) -> list[StreamDelta | MessageDoneEvent | ToolResultEvent]:
-        """The turn as the events that make it, in order: each round's
-        :meth:`Response.events <dispatch_nb.types.Response.events>`, then the tool results that
-        followed it. Fed to a new ``TurnAccumulator`` they give the same rounds, results and
-        usage."""
+        """The turn as the events that make it (each round's :meth:`Response.events
+        <dispatch_nb.types.Response.events>`, then its tool results): :meth:`replay` them."""
         out: list[StreamDelta | MessageDoneEvent | ToolResultEvent] = []
         for step in self._steps:
             if isinstance(step, Response):

@@ -26,7 +26,6 @@ from .cost import Cost
 
 __all__ = [
     "Block",
-    "ContentBlock",
     "ErrorEvent",
     "ImageBlock",
     "Message",
@@ -114,12 +113,9 @@ class ImageBlock(_Model):
 
 
 class ToolUseBlock(_Model):
-    """The model asks to call tool ``name`` with ``arguments``.
-
-    When the model produced arguments that are not a JSON object, ``arguments`` is ``{}``,
-    ``raw_arguments`` keeps what arrived and ``arguments_error`` says what is wrong; a session sends
-    that back to the model as an error result instead of calling the tool.
-    """
+    """The model asks to call tool ``name`` with ``arguments``. Arguments that are not a JSON
+    object leave ``arguments`` ``{}``, ``raw_arguments`` what arrived and ``arguments_error`` what
+    is wrong (a session answers that with an error result instead of calling the tool)."""
 
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -131,8 +127,7 @@ class ToolUseBlock(_Model):
 
 
 class ToolResultBlock(_Model):
-    """The result of running a tool, sent back in a user turn: text, or a list of text and
-    image blocks (an MCP tool's image goes to the model as an image where the API takes one)."""
+    """The result of running a tool, sent back in a user turn: text, or text and image blocks."""
 
     type: Literal["tool_result"] = "tool_result"
     tool_use_id: str
@@ -185,7 +180,6 @@ Block = Annotated[
     TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
-ContentBlock = Block
 
 
 class Message(_Model):
@@ -254,13 +248,9 @@ class Usage(_Model):
 
 
 class Response(_Model):
-    """What a model answered.
-
-    ``content`` holds every block in the order the model produced it (tool-use blocks included) and
-    is empty, never ``None``, when the model said nothing. ``tool_calls`` repeats the
-    :class:`ToolUseBlock` s for convenience. ``parsed`` is the validated answer of a call made with
-    ``output=`` (docs/structured-output.md: how it is dumped and validated again).
-    """
+    """What a model answered. ``content`` holds every block in order (tool-use blocks included),
+    empty when the model said nothing; ``tool_calls`` repeats the :class:`ToolUseBlock` s.
+    ``parsed`` is the validated answer of a call made with ``output=``."""
 
     content: list[Block] = Field(default_factory=list)
     tool_calls: list[ToolUseBlock] = Field(default_factory=list)
@@ -296,10 +286,9 @@ class Response(_Model):
         """The assistant turn to append to history: every block verbatim, signatures included."""
         return Message(role="assistant", content=[b.model_copy() for b in self.content])
 
-    # The event pipeline (docs/sessions.md, "Events"): an answer back into the events that make it.
     def deltas(self) -> list[StreamDelta]:
         """The deltas a stream of this answer yields, block by block (docs/sessions.md, "One event
-        pipeline"): what a replayed or a non-streamed call shows while it "streams"."""
+        pipeline"): what a replayed call shows while it "streams"."""
         out: list[StreamDelta] = []
         for block in self.content:
             if isinstance(block, TextBlock):
@@ -321,14 +310,13 @@ class Response(_Model):
         return out
 
     def events(self) -> list[StreamDelta | MessageDoneEvent]:
-        """This answer as the events of one model round, as a session stream yields them: its
-        :meth:`deltas`, then the ``MessageDoneEvent`` that carries the whole answer."""
+        """This answer as a session stream's events: its :meth:`deltas`, then the
+        ``MessageDoneEvent``."""
         return [*self.deltas(), MessageDoneEvent(response=self)]
 
     # Rich display (IPython calls these; nothing here imports IPython).
     def __str__(self) -> str:
-        """The answer's text, so ``print(response)`` prints what the model said (``repr()``
-        still shows every field, for debugging)."""
+        """The answer's text, so ``print(response)`` prints what the model said."""
         return self.text
 
     def _repr_markdown_(self) -> str:
@@ -406,11 +394,8 @@ _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def text_delta(type: Literal["text_delta", "thinking_delta"], text: str) -> StreamDelta:
-    """A text or thinking :class:`StreamDelta`, built without re-validation.
-
-    The hot path of every stream: equal to ``StreamDelta(type=type, text=text)`` at a fraction of
-    the cost. Only for values the library produced itself (``text`` is a ``str``).
-    """
+    """``StreamDelta(type=type, text=text)`` without validation, at a fraction of the cost (the
+    hot path of every stream); only for a ``text`` that is a ``str``."""
     delta = _object_new(StreamDelta)
     _set_dict(delta, "__dict__", {"type": type, "text": text, "tool_call_id": None,
                                   "tool_name": None, "argument_delta": None, "arguments": None})
@@ -422,9 +407,9 @@ def text_delta(type: Literal["text_delta", "thinking_delta"], text: str) -> Stre
 
 class RetryEvent(StreamDelta):
     """A stream's event: the attempt failed before any output and is retried. ``attempt`` counts
-    the retries (1 for the first), ``wait`` is the seconds before it is sent, ``reason`` says why
-    (``"rate limited, HTTP 429"``). It is a :class:`StreamDelta` of type ``retry`` that carries no
-    text, so code that reads deltas by their type passes it by."""
+    the retries from 1, ``wait`` is the seconds before it, ``reason`` says why (``"rate limited,
+    HTTP 429"``). A :class:`StreamDelta` of type ``retry``: code that reads deltas by type passes
+    it by."""
 
     type: Literal["retry"] = "retry"
     attempt: int = 1
