@@ -230,16 +230,11 @@ def _is_table(value: Any) -> bool:
 
 
 def _table_text(value: Any) -> str:
-    to_markdown = getattr(value, "to_markdown", None)
-    if callable(to_markdown):
-        try:
-            return str(to_markdown())
-        except Exception:  # e.g. ImportError: pandas needs the optional ``tabulate`` for it
-            pass
-    to_string = getattr(value, "to_string", None)
-    if callable(to_string):
-        return str(to_string())
-    return str(value)
+    try:
+        return str(value.to_markdown())
+    except Exception:  # none, or ImportError: pandas needs the optional ``tabulate`` for it
+        to_string = getattr(value, "to_string", None)
+        return str(to_string() if callable(to_string) else value)
 
 
 def _describe_table(

@@ -76,11 +76,6 @@ def _type_name(tp: Any) -> str:
     return re.sub(r"\W+", "_", str(tp)).strip("_") or "output"
 
 
-def _drop_titles(node: dict[str, Any]) -> dict[str, Any]:
-    node.pop("title", None)
-    return node
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -137,11 +132,9 @@ class StructuredOutput:
         self._type_adapter: Any = None
         self._validator: Any = None
         if isinstance(target, Mapping):
-            self.is_schema_dict = True
             self.schema_of_value = self._check_schema_dict(target)
             default_name = self.schema_of_value.get("title")
         else:
-            self.is_schema_dict = False
             self.schema_of_value = self._schema_of_type(target)
             default_name = _type_name(target)
         #: the schema sent to providers (always an object at the root); ``wrapped``: True when
@@ -175,11 +168,8 @@ class StructuredOutput:
         if not isinstance(data, dict) or not data:
             raise ValueError("output= is an empty dict: give a JSON Schema such as "
                              '{"type": "object", "properties": {...}}')
-        try:
-            from jsonschema import exceptions, validators
-        except ImportError:  # pragma: no cover - a core dependency
-            raise ImportError("validating a JSON Schema dict needs jsonschema: "
-                              "pip install jsonschema") from None
+        from jsonschema import exceptions, validators
+
         cls = validators.validator_for(data)
         try:
             cls.check_schema(data)
@@ -218,7 +208,7 @@ class StructuredOutput:
                 "a basic type or a JSON Schema dict"
             ) from None
         self._type_adapter = adapter
-        return dict(map_schema(schema, _drop_titles))
+        return dict(map_schema(schema, lambda n: {k: v for k, v in n.items() if k != "title"}))
 
     # -- facts providers use ---------------------------------------------------------------------
     @functools.cached_property
@@ -297,7 +287,7 @@ class StructuredOutput:
             value, prefix = value[RESULT_KEY], (RESULT_KEY,)
         # (a wrapped answer without the wrapper is read as the bare value)
         value = _drop_added_nulls(value, self.schema_of_value)
-        if self.is_schema_dict:
+        if self._type_adapter is None:  # a JSON Schema dict
             errors = self._schema_errors(value)
             if errors:
                 raise self._invalid(text, [{**e, "loc": (*prefix, *e["loc"])} for e in errors])
@@ -433,9 +423,7 @@ class OutputModel(Protocol):
 
 def as_output(output: Any) -> StructuredOutput:
     """``output=`` as a :class:`StructuredOutput` (built and checked now, before any request)."""
-    if isinstance(output, StructuredOutput):
-        return output
-    return StructuredOutput(output)
+    return output if isinstance(output, StructuredOutput) else StructuredOutput(output)
 
 
 def prompted(request: ChatRequest) -> ChatRequest:
@@ -448,10 +436,7 @@ def prompted(request: ChatRequest) -> ChatRequest:
 
 # -- the answer of one attempt ----------------------------------------------------------------------
 def _output_call(response: Response) -> ToolUseBlock | None:
-    for call in response.tool_calls:
-        if call.name == OUTPUT_TOOL_NAME:
-            return call
-    return None
+    return next((c for c in response.tool_calls if c.name == OUTPUT_TOOL_NAME), None)
 
 
 def _as_answer(response: Response, streamed: str | None) -> Response:
@@ -548,8 +533,11 @@ class _Call:
         self.tool_ids: set[str | None] = set()
 
     # -- per attempt -----------------------------------------------------------------------------
-    def next_request(self) -> ChatRequest:
-        """The next attempt's request (raises when the call's time is up)."""
+    @contextlib.contextmanager
+    def attempt_stream(self, opener: Callable[..., Any]) -> Iterator[Any]:
+        """The next attempt's stream (raises when the call's time is up), opened with ``opener``
+        (the adapter's ``open_stream`` or ``aopen_stream``) under the call's control, as
+        :attr:`inner`. An error of the attempt carries what arrived, with every attempt's usage."""
         if self.control is None:
             self.control = TurnControl(timeout=self.timeout, cancel=self.cancel,
                                        provider=self.adapter.provider_name)
@@ -561,14 +549,8 @@ class _Call:
             )
         self.attempt += 1
         self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
-        return dataclasses.replace(self.request, messages=list(self.messages))
-
-    @contextlib.contextmanager
-    def attempt_stream(self, opener: Callable[..., Any]) -> Iterator[Any]:
-        """The next attempt's stream, opened with ``opener`` (the adapter's ``open_stream`` or
-        ``aopen_stream``) under the call's control, as :attr:`inner`. An error of the attempt
-        carries what arrived, with every attempt's usage."""
-        self.inner = opener(self.next_request(), self.timeout, self.control)
+        request = dataclasses.replace(self.request, messages=list(self.messages))
+        self.inner = opener(request, self.timeout, self.control)
         try:
             yield self.inner
         except DispatchError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -30,11 +31,6 @@ from .store import (
 __all__ = ["CachedAdapter"]
 
 log = logging.getLogger("dispatch_nb")
-
-
-def _earlier_messages(messages: list[Any]) -> int:
-    """How many messages come before the last one (as a recorded line counts them)."""
-    return max(len(messages) - 1, 0)
 
 
 def _earlier_counts(entries: Iterable[dict[str, Any]]) -> tuple[int, ...]:
@@ -72,17 +68,6 @@ class _Replayed(Accumulator):
         ledger.record(self._provider, self._model, final.usage, final.cost, replayed=True)
         mark_replayed(final)
         return final
-
-
-class _Inner:
-    """A :class:`CachedAdapter` member that is the wrapped adapter's (``Adapter`` defines it, so
-    ``__getattr__`` would not be asked)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        return self if obj is None else getattr(obj.inner, self.name)
 
 
 class CachedAdapter(Adapter):
@@ -126,19 +111,6 @@ class CachedAdapter(Adapter):
         """The same adapter and cache, with another label."""
         return CachedAdapter(self.inner, self.cache, label=label)
 
-    # -- identity and the rest: the wrapped adapter's -------------------------------------------
-    model_name = _Inner()
-    provider_name = _Inner()
-    display_name = _Inner()
-    max_context_tokens = _Inner()
-    list_models = _Inner()
-    alist_models = _Inner()
-    count_tokens = _Inner()
-    validate = _Inner()
-    output_mode = _Inner()
-    close = _Inner()
-    aclose = _Inner()
-
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("inner")
         if inner is None or name.startswith("__"):
@@ -148,19 +120,11 @@ class CachedAdapter(Adapter):
     def __repr__(self) -> str:
         return f"CachedAdapter({self.inner!r}, {self.cache!r}, label={self.label!r})"
 
-    # -- plumbing ----------------------------------------------------------------------------------
-    def _lookup(self, request: ChatRequest) -> tuple[str, dict[str, Any] | None]:
-        key = cache_key(self.inner.provider_name, self.inner.model_name, request)
-        entry = self.cache.get(key) if self.cache.reads else None
-        if entry is None and self.cache.mode == "replay":
-            raise self._miss(key, request)
-        return key, entry
-
     def _miss(self, key: str, request: ChatRequest) -> CacheMissError:
         what = self.label or "this prompt"
         provider, model = self.inner.provider_name, self.inner.model_name
         short = _preview(_last_user_text(request.messages), 60)
-        earlier = _earlier_messages(request.messages)
+        earlier = max(len(request.messages) - 1, 0)  # as a recorded line counts them
         path = self.cache.path
         if not path.exists():  # not a changed prompt: the recording is elsewhere
             return CacheMissError(
@@ -230,15 +194,7 @@ class CachedAdapter(Adapter):
         except OSError as exc:
             log.warning("could not record the answer in %s: %s", self.cache.path, exc)
 
-    # -- the seams of Adapter: normalization is the wrapped adapter's, a call is a cache lookup ---
-    def _request(self, messages: Any, *, system: str | None, tools: Iterable[Any] | None,
-                 stream: bool, max_tokens: int | None, temperature: float | None,
-                 options: dict[str, Any]) -> ChatRequest:
-        return self.inner._request(
-            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
-            temperature=temperature, options=options,
-        )
-
+    # -- the seams of Adapter: a call is a cache lookup ------------------------------------------
     def open_stream(self, request: ChatRequest, timeout: float | None,
                     cancel: CancelToken | None) -> ResponseStream:
         """The sync view of :meth:`aopen_stream` (its coroutine on the library's loop thread)."""
@@ -250,7 +206,10 @@ class CachedAdapter(Adapter):
         if self.cache.mode == "off":
             self.model_calls += 1
             return self.inner.aopen_stream(request, timeout, cancel)
-        key, entry = self._lookup(request)
+        key = cache_key(self.inner.provider_name, self.inner.model_name, request)
+        entry = self.cache.get(key) if self.cache.reads else None
+        if entry is None and self.cache.mode == "replay":
+            raise self._miss(key, request)
         if entry is not None:
             self.replayed_calls += 1
             return self._areplay(entry, request.stream, timeout, cancel)
@@ -303,6 +262,14 @@ class CachedAdapter(Adapter):
             self._store(key, request, began, seen, response)
 
         return AsyncResponseStream(run(), _Mirror(inner))
+
+
+# Identity and the rest (normalizing a request too) are the wrapped adapter's: ``Adapter`` defines
+# these, so ``__getattr__`` would not be asked.
+for _name in ("model_name", "provider_name", "display_name", "max_context_tokens", "list_models",
+              "alist_models", "count_tokens", "validate", "output_mode", "close", "aclose",
+              "_request"):
+    setattr(CachedAdapter, _name, property(operator.attrgetter(f"inner.{_name}")))
 
 
 def cached_model(

@@ -108,12 +108,8 @@ def default_cache_path(env: dict[str, str] | None = None) -> Path:
 
 
 # -- the file -------------------------------------------------------------------------------------
+#: one lock per file (``dict.setdefault`` is atomic: every thread gets the same one)
 _path_locks: dict[str, threading.Lock] = {}
-
-
-def _lock_for(path: Path) -> threading.Lock:
-    # dict.setdefault is atomic: every thread gets the one lock of the file
-    return _path_locks.setdefault(str(path.resolve()), threading.Lock())
 
 
 def _now() -> str:
@@ -170,7 +166,7 @@ class ResponseCache:
             raise ValueError(f"pace must be 'instant' or 'recorded', not {pace!r}")
         self.pace = pace
         self._secrets = set(secrets)
-        self._lock = _lock_for(self.path)
+        self._lock = _path_locks.setdefault(str(self.path.resolve()), threading.Lock())
         self._entries: dict[str, dict[str, Any]] = {}
         self._stamp: tuple[int, int, int] | None = None
         self._read: tuple[int, int, int] = (0, 0, 0)  # (inode, bytes, lines) already in _entries
@@ -199,18 +195,15 @@ class ResponseCache:
         return self._secrets | {value for value in from_env if value}
 
     # -- reading ---------------------------------------------------------------------------------
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
-
     def _refresh(self) -> None:
         """Read what the file gained since the last look: only the lines appended since, unless
         the file was replaced or shrank (then all of it), so appending N answers reads each
         line once, not the whole file N times."""
-        stamp = self._file_stamp()
+        try:
+            st = self.path.stat()
+            stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = None
         if stamp == self._stamp:
             return
         inode, offset, number = self._read
@@ -307,14 +300,13 @@ class ResponseCache:
         """The in-process lock plus an exclusive flock on the file's directory (other processes)."""
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if fcntl is None:
-                yield
-                return
             # The lock is on the directory: the cache file itself is replaced by rewrites, and a
             # lock file beside a notebook would clutter the repository.
             try:
-                fd = os.open(self.path.parent, os.O_RDONLY)
+                fd = os.open(self.path.parent, os.O_RDONLY) if fcntl is not None else -1
             except OSError:
+                fd = -1
+            if fd < 0:
                 yield
                 return
             try:
@@ -410,10 +402,7 @@ class ResponseCache:
 
 
 def _entry_deltas(entry: dict[str, Any]) -> list[tuple[float, StreamDelta]]:
-    out: list[tuple[float, StreamDelta]] = []
-    for raw in entry.get("deltas") or ():
-        data = dict(raw)
-        t = float(data.pop("t", 0.0))
-        out.append((t, StreamDelta.model_validate(data)))
-    return out
+    return [(float(raw.get("t", 0.0)),
+             StreamDelta.model_validate({k: v for k, v in raw.items() if k != "t"}))
+            for raw in entry.get("deltas") or ()]
 

@@ -732,20 +732,12 @@ class Session:
 
     def _stop_loop(self, turn: Turn, response: Response) -> list[ToolResultEvent]:
         self.tool_limit_reached = True
-        logger.warning(
-            "session %s: stopped after %d tool round%s (max_tool_rounds); the model's last "
-            "tool calls were not run",
-            self.id,
-            self.max_tool_rounds,
-            "" if self.max_tool_rounds == 1 else "s",
-        )
+        rounds = f"{self.max_tool_rounds} tool round{'' if self.max_tool_rounds == 1 else 's'}"
+        logger.warning("session %s: stopped after %s (max_tool_rounds); the model's last tool "
+                       "calls were not run", self.id, rounds)
         results = [
-            error_result(
-                c.id,
-                f"not run: this session stops after {self.max_tool_rounds} tool "
-                f"round{'' if self.max_tool_rounds == 1 else 's'} per turn "
-                "(max_tool_rounds); the user may ask you to continue",
-            )
+            error_result(c.id, f"not run: this session stops after {rounds} per turn "
+                               "(max_tool_rounds); the user may ask you to continue")
             for c in response.tool_calls
         ]
         self._history.append(Message(role="user", content=list(results)))
@@ -756,18 +748,14 @@ class Session:
                           if not isinstance(t, dict)) or "none"
         return error_result(call.id, f"unknown tool {call.name!r}; available tools: {names}")
 
-    def _append_results(
-        self,
-        calls: Sequence[ToolUseBlock],
-        results: Sequence[ToolResultBlock | None],
-        interrupted: BaseException | None = None,
-    ) -> None:
-        blocks: list[Any] = []
-        for call, result in zip(calls, results, strict=True):
-            if result is None:
-                why = type(interrupted).__name__ if interrupted is not None else "interrupted"
-                result = error_result(
-                    call.id, f"not run: the turn was interrupted ({why}) before {call.name} finished"
-                )
-            blocks.append(result)
+    def _append_results(self, calls: Sequence[ToolUseBlock],
+                        results: Sequence[ToolResultBlock | None],
+                        interrupted: BaseException | None = None) -> None:
+        """A round's results in history; a call left unrun by ``interrupted`` gets an error."""
+        why = type(interrupted).__name__
+        blocks: list[Any] = [
+            result if result is not None else error_result(
+                call.id, f"not run: the turn was interrupted ({why}) before {call.name} finished")
+            for call, result in zip(calls, results, strict=True)
+        ]
         self._history.append(Message(role="user", content=blocks))
