@@ -253,11 +253,8 @@ class StructuredOutput:
     def partial(self, text: str) -> Any:
         """The value so far from the incomplete JSON ``text`` (dicts, lists, strings cut short),
         unwrapped; None while nothing parses."""
-        body = text.lstrip()
-        if body.startswith("```"):
-            newline = body.find("\n")
-            body = body[newline + 1:] if newline >= 0 else ""
-        if not body.strip():
+        body = _json_text(text)
+        if not body:
             return None
         from pydantic_core import from_json
 

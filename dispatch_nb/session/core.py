@@ -215,11 +215,6 @@ class Session:
         return list(self._tools)
 
     @property
-    def servers(self) -> list[MCPServer]:
-        """The MCP servers whose tools this session offers."""
-        return list(self._servers)
-
-    @property
     def unhandled_tools(self) -> list[str]:
         """Names of declared tools without a Python handler: their calls come back to you."""
         return [t.name for t in self._tools if isinstance(t, ToolDefinition)]
@@ -245,12 +240,12 @@ class Session:
     # -- state ---------------------------------------------------------------------------------
     @property
     def history(self) -> list[Message]:
-        """The conversation so far (the live list: edit it between turns if you need to)."""
+        """The conversation so far (the live list: edit it between turns if you need to); set it
+        to ``Message`` s or their dicts, e.g. to resume or trim it."""
         return self._history
 
     @history.setter
     def history(self, messages: Iterable[Message | dict[str, Any]]) -> None:
-        """Replace the conversation (``Message`` s or their dicts), e.g. to resume or trim it."""
         history = [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
         with self._turn_lock():
             self._history = history
