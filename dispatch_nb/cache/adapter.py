@@ -100,8 +100,6 @@ class CachedAdapter(Adapter):
         self.inner = adapter
         #: names recorded answers and cache misses (e.g. "cell 3")
         self.label = label
-        self.provider_options = adapter.provider_options
-        self.backend_mode = adapter.backend_mode
         #: calls this instance answered from the cache (replayed, nothing sent)
         self.replayed_calls = 0
         #: calls this instance passed to the wrapped adapter (the model answered)
@@ -268,7 +266,7 @@ class CachedAdapter(Adapter):
 # these, so ``__getattr__`` would not be asked.
 for _name in ("model_name", "provider_name", "display_name", "max_context_tokens", "list_models",
               "alist_models", "count_tokens", "validate", "output_mode", "close", "aclose",
-              "_request"):
+              "_request", "provider_options", "backend_mode"):
     setattr(CachedAdapter, _name, property(operator.attrgetter(f"inner.{_name}")))
 
 

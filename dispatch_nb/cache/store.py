@@ -80,8 +80,7 @@ class CacheMissError(RequestError):
 # -- modes and paths ------------------------------------------------------------------------------
 def resolve_cache_mode(mode: str | None = None) -> CacheMode:
     """``mode``, else ``$DISPATCH_NB_CACHE``, else ``off``; checked against :data:`CACHE_MODES`."""
-    value = (mode if mode is not None else os.environ.get("DISPATCH_NB_CACHE", "")).strip().lower()
-    value = value or "off"
+    value = (mode if mode is not None else os.environ.get("DISPATCH_NB_CACHE", "")).strip().lower() or "off"
     if value not in CACHE_MODES:
         import difflib
 
@@ -329,11 +328,8 @@ class ResponseCache:
                 self._entries[clean["key"]] = clean
                 self._rewrite()
             else:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    os.write(fd, line)
-                finally:
-                    os.close(fd)
+                with open(self.path, "ab", opener=lambda p, flags: os.open(p, flags, 0o644)) as fh:
+                    fh.write(line)
             self._stamp = None
         return clean
 
