@@ -67,13 +67,10 @@ _NAME_OK = re.compile(r"[^a-zA-Z0-9_-]+")
 # -- what output= asks for ---------------------------------------------------------------------------
 def _type_name(tp: Any) -> str:
     name = getattr(tp, "__name__", None)
+    if not isinstance(name, str):
+        return re.sub(r"\W+", "_", str(tp)).strip("_") or "output"
     args = getattr(tp, "__args__", None)
-    if isinstance(name, str) and args:
-        inner = "_".join(_type_name(a) for a in args)
-        return f"{inner}_{name}"
-    if isinstance(name, str):
-        return name
-    return re.sub(r"\W+", "_", str(tp)).strip("_") or "output"
+    return "_".join([*map(_type_name, args), name]) if args else name
 
 
 def _first_line(exc: BaseException) -> str:

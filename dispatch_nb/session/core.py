@@ -425,18 +425,12 @@ class Session:
 
     def _run_tools(self, turn: Turn, calls: list[ToolUseBlock]) -> Generator[ToolResultEvent, None, None]:
         """Run one round's calls in order; before each, the turn's deadline and cancel."""
-        done: list[ToolResultBlock | None] = [None] * len(calls)
-        try:
+        with self._round(turn, calls) as done:
             for i, call in enumerate(calls):
                 turn.control.check(WHILE_TOOLS)
                 result, approval, duration = self._run_one(turn, call)
                 done[i] = result
                 yield turn.tool_result(call, result, duration, approval)
-        except BaseException as exc:
-            self._append_results(calls, done, exc)
-            raise
-        self._append_results(calls, done)
-        turn.rounds += 1
 
     # -- the loop, async -------------------------------------------------------------------------
     async def _arun(
@@ -473,14 +467,13 @@ class Session:
     async def _arun_tools(self, turn: Turn, calls: list[ToolUseBlock]) -> list[ToolResultEvent]:
         """Run one round's calls concurrently, under the turn's deadline and cancel switch
         (which cancel the calls still running)."""
-        done: list[ToolResultBlock | None] = [None] * len(calls)
         durations = [0.0] * len(calls)
         approvals: list[str | None] = [None] * len(calls)
 
         async def one(i: int, call: ToolUseBlock) -> None:
             done[i], approvals[i], durations[i] = await self._arun_one(turn, call)
 
-        try:
+        with self._round(turn, calls) as done:
             turn.control.check(WHILE_TOOLS)
             tasks = [asyncio.ensure_future(one(i, c)) for i, c in enumerate(calls)]
             try:
@@ -488,11 +481,6 @@ class Session:
             finally:
                 for task in tasks:
                     task.cancel()
-        except BaseException as exc:
-            self._append_results(calls, done, exc)
-            raise
-        self._append_results(calls, done)
-        turn.rounds += 1
         return [
             turn.tool_result(call, result, duration, approval)
             for call, result, duration, approval in zip(calls, done, durations, approvals,
@@ -743,14 +731,23 @@ class Session:
                           if not isinstance(t, dict)) or "none"
         return error_result(call.id, f"unknown tool {call.name!r}; available tools: {names}")
 
-    def _append_results(self, calls: Sequence[ToolUseBlock],
-                        results: Sequence[ToolResultBlock | None],
-                        interrupted: BaseException | None = None) -> None:
-        """A round's results in history; a call left unrun by ``interrupted`` gets an error."""
-        why = type(interrupted).__name__
-        blocks: list[Any] = [
-            result if result is not None else error_result(
-                call.id, f"not run: the turn was interrupted ({why}) before {call.name} finished")
-            for call, result in zip(calls, results, strict=True)
-        ]
-        self._history.append(Message(role="user", content=blocks))
+    @contextlib.contextmanager
+    def _round(self, turn: Turn, calls: Sequence[ToolUseBlock]
+               ) -> Iterator[list[ToolResultBlock | None]]:
+        """One round of tool calls and the list their results go in: however the round ends,
+        they go to history (a call an interruption left unrun, as an error result)."""
+        done: list[ToolResultBlock | None] = [None] * len(calls)
+        why = ""
+        try:
+            yield done
+            turn.rounds += 1
+        except BaseException as exc:
+            why = type(exc).__name__
+            raise
+        finally:
+            blocks: list[Any] = [
+                result if result is not None else error_result(
+                    call.id, f"not run: the turn was interrupted ({why}) before {call.name} finished")
+                for call, result in zip(calls, done, strict=True)
+            ]
+            self._history.append(Message(role="user", content=blocks))
