@@ -173,25 +173,6 @@ class CachedAdapter(Adapter):
             earlier=earlier, recorded_earlier=recorded, spacing=spacing,
         )
 
-    def _store(self, key: str, request: ChatRequest, began: float,
-               deltas: list[tuple[float, StreamDelta]], response: Response) -> None:
-        """Record a finished call: its deltas as they streamed, or for an unstreamed call the
-        deltas the response would have streamed, all at the time it arrived."""
-        if not self.cache.writes:
-            return
-        if not request.stream:
-            elapsed = time.monotonic() - began
-            deltas = [(elapsed, d) for d in response.deltas()]
-        try:
-            self.cache.record(
-                key, provider=self.inner.provider_name, model=self.inner.model_name,
-                request=request, deltas=deltas, response=response,
-                streamed=request.stream,
-                label=self.label, secrets=_adapter_secrets(self.inner),
-            )
-        except OSError as exc:
-            log.warning("could not record the answer in %s: %s", self.cache.path, exc)
-
     # -- the seams of Adapter: a call is a cache lookup ------------------------------------------
     def open_stream(self, request: ChatRequest, timeout: float | None,
                     cancel: CancelToken | None) -> ResponseStream:
@@ -245,6 +226,8 @@ class CachedAdapter(Adapter):
 
     def _arecording(self, key: str, request: ChatRequest,
                     inner: AsyncResponseStream) -> AsyncResponseStream:
+        """The model's answer, recorded once finished: its deltas as they streamed, or for an
+        unstreamed call the deltas the answer would have streamed, all at the time it arrived."""
         began = time.monotonic()
         seen: list[tuple[float, StreamDelta]] = []
 
@@ -257,7 +240,17 @@ class CachedAdapter(Adapter):
                 response = inner.response
             finally:
                 await inner.aclose()
-            self._store(key, request, began, seen, response)
+            if not request.stream:
+                elapsed = time.monotonic() - began
+                seen[:] = [(elapsed, d) for d in response.deltas()]
+            try:
+                self.cache.record(
+                    key, provider=self.inner.provider_name, model=self.inner.model_name,
+                    request=request, deltas=seen, response=response, streamed=request.stream,
+                    label=self.label, secrets=_adapter_secrets(self.inner),
+                )
+            except OSError as exc:
+                log.warning("could not record the answer in %s: %s", self.cache.path, exc)
 
         return AsyncResponseStream(run(), _Mirror(inner))
 
