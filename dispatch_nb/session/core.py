@@ -653,22 +653,30 @@ class Session:
     @contextlib.contextmanager
     def _model_call(self, turn: Turn, kwargs: dict[str, Any]) -> Iterator[Decimal | None]:
         """Around one model call of the sync or the async loop: reserve its budget (the value
-        given), and on any failure (an interrupt, the caller closing the turn) settle the call
-        as :meth:`_call_failed` says; either way the turn has no model call streaming after."""
+        given); on any failure (an interrupt, the caller closing the turn too: the error is
+        raised as it is) settle the reservation and count the usage of what arrived. A turn whose
+        first call was refused before anything was sent (bad options: TypeError, ValueError; or
+        over budget) leaves no trace in history. Either way no model call streams after."""
         reserved = None
         try:
             reserved = self._reserve(kwargs)
             yield reserved
         except BaseException as exc:
-            self._call_failed(turn, exc, reserved)
+            partial = getattr(exc, "partial", None)
+            self._settle(reserved, partial, failed=True)
+            if isinstance(partial, Response):
+                self._usage = self._usage + partial.usage
+            if (turn.calls == 0 and isinstance(exc, (TypeError, ValueError, BudgetExceededError))
+                    and self._history and self._history[-1] is turn.message):
+                self._history.pop()
             raise
         finally:
             turn.state.stream = None
 
     def _answered(self, turn: Turn, response: Response,
                   reserved: Decimal | None) -> MessageDoneEvent:
-        """A model call answered: settle its budget reservation, count it, add its usage and
-        answer to the session, and make it the turn's response so far."""
+        """A model call answered: its budget settled, its usage and answer the session's and the
+        turn's so far."""
         self._settle(reserved, response, failed=False)
         turn.calls += 1
         self._usage = self._usage + response.usage
@@ -679,25 +687,6 @@ class Session:
         turn.state.collected.add_round(response)
         self.last_turn = turn.state.collected
         return MessageDoneEvent(response=response)
-
-    def _call_failed(self, turn: Turn, exc: BaseException, reserved: Decimal | None) -> None:
-        """A model call failed with ``exc`` (raised as it is: a call that ran out of the turn's
-        time already raises the turn's timeout error): settle its budget reservation, count the
-        usage of what arrived.
-
-        A turn whose first call was refused before anything was sent (bad options: TypeError,
-        ValueError) leaves no trace in history."""
-        partial = getattr(exc, "partial", None)
-        self._settle(reserved, partial, failed=True)
-        if isinstance(partial, Response):
-            self._usage = self._usage + partial.usage
-        if (
-            turn.calls == 0
-            and isinstance(exc, (TypeError, ValueError, BudgetExceededError))
-            and self._history
-            and self._history[-1] is turn.message
-        ):
-            self._history.pop()
 
     def _next_action(self, turn: Turn, response: Response) -> Action:
         calls = response.tool_calls
