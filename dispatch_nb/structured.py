@@ -154,8 +154,7 @@ class StructuredOutput:
             raise TypeError(f"the output schema is not JSON: {exc}") from None
 
     # -- building ------------------------------------------------------------------------------
-    @staticmethod
-    def _check_schema_dict(schema: Mapping[str, Any]) -> dict[str, Any]:
+    def _check_schema_dict(self, schema: Mapping[str, Any]) -> dict[str, Any]:
         try:
             data = orjson.loads(orjson.dumps(schema))
         except TypeError as exc:
@@ -173,6 +172,7 @@ class StructuredOutput:
         except exceptions.SchemaError as exc:
             where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
             raise ValueError(f"output= is not a valid JSON Schema: at {where}: {exc.message}") from None
+        self._validator = cls(data)
         return data
 
     def _schema_of_type(self, target: Any) -> dict[str, Any]:
@@ -282,9 +282,10 @@ class StructuredOutput:
         # (a wrapped answer without the wrapper is read as the bare value)
         value = _drop_added_nulls(value, self.schema_of_value)
         if self._type_adapter is None:  # a JSON Schema dict
-            errors = self._schema_errors(value)
-            if errors:
-                raise self._invalid(text, [{**e, "loc": (*prefix, *e["loc"])} for e in errors])
+            found = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+            if found:
+                raise self._invalid(text, [{"type": e.validator, "loc": (*prefix, *e.absolute_path),
+                                            "msg": e.message, "input": e.instance} for e in found])
             return value
         from pydantic import ValidationError
 
@@ -296,15 +297,6 @@ class StructuredOutput:
                  "input": e.get("input")}
                 for e in exc.errors(include_url=False, include_context=False)
             ]) from None
-
-    def _schema_errors(self, value: Any) -> list[dict[str, Any]]:
-        if self._validator is None:
-            from jsonschema import validators
-
-            self._validator = validators.validator_for(self.schema_of_value)(self.schema_of_value)
-        found = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-        return [{"type": e.validator, "loc": tuple(e.absolute_path), "msg": e.message,
-                 "input": e.instance} for e in found]
 
     def _invalid(self, text: str, errors: list[dict[str, Any]]) -> OutputValidationError:
         """The error of an answer ``text`` with these (one or more) validation ``errors``."""
