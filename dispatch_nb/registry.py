@@ -461,9 +461,7 @@ def default_model_spec() -> str:
 
 def _choices() -> str:
     def needs(d: ProviderDescriptor) -> str:
-        if d.login_flow:
-            return " (after `%chat login`)"
-        return f" ({d.key_env})" if d.key_env else ""
+        return " (after `%chat login`)" if d.login_flow else f" ({d.key_env})" if d.key_env else ""
 
     return "write it as provider:model: " + ", ".join(
         f"'{d.name}:MODEL'{needs(d)}" for d in list_descriptors())
