@@ -437,9 +437,8 @@ def _as_answer(response: Response, streamed: str | None) -> Response:
         text = call.raw_arguments
     else:
         text = orjson.dumps(call.arguments).decode()
-    content: list[Any] = [b for b in response.content
+    content: list[Any] = [TextBlock(text=text) if b is call else b for b in response.content
                           if not isinstance(b, (ToolUseBlock, TextBlock)) or b is call]
-    content = [TextBlock(text=text) if b is call else b for b in content]
     stop = "end_turn" if response.stop_reason == "tool_use" else response.stop_reason
     return response.model_copy(update={"content": content, "tool_calls": [], "stop_reason": stop})
 
