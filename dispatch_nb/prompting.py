@@ -92,10 +92,7 @@ def _outside_quotes(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]
         elif c in "'\"":
             quote = c
         else:
-            if c in "{[(":
-                depth += 1
-            elif c in "}])":
-                depth -= 1
+            depth += (c in "{[(") - (c in "}])")
             yield i, c, depth
         i += 1
 

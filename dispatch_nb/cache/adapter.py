@@ -52,11 +52,10 @@ class _Replayed(Accumulator):
     """A replay's accumulator: fed the recorded deltas as they are replayed (``partial``), it
     finishes with the recorded response itself."""
 
-    def __init__(self, final: Response, provider: str, model: str) -> None:
+    def __init__(self, final: Response, adapter: Adapter) -> None:
         super().__init__(final.model)
         self._final = final
-        self._provider = provider
-        self._model = model
+        self._adapter = adapter  # the wrapped one: the ledger's provider and model
 
     def finish(self) -> Response:
         """The recorded answer; its cost is the recorded one, marked replayed (nothing is spent
@@ -65,7 +64,8 @@ class _Replayed(Accumulator):
         final = self._final.model_copy(deep=True)
         if final.cost is not None:
             final.cost = final.cost.model_copy(update={"replayed": True})
-        ledger.record(self._provider, self._model, final.usage, final.cost, replayed=True)
+        ledger.record(self._adapter.provider_name, self._adapter.model_name, final.usage, final.cost,
+                      replayed=True)
         mark_replayed(final)
         return final
 
@@ -200,8 +200,7 @@ class CachedAdapter(Adapter):
                  cancel: CancelToken | None) -> AsyncResponseStream:
         """Replay ``entry``; an unstreamed call takes as long but yields no deltas."""
         deltas = _entry_deltas(entry)
-        acc = _Replayed(Response.model_validate(entry["response"]), self.inner.provider_name,
-                        self.inner.model_name)
+        acc = _Replayed(Response.model_validate(entry["response"]), self.inner)
         control = self.inner._control(timeout, cancel)
         paced = self.cache.pace == "recorded"
 

@@ -44,7 +44,6 @@ CacheMode = Literal["off", "read-write", "replay", "record"]
 CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
 #: the file-name suffix of a notebook's cache file
 CACHE_SUFFIX = ".dispatch-cache.jsonl"
-_PREVIEW_CHARS = 200
 #: a line's fingerprint of its last user message (``request_summary``)
 _FINGERPRINT = "last_user_sha256"
 
@@ -115,7 +114,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _preview(text: str, limit: int = _PREVIEW_CHARS) -> str:
+def _preview(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
