@@ -44,7 +44,7 @@ CacheMode = Literal["off", "read-write", "replay", "record"]
 CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
 #: the file-name suffix of a notebook's cache file
 CACHE_SUFFIX = ".dispatch-cache.jsonl"
-#: a line's fingerprint of its last user message (``request_summary``)
+#: a line's fingerprint of its last user message
 _FINGERPRINT = "last_user_sha256"
 
 
@@ -132,14 +132,6 @@ def _last_user_text(messages: list[Message]) -> str:
 
 def _fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def request_summary(messages: list[Message]) -> dict[str, Any]:
-    """What a cache line keeps of a request: how many messages, the last user message's start
-    (for reviewers; the prompt itself lives in the notebook) and its fingerprint (after a miss:
-    is this very message recorded?)."""
-    text = _last_user_text(messages)
-    return {"messages": len(messages), "last_user": _preview(text), _FINGERPRINT: _fingerprint(text)}
 
 
 def _dump_json_line(entry: dict[str, Any]) -> bytes:
@@ -376,7 +368,10 @@ class ResponseCache:
         **facts: Any,
     ) -> dict[str, Any]:
         """Store one answer (its line: docs/record-replay.md, "The file"), with ``facts`` after
-        it (a batch checkpoint's row facts, which keeps no deltas)."""
+        it (a batch checkpoint's row facts, which keeps no deltas). Of the request it keeps how
+        many messages, the last user message's start (for reviewers; the prompt itself lives in
+        the notebook) and its fingerprint (after a miss: is this very message recorded?)."""
+        text = _last_user_text(request.messages)
         entry: dict[str, Any] = {
             "v": FORMAT_VERSION,
             "key": key,
@@ -384,7 +379,8 @@ class ResponseCache:
             "model": model,
             "created": _now(),
             **({"label": label} if label is not None else {}),
-            "request": request_summary(request.messages),
+            "request": {"messages": len(request.messages), "last_user": _preview(text),
+                        _FINGERPRINT: _fingerprint(text)},
             "streamed": streamed,
         }
         if deltas is not None:
