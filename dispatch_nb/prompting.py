@@ -92,10 +92,7 @@ def _outside_quotes(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]
         elif c in "'\"":
             quote = c
         else:
-            if c in "{[(":
-                depth += 1
-            elif c in "}])":
-                depth -= 1
+            depth += (c in "{[(") - (c in "}])")
             yield i, c, depth
         i += 1
 
@@ -230,16 +227,11 @@ def _is_table(value: Any) -> bool:
 
 
 def _table_text(value: Any) -> str:
-    to_markdown = getattr(value, "to_markdown", None)
-    if callable(to_markdown):
-        try:
-            return str(to_markdown())
-        except Exception:  # e.g. ImportError: pandas needs the optional ``tabulate`` for it
-            pass
-    to_string = getattr(value, "to_string", None)
-    if callable(to_string):
-        return str(to_string())
-    return str(value)
+    try:
+        return str(value.to_markdown())
+    except Exception:  # none, or ImportError: pandas needs the optional ``tabulate`` for it
+        to_string = getattr(value, "to_string", None)
+        return str(to_string() if callable(to_string) else value)
 
 
 def _describe_table(

@@ -5,7 +5,6 @@ are import paths, imported on first use, so ``import dispatch_nb`` stays fast.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import importlib
 import logging
@@ -257,15 +256,6 @@ class ProviderNotSetUpError(AuthenticationError):
         self.alternatives = alternatives
 
 
-def _as_descriptor(name: str, value: Any) -> ProviderDescriptor:
-    """What an entry point holds: a :class:`ProviderDescriptor`, else a factory."""
-    if isinstance(value, ProviderDescriptor):
-        return value
-    if callable(value):
-        return ProviderDescriptor(name, value)
-    raise TypeError(f"it holds {type(value).__name__}, not a ProviderDescriptor or a factory")
-
-
 def _load_plugins() -> None:
     """Register the providers of the entry-point group :data:`ENTRY_POINT_GROUP`, once (the rules:
     docs/providers.md)."""
@@ -280,7 +270,12 @@ def _load_plugins() -> None:
 
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            descriptor = _as_descriptor(entry.name, entry.load())
+            descriptor = entry.load()  # a ProviderDescriptor, else a factory
+            if not isinstance(descriptor, ProviderDescriptor):
+                if not callable(descriptor):
+                    raise TypeError(f"it holds {type(descriptor).__name__}, not a "
+                                    "ProviderDescriptor or a factory")
+                descriptor = ProviderDescriptor(entry.name, descriptor)
         except Exception as exc:
             logger.warning("provider plug-in %r (%s) cannot be loaded: %s: %s", entry.name,
                            entry.value, type(exc).__name__, exc)
@@ -381,12 +376,7 @@ def base_url_rows(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]
 
 def get_provider(name: str) -> ProviderFactory:
     """The factory registered under ``name`` (imports a built-in provider on first use)."""
-    descriptor = get_descriptor(name)
-    factory: ProviderFactory = _imported(descriptor.factory)
-    if factory is not descriptor.factory:  # imported now: keep it
-        with _lock:
-            if _providers.get(name) is descriptor:
-                _providers[name] = dataclasses.replace(descriptor, factory=factory)
+    factory: ProviderFactory = _imported(get_descriptor(name).factory)
     return factory
 
 
@@ -471,9 +461,7 @@ def default_model_spec() -> str:
 
 def _choices() -> str:
     def needs(d: ProviderDescriptor) -> str:
-        if d.login_flow:
-            return " (after `%chat login`)"
-        return f" ({d.key_env})" if d.key_env else ""
+        return " (after `%chat login`)" if d.login_flow else f" ({d.key_env})" if d.key_env else ""
 
     return "write it as provider:model: " + ", ".join(
         f"'{d.name}:MODEL'{needs(d)}" for d in list_descriptors())

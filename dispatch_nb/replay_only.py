@@ -4,6 +4,7 @@ its stand-in, :class:`ReplayOnlyAdapter` (docs/record-replay.md, "Replaying with
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -96,11 +97,14 @@ def _defaults(name: str, factory: Any, model: str,
     reported = getattr(target, "provider_name", None)  # a class attribute of the adapter class
     if isinstance(reported, str):
         name = reported
-    if descriptor.default_max_tokens is not None or factory is None:
-        max_tokens: int | None = descriptor.default_max_tokens
-    else:
-        max_tokens = _signature_max_tokens(factory, model)
-    for source in (getattr(factory, "keywords", None) or {}, options):
+    max_tokens = descriptor.default_max_tokens
+    sources: list[dict[str, Any]] = [getattr(factory, "keywords", None) or {}, options]
+    if max_tokens is None and factory is not None:  # the factory's own default comes first
+        with contextlib.suppress(TypeError, ValueError):
+            bound = inspect.signature(factory).bind_partial(model)
+            bound.apply_defaults()
+            sources.insert(0, dict(bound.arguments))
+    for source in sources:
         value = source.get("max_tokens")
         if isinstance(value, int) and not isinstance(value, bool):
             max_tokens = value
@@ -110,16 +114,6 @@ def _defaults(name: str, factory: Any, model: str,
     if accepted is None:
         accepted = getattr(target, "provider_options", frozenset())
     return name, max_tokens, frozenset(accepted) if isinstance(accepted, (set, frozenset)) else frozenset()
-
-
-def _signature_max_tokens(factory: Any, model: str) -> int | None:
-    try:
-        bound = inspect.signature(factory).bind_partial(model)
-    except (TypeError, ValueError):
-        return None
-    bound.apply_defaults()
-    value = bound.arguments.get("max_tokens")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:

@@ -67,18 +67,10 @@ _NAME_OK = re.compile(r"[^a-zA-Z0-9_-]+")
 # -- what output= asks for ---------------------------------------------------------------------------
 def _type_name(tp: Any) -> str:
     name = getattr(tp, "__name__", None)
+    if not isinstance(name, str):
+        return re.sub(r"\W+", "_", str(tp)).strip("_") or "output"
     args = getattr(tp, "__args__", None)
-    if isinstance(name, str) and args:
-        inner = "_".join(_type_name(a) for a in args)
-        return f"{inner}_{name}"
-    if isinstance(name, str):
-        return name
-    return re.sub(r"\W+", "_", str(tp)).strip("_") or "output"
-
-
-def _drop_titles(node: dict[str, Any]) -> dict[str, Any]:
-    node.pop("title", None)
-    return node
+    return "_".join([*map(_type_name, args), name]) if args else name
 
 
 def _first_line(exc: BaseException) -> str:
@@ -137,11 +129,9 @@ class StructuredOutput:
         self._type_adapter: Any = None
         self._validator: Any = None
         if isinstance(target, Mapping):
-            self.is_schema_dict = True
             self.schema_of_value = self._check_schema_dict(target)
             default_name = self.schema_of_value.get("title")
         else:
-            self.is_schema_dict = False
             self.schema_of_value = self._schema_of_type(target)
             default_name = _type_name(target)
         #: the schema sent to providers (always an object at the root); ``wrapped``: True when
@@ -164,8 +154,7 @@ class StructuredOutput:
             raise TypeError(f"the output schema is not JSON: {exc}") from None
 
     # -- building ------------------------------------------------------------------------------
-    @staticmethod
-    def _check_schema_dict(schema: Mapping[str, Any]) -> dict[str, Any]:
+    def _check_schema_dict(self, schema: Mapping[str, Any]) -> dict[str, Any]:
         try:
             data = orjson.loads(orjson.dumps(schema))
         except TypeError as exc:
@@ -175,17 +164,15 @@ class StructuredOutput:
         if not isinstance(data, dict) or not data:
             raise ValueError("output= is an empty dict: give a JSON Schema such as "
                              '{"type": "object", "properties": {...}}')
-        try:
-            from jsonschema import exceptions, validators
-        except ImportError:  # pragma: no cover - a core dependency
-            raise ImportError("validating a JSON Schema dict needs jsonschema: "
-                              "pip install jsonschema") from None
+        from jsonschema import exceptions, validators
+
         cls = validators.validator_for(data)
         try:
             cls.check_schema(data)
         except exceptions.SchemaError as exc:
             where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
             raise ValueError(f"output= is not a valid JSON Schema: at {where}: {exc.message}") from None
+        self._validator = cls(data)
         return data
 
     def _schema_of_type(self, target: Any) -> dict[str, Any]:
@@ -218,7 +205,7 @@ class StructuredOutput:
                 "a basic type or a JSON Schema dict"
             ) from None
         self._type_adapter = adapter
-        return dict(map_schema(schema, _drop_titles))
+        return dict(map_schema(schema, lambda n: {k: v for k, v in n.items() if k != "title"}))
 
     # -- facts providers use ---------------------------------------------------------------------
     @functools.cached_property
@@ -263,11 +250,8 @@ class StructuredOutput:
     def partial(self, text: str) -> Any:
         """The value so far from the incomplete JSON ``text`` (dicts, lists, strings cut short),
         unwrapped; None while nothing parses."""
-        body = text.lstrip()
-        if body.startswith("```"):
-            newline = body.find("\n")
-            body = body[newline + 1:] if newline >= 0 else ""
-        if not body.strip():
+        body = _json_text(text)
+        if not body:
             return None
         from pydantic_core import from_json
 
@@ -297,10 +281,11 @@ class StructuredOutput:
             value, prefix = value[RESULT_KEY], (RESULT_KEY,)
         # (a wrapped answer without the wrapper is read as the bare value)
         value = _drop_added_nulls(value, self.schema_of_value)
-        if self.is_schema_dict:
-            errors = self._schema_errors(value)
-            if errors:
-                raise self._invalid(text, [{**e, "loc": (*prefix, *e["loc"])} for e in errors])
+        if self._type_adapter is None:  # a JSON Schema dict
+            found = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+            if found:
+                raise self._invalid(text, [{"type": e.validator, "loc": (*prefix, *e.absolute_path),
+                                            "msg": e.message, "input": e.instance} for e in found])
             return value
         from pydantic import ValidationError
 
@@ -312,15 +297,6 @@ class StructuredOutput:
                  "input": e.get("input")}
                 for e in exc.errors(include_url=False, include_context=False)
             ]) from None
-
-    def _schema_errors(self, value: Any) -> list[dict[str, Any]]:
-        if self._validator is None:
-            from jsonschema import validators
-
-            self._validator = validators.validator_for(self.schema_of_value)(self.schema_of_value)
-        found = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-        return [{"type": e.validator, "loc": tuple(e.absolute_path), "msg": e.message,
-                 "input": e.instance} for e in found]
 
     def _invalid(self, text: str, errors: list[dict[str, Any]]) -> OutputValidationError:
         """The error of an answer ``text`` with these (one or more) validation ``errors``."""
@@ -433,9 +409,7 @@ class OutputModel(Protocol):
 
 def as_output(output: Any) -> StructuredOutput:
     """``output=`` as a :class:`StructuredOutput` (built and checked now, before any request)."""
-    if isinstance(output, StructuredOutput):
-        return output
-    return StructuredOutput(output)
+    return output if isinstance(output, StructuredOutput) else StructuredOutput(output)
 
 
 def prompted(request: ChatRequest) -> ChatRequest:
@@ -448,10 +422,7 @@ def prompted(request: ChatRequest) -> ChatRequest:
 
 # -- the answer of one attempt ----------------------------------------------------------------------
 def _output_call(response: Response) -> ToolUseBlock | None:
-    for call in response.tool_calls:
-        if call.name == OUTPUT_TOOL_NAME:
-            return call
-    return None
+    return next((c for c in response.tool_calls if c.name == OUTPUT_TOOL_NAME), None)
 
 
 def _as_answer(response: Response, streamed: str | None) -> Response:
@@ -466,9 +437,8 @@ def _as_answer(response: Response, streamed: str | None) -> Response:
         text = call.raw_arguments
     else:
         text = orjson.dumps(call.arguments).decode()
-    content: list[Any] = [b for b in response.content
+    content: list[Any] = [TextBlock(text=text) if b is call else b for b in response.content
                           if not isinstance(b, (ToolUseBlock, TextBlock)) or b is call]
-    content = [TextBlock(text=text) if b is call else b for b in content]
     stop = "end_turn" if response.stop_reason == "tool_use" else response.stop_reason
     return response.model_copy(update={"content": content, "tool_calls": [], "stop_reason": stop})
 
@@ -548,8 +518,11 @@ class _Call:
         self.tool_ids: set[str | None] = set()
 
     # -- per attempt -----------------------------------------------------------------------------
-    def next_request(self) -> ChatRequest:
-        """The next attempt's request (raises when the call's time is up)."""
+    @contextlib.contextmanager
+    def attempt_stream(self, opener: Callable[..., Any]) -> Iterator[Any]:
+        """The next attempt's stream (raises when the call's time is up), opened with ``opener``
+        (the adapter's ``open_stream`` or ``aopen_stream``) under the call's control, as
+        :attr:`inner`. An error of the attempt carries what arrived, with every attempt's usage."""
         if self.control is None:
             self.control = TurnControl(timeout=self.timeout, cancel=self.cancel,
                                        provider=self.adapter.provider_name)
@@ -561,14 +534,8 @@ class _Call:
             )
         self.attempt += 1
         self.tool_parts, self.text_parts, self.tool_ids = [], [], set()
-        return dataclasses.replace(self.request, messages=list(self.messages))
-
-    @contextlib.contextmanager
-    def attempt_stream(self, opener: Callable[..., Any]) -> Iterator[Any]:
-        """The next attempt's stream, opened with ``opener`` (the adapter's ``open_stream`` or
-        ``aopen_stream``) under the call's control, as :attr:`inner`. An error of the attempt
-        carries what arrived, with every attempt's usage."""
-        self.inner = opener(self.next_request(), self.timeout, self.control)
+        request = dataclasses.replace(self.request, messages=list(self.messages))
+        self.inner = opener(request, self.timeout, self.control)
         try:
             yield self.inner
         except DispatchError as exc:

@@ -9,11 +9,8 @@ and what is accepted.
                                   TypeError: max_tokens must be a whole number of tokens above 0
                                   (e.g. max_tokens=1024) or None — not '100' (a str)
 
-The keyword arguments are checked by one strict pydantic model (:class:`CallArguments`): no
-coercion, so ``"100"``, ``1.5`` and ``True`` are not token counts. A wrong type raises
-``TypeError``; a value out of range raises ``ValueError``. Both name the argument, what it
-accepts, and what it got. Text that cannot be encoded (lone surrogates) is replaced:
-:func:`clean_messages`.
+A wrong type raises ``TypeError``, a value out of range ``ValueError`` (:class:`CallArguments`:
+no coercion). Text that cannot be encoded (lone surrogates) is replaced: :func:`clean_messages`.
 """
 
 from __future__ import annotations

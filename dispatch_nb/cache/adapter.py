@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -32,11 +33,6 @@ __all__ = ["CachedAdapter"]
 log = logging.getLogger("dispatch_nb")
 
 
-def _earlier_messages(messages: list[Any]) -> int:
-    """How many messages come before the last one (as a recorded line counts them)."""
-    return max(len(messages) - 1, 0)
-
-
 def _earlier_counts(entries: Iterable[dict[str, Any]]) -> tuple[int, ...]:
     """How many messages came before the last one in each entry's request."""
     return tuple(sorted({n - 1 for e in entries
@@ -56,11 +52,10 @@ class _Replayed(Accumulator):
     """A replay's accumulator: fed the recorded deltas as they are replayed (``partial``), it
     finishes with the recorded response itself."""
 
-    def __init__(self, final: Response, provider: str, model: str) -> None:
+    def __init__(self, final: Response, adapter: Adapter) -> None:
         super().__init__(final.model)
         self._final = final
-        self._provider = provider
-        self._model = model
+        self._adapter = adapter  # the wrapped one: the ledger's provider and model
 
     def finish(self) -> Response:
         """The recorded answer; its cost is the recorded one, marked replayed (nothing is spent
@@ -69,20 +64,10 @@ class _Replayed(Accumulator):
         final = self._final.model_copy(deep=True)
         if final.cost is not None:
             final.cost = final.cost.model_copy(update={"replayed": True})
-        ledger.record(self._provider, self._model, final.usage, final.cost, replayed=True)
+        ledger.record(self._adapter.provider_name, self._adapter.model_name, final.usage, final.cost,
+                      replayed=True)
         mark_replayed(final)
         return final
-
-
-class _Inner:
-    """A :class:`CachedAdapter` member that is the wrapped adapter's (``Adapter`` defines it, so
-    ``__getattr__`` would not be asked)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        return self if obj is None else getattr(obj.inner, self.name)
 
 
 class CachedAdapter(Adapter):
@@ -115,8 +100,6 @@ class CachedAdapter(Adapter):
         self.inner = adapter
         #: names recorded answers and cache misses (e.g. "cell 3")
         self.label = label
-        self.provider_options = adapter.provider_options
-        self.backend_mode = adapter.backend_mode
         #: calls this instance answered from the cache (replayed, nothing sent)
         self.replayed_calls = 0
         #: calls this instance passed to the wrapped adapter (the model answered)
@@ -125,19 +108,6 @@ class CachedAdapter(Adapter):
     def with_label(self, label: str | None) -> CachedAdapter:
         """The same adapter and cache, with another label."""
         return CachedAdapter(self.inner, self.cache, label=label)
-
-    # -- identity and the rest: the wrapped adapter's -------------------------------------------
-    model_name = _Inner()
-    provider_name = _Inner()
-    display_name = _Inner()
-    max_context_tokens = _Inner()
-    list_models = _Inner()
-    alist_models = _Inner()
-    count_tokens = _Inner()
-    validate = _Inner()
-    output_mode = _Inner()
-    close = _Inner()
-    aclose = _Inner()
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("inner")
@@ -148,19 +118,11 @@ class CachedAdapter(Adapter):
     def __repr__(self) -> str:
         return f"CachedAdapter({self.inner!r}, {self.cache!r}, label={self.label!r})"
 
-    # -- plumbing ----------------------------------------------------------------------------------
-    def _lookup(self, request: ChatRequest) -> tuple[str, dict[str, Any] | None]:
-        key = cache_key(self.inner.provider_name, self.inner.model_name, request)
-        entry = self.cache.get(key) if self.cache.reads else None
-        if entry is None and self.cache.mode == "replay":
-            raise self._miss(key, request)
-        return key, entry
-
     def _miss(self, key: str, request: ChatRequest) -> CacheMissError:
         what = self.label or "this prompt"
         provider, model = self.inner.provider_name, self.inner.model_name
         short = _preview(_last_user_text(request.messages), 60)
-        earlier = _earlier_messages(request.messages)
+        earlier = max(len(request.messages) - 1, 0)  # as a recorded line counts them
         path = self.cache.path
         if not path.exists():  # not a changed prompt: the recording is elsewhere
             return CacheMissError(
@@ -211,34 +173,7 @@ class CachedAdapter(Adapter):
             earlier=earlier, recorded_earlier=recorded, spacing=spacing,
         )
 
-    def _store(self, key: str, request: ChatRequest, began: float,
-               deltas: list[tuple[float, StreamDelta]], response: Response) -> None:
-        """Record a finished call: its deltas as they streamed, or for an unstreamed call the
-        deltas the response would have streamed, all at the time it arrived."""
-        if not self.cache.writes:
-            return
-        if not request.stream:
-            elapsed = time.monotonic() - began
-            deltas = [(elapsed, d) for d in response.deltas()]
-        try:
-            self.cache.record(
-                key, provider=self.inner.provider_name, model=self.inner.model_name,
-                request=request, deltas=deltas, response=response,
-                streamed=request.stream,
-                label=self.label, secrets=_adapter_secrets(self.inner),
-            )
-        except OSError as exc:
-            log.warning("could not record the answer in %s: %s", self.cache.path, exc)
-
-    # -- the seams of Adapter: normalization is the wrapped adapter's, a call is a cache lookup ---
-    def _request(self, messages: Any, *, system: str | None, tools: Iterable[Any] | None,
-                 stream: bool, max_tokens: int | None, temperature: float | None,
-                 options: dict[str, Any]) -> ChatRequest:
-        return self.inner._request(
-            messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
-            temperature=temperature, options=options,
-        )
-
+    # -- the seams of Adapter: a call is a cache lookup ------------------------------------------
     def open_stream(self, request: ChatRequest, timeout: float | None,
                     cancel: CancelToken | None) -> ResponseStream:
         """The sync view of :meth:`aopen_stream` (its coroutine on the library's loop thread)."""
@@ -250,7 +185,10 @@ class CachedAdapter(Adapter):
         if self.cache.mode == "off":
             self.model_calls += 1
             return self.inner.aopen_stream(request, timeout, cancel)
-        key, entry = self._lookup(request)
+        key = cache_key(self.inner.provider_name, self.inner.model_name, request)
+        entry = self.cache.get(key) if self.cache.reads else None
+        if entry is None and self.cache.mode == "replay":
+            raise self._miss(key, request)
         if entry is not None:
             self.replayed_calls += 1
             return self._areplay(entry, request.stream, timeout, cancel)
@@ -262,8 +200,7 @@ class CachedAdapter(Adapter):
                  cancel: CancelToken | None) -> AsyncResponseStream:
         """Replay ``entry``; an unstreamed call takes as long but yields no deltas."""
         deltas = _entry_deltas(entry)
-        acc = _Replayed(Response.model_validate(entry["response"]), self.inner.provider_name,
-                        self.inner.model_name)
+        acc = _Replayed(Response.model_validate(entry["response"]), self.inner)
         control = self.inner._control(timeout, cancel)
         paced = self.cache.pace == "recorded"
 
@@ -288,6 +225,8 @@ class CachedAdapter(Adapter):
 
     def _arecording(self, key: str, request: ChatRequest,
                     inner: AsyncResponseStream) -> AsyncResponseStream:
+        """The model's answer, recorded once finished: its deltas as they streamed, or for an
+        unstreamed call the deltas the answer would have streamed, all at the time it arrived."""
         began = time.monotonic()
         seen: list[tuple[float, StreamDelta]] = []
 
@@ -300,9 +239,27 @@ class CachedAdapter(Adapter):
                 response = inner.response
             finally:
                 await inner.aclose()
-            self._store(key, request, began, seen, response)
+            if not request.stream:
+                elapsed = time.monotonic() - began
+                seen[:] = [(elapsed, d) for d in response.deltas()]
+            try:
+                self.cache.record(
+                    key, provider=self.inner.provider_name, model=self.inner.model_name,
+                    request=request, deltas=seen, response=response, streamed=request.stream,
+                    label=self.label, secrets=_adapter_secrets(self.inner),
+                )
+            except OSError as exc:
+                log.warning("could not record the answer in %s: %s", self.cache.path, exc)
 
         return AsyncResponseStream(run(), _Mirror(inner))
+
+
+# Identity and the rest (normalizing a request too) are the wrapped adapter's: ``Adapter`` defines
+# these, so ``__getattr__`` would not be asked.
+for _name in ("model_name", "provider_name", "display_name", "max_context_tokens", "list_models",
+              "alist_models", "count_tokens", "validate", "output_mode", "close", "aclose",
+              "_request", "provider_options", "backend_mode"):
+    setattr(CachedAdapter, _name, property(operator.attrgetter(f"inner.{_name}")))
 
 
 def cached_model(

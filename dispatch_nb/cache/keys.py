@@ -68,10 +68,10 @@ def secret_env_names() -> list[str]:
     """The environment variables whose values a cache never writes."""
     from ..registry import list_descriptors
 
-    names = dict.fromkeys(_SECRET_ENV)
-    for descriptor in list_descriptors():
-        names.update(dict.fromkeys(descriptor.secret_env_names))
-    return list(names)
+    return list(dict.fromkeys([*_SECRET_ENV, *(name for descriptor in list_descriptors()
+                                                for name in descriptor.secret_env_names)]))
+
+
 _SECRET_ATTR = re.compile(r"(?i)(api_?key|token|secret|password|authorization)")
 _MIN_SECRET = 8
 
@@ -90,12 +90,9 @@ def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
     so a replayed signature stays byte-for-byte what the provider issued."""
     known = [s for s in secrets if s and len(s) >= _MIN_SECRET]
 
-    def text(s: str, opaque: bool) -> str:
-        return redact(s, known, patterns=not opaque)
-
     def walk(v: Any, opaque: bool) -> Any:
         if isinstance(v, str):
-            return text(v, opaque)
+            return redact(v, known, patterns=not opaque)
         if isinstance(v, dict) and isinstance(v.get("deltas"), list):
             # each streamed text scanned whole; its pieces are not scanned one by one again
             # (a pattern's word boundary differs in a piece: they would no longer add up)
@@ -105,7 +102,7 @@ def scrub_secrets(value: Any, secrets: Iterable[str] = ()) -> Any:
             return {**{k: walk(x, opaque) for k, x in v.items() if k != "deltas"}, "deltas": done}
         if isinstance(v, dict):
             return {
-                (text(k, opaque) if isinstance(k, str) else k):
+                (walk(k, opaque) if isinstance(k, str) else k):
                     walk(x, opaque or (isinstance(k, str) and k in _OPAQUE_KEYS))
                 for k, x in v.items()
             }

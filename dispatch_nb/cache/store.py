@@ -44,8 +44,7 @@ CacheMode = Literal["off", "read-write", "replay", "record"]
 CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
 #: the file-name suffix of a notebook's cache file
 CACHE_SUFFIX = ".dispatch-cache.jsonl"
-_PREVIEW_CHARS = 200
-#: a line's fingerprint of its last user message (``request_summary``)
+#: a line's fingerprint of its last user message
 _FINGERPRINT = "last_user_sha256"
 
 
@@ -80,8 +79,7 @@ class CacheMissError(RequestError):
 # -- modes and paths ------------------------------------------------------------------------------
 def resolve_cache_mode(mode: str | None = None) -> CacheMode:
     """``mode``, else ``$DISPATCH_NB_CACHE``, else ``off``; checked against :data:`CACHE_MODES`."""
-    value = (mode if mode is not None else os.environ.get("DISPATCH_NB_CACHE", "")).strip().lower()
-    value = value or "off"
+    value = (mode if mode is not None else os.environ.get("DISPATCH_NB_CACHE", "")).strip().lower() or "off"
     if value not in CACHE_MODES:
         import difflib
 
@@ -108,19 +106,15 @@ def default_cache_path(env: dict[str, str] | None = None) -> Path:
 
 
 # -- the file -------------------------------------------------------------------------------------
+#: one lock per file (``dict.setdefault`` is atomic: every thread gets the same one)
 _path_locks: dict[str, threading.Lock] = {}
-
-
-def _lock_for(path: Path) -> threading.Lock:
-    # dict.setdefault is atomic: every thread gets the one lock of the file
-    return _path_locks.setdefault(str(path.resolve()), threading.Lock())
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _preview(text: str, limit: int = _PREVIEW_CHARS) -> str:
+def _preview(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -138,14 +132,6 @@ def _last_user_text(messages: list[Message]) -> str:
 
 def _fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def request_summary(messages: list[Message]) -> dict[str, Any]:
-    """What a cache line keeps of a request: how many messages, the last user message's start
-    (for reviewers; the prompt itself lives in the notebook) and its fingerprint (after a miss:
-    is this very message recorded?)."""
-    text = _last_user_text(messages)
-    return {"messages": len(messages), "last_user": _preview(text), _FINGERPRINT: _fingerprint(text)}
 
 
 def _dump_json_line(entry: dict[str, Any]) -> bytes:
@@ -170,7 +156,7 @@ class ResponseCache:
             raise ValueError(f"pace must be 'instant' or 'recorded', not {pace!r}")
         self.pace = pace
         self._secrets = set(secrets)
-        self._lock = _lock_for(self.path)
+        self._lock = _path_locks.setdefault(str(self.path.resolve()), threading.Lock())
         self._entries: dict[str, dict[str, Any]] = {}
         self._stamp: tuple[int, int, int] | None = None
         self._read: tuple[int, int, int] = (0, 0, 0)  # (inode, bytes, lines) already in _entries
@@ -199,18 +185,15 @@ class ResponseCache:
         return self._secrets | {value for value in from_env if value}
 
     # -- reading ---------------------------------------------------------------------------------
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
-
     def _refresh(self) -> None:
         """Read what the file gained since the last look: only the lines appended since, unless
         the file was replaced or shrank (then all of it), so appending N answers reads each
         line once, not the whole file N times."""
-        stamp = self._file_stamp()
+        try:
+            st = self.path.stat()
+            stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = None
         if stamp == self._stamp:
             return
         inode, offset, number = self._read
@@ -307,14 +290,13 @@ class ResponseCache:
         """The in-process lock plus an exclusive flock on the file's directory (other processes)."""
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if fcntl is None:
-                yield
-                return
             # The lock is on the directory: the cache file itself is replaced by rewrites, and a
             # lock file beside a notebook would clutter the repository.
             try:
-                fd = os.open(self.path.parent, os.O_RDONLY)
+                fd = os.open(self.path.parent, os.O_RDONLY) if fcntl is not None else -1
             except OSError:
+                fd = -1
+            if fd < 0:
                 yield
                 return
             try:
@@ -337,11 +319,8 @@ class ResponseCache:
                 self._entries[clean["key"]] = clean
                 self._rewrite()
             else:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    os.write(fd, line)
-                finally:
-                    os.close(fd)
+                with open(self.path, "ab", opener=lambda p, flags: os.open(p, flags, 0o644)) as fh:
+                    fh.write(line)
             self._stamp = None
         return clean
 
@@ -389,7 +368,10 @@ class ResponseCache:
         **facts: Any,
     ) -> dict[str, Any]:
         """Store one answer (its line: docs/record-replay.md, "The file"), with ``facts`` after
-        it (a batch checkpoint's row facts, which keeps no deltas)."""
+        it (a batch checkpoint's row facts, which keeps no deltas). Of the request it keeps how
+        many messages, the last user message's start (for reviewers; the prompt itself lives in
+        the notebook) and its fingerprint (after a miss: is this very message recorded?)."""
+        text = _last_user_text(request.messages)
         entry: dict[str, Any] = {
             "v": FORMAT_VERSION,
             "key": key,
@@ -397,7 +379,8 @@ class ResponseCache:
             "model": model,
             "created": _now(),
             **({"label": label} if label is not None else {}),
-            "request": request_summary(request.messages),
+            "request": {"messages": len(request.messages), "last_user": _preview(text),
+                        _FINGERPRINT: _fingerprint(text)},
             "streamed": streamed,
         }
         if deltas is not None:
@@ -410,10 +393,7 @@ class ResponseCache:
 
 
 def _entry_deltas(entry: dict[str, Any]) -> list[tuple[float, StreamDelta]]:
-    out: list[tuple[float, StreamDelta]] = []
-    for raw in entry.get("deltas") or ():
-        data = dict(raw)
-        t = float(data.pop("t", 0.0))
-        out.append((t, StreamDelta.model_validate(data)))
-    return out
+    return [(float(raw.get("t", 0.0)),
+             StreamDelta.model_validate({k: v for k, v in raw.items() if k != "t"}))
+            for raw in entry.get("deltas") or ()]
 

@@ -8,12 +8,9 @@ the saved format and :mod:`~dispatch_nb.session.inputs` tools and content, norma
 
 from __future__ import annotations
 
-from ..call_control import TurnControl
 from ..cancel import CancelToken
 from ..tools import Tool, tool
 from .core import Session
-from .serialization import FORMAT as FORMAT
-from .serialization import VERSION as VERSION
 from .stream import AsyncSessionStream, SessionStream
 
 __all__ = [
@@ -22,6 +19,5 @@ __all__ = [
     "Session",
     "SessionStream",
     "Tool",
-    "TurnControl",
     "tool",
 ]

@@ -215,11 +215,6 @@ class Session:
         return list(self._tools)
 
     @property
-    def servers(self) -> list[MCPServer]:
-        """The MCP servers whose tools this session offers."""
-        return list(self._servers)
-
-    @property
     def unhandled_tools(self) -> list[str]:
         """Names of declared tools without a Python handler: their calls come back to you."""
         return [t.name for t in self._tools if isinstance(t, ToolDefinition)]
@@ -245,12 +240,12 @@ class Session:
     # -- state ---------------------------------------------------------------------------------
     @property
     def history(self) -> list[Message]:
-        """The conversation so far (the live list: edit it between turns if you need to)."""
+        """The conversation so far (the live list: edit it between turns if you need to); set it
+        to ``Message`` s or their dicts, e.g. to resume or trim it."""
         return self._history
 
     @history.setter
     def history(self, messages: Iterable[Message | dict[str, Any]]) -> None:
-        """Replace the conversation (``Message`` s or their dicts), e.g. to resume or trim it."""
         history = [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
         with self._turn_lock():
             self._history = history
@@ -430,18 +425,12 @@ class Session:
 
     def _run_tools(self, turn: Turn, calls: list[ToolUseBlock]) -> Generator[ToolResultEvent, None, None]:
         """Run one round's calls in order; before each, the turn's deadline and cancel."""
-        done: list[ToolResultBlock | None] = [None] * len(calls)
-        try:
+        with self._round(turn, calls) as done:
             for i, call in enumerate(calls):
                 turn.control.check(WHILE_TOOLS)
                 result, approval, duration = self._run_one(turn, call)
                 done[i] = result
                 yield turn.tool_result(call, result, duration, approval)
-        except BaseException as exc:
-            self._append_results(calls, done, exc)
-            raise
-        self._append_results(calls, done)
-        turn.rounds += 1
 
     # -- the loop, async -------------------------------------------------------------------------
     async def _arun(
@@ -478,14 +467,13 @@ class Session:
     async def _arun_tools(self, turn: Turn, calls: list[ToolUseBlock]) -> list[ToolResultEvent]:
         """Run one round's calls concurrently, under the turn's deadline and cancel switch
         (which cancel the calls still running)."""
-        done: list[ToolResultBlock | None] = [None] * len(calls)
         durations = [0.0] * len(calls)
         approvals: list[str | None] = [None] * len(calls)
 
         async def one(i: int, call: ToolUseBlock) -> None:
             done[i], approvals[i], durations[i] = await self._arun_one(turn, call)
 
-        try:
+        with self._round(turn, calls) as done:
             turn.control.check(WHILE_TOOLS)
             tasks = [asyncio.ensure_future(one(i, c)) for i, c in enumerate(calls)]
             try:
@@ -493,11 +481,6 @@ class Session:
             finally:
                 for task in tasks:
                     task.cancel()
-        except BaseException as exc:
-            self._append_results(calls, done, exc)
-            raise
-        self._append_results(calls, done)
-        turn.rounds += 1
         return [
             turn.tool_result(call, result, duration, approval)
             for call, result, duration, approval in zip(calls, done, durations, approvals,
@@ -670,22 +653,30 @@ class Session:
     @contextlib.contextmanager
     def _model_call(self, turn: Turn, kwargs: dict[str, Any]) -> Iterator[Decimal | None]:
         """Around one model call of the sync or the async loop: reserve its budget (the value
-        given), and on any failure (an interrupt, the caller closing the turn) settle the call
-        as :meth:`_call_failed` says; either way the turn has no model call streaming after."""
+        given); on any failure (an interrupt, the caller closing the turn too: the error is
+        raised as it is) settle the reservation and count the usage of what arrived. A turn whose
+        first call was refused before anything was sent (bad options: TypeError, ValueError; or
+        over budget) leaves no trace in history. Either way no model call streams after."""
         reserved = None
         try:
             reserved = self._reserve(kwargs)
             yield reserved
         except BaseException as exc:
-            self._call_failed(turn, exc, reserved)
+            partial = getattr(exc, "partial", None)
+            self._settle(reserved, partial, failed=True)
+            if isinstance(partial, Response):
+                self._usage = self._usage + partial.usage
+            if (turn.calls == 0 and isinstance(exc, (TypeError, ValueError, BudgetExceededError))
+                    and self._history and self._history[-1] is turn.message):
+                self._history.pop()
             raise
         finally:
             turn.state.stream = None
 
     def _answered(self, turn: Turn, response: Response,
                   reserved: Decimal | None) -> MessageDoneEvent:
-        """A model call answered: settle its budget reservation, count it, add its usage and
-        answer to the session, and make it the turn's response so far."""
+        """A model call answered: its budget settled, its usage and answer the session's and the
+        turn's so far."""
         self._settle(reserved, response, failed=False)
         turn.calls += 1
         self._usage = self._usage + response.usage
@@ -696,25 +687,6 @@ class Session:
         turn.state.collected.add_round(response)
         self.last_turn = turn.state.collected
         return MessageDoneEvent(response=response)
-
-    def _call_failed(self, turn: Turn, exc: BaseException, reserved: Decimal | None) -> None:
-        """A model call failed with ``exc`` (raised as it is: a call that ran out of the turn's
-        time already raises the turn's timeout error): settle its budget reservation, count the
-        usage of what arrived.
-
-        A turn whose first call was refused before anything was sent (bad options: TypeError,
-        ValueError) leaves no trace in history."""
-        partial = getattr(exc, "partial", None)
-        self._settle(reserved, partial, failed=True)
-        if isinstance(partial, Response):
-            self._usage = self._usage + partial.usage
-        if (
-            turn.calls == 0
-            and isinstance(exc, (TypeError, ValueError, BudgetExceededError))
-            and self._history
-            and self._history[-1] is turn.message
-        ):
-            self._history.pop()
 
     def _next_action(self, turn: Turn, response: Response) -> Action:
         calls = response.tool_calls
@@ -732,20 +704,12 @@ class Session:
 
     def _stop_loop(self, turn: Turn, response: Response) -> list[ToolResultEvent]:
         self.tool_limit_reached = True
-        logger.warning(
-            "session %s: stopped after %d tool round%s (max_tool_rounds); the model's last "
-            "tool calls were not run",
-            self.id,
-            self.max_tool_rounds,
-            "" if self.max_tool_rounds == 1 else "s",
-        )
+        rounds = f"{self.max_tool_rounds} tool round{'' if self.max_tool_rounds == 1 else 's'}"
+        logger.warning("session %s: stopped after %s (max_tool_rounds); the model's last tool "
+                       "calls were not run", self.id, rounds)
         results = [
-            error_result(
-                c.id,
-                f"not run: this session stops after {self.max_tool_rounds} tool "
-                f"round{'' if self.max_tool_rounds == 1 else 's'} per turn "
-                "(max_tool_rounds); the user may ask you to continue",
-            )
+            error_result(c.id, f"not run: this session stops after {rounds} per turn "
+                               "(max_tool_rounds); the user may ask you to continue")
             for c in response.tool_calls
         ]
         self._history.append(Message(role="user", content=list(results)))
@@ -756,18 +720,23 @@ class Session:
                           if not isinstance(t, dict)) or "none"
         return error_result(call.id, f"unknown tool {call.name!r}; available tools: {names}")
 
-    def _append_results(
-        self,
-        calls: Sequence[ToolUseBlock],
-        results: Sequence[ToolResultBlock | None],
-        interrupted: BaseException | None = None,
-    ) -> None:
-        blocks: list[Any] = []
-        for call, result in zip(calls, results, strict=True):
-            if result is None:
-                why = type(interrupted).__name__ if interrupted is not None else "interrupted"
-                result = error_result(
-                    call.id, f"not run: the turn was interrupted ({why}) before {call.name} finished"
-                )
-            blocks.append(result)
-        self._history.append(Message(role="user", content=blocks))
+    @contextlib.contextmanager
+    def _round(self, turn: Turn, calls: Sequence[ToolUseBlock]
+               ) -> Iterator[list[ToolResultBlock | None]]:
+        """One round of tool calls and the list their results go in: however the round ends,
+        they go to history (a call an interruption left unrun, as an error result)."""
+        done: list[ToolResultBlock | None] = [None] * len(calls)
+        why = ""
+        try:
+            yield done
+            turn.rounds += 1
+        except BaseException as exc:
+            why = type(exc).__name__
+            raise
+        finally:
+            blocks: list[Any] = [
+                result if result is not None else error_result(
+                    call.id, f"not run: the turn was interrupted ({why}) before {call.name} finished")
+                for call, result in zip(calls, done, strict=True)
+            ]
+            self._history.append(Message(role="user", content=blocks))

@@ -64,9 +64,7 @@ def restore_tools(saved: SavedSession, given: list[SessionTool]) -> list[Session
     """The saved tools with the ``given`` handlers re-attached by name (a given tool's current
     definition wins; extra given tools are added; saved built-in tools come last)."""
     by_name = {t.name: t for t in given if not isinstance(t, dict)}
-    restored: list[SessionTool] = []
-    for definition in saved.tools:
-        restored.append(by_name.pop(definition.name, definition))
+    restored: list[SessionTool] = [by_name.pop(d.name, d) for d in saved.tools]
     restored += [t for t in given if isinstance(t, dict) or t.name in by_name]
     restored += saved.builtin_tools
     return restored
