@@ -120,24 +120,23 @@ def _parse(text: str) -> bool | str:
     return text.strip()
 
 
+def _instead(in_cell: bool) -> str:
+    """What to use instead of asking, in the words of a %%chat cell or of the Python API."""
+    return "%%chat --approve auto" if in_cell else "approve='auto' or an approval function"
+
+
 def cannot_ask(in_cell: bool) -> str:
-    """Why no one is asked in a front end without an input box, and what to do instead (in the
-    words of a %%chat cell, or of the Python API)."""
-    instead = ("use %%chat --approve auto" if in_cell
-               else "use approve='auto' or an approval function")
+    """Why no one is asked in a front end without an input box, and what to do instead."""
     return ("this front end cannot ask for approval — it runs the cell with no one to answer, as "
-            f"jupyter execute and nbclient do; {instead}, or run the cell where you can answer, "
-            "such as JupyterLab or Notebook 7")
+            f"jupyter execute and nbclient do; use {_instead(in_cell)}, or run the cell where you "
+            "can answer, such as JupyterLab or Notebook 7")
 
 
 def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = None) -> None:
-    """On the kernel's thread: show the call in full and ask — with buttons where the front end
-    can click them while the cell runs, else in the front end's input box. ``asking()`` is
-    called just before the question is shown (not when no one can be asked: then nothing is
-    shown, and the answer says why). The buttons' output, emptied once answered, stays in the
-    cell until the cell's outputs are replaced (a %%chat cell's final output does). Nothing is
-    shown for a request answered already (its cell stopped, or its deadline passed, first).
-    Ctrl-C while it waits: the call is not run (:data:`INTERRUPTED`) and the interrupt goes on."""
+    """On the kernel's thread: show the call in full and ask, with buttons where the front end
+    can click them while the cell runs, else in its input box. ``asking()`` is called just before
+    the question is shown (never when no one can be asked). Ctrl-C while it waits: the call is
+    not run (:data:`INTERRUPTED`) and the interrupt goes on."""
     if request.cancel is not None and request.cancel.cancelled:  # its cell stopped
         request.settle(NotAsked(INTERRUPTED))
     if request.answered.is_set():
@@ -245,11 +244,9 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     finally:
         kernel.set_parent(ident, parent)
     # a front end that cannot show widgets (jupyter console, qtconsole) shows the text instead
-    instead = ("%%chat --approve auto" if request.in_cell
-               else "approve='auto' or an approval function")
     view = {**box._repr_mimebundle_(), "text/plain": (
         f"{headline}\n{arguments}\nThis front end cannot show the Approve / Deny buttons: "
-        f"interrupt the cell not to run the tool, and use {instead} here.")}
+        f"interrupt the cell not to run the tool, and use {_instead(request.in_cell)} here.")}
     handle = display(view, raw=True, display_id=True)  # type: ignore[no-untyped-call]
     try:
         while not request.answered.wait(0.1):  # short waits: Ctrl-C reaches this thread

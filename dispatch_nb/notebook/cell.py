@@ -62,18 +62,14 @@ def make_work(
     plan: CellPlan, adapter: Adapter
 ) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
     """The function a worker thread runs to ask ``adapter`` (one model of ``plan``)."""
-    given = {"timeout": plan.timeout, "output": plan.schema}
-    per_call = {name: value for name, value in given.items() if value is not None}
-    options = dict(per_call)  # a session takes max_tokens and temperature itself
-    if plan.max_tokens is not None:
-        options["max_tokens"] = plan.max_tokens
-    if plan.temperature is not None:
-        options["temperature"] = plan.temperature
+    per_call = {"timeout": plan.timeout, "output": plan.schema}  # a session has the others
 
     def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         messages = [*plan.history, plan.user]
+        options: dict[str, Any] = {"system": plan.system, "cancel": cancel, "max_tokens": plan.max_tokens,
+                   "temperature": plan.temperature, **per_call}
         if plan.stream:
-            stream = adapter.stream(messages, system=plan.system, cancel=cancel, **options)
+            stream = adapter.stream(messages, **options)
             attempt = 1
             with stream:
                 for delta in stream:
@@ -86,10 +82,8 @@ def make_work(
                     emit(delta)
             response = stream.response
         else:
-            response = adapter.chat(  # on_delta: only retries, as nothing streams
-                messages, system=plan.system, cancel=cancel, stream=False, on_delta=emit,
-                **options,
-            )
+            # on_delta: only retries, as nothing streams
+            response = adapter.chat(messages, stream=False, on_delta=emit, **options)
             for delta in response.deltas():  # what a streamed call would have produced
                 emit(delta)
         assert response is not None
@@ -139,8 +133,8 @@ INTERRUPTED = "interrupted"
 
 def _answer(outcome: JobOutcome) -> Response | None:
     """The answer a job ended with, else the partial answer its error kept."""
-    if isinstance(outcome.result, CallResult):
-        return outcome.result.response
+    if outcome.error is None:  # its result is a CallResult
+        return outcome.result.response  # type: ignore[no-any-return]
     return outcome.error.partial if isinstance(outcome.error, DispatchError) else None
 
 
@@ -148,11 +142,6 @@ def _timing(outcome: JobOutcome) -> dict[str, float | None]:
     """``latency`` (None when the job never ended) and ``ttft`` of a job, for an output."""
     return {"latency": outcome.latency if outcome.ended else None,
             "ttft": outcome.time_to_first_output}
-
-
-def _parsed_response(outcome: JobOutcome) -> Response | None:
-    """The structured answer a job ended with (None when it failed)."""
-    return outcome.result.response if isinstance(outcome.result, CallResult) else None
 
 
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:
@@ -470,14 +459,16 @@ class CellRun:
                                         interrupted=stopped, **_timing(outcome)))
         parsed = None
         if plan.schema is not None:
-            parsed = [_parsed_response(o) for o in self.outcomes]
+            parsed = [_answer(o) if o.error is None else None for o in self.outcomes]
         return compare_output(entries, extra=self._extra(), notes=self._notes(), parsed=parsed)
 
     def _answer_output(self) -> FinalOutput:
         outcome = self.outcomes[0]
         extra = self._extra()
         # --schema: the structured answer as a table (not when interrupted)
-        parsed = None if self._planned().schema is None or self.interrupted else _parsed_response(outcome)
+        parsed = None
+        if self._planned().schema is not None and not self.interrupted and outcome.error is None:
+            parsed = _answer(outcome)
         if parsed is not None:
             extra["schema"] = self.args.schema.strip()
         note = None
@@ -515,11 +506,11 @@ class CellRun:
         outcome = self.outcomes[0]
         if output:
             namespace[output] = _stored(outcome, view.transcripts[0])
-        result = outcome.result if isinstance(outcome.result, CallResult) else None
-        if result is None:
+        if outcome.error is not None:
             if plan.use_history:  # its turn is missing: a later cell's miss names it
                 plan.thread.failed[plan.key] = self.state.label
             return
+        result: CallResult = outcome.result
         count = self.state.execution_count
         if plan.use_history:
             produced = result.produced or [result.response.to_message()]

@@ -24,6 +24,9 @@ __all__ = ["Job", "JobOutcome", "NoteEvent", "run_jobs"]
 
 #: how long to wait for cancelled jobs to wind down after Ctrl-C before abandoning them
 ABANDON_AFTER = 0.5
+#: the longest wait for an event before ``tick`` is called anyway
+IDLE_WAIT = 0.5
+
 
 @dataclass
 class NoteEvent:
@@ -116,7 +119,6 @@ def run_jobs(
     tick: Callable[[], float | None] | None = None,
     on_done: Callable[[int, JobOutcome], None] | None = None,
     on_interrupt: Callable[[], None] | None = None,
-    idle_wait: float = 0.5,
 ) -> list[JobOutcome]:
     """Run ``jobs`` concurrently; call ``on_event(index, event)`` on *this* thread for each event,
     ``on_done(index, outcome)`` as each job ends, and ``tick()`` after events and timeouts (it returns
@@ -146,13 +148,11 @@ def run_jobs(
                 result = job.work(emit, job.cancel)
             except BaseException as exc:  # handed to the main thread, which decides
                 error = exc
-            finally:
-                _JOB_EMIT.set(None)
-                with lock:
-                    if not job.abandoned:
-                        outcome.result, outcome.error = result, error
-                        outcome.ended = time.monotonic()
-                        events.put((index, _DONE))
+            with lock:
+                if not job.abandoned:
+                    outcome.result, outcome.error = result, error
+                    outcome.ended = time.monotonic()
+                    events.put((index, _DONE))
 
         job.outcome.started = time.monotonic()
         threads.append(threading.Thread(target=body, name=f"dispatch_nb-{job.name}", daemon=True))
@@ -160,7 +160,7 @@ def run_jobs(
     reported: set[int] = set()  # the jobs whose end on_done was told
 
     def pump(deadline: float | None) -> None:
-        wait = idle_wait
+        wait = IDLE_WAIT
         while len(reported) < len(jobs):
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -179,7 +179,7 @@ def run_jobs(
                 elif not jobs[index].abandoned:
                     on_event(index, event)
             nxt = None if tick is None else tick()
-            wait = idle_wait if nxt is None else max(0.0, min(idle_wait, nxt))
+            wait = IDLE_WAIT if nxt is None else max(0.0, min(IDLE_WAIT, nxt))
 
     capture = _JobLogCapture(logging.WARNING)
     logger = logging.getLogger("dispatch_nb")
