@@ -21,10 +21,8 @@ from ..frontend import unattended
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "INTERRUPTED", "NO_ANSWER", "ApprovalRequest", "answer_here", "ask", "asking_through",
-    "cannot_ask",
-]
+__all__ = ["INTERRUPTED", "NO_ANSWER", "ApprovalRequest", "answer_here", "ask", "asking_through",
+           "cannot_ask"]
 
 #: why a call was not run when its cell was interrupted while the question waited
 INTERRUPTED = "the cell was interrupted while it waited for approval"

@@ -95,15 +95,9 @@ def make_work(
 
         asking_through(emit, cancel)  # "ask" asks in this cell (this worker thread's context)
 
-        session = Session(
-            adapter,
-            system=plan.system,
-            tools=plan.tools,
-            max_tool_rounds=plan.max_tool_rounds,
-            max_tokens=plan.max_tokens,
-            temperature=plan.temperature,
-            approve=plan.approve,
-        )
+        session = Session(adapter, system=plan.system, tools=plan.tools,
+                          max_tool_rounds=plan.max_tool_rounds, max_tokens=plan.max_tokens,
+                          temperature=plan.temperature, approve=plan.approve)
         session.history = list(plan.history)
         start = len(session.history)
         last: Response | None = None
@@ -274,9 +268,7 @@ class CellRun:
             user=Message(role="user", content=prompt.text),
             system=system,
             max_tokens=args.max_tokens if args.max_tokens is not None else settings.max_tokens,
-            temperature=(
-                args.temperature if args.temperature is not None else settings.temperature
-            ),
+            temperature=args.temperature if args.temperature is not None else settings.temperature,
             timeout=settings.timeout,
             stream=settings.stream and not args.no_stream,
             tools=tools,
@@ -297,13 +289,9 @@ class CellRun:
         """The cell's text with ``{expressions}`` filled in, without surrounding blank lines."""
         settings = self.state.settings
         try:
-            prompt = build_prompt(
-                self.cell,
-                self.namespace,
-                interpolate=settings.interpolate and not self.args.no_interpolate,
-                max_chars=settings.max_value_chars,
-                max_rows=settings.max_rows,
-            )
+            prompt = build_prompt(self.cell, self.namespace,
+                                  interpolate=settings.interpolate and not self.args.no_interpolate,
+                                  max_chars=settings.max_value_chars, max_rows=settings.max_rows)
         except PromptError as exc:
             raise explain_error(exc) from None
         text = re.sub(r"\A(?:[ \t]*\n)+", "", prompt.text).rstrip()  # surrounding blank lines
@@ -353,9 +341,7 @@ class CellRun:
         adapters: list[Adapter] = []
         for spec in specs:
             try:
-                adapter = self.state.adapter(
-                    spec, mode, login=lambda: ensure_copilot_login(self.state)
-                )
+                adapter = self.state.adapter(spec, mode, login=lambda: ensure_copilot_login(self.state))
             except (DispatchError, ImportError) as exc:
                 raise explain_error(exc, spec=spec) from None
             if isinstance(adapter, CachedAdapter):  # it names In[n] in what it records and misses
@@ -366,21 +352,17 @@ class CellRun:
     # -- 2. run ----------------------------------------------------------------------------------
     def run(self) -> None:
         """Run every model's call with the live view; Ctrl-C sets :attr:`interrupted`."""
-        plan = self._planned()
-        settings = self.state.settings
-        shell = self.state.shell
+        plan, settings, shell = self._planned(), self.state.settings, self.state.shell
         jobs = [Job(name=spec, work=make_work(plan, adapter))
                 for spec, adapter in zip(plan.specs, plan.adapters, strict=True)]
-        live_mode = detect_mode(shell, settings.live)
-        view = make_view(live_mode, plan.specs, rate=settings.update_rate, in_kernel=has_kernel(shell))
-        self.view = view
+        view = self.view = make_view(detect_mode(shell, settings.live), plan.specs,
+                                     rate=settings.update_rate, in_kernel=has_kernel(shell))
         view.start(plan.prompt.notes)
         try:
-            try:
-                run_jobs(jobs, self._on_event, tick=view.tick, on_done=self._job_done,
-                         on_interrupt=view.interrupt)
-            except KeyboardInterrupt:
-                self.interrupted = True
+            run_jobs(jobs, self._on_event, tick=view.tick, on_done=self._job_done,
+                     on_interrupt=view.interrupt)
+        except KeyboardInterrupt:
+            self.interrupted = True
         except BaseException:
             view.close()
             raise
@@ -463,49 +445,33 @@ class CellRun:
         return compare_output(entries, extra=self._extra(), notes=self._notes(), parsed=parsed)
 
     def _answer_output(self) -> FinalOutput:
-        outcome = self.outcomes[0]
-        extra = self._extra()
-        # --schema: the structured answer as a table (not when interrupted)
-        parsed = None
-        if self._planned().schema is not None and not self.interrupted and outcome.error is None:
+        plan, outcome, extra = self._planned(), self.outcomes[0], self._extra()
+        parsed = None  # --schema: the structured answer as a table (not when interrupted)
+        if plan.schema is not None and not self.interrupted and outcome.error is None:
             parsed = _answer(outcome)
-        if parsed is not None:
             extra["schema"] = self.args.schema.strip()
         note = None
         if self.interrupted or isinstance(outcome.error, RequestCancelled):
             note = "⏹ " + INTERRUPTED
         elif outcome.error is not None:
             note = f"⚠ {type(outcome.error).__name__}"
-        return final_output(
-            self._viewed().transcripts[0],
-            fmt=self._planned().fmt,
-            extra=extra,
-            note=note,
-            notes=self._notes(),
-            failed=self.interrupted or outcome.error is not None,
-            parsed=parsed,
-            **_timing(outcome),
-        )
+        return final_output(self._viewed().transcripts[0], fmt=plan.fmt, extra=extra, note=note,
+                            notes=self._notes(), failed=self.interrupted or outcome.error is not None,
+                            parsed=parsed, **_timing(outcome))
 
     # -- 4. record -------------------------------------------------------------------------------
     def record(self) -> None:
         """Record the turn, store ``-o VAR`` (``-o`` always stores something: ``docs/notebook.md``,
         "Formats") and ``Out[n]``, send ``-f code`` to the next cell."""
         plan, view = self._planned(), self._viewed()
-        namespace = self.namespace
-        output = self.args.output
+        namespace, output = self.namespace, self.args.output
+        if output:
+            stored = {spec: _stored(outcome, transcript) for spec, outcome, transcript
+                      in zip(plan.specs, self.outcomes, view.transcripts, strict=True)}
+            namespace[output] = stored if plan.compare else stored[plan.specs[0]]
         if plan.compare:
-            if output:
-                namespace[output] = {
-                    spec: _stored(outcome, transcript)
-                    for spec, outcome, transcript in zip(
-                        plan.specs, self.outcomes, view.transcripts, strict=True
-                    )
-                }
             return
         outcome = self.outcomes[0]
-        if output:
-            namespace[output] = _stored(outcome, view.transcripts[0])
         if outcome.error is not None:
             if plan.use_history:  # its turn is missing: a later cell's miss names it
                 plan.thread.failed[plan.key] = self.state.label
@@ -531,14 +497,9 @@ class CellRun:
         plan = self._planned()
         if self.interrupted:
             raise ChatInterrupted(self._interrupted_message()) from None
-        failures = [
-            (spec, o.error)
-            for spec, o in zip(plan.specs, self.outcomes, strict=True)
-            if o.error is not None
-        ]
-        if not failures or len(failures) < len(plan.specs):  # a comparison where some answered
+        failure, failed_spec = self.outcomes[0].error, plan.specs[0]
+        if failure is None or any(o.error is None for o in self.outcomes):  # some model answered
             return
-        failed_spec, failure = failures[0]
         if plan.compare:
             raise explain_error(failure, spec=failed_spec, context=self.context) from None
         if isinstance(failure, RequestCancelled):

@@ -278,8 +278,7 @@ class ChatMagics(Magics):
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext dispatch_nb``: register the magics, ``Err`` and the cell hooks."""
-    existing = getattr(ipython, "_dispatch_nb_magics", None)
-    if existing is not None:
+    if getattr(ipython, "_dispatch_nb_magics", None) is not None:
         return
     magics = ChatMagics(shell=ipython)
     state = magics.state

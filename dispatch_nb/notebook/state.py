@@ -58,9 +58,9 @@ class KernelState:
     def threads(self) -> ThreadStore:
         """The conversation threads of this kernel (keeping ``settings.history_length`` turns)."""
         if self._threads is None:
-            from .threads import ThreadStore  # not at %load_ext: it imports uuid (and platform)
+            from .threads import ThreadStore  # not at %load_ext: it imports the core types
 
-            self._threads = ThreadStore(self.settings.history_length)
+            self._threads = ThreadStore()
         self._threads.max_turns = self.settings.history_length
         return self._threads
 

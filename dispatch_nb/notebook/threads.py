@@ -151,8 +151,8 @@ def _quote(text: str) -> str:
 class ThreadStore:
     """Every thread of one kernel, by name."""
 
-    def __init__(self, max_turns: int = 0) -> None:
-        self.max_turns = max_turns
+    def __init__(self) -> None:
+        self.max_turns = 0
         self._threads: dict[str, ChatThread] = {}
 
     def get(self, name: str) -> ChatThread:
