@@ -17,7 +17,7 @@ from typing import Any
 from ..approval import ALWAYS, SAID_NO, NotAsked, ToolCall
 from ..cancel import CancelToken
 from ..errors import RequestCancelled
-from ..frontend import unattended
+from ..frontend import current_shell, unattended
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,15 @@ class ApprovalRequest:
             self.answered.set()
             return True
 
+    def wait(self) -> None:
+        """Wait for the answer in short waits (Ctrl-C reaches this thread); the turn's deadline or
+        the cell's stop settles it."""
+        while not self.answered.wait(0.1):
+            if self.cancel is not None and self.cancel.cancelled:
+                self.settle(NotAsked(INTERRUPTED))
+            elif self.deadline is not None and time.monotonic() >= self.deadline:
+                self.settle(NO_ANSWER)
+
 
 def ask(call: ToolCall, seconds: float | None) -> bool | str:
     """The kernel's asker (see the module docstring). In a %%chat cell it waits on the cell's
@@ -87,11 +96,7 @@ def ask(call: ToolCall, seconds: float | None) -> bool | str:
         from ..approval import _terminal
 
         return _terminal(call, seconds)
-    while not request.answered.wait(0.1):
-        if cancel is not None and cancel.cancelled:  # the cell stopped before anyone answered
-            request.settle(NotAsked(INTERRUPTED))
-        elif request.deadline is not None and time.monotonic() >= request.deadline:
-            request.settle(NO_ANSWER)
+    request.wait()
     if request.answer == INTERRUPTED or (cancel is not None and cancel.cancelled):
         raise RequestCancelled(f"{call.name} was not run: {INTERRUPTED}")
     if request.answer == ALWAYS:
@@ -195,10 +200,7 @@ def _subshell(kernel: Any) -> str | None:
 def _ask_with_buttons(request: ApprovalRequest) -> bool:
     """Show the call with Approve / Deny / Always buttons and wait for a click (or the turn's
     deadline). False when buttons cannot work here (then nothing was shown)."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    kernel: Any = getattr(shell, "kernel", None)
+    kernel: Any = getattr(current_shell(), "kernel", None)
     parent = kernel.get_parent("shell") if kernel is not None else None
     if not parent:
         return False  # no kernel (terminal IPython): its input box, stdin
@@ -247,9 +249,7 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         f"interrupt the cell not to run the tool, and use {_instead(request.in_cell)} here.")}
     handle = display(view, raw=True, display_id=True)  # type: ignore[no-untyped-call]
     try:
-        while not request.answered.wait(0.1):  # short waits: Ctrl-C reaches this thread
-            if request.deadline is not None and time.monotonic() >= request.deadline:
-                request.settle(NO_ANSWER)
+        request.wait()
     finally:
         # the buttons go; the decision is shown (and saved) with the tool call in the answer
         handle.update({"text/html": ""}, raw=True)

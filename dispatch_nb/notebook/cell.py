@@ -18,14 +18,7 @@ from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import DispatchError, ModelUnavailableError, RequestCancelled
 from ..prompting import Prompt, PromptError, build_prompt
-from ..types import (
-    ErrorEvent,
-    Message,
-    MessageDoneEvent,
-    Response,
-    RetryEvent,
-    StreamDelta,
-)
+from ..types import ErrorEvent, Message, MessageDoneEvent, Response, RetryEvent, StreamDelta
 from ..validation import replace_lone_surrogates, surrogate_note
 from .display import (
     ChatError,
@@ -308,12 +301,8 @@ class CellRun:
             mode = None
         specs = self.state.model_specs(self.args.model, mode)
         changed = self.state.default_note()  # e.g. after %chat key openai: say it once
-        if changed:
-            notes.append(changed)
-        if not self.args.model and not self.state.settings.model.strip():
-            hint = self.state.default_model()[2]
-            if hint:
-                notes.append(hint)
+        hint = "" if self.args.model else self.state.default_model()[2]
+        notes += [note for note in (changed, hint) if note]
         return specs
 
     def _schema(self) -> Any:

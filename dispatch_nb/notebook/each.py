@@ -72,11 +72,8 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     # batching (and tqdm) are imported by --each cells only
     from ..batching.rows import RowSource, TemplateError, _undefined
 
-    shell = state.shell
-    settings = state.settings
-    assert shell is not None
-    namespace = shell.user_ns
-    specs = state.model_specs(args.model, state.cache_mode(args.cache))
+    settings, namespace, mode = state.settings, state.shell.user_ns, state.cache_mode(args.cache)
+    specs = state.model_specs(args.model, mode)
     _refuse(args, specs)
     spec = specs[0]
     rows = _rows_value(args.each, namespace)
@@ -91,7 +88,6 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     check_limits(args)
     schema = resolve_schema(args.schema, namespace)
     system = args.system if args.system is not None else (settings.system or None)
-    mode = state.cache_mode(args.cache)
     names = RowSource(rows)
 
     def fill(row: Any) -> str:

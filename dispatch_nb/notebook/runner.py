@@ -192,11 +192,8 @@ def run_jobs(
         # Ctrl-C, or a failure while showing events (a display or widget error): either way the
         # workers must not go on streaming and running tools in the background.
         interrupted = isinstance(exc, KeyboardInterrupt)
-        reason = (
-            "interrupted (KeyboardInterrupt)"
-            if interrupted
-            else f"stopped: the cell failed ({type(exc).__name__})"
-        )
+        reason = ("interrupted (KeyboardInterrupt)" if interrupted
+                  else f"stopped: the cell failed ({type(exc).__name__})")
         for job in jobs:
             job.cancel.cancel(reason)
         try:

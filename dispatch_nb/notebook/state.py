@@ -1,6 +1,6 @@
 """The kernel's notebook state: one :class:`KernelState` per shell, held by ``ChatMagics``; the
 modules that run cells and commands receive it and change it only through its methods. Imported
-by ``%load_ext``: standard library only at run time.
+by ``%load_ext``: standard library and IPython only at run time.
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
@@ -138,8 +140,6 @@ class KernelState:
         provider, the one ``%chat status`` shows, or its vendor's: ``parse_model_spec``);
         nothing → the default model. In ``mode`` ``replay`` a bare name is the provider's that
         recorded it (``ResponseCache.qualify``), and needs no credentials (nothing is sent)."""
-        from IPython.core.error import UsageError  # (in memory already: IPython runs this)
-
         from ..errors import AuthenticationError, RequestError
         from ..registry import qualify_model_spec
 
@@ -166,8 +166,6 @@ class KernelState:
     def cache_mode(self, requested: str | None = None) -> str:
         """The cache mode in force: ``--cache``, else ``ChatMagics.cache``, else
         ``$DISPATCH_NB_CACHE``, else ``off`` (a wrong ``$DISPATCH_NB_CACHE``: a ``UsageError``)."""
-        from IPython.core.error import UsageError
-
         from ..cache import resolve_cache_mode
 
         try:
