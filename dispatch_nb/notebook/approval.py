@@ -160,9 +160,7 @@ def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = No
 def _describe(call: ToolCall) -> tuple[str, str]:
     """The call's headline and its arguments in full (JSON)."""
     where = f" from MCP server {call.server}" if call.server else ""
-    return f"Approve tool call {call.name}{where}?", json.dumps(
-        call.arguments, indent=2, ensure_ascii=False
-    )
+    return f"Approve tool call {call.name}{where}?", json.dumps(call.arguments, indent=2, ensure_ascii=False)
 
 
 def _ask_in_input_box(request: ApprovalRequest) -> None:

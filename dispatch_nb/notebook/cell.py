@@ -309,9 +309,7 @@ class CellRun:
         """``--schema``'s StructuredOutput (None without it); a table cannot be ``-f code|text``."""
         schema = resolve_schema(self.args.schema, self.namespace)
         if schema is not None and self.args.format in ("code", "text"):
-            raise UsageError(
-                f"--schema shows the answer as a table: -f {self.args.format} does not apply"
-            )
+            raise UsageError(f"--schema shows the answer as a table: -f {self.args.format} does not apply")
         return schema
 
     def _turn(self) -> tuple[str, ChatThread, str]:
@@ -391,9 +389,8 @@ class CellRun:
     def finish(self) -> FinalOutput:
         """Replace the live view with the cell's one static output."""
         plan, view = self._planned(), self._viewed()
-        final = self._compare_output() if plan.compare else self._answer_output()
+        self.final = final = self._compare_output() if plan.compare else self._answer_output()
         view.finish(final)
-        self.final = final
         return final
 
     @property
@@ -428,10 +425,9 @@ class CellRun:
                     explain_error(outcome.error, spec=spec, context=self.context).message
             entries.append(CompareEntry(spec=spec, transcript=transcript, error=error,
                                         interrupted=stopped, **_timing(outcome)))
-        parsed = None
-        if plan.schema is not None:
-            parsed = [_answer(o) if o.error is None else None for o in self.outcomes]
-        return compare_output(entries, extra=self._extra(), notes=self._notes(), parsed=parsed)
+        parsed = [_answer(o) if o.error is None else None for o in self.outcomes]
+        return compare_output(entries, extra=self._extra(), notes=self._notes(),
+                              parsed=None if plan.schema is None else parsed)
 
     def _answer_output(self) -> FinalOutput:
         plan, outcome, extra = self._planned(), self.outcomes[0], self._extra()

@@ -68,9 +68,7 @@ def _other_handlers(name: str) -> bool:
 
 Emit = Callable[[Any], None]
 #: the job a log record is made for (set on the job's thread; tasks it starts inherit it)
-_JOB_EMIT: contextvars.ContextVar[Emit | None] = contextvars.ContextVar(
-    "dispatch_nb_job_emit", default=None
-)
+_JOB_EMIT: contextvars.ContextVar[Emit | None] = contextvars.ContextVar("dispatch_nb_job_emit", default=None)
 
 
 @dataclass
