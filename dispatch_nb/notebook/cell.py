@@ -59,8 +59,8 @@ def make_work(
 
     def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         messages = [*plan.history, plan.user]
-        options: dict[str, Any] = {"system": plan.system, "cancel": cancel, "max_tokens": plan.max_tokens,
-                   "temperature": plan.temperature, **per_call}
+        options: dict[str, Any] = {"system": plan.system, "cancel": cancel, **per_call,
+                                   "max_tokens": plan.max_tokens, "temperature": plan.temperature}
         if plan.stream:
             stream = adapter.stream(messages, **options)
             attempt = 1

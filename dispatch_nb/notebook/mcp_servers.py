@@ -79,10 +79,10 @@ def mcp_command(line: str) -> None:
     elif verb == "list" and not _servers:
         print("no MCP servers: add one with " + USAGE.split(" | ")[0])
     elif verb == "list":
-        for name, server in _servers.items():
+        for listed, server in _servers.items():
             tools = ", ".join(t.name for t in server.tools) or "(not listed yet)"
             error = f" — {server.error}" if server.error else ""
-            print(f"{name}: {server.state}{error}\n  tools: {tools}")
+            print(f"{listed}: {server.state}{error}\n  tools: {tools}")
     elif verb == "remove" and name and not rest:
         removed = _servers.pop(name, None)
         if removed is None:

@@ -57,10 +57,7 @@ class Turn:
     @property
     def answer(self) -> str:
         """The final assistant text of this turn."""
-        for message in reversed(self.messages):
-            if message.role == "assistant":
-                return message.text
-        return ""
+        return next((m.text for m in reversed(self.messages) if m.role == "assistant"), "")
 
 
 class ChatThread:
