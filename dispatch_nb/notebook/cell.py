@@ -126,9 +126,10 @@ def _answer(outcome: JobOutcome) -> Response | None:
 
 
 def _timing(outcome: JobOutcome) -> dict[str, float | None]:
-    """``latency`` (None when the job never ended) and ``ttft`` of a job, for an output."""
+    """``latency`` (None when the job never ended) and ``ttft`` (None without an event) of a job."""
+    first = outcome.first_output
     return {"latency": outcome.latency if outcome.ended else None,
-            "ttft": outcome.time_to_first_output}
+            "ttft": None if first is None else first - outcome.started}
 
 
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:

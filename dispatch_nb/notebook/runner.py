@@ -86,11 +86,6 @@ class JobOutcome:
         """Seconds from start to end."""
         return max(0.0, self.ended - self.started)
 
-    @property
-    def time_to_first_output(self) -> float | None:
-        """Seconds from start to the first event, when there was one."""
-        return None if self.first_output is None else self.first_output - self.started
-
 
 @dataclass
 class Job:
