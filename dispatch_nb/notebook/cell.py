@@ -275,9 +275,7 @@ class CellRun:
     @property
     def namespace(self) -> dict[str, Any]:
         """The user's namespace."""
-        shell = self.state.shell
-        assert shell is not None
-        return shell.user_ns  # type: ignore[no-any-return]
+        return self.state.shell.user_ns  # type: ignore[no-any-return]
 
     def _prompt(self) -> Prompt:
         """The cell's text with ``{expressions}`` filled in, without surrounding blank lines."""
