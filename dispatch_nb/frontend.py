@@ -1,13 +1,10 @@
 """Who sent the code running now: a front end a person works in (JupyterLab, Notebook 7, VS Code,
-Colab), or a client nobody watches (nbclient — ``jupyter execute``, ``jupyter nbconvert
---execute``, papermill, nbval — or voilà), where nothing can be clicked or typed.
+Colab), or a client nobody watches (nbclient — ``jupyter execute``, papermill, nbval — or voilà),
+where nothing can be clicked or typed.
 
-The kernel's signal is the one every client states in its ``execute_request``: ``allow_stdin``
-(Jupyter messaging protocol). Front ends that can answer ``input()`` send ``true``; nbclient and
-voilà send ``false``. ipykernel hands out the request being run with its public
-``Kernel.get_parent("shell")`` (ipykernel 6+; on worker threads too, through the context the
-request set). Used by the live view's ``auto`` (:func:`.notebook.live.detect_mode`), ``--each``'s progress
-bar and approval buttons (:mod:`.notebook.approval`).
+The signal is ``allow_stdin`` of the ``execute_request`` (Jupyter messaging protocol): front ends
+that can answer ``input()`` send ``true``; nbclient and voilà send ``false``. ipykernel hands out
+the request being run with ``Kernel.get_parent("shell")`` (on worker threads too).
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["allow_stdin", "current_shell", "front_end_can_ask", "unattended"]
+__all__ = ["allow_stdin", "current_shell", "unattended"]
 
 
 def current_shell() -> Any:
@@ -49,13 +46,7 @@ def allow_stdin(shell: Any = None) -> bool | None:
 
 
 def unattended(shell: Any = None) -> bool:
-    """True when the cell running now was sent by a client nobody watches: an execute request
-    with ``allow_stdin: false`` (nbclient, papermill, voilà). False in an interactive front end,
-    in terminal IPython, and when the kernel cannot say."""
+    """True when the cell running now was sent by a client nobody watches (``allow_stdin:
+    false``: nbclient, papermill, voilà); False in an interactive front end, in terminal IPython,
+    and when the kernel cannot say."""
     return allow_stdin(shell) is False
-
-
-def front_end_can_ask(shell: Any = None) -> bool:
-    """True when the person at the front end can answer while the cell runs (buttons, the input
-    box): an execute request with ``allow_stdin: true``."""
-    return allow_stdin(shell) is True

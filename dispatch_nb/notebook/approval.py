@@ -17,14 +17,12 @@ from typing import Any
 from ..approval import ALWAYS, SAID_NO, NotAsked, ToolCall
 from ..cancel import CancelToken
 from ..errors import RequestCancelled
-from ..frontend import unattended
+from ..frontend import current_shell, unattended
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "INTERRUPTED", "NO_ANSWER", "ApprovalRequest", "answer_here", "ask", "asking_through",
-    "cannot_ask",
-]
+__all__ = ["INTERRUPTED", "NO_ANSWER", "ApprovalRequest", "answer_here", "ask", "asking_through",
+           "cannot_ask"]
 
 #: why a call was not run when its cell was interrupted while the question waited
 INTERRUPTED = "the cell was interrupted while it waited for approval"
@@ -71,6 +69,15 @@ class ApprovalRequest:
             self.answered.set()
             return True
 
+    def wait(self) -> None:
+        """Wait for the answer in short waits (Ctrl-C reaches this thread); the turn's deadline or
+        the cell's stop settles it."""
+        while not self.answered.wait(0.1):
+            if self.cancel is not None and self.cancel.cancelled:
+                self.settle(NotAsked(INTERRUPTED))
+            elif self.deadline is not None and time.monotonic() >= self.deadline:
+                self.settle(NO_ANSWER)
+
 
 def ask(call: ToolCall, seconds: float | None) -> bool | str:
     """The kernel's asker (see the module docstring). In a %%chat cell it waits on the cell's
@@ -89,11 +96,7 @@ def ask(call: ToolCall, seconds: float | None) -> bool | str:
         from ..approval import _terminal
 
         return _terminal(call, seconds)
-    while not request.answered.wait(0.1):
-        if cancel is not None and cancel.cancelled:  # the cell stopped before anyone answered
-            request.settle(NotAsked(INTERRUPTED))
-        elif request.deadline is not None and time.monotonic() >= request.deadline:
-            request.settle(NO_ANSWER)
+    request.wait()
     if request.answer == INTERRUPTED or (cancel is not None and cancel.cancelled):
         raise RequestCancelled(f"{call.name} was not run: {INTERRUPTED}")
     if request.answer == ALWAYS:
@@ -120,24 +123,23 @@ def _parse(text: str) -> bool | str:
     return text.strip()
 
 
+def _instead(in_cell: bool) -> str:
+    """What to use instead of asking, in the words of a %%chat cell or of the Python API."""
+    return "%%chat --approve auto" if in_cell else "approve='auto' or an approval function"
+
+
 def cannot_ask(in_cell: bool) -> str:
-    """Why no one is asked in a front end without an input box, and what to do instead (in the
-    words of a %%chat cell, or of the Python API)."""
-    instead = ("use %%chat --approve auto" if in_cell
-               else "use approve='auto' or an approval function")
+    """Why no one is asked in a front end without an input box, and what to do instead."""
     return ("this front end cannot ask for approval — it runs the cell with no one to answer, as "
-            f"jupyter execute and nbclient do; {instead}, or run the cell where you can answer, "
-            "such as JupyterLab or Notebook 7")
+            f"jupyter execute and nbclient do; use {_instead(in_cell)}, or run the cell where you "
+            "can answer, such as JupyterLab or Notebook 7")
 
 
 def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = None) -> None:
-    """On the kernel's thread: show the call in full and ask — with buttons where the front end
-    can click them while the cell runs, else in the front end's input box. ``asking()`` is
-    called just before the question is shown (not when no one can be asked: then nothing is
-    shown, and the answer says why). The buttons' output, emptied once answered, stays in the
-    cell until the cell's outputs are replaced (a %%chat cell's final output does). Nothing is
-    shown for a request answered already (its cell stopped, or its deadline passed, first).
-    Ctrl-C while it waits: the call is not run (:data:`INTERRUPTED`) and the interrupt goes on."""
+    """On the kernel's thread: show the call in full and ask, with buttons where the front end
+    can click them while the cell runs, else in its input box. ``asking()`` is called just before
+    the question is shown (never when no one can be asked). Ctrl-C while it waits: the call is
+    not run (:data:`INTERRUPTED`) and the interrupt goes on."""
     if request.cancel is not None and request.cancel.cancelled:  # its cell stopped
         request.settle(NotAsked(INTERRUPTED))
     if request.answered.is_set():
@@ -158,9 +160,7 @@ def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = No
 def _describe(call: ToolCall) -> tuple[str, str]:
     """The call's headline and its arguments in full (JSON)."""
     where = f" from MCP server {call.server}" if call.server else ""
-    return f"Approve tool call {call.name}{where}?", json.dumps(
-        call.arguments, indent=2, ensure_ascii=False
-    )
+    return f"Approve tool call {call.name}{where}?", json.dumps(call.arguments, indent=2, ensure_ascii=False)
 
 
 def _ask_in_input_box(request: ApprovalRequest) -> None:
@@ -198,10 +198,7 @@ def _subshell(kernel: Any) -> str | None:
 def _ask_with_buttons(request: ApprovalRequest) -> bool:
     """Show the call with Approve / Deny / Always buttons and wait for a click (or the turn's
     deadline). False when buttons cannot work here (then nothing was shown)."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    kernel: Any = getattr(shell, "kernel", None)
+    kernel: Any = getattr(current_shell(), "kernel", None)
     parent = kernel.get_parent("shell") if kernel is not None else None
     if not parent:
         return False  # no kernel (terminal IPython): its input box, stdin
@@ -245,16 +242,12 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     finally:
         kernel.set_parent(ident, parent)
     # a front end that cannot show widgets (jupyter console, qtconsole) shows the text instead
-    instead = ("%%chat --approve auto" if request.in_cell
-               else "approve='auto' or an approval function")
     view = {**box._repr_mimebundle_(), "text/plain": (
         f"{headline}\n{arguments}\nThis front end cannot show the Approve / Deny buttons: "
-        f"interrupt the cell not to run the tool, and use {instead} here.")}
+        f"interrupt the cell not to run the tool, and use {_instead(request.in_cell)} here.")}
     handle = display(view, raw=True, display_id=True)  # type: ignore[no-untyped-call]
     try:
-        while not request.answered.wait(0.1):  # short waits: Ctrl-C reaches this thread
-            if request.deadline is not None and time.monotonic() >= request.deadline:
-                request.settle(NO_ANSWER)
+        request.wait()
     finally:
         # the buttons go; the decision is shown (and saved) with the tool call in the answer
         handle.update({"text/html": ""}, raw=True)

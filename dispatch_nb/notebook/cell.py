@@ -18,14 +18,7 @@ from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import DispatchError, ModelUnavailableError, RequestCancelled
 from ..prompting import Prompt, PromptError, build_prompt
-from ..types import (
-    ErrorEvent,
-    Message,
-    MessageDoneEvent,
-    Response,
-    RetryEvent,
-    StreamDelta,
-)
+from ..types import ErrorEvent, Message, MessageDoneEvent, Response, RetryEvent, StreamDelta
 from ..validation import replace_lone_surrogates, surrogate_note
 from .display import (
     ChatError,
@@ -62,18 +55,14 @@ def make_work(
     plan: CellPlan, adapter: Adapter
 ) -> Callable[[Callable[[Any], None], CancelToken], CallResult]:
     """The function a worker thread runs to ask ``adapter`` (one model of ``plan``)."""
-    given = {"timeout": plan.timeout, "output": plan.schema}
-    per_call = {name: value for name, value in given.items() if value is not None}
-    options = dict(per_call)  # a session takes max_tokens and temperature itself
-    if plan.max_tokens is not None:
-        options["max_tokens"] = plan.max_tokens
-    if plan.temperature is not None:
-        options["temperature"] = plan.temperature
+    per_call = {"timeout": plan.timeout, "output": plan.schema}  # a session has the others
 
     def plain(emit: Callable[[Any], None], cancel: CancelToken) -> CallResult:
         messages = [*plan.history, plan.user]
+        options: dict[str, Any] = {"system": plan.system, "cancel": cancel, **per_call,
+                                   "max_tokens": plan.max_tokens, "temperature": plan.temperature}
         if plan.stream:
-            stream = adapter.stream(messages, system=plan.system, cancel=cancel, **options)
+            stream = adapter.stream(messages, **options)
             attempt = 1
             with stream:
                 for delta in stream:
@@ -86,10 +75,8 @@ def make_work(
                     emit(delta)
             response = stream.response
         else:
-            response = adapter.chat(  # on_delta: only retries, as nothing streams
-                messages, system=plan.system, cancel=cancel, stream=False, on_delta=emit,
-                **options,
-            )
+            # on_delta: only retries, as nothing streams
+            response = adapter.chat(messages, stream=False, on_delta=emit, **options)
             for delta in response.deltas():  # what a streamed call would have produced
                 emit(delta)
         assert response is not None
@@ -101,15 +88,9 @@ def make_work(
 
         asking_through(emit, cancel)  # "ask" asks in this cell (this worker thread's context)
 
-        session = Session(
-            adapter,
-            system=plan.system,
-            tools=plan.tools,
-            max_tool_rounds=plan.max_tool_rounds,
-            max_tokens=plan.max_tokens,
-            temperature=plan.temperature,
-            approve=plan.approve,
-        )
+        session = Session(adapter, system=plan.system, tools=plan.tools,
+                          max_tool_rounds=plan.max_tool_rounds, max_tokens=plan.max_tokens,
+                          temperature=plan.temperature, approve=plan.approve)
         session.history = list(plan.history)
         start = len(session.history)
         last: Response | None = None
@@ -139,20 +120,16 @@ INTERRUPTED = "interrupted"
 
 def _answer(outcome: JobOutcome) -> Response | None:
     """The answer a job ended with, else the partial answer its error kept."""
-    if isinstance(outcome.result, CallResult):
-        return outcome.result.response
+    if outcome.error is None:  # its result is a CallResult
+        return outcome.result.response  # type: ignore[no-any-return]
     return outcome.error.partial if isinstance(outcome.error, DispatchError) else None
 
 
 def _timing(outcome: JobOutcome) -> dict[str, float | None]:
-    """``latency`` (None when the job never ended) and ``ttft`` of a job, for an output."""
+    """``latency`` (None when the job never ended) and ``ttft`` (None without an event) of a job."""
+    first = outcome.first_output
     return {"latency": outcome.latency if outcome.ended else None,
-            "ttft": outcome.time_to_first_output}
-
-
-def _parsed_response(outcome: JobOutcome) -> Response | None:
-    """The structured answer a job ended with (None when it failed)."""
-    return outcome.result.response if isinstance(outcome.result, CallResult) else None
+            "ttft": None if first is None else first - outcome.started}
 
 
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:
@@ -285,9 +262,7 @@ class CellRun:
             user=Message(role="user", content=prompt.text),
             system=system,
             max_tokens=args.max_tokens if args.max_tokens is not None else settings.max_tokens,
-            temperature=(
-                args.temperature if args.temperature is not None else settings.temperature
-            ),
+            temperature=args.temperature if args.temperature is not None else settings.temperature,
             timeout=settings.timeout,
             stream=settings.stream and not args.no_stream,
             tools=tools,
@@ -300,21 +275,15 @@ class CellRun:
     @property
     def namespace(self) -> dict[str, Any]:
         """The user's namespace."""
-        shell = self.state.shell
-        assert shell is not None
-        return shell.user_ns  # type: ignore[no-any-return]
+        return self.state.shell.user_ns  # type: ignore[no-any-return]
 
     def _prompt(self) -> Prompt:
         """The cell's text with ``{expressions}`` filled in, without surrounding blank lines."""
         settings = self.state.settings
         try:
-            prompt = build_prompt(
-                self.cell,
-                self.namespace,
-                interpolate=settings.interpolate and not self.args.no_interpolate,
-                max_chars=settings.max_value_chars,
-                max_rows=settings.max_rows,
-            )
+            prompt = build_prompt(self.cell, self.namespace,
+                                  interpolate=settings.interpolate and not self.args.no_interpolate,
+                                  max_chars=settings.max_value_chars, max_rows=settings.max_rows)
         except PromptError as exc:
             raise explain_error(exc) from None
         text = re.sub(r"\A(?:[ \t]*\n)+", "", prompt.text).rstrip()  # surrounding blank lines
@@ -331,21 +300,15 @@ class CellRun:
             mode = None
         specs = self.state.model_specs(self.args.model, mode)
         changed = self.state.default_note()  # e.g. after %chat key openai: say it once
-        if changed:
-            notes.append(changed)
-        if not self.args.model and not self.state.settings.model.strip():
-            hint = self.state.default_model()[2]
-            if hint:
-                notes.append(hint)
+        hint = "" if self.args.model else self.state.default_model()[2]
+        notes += [note for note in (changed, hint) if note]
         return specs
 
     def _schema(self) -> Any:
         """``--schema``'s StructuredOutput (None without it); a table cannot be ``-f code|text``."""
         schema = resolve_schema(self.args.schema, self.namespace)
         if schema is not None and self.args.format in ("code", "text"):
-            raise UsageError(
-                f"--schema shows the answer as a table: -f {self.args.format} does not apply"
-            )
+            raise UsageError(f"--schema shows the answer as a table: -f {self.args.format} does not apply")
         return schema
 
     def _turn(self) -> tuple[str, ChatThread, str]:
@@ -364,9 +327,7 @@ class CellRun:
         adapters: list[Adapter] = []
         for spec in specs:
             try:
-                adapter = self.state.adapter(
-                    spec, mode, login=lambda: ensure_copilot_login(self.state)
-                )
+                adapter = self.state.adapter(spec, mode, login=lambda: ensure_copilot_login(self.state))
             except (DispatchError, ImportError) as exc:
                 raise explain_error(exc, spec=spec) from None
             if isinstance(adapter, CachedAdapter):  # it names In[n] in what it records and misses
@@ -377,21 +338,17 @@ class CellRun:
     # -- 2. run ----------------------------------------------------------------------------------
     def run(self) -> None:
         """Run every model's call with the live view; Ctrl-C sets :attr:`interrupted`."""
-        plan = self._planned()
-        settings = self.state.settings
-        shell = self.state.shell
+        plan, settings, shell = self._planned(), self.state.settings, self.state.shell
         jobs = [Job(name=spec, work=make_work(plan, adapter))
                 for spec, adapter in zip(plan.specs, plan.adapters, strict=True)]
-        live_mode = detect_mode(shell, settings.live)
-        view = make_view(live_mode, plan.specs, rate=settings.update_rate, in_kernel=has_kernel(shell))
-        self.view = view
+        view = self.view = make_view(detect_mode(shell, settings.live), plan.specs,
+                                     rate=settings.update_rate, in_kernel=has_kernel(shell))
         view.start(plan.prompt.notes)
         try:
-            try:
-                run_jobs(jobs, self._on_event, tick=view.tick, on_done=self._job_done,
-                         on_interrupt=view.interrupt)
-            except KeyboardInterrupt:
-                self.interrupted = True
+            run_jobs(jobs, self._on_event, tick=view.tick, on_done=self._job_done,
+                     on_interrupt=view.interrupt)
+        except KeyboardInterrupt:
+            self.interrupted = True
         except BaseException:
             view.close()
             raise
@@ -431,9 +388,8 @@ class CellRun:
     def finish(self) -> FinalOutput:
         """Replace the live view with the cell's one static output."""
         plan, view = self._planned(), self._viewed()
-        final = self._compare_output() if plan.compare else self._answer_output()
+        self.final = final = self._compare_output() if plan.compare else self._answer_output()
         view.finish(final)
-        self.final = final
         return final
 
     @property
@@ -468,58 +424,43 @@ class CellRun:
                     explain_error(outcome.error, spec=spec, context=self.context).message
             entries.append(CompareEntry(spec=spec, transcript=transcript, error=error,
                                         interrupted=stopped, **_timing(outcome)))
-        parsed = None
-        if plan.schema is not None:
-            parsed = [_parsed_response(o) for o in self.outcomes]
-        return compare_output(entries, extra=self._extra(), notes=self._notes(), parsed=parsed)
+        parsed = [_answer(o) if o.error is None else None for o in self.outcomes]
+        return compare_output(entries, extra=self._extra(), notes=self._notes(),
+                              parsed=None if plan.schema is None else parsed)
 
     def _answer_output(self) -> FinalOutput:
-        outcome = self.outcomes[0]
-        extra = self._extra()
-        # --schema: the structured answer as a table (not when interrupted)
-        parsed = None if self._planned().schema is None or self.interrupted else _parsed_response(outcome)
-        if parsed is not None:
+        plan, outcome, extra = self._planned(), self.outcomes[0], self._extra()
+        parsed = None  # --schema: the structured answer as a table (not when interrupted)
+        if plan.schema is not None and not self.interrupted and outcome.error is None:
+            parsed = _answer(outcome)
             extra["schema"] = self.args.schema.strip()
         note = None
         if self.interrupted or isinstance(outcome.error, RequestCancelled):
             note = "⏹ " + INTERRUPTED
         elif outcome.error is not None:
             note = f"⚠ {type(outcome.error).__name__}"
-        return final_output(
-            self._viewed().transcripts[0],
-            fmt=self._planned().fmt,
-            extra=extra,
-            note=note,
-            notes=self._notes(),
-            failed=self.interrupted or outcome.error is not None,
-            parsed=parsed,
-            **_timing(outcome),
-        )
+        return final_output(self._viewed().transcripts[0], fmt=plan.fmt, extra=extra, note=note,
+                            notes=self._notes(), failed=self.interrupted or outcome.error is not None,
+                            parsed=parsed, **_timing(outcome))
 
     # -- 4. record -------------------------------------------------------------------------------
     def record(self) -> None:
         """Record the turn, store ``-o VAR`` (``-o`` always stores something: ``docs/notebook.md``,
         "Formats") and ``Out[n]``, send ``-f code`` to the next cell."""
         plan, view = self._planned(), self._viewed()
-        namespace = self.namespace
-        output = self.args.output
+        namespace, output = self.namespace, self.args.output
+        if output:
+            stored = {spec: _stored(outcome, transcript) for spec, outcome, transcript
+                      in zip(plan.specs, self.outcomes, view.transcripts, strict=True)}
+            namespace[output] = stored if plan.compare else stored[plan.specs[0]]
         if plan.compare:
-            if output:
-                namespace[output] = {
-                    spec: _stored(outcome, transcript)
-                    for spec, outcome, transcript in zip(
-                        plan.specs, self.outcomes, view.transcripts, strict=True
-                    )
-                }
             return
         outcome = self.outcomes[0]
-        if output:
-            namespace[output] = _stored(outcome, view.transcripts[0])
-        result = outcome.result if isinstance(outcome.result, CallResult) else None
-        if result is None:
+        if outcome.error is not None:
             if plan.use_history:  # its turn is missing: a later cell's miss names it
                 plan.thread.failed[plan.key] = self.state.label
             return
+        result: CallResult = outcome.result
         count = self.state.execution_count
         if plan.use_history:
             produced = result.produced or [result.response.to_message()]
@@ -540,14 +481,9 @@ class CellRun:
         plan = self._planned()
         if self.interrupted:
             raise ChatInterrupted(self._interrupted_message()) from None
-        failures = [
-            (spec, o.error)
-            for spec, o in zip(plan.specs, self.outcomes, strict=True)
-            if o.error is not None
-        ]
-        if not failures or len(failures) < len(plan.specs):  # a comparison where some answered
+        failure, failed_spec = self.outcomes[0].error, plan.specs[0]
+        if failure is None or any(o.error is None for o in self.outcomes):  # some model answered
             return
-        failed_spec, failure = failures[0]
         if plan.compare:
             raise explain_error(failure, spec=failed_spec, context=self.context) from None
         if isinstance(failure, RequestCancelled):

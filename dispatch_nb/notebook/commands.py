@@ -53,24 +53,16 @@ def _login_providers() -> list[Any]:
     return [d for d in list_descriptors() if d.login_flow]
 
 
-def _login_descriptor(name: str | None) -> Any:
-    """The descriptor ``%chat login [PROVIDER]`` is about: the named one, else the first
-    provider with a login; ``UsageError`` when there is none."""
-    if name:
-        descriptor = find_descriptor(name.lower())
-        if descriptor is None:
-            raise UsageError(f"unknown provider {name!r}; providers: {', '.join(list_providers())}")
-        return descriptor
-    logins = _login_providers()
-    if not logins:
-        raise UsageError("no registered provider signs in with a login; use %chat key PROVIDER")
-    return logins[0]
-
-
 def login(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat login [PROVIDER] [--force]``: the provider's login (GitHub's device flow for
-    Copilot) when not logged in already, or with ``--force``; how to give a key otherwise."""
-    descriptor = _login_descriptor(args.target)
+    Copilot; the first provider with a login by default) when not logged in already, or with
+    ``--force``; how to give a key otherwise."""
+    name = args.target
+    descriptor = find_descriptor(name.lower()) if name else next(iter(_login_providers()), None)
+    if descriptor is None and name:
+        raise UsageError(f"unknown provider {name!r}; providers: {', '.join(list_providers())}")
+    if descriptor is None:
+        raise UsageError("no registered provider signs in with a login; use %chat key PROVIDER")
     provider = descriptor.name
     env = descriptor.key_env
     if env is not None:
@@ -88,10 +80,8 @@ def login(state: KernelState, args: argparse.Namespace) -> None:
     if not args.force:
         found = _github_token()
         if found is not None:
-            user = _saved_user(found.source)
-            who = f" as @{user}" if user else ""
             _show(
-                f"Already logged in to {descriptor.label}{who} (the token comes from "
+                f"Already logged in to {descriptor.label}{_as_user(found.source)} (the token comes from "
                 f"{found.source}). `%chat login --force` logs in again."
             )
             return
@@ -108,13 +98,14 @@ def _github_token() -> Any:
         return None
 
 
-def _saved_user(source: str) -> str | None:
-    """The GitHub user of the saved token, when ``source`` (where a token came from) is its file."""
+def _as_user(source: str) -> str:
+    """`` as @user``: the GitHub user of the saved token, when ``source`` (where a token came
+    from) is its file; else ``""``."""
     with contextlib.suppress(Exception):
         record = TokenStore().load_record()
-        if record is not None and str(TokenStore().path) == source:
-            return record.user
-    return None
+        if record is not None and record.user and str(TokenStore().path) == source:
+            return f" as @{record.user}"
+    return ""
 
 
 def key(state: KernelState, args: argparse.Namespace) -> None:
@@ -208,8 +199,7 @@ def _login_state(descriptor: Any) -> str:
         return f"⚠ {exc}"
     if found is None:
         return "not logged in — run `%chat login`"
-    user = _saved_user(found) if descriptor.login_flow == GITHUB_DEVICE else None
-    who = f" as @{user}" if user else ""
+    who = _as_user(found) if descriptor.login_flow == GITHUB_DEVICE else ""
     return f"logged in{who} (token from {found})"
 
 
@@ -222,22 +212,17 @@ def _logged_in(descriptor: Any) -> bool:
 
 def models(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat models [PROVIDER]``: the models a provider offers, as a table."""
+    spec = state.default_model()[0]
+    provider = parse_model_spec(spec)[0]
     if args.target:
-        provider = args.target.split(":", 1)[0]
-        if provider not in list_providers():
-            raise UsageError(
-                f"unknown provider {provider!r}; providers: {', '.join(list_providers())}"
-            )
-        default_provider, default_model = parse_model_spec(state.default_model()[0])
+        named = args.target.split(":", 1)[0]
+        if named not in list_providers():
+            raise UsageError(f"unknown provider {named!r}; providers: {', '.join(list_providers())}")
         if ":" in args.target:
             spec = args.target
-        elif provider == default_provider:
-            spec = f"{provider}:{default_model}"
-        else:
-            spec = f"{provider}:{get_descriptor(provider).model_for_listing}"
-    else:
-        spec = state.default_model()[0]
-        provider = parse_model_spec(spec)[0]
+        elif named != provider:  # the default provider's listing uses the default model
+            spec = f"{named}:{get_descriptor(named).model_for_listing}"
+        provider = named
     descriptor = get_descriptor(provider)
     if descriptor.login_flow and state.cache_mode() != "replay" and not _logged_in(descriptor):
         _show(
@@ -307,15 +292,14 @@ def reset(state: KernelState, args: argparse.Namespace) -> None:
 def cost(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat cost``: this kernel's spend by model, and what replayed answers saved
     (``docs/notebook.md``)."""
-    from ..cost import PREMIUM_REQUEST_USD, CostTotal, format_usd, ledger, premium_words
+    from ..cost import PREMIUM_REQUEST_USD, format_usd, ledger, premium_words
+    from ..render import dollars, plain_block, rows_markdown
 
     rows = ledger.rows()
     if not rows:
         _show("*No model has answered in this kernel yet.*")
         return
     table: list[dict[str, Any]] = []
-    total = CostTotal()
-    premium = 0.0
     for row in rows:
         c = row.cost
         if row.calls == 0:  # every answer replayed: nothing sent, nothing spent
@@ -324,38 +308,34 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
             usd = "unknown"
         else:
             usd = format_usd(c.usd) + (f" (+{c.unknown} unknown)" if c.unknown else "")
-        line: dict[str, Any] = {
+        table.append({
             "model": f"{row.provider}:{row.model}", "calls": row.calls,
             "tokens in": row.input_tokens, "out": row.output_tokens, "cached": row.cached_tokens,
             "USD": usd,
             "premium requests": "" if c.premium_requests is None else f"{c.premium_requests:g}",
             "replayed (saved)": (f"{c.replayed}" + (f" ({format_usd(c.saved_usd)})" if c.saved_usd
                                                     else "") if c.replayed else ""),
-        }
-        table.append(line)
-        total.usd += c.usd
-        total.unknown += c.unknown
-        total.replayed += c.replayed
-        total.saved_usd += c.saved_usd
-        premium += c.premium_requests or 0
-    from ..render import dollars, plain_block, rows_markdown
-
-    unknown = f"{total.unknown:,} answer{'' if total.unknown == 1 else 's'} whose price is unknown"
-    if total.unknown and not any(r.cost.unknown < r.calls for r in rows):  # nothing has a price
+        })
+    costs = [row.cost for row in rows]
+    unknowns, replayed = sum(c.unknown for c in costs), sum(c.replayed for c in costs)
+    premium = sum((c.premium_requests or 0 for c in costs), 0.0)
+    saved_usd = sum((c.saved_usd for c in costs), Decimal(0))
+    unknown = f"{unknowns:,} answer{'' if unknowns == 1 else 's'} whose price is unknown"
+    if unknowns and not any(r.cost.unknown < r.calls for r in rows):  # nothing has a price
         notes = [f"Spent in this kernel: **unknown** ({unknown})."]
     else:
-        notes = [f"Spent in this kernel: **{format_usd(total.usd)}**"
-                 + (f" (and {unknown})" if total.unknown else "") + "."]
+        notes = [f"Spent in this kernel: **{format_usd(sum((c.usd for c in costs), Decimal(0)))}**"
+                 + (f" (and {unknown})" if unknowns else "") + "."]
     if premium:
         notes.append(f"GitHub Copilot: {premium_words(premium)} — "
                      f"{format_usd(PREMIUM_REQUEST_USD * Decimal(str(premium)))} at GitHub's "
                      f"published overage price of {format_usd(PREMIUM_REQUEST_USD)} per premium "
                      "request (within your plan's allowance they cost nothing extra).")
-    if total.replayed:
-        answers = f"{total.replayed:,} answer{'' if total.replayed == 1 else 's'}"
+    if replayed:
+        answers = f"{replayed:,} answer{'' if replayed == 1 else 's'}"
         notes.append(f"Replayed from the response cache: {answers}, which cost "
-                     f"{format_usd(total.saved_usd)} when recorded and nothing now."
-                     if total.saved_usd else
+                     f"{format_usd(saved_usd)} when recorded and nothing now."
+                     if saved_usd else
                      f"Replayed from the response cache: {answers}, nothing spent now.")
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     body = rows_markdown(table, index=False)

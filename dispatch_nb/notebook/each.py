@@ -21,7 +21,7 @@ from ..render import dollars, parsed_rows, plain_block, rows_markdown, small
 from ..types import Response
 from ..validation import article
 from .display import ChatInterrupted, explain_error, magic_words, notes_markdown
-from .live import ipy_display
+from .live import detect_mode, has_kernel, ipy_display
 from .login import ensure_copilot_login
 from .options import check_limits, evaluate_option, resolve_schema
 from .state import KernelState
@@ -72,11 +72,8 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     # batching (and tqdm) are imported by --each cells only
     from ..batching.rows import RowSource, TemplateError, _undefined
 
-    shell = state.shell
-    settings = state.settings
-    assert shell is not None
-    namespace = shell.user_ns
-    specs = state.model_specs(args.model, state.cache_mode(args.cache))
+    settings, namespace, mode = state.settings, state.shell.user_ns, state.cache_mode(args.cache)
+    specs = state.model_specs(args.model, mode)
     _refuse(args, specs)
     spec = specs[0]
     rows = _rows_value(args.each, namespace)
@@ -91,7 +88,6 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     check_limits(args)
     schema = resolve_schema(args.schema, namespace)
     system = args.system if args.system is not None else (settings.system or None)
-    mode = state.cache_mode(args.cache)
     names = RowSource(rows)
 
     def fill(row: Any) -> str:
@@ -116,14 +112,14 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     provider, _model = parse_model_spec(spec)  # state.model_specs checked it
     if state.needs_login(provider, mode):
         ensure_copilot_login(state)
-    cache = state.response_cache(mode) if mode != "off" else None
     max_tokens = args.max_tokens if args.max_tokens is not None else settings.max_tokens
     options: dict[str, Any] = {
         "system": system,
         "max_tokens": max_tokens,
         "temperature": args.temperature if args.temperature is not None else settings.temperature,
         "timeout": settings.timeout,
-        "cache": None if args.deferred else cache,  # the checkpoint keeps a deferred batch's answers
+        # the checkpoint keeps a deferred batch's answers
+        "cache": None if args.deferred or mode == "off" else state.response_cache(mode),
         "output": schema,
         "budget": args.budget,
         "deferred": args.deferred,
@@ -154,8 +150,6 @@ def _progress(state: KernelState) -> str | None:
     """``progress=`` for the batch: tqdm's widget only with the widget live view, one text line
     updated in place with any other view in a kernel (no widget state for the notebook to save),
     batch's own choice in terminal IPython."""
-    from .live import detect_mode, has_kernel
-
     if detect_mode(state.shell, state.settings.live) == "widget":
         return "notebook"
     return "display" if has_kernel(state.shell) else None
@@ -178,8 +172,6 @@ def show_estimate(est: Any, what: str) -> None:
 def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
     """A large ``--each`` asks first: the row count and the estimate, then a button in the cell
     (a y/N prompt in terminal IPython); nothing is sent before the answer."""
-    from .live import detect_mode
-
     question = (f"--each has {count:,} rows (more than ChatMagics.confirm_rows = "
                 f"{state.settings.confirm_rows:,}): {est.summary()}")
     mode = detect_mode(state.shell, state.settings.live)
@@ -328,17 +320,7 @@ def each_output(
     md = plain_block(body) + "\n\n" + notes_markdown(notes) + small(html.escape(footer, quote=False))
     plain = html.unescape(body.replace("\\$", "$")) + "".join(f"\nℹ {n}" for n in notes) \
         + f"\n\n[{footer}]"
-    meta = {
-        "dispatch_nb": {
-            "each": name,
-            "model": spec,
-            "schema": schema,
-            "rows": len(result),
-            "ok": result.ok,
-            "failed": result.failed,
-            "cancelled": result.cancelled,
-            "not_sent": result.not_sent,
-            "footer": footer,
-        }
-    }
+    meta = {"dispatch_nb": {"each": name, "model": spec, "schema": schema, "rows": len(result),
+                            "ok": result.ok, "failed": result.failed, "cancelled": result.cancelled,
+                            "not_sent": result.not_sent, "footer": footer}}
     return {"text/markdown": md, "text/plain": plain}, meta

@@ -99,17 +99,13 @@ class ChatMagics(Magics):
         "default (see %chat status).",
     ).tag(config=True)
     system = Unicode("", help="Default system prompt for %%chat cells.").tag(config=True)
-    stream = Bool(True, help="Stream answers live (False: wait for the whole answer).").tag(
-        config=True
-    )
+    stream = Bool(True, help="Stream answers live (False: wait for the whole answer).").tag(config=True)
     history_length = Int(
         20,
         help="The most turns a thread keeps (and sends as context); older turns are dropped. "
         "0 keeps every turn.",
     ).tag(config=True)
-    thread = Unicode("default", help="The thread %%chat cells use when -t is not given.").tag(
-        config=True
-    )
+    thread = Unicode("default", help="The thread %%chat cells use when -t is not given.").tag(config=True)
     cache = CaselessStrEnum(
         ("", *CACHE_MODES),
         default_value="",
@@ -136,12 +132,8 @@ class ChatMagics(Magics):
     max_value_chars = Int(
         4000, help="The most characters one interpolated value may take in a prompt."
     ).tag(config=True)
-    max_rows = Int(10, help="Rows of an interpolated DataFrame shown in a prompt.").tag(
-        config=True
-    )
-    max_tokens = Int(None, allow_none=True, help="Default --max-tokens (None: the model's).").tag(
-        config=True
-    )
+    max_rows = Int(10, help="Rows of an interpolated DataFrame shown in a prompt.").tag(config=True)
+    max_tokens = Int(None, allow_none=True, help="Default --max-tokens (None: the model's).").tag(config=True)
     temperature = Float(None, allow_none=True, help="Default --temperature.").tag(config=True)
     timeout = Float(
         None, allow_none=True, help="Total seconds one answer may take (None: no deadline)."
@@ -278,8 +270,7 @@ class ChatMagics(Magics):
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext dispatch_nb``: register the magics, ``Err`` and the cell hooks."""
-    existing = getattr(ipython, "_dispatch_nb_magics", None)
-    if existing is not None:
+    if getattr(ipython, "_dispatch_nb_magics", None) is not None:
         return
     magics = ChatMagics(shell=ipython)
     state = magics.state

@@ -64,45 +64,30 @@ def resolve_servers(names: str | None) -> list[MCPServer]:
 def mcp_command(line: str) -> None:
     """Run ``%chat mcp …`` (``line`` is what follows ``mcp``)."""
     words = shlex.split(line)
-    if not words:
-        raise UsageError(USAGE)
-    verb, rest = words[0], words[1:]
-    if verb == "add":
-        _add(rest)
-    elif verb == "list":
-        _list()
-    elif verb == "remove" and len(rest) == 1:
-        server = _servers.pop(rest[0], None)
-        if server is None:
-            raise UsageError(f"no MCP server named {rest[0]!r}")
-        server.close()
-        print(f"removed MCP server {rest[0]}")
-    else:
-        raise UsageError(USAGE)
-
-
-def _add(words: list[str]) -> None:
-    if not words or words[0].startswith("-"):
-        raise UsageError(USAGE)
-    name, rest = words[0], words[1:]
-    if rest[:1] == ["--url"] and len(rest) == 2:
-        server = MCPServer.http(rest[1], name=name)
-    elif rest[:1] == ["--"] and len(rest) >= 2:
-        server = MCPServer.stdio(rest[1], *rest[2:], name=name)
-    else:
-        raise UsageError(USAGE)
-    old = _servers.pop(name, None)
-    if old is not None:
-        old.close()
-    _servers[name] = server
-    print(f"added MCP server {name} (it starts when a cell first uses it)")
-
-
-def _list() -> None:
-    if not _servers:
+    verb, name = (*words, "", "")[:2]
+    rest = words[2:]
+    if verb == "add" and name and not name.startswith("-") and (
+        (rest[:1] == ["--url"] and len(rest) == 2) or (rest[:1] == ["--"] and len(rest) >= 2)
+    ):
+        server = (MCPServer.http(rest[1], name=name) if rest[0] == "--url"
+                  else MCPServer.stdio(rest[1], *rest[2:], name=name))
+        old = _servers.pop(name, None)
+        if old is not None:
+            old.close()
+        _servers[name] = server
+        print(f"added MCP server {name} (it starts when a cell first uses it)")
+    elif verb == "list" and not _servers:
         print("no MCP servers: add one with " + USAGE.split(" | ")[0])
-        return
-    for name, server in _servers.items():
-        tools = ", ".join(t.name for t in server.tools) or "(not listed yet)"
-        error = f" — {server.error}" if server.error else ""
-        print(f"{name}: {server.state}{error}\n  tools: {tools}")
+    elif verb == "list":
+        for listed, server in _servers.items():
+            tools = ", ".join(t.name for t in server.tools) or "(not listed yet)"
+            error = f" — {server.error}" if server.error else ""
+            print(f"{listed}: {server.state}{error}\n  tools: {tools}")
+    elif verb == "remove" and name and not rest:
+        removed = _servers.pop(name, None)
+        if removed is None:
+            raise UsageError(f"no MCP server named {name!r}")
+        removed.close()
+        print(f"removed MCP server {name}")
+    else:
+        raise UsageError(USAGE)

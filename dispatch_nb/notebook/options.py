@@ -14,13 +14,7 @@ from IPython.core.error import UsageError
 from ..validation import article
 from .display import ChatError, magic_words
 
-__all__ = [
-    "SCHEMA_ACCEPTED",
-    "check_limits",
-    "check_output_name",
-    "resolve_schema",
-    "resolve_tools",
-]
+__all__ = ["check_limits", "check_output_name", "evaluate_option", "resolve_schema", "resolve_tools"]
 
 
 SCHEMA_ACCEPTED = (
@@ -31,9 +25,7 @@ SCHEMA_ACCEPTED = (
 
 def check_output_name(name: str | None) -> None:
     """``-o VAR`` must name a Python variable."""
-    if name is None:
-        return
-    if not name.isidentifier() or keyword.iskeyword(name):
+    if name is not None and (not name.isidentifier() or keyword.iskeyword(name)):
         raise UsageError(
             f"-o needs a Python variable name (letters, digits and _, not starting with a digit), "
             f"not {name!r}"
@@ -111,11 +103,7 @@ def resolve_schema(expression: str | None, namespace: dict[str, Any]) -> Any:
     expression, value = evaluate_option("--schema", expression, namespace, SCHEMA_ACCEPTED)
     from ..structured import StructuredOutput, as_output  # only for --schema
 
-    schema_like = (
-        isinstance(value, (type, dict, StructuredOutput))
-        or typing.get_origin(value) is not None
-    )
-    if not schema_like:
+    if not (isinstance(value, (type, dict, StructuredOutput)) or typing.get_origin(value) is not None):
         raise UsageError(
             f"--schema {expression} is {article(type(value).__name__)}, not a schema. "
             f"{SCHEMA_ACCEPTED}."

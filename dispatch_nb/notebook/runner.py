@@ -24,6 +24,9 @@ __all__ = ["Job", "JobOutcome", "NoteEvent", "run_jobs"]
 
 #: how long to wait for cancelled jobs to wind down after Ctrl-C before abandoning them
 ABANDON_AFTER = 0.5
+#: the longest wait for an event before ``tick`` is called anyway
+IDLE_WAIT = 0.5
+
 
 @dataclass
 class NoteEvent:
@@ -65,9 +68,7 @@ def _other_handlers(name: str) -> bool:
 
 Emit = Callable[[Any], None]
 #: the job a log record is made for (set on the job's thread; tasks it starts inherit it)
-_JOB_EMIT: contextvars.ContextVar[Emit | None] = contextvars.ContextVar(
-    "dispatch_nb_job_emit", default=None
-)
+_JOB_EMIT: contextvars.ContextVar[Emit | None] = contextvars.ContextVar("dispatch_nb_job_emit", default=None)
 
 
 @dataclass
@@ -84,11 +85,6 @@ class JobOutcome:
     def latency(self) -> float:
         """Seconds from start to end."""
         return max(0.0, self.ended - self.started)
-
-    @property
-    def time_to_first_output(self) -> float | None:
-        """Seconds from start to the first event, when there was one."""
-        return None if self.first_output is None else self.first_output - self.started
 
 
 @dataclass
@@ -116,7 +112,6 @@ def run_jobs(
     tick: Callable[[], float | None] | None = None,
     on_done: Callable[[int, JobOutcome], None] | None = None,
     on_interrupt: Callable[[], None] | None = None,
-    idle_wait: float = 0.5,
 ) -> list[JobOutcome]:
     """Run ``jobs`` concurrently; call ``on_event(index, event)`` on *this* thread for each event,
     ``on_done(index, outcome)`` as each job ends, and ``tick()`` after events and timeouts (it returns
@@ -146,13 +141,11 @@ def run_jobs(
                 result = job.work(emit, job.cancel)
             except BaseException as exc:  # handed to the main thread, which decides
                 error = exc
-            finally:
-                _JOB_EMIT.set(None)
-                with lock:
-                    if not job.abandoned:
-                        outcome.result, outcome.error = result, error
-                        outcome.ended = time.monotonic()
-                        events.put((index, _DONE))
+            with lock:
+                if not job.abandoned:
+                    outcome.result, outcome.error = result, error
+                    outcome.ended = time.monotonic()
+                    events.put((index, _DONE))
 
         job.outcome.started = time.monotonic()
         threads.append(threading.Thread(target=body, name=f"dispatch_nb-{job.name}", daemon=True))
@@ -160,7 +153,7 @@ def run_jobs(
     reported: set[int] = set()  # the jobs whose end on_done was told
 
     def pump(deadline: float | None) -> None:
-        wait = idle_wait
+        wait = IDLE_WAIT
         while len(reported) < len(jobs):
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -179,7 +172,7 @@ def run_jobs(
                 elif not jobs[index].abandoned:
                     on_event(index, event)
             nxt = None if tick is None else tick()
-            wait = idle_wait if nxt is None else max(0.0, min(idle_wait, nxt))
+            wait = IDLE_WAIT if nxt is None else max(0.0, min(IDLE_WAIT, nxt))
 
     capture = _JobLogCapture(logging.WARNING)
     logger = logging.getLogger("dispatch_nb")
@@ -192,11 +185,8 @@ def run_jobs(
         # Ctrl-C, or a failure while showing events (a display or widget error): either way the
         # workers must not go on streaming and running tools in the background.
         interrupted = isinstance(exc, KeyboardInterrupt)
-        reason = (
-            "interrupted (KeyboardInterrupt)"
-            if interrupted
-            else f"stopped: the cell failed ({type(exc).__name__})"
-        )
+        reason = ("interrupted (KeyboardInterrupt)" if interrupted
+                  else f"stopped: the cell failed ({type(exc).__name__})")
         for job in jobs:
             job.cancel.cancel(reason)
         try:

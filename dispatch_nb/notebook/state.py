@@ -1,6 +1,6 @@
 """The kernel's notebook state: one :class:`KernelState` per shell, held by ``ChatMagics``; the
 modules that run cells and commands receive it and change it only through its methods. Imported
-by ``%load_ext``: standard library only at run time.
+by ``%load_ext``: standard library and IPython only at run time.
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
 
 if TYPE_CHECKING:
     from ..adapter import Adapter
@@ -26,12 +28,6 @@ class ErrorLog(dict):  # type: ignore[type-arg]
             f"cell {key!r} raised no error this session (cells with errors: "
             f"{', '.join(map(str, sorted(self))) or 'none'})"
         )
-
-    def record(self, execution_count: int | None, error: BaseException | None) -> None:
-        """Store ``error`` as ``Err[execution_count]`` (``post_run_cell`` calls this)."""
-        if execution_count is None or error is None:
-            return
-        self[execution_count] = error
 
 
 class KernelState:
@@ -64,9 +60,9 @@ class KernelState:
     def threads(self) -> ThreadStore:
         """The conversation threads of this kernel (keeping ``settings.history_length`` turns)."""
         if self._threads is None:
-            from .threads import ThreadStore  # not at %load_ext: it imports uuid (and platform)
+            from .threads import ThreadStore  # not at %load_ext: it imports the core types
 
-            self._threads = ThreadStore(self.settings.history_length)
+            self._threads = ThreadStore()
         self._threads.max_turns = self.settings.history_length
         return self._threads
 
@@ -88,10 +84,9 @@ class KernelState:
         self.cell_id = None
         self.execution_count = None
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-        info = getattr(result, "info", None)
-        if getattr(info, "silent", False):
-            return
-        self.errors.record(getattr(result, "execution_count", None), error)
+        count = getattr(result, "execution_count", None)
+        if error is not None and count is not None and not getattr(result.info, "silent", False):
+            self.errors[count] = error
 
     def next_occurrence(self, base: str) -> int:
         """How many chat calls with identity ``base`` this execution already made."""
@@ -119,8 +114,7 @@ class KernelState:
         return resolved.spec, resolved.reason, resolved.login_hint
 
     def _bare_name_default(self) -> str | None:
-        """The spec a bare model name takes its provider from: ``ChatMagics.model`` when set,
-        else None (the registry's default, the one ``%chat status`` shows)."""
+        """``ChatMagics.model`` when set, else None (the registry's default model)."""
         return self.settings.model.strip() or None
 
     def default_note(self) -> str:
@@ -146,8 +140,6 @@ class KernelState:
         provider, the one ``%chat status`` shows, or its vendor's: ``parse_model_spec``);
         nothing → the default model. In ``mode`` ``replay`` a bare name is the provider's that
         recorded it (``ResponseCache.qualify``), and needs no credentials (nothing is sent)."""
-        from IPython.core.error import UsageError  # (in memory already: IPython runs this)
-
         from ..errors import AuthenticationError, RequestError
         from ..registry import qualify_model_spec
 
@@ -158,25 +150,22 @@ class KernelState:
             if not specs:
                 raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")
         qualified = []
+        default = self._bare_name_default()
         for spec in specs:
             try:
-                default = self._bare_name_default()
                 qualified.append(self.response_cache(mode).qualify(spec, default)
                                  if mode == "replay" else qualify_model_spec(spec, default))
             except (RequestError, AuthenticationError) as exc:
                 from .display import explain_error
 
                 raise explain_error(exc, spec=spec) from None
-        specs = qualified
-        if len(set(specs)) != len(specs):
+        if len(set(qualified)) != len(qualified):
             raise UsageError(f"-m lists a model twice: {value}")
-        return specs
+        return qualified
 
     def cache_mode(self, requested: str | None = None) -> str:
         """The cache mode in force: ``--cache``, else ``ChatMagics.cache``, else
         ``$DISPATCH_NB_CACHE``, else ``off`` (a wrong ``$DISPATCH_NB_CACHE``: a ``UsageError``)."""
-        from IPython.core.error import UsageError
-
         from ..cache import resolve_cache_mode
 
         try:
@@ -194,9 +183,8 @@ class KernelState:
         return cache
 
     def needs_login(self, provider: str, mode: str) -> bool:
-        """True when a call to ``provider`` should first make sure of its login: a provider whose
-        descriptor has a ``login_flow`` (GitHub Copilot), with ``login_on_demand``, unless the
-        answers are replayed (replay sends nothing)."""
+        """True when a call to ``provider`` (one with a ``login_flow``: GitHub Copilot) should
+        first make sure of its login: with ``login_on_demand``, unless replaying (nothing sent)."""
         from ..registry import find_descriptor
 
         descriptor = find_descriptor(provider)
@@ -216,11 +204,10 @@ class KernelState:
         from ..registry import parse_model_spec
         from ..replay_only import connect_for_cache
 
-        provider, _model = parse_model_spec(spec, self._bare_name_default())
+        provider, model = parse_model_spec(spec, self._bare_name_default())
         if login is not None and self.needs_login(provider, mode):
             login()
-        # replay needs no model (nor its extra) either
-        adapter = connect_for_cache(f"{provider}:{_model}", mode)
+        adapter = connect_for_cache(f"{provider}:{model}", mode)  # replay needs no model either
         if mode != "off":
             from ..cache import CachedAdapter
 

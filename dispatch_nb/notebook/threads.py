@@ -4,25 +4,16 @@ replaces its turn (``docs/notebook.md``, "Threads and re-running cells").
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..render import code_span, short_line
+from ..types import Message, ToolResultBlock, ToolUseBlock
 
-if TYPE_CHECKING:
-    from ..types import Message
-
-__all__ = [
-    "DEFAULT_THREAD",
-    "ChatThread",
-    "ThreadStore",
-    "Turn",
-    "cell_identity",
-]
-
-DEFAULT_THREAD = "default"
+__all__ = ["ChatThread", "ThreadStore", "Turn", "cell_identity"]
 
 
 def cell_identity(cell_id: str | None, execution_count: int | None = None) -> str:
@@ -52,15 +43,9 @@ class Turn:
     def steps(self) -> list[tuple[str, str]]:
         """The tool calls (``("call", "name({...})")``) and results (``("result", text)``) of
         this turn, in order."""
-        import json
-
         steps: list[tuple[str, str]] = []
-        from ..types import ToolResultBlock, ToolUseBlock
-
         for message in self.messages[1:]:
-            if isinstance(message.content, str):
-                continue
-            for block in message.content:
+            for block in message.blocks:
                 if isinstance(block, ToolUseBlock):
                     args = json.dumps(block.arguments, ensure_ascii=False)
                     steps.append(("call", short_line(f"{block.name}({args})")))
@@ -72,10 +57,7 @@ class Turn:
     @property
     def answer(self) -> str:
         """The final assistant text of this turn."""
-        for message in reversed(self.messages):
-            if message.role == "assistant":
-                return message.text
-        return ""
+        return next((m.text for m in reversed(self.messages) if m.role == "assistant"), "")
 
 
 class ChatThread:
@@ -166,11 +148,11 @@ def _quote(text: str) -> str:
 class ThreadStore:
     """Every thread of one kernel, by name."""
 
-    def __init__(self, max_turns: int = 0) -> None:
-        self.max_turns = max_turns
+    def __init__(self) -> None:
+        self.max_turns = 0
         self._threads: dict[str, ChatThread] = {}
 
-    def get(self, name: str = DEFAULT_THREAD) -> ChatThread:
+    def get(self, name: str) -> ChatThread:
         """The thread called ``name`` (created empty on first use)."""
         thread = self._threads.get(name)
         if thread is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dispatch_nb.frontend import front_end_can_ask, unattended
+from dispatch_nb.frontend import allow_stdin, unattended
 from dispatch_nb.notebook.live import DisplayView, detect_mode, make_view
 from dispatch_nb.types import StreamDelta
 from tests.fakes.provider import Turn
@@ -185,11 +185,10 @@ def test_auto_is_display_when_the_cell_comes_from_a_client_nobody_watches() -> N
     assert detect_mode(lab, "auto") == "widget"
     assert detect_mode(click, "auto") == "widget"
     assert (unattended(nbclient), unattended(lab), unattended(click)) == (True, False, False)
-    assert (front_end_can_ask(nbclient), front_end_can_ask(lab), front_end_can_ask(click)) == (
-        False, True, False)
+    assert (allow_stdin(nbclient), allow_stdin(lab), allow_stdin(click)) == (False, True, None)
     silent = Shell(Kernel("execute_request", {"code": ""}))  # a client that does not say
-    assert (unattended(silent), front_end_can_ask(silent), detect_mode(silent, "auto")) == (
-        False, False, "widget")
+    assert (unattended(silent), allow_stdin(silent), detect_mode(silent, "auto")) == (
+        False, None, "widget")
 
 
 # -- Markdown blocks (what the widget and display views show) ---------------------------------------

@@ -86,7 +86,7 @@ def test_exceptions_become_their_traceback() -> None:
     text, note = describe_value(error)
     assert "KeyError: 'missing'" in text and "Traceback" in text and note is None
     log = ErrorLog()
-    log.record(3, error)
+    log[3] = error
     assert build_prompt("{Err[3]}", {"Err": log}).text.endswith("KeyError: 'missing'")
     with pytest.raises(PromptError, match="raised no error"):
         build_prompt("{Err[4]}", {"Err": log})
