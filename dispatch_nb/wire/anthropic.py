@@ -42,11 +42,9 @@ __all__ = [
     "MessagesStreamParser",
     "MessagesWire",
     "anthropic_schema",
+    "error_status",
     "prompt_fields",
-    "wire_block",
     "wire_messages",
-    "wire_tool",
-    "wire_tool_choice",
 ]
 
 #: ``max_tokens`` when a call gives none (the API requires the field)
@@ -95,8 +93,8 @@ _KNOWN_FIELDS: dict[str, frozenset[str]] = {
 }
 #: the block types that become canonical blocks (any other is kept verbatim, "raw")
 _CANONICAL_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
-#: extra fields of a known block that go back on the next turn (the request accepts them)
-_SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
+#: extra fields of a text block that go back on the next turn (the request accepts them)
+_SENT_TEXT_EXTRA = frozenset({"citations"})
 
 
 # -- Anthropic's JSON Schema dialect (output_config) --------------------------------------------
@@ -175,10 +173,8 @@ class MessagesStreamParser:
 
     def end(self) -> Iterable[StreamDelta]:
         if not self.complete:
-            raise APIConnectionError(
-                "the Anthropic stream ended before message_stop: the answer is incomplete",
-                provider="anthropic",
-            )
+            raise APIConnectionError("the Anthropic stream ended before message_stop: the answer is "
+                                     "incomplete", provider="anthropic")
         return ()
 
     # -- events ------------------------------------------------------------------------------------
@@ -530,7 +526,7 @@ def wire_block(block: Any) -> dict[str, Any] | None:
         text: dict[str, Any] = {"type": "text", "text": block.text}
         extra = provider_entry(block, PROVIDER_DATA_KEY).get("extra")
         if isinstance(extra, dict):
-            text.update({k: v for k, v in extra.items() if k in _SENT_EXTRA["text"]})
+            text.update({k: v for k, v in extra.items() if k in _SENT_TEXT_EXTRA})
         return _with_cache_control(text, block)
     if isinstance(block, ThinkingBlock):
         if not block.signature or _foreign(block):
@@ -556,11 +552,7 @@ def wire_block(block: Any) -> dict[str, Any] | None:
                     for b in block.content if not isinstance(b, TextBlock) or b.text
                 ) if w is not None
             ]
-        out: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": block.tool_use_id,
-            "content": content,
-        }
+        out: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.tool_use_id, "content": content}
         if block.is_error:
             out["is_error"] = True
         return _with_cache_control(out, block)
