@@ -85,13 +85,9 @@ def _assistant_items(
         if not texts:
             return
         data = provider_entry(texts[0], PROVIDER_DATA_KEY)
-        item: dict[str, Any] = {
-            "type": "message",
-            "role": "assistant",
-            "content": [
-                {"type": "output_text", "text": "".join(t.text for t in texts), "annotations": []}
-            ],
-        }
+        text = "".join(t.text for t in texts)
+        item: dict[str, Any] = {"type": "message", "role": "assistant",
+                                "content": [{"type": "output_text", "text": text, "annotations": []}]}
         if paired and data.get("id"):
             item["id"] = data["id"]
             item["status"] = "completed"
@@ -127,12 +123,8 @@ def _assistant_items(
                 reasoning_left_out = True
         elif isinstance(block, ToolUseBlock):
             flush()
-            item = {
-                "type": "function_call",
-                "call_id": block.id,
-                "name": block.name,
-                "arguments": tool_arguments_text(block),
-            }
+            item = {"type": "function_call", "call_id": block.id, "name": block.name,
+                    "arguments": tool_arguments_text(block)}
             fc_id = provider_entry(block, PROVIDER_DATA_KEY).get("id")
             if paired and fc_id:
                 item["id"] = fc_id
