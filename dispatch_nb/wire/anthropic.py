@@ -495,10 +495,8 @@ def wire_tool_choice(choice: Any) -> dict[str, Any]:
         return choice
     if not isinstance(choice, str) or not choice:
         raise TypeError(f"tool_choice must be a string or a dict, not {choice!r}")
-    if choice in ("auto", "none", "any"):
-        return {"type": choice}
-    if choice == "required":
-        return {"type": "any"}
+    if choice in ("auto", "none", "any", "required"):
+        return {"type": "any" if choice == "required" else choice}
     return {"type": "tool", "name": choice}
 
 
