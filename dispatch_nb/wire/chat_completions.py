@@ -564,9 +564,7 @@ class ChatStreamParser:
 @dataclass(frozen=True)
 class ChatCompletionsWire(WireFormat):
     """OpenAI chat.completions for one server: ``POST chat/completions``, its body, its parsers.
-
-    ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks` (the module
-    docstring shows its use)."""
+    ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks`."""
 
     provider: str
     quirks: ChatQuirks = ChatQuirks()
