@@ -105,6 +105,10 @@ _ANTHROPIC_KEEP = frozenset({
     "definitions", "properties", "required", "additionalProperties", "items", "format",
     "pattern", "default", "minItems",
 })
+#: constraints Anthropic does not take: dropped, noted in the description, checked by us
+_ANTHROPIC_NOTE = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+                             "minLength", "maxLength", "maxItems", "uniqueItems", "minProperties",
+                             "maxProperties"})
 
 
 def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,10 +125,7 @@ def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
             )
         if "oneOf" in node:
             node["anyOf"] = [*node.get("anyOf", []), *node.pop("oneOf")]
-        dropped = {k: node.pop(k) for k in sorted(node.keys() - _ANTHROPIC_KEEP)
-                   if k in {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                            "multipleOf", "minLength", "maxLength", "maxItems", "uniqueItems",
-                            "minProperties", "maxProperties"}}
+        dropped = {k: node.pop(k) for k in sorted(_ANTHROPIC_NOTE & node.keys())}
         for key in [k for k in node if k not in _ANTHROPIC_KEEP]:
             del node[key]
         if isinstance(node.get("minItems"), int) and node["minItems"] > 1:

@@ -603,12 +603,8 @@ class ChatCompletionsWire(WireFormat):
             raise ValueError("pass output= or response_format=, not both")
         body: dict[str, Any] = {
             "model": model,
-            "messages": chat_messages(
-                request.messages,
-                request.system,
-                echo_reasoning=q.echo_reasoning,
-                reasoning_provider=q.reasoning_provider,
-            ),
+            "messages": chat_messages(request.messages, request.system, echo_reasoning=q.echo_reasoning,
+                                      reasoning_provider=q.reasoning_provider),
             "stream": request.stream,
         }
         if request.stream and q.include_usage:

@@ -521,9 +521,8 @@ class ResponsesWire(WireFormat):
             encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
         body: dict[str, Any] = {
             "model": model,
-            "input": responses_input(
-                request.messages, include_reasoning=encrypted_reasoning, issuer=provider
-            ),
+            "input": responses_input(request.messages, include_reasoning=encrypted_reasoning,
+                                     issuer=provider),
             "stream": request.stream,
             "store": False,
         }
