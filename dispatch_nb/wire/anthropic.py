@@ -42,11 +42,9 @@ __all__ = [
     "MessagesStreamParser",
     "MessagesWire",
     "anthropic_schema",
+    "error_status",
     "prompt_fields",
-    "wire_block",
     "wire_messages",
-    "wire_tool",
-    "wire_tool_choice",
 ]
 
 #: ``max_tokens`` when a call gives none (the API requires the field)
@@ -95,8 +93,8 @@ _KNOWN_FIELDS: dict[str, frozenset[str]] = {
 }
 #: the block types that become canonical blocks (any other is kept verbatim, "raw")
 _CANONICAL_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
-#: extra fields of a known block that go back on the next turn (the request accepts them)
-_SENT_EXTRA: dict[str, frozenset[str]] = {"text": frozenset({"citations"})}
+#: extra fields of a text block that go back on the next turn (the request accepts them)
+_SENT_TEXT_EXTRA = frozenset({"citations"})
 
 
 # -- Anthropic's JSON Schema dialect (output_config) --------------------------------------------
@@ -107,6 +105,10 @@ _ANTHROPIC_KEEP = frozenset({
     "definitions", "properties", "required", "additionalProperties", "items", "format",
     "pattern", "default", "minItems",
 })
+#: constraints Anthropic does not take: dropped, noted in the description, checked by us
+_ANTHROPIC_NOTE = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+                             "minLength", "maxLength", "maxItems", "uniqueItems", "minProperties",
+                             "maxProperties"})
 
 
 def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,10 +125,7 @@ def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
             )
         if "oneOf" in node:
             node["anyOf"] = [*node.get("anyOf", []), *node.pop("oneOf")]
-        dropped = {k: node.pop(k) for k in sorted(node.keys() - _ANTHROPIC_KEEP)
-                   if k in {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                            "multipleOf", "minLength", "maxLength", "maxItems", "uniqueItems",
-                            "minProperties", "maxProperties"}}
+        dropped = {k: node.pop(k) for k in sorted(_ANTHROPIC_NOTE & node.keys())}
         for key in [k for k in node if k not in _ANTHROPIC_KEEP]:
             del node[key]
         if isinstance(node.get("minItems"), int) and node["minItems"] > 1:
@@ -175,10 +174,8 @@ class MessagesStreamParser:
 
     def end(self) -> Iterable[StreamDelta]:
         if not self.complete:
-            raise APIConnectionError(
-                "the Anthropic stream ended before message_stop: the answer is incomplete",
-                provider="anthropic",
-            )
+            raise APIConnectionError("the Anthropic stream ended before message_stop: the answer is "
+                                     "incomplete", provider="anthropic")
         return ()
 
     # -- events ------------------------------------------------------------------------------------
@@ -499,10 +496,8 @@ def wire_tool_choice(choice: Any) -> dict[str, Any]:
         return choice
     if not isinstance(choice, str) or not choice:
         raise TypeError(f"tool_choice must be a string or a dict, not {choice!r}")
-    if choice in ("auto", "none", "any"):
-        return {"type": choice}
-    if choice == "required":
-        return {"type": "any"}
+    if choice in ("auto", "none", "any", "required"):
+        return {"type": "any" if choice == "required" else choice}
     return {"type": "tool", "name": choice}
 
 
@@ -530,7 +525,7 @@ def wire_block(block: Any) -> dict[str, Any] | None:
         text: dict[str, Any] = {"type": "text", "text": block.text}
         extra = provider_entry(block, PROVIDER_DATA_KEY).get("extra")
         if isinstance(extra, dict):
-            text.update({k: v for k, v in extra.items() if k in _SENT_EXTRA["text"]})
+            text.update({k: v for k, v in extra.items() if k in _SENT_TEXT_EXTRA})
         return _with_cache_control(text, block)
     if isinstance(block, ThinkingBlock):
         if not block.signature or _foreign(block):
@@ -556,11 +551,7 @@ def wire_block(block: Any) -> dict[str, Any] | None:
                     for b in block.content if not isinstance(b, TextBlock) or b.text
                 ) if w is not None
             ]
-        out: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": block.tool_use_id,
-            "content": content,
-        }
+        out: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.tool_use_id, "content": content}
         if block.is_error:
             out["is_error"] = True
         return _with_cache_control(out, block)

@@ -18,10 +18,7 @@ if TYPE_CHECKING:
     from ..stream import Accumulator
     from .request import ChatRequest
 
-__all__ = [
-    "StreamParser", "WireBase", "WireFormat", "WireRequest", "answer_object", "merge_delta",
-    "provider_entry",
-]
+__all__ = ["StreamParser", "WireFormat", "WireRequest", "answer_object", "merge_delta", "provider_entry"]
 
 
 def answer_object(body: Any, provider: str) -> dict[str, Any]:
@@ -128,10 +125,6 @@ class WireFormat(Protocol):
         """The wire format to resend with when ``error`` shows a quirk this one did not know:
         None here (a format that can learn one overrides this)."""
         return None
-
-
-#: the name docs/providers.md gave the base of a wire format before it was the protocol itself
-WireBase = WireFormat
 
 
 @dataclass

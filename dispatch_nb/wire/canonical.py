@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANONICAL_OPTIONS",
-    "CanonicalStreamParser",
     "CanonicalWire",
     "Fail",
     "ToolCall",
@@ -102,9 +101,7 @@ class CanonicalStreamParser:
 
     def end(self) -> Iterable[StreamDelta]:
         if not self.complete:
-            raise APIConnectionError(
-                "the stream ended before the answer was complete", provider="fake"
-            )
+            raise APIConnectionError("the stream ended before the answer was complete", provider="fake")
         return ()
 
 
@@ -124,11 +121,8 @@ class CanonicalWire(WireFormat):
     def build_body(
         self, request: ChatRequest, model: str, *, output_mode: str | None = None
     ) -> dict[str, Any]:
-        options = {
-            k: v
-            for k, v in request.options.items()
-            if k not in ("extra_body", "extra_headers", "max_retries")
-        }
+        transport = ("extra_body", "extra_headers", "max_retries")
+        options = {k: v for k, v in request.options.items() if k not in transport}
         tools = list(request.tools)
         if request.output is not None and output_mode == "tool":
             options["tool_choice"] = output_tool_choice(request)
@@ -137,9 +131,7 @@ class CanonicalWire(WireFormat):
             "model": model,
             "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
             "system": request.system,
-            "tools": [
-                t.model_dump(mode="json") if isinstance(t, ToolDefinition) else t for t in tools
-            ],
+            "tools": [t.model_dump(mode="json") if isinstance(t, ToolDefinition) else t for t in tools],
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "stream": request.stream,
@@ -230,12 +222,7 @@ class Turn:
 
 # -- the canonical protocol, rendered (shared with the repository's loopback fake) ---------------
 def _usage(turn: Turn) -> dict[str, int]:
-    return {
-        "input_tokens": turn.input_tokens,
-        "output_tokens": turn.output_tokens,
-        "cache_read_tokens": turn.cache_read_tokens,
-        "cache_creation_tokens": turn.cache_creation_tokens,
-    }
+    return {name: getattr(turn, name) for name in Usage.model_fields}
 
 
 def canonical_events(turn: Turn, model: str | None) -> list[dict[str, Any]]:

@@ -1,12 +1,7 @@
-"""OpenAI chat.completions, sans-I/O: :class:`ChatCompletionsWire` (the format for one server, built
-from a frozen :class:`ChatQuirks`) builds the ``POST chat/completions`` body; :class:`ChatStreamParser`
-reads the answer (SSE events, or a whole ``chat.completion`` body). The rules both OpenAI formats
-share (:func:`tool_fields`, :func:`tool_arguments_text`, :func:`tool_result_text`, :func:`chat_usage`,
-:func:`openai_error`) live here too.
-
-What is sent, the stream quirks survived and the opaque data kept in
-``provider_data["openai_chat"]``: docs/openai.md (PROTOCOLS.md §3.4, §4, §7); the quirks:
-docs/providers.md.
+"""OpenAI chat.completions, sans-I/O: :class:`ChatCompletionsWire` (one server, described by a
+frozen :class:`ChatQuirks`) builds the body, :class:`ChatStreamParser` reads the answer. The rules
+both OpenAI formats share live here too. What is sent, the stream quirks survived and the opaque
+data in ``provider_data["openai_chat"]``: docs/openai.md; the quirks: docs/providers.md.
 """
 
 from __future__ import annotations
@@ -35,17 +30,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHAT_OPTIONS",
-    "ECHOED_REASONING_FIELD",
     "PROVIDER_DATA_KEY",
     "REASONING_FIELDS",
     "ChatCompletionsWire",
     "ChatQuirks",
     "ChatStreamParser",
     "chat_messages",
-    "chat_tools",
     "chat_usage",
     "openai_error",
-    "status_for_error_code",
     "tool_arguments_text",
     "tool_fields",
     "tool_result_text",
@@ -139,13 +131,8 @@ def chat_messages(
             parts: list[dict[str, Any]] = []
             for block in blocks:
                 if isinstance(block, ToolResultBlock):
-                    out.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": block.tool_use_id,
-                            "content": tool_result_text(block),
-                        }
-                    )
+                    out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                                "content": tool_result_text(block)})
                 elif isinstance(block, TextBlock):
                     parts.append({"type": "text", "text": block.text})
                 elif isinstance(block, ImageBlock):
@@ -326,19 +313,13 @@ def openai_error(error: Any, *, provider: str) -> DispatchError:
     message = str(error.get("message") or "the server reported an error")
     code = error.get("code")
     etype = error.get("type")
-    status = error.get("status") if isinstance(error.get("status"), int) else None
-    if status is None:
+    status = error.get("status")
+    if not isinstance(status, int):
         status = status_for_error_code(code if code is not None else etype)
         if status == 500 and etype:
             status = status_for_error_code(etype)
     provider_type = code if isinstance(code, str) and code else etype
-    return error_for_status(
-        status, message, provider=provider, error_type=provider_type or None
-    )
-
-
-#: the accumulator key of thinking that arrives as ``thinking`` content parts
-THINKING_PART_KEY = ("part", "thinking")
+    return error_for_status(status, message, provider=provider, error_type=provider_type or None)
 
 
 def _part_block(part: dict[str, Any]) -> TextBlock:
@@ -454,21 +435,13 @@ class ChatStreamParser:
         for field in self.reasoning_fields:
             text = delta.get(field)
             if text and isinstance(text, str):
-                out.append(
-                    acc.thinking(
-                        text,
-                        key=("reasoning", field),
-                        provider_data=self._reasoning_data(field),
-                    )
-                )
+                out.append(acc.thinking(text, key=("reasoning", field),
+                                        provider_data=self._reasoning_data(field)))
         if self.signature_field:
             sig = delta.get(self.signature_field)
             if sig and isinstance(sig, str):
-                acc.signature(
-                    sig,
-                    key=("reasoning", ECHOED_REASONING_FIELD),
-                    provider_data=self._reasoning_data(ECHOED_REASONING_FIELD),
-                )
+                acc.signature(sig, key=("reasoning", ECHOED_REASONING_FIELD),
+                              provider_data=self._reasoning_data(ECHOED_REASONING_FIELD))
         content = delta.get("content")
         if content:
             if isinstance(content, str):
@@ -511,7 +484,7 @@ class ChatStreamParser:
             ]
             for text in pieces:
                 if isinstance(text, str) and text:
-                    out.append(acc.thinking(text, key=THINKING_PART_KEY,
+                    out.append(acc.thinking(text, key=("part", "thinking"),
                                             provider_data=self._reasoning_data("content")))
             return
         open_part = self._open_part
@@ -586,36 +559,12 @@ class ChatStreamParser:
             )
         return self._finish()
 
-    def parse_completion(self, body: Any) -> None:
-        """Fill the accumulator from a non-streamed ``chat.completion`` body (every choice is
-        read)."""
-        body = answer_object(body, self.provider)
-        chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
-        choices = []
-        for choice in body.get("choices") or []:
-            message = dict(choice.get("message") or {})
-            calls = message.get("tool_calls")
-            if calls:
-                message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)]
-            choices.append(
-                {
-                    "index": choice.get("index", 0),
-                    "delta": message,
-                    "finish_reason": choice.get("finish_reason") or "stop",
-                }
-            )
-        chunk["choices"] = choices
-        self.feed_chunk(chunk)
-        self._finish()
-
 
 # -- the wire format object ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ChatCompletionsWire(WireFormat):
     """OpenAI chat.completions for one server: ``POST chat/completions``, its body, its parsers.
-
-    ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks` (the module
-    docstring shows its use)."""
+    ``provider``: the name errors carry; ``quirks``: the server's :class:`ChatQuirks`."""
 
     provider: str
     quirks: ChatQuirks = ChatQuirks()
@@ -654,12 +603,8 @@ class ChatCompletionsWire(WireFormat):
             raise ValueError("pass output= or response_format=, not both")
         body: dict[str, Any] = {
             "model": model,
-            "messages": chat_messages(
-                request.messages,
-                request.system,
-                echo_reasoning=q.echo_reasoning,
-                reasoning_provider=q.reasoning_provider,
-            ),
+            "messages": chat_messages(request.messages, request.system, echo_reasoning=q.echo_reasoning,
+                                      reasoning_provider=q.reasoning_provider),
             "stream": request.stream,
         }
         if request.stream and q.include_usage:
@@ -695,7 +640,19 @@ class ChatCompletionsWire(WireFormat):
         return ChatStreamParser(acc, provider=self.provider, quirks=self.quirks)
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
-        self.stream_parser(acc).parse_completion(body)
+        """Fill ``acc`` from a ``chat.completion`` body, read as one chunk (every choice)."""
+        body = answer_object(body, self.provider)
+        chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
+        chunk["choices"] = []
+        for choice in body.get("choices") or []:
+            message = dict(choice.get("message") or {})
+            if message.get("tool_calls"):
+                message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(message["tool_calls"])]
+            chunk["choices"].append({"index": choice.get("index", 0), "delta": message,
+                                     "finish_reason": choice.get("finish_reason") or "stop"})
+        parser = self.stream_parser(acc)
+        parser.feed_chunk(chunk)
+        parser._finish()
 
     def should_resend(self, error: DispatchError) -> ChatCompletionsWire | None:
         """With :attr:`ChatQuirks.schema_in_json_object` after llama-cpp-python's server refused

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from ..types import Message, StreamDelta
 
 __all__ = [
-    "MIN_OUTPUT_TOKENS",
     "PROVIDER_DATA_KEY",
     "RESPONSES_OPTIONS",
     "ResponsesQuirks",
@@ -43,8 +42,6 @@ __all__ = [
     "ResponsesWire",
     "is_reasoning_model",
     "responses_input",
-    "responses_text_format",
-    "responses_tools",
 ]
 
 #: the key of this wire format's entry in a block's ``provider_data``
@@ -58,16 +55,8 @@ RESPONSES_OPTIONS = frozenset(
 #: the smallest ``max_output_tokens`` the API accepts
 MIN_OUTPUT_TOKENS = 16
 
-_NON_REASONING_PREFIXES = (
-    "gpt-4",
-    "gpt-3.5",
-    "chatgpt-",
-    "gpt-5-chat",
-    "ft:gpt-4",
-    "ft:gpt-3.5",
-    "davinci",
-    "babbage",
-)
+_NON_REASONING_PREFIXES = ("gpt-4", "gpt-3.5", "chatgpt-", "gpt-5-chat", "ft:gpt-4", "ft:gpt-3.5",
+                           "davinci", "babbage")
 
 
 def is_reasoning_model(model: str) -> bool:
@@ -96,13 +85,9 @@ def _assistant_items(
         if not texts:
             return
         data = provider_entry(texts[0], PROVIDER_DATA_KEY)
-        item: dict[str, Any] = {
-            "type": "message",
-            "role": "assistant",
-            "content": [
-                {"type": "output_text", "text": "".join(t.text for t in texts), "annotations": []}
-            ],
-        }
+        text = "".join(t.text for t in texts)
+        item: dict[str, Any] = {"type": "message", "role": "assistant",
+                                "content": [{"type": "output_text", "text": text, "annotations": []}]}
         if paired and data.get("id"):
             item["id"] = data["id"]
             item["status"] = "completed"
@@ -138,12 +123,8 @@ def _assistant_items(
                 reasoning_left_out = True
         elif isinstance(block, ToolUseBlock):
             flush()
-            item = {
-                "type": "function_call",
-                "call_id": block.id,
-                "name": block.name,
-                "arguments": tool_arguments_text(block),
-            }
+            item = {"type": "function_call", "call_id": block.id, "name": block.name,
+                    "arguments": tool_arguments_text(block)}
             fc_id = provider_entry(block, PROVIDER_DATA_KEY).get("id")
             if paired and fc_id:
                 item["id"] = fc_id
@@ -199,51 +180,28 @@ def responses_tools(tools: Sequence[ToolDefinition | dict[str, Any]]) -> list[di
     out: list[dict[str, Any]] = []
     for tool in tools:
         if isinstance(tool, ToolDefinition):
-            item: dict[str, Any] = {
-                "type": "function",
-                "name": tool.name,
-                "parameters": tool.parameters,
-                "strict": False,
-            }
+            item: dict[str, Any] = {"type": "function", "name": tool.name,
+                                    "parameters": tool.parameters, "strict": False}
             if tool.description:
                 item["description"] = tool.description
             out.append(item)
         elif tool.get("type") == "function" and isinstance(tool.get("function"), dict):
             fn = tool["function"]  # chat.completions shape → flat
-            out.append(
-                {
-                    "type": "function",
-                    "name": fn["name"],
-                    "description": fn.get("description"),
-                    "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
-                    "strict": bool(fn.get("strict", False)),
-                }
-            )
+            out.append({"type": "function", "name": fn["name"], "description": fn.get("description"),
+                        "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
+                        "strict": bool(fn.get("strict", False))})
         else:
             out.append(dict(tool))
     return out
 
 
-def responses_text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
+def _text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
     """A chat.completions ``response_format`` → the Responses ``text.format``."""
-    kind = response_format.get("type")
-    if kind == "json_schema" and isinstance(response_format.get("json_schema"), dict):
-        schema = response_format["json_schema"]
-        out = {"type": "json_schema", "name": schema.get("name", "response")}
-        for key in ("schema", "strict", "description"):
-            if key in schema:
-                out[key] = schema[key]
-        return out
-    return dict(response_format)
-
-
-def _output_tool(request: ChatRequest) -> dict[str, Any]:
-    """The flat function tool whose arguments are the answer (``tool`` output mode)."""
-    assert request.output is not None
-    definition = request.output.tool_definition()
-    schema, strict = openai_output_schema(request.output)
-    return {"type": "function", "name": definition.name, "description": definition.description,
-            "parameters": schema, "strict": strict}
+    schema = response_format.get("json_schema")
+    if response_format.get("type") != "json_schema" or not isinstance(schema, dict):
+        return dict(response_format)
+    kept = {k: schema[k] for k in ("schema", "strict", "description") if k in schema}
+    return {"type": "json_schema", "name": schema.get("name", "response"), **kept}
 
 
 # -- responses -------------------------------------------------------------------------------------
@@ -563,9 +521,8 @@ class ResponsesWire(WireFormat):
             encrypted_reasoning = reasoning is not None or is_reasoning_model(model)
         body: dict[str, Any] = {
             "model": model,
-            "input": responses_input(
-                request.messages, include_reasoning=encrypted_reasoning, issuer=provider
-            ),
+            "input": responses_input(request.messages, include_reasoning=encrypted_reasoning,
+                                     issuer=provider),
             "stream": request.stream,
             "store": False,
         }
@@ -582,7 +539,10 @@ class ResponsesWire(WireFormat):
         tools = responses_tools(request.tools)
         if request.output is not None and output_mode == "tool":
             options = {**options, "tool_choice": output_tool_choice(request)}
-            tools.append(_output_tool(request))
+            definition = request.output.tool_definition()
+            schema, strict = openai_output_schema(request.output)
+            tools.append({"type": "function", "name": definition.name,
+                          "description": definition.description, "parameters": schema, "strict": strict})
         names = [t["name"] for t in tools if t.get("type") == "function" and "name" in t]
         body.update(tool_fields(tools, names, options, provider=provider,
                                 named=lambda name: {"type": "function", "name": name}))
@@ -592,7 +552,7 @@ class ResponsesWire(WireFormat):
             body["reasoning"] = dict(reasoning)
         text = dict(options.get("text") or {})
         if options.get("response_format") is not None:
-            text["format"] = responses_text_format(options["response_format"])
+            text["format"] = _text_format(options["response_format"])
         if request.output is not None and output_mode == "text.format":
             text["format"] = {"type": "json_schema", **openai_json_schema(request.output)}
         if text:
