@@ -186,7 +186,7 @@ def status(state: KernelState, args: argparse.Namespace) -> None:
     threads = ", ".join(f"`{name}` ({n} turn{'' if n == 1 else 's'})"
                         for name, n in state.threads.summary().items())
     rows.append(("threads", threads or "none yet"))
-    md = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+    md = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
     plain = "\n".join(f"{k}: {v.replace('`', '')}" for k, v in rows)
     _show(md, plain)
 
@@ -338,7 +338,8 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                      if saved_usd else
                      f"Replayed from the response cache: {answers}, nothing spent now.")
     notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
-    body = rows_markdown(table, index=False)
+    empty = [key for key in ("premium requests", "replayed (saved)") if not any(r[key] for r in table)]
+    body = rows_markdown([{k: v for k, v in r.items() if k not in empty} for r in table], index=False)
     text = body + "\n\n" + dollars("\n\n".join(notes))
     _show(plain_block(text), _plain(text))
 

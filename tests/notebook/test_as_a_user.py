@@ -450,6 +450,7 @@ def test_history_shows_tool_calls_and_results_and_counts_turns(shell: Any, fake:
     assert md.index("add(") < md.index("→ `5`") < md.index("It is 5.")
     run(shell, "%chat status")
     assert "`default` (1 turn)" in shell.front.markdown[0]
+    assert shell.front.markdown[0].startswith("| setting | value |\n")  # a header, not an empty row
 
 
 def test_a_tool_that_is_not_a_function_is_named_with_the_right_article(

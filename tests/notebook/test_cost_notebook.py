@@ -206,6 +206,8 @@ def test_chat_cost_says_unknown_when_no_answer_had_a_price(shell: Any) -> None:
     shown = shell.front.outputs[-1]["data"]["text/markdown"]
     assert "Spent in this kernel: **unknown** (2 answers whose price is unknown)." in shown
     assert "$0" not in shown
+    header = shown.splitlines()[0]  # no column that is empty in every row
+    assert "model" in header and "premium requests" not in header and "replayed" not in header
 
 
 def test_each_only_options_are_refused_elsewhere(shell: Any, fake: Any) -> None:
