@@ -27,7 +27,7 @@ from .auth import (
     find_github_token,
     mask_token,
 )
-from .auth.login import device_login
+from .auth.login import LoginResult, device_login
 from .auth.token_store import GITHUB_TOKEN_ENV
 from .errors import DispatchError
 
@@ -158,10 +158,13 @@ def _login(args: argparse.Namespace) -> int:
             print(f"Already logged in: the GitHub token comes from {found.source}.")
             print("Run python -m dispatch_nb login --force to log in again.")
             return EXIT_OK
+    saved: list[LoginResult] = []  # a Ctrl-C after the token file was written is no cancel
     try:
         result = device_login(DeviceFlow(github_url=github_url), store=store, github_api_url=api_url,
-                              on_code=_show_code, on_state=_show_state)
+                              on_code=_show_code, on_state=_show_state, on_done=saved.append)
     except KeyboardInterrupt:
+        if saved:
+            raise
         print("\nLogin cancelled; nothing was stored.", file=sys.stderr)
         return EXIT_INTERRUPTED
     except DispatchError as exc:

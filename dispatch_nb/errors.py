@@ -263,9 +263,11 @@ class OutputValidationError(RequestError):
     """The answer is not what ``output=`` asked for: not JSON, not valid for the schema, cut off
     at ``max_tokens`` (code ``output_truncated``) or refused by the model (``output_refused``).
 
-    ``text`` is the raw text the model wrote, ``errors`` the validation errors (pydantic's
-    ``ValidationError.errors()`` shape), ``partial`` the last answer (its ``usage`` counts every
-    attempt) and ``attempts`` how many answers were tried.
+    ``text`` is the raw text the model wrote (the JSON it produced, or its refusal), ``errors``
+    the validation errors (pydantic's ``ValidationError.errors()`` shape: ``type``, ``loc``,
+    ``msg``, ``input``), ``partial`` the last answer as a :class:`~dispatch_nb.types.Response`
+    (its ``usage`` counts every attempt) and ``attempts`` how many answers were tried
+    (``output_retries`` + 1 at most).
     """
 
     default_code = "output_invalid"
@@ -308,7 +310,9 @@ class RequestCancelled(DispatchError):
 
 class BudgetExceededError(DispatchError):
     """Not sent: what is left of ``budget=`` does not cover this request's worst case (its input
-    estimate plus ``max_tokens`` of output); not retryable (docs/cost.md)."""
+    estimate plus ``max_tokens`` of output). Nothing was sent for it; not retryable — run it
+    again with a larger budget (a checkpointed batch resumes where it stopped). See
+    docs/cost.md."""
 
     default_code = "budget_exceeded"
 

@@ -172,7 +172,7 @@ class StructuredOutput:
         except exceptions.SchemaError as exc:
             where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
             raise ValueError(f"output= is not a valid JSON Schema: at {where}: {exc.message}") from None
-        self._validator = cls(data)
+        self._validator = cls  # its class (an instance does not pickle: batch rows are pickled)
         return data
 
     def _schema_of_type(self, target: Any) -> dict[str, Any]:
@@ -282,7 +282,8 @@ class StructuredOutput:
         # (a wrapped answer without the wrapper is read as the bare value)
         value = _drop_added_nulls(value, self.schema_of_value)
         if self._type_adapter is None:  # a JSON Schema dict
-            found = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+            errors = self._validator(self.schema_of_value).iter_errors(value)
+            found = sorted(errors, key=lambda e: list(e.absolute_path))
             if found:
                 raise self._invalid(text, [{"type": e.validator, "loc": (*prefix, *e.absolute_path),
                                             "msg": e.message, "input": e.instance} for e in found])

@@ -22,6 +22,7 @@ from .endpoints import COPILOT_CLIENT_ID, default_github_url, github_host
 __all__ = [
     "GITHUB_TOKEN_ENV",
     "FoundToken",
+    "StoredToken",
     "TokenStore",
     "TokenStoreError",
     "copilot_config_dir",

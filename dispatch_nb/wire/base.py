@@ -130,7 +130,7 @@ class WireFormat(Protocol):
 @dataclass
 class WireRequest:
     """An HTTP request a provider wants sent: ``url`` is absolute or relative to base_url;
-    ``wire`` the wire format that reads its answer (None: the adapter's own parsers)."""
+    ``wire`` the wire format that reads its answer (None: the adapter's ``wire``)."""
 
     method: str
     url: str

@@ -386,3 +386,17 @@ def test_a_table_of_amounts_is_not_latex_math() -> None:
     plain = parsed_markdown(Response(content=[TextBlock(text='{"a": 1}')], model="m",
                                      parsed={"a": 1}), footer=False)
     assert not plain.startswith("<div")
+
+
+def test_a_json_schema_output_pickles_before_and_after_it_validated() -> None:
+    """Batch rows travel pickled (a Dask cluster, a process pool): an ``output=`` dict schema's
+    ``StructuredOutput`` must pickle, also once it has validated an answer."""
+    import pickle
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    output = pickle.loads(pickle.dumps(StructuredOutput(schema)))
+    assert output.parse('{"a": 1}') == {"a": 1}
+    with pytest.raises(OutputValidationError) as info:
+        output.parse('{"a": "x"}')
+    assert info.value.code == "output_invalid"
+    assert pickle.loads(pickle.dumps(output)).parse('{"a": 2}') == {"a": 2}
