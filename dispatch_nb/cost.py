@@ -1,6 +1,7 @@
 """What answers cost: :class:`Cost` per answer, :class:`CostTotal` sums, the process's
 :data:`ledger` (``%chat cost``), priced from ``genai-prices``' bundled data (docs/cost.md). This
-module imports nothing of dispatch_nb: the registry fills :data:`PRICE_PROVIDERS`.
+module imports nothing of dispatch_nb: the registry fills :data:`PRICE_PROVIDERS` and
+:data:`FREE_PROVIDERS`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
+    "FREE_PROVIDERS",
     "PREMIUM_REQUEST_USD",
     "PRICE_PROVIDERS",
     "Cost",
@@ -42,6 +44,9 @@ class UsageLike(Protocol):
 #: :class:`~dispatch_nb.registry.ProviderDescriptor`'s ``price_provider``, kept here by the
 #: registry as providers are registered (this module imports nothing of dispatch_nb)
 PRICE_PROVIDERS: dict[str, str | None] = {}
+#: the providers whose answers cost nothing (they run on this machine): priced at $0, a known
+#: price, where other providers without a price are unknown (``ProviderDescriptor.free``)
+FREE_PROVIDERS: set[str] = set()
 
 #: GitHub's published overage price of one Copilot premium request (what the ``%chat cost``
 #: table multiplies premium requests by, labelled as such)
@@ -135,6 +140,9 @@ def price(provider: str, model: str, usage: UsageLike, *, premium_requests: floa
     """The :class:`Cost` of ``usage`` on ``provider:model`` (dispatch_nb's provider names) now,
     or ``None`` when its price is unknown. ``batch``: answered through the provider's batch
     API, at its batch price."""
+    if provider in FREE_PROVIDERS:
+        return Cost(usd=Decimal(0), input_usd=Decimal(0), output_usd=Decimal(0),
+                    source="runs on this machine: no charge")
     price_id = PRICE_PROVIDERS.get(provider)
     genai = _genai() if price_id and model else None
     calc = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .adapter import Adapter
-from .cost import PRICE_PROVIDERS
+from .cost import FREE_PROVIDERS, PRICE_PROVIDERS
 from .errors import AuthenticationError, RequestError
 from .validation import describe
 
@@ -92,6 +92,8 @@ class ProviderDescriptor:
     default_note: str = ""
     #: the ``genai-prices`` provider id (``None``: prices unknown, never zero; docs/cost.md)
     price_provider: str | None = None
+    #: its answers cost nothing, as a model running on this machine: priced at $0, not unknown
+    free: bool = False
     #: the bare model names that are its own (its vendor's), as case-insensitive ``fnmatch``
     #: patterns (``"gpt-*"``): such a name goes to it, not to the default provider, unless the
     #: default serves it (:attr:`serves`)
@@ -221,7 +223,7 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
         "local", "dispatch_nb.providers.local:LocalAdapter", display_name="Embedded model",
         default_model="smollm2", default_max_tokens=512,
         available="dispatch_nb.providers.local:local_model_available", default_rank=1000,
-        default_note=EMBEDDED_MODEL_NOTE, serves=(),
+        default_note=EMBEDDED_MODEL_NOTE, serves=(), free=True,
     ),
     ProviderDescriptor(
         "fake", "dispatch_nb.providers.fake:CanonicalAdapter", display_name="Fake (canonical protocol)",
@@ -229,7 +231,19 @@ _BUILTIN: tuple[ProviderDescriptor, ...] = (
     ),
 )
 _providers: dict[str, ProviderDescriptor] = {d.name: d for d in _BUILTIN}
-PRICE_PROVIDERS.update({d.name: d.price_provider for d in _BUILTIN})
+
+
+def _note_price(descriptor: ProviderDescriptor) -> None:
+    """Tell :mod:`dispatch_nb.cost` how ``descriptor``'s answers are priced."""
+    PRICE_PROVIDERS[descriptor.name] = descriptor.price_provider
+    if descriptor.free:
+        FREE_PROVIDERS.add(descriptor.name)
+    else:
+        FREE_PROVIDERS.discard(descriptor.name)
+
+
+for _descriptor in _BUILTIN:
+    _note_price(_descriptor)
 #: the names registered by dispatch_nb itself
 BUILTIN_PROVIDERS = frozenset(_providers)
 _plugins_loaded = False
@@ -316,7 +330,7 @@ def register_provider(
                 "to replace it"
             )
         _providers[descriptor.name] = descriptor
-        PRICE_PROVIDERS[descriptor.name] = descriptor.price_provider
+        _note_price(descriptor)
 
 
 def list_providers() -> list[str]:

@@ -31,7 +31,7 @@ from dispatch_nb.cost import CostTotal, format_usd, ledger
 from dispatch_nb.estimates import worst_case
 from dispatch_nb.providers.anthropic import AnthropicAdapter
 from dispatch_nb.providers.copilot import CopilotAdapter
-from dispatch_nb.providers.openai import OpenAIAdapter
+from dispatch_nb.providers.openai import CompatibleAdapter, OpenAIAdapter
 from dispatch_nb.types import Message
 
 from ..fakes.anthropic import AnthropicFake
@@ -192,6 +192,37 @@ def test_unknown_price_is_none_never_zero() -> None:
         assert adapter.chat("hi").cost is None
 
 
+def test_a_provider_that_runs_on_this_machine_costs_zero_not_unknown() -> None:
+    """A descriptor with ``free=True`` (the embedded model's): its answers cost $0, a known
+    price, so sums add them, ``%chat cost`` says $0 and a budget can be kept."""
+    from dispatch_nb import connect, registry
+    from dispatch_nb.cost import FREE_PROVIDERS
+
+    class Here(CompatibleAdapter):
+        provider_name = "here-test"
+
+    with OpenAIChatFake.llama() as fake:
+        registry.register_provider(registry.ProviderDescriptor(
+            "here-test", lambda model, **kw: Here(model, base_url=fake.base_url, **kw), free=True))
+        try:
+            adapter = connect("here-test:smollm2")
+            answer = adapter.chat("hi")
+            assert answer.cost is not None and answer.cost.usd == 0
+            assert answer.cost.label() == "$0"
+            session = Session(adapter)
+            session.send("one")
+            session.send("two")
+            assert session.cost.known and session.cost.calls == 2 and str(session.cost) == "$0"
+            shown = estimate("Row {n}", ROWS[:2], model=adapter, max_tokens=10)
+            assert shown.low_usd == 0 and shown.high_usd == 0
+            result = batch("Row {n}", ROWS[:2], model=adapter, max_tokens=10, budget=0.01,
+                           progress=False)
+            assert [r.cost.usd for r in result] == [0, 0] and result.cost.known
+        finally:
+            registry._providers.pop("here-test", None)
+            FREE_PROVIDERS.discard("here-test")
+
+
 def test_cost_survives_dumps_and_plain_dumps_stay_as_they_were() -> None:
     with OpenAIResponsesFake(api_key="sk-test") as fake:
         fake.push(USAGE)
@@ -223,7 +254,7 @@ def test_a_replayed_answer_keeps_its_cost_and_costs_nothing_now(tmp_path: Path) 
 
 
 def test_a_replayed_answer_of_unknown_price_costs_nothing_now(tmp_path: Path) -> None:
-    # the embedded model and compatible servers have no price: replayed, such an answer is
+    # compatible servers have no price: replayed, such an answer is
     # counted as replayed (nothing spent now), not as an answer of unknown price
     path = tmp_path / "lesson.jsonl"
     with OpenAIChatFake.llama() as fake:

@@ -198,6 +198,13 @@ def test_max_tokens_stops_with_max_tokens(local: LocalAdapter) -> None:
     assert response.text
 
 
+def test_its_answers_cost_nothing_a_known_price(local: LocalAdapter) -> None:
+    """The model runs in this process: $0, not "price unknown" (docs/cost.md)."""
+    answer = local.chat("Say hi.", max_tokens=4)
+    assert answer.cost is not None and answer.cost.usd == 0 and answer.cost.label() == "$0"
+    assert answer.cost.source == "runs on this machine: no charge"
+
+
 def test_stop_sequence(local: LocalAdapter) -> None:
     prompt = "List the days of the week, separated by commas."
     free = local.chat(prompt, temperature=0, max_tokens=40).text
