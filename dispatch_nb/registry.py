@@ -621,9 +621,10 @@ def connect(spec: str = _DEFAULT_SPEC, **options: Any) -> Adapter:
     ``%chat status`` shows: see :func:`parse_model_spec`); without ``spec``, the default model
     (:func:`default_model_spec`). ``options`` go to the provider's constructor.
 
-    A spec that cannot be right fails here, before any request: ``None`` or a non-string
-    (``TypeError``), an unknown provider, a provider's name alone (``connect("openai")``) or a
-    word that is no model name (:class:`UnknownProviderError`, a ``RequestError``)."""
+    A spec that cannot be right fails here, before any request, with a ``RequestError`` that
+    says what to write: an unknown provider or a word that is no model name
+    (:class:`UnknownProviderError`), a provider's name alone (``connect("openai")``); ``None`` or
+    a non-string is a ``TypeError``."""
     if isinstance(spec, _Default):
         spec = default_model_spec()
     elif not isinstance(spec, str):
