@@ -154,11 +154,8 @@ class Adapter:
         timeout: float | None = None,
         max_retries: int = 2,
     ) -> None:
-        check_call(f"{type(self).__name__}: ", max_tokens=max_tokens, timeout=timeout)
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise (ValueError if isinstance(max_retries, int) else TypeError)(
-                f"{type(self).__name__}: max_retries must be a whole number, 0 or more — not "
-                f"{max_retries!r}")
+        check_call(f"{type(self).__name__}: ", max_tokens=max_tokens, timeout=timeout,
+                   max_retries=max_retries)
         #: the per-call default for ``max_tokens``
         self.default_max_tokens = max_tokens
         #: the per-call default total deadline in seconds (None: no deadline)
@@ -274,13 +271,6 @@ class Adapter:
             f"{type(self).__name__} must implement astream_once (or stream_once, if it blocks)"
         )
 
-    async def acomplete_once(
-        self, request: ChatRequest, acc: Accumulator, control: CallControl
-    ) -> None:
-        """One non-streaming attempt; the default consumes :meth:`astream_once` silently."""
-        async for _ in self.astream_once(request, acc, control):
-            pass
-
     def output_mode(self, request: ChatRequest) -> str | None:
         """The mechanism this adapter uses for ``request.output`` (None without one). Providers
         with a native one override this; the base puts the schema into the system prompt."""
@@ -332,15 +322,8 @@ class Adapter:
             raise RequestError(
                 "there is nothing to send: pass at least one message", provider=self.provider_name
             )
-        if max_tokens is not None and max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
-        if temperature is not None and not 0 <= temperature <= 2:
-            raise ValueError(f"temperature must be between 0 and 2, not {temperature!r}")
-        retries = options.get("max_retries")
-        if retries is not None and (
-            isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
-        ):
-            raise ValueError(f"max_retries must be an integer ≥ 0, not {retries!r}")
+        check_call(max_tokens=max_tokens, temperature=temperature,
+                   max_retries=options.get("max_retries"))
         return ChatRequest(
             messages=msgs,
             system=system,
@@ -468,8 +451,9 @@ class Adapter:
                     if request.stream:
                         async for delta in self.astream_once(request, acc, control):
                             yield delta
-                    else:
-                        await self.acomplete_once(request, acc, control)
+                    else:  # the attempt fills acc; a caller that did not stream sees no delta
+                        async for _ in self.astream_once(request, acc, control):
+                            pass
                     self._priced(request, acc)
                     return
                 except DispatchError as exc:
@@ -537,10 +521,8 @@ class Adapter:
     ) -> _Call:
         """The parameters of the four entry points (:meth:`chat` says what they mean), checked
         and normalized before anything is sent."""
-        messages, system = check_entry(
-            messages, system=system, max_tokens=max_tokens, temperature=temperature,
-            timeout=timeout, cancel=cancel, stream=stream,
-        )
+        messages, system = check_entry(messages, system=system, timeout=timeout, cancel=cancel,
+                                       stream=stream)
         request = self._request(
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,
