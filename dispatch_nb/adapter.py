@@ -618,70 +618,66 @@ class _Call(NamedTuple):
 BRIDGE_BUFFER = 64
 
 
-def _thread_bridge(
+async def _thread_bridge(
     make: Callable[[], Iterator[StreamDelta]], control: CallControl
 ) -> AsyncIterator[StreamDelta]:
     """Run a sync delta iterator on a worker thread and yield its items on the event loop; at
     most :data:`BRIDGE_BUFFER` wait in between (a slow consumer slows the worker)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    credit = threading.Semaphore(BRIDGE_BUFFER)
+    stop = threading.Event()
 
-    async def run() -> AsyncIterator[StreamDelta]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        credit = threading.Semaphore(BRIDGE_BUFFER)
-        stop = threading.Event()
+    def put(kind: str, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is gone; nobody is listening
+            stop.set()
 
-        def put(kind: str, value: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
-            except RuntimeError:  # the event loop is gone; nobody is listening
-                stop.set()
-
-        def worker() -> None:
-            items: Iterator[StreamDelta] | None = None
-            try:
-                items = make()  # an attempt that fails at once raises here
-                for item in items:
-                    while not credit.acquire(timeout=0.1):
-                        if stop.is_set():
-                            return
+    def worker() -> None:
+        items: Iterator[StreamDelta] | None = None
+        try:
+            items = make()  # an attempt that fails at once raises here
+            for item in items:
+                while not credit.acquire(timeout=0.1):
                     if stop.is_set():
                         return
-                    put("item", item)
-                put("done", None)
-            except BaseException as exc:
-                put("error", exc)
-            finally:
-                close = getattr(items, "close", None)
-                if close is not None:
-                    close()
-
-        # the worker sees this task's context (e.g. which thread a sync call is made for)
-        context = contextvars.copy_context()
-        thread = threading.Thread(target=context.run, args=(worker,), name="dispatch_nb-bridge",
-                                  daemon=True)
-        thread.start()
-        ended = False  # the worker said it is done (or failed): it stops by itself
-        try:
-            while True:
-                kind, value = await queue.get()
-                if kind == "item":
-                    credit.release()
-                    yield value
-                elif kind == "done":
-                    ended = True
+                if stop.is_set():
                     return
-                else:
-                    ended = True
-                    raise value
+                put("item", item)
+            put("done", None)
+        except BaseException as exc:
+            put("error", exc)
         finally:
-            stop.set()
-            credit.release()
-            if thread.is_alive():
-                if not ended:
-                    control.abort("cancel")
-                await asyncio.to_thread(thread.join, 5)
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
-    return run()
+    # the worker sees this task's context (e.g. which thread a sync call is made for)
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(worker,), name="dispatch_nb-bridge",
+                              daemon=True)
+    thread.start()
+    ended = False  # the worker said it is done (or failed): it stops by itself
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "item":
+                credit.release()
+                yield value
+            elif kind == "done":
+                ended = True
+                return
+            else:
+                ended = True
+                raise value
+    finally:
+        stop.set()
+        credit.release()
+        if thread.is_alive():
+            if not ended:
+                control.abort("cancel")
+            await asyncio.to_thread(thread.join, 5)
 
 
 def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:

@@ -467,6 +467,7 @@ class _Tapped:
 
 
 _D = TypeVar("_D", bound="Iterator[StreamDelta] | AsyncIterator[StreamDelta]")
+_S = TypeVar("_S", bound="_DeltaStream[Any]")
 
 
 class _DeltaStream(Generic[_D]):
@@ -493,10 +494,13 @@ class _DeltaStream(Generic[_D]):
             return list(self._log)
         return self.partial.deltas()
 
-    def _logging(self) -> list[StreamDelta]:
-        log: list[StreamDelta] = []
-        self._log = log
-        return log
+    def keep_events(self: _S) -> _S:
+        """Keep every delta yielded from now on in :attr:`events` (call it before iterating;
+        it keeps the deltas alive, so it is off unless asked for); returns the stream."""
+        if self._log is None:
+            self._log = []
+            self._deltas = _Tapped(self._deltas, self._log.append)
+        return self
 
     @property
     def partial_parsed(self) -> Any:
@@ -570,13 +574,6 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
             self.close()
             raise
 
-    def keep_events(self) -> ResponseStream:
-        """Keep every delta yielded from now on in :attr:`events` (call it before iterating;
-        it keeps the deltas alive, so it is off unless asked for); returns the stream."""
-        if self._log is None:
-            self._deltas = _Tapped(self._deltas, self._logging().append)
-        return self
-
     def until_done(self) -> Response:
         """Consume what is left and return the final response."""
         for _ in self:
@@ -644,12 +641,6 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
             self._failed(exc)
             await self.aclose()
             raise
-
-    def keep_events(self) -> AsyncResponseStream:
-        """See :meth:`ResponseStream.keep_events`."""
-        if self._log is None:
-            self._deltas = _Tapped(self._deltas, self._logging().append)
-        return self
 
     async def until_done(self) -> Response:
         """Consume what is left and return the final response."""
