@@ -165,29 +165,26 @@ class Accumulator:
         self.started = False
 
     # -- text and thinking -------------------------------------------------------------------
-    def text(
-        self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
-    ) -> StreamDelta:
-        """Append text (to the open text block with this key, else a new one)."""
+    def text(self, text: str, *, key: Hashable = None) -> StreamDelta:
+        """Append text (to the open text block with this key, else a new one); its provider data,
+        if any: :meth:`text_provider_data`."""
         last = self._last
-        if type(last) is _Text and last.key == key and provider_data is None:
+        if type(last) is _Text and last.key == key:
             parts = last.parts  # the hot path of every stream: the open block grows (_Prose.add)
             parts.append(text)
             if len(parts) >= _BATCH:
                 last.batches.append("".join(parts))
                 parts.clear()
         else:
-            self._add_text(text, key, provider_data)
+            self._add_text(text, key)
         return text_delta("text_delta", text)
 
-    def _add_text(self, text: str, key: Hashable, provider_data: dict[str, Any] | None) -> None:
+    def _add_text(self, text: str, key: Hashable) -> None:
         last = self._last
         if not (type(last) is _Text and last.key == key):
-            last = _Text(key, provider_data)
+            last = _Text(key, None)
             self._items.append(last)
             self._last = last
-        elif provider_data is not None:
-            last.provider_data = provider_data
         last.add(text)
         self.started = True
 
@@ -243,11 +240,9 @@ class Accumulator:
         block.batches, block.parts = [text], []
         return True
 
-    def redacted_thinking(
-        self, data: str, *, provider_data: dict[str, Any] | None = None
-    ) -> None:
+    def redacted_thinking(self, data: str) -> None:
         """Record an encrypted reasoning block (no delta: there is nothing to show)."""
-        self.add_block(RedactedThinkingBlock(data=data, provider_data=provider_data))
+        self.add_block(RedactedThinkingBlock(data=data))
 
     def add_block(self, block: Any, *, key: Hashable = None) -> None:
         """Append a finished block as is (``key``: its address for :meth:`order_by`)."""
@@ -358,7 +353,7 @@ class Accumulator:
         ignored."""
         kind = delta.type
         if kind == "text_delta":  # (the hot path of a replay or a live view: no delta is built)
-            self._add_text(delta.text or "", None, None)
+            self._add_text(delta.text or "", None)
         elif kind == "thinking_delta":
             self.thinking(delta.text or "")
         elif kind == "tool_use_start":
