@@ -154,11 +154,8 @@ class Adapter:
         timeout: float | None = None,
         max_retries: int = 2,
     ) -> None:
-        check_call(f"{type(self).__name__}: ", max_tokens=max_tokens, timeout=timeout)
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise (ValueError if isinstance(max_retries, int) else TypeError)(
-                f"{type(self).__name__}: max_retries must be a whole number, 0 or more — not "
-                f"{max_retries!r}")
+        check_call(f"{type(self).__name__}: ", max_tokens=max_tokens, timeout=timeout,
+                   max_retries=max_retries)
         #: the per-call default for ``max_tokens``
         self.default_max_tokens = max_tokens
         #: the per-call default total deadline in seconds (None: no deadline)
@@ -274,13 +271,6 @@ class Adapter:
             f"{type(self).__name__} must implement astream_once (or stream_once, if it blocks)"
         )
 
-    async def acomplete_once(
-        self, request: ChatRequest, acc: Accumulator, control: CallControl
-    ) -> None:
-        """One non-streaming attempt; the default consumes :meth:`astream_once` silently."""
-        async for _ in self.astream_once(request, acc, control):
-            pass
-
     def output_mode(self, request: ChatRequest) -> str | None:
         """The mechanism this adapter uses for ``request.output`` (None without one). Providers
         with a native one override this; the base puts the schema into the system prompt."""
@@ -332,15 +322,8 @@ class Adapter:
             raise RequestError(
                 "there is nothing to send: pass at least one message", provider=self.provider_name
             )
-        if max_tokens is not None and max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
-        if temperature is not None and not 0 <= temperature <= 2:
-            raise ValueError(f"temperature must be between 0 and 2, not {temperature!r}")
-        retries = options.get("max_retries")
-        if retries is not None and (
-            isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
-        ):
-            raise ValueError(f"max_retries must be an integer ≥ 0, not {retries!r}")
+        check_call(max_tokens=max_tokens, temperature=temperature,
+                   max_retries=options.get("max_retries"))
         return ChatRequest(
             messages=msgs,
             system=system,
@@ -468,8 +451,9 @@ class Adapter:
                     if request.stream:
                         async for delta in self.astream_once(request, acc, control):
                             yield delta
-                    else:
-                        await self.acomplete_once(request, acc, control)
+                    else:  # the attempt fills acc; a caller that did not stream sees no delta
+                        async for _ in self.astream_once(request, acc, control):
+                            pass
                     self._priced(request, acc)
                     return
                 except DispatchError as exc:
@@ -537,10 +521,8 @@ class Adapter:
     ) -> _Call:
         """The parameters of the four entry points (:meth:`chat` says what they mean), checked
         and normalized before anything is sent."""
-        messages, system = check_entry(
-            messages, system=system, max_tokens=max_tokens, temperature=temperature,
-            timeout=timeout, cancel=cancel, stream=stream,
-        )
+        messages, system = check_entry(messages, system=system, timeout=timeout, cancel=cancel,
+                                       stream=stream)
         request = self._request(
             messages, system=system, tools=tools, stream=stream, max_tokens=max_tokens,
             temperature=temperature, options=options,
@@ -636,70 +618,66 @@ class _Call(NamedTuple):
 BRIDGE_BUFFER = 64
 
 
-def _thread_bridge(
+async def _thread_bridge(
     make: Callable[[], Iterator[StreamDelta]], control: CallControl
 ) -> AsyncIterator[StreamDelta]:
     """Run a sync delta iterator on a worker thread and yield its items on the event loop; at
     most :data:`BRIDGE_BUFFER` wait in between (a slow consumer slows the worker)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    credit = threading.Semaphore(BRIDGE_BUFFER)
+    stop = threading.Event()
 
-    async def run() -> AsyncIterator[StreamDelta]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        credit = threading.Semaphore(BRIDGE_BUFFER)
-        stop = threading.Event()
+    def put(kind: str, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is gone; nobody is listening
+            stop.set()
 
-        def put(kind: str, value: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
-            except RuntimeError:  # the event loop is gone; nobody is listening
-                stop.set()
-
-        def worker() -> None:
-            items: Iterator[StreamDelta] | None = None
-            try:
-                items = make()  # an attempt that fails at once raises here
-                for item in items:
-                    while not credit.acquire(timeout=0.1):
-                        if stop.is_set():
-                            return
+    def worker() -> None:
+        items: Iterator[StreamDelta] | None = None
+        try:
+            items = make()  # an attempt that fails at once raises here
+            for item in items:
+                while not credit.acquire(timeout=0.1):
                     if stop.is_set():
                         return
-                    put("item", item)
-                put("done", None)
-            except BaseException as exc:
-                put("error", exc)
-            finally:
-                close = getattr(items, "close", None)
-                if close is not None:
-                    close()
-
-        # the worker sees this task's context (e.g. which thread a sync call is made for)
-        context = contextvars.copy_context()
-        thread = threading.Thread(target=context.run, args=(worker,), name="dispatch_nb-bridge",
-                                  daemon=True)
-        thread.start()
-        ended = False  # the worker said it is done (or failed): it stops by itself
-        try:
-            while True:
-                kind, value = await queue.get()
-                if kind == "item":
-                    credit.release()
-                    yield value
-                elif kind == "done":
-                    ended = True
+                if stop.is_set():
                     return
-                else:
-                    ended = True
-                    raise value
+                put("item", item)
+            put("done", None)
+        except BaseException as exc:
+            put("error", exc)
         finally:
-            stop.set()
-            credit.release()
-            if thread.is_alive():
-                if not ended:
-                    control.abort("cancel")
-                await asyncio.to_thread(thread.join, 5)
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
-    return run()
+    # the worker sees this task's context (e.g. which thread a sync call is made for)
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(worker,), name="dispatch_nb-bridge",
+                              daemon=True)
+    thread.start()
+    ended = False  # the worker said it is done (or failed): it stops by itself
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "item":
+                credit.release()
+                yield value
+            elif kind == "done":
+                ended = True
+                return
+            else:
+                ended = True
+                raise value
+    finally:
+        stop.set()
+        credit.release()
+        if thread.is_alive():
+            if not ended:
+                control.abort("cancel")
+            await asyncio.to_thread(thread.join, 5)
 
 
 def wrap_transport_error(exc: BaseException, provider: str) -> DispatchError:

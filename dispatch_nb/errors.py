@@ -369,7 +369,6 @@ def error_for_status(
     provider: str | None = None,
     error_type: str | None = None,
     headers: Mapping[str, str] | None = None,
-    partial: Response | None = None,
     request_id: str | None = None,
 ) -> DispatchError:
     """The right :class:`DispatchError` for an HTTP error (or an in-stream error event).
@@ -400,7 +399,6 @@ def error_for_status(
         status_code=status or None,
         provider=provider,
         code=code,
-        partial=partial,
         retryable={"true": True, "false": False}.get(should_retry),
         request_id=request_id,
         provider_code=error_type,

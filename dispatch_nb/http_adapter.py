@@ -35,7 +35,7 @@ from .transport import READ_EXTENSION, LoopClients, async_client, prepare_async_
 from .types import StreamDelta
 from .wire.base import StreamParser, WireFormat, WireRequest
 
-__all__ = ["HTTPAdapter", "StreamParser", "WireFormat", "WireRequest", "error_details"]
+__all__ = ["BaseURLError", "HTTPAdapter", "StreamParser", "WireFormat", "WireRequest", "error_details"]
 
 USER_AGENT = "dispatch-nb/0.1"
 #: seconds a chat's connection may take to open, and each read of its answer
@@ -85,6 +85,10 @@ def not_an_answer(body: bytes, provider: str | None) -> APIConnectionError:
     return APIConnectionError(message, provider=provider, code="unexpected_response", retryable=False)
 
 
+class BaseURLError(ValueError):
+    """A base URL that is not ``http(s)://...`` (a replay, which sends nothing, does without it)."""
+
+
 #: after a streamed answer's terminal event, how long the rest of the body may take to arrive (read
 #: to its end, the connection goes back to the pool; else it is dropped)
 RELEASE_SECONDS = 0.25
@@ -125,8 +129,8 @@ class HTTPAdapter(Adapter):
         if model is not None:
             self._model = model  # what Adapter.model_name gives
         if not isinstance(base_url, str) or not base_url.lower().startswith(("http://", "https://")):
-            raise ValueError(f"{type(self).__name__}: base_url must start with http:// or https:// "
-                             f"(e.g. http://127.0.0.1:8080/v1) — not {base_url!r}")
+            raise BaseURLError(f"{type(self).__name__}: base_url must start with http:// or https:// "
+                               f"(e.g. http://127.0.0.1:8080/v1) — not {base_url!r}")
         self._base_url = base_url.rstrip("/")
         self._extra_headers = dict(headers or {})
         self._async_http_given = async_http_client
@@ -153,11 +157,14 @@ class HTTPAdapter(Adapter):
         self._wire_or_raise(wire).parse_body(body, acc)
 
     def _wire_or_raise(self, wire: WireRequest | None = None) -> WireFormat:
+        """The wire format that builds a request (``wire`` None) or reads the answer to ``wire``."""
         found = (wire.wire if wire is not None else None) or self.wire
         if found is None:
-            raise NotImplementedError(
-                f"{type(self).__name__} must set wire (a wire format) or implement build_request"
-            )
+            name = type(self).__name__
+            if wire is None:
+                raise NotImplementedError(f"{name} must set wire (a wire format) or implement build_request")
+            raise NotImplementedError(f"{name} cannot read the answer: its build_request made a "
+                                      "WireRequest without wire= and it sets no wire (a wire format)")
         return found
 
     def note_credentials(self, request: httpx.Request | None) -> None:

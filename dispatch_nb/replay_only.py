@@ -12,6 +12,7 @@ from typing import Any
 from .adapter import Adapter, ChatRequest, ValidationResult
 from .call_control import CallControl
 from .errors import DispatchError, ModelUnavailableError
+from .http_adapter import BaseURLError
 from .registry import (
     connect,
     get_descriptor,
@@ -119,7 +120,8 @@ def _defaults(name: str, factory: Any, model: str,
 def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
     """``connect(spec, **options)``; in ``replay`` mode, a :class:`ReplayOnlyAdapter` instead when
     the provider cannot be built here (its extra is not installed, its model file is missing, its
-    base URL variable is malformed).
+    base URL is not http(s)://: a replay sends nothing). Any other error, a bad option value
+    say, is raised.
 
     In every other mode the error is raised: those modes may need the model. A replay sends
     nothing, so a vendor's bare model name (``gpt-4.1``) is that vendor's here even without its
@@ -129,8 +131,8 @@ def connect_for_cache(spec: str, mode: str, **options: Any) -> Adapter:
         spec = qualify_model_spec(spec, sends=False)
     try:
         return connect(spec, **options)
-    except (ImportError, ModelUnavailableError, ValueError) as exc:  # (ValueError: a base URL
-        if mode != "replay":                                          # replay never uses)
+    except (ImportError, ModelUnavailableError, BaseURLError) as exc:
+        if mode != "replay":
             raise
         name, model = parse_model_spec(spec)
         try:

@@ -165,29 +165,26 @@ class Accumulator:
         self.started = False
 
     # -- text and thinking -------------------------------------------------------------------
-    def text(
-        self, text: str, *, key: Hashable = None, provider_data: dict[str, Any] | None = None
-    ) -> StreamDelta:
-        """Append text (to the open text block with this key, else a new one)."""
+    def text(self, text: str, *, key: Hashable = None) -> StreamDelta:
+        """Append text (to the open text block with this key, else a new one); its provider data,
+        if any: :meth:`text_provider_data`."""
         last = self._last
-        if type(last) is _Text and last.key == key and provider_data is None:
+        if type(last) is _Text and last.key == key:
             parts = last.parts  # the hot path of every stream: the open block grows (_Prose.add)
             parts.append(text)
             if len(parts) >= _BATCH:
                 last.batches.append("".join(parts))
                 parts.clear()
         else:
-            self._add_text(text, key, provider_data)
+            self._add_text(text, key)
         return text_delta("text_delta", text)
 
-    def _add_text(self, text: str, key: Hashable, provider_data: dict[str, Any] | None) -> None:
+    def _add_text(self, text: str, key: Hashable) -> None:
         last = self._last
         if not (type(last) is _Text and last.key == key):
-            last = _Text(key, provider_data)
+            last = _Text(key, None)
             self._items.append(last)
             self._last = last
-        elif provider_data is not None:
-            last.provider_data = provider_data
         last.add(text)
         self.started = True
 
@@ -243,11 +240,9 @@ class Accumulator:
         block.batches, block.parts = [text], []
         return True
 
-    def redacted_thinking(
-        self, data: str, *, provider_data: dict[str, Any] | None = None
-    ) -> None:
+    def redacted_thinking(self, data: str) -> None:
         """Record an encrypted reasoning block (no delta: there is nothing to show)."""
-        self.add_block(RedactedThinkingBlock(data=data, provider_data=provider_data))
+        self.add_block(RedactedThinkingBlock(data=data))
 
     def add_block(self, block: Any, *, key: Hashable = None) -> None:
         """Append a finished block as is (``key``: its address for :meth:`order_by`)."""
@@ -358,7 +353,7 @@ class Accumulator:
         ignored."""
         kind = delta.type
         if kind == "text_delta":  # (the hot path of a replay or a live view: no delta is built)
-            self._add_text(delta.text or "", None, None)
+            self._add_text(delta.text or "", None)
         elif kind == "thinking_delta":
             self.thinking(delta.text or "")
         elif kind == "tool_use_start":
@@ -467,6 +462,7 @@ class _Tapped:
 
 
 _D = TypeVar("_D", bound="Iterator[StreamDelta] | AsyncIterator[StreamDelta]")
+_S = TypeVar("_S", bound="_DeltaStream[Any]")
 
 
 class _DeltaStream(Generic[_D]):
@@ -493,10 +489,13 @@ class _DeltaStream(Generic[_D]):
             return list(self._log)
         return self.partial.deltas()
 
-    def _logging(self) -> list[StreamDelta]:
-        log: list[StreamDelta] = []
-        self._log = log
-        return log
+    def keep_events(self: _S) -> _S:
+        """Keep every delta yielded from now on in :attr:`events` (call it before iterating;
+        it keeps the deltas alive, so it is off unless asked for); returns the stream."""
+        if self._log is None:
+            self._log = []
+            self._deltas = _Tapped(self._deltas, self._log.append)
+        return self
 
     @property
     def partial_parsed(self) -> Any:
@@ -570,13 +569,6 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
             self.close()
             raise
 
-    def keep_events(self) -> ResponseStream:
-        """Keep every delta yielded from now on in :attr:`events` (call it before iterating;
-        it keeps the deltas alive, so it is off unless asked for); returns the stream."""
-        if self._log is None:
-            self._deltas = _Tapped(self._deltas, self._logging().append)
-        return self
-
     def until_done(self) -> Response:
         """Consume what is left and return the final response."""
         for _ in self:
@@ -644,12 +636,6 @@ class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):
             self._failed(exc)
             await self.aclose()
             raise
-
-    def keep_events(self) -> AsyncResponseStream:
-        """See :meth:`ResponseStream.keep_events`."""
-        if self._log is None:
-            self._deltas = _Tapped(self._deltas, self._logging().append)
-        return self
 
     async def until_done(self) -> Response:
         """Consume what is left and return the final response."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import json
 import logging
 import re
@@ -34,9 +33,8 @@ from .types import (
     Usage,
     text_delta,
 )
-from .wire.openai_schema import openai_output_schema
 from .wire.request import OUTPUT_MODES, OUTPUT_TOOL_NAME, ChatRequest
-from .wire.schema import is_object_root, is_recursive, map_schema, nullable, resolver
+from .wire.schema import is_object_root, map_schema, nullable, resolver
 
 if TYPE_CHECKING:
     from .cancel import CancelToken
@@ -207,17 +205,7 @@ class StructuredOutput:
         self._type_adapter = adapter
         return dict(map_schema(schema, lambda n: {k: v for k, v in n.items() if k != "title"}))
 
-    # -- facts providers use ---------------------------------------------------------------------
-    @functools.cached_property
-    def recursive(self) -> bool:
-        """Whether the schema refers to itself (a tree, a linked list...)."""
-        return is_recursive(self.schema)
-
-    def openai_schema(self) -> tuple[dict[str, Any], bool]:
-        """``(schema, strict)`` for OpenAI's ``json_schema`` formats and strict tools (the OpenAI
-        dialect: :func:`~dispatch_nb.wire.openai_schema.openai_output_schema`)."""
-        return openai_output_schema(self)
-
+    # -- what wire formats read (wire.request.OutputSpec) ----------------------------------------
     def tool_definition(self) -> ToolDefinition:
         """The tool whose arguments are the answer (``tool`` mode)."""
         what = self.description or f"the {self.name} answer"

@@ -41,6 +41,7 @@ ACCEPTED: dict[str, str] = {
     "timeout": "a number of seconds above 0 (e.g. timeout=30) or None",
     "stream": "True or False",
     "max_tool_rounds": "a whole number, 0 or more",
+    "max_retries": "a whole number, 0 or more",
     "id": "a str or None",
 }
 
@@ -57,6 +58,7 @@ class CallArguments(BaseModel):
     timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     stream: bool = False
     max_tool_rounds: Annotated[int, Field(ge=0)] = 8
+    max_retries: Annotated[int, Field(ge=0)] | None = None
     id: str | None = None
 
 
@@ -197,21 +199,17 @@ def check_entry(
     messages: Any,
     *,
     system: Any,
-    max_tokens: Any,
-    temperature: Any,
     timeout: Any,
     cancel: Any,
     stream: Any = False,
 ) -> tuple[Any, str | None]:
-    """What ``chat`` / ``stream`` / ``achat`` / ``astream`` check before anything is sent; returns
-    ``(messages, system)`` with lone surrogates replaced."""
+    """What ``chat`` / ``stream`` / ``achat`` / ``astream`` check before anything is sent, but
+    what a request checks when it is made (``max_tokens``, ``temperature``: ``Adapter._request``);
+    returns ``(messages, system)`` with lone surrogates replaced."""
     from .cancel import CancelToken
 
     check_messages(messages)
-    check_call(
-        system=system, max_tokens=max_tokens, temperature=temperature, timeout=timeout,
-        stream=stream,
-    )
+    check_call(system=system, timeout=timeout, stream=stream)
     if cancel is not None and not isinstance(cancel, CancelToken):
         raise TypeError(f"cancel must be a CancelToken or None — not {describe(cancel)}")
     if system is not None:

@@ -189,3 +189,11 @@ def test_a_malformed_base_url_variable_does_not_stop_a_replay(monkeypatch: pytes
     assert (adapter.provider_name, adapter.model_name) == ("compatible", "llama3:8b")
     with pytest.raises(ValueError, match="base_url must start with http:// or https://"):
         connect_for_cache("compatible:llama3:8b", "read-write")
+
+
+def test_a_bad_option_value_is_the_users_error_even_in_a_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a base URL the replay does not use is stood in for: another ValueError of the
+    provider's constructor (here a backend that contradicts the provider) is raised."""
+    monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", "localhost:8080/v1")
+    with pytest.raises(ValueError, match="contradicts the provider"):
+        connect_for_cache("compatible:llama3:8b", "replay", backend="official")

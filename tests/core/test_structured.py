@@ -37,7 +37,7 @@ from dispatch_nb.render import (
 )
 from dispatch_nb.replay_only import ReplayOnlyAdapter
 from dispatch_nb.wire.anthropic import anthropic_schema
-from dispatch_nb.wire.openai_schema import openai_strict_schema
+from dispatch_nb.wire.openai_schema import openai_output_schema, openai_strict_schema
 from dispatch_nb.wire.request import OUTPUT_TOOL_NAME
 from dispatch_nb.wire.schema import is_recursive
 
@@ -77,7 +77,7 @@ def test_wire_schema_is_always_an_object() -> None:
     assert StructuredOutput(Literal["a", "b"]).schema["properties"]["result"]["enum"] == ["a", "b"]
     assert StructuredOutput(int).wrapped
     tree = StructuredOutput(Node)  # pydantic roots a recursive model at a $ref: inlined
-    assert not tree.wrapped and tree.schema["type"] == "object" and tree.recursive
+    assert not tree.wrapped and tree.schema["type"] == "object" and is_recursive(tree.schema)
 
 
 def test_names_and_descriptions() -> None:
@@ -102,9 +102,9 @@ def test_openai_strict_schema() -> None:
 
     # a map type cannot be strict: the whole schema goes with strict false
     assert openai_strict_schema(StructuredOutput(Post).schema) is None
-    assert StructuredOutput(Post).openai_schema()[1] is False
+    assert openai_output_schema(StructuredOutput(Post))[1] is False
     with pytest.raises(ValueError, match="cannot be made strict"):
-        StructuredOutput(Post, strict=True).openai_schema()
+        openai_output_schema(StructuredOutput(Post, strict=True))
 
     constrained = openai_strict_schema({
         "type": "object", "properties": {

@@ -209,6 +209,25 @@ def test_an_http_adapter_without_a_wire_format_says_which_seam_is_missing() -> N
         Bare(base_url="http://x.test").build_request(request())
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_reading_an_answer_without_a_wire_format_names_the_read_not_build_request(stream: bool) -> None:
+    class BuildsItsOwn(HTTPAdapter):
+        @property
+        def model_name(self) -> str:
+            return "echo"
+
+        def build_request(self, request: ChatRequest) -> WireRequest:
+            return WireRequest("POST", "/chat", json={"model": "echo", "stream": request.stream,
+                                                      "messages": [{"role": "user", "content": "hi"}]})
+
+    handler = CanonicalHandler(Turn(text="unread"))
+    adapter = BuildsItsOwn(base_url="http://wire.test",
+                           async_http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    with pytest.raises(NotImplementedError, match="cannot read the answer") as info:
+        adapter.chat("hi", stream=stream)
+    assert "implement build_request" not in str(info.value)
+
+
 # -- the adapter seams ----------------------------------------------------------------------------
 class NewStyle(Adapter):
     @property
