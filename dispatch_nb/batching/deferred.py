@@ -28,7 +28,7 @@ from ..types import Response, Usage
 from ..wire.base import WireRequest
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .engine import Pending, chat_request, prepare_rows, resume
+from .engine import Pending, prepare_call, prepare_rows, resume, row_call
 from .plan import BatchPlan, resolve_adapter
 from .result import BatchResult, RowOrigin, not_sent
 
@@ -210,9 +210,10 @@ class DeferredRun:
         self.job = self.result.job = BatchJob(adapter.provider_name)
         pending = self._read_rows()
         self.job.checkpoint = self.plan.checkpoint
-        for item in pending:  # the request a live, non-streamed call sends (the same wire code)
-            request = chat_request(api.adapter, item.messages, self.plan.call, stream=False)
-            request = api.adapter._with_output_prompt(request)
+        if pending:  # the request a live, non-streamed call sends (the same wire code)
+            prepared = prepare_call(api.adapter, pending[0].messages, self.plan.call, stream=False)
+        for item in pending:
+            request = api.adapter._with_output_prompt(row_call(prepared, item.messages).request)
             self.rows[item.key] = _Row(item.position, item.key, request,
                                        api.adapter.build_request(request))
         if self.checkpoint is not None and self.checkpoint.read:
