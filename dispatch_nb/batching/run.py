@@ -264,9 +264,7 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
 def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchResult:
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
     their own with the same plan; their answers replace the errors in ``result``."""
-    plan: BatchPlan | None = result._plan
-    if plan is None:
-        raise ValueError("this BatchResult does not know the batch it came from")
+    plan: BatchPlan = result._plan  # set with result._retry, which calls this
     failed = [i for i, item in enumerate(result)
               if isinstance(item, DispatchError) and not isinstance(item, BatchPendingError)]
     if not failed:
