@@ -28,7 +28,7 @@ from ..types import Response, Usage
 from ..wire.base import WireRequest
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .engine import Pending, prepare_call, prepare_rows, resume, row_call
+from .engine import Pending, prepare_call, resume, row_call
 from .plan import BatchPlan, resolve_adapter
 from .result import BatchResult, RowOrigin, not_sent
 
@@ -180,8 +180,7 @@ class DeferredRun:
         plan = self.plan
         if plan.checkpoint is not None:
             self.checkpoint = Checkpoint(plan.checkpoint)
-        pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                    self.checkpoint, self.result))
+        pending = list(plan.rows(self.checkpoint, self.result))
         if self.checkpoint is None and pending:  # one named after what the batch asks
             from ..auth.token_store import dispatch_nb_home
 

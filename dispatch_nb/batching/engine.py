@@ -1,6 +1,6 @@
 """The batch engine: rows through one adapter on one event loop, adaptively concurrent.
 
-:func:`prepare_rows` fills and keys the rows, skipping those the checkpoint answered;
+:meth:`.BatchPlan.rows` fills and keys the rows, skipping those the checkpoint answered;
 :class:`RowRunner` runs the rest, one task per row in flight. Retries are the batch's (each call
 has ``max_retries=0``, so every 429 reaches the limiter). See docs/batch.md, "Rate limits,
 retries, deadlines" and "Stopping".
@@ -38,10 +38,9 @@ from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
 from .result import BatchResult, RowOrigin, is_not_sent, mark_not_sent, not_sent, stops_batch
-from .rows import RowCall, RowSource, TemplateError, fill_template, row_key
+from .rows import RowCall
 
-__all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "prepare_call", "prepare_rows", "resume",
-           "row_call"]
+__all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "prepare_call", "resume", "row_call"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -135,39 +134,7 @@ async def ask(
     return response, response.usage, 1
 
 
-# -- reading rows ---------------------------------------------------------------------------------
-def prepare_rows(
-    source: RowSource,
-    template: Any,
-    model: str,
-    call: RowCall,
-    checkpoint: Checkpoint | None,
-    result: BatchResult,
-) -> Iterator[Pending]:
-    """Fill each row's template and yield the rows to send; rows answered in the checkpoint and
-    rows whose template fails go straight into ``result``. The first row's template failure is
-    raised (the template is wrong, not the row)."""
-    material = call.key_material()
-    seen: dict[str, int] = {}
-    for position, row in source:
-        result._reserve(position)
-        try:
-            messages = fill_template(template, row, source.namespace(row))
-        except TemplateError as exc:
-            if position == 0:
-                raise
-            result._set(position, RequestError(
-                f"row {position}: the template could not be filled: {exc}", code="invalid_request"))
-            result._stats.failed += 1
-            continue
-        base = row_key(model, messages, material)
-        occurrence = seen.get(base, 0)
-        seen[base] = occurrence + 1
-        key = base if occurrence == 0 else f"{base}#{occurrence}"
-        if checkpoint is None or not resume(result, position, checkpoint.answer(key)):
-            yield Pending(position, messages, key)
-
-
+# -- resuming rows ------------------------------------------------------------------------------
 def resume(result: BatchResult, position: int, answer: tuple[Response, Usage, float] | None,
            origin: int = RowOrigin.CHECKPOINT) -> bool:
     """Put ``answer``, a checkpoint's (:meth:`.Checkpoint.answer`), in ``result`` as row

@@ -23,7 +23,7 @@ from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .cluster import dask_partition_size, run_on_dask
 from .deferred import TICK, BatchPendingError, DeferredRun, in_thread
-from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, prepare_rows
+from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner
 from .plan import BatchPlan, aclose_adapter, finish, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
@@ -90,8 +90,7 @@ class _Job:
         adapter, owned = resolve_adapter(plan.model, plan.cache)
         checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
         try:
-            rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                checkpoint, result)
+            rows = plan.rows(checkpoint, result)
             budget = RowBudget(result.budget, adapter, plan.call) \
                 if result.budget is not None else None
             runner = RowRunner(adapter, plan.call, plan.settings, result=result,
