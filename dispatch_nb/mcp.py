@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import pydantic_core
 
 from . import bridge
+from .cache.store import _now
 from .tools import MAX_ERROR_CHARS, Tool, error_result
 from .types import ImageBlock, TextBlock, ToolDefinition, ToolResultBlock, ToolUseBlock
 
@@ -491,10 +492,6 @@ def _call_key(server: str, tool: str, arguments: dict[str, Any]) -> str:
     return _key({"mcp_call": server, "tool": tool, "arguments": canonical})
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 async def gather_tools(servers: list[MCPServer], taken: set[str],
                        cache: ResponseCache | None = None) -> list[MCPTool]:
     """List every server (each lazily started; again after a change) and return their tools,
@@ -512,7 +509,7 @@ async def gather_tools(servers: list[MCPServer], taken: set[str],
                                          for t in entry["response"]["tools"]]
                 return
         try:
-            tools = await _await_on_loop(asyncio.wait_for(server._list(), START_TIMEOUT))
+            tools = await server.alist_tools()
         except Exception as exc:
             logger.warning("MCP server %s: %s", server.name, server.error or exc)
             return

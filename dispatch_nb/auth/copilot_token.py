@@ -221,7 +221,6 @@ class CopilotTokenManager:
 
     @property
     def token_url(self) -> str:
-        """``{github_api_url}/copilot_internal/v2/token``."""
         return f"{self.github_api_url}/copilot_internal/v2/token"
 
     @property

@@ -485,7 +485,6 @@ def body_fields(body: bytes) -> dict[str, Any]:
 
 
 def nonempty_str(value: Any) -> str | None:
-    """``value`` if it is a non-empty string, else None."""
     return value if isinstance(value, str) and value else None
 
 

@@ -119,7 +119,6 @@ class TokenStore:
         )
 
     def exists(self) -> bool:
-        """True if the token file exists."""
         return self.path.exists()
 
     def load_record(self) -> StoredToken | None:

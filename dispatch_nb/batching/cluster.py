@@ -21,7 +21,7 @@ from ..cancel import CancelToken
 from ..errors import DispatchError
 from ..types import Response, Usage
 from .checkpoint import Checkpoint, shared_checkpoint
-from .engine import BatchSettings, Pending, RowRunner, prepare_rows, resume
+from .engine import BatchSettings, Pending, RowRunner, resume
 from .plan import aclose_adapter, resolve_adapter
 from .progress import BatchProgress
 from .result import BatchResult, RowOrigin, is_not_sent, mark_not_sent, not_sent
@@ -184,7 +184,7 @@ def run_on_dask(plan: Any, client: Any, result: BatchResult, bar: BatchProgress,
     stop_event = distributed.Event(event_name, client=client)
     remove_callback = cancel.add_callback(lambda: _stop(stop_event))
     stats = result._stats
-    rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call, checkpoint, result)
+    rows = plan.rows(checkpoint, result)
     threads = sum(client.nthreads().values()) or 2  # no worker yet: assume two threads
     ahead = 2 * threads + 2  # partitions submitted at a time
     outstanding: dict[Any, list[int]] = {}  # future → the positions of its rows

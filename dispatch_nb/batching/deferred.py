@@ -28,7 +28,7 @@ from ..types import Response, Usage
 from ..wire.base import WireRequest
 from .budget import RowBudget
 from .checkpoint import Checkpoint
-from .engine import Pending, chat_request, prepare_rows, resume
+from .engine import Pending, prepare_call, resume, row_call
 from .plan import BatchPlan, resolve_adapter
 from .result import BatchResult, RowOrigin, not_sent
 
@@ -180,8 +180,7 @@ class DeferredRun:
         plan = self.plan
         if plan.checkpoint is not None:
             self.checkpoint = Checkpoint(plan.checkpoint)
-        pending = list(prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                    self.checkpoint, self.result))
+        pending = list(plan.rows(self.checkpoint, self.result))
         if self.checkpoint is None and pending:  # one named after what the batch asks
             from ..auth.token_store import dispatch_nb_home
 
@@ -210,9 +209,10 @@ class DeferredRun:
         self.job = self.result.job = BatchJob(adapter.provider_name)
         pending = self._read_rows()
         self.job.checkpoint = self.plan.checkpoint
-        for item in pending:  # the request a live, non-streamed call sends (the same wire code)
-            request = chat_request(api.adapter, item.messages, self.plan.call, stream=False)
-            request = api.adapter._with_output_prompt(request)
+        if pending:  # the request a live, non-streamed call sends (the same wire code)
+            prepared = prepare_call(api.adapter, pending[0].messages, self.plan.call, stream=False)
+        for item in pending:
+            request = api.adapter._with_output_prompt(row_call(prepared, item.messages).request)
             self.rows[item.key] = _Row(item.position, item.key, request,
                                        api.adapter.build_request(request))
         if self.checkpoint is not None and self.checkpoint.read:
@@ -245,16 +245,15 @@ class DeferredRun:
         fresh = self._within_budget(fresh)
         if fresh:
             submitted: set[str] = set()
-            async with api.client() as client:
-                for chunk, lines in self._chunks(api, fresh):
-                    if self.cancel.cancelled:
-                        break
-                    part = await api.submit(client, lines)
-                    self.checkpoint.record_job(part.to_json(), chunk)
-                    self.parts[part.id] = (part, chunk)
-                    submitted.update(chunk)
-                    log.info("batch %s: submitted %d row(s) as %s job %s", self.plan.model_key,
-                             len(chunk), part.provider, part.id)
+            for chunk, lines in self._chunks(api, fresh):
+                if self.cancel.cancelled:
+                    break
+                part = await api.submit(lines)
+                self.checkpoint.record_job(part.to_json(), chunk)
+                self.parts[part.id] = (part, chunk)
+                submitted.update(chunk)
+                log.info("batch %s: submitted %d row(s) as %s job %s", self.plan.model_key,
+                         len(chunk), part.provider, part.id)
             for key in fresh:  # cancelled before their job was submitted: never sent
                 if key not in submitted:
                     self._finish_row(self.rows[key], not_sent(self.result, self.cancel), None)
@@ -386,11 +385,11 @@ class DeferredRun:
                                    streamed=False, usage=usage, latency=max(0.0, latency),
                                    attempts=1)
 
-    async def _collect(self, client: Any, part: JobPart, keys: list[str]) -> None:
+    async def _collect(self, part: JobPart, keys: list[str]) -> None:
         assert self.api is not None and self.checkpoint is not None
         outcomes: list[RowOutcome] = []
         if part.state != "failed":
-            outcomes = await self.api.results(client, part)
+            outcomes = await self.api.results(part)
         waiting = {custom_id(key): self.rows[key] for key in keys if key in self.rows}
         for outcome in outcomes:
             row = waiting.pop(outcome.custom_id, None)
@@ -412,15 +411,14 @@ class DeferredRun:
         api = self.api
         if api is None:
             return True
-        async with api.client() as client:
-            for job_id, (part, keys) in list(self.parts.items()):
-                if part.id in self.collected:
-                    continue
-                if not part.done:
-                    part = await api.poll(client, part)
-                    self.parts[job_id] = (part, keys)
-                if part.done:
-                    await self._collect(client, part, keys)
+        for job_id, (part, keys) in list(self.parts.items()):
+            if part.id in self.collected:
+                continue
+            if not part.done:
+                part = await api.poll(part)
+                self.parts[job_id] = (part, keys)
+            if part.done:
+                await self._collect(part, keys)
         self._show()
         return all(p.id in self.collected for p, _k in self.parts.values())
 
@@ -454,18 +452,17 @@ class DeferredRun:
         api = self.api
         if api is None:
             return
-        async with api.client() as client:
-            for job_id, (part, keys) in list(self.parts.items()):
-                if part.done:
-                    continue
-                try:
-                    part = await api.cancel(client, part)
-                except DispatchError as exc:
-                    log.warning("could not cancel batch job %s: %s", part.id, exc)
-                    continue
-                self.parts[job_id] = (part, keys)
-                assert self.checkpoint is not None
-                self.checkpoint.record_job(part.to_json(), keys)
+        for job_id, (part, keys) in list(self.parts.items()):
+            if part.done:
+                continue
+            try:
+                part = await api.cancel(part)
+            except DispatchError as exc:
+                log.warning("could not cancel batch job %s: %s", part.id, exc)
+                continue
+            self.parts[job_id] = (part, keys)
+            assert self.checkpoint is not None
+            self.checkpoint.record_job(part.to_json(), keys)
         end = time.monotonic() + PROVIDER_CANCEL_GRACE
         while time.monotonic() < end:
             if await self.refresh():

@@ -1,6 +1,6 @@
 """The batch engine: rows through one adapter on one event loop, adaptively concurrent.
 
-:func:`prepare_rows` fills and keys the rows, skipping those the checkpoint answered;
+:meth:`.BatchPlan.rows` fills and keys the rows, skipping those the checkpoint answered;
 :class:`RowRunner` runs the rest, one task per row in flight. Retries are the batch's (each call
 has ``max_retries=0``, so every 429 reaches the limiter). See docs/batch.md, "Rate limits,
 retries, deadlines" and "Stopping".
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from ..adapter import Adapter, ChatRequest, backoff_delay
+from ..adapter import Adapter, _Call, backoff_delay
 from ..budget import Budget
 from ..cache import CachedAdapter
 from ..cancel import CancelToken
@@ -32,14 +32,15 @@ from ..errors import (
     RequestError,
 )
 from ..registry import find_descriptor
-from ..types import Message, Response, Usage
+from ..types import Message, Response, Usage, as_messages
+from ..validation import clean_messages
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .limiter import AdaptiveLimiter
 from .result import BatchResult, RowOrigin, is_not_sent, mark_not_sent, not_sent, stops_batch
-from .rows import RowCall, RowSource, TemplateError, fill_template, row_key
+from .rows import RowCall
 
-__all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "chat_request", "prepare_rows", "resume"]
+__all__ = ["BatchSettings", "Pending", "RowRunner", "ask", "prepare_call", "resume", "row_call"]
 
 log = logging.getLogger("dispatch_nb")
 
@@ -75,19 +76,48 @@ class Pending:
 
 
 # -- one row's call -------------------------------------------------------------------------------
+def prepare_call(adapter: Adapter, messages: str | list[Message], call: RowCall, *,
+                 stream: bool, **options: Any) -> _Call:
+    """The first row's call, checked by the adapter before any row is sent: it raises the
+    adapter's own TypeError / ValueError for an option it rejects (or a bad ``output=`` schema),
+    which would otherwise fail every row alike. Every row's call is this one with its own prompt
+    (:func:`row_call`), so a batch checks its tools and options once, not once per row."""
+    prepared = adapter._prepare(messages, system=call.system, tools=call.tools, stream=stream,
+                                **{**call.options, **options})
+    if prepared.output is None:
+        return prepared
+    from ..structured import as_output
+
+    output = as_output(prepared.output)
+    return prepared._replace(request=dataclasses.replace(prepared.request, output=output),
+                             output=output)
+
+
+def row_call(prepared: _Call, messages: str | list[Message], *, timeout: float | None = None,
+             cancel: CancelToken | None = None) -> _Call:
+    """``prepared`` (:func:`prepare_call`) for one row's prompt, lone surrogates replaced as
+    ``chat`` replaces them."""
+    request = dataclasses.replace(prepared.request, messages=as_messages(clean_messages(messages)))
+    if not request.messages:
+        raise RequestError("there is nothing to send: the template gave no messages")
+    return prepared._replace(request=request, timeout=timeout, cancel=cancel)
+
+
 async def ask(
     adapter: Adapter,
     messages: str | list[Message],
     call: RowCall,
+    prepared: _Call,
     *,
     timeout: float | None,
     cancel: CancelToken,
     budget: Budget | None = None,
 ) -> tuple[Response, Usage, int]:
     """One attempt at one row: ``(response, usage, model calls)``. Without Python tools a single
-    call (streamed only with ``call.stream``: nobody watches a row's tokens arrive); with them a
-    fresh :class:`~dispatch_nb.session.Session` runs the tool loop, keeping ``budget``.
-    ``call.options`` pass straight through (``max_tokens``, ``temperature``, ``output``...)."""
+    call, ``prepared`` with the row's prompt (streamed only with ``call.stream``: nobody watches a
+    row's tokens arrive); with them a fresh :class:`~dispatch_nb.session.Session` runs the tool
+    loop, keeping ``budget``. ``call.options`` pass straight through (``max_tokens``,
+    ``temperature``, ``output``...)."""
     if call.runs_tools:
         from ..session import Session
 
@@ -96,66 +126,15 @@ async def ask(
                                        cancel=cancel, max_retries=0, **call.options)
         calls = sum(1 for m in session.history if m.role == "assistant")
         return response, session.usage, max(1, calls)
-    response = await adapter.achat(
-        messages, system=call.system, tools=call.tools or None, stream=call.stream, timeout=timeout,
-        cancel=cancel, max_retries=0, **call.options,
-    )
+    async with adapter._open(row_call(prepared, messages, timeout=timeout, cancel=cancel),
+                             asynchronous=True) as deltas:
+        async for _delta in deltas:
+            pass
+    response = deltas.response
     return response, response.usage, 1
 
 
-def chat_request(adapter: Adapter, messages: str | list[Message], call: RowCall, *,
-                 stream: bool, **options: Any) -> ChatRequest:
-    """The request of one row's call, checked by the adapter: made for the first row before any
-    row is sent, it raises the adapter's own TypeError / ValueError for an option it rejects (or
-    a bad ``output=`` schema), which would otherwise fail every row alike."""
-    options = {**call.options, **options}
-    max_tokens = options.pop("max_tokens", None)
-    temperature = options.pop("temperature", None)
-    # output= / output_retries= are arguments of the call (validated answers), not wire options
-    output = options.pop("output", None)
-    options.pop("output_retries", None)
-    request = adapter._request(messages, system=call.system, tools=call.tools, stream=stream,
-                               max_tokens=max_tokens, temperature=temperature, options=options)
-    if output is not None:
-        from ..structured import as_output
-
-        request = dataclasses.replace(request, output=as_output(output))
-    return request
-
-
-# -- reading rows ---------------------------------------------------------------------------------
-def prepare_rows(
-    source: RowSource,
-    template: Any,
-    model: str,
-    call: RowCall,
-    checkpoint: Checkpoint | None,
-    result: BatchResult,
-) -> Iterator[Pending]:
-    """Fill each row's template and yield the rows to send; rows answered in the checkpoint and
-    rows whose template fails go straight into ``result``. The first row's template failure is
-    raised (the template is wrong, not the row)."""
-    material = call.key_material()
-    seen: dict[str, int] = {}
-    for position, row in source:
-        result._reserve(position)
-        try:
-            messages = fill_template(template, row, source.namespace(row))
-        except TemplateError as exc:
-            if position == 0:
-                raise
-            result._set(position, RequestError(
-                f"row {position}: the template could not be filled: {exc}", code="invalid_request"))
-            result._stats.failed += 1
-            continue
-        base = row_key(model, messages, material)
-        occurrence = seen.get(base, 0)
-        seen[base] = occurrence + 1
-        key = base if occurrence == 0 else f"{base}#{occurrence}"
-        if checkpoint is None or not resume(result, position, checkpoint.answer(key)):
-            yield Pending(position, messages, key)
-
-
+# -- resuming rows ------------------------------------------------------------------------------
 def resume(result: BatchResult, position: int, answer: tuple[Response, Usage, float] | None,
            origin: int = RowOrigin.CHECKPOINT) -> bool:
     """Put ``answer``, a checkpoint's (:meth:`.Checkpoint.answer`), in ``result`` as row
@@ -211,8 +190,8 @@ class RowRunner:
         first = next(rows, None)
         if first is None:
             return
-        chat_request(self.adapter, first.messages, self.call, stream=self.call.stream,
-                     max_retries=0)
+        self._prepared = prepare_call(self.adapter, first.messages, self.call,
+                                      stream=self.call.stream, max_retries=0)
         if self.budget is not None:
             self.budget.worst(first.messages)
         rows = itertools.chain([first], rows)
@@ -335,7 +314,8 @@ class RowRunner:
                 error: DispatchError | None = None
                 try:
                     response, row_usage, calls = await ask(
-                        adapter, pending.messages, self.call, timeout=remaining, cancel=self.cancel,
+                        adapter, pending.messages, self.call, self._prepared, timeout=remaining,
+                        cancel=self.cancel,
                         budget=budget.budget if budget else None,
                     )
                 except DispatchError as exc:

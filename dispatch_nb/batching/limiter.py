@@ -75,7 +75,6 @@ class AdaptiveLimiter:
         return self.epoch
 
     def release(self) -> None:
-        """Give a slot back."""
         self.in_flight = max(0, self.in_flight - 1)
         self._wake()
 

@@ -1,23 +1,26 @@
-"""A batch's plan (its arguments, checked by :mod:`.run`), the adapter its rows go through, and its
-final accounting — what the local run (:mod:`.run`) and the Dask run (:mod:`.cluster`) share."""
+"""A batch's plan (its arguments, checked by :mod:`.run`) and its rows, the adapter they go
+through, and its final accounting — what the local run (:mod:`.run`), the Dask run
+(:mod:`.cluster`) and the deferred run (:mod:`.deferred`) share."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..adapter import Adapter
 from ..cache import CachedAdapter, ResponseCache
 from ..cancel import CancelToken
-from ..errors import DispatchError, RequestCancelled
+from ..errors import DispatchError, RequestCancelled, RequestError
 from ..registry import qualify_model_spec
 from ..replay_only import connect_for_cache
-from .engine import BatchSettings
+from .checkpoint import Checkpoint
+from .engine import BatchSettings, Pending, resume
 from .result import NOT_SENT, BatchResult, RowOrigin, mark_not_sent, not_sent
-from .rows import RowCall, RowSource
+from .rows import RowCall, RowSource, TemplateError, fill_template, row_key
 
 __all__ = ["BatchPlan", "aclose_adapter", "finish", "resolve_adapter"]
 
@@ -44,6 +47,31 @@ class BatchPlan:
             return f"{self.model.provider_name}:{self.model.model_name}"
         return self.cache.qualify(self.model) if self.cache is not None \
             else qualify_model_spec(self.model)
+
+    def rows(self, checkpoint: Checkpoint | None, result: BatchResult) -> Iterator[Pending]:
+        """Fill each row's template and yield the rows to send; rows answered in the checkpoint
+        and rows whose template fails go straight into ``result``. The first row's template
+        failure is raised (the template is wrong, not the row)."""
+        material, model = self.call.key_material(), self.model_key
+        seen: dict[str, int] = {}
+        for position, row in self.source:
+            result._reserve(position)
+            try:
+                messages = fill_template(self.template, row, self.source.namespace(row))
+            except TemplateError as exc:
+                if position == 0:
+                    raise
+                result._set(position, RequestError(
+                    f"row {position}: the template could not be filled: {exc}",
+                    code="invalid_request"))
+                result._stats.failed += 1
+                continue
+            base = row_key(model, messages, material)
+            occurrence = seen.get(base, 0)
+            seen[base] = occurrence + 1
+            key = base if occurrence == 0 else f"{base}#{occurrence}"
+            if checkpoint is None or not resume(result, position, checkpoint.answer(key)):
+                yield Pending(position, messages, key)
 
 
 def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[Adapter, bool]:

@@ -38,13 +38,6 @@ def progress_mode(progress: bool | str | None) -> str:
     return "text" if callable(isatty) and isatty() else "off"
 
 
-def _eta(seconds: float) -> str:
-    seconds = max(0, int(seconds + 0.5))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
 def _count(n: int) -> str:
     if n >= 1_000_000:
         return f"{n / 1_000_000:.1f}M"
@@ -75,7 +68,9 @@ def describe(stats: Stats) -> str:
         if stats.total is not None:
             left = stats.total - stats.finished
             if left > 0:
-                parts.append(f"ETA {_eta(left / rate)}")
+                from tqdm import tqdm
+
+                parts.append(f"ETA {tqdm.format_interval(round(left / rate))}")
     return ", ".join(parts)
 
 

@@ -23,7 +23,7 @@ from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .cluster import dask_partition_size, run_on_dask
 from .deferred import TICK, BatchPendingError, DeferredRun, in_thread
-from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner, prepare_rows
+from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner
 from .plan import BatchPlan, aclose_adapter, finish, resolve_adapter
 from .progress import BatchProgress, progress_mode
 from .result import BatchInterrupted, BatchResult
@@ -90,8 +90,7 @@ class _Job:
         adapter, owned = resolve_adapter(plan.model, plan.cache)
         checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
         try:
-            rows = prepare_rows(plan.source, plan.template, plan.model_key, plan.call,
-                                checkpoint, result)
+            rows = plan.rows(checkpoint, result)
             budget = RowBudget(result.budget, adapter, plan.call) \
                 if result.budget is not None else None
             runner = RowRunner(adapter, plan.call, plan.settings, result=result,
@@ -264,9 +263,7 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
 def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchResult:
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
     their own with the same plan; their answers replace the errors in ``result``."""
-    plan: BatchPlan | None = result._plan
-    if plan is None:
-        raise ValueError("this BatchResult does not know the batch it came from")
+    plan: BatchPlan = result._plan  # set with result._retry, which calls this
     failed = [i for i, item in enumerate(result)
               if isinstance(item, DispatchError) and not isinstance(item, BatchPendingError)]
     if not failed:

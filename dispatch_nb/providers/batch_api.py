@@ -88,8 +88,8 @@ def expired_error(provider: str) -> DispatchError:
 
 
 class BatchAPI:
-    """What :mod:`dispatch_nb.batching.deferred` needs of a provider's batch API. One object per
-    batch run; every method takes the :class:`httpx.AsyncClient` of the run (:meth:`client`)."""
+    """What :mod:`dispatch_nb.batching.deferred` needs of a provider's batch API: one object per
+    batch run, whose requests go through its adapter (its client, headers and credentials)."""
 
     #: the most requests one job may hold
     max_requests: int = 50_000
@@ -103,46 +103,20 @@ class BatchAPI:
         self.adapter = adapter
 
     # -- HTTP --------------------------------------------------------------------------------------
-    def client(self) -> httpx.AsyncClient:
-        """A client for one run of job requests (few, large: no pool of the adapter's)."""
-        return httpx.AsyncClient(timeout=REQUEST_TIMEOUT, follow_redirects=True)
-
-    async def send(self, client: httpx.AsyncClient, method: str, path: str,
-                   **kwargs: Any) -> httpx.Response:
+    async def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One job request (``path``: under the base URL, or a whole URL) with the adapter's
         headers and credentials; an HTTP error becomes the matching :class:`DispatchError`, a
         transport failure an ``APIConnectionError``."""
-        from ..adapter import wrap_transport_error
-        from ..http_adapter import USER_AGENT
-
-        headers = {"user-agent": USER_AGENT, **self.adapter.fixed_headers,
-                   **await self.adapter.aauth_headers(), **kwargs.pop("headers", {})}
-        auth = self.adapter.http_auth()
-        if not path.startswith(("http://", "https://")):
-            path = f"{self.adapter.base_url}/{path.lstrip('/')}"
-        try:
-            response = await client.request(
-                method, path, headers=headers,
-                auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT, **kwargs,
-            )
-        except httpx.HTTPError as exc:
-            raise self.adapter.redacted(wrap_transport_error(exc, self.adapter.provider_name)) \
-                from None
-        self.adapter.note_credentials(response.request)
+        response = await self.adapter._asend(method, path, kwargs.pop("headers", None),
+                                             timeout=REQUEST_TIMEOUT, follow_redirects=True,
+                                             **kwargs)
         if response.status_code >= 400:
             raise self.adapter.redacted(self.adapter.parse_error(
                 response.status_code, response.content, response.headers))
         return response
 
-    async def send_json(self, client: httpx.AsyncClient, method: str, path: str,
-                        **kwargs: Any) -> Any:
-        response = await self.send(client, method, path, **kwargs)
-        try:
-            return orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            from ..http_adapter import not_an_answer
-
-            raise not_an_answer(response.content, self.adapter.provider_name) from None
+    async def send_json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.adapter._json((await self.send(method, path, **kwargs)).content)
 
     # -- what a provider supplies --------------------------------------------------------------
     def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
@@ -153,28 +127,27 @@ class BatchAPI:
         """A job as the provider describes it, in the shared vocabulary."""
         raise NotImplementedError
 
-    async def _create(self, client: httpx.AsyncClient, lines: list[bytes]) -> Any:
+    async def _create(self, lines: list[bytes]) -> Any:
         """Create a job of ``lines``: the provider's description of it."""
         raise NotImplementedError
 
-    async def submit(self, client: httpx.AsyncClient, lines: list[bytes]) -> JobPart:
-        part = self._part(await self._create(client, lines))
+    async def submit(self, lines: list[bytes]) -> JobPart:
+        part = self._part(await self._create(lines))
         part.total = part.total or len(lines)
         return part
 
-    async def poll(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
-        return await self._update(client, "GET", part, "")
+    async def poll(self, part: JobPart) -> JobPart:
+        return await self._update("GET", part, "")
 
-    async def cancel(self, client: httpx.AsyncClient, part: JobPart) -> JobPart:
-        return await self._update(client, "POST", part, "/cancel")
+    async def cancel(self, part: JobPart) -> JobPart:
+        return await self._update("POST", part, "/cancel")
 
-    async def _update(self, client: httpx.AsyncClient, method: str, part: JobPart,
-                      suffix: str) -> JobPart:
-        polled = self._part(await self.send_json(client, method, f"{self.jobs}/{part.id}{suffix}"))
+    async def _update(self, method: str, part: JobPart, suffix: str) -> JobPart:
+        polled = self._part(await self.send_json(method, f"{self.jobs}/{part.id}{suffix}"))
         polled.total = polled.total or part.total
         return polled
 
-    async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
+    async def results(self, part: JobPart) -> list[RowOutcome]:
         """The results of a finished job (any order; requests that never ran may be missing)."""
         raise NotImplementedError
 
@@ -223,25 +196,26 @@ class OpenAIBatchAPI(BatchAPI):
                   "error_file_id": batch.get("error_file_id")},
         )
 
-    async def _create(self, client: httpx.AsyncClient, lines: list[bytes]) -> Any:
+    async def _create(self, lines: list[bytes]) -> Any:
         data = b"\n".join(lines) + b"\n"
         uploaded = await self.send_json(
-            client, "POST", "files", data={"purpose": "batch"},
+            "POST", "files", data={"purpose": "batch"},
             files={"file": ("dispatch_nb-batch.jsonl", data, "application/jsonl")},
         )
         return await self.send_json(
-            client, "POST", "batches",
+            "POST", "batches",
             json={"input_file_id": uploaded["id"], "endpoint": self.endpoint,
                   "completion_window": "24h", "metadata": {"created_by": "dispatch_nb"}},
         )
 
-    async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
+    async def results(self, part: JobPart) -> list[RowOutcome]:
         outcomes: list[RowOutcome] = []
         for ref in ("output_file_id", "error_file_id"):
             file_id = part.refs.get(ref)
             if not file_id:
                 continue
-            content = (await self.send(client, "GET", f"files/{file_id}/content")).content
+            content = (await self.send("GET", f"files/{file_id}/content",
+                                       headers={"accept": "*/*"})).content
             outcomes.extend(self._outcome(line) for line in _jsonl(content))
         return outcomes
 
@@ -304,14 +278,14 @@ class AnthropicBatchAPI(BatchAPI):
             refs={"results_url": batch.get("results_url")},
         )
 
-    async def _create(self, client: httpx.AsyncClient, lines: list[bytes]) -> Any:
+    async def _create(self, lines: list[bytes]) -> Any:
         body = b'{"requests":[' + b",".join(lines) + b"]}"
-        return await self.send_json(client, "POST", self.jobs, content=body,
+        return await self.send_json("POST", self.jobs, content=body,
                                     headers={"content-type": "application/json"})
 
-    async def results(self, client: httpx.AsyncClient, part: JobPart) -> list[RowOutcome]:
+    async def results(self, part: JobPart) -> list[RowOutcome]:
         url = part.refs.get("results_url") or f"{self.jobs}/{part.id}/results"
-        content = (await self.send(client, "GET", url,
+        content = (await self.send("GET", url,
                                    headers={"accept": "application/binary"})).content
         return [self._outcome(line) for line in _jsonl(content)]
 

@@ -161,7 +161,6 @@ def model_entries(body: Any) -> list[dict[str, Any]]:
 
 
 def find_entry(entries: Iterable[dict[str, Any]], model: str) -> dict[str, Any] | None:
-    """The entry of ``model`` (None when the list has none)."""
     return next((e for e in entries if e.get("id") == model), None)
 
 

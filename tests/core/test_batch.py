@@ -245,6 +245,35 @@ def test_options_reach_every_call() -> None:
         assert [t["name"] for t in body["tools"]] == ["lookup"]
 
 
+def test_a_batch_checks_its_tools_once_not_once_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tools and options every row shares are checked for the batch, not again for each
+    of its rows (a thousand rows need not check the same tools a thousand times)."""
+    import dispatch_nb.adapter
+    import dispatch_nb.batching.run
+    from dispatch_nb.validation import check_tools
+
+    checked: list[object] = []
+
+    def counting(tools: object) -> None:
+        checked.append(tools)
+        check_tools(tools)
+
+    monkeypatch.setattr(dispatch_nb.adapter, "check_tools", counting)
+    monkeypatch.setattr(dispatch_nb.batching.run, "check_tools", counting)
+    lookup = {"name": "lookup", "description": "Look up",
+              "parameters": {"type": "object", "properties": {}}}
+    counts = []
+    with BatchFake() as fake:
+        for rows in (1, 30):
+            checked.clear()
+            result = batch("{row}", list(range(rows)), model=adapter_for(fake), tools=[lookup],
+                           concurrency=4, progress=False)
+            assert result.ok == rows
+            counts.append(len(checked))
+    assert counts[0] == counts[1] <= 3
+    assert [t["name"] for r in fake.chat_requests for t in r.json["tools"]] == ["lookup"] * 31
+
+
 def test_rows_stream_only_when_asked_and_the_answers_are_the_same(tmp_path: Path) -> None:
     rows = [f"row {i}" for i in range(6)]
     with BatchFake(events=5, delay=0.002) as fake:
