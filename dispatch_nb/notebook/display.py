@@ -17,6 +17,7 @@ from ..render import (
     compare_parsed_table,
     dollars,
     footer_line,
+    model_label,
     money,
     parsed_markdown,
     parsed_rows,
@@ -84,12 +85,14 @@ class Transcript(TurnAccumulator):
 
     # -- reading ---------------------------------------------------------------------------------
     def footer(self, latency: float | None, *, note: str | None = None) -> str:
-        """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``); a replayed answer
-        says ``replayed`` instead of a latency. The same renderer as a ``Response``'s footer
-        (:func:`dispatch_nb.render.footer_line`), with one round's cost or the total of all."""
+        """``provider:model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``; the model
+        named as the live view and a comparison name it: :func:`~dispatch_nb.render.model_label`);
+        a replayed answer says ``replayed`` instead of a latency. The same renderer as a
+        ``Response``'s footer (:func:`dispatch_nb.render.footer_line`), with one round's cost or
+        the total of all."""
         rounds = self.rounds
         return footer_line(
-            model=self.model or self.spec,
+            model=model_label(self.spec, self.model),
             usage=self.usage,
             latency=latency,
             replayed=self.replayed,
@@ -383,8 +386,7 @@ def compare_output(
         ttft = "–" if replayed else f"{e.ttft:.2f} s" if e.ttft is not None else "–"
         mark = "⏹" if e.interrupted else "⚠"
         stop = f"{mark} {short_line(e.error, 60)}" if e.error else (e.transcript.stop_reason or "–")
-        model = e.transcript.model or e.spec
-        name = e.spec if model == e.spec.partition(":")[2] or model == e.spec else f"{e.spec} ({model})"
+        name = model_label(e.spec, e.transcript.model)
         rows.append(f"| `{name}` | {tokens} | {latency} | {ttft} | {stop.replace('|', '/')} |")
     sections = []
     plain = []

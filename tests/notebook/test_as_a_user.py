@@ -347,7 +347,7 @@ def test_terminal_prints_a_json_answer_once(shell: Any, fake: Any, capsys: Any) 
     assert run(shell, "%%chat -f json\njson please").success
     out = capsys.readouterr().out
     assert out.count('"a"') == 1, out
-    assert "[echo · 12 in / 7 out tokens" in out
+    assert "[fake:echo · 12 in / 7 out tokens" in out
 
 
 def test_terminal_prints_a_failed_cells_notes_once(shell: Any, fake: Any, capsys: Any) -> None:

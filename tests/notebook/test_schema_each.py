@@ -99,7 +99,7 @@ def test_schema_list_is_a_table_with_the_raw_json_folded(shell: Any, fake: Any, 
     assert table(md) == [["#", "model", "prompt"], ["1", "echo", "Two items, please."],
                          ["2", "echo", "second"]]
     assert "<details><summary>JSON</summary>" in md and '"prompt": "second"' in md
-    assert "<sub>echo · 12 in / 7 out tokens" in md
+    assert "<sub>fake:echo · 12 in / 7 out tokens" in md
     assert len(shell.front.outputs) == 1  # the live view was replaced
     output = shell.front.outputs[-1]
     assert set(output["data"]) == {"text/markdown", "text/plain"}
