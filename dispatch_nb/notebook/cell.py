@@ -244,7 +244,10 @@ class CellRun:
         if args.context:
             from ..context import context_tools  # only for --context
 
-            tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
+            try:
+                tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
+            except ValueError as exc:  # no name given
+                raise UsageError(f"--context {args.context}: {exc}") from None
         schema = self._schema()
         mode = self.state.cache_mode(args.cache)
         system = args.system if args.system is not None else (settings.system or None)

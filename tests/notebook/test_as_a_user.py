@@ -458,5 +458,6 @@ def test_a_tool_that_is_not_a_function_is_named_with_the_right_article(
 ) -> None:
     shell.user_ns["x"] = 5
     error = run(shell, "%%chat --tools x\nhi").error_in_exec
-    assert isinstance(error, ChatError) and error.message == "x is an int, not a function"
+    assert isinstance(error, UsageError) and str(error).startswith(
+        "--tools x: x is an int, not a function.")
     assert fake.chat_requests == []

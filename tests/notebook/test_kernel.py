@@ -386,6 +386,32 @@ def test_the_live_status_line_and_the_footer_name_the_model_alike(
     assert result["text/markdown"].endswith("<sub>fake:echo · 12 in / 7 out tokens</sub>")
 
 
+def test_a_wrong_tools_or_schema_name_reads_the_same_and_names_what_exists(
+    kernel: Kernel, servers: Any
+) -> None:
+    """``--tools nosuch`` and ``--schema Nope`` are the same kind of mistake in the magic's line:
+    both are one ``UsageError`` line (no traceback: IPython prints it on stderr) that names
+    what exists; nothing is sent."""
+    fake, _ = servers
+    kernel.execute("from pydantic import BaseModel\n"
+                   "class Review(BaseModel):\n    stars: int\n"
+                   "def get_weather(city: str) -> str:\n    return 'sunny'")
+    before = len(fake.chat_requests)
+    said = {}
+    for line, name in (("--tools get_wether", "tools"), ("--schema Reviw", "schema")):
+        messages = kernel.execute(f"%%chat {line}\nhi")
+        assert not [m for m in messages if m["msg_type"] == "error"], line  # no traceback
+        [said[name]] = [m["content"]["text"] for m in messages
+                        if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
+    assert said["tools"].startswith("UsageError: --tools get_wether: there is no 'get_wether' in "
+                                    "the namespace (did you mean get_weather?). Functions defined "
+                                    "here: get_weather."), said["tools"]
+    assert said["schema"].startswith("UsageError: --schema Reviw: name 'Reviw' is not defined "
+                                     "(did you mean Review?). Schemas defined here: Review."), \
+        said["schema"]
+    assert len(fake.chat_requests) == before
+
+
 # -- issue 13, in a real kernel ------------------------------------------------------------------
 
 

@@ -556,7 +556,17 @@ def test_no_stream_with_tools_sends_without_streaming_and_shows_the_exchange(
 def test_unknown_tool_name(shell: Any, fake: Any) -> None:
     pytest.importorskip("dispatch_nb.tools")
     error = run(shell, "%%chat --tools nothing_here\nhi").error_in_exec
-    assert isinstance(error, ChatError) and "nothing_here" in error.message
+    assert isinstance(error, UsageError) and str(error).startswith(
+        "--tools nothing_here: there is no 'nothing_here' in the namespace. No functions are "
+        "defined here yet. --tools takes functions"), error
+    # what exists is named: the notebook's functions and @tool objects, not imported ones
+    run(shell, "from dispatch_nb import tool\nfrom os.path import join\n"
+               "@tool\ndef add(a: int, b: int) -> int:\n    return a + b\n"
+               "def weather(city: str) -> str:\n    return 'sunny'")
+    error = run(shell, "%%chat --tools weathr\nhi").error_in_exec
+    assert isinstance(error, UsageError) and "(did you mean weather?). Functions defined here: " \
+        "add, weather. --tools takes" in str(error), error
+    assert fake.chat_requests == []
 
 
 def test_cache_records_then_replays_without_the_model(shell: Any, fake: Any, tmp_path: Any) -> None:
