@@ -22,7 +22,6 @@ from ..render import (
     parsed_markdown,
     parsed_rows,
     raw_json,
-    rows_markdown,
     short_line,
     small,
     thinking_details,
@@ -296,13 +295,17 @@ def final_output(
     top_plain = _notes_plain(notes)
     facts = {**transcript.metadata(latency, ttft), "format": fmt, "footer": footer}
     if parsed is not None:
-        meta = _metadata({**facts, "format": "schema", "rows": len(parsed_rows(parsed.parsed)),
-                          **(extra or {})}, notes)
+        rows = len(parsed_rows(parsed.parsed))
+        meta = _metadata({**facts, "format": "schema", "rows": rows, **(extra or {})}, notes)
         md = top + parsed_markdown(parsed, footer=False) + _sub(footer)
         plain = raw_json(parsed)
-        # a terminal printed the JSON as it came: the table follows it
+        # a terminal printed the JSON as it came (the answer, live): what adds to it is that it
+        # is valid, not the same values again as a table
+        items = f" ({rows} item{'s' if rows != 1 else ''})" if isinstance(
+            parsed.parsed, (list, tuple)) else ""
+        schema = (extra or {}).get("schema") or "the schema"
         return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"},
-                           meta, terminal=rows_markdown(parsed_rows(parsed.parsed)))
+                           meta, terminal=f"✓ the JSON matches {schema}{items}")
     meta = _metadata({**facts, **(extra or {})}, notes)
     if failed and transcript.empty:
         meta["dispatch_nb"]["footer"] = ""
