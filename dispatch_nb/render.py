@@ -185,31 +185,25 @@ def name_spec(response: object, spec: str) -> None:
     object.__setattr__(response, _SPEC, spec)
 
 
-def footer_text(
-    response: _Answer, *, latency: float | None = None, extra: dict[str, Any] | None = None
-) -> str:
+def footer_text(response: _Answer, *, latency: float | None = None) -> str:
     """A response's footer (:func:`footer_line`): ``model · 12 in / 7 out tokens · 1.2 s``
     (``replayed`` for an answer the response cache replayed; the model named as
-    :func:`model_label` does when :func:`name_spec` marked it); ``extra`` adds ``key value``
-    items at the end."""
+    :func:`model_label` does when :func:`name_spec` marked it)."""
     return footer_line(
         model=model_label(getattr(response, _SPEC, ""), response.model),
         usage=response.usage,
         latency=latency,
         replayed=is_replayed(response),
         stop_reason=response.stop_reason,
-        notes=[f"{key} {value}" for key, value in (extra or {}).items()],
         cost=getattr(response, "cost", None),
     )
 
 
-def response_markdown(
-    response: _Answer, *, footer: bool = True, latency: float | None = None
-) -> str:
+def response_markdown(response: _Answer, *, footer: bool = True) -> str:
     """The response as Markdown: thinking collapsed, text, tool calls, and a small footer (a
     structured answer: :func:`parsed_markdown`)."""
     if response.parsed is not None:
-        return parsed_markdown(response, footer=footer, latency=latency)
+        return parsed_markdown(response, footer=footer)
     out = [part for part in (thinking_details(response.thinking), response.text) if part]
     for call in response.tool_calls:
         args = json.dumps(call.arguments, ensure_ascii=False)
@@ -217,7 +211,7 @@ def response_markdown(
     if not out:
         out.append("*(no text)*")
     if footer:
-        out.append("\n\n" + small(html.escape(footer_text(response, latency=latency))))
+        out.append("\n\n" + small(html.escape(footer_text(response))))
     return "\n".join(out)
 
 
@@ -461,17 +455,15 @@ def _json_details(response: _Answer, summary: str = "JSON") -> str:
     return f"\n<details><summary>{summary}</summary>\n\n```json\n{raw}\n```\n\n</details>"
 
 
-def parsed_markdown(
-    response: _Answer, *, footer: bool = True, latency: float | None = None
-) -> str:
+def parsed_markdown(response: _Answer, *, footer: bool = True) -> str:
     """A structured answer as Markdown: its table, the raw JSON folded below, a small footer."""
     out = [plain_block(rows_markdown(parsed_rows(response.parsed))), _json_details(response)]
     if footer:
-        out.append("\n" + small(html.escape(footer_text(response, latency=latency))))
+        out.append("\n" + small(html.escape(footer_text(response))))
     return "\n".join(out)
 
 
-def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None = None) -> str:
+def parsed_html(response: _Answer, *, footer: bool = True) -> str:
     """A structured answer as HTML (no Markdown renderer needed): its table, the raw JSON in a
     folded ``<details>``, a small footer."""
     rows = parsed_rows(response.parsed)
@@ -487,7 +479,7 @@ def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None
              "<details><summary>JSON</summary><pre><code>"
              f"{html.escape(raw_json(response))}</code></pre></details>"]
     if footer:
-        parts.append(f"<p><sub{NO_MATH}>{html.escape(footer_text(response, latency=latency))}</sub></p>")
+        parts.append(f"<p><sub{NO_MATH}>{html.escape(footer_text(response))}</sub></p>")
     return "\n".join(parts)
 
 
