@@ -18,7 +18,7 @@ from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import DispatchError, ModelUnavailableError, RequestCancelled
 from ..prompting import Prompt, PromptError, build_prompt
-from ..render import name_spec
+from ..render import model_label, name_spec
 from ..types import ErrorEvent, Message, MessageDoneEvent, Response, RetryEvent, StreamDelta
 from ..validation import replace_lone_surrogates, surrogate_note
 from .display import (
@@ -471,7 +471,8 @@ class CellRun:
         if plan.use_history:
             produced = result.produced or [result.response.to_message()]
             plan.thread.record(Turn(plan.key, [plan.user, *produced],
-                                    result.response.model, execution_count=count))
+                                    model_label(plan.specs[0], result.response.model),
+                                    execution_count=count))
         out = namespace.get("Out")
         if isinstance(out, dict) and isinstance(count, int):
             out[count] = result.response

@@ -313,6 +313,7 @@ def test_threads_new_no_history_reset_and_history(shell: Any, fake: Any, magics:
     run(shell, "%chat history research")
     md = shell.front.markdown[0]
     assert "alpha" in md and "echo: beta" in md and "one-off" not in md
+    assert md.count(" · fake:echo</sub>") == 2  # each turn's model, named as its footer names it
     run(shell, "%%chat -t research --new\nfresh start")
     assert len(sent_messages(fake)) == 1
     assert [t.prompt for t in magics.state.threads.get("research")] == ["fresh start"]
