@@ -23,7 +23,9 @@ __all__ = [
     "is_replayed",
     "mark_replayed",
     "markdown_to_html",
+    "model_label",
     "money",
+    "name_spec",
     "parsed_html",
     "parsed_markdown",
     "parsed_rows",
@@ -83,6 +85,19 @@ def short_line(text: str, limit: int = 200) -> str:
     """``text`` on one line (runs of whitespace made one space), cut to ``limit`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def model_label(spec: str, model: str = "") -> str:
+    """The one name of a model in what the library shows (footers, status lines, comparisons):
+    the ``provider:model`` spec it was asked by, as ``-m`` and ``%chat status`` write it, so
+    the reader sees where it ran (``copilot:claude-sonnet-4``, not Anthropic's bare name), with
+    the model that answered in parentheses when it is another (a dated version:
+    ``openai:gpt-4.1 (gpt-4.1-2025-04-14)``); ``model`` alone when no spec is known."""
+    if not spec:
+        return model
+    if not model or model in (spec, spec.partition(":")[2]):
+        return spec
+    return f"{spec} ({model})"
 
 
 def footer_line(
@@ -146,6 +161,8 @@ def _cost_words(cost: Any) -> str:
 
 #: the attribute that marks an answer the response cache replayed (see :func:`mark_replayed`)
 _REPLAYED = "_dispatch_nb_replayed"
+#: the attribute that names the spec an answer was asked by (see :func:`footer_text`)
+_SPEC = "_dispatch_nb_spec"
 
 
 def mark_replayed(response: object) -> None:
@@ -161,30 +178,32 @@ def is_replayed(response: object) -> bool:
     return getattr(response, _REPLAYED, False) is True
 
 
-def footer_text(
-    response: _Answer, *, latency: float | None = None, extra: dict[str, Any] | None = None
-) -> str:
+def name_spec(response: object, spec: str) -> None:
+    """Mark ``response`` as asked of ``spec`` (``provider:model``), so its footer names the model
+    as the cell that asked it did (:func:`model_label`); a mark, not a field, like
+    :func:`mark_replayed`'s."""
+    object.__setattr__(response, _SPEC, spec)
+
+
+def footer_text(response: _Answer, *, latency: float | None = None) -> str:
     """A response's footer (:func:`footer_line`): ``model · 12 in / 7 out tokens · 1.2 s``
-    (``replayed`` for an answer the response cache replayed); ``extra`` adds ``key value``
-    items at the end."""
+    (``replayed`` for an answer the response cache replayed; the model named as
+    :func:`model_label` does when :func:`name_spec` marked it)."""
     return footer_line(
-        model=response.model,
+        model=model_label(getattr(response, _SPEC, ""), response.model),
         usage=response.usage,
         latency=latency,
         replayed=is_replayed(response),
         stop_reason=response.stop_reason,
-        notes=[f"{key} {value}" for key, value in (extra or {}).items()],
         cost=getattr(response, "cost", None),
     )
 
 
-def response_markdown(
-    response: _Answer, *, footer: bool = True, latency: float | None = None
-) -> str:
+def response_markdown(response: _Answer, *, footer: bool = True) -> str:
     """The response as Markdown: thinking collapsed, text, tool calls, and a small footer (a
     structured answer: :func:`parsed_markdown`)."""
     if response.parsed is not None:
-        return parsed_markdown(response, footer=footer, latency=latency)
+        return parsed_markdown(response, footer=footer)
     out = [part for part in (thinking_details(response.thinking), response.text) if part]
     for call in response.tool_calls:
         args = json.dumps(call.arguments, ensure_ascii=False)
@@ -192,7 +211,7 @@ def response_markdown(
     if not out:
         out.append("*(no text)*")
     if footer:
-        out.append("\n\n" + small(html.escape(footer_text(response, latency=latency))))
+        out.append("\n\n" + small(html.escape(footer_text(response))))
     return "\n".join(out)
 
 
@@ -436,17 +455,15 @@ def _json_details(response: _Answer, summary: str = "JSON") -> str:
     return f"\n<details><summary>{summary}</summary>\n\n```json\n{raw}\n```\n\n</details>"
 
 
-def parsed_markdown(
-    response: _Answer, *, footer: bool = True, latency: float | None = None
-) -> str:
+def parsed_markdown(response: _Answer, *, footer: bool = True) -> str:
     """A structured answer as Markdown: its table, the raw JSON folded below, a small footer."""
     out = [plain_block(rows_markdown(parsed_rows(response.parsed))), _json_details(response)]
     if footer:
-        out.append("\n" + small(html.escape(footer_text(response, latency=latency))))
+        out.append("\n" + small(html.escape(footer_text(response))))
     return "\n".join(out)
 
 
-def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None = None) -> str:
+def parsed_html(response: _Answer, *, footer: bool = True) -> str:
     """A structured answer as HTML (no Markdown renderer needed): its table, the raw JSON in a
     folded ``<details>``, a small footer."""
     rows = parsed_rows(response.parsed)
@@ -462,7 +479,7 @@ def parsed_html(response: _Answer, *, footer: bool = True, latency: float | None
              "<details><summary>JSON</summary><pre><code>"
              f"{html.escape(raw_json(response))}</code></pre></details>"]
     if footer:
-        parts.append(f"<p><sub{NO_MATH}>{html.escape(footer_text(response, latency=latency))}</sub></p>")
+        parts.append(f"<p><sub{NO_MATH}>{html.escape(footer_text(response))}</sub></p>")
     return "\n".join(parts)
 
 

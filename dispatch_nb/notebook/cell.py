@@ -18,6 +18,7 @@ from ..cache import CachedAdapter
 from ..cancel import CancelToken
 from ..errors import DispatchError, ModelUnavailableError, RequestCancelled
 from ..prompting import Prompt, PromptError, build_prompt
+from ..render import model_label, name_spec
 from ..types import ErrorEvent, Message, MessageDoneEvent, Response, RetryEvent, StreamDelta
 from ..validation import replace_lone_surrogates, surrogate_note
 from .display import (
@@ -135,12 +136,14 @@ def _timing(outcome: JobOutcome) -> dict[str, float | None]:
 def _stored(outcome: JobOutcome, transcript: Any) -> Any:
     """What ``-o`` keeps of one model: the answer; on Ctrl-C what arrived (while a tool ran: the
     model's last answer, with its tool calls; else the error); on a failure the error (its
-    ``.partial`` holds what arrived)."""
-    if outcome.error is not None and not isinstance(outcome.error, RequestCancelled):
-        return outcome.error
+    ``.partial`` holds what arrived). An answer's footer names the model as the cell's did."""
     answer = _answer(outcome)
     if answer is None and transcript.rounds:  # abandoned while a tool ran: the model's last
         answer = transcript.rounds[-1]        # complete answer (its text and tool calls)
+    if answer is not None:
+        name_spec(answer, transcript.spec)
+    if outcome.error is not None and not isinstance(outcome.error, RequestCancelled):
+        return outcome.error
     return answer or outcome.error
 
 
@@ -241,7 +244,10 @@ class CellRun:
         if args.context:
             from ..context import context_tools  # only for --context
 
-            tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
+            try:
+                tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
+            except ValueError as exc:  # no name given
+                raise UsageError(f"--context {args.context}: {exc}") from None
         schema = self._schema()
         mode = self.state.cache_mode(args.cache)
         system = args.system if args.system is not None else (settings.system or None)
@@ -449,9 +455,9 @@ class CellRun:
         "Formats") and ``Out[n]``, send ``-f code`` to the next cell."""
         plan, view = self._planned(), self._viewed()
         namespace, output = self.namespace, self.args.output
+        stored = {spec: _stored(outcome, transcript) for spec, outcome, transcript
+                  in zip(plan.specs, self.outcomes, view.transcripts, strict=True)}
         if output:
-            stored = {spec: _stored(outcome, transcript) for spec, outcome, transcript
-                      in zip(plan.specs, self.outcomes, view.transcripts, strict=True)}
             namespace[output] = stored if plan.compare else stored[plan.specs[0]]
         if plan.compare:
             return
@@ -465,7 +471,8 @@ class CellRun:
         if plan.use_history:
             produced = result.produced or [result.response.to_message()]
             plan.thread.record(Turn(plan.key, [plan.user, *produced],
-                                    result.response.model, execution_count=count))
+                                    model_label(plan.specs[0], result.response.model),
+                                    execution_count=count))
         out = namespace.get("Out")
         if isinstance(out, dict) and isinstance(count, int):
             out[count] = result.response

@@ -17,11 +17,11 @@ from ..render import (
     compare_parsed_table,
     dollars,
     footer_line,
+    model_label,
     money,
     parsed_markdown,
     parsed_rows,
     raw_json,
-    rows_markdown,
     short_line,
     small,
     thinking_details,
@@ -84,12 +84,14 @@ class Transcript(TurnAccumulator):
 
     # -- reading ---------------------------------------------------------------------------------
     def footer(self, latency: float | None, *, note: str | None = None) -> str:
-        """``model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``); a replayed answer
-        says ``replayed`` instead of a latency. The same renderer as a ``Response``'s footer
-        (:func:`dispatch_nb.render.footer_line`), with one round's cost or the total of all."""
+        """``provider:model · 12 in / 7 out tokens · 1.2 s · stop`` (plus ``note``; the model
+        named as the live view and a comparison name it: :func:`~dispatch_nb.render.model_label`);
+        a replayed answer says ``replayed`` instead of a latency. The same renderer as a
+        ``Response``'s footer (:func:`dispatch_nb.render.footer_line`), with one round's cost or
+        the total of all."""
         rounds = self.rounds
         return footer_line(
-            model=self.model or self.spec,
+            model=model_label(self.spec, self.model),
             usage=self.usage,
             latency=latency,
             replayed=self.replayed,
@@ -293,13 +295,17 @@ def final_output(
     top_plain = _notes_plain(notes)
     facts = {**transcript.metadata(latency, ttft), "format": fmt, "footer": footer}
     if parsed is not None:
-        meta = _metadata({**facts, "format": "schema", "rows": len(parsed_rows(parsed.parsed)),
-                          **(extra or {})}, notes)
+        rows = len(parsed_rows(parsed.parsed))
+        meta = _metadata({**facts, "format": "schema", "rows": rows, **(extra or {})}, notes)
         md = top + parsed_markdown(parsed, footer=False) + _sub(footer)
         plain = raw_json(parsed)
-        # a terminal printed the JSON as it came: the table follows it
+        # a terminal printed the JSON as it came (the answer, live): what adds to it is that it
+        # is valid, not the same values again as a table
+        items = f" ({rows} item{'s' if rows != 1 else ''})" if isinstance(
+            parsed.parsed, (list, tuple)) else ""
+        schema = (extra or {}).get("schema") or "the schema"
         return FinalOutput({"text/markdown": md, "text/plain": f"{top_plain}{plain}\n\n[{footer}]"},
-                           meta, terminal=rows_markdown(parsed_rows(parsed.parsed)))
+                           meta, terminal=f"✓ the JSON matches {schema}{items}")
     meta = _metadata({**facts, **(extra or {})}, notes)
     if failed and transcript.empty:
         meta["dispatch_nb"]["footer"] = ""
@@ -383,8 +389,7 @@ def compare_output(
         ttft = "–" if replayed else f"{e.ttft:.2f} s" if e.ttft is not None else "–"
         mark = "⏹" if e.interrupted else "⚠"
         stop = f"{mark} {short_line(e.error, 60)}" if e.error else (e.transcript.stop_reason or "–")
-        model = e.transcript.model or e.spec
-        name = e.spec if model == e.spec.partition(":")[2] or model == e.spec else f"{e.spec} ({model})"
+        name = model_label(e.spec, e.transcript.model)
         rows.append(f"| `{name}` | {tokens} | {latency} | {ttft} | {stop.replace('|', '/')} |")
     sections = []
     plain = []

@@ -159,10 +159,13 @@ class LiveView:
 
     def job_done(self, index: int, footer: str, error: str | None = None) -> None:
         """Column ``index`` finished: show its footer (compare mode shows each as it ends);
-        ``error`` starts with its mark (⚠ a failure, ⏹ the interrupt)."""
+        ``error`` starts with its mark (⚠ a failure, ⏹ the interrupt). The footer is shown beside
+        the column's title, which names the model already: its name is not said twice."""
         self.ended[index] = True
         self.states[index] = error or "done"
-        self.footers[index] = footer + (f" · {error}" if error else "")
+        title = self.titles[index]
+        shown = "" if footer == title else footer.removeprefix(f"{title} · ")
+        self.footers[index] = " · ".join(part for part in (shown, error) if part)
         self._job_done(index)
         self.dirty = True
 
@@ -282,7 +285,7 @@ class DisplayView(LiveView):
         state = self.footers[0] or self.states[0]
         line = f"**{html.escape(self.titles[0])}** · {html.escape(state)}"
         thinking = self.transcripts[0].thinking
-        if thinking and not self.footers[0]:
+        if thinking and not self.ended[0]:
             line += f" · 💭 thinking ({len(thinking):,} characters)"
         return small(line)
 

@@ -32,6 +32,7 @@ class Turn:
 
     key: str
     messages: list[Message]
+    #: the model that answered, named as the cell's footer names it (``fake:echo``)
     model: str = ""
     execution_count: int | None = None
 

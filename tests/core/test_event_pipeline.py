@@ -30,7 +30,7 @@ from dispatch_nb import (
 from dispatch_nb.cache import CachedAdapter, ResponseCache
 from dispatch_nb.notebook.display import Transcript
 from dispatch_nb.providers.fake import CanonicalAdapter
-from dispatch_nb.render import footer_line, footer_text
+from dispatch_nb.render import footer_line, footer_text, name_spec
 from dispatch_nb.stream import Accumulator
 from dispatch_nb.turn import TextPart, ToolRun, TurnAccumulator
 
@@ -281,14 +281,18 @@ def test_a_cache_round_trip_goes_through_the_shared_accumulator(fake: CanonicalF
 
 # -- one footer ----------------------------------------------------------------------------------
 def test_one_footer_for_a_response_and_a_chat_cell() -> None:
-    response = ANSWERS["rich"]
+    response = ANSWERS["rich"].model_copy()  # (named below: not the module's own)
     transcript = Transcript("openai:gpt-x")
     for event in response.events():
         transcript.feed(event)
     cell = transcript.footer(None)
+    # a cell names the model by the spec it asked (as its live view, -m and %chat status do);
+    # an answer knows only the model's own name, until the cell that asked names it
+    assert footer_text(response) == "gpt-x · 1,200 in / 34 out tokens (100 cached) · stop: tool_use"
+    name_spec(response, "openai:gpt-x")
     assert cell == footer_text(response) == footer_line(
-        model="gpt-x", usage=response.usage, stop_reason="tool_use")
-    assert cell == "gpt-x · 1,200 in / 34 out tokens (100 cached) · stop: tool_use"
+        model="openai:gpt-x", usage=response.usage, stop_reason="tool_use")
+    assert cell == "openai:gpt-x · 1,200 in / 34 out tokens (100 cached) · stop: tool_use"
     assert response._repr_markdown_().endswith(f"<sub>{cell}</sub>")
     assert transcript.footer(2.04) == footer_text(response, latency=2.04)
     transcript.replayed = True
@@ -298,7 +302,11 @@ def test_one_footer_for_a_response_and_a_chat_cell() -> None:
     for event in Response(content=[TextBlock("x")], model="smollm2",
                           usage=Usage(input_tokens=56, output_tokens=26)).events():
         plain.feed(event)
-    assert plain.footer(None) == "smollm2 · 56 in / 26 out tokens"
+    assert plain.footer(None) == "local:smollm2 · 56 in / 26 out tokens"
+    # the model that answered, when it is not the one asked for (a dated version)
+    dated = Transcript("openai:gpt-4.1")
+    dated.feed(MessageDoneEvent(response=Response(model="gpt-4.1-2025-04-14")))
+    assert dated.footer(None) == "openai:gpt-4.1 (gpt-4.1-2025-04-14)"
 
 
 def test_render_does_not_import_types() -> None:

@@ -347,7 +347,7 @@ def test_terminal_prints_a_json_answer_once(shell: Any, fake: Any, capsys: Any) 
     assert run(shell, "%%chat -f json\njson please").success
     out = capsys.readouterr().out
     assert out.count('"a"') == 1, out
-    assert "[echo · 12 in / 7 out tokens" in out
+    assert "[fake:echo · 12 in / 7 out tokens" in out
 
 
 def test_terminal_prints_a_failed_cells_notes_once(shell: Any, fake: Any, capsys: Any) -> None:
@@ -458,5 +458,6 @@ def test_a_tool_that_is_not_a_function_is_named_with_the_right_article(
 ) -> None:
     shell.user_ns["x"] = 5
     error = run(shell, "%%chat --tools x\nhi").error_in_exec
-    assert isinstance(error, ChatError) and error.message == "x is an int, not a function"
+    assert isinstance(error, UsageError) and str(error).startswith(
+        "--tools x: x is an int, not a function.")
     assert fake.chat_requests == []

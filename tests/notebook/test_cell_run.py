@@ -48,7 +48,7 @@ def test_plan_refuses_bad_options_before_any_adapter_is_made(
         cell_run(magics, "--temperature 3", "hi").plan()
     with pytest.raises(UsageError, match="the %%chat cell is empty"):
         cell_run(magics, "", "\n   \n").plan()
-    with pytest.raises(ChatError, match="there is no 'nope' in the namespace"):
+    with pytest.raises(UsageError, match="there is no 'nope' in the namespace"):
         cell_run(magics, "--tools nope", "hi").plan()
     assert magics.state.adapters == {}
     assert fake.chat_requests == []

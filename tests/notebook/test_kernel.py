@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -125,7 +126,7 @@ def test_notebook_in_a_real_kernel(servers: tuple[CanonicalFake, FakeGitHub], tm
         out = outputs[0]
         assert out.output_type == "display_data" and WIDGET_MIME not in out.data
         assert set(out.data) == {"text/markdown", "text/plain"}
-        assert "<sub>echo · 12 in / 7 out tokens" in out.data["text/markdown"]
+        assert "<sub>fake:echo · 12 in / 7 out tokens" in out.data["text/markdown"]
         assert out.metadata["dispatch_nb"]["usage"]["output_tokens"] == 7
     assert "echo: Say hello to Ada." in nb.cells[2].outputs[0].data["text/markdown"]
     assert "echo: And after an await?" in nb.cells[4].outputs[0].data["text/markdown"]
@@ -344,6 +345,71 @@ def test_cell_id_from_the_front_end_identifies_the_turn(kernel: Kernel, servers:
     )
     printed = "".join(m["content"].get("text", "") for m in messages if m["msg_type"] == "stream")
     assert printed.strip() == "['edited first version', 'second cell']"
+
+
+#: a model named in a status line or a footer (its HTML tags and Markdown's ** dropped): the word
+#: before "· streaming…", "· waiting for the first token…" or "· 12 in / 7 out tokens"
+_NAMED = re.compile(r"([\w:./-]+) · (?:streaming…|waiting for the first token…|[\d,]+ in / )")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a message's content (a display's data, a widget's state)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+@pytest.mark.parametrize("live", ["display", "widget"])
+def test_the_live_status_line_and_the_footer_name_the_model_alike(
+    kernel: Kernel, servers: Any, live: str
+) -> None:
+    """One name for one model, the ``provider:model`` spec a comparison and ``%chat status``
+    use: the live status line, the status line once done, the final footer, and the footer of
+    the stored answer shown in a later cell (it said ``echo`` where the live view said
+    ``fake:echo``)."""
+    fake, _ = servers
+    kernel.execute(f'%config ChatMagics.live = "{live}"')
+    fake.push(Turn(text="one two three four five six seven", chunk=4, delay=0.02))
+    messages = kernel.execute("%%chat -m fake:echo --no-history -o named\nname yourself")
+    assert not [m for m in messages if m["msg_type"] == "error"]
+    shown = "\n".join(_strings([m["content"] for m in messages]))
+    named = set(_NAMED.findall(re.sub(r"<[^>]*>|\*\*", "", shown)))
+    assert named == {"fake:echo"}, named
+    assert "streaming…" in shown and "<sub>fake:echo · 12 in / 7 out tokens" in shown
+    later = kernel.execute("named")
+    [result] = [m["content"]["data"] for m in later if m["msg_type"] == "execute_result"]
+    assert result["text/markdown"].endswith("<sub>fake:echo · 12 in / 7 out tokens</sub>")
+
+
+def test_a_wrong_tools_or_schema_name_reads_the_same_and_names_what_exists(
+    kernel: Kernel, servers: Any
+) -> None:
+    """``--tools nosuch`` and ``--schema Nope`` are the same kind of mistake in the magic's line:
+    both are one ``UsageError`` line (no traceback: IPython prints it on stderr) that names
+    what exists; nothing is sent."""
+    fake, _ = servers
+    kernel.execute("from pydantic import BaseModel\n"
+                   "class Review(BaseModel):\n    stars: int\n"
+                   "def get_weather(city: str) -> str:\n    return 'sunny'")
+    before = len(fake.chat_requests)
+    said = {}
+    for line, name in (("--tools get_wether", "tools"), ("--schema Reviw", "schema")):
+        messages = kernel.execute(f"%%chat {line}\nhi")
+        assert not [m for m in messages if m["msg_type"] == "error"], line  # no traceback
+        [said[name]] = [m["content"]["text"] for m in messages
+                        if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
+    assert said["tools"].startswith("UsageError: --tools get_wether: there is no 'get_wether' in "
+                                    "the namespace (did you mean get_weather?). Functions defined "
+                                    "here: get_weather."), said["tools"]
+    assert said["schema"].startswith("UsageError: --schema Reviw: name 'Reviw' is not defined "
+                                     "(did you mean Review?). Schemas defined here: Review."), \
+        said["schema"]
+    assert len(fake.chat_requests) == before
 
 
 # -- issue 13, in a real kernel ------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import html
 import json
 import re
 import subprocess
@@ -16,6 +17,7 @@ from IPython.core.error import UsageError
 
 from dispatch_nb.errors import RequestError
 from dispatch_nb.notebook.display import ChatError, ChatInterrupted
+from dispatch_nb.render import small
 from tests.fakes.provider import Fail, ToolCall, Turn
 from tests.notebook.compare_output import sections, table_rows
 from tests.notebook.conftest import run
@@ -114,7 +116,7 @@ def test_terminal_streams_text_then_a_footer(shell: Any, fake: Any, capsys: Any)
     assert result.success, result.error_in_exec
     out = capsys.readouterr().out
     assert "echo: What is 42?" in out
-    assert "[echo · 12 in / 7 out tokens" in out
+    assert "[fake:echo · 12 in / 7 out tokens" in out
     assert sent_messages(fake)[-1]["content"] == "What is 42?"
 
 
@@ -311,6 +313,7 @@ def test_threads_new_no_history_reset_and_history(shell: Any, fake: Any, magics:
     run(shell, "%chat history research")
     md = shell.front.markdown[0]
     assert "alpha" in md and "echo: beta" in md and "one-off" not in md
+    assert md.count(" · fake:echo</sub>") == 2  # each turn's model, named as its footer names it
     run(shell, "%%chat -t research --new\nfresh start")
     assert len(sent_messages(fake)) == 1
     assert [t.prompt for t in magics.state.threads.get("research")] == ["fresh start"]
@@ -554,7 +557,17 @@ def test_no_stream_with_tools_sends_without_streaming_and_shows_the_exchange(
 def test_unknown_tool_name(shell: Any, fake: Any) -> None:
     pytest.importorskip("dispatch_nb.tools")
     error = run(shell, "%%chat --tools nothing_here\nhi").error_in_exec
-    assert isinstance(error, ChatError) and "nothing_here" in error.message
+    assert isinstance(error, UsageError) and str(error).startswith(
+        "--tools nothing_here: there is no 'nothing_here' in the namespace. No functions are "
+        "defined here yet. --tools takes functions"), error
+    # what exists is named: the notebook's functions and @tool objects, not imported ones
+    run(shell, "from dispatch_nb import tool\nfrom os.path import join\n"
+               "@tool\ndef add(a: int, b: int) -> int:\n    return a + b\n"
+               "def weather(city: str) -> str:\n    return 'sunny'")
+    error = run(shell, "%%chat --tools weathr\nhi").error_in_exec
+    assert isinstance(error, UsageError) and "(did you mean weather?). Functions defined here: " \
+        "add, weather. --tools takes" in str(error), error
+    assert fake.chat_requests == []
 
 
 def test_cache_records_then_replays_without_the_model(shell: Any, fake: Any, tmp_path: Any) -> None:
@@ -844,6 +857,38 @@ def test_a_bare_model_name_replays_as_the_provider_that_recorded_it(
     # a name no recording has still resolves as without a cache (a vendor's: its vendor's)
     error = run(shell, "%%chat --cache replay --no-history -m gpt-4.1-mini\nHi").error_in_exec
     assert isinstance(error, ChatError) and "openai:gpt-4.1-mini" in error.message, error
+
+
+def test_a_claude_model_answered_by_a_gateway_names_the_gateway_in_its_footer(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logged in to GitHub Copilot (the default provider), ``-m claude-sonnet-4`` is Copilot's
+    (it serves Anthropic's model names): the footer, the live status line and a later look at
+    ``-o``'s answer say ``copilot:claude-sonnet-4``, not Anthropic's bare name, so the reader sees
+    where it ran."""
+    from tests.fakes.copilot import CopilotFake
+
+    run(shell, '%config ChatMagics.live = "display"')
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with CopilotFake() as copilot:
+        copilot.push(Turn(text="Answered by Copilot."))
+        monkeypatch.setenv("DISPATCH_NB_MODEL", "copilot:gpt-4.1")
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_TOKEN", copilot.github.github_token)
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_URL", copilot.github.github_url)
+        monkeypatch.setenv("DISPATCH_NB_GITHUB_API_URL", copilot.github.api_url)
+        result = run(shell, "%%chat -m claude-sonnet-4 --no-history -o answer\nWho answers?")
+        assert result.success, result.error_in_exec
+        assert copilot.chat_requests[-1].json["model"] == "claude-sonnet-4"
+    [output] = shell.front.outputs
+    footer = output["metadata"]["dispatch_nb"]["footer"]
+    assert footer.startswith("copilot:claude-sonnet-4 · "), footer
+    assert small(html.escape(footer)) in output["data"]["text/markdown"]
+    live = [b["data"]["text/markdown"] for kind, b in shell.front.messages
+            if kind in ("display", "update") and "text/markdown" in b["data"]]
+    assert any("**copilot:claude-sonnet-4** · " in md for md in live), live
+    assert shell.user_ns["answer"]._repr_markdown_().endswith(
+        small(html.escape(footer.rsplit(" · ", 1)[0])))  # (an answer has no latency)
 
 
 def test_a_changed_default_provider_is_said_once(

@@ -99,7 +99,7 @@ def test_schema_list_is_a_table_with_the_raw_json_folded(shell: Any, fake: Any, 
     assert table(md) == [["#", "model", "prompt"], ["1", "echo", "Two items, please."],
                          ["2", "echo", "second"]]
     assert "<details><summary>JSON</summary>" in md and '"prompt": "second"' in md
-    assert "<sub>echo · 12 in / 7 out tokens" in md
+    assert "<sub>fake:echo · 12 in / 7 out tokens" in md
     assert len(shell.front.outputs) == 1  # the live view was replaced
     output = shell.front.outputs[-1]
     assert set(output["data"]) == {"text/markdown", "text/plain"}
@@ -116,14 +116,25 @@ def test_schema_list_is_a_table_with_the_raw_json_folded(shell: Any, fake: Any, 
     assert '"result"' not in md
 
 
-def test_a_terminal_prints_a_schema_answer_as_a_table(shell: Any, fake: Any,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_terminal_prints_a_schema_answer_once(shell: Any, fake: Any,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Terminal IPython: the JSON streams as the model writes it (the live progress, and the
+    answer), then one line says it matched the schema, then the footer; the same values are
+    not printed again as a table."""
     run(shell, '%config ChatMagics.live = "auto"')  # no kernel here: the terminal's text view
     run(shell, SETUP)
     assert run(shell, "%%chat --schema list[Echo]\nTwo items, please.").success
     printed = capsys.readouterr().out
-    assert "| # | model | prompt |" in printed and "| 2 | echo | second |" in printed
-    # a comparison too: one table, a column per model, after each model's JSON
+    assert printed.count("second") == 1, printed  # the answer once
+    assert "| # | model | prompt |" not in printed
+    json_line, matched, footer = printed.strip().splitlines()
+    assert json.loads(json_line)["result"][1] == {"model": "echo", "prompt": "second"}
+    assert matched == "✓ the JSON matches list[Echo] (2 items)"
+    assert footer.startswith("[fake:echo · 12 in / 7 out tokens")
+    assert run(shell, "%%chat --schema Echo\nOne item.").success
+    assert "✓ the JSON matches Echo\n[fake:echo · " in capsys.readouterr().out
+    # a comparison: each model's JSON as it ends, then what adds to them: one table, a column
+    # per model
     assert run(shell, "%%chat --schema Echo -m fake:echo,fake:second\nOne item.").success
     printed = capsys.readouterr().out
     assert "| field | fake:echo | fake:second |" in printed
