@@ -307,6 +307,10 @@ class CellRun:
         specs = self.state.model_specs(self.args.model, mode)
         changed = self.state.default_note()  # e.g. after %chat key openai: say it once
         hint = "" if self.args.model else self.state.default_model()[2]
+        if hint == self.state.hint_shown:  # once a kernel (%chat status shows it any time)
+            hint = ""
+        elif hint:
+            self.state.hint_shown = hint
         notes += [note for note in (changed, hint) if note]
         return specs
 

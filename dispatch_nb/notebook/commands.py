@@ -292,7 +292,7 @@ def reset(state: KernelState, args: argparse.Namespace) -> None:
 def cost(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat cost``: this kernel's spend by model, and what replayed answers saved
     (``docs/notebook.md``)."""
-    from ..cost import PREMIUM_REQUEST_USD, format_usd, ledger, premium_words
+    from ..cost import PREMIUM_REQUEST_USD, PRICE_PROVIDERS, format_usd, ledger, premium_words
     from ..render import dollars, plain_block, rows_markdown
 
     rows = ledger.rows()
@@ -337,7 +337,8 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                      f"{format_usd(saved_usd)} when recorded and nothing now."
                      if saved_usd else
                      f"Replayed from the response cache: {answers}, nothing spent now.")
-    notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
+    if any(PRICE_PROVIDERS.get(row.provider) for row in rows):  # a figure came from it
+        notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
     empty = [key for key in ("premium requests", "replayed (saved)") if not any(r[key] for r in table)]
     body = rows_markdown([{k: v for k, v in r.items() if k not in empty} for r in table], index=False)
     text = body + "\n\n" + dollars("\n\n".join(notes))

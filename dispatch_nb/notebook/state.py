@@ -54,6 +54,8 @@ class KernelState:
         self._occurrence_count: int | None = None
         #: the default model's provider when this kernel last looked (see :meth:`default_note`)
         self._default_provider: str | None = None
+        #: the default model's hint a cell last showed (a cell shows it once, not every time)
+        self.hint_shown = ""
 
     # -- conversations ---------------------------------------------------------------------------
     @property

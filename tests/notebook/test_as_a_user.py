@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
+from dispatch_nb.cost import ledger
 from dispatch_nb.notebook.display import ChatError, ChatInterrupted
 from dispatch_nb.types import Response
 from tests.fakes.provider import Fail, ToolCall, Turn
@@ -165,12 +166,23 @@ def test_the_embedded_model_hint_stays(shell: Any, fake: Any, monkeypatch: Any) 
     for name in ("DISPATCH_NB_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     run(shell, '%config ChatMagics.live = "display"')
+    ledger.clear()
     result = run(shell, "%%chat --max-tokens 8 --no-history\nSay hi.")
     assert result.success, result.error_in_exec
     [output] = shell.front.outputs
     assert LOCAL_HINT in output["data"]["text/markdown"]
     assert output["metadata"]["dispatch_nb"]["spec"] == "local:smollm2"
     assert output["metadata"]["dispatch_nb"]["notes"] == [LOCAL_HINT]
+    # said once a kernel: the next cell's answer is not under the same line again
+    result = run(shell, "%%chat --max-tokens 8 --no-history\nSay hello.")
+    assert result.success, result.error_in_exec
+    again = shell.front.outputs[-1]
+    assert LOCAL_HINT not in again["data"]["text/markdown"]
+    assert "notes" not in again["metadata"]["dispatch_nb"]
+    # %chat cost: the embedded model's answers cost $0, and no price came from genai-prices
+    run(shell, "%chat cost")
+    shown = shell.front.outputs[-1]["data"]["text/markdown"]
+    assert "Spent in this kernel: **\\$0**." in shown and "genai-prices" not in shown
 
 
 # -- 7. retries are quiet ----------------------------------------------------------------------
