@@ -206,6 +206,8 @@ class CellRun:
     outcomes: list[JobOutcome] = field(default_factory=list)
     interrupted: bool = False
     final: FinalOutput | None = None
+    #: the default model's hint this cell shows above its answer ("": none)
+    hint: str = ""
 
     def execute(self) -> None:
         """Plan, run, finish and record the cell; raise what went wrong last."""
@@ -309,8 +311,7 @@ class CellRun:
         hint = "" if self.args.model else self.state.default_model()[2]
         if hint == self.state.hint_shown:  # once a kernel (%chat status shows it any time)
             hint = ""
-        elif hint:
-            self.state.hint_shown = hint
+        self.hint = hint
         notes += [note for note in (changed, hint) if note]
         return specs
 
@@ -354,6 +355,8 @@ class CellRun:
         view = self.view = make_view(detect_mode(shell, settings.live), plan.specs,
                                      rate=settings.update_rate, in_kernel=has_kernel(shell))
         view.start(plan.prompt.notes)
+        if self.hint:  # shown now: not again under the next answers
+            self.state.hint_shown = self.hint
         try:
             run_jobs(jobs, self._on_event, tick=view.tick, on_done=self._job_done,
                      on_interrupt=view.interrupt)

@@ -167,6 +167,8 @@ def test_the_embedded_model_hint_stays(shell: Any, fake: Any, monkeypatch: Any) 
         monkeypatch.delenv(name, raising=False)
     run(shell, '%config ChatMagics.live = "display"')
     ledger.clear()
+    # a cell refused before it was sent shows no answer: the hint is still to be said
+    assert not run(shell, "%%chat --tools no_such_tool --no-history\nSay hi.").success
     result = run(shell, "%%chat --max-tokens 8 --no-history\nSay hi.")
     assert result.success, result.error_in_exec
     [output] = shell.front.outputs
