@@ -154,6 +154,9 @@ class Adapter:
         timeout: float | None = None,
         max_retries: int = 2,
     ) -> None:
+        if max_retries is None:  # a call's None means "the adapter's": the adapter needs a number
+            raise TypeError(f"{type(self).__name__}: max_retries must be a whole number, 0 or "
+                            "more — not None")
         check_call(f"{type(self).__name__}: ", max_tokens=max_tokens, timeout=timeout,
                    max_retries=max_retries)
         #: the per-call default for ``max_tokens``

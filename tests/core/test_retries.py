@@ -322,3 +322,10 @@ async def test_an_async_stream_has_its_retries_as_events(make: Any, fake: Canoni
     assert response.text == "ok"
     assert [(e.attempt, e.reason) for e in seen if isinstance(e, RetryEvent)] == [
         (1, "the server failed, HTTP 500")]
+
+
+def test_an_adapter_refuses_max_retries_none_when_made(make: Any, fake: CanonicalFake) -> None:
+    """A call's ``max_retries=None`` means the adapter's own; the adapter's own must be a number,
+    refused when it is made, not at the first retry."""
+    with pytest.raises(TypeError, match="max_retries must be a whole number, 0 or more — not None"):
+        make(max_retries=None)
