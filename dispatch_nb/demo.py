@@ -6,7 +6,6 @@ every cell ran, 1 when a cell failed or nothing can answer, 2 for usage errors.
 from __future__ import annotations
 
 import functools
-import html
 import os
 import re
 import subprocess
@@ -18,7 +17,6 @@ __all__ = ["default_notebook", "run_demo"]
 
 #: the notebook the demo runs, relative to a clone of the repository
 QUICKSTART = Path("notebooks") / "quickstart.ipynb"
-_SUB = re.compile(r"</?sub>")
 
 
 def default_notebook() -> Path | None:
@@ -44,13 +42,15 @@ def _indent(text: str, prefix: str = "    ") -> str:
 
 
 def _answer_text(outputs: list[Any]) -> str:
-    """The final Markdown output of a ``%%chat`` cell, readable in a terminal."""
+    """The final output of a ``%%chat`` cell as a terminal shows it: its ``text/plain`` and
+    ``[footer]`` (the Markdown one holds HTML for the footer and ``\\$`` escapes for the front
+    ends' math)."""
     for output in reversed(outputs):
         data = output.get("data", {}) if isinstance(output, dict) else {}
-        if "text/markdown" in data:
-            return html.unescape(_SUB.sub("", data["text/markdown"])).strip()
         if "text/plain" in data:
-            return str(data["text/plain"]).strip()
+            text = str(data["text/plain"]).strip()
+            footer = output.get("metadata", {}).get("dispatch_nb", {}).get("footer")
+            return f"{text}\n\n[{footer}]" if footer and footer not in text else text
     return ""
 
 

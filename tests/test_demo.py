@@ -48,6 +48,8 @@ def test_demo_runs_the_quickstart_on_the_embedded_model(tmp_path: Path) -> None:
     for prompt, _recorded in _chat_cells():
         assert prompt.strip() in out  # each prompt is printed before its answer
     assert out.count("smollm2 · ") == len(_chat_cells())  # each answer's footer: the model ran
+    assert "<sub" not in out and "\\$" not in out  # a terminal's text: no HTML, no math escapes
+    assert out.count(" · $0 · ") == len(_chat_cells())  # the embedded model costs nothing
     assert "tokens in" in out  # the notebook's own print of answer.usage
     assert out.rstrip().splitlines()[-1].startswith(f"Done: {len(_chat_cells())} answers from local:smollm2")
     assert (QUICKSTART.read_bytes(), QUICKSTART_CACHE.read_bytes()) == before  # nothing written
