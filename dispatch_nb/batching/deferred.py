@@ -248,7 +248,8 @@ class DeferredRun:
             for chunk, lines in self._chunks(api, fresh):
                 if self.cancel.cancelled:
                     break
-                part = await api.submit(lines)
+                # every row shares one call, so one row's headers are the job's
+                part = await api.submit(lines, self.rows[chunk[0]].wire.headers)
                 self.checkpoint.record_job(part.to_json(), chunk)
                 self.parts[part.id] = (part, chunk)
                 submitted.update(chunk)

@@ -127,12 +127,13 @@ class BatchAPI:
         """A job as the provider describes it, in the shared vocabulary."""
         raise NotImplementedError
 
-    async def _create(self, lines: list[bytes]) -> Any:
-        """Create a job of ``lines``: the provider's description of it."""
+    async def _create(self, lines: list[bytes], headers: Mapping[str, str]) -> Any:
+        """Create a job of ``lines`` whose requests carry ``headers`` (the live request's own,
+        e.g. ``anthropic-beta``): the provider's description of it."""
         raise NotImplementedError
 
-    async def submit(self, lines: list[bytes]) -> JobPart:
-        part = self._part(await self._create(lines))
+    async def submit(self, lines: list[bytes], headers: Mapping[str, str]) -> JobPart:
+        part = self._part(await self._create(lines, headers))
         part.total = part.total or len(lines)
         return part
 
@@ -196,7 +197,8 @@ class OpenAIBatchAPI(BatchAPI):
                   "error_file_id": batch.get("error_file_id")},
         )
 
-    async def _create(self, lines: list[bytes]) -> Any:
+    async def _create(self, lines: list[bytes], headers: Mapping[str, str]) -> Any:
+        # a Responses / chat.completions request sets no header of its own: nothing to carry
         data = b"\n".join(lines) + b"\n"
         uploaded = await self.send_json(
             "POST", "files", data={"purpose": "batch"},
@@ -278,10 +280,11 @@ class AnthropicBatchAPI(BatchAPI):
             refs={"results_url": batch.get("results_url")},
         )
 
-    async def _create(self, lines: list[bytes]) -> Any:
+    async def _create(self, lines: list[bytes], headers: Mapping[str, str]) -> Any:
+        # the job's anthropic-beta header applies to each of its requests (the SDK's betas=)
         body = b'{"requests":[' + b",".join(lines) + b"]}"
         return await self.send_json("POST", self.jobs, content=body,
-                                    headers={"content-type": "application/json"})
+                                    headers={**headers, "content-type": "application/json"})
 
     async def results(self, part: JobPart) -> list[RowOutcome]:
         url = part.refs.get("results_url") or f"{self.jobs}/{part.id}/results"

@@ -115,6 +115,21 @@ def test_a_thousand_rows_through_anthropic(anthropic: Any, tmp_path: Path) -> No
     assert result.job.ended_at is not None and result.job.created_at is not None
 
 
+def test_a_job_carries_the_rows_anthropic_beta_header(anthropic: Any, tmp_path: Path) -> None:
+    """betas= (the adapter's and the call's) reach the job as its anthropic-beta header, as a
+    live request's would: the provider applies it to each of the job's requests."""
+    fake, batches = anthropic
+    adapter = AnthropicAdapter("claude-sonnet-4-5", api_key=KEY, base_url=fake.url,
+                               betas=["interleaved-thinking-2025-05-14"])
+    result = batch("{row}", prompts(2), model=adapter, deferred=True, poll_interval=0,
+                   betas=["context-1m-2025-08-07"], checkpoint=tmp_path / "run.jsonl",
+                   progress=False)
+    assert [r.text for r in result] == ["echo: question 0", "echo: question 1"]
+    assert batches.created[0].headers["anthropic-beta"] == (
+        "interleaved-thinking-2025-05-14,context-1m-2025-08-07")
+    assert all("betas" not in line["body"] for line in batches.created[0].lines)
+
+
 def test_a_compatible_server_has_no_batch_api(tmp_path: Path) -> None:
     with OpenAIChatFake(api_key=KEY) as fake:
         OpenAIBatches(fake)
