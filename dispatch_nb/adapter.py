@@ -184,6 +184,12 @@ class Adapter:
         return type(self).__name__
 
     @property
+    def spec(self) -> str:
+        """``provider:model``, as :func:`~dispatch_nb.connect` takes it and answers' footers name
+        the model (``openai:gpt-4.1``)."""
+        return f"{self.provider_name}:{self.model_name}"
+
+    @property
     def display_name(self) -> str:
         """A human name for the provider, e.g. "GitHub Copilot"."""
         return self.provider_name
@@ -483,7 +489,7 @@ class Adapter:
         """One normalized call as the :class:`ResponseStream` that :meth:`stream` returns and
         :meth:`chat` drains; the seam a wrapper (the response cache) overrides."""
         request = self._with_output_prompt(request)
-        acc = Accumulator(self.model_name)
+        acc = Accumulator(self.model_name, self.spec)
         control = self._control(timeout, cancel)
         return ResponseStream(SyncIterator(lambda: self._adeltas(request, acc, control)), acc)
 
@@ -492,7 +498,7 @@ class Adapter:
     ) -> AsyncResponseStream:
         """The async twin of :meth:`open_stream`."""
         request = self._with_output_prompt(request)
-        acc = Accumulator(self.model_name)
+        acc = Accumulator(self.model_name, self.spec)
         control = self._control(timeout, cancel)
         return AsyncResponseStream(self._adeltas(request, acc, control), acc)
 

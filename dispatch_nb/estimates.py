@@ -96,7 +96,7 @@ def worst_case(adapter: Adapter, messages: list[Message], *, system: str | None 
     cost = price(adapter.provider_name, adapter.model_name, usage, batch=batch)
     if cost is None or cost.usd is None:
         raise ValueError(
-            f"budget= needs a known price, and {adapter.provider_name}:{adapter.model_name} has "
+            f"budget= needs a known price, and {adapter.spec} has "
             "none in genai-prices' data (see docs/cost.md); drop budget= for this model"
         )
     return cost.usd
@@ -191,7 +191,7 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
         if low_usd is None or high_usd is None:  # a range needs both ends
             low_usd = high_usd = None
         return Estimate(
-            model=f"{adapter.provider_name}:{adapter.model_name}", rows=len(prompts),
+            model=f"{adapter.spec}", rows=len(prompts),
             input_tokens=total, counted_by=counted_by, approximate=not exact, max_tokens=limit,
             input_usd=low_usd, low_usd=low_usd, high_usd=high_usd,
             max_output_usd=None if low_usd is None or high_usd is None else high_usd - low_usd,

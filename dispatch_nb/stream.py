@@ -18,6 +18,7 @@ import orjson
 from .bridge import SyncIterator
 from .cost import Cost
 from .errors import RequestCancelled
+from .render import name_spec
 from .types import (
     RedactedThinkingBlock,
     Response,
@@ -141,12 +142,15 @@ class Accumulator:
         "cost",
         "model",
         "provider_data",
+        "spec",
         "started",
         "stop_reason",
         "usage",
     )
 
-    def __init__(self, model: str = "") -> None:
+    def __init__(self, model: str = "", spec: str = "") -> None:
+        #: the ``provider:model`` asked, which the answer's footer names (:func:`name_spec`)
+        self.spec = spec
         self.reset(model)
 
     def reset(self, model: str | None = None) -> None:
@@ -395,7 +399,7 @@ class Accumulator:
     def snapshot(self) -> Response:
         """The answer so far (open tool calls included with what arrived of their arguments)."""
         blocks = self.blocks()
-        return Response(
+        response = Response(
             content=blocks,
             tool_calls=[b for b in blocks if isinstance(b, ToolUseBlock)],
             model=self.model,
@@ -404,6 +408,9 @@ class Accumulator:
             provider_data=self.provider_data,
             cost=self.cost,
         )
+        if self.spec:
+            name_spec(response, self.spec)
+        return response
 
     def finish(self) -> Response:
         """The final answer; an unset stop reason becomes ``tool_use`` or ``end_turn``."""

@@ -200,7 +200,7 @@ class DeferredRun:
         api = adapter.batch_api()
         if api is None:
             raise RequestError(
-                f"{adapter.display_name} ({adapter.provider_name}:{adapter.model_name}) has no "
+                f"{adapter.display_name} ({adapter.spec}) has no "
                 "batch API (OpenAI's and Anthropic's APIs have one). Run this batch live "
                 "(deferred=False)", provider=adapter.provider_name,
                 code="batch_unsupported",
@@ -330,7 +330,7 @@ class DeferredRun:
         """A job's answer as the Response a live call gives (``parsed`` for ``output=``)."""
         adapter = self.adapter
         assert adapter is not None
-        acc = Accumulator(adapter.model_name)
+        acc = Accumulator(adapter.model_name, adapter.spec)
         try:
             adapter._parse_body(row.wire, row.request, body, acc)
             adapter._priced(row.request, acc, batch=True)  # the batch price, in the ledger too

@@ -44,7 +44,7 @@ class BatchPlan:
         """``provider:model``, the model's part of every row key (a bare model name replays as
         the provider's that recorded it: :meth:`ResponseCache.qualify`)."""
         if isinstance(self.model, Adapter):
-            return f"{self.model.provider_name}:{self.model.model_name}"
+            return self.model.spec
         return self.cache.qualify(self.model) if self.cache is not None \
             else qualify_model_spec(self.model)
 

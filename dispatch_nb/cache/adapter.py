@@ -15,7 +15,7 @@ from typing import Any, Literal
 from ..adapter import Adapter, ChatRequest
 from ..cancel import CancelToken
 from ..cost import ledger
-from ..render import mark_replayed
+from ..render import mark_replayed, name_spec
 from ..stream import Accumulator, AsyncResponseStream, ResponseStream, _Mirror, sync_stream
 from ..types import Response, StreamDelta
 from .keys import _adapter_secrets, cache_key
@@ -53,7 +53,7 @@ class _Replayed(Accumulator):
     finishes with the recorded response itself."""
 
     def __init__(self, final: Response, adapter: Adapter) -> None:
-        super().__init__(final.model)
+        super().__init__(final.model, adapter.spec)
         self._final = final
         self._adapter = adapter  # the wrapped one: the ledger's provider and model
 
@@ -67,6 +67,7 @@ class _Replayed(Accumulator):
         ledger.record(self._adapter.provider_name, self._adapter.model_name, final.usage, final.cost,
                       replayed=True)
         mark_replayed(final)
+        name_spec(final, self.spec)
         return final
 
 

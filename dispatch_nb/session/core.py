@@ -348,7 +348,7 @@ class Session:
         included) and usage. :meth:`from_json` restores it exactly."""
         return SavedSession(
             id=self.id,
-            model=f"{self._adapter.provider_name}:{self._adapter.model_name}",
+            model=self._adapter.spec,
             system=self._system,
             max_tool_rounds=self.max_tool_rounds,
             max_tokens=self.max_tokens,

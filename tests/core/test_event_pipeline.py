@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from dispatch_nb import (
     MessageDoneEvent,
@@ -307,6 +308,36 @@ def test_one_footer_for_a_response_and_a_chat_cell() -> None:
     dated = Transcript("openai:gpt-4.1")
     dated.feed(MessageDoneEvent(response=Response(model="gpt-4.1-2025-04-14")))
     assert dated.footer(None) == "openai:gpt-4.1 (gpt-4.1-2025-04-14)"
+
+
+def test_an_answer_from_python_names_its_provider_in_its_footer(
+    fake: CanonicalFake, adapter: CanonicalAdapter, tmp_path: Path
+) -> None:
+    """Every path that ends in a Response from Python (chat, stream, async, output=, a session,
+    a replay) names the model as ``provider:model``, as the notebook's footers do."""
+    class Pick(BaseModel):
+        n: int
+
+    assert adapter.spec == "fake:echo"
+    fake.push(Turn(text="a"), Turn(text="b"), Turn(text="c"), Turn(text='{"n": 1}'),
+              Turn(text="d"), Turn(text="e"))
+    answers = [adapter.chat("x"), adapter.chat("x", stream=True)]
+    with adapter.stream("x") as stream:
+        list(stream)
+    answers.append(stream.response)
+    answers.append(adapter.chat("x", output=Pick))
+    answers.append(asyncio.run(adapter.achat("x")))
+    answers.append(Session(adapter).send("x"))
+    for answer in answers:
+        assert footer_text(answer).startswith("fake:echo · "), footer_text(answer)
+        assert "<sub>fake:echo · " in answer._repr_markdown_()
+    path = tmp_path / "cache.jsonl"
+    fake.push(Turn(text="recorded"))
+    CachedAdapter(adapter, ResponseCache(path, "record")).chat("y")
+    replayed = CachedAdapter(adapter, ResponseCache(path, "replay")).chat("y")
+    assert footer_text(replayed).startswith("fake:echo · ") and "replayed" in footer_text(replayed)
+    # a Response made by hand knows no provider: its model alone
+    assert footer_text(Response(model="gpt-x")) == "gpt-x"
 
 
 def test_render_does_not_import_types() -> None:

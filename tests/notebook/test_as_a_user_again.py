@@ -169,7 +169,7 @@ def test_the_python_recipe_replays_and_says_so(
     assert result.success, result.error_in_exec
     assert len(fake.chat_requests) == sent
     shown_md = shell.user_ns["again"]._repr_markdown_()
-    assert re.search(r"<sub>echo · .*replayed</sub>", shown_md), shown_md
+    assert re.search(r"<sub>fake:echo · .*replayed</sub>", shown_md), shown_md
     assert shell.user_ns["again"] == shell.user_ns["first"]
     assert shell.user_ns["again"].parsed.stars == 5
     run(shell, "with llm.stream('Review: a great kettle.', output=Review) as s:\n"
