@@ -253,7 +253,12 @@ def _status(args: argparse.Namespace) -> int:
         if descriptor.available is None:
             continue
         label = f"{descriptor.label}:"
-        if descriptor.is_available():
+        try:
+            available = descriptor.is_available()
+        except Exception as exc:  # a plug-in's check that fails
+            print(f"{label:<15} ⚠ cannot be checked ({type(exc).__name__}: {exc})")
+            continue
+        if available:
             working.append(descriptor.label)
             print(f"{label:<15} available ({descriptor.name}:{descriptor.example_model}, offline)")
         else:

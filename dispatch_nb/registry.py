@@ -450,8 +450,10 @@ def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
     for descriptor in ranked:
         try:
             reason = _ready(descriptor, env)
-        except ValueError as exc:  # a saved login that cannot be read: say so, choose another
-            problems.append(str(exc))
+        except Exception as exc:  # a saved login that cannot be read (ValueError), a plug-in's
+            # check that fails: say so, choose another
+            problems.append(str(exc) if isinstance(exc, ValueError) else
+                            f"{descriptor.label} cannot be checked ({type(exc).__name__}: {exc})")
             continue
         if reason is None:
             continue
@@ -490,7 +492,7 @@ def owner_of(model: str) -> ProviderDescriptor | None:
 def _has_credentials(descriptor: ProviderDescriptor) -> bool:
     try:
         return _ready(descriptor, os.environ) is not None
-    except ValueError:  # a saved login that cannot be read
+    except Exception:  # a saved login that cannot be read, a plug-in's check that fails
         return False
 
 

@@ -204,6 +204,36 @@ def test_a_provider_with_a_login_declares_it(clean_env: Path) -> None:
         registry._providers.pop("acme-login", None)
 
 
+def test_a_plug_in_whose_check_fails_leaves_the_default_choice_working(
+    clean_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plug-in's ``available`` or ``find_login`` that raises is named in the reason and skipped:
+    it does not break the default choice (``%chat status``, every cell without ``-m``) nor
+    ``python -m dispatch_nb status``."""
+    from dispatch_nb.__main__ import main
+
+    def broken(*_: object) -> bool:
+        raise OSError("cannot stat /opt/acme/model.bin")
+
+    register_provider(ProviderDescriptor("acme-avail", acme.AcmeAdapter, display_name="Avail",
+                                         available=broken, default_rank=5))
+    register_provider(ProviderDescriptor("acme-find", acme.AcmeAdapter, find_login=broken,
+                                         login_flow="github-device", default_rank=6))
+    try:
+        env = {"DISPATCH_NB_HOME": str(clean_env / "dnb")}
+        assert resolve_default_model({**env, "ACME_API_KEY": "acme-key-1234"}).spec == "acme:acme-1"
+        reason = resolve_default_model(env).reason
+        assert "Avail cannot be checked (OSError: cannot stat /opt/acme/model.bin)" in reason
+        assert "acme-find cannot be checked (OSError" in reason
+        main(["status"])
+        assert "Avail:          ⚠ cannot be checked (OSError: cannot stat" in capsys.readouterr().out
+    finally:
+        from dispatch_nb import registry
+
+        registry._providers.pop("acme-avail", None)
+        registry._providers.pop("acme-find", None)
+
+
 #: where a provider's name may be spelled: the providers, their logins and wire formats, the registry
 NAMED_PLACES = ("providers", "auth", "wire")
 
