@@ -300,6 +300,7 @@ def _load_plugins() -> None:
                                "already registered", entry.name, entry.value, descriptor.name)
                 continue
             _providers[descriptor.name] = descriptor
+            _note_price(descriptor)
 
 
 def register_provider(

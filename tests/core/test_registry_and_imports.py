@@ -345,7 +345,7 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
     (site / "plugged_dnb.py").write_text(
         "from dispatch_nb.registry import ProviderDescriptor\n"
         "DESCRIPTOR = ProviderDescriptor('plugged', 'plugged_dnb_adapter:make',\n"
-        "    display_name='Plugged', key_env='PLUGGED_API_KEY', default_model='p-1')\n"
+        "    display_name='Plugged', key_env='PLUGGED_API_KEY', default_model='p-1', free=True)\n"
     )
     (site / "plugged_dnb_adapter.py").write_text(
         "from dispatch_nb.providers.fake import CanonicalAdapter\n"
@@ -368,6 +368,8 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "adapter = connect('plugged:p-1', max_tokens=7)\n"
         "print('adapter:', type(adapter).__name__, adapter.model_name, adapter.default_max_tokens)\n"
         "print('label:', get_descriptor('plugged').label)\n"
+        "from dispatch_nb.cost import price\n"
+        "print('priced as declared:', price('plugged', 'p-1', dispatch_nb.Usage()).usd)\n"
         "print('listed:', 'plugged' in list_providers(), 'broken' in list_providers())\n"
         "print('adapter module imported:', 'plugged_dnb_adapter' in sys.modules)\n"
     )
@@ -378,6 +380,7 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "imported at import: False",
         "adapter: CanonicalAdapter p-1 7",
         "label: Plugged",
+        "priced as declared: 0",
         "listed: True False",
         "adapter module imported: True",
     ]
