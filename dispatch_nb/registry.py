@@ -247,6 +247,8 @@ for _descriptor in _BUILTIN:
 #: the names registered by dispatch_nb itself
 BUILTIN_PROVIDERS = frozenset(_providers)
 _plugins_loaded = False
+#: why each entry point that could not be loaded was skipped, by its name (said when it is asked for)
+_broken_plugins: dict[str, str] = {}
 
 
 class UnknownProviderError(RequestError, LookupError):
@@ -291,8 +293,10 @@ def _load_plugins() -> None:
                                     "ProviderDescriptor or a factory")
                 descriptor = ProviderDescriptor(entry.name, descriptor)
         except Exception as exc:
-            logger.warning("provider plug-in %r (%s) cannot be loaded: %s: %s", entry.name,
-                           entry.value, type(exc).__name__, exc)
+            package = f", in the package {entry.dist.name}" if entry.dist else ""
+            _broken_plugins[entry.name] = (f"provider plug-in {entry.name!r} ({entry.value}{package})"
+                                           f" cannot be loaded: {type(exc).__name__}: {exc}")
+            logger.warning("%s", _broken_plugins[entry.name])
             continue
         with _lock:
             if descriptor.name in _providers:
@@ -352,9 +356,9 @@ def get_descriptor(name: str) -> ProviderDescriptor:
     """The descriptor registered under ``name`` (raises :class:`UnknownProviderError`)."""
     descriptor = find_descriptor(name)
     if descriptor is None:
-        raise UnknownProviderError(
-            f"unknown provider {name!r}; available providers: {', '.join(list_providers())}"
-        )
+        raise UnknownProviderError(_broken_plugins.get(name) or
+                                   f"unknown provider {name!r}; available providers: "
+                                   f"{', '.join(list_providers())}")
     return descriptor
 
 
@@ -391,7 +395,12 @@ def base_url_rows(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]
 
 def get_provider(name: str) -> ProviderFactory:
     """The factory registered under ``name`` (imports a built-in provider on first use)."""
-    factory: ProviderFactory = _imported(get_descriptor(name).factory)
+    named = get_descriptor(name).factory
+    try:
+        factory: ProviderFactory = _imported(named)
+    except ImportError as exc:
+        raise ImportError(f"provider {name!r}: its factory {named!r} cannot be imported: {exc}",
+                          name=exc.name) from exc
     return factory
 
 
@@ -556,11 +565,11 @@ def parse_model_spec(spec: str, default: str | None = None, *, sends: bool = Tru
             close = difflib.get_close_matches(head, list_providers(), n=1)
             where = " (the value of DISPATCH_NB_MODEL)" \
                 if spec == os.environ.get("DISPATCH_NB_MODEL", "").strip() else ""
-            raise UnknownProviderError(
+            raise UnknownProviderError(_broken_plugins.get(head) or (
                 f"unknown provider {head!r} in model spec {spec!r}{where}"
                 f"{f' (did you mean {close[0]}?)' if close else ''}; "
                 f"available providers: {', '.join(list_providers())}"
-            )
+            ))
     elif (named := find_descriptor(spec)) is not None:  # connect("openai") names no model
         raise RequestError(
             f"{spec!r} is a provider, not a model: write it as '{spec}:MODEL' "
@@ -636,5 +645,8 @@ def connect(spec: str = _DEFAULT_SPEC, **options: Any) -> Adapter:
             f"for the default model ({default_model_spec()}) — not {describe(spec)}"
         )
     provider, model = parse_model_spec(spec)
-    factory = get_provider(provider)
-    return factory(model, **options)
+    adapter = get_provider(provider)(model, **options)
+    if not isinstance(adapter, Adapter):
+        raise TypeError(f"the factory of provider {provider!r} returned {describe(adapter)}, "
+                        "not an Adapter")
+    return adapter

@@ -339,13 +339,17 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
 ) -> None:
     """A real distribution (a dist-info on sys.path) declaring ``[dispatch_nb.providers]``: its
     provider is found the first time the registry is asked, not at ``import dispatch_nb``; a
-    plug-in that cannot be loaded is logged and leaves the others working."""
+    plug-in that cannot be loaded is logged and leaves the others working, and asking for it, a
+    factory that cannot be imported, or one that makes no adapter say which plug-in and why."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "plugged_dnb.py").write_text(
         "from dispatch_nb.registry import ProviderDescriptor\n"
         "DESCRIPTOR = ProviderDescriptor('plugged', 'plugged_dnb_adapter:make',\n"
         "    display_name='Plugged', key_env='PLUGGED_API_KEY', default_model='p-1', free=True)\n"
+        "GONE = ProviderDescriptor('gone', 'no_such_module_for_dispatch_nb:make')\n"
+        "def nothing(model, **options):\n"
+        "    return None\n"
     )
     (site / "plugged_dnb_adapter.py").write_text(
         "from dispatch_nb.providers.fake import CanonicalAdapter\n"
@@ -359,6 +363,8 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "[dispatch_nb.providers]\n"
         "plugged = plugged_dnb:DESCRIPTOR\n"
         "broken = no_such_module_for_dispatch_nb:DESCRIPTOR\n"
+        "gone = plugged_dnb:GONE\n"
+        "nothing = plugged_dnb:nothing\n"
     )
     code = (
         "import sys, dispatch_nb\n"
@@ -372,6 +378,11 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "print('priced as declared:', price('plugged', 'p-1', dispatch_nb.Usage()).usd)\n"
         "print('listed:', 'plugged' in list_providers(), 'broken' in list_providers())\n"
         "print('adapter module imported:', 'plugged_dnb_adapter' in sys.modules)\n"
+        "for spec in ('broken:m', 'gone:m', 'nothing:m'):\n"
+        "    try:\n"
+        "        connect(spec)\n"
+        "    except Exception as exc:\n"
+        "        print(type(exc).__name__, exc)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -383,5 +394,11 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "priced as declared: 0",
         "listed: True False",
         "adapter module imported: True",
+        "UnknownProviderError provider plug-in 'broken' (no_such_module_for_dispatch_nb:DESCRIPTOR,"
+        " in the package plugged-dnb) cannot be loaded: ModuleNotFoundError: No module named "
+        "'no_such_module_for_dispatch_nb'",
+        "ImportError provider 'gone': its factory 'no_such_module_for_dispatch_nb:make' cannot be "
+        "imported: No module named 'no_such_module_for_dispatch_nb'",
+        "TypeError the factory of provider 'nothing' returned None, not an Adapter",
     ]
     assert "provider plug-in 'broken'" in done.stderr and "ModuleNotFoundError" in done.stderr
