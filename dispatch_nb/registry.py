@@ -109,6 +109,11 @@ class ProviderDescriptor:
         factory = self.factory
         if not (callable(factory) or (isinstance(factory, str) and ":" in factory)):
             raise TypeError("factory must be a callable or a 'module:attribute' string")
+        for field in ("secret_env", "model_names", "serves"):  # not "acme-*": a, c, ..., *
+            if isinstance(value := getattr(self, field), str):
+                raise TypeError(f"{field} must be a tuple of strings, e.g. {field}=({value!r},)")
+        if self.default_rank is not None and type(self.default_rank) is not int:
+            raise TypeError(f"default_rank must be an int or None, not {describe(self.default_rank)}")
 
     @property
     def label(self) -> str:

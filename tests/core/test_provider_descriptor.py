@@ -234,6 +234,16 @@ def test_a_plug_in_whose_check_fails_leaves_the_default_choice_working(
         registry._providers.pop("acme-find", None)
 
 
+@pytest.mark.parametrize("field", ["secret_env", "model_names", "serves"])
+def test_a_descriptor_with_a_string_for_a_tuple_is_refused(field: str) -> None:
+    """``model_names="acme-*"`` would be the patterns ``a``, ``c``, ..., ``*``: every bare model
+    name anyone writes would go to that provider."""
+    with pytest.raises(TypeError, match=rf"{field} must be a tuple of strings, e.g. {field}=\('acme-\*',\)"):
+        ProviderDescriptor("acme-typo", acme.AcmeAdapter, **{field: "acme-*"})
+    with pytest.raises(TypeError, match=r"default_rank must be an int or None, not '30' \(a str\)"):
+        ProviderDescriptor("acme-typo", acme.AcmeAdapter, default_rank="30")  # type: ignore[arg-type]
+
+
 #: where a provider's name may be spelled: the providers, their logins and wire formats, the registry
 NAMED_PLACES = ("providers", "auth", "wire")
 
