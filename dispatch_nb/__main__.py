@@ -237,7 +237,7 @@ def _print_models(args: argparse.Namespace, github_url: str, api_url: str) -> in
 
 def _status(args: argparse.Namespace) -> int:
     from .defaults import resolve_default_model
-    from .registry import base_url_rows, key_env_rows, list_descriptors, parse_model_spec
+    from .registry import BUILTIN_PROVIDERS, base_url_rows, key_env_rows, list_descriptors, parse_model_spec
 
     github_url, api_url = _urls(args)
     copilot = _copilot_status(args, github_url, api_url)
@@ -261,8 +261,9 @@ def _status(args: argparse.Namespace) -> int:
         if available:
             working.append(descriptor.label)
             print(f"{label:<15} available ({descriptor.name}:{descriptor.example_model}, offline)")
-        else:
-            print(f"{label:<15} not installed (pip install 'dispatch-nb[local]')")
+        else:  # a plug-in's extra is not ours to name
+            print(f"{label:<15} " + ("not installed (pip install 'dispatch-nb[local]')" if
+                                     descriptor.name in BUILTIN_PROVIDERS else "not available here"))
     resolved = resolve_default_model()
     print(f"{'Default model:':<16}{resolved.spec} ({resolved.reason})")
     try:

@@ -219,6 +219,7 @@ def test_a_plug_in_whose_check_fails_leaves_the_default_choice_working(
                                          available=broken, default_rank=5))
     register_provider(ProviderDescriptor("acme-find", acme.AcmeAdapter, find_login=broken,
                                          login_flow="github-device", default_rank=6))
+    register_provider(ProviderDescriptor("acme-off", acme.AcmeAdapter, available=lambda: False))
     try:
         env = {"DISPATCH_NB_HOME": str(clean_env / "dnb")}
         assert resolve_default_model({**env, "ACME_API_KEY": "acme-key-1234"}).spec == "acme:acme-1"
@@ -226,12 +227,15 @@ def test_a_plug_in_whose_check_fails_leaves_the_default_choice_working(
         assert "Avail cannot be checked (OSError: cannot stat /opt/acme/model.bin)" in reason
         assert "acme-find cannot be checked (OSError" in reason
         main(["status"])
-        assert "Avail:          ⚠ cannot be checked (OSError: cannot stat" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "Avail:          ⚠ cannot be checked (OSError: cannot stat" in out
+        assert "acme-off:       not available here\n" in out  # not the embedded model's extra
     finally:
         from dispatch_nb import registry
 
         registry._providers.pop("acme-avail", None)
         registry._providers.pop("acme-find", None)
+        registry._providers.pop("acme-off", None)
 
 
 @pytest.mark.parametrize("field", ["secret_env", "model_names", "serves"])
