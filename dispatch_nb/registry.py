@@ -252,6 +252,10 @@ for _descriptor in _BUILTIN:
 #: the names registered by dispatch_nb itself
 BUILTIN_PROVIDERS = frozenset(_providers)
 _plugins_loaded = False
+#: held while the plug-ins load: other threads wait; the loading one may re-enter (a plug-in
+#: module that calls register_provider)
+_plugins_lock = threading.RLock()
+_plugins_started = False
 #: why each entry point that could not be loaded was skipped, by its name (said when it is asked for)
 _broken_plugins: dict[str, str] = {}
 
@@ -280,13 +284,20 @@ class ProviderNotSetUpError(AuthenticationError):
 def _load_plugins() -> None:
     """Register the providers of the entry-point group :data:`ENTRY_POINT_GROUP`, once (the rules:
     docs/providers.md)."""
-    global _plugins_loaded
+    global _plugins_loaded, _plugins_started
     if _plugins_loaded:
         return
-    with _lock:
-        if _plugins_loaded:
+    with _plugins_lock:
+        if _plugins_started:  # loaded meanwhile, or being loaded by this very thread
             return
-        _plugins_loaded = True
+        _plugins_started = True
+        try:
+            _register_plugins()
+        finally:
+            _plugins_loaded = True
+
+
+def _register_plugins() -> None:
     from importlib.metadata import entry_points
 
     for entry in entry_points(group=ENTRY_POINT_GROUP):
@@ -304,9 +315,10 @@ def _load_plugins() -> None:
             logger.warning("%s", _broken_plugins[entry.name])
             continue
         with _lock:
-            if descriptor.name in _providers:
-                logger.warning("provider plug-in %r (%s) is not used: a provider named %r is "
-                               "already registered", entry.name, entry.value, descriptor.name)
+            if descriptor.name in _providers:  # unless its module registered it itself
+                if _providers[descriptor.name] != descriptor:
+                    logger.warning("provider plug-in %r (%s) is not used: a provider named %r is "
+                                   "already registered", entry.name, entry.value, descriptor.name)
                 continue
             _providers[descriptor.name] = descriptor
             _note_price(descriptor)

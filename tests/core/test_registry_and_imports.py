@@ -402,3 +402,34 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "TypeError the factory of provider 'nothing' returned None, not an Adapter",
     ]
     assert "provider plug-in 'broken'" in done.stderr and "ModuleNotFoundError" in done.stderr
+
+
+def test_threads_asking_at_once_all_see_the_plug_ins(tmp_path: Path) -> None:
+    """Threads that ask the registry first at the same moment (a thread pool, a Dask worker's
+    threads) wait while another loads the plug-ins: none is told the provider is unknown. A
+    plug-in module that also registers its descriptor itself is loaded once, without a warning."""
+    (tmp_path / "slow_dnb.py").write_text(
+        "import time\n"
+        "from dispatch_nb.registry import ProviderDescriptor, register_provider\n"
+        "time.sleep(0.5)  # a plug-in whose module takes a while to import\n"
+        "DESCRIPTOR = ProviderDescriptor('slow', 'dispatch_nb.providers.fake:CanonicalAdapter')\n"
+        "register_provider(DESCRIPTOR)\n"
+    )
+    info = tmp_path / "slow_dnb-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: slow-dnb\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[dispatch_nb.providers]\nslow = slow_dnb:DESCRIPTOR\n")
+    code = (
+        "import threading\n"
+        "from dispatch_nb.registry import find_descriptor\n"
+        "found = []\n"
+        "threads = [threading.Thread(target=lambda: found.append(find_descriptor('slow')))\n"
+        "           for _ in range(6)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(sum(d is not None for d in found))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env, check=True)
+    assert done.stdout.strip() == "6" and "not used" not in done.stderr
