@@ -195,8 +195,9 @@ def _login_state(descriptor: Any) -> str:
     """The status row of a provider with a login: logged in (as whom, from where) or not."""
     try:
         found = descriptor.login_found()
-    except Exception as exc:
-        return f"⚠ {exc}"
+    except Exception as exc:  # a saved login that cannot be read (ValueError), a plug-in's bug
+        return f"⚠ {exc}" if isinstance(exc, ValueError) else \
+            f"⚠ cannot be checked ({type(exc).__name__}: {exc})"
     if found is None:
         return "not logged in — run `%chat login`"
     who = _as_user(found) if descriptor.login_flow == GITHUB_DEVICE else ""

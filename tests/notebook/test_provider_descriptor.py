@@ -11,7 +11,7 @@ import pytest
 from dispatch_nb.notebook.display import ChatError
 from tests.fakes.provider import Fail
 from tests.notebook.conftest import run
-from tests.providers import acme  # noqa: F401  (importing it registers the provider)
+from tests.providers import acme  # importing it registers the provider
 
 
 @pytest.fixture
@@ -42,3 +42,19 @@ def test_models_and_login_and_key_know_it(shell: Any, acme_env: Any) -> None:
     assert "`acme:echo`" in shell.front.markdown[0]
     run(shell, "%chat login acme")
     assert "ACME_API_KEY" in shell.front.markdown[0] and "%chat key acme" in shell.front.markdown[0]
+
+
+def test_status_says_which_check_failed(shell: Any, acme_env: Any) -> None:
+    """A plug-in's find_login that fails shows its exception's type, not a bare "'HOME'"."""
+    from dispatch_nb import register_provider, registry
+
+    def broken(env: Any) -> None:
+        raise KeyError("HOME")
+
+    register_provider(registry.ProviderDescriptor("acme-login-broken", acme.AcmeAdapter,
+                                                  login_flow="github-device", find_login=broken))
+    try:
+        run(shell, "%chat status")
+    finally:
+        registry._providers.pop("acme-login-broken", None)
+    assert "| acme-login-broken | ⚠ cannot be checked (KeyError: 'HOME') |" in shell.front.markdown[0]
