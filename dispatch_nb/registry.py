@@ -309,9 +309,10 @@ def _register_plugins() -> None:
                                     "ProviderDescriptor or a factory")
                 descriptor = ProviderDescriptor(entry.name, descriptor)
         except Exception as exc:
-            package = f", in the package {entry.dist.name}" if entry.dist else ""
-            _broken_plugins[entry.name] = (f"provider plug-in {entry.name!r} ({entry.value}{package})"
-                                           f" cannot be loaded: {type(exc).__name__}: {exc}")
+            package = f"the package {entry.dist.name}" if entry.dist else "the package declaring it"
+            _broken_plugins[entry.name] = (f"provider plug-in {entry.name!r} ({entry.value}) cannot be "
+                                           f"loaded: {type(exc).__name__}: {exc}; update or reinstall "
+                                           f"{package}, or uninstall it")
             logger.warning("%s", _broken_plugins[entry.name])
             continue
         with _lock:
@@ -373,10 +374,16 @@ def get_descriptor(name: str) -> ProviderDescriptor:
     """The descriptor registered under ``name`` (raises :class:`UnknownProviderError`)."""
     descriptor = find_descriptor(name)
     if descriptor is None:
-        raise UnknownProviderError(_broken_plugins.get(name) or
-                                   f"unknown provider {name!r}; available providers: "
-                                   f"{', '.join(list_providers())}")
+        raise _unknown(name, f"unknown provider {name!r}; available providers: "
+                             f"{', '.join(list_providers())}")
     return descriptor
+
+
+def _unknown(name: str, message: str) -> UnknownProviderError:
+    """The error for ``name``: ``message``, or why the installed plug-in of that name was skipped."""
+    broken = _broken_plugins.get(name)
+    return UnknownProviderError(broken, code="plugin_unloadable") if broken else \
+        UnknownProviderError(message)
 
 
 def find_descriptor(name: str | None) -> ProviderDescriptor | None:
@@ -582,11 +589,9 @@ def parse_model_spec(spec: str, default: str | None = None, *, sends: bool = Tru
             close = difflib.get_close_matches(head, list_providers(), n=1)
             where = " (the value of DISPATCH_NB_MODEL)" \
                 if spec == os.environ.get("DISPATCH_NB_MODEL", "").strip() else ""
-            raise UnknownProviderError(_broken_plugins.get(head) or (
-                f"unknown provider {head!r} in model spec {spec!r}{where}"
-                f"{f' (did you mean {close[0]}?)' if close else ''}; "
-                f"available providers: {', '.join(list_providers())}"
-            ))
+            raise _unknown(head, f"unknown provider {head!r} in model spec {spec!r}{where}"
+                                 f"{f' (did you mean {close[0]}?)' if close else ''}; "
+                                 f"available providers: {', '.join(list_providers())}")
     elif (named := find_descriptor(spec)) is not None:  # connect("openai") names no model
         raise RequestError(
             f"{spec!r} is a provider, not a model: write it as '{spec}:MODEL' "

@@ -630,6 +630,6 @@ def explain_error(
                         "breaks (they are part of the prompt)")
             fix = ("Write the prompt with the spaces and line breaks it was recorded with, or ask "
                    "the model and record this version with --cache read-write.")
-    else:
+    elif exc.code != "plugin_unloadable":  # that one says what to do
         fix = next((_FIXES[c.__name__] for c in type(exc).__mro__ if c.__name__ in _FIXES), "")
     return ChatError(title, message, fix, original=exc)

@@ -394,9 +394,9 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "priced as declared: 0",
         "listed: True False",
         "adapter module imported: True",
-        "UnknownProviderError provider plug-in 'broken' (no_such_module_for_dispatch_nb:DESCRIPTOR,"
-        " in the package plugged-dnb) cannot be loaded: ModuleNotFoundError: No module named "
-        "'no_such_module_for_dispatch_nb'",
+        "UnknownProviderError provider plug-in 'broken' (no_such_module_for_dispatch_nb:DESCRIPTOR)"
+        " cannot be loaded: ModuleNotFoundError: No module named 'no_such_module_for_dispatch_nb'; "
+        "update or reinstall the package plugged-dnb, or uninstall it",
         "ImportError provider 'gone': its factory 'no_such_module_for_dispatch_nb:make' cannot be "
         "imported: No module named 'no_such_module_for_dispatch_nb'",
         "TypeError the factory of provider 'nothing' returned None, not an Adapter",

@@ -58,3 +58,18 @@ def test_status_says_which_check_failed(shell: Any, acme_env: Any) -> None:
     finally:
         registry._providers.pop("acme-login-broken", None)
     assert "| acme-login-broken | ⚠ cannot be checked (KeyError: 'HOME') |" in shell.front.markdown[0]
+
+
+def test_a_plug_in_that_cannot_be_loaded_is_said_with_its_own_fix(
+    shell: Any, acme_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dispatch_nb import registry
+
+    why = ("provider plug-in 'acme-gone' (acme_gone:DESCRIPTOR) cannot be loaded: "
+           "ModuleNotFoundError: No module named 'acme_gone'; update or reinstall the package "
+           "acme-gone, or uninstall it")
+    monkeypatch.setitem(registry._broken_plugins, "acme-gone", why)  # as an entry point leaves it
+    error = run(shell, "%%chat -m acme-gone:m1\nhi").error_in_exec
+    assert isinstance(error, ChatError)
+    text = "\n".join(error._render_traceback_())
+    assert why in text and "provider:model" not in text  # not "write the model as provider:model"
