@@ -291,10 +291,8 @@ def _load_plugins() -> None:
         if _plugins_started:  # loaded meanwhile, or being loaded by this very thread
             return
         _plugins_started = True
-        try:
-            _register_plugins()
-        finally:
-            _plugins_loaded = True
+        _register_plugins()
+        _plugins_loaded = True
 
 
 def _register_plugins() -> None:
@@ -484,8 +482,7 @@ def resolve_default_model(env: Mapping[str, str] | None = None) -> Resolution:
     for descriptor in ranked:
         try:
             reason = _ready(descriptor, env)
-        except Exception as exc:  # a saved login that cannot be read (ValueError), a plug-in's
-            # check that fails: say so, choose another
+        except Exception as exc:  # an unreadable saved login (ValueError), a plug-in's bug: say so
             problems.append(str(exc) if isinstance(exc, ValueError) else
                             f"{descriptor.label} cannot be checked ({type(exc).__name__}: {exc})")
             continue
