@@ -55,7 +55,7 @@ class Budget:
             f"not sent: this request could cost up to {format_usd(worst)} and "
             f"{format_usd(max(self.remaining, Decimal(0)))} of the {format_usd(self.usd)} "
             f"budget is left ({format_usd(self.spent)} spent); run it again with a larger budget=, "
-            "or a smaller max_tokens= (the most counts every answer as max_tokens long)",
+            "or a smaller max_tokens= (the worst case counts every answer as max_tokens long)",
         )
 
     def reserve(self, worst: Decimal) -> Decimal:

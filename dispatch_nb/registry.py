@@ -459,7 +459,7 @@ def _ready(descriptor: ProviderDescriptor, env: Mapping[str, str]) -> str | None
         return f"{descriptor.key_env} is set" if env.get(descriptor.key_env, "").strip() else None
     if descriptor.find_login is not None:
         found = descriptor.login_found(env)
-        return f"a {descriptor.label} login was found ({found})" if found else None
+        return f"logged in to {descriptor.label} ({found})" if found else None
     if descriptor.is_available():
         return f"no login and no API key is set up; the {descriptor.label.lower()} can run here"
     return None

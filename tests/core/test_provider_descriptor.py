@@ -194,7 +194,7 @@ def test_a_provider_with_a_login_declares_it(clean_env: Path) -> None:
         found["where"] = "acme's token file"
         chosen = resolve_default_model(env)
         assert (chosen.spec, chosen.source) == ("acme-login:acme-2", "acme-login")
-        assert chosen.reason == "a Acme Login login was found (acme's token file)"
+        assert chosen.reason == "logged in to Acme Login (acme's token file)"
         state = KernelState(None, SimpleNamespace(login_on_demand=True))
         assert state.needs_login("acme-login", "off") and not state.needs_login("acme", "off")
         assert not state.needs_login("acme-login", "replay")
