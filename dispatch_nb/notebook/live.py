@@ -460,9 +460,14 @@ class TextView(LiveView):
             if tool is not None and tool.id not in self.said:
                 arrow = "⚠" if tool.is_error else "→"
                 self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
-        elif kind == "retry":
+        elif kind == "retry" or (kind == "note" and event.message not in self.said):
+            from .display import terminal_text
+
+            if kind == "note":  # a warning logged while the cell ran (each round: said once)
+                self.said.add(event.message)
             prefix = "" if self.at_line_start and not self.pending else "\n"
-            self.pending.append(f"{prefix}{retry_state(event)}\n")
+            said = retry_state(event) if kind == "retry" else f"ℹ {terminal_text(event.message)}"
+            self.pending.append(f"{prefix}{said}\n")
 
     def interrupt(self) -> None:
         if not self.compare:

@@ -373,6 +373,25 @@ def test_terminal_prints_a_failed_cells_notes_once(shell: Any, fake: Any, capsys
     assert out.count("{nope} was left as written") == 1, out
 
 
+def test_terminal_prints_a_warning_logged_while_the_cell_ran(shell: Any, fake: Any,
+                                                            capsys: Any) -> None:
+    """A warning the library logs while a cell runs (an MCP server that cannot start adds no
+    tools) is shown with the answer in a notebook, and printed in the terminal too: there it was
+    dropped, so the model answered without the tools and nobody was told why."""
+    pytest.importorskip("mcp")
+    run(shell, 'def add(a: int, b: int) -> int:\n    """Add."""\n    return a + b')
+    run(shell, "%chat mcp add broken -- /nonexistent/command")
+    fake.push(Turn(tool_calls=[ToolCall("a1", "add", {"a": 1, "b": 2})]), Turn(text="It is 3."))
+    try:
+        assert run(shell, "%%chat --mcp broken --tools add\nAdd 1 and 2.").success
+        out = capsys.readouterr().out
+        assert "ℹ MCP server broken:" in out and "No such file or directory" in out, out
+        assert out.count("ℹ MCP server broken") == 1  # listed again each round: said once
+        assert out.index("ℹ MCP server broken") < out.index("It is 3.")
+    finally:
+        run(shell, "%chat mcp remove broken")
+
+
 # -- 11. login, models, status --------------------------------------------------------------------
 
 
