@@ -227,7 +227,8 @@ class CellRun:
 
         for spec, adapter in zip(plan.specs, plan.adapters, strict=True):
             show_estimate(estimate([*plan.history, plan.user], model=adapter,
-                                   max_tokens=plan.max_tokens, system=plan.system), spec)
+                                   max_tokens=plan.max_tokens, system=plan.system), spec,
+                          tools=bool(plan.tools))
 
     # -- 1. plan ---------------------------------------------------------------------------------
     def plan(self) -> CellPlan:

@@ -156,11 +156,15 @@ def _progress(state: KernelState) -> str | None:
     return "display" if has_kernel(state.shell) else None
 
 
-def show_estimate(est: Any, what: str) -> None:
-    """``--estimate``: what the cell would cost; nothing was sent."""
+def show_estimate(est: Any, what: str, tools: bool = False) -> None:
+    """``--estimate``: what the cell would cost (one model call: ``tools``, a cell with tools
+    says what that leaves out); nothing was sent."""
     text = est.summary()
     note = ("input tokens approximated (about 4 characters a token)" if est.counted_by ==
             "approximation" else f"input tokens: {est.counted_by}")
+    if tools:
+        note += ("; one model call: the tool definitions and the tool loop's further calls are not "
+                 "counted")
     md = (plain_block(f"**Estimate** ({what}) — nothing was sent\n\n"
                       + dollars(html.escape(text, quote=False))) + "\n\n"
           + small(f"{html.escape(note, quote=False)}; the most output assumes every answer uses "

@@ -319,3 +319,20 @@ def test_the_send_button_runs_the_rows_in_the_cell(tmp_path: Path) -> None:
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
+
+
+def test_an_estimate_with_tools_says_what_it_leaves_out(shell: Any, fake: Any) -> None:
+    """``--estimate`` counts one model call of the prompt and the thread: a cell with --tools,
+    --mcp or --context also sends the tools' definitions and makes a call per round of its tool
+    loop, so its estimate says it does not count them (it read the same as a cell without tools,
+    a figure the cell would exceed)."""
+    run(shell, 'def add(a: int, b: int) -> int:\n    """Add."""\n    return a + b\ndf = [1, 2]')
+    assert run(shell, "%%chat --estimate --max-tokens 50\nAdd 2 and 40.").success
+    plain = shell.front.outputs[-1]["data"]["text/plain"]
+    assert "not counted" not in plain
+    for options in ("--tools add", "--context df"):
+        assert run(shell, f"%%chat --estimate --max-tokens 50 {options}\nAdd 2 and 40.").success
+        shown = shell.front.outputs[-1]["data"]
+        for text in (shown["text/plain"], shown["text/markdown"]):
+            assert "tool definitions and the tool loop's further calls are not counted" in text
+    assert fake.chat_requests == []
