@@ -33,7 +33,13 @@ from .display import (
 from .each import run_each_cell
 from .live import LiveView, detect_mode, has_kernel, make_view
 from .login import ensure_copilot_login
-from .options import check_limits, check_output_name, resolve_schema, resolve_tools
+from .options import (
+    check_limits,
+    check_output_name,
+    resolve_context,
+    resolve_schema,
+    resolve_tools,
+)
 from .runner import Job, JobOutcome, run_jobs
 from .state import KernelState
 from .threads import ChatThread, Turn, cell_identity
@@ -244,13 +250,7 @@ class CellRun:
             from .mcp_servers import resolve_servers  # only for --mcp
 
             tools += resolve_servers(args.mcp)
-        if args.context:
-            from ..context import context_tools  # only for --context
-
-            try:
-                tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
-            except ValueError as exc:  # no name given
-                raise UsageError(f"--context {args.context}: {exc}") from None
+        tools += resolve_context(args.context, self.namespace)
         schema = self._schema()
         mode = self.state.cache_mode(args.cache)
         system = args.system if args.system is not None else (settings.system or None)

@@ -527,6 +527,23 @@ def test_tools_run_through_the_session_loop(shell: Any, fake: Any) -> None:
     assert roles == ["user", "assistant", "user", "assistant", "user"]
 
 
+def test_a_context_name_that_is_not_defined_is_refused_before_sending(
+        shell: Any, fake: Any) -> None:
+    """``--context dff`` (a typo of df) is a UsageError naming the close name, as a wrong --tools
+    name is: the model was given tools over nothing ("none of the allowed variables exist yet")
+    and answered without the data, with no word to the user."""
+    run(shell, "df = [1, 2, 3]")
+    with pytest.raises(UsageError, match=r"--context dff: there is no 'dff' in the namespace "
+                                         r"\(did you mean df\?\)"):
+        shell.run_cell_magic("chat", "--context df,dff", "What is in df?")
+    with pytest.raises(UsageError, match=r"--context .*needs the names"):
+        shell.run_cell_magic("chat", "--context ' , '", "What is in df?")
+    assert fake.chat_requests == []
+    fake.push(Turn(tool_calls=[ToolCall("c1", "list_variables", {})]), Turn(text="A list."))
+    assert run(shell, "%%chat --context df\nWhat is in df?").success
+    assert "df: list" in json.dumps(fake.chat_requests[-1].json)
+
+
 @pytest.mark.parametrize("live", ["display", "widget"])
 def test_no_stream_with_tools_sends_without_streaming_and_shows_the_exchange(
     shell: Any, fake: Any, live: str
