@@ -261,7 +261,7 @@ class CellRun:
         self.cell_plan = CellPlan(
             prompt=prompt,
             specs=specs,
-            adapters=self._adapters(specs, mode),
+            adapters=self._adapters(specs, mode, tools=bool(tools)),
             fmt=args.format or settings.format,
             thread=thread,
             thread_name=thread_name,
@@ -334,14 +334,19 @@ class CellRun:
         occurrence = self.state.next_occurrence(f"{name}\n{identity}")
         return name, thread, f"{identity}#{occurrence}"
 
-    def _adapters(self, specs: list[str], mode: str) -> list[Adapter]:
-        """One adapter per model, labelled with the cell (``In[n]``) for the response cache."""
+    def _adapters(self, specs: list[str], mode: str, tools: bool = False) -> list[Adapter]:
+        """One adapter per model, labelled with the cell (``In[n]``) for the response cache;
+        with ``tools``, one that cannot call them (the embedded model's format) is refused."""
         adapters: list[Adapter] = []
         for spec in specs:
             try:
                 adapter = self.state.adapter(spec, mode, login=lambda: ensure_copilot_login(self.state))
             except (DispatchError, ImportError) as exc:
                 raise explain_error(exc, spec=spec) from None
+            if tools and getattr(adapter, "supports_tools", True) is False:
+                raise UsageError(f"{spec} cannot call tools (--tools, --mcp, --context): its chat "
+                                 "format does no function calling; choose another model with -m, "
+                                 "e.g. -m openai:gpt-4.1 after %chat key openai")
             if isinstance(adapter, CachedAdapter):  # it names In[n] in what it records and misses
                 adapter = adapter.with_label(self.state.label)
             adapters.append(adapter)

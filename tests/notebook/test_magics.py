@@ -544,6 +544,24 @@ def test_a_context_name_that_is_not_defined_is_refused_before_sending(
     assert "df: list" in json.dumps(fake.chat_requests[-1].json)
 
 
+def test_tools_on_the_embedded_model_are_refused_in_the_magics_words(shell: Any, fake: Any) -> None:
+    """The embedded model (the default with nothing set up) cannot call tools in its chat
+    format: --tools / --context is a UsageError before anything runs, saying to choose another
+    model with -m; it was the adapter's RequestError in the Python API's words
+    (``LocalAdapter(..., chat_format=...)``, which a %%chat cell cannot pass)."""
+    from dispatch_nb.providers.local import smollm2_path
+
+    if smollm2_path() is None:
+        pytest.skip("the embedded model's GGUF file is not installed")
+    run(shell, 'def add(a: int, b: int) -> int:\n    """Add."""\n    return a + b\ndf = [1]')
+    for options in ("--tools add", "--context df"):
+        with pytest.raises(UsageError) as info:
+            shell.run_cell_magic("chat", f"-m local:smollm2 {options}", "Add 2 and 40.")
+        message = str(info.value)
+        assert "local:smollm2 cannot call tools" in message and "-m openai:gpt-4.1" in message
+        assert "LocalAdapter" not in message and "chat_format=" not in message
+
+
 @pytest.mark.parametrize("live", ["display", "widget"])
 def test_no_stream_with_tools_sends_without_streaming_and_shows_the_exchange(
     shell: Any, fake: Any, live: str
