@@ -37,6 +37,10 @@ MAX_TABLE_ROWS = 100
 #: the most characters of an answer or an error one table cell shows
 MAX_CELL_CHARS = 300
 
+#: what the error column says of a row stopped or refused before it was answered
+NOT_SENT = {"cancelled": "cancelled", "not_sent": "not sent",
+            "budget_exceeded": "not sent (over budget)"}
+
 ACCEPTED = "--each takes a list, a tuple, a pandas Series or a pandas DataFrame from the namespace"
 
 
@@ -295,8 +299,8 @@ def each_output(
         line = {str(k): (_short(v) if isinstance(v, str) else v) for k, v in items}
         if isinstance(item, Response):
             line.update(_answer_columns(item, set(line), schema is not None))
-        if failed and isinstance(item, DispatchError) and item.code in ("cancelled", "not_sent"):
-            line["error"] = item.code.replace("_", " ")  # cancelled, not sent: the footer says why
+        if failed and isinstance(item, DispatchError) and item.code in NOT_SENT:
+            line["error"] = NOT_SENT[item.code]  # the footer says why (over budget: a note)
         elif failed and isinstance(item, DispatchError):  # its message in the magic's words
             said = str(item).replace(item.message, magic_words(item.message))
             line["error"] = _short(f"{type(item).__name__}: {said}", 200)
@@ -305,6 +309,9 @@ def each_output(
                 else _short(f"{type(item).__name__}: {item}", 200)
         table.append(line)
     notes = []
+    over = next((i for i in result if getattr(i, "code", None) == "budget_exceeded"), None)
+    if over is not None:  # the first row refused, in full: the others differ in their amounts
+        notes.append(f"{type(over).__name__}: {magic_words(over.message)}")
     if len(result) > MAX_TABLE_ROWS:
         notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; keep the "
                      "result with -o VAR and see them all with VAR.to_pandas().")

@@ -241,6 +241,10 @@ def test_each_budget_errors_speak_the_magic(shell: Any, fake: Any,
     table = shell.front.outputs[-1]["data"]["text/markdown"]
     assert "BudgetExceededError" in table
     assert "a larger --budget, or a smaller --max-tokens" in table and "budget=" not in table
+    # said once, in full, under the table; each refused row reads "not sent (over budget)" (the
+    # message was repeated in every row, cut off at 200 characters)
+    assert table.count("BudgetExceededError") == 1 and table.count("larger --budget") == 1
+    assert sum("| not sent (over budget) |" in line for line in table.splitlines()) == 3, table
 
 
 def _saved_outputs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
