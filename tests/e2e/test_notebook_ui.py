@@ -623,8 +623,9 @@ def test_dollar_amounts_stay_dollars_not_latex(open_notebook: Any, fake: Canonic
     nb.run(3)
     table = nb.cell(3).locator(".jp-OutputArea-output table")
     table.wait_for(state="visible", timeout=30_000)
-    # every column is there, none swallowed by "math" (no premium-requests column: no answer had one)
-    assert table.locator("th").count() == 7
+    # every column is there, none swallowed by "math" (no cached or premium-requests column: no
+    # answer had one): model, calls, tokens in, out, USD, replayed (saved)
+    assert table.locator("th").count() == 6
     text = nb.cell(3).locator(".jp-OutputArea-output").inner_text()
     assert "$0.000080" in text and "Spent in this kernel: $0.000080." in text.replace("**", "")
     assert nb.cell(3).locator("mjx-container, .MathJax, .katex").count() == 0
