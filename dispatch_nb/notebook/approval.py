@@ -84,6 +84,8 @@ class ApprovalRequest(Question):
         #: True when a %%chat cell asks (what to do instead is said with its options), False
         #: for the Python API (``session.send()`` in a cell)
         self.in_cell = in_cell
+        #: the model whose call it is, when several are compared (the question names it)
+        self.asked_by = ""
 
 
 def ask(call: ToolCall, seconds: float | None) -> bool | str:
@@ -164,14 +166,16 @@ def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = No
         raise
 
 
-def _describe(call: ToolCall) -> tuple[str, str]:
+def _describe(request: ApprovalRequest) -> tuple[str, str]:
     """The call's headline and its arguments in full (JSON)."""
+    call = request.call
     where = f" from MCP server {call.server}" if call.server else ""
+    where += f" (asked by {request.asked_by})" if request.asked_by else ""
     return f"Approve tool call {call.name}{where}?", json.dumps(call.arguments, indent=2, ensure_ascii=False)
 
 
 def _ask_in_input_box(request: ApprovalRequest) -> None:
-    headline, arguments = _describe(request.call)
+    headline, arguments = _describe(request)
     print(f"{headline}\n{arguments}", flush=True)
     try:
         text = input("[y]es / [n]o (or a reason) / [a]lways for this tool: ")
@@ -207,7 +211,7 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
     deadline); the buttons then go (the decision is shown, and saved, with the call in the
     answer). False when buttons cannot work here (then nothing was shown)."""
     call = request.call
-    headline, arguments = _describe(call)
+    headline, arguments = _describe(request)
     buttons: list[tuple[dict[str, Any], bool | str]] = [
         ({"description": "Approve", "button_style": "success", "icon": "check"}, True),
         ({"description": "Deny", "button_style": "danger", "icon": "times"}, SAID_NO),

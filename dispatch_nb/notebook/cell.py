@@ -379,8 +379,10 @@ class CellRun:
         if getattr(event, "type", None) == "approval_request":
             from .approval import answer_here
 
-            view = self._viewed()
+            view, plan = self._viewed(), self._planned()
             call_id = event.call.id
+            if plan.compare:  # which model's call it is
+                event.asked_by = plan.specs[index]
             try:
                 answer_here(event, asking=lambda: view.approval_asked(index, call_id))
             finally:  # Ctrl-C too: a click that came first still counts

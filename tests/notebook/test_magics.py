@@ -562,6 +562,28 @@ def test_tools_on_the_embedded_model_are_refused_in_the_magics_words(shell: Any,
         assert "LocalAdapter" not in message and "chat_format=" not in message
 
 
+def test_a_comparisons_approval_question_names_the_model_that_asks(
+        shell: Any, fake: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With -m a,b each model's call is asked about; the question says which model made it (two
+    models may make the very same call, and one is approved, the other denied)."""
+    import io
+
+    run(shell, 'def add(a: int, b: int) -> int:\n    """Add."""\n    return a + b')
+    for model in ("echo", "other"):
+        fake.push_for(model, Turn(tool_calls=[ToolCall(f"{model}-1", "add", {"a": 2, "b": 40})]),
+                      Turn(text=f"{model} done"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))
+    assert run(shell, "%%chat -m fake:echo,fake:other --tools add --approve ask\nAdd.").success
+    out = capsys.readouterr().out
+    for spec in ("fake:echo", "fake:other"):
+        assert out.count(f"Approve tool call add (asked by {spec})?") == 1, out
+    assert "Approve tool call add?" not in out
+    fake.push(Turn(tool_calls=[ToolCall("one-1", "add", {"a": 1, "b": 1})]), Turn(text="2"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    assert run(shell, "%%chat --tools add --approve ask\nAdd.").success
+    assert "Approve tool call add?" in capsys.readouterr().out  # one model: no need to say
+
+
 @pytest.mark.parametrize("live", ["display", "widget"])
 def test_no_stream_with_tools_sends_without_streaming_and_shows_the_exchange(
     shell: Any, fake: Any, live: str
