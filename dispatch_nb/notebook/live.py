@@ -459,7 +459,10 @@ class TextView(LiveView):
             tool = self.transcripts[0].tool(event.result.tool_use_id)
             if tool is not None and tool.id not in self.said:
                 arrow = "⚠" if tool.is_error else "→"
-                self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
+                result = (tool.result or "").rstrip()
+                if len(result) > 300:  # cut where it shows: not mid-number, silently
+                    result = result[:299].rstrip() + "…"
+                self.pending.append(f"   {arrow} " + result.replace("\n", "\n     ") + "\n")
         elif kind == "retry" or (kind == "note" and event.message not in self.said):
             from .display import terminal_text
 

@@ -373,6 +373,20 @@ def test_terminal_prints_a_failed_cells_notes_once(shell: Any, fake: Any, capsys
     assert out.count("{nope} was left as written") == 1, out
 
 
+def test_terminal_shows_a_long_tool_result_cut_visibly(shell: Any, fake: Any, capsys: Any) -> None:
+    """A tool result longer than the terminal shows (a DataFrame's describe()) ends with … where
+    it is cut, and its lines stay under the call: it was cut silently, mid-number ("75%  23" of
+    230.0), its later lines at the left margin like the answer's."""
+    run(shell, 'def table() -> str:\n    """A table."""\n'
+               '    return "\\n".join(f"{i:>4} {i * 10:>8.1f}" for i in range(40))')
+    fake.push(Turn(tool_calls=[ToolCall("t1", "table", {})]), Turn(text="Done."))
+    assert run(shell, "%%chat --tools table\nShow the table.").success
+    out = capsys.readouterr().out
+    shown = out[out.index("→"):out.index("Done.")].rstrip("\n").splitlines()
+    assert shown[0] == "→    0      0.0" and shown[-1].endswith("…"), shown
+    assert all(line.startswith("     ") for line in shown[1:]), shown
+
+
 def test_terminal_prints_a_warning_logged_while_the_cell_ran(shell: Any, fake: Any,
                                                             capsys: Any) -> None:
     """A warning the library logs while a cell runs (an MCP server that cannot start adds no
