@@ -1,5 +1,6 @@
 """``approve="ask"`` in a notebook: buttons in the cell, else the front end's input box
 (``docs/tools.md``, "Approval before a tool runs"). ``%load_ext dispatch_nb`` installs :func:`ask`.
+:func:`ask_with_buttons` also shows the **Send N rows** question of a large ``--each``.
 """
 
 from __future__ import annotations
