@@ -126,7 +126,8 @@ class Estimate(BaseModel):
         tokens = (f"{'~' if self.approximate else ''}{self.input_tokens:,} input tokens "
                   f"({self.counted_by})")
         if self.low_usd is not None and self.high_usd is not None:
-            money = f"{format_usd(self.low_usd)} – {format_usd(self.high_usd)}"
+            money = format_usd(self.low_usd) + ("" if self.low_usd == self.high_usd
+                                                else f" – {format_usd(self.high_usd)}")
         else:
             money = "price unknown"
         text = (f"{self.model}: {rows}{tokens} + at most {self.rows * self.max_tokens:,} output "

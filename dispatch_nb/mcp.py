@@ -451,8 +451,8 @@ def call_result(tool_use_id: str, result: Any) -> ToolResultBlock:
     if getattr(result, "is_error", False):
         text = "\n".join(p for p in parts if isinstance(p, str)) or "the tool reported an error"
         return error_result(tool_use_id, text[:MAX_ERROR_CHARS])
-    if len(parts) <= 1 and not any(isinstance(p, ImageBlock) for p in parts):
-        return ToolResultBlock(tool_use_id=tool_use_id, content=str(parts[0]) if parts else "")
+    if not any(isinstance(p, ImageBlock) for p in parts):  # text parts: one line each
+        return ToolResultBlock(tool_use_id=tool_use_id, content="\n".join(map(str, parts)))
     return ToolResultBlock(tool_use_id=tool_use_id, content=[
         p if isinstance(p, ImageBlock) else TextBlock(text=p) for p in parts
     ])

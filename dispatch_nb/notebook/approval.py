@@ -1,5 +1,6 @@
 """``approve="ask"`` in a notebook: buttons in the cell, else the front end's input box
 (``docs/tools.md``, "Approval before a tool runs"). ``%load_ext dispatch_nb`` installs :func:`ask`.
+:func:`ask_with_buttons` also shows the **Send N rows** question of a large ``--each``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from ..frontend import current_shell, unattended
 
 log = logging.getLogger(__name__)
 
-__all__ = ["INTERRUPTED", "NO_ANSWER", "ApprovalRequest", "answer_here", "ask", "asking_through",
-           "cannot_ask"]
+__all__ = ["INTERRUPTED", "NO_ANSWER", "ApprovalRequest", "Question", "answer_here", "ask",
+           "ask_with_buttons", "asking_through", "cannot_ask"]
 
 #: why a call was not run when its cell was interrupted while the question waited
 INTERRUPTED = "the cell was interrupted while it waited for approval"
@@ -39,19 +40,12 @@ _emit: contextvars.ContextVar[tuple[Callable[[Any], None], CancelToken | None] |
 _always: set[tuple[str | None, str]] = set()
 
 
-class ApprovalRequest:
-    """A call waiting for the person at the notebook (an event of the cell's queue)."""
+class Question:
+    """A question waiting for the person at the notebook; the first answer counts."""
 
-    type = "approval_request"
-
-    def __init__(self, call: ToolCall, seconds: float | None = None, *,
-                 in_cell: bool = False, cancel: CancelToken | None = None) -> None:
-        self.call = call
+    def __init__(self, seconds: float | None = None, cancel: CancelToken | None = None) -> None:
         #: the cell's job's cancel switch: once it is set, the question is not shown
         self.cancel = cancel
-        #: True when a %%chat cell asks (what to do instead is said with its options), False
-        #: for the Python API (``session.send()`` in a cell)
-        self.in_cell = in_cell
         #: when the turn's deadline passes (``time.monotonic()``; None: no deadline)
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.answer: bool | str = NO_ANSWER
@@ -77,6 +71,22 @@ class ApprovalRequest:
                 self.settle(NotAsked(INTERRUPTED))
             elif self.deadline is not None and time.monotonic() >= self.deadline:
                 self.settle(NO_ANSWER)
+
+
+class ApprovalRequest(Question):
+    """A call waiting for approval (an event of the cell's queue)."""
+
+    type = "approval_request"
+
+    def __init__(self, call: ToolCall, seconds: float | None = None, *,
+                 in_cell: bool = False, cancel: CancelToken | None = None) -> None:
+        super().__init__(seconds, cancel)
+        self.call = call
+        #: True when a %%chat cell asks (what to do instead is said with its options), False
+        #: for the Python API (``session.send()`` in a cell)
+        self.in_cell = in_cell
+        #: the model whose call it is, when several are compared (the question names it)
+        self.asked_by = ""
 
 
 def ask(call: ToolCall, seconds: float | None) -> bool | str:
@@ -157,14 +167,16 @@ def answer_here(request: ApprovalRequest, asking: Callable[[], None] | None = No
         raise
 
 
-def _describe(call: ToolCall) -> tuple[str, str]:
+def _describe(request: ApprovalRequest) -> tuple[str, str]:
     """The call's headline and its arguments in full (JSON)."""
+    call = request.call
     where = f" from MCP server {call.server}" if call.server else ""
+    where += f" (asked by {request.asked_by})" if request.asked_by else ""
     return f"Approve tool call {call.name}{where}?", json.dumps(call.arguments, indent=2, ensure_ascii=False)
 
 
 def _ask_in_input_box(request: ApprovalRequest) -> None:
-    headline, arguments = _describe(request.call)
+    headline, arguments = _describe(request)
     print(f"{headline}\n{arguments}", flush=True)
     try:
         text = input("[y]es / [n]o (or a reason) / [a]lways for this tool: ")
@@ -197,7 +209,32 @@ def _subshell(kernel: Any) -> str | None:
 
 def _ask_with_buttons(request: ApprovalRequest) -> bool:
     """Show the call with Approve / Deny / Always buttons and wait for a click (or the turn's
-    deadline). False when buttons cannot work here (then nothing was shown)."""
+    deadline); the buttons then go (the decision is shown, and saved, with the call in the
+    answer). False when buttons cannot work here (then nothing was shown)."""
+    call = request.call
+    headline, arguments = _describe(request)
+    buttons: list[tuple[dict[str, Any], bool | str]] = [
+        ({"description": "Approve", "button_style": "success", "icon": "check"}, True),
+        ({"description": "Deny", "button_style": "danger", "icon": "times"}, SAID_NO),
+        ({"description": f"Always allow {call.name}", "icon": "check-double",
+          "tooltip": "approve this tool for the rest of this kernel",
+          "layout": {"width": "auto"}}, ALWAYS)]
+    return ask_with_buttons(
+        request, f"<b>{html.escape(headline)}</b>"
+                 f"<pre style='margin:4px 0'>{html.escape(arguments)}</pre>",
+        f"{headline}\n{arguments}\nThis front end cannot show the Approve / Deny buttons: "
+        f"interrupt the cell not to run the tool, and use {_instead(request.in_cell)} here.",
+        buttons, lambda: {"text/html": ""})
+
+
+def ask_with_buttons(question: Question, body: str, text: str,
+                     buttons: list[tuple[dict[str, Any], bool | str]],
+                     after: Callable[[], dict[str, Any]]) -> bool:
+    """Show ``body`` (HTML) with ``buttons`` (``ipywidgets.Button`` options, and the answer a
+    click gives) in the running cell and wait for a click; then the buttons are replaced by
+    ``after()`` (a display bundle: what the notebook keeps). ``text`` is shown by a front end
+    that cannot show widgets. False when buttons cannot work here (then nothing was shown): no
+    kernel, no ipywidgets, no kernel subshell to run the click while the cell waits."""
     kernel: Any = getattr(current_shell(), "kernel", None)
     parent = kernel.get_parent("shell") if kernel is not None else None
     if not parent:
@@ -209,48 +246,30 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
         subshell = _subshell(kernel)
         ident = kernel._parent_ident["shell"]  # the cell's request, restored below
     except Exception as exc:  # no ipywidgets / jupyter_client, no answer about a subshell
-        log.debug("approval buttons cannot be used here (%s: %s); asking in the input box",
+        log.debug("buttons cannot be used here (%s: %s); asking in the input box",
                   type(exc).__name__, exc)
         return False
     if subshell is None:
         return False
-
-    call = request.call
-    headline, arguments = _describe(call)
     # the widgets' comms are opened under the subshell: the front end's clicks go to its thread
     kernel.set_parent(ident, {**parent, "header": {**parent["header"], "subshell_id": subshell}})
     try:
-        buttons = [
-            widgets.Button(description="Approve", button_style="success", icon="check"),
-            widgets.Button(description="Deny", button_style="danger", icon="times"),
-            widgets.Button(description=f"Always allow {call.name}", icon="check-double",
-                           tooltip="approve this tool for the rest of this kernel",
-                           layout=widgets.Layout(width="auto")),
-        ]
-        answers: list[bool | str] = [True, SAID_NO, ALWAYS]
+        shown = [widgets.Button(**options) for options, _answer in buttons]
 
         def on_click(button: Any) -> None:  # on the subshell's thread; the first answer counts
-            request.settle(answers[buttons.index(button)])
+            question.settle(buttons[shown.index(button)][1])
 
-        for button in buttons:
+        for button in shown:
             button.on_click(on_click)
-        box = widgets.VBox([
-            widgets.HTML(f"<b>{html.escape(headline)}</b>"
-                         f"<pre style='margin:4px 0'>{html.escape(arguments)}</pre>"),
-            widgets.HBox(buttons),
-        ])
+        box = widgets.VBox([widgets.HTML(body), widgets.HBox(shown)])
     finally:
         kernel.set_parent(ident, parent)
-    # a front end that cannot show widgets (jupyter console, qtconsole) shows the text instead
-    view = {**box._repr_mimebundle_(), "text/plain": (
-        f"{headline}\n{arguments}\nThis front end cannot show the Approve / Deny buttons: "
-        f"interrupt the cell not to run the tool, and use {_instead(request.in_cell)} here.")}
-    handle = display(view, raw=True, display_id=True)  # type: ignore[no-untyped-call]
+    handle = display({**box._repr_mimebundle_(), "text/plain": text}, raw=True,  # type: ignore[no-untyped-call]
+                     display_id=True)
     try:
-        request.wait()
+        question.wait()
     finally:
-        # the buttons go; the decision is shown (and saved) with the tool call in the answer
-        handle.update({"text/html": ""}, raw=True)
-        for widget in (*buttons, *box.children, box):
+        handle.update(after(), raw=True)
+        for widget in (*shown, *box.children, box):
             widget.close()
     return True

@@ -33,7 +33,13 @@ from .display import (
 from .each import run_each_cell
 from .live import LiveView, detect_mode, has_kernel, make_view
 from .login import ensure_copilot_login
-from .options import check_limits, check_output_name, resolve_schema, resolve_tools
+from .options import (
+    check_limits,
+    check_output_name,
+    resolve_context,
+    resolve_schema,
+    resolve_tools,
+)
 from .runner import Job, JobOutcome, run_jobs
 from .state import KernelState
 from .threads import ChatThread, Turn, cell_identity
@@ -227,7 +233,8 @@ class CellRun:
 
         for spec, adapter in zip(plan.specs, plan.adapters, strict=True):
             show_estimate(estimate([*plan.history, plan.user], model=adapter,
-                                   max_tokens=plan.max_tokens, system=plan.system), spec)
+                                   max_tokens=plan.max_tokens, system=plan.system), spec,
+                          tools=bool(plan.tools))
 
     # -- 1. plan ---------------------------------------------------------------------------------
     def plan(self) -> CellPlan:
@@ -243,13 +250,7 @@ class CellRun:
             from .mcp_servers import resolve_servers  # only for --mcp
 
             tools += resolve_servers(args.mcp)
-        if args.context:
-            from ..context import context_tools  # only for --context
-
-            try:
-                tools += context_tools(self.namespace, [n.strip() for n in args.context.split(",")])
-            except ValueError as exc:  # no name given
-                raise UsageError(f"--context {args.context}: {exc}") from None
+        tools += resolve_context(args.context, self.namespace)
         schema = self._schema()
         mode = self.state.cache_mode(args.cache)
         system = args.system if args.system is not None else (settings.system or None)
@@ -260,7 +261,7 @@ class CellRun:
         self.cell_plan = CellPlan(
             prompt=prompt,
             specs=specs,
-            adapters=self._adapters(specs, mode),
+            adapters=self._adapters(specs, mode, tools=bool(tools)),
             fmt=args.format or settings.format,
             thread=thread,
             thread_name=thread_name,
@@ -333,14 +334,19 @@ class CellRun:
         occurrence = self.state.next_occurrence(f"{name}\n{identity}")
         return name, thread, f"{identity}#{occurrence}"
 
-    def _adapters(self, specs: list[str], mode: str) -> list[Adapter]:
-        """One adapter per model, labelled with the cell (``In[n]``) for the response cache."""
+    def _adapters(self, specs: list[str], mode: str, tools: bool = False) -> list[Adapter]:
+        """One adapter per model, labelled with the cell (``In[n]``) for the response cache;
+        with ``tools``, one that cannot call them (the embedded model's format) is refused."""
         adapters: list[Adapter] = []
         for spec in specs:
             try:
                 adapter = self.state.adapter(spec, mode, login=lambda: ensure_copilot_login(self.state))
             except (DispatchError, ImportError) as exc:
                 raise explain_error(exc, spec=spec) from None
+            if tools and getattr(adapter, "supports_tools", True) is False:
+                raise UsageError(f"{spec} cannot call tools (--tools, --mcp, --context): its chat "
+                                 "format does no function calling; choose another model with -m, "
+                                 "e.g. -m openai:gpt-4.1 after %chat key openai")
             if isinstance(adapter, CachedAdapter):  # it names In[n] in what it records and misses
                 adapter = adapter.with_label(self.state.label)
             adapters.append(adapter)
@@ -373,8 +379,10 @@ class CellRun:
         if getattr(event, "type", None) == "approval_request":
             from .approval import answer_here
 
-            view = self._viewed()
+            view, plan = self._viewed(), self._planned()
             call_id = event.call.id
+            if plan.compare:  # which model's call it is
+                event.asked_by = plan.specs[index]
             try:
                 answer_here(event, asking=lambda: view.approval_asked(index, call_id))
             finally:  # Ctrl-C too: a click that came first still counts

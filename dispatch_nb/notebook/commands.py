@@ -340,7 +340,8 @@ def cost(state: KernelState, args: argparse.Namespace) -> None:
                      f"Replayed from the response cache: {answers}, nothing spent now.")
     if any(PRICE_PROVIDERS.get(row.provider) for row in rows):  # a figure came from it
         notes.append("Prices: genai-prices' bundled data (docs/cost.md); prices change.")
-    empty = [key for key in ("premium requests", "replayed (saved)") if not any(r[key] for r in table)]
+    empty = [key for key in ("cached", "premium requests", "replayed (saved)")
+             if not any(r[key] for r in table)]
     body = rows_markdown([{k: v for k, v in r.items() if k not in empty} for r in table], index=False)
     text = body + "\n\n" + dollars("\n\n".join(notes))
     _show(plain_block(text), _plain(text))

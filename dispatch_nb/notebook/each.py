@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import DispatchError
+from ..frontend import unattended
 from ..prompting import build_prompt
 from ..registry import parse_model_spec
 from ..render import dollars, parsed_rows, plain_block, rows_markdown, small
@@ -35,6 +36,10 @@ __all__ = ["MAX_TABLE_ROWS", "each_output", "run_each_cell"]
 MAX_TABLE_ROWS = 100
 #: the most characters of an answer or an error one table cell shows
 MAX_CELL_CHARS = 300
+
+#: what the error column says of a row stopped or refused before it was answered
+NOT_SENT = {"cancelled": "cancelled", "not_sent": "not sent",
+            "budget_exceeded": "not sent (over budget)"}
 
 ACCEPTED = "--each takes a list, a tuple, a pandas Series or a pandas DataFrame from the namespace"
 
@@ -155,11 +160,15 @@ def _progress(state: KernelState) -> str | None:
     return "display" if has_kernel(state.shell) else None
 
 
-def show_estimate(est: Any, what: str) -> None:
-    """``--estimate``: what the cell would cost; nothing was sent."""
+def show_estimate(est: Any, what: str, tools: bool = False) -> None:
+    """``--estimate``: what the cell would cost (one model call: ``tools``, a cell with tools
+    says what that leaves out); nothing was sent."""
     text = est.summary()
     note = ("input tokens approximated (about 4 characters a token)" if est.counted_by ==
             "approximation" else f"input tokens: {est.counted_by}")
+    if tools:
+        note += ("; one model call: the tool definitions and the tool loop's further calls are not "
+                 "counted")
     md = (plain_block(f"**Estimate** ({what}) — nothing was sent\n\n"
                       + dollars(html.escape(text, quote=False))) + "\n\n"
           + small(f"{html.escape(note, quote=False)}; the most output assumes every answer uses "
@@ -170,62 +179,51 @@ def show_estimate(est: Any, what: str) -> None:
 
 
 def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
-    """A large ``--each`` asks first: the row count and the estimate, then a button in the cell
-    (a y/N prompt in terminal IPython); nothing is sent before the answer."""
+    """A large ``--each`` asks first: the row count and the estimate, then a **Send** button in
+    the running cell (an input box where buttons cannot work, a y/N prompt in terminal IPython);
+    nothing is sent before the answer, and the rows run in the cell, so its table is the cell's
+    own output. A run nobody watches (nbclient) is told how to send them instead."""
+    from .approval import Question, ask_with_buttons
+
     question = (f"--each has {count:,} rows (more than ChatMagics.confirm_rows = "
                 f"{state.settings.confirm_rows:,}): {est.summary()}")
-    mode = detect_mode(state.shell, state.settings.live)
     instead = "run again with --yes, or --limit N for the first N rows."
-    if mode == "text":
+    mode, asked = detect_mode(state.shell, state.settings.live), Question()
+
+    def shown(sent: bool) -> dict[str, Any]:
+        """The question as text and what came of it: what the notebook keeps."""
+        said = ("*Sent.*" if sent else "*Nothing was sent.* Run the cell again with `--yes` to "
+                "send them, or `--limit N` for the first N rows.")
+        return {"text/markdown": plain_block(dollars(html.escape(question, quote=False))
+                                             + "\n\n" + said),
+                "text/plain": f"{question}\n" + ("Sent." if sent else f"Nothing was sent: {instead}")}
+
+    attended = mode != "display" and not unattended(state.shell)
+    buttons = attended and mode == "widget" and ask_with_buttons(
+        asked, f"<b>{html.escape(question)}</b><br>Nothing has been sent.",
+        f"{question}\nThis front end cannot show the Send button: {instead}",
+        [({"description": f"Send {count:,} rows", "button_style": "warning",
+           "tooltip": "Send every row to the model"}, True), ({"description": "Cancel"}, False)],
+        lambda: shown(asked.answer is True))
+    if attended and not buttons:
         try:
             answer = input(question + "\nSend them? [y/N] ")
-        except (EOFError, OSError):
+        except Exception:  # no input box after all (StdinNotImplementedError, EOF)
             answer = ""
-        if answer.strip().lower() in ("y", "yes"):
-            run()
-        else:  # (the question is on the screen already)
-            ipy_display({"text/plain": f"Nothing was sent: {instead}"}, raw=True)
-        return
-    if mode != "widget":
-        ipy_display({"text/markdown": plain_block(
-                         dollars(html.escape(question, quote=False)) + "\n\n*Nothing was sent.* "
-                         "Run the cell again with `--yes` to send them, or `--limit N` for the "
-                         "first N rows."),
-                     "text/plain": f"{question}\nNothing was sent: {instead}"}, raw=True)
-        return
-    import ipywidgets as widgets
-
-    label = widgets.HTML(f"<b>{html.escape(question)}</b><br>Nothing has been sent.")
-    go = widgets.Button(description=f"Send {count:,} rows", button_style="warning",
-                        tooltip="Send every row to the model")
-    stop = widgets.Button(description="Cancel")
-    out = widgets.Output()
-    box = widgets.VBox([label, widgets.HBox([go, stop]), out])
-    box.add_class("dispatch-nb-confirm")
-
-    def clicked(button: Any) -> None:
-        go.disabled = stop.disabled = True
-        if button is stop:
-            label.value = f"{html.escape(question)}<br>Cancelled: nothing was sent."
-            return
-        label.value = f"{html.escape(question)}<br>Sending…"
-        with out:
-            try:
-                run(in_place=False)  # an Output widget does not apply display updates
-            except Exception as exc:  # shown in the cell: the cell itself has finished
-                print(f"{type(exc).__name__}: {exc}")
-        label.value = f"{html.escape(question)}<br>Sent."
-
-    go.on_click(clicked)
-    stop.on_click(clicked)
-    ipy_display(box)
+        asked.settle(answer.strip().lower() in ("y", "yes"))
+    if asked.answer is True:
+        run()
+    elif not attended:
+        ipy_display(shown(False), raw=True)
+    elif not buttons:  # (the question is on the screen already)
+        ipy_display({"text/plain": f"Nothing was sent: {instead}"}, raw=True)
 
 
 def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,
-              options: dict[str, Any], in_place: bool = True) -> None:
+              options: dict[str, Any]) -> None:
     """Send the rows (``options``: :func:`dispatch_nb.batch`'s) and show the result table (after
-    a confirmation when one was asked). ``in_place``: the table replaces the progress bar's
-    output, whose last line (the batch's summary) the table's footer says again."""
+    a confirmation when one was asked) in place of the progress bar's output, whose last line
+    (the batch's summary) the table's footer says again."""
     from ..batching import BatchInterrupted, batch
 
     namespace = state.shell.user_ns
@@ -244,7 +242,7 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
                                        schema=args.schema.strip() if args.schema else None)
-    bar = result._progress_output if in_place else None
+    bar = result._progress_output
     if bar is not None:
         bar.update(final_data, raw=True, metadata=metadata)
     else:
@@ -301,8 +299,8 @@ def each_output(
         line = {str(k): (_short(v) if isinstance(v, str) else v) for k, v in items}
         if isinstance(item, Response):
             line.update(_answer_columns(item, set(line), schema is not None))
-        if failed and isinstance(item, DispatchError) and item.code in ("cancelled", "not_sent"):
-            line["error"] = item.code.replace("_", " ")  # cancelled, not sent: the footer says why
+        if failed and isinstance(item, DispatchError) and item.code in NOT_SENT:
+            line["error"] = NOT_SENT[item.code]  # the footer says why (over budget: a note)
         elif failed and isinstance(item, DispatchError):  # its message in the magic's words
             said = str(item).replace(item.message, magic_words(item.message))
             line["error"] = _short(f"{type(item).__name__}: {said}", 200)
@@ -311,6 +309,9 @@ def each_output(
                 else _short(f"{type(item).__name__}: {item}", 200)
         table.append(line)
     notes = []
+    over = next((i for i in result if getattr(i, "code", None) == "budget_exceeded"), None)
+    if over is not None:  # the first row refused, in full: the others differ in their amounts
+        notes.append(f"{type(over).__name__}: {magic_words(over.message)}")
     if len(result) > MAX_TABLE_ROWS:
         notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; keep the "
                      "result with -o VAR and see them all with VAR.to_pandas().")

@@ -459,10 +459,18 @@ class TextView(LiveView):
             tool = self.transcripts[0].tool(event.result.tool_use_id)
             if tool is not None and tool.id not in self.said:
                 arrow = "⚠" if tool.is_error else "→"
-                self.pending.append(f"   {arrow} {(tool.result or '')[:300]}\n")
-        elif kind == "retry":
+                result = (tool.result or "").rstrip()
+                if len(result) > 300:  # cut where it shows: not mid-number, silently
+                    result = result[:299].rstrip() + "…"
+                self.pending.append(f"   {arrow} " + result.replace("\n", "\n     ") + "\n")
+        elif kind == "retry" or (kind == "note" and event.message not in self.said):
+            from .display import terminal_text
+
+            if kind == "note":  # a warning logged while the cell ran (each round: said once)
+                self.said.add(event.message)
             prefix = "" if self.at_line_start and not self.pending else "\n"
-            self.pending.append(f"{prefix}{retry_state(event)}\n")
+            said = retry_state(event) if kind == "retry" else f"ℹ {terminal_text(event.message)}"
+            self.pending.append(f"{prefix}{said}\n")
 
     def interrupt(self) -> None:
         if not self.compare:

@@ -25,15 +25,20 @@ USAGE = (
 )
 
 
+def _entries(path: Path) -> dict[str, object]:
+    """The ``mcpServers`` of a config file (none when there is no such file)."""
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text()).get("mcpServers", {})
+        return dict(entries)
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise UsageError(f"{path}: not an mcpServers JSON file ({exc})") from None
+
+
 def _from_config(name: str) -> MCPServer | None:
     for path in CONFIG_FILES:
-        if not path.is_file():
-            continue
-        try:
-            entries = json.loads(path.read_text()).get("mcpServers", {})
-        except (ValueError, AttributeError) as exc:
-            raise UsageError(f"{path}: not an mcpServers JSON file ({exc})") from None
-        entry = entries.get(name)
+        entry = _entries(path).get(name)
         if isinstance(entry, dict):
             if "url" in entry:
                 return MCPServer.http(entry["url"], entry.get("headers"), name=name)
@@ -63,7 +68,10 @@ def resolve_servers(names: str | None) -> list[MCPServer]:
 
 def mcp_command(line: str) -> None:
     """Run ``%chat mcp …`` (``line`` is what follows ``mcp``)."""
-    words = shlex.split(line)
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:  # an unbalanced quote
+        raise UsageError(f"%chat mcp {line}: {exc}") from None
     verb, name = (*words, "", "")[:2]
     rest = words[2:]
     if verb == "add" and name and not name.startswith("-") and (
@@ -76,9 +84,11 @@ def mcp_command(line: str) -> None:
             old.close()
         _servers[name] = server
         print(f"added MCP server {name} (it starts when a cell first uses it)")
-    elif verb == "list" and not _servers:
-        print("no MCP servers: add one with " + USAGE.split(" | ")[0])
     elif verb == "list":
+        # the config files' servers too: --mcp NAME uses them without %chat mcp add
+        resolve_servers(",".join(n for path in CONFIG_FILES for n in _entries(path)))
+        if not _servers:
+            print("no MCP servers: add one with " + USAGE.split(" | ")[0])
         for listed, server in _servers.items():
             tools = ", ".join(t.name for t in server.tools) or "(not listed yet)"
             error = f" — {server.error}" if server.error else ""

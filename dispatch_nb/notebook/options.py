@@ -19,7 +19,8 @@ from IPython.core.error import UsageError
 from ..validation import article
 from .display import magic_words
 
-__all__ = ["check_limits", "check_output_name", "evaluate_option", "resolve_schema", "resolve_tools"]
+__all__ = ["check_limits", "check_output_name", "evaluate_option", "resolve_context", "resolve_schema",
+           "resolve_tools"]
 
 
 SCHEMA_ACCEPTED = (
@@ -98,6 +99,25 @@ def resolve_tools(names: str | None, namespace: dict[str, Any]) -> list[Any]:
             raise UsageError(f"--tools {name}: {name} is {article(type(obj).__name__)}, not a "
                              f"function.{functions()} {TOOLS_ACCEPTED}.")
     return out
+
+
+def resolve_context(names: str | None, namespace: dict[str, Any]) -> list[Any]:
+    """``--context a,b`` → the read-only tools over those variables; a name the namespace does
+    not have is a ``UsageError``, as a wrong ``--tools`` name is (else the model reads nothing)."""
+    if not names:
+        return []
+    from ..context import context_tools  # only for --context
+
+    wanted = [n.strip() for n in names.split(",")]
+    for name in wanted:
+        if name and name not in namespace:
+            raise UsageError(f"--context {name}: there is no {name!r} in the namespace"
+                             f"{_did_you_mean(name, namespace)}; --context takes the names of "
+                             "variables the model may read.")
+    try:
+        return context_tools(namespace, wanted)
+    except ValueError as exc:  # no name given
+        raise UsageError(f"--context {names}: {exc}") from None
 
 
 def _is_schema(value: Any) -> bool:

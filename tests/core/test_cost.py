@@ -215,6 +215,7 @@ def test_a_provider_that_runs_on_this_machine_costs_zero_not_unknown() -> None:
             assert session.cost.known and session.cost.calls == 2 and str(session.cost) == "$0"
             shown = estimate("Row {n}", ROWS[:2], model=adapter, max_tokens=10)
             assert shown.low_usd == 0 and shown.high_usd == 0
+            assert shown.summary().endswith("output tokens · $0")  # not a range "$0 – $0"
             result = batch("Row {n}", ROWS[:2], model=adapter, max_tokens=10, budget=0.01,
                            progress=False)
             assert [r.cost.usd for r in result] == [0, 0] and result.cost.known

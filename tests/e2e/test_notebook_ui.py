@@ -8,6 +8,7 @@ with DISPATCH_NB_UPDATE_DOC_IMAGES=1 the live view and the login widget are copi
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from typing import Any
@@ -539,25 +540,32 @@ def test_each_progress_is_one_line_and_its_table_counts_from_zero(
     assert len(fake.chat_requests) == sent
 def test_a_large_each_waits_for_the_button(open_notebook: Any, fake: CanonicalFake) -> None:
     """(e) `--each` over more rows than ChatMagics.confirm_rows shows the row count and the
-    estimate with a button; nothing is sent until it is clicked, then the rows run in the cell."""
+    estimate with a button; nothing is sent until it is clicked, then the rows run in the cell,
+    whose saved outputs are the question as text and the table: no widget."""
     nb = open_notebook([LOAD + "\nrows = ['one', 'two', 'three', 'four', 'five']",
                         "%config ChatMagics.confirm_rows = 3",
                         "%%chat --each rows -o res\nSay {row}"])
     nb.run(0)
     nb.run(1)
     before = len(fake.chat_requests)
-    nb.run(2)
+    prompt = nb.start(2)
     button = nb.output(2).get_by_role("button", name="Send 5 rows")
     button.wait_for(timeout=30_000)
     assert "5 rows" in nb.output_text(2) and "confirm_rows = 3" in nb.output_text(2)
     assert len(fake.chat_requests) == before, "rows were sent before the confirmation"
     nb.screenshot("each-confirm")
     button.click()
+    nb.wait_done(2, prompt, timeout=60)
     nb.wait_output(2, lambda text: "5 rows: 5 ok" in text, timeout=60)
     sent = [fake.last_user_text(r) for r in fake.chat_requests[before:]]
     assert sorted(sent) == sorted(f"Say {w}" for w in ("one", "two", "three", "four", "five"))
     assert "echo: Say three" in nb.output_text(2)
     nb.screenshot("each-confirmed")
+    outputs = nb.save()["cells"][2]["outputs"]
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+                   for o in outputs), outputs
+    saved = json.dumps(outputs)
+    assert "--each has 5 rows" in saved and "Sent." in saved and "echo: Say three" in saved
 
 
 def test_a_models_dollar_amounts_are_money_and_its_math_is_math(
@@ -615,8 +623,9 @@ def test_dollar_amounts_stay_dollars_not_latex(open_notebook: Any, fake: Canonic
     nb.run(3)
     table = nb.cell(3).locator(".jp-OutputArea-output table")
     table.wait_for(state="visible", timeout=30_000)
-    # every column is there, none swallowed by "math" (no premium-requests column: no answer had one)
-    assert table.locator("th").count() == 7
+    # every column is there, none swallowed by "math" (no cached or premium-requests column: no
+    # answer had one): model, calls, tokens in, out, USD, replayed (saved)
+    assert table.locator("th").count() == 6
     text = nb.cell(3).locator(".jp-OutputArea-output").inner_text()
     assert "$0.000080" in text and "Spent in this kernel: $0.000080." in text.replace("**", "")
     assert nb.cell(3).locator("mjx-container, .MathJax, .katex").count() == 0

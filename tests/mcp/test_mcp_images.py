@@ -156,3 +156,19 @@ def test_an_image_no_model_takes_is_described_in_text() -> None:
     assert texts[2].startswith("[image image/png, 6291464 bytes: not shown to the model")
     assert [b.media_type for b in result.images] == ["image/png"]
     assert result.images[0].as_base64()[1] == base64.b64encode(PNG).decode()
+
+
+def test_a_results_text_parts_are_separate_lines() -> None:
+    """A result of several text parts (a sentence, then resource links: server-everything's
+    get-resource-links) reads as lines, in the cell and for the model, as an error's parts do:
+    they ran together ("…links:[resource demo://a][resource demo://b]")."""
+    from mcp.types import CallToolResult, ResourceLink, TextContent
+
+    from dispatch_nb.mcp import call_result
+
+    result = CallToolResult(content=[
+        TextContent(type="text", text="Here are 2 links:"),
+        ResourceLink(type="resource_link", uri="demo://a", name="a"),
+        ResourceLink(type="resource_link", uri="demo://b", name="b")])
+    block = call_result("t", result)
+    assert block.content == "Here are 2 links:\n[resource demo://a]\n[resource demo://b]"

@@ -373,6 +373,39 @@ def test_terminal_prints_a_failed_cells_notes_once(shell: Any, fake: Any, capsys
     assert out.count("{nope} was left as written") == 1, out
 
 
+def test_terminal_shows_a_long_tool_result_cut_visibly(shell: Any, fake: Any, capsys: Any) -> None:
+    """A tool result longer than the terminal shows (a DataFrame's describe()) ends with … where
+    it is cut, and its lines stay under the call: it was cut silently, mid-number ("75%  23" of
+    230.0), its later lines at the left margin like the answer's."""
+    run(shell, 'def table() -> str:\n    """A table."""\n'
+               '    return "\\n".join(f"{i:>4} {i * 10:>8.1f}" for i in range(40))')
+    fake.push(Turn(tool_calls=[ToolCall("t1", "table", {})]), Turn(text="Done."))
+    assert run(shell, "%%chat --tools table\nShow the table.").success
+    out = capsys.readouterr().out
+    shown = out[out.index("→"):out.index("Done.")].rstrip("\n").splitlines()
+    assert shown[0] == "→    0      0.0" and shown[-1].endswith("…"), shown
+    assert all(line.startswith("     ") for line in shown[1:]), shown
+
+
+def test_terminal_prints_a_warning_logged_while_the_cell_ran(shell: Any, fake: Any,
+                                                            capsys: Any) -> None:
+    """A warning the library logs while a cell runs (an MCP server that cannot start adds no
+    tools) is shown with the answer in a notebook, and printed in the terminal too: there it was
+    dropped, so the model answered without the tools and nobody was told why."""
+    pytest.importorskip("mcp")
+    run(shell, 'def add(a: int, b: int) -> int:\n    """Add."""\n    return a + b')
+    run(shell, "%chat mcp add broken -- /nonexistent/command")
+    fake.push(Turn(tool_calls=[ToolCall("a1", "add", {"a": 1, "b": 2})]), Turn(text="It is 3."))
+    try:
+        assert run(shell, "%%chat --mcp broken --tools add\nAdd 1 and 2.").success
+        out = capsys.readouterr().out
+        assert "ℹ MCP server broken:" in out and "No such file or directory" in out, out
+        assert out.count("ℹ MCP server broken") == 1  # listed again each round: said once
+        assert out.index("ℹ MCP server broken") < out.index("It is 3.")
+    finally:
+        run(shell, "%chat mcp remove broken")
+
+
 # -- 11. login, models, status --------------------------------------------------------------------
 
 

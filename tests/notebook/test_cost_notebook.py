@@ -5,6 +5,7 @@ in a real kernel (nbclient) against the loopback Responses fake, with a real mod
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import sys
@@ -74,7 +75,7 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     cells = [
         "%load_ext dispatch_nb\n"
         "big = [f'row {i:04d}' for i in range(1500)]\nsmall = ['a', 'b', 'c']\n"
-        "%config ChatMagics.live = 'widget'",  # 0 (auto would not ask with buttons: nbclient)
+        "%config ChatMagics.live = 'widget'",  # 0
         "%%chat\nHello there",                                                     # 1
         "%%chat --estimate --max-tokens 100\nHello there",                        # 2
         "%%chat --each big -o never\nSay {row}",                                   # 3
@@ -110,7 +111,10 @@ def test_cost_in_a_real_kernel(tmp_path: Path) -> None:
     assert "approximat" in estimate
     asked = _shown(nb.cells[3])
     assert "1,500 rows" in asked and "ChatMagics.confirm_rows = 1,000" in asked
-    assert any(WIDGET_MIME in o.get("data", {}) for o in nb.cells[3].outputs)  # the button
+    # no button, even with the widget view asked for: nbclient could never click it (a cell
+    # waiting for it would never end); the button: test_the_send_button_runs_the_rows_in_the_cell
+    assert not any(WIDGET_MIME in o.get("data", {}) for o in nb.cells[3].outputs)
+    assert "Nothing was sent" in asked and "--yes" in asked
     assert "4 rows: 4 ok" in _shown(nb.cells[4])
     assert "3 rows" in _shown(nb.cells[6]) and "confirm_rows = 2" in _shown(nb.cells[6])
     # a run nobody watches (nbclient) gets no button it cannot click: it says how to send them
@@ -180,18 +184,22 @@ def test_chat_cost_shows_premium_requests_and_what_replays_saved(
     assert first.cost is not None and first.cost.usd is not None
     assert run(shell, "%chat cost").success
     shown = shell.front.outputs[-1]["data"]["text/markdown"]
-    copilot_row = next(line for line in shown.splitlines() if "copilot:claude-sonnet-4" in line)
-    assert [c.strip() for c in copilot_row.strip("|").split("|")][6] == "1"  # premium requests
+    header = [c.strip() for c in next(line for line in shown.splitlines() if line.startswith("| model"))
+              .strip("|").split("|")]
+
+    def row(model: str) -> dict[str, str]:
+        line = next(line for line in shown.splitlines() if model in line)
+        return dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+
+    assert row("copilot:claude-sonnet-4")["premium requests"] == "1"
     assert "1 premium request — \\$0.04 at GitHub's published overage price" in shown
     assert not re.search(r"(?<!\\)\$", shown)  # every dollar escaped: no LaTeX math
-    openai_row = next(line for line in shown.splitlines() if "openai:gpt-4.1" in line)
-    cells = [c.strip() for c in openai_row.strip("|").split("|")]
-    assert cells[1] == "1" and cells[5] == md(format_usd(first.cost.usd))
-    assert cells[7] == f"1 ({md(format_usd(first.cost.usd))})"
+    openai = row("openai:gpt-4.1")
+    assert openai["calls"] == "1" and openai["USD"] == md(format_usd(first.cost.usd))
+    assert openai["replayed (saved)"] == f"1 ({md(format_usd(first.cost.usd))})"
     assert "Replayed from the response cache: 2 answers, " in shown
-    llama_row = next(line for line in shown.splitlines() if "compatible:smollm2" in line)
-    cells = [c.strip() for c in llama_row.strip("|").split("|")]
-    assert cells[1] == "1" and cells[5] == "unknown" and cells[7] == "1"  # sent once, replayed once
+    llama = row("compatible:smollm2")  # sent once, replayed once
+    assert llama["calls"] == "1" and llama["USD"] == "unknown" and llama["replayed (saved)"] == "1"
     assert "(and 1 answer whose price is unknown)." in shown
 
 
@@ -208,6 +216,7 @@ def test_chat_cost_says_unknown_when_no_answer_had_a_price(shell: Any) -> None:
     assert "$0" not in shown
     header = shown.splitlines()[0]  # no column that is empty in every row
     assert "model" in header and "premium requests" not in header and "replayed" not in header
+    assert "cached" not in header  # (it was shown, all 0: docs/notebook.md says it is left out)
 
 
 def test_each_only_options_are_refused_elsewhere(shell: Any, fake: Any) -> None:
@@ -237,3 +246,102 @@ def test_each_budget_errors_speak_the_magic(shell: Any, fake: Any,
     table = shell.front.outputs[-1]["data"]["text/markdown"]
     assert "BudgetExceededError" in table
     assert "a larger --budget, or a smaller --max-tokens" in table and "budget=" not in table
+    # said once, in full, under the table; each refused row reads "not sent (over budget)" (the
+    # message was repeated in every row, cut off at 200 characters)
+    assert table.count("BudgetExceededError") == 1 and table.count("larger --budget") == 1
+    assert sum("| not sent (over budget) |" in line for line in table.splitlines()) == 3, table
+
+
+def _saved_outputs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The outputs a front end keeps (and saves) from one execution's IOPub messages: displays
+    replaced by their updates, cleared by clear_output."""
+    outputs: list[dict[str, Any]] = []
+    for msg in messages:
+        kind, content = msg["msg_type"], msg["content"]
+        display_id = content.get("transient", {}).get("display_id")
+        if kind == "clear_output":
+            outputs.clear()
+        elif kind == "update_display_data":
+            outputs = [{**o, "data": content["data"]} if o.get("display_id") == display_id else o
+                       for o in outputs]
+        elif kind in ("display_data", "execute_result", "stream", "error"):
+            outputs.append({**content, "display_id": display_id})
+    return outputs
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(240)
+def test_the_send_button_runs_the_rows_in_the_cell(tmp_path: Path) -> None:
+    """A large --each in a front end a person works in (stdin allowed) waits for its **Send N
+    rows** button, clicked through its comm as JupyterLab sends it; the rows then run in the cell,
+    so the table is the cell's own output and the question is left as text — a saved notebook
+    reads well without widgets (the rows once ran in the click's handler, into an Output widget:
+    the notebook saved only ``VBox(...)``). Cancel sends nothing and leaves no widget either."""
+    from tests.fakes.canonical import CanonicalFake
+    from tests.kernels import IPCKernelManager
+
+    with CanonicalFake() as fake:
+        env = chat_env()
+        env.update({"DISPATCH_NB_FAKE_URL": fake.url, "DISPATCH_NB_MODEL": "fake:echo",
+                    "DISPATCH_NB_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)})
+        km = IPCKernelManager(kernel_name="python3")
+        km.start_kernel(env=env, cwd=str(tmp_path))
+        kc = km.client()
+        kc.start_channels()
+
+        def run(code: str, click: str | None = None) -> list[dict[str, Any]]:
+            messages: list[dict[str, Any]] = []
+            buttons: dict[str, str] = {}  # description -> comm id
+
+            def on_output(msg: dict[str, Any]) -> None:
+                messages.append(msg)
+                if msg["msg_type"] == "comm_open":
+                    state = msg["content"]["data"].get("state", {})
+                    if state.get("_model_name") == "ButtonModel":
+                        buttons[state["description"]] = msg["content"]["comm_id"]
+                shown = msg["content"].get("data", {})
+                if msg["msg_type"] == "display_data" and WIDGET_MIME in shown and click in buttons:
+                    kc.shell_channel.send(kc.session.msg("comm_msg", {
+                        "comm_id": buttons.pop(click),
+                        "data": {"method": "custom", "content": {"event": "click"}}}))
+
+            reply = kc.execute_interactive(code, allow_stdin=True, output_hook=on_output,
+                                           stdin_hook=lambda msg: None, timeout=120)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            return _saved_outputs(messages)
+
+        try:
+            kc.wait_for_ready(timeout=60)
+            run("%load_ext dispatch_nb\n%config ChatMagics.confirm_rows = 2\n"
+                "rows = ['a', 'b', 'c']")
+            saved = run("%%chat --each rows -o res\nSay {row}", click="Send 3 rows")
+            assert sorted(fake.last_user_text(r) for r in fake.chat_requests) == [
+                "Say a", "Say b", "Say c"]
+            assert not any(WIDGET_MIME in o.get("data", {}) for o in saved), saved
+            shown = "\n".join(str(o.get("data", {}).get("text/markdown", "")) for o in saved)
+            assert "--each has 3 rows" in shown and "Sent." in shown  # the question, as text
+            assert "echo: Say b" in shown and "3 rows: 3 ok" in shown  # the table, in the cell
+            saved = run("%%chat --each rows -o never\nSay {row}", click="Cancel")
+            assert len(fake.chat_requests) == 3
+            assert not any(WIDGET_MIME in o.get("data", {}) for o in saved), saved
+            assert "Nothing was sent" in json.dumps(saved)
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+
+
+def test_an_estimate_with_tools_says_what_it_leaves_out(shell: Any, fake: Any) -> None:
+    """``--estimate`` counts one model call of the prompt and the thread: a cell with --tools,
+    --mcp or --context also sends the tools' definitions and makes a call per round of its tool
+    loop, so its estimate says it does not count them (it read the same as a cell without tools,
+    a figure the cell would exceed)."""
+    run(shell, 'def add(a: int, b: int) -> int:\n    """Add."""\n    return a + b\ndf = [1, 2]')
+    assert run(shell, "%%chat --estimate --max-tokens 50\nAdd 2 and 40.").success
+    plain = shell.front.outputs[-1]["data"]["text/plain"]
+    assert "not counted" not in plain
+    for options in ("--tools add", "--context df"):
+        assert run(shell, f"%%chat --estimate --max-tokens 50 {options}\nAdd 2 and 40.").success
+        shown = shell.front.outputs[-1]["data"]
+        for text in (shown["text/plain"], shown["text/markdown"]):
+            assert "tool definitions and the tool loop's further calls are not counted" in text
+    assert fake.chat_requests == []

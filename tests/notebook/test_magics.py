@@ -527,6 +527,63 @@ def test_tools_run_through_the_session_loop(shell: Any, fake: Any) -> None:
     assert roles == ["user", "assistant", "user", "assistant", "user"]
 
 
+def test_a_context_name_that_is_not_defined_is_refused_before_sending(
+        shell: Any, fake: Any) -> None:
+    """``--context dff`` (a typo of df) is a UsageError naming the close name, as a wrong --tools
+    name is: the model was given tools over nothing ("none of the allowed variables exist yet")
+    and answered without the data, with no word to the user."""
+    run(shell, "df = [1, 2, 3]")
+    with pytest.raises(UsageError, match=r"--context dff: there is no 'dff' in the namespace "
+                                         r"\(did you mean df\?\)"):
+        shell.run_cell_magic("chat", "--context df,dff", "What is in df?")
+    with pytest.raises(UsageError, match=r"--context .*needs the names"):
+        shell.run_cell_magic("chat", "--context ' , '", "What is in df?")
+    assert fake.chat_requests == []
+    fake.push(Turn(tool_calls=[ToolCall("c1", "list_variables", {})]), Turn(text="A list."))
+    assert run(shell, "%%chat --context df\nWhat is in df?").success
+    assert "df: list" in json.dumps(fake.chat_requests[-1].json)
+
+
+def test_tools_on_the_embedded_model_are_refused_in_the_magics_words(shell: Any, fake: Any) -> None:
+    """The embedded model (the default with nothing set up) cannot call tools in its chat
+    format: --tools / --context is a UsageError before anything runs, saying to choose another
+    model with -m; it was the adapter's RequestError in the Python API's words
+    (``LocalAdapter(..., chat_format=...)``, which a %%chat cell cannot pass)."""
+    from dispatch_nb.providers.local import smollm2_path
+
+    if smollm2_path() is None:
+        pytest.skip("the embedded model's GGUF file is not installed")
+    run(shell, 'def add(a: int, b: int) -> int:\n    """Add."""\n    return a + b\ndf = [1]')
+    for options in ("--tools add", "--context df"):
+        with pytest.raises(UsageError) as info:
+            shell.run_cell_magic("chat", f"-m local:smollm2 {options}", "Add 2 and 40.")
+        message = str(info.value)
+        assert "local:smollm2 cannot call tools" in message and "-m openai:gpt-4.1" in message
+        assert "LocalAdapter" not in message and "chat_format=" not in message
+
+
+def test_a_comparisons_approval_question_names_the_model_that_asks(
+        shell: Any, fake: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With -m a,b each model's call is asked about; the question says which model made it (two
+    models may make the very same call, and one is approved, the other denied)."""
+    import io
+
+    run(shell, 'def add(a: int, b: int) -> int:\n    """Add."""\n    return a + b')
+    for model in ("echo", "other"):
+        fake.push_for(model, Turn(tool_calls=[ToolCall(f"{model}-1", "add", {"a": 2, "b": 40})]),
+                      Turn(text=f"{model} done"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))
+    assert run(shell, "%%chat -m fake:echo,fake:other --tools add --approve ask\nAdd.").success
+    out = capsys.readouterr().out
+    for spec in ("fake:echo", "fake:other"):
+        assert out.count(f"Approve tool call add (asked by {spec})?") == 1, out
+    assert "Approve tool call add?" not in out
+    fake.push(Turn(tool_calls=[ToolCall("one-1", "add", {"a": 1, "b": 1})]), Turn(text="2"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    assert run(shell, "%%chat --tools add --approve ask\nAdd.").success
+    assert "Approve tool call add?" in capsys.readouterr().out  # one model: no need to say
+
+
 @pytest.mark.parametrize("live", ["display", "widget"])
 def test_no_stream_with_tools_sends_without_streaming_and_shows_the_exchange(
     shell: Any, fake: Any, live: str

@@ -1,0 +1,41 @@
+"""``%chat mcp add|list|remove`` as a person types them (no server is started here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+
+from dispatch_nb.notebook import mcp_servers
+from dispatch_nb.notebook.mcp_servers import mcp_command
+
+
+@pytest.fixture(autouse=True)
+def no_servers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(mcp_servers, "_servers", {})
+    monkeypatch.chdir(tmp_path)
+
+
+def test_an_unbalanced_quote_is_a_usage_error() -> None:
+    # it was shlex's ValueError, with a traceback through the library
+    with pytest.raises(UsageError, match="No closing quotation"):
+        mcp_command('add files -- npx -y "server-filesystem /data')
+    assert mcp_servers._servers == {}
+
+
+def test_list_shows_the_servers_of_mcp_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that mcp.json names is usable with --mcp NAME without %chat mcp add, so the list
+    shows it too (it said "no MCP servers: add one with %chat mcp add")."""
+    Path("mcp.json").write_text(json.dumps({"mcpServers": {
+        "files": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem"]},
+        "search": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer hush"}},
+    }}))
+    mcp_command("list")
+    out = capsys.readouterr().out
+    assert "files: stopped" in out and "search: stopped" in out, out
+    assert "no MCP servers" not in out and "hush" not in out
+    Path("mcp.json").write_text("{not json")
+    with pytest.raises(UsageError, match=r"mcp\.json: not an mcpServers JSON file"):
+        mcp_command("list")
