@@ -95,9 +95,14 @@ def mcp_command(line: str) -> None:
             print(f"{listed}: {server.state}{error}\n  tools: {tools}")
     elif verb == "remove" and name and not rest:
         removed = _servers.pop(name, None)
-        if removed is None:
+        config = next((path for path in CONFIG_FILES if name in _entries(path)), None)
+        if removed is None and config is None:
             raise UsageError(f"no MCP server named {name!r}")
-        removed.close()
-        print(f"removed MCP server {name}")
+        if removed is not None:
+            removed.close()
+        # a config file's server comes back with the next --mcp NAME or list: say where it is
+        print(f"removed MCP server {name}" if config is None else
+              f"stopped MCP server {name}; {config} still names it (--mcp {name} starts it "
+              "again): delete it there to remove it")
     else:
         raise UsageError(USAGE)

@@ -39,3 +39,22 @@ def test_list_shows_the_servers_of_mcp_json(capsys: pytest.CaptureFixture[str]) 
     Path("mcp.json").write_text("{not json")
     with pytest.raises(UsageError, match=r"mcp\.json: not an mcpServers JSON file"):
         mcp_command("list")
+
+
+def test_remove_says_where_a_server_of_mcp_json_stays(capsys: pytest.CaptureFixture[str]) -> None:
+    """A server mcp.json names comes back at the next list or --mcp NAME: remove stops it and
+    says so (it said "removed", and the next list showed it again)."""
+    Path("mcp.json").write_text(json.dumps({"mcpServers": {"files": {"command": "npx"}}}))
+    mcp_command("list")
+    mcp_command("remove files")
+    assert capsys.readouterr().out.endswith(
+        "stopped MCP server files; mcp.json still names it (--mcp files starts it again): "
+        "delete it there to remove it\n")
+    assert mcp_servers._servers == {}
+    mcp_command("remove files")  # not started: the same answer, no error
+    assert "mcp.json still names it" in capsys.readouterr().out
+    mcp_command("add mine -- python -m server")
+    mcp_command("remove mine")
+    assert capsys.readouterr().out.endswith("removed MCP server mine\n")
+    with pytest.raises(UsageError, match="no MCP server named 'mine'"):
+        mcp_command("remove mine")
