@@ -192,7 +192,7 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
         if low_usd is None or high_usd is None:  # a range needs both ends
             low_usd = high_usd = None
         return Estimate(
-            model=f"{adapter.spec}", rows=len(prompts),
+            model=adapter.spec, rows=len(prompts),
             input_tokens=total, counted_by=counted_by, approximate=not exact, max_tokens=limit,
             input_usd=low_usd, low_usd=low_usd, high_usd=high_usd,
             max_output_usd=None if low_usd is None or high_usd is None else high_usd - low_usd,

@@ -291,7 +291,11 @@ def _load_plugins() -> None:
         if _plugins_started:  # loaded meanwhile, or being loaded by this very thread
             return
         _plugins_started = True
-        _register_plugins()
+        try:
+            _register_plugins()
+        except BaseException:  # Ctrl-C during a slow plug-in's import: the next call tries again
+            _plugins_started = False
+            raise
         _plugins_loaded = True
 
 
@@ -419,11 +423,10 @@ def get_provider(name: str) -> ProviderFactory:
     """The factory registered under ``name`` (imports a built-in provider on first use)."""
     named = get_descriptor(name).factory
     try:
-        factory: ProviderFactory = _imported(named)
+        return _imported(named)  # type: ignore[no-any-return]
     except ImportError as exc:
         raise ImportError(f"provider {name!r}: its factory {named!r} cannot be imported: {exc}",
                           name=exc.name) from exc
-    return factory
 
 
 # -- the default model (documented in dispatch_nb.defaults) ------------------------------------------

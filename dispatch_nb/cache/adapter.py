@@ -257,7 +257,7 @@ class CachedAdapter(Adapter):
 
 # Identity and the rest (normalizing a request too) are the wrapped adapter's: ``Adapter`` defines
 # these, so ``__getattr__`` would not be asked.
-for _name in ("model_name", "provider_name", "display_name", "max_context_tokens", "list_models",
+for _name in ("model_name", "provider_name", "spec", "display_name", "max_context_tokens", "list_models",
               "alist_models", "count_tokens", "validate", "output_mode", "close", "aclose",
               "_request", "provider_options", "backend_mode"):
     setattr(CachedAdapter, _name, property(operator.attrgetter(f"inner.{_name}")))

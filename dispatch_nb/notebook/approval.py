@@ -268,7 +268,8 @@ def ask_with_buttons(question: Question, body: str, text: str,
                      display_id=True)
     try:
         question.wait()
-    finally:
+    finally:  # after Ctrl-C a click that lands now changes nothing (the first answer counts)
+        question.settle(NotAsked(INTERRUPTED))
         handle.update(after(), raw=True)
         for widget in (*shown, *box.children, box):
             widget.close()

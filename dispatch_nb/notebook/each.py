@@ -188,20 +188,22 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
     question = (f"--each has {count:,} rows (more than ChatMagics.confirm_rows = "
                 f"{state.settings.confirm_rows:,}): {est.summary()}")
     instead = "run again with --yes, or --limit N for the first N rows."
-    mode, asked = detect_mode(state.shell, state.settings.live), Question()
+    asked = Question()
 
     def shown(sent: bool) -> dict[str, Any]:
         """The question as text and what came of it: what the notebook keeps."""
-        said = ("*Sent.*" if sent else "*Nothing was sent.* Run the cell again with `--yes` to "
-                "send them, or `--limit N` for the first N rows.")
+        said = ("*Confirmed.*" if sent else "*Nothing was sent.* Run the cell again with `--yes` "
+                "to send them, or `--limit N` for the first N rows.")
         return {"text/markdown": plain_block(dollars(html.escape(question, quote=False))
                                              + "\n\n" + said),
-                "text/plain": f"{question}\n" + ("Sent." if sent else f"Nothing was sent: {instead}")}
+                "text/plain": f"{question}\n" + ("Confirmed." if sent else
+                                                  f"Nothing was sent: {instead}")}
 
-    attended = mode != "display" and not unattended(state.shell)
-    buttons = attended and mode == "widget" and ask_with_buttons(
+    attended = not unattended(state.shell)  # (the live view's "display" or "text": the input box)
+    buttons = attended and detect_mode(state.shell, state.settings.live) == "widget" and ask_with_buttons(
         asked, f"<b>{html.escape(question)}</b><br>Nothing has been sent.",
-        f"{question}\nThis front end cannot show the Send button: {instead}",
+        f"{question}\nThis front end cannot show the Send button: interrupt the cell (Kernel → "
+        f"Interrupt), then {instead}",
         [({"description": f"Send {count:,} rows", "button_style": "warning",
            "tooltip": "Send every row to the model"}, True), ({"description": "Cancel"}, False)],
         lambda: shown(asked.answer is True))

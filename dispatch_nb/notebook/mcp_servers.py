@@ -30,21 +30,21 @@ def _entries(path: Path) -> dict[str, object]:
     if not path.is_file():
         return {}
     try:
-        entries = json.loads(path.read_text()).get("mcpServers", {})
-        return dict(entries)
+        return dict(json.loads(path.read_text()).get("mcpServers", {}))
     except (ValueError, AttributeError, TypeError) as exc:
         raise UsageError(f"{path}: not an mcpServers JSON file ({exc})") from None
 
 
 def _from_config(name: str) -> MCPServer | None:
     for path in CONFIG_FILES:
-        entry = _entries(path).get(name)
-        if isinstance(entry, dict):
-            if "url" in entry:
-                return MCPServer.http(entry["url"], entry.get("headers"), name=name)
-            if "command" in entry:
-                return MCPServer.stdio(entry["command"], *entry.get("args", []),
-                                       env=entry.get("env"), cwd=entry.get("cwd"), name=name)
+        entries = _entries(path)
+        entry = entries.get(name)
+        if isinstance(entry, dict) and "url" in entry:
+            return MCPServer.http(entry["url"], entry.get("headers"), name=name)
+        if isinstance(entry, dict) and "command" in entry:
+            return MCPServer.stdio(entry["command"], *entry.get("args", []),
+                                   env=entry.get("env"), cwd=entry.get("cwd"), name=name)
+        if name in entries:  # not an object, or one with neither
             raise UsageError(f"{path}: server {name!r} needs a command or a url")
     return None
 
@@ -86,16 +86,23 @@ def mcp_command(line: str) -> None:
         print(f"added MCP server {name} (it starts when a cell first uses it)")
     elif verb == "list":
         # the config files' servers too: --mcp NAME uses them without %chat mcp add
-        resolve_servers(",".join(n for path in CONFIG_FILES for n in _entries(path)))
-        if not _servers:
+        unusable: dict[str, UsageError] = {}
+        for listed in dict.fromkeys(n for path in CONFIG_FILES for n in _entries(path)):
+            try:
+                resolve_servers(listed)
+            except UsageError as exc:  # one entry without a command or url: the others still list
+                unusable[listed] = exc
+        if not _servers and not unusable:
             print("no MCP servers: add one with " + USAGE.split(" | ")[0])
         for listed, server in _servers.items():
             tools = ", ".join(t.name for t in server.tools) or "(not listed yet)"
             error = f" — {server.error}" if server.error else ""
             print(f"{listed}: {server.state}{error}\n  tools: {tools}")
+        for listed, problem in unusable.items():
+            print(f"{listed}: ⚠ {problem}")
     elif verb == "remove" and name and not rest:
-        removed = _servers.pop(name, None)
         config = next((path for path in CONFIG_FILES if name in _entries(path)), None)
+        removed = _servers.pop(name, None)
         if removed is None and config is None:
             raise UsageError(f"no MCP server named {name!r}")
         if removed is not None:

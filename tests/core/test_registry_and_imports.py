@@ -433,3 +433,33 @@ def test_threads_asking_at_once_all_see_the_plug_ins(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, env=env, check=True)
     assert done.stdout.strip() == "6" and "not used" not in done.stderr
+
+
+def test_ctrl_c_while_the_plug_ins_load_leaves_them_to_the_next_call(tmp_path: Path) -> None:
+    """Ctrl-C during a slow plug-in's import (the first %%chat of a kernel) interrupts that call
+    only: the next one loads the plug-ins (they stayed unknown for the kernel's life)."""
+    (tmp_path / "late_dnb.py").write_text(
+        "import pathlib\n"
+        "marker = pathlib.Path(__file__).with_name('interrupted-once')\n"
+        "if not marker.exists():\n"
+        "    marker.write_text('')\n"
+        "    raise KeyboardInterrupt\n"
+        "from dispatch_nb.registry import ProviderDescriptor\n"
+        "DESCRIPTOR = ProviderDescriptor('late', 'dispatch_nb.providers.fake:CanonicalAdapter')\n"
+    )
+    info = tmp_path / "late_dnb-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: late-dnb\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[dispatch_nb.providers]\nlate = late_dnb:DESCRIPTOR\n")
+    code = (
+        "from dispatch_nb.registry import find_descriptor\n"
+        "try:\n"
+        "    find_descriptor('late')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+        "print(find_descriptor('late') is not None)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env, check=True)
+    assert done.stdout.splitlines() == ["interrupted", "True"], done.stderr

@@ -565,7 +565,7 @@ def test_a_large_each_waits_for_the_button(open_notebook: Any, fake: CanonicalFa
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
                    for o in outputs), outputs
     saved = json.dumps(outputs)
-    assert "--each has 5 rows" in saved and "Sent." in saved and "echo: Say three" in saved
+    assert "--each has 5 rows" in saved and "Confirmed." in saved and "echo: Say three" in saved
 
 
 def test_a_models_dollar_amounts_are_money_and_its_math_is_math(

@@ -58,3 +58,27 @@ def test_remove_says_where_a_server_of_mcp_json_stays(capsys: pytest.CaptureFixt
     assert capsys.readouterr().out.endswith("removed MCP server mine\n")
     with pytest.raises(UsageError, match="no MCP server named 'mine'"):
         mcp_command("remove mine")
+
+
+def test_one_unusable_entry_of_mcp_json_does_not_hide_the_others(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An entry without a command or url (or not an object) is named with its problem; the
+    others are listed (the whole list was a UsageError), and --mcp NAME says what is wrong."""
+    Path("mcp.json").write_text(json.dumps({"mcpServers": {
+        "good": {"command": "echo"}, "disabled": {"disabled": True}, "odd": "echo"}}))
+    mcp_command("list")
+    out = capsys.readouterr().out
+    assert "good: stopped" in out, out
+    assert "disabled: ⚠ mcp.json: server 'disabled' needs a command or a url" in out
+    assert "odd: ⚠ mcp.json: server 'odd' needs a command or a url" in out
+    with pytest.raises(UsageError, match="server 'odd' needs a command or a url"):
+        mcp_servers.resolve_servers("odd")
+
+
+def test_remove_with_a_malformed_mcp_json_keeps_the_server_it_cannot_stop() -> None:
+    mcp_command("add mine -- python -m server")
+    Path("mcp.json").write_text("{not json")
+    with pytest.raises(UsageError, match="not an mcpServers JSON file"):
+        mcp_command("remove mine")
+    assert "mine" in mcp_servers._servers  # still known, so a later remove stops it

@@ -289,7 +289,7 @@ def test_the_send_button_runs_the_rows_in_the_cell(tmp_path: Path) -> None:
         kc = km.client()
         kc.start_channels()
 
-        def run(code: str, click: str | None = None) -> list[dict[str, Any]]:
+        def run(code: str, click: str | None = None, type_in: str = "") -> list[dict[str, Any]]:
             messages: list[dict[str, Any]] = []
             buttons: dict[str, str] = {}  # description -> comm id
 
@@ -306,7 +306,7 @@ def test_the_send_button_runs_the_rows_in_the_cell(tmp_path: Path) -> None:
                         "data": {"method": "custom", "content": {"event": "click"}}}))
 
             reply = kc.execute_interactive(code, allow_stdin=True, output_hook=on_output,
-                                           stdin_hook=lambda msg: None, timeout=120)
+                                           stdin_hook=lambda msg: kc.input(type_in), timeout=120)
             assert reply["content"]["status"] == "ok", reply["content"]
             return _saved_outputs(messages)
 
@@ -319,12 +319,17 @@ def test_the_send_button_runs_the_rows_in_the_cell(tmp_path: Path) -> None:
                 "Say a", "Say b", "Say c"]
             assert not any(WIDGET_MIME in o.get("data", {}) for o in saved), saved
             shown = "\n".join(str(o.get("data", {}).get("text/markdown", "")) for o in saved)
-            assert "--each has 3 rows" in shown and "Sent." in shown  # the question, as text
+            assert "--each has 3 rows" in shown and "Confirmed." in shown  # the question, as text
             assert "echo: Say b" in shown and "3 rows: 3 ok" in shown  # the table, in the cell
             saved = run("%%chat --each rows -o never\nSay {row}", click="Cancel")
             assert len(fake.chat_requests) == 3
             assert not any(WIDGET_MIME in o.get("data", {}) for o in saved), saved
             assert "Nothing was sent" in json.dumps(saved)
+            # with the live view set to "display" (no widgets wanted): the front end's input box
+            run('%config ChatMagics.live = "display"')
+            saved = run("%%chat --each rows -o typed\nSay {row}", type_in="y")
+            assert len(fake.chat_requests) == 6, "answered y in the input box: sent"
+            assert not any(WIDGET_MIME in o.get("data", {}) for o in saved), saved
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
