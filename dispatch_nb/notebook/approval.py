@@ -224,7 +224,16 @@ def _ask_with_buttons(request: ApprovalRequest) -> bool:
                  f"<pre style='margin:4px 0'>{html.escape(arguments)}</pre>",
         f"{headline}\n{arguments}\nThis front end cannot show the Approve / Deny buttons: "
         f"interrupt the cell not to run the tool, and use {_instead(request.in_cell)} here.",
-        buttons, lambda: {"text/html": ""})
+        buttons, lambda: {"text/html": ""} if request.in_cell else _decided(request))
+
+
+def _decided(request: ApprovalRequest) -> dict[str, Any]:
+    """What a code cell (``session.send``) keeps of its answered buttons: the call and the
+    decision, one line (a ``%%chat`` cell shows them with the call in its answer)."""
+    answer = request.answer
+    said = ("approved (always)" if answer == ALWAYS else "approved" if answer is True
+            else f"denied: {answer}")
+    return {"text/plain": f"{request.call.name}: {said}"}
 
 
 def ask_with_buttons(question: Question, body: str, text: str,

@@ -362,3 +362,21 @@ def test_ctrl_c_at_the_terminal_prompt_says_the_call_was_not_run(
     assert shown.count("was not run") == 1  # one line says it
     assert "still running" not in shown and "abandoned" not in shown
     assert "user denied" not in shown and "no answer" not in shown
+
+
+def test_session_send_in_a_code_cell_keeps_the_decision_where_the_buttons_were(
+    kernel: Kernel, fake: CanonicalFake
+) -> None:
+    """``session.send(...)`` with approve='ask' in a code cell: once clicked, the buttons' output
+    reads the call and the decision (it was an empty output in the saved notebook); a deny too."""
+    fake.push(Turn(tool_calls=[ToolCall("s1", "add", {"a": 2, "b": 40})]), Turn(text="It is 42."),
+              Turn(tool_calls=[ToolCall("s2", "add", {"a": 1, "b": 1})]), Turn(text="Not added."))
+    code = ("from dispatch_nb import Session\n"
+            "session = Session('fake:echo', tools=[add], approve='ask')\n"
+            "print(session.send('Add 2 and 40.').text)")
+    messages = run_with_buttons(kernel, code, lambda _m, buttons: kernel.click(buttons["Approve"]))
+    outputs = outputs_of(messages)
+    assert [o["data"] for o in outputs] == [{"text/plain": "add: approved"}, "It is 42.\n"], outputs
+    messages = run_with_buttons(kernel, "print(session.send('Add 1 and 1.').text)",
+                                lambda _m, buttons: kernel.click(buttons["Deny"]))
+    assert outputs_of(messages)[0]["data"] == {"text/plain": "add: denied: the user said no"}
