@@ -334,6 +334,19 @@ def test_bad_arguments_are_clear() -> None:
         adapter.count_tokens("hi", tools=[42])
 
 
+def _run_with_plugins(site: Path, dist: str, entry_points: str, code: str
+                      ) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter where ``site`` holds an installed distribution
+    ``dist`` (its dist-info) whose ``[dispatch_nb.providers]`` are ``entry_points``."""
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[dispatch_nb.providers]\n{entry_points}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env, check=True)
+
+
 def test_installed_distributions_register_providers_through_the_entry_point_group(
     tmp_path: Path,
 ) -> None:
@@ -356,16 +369,6 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "def make(model, **options):\n"
         "    return CanonicalAdapter(model, base_url='http://127.0.0.1:9', **options)\n"
     )
-    info = site / "plugged_dnb-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugged-dnb\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[dispatch_nb.providers]\n"
-        "plugged = plugged_dnb:DESCRIPTOR\n"
-        "broken = no_such_module_for_dispatch_nb:DESCRIPTOR\n"
-        "gone = plugged_dnb:GONE\n"
-        "nothing = plugged_dnb:nothing\n"
-    )
     code = (
         "import sys, dispatch_nb\n"
         "print('imported at import:', 'plugged_dnb' in sys.modules)\n"
@@ -384,9 +387,9 @@ def test_installed_distributions_register_providers_through_the_entry_point_grou
         "    except Exception as exc:\n"
         "        print(type(exc).__name__, exc)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, env=env, check=True)
+    done = _run_with_plugins(site, "plugged-dnb", "plugged = plugged_dnb:DESCRIPTOR\n"
+                             "broken = no_such_module_for_dispatch_nb:DESCRIPTOR\n"
+                             "gone = plugged_dnb:GONE\nnothing = plugged_dnb:nothing\n", code)
     assert done.stdout.splitlines() == [
         "imported at import: False",
         "adapter: CanonicalAdapter p-1 7",
@@ -415,10 +418,6 @@ def test_threads_asking_at_once_all_see_the_plug_ins(tmp_path: Path) -> None:
         "DESCRIPTOR = ProviderDescriptor('slow', 'dispatch_nb.providers.fake:CanonicalAdapter')\n"
         "register_provider(DESCRIPTOR)\n"
     )
-    info = tmp_path / "slow_dnb-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: slow-dnb\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[dispatch_nb.providers]\nslow = slow_dnb:DESCRIPTOR\n")
     code = (
         "import threading\n"
         "from dispatch_nb.registry import find_descriptor\n"
@@ -429,9 +428,7 @@ def test_threads_asking_at_once_all_see_the_plug_ins(tmp_path: Path) -> None:
         "[t.join() for t in threads]\n"
         "print(sum(d is not None for d in found))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, env=env, check=True)
+    done = _run_with_plugins(tmp_path, "slow-dnb", "slow = slow_dnb:DESCRIPTOR\n", code)
     assert done.stdout.strip() == "6" and "not used" not in done.stderr
 
 
@@ -447,10 +444,6 @@ def test_ctrl_c_while_the_plug_ins_load_leaves_them_to_the_next_call(tmp_path: P
         "from dispatch_nb.registry import ProviderDescriptor\n"
         "DESCRIPTOR = ProviderDescriptor('late', 'dispatch_nb.providers.fake:CanonicalAdapter')\n"
     )
-    info = tmp_path / "late_dnb-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: late-dnb\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[dispatch_nb.providers]\nlate = late_dnb:DESCRIPTOR\n")
     code = (
         "from dispatch_nb.registry import find_descriptor\n"
         "try:\n"
@@ -459,7 +452,5 @@ def test_ctrl_c_while_the_plug_ins_load_leaves_them_to_the_next_call(tmp_path: P
         "    print('interrupted')\n"
         "print(find_descriptor('late') is not None)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, env=env, check=True)
+    done = _run_with_plugins(tmp_path, "late-dnb", "late = late_dnb:DESCRIPTOR\n", code)
     assert done.stdout.splitlines() == ["interrupted", "True"], done.stderr
