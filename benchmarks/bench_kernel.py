@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import time
@@ -116,6 +117,7 @@ def run(server: str, transport: str, events: int, rate: int) -> dict[str, float]
                                  f"{shown[-300:]!r}")
     finally:
         kernel.close()
+        shutil.rmtree(home, ignore_errors=True)
     busy = max(cpu - idle * wall, 0.0)
     return {"wall": wall, "cpu": cpu, "idle_per_s": idle, "cpu_per_s": busy / wall,
             "us_per_event": busy / events * 1e6}

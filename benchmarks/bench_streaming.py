@@ -31,6 +31,7 @@ import datetime
 import gc
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,7 +67,7 @@ def start_server(*, own_core: bool = False) -> tuple[subprocess.Popen[bytes], st
             break
         time.sleep(0.05)
     port = portfile.read_text().strip()
-    portfile.unlink()
+    shutil.rmtree(portfile.parent)
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -273,9 +273,14 @@ def litellm_async(base: str) -> Callable[[], Awaitable[str]]:
 
 
 # -- simonw/llm ----------------------------------------------------------------------------------
+#: llm's folders (LLM_USER_PATH), removed when this process exits: the models read them meanwhile
+_LLM_HOMES: list[tempfile.TemporaryDirectory[str]] = []
+
+
 def _llm_model(base: str, is_async: bool) -> Any:
     # llm finds OpenAI-compatible models in extra-openai-models.yaml under LLM_USER_PATH.
-    home = Path(tempfile.mkdtemp(prefix="bench-llm-"))
+    _LLM_HOMES.append(tempfile.TemporaryDirectory(prefix="bench-llm-"))
+    home = Path(_LLM_HOMES[-1].name)
     (home / "extra-openai-models.yaml").write_text(
         f"- model_id: bench\n  model_name: bench\n  api_base: \"{base}/v1\"\n"
     )

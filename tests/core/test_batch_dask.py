@@ -18,6 +18,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
+import dask  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
 
@@ -48,13 +49,17 @@ def openai_fake() -> Iterator[OpenAIChatFake]:
 
 
 @pytest.fixture(scope="module")
-def client(fake: BatchFake, openai_fake: OpenAIChatFake) -> Iterator[Client]:
+def client(fake: BatchFake, openai_fake: OpenAIChatFake,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     # The workers' environment holds the credentials and endpoints; the client's never does.
     env = {"DISPATCH_NB_FAKE_URL": fake.base_url,
            "DISPATCH_NB_COMPATIBLE_BASE_URL": openai_fake.base_url,
            "DISPATCH_NB_COMPATIBLE_API_KEY": WORKER_KEY, "PYTHONPATH": str(REPO)}
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=2, env=env,
-                      dashboard_address=None) as cluster, Client(cluster) as dask_client:
+    # (dask's scratch space in a temporary folder of the test's, not /tmp/dask-scratch-space)
+    scratch = str(tmp_path_factory.mktemp("dask"))
+    with dask.config.set({"temporary-directory": scratch}), \
+            LocalCluster(n_workers=2, processes=True, threads_per_worker=2, env=env,
+                         dashboard_address=None) as cluster, Client(cluster) as dask_client:
         yield dask_client
 
 
