@@ -39,7 +39,7 @@ MAX_CELL_CHARS = 300
 
 #: what the error column says of a row stopped or refused before it was answered
 NOT_SENT = {"cancelled": "cancelled", "not_sent": "not sent",
-            "budget_exceeded": "not sent (over budget)"}
+            "budget_exceeded": "not sent (over budget)", "batch_pending": "not answered yet"}
 
 ACCEPTED = "--each takes a list, a tuple, a pandas Series or a pandas DataFrame from the namespace"
 
@@ -256,11 +256,30 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
     if isinstance(out, dict) and isinstance(count, int):
         out[count] = result
     if interrupted:
-        raise ChatInterrupted("interrupted; the finished rows are in the table above"
-                              + (f" and in {args.output}" if args.output else "")) from None
+        kept = f"Out[{count}]" if isinstance(out, dict) and isinstance(count, int) else None
+        raise ChatInterrupted(_interrupted(result, args.output, args.output or kept)) from None
     errors = result.errors
     if errors and result.ok == 0:  # every row failed or was never sent: say why once
         raise explain_error((result.stopped_by or errors[0])[1], spec=spec) from None
+
+
+def _interrupted(result: BatchResult, name: str | None, kept: str | None) -> str:
+    """What Ctrl-C in a ``--each`` cell says: the finished rows are kept (in ``name``, the cell's
+    ``-o``); a deferred batch's jobs keep running: the cell, run again, collects them, and the
+    result (``kept``: ``-o``'s name, else ``Out[n]``) can wait for them or cancel them."""
+    said = "interrupted; the finished rows are in the table above" + (f" and in {name}" if name
+                                                                       else "")
+    job = result.job
+    if job is None or not result.pending:
+        return said
+    ids = job.ids
+    which = (f"the {job.provider} job {ids[0]} keeps" if len(ids) == 1
+             else f"the {len(ids)} {job.provider} jobs keep")
+    it = "it" if len(ids) == 1 else "them"
+    later = f" (or {kept}.wait()); {kept}.cancel() cancels {it}" if kept else ""
+    return (f"stopped waiting: {which} running at the provider ({result.pending:,} rows not "
+            f"answered yet); run this cell again to collect {it}{later}. {said[0].upper()}"
+            f"{said[1:]}")
 
 
 def _short(text: str, limit: int = MAX_CELL_CHARS) -> str:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import _thread
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +14,12 @@ import pytest
 from IPython.core.error import UsageError
 from nbformat.v4 import new_code_cell, new_notebook
 
+from dispatch_nb.notebook.display import ChatInterrupted
 from tests.fakes.batch_api import OpenAIBatches
 from tests.fakes.openai_responses import OpenAIResponsesFake
+from tests.fakes.server import wait_for
 from tests.kernels import notebook_client
-from tests.notebook.conftest import chat_env
+from tests.notebook.conftest import chat_env, run
 
 KEY = "sk-test-kernel-deferred"
 ROWS = "rows = ['Paris', 'Rome', 'Oslo']"
@@ -85,3 +89,43 @@ def test_deferred_on_a_provider_without_a_batch_api_says_so(shell: Any, fake: An
                        "cell without --deferred"):
         shell.run_cell_magic("chat", "--each words --deferred", "Say {row}")
     assert fake.chat_requests == []
+
+
+def test_interrupting_the_wait_leaves_the_job_running_and_the_cell_collects_it_later(
+    shell: Any, fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop button while a --deferred cell waits stops the waiting, not the job: the table
+    says which rows are not answered yet, the message says how to collect them, and running the
+    cell again collects the same job (nothing is submitted again)."""
+    checkpoint = tmp_path / "reviews.jsonl"
+    cell = f"%%chat --each words --deferred --checkpoint {checkpoint} -o res\nAbout {{row}}"
+    with OpenAIResponsesFake(api_key=KEY) as server:
+        batches = OpenAIBatches(server)
+        batches.stall = True
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("DISPATCH_NB_MODEL", "openai:gpt-4.1-mini")
+        monkeypatch.setenv("DISPATCH_NB_POLL_INTERVAL", "0.05")
+        run(shell, "words = ['Paris', 'Rome', 'Oslo']")
+
+        def interrupt_once_polled() -> None:
+            if wait_for(lambda: batches.polls >= 2, timeout=30):
+                _thread.interrupt_main()
+
+        threading.Thread(target=interrupt_once_polled, daemon=True).start()
+        result = run(shell, cell)
+        assert isinstance(result.error_in_exec, ChatInterrupted)
+        job_id = batches.created[0].id
+        said = str(result.error_in_exec)
+        assert f"the openai job {job_id} keeps running at the provider" in said
+        assert "run this cell again to collect it" in said and "res.cancel()" in said
+        assert batches.cancels == 0
+        plain = shell.front.outputs[-1]["data"]["text/plain"]
+        assert "| 0 | Paris | not answered yet |" in plain
+        assert "3 not answered yet" in plain and "interrupted" in plain
+        batches.stall = False
+        again = run(shell, cell)
+        assert again.success, again.error_in_exec
+    assert len(batches.created) == 1 and batches.cancels == 0
+    assert [r.text for r in shell.user_ns["res"]] == [
+        "echo: About Paris", "echo: About Rome", "echo: About Oslo"]
