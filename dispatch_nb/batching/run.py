@@ -103,9 +103,10 @@ class _Job:
 
     def finish(self, error: BaseException | None = None) -> None:
         """Account for rows never run, set the totals, close the bar — unless the batch ended
-        with ``error``, a TypeError / ValueError before any row started: refused
-        (docs/batch.md), it has nothing to show."""
-        if isinstance(error, (TypeError, ValueError)) and not self.bar.shown:
+        with ``error`` before its bar was shown (a TypeError / ValueError before any row started,
+        a model without a batch API for ``deferred=True``): refused (docs/batch.md), it has
+        nothing to show."""
+        if error is not None and not self.bar.shown:
             return
         stopped = self.token
         if self.deferred is not None and self.deferred.interrupt.cancelled:

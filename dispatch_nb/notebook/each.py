@@ -115,6 +115,8 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     except ValueError as exc:  # a TemplateError, or a PromptError ({1/0} raised)
         raise UsageError(f"--each {args.each.strip()}: {exc}") from None
     provider, _model = parse_model_spec(spec)  # state.model_specs checked it
+    if args.deferred:  # before a login: a provider without a batch API can never run this cell
+        _check_batch_api(spec)
     if state.needs_login(provider, mode):
         ensure_copilot_login(state)
     max_tokens = args.max_tokens if args.max_tokens is not None else settings.max_tokens
@@ -149,6 +151,24 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
                   functools.partial(_run_rows, state, args, spec, fill, rows, options))
         return
     _run_rows(state, args, spec, fill, rows, options)
+
+
+_NO_BATCH_API = ("--deferred: {spec} has no batch API (OpenAI's and Anthropic's APIs have one); "
+                 "run the cell without --deferred")
+
+
+def _check_batch_api(spec: str) -> None:
+    """``--deferred`` with a model whose provider has no batch API: a UsageError (nothing is
+    sent, no login is asked for)."""
+    from ..registry import connect
+
+    adapter = connect(spec)
+    try:
+        supported = adapter.batch_api() is not None
+    finally:
+        adapter.close()
+    if not supported:
+        raise UsageError(_NO_BATCH_API.format(spec=spec))
 
 
 def _progress(state: KernelState) -> str | None:
@@ -239,8 +259,7 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
     except DispatchError as exc:
         if exc.code != "batch_unsupported":
             raise
-        raise UsageError(f"--deferred: {spec} has no batch API (OpenAI's and Anthropic's APIs "
-                         "have one); run the cell without --deferred") from None
+        raise UsageError(_NO_BATCH_API.format(spec=spec)) from None
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
                                        schema=args.schema.strip() if args.schema else None)

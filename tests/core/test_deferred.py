@@ -455,6 +455,12 @@ def test_providers_without_a_batch_api_refuse_before_sending(tmp_path: Path) -> 
               tools=[lambda city: city], progress=False)
 
 
+def test_a_refused_deferred_batch_shows_no_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(RequestError, match="no batch API"):
+        batch("{row}", prompts(2), model=FakeAdapter("echo"), deferred=True, progress="text")
+    assert capsys.readouterr().err == ""  # no "batch fake:echo: 0/2 …" line before the error
+
+
 def test_a_wrong_key_fails_at_submission(openai: Any, tmp_path: Path) -> None:
     fake, batches = openai
     adapter = OpenAIAdapter("gpt-4.1-mini", api_key="sk-wrong", base_url=fake.base_url)

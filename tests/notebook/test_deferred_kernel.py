@@ -129,3 +129,20 @@ def test_interrupting_the_wait_leaves_the_job_running_and_the_cell_collects_it_l
     assert len(batches.created) == 1 and batches.cancels == 0
     assert [r.text for r in shell.user_ns["res"]] == [
         "echo: About Paris", "echo: About Rome", "echo: About Oslo"]
+
+
+def test_deferred_on_a_model_without_a_batch_api_refuses_before_a_login_or_a_bar(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copilot, an OpenAI-compatible server and the embedded model have no batch API: the cell
+    says so at once — no GitHub login is asked for first, and no progress line is left behind."""
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_URL", "http://127.0.0.1:9")  # never the internet
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_API_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", "http://127.0.0.1:9/v1")
+    run(shell, "words = ['a', 'b']")
+    for spec in ("copilot:gpt-4.1", "compatible:llama3", "fake:echo"):
+        result = run(shell, f"%%chat --each words --deferred -m {spec}\nSay {{row}}")
+        assert isinstance(result.error_in_exec, UsageError), (spec, result.error_in_exec)
+        assert f"--deferred: {spec} has no batch API" in str(result.error_in_exec)
+        assert shell.front.outputs == [], (spec, shell.front.outputs)  # no login, no bar
+    assert fake.chat_requests == []
