@@ -262,7 +262,8 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
         raise UsageError(_NO_BATCH_API.format(spec=spec)) from None
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
-                                       schema=args.schema.strip() if args.schema else None)
+                                       schema=args.schema.strip() if args.schema else None,
+                                       output=args.output)
     bar = result._progress_output
     if bar is not None:
         bar.update(final_data, raw=True, metadata=metadata)
@@ -321,11 +322,13 @@ def _answer_columns(response: Any, taken: set[str], schema: bool) -> dict[str, A
 
 
 def each_output(
-    result: BatchResult, rows: Any, *, name: str, spec: str, schema: str | None = None
+    result: BatchResult, rows: Any, *, name: str, spec: str, schema: str | None = None,
+    output: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The static output of a ``--each`` cell: ``(data, metadata)``. A table with the input's
     columns, each row's answer (``--schema``: its parsed fields) and, when any row failed, an
-    ``error`` column; at most :data:`MAX_TABLE_ROWS` rows; the summary as the footer."""
+    ``error`` column; at most :data:`MAX_TABLE_ROWS` rows (``output``: the ``-o`` name that holds
+    them all); the summary as the footer."""
     from ..batching.rows import RowSource
 
     source = RowSource(rows)
@@ -353,8 +356,9 @@ def each_output(
     if over is not None:  # the first row refused, in full: the others differ in their amounts
         notes.append(f"{type(over).__name__}: {magic_words(over.message)}")
     if len(result) > MAX_TABLE_ROWS:
-        notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; keep the "
-                     "result with -o VAR and see them all with VAR.to_pandas().")
+        notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; " + (
+            f"see them all with {output}.to_pandas()." if output else
+            "keep the result with -o VAR and see them all with VAR.to_pandas()."))
     footer = f"{spec} · --each {name}" + (f" · --schema {schema}" if schema else "")
     footer += f" · {result.summary()}"
     body = rows_markdown(table, index=True, start=0)  # numbered like VAR[i] and to_pandas()
