@@ -160,7 +160,11 @@ class DeferredRun:
         self.plan = plan
         self.result = result
         self.stats = result._stats
+        #: ``cancel=`` (or the batch's own token): cancelling it cancels the jobs at the provider
         self.cancel = cancel
+        #: Ctrl-C, or the awaiting task cancelled: stop submitting and waiting; the jobs
+        #: submitted keep running at the provider (a rerun, ``wait()`` or ``cancel()`` follows)
+        self.interrupt = CancelToken()
         self.poll_interval = float(interval)
         self.adapter: HTTPAdapter | None = None
         self.api: BatchAPI | None = None
@@ -246,7 +250,7 @@ class DeferredRun:
         if fresh:
             submitted: set[str] = set()
             for chunk, lines in self._chunks(api, fresh):
-                if self.cancel.cancelled:
+                if self.cancel.cancelled or self.interrupt.cancelled:
                     break
                 # every row shares one call, so one row's headers are the job's
                 part = await api.submit(lines, self.rows[chunk[0]].wire.headers)
@@ -255,9 +259,10 @@ class DeferredRun:
                 submitted.update(chunk)
                 log.info("batch %s: submitted %d row(s) as %s job %s", self.plan.model_key,
                          len(chunk), part.provider, part.id)
+            stopped = self.cancel if self.cancel.cancelled else self.interrupt
             for key in fresh:  # cancelled before their job was submitted: never sent
                 if key not in submitted:
-                    self._finish_row(self.rows[key], not_sent(self.result, self.cancel), None)
+                    self._finish_row(self.rows[key], not_sent(self.result, stopped), None)
         self._show()
 
     def _within_budget(self, keys: list[str]) -> list[str]:
@@ -424,7 +429,9 @@ class DeferredRun:
         return all(p.id in self.collected for p, _k in self.parts.values())
 
     async def wait(self) -> None:
-        """Poll until every job is collected, or until cancelled (then cancel the jobs)."""
+        """Poll until every job is collected; until :attr:`cancel` is cancelled (then cancel the
+        jobs at the provider), or until :attr:`interrupt` is, or the awaiting task is cancelled
+        (then stop waiting: the jobs keep running, recorded in the checkpoint)."""
         wake = asyncio.Event()
         loop = asyncio.get_running_loop()
 
@@ -432,20 +439,20 @@ class DeferredRun:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
 
-        remove = self.cancel.add_callback(on_cancel)
+        removers = [self.cancel.add_callback(on_cancel), self.interrupt.add_callback(on_cancel)]
         try:
             while not await self.refresh():
                 if self.cancel.cancelled:
                     await self.cancel_jobs()
                     return
+                if self.interrupt.cancelled:
+                    return
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(wake.wait(), self.poll_interval)
             log.info("batch %s: %s", self.plan.model_key, self.job.summary() if self.job else "")
-        except asyncio.CancelledError:
-            await asyncio.shield(self.cancel_jobs())
-            raise
         finally:
-            remove()
+            for remove in removers:
+                remove()
 
     async def cancel_jobs(self) -> None:
         """Ask the provider to cancel every running job; collect what it hands over within
@@ -472,8 +479,14 @@ class DeferredRun:
 
     def run_sync(self, *, wait: bool) -> None:
         """``BatchResult.refresh()`` (``wait=False``) / ``wait()``, from a thread that may run an
-        event loop of its own (a notebook's)."""
-        in_thread(self.wait if wait else self.refresh, self.cancel)
+        event loop of its own (a notebook's). Ctrl-C stops the waiting, not the jobs."""
+        self.interrupt = CancelToken()
+        in_thread(self.wait if wait else self.refresh, self.interrupt)
+
+    def cancel_sync(self) -> None:
+        """``BatchResult.cancel()``: :meth:`cancel_jobs`, from any thread."""
+        self.interrupt = CancelToken()
+        in_thread(self.cancel_jobs, self.interrupt)
 
 
 def in_thread(work: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken,

@@ -324,13 +324,21 @@ class BatchResult(Sequence[Any]):
         return self
 
     def wait(self) -> BatchResult:
-        """A deferred batch: poll until every job is collected (Ctrl-C cancels the jobs)."""
+        """A deferred batch: poll until every job is collected (Ctrl-C stops the waiting; the
+        jobs keep running)."""
         self._deferred_run().run_sync(wait=True)
+        return self
+
+    def cancel(self) -> BatchResult:
+        """A deferred batch: ask the provider to cancel its running jobs, and collect what they
+        hand over within a few seconds (what they finished is kept, and billed; the rows that
+        never ran are not sent, and a rerun submits them again)."""
+        self._deferred_run().cancel_sync()
         return self
 
     def _deferred_run(self) -> Any:
         if self._deferred is None:
-            raise ValueError("refresh() and wait() are for a deferred batch (batch(..., "
+            raise ValueError("refresh(), wait() and cancel() are for a deferred batch (batch(..., "
                              "deferred=True)); this one ran live and is complete")
         return self._deferred
 
@@ -457,11 +465,21 @@ class BatchInterrupted(KeyboardInterrupt):
     def __init__(self, result: BatchResult, checkpoint: str | None = None) -> None:
         where = (f"; they are also in {checkpoint}: run the batch again to send only the rest"
                  if checkpoint else "; pass checkpoint='run.jsonl' to resume a batch later")
-        finished = len(result) - result.cancelled - result.not_sent
-        super().__init__(
-            f"batch interrupted: {finished:,} finished rows are kept in this exception's "
-            f".result (in IPython: sys.last_value.result){where}"
-        )
+        finished = len(result) - result.cancelled - result.not_sent - result.pending
+        said = (f"batch interrupted: {finished:,} finished rows are kept in this exception's "
+                f".result (in IPython: sys.last_value.result){where}")
+        job = result.job
+        if job is not None and result.pending:  # a deferred batch: its jobs are not cancelled
+            ids = job.ids
+            which = (f"the {job.provider} job {ids[0]} keeps" if len(ids) == 1
+                     else f"the {len(ids)} {job.provider} jobs ({', '.join(ids)}) keep")
+            said = (f"stopped waiting: {which} running at the provider ({result.pending:,} rows "
+                    f"not answered yet), recorded in {checkpoint}. Run the batch again with that "
+                    "checkpoint, or call .result.wait() on this exception (in IPython: "
+                    "sys.last_value.result.wait()), to collect the answers; .result.cancel() "
+                    f"cancels {'it' if len(ids) == 1 else 'them'}. {finished:,} finished rows "
+                    "are kept in .result")
+        super().__init__(said)
         #: the partial result: finished rows, and RequestCancelled for the others (code
         #: ``"not_sent"`` for rows never sent, ``"cancelled"`` for rows stopped in flight)
         self.result = result

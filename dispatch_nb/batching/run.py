@@ -103,11 +103,15 @@ class _Job:
 
     def finish(self, error: BaseException | None = None) -> None:
         """Account for rows never run, set the totals, close the bar — unless the batch ended
-        with ``error``, a TypeError / ValueError before any row started: refused
-        (docs/batch.md), it has nothing to show."""
-        if isinstance(error, (TypeError, ValueError)) and not self.bar.shown:
+        with ``error`` before its bar was shown (a TypeError / ValueError before any row started,
+        a model without a batch API for ``deferred=True``): refused (docs/batch.md), it has
+        nothing to show."""
+        if error is not None and not self.bar.shown:
             return
-        finish(self.plan, self.result, self.token)
+        stopped = self.token
+        if self.deferred is not None and self.deferred.interrupt.cancelled:
+            stopped = self.deferred.interrupt  # Ctrl-C: the rows submitted stay pending
+        finish(self.plan, self.result, stopped)
         self.bar.close(self.stats, self.result.summary())
         self.result._progress_output = self.bar.output
 
@@ -216,7 +220,9 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
         if job.executor is not None:
             job.on_dask()
         else:
-            in_thread(lambda: job.run_here(close_adapter=True), job.token,
+            # Ctrl-C stops a deferred batch's waiting, not its jobs (result.cancel() does that)
+            in_thread(lambda: job.run_here(close_adapter=True),
+                      job.deferred.interrupt if job.deferred is not None else job.token,
                       lambda: job.bar.update(job.stats))
     except KeyboardInterrupt:
         job.finish()

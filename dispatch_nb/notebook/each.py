@@ -39,7 +39,7 @@ MAX_CELL_CHARS = 300
 
 #: what the error column says of a row stopped or refused before it was answered
 NOT_SENT = {"cancelled": "cancelled", "not_sent": "not sent",
-            "budget_exceeded": "not sent (over budget)"}
+            "budget_exceeded": "not sent (over budget)", "batch_pending": "not answered yet"}
 
 ACCEPTED = "--each takes a list, a tuple, a pandas Series or a pandas DataFrame from the namespace"
 
@@ -115,6 +115,8 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     except ValueError as exc:  # a TemplateError, or a PromptError ({1/0} raised)
         raise UsageError(f"--each {args.each.strip()}: {exc}") from None
     provider, _model = parse_model_spec(spec)  # state.model_specs checked it
+    if args.deferred:  # before a login: a provider without a batch API can never run this cell
+        _check_batch_api(spec)
     if state.needs_login(provider, mode):
         ensure_copilot_login(state)
     max_tokens = args.max_tokens if args.max_tokens is not None else settings.max_tokens
@@ -149,6 +151,24 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
                   functools.partial(_run_rows, state, args, spec, fill, rows, options))
         return
     _run_rows(state, args, spec, fill, rows, options)
+
+
+_NO_BATCH_API = ("--deferred: {spec} has no batch API (OpenAI's and Anthropic's APIs have one); "
+                 "run the cell without --deferred")
+
+
+def _check_batch_api(spec: str) -> None:
+    """``--deferred`` with a model whose provider has no batch API: a UsageError (nothing is
+    sent, no login is asked for)."""
+    from ..registry import connect
+
+    adapter = connect(spec)
+    try:
+        supported = adapter.batch_api() is not None
+    finally:
+        adapter.close()
+    if not supported:
+        raise UsageError(_NO_BATCH_API.format(spec=spec))
 
 
 def _progress(state: KernelState) -> str | None:
@@ -239,11 +259,11 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
     except DispatchError as exc:
         if exc.code != "batch_unsupported":
             raise
-        raise UsageError(f"--deferred: {spec} has no batch API (OpenAI's and Anthropic's APIs "
-                         "have one); run the cell without --deferred") from None
+        raise UsageError(_NO_BATCH_API.format(spec=spec)) from None
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
-                                       schema=args.schema.strip() if args.schema else None)
+                                       schema=args.schema.strip() if args.schema else None,
+                                       output=args.output)
     bar = result._progress_output
     if bar is not None:
         bar.update(final_data, raw=True, metadata=metadata)
@@ -256,11 +276,30 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
     if isinstance(out, dict) and isinstance(count, int):
         out[count] = result
     if interrupted:
-        raise ChatInterrupted("interrupted; the finished rows are in the table above"
-                              + (f" and in {args.output}" if args.output else "")) from None
+        kept = f"Out[{count}]" if isinstance(out, dict) and isinstance(count, int) else None
+        raise ChatInterrupted(_interrupted(result, args.output, args.output or kept)) from None
     errors = result.errors
     if errors and result.ok == 0:  # every row failed or was never sent: say why once
         raise explain_error((result.stopped_by or errors[0])[1], spec=spec) from None
+
+
+def _interrupted(result: BatchResult, name: str | None, kept: str | None) -> str:
+    """What Ctrl-C in a ``--each`` cell says: the finished rows are kept (in ``name``, the cell's
+    ``-o``); a deferred batch's jobs keep running: the cell, run again, collects them, and the
+    result (``kept``: ``-o``'s name, else ``Out[n]``) can wait for them or cancel them."""
+    said = "interrupted; the finished rows are in the table above" + (f" and in {name}" if name
+                                                                       else "")
+    job = result.job
+    if job is None or not result.pending:
+        return said
+    ids = job.ids
+    which = (f"the {job.provider} job {ids[0]} keeps" if len(ids) == 1
+             else f"the {len(ids)} {job.provider} jobs keep")
+    it = "it" if len(ids) == 1 else "them"
+    later = f" (or {kept}.wait()); {kept}.cancel() cancels {it}" if kept else ""
+    return (f"stopped waiting: {which} running at the provider ({result.pending:,} rows not "
+            f"answered yet); run this cell again to collect {it}{later}. {said[0].upper()}"
+            f"{said[1:]}")
 
 
 def _short(text: str, limit: int = MAX_CELL_CHARS) -> str:
@@ -283,11 +322,13 @@ def _answer_columns(response: Any, taken: set[str], schema: bool) -> dict[str, A
 
 
 def each_output(
-    result: BatchResult, rows: Any, *, name: str, spec: str, schema: str | None = None
+    result: BatchResult, rows: Any, *, name: str, spec: str, schema: str | None = None,
+    output: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The static output of a ``--each`` cell: ``(data, metadata)``. A table with the input's
     columns, each row's answer (``--schema``: its parsed fields) and, when any row failed, an
-    ``error`` column; at most :data:`MAX_TABLE_ROWS` rows; the summary as the footer."""
+    ``error`` column; at most :data:`MAX_TABLE_ROWS` rows (``output``: the ``-o`` name that holds
+    them all); the summary as the footer."""
     from ..batching.rows import RowSource
 
     source = RowSource(rows)
@@ -315,8 +356,9 @@ def each_output(
     if over is not None:  # the first row refused, in full: the others differ in their amounts
         notes.append(f"{type(over).__name__}: {magic_words(over.message)}")
     if len(result) > MAX_TABLE_ROWS:
-        notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; keep the "
-                     "result with -o VAR and see them all with VAR.to_pandas().")
+        notes.append(f"The first {MAX_TABLE_ROWS} of {len(result):,} rows are shown; " + (
+            f"see them all with {output}.to_pandas()." if output else
+            "keep the result with -o VAR and see them all with VAR.to_pandas()."))
     footer = f"{spec} · --each {name}" + (f" · --schema {schema}" if schema else "")
     footer += f" · {result.summary()}"
     body = rows_markdown(table, index=True, start=0)  # numbered like VAR[i] and to_pandas()

@@ -5,6 +5,8 @@ the checkpoint before polling, resume without re-sending, cancel, expiry, row er
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from pydantic import BaseModel
 
 from dispatch_nb import (
     AnthropicAdapter,
+    BatchInterrupted,
     BatchPendingError,
     CancelToken,
     DispatchError,
@@ -297,6 +300,48 @@ def test_without_a_checkpoint_the_same_call_finds_its_job(
     assert again.ok == 5
 
 
+def test_ctrl_c_stops_waiting_and_leaves_the_job_running_for_a_rerun(tmp_path: Path) -> None:
+    """Ctrl-C (the notebook's stop button) while a deferred batch waits stops the waiting, not the
+    job: the rows stay pending, the provider is not asked to cancel, and the same call later
+    collects that job instead of submitting again. ``result.cancel()`` cancels it."""
+    checkpoint = tmp_path / "ctrl-c.jsonl"
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake)
+        batches.stall = True  # the job runs for hours
+
+        def interrupt_once_polled() -> None:
+            wait_for(lambda: batches.polls >= 2, timeout=30)
+            os.kill(os.getpid(), signal.SIGINT)  # what the notebook's stop button does
+
+        threading.Thread(target=interrupt_once_polled, daemon=True).start()
+        with pytest.raises(BatchInterrupted) as caught:
+            batch("{row}", prompts(6), model=openai_adapter(fake), deferred=True,
+                  poll_interval=0.01, checkpoint=checkpoint, progress=False)
+        job_id = batches.created[0].id
+        assert batches.cancels == 0 and batches.jobs[job_id].state == "in_progress"
+        result = caught.value.result
+        assert result.interrupted and result.pending == 6 and result.not_sent == 0
+        assert result.job.ids == [job_id] and result.job.state == "in_progress"
+        said = str(caught.value)
+        assert f"job {job_id} keeps running" in said and str(checkpoint) in said
+        assert ".result.wait()" in said and ".result.cancel()" in said
+        # the next morning: the same call collects that job; nothing is submitted again
+        batches.stall = False
+        again = batch("{row}", prompts(6), model=openai_adapter(fake), deferred=True,
+                      poll_interval=0, checkpoint=checkpoint, progress=False)
+        assert [r.text for r in again] == [f"echo: question {i}" for i in range(6)]
+        assert len(batches.created) == 1 and again.job.ids == [job_id]
+        # the interrupted result can still wait for its job, too
+        assert result.wait() is result and result.ok == 6 and batches.cancels == 0
+        # cancelling is asked for by name
+        batches.stall = True
+        other = batch("{row} again", prompts(3), model=openai_adapter(fake), deferred=True,
+                      wait=False, poll_interval=0, checkpoint=checkpoint, progress=False)
+        assert other.cancel() is other
+        assert batches.cancels == 1 and other.job.state == "cancelled"
+        assert other.not_sent == 3 and other.pending == 0
+
+
 # -- the rude world ----------------------------------------------------------------------------------
 def test_a_job_in_progress_across_polls_with_results_out_of_order(tmp_path: Path) -> None:
     with OpenAIResponsesFake(api_key=KEY) as fake:
@@ -408,6 +453,12 @@ def test_providers_without_a_batch_api_refuse_before_sending(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="Python tools"):
         batch("{row}", prompts(2), model=FakeAdapter("echo"), deferred=True,
               tools=[lambda city: city], progress=False)
+
+
+def test_a_refused_deferred_batch_shows_no_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(RequestError, match="no batch API"):
+        batch("{row}", prompts(2), model=FakeAdapter("echo"), deferred=True, progress="text")
+    assert capsys.readouterr().err == ""  # no "batch fake:echo: 0/2 …" line before the error
 
 
 def test_a_wrong_key_fails_at_submission(openai: Any, tmp_path: Path) -> None:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import _thread
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +14,12 @@ import pytest
 from IPython.core.error import UsageError
 from nbformat.v4 import new_code_cell, new_notebook
 
+from dispatch_nb.notebook.display import ChatInterrupted
 from tests.fakes.batch_api import OpenAIBatches
 from tests.fakes.openai_responses import OpenAIResponsesFake
+from tests.fakes.server import wait_for
 from tests.kernels import notebook_client
-from tests.notebook.conftest import chat_env
+from tests.notebook.conftest import chat_env, run
 
 KEY = "sk-test-kernel-deferred"
 ROWS = "rows = ['Paris', 'Rome', 'Oslo']"
@@ -84,4 +88,61 @@ def test_deferred_on_a_provider_without_a_batch_api_says_so(shell: Any, fake: An
     with pytest.raises(UsageError, match=r"--deferred: fake:echo has no batch API .*; run the "
                        "cell without --deferred"):
         shell.run_cell_magic("chat", "--each words --deferred", "Say {row}")
+    assert fake.chat_requests == []
+
+
+def test_interrupting_the_wait_leaves_the_job_running_and_the_cell_collects_it_later(
+    shell: Any, fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop button while a --deferred cell waits stops the waiting, not the job: the table
+    says which rows are not answered yet, the message says how to collect them, and running the
+    cell again collects the same job (nothing is submitted again)."""
+    checkpoint = tmp_path / "reviews.jsonl"
+    cell = f"%%chat --each words --deferred --checkpoint {checkpoint} -o res\nAbout {{row}}"
+    with OpenAIResponsesFake(api_key=KEY) as server:
+        batches = OpenAIBatches(server)
+        batches.stall = True
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("DISPATCH_NB_MODEL", "openai:gpt-4.1-mini")
+        monkeypatch.setenv("DISPATCH_NB_POLL_INTERVAL", "0.05")
+        run(shell, "words = ['Paris', 'Rome', 'Oslo']")
+
+        def interrupt_once_polled() -> None:
+            if wait_for(lambda: batches.polls >= 2, timeout=30):
+                _thread.interrupt_main()
+
+        threading.Thread(target=interrupt_once_polled, daemon=True).start()
+        result = run(shell, cell)
+        assert isinstance(result.error_in_exec, ChatInterrupted)
+        job_id = batches.created[0].id
+        said = str(result.error_in_exec)
+        assert f"the openai job {job_id} keeps running at the provider" in said
+        assert "run this cell again to collect it" in said and "res.cancel()" in said
+        assert batches.cancels == 0
+        plain = shell.front.outputs[-1]["data"]["text/plain"]
+        assert "| 0 | Paris | not answered yet |" in plain
+        assert "3 not answered yet" in plain and "interrupted" in plain
+        batches.stall = False
+        again = run(shell, cell)
+        assert again.success, again.error_in_exec
+    assert len(batches.created) == 1 and batches.cancels == 0
+    assert [r.text for r in shell.user_ns["res"]] == [
+        "echo: About Paris", "echo: About Rome", "echo: About Oslo"]
+
+
+def test_deferred_on_a_model_without_a_batch_api_refuses_before_a_login_or_a_bar(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copilot, an OpenAI-compatible server and the embedded model have no batch API: the cell
+    says so at once — no GitHub login is asked for first, and no progress line is left behind."""
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_URL", "http://127.0.0.1:9")  # never the internet
+    monkeypatch.setenv("DISPATCH_NB_GITHUB_API_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", "http://127.0.0.1:9/v1")
+    run(shell, "words = ['a', 'b']")
+    for spec in ("copilot:gpt-4.1", "compatible:llama3", "fake:echo"):
+        result = run(shell, f"%%chat --each words --deferred -m {spec}\nSay {{row}}")
+        assert isinstance(result.error_in_exec, UsageError), (spec, result.error_in_exec)
+        assert f"--deferred: {spec} has no batch API" in str(result.error_in_exec)
+        assert shell.front.outputs == [], (spec, shell.front.outputs)  # no login, no bar
     assert fake.chat_requests == []

@@ -423,4 +423,9 @@ def test_each_table_shows_the_first_hundred_rows_and_says_so(shell: Any, fake: A
     rows = table(md)
     assert len(rows) == 101 and rows[100] == ["99", "w99", "echo: Say w99"]
     assert "The first 100 of 103 rows are shown" in md and "103 rows: 103 ok" in md
+    # the cell kept them with -o res: the note names res, not "-o VAR" to add
+    assert "see them all with res.to_pandas()" in md and "-o VAR" not in md
+    assert run(shell, "%%chat --each words\nSay {row}").success
+    assert "keep the result with -o VAR and see them all with VAR.to_pandas()" in final_markdown(
+        shell)
     assert len(shell.user_ns["res"]) == 103 and shell.user_ns["res"][102].text == "echo: Say w102"
