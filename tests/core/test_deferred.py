@@ -456,8 +456,9 @@ def test_providers_without_a_batch_api_refuse_before_sending(tmp_path: Path) -> 
 
 
 def test_a_refused_deferred_batch_shows_no_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(RequestError, match="no batch API"):
+    with pytest.raises(RequestError, match="no batch API") as info:
         batch("{row}", prompts(2), model=FakeAdapter("echo"), deferred=True, progress="text")
+    assert info.value.code == "batch_unsupported"
     assert capsys.readouterr().err == ""  # no "batch fake:echo: 0/2 …" line before the error
 
 

@@ -335,7 +335,9 @@ def test_text_stream_yields_only_the_text_and_leaves_the_response(fake: Canonica
 
 
 def test_leaving_text_stream_early_closes_the_connection(fake: CanonicalFake) -> None:
-    fake.push(Turn(text="y" * 400, chunk=4, delay=0.01))
+    # one chunk, then nothing until the client hangs up: what arrived is exactly what was read
+    # (a busy machine could otherwise deliver a second chunk before the loop breaks)
+    fake.push(Turn(text="y" * 400, chunk=4, stall_after=1, stall=10.0))
     adapter = CanonicalAdapter("echo", base_url=fake.base_url, max_retries=0)
     with adapter.stream("hi") as stream:
         for piece in stream.text_stream:
