@@ -499,7 +499,15 @@ class NotebookPage:
         self.page.goto(self.server.url(self.server.frontend.notebook_path_url(self.path)))
         self.page.locator(f"{_NOTEBOOK} .jp-Cell").first.wait_for(timeout=timeout * 1000)
         self.server.wait_kernel_idle(self.path, timeout)
+        self.wait_connected(timeout)
         return self
+
+    def wait_connected(self, timeout: float = 60.0) -> None:
+        """Wait until the page itself sees its kernel idle (the toolbar's execution indicator):
+        the server can report the kernel idle before the page's connection to it is up, and a
+        Shift+Enter meanwhile moves to the next cell without running this one."""
+        self.panel().locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(
+            timeout=timeout * 1000)
 
     def reload(self, timeout: float = 60.0) -> NotebookPage:
         self.page.reload()
