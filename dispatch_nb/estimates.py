@@ -119,6 +119,8 @@ class Estimate(BaseModel):
     high_usd: Decimal | None = None
     premium_requests: float | None = None
     source: str = ""
+    #: priced at the provider's batch price (``estimate(..., batch=True)``)
+    batch: bool = False
 
     def summary(self) -> str:
         """One line: rows, tokens, the USD range."""
@@ -128,6 +130,7 @@ class Estimate(BaseModel):
         if self.low_usd is not None and self.high_usd is not None:
             money = format_usd(self.low_usd) + ("" if self.low_usd == self.high_usd
                                                 else f" – {format_usd(self.high_usd)}")
+            money += " at the batch price" if self.batch else ""
         else:
             money = "price unknown"
         text = (f"{self.model}: {rows}{tokens} + at most {self.rows * self.max_tokens:,} output "
@@ -197,6 +200,7 @@ def estimate(template: Any, rows: Any = None, *, model: Adapter | str,
             input_usd=low_usd, low_usd=low_usd, high_usd=high_usd,
             max_output_usd=None if low_usd is None or high_usd is None else high_usd - low_usd,
             premium_requests=premium, source=high.source if high is not None else "",
+            batch=batch,
         )
     finally:
         if owned:

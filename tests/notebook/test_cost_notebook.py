@@ -350,3 +350,21 @@ def test_an_estimate_with_tools_says_what_it_leaves_out(shell: Any, fake: Any) -
         for text in (shown["text/plain"], shown["text/markdown"]):
             assert "tool definitions and the tool loop's further calls are not counted" in text
     assert fake.chat_requests == []
+
+
+def test_a_deferred_estimate_in_a_terminal_says_it_is_the_batch_price(
+        shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Terminal IPython shows the plain text only: ``--deferred --estimate`` says there that the
+    figure is the batch price (only the Markdown's small "prices:" note said so)."""
+    run(shell, "rows = ['a', 'b', 'c']")
+    with OpenAIResponsesFake(api_key="sk-test") as openai:
+        monkeypatch.setenv("OPENAI_BASE_URL", openai.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        for deferred in ("", " --deferred"):
+            assert run(shell, f"%%chat --each rows -m openai:gpt-4.1{deferred} --estimate "
+                              "--max-tokens 10\nSay {row}").success
+            shown = shell.front.outputs[-1]["data"]
+            for text in (shown["text/plain"], shown["text/markdown"]):
+                assert "nothing was sent" in text
+                assert ("at the batch price" in text) == bool(deferred), text
+        assert openai.chat_requests == [] and openai.requests == []
