@@ -30,7 +30,7 @@ from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .engine import Pending, prepare_call, resume, row_call
 from .plan import BatchPlan, resolve_adapter
-from .result import BatchResult, RowOrigin, not_sent
+from .result import BatchResult, RowOrigin, is_not_sent, not_sent
 
 if TYPE_CHECKING:
     from ..http_adapter import HTTPAdapter
@@ -117,8 +117,10 @@ class BatchJob:
     def summary(self) -> str:
         jobs = f"{len(self.parts)} jobs" if len(self.parts) != 1 else "job " + self.parts[0].id
         counts = f"{self.completed:,} of {self.total:,} answered"
-        if self.failed:
-            counts += f", {self.failed:,} failed"
+        # a cancelled job counts the requests it never ran as failed: the rows say "not sent"
+        failed = sum(p.failed for p in self.parts if p.state != "cancelled")
+        if failed:
+            counts += f", {failed:,} failed"
         return f"{self.provider} {jobs}: {self.state}, {counts}"
 
     def __repr__(self) -> str:
@@ -380,6 +382,8 @@ class DeferredRun:
         if isinstance(item, Response):
             self._collected_ok += 1
             self.result.model_calls += 1
+        elif is_not_sent(item):  # its job was cancelled (or never submitted) before it ran
+            self.stats.not_sent += 1
         else:
             self._collected_failed += 1
         self.stats.input_tokens += usage.input_tokens

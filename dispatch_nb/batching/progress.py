@@ -50,12 +50,11 @@ def _count(n: int) -> str:
 
 def describe(stats: Stats) -> str:
     """The counters as one line: ok / failed / not sent / in flight, tokens, rows/s, ETA."""
-    if stats.job:  # a deferred batch: the provider's jobs say where it is
-        return f"{stats.job}; ok {stats.ok:,}" + (f", failed {stats.failed:,}" if stats.failed
-                                                 else "")
     parts = [f"ok {stats.ok:,}"]
     parts += [f"{what} {n:,}" for what, n in (("failed", stats.failed),
               ("cancelled", stats.cancelled), ("not sent", stats.not_sent)) if n]
+    if stats.job:  # a deferred batch: the provider's jobs say where it is
+        return f"{stats.job}; " + ", ".join(parts)
     parts.append(f"in flight {stats.in_flight}")
     parts.append(f"{_count(stats.input_tokens + stats.output_tokens)} tokens")
     parts += [f"{n:,} {what}" for what, n in (("from checkpoint", stats.resumed),

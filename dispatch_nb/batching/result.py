@@ -162,6 +162,7 @@ class BatchResult(Sequence[Any]):
         self._plan: Any = None  # what the batch was asked (for retry_failed)
         self._deferred: Any = None  # the deferred run (for refresh / wait)
         self._retry: Any = None  # run.retry_failed (for retry_failed)
+        self._progress_setting: bool | str | None = None  # progress= (for retry_failed)
         #: the notebook output the progress bar ended in (a display handle; None: there was none)
         self._progress_output: Any = None
 
@@ -470,7 +471,7 @@ class BatchInterrupted(KeyboardInterrupt):
                 f".result (in IPython: sys.last_value.result){where}")
         job = result.job
         if job is not None and result.pending:  # a deferred batch: its jobs are not cancelled
-            ids = job.ids
+            ids = [part.id for part in job.parts if not part.done] or job.ids
             which = (f"the {job.provider} job {ids[0]} keeps" if len(ids) == 1
                      else f"the {len(ids)} {job.provider} jobs ({', '.join(ids)}) keep")
             said = (f"stopped waiting: {which} running at the provider ({result.pending:,} rows "

@@ -22,7 +22,7 @@ from ..validation import check_tools
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .cluster import dask_partition_size, run_on_dask
-from .deferred import TICK, BatchPendingError, DeferredRun, in_thread
+from .deferred import TICK, BatchJob, BatchPendingError, DeferredRun, in_thread
 from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner
 from .plan import BatchPlan, aclose_adapter, finish, resolve_adapter
 from .progress import BatchProgress, progress_mode
@@ -60,6 +60,7 @@ class _Job:
         self.stats = self.result._stats
         self.result._plan = plan
         self.result._retry = retry_failed
+        self.result._progress_setting = progress  # a retry shows progress as the batch did
         self.result.budget = Budget.of(budget)
         where = " on Dask" if executor is not None else ""
         self.bar = BatchProgress(progress_mode(progress),
@@ -268,7 +269,10 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
 
 def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchResult:
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
-    their own with the same plan; their answers replace the errors in ``result``."""
+    their own with the same plan and progress setting; their answers replace the errors in
+    ``result``. Ctrl-C raises :class:`BatchInterrupted` (a deferred retry's jobs keep running);
+    a deferred retry's jobs join ``result.job``, and ``result.wait()`` / ``refresh()`` /
+    ``cancel()`` reach them."""
     plan: BatchPlan = result._plan  # set with result._retry, which calls this
     failed = [i for i, item in enumerate(result)
               if isinstance(item, DispatchError) and not isinstance(item, BatchPendingError)]
@@ -282,22 +286,81 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
     rows = [row for position, row in source if position in wanted]
     again = dataclasses.replace(plan, source=RowSource(rows, source.extra))
     use_deferred = (result._deferred is not None) if deferred is None else deferred
-    job = _Job(again, None, False, deferred=use_deferred,
+    job = _Job(again, None, result._progress_setting, deferred=use_deferred,
                poll_interval=result._deferred.poll_interval if result._deferred else None)
+    retried = _Retried(result, job, failed)
     try:
-        in_thread(lambda: job.run_here(close_adapter=True), job.token)
-    finally:
+        in_thread(lambda: job.run_here(close_adapter=True),
+                  job.deferred.interrupt if job.deferred is not None else job.token,
+                  lambda: job.bar.update(job.stats))
+    except KeyboardInterrupt:
         job.finish()
-    again_result = job.result
-    for index, (position, item) in enumerate(zip(failed, again_result, strict=True)):
-        tokens_in, tokens_out = again_result.usage_of(index)
-        result._set(position, item, usage=Usage(), latency=again_result.latency(index),
-                    attempts=again_result.attempts(index), origin=again_result._origin[index])
-        result._input_tokens[position], result._output_tokens[position] = tokens_in, tokens_out
-    # the whole usage (cache tokens too), which the rows' own counts do not hold
-    result.usage = result.usage + again_result.usage
-    result.model_calls += job.result.model_calls
-    if job.result.job is not None:
-        result.job = job.result.job
-        result._deferred = job.deferred
+        retried.merge()
+        result.interrupted = True
+        raise BatchInterrupted(result, plan.checkpoint) from None
+    except BaseException as exc:
+        job.finish(exc)
+        raise
+    job.finish()
+    retried.merge()
     return result
+
+
+def _less(total: Usage, part: Usage) -> Usage:
+    return Usage(**{name: getattr(total, name) - getattr(part, name) for name in Usage.model_fields})
+
+
+class _Retried:
+    """A result after ``retry_failed()`` sent some of its rows again: :meth:`merge` puts the
+    retry's rows in place (again after each later ``refresh()`` / ``wait()`` / ``cancel()`` of a
+    deferred retry, which reach the earlier jobs and the retry's: ``result._deferred``)."""
+
+    def __init__(self, result: BatchResult, job: _Job, positions: list[int]) -> None:
+        self.result = result
+        self.again = job.result
+        self.positions = positions
+        self.earlier = result._deferred  # the earlier run (or an earlier retry's)
+        self.retry = job.deferred
+        self.poll_interval = self.retry.poll_interval if self.retry is not None else None
+        self._usage = Usage()  # what of the retry's usage and calls is in result already
+        self._calls = 0
+
+    @property
+    def job(self) -> BatchJob | None:
+        """The earlier jobs and the retry's, as one ``result.job``."""
+        jobs = [run.job for run in (self.earlier, self.retry) if run is not None and run.job]
+        if not jobs:
+            return None
+        return BatchJob(jobs[0].provider, [part for job in jobs for part in job.parts],
+                        jobs[-1].checkpoint)
+
+    def merge(self) -> None:
+        result, again = self.result, self.again
+        for index, (position, item) in enumerate(zip(self.positions, again, strict=True)):
+            tokens_in, tokens_out = again.usage_of(index)
+            result._set(position, item, usage=Usage(), latency=again.latency(index),
+                        attempts=again.attempts(index), origin=again._origin[index])
+            result._input_tokens[position], result._output_tokens[position] = tokens_in, tokens_out
+        # the whole usage (cache tokens too), which the rows' own counts do not hold
+        result.usage = result.usage + _less(again.usage, self._usage)
+        result.model_calls += again.model_calls - self._calls
+        self._usage, self._calls = again.usage, again.model_calls
+        if self.retry is not None:
+            result.job = self.job
+            result._deferred = self
+
+    def run_sync(self, *, wait: bool) -> None:
+        try:
+            for run in (self.earlier, self.retry):
+                if run is not None:
+                    run.run_sync(wait=wait)
+        finally:
+            self.merge()
+
+    def cancel_sync(self) -> None:
+        try:
+            for run in (self.earlier, self.retry):
+                if run is not None:
+                    run.cancel_sync()
+        finally:
+            self.merge()

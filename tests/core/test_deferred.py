@@ -342,6 +342,64 @@ def test_ctrl_c_stops_waiting_and_leaves_the_job_running_for_a_rerun(tmp_path: P
         assert other.not_sent == 3 and other.pending == 0
 
 
+def test_retry_failed_of_a_deferred_batch_shows_progress_and_ctrl_c_keeps_its_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``retry_failed()`` of a deferred batch shows progress as the batch did; Ctrl-C in it stops
+    the waiting, not the retry's job (its rows stay not answered yet in the result, and
+    BatchInterrupted names that job); ``result.job`` lists both jobs, and the result's own
+    ``wait()`` collects the retry's answers into it; its ``cancel()`` reaches the retry's job."""
+    checkpoint = tmp_path / "retry.jsonl"
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake, expire_after=6)
+        result = batch("{row}", prompts(10), model=openai_adapter(fake), deferred=True,
+                       poll_interval=0.01, checkpoint=checkpoint, progress="text")
+        first = batches.created[0].id
+        assert result.job.state == "expired" and result.failed == 4
+        capsys.readouterr()
+        batches.expire_after = None
+        batches.stall = True  # the retry's job runs for hours
+
+        def interrupt_once_polled(jobs: int) -> None:
+            polls = batches.polls
+            wait_for(lambda: len(batches.created) == jobs and batches.polls >= polls + 2,
+                     timeout=30)
+            os.kill(os.getpid(), signal.SIGINT)  # what the notebook's stop button does
+
+        threading.Thread(target=interrupt_once_polled, args=(2,), daemon=True).start()
+        with pytest.raises(BatchInterrupted) as caught:
+            result.retry_failed()
+        shown = capsys.readouterr().err
+        assert f"batch {result.model}" in shown and "in_progress" in shown  # its progress bar
+        retry = batches.created[1].id
+        assert batches.cancels == 0 and batches.jobs[retry].state == "in_progress"
+        assert caught.value.result is result and result.interrupted
+        assert result.ok == 6 and result.pending == 4 and result.failed == 0
+        assert all(isinstance(r, BatchPendingError) for r in result[6:])
+        said = str(caught.value)
+        assert f"job {retry} keeps running" in said and first not in said
+        assert str(checkpoint) in said and ".result.wait()" in said
+        # result.job: both jobs, truthfully; the result's own wait() collects the retry's job
+        assert result.job.ids == [first, retry] and result.job.state == "in_progress"
+        batches.stall = False
+        assert result.wait() is result
+        assert [r.text for r in result] == [f"echo: question {i}" for i in range(10)]
+        assert result.job.ids == [first, retry] and batches.jobs[retry].state == "completed"
+        assert result.model_calls == 10 and len(batches.created) == 2
+        # a retry left running is cancelled through the original result, too
+        batches.expire_after = 0
+        other = batch("{row} more", prompts(2), model=openai_adapter(fake), deferred=True,
+                      poll_interval=0.01, checkpoint=checkpoint, progress=False)
+        assert other.failed == 2
+        batches.expire_after, batches.stall = None, True
+        threading.Thread(target=interrupt_once_polled, args=(4,), daemon=True).start()
+        with pytest.raises(BatchInterrupted):
+            other.retry_failed()
+        assert other.pending == 2 and other.cancel() is other
+        assert batches.cancels == 1 and batches.created[3].state == "cancelled"
+        assert other.not_sent == 2 and other.pending == 0
+
+
 # -- the rude world ----------------------------------------------------------------------------------
 def test_a_job_in_progress_across_polls_with_results_out_of_order(tmp_path: Path) -> None:
     with OpenAIResponsesFake(api_key=KEY) as fake:
@@ -426,6 +484,36 @@ def test_cancel_mid_job_cancels_at_the_provider_and_keeps_what_finished(tmp_path
                for r in result if not isinstance(r, Response))
     assert result.not_sent == 30 - len(answered) and result.failed == 0
     assert result.interrupted
+
+
+def test_after_a_cancel_the_progress_bar_says_not_sent_as_the_result_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The provider counts a cancelled job's requests that never ran as failed; the result calls
+    those rows not sent, and so do the progress bar and the job's line."""
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake, per_poll=3, in_progress_polls=100)
+        token = CancelToken()
+        out: list[Any] = []
+
+        def run() -> None:
+            out.append(batch("{row}", prompts(30), model=openai_adapter(fake), deferred=True,
+                             poll_interval=0.01, cancel=token, checkpoint=tmp_path / "x.jsonl",
+                             progress="text"))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert wait_for(lambda: len(fake.chat_requests) >= 6, timeout=30)
+        batches.stall = True
+        token.cancel("enough")
+        thread.join(30)
+        assert not thread.is_alive()
+    result = out[0]
+    assert result.job.state == "cancelled" and result.failed == 0
+    assert result.not_sent == 30 - result.ok and result.not_sent > 0
+    shown = capsys.readouterr().err.split("\r")[-1]  # the bar's last line
+    assert f"ok {result.ok}, not sent {result.not_sent}" in shown, shown
+    assert "failed" not in shown and "failed" not in result.summary()
 
 
 def test_large_sets_split_into_jobs_within_the_limits(
