@@ -17,6 +17,7 @@ from ..cancel import CancelToken
 from ..errors import DispatchError, RequestCancelled, RequestError
 from ..registry import qualify_model_spec
 from ..replay_only import connect_for_cache
+from ..types import Message
 from .checkpoint import Checkpoint
 from .engine import BatchSettings, Pending, resume
 from .result import NOT_SENT, BatchResult, RowOrigin, mark_not_sent, not_sent
@@ -48,28 +49,45 @@ class BatchPlan:
         return self.cache.qualify(self.model) if self.cache is not None \
             else qualify_model_spec(self.model)
 
-    def rows(self, checkpoint: Checkpoint | None, result: BatchResult) -> Iterator[Pending]:
-        """Fill each row's template and yield the rows to send; rows answered in the checkpoint
-        and rows whose template fails go straight into ``result``. The first row's template
-        failure is raised (the template is wrong, not the row)."""
+    #: a retry's plan (its ``source``: some of the batch's rows): each row's key as the whole
+    #: batch gives it (``run.retry_failed``), so that a retried answer is recorded where a rerun
+    #: of the whole batch finds it; ``None`` (or a ``None`` key): counted over ``source``
+    keys: list[str | None] | None = None
+
+    def keyed(self) -> Iterator[tuple[int, Any, str | list[Message] | TemplateError, str | None]]:
+        """Each row of ``source``: its position, the row, its filled template (or the
+        :class:`TemplateError` filling it raised) and its key (``None`` when the template
+        failed). The ``n``-th repeat of a request in the input is keyed ``…#n``."""
         material, model = self.call.key_material(), self.model_key
         seen: dict[str, int] = {}
         for position, row in self.source:
-            result._reserve(position)
             try:
                 messages = fill_template(self.template, row, self.source.namespace(row))
             except TemplateError as exc:
-                if position == 0:
-                    raise
-                result._set(position, RequestError(
-                    f"row {position}: the template could not be filled: {exc}",
-                    code="invalid_request"))
-                result._stats.failed += 1
+                yield position, row, exc, None
                 continue
             base = row_key(model, messages, material)
             occurrence = seen.get(base, 0)
             seen[base] = occurrence + 1
-            key = base if occurrence == 0 else f"{base}#{occurrence}"
+            yield position, row, messages, base if occurrence == 0 else f"{base}#{occurrence}"
+
+    def rows(self, checkpoint: Checkpoint | None, result: BatchResult) -> Iterator[Pending]:
+        """Fill each row's template and yield the rows to send; rows answered in the checkpoint
+        and rows whose template fails go straight into ``result``. The first row's template
+        failure is raised (the template is wrong, not the row)."""
+        for position, _row, messages, key in self.keyed():
+            result._reserve(position)
+            if isinstance(messages, TemplateError):
+                if position == 0:
+                    raise messages
+                result._set(position, RequestError(
+                    f"row {position}: the template could not be filled: {messages}",
+                    code="invalid_request"))
+                result._stats.failed += 1
+                continue
+            assert key is not None
+            if self.keys is not None:
+                key = self.keys[position] or key
             if checkpoint is None or not resume(result, position, checkpoint.answer(key)):
                 yield Pending(position, messages, key)
 

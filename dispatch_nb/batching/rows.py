@@ -189,7 +189,7 @@ def _jsonable(value: Any) -> Any:
 
 def row_key(model: str, messages: str | list[Message], call_material: Mapping[str, Any]) -> str:
     """The key of a row's request: SHA-256 of the model (``provider:model``), the filled prompt
-    and the request options (:meth:`.BatchPlan.rows` adds ``#n`` to the ``n``-th repeat of
+    and the request options (:meth:`.BatchPlan.keyed` adds ``#n`` to the ``n``-th repeat of
     a request in one input, so repeated rows each get an answer and a resumed run finds them)."""
     if isinstance(messages, str):
         prompt: Any = messages

@@ -269,10 +269,10 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
 
 def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchResult:
     """``BatchResult.retry_failed()``: the failed rows (not the pending ones) as a batch of
-    their own with the same plan and progress setting; their answers replace the errors in
-    ``result``. Ctrl-C raises :class:`BatchInterrupted` (a deferred retry's jobs keep running);
-    a deferred retry's jobs join ``result.job``, and ``result.wait()`` / ``refresh()`` /
-    ``cancel()`` reach them."""
+    their own with the same plan (each row keeping the key the whole batch gives it), budget
+    and progress setting; their answers replace the errors in ``result``. Ctrl-C raises
+    :class:`BatchInterrupted` (a deferred retry's jobs keep running); a deferred retry's jobs
+    join ``result.job``, and ``result.wait()`` / ``refresh()`` / ``cancel()`` reach them."""
     plan: BatchPlan = result._plan  # set with result._retry, which calls this
     failed = [i for i, item in enumerate(result)
               if isinstance(item, DispatchError) and not isinstance(item, BatchPendingError)]
@@ -283,10 +283,15 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
         raise ValueError("retry_failed() needs the rows in memory (a list, DataFrame or "
                          "Series); run the batch again with the same checkpoint= instead")
     wanted = set(failed)
-    rows = [row for position, row in source if position in wanted]
-    again = dataclasses.replace(plan, source=RowSource(rows, source.extra))
+    # each row keeps the key the whole batch gives it (a repeated prompt's second row is keyed
+    # …#1 even when only it is retried), counted over the rows as they are now, as a rerun does
+    keyed = {position: (row, key) for position, row, _messages, key in plan.keyed()
+             if position in wanted}
+    again = dataclasses.replace(plan, source=RowSource([keyed[p][0] for p in failed], source.extra),
+                                keys=[keyed[p][1] for p in failed])
     use_deferred = (result._deferred is not None) if deferred is None else deferred
-    job = _Job(again, None, result._progress_setting, deferred=use_deferred,
+    # budget=: the same Budget, so the retry spends only what the batch left
+    job = _Job(again, None, result._progress_setting, result.budget, deferred=use_deferred,
                poll_interval=result._deferred.poll_interval if result._deferred else None)
     retried = _Retried(result, job, failed)
     try:

@@ -616,6 +616,32 @@ def test_repeated_rows_each_get_an_answer_and_resume(tmp_path: Path) -> None:
     assert result.ok == 3 and again.resumed == 3 and again.sent == 1
 
 
+def test_a_retried_repeated_row_is_recorded_under_its_own_key(tmp_path: Path) -> None:
+    """retry_failed() of the second of two identical rows sends it and records it under the key
+    the whole batch gives it (…#1), not the first row's: a rerun of the batch sends nothing."""
+    path = tmp_path / "run.jsonl"
+    rows = ["same", "other", "same"]
+    with BatchFake() as fake:  # the first "same" answered earlier, in this checkpoint
+        batch("{row}", rows[:1], model=adapter_for(fake), checkpoint=path, progress=False)
+    with BatchFake(fail={"same": Fail(500, "down", "api_error")}) as fake:
+        result = batch("{row}", rows, model=adapter_for(fake), checkpoint=path, max_retries=0,
+                       progress=False)
+        assert [result.origin(i) for i in range(3)] == ["checkpoint", "sent", "sent"]
+        assert result.ok == 2 and isinstance(result[2], dispatch_nb.ServerError)
+        fake.fail.clear()
+        fake.asked.clear()
+        assert result.retry_failed() is result
+        assert fake.asked == {"same": 1}  # sent, not read from the first row's answer
+    assert result.ok == 3 and result.texts == ["echo: same", "echo: other", "echo: same"]
+    assert result.origin(2) == "sent"
+    keys = [json.loads(line)["key"] for line in path.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 3 and keys[2] == f"{keys[0]}#1"
+    with BatchFake() as fake:
+        again = batch("{row}", rows, model=adapter_for(fake), checkpoint=path, progress=False)
+        assert fake.chat_requests == []
+    assert again.resumed == 3 and again.sent == 0 and again.texts == result.texts
+
+
 def test_a_killed_kernel_loses_at_most_the_rows_in_flight(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     rows = [f"row {i}" for i in range(30)]

@@ -336,6 +336,26 @@ def test_a_batch_sends_exactly_the_rows_its_budget_fits_and_resumes(tmp_path: Pa
         adapter.close()
 
 
+def test_retry_failed_spends_only_what_the_batch_budget_left() -> None:
+    """retry_failed() keeps the batch's budget=: the rows over budget are not sent again once
+    what is left does not fit them."""
+    with OpenAIResponsesFake(api_key="sk-test") as fake:
+        fake.push(*[ROW] * 40)
+        adapter = _openai(fake)
+        budget = Decimal("0.02")
+        result = batch("Row {n}", ROWS[:20], model=adapter, max_tokens=1000, budget=budget,
+                       concurrency=4, progress=False)
+        sent = len(fake.chat_requests)
+        assert 0 < sent < 20 and result.ok == sent
+        assert result.budget is not None and result.budget.spent == _row_price() * sent
+        assert result.retry_failed() is result
+        assert len(fake.chat_requests) == sent  # what is left of $0.02 fits no row
+        assert result.budget.spent == _row_price() * sent <= budget
+        assert result.ok == sent and result.not_sent == 20 - sent
+        assert sum(isinstance(item, BudgetExceededError) for item in result) == 20 - sent
+        adapter.close()
+
+
 def test_abatch_budget_never_exceeded_with_rows_in_flight() -> None:
     with OpenAIResponsesFake(api_key="sk-test") as fake:
         fake.push(*[ROW] * 200)

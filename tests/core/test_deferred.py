@@ -429,6 +429,32 @@ def test_an_expired_job_keeps_what_finished_and_retry_failed_sends_only_the_rest
         assert result.failed == 0
 
 
+def test_a_retried_repeated_row_is_submitted_under_its_own_key(tmp_path: Path) -> None:
+    """retry_failed() of the second of two identical rows (its job expired before it) submits it
+    under the key the whole batch gives it (…#1), not the first row's: a rerun of the batch
+    submits nothing."""
+    path = tmp_path / "same.jsonl"
+    rows = ["same", "other", "same"]
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake, expire_after=2)
+        result = batch("{row}", rows, model=openai_adapter(fake), deferred=True,
+                       poll_interval=0, checkpoint=path, progress=False)
+        assert result.ok == 2 and isinstance(result[2], DispatchError)
+        assert result[2].code == "batch_expired"
+        batches.expire_after = None
+        assert result.retry_failed() is result
+        assert len(batches.created) == 2 and len(job_lines(batches)) == 1  # sent, not read
+        assert result.origin(2) == "sent" and len(fake.chat_requests) == 3
+        assert [r.text for r in result] == ["echo: same", "echo: other", "echo: same"]
+        keys = [json.loads(line)["key"] for line in path.read_text().splitlines()
+                if "response" in json.loads(line)]
+        assert len(keys) == len(set(keys)) == 3 and keys[2] == f"{keys[0]}#1"
+        again = batch("{row}", rows, model=openai_adapter(fake), deferred=True,
+                      poll_interval=0, checkpoint=path, progress=False)
+        assert len(batches.created) == 2 and len(fake.chat_requests) == 3
+        assert again.resumed == 3 and [r.text for r in again] == [r.text for r in result]
+
+
 def test_row_errors_carry_the_provider_message_and_code(anthropic: Any, tmp_path: Path) -> None:
     fake, _batches = anthropic
     fake.push(Turn(text="fine"), Fail(400, "prompt is too long: 250000 tokens > 200000 maximum",
