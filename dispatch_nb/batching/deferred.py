@@ -133,6 +133,7 @@ class _Row:
     key: str
     request: ChatRequest
     wire: WireRequest
+    number: int  # the row's number in the whole batch (Pending.number)
 
 
 class DeferredRun:
@@ -220,7 +221,7 @@ class DeferredRun:
         for item in pending:
             request = api.adapter._with_output_prompt(row_call(prepared, item.messages).request)
             self.rows[item.key] = _Row(item.position, item.key, request,
-                                       api.adapter.build_request(request))
+                                       api.adapter.build_request(request), item.number)
         if self.checkpoint is not None and self.checkpoint.read:
             # the jobs, recorded and collected, that answered the rows read from the checkpoint:
             # in result.job as they ended (nothing is asked of the provider, no key is needed)
@@ -391,7 +392,7 @@ class DeferredRun:
         self.stats.sent_done += 1
         if self.checkpoint is not None and isinstance(item, Response):
             assert self.adapter is not None
-            self.checkpoint.record(row.key, row.position, row.request.messages, item, self.adapter,
+            self.checkpoint.record(row.key, row.number, row.request.messages, item, self.adapter,
                                    streamed=False, usage=usage, latency=max(0.0, latency),
                                    attempts=1)
 

@@ -68,11 +68,18 @@ class BatchSettings:
 
 @dataclass
 class Pending:
-    """A row to send: its position in the input, its prompt and its key."""
+    """A row to send: its position in the input, its prompt and its key (``row``: its position
+    in the whole batch, when this input is some of its rows: a retry's)."""
 
     position: int
     messages: str | list[Message]
     key: str
+    row: int | None = None
+
+    @property
+    def number(self) -> int:
+        """The row's number in the whole batch: what its label, errors and checkpoint line say."""
+        return self.position if self.row is None else self.row
 
 
 # -- one row's call -------------------------------------------------------------------------------
@@ -280,7 +287,7 @@ class RowRunner:
         deadline = began + settings.timeout if settings.timeout is not None else None
         adapter = self.adapter
         if isinstance(adapter, CachedAdapter):  # the cache names the row ("cell 3, row 17")
-            row = f"row {pending.position}"
+            row = f"row {pending.number}"
             adapter = adapter.with_label(f"{adapter.label}, {row}" if adapter.label else row)
         usage = Usage()
         attempts = calls = 0
@@ -323,7 +330,7 @@ class RowRunner:
                 except Exception as exc:  # a tool or template bug: this row fails, not the batch
                     # (a plain DispatchError: neither retried nor stopping the batch)
                     error = DispatchError(
-                        f"row {pending.position} failed: {type(exc).__name__}: {exc}",
+                        f"row {pending.number} failed: {type(exc).__name__}: {exc}",
                         provider=self.adapter.provider_name,
                     )
                     error.__cause__ = exc
@@ -427,9 +434,9 @@ class RowRunner:
         stats.count(item, origin, usage)
         if self.checkpoint is not None and isinstance(item, Response):
             try:
-                self.checkpoint.record(pending.key, pending.position, pending.messages, item,
+                self.checkpoint.record(pending.key, pending.number, pending.messages, item,
                                        self.adapter, streamed=self.call.stream, usage=usage,
                                        latency=latency, attempts=attempts)
             except OSError as exc:
-                log.warning("could not write row %d to the checkpoint %s: %s", pending.position,
+                log.warning("could not write row %d to the checkpoint %s: %s", pending.number,
                             self.checkpoint.path, exc)

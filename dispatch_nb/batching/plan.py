@@ -49,10 +49,10 @@ class BatchPlan:
         return self.cache.qualify(self.model) if self.cache is not None \
             else qualify_model_spec(self.model)
 
-    #: a retry's plan (its ``source``: some of the batch's rows): each row's key as the whole
-    #: batch gives it (``run.retry_failed``), so that a retried answer is recorded where a rerun
-    #: of the whole batch finds it; ``None`` (or a ``None`` key): counted over ``source``
-    keys: list[str | None] | None = None
+    #: a retry's plan (its ``source``: some of the batch's rows): each row's position and key in
+    #: the whole batch (``run.retry_failed``), so that a retried answer is recorded where a rerun
+    #: of the whole batch finds it, as that row; ``None`` (or a ``None`` key): ``source``'s own
+    whole: list[tuple[int, str | None]] | None = None
 
     def keyed(self) -> Iterator[tuple[int, Any, str | list[Message] | TemplateError, str | None]]:
         """Each row of ``source``: its position, the row, its filled template (or the
@@ -77,19 +77,19 @@ class BatchPlan:
         failure is raised (the template is wrong, not the row)."""
         for position, _row, messages, key in self.keyed():
             result._reserve(position)
+            number, given = (position, None) if self.whole is None else self.whole[position]
             if isinstance(messages, TemplateError):
                 if position == 0:
                     raise messages
                 result._set(position, RequestError(
-                    f"row {position}: the template could not be filled: {messages}",
+                    f"row {number}: the template could not be filled: {messages}",
                     code="invalid_request"))
                 result._stats.failed += 1
                 continue
+            key = given or key
             assert key is not None
-            if self.keys is not None:
-                key = self.keys[position] or key
             if checkpoint is None or not resume(result, position, checkpoint.answer(key)):
-                yield Pending(position, messages, key)
+                yield Pending(position, messages, key, None if self.whole is None else number)
 
 
 def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[Adapter, bool]:

@@ -283,12 +283,13 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
         raise ValueError("retry_failed() needs the rows in memory (a list, DataFrame or "
                          "Series); run the batch again with the same checkpoint= instead")
     wanted = set(failed)
-    # each row keeps the key the whole batch gives it (a repeated prompt's second row is keyed
-    # …#1 even when only it is retried), counted over the rows as they are now, as a rerun does
+    # each row keeps its number and the key the whole batch gives it (a repeated prompt's second
+    # row is keyed …#1 even when only it is retried), counted over the rows as they are now, as a
+    # rerun does
     keyed = {position: (row, key) for position, row, _messages, key in plan.keyed()
              if position in wanted}
     again = dataclasses.replace(plan, source=RowSource([keyed[p][0] for p in failed], source.extra),
-                                keys=[keyed[p][1] for p in failed])
+                                whole=[(p, keyed[p][1]) for p in failed])
     use_deferred = (result._deferred is not None) if deferred is None else deferred
     # budget=: the same Budget, so the retry spends only what the batch left
     job = _Job(again, None, result._progress_setting, result.budget, deferred=use_deferred,

@@ -628,14 +628,18 @@ def test_a_retried_repeated_row_is_recorded_under_its_own_key(tmp_path: Path) ->
                        progress=False)
         assert [result.origin(i) for i in range(3)] == ["checkpoint", "sent", "sent"]
         assert result.ok == 2 and isinstance(result[2], dispatch_nb.ServerError)
+        assert result[2].status_code == 500
         fake.fail.clear()
         fake.asked.clear()
         assert result.retry_failed() is result
         assert fake.asked == {"same": 1}  # sent, not read from the first row's answer
     assert result.ok == 3 and result.texts == ["echo: same", "echo: other", "echo: same"]
     assert result.origin(2) == "sent"
-    keys = [json.loads(line)["key"] for line in path.read_text().splitlines()]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    keys = [line["key"] for line in lines]
     assert len(keys) == len(set(keys)) == 3 and keys[2] == f"{keys[0]}#1"
+    # the retried row's line names it as the batch's row 2 (not the retry's first row)
+    assert [(line["row"], line["label"]) for line in lines] == [(i, f"row {i}") for i in range(3)]
     with BatchFake() as fake:
         again = batch("{row}", rows, model=adapter_for(fake), checkpoint=path, progress=False)
         assert fake.chat_requests == []

@@ -352,7 +352,8 @@ def test_retry_failed_spends_only_what_the_batch_budget_left() -> None:
         assert len(fake.chat_requests) == sent  # what is left of $0.02 fits no row
         assert result.budget.spent == _row_price() * sent <= budget
         assert result.ok == sent and result.not_sent == 20 - sent
-        assert sum(isinstance(item, BudgetExceededError) for item in result) == 20 - sent
+        assert sum(isinstance(item, BudgetExceededError) and item.code == "budget_exceeded"
+                   for item in result) == 20 - sent
         adapter.close()
 
 

@@ -446,9 +446,11 @@ def test_a_retried_repeated_row_is_submitted_under_its_own_key(tmp_path: Path) -
         assert len(batches.created) == 2 and len(job_lines(batches)) == 1  # sent, not read
         assert result.origin(2) == "sent" and len(fake.chat_requests) == 3
         assert [r.text for r in result] == ["echo: same", "echo: other", "echo: same"]
-        keys = [json.loads(line)["key"] for line in path.read_text().splitlines()
-                if "response" in json.loads(line)]
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        answers = [line for line in lines if "response" in line]
+        keys = [line["key"] for line in answers]
         assert len(keys) == len(set(keys)) == 3 and keys[2] == f"{keys[0]}#1"
+        assert [line["row"] for line in answers] == [0, 1, 2]  # the batch's row 2, not the retry's 0
         again = batch("{row}", rows, model=openai_adapter(fake), deferred=True,
                       poll_interval=0, checkpoint=path, progress=False)
         assert len(batches.created) == 2 and len(fake.chat_requests) == 3
