@@ -375,7 +375,7 @@ def test_retry_failed_of_a_deferred_batch_shows_progress_and_ctrl_c_keeps_its_jo
         assert batches.cancels == 0 and batches.jobs[retry].state == "in_progress"
         assert caught.value.result is result and result.interrupted
         assert result.ok == 6 and result.pending == 4 and result.failed == 0
-        assert all(isinstance(r, BatchPendingError) for r in result[6:])
+        assert all(isinstance(r, BatchPendingError) and r.code == "batch_pending" for r in result[6:])
         said = str(caught.value)
         assert f"job {retry} keeps running" in said and first not in said
         assert str(checkpoint) in said and ".result.wait()" in said
