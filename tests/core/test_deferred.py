@@ -19,6 +19,7 @@ from dispatch_nb import (
     AnthropicAdapter,
     BatchInterrupted,
     BatchPendingError,
+    BatchResult,
     CancelToken,
     DispatchError,
     OpenAIAdapter,
@@ -486,16 +487,18 @@ def test_a_job_that_fails_validation_fails_its_rows_with_the_reason(
     assert not fake.chat_requests
 
 
-def test_cancel_mid_job_cancels_at_the_provider_and_keeps_what_finished(tmp_path: Path) -> None:
+def _cancelled_mid_job(tmp_path: Path, progress: bool | str) -> tuple[BatchResult, Any, Any]:
+    """30 rows as one job, cancelled with a ``cancel=`` token once 6 were answered: the result,
+    the fake and its batches."""
     with OpenAIResponsesFake(api_key=KEY) as fake:
         batches = OpenAIBatches(fake, per_poll=3, in_progress_polls=100)
         token = CancelToken()
-        out: list[Any] = []
+        out: list[BatchResult] = []
 
         def run() -> None:
             out.append(batch("{row}", prompts(30), model=openai_adapter(fake), deferred=True,
                              poll_interval=0.01, cancel=token, checkpoint=tmp_path / "x.jsonl",
-                             progress=False))
+                             progress=progress))
 
         thread = threading.Thread(target=run)
         thread.start()
@@ -504,7 +507,11 @@ def test_cancel_mid_job_cancels_at_the_provider_and_keeps_what_finished(tmp_path
         token.cancel("enough")
         thread.join(30)
         assert not thread.is_alive()
-    result = out[0]
+    return out[0], fake, batches
+
+
+def test_cancel_mid_job_cancels_at_the_provider_and_keeps_what_finished(tmp_path: Path) -> None:
+    result, fake, batches = _cancelled_mid_job(tmp_path, progress=False)
     assert batches.cancels == 1 and result.job.state == "cancelled"
     answered = [r for r in result if isinstance(r, Response)]
     assert len(answered) == len(fake.chat_requests) >= 6
@@ -519,24 +526,7 @@ def test_after_a_cancel_the_progress_bar_says_not_sent_as_the_result_does(
 ) -> None:
     """The provider counts a cancelled job's requests that never ran as failed; the result calls
     those rows not sent, and so do the progress bar and the job's line."""
-    with OpenAIResponsesFake(api_key=KEY) as fake:
-        batches = OpenAIBatches(fake, per_poll=3, in_progress_polls=100)
-        token = CancelToken()
-        out: list[Any] = []
-
-        def run() -> None:
-            out.append(batch("{row}", prompts(30), model=openai_adapter(fake), deferred=True,
-                             poll_interval=0.01, cancel=token, checkpoint=tmp_path / "x.jsonl",
-                             progress="text"))
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        assert wait_for(lambda: len(fake.chat_requests) >= 6, timeout=30)
-        batches.stall = True
-        token.cancel("enough")
-        thread.join(30)
-        assert not thread.is_alive()
-    result = out[0]
+    result, _fake, _batches = _cancelled_mid_job(tmp_path, progress="text")
     assert result.job.state == "cancelled" and result.failed == 0
     assert result.not_sent == 30 - result.ok and result.not_sent > 0
     shown = capsys.readouterr().err.split("\r")[-1]  # the bar's last line
