@@ -215,6 +215,7 @@ class DeferredRun:
         self.adapter, self.api = api.adapter, api
         self.job = self.result.job = BatchJob(adapter.provider_name)
         pending = self._read_rows()
+        self._collected_failed = self.stats.failed  # rows whose template failed (plan.rows)
         self.job.checkpoint = self.plan.checkpoint
         if pending:  # the request a live, non-streamed call sends (the same wire code)
             prepared = prepare_call(api.adapter, pending[0].messages, self.plan.call, stream=False)
@@ -285,6 +286,7 @@ class DeferredRun:
             except BudgetExceededError as exc:
                 exc.provider = self.adapter.provider_name
                 self.result._set(row.position, exc)
+                self.stats.not_sent += 1  # as a live batch counts a row over its budget
                 del self.rows[key]
                 continue
             kept.append(key)

@@ -534,6 +534,38 @@ def test_after_a_cancel_the_progress_bar_says_not_sent_as_the_result_does(
     assert "failed" not in shown and "failed" not in result.summary()
 
 
+def test_the_bar_counts_rows_whose_template_failed_or_over_budget_as_a_live_bar_does(
+    openai: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rows that end before the job is submitted — a template that cannot be filled for that row,
+    a row over budget= — are on the deferred bar's last line as on a live bar's (and in the
+    result): failed, not sent."""
+    from dispatch_nb.estimates import worst_case
+    from dispatch_nb.types import Message
+
+    fake, _batches = openai
+    adapter = openai_adapter(fake)
+    rows: list[dict[str, Any]] = [{"q": f"row {i:02d}"} for i in range(10)]
+    rows[3] = {"other": 1}  # names no {q}: this row's template fails
+
+    def last_line(**options: Any) -> tuple[BatchResult, str]:
+        result = batch("{q}", rows, model=adapter, progress="text", poll_interval=0, **options)
+        return result, capsys.readouterr().err.split("\r")[-1]
+
+    live, live_bar = last_line()
+    deferred, deferred_bar = last_line(deferred=True, checkpoint=tmp_path / "t.jsonl")
+    assert live.ok == deferred.ok == 9 and live.failed == deferred.failed == 1
+    assert "10/10" in live_bar and "ok 9, failed 1," in live_bar, live_bar
+    assert "10/10" in deferred_bar and "ok 9, failed 1" in deferred_bar, deferred_bar
+    # with budget=: 6 rows fit, 3 more are not sent (over budget), the template's row failed
+    worst = worst_case(adapter, [Message(role="user", content="row 00")], max_tokens=500,
+                       batch=True)
+    result, shown = last_line(deferred=True, max_tokens=500, budget=worst * 6 + worst / 2,
+                              checkpoint=tmp_path / "b.jsonl")
+    assert (result.ok, result.failed, result.not_sent) == (6, 1, 3)
+    assert "7/10" in shown and "ok 6, failed 1, not sent 3" in shown, shown
+
+
 def test_large_sets_split_into_jobs_within_the_limits(
     openai: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
