@@ -292,7 +292,7 @@ def _interrupted(result: BatchResult, name: str | None, kept: str | None) -> str
     job = result.job
     if job is None or not result.pending:
         return said
-    ids = job.ids
+    ids = [part.id for part in job.parts if not part.done] or job.ids  # the jobs still running
     which = (f"the {job.provider} job {ids[0]} keeps" if len(ids) == 1
              else f"the {len(ids)} {job.provider} jobs keep")
     it = "it" if len(ids) == 1 else "them"

@@ -131,6 +131,42 @@ def test_interrupting_the_wait_leaves_the_job_running_and_the_cell_collects_it_l
         "echo: About Paris", "echo: About Rome", "echo: About Oslo"]
 
 
+def test_after_ctrl_c_the_cell_names_only_the_jobs_still_running(
+    shell: Any, fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two jobs: the first answered the rows the cell ran before, a second one holds a row added
+    since and is still running when the cell is interrupted. The message names that one only,
+    as BatchInterrupted from batch() does."""
+    checkpoint = tmp_path / "cities.jsonl"
+    cell = f"%%chat --each words --deferred --checkpoint {checkpoint} -o res\nAbout {{row}}"
+    with OpenAIResponsesFake(api_key=KEY) as server:
+        batches = OpenAIBatches(server)
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("DISPATCH_NB_MODEL", "openai:gpt-4.1-mini")
+        monkeypatch.setenv("DISPATCH_NB_POLL_INTERVAL", "0.05")
+        run(shell, "words = ['Paris', 'Rome']")
+        assert run(shell, cell).success
+        run(shell, "words = ['Paris', 'Rome', 'Oslo']")
+        batches.stall = True
+
+        def interrupt_once_polled() -> None:
+            if wait_for(lambda: len(batches.created) == 2 and batches.polls >= 6, timeout=30):
+                _thread.interrupt_main()
+
+        threading.Thread(target=interrupt_once_polled, daemon=True).start()
+        result = run(shell, cell)
+        assert isinstance(result.error_in_exec, ChatInterrupted)
+        done, running = (job.id for job in batches.created)
+        assert [job.state for job in batches.created] == ["completed", "in_progress"]
+        assert shell.user_ns["res"].job.ids == [done, running]
+        said = str(result.error_in_exec)
+        assert f"the openai job {running} keeps running at the provider" in said, said
+        assert done not in said and "2 openai jobs" not in said
+        assert "run this cell again to collect it (or res.wait())" in said
+        assert "res.cancel() cancels it" in said and batches.cancels == 0
+
+
 def test_deferred_on_a_model_without_a_batch_api_refuses_before_a_login_or_a_bar(
     shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
