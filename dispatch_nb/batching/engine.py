@@ -244,11 +244,12 @@ class RowRunner:
         self._stopped.set()
         self.limiter.cancel_all(self._cancel_error)
 
-    def _halt(self, position: int, error: DispatchError) -> None:
-        """Row ``position`` ended with ``error``, which every row would get: send nothing more."""
+    def _halt(self, number: int, error: DispatchError) -> None:
+        """Row ``number`` (:attr:`Pending.number`) ended with ``error``, which every row would
+        get: send nothing more."""
         if self.result.stopped_by is not None or self.cancel.cancelled:
             return
-        self.result.stopped_by = (position, error)
+        self.result.stopped_by = (number, error)
         self._stopped.set()
         self.limiter.cancel_all(lambda: not_sent(self.result, self.cancel))
 
@@ -340,10 +341,10 @@ class RowRunner:
                 if error is None:
                     self.answered = True
                 elif stops_batch(error):
-                    self._halt(pending.position, error)  # before the slot is released
+                    self._halt(pending.number, error)  # before the slot is released
                 elif (unreachable := self._unreachable(error)) is not None:
                     error = unreachable
-                    self._halt(pending.position, error)
+                    self._halt(pending.number, error)
                 self.limiter.release()
                 holding = False
                 if error is None:

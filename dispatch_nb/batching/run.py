@@ -350,6 +350,9 @@ class _Retried:
         # the whole usage (cache tokens too), which the rows' own counts do not hold
         result.usage = result.usage + _less(again.usage, self._usage)
         result.model_calls += again.model_calls - self._calls
+        # the row and error the retry stopped at (numbered in the batch), as if the batch had
+        # stopped there; None once a retry did not stop: no row is left unsent by an earlier stop
+        result.stopped_by = again.stopped_by
         self._usage, self._calls = again.usage, again.model_calls
         if self.retry is not None:
             result.job = self.job

@@ -383,3 +383,29 @@ def test_a_rerun_after_the_stop_sends_the_failed_and_the_unsent_rows(tmp_path: A
                       concurrency=5, checkpoint=path, progress=False)
     assert (first.failed, first.not_sent) == (5, 45)
     assert again.ok == 50 and again.sent == 50 and again.resumed == 0
+
+
+def test_a_retry_that_stops_says_so_in_the_batch_s_result() -> None:
+    """retry_failed() that stops at an error every row would get: the batch's result says where
+    (``stopped_by``, its row numbered in the batch) and its unsent rows say why, as if the batch
+    itself had stopped there; a later retry that does not stop leaves no stop behind."""
+    rows = [f"row {i}" for i in range(6)]
+    down = Fail(500, "down", "api_error")
+    with BatchFake(fail={"row 1": down, "row 3": down, "row 4": down}) as fake:
+        result = batch("{row}", rows, model=CanonicalAdapter("echo", base_url=fake.base_url),
+                       concurrency=1, max_retries=0, progress=False)
+        assert [i for i, _ in result.errors] == [1, 3, 4] and result.stopped_by is None
+        fake.fail = {"row 1": Fail(401, "bad key", "authentication_error")}
+        assert result.retry_failed() is result
+        assert result.stopped_by is not None
+        position, error = result.stopped_by
+        assert position == 1 and isinstance(error, AuthenticationError)
+        assert error.code == "authentication_failed" and result[1] is error
+        for i in (3, 4):  # never sent: why, in the batch's own numbers
+            assert result[i].code == "not_sent" and result[i].__cause__ is error
+            assert "the batch stopped at row 1's AuthenticationError" in result[i].message
+        assert "stopped at row 1: AuthenticationError (authentication_failed)" in repr(result)
+        assert (result.ok, result.failed, result.not_sent) == (3, 1, 2)
+        fake.fail.clear()
+        assert result.retry_failed() is result
+    assert result.ok == 6 and result.stopped_by is None and "stopped at" not in repr(result)

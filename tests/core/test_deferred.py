@@ -430,6 +430,29 @@ def test_an_expired_job_keeps_what_finished_and_retry_failed_sends_only_the_rest
         assert result.failed == 0
 
 
+def test_a_live_retry_of_a_deferred_batch_that_stops_says_so_in_the_result(
+    tmp_path: Path,
+) -> None:
+    """retry_failed(deferred=False) of an expired job's rows stops at a rejected key: the
+    batch's result says where (stopped_by: the row in the batch) and why its other rows were
+    not sent, as a batch that stopped there would."""
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        OpenAIBatches(fake, expire_after=6)
+        result = batch("{row}", prompts(10), model=openai_adapter(fake), deferred=True,
+                       concurrency=1, poll_interval=0, checkpoint=tmp_path / "s.jsonl",
+                       progress=False)
+        assert result.failed == 4 and result.stopped_by is None
+        fake.push(Fail(401, "Incorrect API key provided", "invalid_api_key"))
+        assert result.retry_failed(deferred=False) is result
+    assert result.stopped_by is not None
+    position, error = result.stopped_by
+    assert position == 6 and result[6] is error and error.code == "authentication_failed"
+    assert all(r.code == "not_sent" and "stopped at row 6's AuthenticationError" in r.message
+               for r in result[7:])
+    assert (result.ok, result.failed, result.not_sent) == (6, 1, 3)
+    assert "stopped at row 6: AuthenticationError (authentication_failed)" in result.summary()
+
+
 def test_a_retried_repeated_row_is_submitted_under_its_own_key(tmp_path: Path) -> None:
     """retry_failed() of the second of two identical rows (its job expired before it) submits it
     under the key the whole batch gives it (…#1), not the first row's: a rerun of the batch
