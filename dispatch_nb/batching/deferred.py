@@ -30,6 +30,7 @@ from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .engine import Pending, prepare_call, resume, row_call
 from .plan import BatchPlan, resolve_adapter
+from .progress import BatchProgress, progress_mode
 from .result import BatchResult, RowOrigin, is_not_sent, not_sent
 
 if TYPE_CHECKING:
@@ -486,9 +487,18 @@ class DeferredRun:
 
     def run_sync(self, *, wait: bool) -> None:
         """``BatchResult.refresh()`` (``wait=False``) / ``wait()``, from a thread that may run an
-        event loop of its own (a notebook's). Ctrl-C stops the waiting, not the jobs."""
+        event loop of its own (a notebook's). Ctrl-C stops the waiting, not the jobs. ``wait()``
+        shows the batch's progress bar (its ``progress=``) while a job runs, as ``batch()``
+        does: its clock and the jobs' line move while it waits."""
         self.interrupt = CancelToken()
-        in_thread(self.wait if wait else self.refresh, self.interrupt)
+        running = wait and any(p.id not in self.collected for p, _keys in self.parts.values())
+        bar = BatchProgress(progress_mode(self.result._progress_setting) if running else "off",
+                            description=f"batch {self.plan.model_key}")
+        try:
+            in_thread(self.wait if wait else self.refresh, self.interrupt,
+                      lambda: bar.update(self.stats))
+        finally:
+            bar.close(self.stats, self.result.summary())
 
     def cancel_sync(self) -> None:
         """``BatchResult.cancel()``: :meth:`cancel_jobs`, from any thread."""

@@ -286,6 +286,30 @@ def test_wait_and_refresh_collect_later(anthropic: Any, tmp_path: Path) -> None:
         f"echo: question {i}" for i in range(4)]
 
 
+def test_wait_shows_the_bar_and_its_clock_moves_between_polls(
+    anthropic: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """result.wait() in a script (a text bar) shows the batch's bar while the job runs, and its
+    elapsed time moves between two polls 2 s apart: it did not stay on the last line batch()
+    left (at 00:00) for as long as the provider took."""
+    fake, batches = anthropic
+    batches.in_progress_polls = 2  # half the rows at the first poll, the rest at the second
+    result = batch("{row}", prompts(4), model=anthropic_adapter(fake), deferred=True,
+                   wait=False, poll_interval=2.0, checkpoint=tmp_path / "w.jsonl",
+                   progress="text")
+    assert result.pending == 4
+    capsys.readouterr()
+    assert result.wait() is result and result.ok == 4
+    lines = capsys.readouterr().err.split("\r")
+    waiting = [line for line in lines if "in_progress" in line]
+    assert any("[00:00, anthropic job" in line for line in waiting), lines
+    assert any("[00:01, anthropic job" in line for line in waiting), lines  # before the 2nd poll
+    assert batches.polls == 2
+    assert "4/4" in lines[-1] and "completed, 4 of 4 answered; ok 4" in lines[-1], lines[-1]
+    # nothing left to wait for: no bar
+    assert result.wait() is result and capsys.readouterr().err == ""
+
+
 def test_without_a_checkpoint_the_same_call_finds_its_job(
     openai: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
