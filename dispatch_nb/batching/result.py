@@ -467,19 +467,20 @@ class BatchInterrupted(KeyboardInterrupt):
         where = (f"; they are also in {checkpoint}: run the batch again to send only the rest"
                  if checkpoint else "; pass checkpoint='run.jsonl' to resume a batch later")
         finished = len(result) - result.cancelled - result.not_sent - result.pending
-        said = (f"batch interrupted: {finished:,} finished rows are kept in this exception's "
-                f".result (in IPython: sys.last_value.result){where}")
+        kept = f"{finished:,} finished row{' is' if finished == 1 else 's are'} kept"
+        said = (f"batch interrupted: {kept} in this exception's .result (in IPython: "
+                f"sys.last_value.result){where}")
         job = result.job
         if job is not None and result.pending:  # a deferred batch: its jobs are not cancelled
             ids = [part.id for part in job.parts if not part.done] or job.ids
             which = (f"the {job.provider} job {ids[0]} keeps" if len(ids) == 1
                      else f"the {len(ids)} {job.provider} jobs ({', '.join(ids)}) keep")
-            said = (f"stopped waiting: {which} running at the provider ({result.pending:,} rows "
-                    f"not answered yet), recorded in {checkpoint}. Run the batch again with that "
-                    "checkpoint, or call .result.wait() on this exception (in IPython: "
+            pending = f"{result.pending:,} row{'s' if result.pending != 1 else ''}"
+            said = (f"stopped waiting: {which} running at the provider ({pending} not answered "
+                    f"yet), recorded in {checkpoint}. Run the batch again with that checkpoint, "
+                    "or call .result.wait() on this exception (in IPython: "
                     "sys.last_value.result.wait()), to collect the answers; .result.cancel() "
-                    f"cancels {'it' if len(ids) == 1 else 'them'}. {finished:,} finished rows "
-                    "are kept in .result")
+                    f"cancels {'it' if len(ids) == 1 else 'them'}. {kept} in .result")
         super().__init__(said)
         #: the partial result: finished rows, and RequestCancelled for the others (code
         #: ``"not_sent"`` for rows never sent, ``"cancelled"`` for rows stopped in flight)

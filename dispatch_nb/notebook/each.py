@@ -297,9 +297,9 @@ def _interrupted(result: BatchResult, name: str | None, kept: str | None) -> str
              else f"the {len(ids)} {job.provider} jobs keep")
     it = "it" if len(ids) == 1 else "them"
     later = f" (or {kept}.wait()); {kept}.cancel() cancels {it}" if kept else ""
-    return (f"stopped waiting: {which} running at the provider ({result.pending:,} rows not "
-            f"answered yet); run this cell again to collect {it}{later}. {said[0].upper()}"
-            f"{said[1:]}")
+    rows = f"{result.pending:,} row{'s' if result.pending != 1 else ''}"
+    return (f"stopped waiting: {which} running at the provider ({rows} not answered yet); run "
+            f"this cell again to collect {it}{later}. {said[0].upper()}{said[1:]}")
 
 
 def _short(text: str, limit: int = MAX_CELL_CHARS) -> str:

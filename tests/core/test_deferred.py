@@ -425,6 +425,35 @@ def test_retry_failed_of_a_deferred_batch_shows_progress_and_ctrl_c_keeps_its_jo
         assert other.not_sent == 2 and other.pending == 0
 
 
+def _interrupt_when(ready: Any) -> None:
+    """Ctrl-C (what the notebook's stop button sends) once ``ready()``, from another thread."""
+    def run() -> None:
+        if wait_for(ready, timeout=30):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def test_ctrl_c_with_one_row_left_says_row_not_rows(tmp_path: Path) -> None:
+    """BatchInterrupted counts one row as one row: '1 row not answered yet', '1 finished row is
+    kept' (read from the checkpoint: the first run answered it)."""
+    checkpoint = tmp_path / "one.jsonl"
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake)
+        batch("{row}", prompts(1), model=openai_adapter(fake), deferred=True, poll_interval=0,
+              checkpoint=checkpoint, progress=False)
+        batches.stall = True
+        _interrupt_when(lambda: batches.polls >= 4)
+        with pytest.raises(BatchInterrupted) as caught:
+            batch("{row}", prompts(2), model=openai_adapter(fake), deferred=True,
+                  poll_interval=0.01, checkpoint=checkpoint, progress=False)
+    result = caught.value.result
+    assert (result.ok, result.pending) == (1, 1) and result.resumed == 1
+    said = str(caught.value)
+    assert "running at the provider (1 row not answered yet)" in said, said
+    assert "1 finished row is kept in .result" in said, said
+
+
 # -- the rude world ----------------------------------------------------------------------------------
 def test_a_job_in_progress_across_polls_with_results_out_of_order(tmp_path: Path) -> None:
     with OpenAIResponsesFake(api_key=KEY) as fake:

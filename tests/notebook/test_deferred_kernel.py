@@ -162,6 +162,7 @@ def test_after_ctrl_c_the_cell_names_only_the_jobs_still_running(
         assert shell.user_ns["res"].job.ids == [done, running]
         said = str(result.error_in_exec)
         assert f"the openai job {running} keeps running at the provider" in said, said
+        assert "(1 row not answered yet)" in said, said  # Oslo's
         assert done not in said and "2 openai jobs" not in said
         assert "run this cell again to collect it (or res.wait())" in said
         assert "res.cancel() cancels it" in said and batches.cancels == 0
