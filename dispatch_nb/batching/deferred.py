@@ -31,7 +31,7 @@ from .checkpoint import Checkpoint
 from .engine import Pending, prepare_call, resume, row_call
 from .plan import BatchPlan, resolve_adapter
 from .progress import BatchProgress, progress_mode
-from .result import BatchResult, RowOrigin, is_not_sent, not_sent
+from .result import BatchResult, RowOrigin, Stats, is_not_sent, not_sent
 
 if TYPE_CHECKING:
     from ..http_adapter import HTTPAdapter
@@ -485,25 +485,49 @@ class DeferredRun:
                 break
             await asyncio.sleep(min(0.5, max(self.poll_interval, 0.05)))
 
+    @property
+    def running(self) -> bool:
+        """Whether a job of this run is not collected yet."""
+        return any(p.id not in self.collected for p, _keys in self.parts.values())
+
     def run_sync(self, *, wait: bool) -> None:
-        """``BatchResult.refresh()`` (``wait=False``) / ``wait()``, from a thread that may run an
-        event loop of its own (a notebook's). Ctrl-C stops the waiting, not the jobs. ``wait()``
-        shows the batch's progress bar (its ``progress=``) while a job runs, as ``batch()``
-        does: its clock and the jobs' line move while it waits."""
-        self.interrupt = CancelToken()
-        running = wait and any(p.id not in self.collected for p, _keys in self.parts.values())
-        bar = BatchProgress(progress_mode(self.result._progress_setting) if running else "off",
-                            description=f"batch {self.plan.model_key}")
-        try:
-            in_thread(self.wait if wait else self.refresh, self.interrupt,
-                      lambda: bar.update(self.stats))
-        finally:
-            bar.close(self.stats, self.result.summary())
+        """``BatchResult.refresh()`` (``wait=False``) / ``wait()``: :func:`collect_sync`."""
+        collect_sync(self.result, [self], wait=wait, stats=lambda: self.stats)
 
     def cancel_sync(self) -> None:
         """``BatchResult.cancel()``: :meth:`cancel_jobs`, from any thread."""
         self.interrupt = CancelToken()
         in_thread(self.cancel_jobs, self.interrupt)
+
+
+def collect_sync(result: BatchResult, runs: list[DeferredRun], *, wait: bool,
+                 stats: Callable[[], Stats], merge: Callable[[], None] | None = None) -> None:
+    """``BatchResult.refresh()`` (``wait=False``) / ``wait()`` of the batch whose jobs ``runs``
+    hold (its first run's and its deferred retries', side by side), from a thread that may run an
+    event loop of its own (a notebook's). Ctrl-C stops the waiting, not the jobs. ``wait()`` shows
+    the batch's one progress bar (its ``progress=``; ``stats()``: its counters) while a job runs,
+    as ``batch()`` does: its clock and the jobs' line move while it waits. ``merge()`` puts what
+    the runs collected in ``result``; the time it took adds to ``result.elapsed``, and
+    ``result.interrupted`` says whether Ctrl-C stopped it (docs/batch.md)."""
+    interrupt = CancelToken()
+    for run in runs:
+        run.interrupt = interrupt
+    running = wait and any(run.running for run in runs)
+    bar = BatchProgress(progress_mode(result._progress_setting) if running else "off",
+                        description=f"batch {result.model}")
+    began = time.monotonic()
+
+    async def work() -> None:
+        await asyncio.gather(*(run.wait() if wait else run.refresh() for run in runs))
+
+    try:
+        in_thread(work, interrupt, lambda: bar.update(stats()))
+    finally:
+        if merge is not None:
+            merge()
+        result.elapsed += time.monotonic() - began
+        result.interrupted = interrupt.cancelled
+        bar.close(stats(), result.summary())
 
 
 def in_thread(work: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken,

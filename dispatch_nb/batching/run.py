@@ -22,11 +22,11 @@ from ..validation import check_tools
 from .budget import RowBudget
 from .checkpoint import Checkpoint
 from .cluster import dask_partition_size, run_on_dask
-from .deferred import TICK, BatchJob, BatchPendingError, DeferredRun, in_thread
+from .deferred import TICK, BatchJob, BatchPendingError, DeferredRun, collect_sync, in_thread
 from .engine import DEFAULT_MAX_RETRIES, BatchSettings, RowRunner
 from .plan import BatchPlan, aclose_adapter, finish, resolve_adapter
 from .progress import BatchProgress, progress_mode
-from .result import BatchInterrupted, BatchResult
+from .result import BatchInterrupted, BatchResult, RowOrigin, Stats
 from .rows import RowCall, RowSource
 
 __all__ = ["abatch", "batch"]
@@ -303,12 +303,15 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
         job.finish()
         retried.merge()
         result.interrupted = True
+        result.elapsed += job.result.elapsed
         raise BatchInterrupted(result, plan.checkpoint) from None
     except BaseException as exc:
         job.finish(exc)
         raise
     job.finish()
     retried.merge()
+    result.interrupted = job.result.interrupted  # False: the retry ran to its end
+    result.elapsed += job.result.elapsed  # the time the retry took, as wait() adds its own
     return result
 
 
@@ -330,6 +333,7 @@ class _Retried:
         self.poll_interval = self.retry.poll_interval if self.retry is not None else None
         self._usage = Usage()  # what of the retry's usage and calls is in result already
         self._calls = 0
+        self._counted: tuple[tuple[int, ...], Stats] | None = None  # stats() of rows collected
 
     @property
     def job(self) -> BatchJob | None:
@@ -354,17 +358,55 @@ class _Retried:
         # stopped there; None once a retry did not stop: no row is left unsent by an earlier stop
         result.stopped_by = again.stopped_by
         self._usage, self._calls = again.usage, again.model_calls
+        self._counted = None
         if self.retry is not None:
             result.job = self.job
             result._deferred = self
 
+    def runs(self) -> list[DeferredRun]:
+        """The deferred runs that hold the batch's jobs: its first run's, each deferred retry's."""
+        earlier = self.earlier.runs() if isinstance(self.earlier, _Retried) \
+            else [self.earlier] if self.earlier is not None else []
+        return earlier + ([self.retry] if self.retry is not None else [])
+
+    def merge_all(self) -> None:
+        """:meth:`merge` this retry's rows and, first, those of the retries before it."""
+        if isinstance(self.earlier, _Retried):
+            self.earlier.merge_all()
+        self.merge()
+
+    def stats(self) -> Stats:
+        """The whole batch's counters, for its one bar while its jobs (the first run's and the
+        retries') run: each row as the result has it, or as the retry holding it has it; and the
+        rows the jobs report but are not collected yet, as a deferred bar counts them."""
+        runs = self.runs()
+        seen = tuple(len(run.collected) for run in runs)  # rows change when a job is collected
+        if self._counted is None or self._counted[0] != seen:
+            items = self._items()
+            counted = Stats(total=len(items))
+            for item in items:
+                if not isinstance(item, BatchPendingError):
+                    counted.count(item, RowOrigin.NOT_SENT, Usage())
+            self._counted = (seen, counted)
+        stats = dataclasses.replace(self._counted[1])
+        live = [part for run in runs for part, _keys in run.parts.values()
+                if part.id not in run.collected]
+        stats.ok += sum(part.completed for part in live)
+        stats.failed += sum(part.failed for part in live)
+        job = self.job
+        stats.job = job.summary() if job is not None and job.parts else ""
+        return stats
+
+    def _items(self) -> list[Any]:
+        items = self.earlier._items() if isinstance(self.earlier, _Retried) \
+            else list(self.result)
+        for position, item in zip(self.positions, self.again, strict=False):
+            if isinstance(items[position], BatchPendingError):  # not merged yet
+                items[position] = item
+        return items
+
     def run_sync(self, *, wait: bool) -> None:
-        try:
-            for run in (self.earlier, self.retry):
-                if run is not None:
-                    run.run_sync(wait=wait)
-        finally:
-            self.merge()
+        collect_sync(self.result, self.runs(), wait=wait, stats=self.stats, merge=self.merge_all)
 
     def cancel_sync(self) -> None:
         try:

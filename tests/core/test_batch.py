@@ -433,6 +433,27 @@ def test_a_cancel_token_stops_the_batch_promptly_keeping_finished_rows(tmp_path:
     assert [e["row"] for e in lines] == [0]  # cancelled rows are not written
 
 
+def test_a_retry_adds_its_time_to_elapsed_and_ends_the_interruption() -> None:
+    """A batch stopped by its cancel token (``interrupted``), then ``retry_failed()``, which
+    answers every row: ``interrupted`` is the last call's (False) and ``elapsed`` — the time spent
+    running the batch, in the summary — adds the retry's to the first call's."""
+    token = CancelToken()
+    token.cancel("enough")
+    rows = [f"row {i}" for i in range(4)]
+    with BatchFake(events=6, delay=0.1) as fake:  # each row: 6 pieces 0.1 s apart
+        result = batch("{row}", rows, model=adapter_for(fake), cancel=token, stream=True,
+                       progress=False)
+        assert result.interrupted and result.not_sent == 4 and "interrupted" in result.summary()
+        first = result.elapsed
+        began = time.monotonic()
+        assert result.retry_failed() is result
+        took = time.monotonic() - began
+    assert result.ok == 4 and not result.interrupted and "interrupted" not in result.summary()
+    assert took >= 0.5
+    assert first + took - 0.25 < result.elapsed <= first + took
+    assert result.summary().endswith(f"; {result.elapsed:.1f} s")
+
+
 def test_ctrl_c_stops_promptly_and_keeps_every_finished_row(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     signalled: list[float] = []

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -434,6 +435,30 @@ def _interrupt_when(ready: Any) -> None:
     threading.Thread(target=run, daemon=True).start()
 
 
+def test_a_later_wait_adds_its_time_to_elapsed_and_ends_the_interruption(tmp_path: Path) -> None:
+    """``elapsed`` is the time spent running the batch: a wait() after Ctrl-C adds its own (the
+    summary's seconds say so, not the first call's alone); ``interrupted`` says whether the last
+    call was stopped, so a wait() that collects every row clears it."""
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake)
+        batches.stall = True
+        _interrupt_when(lambda: batches.polls >= 2)
+        with pytest.raises(BatchInterrupted) as caught:
+            batch("{row}", prompts(4), model=openai_adapter(fake), deferred=True,
+                  poll_interval=0.5, checkpoint=tmp_path / "e.jsonl", progress=False)
+        result = caught.value.result
+        assert result.interrupted and result.pending == 4
+        first = result.elapsed
+        batches.stall = False
+        began = time.monotonic()
+        assert result.wait() is result
+        took = time.monotonic() - began
+    assert result.ok == 4 and not result.interrupted and "interrupted" not in result.summary()
+    assert took >= 0.5  # two polls, 0.5 s apart
+    assert first + took - 0.25 < result.elapsed <= first + took
+    assert result.summary().endswith(f"; {result.elapsed:.1f} s")
+
+
 def test_ctrl_c_with_one_row_left_says_row_not_rows(tmp_path: Path) -> None:
     """BatchInterrupted counts one row as one row: '1 row not answered yet', '1 finished row is
     kept' (read from the checkpoint: the first run answered it)."""
@@ -452,6 +477,37 @@ def test_ctrl_c_with_one_row_left_says_row_not_rows(tmp_path: Path) -> None:
     said = str(caught.value)
     assert "running at the provider (1 row not answered yet)" in said, said
     assert "1 finished row is kept in .result" in said, said
+
+
+def test_after_a_deferred_retry_wait_shows_one_bar_for_the_whole_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deferred retry was interrupted while the batch's first job still ran: result.wait()
+    waits for both jobs behind one bar, the batch's (all its rows, both jobs), not one each."""
+    rows: list[dict[str, Any]] = [{"q": f"row {i}"} for i in range(6)]
+    rows[2] = {"other": 1}  # names no {q}: this row's template fails; fixed before the retry
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake)
+        batches.stall = True  # every job runs for hours
+        result = batch("{q}", rows, model=openai_adapter(fake), deferred=True, wait=False,
+                       poll_interval=0.05, checkpoint=tmp_path / "one.jsonl", progress="text")
+        assert (result.pending, result.failed) == (5, 1)
+        rows[2] = {"q": "row 2"}
+        polls = batches.polls
+        _interrupt_when(lambda: len(batches.created) == 2 and batches.polls >= polls + 2)
+        with pytest.raises(BatchInterrupted):
+            result.retry_failed()
+        assert result.pending == 6 and result.interrupted
+        assert [job.state for job in batches.created] == ["validating", "in_progress"]
+        capsys.readouterr()
+        batches.stall = False
+        assert result.wait() is result
+    assert [r.text for r in result] == [f"echo: row {i}" for i in range(6)]
+    shown = capsys.readouterr().err
+    assert shown.count("\n") == 1, shown  # one bar, closed once
+    last = shown.split("\r")[-1]
+    assert "6/6" in last and "openai 2 jobs: completed, 6 of 6 answered; ok 6" in last, last
+    assert not result.interrupted
 
 
 # -- the rude world ----------------------------------------------------------------------------------
