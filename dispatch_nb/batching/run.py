@@ -334,6 +334,7 @@ class _Retried:
         self._usage = Usage()  # what of the retry's usage and calls is in result already
         self._calls = 0
         self._counted: tuple[tuple[int, ...], Stats] | None = None  # stats() of rows collected
+        self._merged = False  # merge() ran: later ones put in place only rows still pending
 
     @property
     def job(self) -> BatchJob | None:
@@ -347,6 +348,8 @@ class _Retried:
     def merge(self) -> None:
         result, again = self.result, self.again
         for index, (position, item) in enumerate(zip(self.positions, again, strict=True)):
+            if self._merged and not isinstance(result[position], BatchPendingError):
+                continue  # put in place already; a later live retry may have answered it since
             tokens_in, tokens_out = again.usage_of(index)
             result._set(position, item, usage=Usage(), latency=again.latency(index),
                         attempts=again.attempts(index), origin=again._origin[index])
@@ -354,11 +357,14 @@ class _Retried:
         # the whole usage (cache tokens too), which the rows' own counts do not hold
         result.usage = result.usage + _less(again.usage, self._usage)
         result.model_calls += again.model_calls - self._calls
-        # the row and error the retry stopped at (numbered in the batch), as if the batch had
-        # stopped there; None once a retry did not stop: no row is left unsent by an earlier stop
-        result.stopped_by = again.stopped_by
+        if not self._merged:  # (a later merge must not undo a later live retry's stop)
+            # the row and error the retry stopped at (numbered in the batch), as if the batch
+            # had stopped there; None once a retry did not stop: no row is left unsent by an
+            # earlier stop
+            result.stopped_by = again.stopped_by
         self._usage, self._calls = again.usage, again.model_calls
         self._counted = None
+        self._merged = True
         if self.retry is not None:
             result.job = self.job
             result._deferred = self

@@ -562,6 +562,33 @@ def test_a_live_retry_of_a_deferred_batch_that_stops_says_so_in_the_result(
     assert "stopped at row 6: AuthenticationError (authentication_failed)" in result.summary()
 
 
+def test_a_later_wait_keeps_what_a_live_retry_since_the_deferred_one_did(
+    tmp_path: Path,
+) -> None:
+    """A deferred retry whose job expired part way, then a live retry of what it left (which
+    answers one row and stops at a rejected key before the other), then result.wait(): the wait
+    collects the deferred retry's jobs again, but keeps the live retry's rows and stop."""
+    with OpenAIResponsesFake(api_key=KEY) as fake:
+        batches = OpenAIBatches(fake, expire_after=6)
+        result = batch("{row}", prompts(10), model=openai_adapter(fake), deferred=True,
+                       concurrency=1, poll_interval=0, checkpoint=tmp_path / "l.jsonl",
+                       progress=False)
+        assert (result.ok, result.failed) == (6, 4)
+        batches.expire_after = 2
+        assert result.retry_failed() is result  # deferred: rows 6 and 7 answered, 8 and 9 expire
+        assert (result.ok, result.failed) == (8, 2) and result[8].code == "batch_expired"
+        fake.push(Turn(text="answered live"), Fail(401, "Incorrect API key provided",
+                                                   "invalid_api_key"))
+        assert result.retry_failed(deferred=False) is result
+        assert result.stopped_by is not None and result.stopped_by[0] == 9
+        assert result[8].text == "answered live" and result[9].code == "authentication_failed"
+        assert result.wait() is result
+    assert result[8].text == "answered live" and result[9].code == "authentication_failed"
+    assert (result.ok, result.failed) == (9, 1)
+    assert result.stopped_by is not None and result.stopped_by[0] == 9
+    assert "stopped at row 9: AuthenticationError" in result.summary()
+
+
 def test_a_retried_repeated_row_is_submitted_under_its_own_key(tmp_path: Path) -> None:
     """retry_failed() of the second of two identical rows (its job expired before it) submits it
     under the key the whole batch gives it (…#1), not the first row's: a rerun of the batch
