@@ -361,8 +361,8 @@ class BatchResult(Sequence[Any]):
             else f" ({over:,} over budget)"
         counts = ((self.failed, "failed"), (self.cancelled, "cancelled"),
                   (self.not_sent, "not sent" + over_budget), (self.pending, "not answered yet"))
-        parts = [f"{len(self):,} rows: {self.ok:,} ok" + "".join(f", {n:,} {what}"
-                                                               for n, what in counts if n)]
+        rows = f"{len(self):,} row{'' if len(self) == 1 else 's'}"
+        parts = [f"{rows}: {self.ok:,} ok" + "".join(f", {n:,} {what}" for n, what in counts if n)]
         origins = [f"{n:,} {what}" for n, what in ((self.resumed, "from the checkpoint"),
                                                    (self.replayed, "replayed from the cache")) if n]
         if self.sent and origins:

@@ -69,6 +69,12 @@ def test_rows_come_back_in_input_order_with_totals() -> None:
     assert "40 rows: 40 ok" in repr(result)
 
 
+def test_a_one_row_batch_says_one_row() -> None:
+    with BatchFake(events=2) as fake:
+        result = batch("Classify: {review}", reviews(1), model=adapter_for(fake), progress=False)
+    assert result.summary().startswith("1 row: 1 ok")
+
+
 def test_a_wide_batch_runs_all_its_streams_at_once_on_reused_connections() -> None:
     # httpx's and aiohttp's default pools stop at 100 connections: a batch asking for 200 at once
     # must get 200, and its 400 rows must reuse them (a stream's connection goes back to the pool).
