@@ -150,3 +150,22 @@ def test_the_terminal_shows_control_characters_of_an_answer_and_obeys_none(
     out = capsys.readouterr().out
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out), repr(out)
     assert "title␛]0;pwned␇ red␛[31mRED␛[0m nul␀ del␡ csi\ufffd2J\nend" in out
+
+
+def test_a_changed_base_url_reaches_the_next_cell(
+    shell: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``%env DISPATCH_NB_COMPATIBLE_BASE_URL=...`` between two cells: the second went to the
+    first server anyway (the kernel kept the adapter made for it); with OPENAI_BASE_URL and a
+    key, the error then said the key was for the new server so it was not sent to the old one."""
+    from tests.fakes.openai_chat import OpenAIChatFake
+
+    run(shell, '%config ChatMagics.live = "display"')
+    with OpenAIChatFake() as first, OpenAIChatFake() as second:
+        monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", first.base_url)
+        assert run(shell, "%%chat -m compatible:llama3\none").success
+        monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", second.base_url)
+        result = run(shell, "%%chat -m compatible:llama3\ntwo")
+        assert result.success, result.error_in_exec
+        assert [len(first.chat_requests), len(second.chat_requests)] == [1, 1]
+        assert "echo: two" in shell.front.outputs[0]["data"]["text/markdown"]
