@@ -169,3 +169,21 @@ def test_a_changed_base_url_reaches_the_next_cell(
         assert result.success, result.error_in_exec
         assert [len(first.chat_requests), len(second.chat_requests)] == [1, 1]
         assert "echo: two" in shell.front.outputs[0]["data"]["text/markdown"]
+
+
+def test_a_value_split_by_a_space_gets_the_quoted_spelling(shell: Any, fake: Any) -> None:
+    """``-m a, b`` (a space after the comma) and ``%chat history my thread`` said only
+    "unrecognized arguments: b": which option the stray word belonged to was left to guess."""
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=r'unrecognized arguments: fake:b \(a value with spaces '
+                                         r'goes in quotes: -m "fake:a, fake:b"\)\nusage: %%chat'):
+        shell.run_cell_magic("chat", "-m fake:a, fake:b", "hi")
+    with pytest.raises(UsageError, match=r'unrecognized arguments: thread \(a value with spaces '
+                                         r'goes in quotes: history "my thread"\)'):
+        shell.run_line_magic("chat", "history my thread")
+    with pytest.raises(UsageError, match=r"unrecognized arguments: --bogus\nusage"):  # as before
+        shell.run_cell_magic("chat", "--bogus", "hi")
+    assert fake.chat_requests == []
+    shell.run_cell_magic("chat", '-m "fake:a, fake:b" --no-stream', "hi")  # quoted: it works
+    assert sorted(r.json["model"] for r in fake.chat_requests) == ["a", "b"]
