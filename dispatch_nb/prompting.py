@@ -31,6 +31,9 @@ DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_ROWS = 10
 #: what interpolation acts on: a literal ``{{`` or ``}}``, or the ``{`` of an expression
 _BRACE = re.compile(r"\{\{|\}\}|\{")
+#: what just before a ``{`` makes it LaTeX, not Python: a command (``\mathbf{x}``, ``\frac{n}``,
+#: ``\begin{align*}``), a backslash (``\{``) or a superscript (``e^{n}``)
+_LATEX_BEFORE = re.compile(r"(?:\\[A-Za-z]+\*?|\\|\^)\Z")
 
 
 class PromptError(ValueError):
@@ -59,6 +62,7 @@ def build_prompt(
     out: list[str] = []
     notes: list[str] = []
     i = 0
+    latex_end = -1  # where the last LaTeX argument ended (\frac{a}{b}: {b} is one too)
     while (brace := _BRACE.search(template, i)) is not None:
         out.append(template[i : brace.start()])
         i = brace.end()
@@ -70,10 +74,38 @@ def build_prompt(
             i = brace.start()
             break
         inner = template[i:end]
+        start = brace.start()
+        if start == latex_end or _LATEX_BEFORE.search(template, max(0, start - 40), start):
+            before = template[max(0, start - 40) : start]
+            out.append(_latex(inner, before, namespace, notes, max_chars=max_chars,
+                              max_rows=max_rows))
+            latex_end = i = end + 1
+            continue
         out.append(_substitute(inner, namespace, notes, max_chars=max_chars, max_rows=max_rows))
         i = end + 1
     out.append(template[i:])
     return Prompt("".join(out), notes)
+
+
+def _latex(
+    inner: str, before: str, namespace: Mapping[str, Any], notes: list[str], *, max_chars: int,
+    max_rows: int
+) -> str:
+    """The argument of a LaTeX command (``\\mathbf{x}``), left as written: math in a prompt keeps
+    its meaning even where ``x`` is a variable. A bare name or expression that would have
+    named something defined gets a note saying how to insert its value (``{x!s}``: a
+    conversion says it is Python; a ``:`` does not, ``\\text{Note: x}`` is LaTeX)."""
+    literal = "{" + inner + "}"
+    _expr, conversion, _spec = _split_spec(inner)
+    if conversion:  # {x!s}, {x!r:>8}: Python, wherever it stands
+        return _substitute(inner, namespace, notes, max_chars=max_chars, max_rows=max_rows)
+    code = _compiled(inner.strip()) if inner.strip() else None
+    if code is not None and any(name in namespace for name in code.co_names):
+        command = re.search(r"(\\[A-Za-z]+\*?|\\|\^|\})\Z", before)
+        after = f" after {command.group(1)}" if command and command.group(1) != "}" else ""
+        notes.append(f"{literal}{after} was left as written (LaTeX, not a value); write "
+                     f"{{{inner.strip()}!s}} to insert the value.")
+    return literal
 
 
 def _outside_quotes(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:

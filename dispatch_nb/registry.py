@@ -572,6 +572,11 @@ def parse_model_spec(spec: str, default: str | None = None, *, sends: bool = Tru
         )
     spec = spec.strip()
     head, sep, rest = spec.partition(":")
+    if sep and find_descriptor(head.strip()) is not None:
+        # "openai: gpt-4.1" (a space after the colon, as in prose or a quoted -m option) is
+        # openai's gpt-4.1: no model name starts or ends with a space
+        head, rest = head.strip(), rest.strip()
+        spec = f"{head}:{rest}"
     if sep:
         if find_descriptor(head) is not None:
             if not rest:
@@ -586,7 +591,8 @@ def parse_model_spec(spec: str, default: str | None = None, *, sends: bool = Tru
                 and not rest[:1].isdigit():
             import difflib
 
-            close = difflib.get_close_matches(head, list_providers(), n=1)
+            # (by lower case too: "OpenAI" is most likely openai)
+            close = difflib.get_close_matches(head.lower(), list_providers(), n=1)
             where = " (the value of DISPATCH_NB_MODEL)" \
                 if spec == os.environ.get("DISPATCH_NB_MODEL", "").strip() else ""
             raise _unknown(head, f"unknown provider {head!r} in model spec {spec!r}{where}"

@@ -6,6 +6,7 @@ tables of structured answers (docs/structured-output.md). It renders anything sh
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import re
@@ -13,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 __all__ = [
+    "answer_markdown",
+    "close_open_fence",
     "code_fences",
     "code_span",
     "compare_parsed_markdown",
@@ -20,6 +23,7 @@ __all__ = [
     "flatten_parsed",
     "footer_line",
     "footer_text",
+    "inert_html",
     "is_replayed",
     "mark_replayed",
     "markdown_to_html",
@@ -204,7 +208,8 @@ def response_markdown(response: _Answer, *, footer: bool = True) -> str:
     structured answer: :func:`parsed_markdown`)."""
     if response.parsed is not None:
         return parsed_markdown(response, footer=footer)
-    out = [part for part in (thinking_details(response.thinking), response.text) if part]
+    out = [part for part in (thinking_details(response.thinking), answer_markdown(response.text))
+           if part]
     for call in response.tool_calls:
         args = json.dumps(call.arguments, ensure_ascii=False)
         out.append(f"\n🔧 `{call.name}({args})`")
@@ -391,6 +396,62 @@ def money(markdown: str) -> str:
     escape = set(scan_inline(prose)[1])
     return "".join(f"<span{NO_MATH}>\\$</span>" if i in escape else c
                    for i, c in enumerate(markdown))
+
+
+#: the ``<`` that starts raw HTML in Markdown: a start or end tag (``<script``, ``</div>``, and a
+#: tag name cut off by the end of the text so far), a comment, a declaration or a processing
+#: instruction; an autolink (``<https://…>``) or a comparison (``a < b``, ``x<5``) starts none
+_RAW_HTML = re.compile(r"<(?=/?[A-Za-z][A-Za-z0-9-]*(?:[\s/>]|\Z)|[!?])")
+
+
+def inert_html(markdown: str) -> str:
+    """A model's Markdown with its raw HTML shown as text, never run or rendered: each ``<`` that
+    would start a tag, a comment or a declaration outside code (fenced blocks, code spans, math)
+    is written ``&lt;``, which every Markdown renderer shows as ``<``. So an answer quoting
+    ``<script>``, ``<img onerror=…>`` or a stray ``</div>`` reads as the text it is, in the live
+    view, the saved notebook and on GitHub alike; code keeps its ``<`` as they are."""
+    if "<" not in markdown:
+        return markdown
+    lines = markdown.split("\n")
+    code = code_fences(lines, ANY_FENCE)[0]  # a fence at any indent (in a list item) is code too
+    prose = "\n".join(" " * len(line) if c else line for line, c in zip(lines, code, strict=True))
+    starts = {m.start() for m in _RAW_HTML.finditer(scan_inline(prose)[0])}
+    if not starts:
+        return markdown
+    return "".join("&lt;" if i in starts else c for i, c in enumerate(markdown))
+
+
+@functools.lru_cache(maxsize=1)
+def _fence_parser() -> Any:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+
+
+def close_open_fence(markdown: str) -> str:
+    """``markdown`` with its closing fence added when it ends inside a top-level fenced code
+    block (an answer cut off by ``max_tokens``, a live view's growing block), so that what is put
+    after it (a footer, a status line, the next part) is not code."""
+    if "`" not in markdown and "~" not in markdown:
+        return markdown
+    try:
+        parser = _fence_parser()
+    except ImportError:  # no markdown-it-py: top-level fences by their lines
+        fence = code_fences(markdown.split("\n"))[1]
+        return markdown.rstrip("\n") + "\n" + fence[1] if fence is not None else markdown
+    # what a paragraph after a blank line would be part of: the last top-level block
+    tokens = parser.parse(markdown + "\n\nx")
+    last = [t for t in tokens if t.level == 0 and t.nesting >= 0 and t.map is not None][-1]
+    if last.type != "fence":
+        return markdown
+    return markdown.rstrip("\n") + "\n" + str(last.markup)
+
+
+def answer_markdown(text: str) -> str:
+    """A model's text as the Markdown an output shows: its raw HTML as text (:func:`inert_html`),
+    its dollar signs as dollar signs (:func:`money`), a code block it left open closed
+    (:func:`close_open_fence`)."""
+    return close_open_fence(money(inert_html(text)))
 
 
 def small(text: str) -> str:

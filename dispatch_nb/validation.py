@@ -15,6 +15,7 @@ no coercion). Text that cannot be encoded (lone surrogates) is replaced: :func:`
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
 import os
@@ -154,11 +155,13 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def caller_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning issued by the function calling this one name the
     first line outside dispatch_nb: the user's call, however many of the library's frames lie
-    between (sync or async entry point, a session, a magic)."""
+    between (sync or async entry point, a session, a magic; the ``with`` of its context
+    managers too)."""
     frame = inspect.currentframe()
     level = 0
     frame = frame.f_back if frame is not None else None  # the function that will warn: level 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
+                                 or frame.f_code.co_filename == contextlib.__file__):
         level += 1
         frame = frame.f_back
     return level + 1

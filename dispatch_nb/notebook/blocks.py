@@ -11,7 +11,7 @@ from functools import lru_cache
 from itertools import pairwise
 from typing import Any
 
-from ..render import ANY_FENCE, code_fences, money, scan_inline
+from ..render import ANY_FENCE, close_open_fence, code_fences, inert_html, money, scan_inline
 
 __all__ = [
     "BLOCK_LIMIT", "Block", "MarkdownBlocks", "close_open_fence", "stable_prefix", "warm_up",
@@ -58,22 +58,15 @@ def block_starts(text: str) -> list[tuple[int, str]]:
     return starts
 
 
-def close_open_fence(markdown: str) -> str:
-    """``markdown`` with its closing fence added when it ends inside a top-level fenced code
-    block, so that what is put after it (the display view's status line) is not code."""
-    if "`" not in markdown and "~" not in markdown:
-        return markdown
-    # what a paragraph after a blank line would be part of: the last top-level block
-    tokens = _parser().parse(markdown + "\n\nx")
-    last = [t for t in tokens if t.level == 0 and t.nesting >= 0 and t.map is not None][-1]
-    if last.type != "fence":
-        return markdown
-    return markdown.rstrip("\n") + "\n" + str(last.markup)
-
-
 _MARKER_ONLY = re.compile(r"^[ \t]*(?:[-+*>#|=_~`:.]+|\d{1,9}[.)]?)?[ \t]*$")
 _DELIMITER_ROW = re.compile(r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$")
 _ITEM = re.compile(r"^( {0,3})(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)")
+
+
+def _shown(source: str) -> str:
+    """A block of the answer as the live view shows it (:func:`render.answer_markdown` without
+    closing its fence: the view closes it where it adds the status line)."""
+    return money(inert_html(source))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,8 +281,9 @@ class MarkdownBlocks:
         ``final``, else its :func:`stable_prefix`."""
         finished, current = self.take()
         shown = current.source.rstrip() if final else stable_prefix(current.source)
-        # money: a "$" that is no math delimiter reads as a dollar sign, as in the final output
-        return [replace(b, source=money(b.source)) for b in finished], current, money(shown)
+        # as in the final output: raw HTML reads as text, a "$" that is no math delimiter as a
+        # dollar sign (render.answer_markdown; the status line's fence is closed where it goes)
+        return ([replace(b, source=_shown(b.source)) for b in finished], current, _shown(shown))
 
     # -- internals -------------------------------------------------------------------------------
     def _block(self, source: str, *, first: bool, keep_flags: bool = False) -> Block:

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..cost import CostTotal
 from ..render import (
+    answer_markdown,
     code_span,
     compare_parsed_markdown,
     compare_parsed_table,
     dollars,
     footer_line,
     model_label,
-    money,
     parsed_markdown,
     parsed_rows,
     raw_json,
@@ -112,7 +112,9 @@ class Transcript(TurnAccumulator):
             elif part.kind == "thinking":
                 out.append(thinking_details(part.text))
             else:
-                out.append(money(part.text.strip("\n")))  # "$45 and $30" are not math
+                # raw HTML reads as text, "$45 and $30" are not math, a code block left open
+                # (max_tokens) is closed before what follows it
+                out.append(answer_markdown(part.text.strip("\n")))
         return "\n\n".join(s for s in out if s) or "*(no text)*"
 
     def plain(self) -> str:
@@ -153,6 +155,15 @@ def tool_line(part: ToolRun, limit: int = 160) -> str:
     return line
 
 
+def code_block(text: str) -> str:
+    """``text`` as a fenced code block whose fence is longer than any run of backticks in it, so
+    nothing in ``text`` can end the block early."""
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}\n{text}\n{fence}"
+
+
 def tool_markdown(part: ToolRun) -> str:
     """One tool call (and its result) as Markdown."""
     call = f"🔧 **{part.name}** {code_span(short_line(part.arguments_text, 300))}"
@@ -172,7 +183,7 @@ def tool_markdown(part: ToolRun) -> str:
         return f"{call} {label} {code_span(result)}{took}\n"
     return (
         f"{call} {label}{took}\n\n<details><summary>result ({len(result):,} characters)"
-        f"</summary>\n\n```\n{result[:4000]}\n```\n\n</details>\n"
+        f"</summary>\n\n{code_block(result[:4000])}\n\n</details>\n"
     )
 
 

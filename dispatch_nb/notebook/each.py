@@ -146,11 +146,18 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if args.estimate:
         show_estimate(estimated(), f"--each {args.each.strip()}")
         return
+    placed = _placeholders(template)
     if len(rows) > settings.confirm_rows and not args.yes:
         ask_first(state, len(rows), estimated(),
-                  functools.partial(_run_rows, state, args, spec, fill, rows, options))
+                  functools.partial(_run_rows, state, args, spec, fill, rows, options, placed))
         return
-    _run_rows(state, args, spec, fill, rows, options)
+    _run_rows(state, args, spec, fill, rows, options, placed)
+
+
+def _placeholders(template: str) -> frozenset[str]:
+    """The names a template's ``{name}`` / ``{name...}`` placeholders start with (literal
+    ``{{`` left out): the columns whose empty values the result's notes point out."""
+    return frozenset(re.findall(r"(?<!\{)\{\s*([A-Za-z_]\w*)", template))
 
 
 _NO_BATCH_API = ("--deferred: {spec} has no batch API (OpenAI's and Anthropic's APIs have one); "
@@ -242,7 +249,7 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
 
 
 def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,
-              options: dict[str, Any]) -> None:
+              options: dict[str, Any], placed: frozenset[str] = frozenset()) -> None:
     """Send the rows (``options``: :func:`dispatch_nb.batch`'s) and show the result table (after
     a confirmation when one was asked) in place of the progress bar's output, whose last line
     (the batch's summary) the table's footer says again."""
@@ -263,7 +270,7 @@ def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any
 
     final_data, metadata = each_output(result, rows, name=args.each.strip(), spec=spec,
                                        schema=args.schema.strip() if args.schema else None,
-                                       output=args.output)
+                                       output=args.output, placed=placed)
     bar = result._progress_output
     if bar is not None:
         bar.update(final_data, raw=True, metadata=metadata)
@@ -321,24 +328,44 @@ def _answer_columns(response: Any, taken: set[str], schema: bool) -> dict[str, A
     return {"answer": _short(text)}
 
 
+def _empty(value: Any) -> bool:
+    """A missing value of a table: None, NaN, pandas' NA or NaT (pandas is never imported)."""
+    if value is None or type(value).__name__ in ("NAType", "NaTType"):
+        return True
+    return isinstance(value, float) and value != value
+
+
+def _empty_note(key: str, positions: list[int], said: str) -> str:
+    """The note naming the rows whose ``{key}`` was empty."""
+    shown = ", ".join(str(p) for p in positions[:10]) + (", …" if len(positions) > 10 else "")
+    rows = f"row {shown}" if len(positions) == 1 else f"{len(positions):,} rows ({shown})"
+    return (f"{{{key}}} is empty (NaN or None) in {rows}: the prompt said {said!r} there; "
+            f"fill or drop them first (e.g. df.dropna(subset=[{key!r}])).")
+
+
 def each_output(
     result: BatchResult, rows: Any, *, name: str, spec: str, schema: str | None = None,
-    output: str | None = None,
+    output: str | None = None, placed: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The static output of a ``--each`` cell: ``(data, metadata)``. A table with the input's
     columns, each row's answer (``--schema``: its parsed fields) and, when any row failed, an
     ``error`` column; at most :data:`MAX_TABLE_ROWS` rows (``output``: the ``-o`` name that holds
-    them all); the summary as the footer."""
+    them all); the summary as the footer. ``placed``: the template's placeholders; a note names
+    the rows where one of them was empty (NaN, None), which the prompt said as ``nan``..."""
     from ..batching.rows import RowSource
 
     source = RowSource(rows)
     column = source.name or "row"
     failed = any(not isinstance(item, Response) for item in result)
     table: list[dict[str, Any]] = []
+    empty: dict[str, tuple[list[int], str]] = {}  # placeholder → (rows, what the prompt said)
     for (position, row), item in zip(source, result, strict=False):
-        if position >= MAX_TABLE_ROWS:
-            break
         items = row.items() if isinstance(row, dict) else [(column, row)]
+        for key, value in items:
+            if str(key) in placed and _empty(value) and item is not None:
+                empty.setdefault(str(key), ([], str(value)))[0].append(position)
+        if position >= MAX_TABLE_ROWS:
+            continue
         line = {str(k): (_short(v) if isinstance(v, str) else v) for k, v in items}
         if isinstance(item, Response):
             line.update(_answer_columns(item, set(line), schema is not None))
@@ -351,7 +378,7 @@ def each_output(
             line["error"] = None if isinstance(item, Response) or item is None \
                 else _short(f"{type(item).__name__}: {item}", 200)
         table.append(line)
-    notes = []
+    notes = [_empty_note(key, positions, said) for key, (positions, said) in empty.items()]
     over = next((i for i in result if getattr(i, "code", None) == "budget_exceeded"), None)
     if over is not None:  # the first row refused, in full: the others differ in their amounts
         notes.append(f"{type(over).__name__}: {magic_words(over.message)}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -428,6 +429,7 @@ class TextView(LiveView):
     def _write(self, text: str) -> None:
         if not text:
             return
+        text = terminal_safe(text)
         sys.stdout.write(text)
         sys.stdout.flush()
         self.at_line_start = text.endswith("\n")
@@ -519,6 +521,22 @@ class TextView(LiveView):
             self._write(terminal_text(final.terminal.rstrip("\n")) + "\n")
         if footer:
             self._write(f"[{footer}]\n")
+
+
+#: control characters a terminal acts on (escape sequences: colours, the window title, the
+#: clipboard, moving the cursor over what was written) as the symbols that name them: C0 but tab and
+#: newline (␛, ␇, ␀, ␍, …), DEL (␡), and the C1 controls (some terminals read ``\x9b`` as ESC [)
+_CONTROLS = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+_CONTROLS |= {0x7F: 0x2421} | {c: 0xFFFD for c in range(0x80, 0xA0)}
+_LINE_END_CR = re.compile(r"\r(?=\n|\Z)")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` to print in a terminal: an answer's control characters are shown, never obeyed
+    (a model's ``\\x1b]0;…\\x07`` must not retitle the window, nor ``\\x1b[2J`` clear it); a CRLF
+    line end is a line end (also when the ``\\r`` ends one piece of the stream and the ``\\n``
+    starts the next)."""
+    return _LINE_END_CR.sub("", text).translate(_CONTROLS)
 
 
 def make_view(

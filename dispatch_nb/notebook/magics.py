@@ -83,7 +83,29 @@ def parse_magic_line(parser: Any, line: str) -> Any:
     try:
         return parser.parse_args(argv)
     except UsageError as exc:  # argparse's message, a guess for a misspelt option, the usage
-        raise UsageError(f"{exc}{_did_you_mean(parser, str(exc))}\n{usage_line(parser)}") from None
+        hint = _did_you_mean(parser, str(exc)) or _quote_hint(argv, str(exc))
+        raise UsageError(f"{exc}{hint}\n{usage_line(parser)}") from None
+
+
+def _quote_hint(argv: list[str], message: str) -> str:
+    """`` (a value with spaces goes in quotes: -m "a, b")`` when the words argparse did not
+    recognize are no options but the rest of the value before them (``-m a, b``, ``%chat
+    history my thread``); ``""`` otherwise."""
+    import re
+
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    if unknown is None:
+        return ""
+    words = unknown.group(1).split()
+    if not words or any(w.startswith("-") for w in words):
+        return ""
+    first = next((i for i in range(len(argv) - len(words), 0, -1)
+                  if argv[i : i + len(words)] == words), 0)
+    if first == 0 or argv[first - 1].startswith("-"):
+        return ""
+    value = " ".join(argv[first - 1 : first + len(words)])
+    option = f"{argv[first - 2]} " if first >= 2 else ""
+    return f' (a value with spaces goes in quotes: {option}"{value}")'
 
 
 @magics_class

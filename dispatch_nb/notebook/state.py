@@ -6,6 +6,7 @@ by ``%load_ext``: standard library and IPython only at run time.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ class KernelState:
         #: exceptions of earlier cells by execution count (``Err`` in the user namespace)
         self.errors = ErrorLog()
         #: the adapters the cells opened, by ``(spec, cache mode)``
-        self.adapters: dict[tuple[str, str], Adapter] = {}
+        self.adapters: dict[tuple[str, str, str], Adapter] = {}
         #: the response caches, by mode
         self.caches: dict[str, ResponseCache] = {}
         #: the last login view (kept so its "new code" button keeps working after the cell ends)
@@ -198,8 +199,10 @@ class KernelState:
     ) -> Adapter:
         """The adapter for ``spec`` (kept for the next cells), behind the response cache unless
         ``mode`` is ``off``. Before a new adapter that :meth:`needs_login` is made, ``login`` is
-        called (the notebook's device-login view)."""
-        key = (spec, mode)
+        called (the notebook's device-login view). An adapter is kept per server too: after
+        ``%env OPENAI_BASE_URL=...`` (the provider's ``base_url_env``) the next cell connects to
+        the server it names, not to the one the kept adapter was made for."""
+        key = (spec, mode, _server_named(spec))
         cached = self.adapters.get(key)
         if cached is not None:
             return cached
@@ -224,3 +227,13 @@ class KernelState:
         for adapter in adapters.values():
             with contextlib.suppress(Exception):
                 adapter.close()
+
+
+def _server_named(spec: str) -> str:
+    """The server the environment names for ``spec``'s provider (its ``base_url_env``), or
+    ``""`` (none is set, or the provider has no such variable)."""
+    from ..registry import find_descriptor
+
+    descriptor = find_descriptor(spec.partition(":")[0])
+    variable = descriptor.base_url_env if descriptor is not None else None
+    return os.environ.get(variable, "").strip() if variable else ""

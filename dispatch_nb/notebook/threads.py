@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..render import code_span, short_line
+from ..render import answer_markdown, code_span, short_line
 from ..types import Message, ToolResultBlock, ToolUseBlock
 
 __all__ = ["ChatThread", "ThreadStore", "Turn", "cell_identity"]
@@ -143,7 +143,10 @@ class ChatThread:
 
 
 def _quote(text: str) -> str:
-    return "\n".join(f"> {line}" if line else ">" for line in text.strip().splitlines())
+    """``text`` (a prompt or an answer) as a Markdown block quote: its raw HTML as text, a code
+    block it left open closed (:func:`answer_markdown`), so one turn cannot spill into the next."""
+    text = answer_markdown(text.strip())
+    return "\n".join(f"> {line}" if line else ">" for line in text.splitlines())
 
 
 class ThreadStore:

@@ -38,7 +38,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from ..validation import check_call, check_tools, describe
+from ..validation import check_call, check_tools, clean_messages, clean_text, describe
 from .inputs import SessionTool, session_tools, user_message
 from .serialization import SavedSession, loads, restore_tools
 from .stream import AsyncSessionStream, SessionStream, TurnState
@@ -113,6 +113,12 @@ class Turn:
         return kwargs
 
 
+def _sendable(system: str | None) -> str | None:
+    """A system prompt as every turn will send it: lone surrogates replaced once, with one
+    warning (anything but a str is left for the call's checks to refuse)."""
+    return clean_text(system, "the system prompt") if isinstance(system, str) else system
+
+
 class Session:
     """A conversation with one model: history, system prompt, Python tools and the tool loop.
 
@@ -171,7 +177,7 @@ class Session:
         #: the last turn, collected: its rounds, tool results and summed usage
         #: (a :class:`~dispatch_nb.turn.TurnAccumulator`; ``.events()`` replays it)
         self.last_turn: TurnAccumulator | None = None
-        self._system = system
+        self._system = _sendable(system)
         self._history: list[Message] = []
         self._usage = Usage()
         self._cost = CostTotal()
@@ -206,7 +212,7 @@ class Session:
 
     def set_system_prompt(self, system: str | None) -> None:
         """Use ``system`` from the next turn on (``None``: no system prompt)."""
-        self._system = system
+        self._system = _sendable(system)
 
     @property
     def tools(self) -> list[Tool | ToolDefinition | dict[str, Any]]:
@@ -604,8 +610,10 @@ class Session:
                 for t in [*self._tools, *self._server_tools]]
 
     def _start(self, content: Any) -> Message:
-        """The user message for ``content``, checked against what the model is waiting for."""
-        message = user_message(content)
+        """The user message for ``content``, checked against what the model is waiting for; lone
+        surrogates in its text are replaced here, once (one warning), so the history holds what
+        was sent: later turns send it again without a warning, and ``to_json`` can save it."""
+        message: Message = clean_messages(user_message(content))
         if self._history and self._history[-1].role == "assistant":
             answered = {b.tool_use_id for b in message.blocks if isinstance(b, ToolResultBlock)}
             missing = [b for b in self._history[-1].blocks

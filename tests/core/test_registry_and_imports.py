@@ -109,6 +109,30 @@ def test_parse_model_spec(nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch)
     assert info.value.code == "invalid_request"
 
 
+def test_a_spec_written_with_spaces_or_capitals_reads_as_meant(
+    nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-m "openai: gpt-4.1"`` (a space after the colon, as in prose) is openai's gpt-4.1: the
+    model is not sent as " gpt-4.1" (unknown to the server, and unpriced); ``OpenAI:...`` is
+    refused with the guess that fits."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-spaces-0000000000")
+    assert parse_model_spec("openai: gpt-4.1") == ("openai", "gpt-4.1")
+    assert parse_model_spec(" openai : gpt-4.1 ") == ("openai", "gpt-4.1")
+    assert parse_model_spec("compatible: llama3:8b") == ("compatible", "llama3:8b")
+    adapter = connect("openai: gpt-4.1-mini")
+    try:
+        assert (adapter.provider_name, adapter.model_name) == ("openai", "gpt-4.1-mini")
+    finally:
+        adapter.close()
+    with pytest.raises(RequestError, match="no model") as info:
+        parse_model_spec("openai:   ")
+    assert info.value.code == "invalid_request"
+    with pytest.raises(RequestError, match=r"unknown provider 'OpenAI' .*\(did you mean openai\?\)") \
+            as info:
+        parse_model_spec("OpenAI:gpt-4.1")
+    assert info.value.code == "unknown_provider"
+
+
 def test_a_bare_name_goes_to_the_default_provider_status_shows(
     nothing_set_up: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -722,6 +722,31 @@ def test_lone_surrogates_are_replaced_with_one_warning(
     assert sent(fake)["system"] == "be \ufffd"
 
 
+def test_a_session_warns_of_lone_surrogates_once_and_can_still_be_saved(
+    adapter: CanonicalAdapter, fake: CanonicalFake
+) -> None:
+    """A turn with a lone surrogate (a file name from os.listdir) warned again on every later
+    turn, whose own text had none (the history kept the surrogate and was cleaned on each
+    call), and ``to_json()`` raised TypeError (the history could not be encoded)."""
+    import warnings
+
+    name = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+    with pytest.warns(UnicodeWarning, match="in the system prompt") as caught:
+        session = Session(adapter, system="be \udcff")
+    assert [w.filename for w in caught] == [__file__]
+    with pytest.warns(UnicodeWarning, match="1 character in the message could not") as caught:
+        session.send(f"Open {name}")
+    assert len(caught) == 1 and caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the next turn's text is clean: not a word about it
+        session.send("And now?")
+    assert sent(fake)["messages"][0]["content"] == "Open caf\ufffd.txt"
+    assert sent(fake)["system"] == "be \ufffd"
+    assert session.history[0].content == "Open caf\ufffd.txt"  # what was sent
+    restored = Session.from_json(session.to_json(), adapter=adapter)
+    assert [m.content for m in restored.history] == [m.content for m in session.history]
+
+
 def test_the_surrogate_warning_names_the_callers_line(adapter: CanonicalAdapter) -> None:
     """Whichever entry point, sync or async, the warning points at the line that called it."""
 

@@ -97,3 +97,27 @@ def test_response_objects_interpolate_as_their_text() -> None:
 
     response: Any = Response(content=[TextBlock(text="the answer")])
     assert build_prompt("{r}", {"r": response}).text == "the answer"
+
+
+def test_latex_arguments_keep_their_meaning_even_where_a_name_is_defined() -> None:
+    """``$\\mathbf{x}^T \\frac{n}{2}$`` is math, not two values: a data scientist's ``x`` and
+    ``n`` are defined, and interpolating them turned the formula into ``\\mathbf[0 1 2]^T
+    \\frac3{2}`` without a word. A command's arguments, ``\\{...\\}`` and ``^{...}`` are left as
+    written (with a note when the name is defined), ``{x!s}`` inserts the value anyway, and
+    ``file_{n}.csv`` or ``{name}{n}`` are interpolated as before."""
+    ns = {"x": [0, 1, 2], "n": 3, "name": "Bob"}
+    p = build_prompt(r"Explain $\mathbf{x}^T \frac{n}{2}$, e^{n} and \{n\}", ns)
+    assert p.text == r"Explain $\mathbf{x}^T \frac{n}{2}$, e^{n} and \{n\}"
+    assert p.notes == [
+        "{x} after \\mathbf was left as written (LaTeX, not a value); write {x!s} to insert the value.",
+        "{n} after \\frac was left as written (LaTeX, not a value); write {n!s} to insert the value.",
+        "{n} after ^ was left as written (LaTeX, not a value); write {n!s} to insert the value.",
+    ]
+    p = build_prompt(r"\begin{align*} \textbf{x!s} \end{align*} file_{n}.csv {name}{n}", ns)
+    assert p.text == r"\begin{align*} \textbf[0, 1, 2] \end{align*} file_3.csv Bob3"
+    assert p.notes == []
+    # an undefined name after a command is LaTeX too: no "not defined" note, no error in a batch;
+    # nor is a ":" in a command's argument a format spec
+    assert build_prompt(r"\hat{beta} \text{Note: n} and {n}", ns) == \
+        build_prompt(r"\hat{beta} \text{Note: n} and 3", {})
+    assert build_prompt(r"\text{Note: n}", ns).notes == []

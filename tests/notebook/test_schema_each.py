@@ -429,3 +429,23 @@ def test_each_table_shows_the_first_hundred_rows_and_says_so(shell: Any, fake: A
     assert "keep the result with -o VAR and see them all with VAR.to_pandas()" in final_markdown(
         shell)
     assert len(shell.user_ns["res"]) == 103 and shell.user_ns["res"][102].text == "echo: Say w102"
+
+
+def test_each_says_which_rows_had_an_empty_value_in_a_placeholder(shell: Any, fake: Any) -> None:
+    """NaN / None in a column the template uses reached the model as 'nan' / 'None' without a
+    word (the table showed NaN, the prompt said "Classify nan"): a note names those rows. A
+    column the template does not use says nothing; duplicate index labels do not matter."""
+    run(shell, "import pandas as pd, numpy as np\n"
+               "df = pd.DataFrame({'text': ['a', None, np.nan, 'b'], 'n': [1, 2, None, 4],\n"
+               "                   'unused': [None, None, None, None]}, index=[0, 0, 1, 1])")
+    result = run(shell, "%%chat --each df\nClassify {text} (n={n})")
+    assert result.success, result.error_in_exec
+    prompts = [r.json["messages"][-1]["content"] for r in fake.chat_requests]
+    assert sorted(prompts) == ["Classify a (n=1.0)", "Classify b (n=4.0)",
+                               "Classify nan (n=2.0)", "Classify nan (n=nan)"]
+    output = [o for o in shell.front.outputs if "text/markdown" in o["data"]][-1]
+    plain = output["data"]["text/plain"]
+    assert "{text} is empty (NaN or None) in 2 rows (1, 2): the prompt said 'nan' there" in plain
+    assert "{n} is empty (NaN or None) in row 2: the prompt said 'nan' there" in plain
+    assert "unused" not in plain.split("[")[-1] and "{unused}" not in plain
+    assert "{text} is empty" in output["data"]["text/markdown"]
