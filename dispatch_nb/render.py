@@ -400,8 +400,12 @@ def money(markdown: str) -> str:
 
 #: the ``<`` that starts raw HTML in Markdown: a start or end tag (``<script``, ``</div>``, and a
 #: tag name cut off by the end of the text so far), a comment, a declaration or a processing
-#: instruction; an autolink (``<https://…>``) or a comparison (``a < b``, ``x<5``) starts none
-_RAW_HTML = re.compile(r"<(?=/?[A-Za-z][A-Za-z0-9-]*(?:[\s/>]|\Z)|[!?])")
+#: instruction; an autolink (``<https://…>``) or a comparison (``a < b``, ``x<5``) starts none.
+#: The inline formatting tags models write in Markdown (``<br>`` in a table cell, ``<sup>``,
+#: ``<kbd>``), without attributes, stay tags: they cannot run or load anything.
+_RAW_HTML = re.compile(
+    r"<(?!/?(?:br|sup|sub|kbd|b|i|u|s|em|strong|del|ins|mark|small|code)\s*/?>)"
+    r"(?=/?[A-Za-z][A-Za-z0-9-]*(?:[\s/>]|\Z)|[!?])", re.IGNORECASE)
 
 
 def inert_html(markdown: str) -> str:
@@ -409,7 +413,8 @@ def inert_html(markdown: str) -> str:
     would start a tag, a comment or a declaration outside code (fenced blocks, code spans, math)
     is written ``&lt;``, which every Markdown renderer shows as ``<``. So an answer quoting
     ``<script>``, ``<img onerror=…>`` or a stray ``</div>`` reads as the text it is, in the live
-    view, the saved notebook and on GitHub alike; code keeps its ``<`` as they are."""
+    view, the saved notebook and on GitHub alike; code keeps its ``<`` as they are, and so do
+    plain formatting tags (``<br>``, ``<sup>``, ``<b>``: :data:`_RAW_HTML`)."""
     if "<" not in markdown:
         return markdown
     lines = markdown.split("\n")

@@ -174,8 +174,8 @@ def test_widget_view_shows_text_thinking_and_tools_then_closes_its_widgets(shell
         [output] = box.children[0].outputs
         return str(output["data"]["text/markdown"])
 
-    # Markdown, rendered by the front end; the answer's raw HTML as text (render.inert_html)
-    assert markdown(column.body.children[1]) == "Hello &lt;b>"
+    # Markdown, rendered by the front end (a formatting tag stays a tag: render.inert_html)
+    assert markdown(column.body.children[1]) == "Hello <b>"
     assert "add" in column.body.children[2].value and "→ 2" in column.body.children[2].value
     assert markdown(column.body.children[3]) == "done"
     assert "a note" in view.root.children[0].outputs[0]["data"]["text/markdown"]

@@ -79,9 +79,13 @@ def test_the_widget_view_shows_raw_html_as_text_while_it_streams(shell: Any, fak
         ("<p>hi</p>", "&lt;p>hi&lt;/p>"),
         ("a<b and a < b", "a&lt;b and a < b"),
         ("<?php x ?> <!DOCTYPE html>", "&lt;?php x ?> &lt;!DOCTYPE html>"),
-        ("see <mailto:a@b.c> or <https://x.y/?a=<b>>", "see <mailto:a@b.c> or <https://x.y/?a=&lt;b>>"),
+        ("see <mailto:a@b.c> or <https://x.y/?a=<p>>", "see <mailto:a@b.c> or <https://x.y/?a=&lt;p>>"),
         ("`<b>` and ``<i>``", "`<b>` and ``<i>``"),
-        ("$a<b$ but <b>", "$a<b$ but &lt;b>"),  # math is not HTML
+        ("$a<b$ but <b/>", "$a<b$ but <b/>"),  # math is not HTML
+        # formatting tags models write (a table cell's <br>) stay tags, but not with attributes
+        ("| a<br>b | x<sup>2</sup> |", "| a<br>b | x<sup>2</sup> |"),
+        ("<KBD>Ctrl</KBD> <br/> <b onclick=x>", "<KBD>Ctrl</KBD> <br/> &lt;b onclick=x>"),
+        ("<bdi>x</bdi> <br", "&lt;bdi>x&lt;/bdi> &lt;br"),
         ("- item\n    ```\n    <b>\n    ```", "- item\n    ```\n    <b>\n    ```"),
     ],
 )
