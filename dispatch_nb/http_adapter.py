@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import functools
 import importlib.util
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -29,7 +29,7 @@ from .errors import (
     sent_credentials,
     summarize_body,
 )
-from .sse import SSEDecoder
+from .sse import ServerSentEvent, SSEDecoder
 from .stream import Accumulator
 from .transport import READ_EXTENSION, LoopClients, async_client, prepare_async_transport
 from .types import StreamDelta
@@ -94,16 +94,32 @@ class BaseURLError(ValueError):
 RELEASE_SECONDS = 0.25
 
 
-async def _arelease(read: Callable[[], Awaitable[bytes]]) -> None:
-    """The answer is complete: read the rest of the body (briefly) so the connection is reused."""
-
-    async def rest() -> None:
-        while await read():
-            pass
-
-    # too slow, or a broken connection: the answer is complete all the same
+async def _after_terminal(
+    read: Callable[[], Awaitable[bytes]],
+    decoder: SSEDecoder,
+    parser: StreamParser,
+    pending: Sequence[ServerSentEvent],
+) -> AsyncIterator[StreamDelta]:
+    """The answer is complete: read the rest of the body (briefly) so the connection is reused.
+    An event in it (``pending``: those that came with the terminal one) still reaches the parser:
+    a delta that arrived late joins the answer, nothing that arrived is lost."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RELEASE_SECONDS
+    # too slow, a broken connection, or an error event after the end: the answer is complete
+    ended = False
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(rest(), RELEASE_SECONDS)
+        while True:
+            for event in pending:
+                for delta in parser.feed(event):
+                    yield delta
+            remaining = deadline - loop.time()
+            if ended or remaining <= 0:
+                return
+            chunk = await asyncio.wait_for(read(), remaining)
+            if chunk:
+                pending = decoder.feed(chunk)
+            else:
+                pending, ended = decoder.end(), True
 
 
 class HTTPAdapter(Adapter):
@@ -354,11 +370,14 @@ class HTTPAdapter(Adapter):
                     reading[0] = False
                     if not chunk:
                         break
-                    for event in decoder.feed(chunk):
+                    events = decoder.feed(chunk)
+                    for n, event in enumerate(events):
                         for delta in parser.feed(event):
                             yield delta
                         if parser.complete:
-                            await _arelease(read)
+                            async for delta in _after_terminal(read, decoder, parser,
+                                                               events[n + 1 :]):
+                                yield delta
                             return
                     if control.reason is not None or control.deadline is not None:
                         control.check()

@@ -170,8 +170,9 @@ class Accumulator:
 
     # -- text and thinking -------------------------------------------------------------------
     def text(self, text: str, *, key: Hashable = None) -> StreamDelta:
-        """Append text (to the open text block with this key, else a new one); its provider data,
-        if any: :meth:`text_provider_data`."""
+        """Append text to the text block with this key (a late delta too, whatever came after
+        that block), else to a new one (``key=None``: the last block, when it is text); its
+        provider data, if any: :meth:`text_provider_data`."""
         last = self._last
         if type(last) is _Text and last.key == key:
             parts = last.parts  # the hot path of every stream: the open block grows (_Prose.add)
@@ -186,6 +187,11 @@ class Accumulator:
     def _add_text(self, text: str, key: Hashable) -> None:
         last = self._last
         if not (type(last) is _Text and last.key == key):
+            found = self._find((_Text,), key) if key is not None else None
+            if found is not None:  # a late delta: its block, not a new one after the others
+                found.add(text)
+                self.started = True
+                return
             last = _Text(key, None)
             self._items.append(last)
             self._last = last
@@ -234,6 +240,11 @@ class Accumulator:
         block = self._find((_Text,), key)
         if block is not None:
             block.provider_data = provider_data
+
+    def shown_text(self, key: Hashable) -> str | None:
+        """The text or thinking that streamed into the block with this key (None: none did)."""
+        block = self._find((_Text, _Thinking), key)
+        return None if block is None else block.joined()
 
     def replace_text(self, key: Hashable, text: str) -> bool:
         """Replace the text of the text or thinking block with this key (a finished item is the
@@ -302,12 +313,22 @@ class Accumulator:
         return self._tools.get(key)
 
     def tool_delta(self, key: Hashable, fragment: str) -> StreamDelta:
-        """The next fragment of a tool call's JSON arguments."""
+        """The next fragment of a tool call's JSON arguments. A fragment of a call that already
+        ended (a late event) reopens it: its arguments are parsed again at the next
+        :meth:`tool_end` (:meth:`late_tool_delta` gives both)."""
         tool = self._tools[key]
+        if tool.done:
+            tool.done = False
+            tool.arguments = None
         tool.parts.append(fragment)
         return StreamDelta(
             type="tool_use_delta", tool_call_id=tool.id, tool_name=tool.name, argument_delta=fragment
         )
+
+    def late_tool_delta(self, key: Hashable, fragment: str) -> tuple[StreamDelta, StreamDelta]:
+        """A fragment of a call that already ended: it joins the call's arguments (its
+        ``tool_use_delta``), which end again, parsed with it (a new ``tool_use_end``)."""
+        return self.tool_delta(key, fragment), self.tool_end(key)
 
     def tool_end(
         self,
@@ -354,7 +375,8 @@ class Accumulator:
         events, :meth:`Response.deltas <dispatch_nb.types.Response.deltas>`, which it rebuilds).
         A tool call is addressed by its ``tool_call_id``; its arguments are parsed from its
         fragments, else taken from ``tool_use_end``; a fragment of a call never started is
-        ignored."""
+        ignored, one of a call that ended reopens it (a late fragment: its ``tool_use_end``
+        follows)."""
         kind = delta.type
         if kind == "text_delta":  # (the hot path of a replay or a live view: no delta is built)
             self._add_text(delta.text or "", None)
@@ -364,9 +386,11 @@ class Accumulator:
             key = delta.tool_call_id or ""
             self.tool_start(key, key, delta.tool_name or "")
         elif kind == "tool_use_delta":
-            key = delta.tool_call_id or ""
-            if self.has_tool(key):
-                self._tools[key].parts.append(delta.argument_delta or "")
+            tool = self._tools.get(delta.tool_call_id or "")
+            if tool is not None:
+                if tool.done:  # a late fragment reopens the call
+                    tool.done, tool.arguments = False, None
+                tool.parts.append(delta.argument_delta or "")
         elif kind == "tool_use_end":
             key = delta.tool_call_id or ""
             if self.has_tool(key):

@@ -320,6 +320,8 @@ class MessagesStreamParser:
             fragment = str(delta.get("partial_json", ""))
             if kind == "tool_use":
                 return (acc.tool_delta(index, fragment),) if fragment else ()
+            if kind is None and fragment and acc.tool(index) is not None:
+                return acc.late_tool_delta(index, fragment)  # after its content_block_stop
             if kind == "raw":
                 self._raw[index][1].append(fragment)
             return ()

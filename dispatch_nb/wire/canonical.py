@@ -77,6 +77,9 @@ class CanonicalStreamParser:
         if kind == "tool_start":
             return (acc.tool_start(data["id"], data["id"], data["name"]),)
         if kind == "tool_delta":
+            tool = acc.tool(data["id"])
+            if tool is not None and tool.done:  # after its tool_end
+                return acc.late_tool_delta(data["id"], data["fragment"])
             return (acc.tool_delta(data["id"], data["fragment"]),)
         if kind == "tool_end":
             return (acc.tool_end(data["id"]),)

@@ -531,6 +531,8 @@ class ChatStreamParser:
                 out.append(acc.tool_delta(key, arguments))
             elif isinstance(arguments, dict):  # a few servers send parsed arguments
                 out.append(acc.tool_end(key, arguments=arguments))
+        elif arguments and isinstance(arguments, str) and acc.tool(key) is not None:
+            out.extend(acc.late_tool_delta(key, arguments))  # after its choice's finish_reason
 
     def _finish(self) -> list[StreamDelta]:
         if self.finished:

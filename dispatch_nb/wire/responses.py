@@ -217,6 +217,7 @@ class ResponsesStreamParser:
 
     __slots__ = (
         "_args",
+        "_final",
         "_indexes",
         "_items_seen",
         "_key_of_id",
@@ -237,6 +238,8 @@ class ResponsesStreamParser:
         self.complete = False
         self._summary_index: dict[str, tuple[str, int]] = {}
         self._args: dict[str, list[str]] = {}
+        #: block keys whose complete item arrived (output_item.done, arguments.done): final
+        self._final: set[str] = set()
         self._refused = False
         self._items_seen = 0
         self._other_items: list[dict[str, Any]] = []
@@ -263,18 +266,22 @@ class ResponsesStreamParser:
         if kind == "response.output_text.delta":
             index = data.get("output_index")  # self._key(data), inlined: most events are these
             key = _output_key(index) if type(index) is int else self._key(data)
+            if key in self._final:
+                return ()  # late: the complete item, already shown, holds it
             return (acc.text(data.get("delta", ""), key=key),)
         if kind == "response.function_call_arguments.delta":
             key = self._key(data)
             if acc.has_tool(key):
                 return (acc.tool_delta(key, data.get("delta", "")),)
-            self._args.setdefault(key, []).append(data.get("delta", ""))
+            if acc.tool(key) is None:  # (after its .done: the arguments it gave hold it)
+                self._args.setdefault(key, []).append(data.get("delta", ""))
             return ()
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             return self._thinking(data, kind)
         if kind == "response.refusal.delta":
             self._refused = True
-            return (acc.text(data.get("delta", ""), key=self._key(data)),)
+            key = self._key(data)
+            return () if key in self._final else (acc.text(data.get("delta", ""), key=key),)
         if kind == "response.output_item.added":
             item = data.get("item") or {}
             key, _ = self._place(item, data)
@@ -284,7 +291,7 @@ class ResponsesStreamParser:
         if kind == "response.function_call_arguments.done":
             key = self._key(data)
             if acc.has_tool(key) and isinstance(data.get("arguments"), str):
-                return (acc.tool_end(key, raw_arguments=data["arguments"]),)
+                return self._end_call(key, data["arguments"])
             return ()
         if kind in ("response.created", "response.in_progress", "response.queued"):
             self._response_meta(data.get("response") or {})
@@ -339,6 +346,8 @@ class ResponsesStreamParser:
 
     def _thinking(self, data: Mapping[str, Any], kind: str) -> tuple[StreamDelta, ...]:
         key = self._key(data)
+        if key in self._final:
+            return ()  # late: the complete item, already shown, holds it
         delta = data.get("delta", "")
         index = data.get("summary_index", data.get("content_index", 0))
         last = self._summary_index.get(key)
@@ -346,6 +355,33 @@ class ResponsesStreamParser:
         if last is not None and last != (kind, index):
             delta = "\n\n" + delta  # a new summary part
         return (self.acc.thinking(delta, key=key),)
+
+    def _complete_text(self, key: str, text: str, *, thinking: bool = False) -> list[StreamDelta]:
+        """The complete text of the block at ``key`` (its item is done): it is the block's text;
+        what of it had not streamed streams now (a delta that was late, or never sent), so the
+        stream shows what the answer holds. A delta for ``key`` after this is not added twice."""
+        acc = self.acc
+        self._final.add(key)
+        shown = acc.shown_text(key)
+        if shown is None or (text.startswith(shown) and text != shown):
+            rest = text[len(shown or ""):]
+            return [acc.thinking(rest, key=key) if thinking else acc.text(rest, key=key)]
+        acc.replace_text(key, text)  # a server that rewrote what it streamed: its final word
+        return []
+
+    def _end_call(self, key: str, arguments: str | None) -> list[StreamDelta]:
+        """A function call's complete arguments (``None``: none given, the fragments are all):
+        what of them had not streamed streams now, then the call ends."""
+        acc = self.acc
+        self._final.add(key)
+        tool = acc.tool(key)
+        out: list[StreamDelta] = []
+        if arguments is not None and tool is not None:
+            shown = "".join(tool.parts)
+            if arguments.startswith(shown) and arguments != shown:
+                out.append(acc.tool_delta(key, arguments[len(shown):]))
+        out.append(acc.tool_end(key, raw_arguments=arguments))
+        return out
 
     def _start_call(self, key: str, item: Mapping[str, Any]) -> list[StreamDelta]:
         acc = self.acc
@@ -378,16 +414,16 @@ class ResponsesStreamParser:
                     self._refused = True
                     if part.get("refusal"):
                         texts.append(part["refusal"])
-            if texts and not acc.replace_text(key, "".join(texts)):  # nothing streamed
-                out.extend(acc.text(text, key=key) for text in texts)
+            if texts:
+                out.extend(self._complete_text(key, "".join(texts)))
             if item.get("phase"):
                 acc.text_provider_data({PROVIDER_DATA_KEY: {"phase": item["phase"]}}, key=key)
         elif kind == "reasoning":
             texts = [s.get("text", "") for s in item.get("summary") or []]
             texts += [c.get("text", "") for c in item.get("content") or []]
             text = "\n\n".join(t for t in texts if t)
-            if text and not acc.replace_text(key, text):  # nothing streamed
-                out.append(acc.thinking(text, key=key))
+            if text:
+                out.extend(self._complete_text(key, text, thinking=True))
             if item.get("encrypted_content"):
                 acc.signature(str(item["encrypted_content"]), key=key)
             acc.thinking_provider_data(
@@ -399,9 +435,7 @@ class ResponsesStreamParser:
             out.extend(self._start_call(key, item))
             if acc.has_tool(key):
                 arguments = item.get("arguments")
-                out.append(
-                    acc.tool_end(key, raw_arguments=arguments if isinstance(arguments, str) else None)
-                )
+                out.extend(self._end_call(key, arguments if isinstance(arguments, str) else None))
         elif kind:
             self._other_items.append(dict(item))
             ours = {"item": dict(item), "issuer": self.provider}

@@ -39,9 +39,9 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from .provider import Fail, ProviderFake, Turn, sse_event
+from .provider import Fail, LateKind, ProviderFake, Turn, sse_event
 from .server import RecordedRequest, Reply
 
 __all__ = ["ANTHROPIC_ERROR_TYPES", "COMPACTION", "SERVER_TOOL_USE", "WEB_SEARCH_RESULT",
@@ -128,6 +128,9 @@ class AnthropicFake(ProviderFake):
     """``AnthropicFake(api_key="sk-ant-test")``; pass ``api_key=None`` to accept any key."""
 
     name = "anthropic"
+    delta_markers: ClassVar[dict[LateKind, bytes]] = {
+        "text": b'"type": "text_delta"', "thinking": b'"type": "thinking_delta"',
+        "arguments": b'"type": "input_json_delta"'}
 
     def __init__(self, api_key: str | None = "sk-ant-test", page_size: int = 1000) -> None:
         super().__init__()

@@ -9,7 +9,7 @@ push_for` scripts one model's answers when several are asked at once.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, ClassVar
 
 from dispatch_nb.testing import (
     canonical_body,
@@ -18,12 +18,15 @@ from dispatch_nb.testing import (
     last_user_text,
 )
 
-from .provider import Fail, ProviderFake, ScriptItem, Turn, sse_event
+from .provider import Fail, LateKind, ProviderFake, ScriptItem, Turn, sse_event
 from .server import RecordedRequest, Reply
 
 
 class CanonicalFake(ProviderFake):
     name = "fake"
+    delta_markers: ClassVar[dict[LateKind, bytes]] = {
+        "text": b'"type": "text"', "thinking": b'"type": "thinking"',
+        "arguments": b'"type": "tool_delta"'}
 
     def __init__(self, **server_options: Any) -> None:
         super().__init__(**server_options)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .openai_schema import check_body, checking
-from .provider import Fail, ProviderFake, ToolCall, Turn, sse_event
+from .provider import Fail, LateKind, ProviderFake, ToolCall, Turn, sse_event
 from .server import RecordedRequest, Reply
 
 __all__ = ["REFERENCE_PART", "ChatTurn", "OpenAIChatFake", "OpenAIFakeBase",
@@ -385,6 +385,14 @@ class OpenAIChatFake(OpenAIFakeBase):
         if stop == "tool_use" and self.stop_with_tools:
             return "stop"
         return _FINISH.get(stop, "stop")
+
+    def delta_marker(self, kind: LateKind) -> bytes:
+        if kind == "arguments":
+            return b'"arguments": "'
+        if kind == "thinking" and self.content_parts:
+            return b'"thinking": [{"type": "text"'
+        field = self.reasoning_field if kind == "thinking" else "content"
+        return f'"{field}": "'.encode()
 
     def _chunk(self, model: str, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         data = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000,

@@ -30,10 +30,10 @@ import base64
 import copy
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .openai_chat import OpenAIFakeBase, group_frames
-from .provider import Fail, Turn, sse_event
+from .provider import Fail, LateKind, Turn, sse_event
 from .server import RecordedRequest
 
 __all__ = [
@@ -132,6 +132,10 @@ class OpenAIResponsesFake(OpenAIFakeBase):
     """The Responses API (see the module docstring)."""
 
     name = "openai-responses"
+    delta_markers: ClassVar[dict[LateKind, bytes]] = {
+        "text": b'"type": "response.output_text.delta"',
+        "thinking": b'"type": "response.reasoning_summary_text.delta"',
+        "arguments": b'"type": "response.function_call_arguments.delta"'}
     chat_path = "/responses"
 
     def __init__(

@@ -14,9 +14,10 @@ A subclass implements the ``render_*`` methods and the request inspectors (``sys
 from __future__ import annotations
 
 import collections
+import re
 import threading
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from dispatch_nb import ToolDefinition, testing
 from dispatch_nb.testing import Fail, ToolCall
@@ -34,7 +35,7 @@ WEATHER = ToolDefinition(
     },
 )
 
-__all__ = ["Drop", "Fail", "ProviderFake", "Stall", "ToolCall", "Turn"]
+__all__ = ["Drop", "Fail", "LateKind", "ProviderFake", "Stall", "ToolCall", "Turn", "send_late"]
 
 
 @dataclass
@@ -61,9 +62,36 @@ class Turn(testing.Turn):
     stall_after: int | None = None  # stall this many events in ...
     stall: float = 0.0  # ... for this long
     hold: threading.Event | None = None  # ... or until the test sets this event
+    #: send the last ``text``, ``thinking`` or ``arguments`` delta late: one event later
+    #: (``"next"``: after its block's stop or done event) or after the terminal event (``"end"``,
+    #: in the same read, so that the client has it); every event is then its own chunk
+    late: tuple[LateKind, Literal["next", "end"]] | None = None
 
 
+LateKind = Literal["text", "thinking", "arguments"]
 ScriptItem = Turn | Fail | Drop | Stall
+
+_FRAME_END = re.compile(rb"(?:\r\n\r\n|\n\n)")
+
+
+def send_late(events: list[bytes], marker: bytes, where: str) -> list[bytes]:
+    """``events`` (SSE chunks) as one chunk per event, with the last event that holds ``marker``
+    moved one event later (``where="next"``) or after the last event, in its chunk (``"end"``)."""
+    frames: list[bytes] = []
+    for chunk in events:
+        start = 0
+        for match in _FRAME_END.finditer(chunk):
+            frames.append(chunk[start : match.end()])
+            start = match.end()
+        if chunk[start:]:
+            frames.append(chunk[start:])
+    index = max(i for i, frame in enumerate(frames) if marker in frame)
+    frame = frames.pop(index)
+    if where == "next":
+        frames.insert(index + 1, frame)
+    else:
+        frames[-1] += frame
+    return frames
 
 
 #: the request headers a server that echoes what it got (a gateway, a proxy) quotes
@@ -178,6 +206,9 @@ class ProviderFake:
         if not self.wants_stream(request):
             return Reply.json(self.render_json(item, request))
         events = self.render_events(item, request)
+        if item.late is not None:
+            kind, where = item.late
+            events = send_late(events, self.delta_marker(kind), where)
         if item.error is not None:
             cut = item.error_after if item.error_after is not None else len(events)
             events = [*events[:cut], self.render_stream_error(echo_credentials(item.error, request))]
@@ -191,6 +222,12 @@ class ProviderFake:
         )
 
     # -- what a protocol supplies ----------------------------------------------------------------
+    #: what marks each kind of delta event in this protocol's stream (:attr:`Turn.late`)
+    delta_markers: ClassVar[dict[LateKind, bytes]] = {}
+
+    def delta_marker(self, kind: LateKind) -> bytes:
+        return self.delta_markers[kind]
+
     def is_chat(self, request: RecordedRequest) -> bool:
         raise NotImplementedError
 
