@@ -40,7 +40,7 @@ from .types import (
     Usage,
     as_messages,
 )
-from .validation import check_call, check_entry, check_tools, describe
+from .validation import BLANK_PROMPT, check_call, check_entry, check_tools, describe, is_blank
 from .wire.request import ChatRequest, requested_mode, unsupported_mode
 
 __all__ = ["Adapter", "ChatRequest", "ValidationResult", "normalize_tools"]
@@ -331,6 +331,8 @@ class Adapter:
             raise RequestError(
                 "there is nothing to send: pass at least one message", provider=self.provider_name
             )
+        if is_blank(msgs[-1]):  # Anthropic refuses it (400), others answer nonsense
+            raise RequestError(BLANK_PROMPT, provider=self.provider_name)
         check_call(max_tokens=max_tokens, temperature=temperature,
                    max_retries=options.get("max_retries"))
         return ChatRequest(

@@ -30,6 +30,7 @@ __all__ = [
     "check_call",
     "check_messages",
     "check_tools",
+    "is_blank",
     "replace_lone_surrogates",
     "surrogate_note",
 ]
@@ -124,6 +125,24 @@ def check_messages(messages: Any) -> None:
         f"messages must be a str, a Message, a dict with 'role' and 'content', or a list of "
         f"those — {wrong}"
     )
+
+
+#: what plain Python is told when a prompt holds nothing but whitespace (``%%chat``'s empty cell)
+BLANK_PROMPT = ("there is nothing to send: the prompt is empty or only whitespace — write what to "
+                "ask (whitespace is allowed only next to an image or a tool result)")
+
+
+def is_blank(message: Any) -> bool:
+    """Whether a user ``Message`` says nothing: no text but whitespace, and no other block (an
+    image, a tool result, a block kept for its provider all count as something)."""
+    from .types import TextBlock
+
+    if message.role != "user":
+        return False
+    if isinstance(message.content, str):
+        return not message.content.strip()
+    return all(isinstance(b, TextBlock) and not b.text.strip() and not b.provider_data
+               for b in message.content)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

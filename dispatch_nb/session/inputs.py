@@ -9,6 +9,7 @@ from pydantic import BaseModel, TypeAdapter
 from ..adapter import normalize_tools
 from ..tools import Tool, tool
 from ..types import Block, Message, TextBlock, ToolDefinition
+from ..validation import BLANK_PROMPT, is_blank
 
 __all__ = ["SessionTool", "session_tools", "user_message"]
 
@@ -57,6 +58,8 @@ def user_message(content: Any) -> Message:
         )
     if not message.blocks:
         raise ValueError("there is nothing to send: the content is empty")
+    if is_blank(message):
+        raise ValueError(BLANK_PROMPT)
     return message
 
 

@@ -522,8 +522,8 @@ def wire_block(block: Any) -> dict[str, Any] | None:
     if isinstance(raw, dict):
         return dict(raw)
     if isinstance(block, TextBlock):
-        if not block.text:
-            return None  # the API rejects empty text blocks
+        if not block.text.strip():
+            return None  # the API rejects empty and whitespace-only text blocks
         text: dict[str, Any] = {"type": "text", "text": block.text}
         extra = provider_entry(block, PROVIDER_DATA_KEY).get("extra")
         if isinstance(extra, dict):
@@ -550,7 +550,7 @@ def wire_block(block: Any) -> dict[str, Any] | None:
             content = [  # text and images, as Anthropic's tool_result content takes them
                 w for w in (
                     {"type": "text", "text": b.text} if isinstance(b, TextBlock) else wire_block(b)
-                    for b in block.content if not isinstance(b, TextBlock) or b.text
+                    for b in block.content if not isinstance(b, TextBlock) or b.text.strip()
                 ) if w is not None
             ]
         out: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.tool_use_id, "content": content}

@@ -300,6 +300,8 @@ class AnthropicFake(ProviderFake):
             return _invalid(f"{where}: Input tag {btype!r} does not match any of the expected tags")
         if btype == "text" and not block.get("text"):
             return _invalid(f"{where}: text content blocks must be non-empty")
+        if btype == "text" and not str(block["text"]).strip():
+            return _invalid(f"{where}: text content blocks must contain non-whitespace text")
         if btype == "tool_use":
             if role != "assistant":
                 return _invalid(f"{where}: tool_use blocks may only appear in assistant turns")
