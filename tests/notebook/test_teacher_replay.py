@@ -1,0 +1,75 @@
+"""A teacher's lesson, recorded once against the ``fake`` provider and replayed in a kernel that has
+no model at all, as a student runs it (``jupyter nbconvert --execute``: nbclient)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from tests.fakes.canonical import CanonicalFake
+from tests.kernels import notebook_client
+from tests.notebook.conftest import fake_kernel_env
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
+
+SETUP = (
+    'import os\nos.environ["DISPATCH_NB_CACHE"] = os.environ.get("DISPATCH_NB_CACHE") or "replay"\n'
+    "%load_ext dispatch_nb\n"
+    '%config ChatMagics.model = "fake:echo"\n'
+    '%config ChatMagics.cache_file = "lesson.dispatch-cache.jsonl"'
+)
+LESSON = [SETUP, "%%chat\nMy name is Ada. What is a list?", "%%chat\nWhat is my name?"]
+
+
+def _run(cells: list[str], env: dict[str, str], cwd: Path) -> Any:
+    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
+    notebook_client(nb, timeout=60, allow_errors=True,
+                    resources={"metadata": {"path": str(cwd)}}).execute(env=env)
+    return nb
+
+
+def _markdown(cell: Any) -> str:
+    return "\n".join(str(o.get("data", {}).get("text/markdown", "")) for o in cell.outputs)
+
+
+def _errors(cell: Any) -> list[Any]:
+    return [o for o in cell.outputs if o.output_type == "error"]
+
+
+def _student_env(tmp_path: Path) -> dict[str, str]:
+    """A student's kernel: no fake server, no DISPATCH_NB_FAKE_URL, no cache mode set."""
+    (tmp_path / "student").mkdir(exist_ok=True)
+    env = fake_kernel_env("", tmp_path / "student", "unused.jsonl")
+    for key in ("DISPATCH_NB_FAKE_URL", "DISPATCH_NB_CACHE_FILE", "DISPATCH_NB_MODEL"):
+        env.pop(key)
+    return env
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> Path:
+    """The lesson recorded the way docs/teaching.md says (DISPATCH_NB_CACHE=record)."""
+    (tmp_path / "teacher").mkdir()
+    with CanonicalFake() as fake:
+        env = fake_kernel_env(fake.url, tmp_path / "teacher", "unused.jsonl",
+                              DISPATCH_NB_CACHE="record")
+        env.pop("DISPATCH_NB_CACHE_FILE")
+        nb = _run(LESSON, env, tmp_path)
+    assert [_errors(c) for c in nb.cells] == [[], [], []]
+    assert "echo: What is my name?" in _markdown(nb.cells[2])
+    assert (tmp_path / "lesson.dispatch-cache.jsonl").exists()
+    return tmp_path
+
+
+def test_a_lesson_recorded_with_the_fake_provider_replays_without_its_server(recorded: Path
+                                                                             ) -> None:
+    """Replay needs no model (docs/record-replay.md): the fake provider's missing URL is no more
+    a reason to fail than a missing llama.cpp; it once raised "the fake provider needs base_url="
+    in every %%chat cell of the replayed lesson."""
+    nb = _run(LESSON, _student_env(recorded), recorded)
+    assert [[(e.ename, e.evalue) for e in _errors(c)] for c in nb.cells] == [[], [], []]
+    assert "echo: My name is Ada. What is a list?" in _markdown(nb.cells[1])
+    assert "echo: What is my name?" in _markdown(nb.cells[2])
+    assert "· replayed" in _markdown(nb.cells[2])
