@@ -629,9 +629,15 @@ def explain_error(
         if end >= 0:
             message = message.replace(exc.message, exc.message[: end + len(f" in {path}")])
         fix = (
-            "Replay mode sends nothing to the model: run the cell with --cache off to ask it, or "
-            "with --cache read-write to ask it and record the answer."
+            "Only the prompts recorded with this notebook replay, word for word (a changed "
+            "prompt, model, system prompt or option is a new request): if you edited this cell, "
+            "undo the edit to see the recorded answer. Replay mode sends nothing to the model: "
+            "run the cell with --cache off to ask it, or with --cache read-write to ask it and "
+            "record the answer"
         )
+        unavailable = getattr(exc, "unavailable", None)
+        fix += (f"; that needs the model, which cannot run here: {unavailable.rstrip('.')}."
+                if unavailable else ".")
         recorded = tuple(getattr(exc, "recorded_earlier", ()) or ())
         if recorded:  # the same prompt is recorded, in another request
             message, fix = _same_prompt_miss(message, recorded, getattr(exc, "earlier", None),

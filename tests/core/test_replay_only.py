@@ -212,3 +212,20 @@ def test_the_fake_provider_without_its_url_replays(monkeypatch: pytest.MonkeyPat
     with pytest.raises(RequestError, match="DISPATCH_NB_FAKE_URL") as error:
         connect_for_cache("fake:echo", "off")
     assert error.value.code == "invalid_request"
+
+
+def test_a_miss_says_why_the_model_cannot_answer_here(missing_model: str, tmp_path: Path) -> None:
+    """CacheMissError.unavailable: the stand-in's reason (asking the model is no fix here), None
+    when the model could answer."""
+    cache = ResponseCache(tmp_path / "lesson.jsonl", mode="replay")
+    cache.path.write_text("")
+    stand_in = CachedAdapter(connect_for_cache(f"{missing_model}:m", "replay"), cache)
+    with pytest.raises(CacheMissError) as missed:
+        stand_in.chat("never recorded")
+    assert missed.value.code == "cache_miss"
+    assert missed.value.unavailable is not None and "missing.gguf" in missed.value.unavailable
+    from dispatch_nb.testing import FakeAdapter
+
+    with pytest.raises(CacheMissError) as missed:
+        CachedAdapter(FakeAdapter(), cache).chat("never recorded")
+    assert missed.value.code == "cache_miss" and missed.value.unavailable is None

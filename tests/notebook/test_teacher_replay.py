@@ -73,3 +73,21 @@ def test_a_lesson_recorded_with_the_fake_provider_replays_without_its_server(rec
     assert "echo: My name is Ada. What is a list?" in _markdown(nb.cells[1])
     assert "echo: What is my name?" in _markdown(nb.cells[2])
     assert "· replayed" in _markdown(nb.cells[2])
+
+
+def test_a_student_who_edits_a_prompt_is_told_why_and_what_asking_needs(recorded: Path) -> None:
+    """The miss names the edit as the likely cause (the recorded answer comes back when it is
+    undone) and, where the model cannot run (no fake server here, as no llama.cpp on binder), that
+    --cache off / read-write needs it and why it cannot run: the hint once said only "run the
+    cell with --cache off to ask it", which then failed with another error."""
+    edited = [SETUP, "%%chat\nMy name is Ada. What is a Python list?", "%%chat\nWhat is my name?"]
+    nb = _run(edited, _student_env(recorded), recorded)
+    (error,) = _errors(nb.cells[1])
+    assert error.ename == "ChatError"
+    assert "no recorded answer" in error.evalue
+    assert "undo the edit" in error.evalue
+    assert "--cache off" in error.evalue and "--cache read-write" in error.evalue
+    assert "cannot run here: the fake provider needs base_url=" in error.evalue
+    # the next cell asks what was recorded after the original first turn: told to fix that first
+    (after,) = _errors(nb.cells[2])
+    assert "an earlier cell of this thread, got no answer" in after.evalue
