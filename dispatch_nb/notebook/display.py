@@ -437,6 +437,18 @@ def compare_output(
 _API_ADVICE = re.compile(r"(?:[;:]| —) (?:set|pass|use|bound)\b[^;]*?\b[a-z_]+=.*\Z", re.S)
 
 
+def miss_facts(exc: BaseException) -> str:
+    """A replay miss's message cut to its facts (the cell or row, the prompt, the model, the
+    file): in a notebook the fix is said once, in the cell's error, in the magic's words. Any
+    other error's message is returned whole."""
+    message: str = getattr(exc, "message", str(exc))
+    path = getattr(exc, "path", None)
+    if getattr(exc, "code", None) != "cache_miss" or path is None:
+        return message
+    end = message.find(f" in {path}")
+    return message[: end + len(f" in {path}")] if end >= 0 else message
+
+
 def magic_words(text: str) -> str:
     """A core error's message as a magic says it: the Python API's advice at its end is dropped
     (the :class:`ChatError`'s fix says it with the magic's options), ``output=`` is the
@@ -624,10 +636,7 @@ def explain_error(
         )
     elif exc.code == "cache_miss":
         # the facts only (the cell, the prompt, the model, the file): the fix says what to do
-        path = getattr(exc, "path", None)
-        end = exc.message.find(f" in {path}") if path is not None else -1
-        if end >= 0:
-            message = message.replace(exc.message, exc.message[: end + len(f" in {path}")])
+        message = message.replace(exc.message, miss_facts(exc))
         fix = (
             "Only the prompts recorded with this notebook replay, word for word (a changed "
             "prompt, model, system prompt or option is a new request): if you edited this cell, "

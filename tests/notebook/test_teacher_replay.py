@@ -91,3 +91,29 @@ def test_a_student_who_edits_a_prompt_is_told_why_and_what_asking_needs(recorded
     # the next cell asks what was recorded after the original first turn: told to fix that first
     (after,) = _errors(nb.cells[2])
     assert "an earlier cell of this thread, got no answer" in after.evalue
+
+
+def test_an_edited_each_prompt_shows_each_rows_miss_whole_and_the_fix_once(tmp_path: Path
+                                                                           ) -> None:
+    """Each failed row's cell in the --each table says what is missing (row, prompt, model,
+    file), whole; the fix is the cell's error, once. The table once showed the core message cut
+    at 200 characters in every row ("…; the cache is in replay mode and sends nothing to the
+    model. Record it once w…"), the teacher's advice, cut off, three times."""
+    (tmp_path / "teacher").mkdir()
+    table = 'import pandas as pd\ndf = pd.DataFrame({"word": ["cat", "dog"]})'
+    lesson = [SETUP, table, "%%chat --each df\nTranslate {word} to French."]
+    with CanonicalFake() as fake:
+        env = fake_kernel_env(fake.url, tmp_path / "teacher", "unused.jsonl",
+                              DISPATCH_NB_CACHE="record")
+        env.pop("DISPATCH_NB_CACHE_FILE")
+        _run(lesson, env, tmp_path)
+    edited = [SETUP, table, "%%chat --each df\nTranslate {word} to German."]
+    nb = _run(edited, _student_env(tmp_path), tmp_path)
+    shown = _markdown(nb.cells[2])
+    for row, word in enumerate(["cat", "dog"]):
+        assert (f"| {row} | {word} | CacheMissError: fake: no recorded answer for row {row} "
+                f"('Translate {word} to German.', fake:echo) in lesson.dispatch-cache.jsonl |"
+                ) in shown, shown
+    assert "Record it once" not in shown
+    (error,) = _errors(nb.cells[2])
+    assert error.ename == "ChatError" and "undo the edit" in error.evalue
