@@ -405,12 +405,17 @@ def compare_output(
     sections = []
     plain = []
     for e in entries:
-        body = e.transcript.markdown()
         mark = "⏹" if e.interrupted else "⚠"
+        # a model that ended in an error before anything arrived shows the error alone, not an
+        # empty answer ("(no text)") above it
+        answered = not (e.error and e.transcript.empty)
+        md_parts = [e.transcript.markdown()] if answered else []
+        plain_parts = [e.transcript.plain()] if answered else []
         if e.error:
-            body += f"\n\n{mark} *{dollars(html.escape(e.error))}*"
-        sections.append(f"#### {e.spec}\n\n{body}")
-        plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n{mark} {e.error}" if e.error else ""))
+            md_parts.append(f"{mark} *{dollars(html.escape(e.error))}*")
+            plain_parts.append(f"{mark} {e.error}")
+        sections.append(f"#### {e.spec}\n\n" + "\n\n".join(md_parts))
+        plain.append(f"== {e.spec} ==\n" + "\n".join(plain_parts))
     terminal = None
     if parsed is not None and any(r is not None for r in parsed):
         answers = [(e.spec, r) for e, r in zip(entries, parsed, strict=True) if r is not None]
