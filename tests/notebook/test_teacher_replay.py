@@ -133,3 +133,13 @@ def test_an_edited_comparison_shows_no_empty_answer_above_each_miss(recorded: Pa
     assert "== fake:echo ==\n⚠ fake: no recorded answer" in plain, plain
     (error,) = _errors(nb.cells[1])
     assert error.ename == "ChatError" and "undo the edit" in error.evalue
+
+
+def test_chat_status_tells_a_student_in_replay_that_no_login_is_needed(recorded: Path) -> None:
+    """A student's %chat status lists every provider as not logged in / key not set ("run
+    `%chat login`"); in replay mode its cache row says that none of that is needed."""
+    nb = _run([SETUP, "%chat status"], _student_env(recorded), recorded)
+    shown = _markdown(nb.cells[1])
+    assert "not logged in — run `%chat login`" in shown  # still the facts
+    assert ("| cache | `replay` — `lesson.dispatch-cache.jsonl` — plays back the recorded answers "
+            "and sends nothing: no login or key is needed |") in shown, shown
