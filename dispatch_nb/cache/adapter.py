@@ -172,7 +172,17 @@ class CachedAdapter(Adapter):
             f"read-write to record only what is missing. {why}",
             provider=provider, key=key, label=self.label, path=self.cache.path,
             earlier=earlier, recorded_earlier=recorded, spacing=spacing,
+            unavailable=self._unavailable(),
         )
+
+    def _unavailable(self) -> str | None:
+        """Why the wrapped model cannot answer here (it is a replay's stand-in), else None."""
+        from ..replay_only import ReplayOnlyAdapter
+
+        if not isinstance(self.inner, ReplayOnlyAdapter):
+            return None
+        reason = self.inner.reason
+        return str(getattr(reason, "message", None) or reason)
 
     # -- the seams of Adapter: a call is a cache lookup ------------------------------------------
     def open_stream(self, request: ChatRequest, timeout: float | None,

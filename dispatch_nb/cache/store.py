@@ -57,7 +57,7 @@ class CacheMissError(RequestError):
     def __init__(self, message: str, *, key: str = "", label: str | None = None,
                  path: Path | None = None, earlier: int | None = None,
                  recorded_earlier: tuple[int, ...] = (), spacing: bool = False,
-                 **kw: Any) -> None:
+                 unavailable: str | None = None, **kw: Any) -> None:
         super().__init__(message, **kw)
         #: the cache key that was looked up
         self.key = key
@@ -74,6 +74,9 @@ class CacheMissError(RequestError):
         #: True when no such answer is recorded but one for a last user message that differs
         #: from this one only in spaces and line breaks is
         self.spacing = spacing
+        #: why the model cannot answer here (replay stands in for it: its extra is not installed,
+        #: its model file or base URL is missing), so asking it is no fix; None when it can
+        self.unavailable = unavailable
 
 
 # -- modes and paths ------------------------------------------------------------------------------

@@ -181,6 +181,8 @@ def status(state: KernelState, args: argparse.Namespace) -> None:
             path = ResponseCache(settings.cache_file or None, mode).path
             cache += f" — `{path}`" + ("" if path.exists() else
                                        f" (does not exist: looked for `{path.absolute()}`)")
+        if mode == "replay":  # the login and key rows above are not a to-do list then
+            cache += " — plays back the recorded answers and sends nothing: no login or key is needed"
         rows.append(("cache", cache))
     rows.append(("live view", f"`{detect_mode(state.shell, settings.live)}` (asked: `{settings.live}`)"))
     threads = ", ".join(f"`{name}` ({n} turn{'' if n == 1 else 's'})"

@@ -405,12 +405,17 @@ def compare_output(
     sections = []
     plain = []
     for e in entries:
-        body = e.transcript.markdown()
         mark = "⏹" if e.interrupted else "⚠"
+        # a model that ended in an error before anything arrived shows the error alone, not an
+        # empty answer ("(no text)") above it
+        answered = not (e.error and e.transcript.empty)
+        md_parts = [e.transcript.markdown()] if answered else []
+        plain_parts = [e.transcript.plain()] if answered else []
         if e.error:
-            body += f"\n\n{mark} *{dollars(html.escape(e.error))}*"
-        sections.append(f"#### {e.spec}\n\n{body}")
-        plain.append(f"== {e.spec} ==\n{e.transcript.plain()}" + (f"\n{mark} {e.error}" if e.error else ""))
+            md_parts.append(f"{mark} *{dollars(html.escape(e.error))}*")
+            plain_parts.append(f"{mark} {e.error}")
+        sections.append(f"#### {e.spec}\n\n" + "\n\n".join(md_parts))
+        plain.append(f"== {e.spec} ==\n" + "\n".join(plain_parts))
     terminal = None
     if parsed is not None and any(r is not None for r in parsed):
         answers = [(e.spec, r) for e, r in zip(entries, parsed, strict=True) if r is not None]
@@ -435,6 +440,18 @@ def compare_output(
 #: larger timeout=``, ``: set OPENAI_API_KEY or pass api_key=``, ``; bound ... Field(max_length=…)
 #: ..., or pass a larger max_tokens=``): a magic gives its own advice instead (the fix)
 _API_ADVICE = re.compile(r"(?:[;:]| —) (?:set|pass|use|bound)\b[^;]*?\b[a-z_]+=.*\Z", re.S)
+
+
+def miss_facts(exc: BaseException) -> str:
+    """A replay miss's message cut to its facts (the cell or row, the prompt, the model, the
+    file): in a notebook the fix is said once, in the cell's error, in the magic's words. Any
+    other error's message is returned whole."""
+    message: str = getattr(exc, "message", str(exc))
+    path = getattr(exc, "path", None)
+    if getattr(exc, "code", None) != "cache_miss" or path is None:
+        return message
+    end = message.find(f" in {path}")
+    return message[: end + len(f" in {path}")] if end >= 0 else message
 
 
 def magic_words(text: str) -> str:
@@ -624,14 +641,17 @@ def explain_error(
         )
     elif exc.code == "cache_miss":
         # the facts only (the cell, the prompt, the model, the file): the fix says what to do
-        path = getattr(exc, "path", None)
-        end = exc.message.find(f" in {path}") if path is not None else -1
-        if end >= 0:
-            message = message.replace(exc.message, exc.message[: end + len(f" in {path}")])
+        message = message.replace(exc.message, miss_facts(exc))
         fix = (
-            "Replay mode sends nothing to the model: run the cell with --cache off to ask it, or "
-            "with --cache read-write to ask it and record the answer."
+            "Only the prompts recorded with this notebook replay, word for word (a changed "
+            "prompt, model, system prompt or option is a new request): if you edited this cell, "
+            "undo the edit to see the recorded answer. Replay mode sends nothing to the model: "
+            "run the cell with --cache off to ask it, or with --cache read-write to ask it and "
+            "record the answer"
         )
+        unavailable = getattr(exc, "unavailable", None)
+        fix += (f"; that needs the model, which cannot run here: {unavailable.rstrip('.')}."
+                if unavailable else ".")
         recorded = tuple(getattr(exc, "recorded_earlier", ()) or ())
         if recorded:  # the same prompt is recorded, in another request
             message, fix = _same_prompt_miss(message, recorded, getattr(exc, "earlier", None),

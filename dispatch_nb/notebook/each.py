@@ -21,7 +21,7 @@ from ..registry import parse_model_spec
 from ..render import dollars, parsed_rows, plain_block, rows_markdown, small
 from ..types import Response
 from ..validation import article
-from .display import ChatInterrupted, explain_error, magic_words, notes_markdown
+from .display import ChatInterrupted, explain_error, magic_words, miss_facts, notes_markdown
 from .live import detect_mode, has_kernel, ipy_display
 from .login import ensure_copilot_login
 from .options import check_limits, evaluate_option, resolve_schema
@@ -372,7 +372,7 @@ def each_output(
         if failed and isinstance(item, DispatchError) and item.code in NOT_SENT:
             line["error"] = NOT_SENT[item.code]  # the footer says why (over budget: a note)
         elif failed and isinstance(item, DispatchError):  # its message in the magic's words
-            said = str(item).replace(item.message, magic_words(item.message))
+            said = str(item).replace(item.message, magic_words(miss_facts(item)))
             line["error"] = _short(f"{type(item).__name__}: {said}", 200)
         elif failed:
             line["error"] = None if isinstance(item, Response) or item is None \

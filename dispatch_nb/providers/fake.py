@@ -11,11 +11,17 @@ import httpx
 
 from ..adapter import ChatRequest
 from ..errors import RequestError
-from ..http_adapter import HTTPAdapter
+from ..http_adapter import BaseURLError, HTTPAdapter
 from ..types import ModelInfo
 from ..wire.canonical import CANONICAL_OPTIONS, CanonicalWire
 
-__all__ = ["CanonicalAdapter"]
+__all__ = ["CanonicalAdapter", "FakeURLMissingError"]
+
+
+class FakeURLMissingError(RequestError, BaseURLError):
+    """No ``base_url=`` and no ``DISPATCH_NB_FAKE_URL``: a ``RequestError`` (code
+    ``invalid_request``) and, like any unusable base URL, a ``BaseURLError``, so a replay (which
+    sends nothing) does without the server (docs/record-replay.md, "Replaying without the model")."""
 
 
 class CanonicalAdapter(HTTPAdapter):
@@ -38,7 +44,7 @@ class CanonicalAdapter(HTTPAdapter):
     ) -> None:
         url = base_url or os.environ.get("DISPATCH_NB_FAKE_URL")
         if not url:
-            raise RequestError(
+            raise FakeURLMissingError(
                 "the fake provider needs base_url= (or DISPATCH_NB_FAKE_URL) pointing at a server "
                 "that speaks dispatch_nb's canonical protocol",
                 provider="fake",

@@ -197,3 +197,35 @@ def test_a_bad_option_value_is_the_users_error_even_in_a_replay(monkeypatch: pyt
     monkeypatch.setenv("DISPATCH_NB_COMPATIBLE_BASE_URL", "localhost:8080/v1")
     with pytest.raises(ValueError, match="contradicts the provider"):
         connect_for_cache("compatible:llama3:8b", "replay", backend="official")
+
+
+def test_the_fake_provider_without_its_url_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fake`` with neither base_url= nor DISPATCH_NB_FAKE_URL (a lesson recorded against a
+    fake server, replayed where none runs) gets the stand-in in a replay; a mode that may send
+    gets the error, a RequestError as before."""
+    from dispatch_nb.errors import RequestError
+
+    monkeypatch.delenv("DISPATCH_NB_FAKE_URL", raising=False)
+    adapter = connect_for_cache("fake:echo", "replay")
+    assert isinstance(adapter, ReplayOnlyAdapter)
+    assert (adapter.provider_name, adapter.model_name) == ("fake", "echo")
+    with pytest.raises(RequestError, match="DISPATCH_NB_FAKE_URL") as error:
+        connect_for_cache("fake:echo", "off")
+    assert error.value.code == "invalid_request"
+
+
+def test_a_miss_says_why_the_model_cannot_answer_here(missing_model: str, tmp_path: Path) -> None:
+    """CacheMissError.unavailable: the stand-in's reason (asking the model is no fix here), None
+    when the model could answer."""
+    cache = ResponseCache(tmp_path / "lesson.jsonl", mode="replay")
+    cache.path.write_text("")
+    stand_in = CachedAdapter(connect_for_cache(f"{missing_model}:m", "replay"), cache)
+    with pytest.raises(CacheMissError) as missed:
+        stand_in.chat("never recorded")
+    assert missed.value.code == "cache_miss"
+    assert missed.value.unavailable is not None and "missing.gguf" in missed.value.unavailable
+    from dispatch_nb.testing import FakeAdapter
+
+    with pytest.raises(CacheMissError) as missed:
+        CachedAdapter(FakeAdapter(), cache).chat("never recorded")
+    assert missed.value.code == "cache_miss" and missed.value.unavailable is None
