@@ -31,9 +31,11 @@ DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_ROWS = 10
 #: what interpolation acts on: a literal ``{{`` or ``}}``, or the ``{`` of an expression
 _BRACE = re.compile(r"\{\{|\}\}|\{")
-#: what just before a ``{`` makes it LaTeX, not Python: a command (``\mathbf{x}``, ``\frac{n}``,
-#: ``\begin{align*}``), a backslash (``\{``) or a superscript (``e^{n}``)
-_LATEX_BEFORE = re.compile(r"(?:\\[A-Za-z]+\*?|\\|\^)\Z")
+#: what just before a ``{`` makes it LaTeX, not Python: a command of two or more letters
+#: (``\mathbf{x}``, ``\frac{n}``, ``\begin{align*}``) or a superscript (``e^{n}``). A lone
+#: backslash does so only as ``\{…\}`` (a path's ``C:\data\{name}.csv`` is filled in), a
+#: one-letter escape never (``\n{text}`` in a raw string is filled in)
+_LATEX_BEFORE = re.compile(r"(?:\\[A-Za-z]{2,}\*?|\^)\Z")
 
 
 class PromptError(ValueError):
@@ -75,7 +77,8 @@ def build_prompt(
             break
         inner = template[i:end]
         start = brace.start()
-        if start == latex_end or _LATEX_BEFORE.search(template, max(0, start - 40), start):
+        if (start == latex_end or _LATEX_BEFORE.search(template, max(0, start - 40), start)
+                or (template[start - 1 : start] == "\\" and inner.endswith("\\"))):
             before = template[max(0, start - 40) : start]
             out.append(_latex(inner, before, namespace, notes, max_chars=max_chars,
                               max_rows=max_rows))

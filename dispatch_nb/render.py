@@ -203,16 +203,17 @@ def footer_text(response: _Answer, *, latency: float | None = None) -> str:
     )
 
 
-def response_markdown(response: _Answer, *, footer: bool = True) -> str:
+def response_markdown(response: _Answer, *, footer: bool = True, for_html: bool = False) -> str:
     """The response as Markdown: thinking collapsed, text, tool calls, and a small footer (a
-    structured answer: :func:`parsed_markdown`)."""
+    structured answer: :func:`parsed_markdown`); ``for_html``: for :func:`markdown_to_html`, which
+    reads tags inside math too (:func:`inert_html`'s ``math=False``)."""
     if response.parsed is not None:
         return parsed_markdown(response, footer=footer)
-    out = [part for part in (thinking_details(response.thinking), answer_markdown(response.text))
-           if part]
+    out = [part for part in (thinking_details(response.thinking),
+                             answer_markdown(response.text, math=not for_html)) if part]
     for call in response.tool_calls:
         args = json.dumps(call.arguments, ensure_ascii=False)
-        out.append(f"\n🔧 `{call.name}({args})`")
+        out.append("\n🔧 " + code_span(f"{call.name}({args})"))
     if not out:
         out.append("*(no text)*")
     if footer:
@@ -339,6 +340,9 @@ def scan_inline(text: str, *, growing: bool = False) -> tuple[str, list[int], in
             dollars.append(token.start())
         elif token[0][0] == "`":
             close = re.compile(f"(?<!`){token[0]}(?!`)").search(text, i)
+            blank = _BLANK_LINE.search(text, i)
+            if blank is not None and (close is None or blank.start() < close.start()):
+                continue  # the paragraph ends first: these backticks open no code span
             if close is None:
                 held.append(token.start())
             else:
@@ -408,19 +412,23 @@ _RAW_HTML = re.compile(
     r"(?=/?[A-Za-z][A-Za-z0-9-]*(?:[\s/>]|\Z)|[!?])", re.IGNORECASE)
 
 
-def inert_html(markdown: str) -> str:
+def inert_html(markdown: str, *, math: bool = True) -> str:
     """A model's Markdown with its raw HTML shown as text, never run or rendered: each ``<`` that
-    would start a tag, a comment or a declaration outside code (fenced blocks, code spans, math)
+    would start a tag, a comment or a declaration outside code (code blocks, code spans, math)
     is written ``&lt;``, which every Markdown renderer shows as ``<``. So an answer quoting
     ``<script>``, ``<img onerror=…>`` or a stray ``</div>`` reads as the text it is, in the live
     view, the saved notebook and on GitHub alike; code keeps its ``<`` as they are, and so do
-    plain formatting tags (``<br>``, ``<sup>``, ``<b>``: :data:`_RAW_HTML`)."""
+    plain formatting tags (``<br>``, ``<sup>``, ``<b>``: :data:`_RAW_HTML`). ``math=False``: math
+    is no exception (for HTML made here, where nothing takes math out before the tags are read).
+    Code blocks are CommonMark's (markdown-it-py's), not guessed from lines: a ``<`` that a
+    renderer would read as a tag is never taken for code."""
     if "<" not in markdown:
         return markdown
     lines = markdown.split("\n")
-    code = code_fences(lines, ANY_FENCE)[0]  # a fence at any indent (in a list item) is code too
+    code = _code_lines(lines)
     prose = "\n".join(" " * len(line) if c else line for line, c in zip(lines, code, strict=True))
-    starts = {m.start() for m in _RAW_HTML.finditer(scan_inline(prose)[0])}
+    scanned = scan_inline(prose if math else prose.replace("$", " "))[0]
+    starts = {m.start() for m in _RAW_HTML.finditer(scanned)}
     if not starts:
         return markdown
     return "".join("&lt;" if i in starts else c for i, c in enumerate(markdown))
@@ -431,6 +439,20 @@ def _fence_parser() -> Any:
     from markdown_it import MarkdownIt
 
     return MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+
+
+def _code_lines(lines: list[str]) -> list[bool]:
+    """Which ``lines`` are in a code block (fenced or indented, at any depth: in a list item, a
+    quote), as CommonMark reads them; without markdown-it-py, fences at any indent."""
+    try:
+        parser = _fence_parser()
+    except ImportError:
+        return code_fences(lines, ANY_FENCE)[0]
+    code = [False] * len(lines)
+    for token in parser.parse("\n".join(lines)):
+        if token.type in ("fence", "code_block") and token.map:
+            code[token.map[0] : token.map[1]] = [True] * (token.map[1] - token.map[0])
+    return code[: len(lines)]
 
 
 def close_open_fence(markdown: str) -> str:
@@ -452,11 +474,11 @@ def close_open_fence(markdown: str) -> str:
     return markdown.rstrip("\n") + "\n" + str(last.markup)
 
 
-def answer_markdown(text: str) -> str:
-    """A model's text as the Markdown an output shows: its raw HTML as text (:func:`inert_html`),
-    its dollar signs as dollar signs (:func:`money`), a code block it left open closed
-    (:func:`close_open_fence`)."""
-    return close_open_fence(money(inert_html(text)))
+def answer_markdown(text: str, *, math: bool = True) -> str:
+    """A model's text as the Markdown an output shows: its raw HTML as text (:func:`inert_html`,
+    ``math``: its argument), its dollar signs as dollar signs (:func:`money`), a code block it left
+    open closed (:func:`close_open_fence`)."""
+    return close_open_fence(money(inert_html(text, math=math)))
 
 
 def small(text: str) -> str:

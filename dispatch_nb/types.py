@@ -329,7 +329,7 @@ class Response(_Model):
         (a raw ``<pre>`` fallback would outrank it in JupyterLab)."""
         from .render import markdown_to_html, response_markdown
 
-        return markdown_to_html(response_markdown(self))
+        return markdown_to_html(response_markdown(self, for_html=True))
 
     def _repr_mimebundle_(
         self, include: Sequence[str] | None = None, exclude: Sequence[str] | None = None

@@ -87,6 +87,14 @@ def test_the_widget_view_shows_raw_html_as_text_while_it_streams(shell: Any, fak
         ("<KBD>Ctrl</KBD> <br/> <b onclick=x>", "<KBD>Ctrl</KBD> <br/> &lt;b onclick=x>"),
         ("<bdi>x</bdi> <br", "&lt;bdi>x&lt;/bdi> &lt;br"),
         ("- item\n    ```\n    <b>\n    ```", "- item\n    ```\n    <b>\n    ```"),
+        # code is what CommonMark calls code: "```bash```" is a code span, not a fence, so the
+        # tag after it is read as a tag; a backtick before a blank line opens no code span
+        ("```bash```\n\n<img src=x>", "```bash```\n\n&lt;img src=x>"),
+        ("Use ` here.\n\n<img src=x>\n\nand ` there", "Use ` here.\n\n&lt;img src=x>\n\nand ` there"),
+        ("- item\n\n      ```\n      x\n\n<img src=x>", "- item\n\n      ```\n      x\n\n&lt;img src=x>"),
+        # an indented code block (in a list item too) keeps its < as they are
+        ("code:\n\n    <div>x</div>\n\nafter", "code:\n\n    <div>x</div>\n\nafter"),
+        ("1. step\n\n        <html>\n", "1. step\n\n        <html>\n"),
     ],
 )
 def test_inert_html(markdown: str, inert: str) -> None:
@@ -191,3 +199,24 @@ def test_a_value_split_by_a_space_gets_the_quoted_spelling(shell: Any, fake: Any
     assert fake.chat_requests == []
     shell.run_cell_magic("chat", '-m "fake:a, fake:b" --no-stream', "hi")  # quoted: it works
     assert sorted(r.json["model"] for r in fake.chat_requests) == ["a", "b"]
+
+
+@pytest.mark.parametrize("text", [
+    "Inline math $a <img src=x onerror=alert(1)> b$.", "$$\n<img src=x onerror=alert(1)>\n$$"])
+def test_a_kept_responses_html_has_no_tag_of_the_answer_in_its_math(text: str) -> None:
+    """A ``Response``'s own ``text/html`` (JupyterLab prefers it) is made here by markdown-it,
+    which takes no math out first: a tag between ``$`` is read as a tag there."""
+    from dispatch_nb.types import Response, TextBlock
+
+    response = Response(content=[TextBlock(text=text)], model="m")
+    assert "<img" not in (response._repr_html_() or "")
+    assert "<img" in response._repr_markdown_()  # (front ends take math out of Markdown first)
+
+
+def test_a_kept_responses_tool_call_cannot_leave_its_code_span() -> None:
+    from dispatch_nb.types import Response, ToolUseBlock
+
+    call = ToolUseBlock(id="1", name="search", arguments={"q": "x` <img src=x onerror=alert(1)> `y"})
+    response = Response(content=[call], tool_calls=[call], model="m")
+    assert "search" in response._repr_markdown_()
+    assert "<img" not in (response._repr_html_() or "")

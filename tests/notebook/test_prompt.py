@@ -121,3 +121,17 @@ def test_latex_arguments_keep_their_meaning_even_where_a_name_is_defined() -> No
     assert build_prompt(r"\hat{beta} \text{Note: n} and {n}", ns) == \
         build_prompt(r"\hat{beta} \text{Note: n} and 3", {})
     assert build_prompt(r"\text{Note: n}", ns).notes == []
+
+
+@pytest.mark.parametrize(("template", "sent"), [
+    (r"Open C:\data\{name}.csv", r"Open C:\data\Bob.csv"),  # a path's backslash is no LaTeX
+    (r"C:\Users\{name}\notes and C:\files\x{n}", r"C:\Users\Bob\notes and C:\files\x3"),
+    (r"Summarize:\n\n{name}", r"Summarize:\n\nBob"),  # (a raw string's \n: no command)
+])
+def test_a_backslash_before_a_placeholder_is_no_latex_unless_it_is_a_command(
+    template: str, sent: str
+) -> None:
+    """Only a command of two or more letters, ``^`` or ``\\{…\\}`` make an argument LaTeX: a
+    Windows path ``C:\\data\\{name}.csv`` in a cell is filled in, as it always was."""
+    p = build_prompt(template, {"name": "Bob", "n": 3})
+    assert (p.text, p.notes) == (sent, [])
