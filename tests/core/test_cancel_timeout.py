@@ -14,8 +14,6 @@ backoff would have ended it — whatever the load on the machine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import re
 import signal
 import socket
@@ -38,7 +36,7 @@ from dispatch_nb.testing import ManualClock
 
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import Fail, Stall, ToolCall, Turn
-from ..fakes.server import RecordedRequest, Reply, wait_for
+from ..fakes.server import RecordedRequest, Reply, closed_by_client, wait_for
 
 #: a cancel wakes a blocked call at once ("within 100 ms"), not at the next poll or when the
 #: server answers: this much, with room for a busy 2-core machine, is far less than STALL
@@ -47,29 +45,6 @@ CANCEL_BUDGET = 0.5
 STALL = 10.0
 #: a call stopped by its deadline or a cancel, not by the stall, ends before this
 LONG_BEFORE_THE_STALL = STALL / 4
-
-
-def closed_by_client(fake: CanonicalFake, timeout: float = 4.0) -> bool:
-    """The server saw every client connection go away; else an ``AssertionError`` that says what
-    this process still holds open to the server, what holds it, and whether a garbage collection
-    closed it (a connection nobody closed, only dropped, closes then)."""
-    if wait_for(lambda: fake.server.open_connections == 0, timeout=timeout):
-        return True
-    port = fake.server.port
-    held = []
-    for obj in gc.get_objects():
-        if isinstance(obj, socket.socket) and obj.fileno() != -1:
-            with contextlib.suppress(OSError):
-                if obj.getpeername()[1] == port:
-                    holders = sorted({type(r).__qualname__ for r in gc.get_referrers(obj)} - {"list"})
-                    held.append(f"{obj!r} held by {', '.join(holders) or 'nothing'}")
-    gc.collect()
-    after = wait_for(lambda: fake.server.open_connections == 0, timeout=1.0)
-    raise AssertionError(
-        f"{fake.server.open_connections} connection(s) still open {timeout} s after the call; "
-        f"client sockets to the server: {held or 'none found'}; after gc.collect(): "
-        f"{'all closed' if after else 'still open'}"
-    )
 
 
 # -- deadlines -----------------------------------------------------------------------------------

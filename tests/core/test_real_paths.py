@@ -34,15 +34,18 @@ from dispatch_nb.providers.fake import CanonicalAdapter
 
 from ..fakes.canonical import CanonicalFake
 from ..fakes.provider import Stall, Turn, sse_event
-from ..fakes.server import LoopbackServer, RecordedRequest, Reply, tls_context, wait_for
+from ..fakes.server import (
+    LoopbackServer,
+    RecordedRequest,
+    Reply,
+    closed_by_client,
+    tls_context,
+    wait_for,
+)
 
 #: a cancel wakes a blocked call at once ("within 100 ms"), not at the next poll or when the
 #: server answers: this much, with room for a busy 2-core machine, is far less than any stall here
 CANCEL_BUDGET = 0.5
-
-
-def closed_by_client(fake: CanonicalFake, timeout: float = 4.0) -> bool:
-    return wait_for(lambda: fake.server.open_connections == 0, timeout=timeout)
 
 
 def cancel_when(token: CancelToken, started: threading.Event, delay: float,
@@ -561,3 +564,4 @@ def test_a_gateway_that_echoes_the_key_never_gets_it_into_any_error() -> None:
         finally:
             compatible.close()
             anthropic.close()
+

@@ -23,6 +23,8 @@ end of the test that caused it (:func:`take_handler_errors`).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import select
 import socket
@@ -608,3 +610,27 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: floa
             return True
         time.sleep(interval)
     return predicate()
+
+
+def closed_by_client(fake: Any, timeout: float = 4.0) -> bool:
+    """The server of ``fake`` (a provider fake) saw every client connection go away; else an
+    ``AssertionError`` that says what this process still holds open to the server, what holds
+    it, and whether a garbage collection closed it (a connection nobody closed, only dropped,
+    closes then)."""
+    if wait_for(lambda: fake.server.open_connections == 0, timeout=timeout):
+        return True
+    port = fake.server.port
+    held = []
+    for obj in gc.get_objects():
+        if isinstance(obj, socket.socket) and obj.fileno() != -1:
+            with contextlib.suppress(OSError):
+                if obj.getpeername()[1] == port:
+                    holders = sorted({type(r).__qualname__ for r in gc.get_referrers(obj)} - {"list"})
+                    held.append(f"{obj!r} held by {', '.join(holders) or 'nothing'}")
+    gc.collect()
+    after = wait_for(lambda: fake.server.open_connections == 0, timeout=1.0)
+    raise AssertionError(
+        f"{fake.server.open_connections} connection(s) still open {timeout} s after the call; "
+        f"client sockets to the server: {held or 'none found'}; after gc.collect(): "
+        f"{'all closed' if after else 'still open'}"
+    )
