@@ -105,6 +105,13 @@ class _Tool:
     arguments: dict[str, Any] | None = None
     error: str | None = None  # the arguments are unusable whatever they parse to
 
+    def add(self, fragment: str) -> None:
+        """The next fragment of the arguments; one after the call ended (a late event) reopens
+        it: its arguments are parsed again at its next end."""
+        if self.done:
+            self.done, self.arguments = False, None
+        self.parts.append(fragment)
+
     def build(self) -> ToolUseBlock:
         arguments, error, raw = self.arguments, self.error, None
         if error is not None:
@@ -317,10 +324,7 @@ class Accumulator:
         ended (a late event) reopens it: its arguments are parsed again at the next
         :meth:`tool_end` (:meth:`late_tool_delta` gives both)."""
         tool = self._tools[key]
-        if tool.done:
-            tool.done = False
-            tool.arguments = None
-        tool.parts.append(fragment)
+        tool.add(fragment)
         return StreamDelta(
             type="tool_use_delta", tool_call_id=tool.id, tool_name=tool.name, argument_delta=fragment
         )
@@ -388,9 +392,7 @@ class Accumulator:
         elif kind == "tool_use_delta":
             tool = self._tools.get(delta.tool_call_id or "")
             if tool is not None:
-                if tool.done:  # a late fragment reopens the call
-                    tool.done, tool.arguments = False, None
-                tool.parts.append(delta.argument_delta or "")
+                tool.add(delta.argument_delta or "")
         elif kind == "tool_use_end":
             key = delta.tool_call_id or ""
             if self.has_tool(key):

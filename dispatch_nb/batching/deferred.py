@@ -330,7 +330,7 @@ class DeferredRun:
                     row = self.rows.get(key)
                     if row is not None:
                         self._pending(row, part.state)
-        live = [part for part, _keys in self.parts.values() if part.id not in self.collected]
+        live = self.live_parts()
         self.stats.ok = self.stats.resumed + self._collected_ok + sum(p.completed for p in live)
         self.stats.failed = self._collected_failed + sum(p.failed for p in live)
         self.stats.in_flight = sum(max(0, p.total - p.completed - p.failed) for p in live)
@@ -485,10 +485,9 @@ class DeferredRun:
                 break
             await asyncio.sleep(min(0.5, max(self.poll_interval, 0.05)))
 
-    @property
-    def running(self) -> bool:
-        """Whether a job of this run is not collected yet."""
-        return any(p.id not in self.collected for p, _keys in self.parts.values())
+    def live_parts(self) -> list[JobPart]:
+        """This run's jobs not collected yet."""
+        return [part for part, _keys in self.parts.values() if part.id not in self.collected]
 
     def run_sync(self, *, wait: bool) -> None:
         """``BatchResult.refresh()`` (``wait=False``) / ``wait()``: :func:`collect_sync`."""
@@ -512,7 +511,7 @@ def collect_sync(result: BatchResult, runs: list[DeferredRun], *, wait: bool,
     interrupt = CancelToken()
     for run in runs:
         run.interrupt = interrupt
-    running = wait and any(run.running for run in runs)
+    running = wait and any(run.live_parts() for run in runs)
     bar = BatchProgress(progress_mode(result._progress_setting) if running else "off",
                         description=f"batch {result.model}")
     began = time.monotonic()

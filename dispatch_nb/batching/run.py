@@ -395,8 +395,7 @@ class _Retried:
                     counted.count(item, RowOrigin.NOT_SENT, Usage())
             self._counted = (seen, counted)
         stats = dataclasses.replace(self._counted[1])
-        live = [part for run in runs for part, _keys in run.parts.values()
-                if part.id not in run.collected]
+        live = [part for run in runs for part in run.live_parts()]
         stats.ok += sum(part.completed for part in live)
         stats.failed += sum(part.failed for part in live)
         job = self.job
