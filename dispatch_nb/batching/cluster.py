@@ -70,7 +70,7 @@ def run_partition(task: PartitionTask) -> BatchResult:
     if task.cache is not None:
         path, mode, pace = task.cache
         cache = ResponseCache(path, mode, pace="recorded" if pace == "recorded" else "instant")
-    adapter, _ = resolve_adapter(task.model, cache)
+    adapter = resolve_adapter(task.model, cache)
     result = BatchResult(model=task.model)
     checkpoint = shared_checkpoint(task.checkpoint) if task.checkpoint is not None else None
     if checkpoint is not None and not checkpoint.path.exists():
@@ -80,11 +80,8 @@ def run_partition(task: PartitionTask) -> BatchResult:
             "client (the same machine, or a shared mount)"
         )
     # A partition re-run after its worker died: rows that worker finished are not sent again.
-    pending: list[Pending] = []
-    for row in task.rows:
-        if checkpoint is None or not resume(result, row.position,
-                                            checkpoint.answer(row.key), RowOrigin.SENT):
-            pending.append(row)
+    pending = [row for row in task.rows if checkpoint is None
+               or not resume(result, row.position, checkpoint.answer(row.key), RowOrigin.SENT)]
     token = CancelToken()
     finished = threading.Event()
     watcher = _watch(task.cancel_event, token, finished)

@@ -204,7 +204,7 @@ class DeferredRun:
     async def start(self) -> None:
         """Read the rows, then collect the rows recorded jobs hold and submit the others
         (nothing is sent for a provider without a batch API, or when every row is answered)."""
-        adapter, _owned = resolve_adapter(self.plan.model, None)
+        adapter = resolve_adapter(self.plan.model, None)
         api = adapter.batch_api()
         if api is None:
             raise RequestError(
@@ -233,9 +233,7 @@ class DeferredRun:
                     self.collected.add(part.id)
                     self.parts[part.id] = (part, keys)
         if not self.rows:
-            self.job.parts = [part for part, _keys in self.parts.values()]
-            if self.job.parts:
-                self.stats.job = self.job.summary()
+            self._show()
             return
         assert self.checkpoint is not None
         claimed: set[str] = set()
@@ -252,22 +250,21 @@ class DeferredRun:
         for row in self.rows.values():
             self._pending(row, "submitting")
         fresh = self._within_budget(fresh)
-        if fresh:
-            submitted: set[str] = set()
-            for chunk, lines in self._chunks(api, fresh):
-                if self.cancel.cancelled or self.interrupt.cancelled:
-                    break
-                # every row shares one call, so one row's headers are the job's
-                part = await api.submit(lines, self.rows[chunk[0]].wire.headers)
-                self.checkpoint.record_job(part.to_json(), chunk)
-                self.parts[part.id] = (part, chunk)
-                submitted.update(chunk)
-                log.info("batch %s: submitted %d row(s) as %s job %s", self.plan.model_key,
-                         len(chunk), part.provider, part.id)
-            stopped = self.cancel if self.cancel.cancelled else self.interrupt
-            for key in fresh:  # cancelled before their job was submitted: never sent
-                if key not in submitted:
-                    self._finish_row(self.rows[key], not_sent(self.result, stopped), None)
+        submitted: set[str] = set()
+        for chunk, lines in self._chunks(api, fresh):
+            if self.cancel.cancelled or self.interrupt.cancelled:
+                break
+            # every row shares one call, so one row's headers are the job's
+            part = await api.submit(lines, self.rows[chunk[0]].wire.headers)
+            self.checkpoint.record_job(part.to_json(), chunk)
+            self.parts[part.id] = (part, chunk)
+            submitted.update(chunk)
+            log.info("batch %s: submitted %d row(s) as %s job %s", self.plan.model_key,
+                     len(chunk), part.provider, part.id)
+        stopped = self.cancel if self.cancel.cancelled else self.interrupt
+        for key in fresh:  # cancelled before their job was submitted: never sent
+            if key not in submitted:
+                self._finish_row(self.rows[key], not_sent(self.result, stopped), None)
         self._show()
 
     def _within_budget(self, keys: list[str]) -> list[str]:
@@ -372,15 +369,15 @@ class DeferredRun:
                     part: JobPart | None) -> None:
         usage = item.usage if isinstance(item, Response) else (
             item.partial.usage if item.partial is not None else Usage())
-        latency = (part.ended_at - part.created_at if part is not None
-                   and part.ended_at is not None and part.created_at is not None else 0.0)
+        latency = max(0.0, part.ended_at - part.created_at) if part is not None \
+            and part.ended_at is not None and part.created_at is not None else 0.0
         reserved = self._reserved.pop(row.key, None)
         if reserved is not None and self.result.budget is not None:
             answer = item if isinstance(item, Response) else item.partial
             self.result.budget.settle(reserved, attempt_cost(answer, not isinstance(item, Response),
                                                              reserved))
         never_ran = isinstance(item, RequestCancelled)
-        self.result._set(row.position, item, usage=usage, latency=max(0.0, latency),
+        self.result._set(row.position, item, usage=usage, latency=latency,
                          attempts=0 if never_ran else 1,
                          origin=RowOrigin.NOT_SENT if never_ran else RowOrigin.SENT)
         if isinstance(item, Response):
@@ -396,7 +393,7 @@ class DeferredRun:
         if self.checkpoint is not None and isinstance(item, Response):
             assert self.adapter is not None
             self.checkpoint.record(row.key, row.number, row.request.messages, item, self.adapter,
-                                   streamed=False, usage=usage, latency=max(0.0, latency),
+                                   streamed=False, usage=usage, latency=latency,
                                    attempts=1)
 
     async def _collect(self, part: JobPart, keys: list[str]) -> None:

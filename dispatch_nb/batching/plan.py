@@ -92,16 +92,14 @@ class BatchPlan:
                 yield Pending(position, messages, key, None if self.whole is None else number)
 
 
-def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> tuple[Adapter, bool]:
-    """The adapter rows go through (behind the response cache when one is given), and whether
-    the batch built it (then the batch closes it)."""
-    owned = not isinstance(model, Adapter)
+def resolve_adapter(model: Adapter | str, cache: ResponseCache | None) -> Adapter:
+    """The adapter rows go through (behind the response cache when one is given)."""
     # connect_for_cache: connect(), but in replay mode the model need not be able to run here
     adapter = model if isinstance(model, Adapter) else connect_for_cache(
         cache.qualify(model) if cache is not None else model, cache.mode if cache is not None else "off")
     if cache is not None and cache.mode != "off":
         adapter = CachedAdapter(adapter, cache)
-    return adapter, owned
+    return adapter
 
 
 async def aclose_adapter(adapter: Adapter) -> None:

@@ -93,11 +93,10 @@ class BatchProgress:
     def _open(self, stats: Stats) -> None:
         # tqdm's own rate and ETA are left out: the counters (describe) have the ones that count
         # only rows actually sent
-        bar_format = (
+        self._format = bar_format = (
             "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
             if stats.total is not None else "{desc}: {n_fmt} rows [{elapsed}{postfix}]"
         )
-        self._format = bar_format
         self._started = time.monotonic()
         if self.mode == "display":  # a text line, no widget: nothing of it outlives the output
             from ..frontend import current_shell

@@ -21,7 +21,7 @@ from ..errors import (
 from ..types import Response, Usage
 
 __all__ = ["NOT_SENT", "BatchInterrupted", "BatchResult", "RowOrigin", "Stats", "is_cancelled",
-           "is_not_sent", "mark_not_sent", "not_sent", "stops_batch"]
+           "is_not_sent", "mark_not_sent", "not_sent", "row_status", "stops_batch"]
 
 #: the ``code`` of a row's error when the batch never sent the row (it stopped first)
 NOT_SENT = "not_sent"
@@ -86,6 +86,12 @@ def is_cancelled(item: Any) -> bool:
     return isinstance(item, RequestCancelled) and not is_not_sent(item)
 
 
+def row_status(item: Any) -> str:
+    """How a row ended: ``"ok"``, ``"not sent"``, ``"cancelled"`` or ``"failed"``."""
+    return "ok" if isinstance(item, Response) else "not sent" if is_not_sent(item) \
+        else "cancelled" if is_cancelled(item) else "failed"
+
+
 @dataclass
 class Stats:
     """Live counters for the progress display (read from another thread: plain ints)."""
@@ -113,14 +119,8 @@ class Stats:
 
     def count(self, item: Any, origin: int, usage: Usage) -> None:
         """One row ended as ``item`` (an answer or an error); ``origin``: a :class:`RowOrigin` code."""
-        if isinstance(item, Response):
-            self.ok += 1
-        elif is_not_sent(item):
-            self.not_sent += 1
-        elif is_cancelled(item):
-            self.cancelled += 1
-        else:
-            self.failed += 1
+        status = row_status(item).replace(" ", "_")  # the counter of that name
+        setattr(self, status, getattr(self, status) + 1)
         if origin == RowOrigin.SENT:
             self.sent_done += 1
         self.input_tokens += usage.input_tokens
@@ -285,8 +285,7 @@ class BatchResult(Sequence[Any]):
     def errors(self) -> list[tuple[int, DispatchError]]:
         """``(position, error)`` of every row that failed (not the rows cancelled in flight, nor
         the rows never sent)."""
-        return [(i, item) for i, item in enumerate(self._items) if not isinstance(item, Response)
-                and not is_not_sent(item) and not is_cancelled(item)]
+        return [(i, item) for i, item in enumerate(self._items) if row_status(item) == "failed"]
 
     @property
     def responses(self) -> list[Response | None]:
@@ -421,9 +420,7 @@ class BatchResult(Sequence[Any]):
             f"{prefix}answer": [i.text if isinstance(i, Response) else None for i in self._items],
             f"{prefix}error": [None if isinstance(i, Response) or i is None
                                else f"{type(i).__name__}: {i.message}" for i in self._items],
-            f"{prefix}status": ["ok" if isinstance(i, Response) else "not sent" if is_not_sent(i)
-                                else "cancelled" if is_cancelled(i) else "failed"
-                                for i in self._items],
+            f"{prefix}status": [row_status(i) for i in self._items],
             f"{prefix}stop_reason": [i.stop_reason if isinstance(i, Response) else None
                                      for i in self._items],
             f"{prefix}input_tokens": list(self._input_tokens),

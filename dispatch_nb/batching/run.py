@@ -79,6 +79,25 @@ class _Job:
         run_on_dask(self.plan, self.executor, self.result, self.bar, cancel=self.token,
                     size=self.partition_size)
 
+    def run(self) -> None:
+        """Run the job from this thread (its rows on Dask, or on a thread of their own) and
+        :meth:`finish` it, also when it raises (Ctrl-C: ``KeyboardInterrupt``)."""
+        try:
+            if self.executor is not None:
+                self.on_dask()
+            else:
+                # Ctrl-C stops a deferred batch's waiting, not its jobs (result.cancel() does that)
+                in_thread(lambda: self.run_here(close_adapter=True),
+                          self.deferred.interrupt if self.deferred is not None else self.token,
+                          lambda: self.bar.update(self.stats))
+        except KeyboardInterrupt:
+            self.finish()
+            raise
+        except BaseException as exc:
+            self.finish(exc)
+            raise
+        self.finish()
+
     async def run_here(self, *, close_adapter: bool) -> None:
         """Run the rows on the running event loop (or submit them to the provider's batch API
         and, with ``wait``, collect the answers)."""
@@ -88,7 +107,7 @@ class _Job:
                 await self.deferred.wait()
             return
         plan, result = self.plan, self.result
-        adapter, owned = resolve_adapter(plan.model, plan.cache)
+        adapter = resolve_adapter(plan.model, plan.cache)
         checkpoint = Checkpoint(plan.checkpoint) if plan.checkpoint is not None else None
         try:
             rows = plan.rows(checkpoint, result)
@@ -99,7 +118,7 @@ class _Job:
             await runner.run(rows)
             await _premium(adapter, result)
         finally:
-            if owned or close_adapter:
+            if close_adapter or not isinstance(plan.model, Adapter):  # or the batch built it
                 await aclose_adapter(adapter)
 
     def finish(self, error: BaseException | None = None) -> None:
@@ -218,20 +237,9 @@ def batch(*args: Any, **kwargs: Any) -> BatchResult:
     """
     job = _job(*args, **kwargs)
     try:
-        if job.executor is not None:
-            job.on_dask()
-        else:
-            # Ctrl-C stops a deferred batch's waiting, not its jobs (result.cancel() does that)
-            in_thread(lambda: job.run_here(close_adapter=True),
-                      job.deferred.interrupt if job.deferred is not None else job.token,
-                      lambda: job.bar.update(job.stats))
+        job.run()
     except KeyboardInterrupt:
-        job.finish()
         raise BatchInterrupted(job.result, job.plan.checkpoint) from None
-    except BaseException as exc:
-        job.finish(exc)
-        raise
-    job.finish()
     return job.result
 
 
@@ -296,19 +304,12 @@ def retry_failed(result: BatchResult, *, deferred: bool | None = None) -> BatchR
                poll_interval=result._deferred.poll_interval if result._deferred else None)
     retried = _Retried(result, job, failed)
     try:
-        in_thread(lambda: job.run_here(close_adapter=True),
-                  job.deferred.interrupt if job.deferred is not None else job.token,
-                  lambda: job.bar.update(job.stats))
+        job.run()
     except KeyboardInterrupt:
-        job.finish()
         retried.merge()
         result.interrupted = True
         result.elapsed += job.result.elapsed
         raise BatchInterrupted(result, plan.checkpoint) from None
-    except BaseException as exc:
-        job.finish(exc)
-        raise
-    job.finish()
     retried.merge()
     result.interrupted = job.result.interrupted  # False: the retry ran to its end
     result.elapsed += job.result.elapsed  # the time the retry took, as wait() adds its own
