@@ -576,15 +576,11 @@ def parse_model_spec(spec: str, default: str | None = None, *, sends: bool = Tru
         # "openai: gpt-4.1" (a space after the colon, as in prose or a quoted -m option) is
         # openai's gpt-4.1: no model name starts or ends with a space
         head, rest = head.strip(), rest.strip()
-        spec = f"{head}:{rest}"
+        if not rest:
+            raise RequestError(f"model spec {head + ':'!r} names provider {head!r} but no model; "
+                               f"write it as '{head}:MODEL'")
+        return head, rest
     if sep:
-        if find_descriptor(head) is not None:
-            if not rest:
-                raise RequestError(
-                    f"model spec {spec!r} names provider {head!r} but no model; "
-                    f"write it as '{head}:MODEL'"
-                )
-            return head, rest
         # a word (hyphens too: "local-tools") before a ":" that is no size or path is taken for
         # a provider's name; "llama3:8b", "org/model:tag" stay a compatible server's names
         if head and head.replace("-", "_").isidentifier() and "/" not in rest \

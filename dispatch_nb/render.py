@@ -128,9 +128,8 @@ def footer_line(
         if usage.cache_read_tokens:
             tokens += f" ({usage.cache_read_tokens:,} cached)"
         parts.append(tokens)
-    money = _cost_words(cost)
-    if money:
-        parts.append(money)
+    if words := _cost_words(cost):
+        parts.append(words)
     if replayed:
         parts.append("replayed")
     elif latency is not None:
@@ -259,14 +258,8 @@ def parsed_rows(value: Any) -> list[dict[str, Any]]:
     values), nested lists and objects as compact JSON text. ``pandas.DataFrame(parsed_rows(x))``
     makes it a DataFrame."""
     data = _jsonable(value)
-    items = data if isinstance(data, list) else [data]
-    rows: list[dict[str, Any]] = []
-    for item in items:
-        if isinstance(item, dict):
-            rows.append({str(k): _cell(v) for k, v in item.items()})
-        else:
-            rows.append({"value": _cell(item)})
-    return rows
+    return [{str(k): _cell(v) for k, v in item.items()} if isinstance(item, dict)
+            else {"value": _cell(item)} for item in (data if isinstance(data, list) else [data])]
 
 
 def _cell_text(value: Any) -> str:

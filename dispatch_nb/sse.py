@@ -57,11 +57,6 @@ class SSEDecoder:
         self._last_id: str | None = None
         self._retry: int | None = None
 
-    @property
-    def last_event_id(self) -> str | None:
-        """The last ``id:`` seen (the value to send as ``Last-Event-ID`` on reconnect)."""
-        return self._last_id
-
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         """Decode a chunk of any size; returns the events it completed (often none or one)."""
         if not chunk:

@@ -644,11 +644,9 @@ class ResponseStream(_DeltaStream[Iterator[StreamDelta]]):
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             if not self._closed and self._response is None:
                 self.close()
-        except Exception:
-            pass
 
 
 class AsyncResponseStream(_DeltaStream[AsyncIterator[StreamDelta]]):

@@ -88,21 +88,17 @@ def transport_name() -> TransportName:
     return "httpx"
 
 
-_aiohttp_imported = False
-
-
-def _import_aiohttp() -> None:
-    global _aiohttp_imported
-    importlib.import_module("aiohttp")
-    _aiohttp_imported = True
+#: the transports whose modules are imported (:func:`prepare_async_transport`)
+_imported: set[str] = set()
 
 
 async def prepare_async_transport() -> None:
     """Import the configured transport's modules on a worker thread, once per process: aiohttp
     takes 0.1–0.5 s to import, which would freeze the event loop (and the call's deadline). Not
     ``sys.modules``: it holds aiohttp from the moment a first call's import starts."""
-    if not _aiohttp_imported and transport_name() == "aiohttp":
-        await asyncio.to_thread(_import_aiohttp)
+    if "aiohttp" not in _imported and transport_name() == "aiohttp":
+        await asyncio.to_thread(importlib.import_module, "aiohttp")
+        _imported.add("aiohttp")
 
 
 # -- the aiohttp transport ------------------------------------------------------------------------

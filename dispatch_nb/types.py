@@ -291,12 +291,10 @@ class Response(_Model):
         pipeline"): what a replayed call shows while it "streams"."""
         out: list[StreamDelta] = []
         for block in self.content:
-            if isinstance(block, TextBlock):
-                if block.text:
-                    out.append(StreamDelta(type="text_delta", text=block.text))
-            elif isinstance(block, ThinkingBlock):
-                if block.thinking:
-                    out.append(StreamDelta(type="thinking_delta", text=block.thinking))
+            if isinstance(block, TextBlock) and block.text:
+                out.append(StreamDelta(type="text_delta", text=block.text))
+            elif isinstance(block, ThinkingBlock) and block.thinking:
+                out.append(StreamDelta(type="thinking_delta", text=block.thinking))
             elif isinstance(block, ToolUseBlock):
                 out.append(StreamDelta(type="tool_use_start", tool_call_id=block.id,
                                        tool_name=block.name))

@@ -10,8 +10,8 @@ import datetime as _dt
 import json
 import logging
 import os
-import secrets
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -165,9 +165,7 @@ class TokenStore:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             if sys.platform != "win32":
                 os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
-        tmp = directory / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-        fd = os.open(tmp, flags, 0o600)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)
         try:
             with os.fdopen(fd, "wb") as file:
                 if hasattr(os, "fchmod"):

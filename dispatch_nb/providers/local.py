@@ -42,7 +42,7 @@ from ..types import (
     ToolUseBlock,
     Usage,
 )
-from ..wire.chat_completions import ChatStreamParser
+from ..wire.chat_completions import ChatStreamParser, completion_chunk
 from ..wire.request import requested_mode, unsupported_mode
 
 __all__ = [
@@ -627,8 +627,8 @@ class LocalAdapter(Adapter):
                     gen.prompt_tokens, gen.output_tokens = None, 0
                     llama.reset()
                     llama.set_seed(kwargs["seed"])
-                    chunks = [_as_chunk(llama.create_chat_completion(**{**kwargs,
-                                                                        "stream": False}))]
+                    chunks = [completion_chunk(llama.create_chat_completion(**{**kwargs,
+                                                                               "stream": False}))]
                 parser = ChatStreamParser(acc, provider="local")
                 for chunk in chunks:
                     # only the choices: the chunk's "model" is the GGUF's path, not the model name
@@ -676,15 +676,6 @@ def _json_grammar(schema: dict[str, Any]) -> Any:
             "schema (llama-cpp-python " + str(getattr(llama_cpp, "__version__", "?")) + ")",
             provider="local",
         ) from None
-
-
-def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
-    """A non-streamed chat completion as one stream chunk (content and whole tool calls)."""
-    choice = completion["choices"][0]
-    message = choice.get("message") or {}
-    calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
-    return {"choices": [{"delta": {"content": message.get("content"), "tool_calls": calls},
-                         "finish_reason": choice.get("finish_reason")}]}
 
 
 def _requested_tokens(exc: BaseException) -> int | None:

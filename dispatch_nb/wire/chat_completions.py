@@ -322,6 +322,19 @@ def openai_error(error: Any, *, provider: str) -> DispatchError:
     return error_for_status(status, message, provider=provider, error_type=provider_type or None)
 
 
+def completion_chunk(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A non-streamed ``chat.completion`` as one stream chunk: every choice, whole tool calls."""
+    chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
+    chunk["choices"] = []
+    for choice in body.get("choices") or []:
+        message = dict(choice.get("message") or {})
+        if message.get("tool_calls"):
+            message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(message["tool_calls"])]
+        chunk["choices"].append({"index": choice.get("index", 0), "delta": message,
+                                 "finish_reason": choice.get("finish_reason") or "stop"})
+    return chunk
+
+
 def _part_block(part: dict[str, Any]) -> TextBlock:
     """A content part this module has no type for, kept verbatim (and sent back as it came)."""
     return TextBlock(text="", provider_data={PROVIDER_DATA_KEY: {"part": part}})
@@ -343,17 +356,13 @@ class ChatStreamParser:
         "complete",
         "finished",
         "provider",
-        "reasoning_fields",
-        "reasoning_provider",
-        "signature_field",
+        "quirks",
     )
 
     def __init__(self, acc: Accumulator, *, provider: str, quirks: ChatQuirks = ChatQuirks()) -> None:
         self.acc = acc
         self.provider = provider
-        self.reasoning_provider = quirks.reasoning_provider
-        self.reasoning_fields = quirks.reasoning_fields
-        self.signature_field = quirks.signature_field
+        self.quirks = quirks
         #: True once ``[DONE]`` arrived
         self.complete = False
         #: True once every open tool call was closed and the stop reason set
@@ -426,19 +435,19 @@ class ChatStreamParser:
 
     def _reasoning_data(self, field: str) -> dict[str, Any]:
         data: dict[str, Any] = {"field": field}
-        if self.reasoning_provider:
-            data["provider"] = self.reasoning_provider
+        if self.quirks.reasoning_provider:
+            data["provider"] = self.quirks.reasoning_provider
         return {PROVIDER_DATA_KEY: data}
 
     def _delta(self, delta: dict[str, Any], cidx: int, out: list[StreamDelta]) -> None:
         acc = self.acc
-        for field in self.reasoning_fields:
+        for field in self.quirks.reasoning_fields:
             text = delta.get(field)
             if text and isinstance(text, str):
                 out.append(acc.thinking(text, key=("reasoning", field),
                                         provider_data=self._reasoning_data(field)))
-        if self.signature_field:
-            sig = delta.get(self.signature_field)
+        if self.quirks.signature_field:
+            sig = delta.get(self.quirks.signature_field)
             if sig and isinstance(sig, str):
                 acc.signature(sig, key=("reasoning", ECHOED_REASONING_FIELD),
                               provider_data=self._reasoning_data(ECHOED_REASONING_FIELD))
@@ -643,17 +652,8 @@ class ChatCompletionsWire(WireFormat):
 
     def parse_body(self, body: Any, acc: Accumulator) -> None:
         """Fill ``acc`` from a ``chat.completion`` body, read as one chunk (every choice)."""
-        body = answer_object(body, self.provider)
-        chunk: dict[str, Any] = {k: body[k] for k in ("error", "model", "usage") if k in body}
-        chunk["choices"] = []
-        for choice in body.get("choices") or []:
-            message = dict(choice.get("message") or {})
-            if message.get("tool_calls"):
-                message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(message["tool_calls"])]
-            chunk["choices"].append({"index": choice.get("index", 0), "delta": message,
-                                     "finish_reason": choice.get("finish_reason") or "stop"})
         parser = self.stream_parser(acc)
-        parser.feed_chunk(chunk)
+        parser.feed_chunk(completion_chunk(answer_object(body, self.provider)))
         parser._finish()
 
     def should_resend(self, error: DispatchError) -> ChatCompletionsWire | None:
