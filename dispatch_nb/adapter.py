@@ -229,7 +229,7 @@ class Adapter:
     def validate(self) -> ValidationResult:
         """One cheap authenticated call: is the provider configured and are credentials accepted?"""
         try:
-            self.list_models()
+            models = self.list_models()
         except NotImplementedError:
             return ValidationResult(True, "configured (this provider cannot be checked remotely)")
         except AuthenticationError as exc:
@@ -238,7 +238,8 @@ class Adapter:
             )
         except DispatchError as exc:
             return ValidationResult(False, f"{self.display_name} could not be checked: {exc}")
-        return ValidationResult(True, f"{self.display_name} accepted the credentials")
+        count = f"{len(models)} model{'' if len(models) == 1 else 's'}"
+        return ValidationResult(True, f"{self.display_name} accepted the credentials ({count})")
 
     def close(self) -> None:
         """Release connections. The adapter stays usable (clients are recreated on demand)."""

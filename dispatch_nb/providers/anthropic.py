@@ -13,11 +13,10 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from ..adapter import ChatRequest, ValidationResult
+from ..adapter import ChatRequest
 from ..errors import (
     APIConnectionError,
     AuthenticationError,
-    DispatchError,
     ModelUnavailableError,
     RequestError,
 )
@@ -198,14 +197,6 @@ class AnthropicAdapter(HTTPAdapter):
         except (orjson.JSONDecodeError, AttributeError):
             return -1
         return int(count) if isinstance(count, int) else -1
-
-    def validate(self) -> ValidationResult:
-        """Checks the key with one ``GET /v1/models`` (no tokens spent)."""
-        try:
-            models = self.list_models()
-        except DispatchError as exc:
-            return ValidationResult(False, exc.message)
-        return ValidationResult(True, f"Anthropic accepted the API key ({len(models)} models available)")
 
 
 _CLAUDE_VERSION = re.compile(r"claude-(opus|sonnet|haiku)-(\d+)(?:-(\d{1,2}))?(?=-|$|@)")
