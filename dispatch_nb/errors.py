@@ -110,6 +110,22 @@ class DispatchError(Exception):
     def __reduce__(self) -> Any:
         return (_rebuild, (type(self), self.message, self.__dict__))
 
+    def __getattr__(self, name: str) -> Any:
+        # Called only for a name the error lacks. ``%%chat -o VAR`` stores the error a failed cell
+        # ended with: ``VAR.parsed`` in the next cell says so, not just "no attribute 'parsed'".
+        from .types import Response
+
+        if name.startswith("_") or not (name in Response.model_fields or hasattr(Response, name)):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        partial = self.__dict__.get("partial")
+        arrived = partial is not None and bool(partial.content or partial.tool_calls)
+        raise AttributeError(
+            f"{type(self).__name__} has no attribute {name!r}: this is the error a call ended with "
+            f"({self}), not a Response. "
+            + (f"Its .partial holds what arrived (.partial.{name})." if arrived else
+               "Fix what it says and run the call (the cell) again.")
+        )
+
     def redact(self, secrets: Iterable[str] = ()) -> None:
         """Replace, in the message, every value of ``secrets`` and every secret-looking string
         (:func:`redact`): what a server echoes of a request never reaches an output or a log."""

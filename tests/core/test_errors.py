@@ -22,6 +22,7 @@ from dispatch_nb import (
 )
 from dispatch_nb.errors import error_for_status, looks_like_html, parse_retry_after, summarize_body
 from dispatch_nb.http_adapter import error_details
+from dispatch_nb.types import Response, TextBlock
 
 
 def test_tree() -> None:
@@ -145,3 +146,24 @@ def test_error_details_reads_json_and_what_proxies_send() -> None:
     assert etype is None and message.endswith(": 503 Service Unavailable") and "HTML page" in message
     assert error_details(b"too big\nreally") == ("too big", None)
     assert error_details(b"") == ("the server returned an error with no message", None)
+
+
+def test_an_error_used_as_a_response_says_what_it_is() -> None:
+    # `%%chat -o review` stores the error a failed cell ended with: `review.parsed` in the next
+    # cell names the error and what to do, not just "no attribute 'parsed'"
+    error = RateLimitError("slow down", code="rate_limited")
+    with pytest.raises(AttributeError, match=r"'parsed': this is the error a call ended with "
+                                             r"\(slow down\), not a Response\. Fix what it says"):
+        _ = error.parsed
+    cut = APIConnectionError("the connection dropped", partial=Response(
+        content=[TextBlock(text="half an answer")]))
+    with pytest.raises(AttributeError, match=r"Its \.partial holds what arrived \(\.partial\.text\)"):
+        _ = cut.text
+    assert cut.partial is not None and cut.partial.text == "half an answer"
+    with pytest.raises(AttributeError, match=r"^'RateLimitError' object has no attribute 'nope'$"):
+        _ = error.nope
+    refused = APIConnectionError("could not connect", partial=Response())  # nothing arrived
+    with pytest.raises(AttributeError, match=r"not a Response\. Fix what it says"):
+        _ = refused.parsed
+    assert not hasattr(error, "_repr_html_") and getattr(error, "usage", None) is None
+    assert pickle.loads(pickle.dumps(cut)).partial.text == "half an answer"
