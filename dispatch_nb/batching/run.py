@@ -254,6 +254,9 @@ async def abatch(*args: Any, **kwargs: Any) -> BatchResult:
         except asyncio.CancelledError:
             job.token.cancel("the awaiting task was cancelled")
             raise
+        except BaseException as exc:  # its thread has ended: the bar closes as batch()'s does
+            job.finish(exc)
+            raise
         job.finish()
         return job.result
 

@@ -4,6 +4,7 @@ credentials that never travel in the task graph) and against the embedded model.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import dask  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
 
-from dispatch_nb import AuthenticationError, Response, batch  # noqa: E402
+from dispatch_nb import AuthenticationError, Response, abatch, batch  # noqa: E402
 from dispatch_nb.providers.fake import CanonicalAdapter  # noqa: E402
 from dispatch_nb.providers.local import local_model_available  # noqa: E402
 
@@ -214,6 +215,23 @@ def test_the_embedded_model_runs_on_every_worker(client: Client) -> None:
 def test_setup_mistakes_fail_the_batch_with_a_clear_error(client: Client, tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="does not understand option"):
         batch("{row}", ["a", "b"], model="fake:echo", executor=client, progress=False, bogus=1)
+
+
+@pytest.mark.parametrize("run", ["batch", "abatch"])
+def test_a_setup_mistake_found_on_a_worker_closes_the_bar(
+        client: Client, run: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # the worker's TypeError comes after the bar showed the rows in flight: it ends counted
+    def go() -> Any:
+        kwargs: dict[str, Any] = {"model": "fake:echo", "executor": client, "progress": True,
+                                  "bogus": 1}
+        if run == "batch":
+            return batch("{row}", ["a", "b"], **kwargs)
+        return asyncio.run(abatch("{row}", ["a", "b"], **kwargs))
+
+    with pytest.raises(TypeError, match="does not understand option"):
+        go()
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "2/2" in last and "in flight 0" in last, last
 
 
 def test_a_worker_that_cannot_see_the_checkpoint_says_so(fake: BatchFake, tmp_path: Path,
