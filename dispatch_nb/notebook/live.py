@@ -13,13 +13,21 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..frontend import unattended
 from ..render import small
 from .blocks import BLOCK_LIMIT, MarkdownBlocks, close_open_fence, warm_up
 from .constants import LIVE_MODES
+from .display import (
+    FinalOutput,
+    Transcript,
+    notes_markdown,
+    terminal_text,
+    tool_line,
+    tool_markdown,
+)
 
 if TYPE_CHECKING:
     from ..turn import ToolRun
-    from .display import FinalOutput
 
 __all__ = [
     "DisplayView",
@@ -73,8 +81,6 @@ def detect_mode(shell: Any, requested: str = "auto") -> str:
     (``widget`` without ipywidgets is ``display``; without a kernel only ``auto`` becomes ``text``).
     ``auto`` in a run nobody watches (nbclient, papermill: :func:`.frontend.unattended`) is
     ``display``: a widget's state would be saved with the notebook, and nobody sees it live."""
-    from ..frontend import unattended
-
     requested = (requested or "auto").lower()
     if requested not in LIVE_MODES:
         raise ValueError(f"live mode must be one of {', '.join(LIVE_MODES)}, not {requested!r}")
@@ -104,8 +110,6 @@ class LiveView:
     mode = "base"
 
     def __init__(self, titles: list[str], *, rate: float = DEFAULT_RATE) -> None:
-        from .display import Transcript
-
         self.titles = titles
         #: at most ``rate`` repaints a second: the seconds between two, and when the last ended
         self.interval = 1.0 / rate if rate > 0 else 0.0
@@ -330,8 +334,6 @@ class DisplayView(LiveView):
             )
             return
         if self.notes:
-            from .display import notes_markdown
-
             md = notes_markdown(self.notes).rstrip("\n")
             ipy_display({"text/markdown": md, "text/plain": "\n".join(self.notes)}, raw=True)
         self.live_handle = ipy_display(self._live_bundle(), raw=True, display_id=True)
@@ -346,8 +348,6 @@ class DisplayView(LiveView):
                 self.run = MarkdownBlocks(self.block_chars)
             self.run.feed(event.text or "")
         elif kind == "tool_use_start":
-            from .display import tool_markdown
-
             self._settle()
             tool = self.transcripts[0].tools[-1]
             self.tool_handles[tool.id] = self._commit(tool_markdown(tool).rstrip())
@@ -356,8 +356,6 @@ class DisplayView(LiveView):
             self._update_tool(tool_id or "")
 
     def _update_tool(self, tool_id: str) -> None:
-        from .display import tool_markdown
-
         handle = self.tool_handles.get(tool_id)
         tool = self.transcripts[0].tool(tool_id)
         if handle is not None and tool is not None:
@@ -436,16 +434,12 @@ class TextView(LiveView):
 
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
-        from .display import terminal_text
-
         for note in self.notes:
             self._write(f"ℹ {terminal_text(note)}\n")
 
     def _feed(self, index: int, event: Any) -> None:
         if self.compare:
             return
-        from .display import tool_line
-
         kind = getattr(event, "type", None)
         if kind == "text_delta":
             self.pending.append(event.text or "")
@@ -453,10 +447,9 @@ class TextView(LiveView):
             self.thinking_said = True
             self.pending.append("💭 thinking…\n")
         elif kind == "tool_use_end":
-            tool = self.transcripts[0].tools[-1] if self.transcripts[0].tools else None
-            if tool is not None:
+            if tools := self.transcripts[0].tools:
                 prefix = "" if self.at_line_start and not self.pending else "\n"
-                self.pending.append(f"{prefix}🔧 {tool_line(tool)}\n")
+                self.pending.append(f"{prefix}🔧 {tool_line(tools[-1])}\n")
         elif kind == "tool_result":
             tool = self.transcripts[0].tool(event.result.tool_use_id)
             if tool is not None and tool.id not in self.said:
@@ -466,8 +459,6 @@ class TextView(LiveView):
                     result = result[:299].rstrip() + "…"
                 self.pending.append(f"   {arrow} " + result.replace("\n", "\n     ") + "\n")
         elif kind == "retry" or (kind == "note" and event.message not in self.said):
-            from .display import terminal_text
-
             if kind == "note":  # a warning logged while the cell ran (each round: said once)
                 self.said.add(event.message)
             prefix = "" if self.at_line_start and not self.pending else "\n"
@@ -508,8 +499,6 @@ class TextView(LiveView):
         if self.in_kernel:
             _replace_outputs(final)
             return
-        from .display import terminal_text
-
         if self.compare:  # each answer and its footer were printed as it ended; --schema: a table
             if final.terminal:
                 self._write("\n" + terminal_text(final.terminal.rstrip("\n")) + "\n")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
-from .blocks import BLOCK_LIMIT, Block, MarkdownBlocks
+from .blocks import Block, MarkdownBlocks
+from .display import FinalOutput, notes_markdown, tool_line
 from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, _replace_outputs, close_widgets, ipy_display
 
 if TYPE_CHECKING:
     from ..turn import ToolRun
-    from .display import FinalOutput
 
 __all__ = ["SEGMENT_CHARS", "WidgetView"]
 
@@ -93,8 +93,6 @@ class _Segments:
 
 
 def _tool_html(part: ToolRun) -> str:
-    from .display import tool_line
-
     icon = "⏳" if part.result is None else ("⚠️" if part.is_error else "🔧")
     icon = "⏹" if part.abandoned else icon
     took = f" <span style='{_DIM}'>{part.duration:.2f} s</span>" if part.duration else ""
@@ -158,9 +156,9 @@ class _MarkdownRun:
 
     kind = "text"
 
-    def __init__(self, column: _WidgetColumn, limit: int) -> None:
+    def __init__(self, column: _WidgetColumn) -> None:
         self.column = column
-        self.blocks = MarkdownBlocks(limit)
+        self.blocks = MarkdownBlocks()
         self.outputs: list[Any] = []
         self.current: Any = None  # the Output showing the block still growing
         self.shown = ""
@@ -276,11 +274,12 @@ class _WidgetColumn:
             self.parts[-1].add_class("dnb-flow")
             self.parts_dirty = True
 
-    def _open(self, kind: str) -> _Run | _MarkdownRun:
+    def open(self, kind: str) -> _Run | _MarkdownRun:
+        """The run ``kind`` text (``text`` / ``thinking``) goes to: the last, else a new one."""
         if self.current is not None and self.current.kind == kind:
             return self.current
         self._settle()
-        run = _Run(self) if kind == "thinking" else _MarkdownRun(self, BLOCK_LIMIT)
+        run = _Run(self) if kind == "thinking" else _MarkdownRun(self)
         self.runs.append(run)
         self.current = run
         return run
@@ -290,9 +289,6 @@ class _WidgetColumn:
         if isinstance(self.current, _MarkdownRun):
             self.current.flush(final=True)
         self.current = None
-
-    def add_text(self, kind: str, text: str) -> None:
-        self._open(kind).add(text)
 
     def tool_started(self, part: ToolRun) -> None:
         self._settle()
@@ -354,8 +350,6 @@ class WidgetView(LiveView):
         self.columns = [_WidgetColumn(widgets, t, width) for t in self.titles]
         children: list[Any] = []
         if self.notes:
-            from .display import notes_markdown
-
             note = widgets.Output()
             note.add_class("dnb-md")
             note.outputs = (_markdown_bundle(notes_markdown(self.notes).rstrip("\n")),)
@@ -386,10 +380,9 @@ class WidgetView(LiveView):
         column = self.columns[index]
         kind = getattr(event, "type", None)
         if kind in ("text_delta", "thinking_delta"):
-            column.add_text(kind.removesuffix("_delta"), event.text or "")
+            column.open(kind.removesuffix("_delta")).add(event.text or "")
         elif kind == "tool_use_start":
-            transcript = self.transcripts[index]
-            column.tool_started(transcript.tools[-1])
+            column.tool_started(self.transcripts[index].tools[-1])
         elif kind in ("tool_use_end", "tool_use_delta"):
             column.tool_changed(event.tool_call_id or "")
         elif kind == "tool_result":
