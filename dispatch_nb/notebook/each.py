@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from ..errors import DispatchError
 from ..frontend import unattended
 from ..prompting import build_prompt
-from ..registry import parse_model_spec
+from ..registry import connect, parse_model_spec
 from ..render import dollars, parsed_rows, plain_block, rows_markdown, small
 from ..types import Response
 from ..validation import article
@@ -167,8 +167,6 @@ _NO_BATCH_API = ("--deferred: {spec} has no batch API (OpenAI's and Anthropic's 
 def _check_batch_api(spec: str) -> None:
     """``--deferred`` with a model whose provider has no batch API: a UsageError (nothing is
     sent, no login is asked for)."""
-    from ..registry import connect
-
     adapter = connect(spec)
     try:
         supported = adapter.batch_api() is not None
