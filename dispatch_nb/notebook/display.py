@@ -594,7 +594,6 @@ def explain_error(
     if not isinstance(exc, e.DispatchError):
         return ChatError(type(exc).__name__, str(exc) or repr(exc), original=exc)
     provider = exc.provider or spec.partition(":")[0]
-    title = type(exc).__name__
     message = str(exc).replace(exc.message, magic_words(exc.message))
     fix = ""
     if isinstance(exc, e.AuthenticationError) and getattr(exc, "alternatives", None) is not None:
@@ -658,4 +657,4 @@ def explain_error(
                    "the model and record this version with --cache read-write.")
     elif exc.code != "plugin_unloadable":  # that one says what to do
         fix = next((_FIXES[c.__name__] for c in type(exc).__mro__ if c.__name__ in _FIXES), "")
-    return ChatError(title, message, fix, original=exc)
+    return ChatError(type(exc).__name__, message, fix, original=exc)

@@ -146,12 +146,12 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if args.estimate:
         show_estimate(estimated(), f"--each {args.each.strip()}")
         return
-    placed = _placeholders(template)
+    run = functools.partial(_run_rows, state, args, spec, fill, rows, options,
+                            _placeholders(template))
     if len(rows) > settings.confirm_rows and not args.yes:
-        ask_first(state, len(rows), estimated(),
-                  functools.partial(_run_rows, state, args, spec, fill, rows, options, placed))
-        return
-    _run_rows(state, args, spec, fill, rows, options, placed)
+        ask_first(state, len(rows), estimated(), run)
+    else:
+        run()
 
 
 def _placeholders(template: str) -> frozenset[str]:
@@ -247,7 +247,7 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
 
 
 def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,
-              options: dict[str, Any], placed: frozenset[str] = frozenset()) -> None:
+              options: dict[str, Any], placed: frozenset[str]) -> None:
     """Send the rows (``options``: :func:`dispatch_nb.batch`'s) and show the result table (after
     a confirmation when one was asked) in place of the progress bar's output, whose last line
     (the batch's summary) the table's footer says again."""
