@@ -139,10 +139,7 @@ class LiveView:
         """Take one event of column ``index`` (buffered until the next flush)."""
         self.transcripts[index].feed(event)
         kind = getattr(event, "type", None)
-        state = retry_state(event) if kind == "retry" else "streaming…"
-        if self.states[index] != state:
-            self.states[index] = state
-            self._state_changed(index)
+        self.states[index] = retry_state(event) if kind == "retry" else "streaming…"
         self._feed(index, event)
         self.dirty = True
 
@@ -182,7 +179,6 @@ class LiveView:
             return
         tool.waiting = True
         self.states[index] = f"waiting for approval of {tool.name}"
-        self._state_changed(index)
         self._approval_asked(index, tool)
         self._flush_now()
 
@@ -206,7 +202,6 @@ class LiveView:
         tool.waiting = False
         approved = answer is True or answer == ALWAYS
         self.states[index] = f"running {tool.name}…" if approved else "streaming…"
-        self._state_changed(index)
         self.dirty = True
 
     def interrupt(self) -> None:
@@ -220,7 +215,6 @@ class LiveView:
                 for tool in self.transcripts[index].stop_waiting(INTERRUPTED):
                     self._not_run(index, tool)
                 self.states[index] = "⏹ interrupted"
-                self._state_changed(index)
         self._flush_now()
 
     def finish(self, final: FinalOutput) -> None:
@@ -235,9 +229,6 @@ class LiveView:
     # -- what a rendering supplies -------------------------------------------------------------------
     def _has_text(self) -> bool:
         return any(t.has_text for t in self.transcripts)
-
-    def _state_changed(self, index: int) -> None:
-        pass
 
     def _approval_asked(self, index: int, tool: ToolRun) -> None:
         pass

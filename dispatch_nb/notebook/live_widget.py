@@ -244,9 +244,6 @@ class _WidgetColumn:
         self.accordions: list[Any] = []
         self.tools: dict[str, tuple[Any, ToolRun]] = {}
         self.dirty_tools: set[str] = set()
-        #: what the status line says: the state, and the footer once the column is done
-        self.state = "waiting for the first token…"
-        self.footer = ""
 
     def _make(self, cls: Any, **kw: Any) -> Any:
         widget = cls(**kw)
@@ -301,7 +298,8 @@ class _WidgetColumn:
         if tool_id in self.tools:
             self.dirty_tools.add(tool_id)
 
-    def flush(self, final: bool = False) -> None:
+    def flush(self, status: str, final: bool = False) -> None:
+        """Show what changed; ``status``: the state, and the footer once the column is done."""
         for run in self.runs:
             run.flush(final=final)
         for box in self.dirty_boxes:
@@ -314,15 +312,14 @@ class _WidgetColumn:
         if self.parts_dirty:
             self.body.children = tuple(self.parts)
             self.parts_dirty = False
-        status = _status_html(self.label, self.footer or self.state)
+        status = _status_html(self.label, status)
         if status != self.status.value:
             self.status.value = status
 
-    def done(self, footer: str) -> None:
+    def done(self, status: str) -> None:
         for accordion in self.accordions:
             accordion.set_title(0, "Thinking")
-        self.flush(final=True)
-        self.footer = footer
+        self.flush(status, final=True)
 
     def close(self) -> None:
         close_widgets(reversed(self.created))
@@ -372,10 +369,6 @@ class WidgetView(LiveView):
         self._extra.append(self.root)
         self.handle = ipy_display(self.root, display_id=True)
 
-    def _state_changed(self, index: int) -> None:
-        if self.columns:
-            self.columns[index].state = self.states[index]
-
     def _feed(self, index: int, event: Any) -> None:
         column = self.columns[index]
         kind = getattr(event, "type", None)
@@ -390,8 +383,8 @@ class WidgetView(LiveView):
             column._settle()
 
     def _flush(self) -> None:
-        for column in self.columns:
-            column.flush()
+        for index, column in enumerate(self.columns):
+            column.flush(self.footers[index] or self.states[index])
 
     def interrupt(self) -> None:
         for index, column in enumerate(self.columns):
@@ -410,7 +403,7 @@ class WidgetView(LiveView):
         self.outputs_below = True
 
     def _job_done(self, index: int) -> None:
-        self.columns[index].done(self.footers[index])
+        self.columns[index].done(self.footers[index] or self.states[index])
 
     def _finish(self, final: FinalOutput) -> None:
         if not final.data or self.outputs_below:  # nothing to show (a cell that failed before
