@@ -318,11 +318,7 @@ class DisplayView(LiveView):
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
         if self.compare:
-            self.table_handle = ipy_display(
-                {"text/html": self._table_html(), "text/plain": "streaming…"},
-                raw=True,
-                display_id=True,
-            )
+            self.table_handle = ipy_display(self._table(), raw=True, display_id=True)
             return
         if self.notes:
             md = notes_markdown(self.notes).rstrip("\n")
@@ -355,9 +351,7 @@ class DisplayView(LiveView):
 
     def _flush(self, final: bool = False) -> None:
         if self.compare:
-            self.table_handle.update(
-                {"text/html": self._table_html(), "text/plain": "streaming…"}, raw=True
-            )
+            self.table_handle.update(self._table(), raw=True)
             return
         self._take_blocks(final)
         bundle = self._live_bundle()
@@ -380,7 +374,7 @@ class DisplayView(LiveView):
             self._flush(final=True)
 
     # -- compare ---------------------------------------------------------------------------------
-    def _table_html(self) -> str:
+    def _table(self) -> dict[str, str]:
         head = "".join(
             f"<th style='text-align:left'>{html.escape(title)}"
             f"<div style='{_DIM}'>{html.escape(self.footers[i] or self.states[i])}</div></th>"
@@ -391,7 +385,8 @@ class DisplayView(LiveView):
             f"{html.escape(transcript.plain())}</div></td>"
             for transcript in self.transcripts
         )
-        return f"<table style='width:100%; table-layout:fixed'><tr>{head}</tr><tr>{cells}</tr></table>"
+        table = f"<table style='width:100%; table-layout:fixed'><tr>{head}</tr><tr>{cells}</tr></table>"
+        return {"text/html": table, "text/plain": "streaming…"}
 
     def _finish(self, final: FinalOutput) -> None:
         _replace_outputs(final)
@@ -480,11 +475,9 @@ class TextView(LiveView):
         return bool(self.pending) or super()._has_text()
 
     def _job_done(self, index: int) -> None:
-        if not self.compare:
-            return
-        transcript = self.transcripts[index]
-        self._write(f"\n== {self.titles[index]} ==\n{transcript.plain()}\n")
-        self._write(f"[{self.footers[index]}]\n")
+        if self.compare:  # each answer as it ends, with its footer
+            self._write(f"\n== {self.titles[index]} ==\n{self.transcripts[index].plain()}\n"
+                        f"[{self.footers[index]}]\n")
 
     def _finish(self, final: FinalOutput) -> None:
         if self.in_kernel:
