@@ -122,13 +122,9 @@ class Transcript(TurnAccumulator):
 
     def plain(self) -> str:
         """The transcript as plain text (tool calls as one line each)."""
-        out: list[str] = []
-        for part in self.parts():
-            if isinstance(part, ToolRun):
-                out.append(f"\n🔧 {tool_line(part)}\n")
-            elif part.kind == "text":
-                out.append(part.text)
-        return "".join(out).strip()
+        return "".join(f"\n🔧 {tool_line(part)}\n" if isinstance(part, ToolRun) else part.text
+                       for part in self.parts()
+                       if isinstance(part, ToolRun) or part.kind == "text").strip()
 
     def metadata(self, latency: float | None, ttft: float | None) -> dict[str, Any]:
         """Facts for the output's metadata (never a secret)."""
