@@ -488,10 +488,9 @@ class CellRun:
         out = namespace.get("Out")
         if isinstance(out, dict) and isinstance(count, int):
             out[count] = result.response
-        final = self.final
-        if plan.fmt == "code" and final is not None and final.code:
+        if plan.fmt == "code" and self.final is not None and self.final.code:
             with contextlib.suppress(Exception):
-                self.state.shell.set_next_input(final.code, replace=False)
+                self.state.shell.set_next_input(self.final.code, replace=False)
 
     def raise_failure(self) -> None:
         """Raise what went wrong, after the output is shown: :class:`ChatInterrupted` on Ctrl-C,
