@@ -51,11 +51,8 @@ def warm_up() -> None:
 
 def block_starts(text: str) -> list[tuple[int, str]]:
     """``(first line, token type)`` of every top-level block of ``text``."""
-    starts: list[tuple[int, str]] = []
-    for token in _parser().parse(text):
-        if token.level == 0 and token.nesting >= 0 and token.map is not None:
-            starts.append((token.map[0], token.type))
-    return starts
+    return [(token.map[0], token.type) for token in _parser().parse(text)
+            if token.level == 0 and token.nesting >= 0 and token.map is not None]
 
 
 _MARKER_ONLY = re.compile(r"^[ \t]*(?:[-+*>#|=_~`:.]+|\d{1,9}[.)]?)?[ \t]*$")
@@ -162,9 +159,7 @@ def _open_at(block: str) -> int | None:
             stack.pop()
         elif can_open:
             stack.append(start)
-    for stack in stacks.values():
-        if stack:
-            candidates.append(stack[0])
+    candidates += [stack[0] for stack in stacks.values() if stack]
     # links and images: "[" without its "]", or "](" without its ")"
     depth: list[int] = []
     i = 0
@@ -190,12 +185,9 @@ def _open_at(block: str) -> int | None:
     if depth:
         candidates.append(depth[0])
     # an HTML tag or autolink being typed, an entity, a trailing backslash
-    tag = re.search(r"<(?:[A-Za-z/!?][^<>\n]*)?$", scan)
-    if tag:
-        candidates.append(tag.start())
-    entity = re.search(r"&#?[A-Za-z0-9]*$", scan)
-    if entity:
-        candidates.append(entity.start())
+    for pattern in (r"<(?:[A-Za-z/!?][^<>\n]*)?$", r"&#?[A-Za-z0-9]*$"):
+        if found := re.search(pattern, scan):
+            candidates.append(found.start())
     if scan.endswith("\\") and not scan.endswith("\\\\"):
         candidates.append(len(scan) - 1)
     return min(candidates) if candidates else None

@@ -30,7 +30,7 @@ from .display import (
     explain_error,
     final_output,
 )
-from .each import run_each_cell
+from .each import run_each_cell, show_estimate
 from .live import LiveView, detect_mode, has_kernel, make_view
 from .login import ensure_copilot_login
 from .options import (
@@ -171,9 +171,8 @@ class CellPlan:
     adapters: list[Adapter]
     #: ``-f``
     fmt: str
-    #: the thread the turn goes into, its name and the cell's turn key
+    #: the thread the turn goes into and the cell's turn key
     thread: ChatThread
-    thread_name: str
     key: str
     #: False with ``--no-history``: no earlier turn sent, this one not recorded
     use_history: bool
@@ -229,7 +228,6 @@ class CellRun:
     def show_estimates(self, plan: CellPlan) -> None:
         """``--estimate``: what each model's call would cost (docs/cost.md); nothing is sent."""
         from ..estimates import estimate
-        from .each import show_estimate
 
         for spec, adapter in zip(plan.specs, plan.adapters, strict=True):
             show_estimate(estimate([*plan.history, plan.user], model=adapter,
@@ -256,7 +254,7 @@ class CellRun:
         system = args.system if args.system is not None else (settings.system or None)
         if system is not None:
             system = _clean(system, "the system prompt", prompt.notes)
-        thread_name, thread, key = self._turn()
+        thread, key = self._turn()
         use_history = not args.no_history
         self.cell_plan = CellPlan(
             prompt=prompt,
@@ -264,7 +262,6 @@ class CellRun:
             adapters=self._adapters(specs, mode, tools=bool(tools)),
             fmt=args.format or settings.format,
             thread=thread,
-            thread_name=thread_name,
             key=key,
             use_history=use_history,
             history=thread.history_for(key) if use_history else [],
@@ -323,8 +320,8 @@ class CellRun:
             raise UsageError(f"--schema shows the answer as a table: -f {self.args.format} does not apply")
         return schema
 
-    def _turn(self) -> tuple[str, ChatThread, str]:
-        """The thread (cleared by ``--new``), its name, and this cell's turn key in it."""
+    def _turn(self) -> tuple[ChatThread, str]:
+        """The thread (cleared by ``--new``) and this cell's turn key in it."""
         name = self.args.thread or self.state.settings.thread
         thread = self.state.threads.get(name)
         if self.args.new:
@@ -332,7 +329,7 @@ class CellRun:
         identity = cell_identity(self.state.cell_id, self.state.execution_count)
         # numbered: a loop calling run_cell_magic in one execution keeps every answer
         occurrence = self.state.next_occurrence(f"{name}\n{identity}")
-        return name, thread, f"{identity}#{occurrence}"
+        return thread, f"{identity}#{occurrence}"
 
     def _adapters(self, specs: list[str], mode: str, tools: bool = False) -> list[Adapter]:
         """One adapter per model, labelled with the cell (``In[n]``) for the response cache;
@@ -424,7 +421,7 @@ class CellRun:
     def _extra(self) -> dict[str, Any]:
         """The footer's metadata: the thread (not for a comparison or --no-history), the view."""
         plan = self._planned()
-        thread = None if (plan.compare or not plan.use_history) else plan.thread_name
+        thread = None if (plan.compare or not plan.use_history) else plan.thread.name
         return {"thread": thread, "live": self._viewed().mode}
 
     def _notes(self) -> list[str]:
@@ -491,10 +488,9 @@ class CellRun:
         out = namespace.get("Out")
         if isinstance(out, dict) and isinstance(count, int):
             out[count] = result.response
-        final = self.final
-        if plan.fmt == "code" and final is not None and final.code:
+        if plan.fmt == "code" and self.final is not None and self.final.code:
             with contextlib.suppress(Exception):
-                self.state.shell.set_next_input(final.code, replace=False)
+                self.state.shell.set_next_input(self.final.code, replace=False)
 
     def raise_failure(self) -> None:
         """Raise what went wrong, after the output is shown: :class:`ChatInterrupted` on Ctrl-C,

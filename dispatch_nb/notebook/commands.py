@@ -16,6 +16,7 @@ from IPython.core.error import StdinNotImplementedError, UsageError
 
 from ..auth.token_store import TokenStore, find_github_token
 from ..cache import ResponseCache
+from ..cost import PREMIUM_REQUEST_USD, PRICE_PROVIDERS, format_usd, ledger, premium_words
 from ..errors import DispatchError
 from ..registry import (
     base_url_rows,
@@ -26,6 +27,7 @@ from ..registry import (
     list_providers,
     parse_model_spec,
 )
+from ..render import dollars, plain_block, rows_markdown
 from .display import ChatError, explain_error
 from .live import detect_mode, ipy_display
 from .login import ensure_copilot_login, run_login
@@ -295,9 +297,6 @@ def reset(state: KernelState, args: argparse.Namespace) -> None:
 def cost(state: KernelState, args: argparse.Namespace) -> None:
     """``%chat cost``: this kernel's spend by model, and what replayed answers saved
     (``docs/notebook.md``)."""
-    from ..cost import PREMIUM_REQUEST_USD, PRICE_PROVIDERS, format_usd, ledger, premium_words
-    from ..render import dollars, plain_block, rows_markdown
-
     rows = ledger.rows()
     if not rows:
         _show("*No model has answered in this kernel yet.*")

@@ -4,6 +4,7 @@ final output (``docs/notebook.md``, "Final output"), and short readable errors (
 
 from __future__ import annotations
 
+import ast
 import html
 import json
 import re
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..cost import CostTotal
+from ..prompting import PromptError
+from ..registry import find_descriptor
 from ..render import (
     answer_markdown,
     code_span,
@@ -119,13 +122,9 @@ class Transcript(TurnAccumulator):
 
     def plain(self) -> str:
         """The transcript as plain text (tool calls as one line each)."""
-        out: list[str] = []
-        for part in self.parts():
-            if isinstance(part, ToolRun):
-                out.append(f"\n🔧 {tool_line(part)}\n")
-            elif part.kind == "text":
-                out.append(part.text)
-        return "".join(out).strip()
+        return "".join(f"\n🔧 {tool_line(part)}\n" if isinstance(part, ToolRun) else part.text
+                       for part in self.parts()
+                       if isinstance(part, ToolRun) or part.kind == "text").strip()
 
     def metadata(self, latency: float | None, ttft: float | None) -> dict[str, Any]:
         """Facts for the output's metadata (never a secret)."""
@@ -214,8 +213,6 @@ _PYTHON_NAMES = ("python", "py", "python3", "ipython", "ipython3")
 def _is_python(code: str) -> bool:
     """Whether ``code`` parses as Python and is not prose that happens to: a line of
     ``Label: text`` (``Answer: 42``) parses as a bare annotation."""
-    import ast
-
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
@@ -562,8 +559,6 @@ def _same_prompt_miss(message: str, recorded: tuple[int, ...], earlier: int | No
 def _not_set_up_fix(exc: Any) -> str:
     """The fix of a :class:`~dispatch_nb.registry.ProviderNotSetUpError`: the ``-m`` spec of the
     model's vendor and how to give it credentials, then the providers serving it too."""
-    from ..registry import find_descriptor
-
     def how(spec: str) -> str:
         descriptor = find_descriptor(spec.partition(":")[0])
         if descriptor is None:
@@ -588,8 +583,6 @@ def explain_error(
     :attr:`CellRun.context <dispatch_nb.notebook.cell.CellRun.context>`, so the advice fits the cell."""
     import dispatch_nb.errors as e  # the module only: no import edge to the package
 
-    from ..prompting import PromptError
-
     if isinstance(exc, ChatError):
         return exc
     if isinstance(exc, PromptError):
@@ -597,14 +590,11 @@ def explain_error(
     if not isinstance(exc, e.DispatchError):
         return ChatError(type(exc).__name__, str(exc) or repr(exc), original=exc)
     provider = exc.provider or spec.partition(":")[0]
-    title = type(exc).__name__
     message = str(exc).replace(exc.message, magic_words(exc.message))
     fix = ""
     if isinstance(exc, e.AuthenticationError) and getattr(exc, "alternatives", None) is not None:
         fix = _not_set_up_fix(exc)  # a vendor's bare model name, and no credentials for it
     elif isinstance(exc, e.AuthenticationError):  # the provider's login hint
-        from ..registry import find_descriptor
-
         descriptor = find_descriptor(provider)
         fix = descriptor.credentials_hint if descriptor else "Check the provider's credentials."
     elif isinstance(exc, e.RateLimitError):
@@ -663,4 +653,4 @@ def explain_error(
                    "the model and record this version with --cache read-write.")
     elif exc.code != "plugin_unloadable":  # that one says what to do
         fix = next((_FIXES[c.__name__] for c in type(exc).__mro__ if c.__name__ in _FIXES), "")
-    return ChatError(title, message, fix, original=exc)
+    return ChatError(type(exc).__name__, message, fix, original=exc)

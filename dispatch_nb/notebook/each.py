@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from ..errors import DispatchError
 from ..frontend import unattended
 from ..prompting import build_prompt
-from ..registry import parse_model_spec
+from ..registry import connect, parse_model_spec
 from ..render import dollars, parsed_rows, plain_block, rows_markdown, small
 from ..types import Response
 from ..validation import article
@@ -146,12 +146,12 @@ def run_each_cell(state: KernelState, args: argparse.Namespace, cell: str) -> No
     if args.estimate:
         show_estimate(estimated(), f"--each {args.each.strip()}")
         return
-    placed = _placeholders(template)
+    run = functools.partial(_run_rows, state, args, spec, fill, rows, options,
+                            _placeholders(template))
     if len(rows) > settings.confirm_rows and not args.yes:
-        ask_first(state, len(rows), estimated(),
-                  functools.partial(_run_rows, state, args, spec, fill, rows, options, placed))
-        return
-    _run_rows(state, args, spec, fill, rows, options, placed)
+        ask_first(state, len(rows), estimated(), run)
+    else:
+        run()
 
 
 def _placeholders(template: str) -> frozenset[str]:
@@ -167,8 +167,6 @@ _NO_BATCH_API = ("--deferred: {spec} has no batch API (OpenAI's and Anthropic's 
 def _check_batch_api(spec: str) -> None:
     """``--deferred`` with a model whose provider has no batch API: a UsageError (nothing is
     sent, no login is asked for)."""
-    from ..registry import connect
-
     adapter = connect(spec)
     try:
         supported = adapter.batch_api() is not None
@@ -249,7 +247,7 @@ def ask_first(state: KernelState, count: int, est: Any, run: Any) -> None:
 
 
 def _run_rows(state: KernelState, args: argparse.Namespace, spec: str, fill: Any, rows: Any,
-              options: dict[str, Any], placed: frozenset[str] = frozenset()) -> None:
+              options: dict[str, Any], placed: frozenset[str]) -> None:
     """Send the rows (``options``: :func:`dispatch_nb.batch`'s) and show the result table (after
     a confirmation when one was asked) in place of the progress bar's output, whose last line
     (the batch's summary) the table's footer says again."""

@@ -13,13 +13,21 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..frontend import unattended
 from ..render import small
 from .blocks import BLOCK_LIMIT, MarkdownBlocks, close_open_fence, warm_up
 from .constants import LIVE_MODES
+from .display import (
+    FinalOutput,
+    Transcript,
+    notes_markdown,
+    terminal_text,
+    tool_line,
+    tool_markdown,
+)
 
 if TYPE_CHECKING:
     from ..turn import ToolRun
-    from .display import FinalOutput
 
 __all__ = [
     "DisplayView",
@@ -73,8 +81,6 @@ def detect_mode(shell: Any, requested: str = "auto") -> str:
     (``widget`` without ipywidgets is ``display``; without a kernel only ``auto`` becomes ``text``).
     ``auto`` in a run nobody watches (nbclient, papermill: :func:`.frontend.unattended`) is
     ``display``: a widget's state would be saved with the notebook, and nobody sees it live."""
-    from ..frontend import unattended
-
     requested = (requested or "auto").lower()
     if requested not in LIVE_MODES:
         raise ValueError(f"live mode must be one of {', '.join(LIVE_MODES)}, not {requested!r}")
@@ -104,8 +110,6 @@ class LiveView:
     mode = "base"
 
     def __init__(self, titles: list[str], *, rate: float = DEFAULT_RATE) -> None:
-        from .display import Transcript
-
         self.titles = titles
         #: at most ``rate`` repaints a second: the seconds between two, and when the last ended
         self.interval = 1.0 / rate if rate > 0 else 0.0
@@ -135,10 +139,7 @@ class LiveView:
         """Take one event of column ``index`` (buffered until the next flush)."""
         self.transcripts[index].feed(event)
         kind = getattr(event, "type", None)
-        state = retry_state(event) if kind == "retry" else "streaming…"
-        if self.states[index] != state:
-            self.states[index] = state
-            self._state_changed(index)
+        self.states[index] = retry_state(event) if kind == "retry" else "streaming…"
         self._feed(index, event)
         self.dirty = True
 
@@ -178,7 +179,6 @@ class LiveView:
             return
         tool.waiting = True
         self.states[index] = f"waiting for approval of {tool.name}"
-        self._state_changed(index)
         self._approval_asked(index, tool)
         self._flush_now()
 
@@ -202,7 +202,6 @@ class LiveView:
         tool.waiting = False
         approved = answer is True or answer == ALWAYS
         self.states[index] = f"running {tool.name}…" if approved else "streaming…"
-        self._state_changed(index)
         self.dirty = True
 
     def interrupt(self) -> None:
@@ -216,7 +215,6 @@ class LiveView:
                 for tool in self.transcripts[index].stop_waiting(INTERRUPTED):
                     self._not_run(index, tool)
                 self.states[index] = "⏹ interrupted"
-                self._state_changed(index)
         self._flush_now()
 
     def finish(self, final: FinalOutput) -> None:
@@ -231,9 +229,6 @@ class LiveView:
     # -- what a rendering supplies -------------------------------------------------------------------
     def _has_text(self) -> bool:
         return any(t.has_text for t in self.transcripts)
-
-    def _state_changed(self, index: int) -> None:
-        pass
 
     def _approval_asked(self, index: int, tool: ToolRun) -> None:
         pass
@@ -323,15 +318,9 @@ class DisplayView(LiveView):
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
         if self.compare:
-            self.table_handle = ipy_display(
-                {"text/html": self._table_html(), "text/plain": "streaming…"},
-                raw=True,
-                display_id=True,
-            )
+            self.table_handle = ipy_display(self._table(), raw=True, display_id=True)
             return
         if self.notes:
-            from .display import notes_markdown
-
             md = notes_markdown(self.notes).rstrip("\n")
             ipy_display({"text/markdown": md, "text/plain": "\n".join(self.notes)}, raw=True)
         self.live_handle = ipy_display(self._live_bundle(), raw=True, display_id=True)
@@ -346,8 +335,6 @@ class DisplayView(LiveView):
                 self.run = MarkdownBlocks(self.block_chars)
             self.run.feed(event.text or "")
         elif kind == "tool_use_start":
-            from .display import tool_markdown
-
             self._settle()
             tool = self.transcripts[0].tools[-1]
             self.tool_handles[tool.id] = self._commit(tool_markdown(tool).rstrip())
@@ -356,8 +343,6 @@ class DisplayView(LiveView):
             self._update_tool(tool_id or "")
 
     def _update_tool(self, tool_id: str) -> None:
-        from .display import tool_markdown
-
         handle = self.tool_handles.get(tool_id)
         tool = self.transcripts[0].tool(tool_id)
         if handle is not None and tool is not None:
@@ -366,9 +351,7 @@ class DisplayView(LiveView):
 
     def _flush(self, final: bool = False) -> None:
         if self.compare:
-            self.table_handle.update(
-                {"text/html": self._table_html(), "text/plain": "streaming…"}, raw=True
-            )
+            self.table_handle.update(self._table(), raw=True)
             return
         self._take_blocks(final)
         bundle = self._live_bundle()
@@ -391,7 +374,7 @@ class DisplayView(LiveView):
             self._flush(final=True)
 
     # -- compare ---------------------------------------------------------------------------------
-    def _table_html(self) -> str:
+    def _table(self) -> dict[str, str]:
         head = "".join(
             f"<th style='text-align:left'>{html.escape(title)}"
             f"<div style='{_DIM}'>{html.escape(self.footers[i] or self.states[i])}</div></th>"
@@ -402,7 +385,8 @@ class DisplayView(LiveView):
             f"{html.escape(transcript.plain())}</div></td>"
             for transcript in self.transcripts
         )
-        return f"<table style='width:100%; table-layout:fixed'><tr>{head}</tr><tr>{cells}</tr></table>"
+        table = f"<table style='width:100%; table-layout:fixed'><tr>{head}</tr><tr>{cells}</tr></table>"
+        return {"text/html": table, "text/plain": "streaming…"}
 
     def _finish(self, final: FinalOutput) -> None:
         _replace_outputs(final)
@@ -436,16 +420,12 @@ class TextView(LiveView):
 
     def start(self, notes: list[str] | None = None) -> None:
         super().start(notes)
-        from .display import terminal_text
-
         for note in self.notes:
             self._write(f"ℹ {terminal_text(note)}\n")
 
     def _feed(self, index: int, event: Any) -> None:
         if self.compare:
             return
-        from .display import tool_line
-
         kind = getattr(event, "type", None)
         if kind == "text_delta":
             self.pending.append(event.text or "")
@@ -453,10 +433,9 @@ class TextView(LiveView):
             self.thinking_said = True
             self.pending.append("💭 thinking…\n")
         elif kind == "tool_use_end":
-            tool = self.transcripts[0].tools[-1] if self.transcripts[0].tools else None
-            if tool is not None:
+            if tools := self.transcripts[0].tools:
                 prefix = "" if self.at_line_start and not self.pending else "\n"
-                self.pending.append(f"{prefix}🔧 {tool_line(tool)}\n")
+                self.pending.append(f"{prefix}🔧 {tool_line(tools[-1])}\n")
         elif kind == "tool_result":
             tool = self.transcripts[0].tool(event.result.tool_use_id)
             if tool is not None and tool.id not in self.said:
@@ -466,8 +445,6 @@ class TextView(LiveView):
                     result = result[:299].rstrip() + "…"
                 self.pending.append(f"   {arrow} " + result.replace("\n", "\n     ") + "\n")
         elif kind == "retry" or (kind == "note" and event.message not in self.said):
-            from .display import terminal_text
-
             if kind == "note":  # a warning logged while the cell ran (each round: said once)
                 self.said.add(event.message)
             prefix = "" if self.at_line_start and not self.pending else "\n"
@@ -498,18 +475,14 @@ class TextView(LiveView):
         return bool(self.pending) or super()._has_text()
 
     def _job_done(self, index: int) -> None:
-        if not self.compare:
-            return
-        transcript = self.transcripts[index]
-        self._write(f"\n== {self.titles[index]} ==\n{transcript.plain()}\n")
-        self._write(f"[{self.footers[index]}]\n")
+        if self.compare:  # each answer as it ends, with its footer
+            self._write(f"\n== {self.titles[index]} ==\n{self.transcripts[index].plain()}\n"
+                        f"[{self.footers[index]}]\n")
 
     def _finish(self, final: FinalOutput) -> None:
         if self.in_kernel:
             _replace_outputs(final)
             return
-        from .display import terminal_text
-
         if self.compare:  # each answer and its footer were printed as it ended; --schema: a table
             if final.terminal:
                 self._write("\n" + terminal_text(final.terminal.rstrip("\n")) + "\n")

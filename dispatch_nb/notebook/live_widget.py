@@ -10,12 +10,12 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
-from .blocks import BLOCK_LIMIT, Block, MarkdownBlocks
+from .blocks import Block, MarkdownBlocks
+from .display import FinalOutput, notes_markdown, tool_line
 from .live import _DIM, _TEXT_STYLE, DEFAULT_RATE, LiveView, _replace_outputs, close_widgets, ipy_display
 
 if TYPE_CHECKING:
     from ..turn import ToolRun
-    from .display import FinalOutput
 
 __all__ = ["SEGMENT_CHARS", "WidgetView"]
 
@@ -93,8 +93,6 @@ class _Segments:
 
 
 def _tool_html(part: ToolRun) -> str:
-    from .display import tool_line
-
     icon = "⏳" if part.result is None else ("⚠️" if part.is_error else "🔧")
     icon = "⏹" if part.abandoned else icon
     took = f" <span style='{_DIM}'>{part.duration:.2f} s</span>" if part.duration else ""
@@ -158,9 +156,9 @@ class _MarkdownRun:
 
     kind = "text"
 
-    def __init__(self, column: _WidgetColumn, limit: int) -> None:
+    def __init__(self, column: _WidgetColumn) -> None:
         self.column = column
-        self.blocks = MarkdownBlocks(limit)
+        self.blocks = MarkdownBlocks()
         self.outputs: list[Any] = []
         self.current: Any = None  # the Output showing the block still growing
         self.shown = ""
@@ -246,9 +244,6 @@ class _WidgetColumn:
         self.accordions: list[Any] = []
         self.tools: dict[str, tuple[Any, ToolRun]] = {}
         self.dirty_tools: set[str] = set()
-        #: what the status line says: the state, and the footer once the column is done
-        self.state = "waiting for the first token…"
-        self.footer = ""
 
     def _make(self, cls: Any, **kw: Any) -> Any:
         widget = cls(**kw)
@@ -276,11 +271,12 @@ class _WidgetColumn:
             self.parts[-1].add_class("dnb-flow")
             self.parts_dirty = True
 
-    def _open(self, kind: str) -> _Run | _MarkdownRun:
+    def open(self, kind: str) -> _Run | _MarkdownRun:
+        """The run ``kind`` text (``text`` / ``thinking``) goes to: the last, else a new one."""
         if self.current is not None and self.current.kind == kind:
             return self.current
         self._settle()
-        run = _Run(self) if kind == "thinking" else _MarkdownRun(self, BLOCK_LIMIT)
+        run = _Run(self) if kind == "thinking" else _MarkdownRun(self)
         self.runs.append(run)
         self.current = run
         return run
@@ -290,9 +286,6 @@ class _WidgetColumn:
         if isinstance(self.current, _MarkdownRun):
             self.current.flush(final=True)
         self.current = None
-
-    def add_text(self, kind: str, text: str) -> None:
-        self._open(kind).add(text)
 
     def tool_started(self, part: ToolRun) -> None:
         self._settle()
@@ -305,7 +298,8 @@ class _WidgetColumn:
         if tool_id in self.tools:
             self.dirty_tools.add(tool_id)
 
-    def flush(self, final: bool = False) -> None:
+    def flush(self, status: str, final: bool = False) -> None:
+        """Show what changed; ``status``: the state, and the footer once the column is done."""
         for run in self.runs:
             run.flush(final=final)
         for box in self.dirty_boxes:
@@ -318,15 +312,14 @@ class _WidgetColumn:
         if self.parts_dirty:
             self.body.children = tuple(self.parts)
             self.parts_dirty = False
-        status = _status_html(self.label, self.footer or self.state)
+        status = _status_html(self.label, status)
         if status != self.status.value:
             self.status.value = status
 
-    def done(self, footer: str) -> None:
+    def done(self, status: str) -> None:
         for accordion in self.accordions:
             accordion.set_title(0, "Thinking")
-        self.flush(final=True)
-        self.footer = footer
+        self.flush(status, final=True)
 
     def close(self) -> None:
         close_widgets(reversed(self.created))
@@ -354,8 +347,6 @@ class WidgetView(LiveView):
         self.columns = [_WidgetColumn(widgets, t, width) for t in self.titles]
         children: list[Any] = []
         if self.notes:
-            from .display import notes_markdown
-
             note = widgets.Output()
             note.add_class("dnb-md")
             note.outputs = (_markdown_bundle(notes_markdown(self.notes).rstrip("\n")),)
@@ -378,18 +369,13 @@ class WidgetView(LiveView):
         self._extra.append(self.root)
         self.handle = ipy_display(self.root, display_id=True)
 
-    def _state_changed(self, index: int) -> None:
-        if self.columns:
-            self.columns[index].state = self.states[index]
-
     def _feed(self, index: int, event: Any) -> None:
         column = self.columns[index]
         kind = getattr(event, "type", None)
         if kind in ("text_delta", "thinking_delta"):
-            column.add_text(kind.removesuffix("_delta"), event.text or "")
+            column.open(kind.removesuffix("_delta")).add(event.text or "")
         elif kind == "tool_use_start":
-            transcript = self.transcripts[index]
-            column.tool_started(transcript.tools[-1])
+            column.tool_started(self.transcripts[index].tools[-1])
         elif kind in ("tool_use_end", "tool_use_delta"):
             column.tool_changed(event.tool_call_id or "")
         elif kind == "tool_result":
@@ -397,8 +383,8 @@ class WidgetView(LiveView):
             column._settle()
 
     def _flush(self) -> None:
-        for column in self.columns:
-            column.flush()
+        for index, column in enumerate(self.columns):
+            column.flush(self.footers[index] or self.states[index])
 
     def interrupt(self) -> None:
         for index, column in enumerate(self.columns):
@@ -417,7 +403,7 @@ class WidgetView(LiveView):
         self.outputs_below = True
 
     def _job_done(self, index: int) -> None:
-        self.columns[index].done(self.footers[index])
+        self.columns[index].done(self.footers[index] or self.states[index])
 
     def _finish(self, final: FinalOutput) -> None:
         if not final.data or self.outputs_below:  # nothing to show (a cell that failed before

@@ -102,12 +102,7 @@ class LoginView:
         """Draw the code, the countdown and the status line."""
 
     def done(self, outcome: LoginOutcome) -> None:
-        """The login ended."""
-
-    def end(self, outcome: LoginOutcome) -> None:
         """Show how the login ended."""
-        self.state = outcome.state
-        self.done(outcome)
 
 
 # -- widget -------------------------------------------------------------------------------------
@@ -265,12 +260,9 @@ def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
     from ..auth.device_flow import DeviceCodeExpired, DeviceFlow, DeviceFlowDenied
     from ..auth.login import device_login
 
-    shell = state.shell
-    mode = detect_mode(shell, state.settings.live)
-    if mode == "text" and has_kernel(shell):
-        mode = "display"
     views: dict[str, type[LoginView]] = {"widget": WidgetLoginView, "display": DisplayLoginView}
-    view = views.get(mode, TextLoginView)(reason)
+    text = DisplayLoginView if has_kernel(state.shell) else TextLoginView  # a kernel: its output
+    view = views.get(detect_mode(state.shell, state.settings.live), text)(reason)
     state.login_view = view
     flow = DeviceFlow(min_interval=state.settings.login_min_interval)
 
@@ -302,23 +294,23 @@ def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
     try:
         run_jobs([job], on_event, tick=tick)
     except KeyboardInterrupt:
-        view.end(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
+        view.done(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
         raise ChatInterrupted("login interrupted") from None
     error = job.outcome.error
     if error is None:
         outcome: LoginOutcome = job.outcome.result
-        view.end(outcome)
+        view.done(outcome)
         state.close_adapters()
         return outcome
     endings = ((DeviceFlowDenied, "denied"), (DeviceCodeExpired, "expired"), (RequestCancelled, "cancelled"))
     ending = next((name for kind, name in endings if isinstance(error, kind)), "error")
     if ending == "error" and view.code is None and isinstance(error, DispatchError):
         # no code yet: GitHub could not be asked for one
-        view.end(LoginOutcome("error", message=f"⚠ {error.message}"))
+        view.done(LoginOutcome("error", message=f"⚠ {error.message}"))
         raise ChatError("Login failed", error.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
                         original=error) from None
     outcome = LoginOutcome(ending, message=_STATUS.get(ending) or f"⚠ {error}")
-    view.end(outcome)
+    view.done(outcome)
     if ending == "cancelled":
         raise ChatInterrupted("login interrupted") from None
     raise ChatError("Login " + ending, outcome.message.lstrip("⚠❌⌛ "), "Run `%chat login` again.",

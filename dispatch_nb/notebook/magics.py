@@ -46,10 +46,12 @@ def usage_line(parser: Any) -> str:
     return "usage: " + " ".join(parser.format_usage().replace("::", "").split())
 
 
-def _did_you_mean(parser: Any, message: str) -> str:
-    """`` (did you mean --temperature?)`` for options argparse did not recognize that are close
-    to one the magic has (``--temprature``), or a choice close to one it offers (``%chat sttus``:
-    status); ``""`` otherwise."""
+def _hint(parser: Any, argv: list[str], message: str) -> str:
+    """What to add to argparse's ``message``: `` (did you mean --temperature?)`` for options it did
+    not recognize that are close to one the magic has (``--temprature``), or a choice close to one
+    it offers (``%chat sttus``: status); `` (a value with spaces goes in quotes: -m "a, b")`` when
+    the words it did not recognize are no options but the rest of the value before them (``-m a,
+    b``, ``%chat history my thread``); ``""`` otherwise."""
     import difflib
     import re
 
@@ -59,16 +61,23 @@ def _did_you_mean(parser: Any, message: str) -> str:
         close = difflib.get_close_matches(choice.group(1), offered, n=1, cutoff=0.6)
         return f" (did you mean {close[0]}?)" if close else ""
     unknown = re.search(r"unrecognized arguments: (.*)", message)
-    if unknown is None:
+    words = unknown.group(1).split() if unknown is not None else []
+    if any(word.startswith("-") for word in words):
+        options = re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", parser.format_help())  # long names too
+        guesses = [
+            close[0]
+            for word in words
+            if word.startswith("-")
+            and (close := difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.7))
+        ]
+        return f" (did you mean {' / '.join(dict.fromkeys(guesses))}?)" if guesses else ""
+    first = next((i for i in range(len(argv) - len(words), 0, -1)
+                  if argv[i : i + len(words)] == words), 0)
+    if not words or first == 0 or argv[first - 1].startswith("-"):
         return ""
-    options = re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", parser.format_help())  # long names too
-    guesses = [
-        close[0]
-        for word in unknown.group(1).split()
-        if word.startswith("-")
-        and (close := difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.7))
-    ]
-    return f" (did you mean {' / '.join(dict.fromkeys(guesses))}?)" if guesses else ""
+    value = " ".join(argv[first - 1 : first + len(words)])
+    option = f"{argv[first - 2]} " if first >= 2 else ""
+    return f' (a value with spaces goes in quotes: {option}"{value}")'
 
 
 def parse_magic_line(parser: Any, line: str) -> Any:
@@ -83,29 +92,7 @@ def parse_magic_line(parser: Any, line: str) -> Any:
     try:
         return parser.parse_args(argv)
     except UsageError as exc:  # argparse's message, a guess for a misspelt option, the usage
-        hint = _did_you_mean(parser, str(exc)) or _quote_hint(argv, str(exc))
-        raise UsageError(f"{exc}{hint}\n{usage_line(parser)}") from None
-
-
-def _quote_hint(argv: list[str], message: str) -> str:
-    """`` (a value with spaces goes in quotes: -m "a, b")`` when the words argparse did not
-    recognize are no options but the rest of the value before them (``-m a, b``, ``%chat
-    history my thread``); ``""`` otherwise."""
-    import re
-
-    unknown = re.search(r"unrecognized arguments: (.*)", message)
-    if unknown is None:
-        return ""
-    words = unknown.group(1).split()
-    if not words or any(w.startswith("-") for w in words):
-        return ""
-    first = next((i for i in range(len(argv) - len(words), 0, -1)
-                  if argv[i : i + len(words)] == words), 0)
-    if first == 0 or argv[first - 1].startswith("-"):
-        return ""
-    value = " ".join(argv[first - 1 : first + len(words)])
-    option = f"{argv[first - 2]} " if first >= 2 else ""
-    return f' (a value with spaces goes in quotes: {option}"{value}")'
+        raise UsageError(f"{exc}{_hint(parser, argv, str(exc))}\n{usage_line(parser)}") from None
 
 
 @magics_class

@@ -44,7 +44,7 @@ class KernelState:
         self.adapters: dict[tuple[str, str, str], Adapter] = {}
         #: the response caches, by mode
         self.caches: dict[str, ResponseCache] = {}
-        #: the last login view (kept so its "new code" button keeps working after the cell ends)
+        #: the running or last device-login view (None before any)
         self.login_view: Any = None
         #: the front end's id of the cell running now (None when it sent none)
         self.cell_id: str | None = None
@@ -109,16 +109,12 @@ class KernelState:
     # -- models ----------------------------------------------------------------------------------
     def default_model(self) -> tuple[str, str, str]:
         """The default model spec, why it was chosen, and a hint for the user (or ``""``)."""
-        if self.settings.model.strip():
-            return self.settings.model.strip(), "%config ChatMagics.model", ""
+        if model := self.settings.model.strip():
+            return model, "%config ChatMagics.model", ""
         from ..defaults import resolve_default_model
 
         resolved = resolve_default_model()
         return resolved.spec, resolved.reason, resolved.login_hint
-
-    def _bare_name_default(self) -> str | None:
-        """``ChatMagics.model`` when set, else None (the registry's default model)."""
-        return self.settings.model.strip() or None
 
     def default_note(self) -> str:
         """One line saying the default provider changed since this kernel last looked (e.g.
@@ -153,7 +149,7 @@ class KernelState:
             if not specs:
                 raise UsageError("-m needs a model spec, e.g. -m openai:gpt-4.1")
         qualified = []
-        default = self._bare_name_default()
+        default = self.settings.model.strip() or None  # None: the registry's default model
         for spec in specs:
             try:
                 qualified.append(self.response_cache(mode).qualify(spec, default)
@@ -209,7 +205,7 @@ class KernelState:
         from ..registry import parse_model_spec
         from ..replay_only import connect_for_cache
 
-        provider, model = parse_model_spec(spec, self._bare_name_default())
+        provider, model = parse_model_spec(spec, self.settings.model.strip() or None)
         if login is not None and self.needs_login(provider, mode):
             login()
         adapter = connect_for_cache(f"{provider}:{model}", mode)  # replay needs no model either

@@ -64,9 +64,10 @@ class Turn:
 class ChatThread:
     """One named conversation (see the module docstring for the re-run rules)."""
 
-    def __init__(self, name: str, max_turns: int = 0) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.max_turns = max_turns
+        #: the most turns it keeps (0: all; set by its :class:`ThreadStore`)
+        self.max_turns = 0
         self.turns: list[Turn] = []
         #: the cells whose last run in this thread got no answer: turn key → ``In[n]``
         self.failed: dict[str, str] = {}
@@ -158,9 +159,7 @@ class ThreadStore:
 
     def get(self, name: str) -> ChatThread:
         """The thread called ``name`` (created empty on first use)."""
-        thread = self._threads.get(name)
-        if thread is None:
-            thread = self._threads[name] = ChatThread(name, self.max_turns)
+        thread = self._threads.setdefault(name, ChatThread(name))
         thread.max_turns = self.max_turns
         return thread
 

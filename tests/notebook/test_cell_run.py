@@ -34,7 +34,7 @@ def test_plan_decides_everything_and_sends_nothing(
     assert fake.chat_requests == []
     assert plan.specs == ["fake:echo", "fake:other"] and plan.compare
     assert plan.prompt.text == "Say hi to Ada."
-    assert plan.thread_name == "notes" and plan.use_history and plan.fmt == "markdown"
+    assert plan.thread.name == "notes" and plan.use_history and plan.fmt == "markdown"
     assert (plan.system, plan.max_tokens, plan.stream, plan.tools) == ("Be terse.", 50, True, [])
     assert plan.user.content == "Say hi to Ada." and plan.history == []
     assert len(plan.adapters) == 2 and plan.adapters[0] is not plan.adapters[1]
