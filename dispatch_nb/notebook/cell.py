@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from ..cache import CachedAdapter
+from ..cache import CachedAdapter, CacheMissError
 from ..cancel import CancelToken
 from ..errors import DispatchError, ModelUnavailableError, RequestCancelled
 from ..prompting import Prompt, PromptError, build_prompt
@@ -133,9 +133,11 @@ def _answer(outcome: JobOutcome) -> Response | None:
 
 
 def _timing(outcome: JobOutcome) -> dict[str, float | None]:
-    """``latency`` (None when the job never ended) and ``ttft`` (None without an event) of a job."""
+    """``latency`` (None when the job never ended, or its model was never asked: a replay miss)
+    and ``ttft`` (None without an event) of a job."""
     first = outcome.first_output
-    return {"latency": outcome.latency if outcome.ended else None,
+    asked = outcome.ended and not isinstance(outcome.error, CacheMissError)
+    return {"latency": outcome.latency if asked else None,
             "ttft": None if first is None else first - outcome.started}
 
 

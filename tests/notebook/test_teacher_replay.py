@@ -121,14 +121,17 @@ def test_an_edited_each_prompt_shows_each_rows_miss_whole_and_the_fix_once(tmp_p
 
 def test_an_edited_comparison_shows_no_empty_answer_above_each_miss(recorded: Path) -> None:
     """A model that got no answer (here: never asked, a replay miss) shows its warning alone
-    under its heading, as a --schema comparison does: it once showed "(no text)" above it, as
-    if the model had answered with nothing."""
+    under its heading, as a --schema comparison does, and no latency in the table: it once
+    showed "(no text)" above it, as if the model had answered with nothing."""
     edited = [SETUP, "%%chat -m fake:echo,fake:other\nExplain recursion in two sentences."]
     nb = _run(edited, _student_env(recorded), recorded)
     shown = _markdown(nb.cells[1])
     assert "#### fake:echo\n\n⚠ *fake: no recorded answer for In[2]" in shown, shown
     assert "#### fake:other\n\n⚠ *fake: no recorded answer for In[2]" in shown, shown
     assert "(no text)" not in shown
+    # never asked: no latency (it once read "0.00 s", as if the model had answered at once)
+    for spec in ("fake:echo", "fake:other"):
+        assert f"| `{spec}` | – | – | – | ⚠ fake: no recorded answer" in shown, shown
     plain = "\n".join(str(o.get("data", {}).get("text/plain", "")) for o in nb.cells[1].outputs)
     assert "== fake:echo ==\n⚠ fake: no recorded answer" in plain, plain
     (error,) = _errors(nb.cells[1])
