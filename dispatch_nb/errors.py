@@ -25,6 +25,7 @@ import email.utils
 import functools
 import html
 import re
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -113,9 +114,9 @@ class DispatchError(Exception):
     def __getattr__(self, name: str) -> Any:
         # Called only for a name the error lacks. ``%%chat -o VAR`` stores the error a failed cell
         # ended with: ``VAR.parsed`` in the next cell says so, not just "no attribute 'parsed'".
-        from .types import Response
-
-        if name.startswith("_") or not (name in Response.model_fields or hasattr(Response, name)):
+        types = None if name.startswith("_") else sys.modules.get(f"{__package__}.types")
+        response = getattr(types, "Response", None)  # not loaded: no Response was ever made
+        if response is None or not (name in response.model_fields or hasattr(response, name)):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         partial = self.__dict__.get("partial")
         arrived = partial is not None and bool(partial.content or partial.tool_calls)

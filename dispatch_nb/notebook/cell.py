@@ -402,7 +402,7 @@ class CellRun:
         if outcome.error is not None:
             error = "⏹ " + INTERRUPTED if isinstance(outcome.error, RequestCancelled) \
                 else "⚠ " + str(outcome.error)
-        view.job_done(index, transcript.footer(outcome.latency), error)
+        view.job_done(index, transcript.footer(_timing(outcome)["latency"]), error)
 
     # -- 3. finish -------------------------------------------------------------------------------
     def finish(self) -> FinalOutput:

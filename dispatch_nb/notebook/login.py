@@ -104,6 +104,11 @@ class LoginView:
     def done(self, outcome: LoginOutcome) -> None:
         """Show how the login ended."""
 
+    def end(self, outcome: LoginOutcome) -> None:
+        """The login ended: its state is ``outcome``'s, shown by :meth:`done`."""
+        self.state = outcome.state
+        self.done(outcome)
+
 
 # -- widget -------------------------------------------------------------------------------------
 
@@ -294,23 +299,23 @@ def run_login(state: KernelState, *, reason: str | None = None) -> LoginOutcome:
     try:
         run_jobs([job], on_event, tick=tick)
     except KeyboardInterrupt:
-        view.done(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
+        view.end(LoginOutcome("cancelled", message=_STATUS["cancelled"]))
         raise ChatInterrupted("login interrupted") from None
     error = job.outcome.error
     if error is None:
         outcome: LoginOutcome = job.outcome.result
-        view.done(outcome)
+        view.end(outcome)
         state.close_adapters()
         return outcome
     endings = ((DeviceFlowDenied, "denied"), (DeviceCodeExpired, "expired"), (RequestCancelled, "cancelled"))
     ending = next((name for kind, name in endings if isinstance(error, kind)), "error")
     if ending == "error" and view.code is None and isinstance(error, DispatchError):
         # no code yet: GitHub could not be asked for one
-        view.done(LoginOutcome("error", message=f"⚠ {error.message}"))
+        view.end(LoginOutcome("error", message=f"⚠ {error.message}"))
         raise ChatError("Login failed", error.message, "Check DISPATCH_NB_GITHUB_URL and the network.",
                         original=error) from None
     outcome = LoginOutcome(ending, message=_STATUS.get(ending) or f"⚠ {error}")
-    view.done(outcome)
+    view.end(outcome)
     if ending == "cancelled":
         raise ChatInterrupted("login interrupted") from None
     raise ChatError("Login " + ending, outcome.message.lstrip("⚠❌⌛ "), "Run `%chat login` again.",

@@ -71,6 +71,19 @@ def test_import_is_light() -> None:
     assert json.loads(out.stdout) == []
 
 
+def test_an_error_s_missing_attribute_imports_nothing() -> None:
+    # traceback asks every exception for __notes__, callers getattr(err, "x", None): an error's
+    # helpful message for Response attributes (errors.DispatchError.__getattr__) loads no module
+    code = (
+        "import sys, json, traceback; from dispatch_nb.errors import DispatchError; "
+        "before = set(sys.modules); err = DispatchError('x'); traceback.format_exception(err); "
+        "getattr(err, 'alternatives', None); getattr(err, 'parsed', None); "
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
 @pytest.fixture
 def nothing_set_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No model, key or login of the developer's own setup."""

@@ -208,6 +208,7 @@ def test_github_unreachable_is_a_short_error(shell: Any, fake: Any, monkeypatch:
     result = run(shell, "%chat login")
     assert isinstance(result.error_in_exec, ChatError)
     assert result.error_in_exec.title == "Login failed"
+    assert shell._dispatch_nb_magics.state.login_view.state == "error"  # not left "starting"
 
 
 def test_a_copilot_cell_without_login_shows_the_login_then_continues(

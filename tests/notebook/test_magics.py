@@ -472,6 +472,18 @@ def test_compare_reports_one_failing_model_in_the_table(shell: Any, fake: Any) -
     assert isinstance(failed, RequestError) and failed.status_code == 400 and "nope" in failed.message
 
 
+def test_a_model_a_replay_miss_never_asked_shows_no_latency_in_the_terminal(
+        shell: Any, fake: Any, capsys: Any) -> None:
+    # (it printed "[0.0 s · ⚠ … no recorded answer …]", as if the model had answered at once)
+    run(shell, '%config ChatMagics.live = "text"')
+    result = run(shell, "%%chat -m fake:echo,fake:other --cache replay\nnever recorded")
+    assert isinstance(result.error_in_exec, ChatError)
+    footers = re.findall(r"== (\S+) ==\n+\[(.*?)\]\n", capsys.readouterr().out)
+    assert sorted(spec for spec, _ in footers) == ["fake:echo", "fake:other"]
+    assert all(footer.startswith("⚠ fake: no recorded answer") for _, footer in footers), footers
+    assert fake.chat_requests == []
+
+
 def test_works_after_await_cells_and_inside_a_running_loop(shell: Any, fake: Any) -> None:
     assert run(shell, "import asyncio\nawait asyncio.sleep(0.01)\nx = 5").success
     assert run(shell, "%%chat\nafter await {x}").success
