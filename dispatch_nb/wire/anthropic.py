@@ -144,12 +144,20 @@ def anthropic_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _add_field(block: dict[str, Any], delta: Mapping[str, Any]) -> None:
+    """Add a streamed field of a block (a citation, or a delta no rule covers) to its fields."""
+    if delta.get("type") == "citations_delta" and "citation" in delta:
+        block["citations"] = [*block.get("citations", ()), delta["citation"]]
+    else:
+        merge_delta(block, delta)
+
+
 class MessagesStreamParser:
     """Turns Messages API stream events into deltas; also replays a non-streamed message. Every
     block ends as the non-streamed answer shows it (docs/anthropic.md): known deltas applied, any
     other merged by :func:`~dispatch_nb.wire.base.merge_delta`."""
 
-    __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_wire_usage", "acc", "complete")
+    __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_stopped", "_wire_usage", "acc", "complete")
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
@@ -157,6 +165,8 @@ class MessagesStreamParser:
         self._kinds: dict[int, str] = {}  # block index → its type, "raw" for one kept verbatim
         self._raw: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self._extra: dict[int, dict[str, Any]] = {}  # known blocks' other fields
+        #: stopped text and thinking blocks: their kind and other fields (for a late delta)
+        self._stopped: dict[int, tuple[str, dict[str, Any]]] = {}
         self._wire_usage: dict[str, Any] = {}
         self._last_tool: int | None = None  # the tool_use block's index when it is the last block
 
@@ -327,17 +337,25 @@ class MessagesStreamParser:
             return ()
         # Nothing to show, but the block must end as the non-streamed answer has it.
         target = self._raw[index][0] if kind == "raw" else self._extra.get(index)
-        if target is None:
-            return ()
-        if dtype == "citations_delta" and "citation" in delta:
-            target.setdefault("citations", []).append(delta["citation"])
-        else:
-            merge_delta(target, delta)
+        if target is not None:
+            _add_field(target, delta)
+        elif index in self._stopped:  # after its content_block_stop: it joins the block's fields
+            kind, extra = self._stopped[index]
+            extra = {**extra}
+            _add_field(extra, delta)
+            self._stopped[index] = (kind, extra)
+            ours = {PROVIDER_DATA_KEY: {"extra": extra}}
+            if kind == "text":
+                acc.text_provider_data(ours, key=index)
+            else:
+                acc.thinking_provider_data(ours, key=index)
         return ()
 
     def _stop(self, index: int) -> Iterable[StreamDelta]:
         kind = self._kinds.pop(index, None)
         extra = self._extra.pop(index, None)
+        if kind in ("text", "thinking"):
+            self._stopped[index] = (kind, extra or {})
         ours = {PROVIDER_DATA_KEY: {"extra": extra}} if extra else None
         if kind == "text" and ours:
             self.acc.text_provider_data(ours, key=index)

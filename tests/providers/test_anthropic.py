@@ -394,10 +394,13 @@ def test_empty_tool_input_means_empty_object(raw: RawServer,
         ("toolu_a", {}, None), ("toolu_b", {}, None)]
 
 
-def test_citations_redacted_and_unknown_events(raw: RawServer,
-                                               raw_claude: AnthropicAdapter) -> None:
+@pytest.mark.parametrize("late", [None, "after its block's stop", "after message_stop"])
+def test_citations_redacted_and_unknown_events(raw: RawServer, raw_claude: AnthropicAdapter,
+                                               late: str | None) -> None:
     citation = {"type": "char_location", "cited_text": "blue", "document_index": 0,
                 "start_char_index": 0, "end_char_index": 4}
+    fields = [delta(1, {"type": "citations_delta", "citation": citation}),
+              delta(1, {"type": "brand_new_delta", "stuff": 1})]
     raw.stream(
         start(),
         PING,
@@ -405,16 +408,18 @@ def test_citations_redacted_and_unknown_events(raw: RawServer,
         stop(0),
         block(1, {"type": "text", "text": "", "citations": []}),
         delta(1, {"type": "text_delta", "text": "The sky is blue"}),
-        delta(1, {"type": "citations_delta", "citation": citation}),
-        delta(1, {"type": "brand_new_delta", "stuff": 1}),
+        *(fields if late is None else []),
         {"type": "brand_new_event", "x": 1},
         delta(1, {"type": "text_delta", "text": "."}),
         stop(1),
+        *(fields if late == "after its block's stop" else []),
         *end(),
+        *(fields if late == "after message_stop" else []),
     )
     response = raw_claude.chat("x", stream=True)
     # The citation and the unknown delta's field stay with the text block, as the non-streamed
-    # answer would show them (the unknown event is ignored).
+    # answer would show them (the unknown event is ignored), also when they come late (they
+    # were dropped after the block's stop).
     kept = {"anthropic": {"extra": {"citations": [citation], "stuff": 1}}}
     assert response.content == [RedactedThinkingBlock(data="ENCRYPTED=="),
                                 TextBlock("The sky is blue.", provider_data=kept)]
@@ -425,6 +430,22 @@ def test_citations_redacted_and_unknown_events(raw: RawServer,
     sent = raw.requests[-1].json["messages"][1]["content"]
     assert sent == [{"type": "redacted_thinking", "data": "ENCRYPTED=="},
                     {"type": "text", "text": "The sky is blue.", "citations": [citation]}]
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["in-order", "after-its-stop"])
+def test_a_thinking_blocks_unknown_field_stays_with_it(late: bool) -> None:
+    from dispatch_nb.stream import Accumulator
+    from dispatch_nb.wire.anthropic import MessagesStreamParser
+
+    acc = Accumulator()
+    parser = MessagesStreamParser(acc)
+    field = delta(0, {"type": "odd_delta", "note": "x"})
+    for event in [start(), block(0, {"type": "thinking", "thinking": ""}),
+                  delta(0, {"type": "thinking_delta", "thinking": "Hm."}),
+                  *([] if late else [field]), stop(0), *([field] if late else []), *end()]:
+        list(parser.handle(event))
+    (thinking,) = acc.finish().content
+    assert thinking.provider_data == {"anthropic": {"extra": {"note": "x"}}}
 
 
 def test_unknown_block_streamed_with_its_own_deltas_ends_as_the_whole_block(
