@@ -157,7 +157,9 @@ class MessagesStreamParser:
     block ends as the non-streamed answer shows it (docs/anthropic.md): known deltas applied, any
     other merged by :func:`~dispatch_nb.wire.base.merge_delta`."""
 
-    __slots__ = ("_extra", "_kinds", "_last_tool", "_raw", "_stopped", "_wire_usage", "acc", "complete")
+    __slots__ = (
+        "_extra", "_kinds", "_last_tool", "_raw", "_stopped", "_wire_usage", "acc", "complete",
+    )
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
@@ -343,24 +345,26 @@ class MessagesStreamParser:
             kind, extra = self._stopped[index]
             extra = {**extra}
             _add_field(extra, delta)
-            self._stopped[index] = (kind, extra)
+            self._prose_fields(kind, index, extra)
+        return ()
+
+    def _prose_fields(self, kind: str, index: int, extra: dict[str, Any]) -> None:
+        """A stopped text or thinking block's other fields: on the block, and kept for a late
+        delta of one."""
+        self._stopped[index] = (kind, extra)
+        if extra:
             ours = {PROVIDER_DATA_KEY: {"extra": extra}}
             if kind == "text":
-                acc.text_provider_data(ours, key=index)
+                self.acc.text_provider_data(ours, key=index)
             else:
-                acc.thinking_provider_data(ours, key=index)
-        return ()
+                self.acc.thinking_provider_data(ours, key=index)
 
     def _stop(self, index: int) -> Iterable[StreamDelta]:
         kind = self._kinds.pop(index, None)
         extra = self._extra.pop(index, None)
         if kind in ("text", "thinking"):
-            self._stopped[index] = (kind, extra or {})
+            self._prose_fields(kind, index, extra or {})
         ours = {PROVIDER_DATA_KEY: {"extra": extra}} if extra else None
-        if kind == "text" and ours:
-            self.acc.text_provider_data(ours, key=index)
-        elif kind == "thinking" and ours:
-            self.acc.thinking_provider_data(ours, key=index)
         if kind == "tool_use":
             given = self._raw.pop(index, None)
             tool = self.acc.tool(index)
